@@ -1,0 +1,396 @@
+"""What each value of a normalized kernel is, and which values need adjoints.
+
+- pointers: every pointer-valued name and the parameter it is derived from
+  (``x_ptr + row * stride + cols`` comes from ``x_ptr``); these get shadows.
+- which pointer parameters are loaded, stored, or hold indices (their loaded values
+  feed addresses), which gives the default ``wrt`` and ``outputs``;
+- activity: a value is active when it depends on a ``wrt`` input (varied) and
+  reaches an output (useful); only active values get adjoints;
+- shapes, symbolically (``("BLOCK", "1")``), to leave out the ``unbroadcast`` of an
+  operand whose shape is provably the result's.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from .errors import NotDifferentiableError
+from .frontend import Op, Origin, Program, refuse
+from .rules import MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES
+
+Shape = tuple[str, ...] | None  # None: unknown
+
+
+@dataclass
+class Analysis:
+    program: Program
+    wrt: tuple[str, ...]
+    outputs: tuple[str, ...]
+    pointer_base: dict[str, str]  # pointer-valued name -> the parameter it comes from
+    loads: dict[str, list[ast.stmt]]  # pointer parameter -> its load statements
+    stores: dict[str, list[ast.stmt]]  # pointer parameter -> its store / atomic statements
+    index_pointers: set[str]  # pointer parameters whose loaded values are used as indices
+    active: set[str]  # names that need an adjoint
+    shapes: dict[str, Shape] = field(default_factory=dict)
+
+    def is_active(self, atom: ast.expr) -> bool:
+        return isinstance(atom, ast.Name) and atom.id in self.active
+
+
+def op_of(stmt: ast.stmt) -> Op:
+    return stmt.tg_op
+
+
+def target_of(stmt: ast.stmt) -> str | None:
+    if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    return None
+
+
+def where(stmt: ast.stmt) -> Origin:
+    return stmt.tg_where
+
+
+def bind(stmt: ast.stmt) -> dict[str, ast.expr]:
+    """The statement's arguments by parameter name, for operations with a known signature."""
+    op = op_of(stmt)
+    sig = MEMORY.get(op.kind) or (RULES[op.kind].signature if op.kind in RULES else None)
+    if sig is None:
+        return {}
+    try:
+        return sig.bind(op.args, op.kwargs)
+    except TypeError as e:
+        raise refuse(where(stmt), f"the call to `{op.kind}`: {e}") from e
+
+
+def names_in(atom: ast.expr) -> list[str]:
+    """Names whose values an argument uses (not metadata such as ``x.shape``)."""
+    if isinstance(atom, ast.Name):
+        return [atom.id]
+    if isinstance(atom, (ast.Tuple, ast.List)):
+        return [n for e in atom.elts for n in names_in(e)]
+    return []
+
+
+def value_args(stmt: ast.stmt) -> list[str]:
+    op = op_of(stmt)
+    return [n for a in [*op.args, *op.kwargs.values()] for n in names_in(a)]
+
+
+def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, ...] | None,
+            tile: bool = False) -> Analysis:
+    params = program.param_names()
+    body = program.body
+    defs = {target_of(s): s for s in body if target_of(s)}
+
+    # -- pointers -------------------------------------------------------------------------
+    candidates: dict[str, set[str]] = {p: {p} for p in params}
+    scalar_use: set[str] = set()  # parameters used other than additively: not pointers
+    for s in body:
+        op, t = op_of(s), target_of(s)
+        pointer_args = _pointer_positions(s)
+        for i, a in enumerate([*op.args, *op.kwargs.values()]):
+            for n in names_in(a):
+                if n in params and i not in pointer_args:
+                    scalar_use.add(n)
+        if t is not None:
+            candidates[t] = set().union(*[candidates.get(n, set()) for n in _pointer_operands(s)])
+
+    pointer_base: dict[str, str] = {}
+    loads: dict[str, list[ast.stmt]] = {}
+    stores: dict[str, list[ast.stmt]] = {}
+
+    def mark_chain(name: str, base: str) -> None:
+        if pointer_base.get(name) == base:
+            return
+        pointer_base[name] = base
+        if name in defs:
+            for n in _pointer_operands(defs[name]):
+                if base in candidates.get(n, set()):
+                    mark_chain(n, base)
+
+    for s in body:
+        kind = op_of(s).kind
+        if kind not in MEMORY:
+            continue
+        address = bind(s)["pointer"]
+        if not isinstance(address, ast.Name):
+            raise refuse(where(s), f"`{kind}` from the address `{ast.unparse(address)}`",
+                         "load and store through pointer arguments")
+        base = _choose_base(address.id, candidates, scalar_use, s)
+        mark_chain(address.id, base)
+        (loads if kind == "load" else stores).setdefault(base, []).append(s)
+
+    feeds_address = _feeds_addresses(body, defs)
+    index_pointers = {pointer_base[bind(s)["pointer"].id] for s in body
+                      if op_of(s).kind == "load" and target_of(s) in feeds_address}
+
+    # -- what to differentiate ------------------------------------------------------------
+    if tile:
+        wrt = tuple(wrt if wrt is not None else params)
+        outputs = ()
+    else:
+        wrt, outputs = _choose_wrt_outputs(program, params, wrt, outputs, loads, stores, index_pointers)
+
+    active = _activity(program, defs, wrt, outputs, pointer_base, tile)
+    analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active)
+    analysis.shapes = infer_shapes(program)
+    return analysis
+
+
+def _pointer_positions(stmt: ast.stmt) -> set[int]:
+    """Argument positions through which a pointer may flow without making it a scalar use."""
+    kind = op_of(stmt).kind
+    if kind in MEMORY:
+        return {0}
+    if kind in POINTER_PRESERVING or kind == "sub":
+        return {0}
+    if kind == "add":
+        return {0, 1}
+    if kind == "where":
+        return {1, 2}
+    return set()
+
+
+def _pointer_operands(stmt: ast.stmt) -> list[str]:
+    op = op_of(stmt)
+    if op.kind in MEMORY:
+        return []
+    return [n for i in _pointer_positions(stmt) if i < len(op.args) for n in names_in(op.args[i])]
+
+
+def _choose_base(address: str, candidates: dict[str, set[str]], scalar_use: set[str], stmt: ast.stmt) -> str:
+    options = sorted(candidates.get(address, set()) - scalar_use) or sorted(candidates.get(address, set()))
+    if len(options) > 1:
+        named = [p for p in options if "ptr" in p.lower()]
+        if len(named) == 1:
+            options = named
+    if len(options) == 1:
+        return options[0]
+    if not options:
+        raise refuse(where(stmt), f"`{op_of(stmt).kind}` through a pointer that does not come from a parameter",
+                     "pointers loaded from memory or built from integers cannot be given shadows")
+    raise refuse(where(stmt), f"an address built from several parameters ({', '.join(options)})",
+                 "name the pointer parameter with `ptr` in it (`x_ptr`) so it can be told from offsets")
+
+
+def _feeds_addresses(body: list[ast.stmt], defs: dict[str, ast.stmt]) -> set[str]:
+    """Names whose values flow into an address or a mask."""
+    seen: set[str] = set()
+    work = []
+    for s in body:
+        if op_of(s).kind in MEMORY:
+            b = bind(s)
+            work += names_in(b["pointer"]) + names_in(b.get("mask", ast.Constant(None)))
+    while work:
+        n = work.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in defs:
+            work += value_args(defs[n])
+    return seen
+
+
+def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads, stores,
+                        index_pointers) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    origin = program.origin
+    if outputs is None:
+        outputs = tuple(p for p in params if p in stores)
+    if wrt is None:
+        wrt = tuple(p for p in params if p in loads and p not in stores and p not in index_pointers)
+    wrt, outputs = tuple(wrt), tuple(outputs)
+    for name in (*wrt, *outputs):
+        if name not in params:
+            raise ValueError(f"`{name}` is not a parameter of kernel `{program.name}` "
+                             f"(its parameters: {', '.join(params)})")
+    for name in wrt:
+        if name not in loads:
+            raise ValueError(f"wrt names `{name}`, but kernel `{program.name}` never loads through it")
+    for name in outputs:
+        if name not in stores:
+            raise ValueError(f"outputs names `{name}`, but kernel `{program.name}` never stores through it")
+    for name in outputs:
+        if name in loads:
+            s = loads[name][0]
+            raise refuse(where(s), f"a load from `{name}`, which the kernel also stores to",
+                         "read inputs and write outputs through different pointers (no in-place updates)")
+    if not outputs:
+        raise NotDifferentiableError(f"kernel `{program.name}`: it stores nothing", file=origin.file,
+                                     line=origin.line, hint="a differentiable kernel stores its outputs")
+    return wrt, outputs
+
+
+def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) -> set[str]:
+    body = program.body
+    varied: set[str] = set(wrt) if tile else set()
+    for s in body:
+        t = target_of(s)
+        if t is None or t in pointer_base:
+            continue
+        op = op_of(s)
+        if op.kind == "load":
+            if any(n in varied for n in names_in(bind(s)["other"])):
+                raise refuse(where(s), "a load whose `other` value depends on the differentiated inputs",
+                             "use a constant `other` and tl.where after the load")
+            if pointer_base[bind(s)["pointer"].id] in wrt:
+                varied.add(t)
+        elif op.kind in NONDIFFERENTIABLE or _is_int_cast(s, program):
+            continue
+        elif any(n in varied for n in value_args(s)):
+            varied.add(t)
+
+    useful: set[str] = set()
+    work: list[str] = []
+    if tile:
+        work += [n for r in program.returns for n in names_in(r)]
+    for s in body:
+        kind = op_of(s).kind
+        if kind in STORES and pointer_base[bind(s)["pointer"].id] in outputs:
+            value = bind(s)["value" if kind == "store" else "val"]
+            work += names_in(value)
+    while work:
+        n = work.pop()
+        if n in useful or n not in varied:
+            continue
+        useful.add(n)
+        s = defs.get(n)
+        if s is None:
+            continue
+        op = op_of(s)
+        rule = RULES.get(op.kind)
+        if rule is None and op.kind != "load":
+            raise _no_rule(s)
+        if op.kind == "pow":
+            b = bind(s)["b"]
+            if names_in(b) and any(x in varied for x in names_in(b)):
+                raise refuse(where(s), "`**` with an exponent that depends on the inputs",
+                             "use tl.exp(b * tl.log(a)) for a variable exponent")
+        if rule is not None:  # parameters without an adjoint (axis, condition, dtype) are discrete
+            work += [n for param, arg in bind(s).items() if param in rule.adjoints for n in names_in(arg)]
+    return varied & useful
+
+
+def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:
+    op = op_of(stmt)
+    what = {"mod": "`%` on differentiated values", "call": f"a call to `{getattr(op.func, '__name__', '?')}`",
+            "custom": "a custom rule"}.get(op.kind, f"`{op.kind}`")
+    hint = "write the operation with Triton functions tritongrad knows, or give a helper a rule with tg.custom_vjp"
+    if op.kind in MEMORY or op.kind in STORES:
+        hint = "the result of an atomic operation cannot be differentiated"
+    return refuse(where(stmt), f"{what} (no derivative rule)", hint)
+
+
+INT_DTYPES = ("tl.int", "tl.uint")
+
+
+def _is_int_cast(stmt: ast.stmt, program: Program) -> bool:
+    op = op_of(stmt)
+    if op.kind not in ("to", "cast"):
+        return False
+    dtype = bind(stmt)["dtype"]
+    return ast.unparse(dtype).startswith(INT_DTYPES) or ast.unparse(dtype) == "tl.int1"
+
+
+# -- shapes ---------------------------------------------------------------------------------
+
+def infer_shapes(program: Program) -> dict[str, Shape]:
+    shapes: dict[str, Shape] = {p: () for p in program.param_names()}
+
+    def of(atom: ast.expr) -> Shape:
+        if isinstance(atom, ast.Name):
+            return shapes.get(atom.id)
+        if isinstance(atom, ast.Constant):
+            return ()
+        return None
+
+    for s in program.body:
+        t = target_of(s)
+        if t is not None:
+            try:
+                shapes[t] = _shape_of(s, of)
+            except (ValueError, TypeError, IndexError, NotDifferentiableError):
+                shapes[t] = None
+    return shapes
+
+
+def _dims(atom: ast.expr) -> Shape:
+    if isinstance(atom, (ast.Tuple, ast.List)):
+        if len(atom.elts) == 1 and isinstance(atom.elts[0], (ast.Tuple, ast.List)):
+            return _dims(atom.elts[0])
+        return tuple(ast.unparse(e) for e in atom.elts)
+    return None
+
+
+def broadcast(*shapes: Shape) -> Shape:
+    if any(s is None for s in shapes):
+        return None
+    rank = max(len(s) for s in shapes)
+    out = []
+    for i in range(rank):
+        dims = {s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0} - {"1"}
+        out.append(sorted(dims)[0] if dims else "1")
+    return tuple(out)
+
+
+def _shape_of(stmt: ast.stmt, of) -> Shape:
+    op = op_of(stmt)
+    kind = op.kind
+    b = bind(stmt)
+    if kind in ("program_id", "num_programs", "cdiv"):
+        return ()
+    if kind == "arange":
+        start, end = op.args[0], op.args[1]
+        if isinstance(start, ast.Constant) and start.value == 0:
+            return (ast.unparse(end),)
+        return (f"{ast.unparse(end)} - {ast.unparse(start)}",)
+    if kind in ("zeros", "full"):
+        return _dims(op.args[0] if op.args else op.kwargs.get("shape"))
+    if kind == "load":
+        return of(b["pointer"])
+    if kind == "subscript":
+        x = of(b["input"])
+        index = op.kwargs["index"]
+        parts = index.elts if isinstance(index, ast.Tuple) else [index]
+        if x is None:
+            return None
+        out, i = [], 0
+        for p in parts:
+            if isinstance(p, ast.Constant):
+                out.append("1")
+            else:
+                out.append(x[i])
+                i += 1
+        return tuple(out) + x[i:]
+    if kind == "expand_dims":
+        x, axis = of(b["input"]), ast.literal_eval(b["axis"])
+        axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+        out = list(x)
+        for a in axes:
+            out.insert(a if a >= 0 else len(out) + 1 + a, "1")
+        return tuple(out)
+    if kind in ("reshape", "view", "broadcast_to"):
+        return _dims(b["shape"])
+    if kind in ("trans", "permute"):
+        x = of(b["input"])
+        dims = b["dims"].elts if isinstance(b["dims"], ast.Tuple) else []
+        if len(dims) == 1 and isinstance(dims[0], (ast.Tuple, ast.List)):
+            dims = dims[0].elts
+        order = [ast.literal_eval(d) for d in dims] or list(reversed(range(len(x))))
+        return tuple(x[i] for i in order)
+    if kind in ("sum", "max", "min", "argmax", "argmin"):
+        x, axis = of(op.args[0]), ast.literal_eval(b.get("axis", ast.Constant(None)))
+        keep = ast.literal_eval(b.get("keep_dims", ast.Constant(False)))
+        if axis is None:
+            return tuple("1" for _ in x) if keep else ()
+        axis = axis % len(x)
+        return tuple("1" if i == axis else d for i, d in enumerate(x)) if keep else x[:axis] + x[axis + 1:]
+    if kind == "dot":
+        x, y = of(b["input"]), of(b["other"])
+        return x[:-1] + y[-1:]
+    if kind in ("to", "cast", "copy", "neg", "pos", "not_", "invert") or (
+            kind in RULES and RULES[kind].elementwise) or kind in (
+            "lt", "le", "gt", "ge", "eq", "ne", "and_", "or_", "xor", "floordiv", "mod", "lshift", "rshift"):
+        return broadcast(*[of(a) for a in op.args if not isinstance(a, (ast.Tuple, ast.List))])
+    return None

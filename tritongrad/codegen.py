@@ -1,0 +1,89 @@
+"""Backward body -> Python source -> a ``triton.jit`` kernel.
+
+The source is compiled under a made-up file name registered in ``linecache``, so
+``inspect``, Triton's interpreter and torch.compile can all read it back, and the
+function keeps a real code object and globals (Inductor looks at both).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+import linecache
+import re
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from . import language as tg
+from .frontend import Program
+from .reverse import Reversed
+
+HEADER = "import triton\nimport triton.language as tl\nimport tritongrad.language as tg\n"
+
+
+# operations cheap and pure enough to write back into their uses (the compiler dedupes them)
+FOLDABLE_KINDS = {"add", "sub", "mul", "truediv", "floordiv", "mod", "neg", "pos", "not_", "invert", "lt", "le",
+                  "gt", "ge", "eq", "ne", "and_", "or_", "xor", "lshift", "rshift", "boolop", "ifexp",
+                  "subscript", "program_id", "num_programs", "arange", "cdiv", "copy", "expand_dims",
+                  "broadcast_to", "reshape", "trans", "to", "cast", "multiple_of", "max_contiguous"}
+
+
+def fold_temporaries(body: list[ast.stmt], foldable: set[str]) -> list[ast.stmt]:
+    """Write temporaries the flattening introduced back into the expressions that use them.
+
+    ``row_times_stride = row * stride; x = tl.load(x_ptr + row_times_stride)`` reads
+    again as ``x = tl.load(x_ptr + row * stride)``. Only names without adjoints, and
+    only cheap pure operations, are folded.
+    """
+    values: dict[str, ast.expr] = {}
+
+    class Fold(ast.NodeTransformer):
+        def visit_Name(self, n: ast.Name) -> ast.expr:
+            return copy.deepcopy(values[n.id]) if n.id in values else n
+
+    out = []
+    for stmt in body:
+        stmt = Fold().visit(stmt)
+        target = stmt.targets[0].id if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name) else None
+        op = getattr(stmt, "tg_op", None)
+        if target in foldable and op is not None and op.kind in FOLDABLE_KINDS:
+            values[target] = stmt.value
+            continue
+        out.append(stmt)
+    return out
+
+
+def function_source(program: Program, rev: Reversed, name: str, docstring: str, tile: bool) -> str:
+    params = [ast.arg(arg=p.arg, annotation=p.annotation) for p in program.params]
+    params += [ast.arg(arg=n) for n in (*rev.cotangent_params, *rev.shadow_params)]
+    body: list[ast.stmt] = [ast.Expr(ast.Constant(docstring))] if docstring else []
+    body += fold_temporaries(rev.body, rev.foldable)
+    if tile:
+        value = rev.returns[0] if len(rev.returns) == 1 else ast.Tuple(elts=rev.returns, ctx=ast.Load())
+        body.append(ast.Return(value))
+    fn = ast.parse(f"@triton.jit\ndef {name}(): pass").body[0]  # a FunctionDef valid on every Python
+    fn.args.args = params
+    fn.body = body or [ast.Pass()]
+    src = ast.unparse(ast.fix_missing_locations(fn))
+    return _insert_comments(src, rev.comments) + "\n"
+
+
+def _insert_comments(src: str, comments: dict[str, str]) -> str:
+    def line(m: re.Match) -> str:
+        return f"{m.group(1)}\n{m.group(1)}# {comments[m.group(2)]}"
+
+    return re.sub(r"^( *)(__tg_comment_\d+__)$", line, src, flags=re.M)
+
+
+def compile_kernel(src: str, name: str, program: Program) -> Any:
+    """``triton.jit`` of ``src``, with the forward's globals (and tl, tg) in scope."""
+    digest = hashlib.sha1(src.encode()).hexdigest()[:12]
+    filename = f"<tritongrad:{name}:{digest}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    scope = dict(program.scope)
+    scope.update(triton=triton, tl=tl, tg=tg)
+    exec(compile(src, filename, "exec"), scope)  # runs the @triton.jit decorator
+    return scope[name]

@@ -1,0 +1,152 @@
+"""``grad`` and ``vjp``: the public entry points of the kernel transform."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import codegen
+from .analysis import analyze
+from .frontend import normalize_kernel, normalize_tile_function, unwrap
+from .reverse import reverse
+
+CALLING_CONVENTION = """\
+Launch it with the forward's grid and the forward's arguments, followed by one
+shadow per output (d_<output>: the gradient of the loss with respect to that output,
+read only) and one per wrt input (d_<input>: a zero-filled buffer with the input's
+shape and strides, into which the gradient is accumulated atomically; float32 is
+recommended for float16/bfloat16 inputs)."""
+
+
+@dataclass(frozen=True)
+class BackwardKernel:
+    """A derived backward kernel.
+
+    ``src`` is its Python source; ``params`` its parameters: the forward's, then
+    ``d_<name>`` for each output, then for each ``wrt`` input. Launch it like any
+    Triton kernel, ``bwd[grid](*forward_args, *output_grads, *input_grads)``,
+    with the forward's grid. Output shadows hold the incoming gradients; input
+    shadows must be zero-filled by the caller (gradients are added atomically).
+    """
+
+    forward: Any
+    kernel: Any
+    src: str
+    wrt: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: tuple[str, ...]
+
+    @property
+    def shadow_params(self) -> dict[str, str]:
+        """Primal parameter -> its shadow parameter, outputs first."""
+        forward = self.params[: len(self.params) - len(self.outputs) - len(self.wrt)]
+        shadows = self.params[len(forward):]
+        return dict(zip((*self.outputs, *self.wrt), shadows, strict=True))
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__
+
+    def __getitem__(self, grid: Any):
+        launch = self.kernel[grid]
+        defaults = _defaults(self.forward)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            # positional arguments fill the parameters not given by keyword, in order; when
+            # there are too few, the forward's defaulted parameters take their defaults
+            free = [p for p in self.params if p not in kwargs]
+            if len(args) < len(free):
+                free = [p for p in free if p not in defaults]
+            if len(args) != len(free):
+                raise TypeError(f"{self.name} takes {len(free)} positional arguments here "
+                                f"({', '.join(free)}), got {len(args)}")
+            named = {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
+            return launch(**named)
+
+        return run
+
+    def __repr__(self) -> str:
+        return f"BackwardKernel({self.name}, wrt={self.wrt}, outputs={self.outputs})"
+
+
+def _defaults(jit_fn: Any) -> dict[str, Any]:
+    sig = inspect.signature(jit_fn.fn)
+    return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+
+
+_cache: dict[tuple, tuple[Any, Any]] = {}
+_lock = threading.Lock()
+
+
+def _cached(key: tuple, build):
+    with _lock:
+        hit = _cache.get(key)
+    if hit is not None and hit[0] is key[0]:
+        return hit[1]
+    value = build()
+    with _lock:
+        _cache[key] = (key[0], value)
+    return value
+
+
+def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] | None = None) -> BackwardKernel:
+    """Derive the backward kernel of a ``@triton.jit`` kernel.
+
+    ``wrt``: the pointer parameters to differentiate with respect to (default: every
+    pointer parameter that is only loaded and does not hold indices).
+    ``outputs``: the pointer parameters whose stores are differentiated (default: every
+    stored one). Raises :class:`NotDifferentiableError` for what cannot be handled.
+    """
+    jit_fn = unwrap(kernel)
+    key = (jit_fn.fn, tuple(wrt) if wrt is not None else None, tuple(outputs) if outputs is not None else None)
+    return _cached(key, lambda: _derive(jit_fn, key[1], key[2]))
+
+
+def _derive(jit_fn: Any, wrt, outputs) -> BackwardKernel:
+    program = normalize_kernel(jit_fn)
+    analysis = analyze(program, wrt, outputs)
+    rev = reverse(analysis)
+    name = f"{program.name}_bwd"
+    doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
+           f"wrt: {', '.join(analysis.wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
+           f"{CALLING_CONVENTION}\n")
+    src = codegen.function_source(program, rev, name, _indent(doc), tile=False)
+    kernel = codegen.compile_kernel(src, name, program)
+    params = (*program.param_names(), *rev.shadow_params)
+    return BackwardKernel(jit_fn, kernel, src, analysis.wrt, analysis.outputs, params)
+
+
+def vjp(fn: Any, wrt: Sequence[int] = (0,)) -> Any:
+    """The vector-Jacobian product of a tile-level ``@triton.jit`` helper.
+
+    Returns a ``@triton.jit`` function taking ``fn``'s arguments followed by one
+    cotangent per returned value, and returning the gradients of the arguments at
+    positions ``wrt`` (a tuple when there are several). Its source is ``.src``
+    of the returned function's ``tg_src`` attribute.
+    """
+    jit_fn = unwrap(fn)
+    key = (jit_fn.fn, ("vjp", tuple(wrt)), None)
+    return _cached(key, lambda: _derive_vjp(jit_fn, tuple(wrt)))
+
+
+def _derive_vjp(jit_fn: Any, positions: tuple[int, ...]) -> Any:
+    program = normalize_tile_function(jit_fn)
+    params = program.param_names()
+    try:
+        wrt = tuple(params[i] for i in positions)
+    except IndexError:
+        raise ValueError(f"wrt={positions}: `{program.name}` has {len(params)} parameters") from None
+    analysis = analyze(program, wrt, None, tile=True)
+    rev = reverse(analysis, tile=True)
+    name = f"{program.name}_vjp"
+    src = codegen.function_source(program, rev, name, "", tile=True)
+    kernel = codegen.compile_kernel(src, name, program)
+    kernel.tg_src = src
+    return kernel
+
+
+def _indent(text: str) -> str:
+    return text.replace("\n", "\n    ")

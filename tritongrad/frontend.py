@@ -1,0 +1,604 @@
+"""Kernel object -> one normalized function body.
+
+The reverse sweep needs every intermediate value under a name of its own, so the
+frontend rewrites a kernel into flat statements, each one operation on names and
+constants (``y = tl.exp(x)``), with:
+
+- ``@triton.jit`` helpers inlined (their locals renamed so nothing clashes);
+- nested expressions hoisted into temporaries named after what they compute;
+- augmented and tuple assignments expanded;
+- every re-assignment given a fresh name (SSA), so the values the adjoints need
+  are all still there after the forward replay.
+
+Each statement carries ``.tg_op`` (what it computes, see :class:`Op`) and
+``.tg_origin`` (the user's file, line and source text, for comments and errors).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import inspect
+import itertools
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import NotDifferentiableError
+
+LOCAL = object()  # resolve(): the expression is a local value, not a global object
+
+BINOPS = {
+    ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.FloorDiv: "floordiv",
+    ast.Mod: "mod", ast.Pow: "pow", ast.MatMult: "matmul", ast.BitAnd: "and_", ast.BitOr: "or_",
+    ast.BitXor: "xor", ast.LShift: "lshift", ast.RShift: "rshift",
+}
+UNARYOPS = {ast.USub: "neg", ast.UAdd: "pos", ast.Not: "not_", ast.Invert: "invert"}
+CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne",
+          ast.Is: "is_", ast.IsNot: "is_not", ast.In: "in_", ast.NotIn: "not_in"}
+# words used to name temporaries after what they compute: `x_times_w`
+OP_WORDS = {"add": "plus", "sub": "minus", "mul": "times", "truediv": "over", "pow": "pow"}
+# attribute reads that describe a value rather than compute from it
+METADATA_ATTRS = {"dtype", "shape", "type", "element_ty", "numel", "primitive_bitwidth", "ndim"}
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a statement came from in the user's code."""
+
+    file: str
+    line: int
+    text: str
+
+
+@dataclass
+class Op:
+    """What one flat statement computes: ``kind(*args, **kwargs)``.
+
+    ``kind`` is the operation's canonical name (``"add"``, ``"exp"``, ``"load"``,
+    ``"subscript"``, ``"call"`` for an unknown function); args are atoms (names,
+    constants, literal tuples, metadata such as ``x.shape``).
+    """
+
+    kind: str
+    args: list[ast.expr]
+    kwargs: dict[str, ast.expr] = field(default_factory=dict)
+    func: Any = None
+
+
+@dataclass
+class Program:
+    """A kernel (or tile function) after normalization."""
+
+    name: str
+    params: list[ast.arg]
+    body: list[ast.stmt]
+    scope: dict[str, Any]
+    file: str
+    names: set[str]
+    returns: list[ast.expr] | None = None  # tile functions: the returned atoms
+    origin: Origin | None = None
+    temporaries: set[str] = field(default_factory=set)  # names the flattening made up
+
+    def param_names(self) -> list[str]:
+        return [p.arg for p in self.params]
+
+
+def unwrap(kernel: Any) -> Any:
+    """The jit function under ``@triton.autotune`` / ``@triton.heuristics`` wrappers."""
+    seen = 0
+    while not _is_jit(kernel) and hasattr(kernel, "fn") and seen < 10:
+        kernel, seen = kernel.fn, seen + 1
+    if not _is_jit(kernel):
+        raise TypeError(f"expected a @triton.jit kernel, got {type(kernel).__name__}")
+    return kernel
+
+
+def _is_jit(obj: Any) -> bool:
+    return type(obj).__name__ in ("JITFunction", "InterpretedFunction") and hasattr(obj, "fn")
+
+
+def triton_language_name(obj: Any) -> str | None:
+    """``"exp"`` for ``tl.exp`` (or ``tl.math.exp``, libdevice's ``exp``...), else None."""
+    fn = getattr(obj, "fn", obj)
+    module = getattr(fn, "__module__", "") or ""
+    if module.startswith("triton.language"):
+        return getattr(fn, "__name__", None)
+    return None
+
+
+@dataclass
+class _Function:
+    """A Python function's source, parsed, with where it lives."""
+
+    name: str
+    tree: ast.FunctionDef
+    file: str
+    first_line: int
+    lines: list[str]
+    scope: dict[str, Any]
+
+    @classmethod
+    def of(cls, jit_fn: Any) -> _Function:
+        fn = jit_fn.fn
+        try:
+            lines, first_line = inspect.getsourcelines(fn)
+        except (OSError, TypeError) as e:
+            raise NotDifferentiableError(
+                f"kernel `{fn.__name__}`: its source cannot be found",
+                file=getattr(fn.__code__, "co_filename", "<unknown>"),
+                line=getattr(fn.__code__, "co_firstlineno", 0),
+                hint="define the kernel in a file (not with exec or in a REPL) so its source can be read",
+            ) from e
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        fdef = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        scope = dict(fn.__globals__)
+        if fn.__closure__:
+            scope.update(inspect.getclosurevars(fn).nonlocals)
+        return cls(fn.__name__, fdef, fn.__code__.co_filename, first_line, lines, scope)
+
+    def origin(self, node: ast.AST) -> Origin:
+        lineno = getattr(node, "lineno", 1)
+        text = self.lines[lineno - 1].strip() if 0 < lineno <= len(self.lines) else ""
+        return Origin(self.file, self.first_line + lineno - 1, text)
+
+
+class Namer:
+    """Hands out names no one else uses."""
+
+    def __init__(self, taken: set[str]):
+        self.taken = set(taken)
+
+    def fresh(self, base: str) -> str:
+        base = base if base.isidentifier() else "tmp"
+        if base not in self.taken:
+            self.taken.add(base)
+            return base
+        for i in itertools.count(1):
+            name = f"{base}_{i}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+        raise AssertionError
+
+
+def refuse(origin: Origin, construct: str, hint: str = "") -> NotDifferentiableError:
+    return NotDifferentiableError(construct, file=origin.file, line=origin.line, hint=hint,
+                                  source_line=origin.text)
+
+
+@dataclass
+class _Frame:
+    """One function being flattened: the kernel itself or an inlined helper."""
+
+    fn: _Function
+    env: dict[str, ast.expr]  # source name -> the atom it stands for now (its SSA name, or a constant)
+    inlined: bool
+    call_origin: Origin | None = None  # for helpers: the call site in the kernel
+
+
+class Normalizer:
+    """Flattens a kernel, inlining helpers, into a :class:`Program`."""
+
+    def __init__(self, root: _Function, custom_rules: dict[Any, Any] | None = None):
+        self.root = root
+        self.custom_rules = custom_rules or {}
+        taken = {n.id for n in ast.walk(root.tree) if isinstance(n, ast.Name)}
+        taken |= {a.arg for a in root.tree.args.args}
+        self.namer = Namer(taken | set(dir(builtins)))
+        self.scope: dict[str, Any] = dict(root.scope)
+        self.out: list[ast.stmt] = []
+        self.frames: list[_Frame] = []
+        self.defined = {a.arg for a in root.tree.args.args}  # SSA names bound so far
+        self.temporaries: set[str] = set()
+        self.inline_depth = 0
+
+    # -- entry points ---------------------------------------------------------------------
+
+    def kernel(self) -> Program:
+        return self._program(tile=False)
+
+    def tile_function(self) -> Program:
+        return self._program(tile=True)
+
+    def _program(self, tile: bool) -> Program:
+        fdef = self.root.tree
+        args = fdef.args
+        origin = self.root.origin(fdef)
+        if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
+            raise refuse(origin, "a kernel signature with *args, **kwargs or keyword-only parameters",
+                         "list every parameter explicitly")
+        params = [ast.arg(arg=a.arg, annotation=a.annotation) for a in args.args]
+        frame = _Frame(self.root, {p.arg: _name(p.arg) for p in params}, inlined=False)
+        self.frames.append(frame)
+        body = list(fdef.body)
+        returns = None
+        if tile:
+            if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
+                raise refuse(origin, f"tile function `{fdef.name}` without a final `return`",
+                             "vjp() differentiates a @triton.jit helper that returns its result")
+            ret = body.pop()
+            self.block(body)
+            value = ret.value
+            elts = value.elts if isinstance(value, ast.Tuple) else [value]
+            returns = [self.atom(e, ret) for e in elts]
+        else:
+            if body and isinstance(body[-1], ast.Return) and body[-1].value is None:
+                body.pop()
+            self.block(body)
+        self.frames.pop()
+        return Program(fdef.name, params, self.out, self.scope, self.root.file, self.namer.taken,
+                       returns=returns, origin=origin, temporaries=self.temporaries)
+
+    # -- statements -----------------------------------------------------------------------
+
+    @property
+    def frame(self) -> _Frame:
+        return self.frames[-1]
+
+    def origin(self, node: ast.AST) -> Origin:
+        return self.frame.fn.origin(node)
+
+    def refuse(self, node: ast.AST, construct: str, hint: str = "") -> NotDifferentiableError:
+        return refuse(self.origin(node), construct, hint)
+
+    def block(self, stmts: list[ast.stmt]) -> None:
+        for stmt in stmts:
+            self.statement(stmt)
+
+    def statement(self, stmt: ast.stmt) -> None:
+        if isinstance(stmt, ast.Assign):
+            if len(stmt.targets) != 1:
+                raise self.refuse(stmt, "a chained assignment (`a = b = ...`)", "assign one name at a time")
+            self.assign(stmt.targets[0], stmt.value, stmt)
+        elif isinstance(stmt, ast.AugAssign):
+            if not isinstance(stmt.target, ast.Name):
+                raise self.refuse(stmt, "an augmented assignment to a subscript or attribute")
+            value = ast.BinOp(left=ast.Name(stmt.target.id, ast.Load()), op=stmt.op, right=stmt.value)
+            ast.copy_location(value, stmt)
+            self.assign(stmt.target, value, stmt)
+        elif isinstance(stmt, ast.AnnAssign):
+            if stmt.value is None:
+                return
+            self.assign(stmt.target, stmt.value, stmt)
+        elif isinstance(stmt, ast.Expr):
+            if isinstance(stmt.value, ast.Constant):  # docstring
+                return
+            value = self.expr(stmt.value, stmt, top=True)
+            if isinstance(value, _Deferred):
+                self.emit_expr(value, stmt)
+        elif isinstance(stmt, ast.Pass):
+            return
+        elif isinstance(stmt, ast.Return):
+            raise self.refuse(stmt, "an early `return`",
+                              "structure the kernel so it ends at its last statement")
+        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+            raise self.refuse(stmt, "a `for` loop", "loops are not supported yet; unroll it by hand")
+        elif isinstance(stmt, ast.While):
+            raise self.refuse(stmt, "a `while` loop", "rewrite it as a `for` loop with a fixed trip count")
+        elif isinstance(stmt, ast.If):
+            raise self.refuse(stmt, "an `if` statement",
+                              "branches are not supported yet; use tl.where for per-element choices")
+        else:
+            raise self.refuse(stmt, f"a `{type(stmt).__name__}` statement")
+
+    def assign(self, target: ast.expr, value: ast.expr, stmt: ast.stmt) -> None:
+        if isinstance(target, ast.Name):
+            result = self.expr(value, stmt, top=True)
+            if isinstance(result, _Deferred):
+                self.emit_assign(target.id, result, stmt)
+            elif isinstance(result, list):
+                raise self.refuse(stmt, "assigning a tuple of values to one name",
+                                  "unpack the tuple: `a, b = ...`")
+            else:
+                self.bind(target.id, result, stmt)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            if any(not isinstance(t, ast.Name) for t in target.elts):
+                raise self.refuse(stmt, "a nested or starred tuple assignment")
+            if isinstance(value, (ast.Tuple, ast.List)):
+                if len(value.elts) != len(target.elts):
+                    raise self.refuse(stmt, "a tuple assignment whose sides differ in length")
+                values = [self.atom(v, stmt) for v in value.elts]  # evaluate all before binding
+            else:
+                result = self.expr(value, stmt, top=True)
+                if isinstance(result, _Deferred):
+                    raise self.refuse(stmt, f"unpacking the results of `{result.op.kind}`",
+                                      "operations returning several tensors are not supported yet")
+                if not isinstance(result, list) or len(result) != len(target.elts):
+                    raise self.refuse(stmt, "a tuple assignment that does not match the value's length")
+                values = result
+            for t, v in zip(target.elts, values, strict=True):
+                self.bind(t.id, v, stmt)
+        else:
+            raise self.refuse(stmt, f"assigning to a `{type(target).__name__}`",
+                              "Triton tensors are immutable; assign to a plain name")
+
+    def bind(self, name: str, atom: ast.expr, stmt: ast.stmt) -> None:
+        """``name = atom`` where atom is already a name or constant: a plain copy."""
+        ssa = self.new_version(name)
+        node = ast.Assign(targets=[ast.Name(ssa, ast.Store())], value=atom)
+        self._finish(node, Op("copy", [atom]), stmt)
+
+    def new_version(self, name: str) -> str:
+        """The SSA name for a new assignment to ``name``: itself the first time, then ``name_1``..."""
+        frame = self.frame
+        ssa = name if not frame.inlined and name not in self.defined else self.namer.fresh(name)
+        frame.env[name] = _name(ssa)
+        self.defined.add(ssa)
+        return ssa
+
+    def emit_assign(self, name: str, d: _Deferred, stmt: ast.stmt) -> str:
+        ssa = self.new_version(name)
+        node = ast.Assign(targets=[ast.Name(ssa, ast.Store())], value=d.node)
+        self._finish(node, d.op, stmt)
+        return ssa
+
+    def emit_expr(self, d: _Deferred, stmt: ast.stmt) -> None:
+        self._finish(ast.Expr(value=d.node), d.op, stmt)
+
+    def _finish(self, node: ast.stmt, op: Op, stmt: ast.stmt) -> None:
+        node.tg_op = op
+        node.tg_origin = self.frame.call_origin or self.origin(stmt)  # the kernel line, for comments
+        node.tg_where = self.origin(stmt)  # the construct itself (in the helper's file), for errors
+        ast.fix_missing_locations(node)
+        self.out.append(node)
+
+    # -- expressions ----------------------------------------------------------------------
+
+    def atom(self, node: ast.expr, stmt: ast.stmt) -> ast.expr:
+        """Flatten ``node`` and return a name, constant or metadata expression for it."""
+        result = self.expr(node, stmt)
+        if isinstance(result, _Deferred):
+            ssa = self.namer.fresh(result.hint)
+            self.temporaries.add(ssa)
+            new = ast.Assign(targets=[ast.Name(ssa, ast.Store())], value=result.node)
+            self._finish(new, result.op, stmt)
+            return ast.Name(ssa, ast.Load())
+        if isinstance(result, list):
+            return ast.Tuple(elts=result, ctx=ast.Load())
+        return result
+
+    def expr(self, node: ast.expr, stmt: ast.stmt, top: bool = False) -> Any:
+        """Flatten an expression: an atom, a list of atoms (tuples), or a _Deferred op."""
+        if isinstance(node, ast.Constant):
+            return node
+        if isinstance(node, ast.Name):
+            if node.id in self.frame.env:
+                return copy.deepcopy(self.frame.env[node.id])
+            return self.global_name(node)
+        if isinstance(node, (ast.Tuple, ast.List)):
+            elts = [self.atom(e, stmt) for e in node.elts]
+            return elts if top else type(node)(elts=elts, ctx=ast.Load())
+        if isinstance(node, ast.Attribute):
+            return self.attribute(node, stmt)
+        if isinstance(node, ast.BinOp):
+            kind = BINOPS[type(node.op)]
+            a, b = self.atom(node.left, stmt), self.atom(node.right, stmt)
+            word = OP_WORDS.get(kind, kind)
+            hint = f"{_label(a)}_{word}_{_label(b)}" if _label(a) and _label(b) else word
+            return _Deferred(ast.BinOp(left=a, op=node.op, right=b), Op(kind, [a, b]), hint)
+        if isinstance(node, ast.UnaryOp):
+            kind = UNARYOPS[type(node.op)]
+            a = self.atom(node.operand, stmt)
+            if kind == "neg" and isinstance(a, ast.Constant):
+                return ast.Constant(-a.value)
+            return _Deferred(ast.UnaryOp(op=node.op, operand=a), Op(kind, [a]), f"{kind}_{_label(a) or 'x'}")
+        if isinstance(node, ast.Compare):
+            if len(node.ops) != 1:
+                raise self.refuse(stmt, "a chained comparison", "split it: `(a < b) & (b < c)`")
+            kind = CMPOPS[type(node.ops[0])]
+            a, b = self.atom(node.left, stmt), self.atom(node.comparators[0], stmt)
+            hint = f"{_label(a)}_{kind}_{_label(b)}" if _label(a) and _label(b) else kind
+            return _Deferred(ast.Compare(left=a, ops=node.ops, comparators=[b]), Op(kind, [a, b]), hint)
+        if isinstance(node, ast.BoolOp):
+            values = [self.atom(v, stmt) for v in node.values]
+            return _Deferred(ast.BoolOp(op=node.op, values=values), Op("boolop", values), "cond")
+        if isinstance(node, ast.IfExp):
+            # only constexpr conditions are legal in Triton: keep it whole, it is not differentiated
+            parts = [self.atom(x, stmt) for x in (node.test, node.body, node.orelse)]
+            node = ast.IfExp(test=parts[0], body=parts[1], orelse=parts[2])
+            return _Deferred(node, Op("ifexp", parts), "choice")
+        if isinstance(node, ast.Subscript):
+            return self.subscript(node, stmt)
+        if isinstance(node, ast.Call):
+            return self.call(node, stmt)
+        if isinstance(node, ast.JoinedStr):
+            return node
+        raise self.refuse(stmt, f"the expression `{ast.unparse(node)}`")
+
+    def global_name(self, node: ast.Name) -> ast.expr:
+        """A name not bound locally: look it up where the function was defined."""
+        frame = self.frame
+        if not frame.inlined:
+            return ast.Name(node.id, ast.Load())
+        scope = frame.fn.scope
+        if node.id in scope:
+            obj = scope[node.id]
+            if node.id in self.scope and self.scope[node.id] is not obj:
+                alias = self.namer.fresh(node.id)
+                self.scope[alias] = obj
+                frame.env[node.id] = _name(alias)  # later uses in this helper use the alias too
+                return _name(alias)
+            self.scope[node.id] = obj
+        return ast.Name(node.id, ast.Load())
+
+    def resolve(self, node: ast.expr) -> Any:
+        """The Python object an expression names (``tl.exp``, a helper), or LOCAL."""
+        if isinstance(node, ast.Name):
+            if node.id in self.frame.env:
+                return LOCAL
+            scope = self.frame.fn.scope
+            if node.id in scope:
+                return scope[node.id]
+            return getattr(builtins, node.id, LOCAL)
+        if isinstance(node, ast.Attribute):
+            base = self.resolve(node.value)
+            if base is LOCAL:
+                return LOCAL
+            return getattr(base, node.attr, LOCAL)
+        return LOCAL
+
+    def attribute(self, node: ast.Attribute, stmt: ast.stmt) -> Any:
+        obj = self.resolve(node)
+        if obj is not LOCAL:  # `tl.float32`, a module-level constexpr...
+            self._import_globals(node)
+            return _rename_globals(node, self.frame, self)
+        if node.attr == "T":
+            x = self.atom(node.value, stmt)
+            return _Deferred(ast.Attribute(value=x, attr="T", ctx=ast.Load()), Op("trans", [x]), f"{_label(x)}_T")
+        if node.attr in METADATA_ATTRS or _is_metadata(node.value):
+            value = self.atom(node.value, stmt)
+            return ast.Attribute(value=value, attr=node.attr, ctx=ast.Load())
+        raise self.refuse(stmt, f"the attribute `{ast.unparse(node)}`")
+
+    def _import_globals(self, node: ast.expr) -> None:
+        root = node
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name):
+            self.global_name(root)
+
+    def subscript(self, node: ast.Subscript, stmt: ast.stmt) -> Any:
+        if _is_metadata(node.value):  # x.shape[0]
+            return ast.Subscript(value=self.atom(node.value, stmt), slice=node.slice, ctx=ast.Load())
+        x = self.atom(node.value, stmt)
+        index = node.slice
+        parts = index.elts if isinstance(index, ast.Tuple) else [index]
+        for p in parts:
+            ok = (isinstance(p, ast.Constant) and p.value is None) or (
+                isinstance(p, ast.Slice) and p.lower is None and p.upper is None and p.step is None)
+            if not ok:
+                raise self.refuse(stmt, f"the subscript `{ast.unparse(node)}`",
+                                  "only `None` and `:` are valid tensor subscripts in Triton")
+        new = ast.Subscript(value=x, slice=index, ctx=ast.Load())
+        return _Deferred(new, Op("subscript", [x], {"index": index}), f"{_label(x) or 'x'}_b")
+
+    def call(self, node: ast.Call, stmt: ast.stmt) -> Any:
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            raise self.refuse(stmt, "a call with *args or **kwargs", "pass arguments explicitly")
+        func = node.func
+        obj = self.resolve(func)
+        if obj is LOCAL:
+            if isinstance(func, ast.Attribute):  # a tensor method: x.to(...), x.sum(0)
+                receiver = self.atom(func.value, stmt)
+                return self.build_call(func.attr, ast.Attribute(value=receiver, attr=func.attr, ctx=ast.Load()),
+                                       [receiver], node, stmt, method=True)
+            raise self.refuse(stmt, f"a call to the local value `{ast.unparse(func)}`")
+        if obj in self.custom_rules:
+            callee = _rename_globals(func, self.frame, self)
+            self._import_globals(func)
+            return self.build_call("custom", callee, [], node, stmt, func_obj=obj)
+        name = triton_language_name(obj)
+        if name is None and _is_jit(obj):
+            return self.inline(obj, node, stmt)
+        self._import_globals(func)
+        callee = _rename_globals(func, self.frame, self)
+        if name is None:
+            name = "call"
+        return self.build_call(name, callee, [], node, stmt, func_obj=obj)
+
+    def build_call(self, kind: str, callee: ast.expr, lead: list[ast.expr], node: ast.Call, stmt: ast.stmt,
+                   func_obj: Any = None, method: bool = False) -> _Deferred:
+        args = lead + [self.atom(a, stmt) for a in node.args]
+        kwargs = {k.arg: self.atom(k.value, stmt) for k in node.keywords}
+        call_args = args[1:] if method else args
+        new = ast.Call(func=callee, args=call_args, keywords=[ast.keyword(arg=k, value=v) for k, v in kwargs.items()])
+        first = _label(args[0]) if args else ""
+        hint = kind if kind in ("load", "call", "custom") or not first else f"{kind}_{first}"
+        if kind == "custom":
+            hint = getattr(func_obj, "__name__", "custom")
+        return _Deferred(new, Op(kind, args, kwargs, func_obj), hint)
+
+    def inline(self, helper: Any, node: ast.Call, stmt: ast.stmt) -> Any:
+        """Inline a call to a @triton.jit helper; returns its result atom(s)."""
+        if self.inline_depth > 32:
+            raise self.refuse(stmt, "recursion through @triton.jit helpers")
+        fn = _Function.of(helper)
+        fdef = fn.tree
+        sig_params = [a.arg for a in fdef.args.args]
+        args = [self.atom(a, stmt) for a in node.args]
+        kwargs = {k.arg: self.atom(k.value, stmt) for k in node.keywords}
+        try:
+            bound = inspect.signature(helper.fn).bind(*args, **kwargs)
+        except TypeError as e:
+            raise self.refuse(stmt, f"the call to `{fn.name}`: {e}") from e
+        bound.apply_defaults()
+        frame = _Frame(fn, {}, inlined=True, call_origin=self.frame.call_origin or self.origin(stmt))
+        assigned = {t.id for n in ast.walk(fdef) for t in ast.walk(n)
+                    if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+        self.frames.append(frame)
+        self.inline_depth += 1
+        try:
+            for p in sig_params:
+                v = bound.arguments[p]
+                v = v if isinstance(v, ast.AST) else ast.Constant(v)
+                if p in assigned:  # the helper rebinds it: start from a copy
+                    ssa = self.new_version(p)
+                    self._finish(ast.Assign(targets=[_name(ssa, ast.Store())], value=v), Op("copy", [v]), fdef)
+                else:  # substitute the argument itself
+                    frame.env[p] = v
+            body = list(fdef.body)
+            while body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body.pop(0)
+            ret = None
+            if body and isinstance(body[-1], ast.Return):
+                ret = body.pop()
+            for s in body:
+                if isinstance(s, ast.Return):
+                    raise self.refuse(s, f"an early `return` in helper `{fn.name}`",
+                                      "return once, at the end of the helper")
+                self.statement(s)
+            if ret is None or ret.value is None:
+                return ast.Constant(None)
+            value = ret.value
+            if isinstance(value, ast.Tuple):
+                return [self.atom(e, ret) for e in value.elts]
+            return self.atom(value, ret)
+        finally:
+            self.inline_depth -= 1
+            self.frames.pop()
+
+
+@dataclass
+class _Deferred:
+    """An operation not yet assigned: the caller decides its name."""
+
+    node: ast.expr
+    op: Op
+    hint: str
+
+
+def _name(id: str, ctx: ast.expr_context | None = None) -> ast.Name:
+    return ast.Name(id, ctx or ast.Load())
+
+
+def _label(node: ast.expr) -> str:
+    if isinstance(node, ast.Name) and len(node.id) <= 12:
+        return node.id
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and 0 <= node.value < 100:
+        return str(node.value)
+    return ""
+
+
+def _is_metadata(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr in METADATA_ATTRS) or (
+        isinstance(node, ast.Subscript) and _is_metadata(node.value))
+
+
+def _rename_globals(node: ast.expr, frame: _Frame, norm: Normalizer) -> ast.expr:
+    """Copy of ``node`` with local names mapped to their SSA names, globals to their aliases."""
+
+    class Rename(ast.NodeTransformer):
+        def visit_Name(self, n: ast.Name) -> ast.expr:
+            return copy.deepcopy(frame.env[n.id]) if n.id in frame.env else n
+
+    return Rename().visit(ast.parse(ast.unparse(node), mode="eval").body)
+
+
+def normalize_kernel(jit_fn: Any, custom_rules: dict[Any, Any] | None = None) -> Program:
+    return Normalizer(_Function.of(jit_fn), custom_rules).kernel()
+
+
+def normalize_tile_function(jit_fn: Any, custom_rules: dict[Any, Any] | None = None) -> Program:
+    return Normalizer(_Function.of(jit_fn), custom_rules).tile_function()

@@ -1,0 +1,50 @@
+"""Triton helpers that derived kernels call (imported there as ``tg``).
+
+Each one is an adjoint whose shape logic depends on compile-time shapes or dtypes,
+so it is written once here rather than spelled out in every derived kernel.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def unbroadcast(g, ref):
+    """Sum ``g`` over the axes ``ref`` was broadcast along, giving it ``ref``'s shape."""
+    for _ in tl.static_range(len(g.shape) - len(ref.shape)):
+        g = tl.sum(g, 0)
+    for i in tl.static_range(len(ref.shape)):
+        if ref.shape[i] == 1:
+            if g.shape[i] != 1:
+                g = tl.sum(g, i, keep_dims=True)
+    return g
+
+
+@triton.jit
+def sum_grad(g, x, axis: tl.constexpr, keep_dims: tl.constexpr):
+    """Adjoint of ``tl.sum(x, axis)``: every summed element gets the sum's gradient."""
+    if axis is not None:
+        if not keep_dims:
+            g = tl.expand_dims(g, axis)
+    return tl.broadcast_to(g, x.shape)
+
+
+@triton.jit
+def extremum_grad(g, x, out, axis: tl.constexpr, keep_dims: tl.constexpr):
+    """Adjoint of ``tl.max`` / ``tl.min``: the gradient is shared evenly among the ties."""
+    if axis is not None:
+        if not keep_dims:
+            g = tl.expand_dims(g, axis)
+            out = tl.expand_dims(out, axis)
+    hit = x == out
+    count = tl.sum(hit.to(tl.float32), axis, keep_dims=True)
+    return tl.where(hit, g / count, 0.0)
+
+
+@triton.jit
+def cast_grad(g, out):
+    """Adjoint of a cast whose target type is known only at compile time."""
+    if out.dtype.is_floating():
+        return g
+    else:
+        return tl.zeros_like(g)
