@@ -1,0 +1,63 @@
+"""Checking derived gradients against PyTorch.
+
+``backward_launch`` runs the derived backward of one forward launch the way the
+calling convention asks (output shadows hold the incoming gradients, input shadows
+start at zero, float32 for low-precision inputs); ``poison`` fills a buffer with
+NaN so an element a kernel forgets to write cannot pass a test.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .derive import grad
+from .frontend import unwrap
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with NaN (or the largest value for integer tensors), in place."""
+    return t.fill_(float("nan") if t.is_floating_point() else torch.iinfo(t.dtype).max)
+
+
+def shadow_like(t: torch.Tensor) -> torch.Tensor:
+    """A zero-filled gradient buffer with ``t``'s sizes and strides (float32 for half types)."""
+    dtype = torch.float32 if t.dtype in LOW_PRECISION else t.dtype
+    return torch.empty_strided(t.size(), t.stride(), dtype=dtype, device=t.device).zero_()
+
+
+def bind_launch(kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A forward launch's arguments by parameter name (the forward's defaults applied)."""
+    sig = inspect.signature(unwrap(kernel).fn)
+    bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def backward_launch(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+                    grads: Mapping[str, torch.Tensor], wrt: Sequence[str] | None = None,
+                    outputs: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+    """Gradients of one forward launch ``kernel[grid](*args, **kwargs)``.
+
+    ``grads`` maps each output pointer parameter to the gradient of the loss with
+    respect to the tensor passed there. Returns the gradients of the ``wrt`` tensors.
+    """
+    bwd = grad(kernel, wrt, outputs or (tuple(grads) if grads else None))
+    named = bind_launch(kernel, args, kwargs)
+    options = {k: v for k, v in kwargs.items() if k not in named}  # num_warps, ...
+    shadows: dict[str, torch.Tensor] = {}
+    for primal, shadow in bwd.shadow_params.items():
+        tensor = named[primal]
+        buffer = shadow_like(tensor)
+        if primal in bwd.outputs:
+            if primal not in grads:
+                raise ValueError(f"no gradient given for output `{primal}`")
+            buffer.copy_(grads[primal].expand_as(tensor))
+        shadows[shadow] = buffer
+    bwd[grid](**named, **shadows, **options)
+    return {w: shadows[bwd.shadow_params[w]].to(named[w].dtype) for w in bwd.wrt}
