@@ -1,0 +1,36 @@
+"""Test setup: without a GPU, kernels run on CPU tensors through Triton's interpreter.
+
+TRITON_INTERPRET must be set before any kernel is defined, so this runs first.
+"""
+
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_gpu2 = pytest.mark.skip(reason="needs two CUDA GPUs")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+        if "gpu2" in item.keywords and (not HAS_CUDA or torch.cuda.device_count() < 2):
+            item.add_marker(skip_gpu2)
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
