@@ -389,7 +389,9 @@ def _shape_of(stmt: ast.stmt, of) -> Shape:
     if kind == "dot":
         x, y = of(b["input"]), of(b["other"])
         return x[:-1] + y[-1:]
-    if kind in ("to", "cast", "copy", "neg", "pos", "not_", "invert") or (
+    if kind in ("to", "cast"):
+        return of(b["input"])
+    if kind in ("copy", "neg", "pos", "not_", "invert") or (
             kind in RULES and RULES[kind].elementwise) or kind in (
             "lt", "le", "gt", "ge", "eq", "ne", "and_", "or_", "xor", "floordiv", "mod", "lshift", "rshift"):
         return broadcast(*[of(a) for a in op.args if not isinstance(a, (ast.Tuple, ast.List))])

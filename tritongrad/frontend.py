@@ -66,6 +66,9 @@ class Op:
     kwargs: dict[str, ast.expr] = field(default_factory=dict)
     func: Any = None
 
+    def __deepcopy__(self, memo: dict) -> Op:
+        return self  # never changed after the frontend; copies of a statement share it
+
 
 @dataclass
 class Program:
@@ -492,6 +495,13 @@ class Normalizer:
         name = triton_language_name(obj)
         if name is None and _is_jit(obj):
             return self.inline(obj, node, stmt)
+        if obj is builtins.abs:  # abs(x) on a tensor is tl.abs
+            name = "abs"
+        elif name is None and getattr(obj, "__module__", None) == "builtins":
+            # float("inf"), min(BLOCK, N): compile-time values, kept inline
+            args = [self.atom(a, stmt) for a in node.args]
+            keywords = [ast.keyword(arg=k.arg, value=self.atom(k.value, stmt)) for k in node.keywords]
+            return ast.Call(func=node.func, args=args, keywords=keywords)
         self._import_globals(func)
         callee = _rename_globals(func, self.frame, self)
         if name is None:
