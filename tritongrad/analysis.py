@@ -61,7 +61,8 @@ def bind(stmt: ast.stmt) -> dict[str, ast.expr]:
     try:
         return sig.bind(op.args, op.kwargs)
     except TypeError as e:
-        raise refuse(where(stmt), f"the call to `{op.kind}`: {e}") from e
+        raise refuse(where(stmt), f"the call to `{op.kind}`: {e}",
+                     "check the arguments against Triton's signature") from e
 
 
 def names_in(atom: ast.expr) -> list[str]:

@@ -166,7 +166,7 @@ class Namer:
         raise AssertionError
 
 
-def refuse(origin: Origin, construct: str, hint: str = "") -> NotDifferentiableError:
+def refuse(origin: Origin, construct: str, hint: str) -> NotDifferentiableError:
     return NotDifferentiableError(construct, file=origin.file, line=origin.line, hint=hint,
                                   source_line=origin.text)
 
@@ -243,7 +243,7 @@ class Normalizer:
     def origin(self, node: ast.AST) -> Origin:
         return self.frame.fn.origin(node)
 
-    def refuse(self, node: ast.AST, construct: str, hint: str = "") -> NotDifferentiableError:
+    def refuse(self, node: ast.AST, construct: str, hint: str) -> NotDifferentiableError:
         return refuse(self.origin(node), construct, hint)
 
     def block(self, stmts: list[ast.stmt]) -> None:
@@ -257,7 +257,8 @@ class Normalizer:
             self.assign(stmt.targets[0], stmt.value, stmt)
         elif isinstance(stmt, ast.AugAssign):
             if not isinstance(stmt.target, ast.Name):
-                raise self.refuse(stmt, "an augmented assignment to a subscript or attribute")
+                raise self.refuse(stmt, "an augmented assignment to a subscript or attribute",
+                                  "Triton tensors are immutable; assign to a plain name")
             value = ast.BinOp(left=ast.Name(stmt.target.id, ast.Load()), op=stmt.op, right=stmt.value)
             ast.copy_location(value, stmt)
             self.assign(stmt.target, value, stmt)
@@ -284,7 +285,8 @@ class Normalizer:
             raise self.refuse(stmt, "an `if` statement",
                               "branches are not supported yet; use tl.where for per-element choices")
         else:
-            raise self.refuse(stmt, f"a `{type(stmt).__name__}` statement")
+            raise self.refuse(stmt, f"a `{type(stmt).__name__}` statement",
+                              "a kernel body is assignments, calls, loops and branches")
 
     def assign(self, target: ast.expr, value: ast.expr, stmt: ast.stmt) -> None:
         if isinstance(target, ast.Name):
@@ -298,10 +300,11 @@ class Normalizer:
                 self.bind(target.id, result, stmt)
         elif isinstance(target, (ast.Tuple, ast.List)):
             if any(not isinstance(t, ast.Name) for t in target.elts):
-                raise self.refuse(stmt, "a nested or starred tuple assignment")
+                raise self.refuse(stmt, "a nested or starred tuple assignment", "unpack one level at a time")
             if isinstance(value, (ast.Tuple, ast.List)):
                 if len(value.elts) != len(target.elts):
-                    raise self.refuse(stmt, "a tuple assignment whose sides differ in length")
+                    raise self.refuse(stmt, "a tuple assignment whose sides differ in length",
+                                      "give each name one value")
                 values = [self.atom(v, stmt) for v in value.elts]  # evaluate all before binding
             else:
                 result = self.expr(value, stmt, top=True)
@@ -309,7 +312,8 @@ class Normalizer:
                     raise self.refuse(stmt, f"unpacking the results of `{result.op.kind}`",
                                       "operations returning several tensors are not supported yet")
                 if not isinstance(result, list) or len(result) != len(target.elts):
-                    raise self.refuse(stmt, "a tuple assignment that does not match the value's length")
+                    raise self.refuse(stmt, "a tuple assignment that does not match the value's length",
+                                      "unpack as many names as the helper returns")
                 values = result
             for t, v in zip(target.elts, values, strict=True):
                 self.bind(t.id, v, stmt)
@@ -408,7 +412,8 @@ class Normalizer:
             return self.call(node, stmt)
         if isinstance(node, ast.JoinedStr):
             return node
-        raise self.refuse(stmt, f"the expression `{ast.unparse(node)}`")
+        raise self.refuse(stmt, f"the expression `{ast.unparse(node)}`",
+                          "use Triton operations on names and constants")
 
     def global_name(self, node: ast.Name) -> ast.expr:
         """A name not bound locally: look it up where the function was defined."""
@@ -453,7 +458,8 @@ class Normalizer:
         if node.attr in METADATA_ATTRS or _is_metadata(node.value):
             value = self.atom(node.value, stmt)
             return ast.Attribute(value=value, attr=node.attr, ctx=ast.Load())
-        raise self.refuse(stmt, f"the attribute `{ast.unparse(node)}`")
+        raise self.refuse(stmt, f"the attribute `{ast.unparse(node)}`",
+                          "only metadata (`.dtype`, `.shape`) and `.T` of a tensor are known")
 
     def _import_globals(self, node: ast.expr) -> None:
         root = node
@@ -487,7 +493,8 @@ class Normalizer:
                 receiver = self.atom(func.value, stmt)
                 return self.build_call(func.attr, ast.Attribute(value=receiver, attr=func.attr, ctx=ast.Load()),
                                        [receiver], node, stmt, method=True)
-            raise self.refuse(stmt, f"a call to the local value `{ast.unparse(func)}`")
+            raise self.refuse(stmt, f"a call to the local value `{ast.unparse(func)}`",
+                              "call @triton.jit helpers and Triton functions by their global name")
         if obj in self.custom_rules:
             callee = _rename_globals(func, self.frame, self)
             self._import_globals(func)
@@ -523,7 +530,8 @@ class Normalizer:
     def inline(self, helper: Any, node: ast.Call, stmt: ast.stmt) -> Any:
         """Inline a call to a @triton.jit helper; returns its result atom(s)."""
         if self.inline_depth > 32:
-            raise self.refuse(stmt, "recursion through @triton.jit helpers")
+            raise self.refuse(stmt, "recursion through @triton.jit helpers",
+                              "helpers are inlined, so they cannot recurse")
         fn = _Function.of(helper)
         fdef = fn.tree
         sig_params = [a.arg for a in fdef.args.args]
@@ -532,7 +540,7 @@ class Normalizer:
         try:
             bound = inspect.signature(helper.fn).bind(*args, **kwargs)
         except TypeError as e:
-            raise self.refuse(stmt, f"the call to `{fn.name}`: {e}") from e
+            raise self.refuse(stmt, f"the call to `{fn.name}`: {e}", "match the helper's signature") from e
         bound.apply_defaults()
         frame = _Frame(fn, {}, inlined=True, call_origin=self.frame.call_origin or self.origin(stmt))
         assigned = {t.id for n in ast.walk(fdef) for t in ast.walk(n)

@@ -1,0 +1,202 @@
+"""Every construct tritongrad cannot differentiate is refused with file, line and a hint.
+
+Each kernel marks the line that must be named with a `# refused` comment.
+"""
+
+import inspect
+
+import pytest
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad import NotDifferentiableError
+
+
+def marked_line(kernel) -> int:
+    fn = kernel.fn
+    lines, first = inspect.getsourcelines(fn)
+    hits = [first + i for i, text in enumerate(lines) if text.rstrip().endswith("# refused")]
+    assert len(hits) == 1, "mark exactly one line"
+    return hits[0]
+
+
+def not_a_triton_function(x):
+    return x * 2
+
+
+@triton.jit
+def for_loop(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(N):  # refused
+        acc += tl.load(x_ptr + i * BLOCK + offs)
+    tl.store(y_ptr + offs, acc)
+
+
+@triton.jit
+def while_loop(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    i = 0
+    while i < N:  # refused
+        x = x * 2
+        i += 1
+    tl.store(y_ptr + offs, x)
+
+
+@triton.jit
+def runtime_if(x_ptr, y_ptr, flag, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    if flag > 0:  # refused
+        x = x * 2
+    tl.store(y_ptr + offs, x)
+
+
+@triton.jit
+def early_return(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    return  # refused
+    tl.store(y_ptr + offs, x)
+
+
+@triton.jit
+def float_modulo(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = x % 3.0  # refused
+    tl.store(y_ptr + offs, y)
+
+
+@triton.jit
+def plain_python_call(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = not_a_triton_function(x)  # refused
+    tl.store(y_ptr + offs, y)
+
+
+@triton.jit
+def no_rule(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.cumsum(x, 0)  # refused
+    tl.store(y_ptr + offs, y)
+
+
+@triton.jit
+def in_place(x_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)  # refused
+    tl.store(x_ptr + offs, x * 2)
+
+
+@triton.jit
+def atomic_max_output(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.atomic_max(y_ptr + offs, x)  # refused
+
+
+@triton.jit
+def pointer_from_memory(ptrs_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    p = tl.load(ptrs_ptr).to(tl.pointer_type(tl.float32))
+    x = tl.load(p + offs)  # refused
+    tl.store(y_ptr + offs, x)
+
+
+@triton.jit
+def with_statement(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    with open("f"):  # refused
+        x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, x)
+
+
+@triton.jit
+def max_with_indices(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    m, i = tl.max(x, 0, return_indices=True)  # refused
+    tl.store(y_ptr, m)
+
+
+@triton.jit
+def _helper_with_early_return(x):
+    if x.dtype == tl.float32:  # refused
+        return x
+    return x * 2
+
+
+@triton.jit
+def calls_bad_helper(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, _helper_with_early_return(x))
+
+
+REFUSED = [
+    (for_loop, "`for` loop"),
+    (while_loop, "`while` loop"),
+    (runtime_if, "`if`"),
+    (early_return, "early `return`"),
+    (float_modulo, "`%`"),
+    (plain_python_call, "not_a_triton_function"),
+    (no_rule, "cumsum"),
+    (in_place, "also stores"),
+    (atomic_max_output, "atomic_max"),
+    (pointer_from_memory, "pointer"),
+    (with_statement, "With"),
+    (max_with_indices, "unpacking"),
+]
+
+
+@pytest.mark.parametrize("kernel, construct", REFUSED, ids=[k.fn.__name__ for k, _ in REFUSED])
+def test_refusal_names_file_line_and_construct(kernel, construct):
+    with pytest.raises(NotDifferentiableError) as info:
+        tritongrad.grad(kernel)
+    err = info.value
+    assert err.file == __file__
+    assert err.line == marked_line(kernel), str(err)
+    assert construct in err.construct, str(err)
+    assert err.hint, "every refusal carries a hint"
+    assert f"{__file__}:{err.line}" in str(err)
+
+
+def test_refusal_inside_a_helper_names_the_helper_line():
+    with pytest.raises(NotDifferentiableError) as info:
+        tritongrad.grad(calls_bad_helper)
+    assert info.value.line == marked_line(_helper_with_early_return)
+
+
+def test_kernel_without_source_is_refused(tmp_path):
+    src = "def k(x_ptr, y_ptr):\n    tl.store(y_ptr, tl.load(x_ptr))\n"
+    scope = {"tl": tl}
+    exec(compile(src, "<generated>", "exec"), scope)
+    with pytest.raises(NotDifferentiableError, match="source cannot be found"):
+        tritongrad.grad(triton.jit(scope["k"]))
+
+
+@triton.jit
+def scale(x_ptr, y_ptr, idx_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    i = tl.load(idx_ptr + offs)
+    x = tl.load(x_ptr + i)
+    tl.store(y_ptr + offs, x * 2.0, mask=offs < n)
+
+
+@pytest.mark.parametrize("wrt, outputs, message", [
+    (("z_ptr",), None, "not a parameter"),
+    (("y_ptr",), None, "never loads"),
+    (None, ("x_ptr",), "never stores"),
+])
+def test_wrong_wrt_or_outputs_are_named(wrt, outputs, message):
+    with pytest.raises(ValueError, match=message):
+        tritongrad.grad(scale, wrt=wrt, outputs=outputs)
+
+
+def test_index_pointer_is_not_differentiated_by_default():
+    assert tritongrad.grad(scale).wrt == ("x_ptr",)
