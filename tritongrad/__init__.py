@@ -2,10 +2,31 @@
 
     bwd = tritongrad.grad(kernel)          # a derived backward kernel; bwd.src is its source
     vjp = tritongrad.vjp(tile_fn, wrt=(0, 1))
+
+The names below are imported on first use, so that importing tritongrad does not
+import triton: the command line chooses Triton's interpreter (no GPU) first.
 """
 
-from .derive import BackwardKernel, grad, vjp
-from .errors import NotDifferentiableError
+import importlib
 
-__all__ = ["BackwardKernel", "NotDifferentiableError", "grad", "vjp"]
+_EXPORTS = {
+    "BackwardKernel": "derive",
+    "grad": "derive",
+    "vjp": "derive",
+    "NotDifferentiableError": "errors",
+}
+
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'tritongrad' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

@@ -67,8 +67,8 @@ def function_source(program: Program, rev: Reversed, name: str, docstring: str, 
     fn = ast.parse(f"@triton.jit\ndef {name}(): pass").body[0]  # a FunctionDef valid on every Python
     fn.args.args = params
     fn.body = body or [ast.Pass()]
-    src = ast.unparse(ast.fix_missing_locations(fn))
-    return _insert_comments(src, rev.comments) + "\n"
+    src = _insert_comments(ast.unparse(ast.fix_missing_locations(fn)), rev.comments)
+    return "\n".join(line.rstrip() for line in src.splitlines()) + "\n"
 
 
 def _insert_comments(src: str, comments: dict[str, str]) -> str:

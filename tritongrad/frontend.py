@@ -382,8 +382,7 @@ class Normalizer:
         if isinstance(node, ast.BinOp):
             kind = BINOPS[type(node.op)]
             a, b = self.atom(node.left, stmt), self.atom(node.right, stmt)
-            word = OP_WORDS.get(kind, kind)
-            hint = f"{_label(a)}_{word}_{_label(b)}" if _label(a) and _label(b) else word
+            hint = "_".join(x for x in (_label(a), OP_WORDS.get(kind, kind), _label(b)) if x)
             return _Deferred(ast.BinOp(left=a, op=node.op, right=b), Op(kind, [a, b]), hint)
         if isinstance(node, ast.UnaryOp):
             kind = UNARYOPS[type(node.op)]
@@ -396,7 +395,7 @@ class Normalizer:
                 raise self.refuse(stmt, "a chained comparison", "split it: `(a < b) & (b < c)`")
             kind = CMPOPS[type(node.ops[0])]
             a, b = self.atom(node.left, stmt), self.atom(node.comparators[0], stmt)
-            hint = f"{_label(a)}_{kind}_{_label(b)}" if _label(a) and _label(b) else kind
+            hint = "_".join(x for x in (_label(a), kind, _label(b)) if x)
             return _Deferred(ast.Compare(left=a, ops=node.ops, comparators=[b]), Op(kind, [a, b]), hint)
         if isinstance(node, ast.BoolOp):
             values = [self.atom(v, stmt) for v in node.values]

@@ -2,14 +2,27 @@
 
 Each one is an adjoint whose shape logic depends on compile-time shapes or dtypes,
 so it is written once here rather than spelled out in every derived kernel.
+
+They become ``@triton.jit`` functions on first use, not at import: whether Triton
+runs kernels through its interpreter is fixed when a kernel is defined, and
+``tritongrad demo`` decides that after importing the package.
 """
 
 import triton
 import triton.language as tl
 
+_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad")
 
-@triton.jit
-def unbroadcast(g, ref):
+
+def __getattr__(name: str):
+    if name not in _HELPERS:
+        raise AttributeError(f"module 'tritongrad.language' has no attribute '{name}'")
+    kernel = triton.jit(globals()[f"_{name}"])
+    globals()[name] = kernel
+    return kernel
+
+
+def _unbroadcast(g, ref):
     """Sum ``g`` over the axes ``ref`` was broadcast along, giving it ``ref``'s shape."""
     for _ in tl.static_range(len(g.shape) - len(ref.shape)):
         g = tl.sum(g, 0)
@@ -20,8 +33,7 @@ def unbroadcast(g, ref):
     return g
 
 
-@triton.jit
-def sum_grad(g, x, axis: tl.constexpr, keep_dims: tl.constexpr):
+def _sum_grad(g, x, axis: tl.constexpr, keep_dims: tl.constexpr):
     """Adjoint of ``tl.sum(x, axis)``: every summed element gets the sum's gradient."""
     if axis is not None:
         if not keep_dims:
@@ -29,8 +41,7 @@ def sum_grad(g, x, axis: tl.constexpr, keep_dims: tl.constexpr):
     return tl.broadcast_to(g, x.shape)
 
 
-@triton.jit
-def extremum_grad(g, x, out, axis: tl.constexpr, keep_dims: tl.constexpr):
+def _extremum_grad(g, x, out, axis: tl.constexpr, keep_dims: tl.constexpr):
     """Adjoint of ``tl.max`` / ``tl.min``: the gradient is shared evenly among the ties."""
     if axis is not None:
         if not keep_dims:
@@ -41,8 +52,7 @@ def extremum_grad(g, x, out, axis: tl.constexpr, keep_dims: tl.constexpr):
     return tl.where(hit, g / count, 0.0)
 
 
-@triton.jit
-def cast_grad(g, out):
+def _cast_grad(g, out):
     """Adjoint of a cast whose target type is known only at compile time."""
     if out.dtype.is_floating():
         return g

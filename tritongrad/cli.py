@@ -1,0 +1,101 @@
+"""The ``tritongrad`` command: show a derived backward kernel, run the demo.
+
+    tritongrad show FILE.py:KERNEL [--wrt a,b] [--outputs y]
+    tritongrad demo
+
+Without a GPU, both switch Triton to its interpreter (CPU tensors) before any
+kernel is defined.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+
+def use_interpreter_without_gpu() -> str:
+    """Pick the device; without CUDA, run kernels through Triton's interpreter."""
+    import torch
+
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return "cuda"
+    os.environ["TRITON_INTERPRET"] = "1"
+    return "cpu"
+
+
+def load_kernel(spec: str):
+    """``path/to/file.py:kernel_name`` -> the kernel object defined there."""
+    path, _, name = spec.rpartition(":")
+    if not path or not name:
+        raise SystemExit(f"expected FILE.py:KERNEL, got {spec!r}")
+    file = Path(path).resolve()
+    if not file.exists():
+        raise SystemExit(f"no such file: {path}")
+    module = _import_file(file)
+    if not hasattr(module, name):
+        raise SystemExit(f"{path} defines no `{name}`")
+    return getattr(module, name)
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    return tuple(x.strip() for x in text.split(",") if x.strip()) if text else None
+
+
+def _import_file(file: Path):
+    """Import a file, under its package's dotted name when it is inside one (relative imports work)."""
+    parts, folder = [file.stem], file.parent
+    while (folder / "__init__.py").exists():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if len(parts) > 1:
+        sys.path.insert(0, str(folder))
+        return importlib.import_module(".".join(parts))
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[file.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def show(args: argparse.Namespace) -> int:
+    use_interpreter_without_gpu()
+    from . import NotDifferentiableError, grad
+    from .codegen import HEADER
+
+    kernel = load_kernel(args.kernel)
+    try:
+        bwd = grad(kernel, wrt=_names(args.wrt), outputs=_names(args.outputs))
+    except NotDifferentiableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(HEADER)
+    print(bwd.src, end="")
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    device = use_interpreter_without_gpu()
+    from .demo import run
+
+    return run(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tritongrad", description="Reverse-mode AD of Triton kernels.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("show", help="print the derived backward kernel of FILE.py:KERNEL")
+    p.add_argument("kernel", metavar="FILE.py:KERNEL")
+    p.add_argument("--wrt", help="pointer parameters to differentiate, comma-separated")
+    p.add_argument("--outputs", help="pointer parameters whose stores are differentiated, comma-separated")
+    p.set_defaults(func=show)
+    p = commands.add_parser("demo", help="derive, print and check the backward of the bundled examples")
+    p.set_defaults(func=demo)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
