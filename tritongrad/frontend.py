@@ -501,9 +501,7 @@ class Normalizer:
         name = triton_language_name(obj)
         if name is None and _is_jit(obj):
             return self.inline(obj, node, stmt)
-        if obj is builtins.abs:  # abs(x) on a tensor is tl.abs
-            name = "abs"
-        elif name is None and getattr(obj, "__module__", None) == "builtins":
+        if name is None and getattr(obj, "__module__", None) == "builtins":
             # float("inf"), min(BLOCK, N): compile-time values, kept inline
             args = [self.atom(a, stmt) for a in node.args]
             keywords = [ast.keyword(arg=k.arg, value=self.atom(k.value, stmt)) for k in node.keywords]
