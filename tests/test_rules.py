@@ -46,10 +46,12 @@ ELEMENTWISE = {
     "cast": ("x.to(tl.float32).to(tl.float64) * y", lambda x, y: x.float().double() * y, "any"),
     "cast_runtime_dtype": ("x.to(y.dtype) * y", lambda x, y: x * y, "any"),
     "cast_to_int_blocks_gradient": ("x.to(tl.int32).to(tl.float64) * y", lambda x, y: x.int().double() * y, "any"),
-    "broadcast_rows": ("x * tl.sum(tl.where(mask, y, 0.0), axis=1)[:, None]", lambda x, y: x * y.sum(1, keepdim=True), "any"),
+    "broadcast_rows": ("x * tl.sum(tl.where(mask, y, 0.0), axis=1)[:, None]",
+                       lambda x, y: x * y.sum(1, keepdim=True), "any"),
     "broadcast_to": ("tl.broadcast_to(tl.sum(tl.where(mask, x, 0.0), axis=0, keep_dims=True), (RB, CB)) * y",
                      lambda x, y: x.sum(0, keepdim=True) * y, "any"),
-    "expand_dims": ("tl.expand_dims(tl.sum(tl.where(mask, x, 0.0), axis=1), 1) * y", lambda x, y: x.sum(1, keepdim=True) * y, "any"),
+    "expand_dims": ("tl.expand_dims(tl.sum(tl.where(mask, x, 0.0), axis=1), 1) * y",
+                    lambda x, y: x.sum(1, keepdim=True) * y, "any"),
     "reshape": ("tl.reshape(tl.reshape(x, (CB, RB)) * 2.0, (RB, CB)) + y", lambda x, y: 2 * x + y, "any"),
     "trans": ("tl.trans(tl.trans(x) * 3.0) * y", lambda x, y: 3 * x * y, "any"),
     "T": ("(x.T * 3.0).T * y", lambda x, y: 3 * x * y, "any"),
@@ -78,12 +80,12 @@ STORE = {
     "scalar": ("y_ptr", None),
 }
 
-HEADER = '''
+HEADER = f'''
 import triton
 import triton.language as tl
 
 R, C, RB, CB = {R}, {C}, {RB}, {CB}
-'''.format(R=R, C=C, RB=RB, CB=CB)
+'''
 
 ELEMENTWISE_KERNEL = '''
 @triton.jit

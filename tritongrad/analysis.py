@@ -136,7 +136,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
 
     active = _activity(program, defs, wrt, outputs, pointer_base, tile)
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active)
-    analysis.shapes = infer_shapes(program)
+    analysis.shapes = infer_shapes(program, tile)
     return analysis
 
 
@@ -296,8 +296,9 @@ def _is_int_cast(stmt: ast.stmt, program: Program) -> bool:
 
 # -- shapes ---------------------------------------------------------------------------------
 
-def infer_shapes(program: Program) -> dict[str, Shape]:
-    shapes: dict[str, Shape] = {p: () for p in program.param_names()}
+def infer_shapes(program: Program, tile: bool = False) -> dict[str, Shape]:
+    # a kernel's parameters are scalars and pointers; a tile function's are tiles of unknown shape
+    shapes: dict[str, Shape] = {p: None if tile else () for p in program.param_names()}
 
     def of(atom: ast.expr) -> Shape:
         if isinstance(atom, ast.Name):

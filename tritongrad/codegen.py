@@ -44,6 +44,10 @@ def fold_temporaries(body: list[ast.stmt], foldable: set[str]) -> list[ast.stmt]
         def visit_Name(self, n: ast.Name) -> ast.expr:
             return copy.deepcopy(values[n.id]) if n.id in values else n
 
+        def visit_BinOp(self, n: ast.BinOp) -> ast.expr:
+            self.generic_visit(n)  # helpers' defaults leave `0 * size + ...` and `offs * 1`
+            return _simplify(n)
+
     out = []
     for stmt in body:
         stmt = Fold().visit(stmt)
@@ -54,6 +58,24 @@ def fold_temporaries(body: list[ast.stmt], foldable: set[str]) -> list[ast.stmt]
             continue
         out.append(stmt)
     return out
+
+
+def _is_constant(node: ast.expr, value: int) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int and node.value == value
+
+
+def _simplify(n: ast.BinOp) -> ast.expr:
+    """``x * 1``, ``x + 0``: identities that keep x's shape and type (``0 * x`` would drop a broadcast)."""
+    if isinstance(n.op, ast.Mult):
+        if _is_constant(n.left, 1):
+            return n.right
+        if _is_constant(n.right, 1):
+            return n.left
+    if isinstance(n.op, (ast.Add, ast.Sub)) and _is_constant(n.right, 0):
+        return n.left
+    if isinstance(n.op, ast.Add) and _is_constant(n.left, 0):
+        return n.right
+    return n
 
 
 def function_source(program: Program, rev: Reversed, name: str, docstring: str, tile: bool) -> str:

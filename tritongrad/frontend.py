@@ -50,6 +50,7 @@ class Origin:
     file: str
     line: int
     text: str
+    function: str = ""  # the helper it is in, when inlined
 
 
 @dataclass
@@ -144,7 +145,7 @@ class _Function:
     def origin(self, node: ast.AST) -> Origin:
         lineno = getattr(node, "lineno", 1)
         text = self.lines[lineno - 1].strip() if 0 < lineno <= len(self.lines) else ""
-        return Origin(self.file, self.first_line + lineno - 1, text)
+        return Origin(self.file, self.first_line + lineno - 1, text, self.name)
 
 
 class Namer:

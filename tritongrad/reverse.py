@@ -87,11 +87,16 @@ class Reverser:
         cotangents: list[str] = []
         returns = None
         if self.tile:
-            for i, r in enumerate(self.p.returns):
-                cot = self.namer.fresh(f"d_{r.id}" if isinstance(r, ast.Name) else f"d_out{i}")
+            returned = self.p.returns
+            for i, r in enumerate(returned):
+                user_named = isinstance(r, ast.Name) and r.id not in self.p.temporaries
+                cot = self.namer.fresh(f"d_{r.id}" if user_named else "d_out" if len(returned) == 1 else f"d_out{i}")
                 cotangents.append(cot)
                 if isinstance(r, ast.Name) and r.id in self.a.active:
-                    self.accumulate(r.id, _name(cot))
+                    if r.id in self.adjoint:
+                        self.accumulate(r.id, _name(cot))
+                    else:
+                        self.adjoint[r.id] = cot  # the cotangent parameter is the adjoint
         for stmt in reversed(self.p.body):
             self.reverse_statement(stmt)
         if self.tile:
@@ -101,6 +106,14 @@ class Reverser:
         temporaries = self.p.temporaries | {self.shadow[t] for t in self.p.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.a.active}
         return Reversed(body, self.comments, self.shadow_params, cotangents, returns, foldable)
+
+    def comment_for(self, stmt: ast.stmt) -> None:
+        """``# grad of: <line>``; inside an inlined helper, its own line and where it was called."""
+        origin, inner = stmt.tg_origin, stmt.tg_where
+        if inner.line == origin.line and inner.file == origin.file:
+            self.comment(f"grad of: {origin.text}")
+        else:
+            self.comment(f"grad of: {inner.text}  (in {inner.function}, from: {origin.text})")
 
     def comment(self, text: str) -> None:
         if self.comments and list(self.comments.values())[-1] == text:
@@ -123,7 +136,7 @@ class Reverser:
         if op.kind in STORES:
             self.reverse_store(stmt)
         elif t is not None and t in self.a.active:
-            self.comment(f"grad of: {stmt.tg_origin.text}")
+            self.comment_for(stmt)
             if op.kind == "load":
                 self.reverse_load(stmt, t)
             else:
@@ -172,7 +185,7 @@ class Reverser:
         if op.kind not in ("store", "atomic_add"):
             raise refuse(where(stmt), f"`{op.kind}` of a differentiated value",
                          "only tl.store and tl.atomic_add outputs can be differentiated")
-        self.comment(f"grad of: {stmt.tg_origin.text}")
+        self.comment_for(stmt)
         address = b["pointer"].id
         keywords = []
         if not _is_none(b["mask"]):
