@@ -1,4 +1,5 @@
-"""Test setup: without a GPU, kernels run on CPU tensors through Triton's interpreter.
+"""Test setup: without a GPU, kernels run on CPU tensors through Triton's interpreter;
+with one, the same tests run compiled, on CUDA tensors (the default device).
 
 TRITON_INTERPRET must be set before any kernel is defined, so this runs first.
 """
@@ -10,6 +11,8 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+elif os.environ.get("TRITON_INTERPRET") != "1":
+    torch.set_default_device("cuda")
 
 import pytest  # noqa: E402
 

@@ -199,13 +199,14 @@ def test_matmul_single_block(device):
 
 
 def test_matmul_float32(device):
+    tol = 1e-4 if device == "cpu" else 2e-2  # a float32 tl.dot is tf32 on the GPU, in forward and backward
     a = torch.randn(45, 27, device=device)
     b = torch.randn(27, 37, device=device)
     launch = matmul.matmul_launch(a, b)
-    torch.testing.assert_close(run_forward(launch), a @ b, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(run_forward(launch), a @ b, rtol=tol, atol=tol)
     got, want = derived_and_expected(examples.get("matmul"), (a, b))
-    torch.testing.assert_close(got["a_ptr"], want["a_ptr"], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got["b_ptr"], want["b_ptr"], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got["a_ptr"], want["a_ptr"], rtol=tol, atol=tol)
+    torch.testing.assert_close(got["b_ptr"], want["b_ptr"], rtol=tol, atol=tol)
 
 
 def test_softmax_large_inputs_stay_finite(device):

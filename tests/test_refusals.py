@@ -176,8 +176,12 @@ def test_kernel_without_source_is_refused(tmp_path):
     src = "def k(x_ptr, y_ptr):\n    tl.store(y_ptr, tl.load(x_ptr))\n"
     scope = {"tl": tl}
     exec(compile(src, "<generated>", "exec"), scope)
+    try:
+        kernel = triton.jit(scope["k"])
+    except (OSError, ValueError):
+        pytest.skip("this Triton reads the source when the kernel is defined, and refuses there")
     with pytest.raises(NotDifferentiableError, match="source cannot be found"):
-        tritongrad.grad(triton.jit(scope["k"]))
+        tritongrad.grad(kernel)
 
 
 @triton.jit
