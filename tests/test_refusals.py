@@ -6,6 +6,7 @@ Each kernel marks the line that must be named with a `# refused` comment.
 import inspect
 
 import pytest
+import torch
 import triton
 import triton.language as tl
 
@@ -138,6 +139,30 @@ def calls_bad_helper(x_ptr, y_ptr, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, _helper_with_early_return(x))
 
 
+@triton.jit
+def stores_twice(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, x)
+    tl.store(y_ptr + offs, x * 2)  # refused
+
+
+@triton.jit
+def scatter_store(x_ptr, idx_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    idx = tl.load(idx_ptr + offs)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + idx, x)  # refused
+
+
+@triton.jit
+def store_and_accumulate(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, x)  # refused
+    tl.atomic_add(y_ptr + offs, x)
+
+
 REFUSED = [
     (for_loop, "`for` loop"),
     (while_loop, "`while` loop"),
@@ -151,6 +176,9 @@ REFUSED = [
     (pointer_from_memory, "pointer"),
     (with_statement, "With"),
     (max_with_indices, "unpacking"),
+    (stores_twice, "second tl.store"),
+    (scatter_store, "computed from loaded data"),
+    (store_and_accumulate, "both stored and accumulated"),
 ]
 
 
@@ -204,3 +232,20 @@ def test_wrong_wrt_or_outputs_are_named(wrt, outputs, message):
 
 def test_index_pointer_is_not_differentiated_by_default():
     assert tritongrad.grad(scale).wrt == ("x_ptr",)
+
+
+@triton.jit
+def same_address_in_every_program(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, x * 3.0)
+
+
+def test_programs_overwriting_each_other_are_refused_at_launch():
+    bwd = tritongrad.grad(same_address_in_every_program)
+    x, y, dy = torch.randn(16, dtype=torch.float64), torch.empty(16, dtype=torch.float64), torch.randn(16)
+    dx = torch.zeros(16, dtype=torch.float64)
+    with pytest.raises(NotDifferentiableError, match="4 programs along axis 0"):
+        bwd[(4,)](x, y, dy.double(), dx, BLOCK=16)
+    bwd[(1,)](x, y, dy.double(), dx, BLOCK=16)  # one program: every element written once
+    torch.testing.assert_close(dx, 3.0 * dy.double())

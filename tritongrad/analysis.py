@@ -33,6 +33,7 @@ class Analysis:
     index_pointers: set[str]  # pointer parameters whose loaded values are used as indices
     active: set[str]  # names that need an adjoint
     shapes: dict[str, Shape] = field(default_factory=dict)
+    store_axes: dict[str, set[int]] = field(default_factory=dict)  # output -> program axes its addresses use
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -136,6 +137,8 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
 
     active = _activity(program, defs, wrt, outputs, pointer_base, tile)
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active)
+    if not tile:
+        analysis.store_axes = _check_stores(body, defs, outputs, stores)
     analysis.shapes = infer_shapes(program, tile)
     return analysis
 
@@ -221,6 +224,66 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads
         raise NotDifferentiableError(f"kernel `{program.name}`: it stores nothing", file=origin.file,
                                      line=origin.line, hint="a differentiable kernel stores its outputs")
     return wrt, outputs
+
+
+def _check_stores(body, defs, outputs, stores) -> dict[str, set[int]]:
+    """Refuse stores whose adjoint would be wrong; return the program axes each output's addresses use.
+
+    A store's adjoint hands the output's gradient to the stored value. That is right only
+    when no other store overwrites the element: so one plain store per output, at addresses
+    not computed from loaded data (a scatter may write one element twice). Whether programs
+    overwrite each other's elements depends on the grid, checked at launch (derive.py).
+    """
+    loaded = _downstream(body, {target_of(s) for s in body if op_of(s).kind == "load"})
+    axes_of = _program_axes(body)
+    store_axes = {}
+    for output in outputs:
+        plain = [s for s in stores[output] if op_of(s).kind == "store"]
+        if plain and len(plain) < len(stores[output]):
+            raise refuse(where(plain[0]), f"`{output}` both stored and accumulated atomically",
+                         "write each output either with tl.store or with tl.atomic_add")
+        if len(plain) > 1:
+            raise refuse(where(plain[1]), f"a second tl.store to `{output}`",
+                         "store each output once: compute the final value first, or store different outputs")
+        axes: set[int] = set()
+        for s in stores[output]:
+            address = bind(s)["pointer"].id
+            if op_of(s).kind == "store" and address in loaded:
+                raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
+                             "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
+            axes |= axes_of.get(address, set())
+        store_axes[output] = axes
+    return store_axes
+
+
+def _downstream(body, roots: set[str]) -> set[str]:
+    """``roots`` and every name computed from them."""
+    reached = set(roots)
+    for s in body:
+        t = target_of(s)
+        if t is not None and any(n in reached for n in value_args(s)):
+            reached.add(t)
+    return reached
+
+
+def _program_axes(body) -> dict[str, set[int]]:
+    """For each name, the program-id axes its value depends on."""
+    axes: dict[str, set[int]] = {}
+    for s in body:
+        t, op = target_of(s), op_of(s)
+        if t is None:
+            continue
+        if op.kind == "program_id":
+            axis = bind_program_axis(op)
+            axes[t] = {axis} if axis is not None else {0, 1, 2}
+        else:
+            axes[t] = set().union(*[axes.get(n, set()) for n in value_args(s)])
+    return axes
+
+
+def bind_program_axis(op: Op) -> int | None:
+    axis = op.args[0] if op.args else op.kwargs.get("axis")
+    return axis.value if isinstance(axis, ast.Constant) and isinstance(axis.value, int) else None
 
 
 def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) -> set[str]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import codegen
 from .analysis import analyze
+from .errors import NotDifferentiableError
 from .frontend import normalize_kernel, normalize_tile_function, unwrap
 from .reverse import reverse
 
@@ -38,6 +39,7 @@ class BackwardKernel:
     wrt: tuple[str, ...]
     outputs: tuple[str, ...]
     params: tuple[str, ...]
+    store_axes: dict[str, frozenset[int]]  # output -> program axes its store addresses depend on
 
     @property
     def shadow_params(self) -> dict[str, str]:
@@ -64,9 +66,28 @@ class BackwardKernel:
                 raise TypeError(f"{self.name} takes {len(free)} positional arguments here "
                                 f"({', '.join(free)}), got {len(args)}")
             named = {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
+            self.check_grid(grid(named) if callable(grid) else grid)
             return launch(**named)
 
         return run
+
+    def check_grid(self, grid: Any) -> None:
+        """Refuse a grid in which several programs store to one output element.
+
+        If an output's store address does not depend on a program axis, every program
+        along that axis writes the same elements and the last one wins: only its values
+        would deserve the gradient, which the derived kernel cannot tell apart.
+        """
+        sizes = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        for output, axes in self.store_axes.items():
+            for axis, size in enumerate(sizes):
+                if size > 1 and axis not in axes:
+                    raise NotDifferentiableError(
+                        f"a grid of {size} programs along axis {axis}, all storing to the same elements of "
+                        f"`{output}`", file=self.forward.fn.__code__.co_filename,
+                        line=self.forward.fn.__code__.co_firstlineno,
+                        hint=f"make `{output}`'s store address depend on tl.program_id({axis}), "
+                             "or launch one program along that axis")
 
     def __repr__(self) -> str:
         return f"BackwardKernel({self.name}, wrt={self.wrt}, outputs={self.outputs})"
@@ -116,7 +137,8 @@ def _derive(jit_fn: Any, wrt, outputs) -> BackwardKernel:
     src = codegen.function_source(program, rev, name, _indent(doc), tile=False)
     kernel = codegen.compile_kernel(src, name, program)
     params = (*program.param_names(), *rev.shadow_params)
-    return BackwardKernel(jit_fn, kernel, src, analysis.wrt, analysis.outputs, params)
+    axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
+    return BackwardKernel(jit_fn, kernel, src, analysis.wrt, analysis.outputs, params, axes)
 
 
 def vjp(fn: Any, wrt: Sequence[int] = (0,)) -> Any:
