@@ -103,12 +103,15 @@ def _is_jit(obj: Any) -> bool:
     return type(obj).__name__ in ("JITFunction", "InterpretedFunction") and hasattr(obj, "fn")
 
 
-def triton_language_name(obj: Any) -> str | None:
+def triton_language_name(obj: Any, spelled: ast.expr | None = None) -> str | None:
     """``"exp"`` for ``tl.exp`` (or ``tl.math.exp``, libdevice's ``exp``...), else None."""
     fn = getattr(obj, "fn", obj)
     module = getattr(fn, "__module__", "") or ""
     if module.startswith("triton.language"):
         return getattr(fn, "__name__", None)
+    if module == "triton.runtime.interpreter" and spelled is not None:
+        # Triton 3.2's interpreter leaves tl.* replaced by its own lambdas after a kernel ran
+        return spelled.attr if isinstance(spelled, ast.Attribute) else getattr(spelled, "id", None)
     return None
 
 
@@ -499,7 +502,7 @@ class Normalizer:
             callee = _rename_globals(func, self.frame, self)
             self._import_globals(func)
             return self.build_call("custom", callee, [], node, stmt, func_obj=obj)
-        name = triton_language_name(obj)
+        name = triton_language_name(obj, func)
         if name is None and _is_jit(obj):
             return self.inline(obj, node, stmt)
         if name is None and getattr(obj, "__module__", None) == "builtins":
