@@ -14,6 +14,8 @@ _EXPORTS = {
     "grad": "derive",
     "vjp": "derive",
     "NotDifferentiableError": "errors",
+    "op": "op",
+    "override": "override",
 }
 
 __all__ = sorted(_EXPORTS)

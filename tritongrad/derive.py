@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ shape and strides, into which the gradient is accumulated atomically; float32 is
 recommended for float16/bfloat16 inputs)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BackwardKernel:
     """A derived backward kernel.
 
@@ -52,9 +53,14 @@ class BackwardKernel:
     def name(self) -> str:
         return self.kernel.fn.__name__
 
+    @functools.cached_property
+    def _forward_defaults(self) -> dict[str, Any]:
+        sig = inspect.signature(self.forward.fn)
+        return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+
     def __getitem__(self, grid: Any):
         launch = self.kernel[grid]
-        defaults = _defaults(self.forward)
+        defaults = self._forward_defaults
 
         def run(*args: Any, **kwargs: Any) -> Any:
             # positional arguments fill the parameters not given by keyword, in order; when
@@ -91,11 +97,6 @@ class BackwardKernel:
 
     def __repr__(self) -> str:
         return f"BackwardKernel({self.name}, wrt={self.wrt}, outputs={self.outputs})"
-
-
-def _defaults(jit_fn: Any) -> dict[str, Any]:
-    sig = inspect.signature(jit_fn.fn)
-    return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
 
 
 _cache: dict[tuple, tuple[Any, Any]] = {}

@@ -1,0 +1,638 @@
+"""``tritongrad.op``: gradients of host functions that launch kernels, against torch autograd.
+
+Every check runs the op and a plain-PyTorch twin on the same random float64 inputs
+(sizes not powers of two), backpropagates the same fresh random upstream gradients,
+and compares. The ``derived`` fixture records which backward kernels ran.
+"""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad import derive
+from tritongrad import tape as tapes
+from tritongrad.examples import EXAMPLES
+from tritongrad.tape import OpError
+
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+BLOCK = 64
+
+
+def assert_close(got, want, tol=1e-10):
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+# -- kernels -----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def mul_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + offs, mask=mask)
+    b = tl.load(b_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, a * b, mask=mask)
+
+
+@triton.jit
+def sin_mul_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + offs, mask=mask)
+    b = tl.load(b_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, tl.sin(a) * b, mask=mask)
+
+
+@triton.jit
+def exp_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, tl.exp(x), mask=mask)
+
+
+@triton.jit
+def square_add_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.atomic_add(out_ptr + offs, x * x, mask=mask)
+
+
+@triton.jit
+def rows_kernel(x_ptr, w_ptr, y_ptr, n_cols, stride_xr, stride_xc, stride_yr, stride_yc, BLOCK: tl.constexpr):
+    """y[r, c] = tanh(x[r, c]) * w[c], any strides."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_xr + cols * stride_xc, mask=mask)
+    w = tl.load(w_ptr + cols, mask=mask)
+    t = 2.0 * tl.sigmoid(2.0 * x) - 1.0
+    tl.store(y_ptr + row * stride_yr + cols * stride_yc, t * w, mask=mask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=2)], key=["n"])
+@triton.jit
+def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, x * tl.sigmoid(x), mask=mask)
+
+
+@triton.heuristics({"BLOCK": lambda args: triton.next_power_of_2(args["n"]) // 4})
+@triton.jit
+def heuristic_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, x * x * x, mask=mask)
+
+
+def grid(n):
+    return (triton.cdiv(n, BLOCK),)
+
+
+# -- ops ---------------------------------------------------------------------------------------------
+
+
+@tritongrad.op
+def mul(a, b):
+    out = torch.empty_like(a)
+    mul_kernel[grid(a.numel())](a, b, out, a.numel(), BLOCK=BLOCK)
+    return out
+
+
+@tritongrad.op
+def chain(x, w):
+    """y = sin(x * w) * x: launch 2 reads the buffer launch 1 wrote."""
+    h = torch.empty_like(x)
+    mul_kernel[grid(x.numel())](x, w, h, x.numel(), BLOCK=BLOCK)
+    y = torch.empty_like(x)
+    sin_mul_kernel[grid(x.numel())](h, x, y, x.numel(), BLOCK=BLOCK)
+    return y
+
+
+def chain_ref(x, w):
+    return torch.sin(x * w) * x
+
+
+@tritongrad.op
+def chain3(x, w):
+    """Three launches, returning the intermediate too: (h, z) with h = x * w, z = exp(sin(h) * w)."""
+    n = x.numel()
+    h, s, z = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    mul_kernel[grid(n)](x, w, h, n, BLOCK=BLOCK)
+    sin_mul_kernel[grid(n)](h, w, s, n, BLOCK=BLOCK)
+    exp_kernel[grid(n)](s, z, n, BLOCK=BLOCK)
+    return h, z
+
+
+def chain3_ref(x, w):
+    h = x * w
+    return h, torch.exp(torch.sin(h) * w)
+
+
+@tritongrad.op
+def rows(x, w):
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block = triton.next_power_of_2(x.shape[1])
+    rows_kernel[(x.shape[0],)](x, w, y, x.shape[1], x.stride(0), x.stride(1), y.stride(0), y.stride(1), BLOCK=block)
+    return y
+
+
+def rows_ref(x, w):
+    return torch.tanh(x) * w
+
+
+def check(op, ref, *inputs, tol=1e-10):
+    """Forward and gradients of ``op`` against ``ref``, for fresh random upstream gradients."""
+    a = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    b = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    got, want = op(*a), ref(*b)
+    got, want = (got,) if isinstance(got, torch.Tensor) else got, (want,) if isinstance(want, torch.Tensor) else want
+    for g, w in zip(got, want, strict=True):
+        assert_close(g.detach(), w.detach(), tol)
+    pairs = [(g, w, torch.randn_like(w)) for g, w in zip(got, want, strict=True) if w.requires_grad]
+    torch.autograd.backward([g for g, _, _ in pairs], [u for _, _, u in pairs])
+    torch.autograd.backward([w for _, w, _ in pairs], [u for _, _, u in pairs])
+    for x, y in zip(a, b, strict=True):
+        if y.requires_grad:
+            assert_close(x.grad, y.grad, tol)
+    return a
+
+
+def rand(*shape, grad=True):
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=grad)
+
+
+@dataclasses.dataclass
+class Derived:
+    kernel: str
+    wrt: tuple
+    outputs: tuple
+    grid: tuple
+    kwargs: dict
+
+
+class _Spy:
+    def __init__(self, bwd, calls):
+        self.bwd, self.calls = bwd, calls
+
+    @property
+    def shadow_params(self):
+        return self.bwd.shadow_params
+
+    def __getitem__(self, grid):
+        run = self.bwd[grid]
+
+        def launch(**kwargs):
+            self.calls.append(Derived(self.bwd.forward.fn.__name__, self.bwd.wrt, self.bwd.outputs, grid, kwargs))
+            return run(**kwargs)
+
+        return launch
+
+
+@pytest.fixture
+def derived(monkeypatch):
+    """The backward kernels the tape launches, in order."""
+    calls = []
+    real = tapes.grad
+    monkeypatch.setattr(tapes, "grad", lambda kernel, wrt, outputs: _Spy(real(kernel, wrt, outputs), calls))
+    return calls
+
+
+# -- gradients ---------------------------------------------------------------------------------------
+
+
+def test_single_launch(derived):
+    check(mul, torch.mul, rand(300), rand(300))
+    assert [(d.kernel, d.wrt, d.outputs) for d in derived] == [("mul_kernel", ("a_ptr", "b_ptr"), ("out_ptr",))]
+
+
+def test_two_launches_through_an_intermediate_buffer(derived):
+    check(chain, chain_ref, rand(300), rand(300))
+    assert [d.kernel for d in derived] == ["sin_mul_kernel", "mul_kernel"]  # reverse launch order
+
+
+def test_three_launches_returning_the_intermediate_too():
+    check(chain3, chain3_ref, rand(211), rand(211))
+
+
+def test_multidimensional_grad_shapes():
+    check(chain, chain_ref, rand(7, 33), rand(7, 33))
+
+
+def test_views_with_storage_offsets_and_strides():
+    base, w = rand(9, 61), rand(40)
+    a = check(lambda b, w: rows(b[2:7, 3:43], w), lambda b, w: rows_ref(b[2:7, 3:43], w), base, w)
+    assert a[0].grad[:2].abs().sum() == 0 and a[0].grad[:, 43:].abs().sum() == 0
+    check(lambda b, w: rows(b.t()[1:30:2], w), lambda b, w: rows_ref(b.t()[1:30:2], w), rand(9, 71), rand(9))
+
+
+def test_aliasing_inputs_share_a_shadow():
+    check(lambda x: mul(x, x), lambda x: x * x, rand(150))
+    check(lambda x: mul(x[:-1], x[1:]), lambda x: x[:-1] * x[1:], rand(150))
+
+
+def test_non_contiguous_input_made_contiguous_inside_the_op():
+    @tritongrad.op
+    def mul_contiguous(a, b):
+        return mul.__wrapped__(a.contiguous(), b.contiguous())
+
+    check(lambda a, b: mul_contiguous(a.t(), b.t()), lambda a, b: a.t() * b.t(), rand(11, 13), rand(11, 13))
+
+
+def test_tensor_captured_from_outside_gets_its_gradient():
+    w = rand(120)
+
+    @tritongrad.op
+    def scaled(x):
+        out = torch.empty_like(x)
+        mul_kernel[grid(x.numel())](x, w, out, x.numel(), BLOCK=BLOCK)
+        return out
+
+    x = rand(120)
+    y = scaled(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    assert_close(w.grad, g * x.detach())
+    assert_close(x.grad, g * w.detach())
+
+
+def test_expanded_and_non_contiguous_upstream_gradients():
+    check(lambda x, w: chain(x, w).sum(), lambda x, w: chain_ref(x, w).sum(), rand(13, 17), rand(13, 17))
+    check(lambda x, w: chain(x, w).t(), lambda x, w: chain_ref(x, w).t(), rand(13, 17), rand(13, 17))
+
+
+def test_output_views_of_one_buffer():
+    @tritongrad.op
+    def halves(x, w):
+        out = torch.empty(2 * x.numel(), dtype=x.dtype, device=x.device)
+        mul_kernel[grid(x.numel())](x, w, out[: x.numel()], x.numel(), BLOCK=BLOCK)
+        exp_kernel[grid(x.numel())](x, out[x.numel():], x.numel(), BLOCK=BLOCK)
+        return out[: x.numel()], out[x.numel():], out
+
+    check(halves, lambda x, w: (x * w, x.exp(), torch.cat([x * w, x.exp()])), rand(100), rand(100))
+
+
+def test_atomic_accumulation_by_two_launches():
+    @tritongrad.op
+    def sum_of_squares(x, w):
+        out = torch.zeros_like(x)
+        square_add_kernel[grid(x.numel())](x, out, x.numel(), BLOCK=BLOCK)
+        square_add_kernel[grid(x.numel())](w, out, x.numel(), BLOCK=BLOCK)
+        return out
+
+    check(sum_of_squares, lambda x, w: x * x + w * w, rand(130), rand(130))
+
+
+def test_only_inputs_requiring_grad_get_backward_kernels(derived):
+    @tritongrad.op
+    def two_parts(x, w):
+        y, z = torch.empty_like(x), torch.empty_like(w)
+        exp_kernel[grid(x.numel())](x, y, x.numel(), BLOCK=BLOCK)
+        exp_kernel[grid(w.numel())](w, z, w.numel(), BLOCK=BLOCK)
+        return y, z
+
+    check(two_parts, lambda x, w: (x.exp(), w.exp()), rand(90), rand(70, grad=False))
+    assert [(d.wrt, d.grid) for d in derived] == [(("x_ptr",), grid(90))]  # w's launch is never differentiated
+    derived.clear()
+    check(mul, torch.mul, rand(90, grad=False), rand(90))
+    assert [d.wrt for d in derived] == [("b_ptr",)]
+    derived.clear()
+    check(chain, chain_ref, rand(90, grad=False), rand(90))
+    assert [(d.kernel, d.wrt) for d in derived] == [("sin_mul_kernel", ("a_ptr",)), ("mul_kernel", ("b_ptr",))]
+
+
+def test_unused_output_gets_no_backward(derived):
+    x, w = rand(90), rand(90)
+    h, z = chain3(x, w)
+    h.sum().backward()  # z unused: the exp and sin launches are not replayed
+    assert [d.kernel for d in derived] == ["mul_kernel"]
+    assert_close(x.grad, w.detach())
+
+
+def test_autotuned_and_heuristic_kernels_replay_the_chosen_config(derived):
+    @tritongrad.op
+    def tuned(x):
+        y, z = torch.empty_like(x), torch.empty_like(x)
+        n = x.numel()
+        tuned_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+        heuristic_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](y, z, n)
+        return z
+
+    check(tuned, lambda x: (x * torch.sigmoid(x)) ** 3, rand(100))
+    assert [(d.kernel, d.grid, d.kwargs["BLOCK"]) for d in derived] == [
+        ("heuristic_kernel", (4,), 32), ("tuned_kernel", (4,), 32)]
+    assert derived[1].kwargs["num_warps"] == 2
+
+
+def test_module_forward_and_no_grad():
+    class Scale(torch.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(n, dtype=torch.float64))
+
+        def forward(self, x):
+            return chain(x, self.w)
+
+    m = Scale(50)
+    x = rand(50)
+    m(x).sum().backward()
+    want_x, want_w = x.detach().requires_grad_(), m.w.detach().requires_grad_()
+    chain_ref(want_x, want_w).sum().backward()
+    assert_close(m.w.grad, want_w.grad)
+    assert_close(x.grad, want_x.grad)
+    with torch.no_grad():
+        y = m(x)
+    assert y.grad_fn is None and not y.requires_grad
+    assert chain(x, m.w).grad_fn.name() == "ChainBackward"
+
+
+def test_half_precision_accumulates_in_float32():
+    @tritongrad.op
+    def cube_ish(x, w):  # (x * w) * x, through an intermediate half buffer
+        return mul(mul(x, w), x)
+
+    x, w = torch.randn(300, dtype=torch.float16), torch.randn(300, dtype=torch.float16)
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = cube_ish(xs, ws)
+    g = torch.randn(300, dtype=torch.float16)
+    y.backward(g)
+    assert xs.grad.dtype == torch.float16
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    (x64 * w64 * x64).backward(g.double())
+    torch.testing.assert_close(xs.grad.double(), x64.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(ws.grad.double(), w64.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_nested_ops_are_one_tape(derived):
+    @tritongrad.op
+    def outer(x, w):
+        return mul(chain(x, w), w)
+
+    check(outer, lambda x, w: chain_ref(x, w) * w, rand(80), rand(80))
+    assert [d.kernel for d in derived] == ["mul_kernel", "sin_mul_kernel", "mul_kernel"]
+
+
+def test_saves_only_what_kernels_read():
+    x, w = rand(60), rand(60)
+    y = chain(x, w)
+    saved = {t.data_ptr() for t in y.grad_fn.saved_tensors}
+    assert len(saved) == 3 and {x.data_ptr(), w.data_ptr()} < saved and y.data_ptr() not in saved  # x, w and h
+
+
+def test_repeated_calls_do_no_ast_work(monkeypatch):
+    x, w = rand(60), rand(60)
+    chain(x, w).sum().backward()  # first call: kernels analysed, backward kernels derived
+
+    def fail(*args, **kwargs):
+        raise AssertionError("AST work on a repeated call")
+
+    monkeypatch.setattr(tapes, "_analyse", fail)
+    monkeypatch.setattr(derive, "_derive", fail)
+    chain(x, w).sum().backward()
+
+
+def test_launches_outside_ops_are_not_recorded():
+    x = torch.randn(100, dtype=torch.float64)
+    y = torch.empty_like(x)
+    exp_kernel[grid(100)](x, y, 100, BLOCK=BLOCK)
+    assert_close(y, x.exp())
+    assert not tapes.active()
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.name)
+def test_bundled_example_launchers_as_ops(example):
+    inputs = [t.requires_grad_(t.is_floating_point()) for t in example.make_inputs(DEVICE, torch.float64)]
+    check(tritongrad.op(example.launcher), example.reference, *inputs, tol=1e-9)
+
+
+# -- seed 000 ----------------------------------------------------------------------------------------
+
+
+def test_custom_linear_trains_like_its_pytorch_twin():
+    from tritongrad.examples.custom_linear import CustomLinear
+
+    class Twin(torch.nn.Module):
+        def __init__(self, weights):
+            super().__init__()
+            self.weights = torch.nn.Parameter(weights.detach().clone())
+
+        def forward(self, x):
+            return self.weights @ x
+
+    lin = CustomLinear(23, 37).double()
+    twin, start = Twin(lin.weights), lin.weights.detach().clone()
+    opt, opt_twin = torch.optim.SGD(lin.parameters(), lr=0.1), torch.optim.SGD(twin.parameters(), lr=0.1)
+    for _ in range(4):
+        x, target = torch.randn(23, dtype=torch.float64), torch.randn(37, dtype=torch.float64)
+        for model, o in ((lin, opt), (twin, opt_twin)):
+            o.zero_grad()
+            loss = ((torch.tanh(model(x)) - target) ** 2).mean()
+            loss.backward()
+            o.step()
+        assert_close(lin.weights, twin.weights)
+    assert not torch.allclose(lin.weights, start)
+
+
+# -- errors ------------------------------------------------------------------------------------------
+
+
+def test_overwriting_memory_an_earlier_launch_read_is_refused():
+    @tritongrad.op
+    def reuse(x, w):
+        n = x.numel()
+        tmp, y = torch.empty_like(x), torch.empty_like(x)
+        mul_kernel[grid(n)](x, w, tmp, n, BLOCK=BLOCK)
+        sin_mul_kernel[grid(n)](tmp, w, y, n, BLOCK=BLOCK)
+        exp_kernel[grid(n)](x, tmp, n, BLOCK=BLOCK)  # tmp reused while launch 2's backward still needs it
+        return y, tmp
+
+    with pytest.raises(OpError, match=r"launch #3 \(`exp_kernel`\) overwrites `out_ptr`, memory that launch #2 "
+                                      r"\(`sin_mul_kernel`\) reads through `a_ptr`"):
+        reuse(rand(50), rand(50))
+
+
+def test_overwriting_what_an_earlier_launch_wrote_is_refused():
+    @tritongrad.op
+    def twice(x, w):
+        y = torch.empty_like(x)
+        mul_kernel[grid(x.numel())](x, w, y, x.numel(), BLOCK=BLOCK)
+        exp_kernel[grid(x.numel())](w, y, x.numel(), BLOCK=BLOCK)
+        return y
+
+    with pytest.raises(OpError, match=r"launch #2 \(`exp_kernel`\) overwrites `out_ptr`, memory that launch #1 "
+                                      r"\(`mul_kernel`\) writes"):
+        twice(rand(50), rand(50))
+
+
+def test_in_place_kernel_on_an_intermediate_is_refused():
+    @tritongrad.op
+    def in_place(x, w):
+        y = torch.empty_like(x)
+        exp_kernel[grid(x.numel())](x, y, x.numel(), BLOCK=BLOCK)
+        mul_kernel[grid(x.numel())](y, w, y, x.numel(), BLOCK=BLOCK)
+        return y
+
+    with pytest.raises(OpError, match=r"launch #2 \(`mul_kernel`\) overwrites `out_ptr`, memory that launch #2 "
+                                      r"\(`mul_kernel`\) reads through `a_ptr`"):
+        in_place(rand(50), rand(50))
+
+
+def test_writing_to_an_input_that_requires_grad_is_refused():
+    @tritongrad.op
+    def clobber(x, w):
+        mul_kernel[grid(x.numel())](w, w, x, x.numel(), BLOCK=BLOCK)
+        return torch.empty(0)
+
+    with pytest.raises(OpError, match="writes to `out_ptr`, a tensor that requires grad"):
+        clobber(rand(50), rand(50))
+
+
+@pytest.mark.parametrize("modified", ["input", "input without grad", "intermediate output"])
+def test_saved_tensor_modified_in_place_before_backward_raises(modified):
+    x, w = rand(60), rand(60, grad=modified != "input without grad")
+    h, z = chain3(x, w)
+    with torch.no_grad():
+        (h if modified == "intermediate output" else w).mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.sum().backward()
+
+
+@pytest.mark.parametrize("name", ["chain", "tgtest::chain"])
+def test_double_backward_raises(name):
+    op = chain if name == "chain" else named_chain
+    x, w = rand(60), rand(60)
+    (gx,) = torch.autograd.grad(op(x, w).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=f"tritongrad.op `{name}`: double backward is not supported"):
+        gx.sum().backward()
+
+
+def test_returning_an_input_or_a_view_of_one_is_refused():
+    @tritongrad.op
+    def identity(x):
+        exp_kernel[grid(x.numel())](x, torch.empty_like(x), x.numel(), BLOCK=BLOCK)
+        return x[1:]
+
+    with pytest.raises(OpError, match="output #0 shares memory with the argument `x`"):
+        identity(rand(50))
+
+
+def test_output_computed_by_pytorch_is_refused():
+    @tritongrad.op
+    def torch_after(x, w):
+        return mul.__wrapped__(x, w) * 2
+
+    with pytest.raises(OpError, match="output #0 was not written by any kernel launch"):
+        torch_after(rand(50), rand(50))
+
+
+def test_non_tensor_for_a_pointer_is_refused():
+    with pytest.raises(TypeError, match=r"launch #1 \(`mul_kernel`\) passes float 2.0 to `b_ptr`, which the kernel "
+                                        r"uses as a pointer"):
+        mul(rand(50), 2.0)
+
+
+def test_tensors_on_different_devices_are_refused():
+    with pytest.raises(OpError, match=r"passes a tensor on meta to `b_ptr`, but the op's tensors are on"):
+        mul(rand(50), torch.empty(50, dtype=torch.float64, device="meta"))
+
+
+def test_cpu_tensor_outside_the_interpreter_is_refused(monkeypatch):
+    info = tapes.kernel_info(mul_kernel)  # on a GPU machine the kernel is compiled already
+    monkeypatch.setitem(tapes._infos, mul_kernel.fn, dataclasses.replace(info, interpreted=False))
+    x, w = (torch.randn(50, dtype=torch.float64, device="cpu", requires_grad=True) for _ in range(2))
+    with pytest.raises(OpError, match=r"launch #1 \(`mul_kernel`\) passes a CPU tensor to `a_ptr`"):
+        mul(x, w)
+
+
+# -- named ops ---------------------------------------------------------------------------------------
+
+
+chain_launches = []
+
+
+@tritongrad.op("tgtest::chain")
+def named_chain(x, w, scale: float = 1.0):
+    chain_launches.append(1)
+    return chain.__wrapped__(x, w * scale if scale != 1.0 else w)
+
+
+@tritongrad.op("tgtest::halves")
+def named_halves(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return chain3.__wrapped__(x, w)
+
+
+def test_named_op_eager_replays_its_tape():
+    chain_launches.clear()
+    check(named_chain, chain_ref, rand(70), rand(70))
+    assert len(chain_launches) == 1  # no recomputation in eager mode
+    check(named_halves, chain3_ref, rand(70), rand(70, grad=False))
+
+
+def test_named_op_called_through_torch_ops_recomputes():
+    chain_launches.clear()
+    check(torch.ops.tgtest.chain, chain_ref, rand(70), rand(70))
+    assert len(chain_launches) == 2
+
+
+def test_named_op_opcheck():
+    torch.library.opcheck(named_chain.op, (rand(70), rand(70)))
+    torch.library.opcheck(named_chain.op, (rand(70), rand(70, grad=False), 1.0))
+    torch.library.opcheck(named_halves.op, (rand(3, 50), rand(3, 50)))
+
+
+def test_named_op_compiles_fullgraph():
+    compiled = torch.compile(lambda x, w: named_chain(x, w).sin() * 2, fullgraph=True, backend="aot_eager")
+    check(compiled, lambda x, w: chain_ref(x, w).sin() * 2, rand(70), rand(70))
+
+
+def test_named_op_refuses_tensors_made_by_pytorch_inside():
+    @tritongrad.op("tgtest::contiguous_mul")
+    def contiguous_mul(a, b):
+        return mul.__wrapped__(a.contiguous(), b)
+
+    with pytest.raises(OpError, match=r"launch #1 \(`mul_kernel`\) reads `a_ptr`, a tensor that is neither an "
+                                      r"argument of the op nor written by an earlier launch"):
+        contiguous_mul(rand(7, 9).t(), rand(9, 7))
+
+
+# -- aten overrides ----------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU kernels need the interpreter")
+@pytest.mark.parametrize("backward", ["aten", "derived"])
+def test_override_aten_sin_on_cpu(backward):
+    from tritongrad.examples.sin import triton_sin
+
+    calls = []
+
+    def counted_sin(x):
+        calls.append(1)
+        return triton_sin(x)
+
+    x = rand(3, 250)
+    with tritongrad.override("aten::sin", counted_sin, device="cpu", backward=backward):
+        y = torch.sin(x)
+        assert calls and y.grad_fn.name() == ("SinBackward0" if backward == "aten" else "CountedSinBackward")
+        g = torch.randn_like(y)
+        y.backward(g)
+    assert_close(y.detach(), x.detach().sin())
+    assert_close(x.grad, g * x.detach().cos())
+    n = len(calls)
+    torch.sin(x)
+    assert len(calls) == n  # restored
+
+
+def test_expanded_input_gets_its_gradient_once():
+    check(lambda b, w: rows(b.expand(5, 40), w), lambda b, w: rows_ref(b.expand(5, 40), w), rand(40), rand(40))
+    windows = lambda x: x[2:].as_strided((31, 10), (1, 1))  # overlapping sliding windows
+    check(lambda x, w: rows(windows(x), w), lambda x, w: rows_ref(windows(x), w), rand(45), rand(10))

@@ -1,0 +1,228 @@
+"""``tritongrad.op`` on the GPU: torch.compile with Inductor, opcheck, aten overrides, bfloat16,
+multi-config autotuning, and DistributedDataParallel on two GPUs."""
+
+import os
+import socket
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad import tape as tapes
+
+pytestmark = pytest.mark.gpu
+
+BLOCK = 128
+
+
+@triton.jit
+def mul_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + offs, mask=mask)
+    b = tl.load(b_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, a * b, mask=mask)
+
+
+@triton.jit
+def sin_mul_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + offs, mask=mask)
+    b = tl.load(b_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, tl.sin(a.to(tl.float32)).to(a.dtype) * b, mask=mask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((32, 1), (128, 4), (512, 8))],
+                 key=["n"])
+@triton.jit
+def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, x * tl.sigmoid(x), mask=mask)
+
+
+def chain_body(x, w):
+    n = x.numel()
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    mul_kernel[(triton.cdiv(n, BLOCK),)](x, w, h, n, BLOCK=BLOCK)
+    sin_mul_kernel[(triton.cdiv(n, BLOCK),)](h, x, y, n, BLOCK=BLOCK)
+    return y
+
+
+chain = tritongrad.op(chain_body)
+named_chain = tritongrad.op("tggpu::chain")(chain_body)
+
+
+def chain_ref(x, w):
+    return torch.sin(x * w) * x
+
+
+def rand(*shape, dtype=torch.float32, grad=True):
+    return torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=grad)
+
+
+def grads_of(fn, *inputs, upstream=None):
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    out.backward(upstream if upstream is not None else torch.ones_like(out))
+    return out.detach(), [t.grad for t in inputs]
+
+
+def test_compile_fullgraph_with_inductor():
+    x, w = rand(1000), rand(1000)
+    g = torch.randn(1000, device="cuda")
+    compiled = torch.compile(lambda x, w: named_chain(x, w).tanh(), fullgraph=True)
+    got, got_grads = grads_of(compiled, x, w, upstream=g)
+    want, want_grads = grads_of(lambda x, w: chain_ref(x, w).tanh(), x, w, upstream=g)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_opcheck():
+    torch.library.opcheck(named_chain.op, (rand(1000), rand(1000)))
+    torch.library.opcheck(named_chain.op, (rand(33, 7), rand(33, 7, grad=False)))
+
+
+@pytest.mark.parametrize("backward", ["aten", "derived"])
+def test_override_aten_sin(backward):
+    from tritongrad.examples.sin import triton_sin
+
+    calls = []
+
+    def counted_sin(x):
+        calls.append(1)
+        return triton_sin(x)
+
+    x = rand(3, 1000)
+    with tritongrad.override("aten::sin", counted_sin, backward=backward):
+        y = torch.sin(x)
+        assert calls
+        assert y.grad_fn.name() == ("SinBackward0" if backward == "aten" else "CountedSinBackward")
+        g = torch.randn_like(y)
+        y.backward(g)
+    torch.testing.assert_close(y.detach(), x.detach().sin())
+    torch.testing.assert_close(x.grad, g * x.detach().cos())
+    n = len(calls)
+    torch.sin(x)
+    assert len(calls) == n  # restored on exit
+
+
+def test_bfloat16_inputs_accumulate_in_float32():
+    x, w = rand(3000, dtype=torch.bfloat16), rand(3000, dtype=torch.bfloat16)
+    g = torch.randn(3000, device="cuda", dtype=torch.bfloat16)
+    got, (gx, gw) = grads_of(chain, x, w, upstream=g)
+    assert got.dtype == gx.dtype == gw.dtype == torch.bfloat16
+    want, (wx, ww) = grads_of(chain_ref, x.double(), w.double(), upstream=g.double())
+    torch.testing.assert_close(got.double(), want, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(gx.double(), wx, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(gw.double(), ww, rtol=5e-2, atol=5e-2)
+
+
+def test_multi_config_autotune_backward_uses_the_chosen_config(monkeypatch):
+    launched = []
+    real = tapes.grad
+
+    def spy(kernel, wrt, outputs):
+        bwd = real(kernel, wrt, outputs)
+
+        class Spy:
+            shadow_params = bwd.shadow_params
+
+            def __getitem__(self, grid):
+                run = bwd[grid]
+                return lambda **kwargs: (launched.append((grid, kwargs)), run(**kwargs))[1]
+
+        return Spy()
+
+    monkeypatch.setattr(tapes, "grad", spy)
+
+    @tritongrad.op
+    def silu(x):
+        y = torch.empty_like(x)
+        n = x.numel()
+        tuned_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+        return y
+
+    x = rand(5000)
+    got, (gx,) = grads_of(silu, x)
+    want, (wx,) = grads_of(lambda x: x * torch.sigmoid(x), x)
+    torch.testing.assert_close(gx, wx)
+    best = tuned_kernel.best_config
+    assert len(launched) == 1  # the autotuner's timing runs were not recorded
+    grid, kwargs = launched[0]
+    assert kwargs["BLOCK"] == best.kwargs["BLOCK"] and kwargs["num_warps"] == best.num_warps
+    assert grid == (triton.cdiv(5000, best.kwargs["BLOCK"]),)
+
+
+def test_no_host_sync_on_repeated_calls():
+    x, w = rand(1000), rand(1000)
+    chain(x, w).sum().backward()  # warm: kernels compiled, backward kernels derived
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = chain(x, w)
+        y.backward(torch.ones_like(y))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_cpu_tensors_are_refused_outside_the_interpreter():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("kernels are interpreted")
+    x, w = (torch.randn(100, requires_grad=True) for _ in range(2))
+    with pytest.raises(tapes.OpError, match="passes a CPU tensor"):
+        chain(x, w)
+
+
+# -- DistributedDataParallel on two GPUs -------------------------------------------------------------
+
+
+def _ddp_worker(rank, world, port):
+    import torch.distributed as dist
+
+    from tritongrad.examples.custom_linear import CustomLinear
+
+    class Twin(torch.nn.Module):
+        def __init__(self, weights):
+            super().__init__()
+            self.weights = torch.nn.Parameter(weights.detach().clone())
+
+        def forward(self, x):
+            return self.weights @ x
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)  # same initial weights on both ranks
+        lin = CustomLinear(45, 30).cuda()
+        twin = Twin(lin.weights)
+        models = [torch.nn.parallel.DistributedDataParallel(m, device_ids=[rank]) for m in (lin, twin)]
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+        torch.manual_seed(1 + rank)  # different data on each rank
+        for _ in range(3):
+            x, target = torch.randn(45, device="cuda"), torch.randn(30, device="cuda")
+            for model, opt in zip(models, opts, strict=True):
+                opt.zero_grad()
+                ((model(x) - target) ** 2).mean().backward()
+                opt.step()
+        torch.testing.assert_close(lin.weights, twin.weights, rtol=1e-5, atol=1e-5)
+        gathered = [torch.empty_like(lin.weights) for _ in range(world)]
+        dist.all_gather(gathered, lin.weights.detach())
+        torch.testing.assert_close(gathered[0], gathered[1])  # gradients were averaged across ranks
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu2
+def test_ddp_on_two_gpus():
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_ddp_worker, args=(2, port), nprocs=2, join=True)

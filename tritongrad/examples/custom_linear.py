@@ -1,0 +1,32 @@
+"""Seed 000's ``CustomLinear``, with only the forward kernel: ``@tritongrad.op`` derives the backward.
+
+The seed wrote ``fwd_kernel`` and ``bwd_kernel`` by hand and wired them into a
+``torch.autograd.Function``. Here the host launcher of the seed's forward kernel
+(``matvec.fwd_kernel``) is the whole operator.
+"""
+
+import torch
+import triton
+from torch import nn
+
+from ..op import op
+from .matvec import BS, fwd_kernel
+
+
+@op
+def linear(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``w @ x`` for a matrix ``w`` (m, n) and a vector ``x`` (n)."""
+    w, x = w.contiguous(), x.contiguous()
+    m, n = w.shape
+    out = torch.empty(m, device=w.device, dtype=w.dtype)
+    fwd_kernel[(triton.cdiv(m, BS),)](w, x, out, m, n, bs=BS, bn=triton.next_power_of_2(n))
+    return out
+
+
+class CustomLinear(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.weights = nn.Parameter(torch.randn(cout, cin) / cin**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(self.weights, x)
