@@ -174,7 +174,7 @@ def test_no_host_sync_on_repeated_calls():
 def test_cpu_tensors_are_refused_outside_the_interpreter():
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("kernels are interpreted")
-    x, w = (torch.randn(100, requires_grad=True) for _ in range(2))
+    x, w = (torch.randn(100, device="cpu", requires_grad=True) for _ in range(2))
     with pytest.raises(tapes.OpError, match="passes a CPU tensor"):
         chain(x, w)
 
