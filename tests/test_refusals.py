@@ -46,15 +46,6 @@ def while_loop(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def runtime_if(x_ptr, y_ptr, flag, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs)
-    if flag > 0:  # refused
-        x = x * 2
-    tl.store(y_ptr + offs, x)
-
-
-@triton.jit
 def early_return(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs)
@@ -126,8 +117,8 @@ def max_with_indices(x_ptr, y_ptr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _helper_with_early_return(x):
-    if x.dtype == tl.float32:  # refused
-        return x
+    if x.dtype == tl.float32:
+        return x  # refused
     return x * 2
 
 
@@ -141,7 +132,6 @@ def calls_bad_helper(x_ptr, y_ptr, BLOCK: tl.constexpr):
 REFUSED = [
     (for_loop, "`for` loop"),
     (while_loop, "`while` loop"),
-    (runtime_if, "`if`"),
     (early_return, "early `return`"),
     (float_modulo, "`%`"),
     (plain_python_call, "not_a_triton_function"),

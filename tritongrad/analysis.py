@@ -7,7 +7,11 @@
 - activity: a value is active when it depends on a ``wrt`` input (varied) and
   reaches an output (useful); only active values get adjoints;
 - shapes, symbolically (``("BLOCK", "1")``), to leave out the ``unbroadcast`` of an
-  operand whose shape is provably the result's.
+  operand whose shape is provably the result's;
+- loops: which reversal strategy each one gets (``loops.py``).
+
+Merge and loop-carried variables are assigned more than once (see ``ir.py``), so
+``defs`` maps a name to all its definitions, and the flow facts are fixpoints.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 
 from .errors import NotDifferentiableError
 from .frontend import Op, Origin, Program, refuse
+from .ir import statements, structured
 from .rules import MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES
 
 Shape = tuple[str, ...] | None  # None: unknown
@@ -32,7 +37,9 @@ class Analysis:
     stores: dict[str, list[ast.stmt]]  # pointer parameter -> its store / atomic statements
     index_pointers: set[str]  # pointer parameters whose loaded values are used as indices
     active: set[str]  # names that need an adjoint
+    defs: dict[str, list[ast.stmt]] = field(default_factory=dict)  # name -> its definitions
     shapes: dict[str, Shape] = field(default_factory=dict)
+    loops: dict[int, object] = field(default_factory=dict)  # id(for node) -> loops.LoopPlan
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -79,24 +86,45 @@ def value_args(stmt: ast.stmt) -> list[str]:
     return [n for a in [*op.args, *op.kwargs.values()] for n in names_in(a)]
 
 
+def definitions(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
+    """Name -> the statements assigning it (a loop's index: the loop)."""
+    defs: dict[str, list[ast.stmt]] = {}
+    for s in statements(body):
+        t = target_of(s)
+        if t is not None:
+            defs.setdefault(t, []).append(s)
+    for node in structured(body):
+        if isinstance(node, ast.For):
+            defs.setdefault(node.target.id, []).append(node)
+    return defs
+
+
 def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, ...] | None,
             tile: bool = False) -> Analysis:
     params = program.param_names()
-    body = program.body
-    defs = {target_of(s): s for s in body if target_of(s)}
+    body = list(statements(program.body))
+    defs = definitions(program.body)
 
     # -- pointers -------------------------------------------------------------------------
     candidates: dict[str, set[str]] = {p: {p} for p in params}
     scalar_use: set[str] = set()  # parameters used other than additively: not pointers
     for s in body:
-        op, t = op_of(s), target_of(s)
+        op = op_of(s)
         pointer_args = _pointer_positions(s)
         for i, a in enumerate([*op.args, *op.kwargs.values()]):
             for n in names_in(a):
                 if n in params and i not in pointer_args:
                     scalar_use.add(n)
-        if t is not None:
-            candidates[t] = set().union(*[candidates.get(n, set()) for n in _pointer_operands(s)])
+    changed = True
+    while changed:  # a fixpoint: loop-carried pointers feed their own definitions
+        changed = False
+        for s in body:
+            t = target_of(s)
+            if t is not None and t not in params:
+                new = set().union(*[candidates.get(n, set()) for n in _pointer_operands(s)])
+                if not new <= candidates.get(t, set()):
+                    candidates[t] = candidates.get(t, set()) | new
+                    changed = True
 
     pointer_base: dict[str, str] = {}
     loads: dict[str, list[ast.stmt]] = {}
@@ -106,8 +134,10 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         if pointer_base.get(name) == base:
             return
         pointer_base[name] = base
-        if name in defs:
-            for n in _pointer_operands(defs[name]):
+        for d in defs.get(name, []):
+            if target_of(d) is None:
+                continue
+            for n in _pointer_operands(d):
                 if base in candidates.get(n, set()):
                     mark_chain(n, base)
 
@@ -135,8 +165,10 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         wrt, outputs = _choose_wrt_outputs(program, params, wrt, outputs, loads, stores, index_pointers)
 
     active = _activity(program, defs, wrt, outputs, pointer_base, tile)
-    analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active)
+    analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.shapes = infer_shapes(program, tile)
+    from .loops import classify_loops
+    analysis.loops = classify_loops(analysis)
     return analysis
 
 
@@ -189,8 +221,8 @@ def _feeds_addresses(body: list[ast.stmt], defs: dict[str, ast.stmt]) -> set[str
         if n in seen:
             continue
         seen.add(n)
-        if n in defs:
-            work += value_args(defs[n])
+        for d in defs.get(n, []):
+            work += value_args(d)
     return seen
 
 
@@ -224,23 +256,28 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads
 
 
 def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) -> set[str]:
-    body = program.body
+    body = list(statements(program.body))
     varied: set[str] = set(wrt) if tile else set()
-    for s in body:
-        t = target_of(s)
-        if t is None or t in pointer_base:
-            continue
-        op = op_of(s)
-        if op.kind == "load":
-            if any(n in varied for n in names_in(bind(s)["other"])):
-                raise refuse(where(s), "a load whose `other` value depends on the differentiated inputs",
-                             "use a constant `other` and tl.where after the load")
-            if pointer_base[bind(s)["pointer"].id] in wrt:
-                varied.add(t)
-        elif op.kind in NONDIFFERENTIABLE or _is_int_cast(s, program):
-            continue
-        elif any(n in varied for n in value_args(s)):
+    changed = True
+    while changed:  # a fixpoint: loop-carried values feed their own definitions
+        changed = False
+        for s in body:
+            t = target_of(s)
+            if t is None or t in pointer_base or t in varied:
+                continue
+            op = op_of(s)
+            if op.kind == "load":
+                if any(n in varied for n in names_in(bind(s)["other"])):
+                    raise refuse(where(s), "a load whose `other` value depends on the differentiated inputs",
+                                 "use a constant `other` and tl.where after the load")
+                if pointer_base[bind(s)["pointer"].id] not in wrt:
+                    continue
+            elif op.kind in NONDIFFERENTIABLE or _is_int_cast(s, program):
+                continue
+            elif not any(n in varied for n in value_args(s)):
+                continue
             varied.add(t)
+            changed = True
 
     useful: set[str] = set()
     work: list[str] = []
@@ -256,20 +293,20 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
         if n in useful or n not in varied:
             continue
         useful.add(n)
-        s = defs.get(n)
-        if s is None:
-            continue
-        op = op_of(s)
-        rule = RULES.get(op.kind)
-        if rule is None and op.kind != "load":
-            raise _no_rule(s)
-        if op.kind == "pow":
-            b = bind(s)["b"]
-            if names_in(b) and any(x in varied for x in names_in(b)):
-                raise refuse(where(s), "`**` with an exponent that depends on the inputs",
-                             "use tl.exp(b * tl.log(a)) for a variable exponent")
-        if rule is not None:  # parameters without an adjoint (axis, condition, dtype) are discrete
-            work += [n for param, arg in bind(s).items() if param in rule.adjoints for n in names_in(arg)]
+        for s in defs.get(n, []):
+            op = op_of(s)
+            if target_of(s) is None or op.kind in NONDIFFERENTIABLE:  # `acc = tl.zeros(...)` before a loop
+                continue
+            rule = RULES.get(op.kind)
+            if rule is None and op.kind != "load":
+                raise _no_rule(s)
+            if op.kind == "pow":
+                b = bind(s)["b"]
+                if names_in(b) and any(x in varied for x in names_in(b)):
+                    raise refuse(where(s), "`**` with an exponent that depends on the inputs",
+                                 "use tl.exp(b * tl.log(a)) for a variable exponent")
+            if rule is not None:  # parameters without an adjoint (axis, condition, dtype) are discrete
+                work += [n for param, arg in bind(s).items() if param in rule.adjoints for n in names_in(arg)]
     return varied & useful
 
 
@@ -307,13 +344,27 @@ def infer_shapes(program: Program, tile: bool = False) -> dict[str, Shape]:
             return ()
         return None
 
-    for s in program.body:
+    # Triton keeps a loop-carried variable's type, and a runtime if's outputs have one type: their first
+    # known shape holds. A constexpr if's branches may differ: their definitions must agree.
+    fixed: set[str] = set()
+    for node in structured(program.body):
+        if isinstance(node, ast.For):
+            shapes[node.target.id] = ()
+            fixed |= {c.name for c in node.tg_carried}
+        elif not node.tg_static:
+            fixed |= set(node.tg_merges)
+    for s in statements(program.body):
         t = target_of(s)
-        if t is not None:
-            try:
-                shapes[t] = _shape_of(s, of)
-            except (ValueError, TypeError, IndexError, NotDifferentiableError):
-                shapes[t] = None
+        if t is None:
+            continue
+        try:
+            shape = _shape_of(s, of)
+        except (ValueError, TypeError, IndexError, NotDifferentiableError):
+            shape = None
+        if t not in shapes or (t in fixed and shapes[t] is None):
+            shapes[t] = shape
+        elif t not in fixed and shapes[t] != shape:
+            shapes[t] = None
     return shapes
 
 

@@ -11,7 +11,7 @@ runs kernels through its interpreter is fixed when a kernel is defined, and
 import triton
 import triton.language as tl
 
-_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad")
+_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad")
 
 
 def __getattr__(name: str):
@@ -58,3 +58,12 @@ def _cast_grad(g, out):
         return g
     else:
         return tl.zeros_like(g)
+
+
+def _zeros_grad(x):
+    """A zero adjoint for ``x``, started before a branch or loop that adds to it: x's shape, and
+    float32 for half-precision x (adjoints accumulate in float32 or wider)."""
+    if x.dtype.primitive_bitwidth < 32:
+        return tl.zeros(x.shape, tl.float32)
+    else:
+        return tl.zeros(x.shape, x.dtype)

@@ -190,3 +190,12 @@ MEMORY = {
 # Operations that keep their first argument a pointer when it is one: `ptrs[:, None]`.
 POINTER_PRESERVING = {"copy", "subscript", "expand_dims", "broadcast_to", "reshape", "view", "trans",
                       "permute", "multiple_of", "max_contiguous", "max_constancy"}
+
+
+def reads_result(kind: str) -> bool:
+    """Whether an operation's adjoint reads its own result (``exp``: ``g * out``)."""
+    rule = RULES.get(kind)
+    if rule is None:
+        return False
+    return any(callable(t) or "out" in {n.id for n in ast.walk(ast.parse(t)) if isinstance(n, ast.Name)}
+               for t in rule.adjoints.values())

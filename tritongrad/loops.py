@@ -1,0 +1,159 @@
+"""Which reversal strategy each ``for`` loop gets, and why.
+
+The reverse loop runs the forward's iteration space in the forward's order,
+recomputing each iteration's values (and its index and pointer state) before that
+iteration's adjoints. That is exact when no adjoint has to travel from one iteration
+to the one before it, which holds when every loop-carried variable is either
+
+- *recomputed*: it carries no gradient (indices, pointers, inactive values), so the
+  reverse loop re-runs its updates exactly as the forward did; or
+- *a linear accumulator*: its next value is itself plus (or ``tl.dot(a, b, acc)``
+  onto) something that does not read any carried variable with a gradient, and it is
+  used for nothing else inside the loop. Then ``d(next) / d(acc)`` is the identity, so
+  its adjoint is the same in every iteration: the adjoint of its value after the loop.
+
+A carried variable with a gradient used any other way (a running max, ``h = h * a + b``)
+needs its value at every iteration in reverse order; such loops are refused
+(``NotDifferentiableError`` naming the loop, the variable and the statement).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from .analysis import Analysis, bind, op_of, target_of, value_args, where
+from .frontend import refuse
+from .ir import header, reads, statements, structured
+
+
+@dataclass
+class LoopPlan:
+    node: ast.For
+    accumulators: dict[str, set[str]] = field(default_factory=dict)  # carried name -> its chain of partial sums
+    recomputed: list[str] = field(default_factory=list)  # carried names re-run in the reverse loop
+    comment: str = ""
+
+
+class NotLinear(Exception):
+    def __init__(self, stmt: ast.stmt | None, why: str):
+        super().__init__(why)
+        self.stmt, self.why = stmt, why
+
+
+def classify_loops(a: Analysis) -> dict[int, LoopPlan]:
+    plans: dict[int, LoopPlan] = {}
+    loops = [n for n in structured(a.program.body) if isinstance(n, ast.For)]
+    for node in reversed(loops):  # inner loops first: an outer chain may run through them
+        plans[id(node)] = _classify(a, node, plans)
+    return plans
+
+
+def _classify(a: Analysis, node: ast.For, plans: dict[int, LoopPlan]) -> LoopPlan:
+    plan = LoopPlan(node)
+    active = [c for c in node.tg_carried if c.name in a.active]
+    state = _depends_on(node, {c.name for c in active})
+    for c in node.tg_carried:
+        if c.name not in a.active:
+            plan.recomputed.append(c.name)
+            continue
+        try:
+            plan.accumulators[c.name] = _linear_chain(a, node, c, state, plans)
+        except NotLinear as e:
+            origin = where(node)
+            culprit = f" (`{where(e.stmt).text}`, line {where(e.stmt).line})" if e.stmt is not None else ""
+            raise refuse(origin, f"the loop over `{node.target.id}` carrying `{c.source}` nonlinearly: "
+                         f"{e.why}{culprit}",
+                         f"the reverse sweep would need `{c.source}` at every iteration; keep only linear "
+                         f"accumulation in the loop (`{c.source} += f(i)` with f not reading it), or move the "
+                         "nonlinear part out of the loop") from None
+    plan.comment = _comment(node, plan)
+    return plan
+
+
+def _depends_on(node: ast.For, roots: set[str]) -> set[str]:
+    """Names in the loop whose values depend on ``roots`` (through any operation, branch tests included)."""
+    found = set(roots)
+    changed = True
+    while changed:
+        changed = False
+        for s in statements(node.body):
+            t = target_of(s)
+            if t is not None and t not in found and any(n in found for n in value_args(s)):
+                found.add(t)
+                changed = True
+        for inner in structured(node.body):  # values assigned under a test that depends on them
+            if isinstance(inner, ast.If) and reads(inner.test) & found:
+                for s in statements([inner]):
+                    t = target_of(s)
+                    if t is not None and t not in found:
+                        found.add(t)
+                        changed = True
+    return found
+
+
+def _linear_chain(a: Analysis, node: ast.For, c, state: set[str], plans: dict[int, LoopPlan]) -> set[str]:
+    """The names holding ``c`` plus partial sums, if ``c`` is a linear accumulator; else NotLinear."""
+    chain = {c.name}
+
+    def walk(block: list[ast.stmt]) -> None:
+        for s in block:
+            for e in header(s):
+                if reads(e) & chain:
+                    raise NotLinear(s, "a branch or loop bound reads it")
+            if isinstance(s, ast.For):
+                inner = plans[id(s)]
+                for ic in s.tg_carried:  # an inner loop adds to it: fine if linear there too
+                    if ic.name in chain:
+                        if ic.name not in inner.accumulators:
+                            raise NotLinear(s, "an inner loop carries it nonlinearly")
+                        chain.update(inner.accumulators[ic.name])
+                walk(s.body)
+            elif isinstance(s, ast.If):
+                walk(s.body)
+                walk(s.orelse)
+                for m in s.tg_merges:  # both branches must hand on a partial sum, or neither
+                    defs = a.defs[m]
+                    sums = [value_args(d)[0] in chain for d in defs if value_args(d)]
+                    if any(sums) and not all(sums):
+                        raise NotLinear(defs[0], "one branch of an `if` replaces it")
+            else:
+                step(s)
+
+    def step(s: ast.stmt) -> None:
+        used = [n for n in value_args(s) if n in chain]
+        if not used:
+            return
+        kind, t = op_of(s).kind, target_of(s)
+        added = kind in ("copy", "add") or (kind == "sub" and _is(bind(s)["a"], chain)) or (
+            kind == "dot" and _is(bind(s)["acc"], chain))
+        if t is None or len(used) > 1 or not added:
+            raise NotLinear(s, "it is used other than by adding to it")
+        if any(x in state for x in value_args(s) if x not in chain):
+            raise NotLinear(s, "what is added to it reads a loop-carried value")
+        chain.add(t)
+
+    walk(node.body)
+    if not _is(c.next, chain):
+        raise NotLinear(None, "its next value is not itself plus something")
+    return chain
+
+
+def _is(atom: ast.expr | None, names: set[str]) -> bool:
+    return isinstance(atom, ast.Name) and atom.id in names
+
+
+def _comment(node: ast.For, plan: LoopPlan) -> str:
+    index = node.target.id
+    parts = []
+    if plan.accumulators:
+        names = ", ".join(c.source for c in node.tg_carried if c.name in plan.accumulators)
+        parts.append(f"{names} {'is' if len(plan.accumulators) == 1 else 'are'} accumulated linearly, "
+                     "so its adjoint is the same in every iteration")
+    if plan.recomputed:
+        names = ", ".join(c.source for c in node.tg_carried if c.name in plan.recomputed)
+        parts.append(f"{names} {'is' if len(plan.recomputed) == 1 else 'are'} updated as in the forward")
+    if not parts:
+        parts.append("no state is carried between iterations")
+    return (f"loop over {index}: {'; '.join(parts)}.\n"
+            "The reverse loop runs the same iterations, each recomputed before its adjoints.")
