@@ -290,7 +290,7 @@ class Normalizer:
             raise self.refuse(stmt, "an early `return`",
                               "structure the kernel so it ends at its last statement")
         elif isinstance(stmt, ast.For):
-            raise self.refuse(stmt, "a `for` loop", "loops are not supported yet; unroll it by hand")
+            self.for_loop(stmt)
         elif isinstance(stmt, ast.If):
             self.if_statement(stmt)
         elif isinstance(stmt, ast.While):

@@ -51,6 +51,7 @@ def classify_loops(a: Analysis) -> dict[int, LoopPlan]:
 
 def _classify(a: Analysis, node: ast.For, plans: dict[int, LoopPlan]) -> LoopPlan:
     plan = LoopPlan(node)
+    _check_stores(a, node)
     active = [c for c in node.tg_carried if c.name in a.active]
     state = _depends_on(node, {c.name for c in active})
     for c in node.tg_carried:
@@ -71,19 +72,45 @@ def _classify(a: Analysis, node: ast.For, plans: dict[int, LoopPlan]) -> LoopPla
     return plan
 
 
-def _depends_on(node: ast.For, roots: set[str]) -> set[str]:
-    """Names in the loop whose values depend on ``roots`` (through any operation, branch tests included)."""
+# operations that keep distinct inputs distinct (for the addresses a loop stores to)
+INJECTIVE = {"add", "sub", "mul", "neg", "pos", "copy", "subscript", "expand_dims", "broadcast_to", "reshape", "view",
+             "trans", "permute", "multiple_of", "max_contiguous", "max_constancy"}
+
+
+def _check_stores(a: Analysis, node: ast.For) -> None:
+    """A store to an output inside the loop must move with the iterations: one that writes the same
+    addresses twice keeps only the last value, and the gradient belongs to that value alone. The
+    address must follow the loop index (or carried state) through +, - and * only."""
+    roots = {node.target.id, *(c.name for c in node.tg_carried)}
+    moving = _depends_on(node, roots, INJECTIVE)
+    for s in statements(node.body):
+        if op_of(s).kind != "store" or a.pointer_base.get(bind(s)["pointer"].id) not in a.outputs:
+            continue
+        address = bind(s)["pointer"].id
+        if address not in moving:
+            what = ("at addresses that may repeat between iterations" if address in _depends_on(node, roots)
+                    else "to the same addresses in every iteration")
+            raise refuse(where(s), f"a tl.store inside the loop over `{node.target.id}` {what} "
+                         "(only the last value stays)",
+                         "store after the loop, or offset the address by the loop index times a stride")
+
+
+def _depends_on(node: ast.For, roots: set[str], through: set[str] | None = None) -> set[str]:
+    """Names in the loop whose values depend on ``roots`` (through the operations ``through``, or any
+    operation and the tests of branches)."""
     found = set(roots)
     changed = True
     while changed:
         changed = False
         for s in statements(node.body):
             t = target_of(s)
-            if t is not None and t not in found and any(n in found for n in value_args(s)):
+            if t is None or t in found or (through is not None and op_of(s).kind not in through):
+                continue
+            if any(n in found for n in value_args(s)):
                 found.add(t)
                 changed = True
         for inner in structured(node.body):  # values assigned under a test that depends on them
-            if isinstance(inner, ast.If) and reads(inner.test) & found:
+            if through is None and isinstance(inner, ast.If) and reads(inner.test) & found:
                 for s in statements([inner]):
                     t = target_of(s)
                     if t is not None and t not in found:
