@@ -301,3 +301,120 @@ def test_runtime_trip_count_including_zero():
     want = torch.where(keep, torch.exp(leaf), 0.0).sum(1)
     assert_grads(ragged_rows, (len(lengths),), args, {"BLOCK": 8}, y, want, [leaf], ("x_ptr",))
     assert tritongrad.grad(ragged_rows).wrt == ("x_ptr",)
+
+
+# -- carried state used nonlinearly: each reverse iteration rebuilds it from the loop's entry --------
+
+
+@triton.jit
+def softmax_weighted(x_ptr, v_ptr, y_ptr, N, D, stride_x, stride_v, BLOCK: tl.constexpr, BD: tl.constexpr):
+    # y = softmax(x[row]) @ v in one pass over the columns: an online softmax, as attention kernels do it
+    row = tl.program_id(0)
+    d = tl.arange(0, BD)
+    m = tl.full((), float("-inf"), tl.float64)
+    l = tl.zeros((), dtype=tl.float64)
+    acc = tl.zeros([BD], dtype=tl.float64)
+    for k in range(0, N, BLOCK):
+        cols = k + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < N, other=float("-inf"))
+        v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=(cols[:, None] < N) & (d[None, :] < D),
+                    other=0.0)
+        m_new = tl.maximum(m, tl.max(x))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(x - m_new)
+        l = l * alpha + tl.sum(p)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(y_ptr + row * D + d, acc / l, mask=d < D)
+
+
+def test_online_softmax_rebuilds_its_running_max_and_sums():
+    rows, n, dim = 4, 45, 7
+    x, v = 3 * torch.randn(rows, n, dtype=DTYPE), torch.randn(n, dim, dtype=DTYPE)
+    y = poison(torch.empty(rows, dim, dtype=DTYPE))
+    args = (x, v, y, n, dim, x.stride(0), v.stride(0))
+    meta = {"BLOCK": 16, "BD": 8}
+    softmax_weighted[(rows,)](*args, **meta)
+    leaves = [x.clone().requires_grad_(), v.clone().requires_grad_()]
+    want = torch.softmax(leaves[0], dim=1) @ leaves[1]
+    assert_grads(softmax_weighted, (rows,), args, meta, y, want, leaves, ("x_ptr", "v_ptr"))
+    src = tritongrad.grad(softmax_weighted).src
+    assert "# loop over k: l, acc, m are carried nonlinearly" in src
+    assert "quadratic in the trip count" in src
+
+
+@triton.jit
+def linear_recurrence(a_ptr, b_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    h = tl.zeros([BLOCK], dtype=tl.float64)
+    for t in range(T):  # h_t = h_{t-1} * a_t + b_t, every step stored
+        h = h * tl.load(a_ptr + t * 2 * BLOCK + offs) + tl.load(b_ptr + t * 2 * BLOCK + offs)
+        tl.store(y_ptr + t * 2 * BLOCK + offs, tl.sin(h))
+
+
+def test_recurrence_with_every_step_stored():
+    steps, block = 7, 8
+    a = torch.rand(steps, 2 * block, dtype=DTYPE) + 0.5
+    b = torch.randn(steps, 2 * block, dtype=DTYPE)
+    y = poison(torch.empty(steps, 2 * block, dtype=DTYPE))
+    args = (a, b, y, steps)
+    linear_recurrence[(2,)](*args, BLOCK=block)
+    leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+    h, outs = torch.zeros(2 * block, dtype=DTYPE), []
+    for t in range(steps):
+        h = h * leaves[0][t] + leaves[1][t]
+        outs.append(torch.sin(h))
+    assert_grads(linear_recurrence, (2,), args, {"BLOCK": block}, y, torch.stack(outs), leaves, ("a_ptr", "b_ptr"))
+
+
+@triton.jit
+def running_sums(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float64)
+    for t in range(T):  # every partial sum stored: its adjoint differs from one iteration to the next
+        acc += tl.load(x_ptr + t * 3 * BLOCK + offs)
+        tl.store(y_ptr + t * 3 * BLOCK + offs, acc * acc)
+
+
+def test_partial_sums_stored_every_iteration():
+    steps, block = 6, 8
+    x = torch.randn(steps, 3 * block, dtype=DTYPE)
+    y = poison(torch.empty_like(x))
+    running_sums[(3,)](x, y, steps, BLOCK=block)
+    leaf = x.clone().requires_grad_()
+    want = torch.cumsum(leaf, 0) ** 2
+    assert_grads(running_sums, (3,), (x, y, steps), {"BLOCK": block}, y, want, [leaf], ("x_ptr",))
+
+
+@triton.jit
+def prefetching_matmul(A, B, C, M, N, K, lda, ldb, ldc, TM: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr):
+    # seed 001's original loop: tiles loaded one iteration ahead, the counter running down by TK
+    rm = tl.program_id(0) * TM + tl.arange(0, TM)
+    rn = tl.program_id(1) * TN + tl.arange(0, TN)
+    rk = tl.arange(0, TK)
+    pa = A + rm[:, None] * lda + rk[None, :]
+    pb = B + rk[:, None] * ldb + rn[None, :]
+    a = tl.load(pa, mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+    b = tl.load(pb, mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+    c = tl.zeros((TM, TN), dtype=C.dtype.element_ty)
+    for k in range(K, 0, -TK):
+        c += tl.dot(a, b)
+        pa += TK
+        pb += TK * ldb
+        a = tl.load(pa, mask=(rm[:, None] < M) & (rk[None, :] < k - TK), other=0.0)
+        b = tl.load(pb, mask=(rk[:, None] < k - TK) & (rn[None, :] < N), other=0.0)
+    tl.store(C + rm[:, None] * ldc + rn[None, :], c, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@pytest.mark.parametrize("k", [37, 32])
+def test_prefetching_matmul_with_a_negative_step(k):
+    m, n, tile = 21, 19, 16
+    a, b = torch.randn(m, k, dtype=DTYPE), torch.randn(k, n, dtype=DTYPE)
+    c = poison(torch.empty(m, n, dtype=DTYPE))
+    args = (a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0))
+    meta = {"TM": tile, "TN": tile, "TK": tile}
+    grid = (triton.cdiv(m, tile), triton.cdiv(n, tile))
+    prefetching_matmul[grid](*args, **meta)
+    leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+    assert_grads(prefetching_matmul, grid, args, meta, c, leaves[0] @ leaves[1], leaves, ("A", "B"))
+    assert "tg.trip_count(K, 0, -TK)" in tritongrad.grad(prefetching_matmul).src

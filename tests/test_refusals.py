@@ -26,36 +26,6 @@ def not_a_triton_function(x):
 
 
 @triton.jit
-def running_max(x_ptr, y_ptr, N, BLOCK: tl.constexpr):  # online softmax's normalizer
-    m = tl.full((), float("-inf"), tl.float32)
-    s = tl.zeros((), dtype=tl.float32)
-    for k in range(0, N, BLOCK):  # refused
-        x = tl.load(x_ptr + k + tl.arange(0, BLOCK), mask=k + tl.arange(0, BLOCK) < N, other=float("-inf"))
-        m_new = tl.maximum(m, tl.max(x))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new))
-        m = m_new
-    tl.store(y_ptr, m + tl.log(s))
-
-
-@triton.jit
-def recurrence(a_ptr, b_ptr, y_ptr, T, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    h = tl.zeros([BLOCK], dtype=tl.float32)
-    for t in range(T):  # refused
-        h = h * tl.load(a_ptr + t * BLOCK + offs) + tl.load(b_ptr + t * BLOCK + offs)
-    tl.store(y_ptr + offs, h)
-
-
-@triton.jit
-def partial_sums_stored(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for t in range(T):  # refused
-        acc += tl.load(x_ptr + t * BLOCK + offs)
-        tl.store(y_ptr + t * BLOCK + offs, acc)
-
-
-@triton.jit
 def store_overwritten(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     for t in range(T):
@@ -192,9 +162,6 @@ def calls_bad_helper(x_ptr, y_ptr, BLOCK: tl.constexpr):
 
 
 REFUSED = [
-    (running_max, "carrying `s` nonlinearly"),
-    (recurrence, "carrying `h` nonlinearly"),
-    (partial_sums_stored, "carrying `acc` nonlinearly"),
     (store_overwritten, "same addresses in every iteration"),
     (store_repeats, "may repeat between iterations"),
     (loop_local_after_loop, "assigned inside the loop"),

@@ -414,7 +414,8 @@ class Normalizer:
             if not _differs(nxt, _name(phi)):
                 continue
             last = _last_assignment(self.out, nxt)
-            if last is not None and not _reads(self.out[self.out.index(last) + 1:], {nxt.id, phi}):
+            if last is not None and not reads_result(last.tg_op.kind) and not _reads(
+                    self.out[self.out.index(last) + 1:], {nxt.id, phi}):
                 last.targets[0].id = phi  # `acc = acc + x` updates it in place: no copy
             else:
                 self._finish(ast.Assign(targets=[_name(phi, ast.Store())], value=nxt), Op("copy", [nxt]), stmt)
@@ -436,12 +437,13 @@ class Normalizer:
     def _reusable_init(self, init: ast.expr) -> str | None:
         """The name of a loop's initial value, when the loop can carry that variable itself: assigned at
         the top of the current block, read by nothing else, by an operation whose adjoint does not read
-        its result (which the loop overwrites)."""
+        its result (which the loop overwrites), not a load."""
         if not isinstance(init, ast.Name):
             return None
         stmt = _last_assignment(self.out, init)
-        if stmt is None or reads_result(stmt.tg_op.kind) or _reads(self.out[self.out.index(stmt) + 1:], {init.id}):
-            return None
+        if stmt is None or reads_result(stmt.tg_op.kind) or stmt.tg_op.kind == "load" or _reads(
+                self.out[self.out.index(stmt) + 1:], {init.id}):
+            return None  # (a load stays apart: its value types the adjoint without replaying the loop)
         return init.id
 
     def is_constexpr(self, atom: ast.expr) -> bool:

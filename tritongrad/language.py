@@ -11,7 +11,7 @@ runs kernels through its interpreter is fixed when a kernel is defined, and
 import triton
 import triton.language as tl
 
-_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad")
+_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "trip_count")
 
 
 def __getattr__(name: str):
@@ -67,3 +67,12 @@ def _zeros_grad(x):
         return tl.zeros(x.shape, tl.float32)
     else:
         return tl.zeros(x.shape, x.dtype)
+
+
+def _trip_count(start, stop, step):
+    """How many iterations ``range(start, stop, step)`` runs (none when it is empty), for either sign of step."""
+    if step < 0:
+        n = tl.cdiv(start - stop, -step)
+    else:
+        n = tl.cdiv(stop - start, step)
+    return n

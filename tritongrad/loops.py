@@ -13,8 +13,11 @@ to the one before it, which holds when every loop-carried variable is either
   its adjoint is the same in every iteration: the adjoint of its value after the loop.
 
 A carried variable with a gradient used any other way (a running max, ``h = h * a + b``)
-needs its value at every iteration in reverse order; such loops are refused
-(``NotDifferentiableError`` naming the loop, the variable and the statement).
+is *nonlinear*: its adjoint changes from one iteration to the one before, so the
+reverse loop must run the iterations backwards, and it needs the variable's value at
+the start of each. Each reverse iteration rebuilds it by re-running the forward
+iterations before it from the loop's entry: correct for any loop over a range, at a
+cost quadratic in the trip count (the comment in the derived kernel says so).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class LoopPlan:
     node: ast.For
     accumulators: dict[str, set[str]] = field(default_factory=dict)  # carried name -> its chain of partial sums
     recomputed: list[str] = field(default_factory=list)  # carried names re-run in the reverse loop
+    nonlinear: list[str] = field(default_factory=list)  # carried names whose adjoint changes every iteration
+    why: str = ""  # what makes the first of them nonlinear
     comment: str = ""
 
 
@@ -61,13 +66,10 @@ def _classify(a: Analysis, node: ast.For, plans: dict[int, LoopPlan]) -> LoopPla
         try:
             plan.accumulators[c.name] = _linear_chain(a, node, c, state, plans)
         except NotLinear as e:
-            origin = where(node)
-            culprit = f" (`{where(e.stmt).text}`, line {where(e.stmt).line})" if e.stmt is not None else ""
-            raise refuse(origin, f"the loop over `{node.target.id}` carrying `{c.source}` nonlinearly: "
-                         f"{e.why}{culprit}",
-                         f"the reverse sweep would need `{c.source}` at every iteration; keep only linear "
-                         f"accumulation in the loop (`{c.source} += f(i)` with f not reading it), or move the "
-                         "nonlinear part out of the loop") from None
+            plan.nonlinear.append(c.name)
+            if not plan.why:
+                culprit = f" in `{where(e.stmt).text}`" if e.stmt is not None else ""
+                plan.why = f"{c.source}: {e.why}{culprit}"
     plan.comment = _comment(node, plan)
     return plan
 
@@ -180,7 +182,13 @@ def _comment(node: ast.For, plan: LoopPlan) -> str:
     if plan.recomputed:
         names = ", ".join(c.source for c in node.tg_carried if c.name in plan.recomputed)
         parts.append(f"{names} {'is' if len(plan.recomputed) == 1 else 'are'} updated as in the forward")
-    if not parts:
+    if not parts and not plan.nonlinear:
         parts.append("no state is carried between iterations")
+    if plan.nonlinear:
+        names = ", ".join(c.source for c in node.tg_carried if c.name in plan.nonlinear)
+        parts.insert(0, f"{names} {'is' if len(plan.nonlinear) == 1 else 'are'} carried nonlinearly ({plan.why})")
+        return (f"loop over {index}: {'; '.join(parts)}.\n"
+                "The reverse loop runs the iterations backwards, each first rebuilding the state it starts from\n"
+                "by re-running the iterations before it (quadratic in the trip count).")
     return (f"loop over {index}: {'; '.join(parts)}.\n"
             "The reverse loop runs the same iterations, each recomputed before its adjoints.")

@@ -102,6 +102,7 @@ class Reverser:
         self._index(self.p.body, None, [])
         self.scopes = [Scope(self.root, [])]
         self.suppressed: set[str] = set()  # partial sums of linear accumulators: they share its adjoint
+        self.g_override: dict[int, str] = {}  # id(update of nonlinear loop state) -> the adjoint it receives
         mirrored = [*analysis.outputs, *analysis.wrt] if not tile else []
         self.shadow_params = [self.shadow_name(p) for p in mirrored]
 
@@ -267,44 +268,116 @@ class Reverser:
 
     def reverse_for(self, node: ast.For) -> None:
         plan = self.a.loops[id(node)]
-        for name, chain in plan.accumulators.items():
-            if name not in self.adjoint:  # no gradient reaches its final value
-                self.adjoint[name] = self.adjoint_name(name)
-                self.emit(ast.Assign(targets=[ast.Name(self.adjoint[name], ast.Store())],
-                                     value=_substitute("tg.zeros_grad(x)", {"x": _name(name)})))
+        for name, chain in plan.accumulators.items():  # every partial sum shares the final value's adjoint
+            self.ensure_adjoint(node, name)
             for n in chain:
                 self.adjoint[n] = self.adjoint[name]
             self.suppressed |= chain
+        carried = {c.name: c for c in node.tg_carried}
+        updates = [s for s in node.body if target_of(s) in carried]  # the statements that end the body
+        incoming = {}
+        for name in plan.nonlinear:  # the adjoint of the state after the iteration being reversed
+            incoming[name] = self.namer.fresh(f"{self.ensure_adjoint(node, name)}_next")
+            for s in updates:
+                if target_of(s) == name:
+                    self.g_override[id(s)] = incoming[name]
         pre: list[ast.stmt] = []
         sweep = self.reverse_nested(node.body, pre)
         if not sweep:
             return
-        carried = {c.name: c for c in node.tg_carried}
-        updates = [s for s in node.body if target_of(s) in carried]  # the copies that end the body
         needed = self.needed(node.body, sweep, also=carried)
+        self.comment(plan.comment)
+        for p in pre:
+            self.emit(p)
+        if plan.nonlinear:
+            self.rebuilding_loop(node, plan, sweep, needed, updates, incoming)
+        else:
+            self.recomputing_loop(node, plan, sweep, needed, updates)
+
+    def recomputing_loop(self, node: ast.For, plan, sweep, needed, updates) -> None:
+        """The same iterations in the same order: recompute, adjoints, then advance the state."""
+        carried = {c.name: c for c in node.tg_carried}
         state = [carried[n] for n in carried if n in needed]
-        for c in state:
-            if c.name in plan.accumulators:
-                raise refuse(where(node), f"the loop over `{node.target.id}`: `{c.source}`'s value at each "
-                             "iteration is needed", "use the accumulator for accumulating only")
+        self.check_state(node, plan, state)
         body = self.replay_block(node.body, needed, skip={id(s) for s in updates})
         body += sweep
         for s in updates:
             if target_of(s) in needed:
                 body += self.with_shadow(copy.deepcopy(s))
-        self.comment(plan.comment)
-        for p in pre:
-            self.emit(p)
-        for c in state:  # back to the state the loop started from
+        for s in self.resets(node, state):
+            self.emit(s)
+        self.emit(_structured_copy(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
+                                   body=body))
+
+    def rebuilding_loop(self, node: ast.For, plan, sweep, needed, updates, incoming) -> None:
+        """The iterations in reverse order; each first rebuilds the carried state it starts from by
+        re-running the iterations before it from the loop's entry (quadratic in the trip count)."""
+        carried = {c.name: c for c in node.tg_carried}
+        rebuilt = self.closure({n for n in carried if n in needed})
+        state = [carried[n] for n in carried if n in rebuilt]
+        self.check_state(node, plan, state)
+        index = node.target.id
+        start, stop, step = _bounds(node)
+        trips, back, now = (self.namer.fresh(f"{index}_{w}") for w in ("trips", "back", "now"))
+        positive = isinstance(step, ast.Constant) and isinstance(step.value, int) and step.value > 0
+        count = ("stop - start" if _is_one(step) else "tl.cdiv(stop - start, step)" if positive
+                 else "tg.trip_count(start, stop, step)")  # a step whose sign is known at compile time only
+        bounds = {"start": start, "stop": stop, "step": step, "trips": _name(trips), "back": _name(back)}
+        self.emit(ast.Assign(targets=[ast.Name(trips, ast.Store())], value=_substitute(count, bounds)))
+        body: list[ast.stmt] = [ast.Assign(targets=[ast.Name(now, ast.Store())],
+                                           value=_substitute("start + (trips - 1 - back) * step", bounds))]
+        body += self.resets(node, state)
+        replay = self.replay_block(node.body, rebuilt)
+        if replay:
+            iterator = copy.deepcopy(node.iter)
+            args = [copy.deepcopy(start), _name(now), copy.deepcopy(step)]
+            if _is_one(step):  # as the forward would write it
+                args = args[1:2] if isinstance(start, ast.Constant) and start.value == 0 else args[:2]
+            iterator.args = args
+            iterator.keywords = [k for k in iterator.keywords if k.arg not in ("arg1", "arg2", "step")]
+            body.append(_structured_copy(node, target=copy.deepcopy(node.target), iter=iterator, body=replay))
+        body.append(ast.Assign(targets=[ast.Name(index, ast.Store())], value=_name(now)))
+        for name, d_next in incoming.items():  # this iteration's update gets the adjoint carried so far;
+            d = self.adjoint[name]  # what flows into the state it started from is collected afresh
+            body.append(ast.Assign(targets=[ast.Name(d_next, ast.Store())], value=_name(d)))
+            body.append(ast.Assign(targets=[ast.Name(d, ast.Store())], value=_substitute("tl.zeros_like(d)", {
+                "d": _name(d)})))
+        body += self.replay_block(node.body, needed, skip={id(s) for s in updates})
+        body += sweep
+        func = "tl.static_range" if node.tg_static else "range"
+        loop = ast.For(target=ast.Name(back, ast.Store()), iter=_substitute(f"{func}(trips)", bounds), body=body,
+                       orelse=[])
+        self.emit(ast.copy_location(loop, node))
+
+    def ensure_adjoint(self, node: ast.For, name: str) -> str:
+        """The adjoint of a loop's carried variable before its reversal (zero when nothing reached it)."""
+        if name not in self.adjoint:
+            self.adjoint[name] = self.adjoint_name(name)
+            like = _name(name)
+            init = next(c.init for c in node.tg_carried if c.name == name)
+            if isinstance(init, ast.Name) and init.id != name:  # its type without replaying the loop
+                like = copy.deepcopy(init)
+            self.emit(ast.Assign(targets=[ast.Name(self.adjoint[name], ast.Store())],
+                                 value=_substitute("tg.zeros_grad(x)", {"x": like})))
+        return self.adjoint[name]
+
+    def check_state(self, node: ast.For, plan, state) -> None:
+        for c in state:
+            if c.name in plan.accumulators:  # loops.py promised its value is not needed
+                raise refuse(where(node), f"the loop over `{node.target.id}`: `{c.source}`'s value at each "
+                             "iteration is needed", "use the accumulator for accumulating only")
+
+    def resets(self, node: ast.For, state) -> list[ast.stmt]:
+        """The carried state back to its value at the loop's entry."""
+        out = []
+        for c in state:
             if isinstance(c.init, ast.Name) and c.init.id == c.name:  # assigned before the loop: again
                 reset = copy.deepcopy(next(d for d in self.defs[c.name] if not self.inside(d, node)))
             else:
                 reset = ast.Assign(targets=[ast.Name(c.name, ast.Store())], value=copy.deepcopy(c.init))
                 reset.tg_op, reset.tg_origin, reset.tg_where = Op("copy", [c.init]), node.tg_origin, node.tg_where
-            for s in self.with_shadow(reset):
-                self.emit(s)
-        self.emit(_structured_copy(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
-                                   body=body))
+            out += self.with_shadow(reset)
+        return out
 
     def inside(self, stmt: ast.stmt, node: ast.stmt) -> bool:
         return any(e is node for e in self.enclosing[id(stmt)])
@@ -332,13 +405,17 @@ class Reverser:
         t = target_of(stmt)
         if op.kind in STORES:
             self.reverse_store(stmt)
-        elif t is not None and t in self.a.active and t in self.adjoint and self.contributes(stmt):
+        elif t is not None and t in self.a.active and self.g_of(stmt) is not None and self.contributes(stmt):
             if not getattr(stmt, "tg_join", False):  # a join's copy goes under its if's or loop's comment
                 self.comment_for(stmt)
             if op.kind == "load":
                 self.reverse_load(stmt, t)
             else:
                 self.reverse_operation(stmt, t)
+
+    def g_of(self, stmt: ast.stmt) -> str | None:
+        """The adjoint of the statement's result, if any reached it."""
+        return self.g_override.get(id(stmt)) or self.adjoint.get(target_of(stmt))
 
     def contributes(self, stmt: ast.stmt) -> bool:
         """Whether reversing the statement adds to any adjoint (a partial sum adds nothing to the next)."""
@@ -353,7 +430,7 @@ class Reverser:
         op = op_of(stmt)
         rule = RULES[op.kind]
         bound = bind(stmt)
-        env = {**bound, "g": _name(self.adjoint[t]), "out": _name(t)}
+        env = {**bound, "g": _name(self.g_of(stmt)), "out": _name(t)}
         for param, arg in bound.items():
             if param not in rule.adjoints or not self.a.is_active(arg):
                 continue
@@ -376,7 +453,7 @@ class Reverser:
     def reverse_load(self, stmt: ast.stmt, t: str) -> None:
         b = bind(stmt)
         address = b["pointer"].id
-        args = [_name(self.shadow_name(address)), _name(self.adjoint[t])]
+        args = [_name(self.shadow_name(address)), _name(self.g_of(stmt))]
         keywords = [ast.keyword("mask", copy.deepcopy(b["mask"]))] if not _is_none(b["mask"]) else []
         self.emit(ast.Expr(ast.Call(_substitute("tl.atomic_add", {}), args, keywords)))
 
@@ -473,6 +550,21 @@ class Reverser:
         node = ast.Assign(targets=[ast.Name(self.shadow[t], ast.Store())], value=value)
         node.tg_op, node.tg_origin, node.tg_where = stmt.tg_op, stmt.tg_origin, stmt.tg_where
         return node
+
+
+def _bounds(node: ast.For) -> tuple[ast.expr, ast.expr, ast.expr]:
+    """A loop's start, stop and step, as range() reads its arguments."""
+    args = list(node.iter.args)
+    named = {k.arg: k.value for k in node.iter.keywords}
+    args += [named[k] for k in ("arg1", "arg2") if k in named]
+    if len(args) == 1:
+        return ast.Constant(0), args[0], named.get("step", ast.Constant(1))
+    step = args[2] if len(args) > 2 else named.get("step", ast.Constant(1))
+    return args[0], args[1], step
+
+
+def _is_one(step: ast.expr) -> bool:
+    return isinstance(step, ast.Constant) and step.value == 1 and type(step.value) is int
 
 
 def _structured_copy(node: ast.stmt, **fields) -> ast.stmt:
