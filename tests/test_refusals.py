@@ -105,7 +105,7 @@ def plain_python_call(x_ptr, y_ptr, BLOCK: tl.constexpr):
 def no_rule(x_ptr, y_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs)
-    y = tl.cumsum(x, 0)  # refused
+    y = tl.sort(x)  # refused
     tl.store(y_ptr + offs, y)
 
 
@@ -171,7 +171,7 @@ REFUSED = [
     (early_return, "early `return`"),
     (float_modulo, "`%`"),
     (plain_python_call, "not_a_triton_function"),
-    (no_rule, "cumsum"),
+    (no_rule, "sort"),
     (in_place, "also stores"),
     (atomic_max_output, "atomic_max"),
     (pointer_from_memory, "pointer"),

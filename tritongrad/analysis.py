@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .errors import NotDifferentiableError
 from .frontend import Op, Origin, Program, refuse
 from .ir import statements, structured
-from .rules import MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES
+from .rules import MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES, rule_of
 
 Shape = tuple[str, ...] | None  # None: unknown
 
@@ -62,7 +62,8 @@ def where(stmt: ast.stmt) -> Origin:
 def bind(stmt: ast.stmt) -> dict[str, ast.expr]:
     """The statement's arguments by parameter name, for operations with a known signature."""
     op = op_of(stmt)
-    sig = MEMORY.get(op.kind) or (RULES[op.kind].signature if op.kind in RULES else None)
+    rule = rule_of(op)
+    sig = MEMORY.get(op.kind) or (rule.signature if rule is not None else None)
     if sig is None:
         return {}
     try:
@@ -297,7 +298,7 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
             op = op_of(s)
             if target_of(s) is None or op.kind in NONDIFFERENTIABLE:  # `acc = tl.zeros(...)` before a loop
                 continue
-            rule = RULES.get(op.kind)
+            rule = rule_of(op)
             if rule is None and op.kind != "load":
                 raise _no_rule(s)
             if op.kind == "pow":
@@ -313,11 +314,18 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
 def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:
     op = op_of(stmt)
     what = {"mod": "`%` on differentiated values", "call": f"a call to `{getattr(op.func, '__name__', '?')}`",
-            "custom": "a custom rule"}.get(op.kind, f"`{op.kind}`")
+            "custom": "a custom rule",
+            "reduce": f"`tl.reduce` combining with `{_combine_name(op)}`, which is not a sum, max or min",
+            }.get(op.kind, f"`{op.kind}`")
     hint = "write the operation with Triton functions tritongrad knows, or give a helper a rule with tg.custom_vjp"
     if op.kind in MEMORY or op.kind in STORES:
         hint = "the result of an atomic operation cannot be differentiated"
     return refuse(where(stmt), f"{what} (no derivative rule)", hint)
+
+
+def _combine_name(op: Op) -> str:
+    fn = op.args[2] if len(op.args) > 2 else op.kwargs.get("combine_fn")
+    return ast.unparse(fn) if fn is not None else "?"
 
 
 INT_DTYPES = ("tl.int", "tl.uint")
@@ -442,7 +450,7 @@ def _shape_of(stmt: ast.stmt, of) -> Shape:
     if kind == "dot":
         x, y = of(b["input"]), of(b["other"])
         return x[:-1] + y[-1:]
-    if kind in ("to", "cast"):
+    if kind in ("to", "cast", "cumsum", "cumprod"):
         return of(b["input"])
     if kind in ("copy", "neg", "pos", "not_", "invert") or (
             kind in RULES and RULES[kind].elementwise) or kind in (

@@ -29,7 +29,7 @@ from typing import Any
 
 from .errors import NotDifferentiableError
 from .ir import Carried
-from .rules import reads_result
+from .rules import CUSTOM, reads_result
 
 LOCAL = object()  # resolve(): the expression is a local value, not a global object
 
@@ -195,9 +195,8 @@ class _Frame:
 class Normalizer:
     """Flattens a kernel, inlining helpers, into a :class:`Program`."""
 
-    def __init__(self, root: _Function, custom_rules: dict[Any, Any] | None = None):
+    def __init__(self, root: _Function):
         self.root = root
-        self.custom_rules = custom_rules or {}
         taken = {n.id for n in ast.walk(root.tree) if isinstance(n, ast.Name)}
         taken |= {a.arg for a in root.tree.args.args}
         self.namer = Namer(taken | set(dir(builtins)))
@@ -672,11 +671,18 @@ class Normalizer:
                                        [receiver], node, stmt, method=True)
             raise self.refuse(stmt, f"a call to the local value `{ast.unparse(func)}`",
                               "call @triton.jit helpers and Triton functions by their global name")
-        if obj in self.custom_rules:
-            callee = _rename_globals(func, self.frame, self)
+        if _is_jit(obj) and obj.fn in CUSTOM:  # a helper with a hand-written rule: called, not inlined
+            _, alias, backward = CUSTOM[obj.fn]
+            if self.scope.setdefault(alias, backward) is not backward:
+                raise self.refuse(stmt, f"the call to `{ast.unparse(func)}`: its custom rule's backward "
+                                  f"`{alias}` is another object in this kernel's module",
+                                  "give the backward a name the kernel's module does not use otherwise")
             self._import_globals(func)
+            callee = _rename_globals(func, self.frame, self)
             return self.build_call("custom", callee, [], node, stmt, func_obj=obj)
         name = triton_language_name(obj)
+        if name == "reduce":
+            return self.reduce(node, stmt, obj)
         if name is None and _is_jit(obj):
             return self.inline(obj, node, stmt)
         if name is None and getattr(obj, "__module__", None) == "builtins":
@@ -689,6 +695,19 @@ class Normalizer:
         if name is None:
             name = "call"
         return self.build_call(name, callee, [], node, stmt, func_obj=obj)
+
+    def reduce(self, node: ast.Call, stmt: ast.stmt, obj: Any) -> _Deferred:
+        """``tl.reduce(x, axis, combine)``: differentiated as tl.sum / tl.max / tl.min when ``combine``
+        is one of those (``a + b``, ``tl.maximum(a, b)``, ``tl.minimum(a, b)``); else left without a rule."""
+        self._import_globals(node.func)
+        d = self.build_call("reduce", _rename_globals(node.func, self.frame, self), [], node, stmt, func_obj=obj)
+        args, kwargs = d.op.args, d.op.kwargs
+        combine = args[2] if len(args) > 2 else kwargs.get("combine_fn")
+        kind = _combine_kind(self.resolve(combine) if isinstance(combine, ast.Name) else None)
+        if kind is not None and len(args) >= 2:
+            keep = {"keep_dims": kwargs["keep_dims"]} if "keep_dims" in kwargs else {}
+            d.op = Op(kind, args[:2], keep, obj)
+        return d
 
     def build_call(self, kind: str, callee: ast.expr, lead: list[ast.expr], node: ast.Call, stmt: ast.stmt,
                    func_obj: Any = None, method: bool = False) -> _Deferred:
@@ -842,9 +861,37 @@ def _rename_globals(node: ast.expr, frame: _Frame, norm: Normalizer) -> ast.expr
     return Rename().visit(ast.parse(ast.unparse(node), mode="eval").body)
 
 
-def normalize_kernel(jit_fn: Any, custom_rules: dict[Any, Any] | None = None) -> Program:
-    return Normalizer(_Function.of(jit_fn), custom_rules).kernel()
+def _combine_kind(fn: Any) -> str | None:
+    """``"sum"``, ``"max"`` or ``"min"`` when a combine function's body is ``return a + b`` or
+    ``return tl.maximum(a, b)`` / ``tl.minimum(a, b)`` (either order), else None."""
+    if not _is_jit(fn):
+        return None
+    helper = _Function.of(fn)
+    params = [a.arg for a in helper.tree.args.args]
+    body = [s for s in helper.tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(params) != 2 or len(body) != 1 or not isinstance(body[0], ast.Return):
+        return None
+    value = body[0].value
+    operands = None
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+        kind, operands = "sum", [value.left, value.right]
+    elif isinstance(value, ast.Call) and not value.keywords:
+        target = helper.scope.get(value.func.id) if isinstance(value.func, ast.Name) else None
+        if isinstance(value.func, ast.Attribute):
+            base = value.func.value
+            module = helper.scope.get(base.id) if isinstance(base, ast.Name) else None
+            target = getattr(module, value.func.attr, None)
+        kind = {"maximum": "max", "minimum": "min"}.get(triton_language_name(target) or "")
+        operands = value.args
+    if operands is None or kind is None:
+        return None
+    names = sorted(o.id for o in operands if isinstance(o, ast.Name))
+    return kind if names == sorted(params) else None
 
 
-def normalize_tile_function(jit_fn: Any, custom_rules: dict[Any, Any] | None = None) -> Program:
-    return Normalizer(_Function.of(jit_fn), custom_rules).tile_function()
+def normalize_kernel(jit_fn: Any) -> Program:
+    return Normalizer(_Function.of(jit_fn)).kernel()
+
+
+def normalize_tile_function(jit_fn: Any) -> Program:
+    return Normalizer(_Function.of(jit_fn)).tile_function()

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from .analysis import Analysis, bind, names_in, op_of, target_of, where
 from .frontend import Namer, Op, refuse
 from .ir import child_blocks, free_names, header, is_structured, reads, statements
-from .rules import MEMORY, RULES, STORES
+from .rules import MEMORY, STORES, rule_of
 
 ASSERTS = ("static_assert", "device_assert")
 
@@ -422,13 +422,13 @@ class Reverser:
         op = op_of(stmt)
         if op.kind == "load":
             return True
-        rule = RULES.get(op.kind)
+        rule = rule_of(op)
         return rule is not None and any(p in rule.adjoints and self.a.is_active(arg) and arg.id not in self.suppressed
                    for p, arg in bind(stmt).items())
 
     def reverse_operation(self, stmt: ast.stmt, t: str) -> None:
         op = op_of(stmt)
-        rule = RULES[op.kind]
+        rule = rule_of(op)
         bound = bind(stmt)
         env = {**bound, "g": _name(self.g_of(stmt)), "out": _name(t)}
         for param, arg in bound.items():
