@@ -99,6 +99,7 @@ class Reverser:
         self.home: dict[str, int] = {}  # name -> id of the block it belongs to (where its value is visible)
         self.parent: dict[int, int | None] = {}  # block -> enclosing block
         self.enclosing: dict[int, list[ast.stmt]] = {}  # id(statement) -> the if/for nodes around it
+        self.stmt_block: dict[int, int] = {}  # id(statement) -> id of the block it is in
         self._index(self.p.body, None, [])
         self.scopes = [Scope(self.root, [])]
         self.suppressed: set[str] = set()  # partial sums of linear accumulators: they share its adjoint
@@ -110,6 +111,7 @@ class Reverser:
         self.parent[id(block)] = parent
         for s in block:
             self.enclosing[id(s)] = enclosing
+            self.stmt_block[id(s)] = id(block)
             if isinstance(s, ast.If):
                 for m in s.tg_merges:  # assigned in the branches, visible after the if
                     self.home.setdefault(m, id(block))
@@ -123,12 +125,7 @@ class Reverser:
 
     def within(self, name: str, block: list[ast.stmt]) -> bool:
         """Whether ``name`` is a value of ``block`` (or of a block nested in it)."""
-        b = self.home.get(name, self.root)
-        while b is not None:
-            if b == id(block):
-                return True
-            b = self.parent[b]
-        return False
+        return self.block_within(self.home.get(name, self.root), block)
 
     def shadow_name(self, pointer: str) -> str:
         """The shadow of a pointer; the pointers it is computed from get theirs too."""
@@ -285,7 +282,8 @@ class Reverser:
         sweep = self.reverse_nested(node.body, pre)
         if not sweep:
             return
-        needed = self.needed(node.body, sweep, also=carried)
+        # the state's updates are followed only when the reverse loop advances the state itself
+        needed = self.needed(node.body, sweep, carried, follow=() if plan.nonlinear else carried)
         self.comment(plan.comment)
         for p in pre:
             self.emit(p)
@@ -313,7 +311,7 @@ class Reverser:
         """The iterations in reverse order; each first rebuilds the carried state it starts from by
         re-running the iterations before it from the loop's entry (quadratic in the trip count)."""
         carried = {c.name: c for c in node.tg_carried}
-        rebuilt = self.closure({n for n in carried if n in needed})
+        rebuilt = self.closure({n for n in carried if n in needed}, node.body, carried)
         state = [carried[n] for n in carried if n in rebuilt]
         self.check_state(node, plan, state)
         index = node.target.id
@@ -386,15 +384,16 @@ class Reverser:
         t = target_of(stmt)
         return [stmt, self.shadow_statement(stmt, t)] if t in self.shadow else [stmt]
 
-    def needed(self, block: list[ast.stmt], sweep: list[ast.stmt], also=()) -> set[str]:
-        """Values of ``block`` (and names in ``also``) that ``sweep`` reads, directly or through a shadow."""
+    def needed(self, block: list[ast.stmt], sweep: list[ast.stmt], also=(), follow=()) -> set[str]:
+        """Values of ``block`` (and names in ``also``) that ``sweep`` reads, directly or through a shadow,
+        and what they are computed from in ``block`` (through the definitions of ``follow`` names too)."""
         shadow_of = {v: k for k, v in self.shadow.items()}
         seeds = set()
         for n in free_names(sweep):
             n = shadow_of.get(n, n)
             if n in also or self.within(n, block):
                 seeds.add(n)
-        return self.closure(seeds)
+        return self.closure(seeds, block, follow)
 
     def recompute(self, block: list[ast.stmt], sweep: list[ast.stmt]) -> list[ast.stmt]:
         """The statements of ``block`` that compute what ``sweep`` reads."""
@@ -490,10 +489,12 @@ class Reverser:
         for s in statements(self.p.body):
             if op_of(s).kind in ASSERTS:
                 seeds |= reads(s)
-        return self.replay_block(self.p.body, self.closure(seeds), asserts=True)
+        return self.replay_block(self.p.body, self.closure(seeds, self.p.body), asserts=True)
 
-    def closure(self, seeds: set[str]) -> set[str]:
-        """``seeds`` and every value they are computed from (through the tests and ranges around them too)."""
+    def closure(self, seeds: set[str], block: list[ast.stmt], also=()) -> set[str]:
+        """``seeds`` and every value of ``block`` they are computed from (through the tests and ranges
+        around them in ``block`` too). Names from outside ``block`` (other than ``also``) are taken as
+        they are there; of ``also`` names, only their definitions inside ``block`` are followed."""
         needed: set[str] = set()
         work = list(seeds)
         while work:
@@ -501,11 +502,23 @@ class Reverser:
             if n in needed:
                 continue
             needed.add(n)
+            if not (n in also or self.within(n, block)):
+                continue
             for d in self.defs.get(n, []):
+                if not self.block_within(self.stmt_block[id(d)], block):
+                    continue
                 work += reads(d.value) if isinstance(d, ast.Assign) else reads(d.iter)
                 for outer in self.enclosing[id(d)]:
-                    work += [x for e in header(outer) for x in reads(e)]
+                    if self.block_within(self.stmt_block[id(outer)], block):
+                        work += [x for e in header(outer) for x in reads(e)]
         return needed
+
+    def block_within(self, b: int | None, block: list[ast.stmt]) -> bool:
+        while b is not None:
+            if b == id(block):
+                return True
+            b = self.parent[b]
+        return False
 
     def replay_block(self, block: list[ast.stmt], needed: set[str], skip: set[int] = frozenset(),
                      asserts: bool = False) -> list[ast.stmt]:
