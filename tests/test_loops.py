@@ -387,6 +387,33 @@ def test_partial_sums_stored_every_iteration():
 
 
 @triton.jit
+def last_value(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.zeros([BLOCK], dtype=tl.float64)
+    acc = tl.zeros([BLOCK], dtype=tl.float64)
+    for t in range(T):
+        x = tl.load(x_ptr + t * BLOCK + offs)  # replaced each iteration: only the last one's reaches y
+        if t % 2 == 0:
+            acc += tl.load(x_ptr + t * BLOCK + offs).to(tl.float64)
+        else:
+            acc = acc - 2.0 * tl.load(x_ptr + t * BLOCK + offs)
+    tl.store(y_ptr + offs, x * acc)
+
+
+def test_a_replaced_value_is_not_taken_for_an_accumulator():
+    steps, block = 5, 8
+    x = torch.randn(steps, block, dtype=DTYPE)
+    y = poison(torch.empty(block, dtype=DTYPE))
+    last_value[(1,)](x, y, steps, BLOCK=block)
+    leaf = x.clone().requires_grad_()
+    signs = torch.tensor([1.0, -2.0, 1.0, -2.0, 1.0], dtype=DTYPE)[:, None]
+    want = leaf[-1] * (signs * leaf).sum(0)
+    assert_grads(last_value, (1,), (x, y, steps), {"BLOCK": block}, y, want, [leaf], ("x_ptr",))
+    src = tritongrad.grad(last_value).src
+    assert "x is carried nonlinearly (x: it is overwritten" in src and "acc is accumulated linearly" in src, src
+
+
+@triton.jit
 def prefetching_matmul(A, B, C, M, N, K, lda, ldb, ldc, TM: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr):
     # seed 001's original loop: tiles loaded one iteration ahead, the counter running down by TK
     rm = tl.program_id(0) * TM + tl.arange(0, TM)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from .analysis import Analysis, bind, op_of, target_of, value_args, where
 from .frontend import refuse
 from .ir import header, reads, statements, structured
+from .rules import RULES
 
 
 @dataclass
@@ -143,7 +144,7 @@ def _linear_chain(a: Analysis, node: ast.For, c, state: set[str], plans: dict[in
                 walk(s.orelse)
                 for m in s.tg_merges:  # both branches must hand on a partial sum, or neither
                     defs = a.defs[m]
-                    sums = [value_args(d)[0] in chain for d in defs if value_args(d)]
+                    sums = [any(n in chain for n in value_args(d)) for d in defs]
                     if any(sums) and not all(sums):
                         raise NotLinear(defs[0], "one branch of an `if` replaces it")
             else:
@@ -151,11 +152,14 @@ def _linear_chain(a: Analysis, node: ast.For, c, state: set[str], plans: dict[in
 
     def step(s: ast.stmt) -> None:
         used = [n for n in value_args(s) if n in chain]
-        if not used:
-            return
         kind, t = op_of(s).kind, target_of(s)
+        if not used:
+            if t in chain:  # `acc = f(i)`: the carried value is replaced, not added to
+                raise NotLinear(s, "it is overwritten")
+            return
         added = kind in ("copy", "add") or (kind == "sub" and _is(bind(s)["a"], chain)) or (
-            kind == "dot" and _is(bind(s)["acc"], chain))
+            kind == "dot" and _is(bind(s)["acc"], chain)) or (
+            kind in ("to", "cast") and RULES[kind].adjoints["input"](bind(s)) == "g")  # a cast to a float type
         if t is None or len(used) > 1 or not added:
             raise NotLinear(s, "it is used other than by adding to it")
         if any(x in state for x in value_args(s) if x not in chain):
