@@ -441,7 +441,9 @@ class Reverser:
                     raise refuse(where(stmt), f"`{op.kind}` with arguments that are not literal constants",
                                  "pass dimensions as literal integers") from e
             contribution = _substitute(template, env)
-            if rule.elementwise and not self.same_shape(arg.id, t):
+            sig = rule.signature  # a one-operand elementwise operation keeps its operand's shape
+            unary = len(sig.positional) == 1 and not sig.keyword and sig.vararg is None
+            if rule.elementwise and not unary and not self.same_shape(arg.id, t):
                 contribution = _substitute("tg.unbroadcast(c, x)", {"c": contribution, "x": arg})
             self.accumulate(arg.id, contribution)
 
