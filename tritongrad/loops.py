@@ -181,8 +181,8 @@ def _comment(node: ast.For, plan: LoopPlan) -> str:
     parts = []
     if plan.accumulators:
         names = ", ".join(c.source for c in node.tg_carried if c.name in plan.accumulators)
-        parts.append(f"{names} {'is' if len(plan.accumulators) == 1 else 'are'} accumulated linearly, "
-                     "so its adjoint is the same in every iteration")
+        verb, adjoint = ("is", "its adjoint is") if len(plan.accumulators) == 1 else ("are", "their adjoints are")
+        parts.append(f"{names} {verb} accumulated linearly, so {adjoint} the same in every iteration")
     if plan.recomputed:
         names = ", ".join(c.source for c in node.tg_carried if c.name in plan.recomputed)
         parts.append(f"{names} {'is' if len(plan.recomputed) == 1 else 'are'} updated as in the forward")
