@@ -49,7 +49,6 @@ METADATA_ATTRS = {"dtype", "shape", "type", "element_ty", "numel", "primitive_bi
 CONSTEXPR_KINDS = {"add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "not_", "invert", "lt",
                    "le", "gt", "ge", "eq", "ne", "is_", "is_not", "in_", "not_in", "boolop", "ifexp", "copy", "and_",
                    "or_", "xor", "lshift", "rshift", "cdiv"}
-LOOP_ITERATORS = {"range": "range", "static_range": "static_range"}  # Triton's name -> loop kind
 
 
 @dataclass(frozen=True)
@@ -374,11 +373,8 @@ class Normalizer:
         if not isinstance(stmt.target, ast.Name):
             raise self.refuse(stmt, "a `for` loop with a tuple target", "loop over one index: `for i in range(n)`")
         iterator = stmt.iter
-        kind = None
-        if isinstance(iterator, ast.Call):
-            obj = self.resolve(iterator.func)
-            kind = "range" if obj is builtins.range else LOOP_ITERATORS.get(triton_language_name(obj) or "")
-        if kind is None:
+        obj = self.resolve(iterator.func) if isinstance(iterator, ast.Call) else None
+        if obj is not builtins.range and triton_language_name(obj) not in ("range", "static_range"):
             raise self.refuse(stmt, f"a `for` loop over `{ast.unparse(iterator)}`",
                               "loop over range(...), tl.range(...) or tl.static_range(...)")
         if any(isinstance(a, ast.Starred) for a in iterator.args) or any(k.arg is None for k in iterator.keywords):
@@ -430,7 +426,7 @@ class Normalizer:
         frame.env.pop(target, None)
         loop = ast.For(target=_name(index, ast.Store()), iter=ast.Call(func=callee, args=args, keywords=[
             ast.keyword(arg=k, value=v) for k, v in kwargs.items()]), body=body, orelse=[])
-        loop.tg_carried, loop.tg_static, loop.tg_kind = records, static, kind
+        loop.tg_carried, loop.tg_static = records, static
         self._finish(loop, Op("for", args, kwargs, obj), stmt)
 
     def _reusable_init(self, init: ast.expr) -> str | None:

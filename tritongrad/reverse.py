@@ -587,7 +587,7 @@ def _structured_copy(node: ast.stmt, **fields) -> ast.stmt:
     new = type(node)(**{f: getattr(node, f, None) for f in node._fields})
     for k, v in fields.items():
         setattr(new, k, v)
-    for k in ("tg_op", "tg_origin", "tg_where", "tg_merges", "tg_carried", "tg_static", "tg_kind"):
+    for k in ("tg_op", "tg_origin", "tg_where", "tg_merges", "tg_carried", "tg_static"):
         if hasattr(node, k):
             setattr(new, k, getattr(node, k))
     return ast.copy_location(new, node)
