@@ -27,11 +27,43 @@ def not_a_triton_function(x):
 
 
 @triton.jit
-def for_loop(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+def store_overwritten(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    for t in range(T):
+        tl.store(y_ptr + offs, tl.load(x_ptr + t * BLOCK + offs))  # refused
+
+
+@triton.jit
+def store_repeats(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    for t in range(T):
+        tl.store(y_ptr + (t % 2) * BLOCK + offs, tl.load(x_ptr + t * BLOCK + offs))  # refused
+
+
+@triton.jit
+def loop_local_after_loop(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    for t in range(T):
+        x = tl.load(x_ptr + t * BLOCK + offs)
+    tl.store(y_ptr + offs, x)  # refused
+
+
+@triton.jit
+def loop_over_tensor(x_ptr, y_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in range(N):  # refused
+    for i in tl.arange(0, 4):  # refused
         acc += tl.load(x_ptr + i * BLOCK + offs)
+    tl.store(y_ptr + offs, acc)
+
+
+@triton.jit
+def break_out(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for t in range(T):
+        acc += tl.load(x_ptr + t * BLOCK + offs)
+        break  # refused
     tl.store(y_ptr + offs, acc)
 
 
@@ -43,15 +75,6 @@ def while_loop(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
     while i < N:  # refused
         x = x * 2
         i += 1
-    tl.store(y_ptr + offs, x)
-
-
-@triton.jit
-def runtime_if(x_ptr, y_ptr, flag, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs)
-    if flag > 0:  # refused
-        x = x * 2
     tl.store(y_ptr + offs, x)
 
 
@@ -83,7 +106,7 @@ def plain_python_call(x_ptr, y_ptr, BLOCK: tl.constexpr):
 def no_rule(x_ptr, y_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs)
-    y = tl.cumsum(x, 0)  # refused
+    y = tl.sort(x)  # refused
     tl.store(y_ptr + offs, y)
 
 
@@ -127,8 +150,8 @@ def max_with_indices(x_ptr, y_ptr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _helper_with_early_return(x):
-    if x.dtype == tl.float32:  # refused
-        return x
+    if x.dtype == tl.float32:
+        return x  # refused
     return x * 2
 
 
@@ -164,13 +187,16 @@ def store_and_accumulate(x_ptr, y_ptr, BLOCK: tl.constexpr):
 
 
 REFUSED = [
-    (for_loop, "`for` loop"),
+    (store_overwritten, "same addresses in every iteration"),
+    (store_repeats, "may repeat between iterations"),
+    (loop_local_after_loop, "assigned inside the loop"),
+    (loop_over_tensor, "`for` loop over"),
+    (break_out, "`break`"),
     (while_loop, "`while` loop"),
-    (runtime_if, "`if`"),
     (early_return, "early `return`"),
     (float_modulo, "`%`"),
     (plain_python_call, "not_a_triton_function"),
-    (no_rule, "cumsum"),
+    (no_rule, "sort"),
     (in_place, "also stores"),
     (atomic_max_output, "atomic_max"),
     (pointer_from_memory, "pointer"),

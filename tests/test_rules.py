@@ -74,6 +74,19 @@ REDUCTIONS = {
     "min_axis1": ("tl.min(x, axis=1)", lambda x: x.amin(1), "rows", "float('inf')", "ties"),
     "max_all": ("tl.max(x)", lambda x: x.amax(), "scalar", "-float('inf')", "ties"),
     "method_sum": ("x.sum(axis=0)", lambda x: x.sum(0), "cols", "0.0", "any"),
+    # tl.reduce with a combine function recognized as a sum, max or min
+    "reduce_add": ("tl.reduce(x, 1, _add)", lambda x: x.sum(1), "rows", "0.0", "any"),
+    "reduce_maximum": ("tl.reduce(x, 0, _maximum)", lambda x: x.amax(0), "cols", "-float('inf')", "ties"),
+    "reduce_minimum_keep_dims": ("tl.reduce(tl.where(mask, x, 1e30), 1, _minimum, keep_dims=True) * x",
+                                 lambda x: x.amin(1, True) * x, "tile", "0.0", "any"),
+    # scans, forwards and backwards along either axis; cumprod over inputs with zeros, some twice in a row
+    "cumsum_axis1": ("tl.cumsum(x, axis=1)", lambda x: x.cumsum(1), "tile", "0.0", "any"),
+    "cumsum_reverse_axis0": ("tl.cumsum(x, 0, reverse=True) * x", lambda x: x.flip(0).cumsum(0).flip(0) * x,
+                             "tile", "0.0", "any"),
+    "cumprod_axis1": ("tl.cumprod(x, axis=1)", lambda x: x.cumprod(1), "tile", "1.0", "zeros"),
+    "cumprod_reverse_axis1": ("tl.cumprod(x, 1, reverse=True)", lambda x: x.flip(1).cumprod(1).flip(1), "tile",
+                              "1.0", "zeros"),
+    "cumprod_axis0": ("tl.cumprod(x, axis=0)", lambda x: x.cumprod(0), "tile", "1.0", "any"),
 }
 
 STORE = {
@@ -88,6 +101,21 @@ import triton
 import triton.language as tl
 
 R, C, RB, CB = tl.constexpr({R}), tl.constexpr({C}), tl.constexpr({RB}), tl.constexpr({CB})
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(b, a)
+
+
+@triton.jit
+def _minimum(a, b):
+    return tl.minimum(a, b)
 '''
 
 ELEMENTWISE_KERNEL = '''
@@ -136,6 +164,9 @@ def sample(domain, *shape):
         return x.abs() + 0.5
     if domain == "ties":  # few distinct values, so maxima and minima tie
         return torch.randint(-2, 3, shape).double() / 2
+    if domain == "zeros":  # zeros alone and in pairs along rows
+        x[:, 2] = 0.0
+        x[1::2, 5:7] = 0.0
     return x
 
 

@@ -2,6 +2,7 @@
 
     bwd = tritongrad.grad(kernel)          # a derived backward kernel; bwd.src is its source
     vjp = tritongrad.vjp(tile_fn, wrt=(0, 1))
+    @tritongrad.custom_vjp(helper_bwd)     # a hand-written adjoint for a @triton.jit helper
 
 The names below are imported on first use, so that importing tritongrad does not
 import triton: the command line chooses Triton's interpreter (no GPU) first.
@@ -11,6 +12,7 @@ import importlib
 
 _EXPORTS = {
     "BackwardKernel": "derive",
+    "custom_vjp": "custom",
     "grad": "derive",
     "vjp": "derive",
     "NotDifferentiableError": "errors",

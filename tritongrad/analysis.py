@@ -7,7 +7,11 @@
 - activity: a value is active when it depends on a ``wrt`` input (varied) and
   reaches an output (useful); only active values get adjoints;
 - shapes, symbolically (``("BLOCK", "1")``), to leave out the ``unbroadcast`` of an
-  operand whose shape is provably the result's.
+  operand whose shape is provably the result's;
+- loops: which reversal strategy each one gets (``loops.py``).
+
+Merge and loop-carried variables are assigned more than once (see ``ir.py``), so
+``defs`` maps a name to all its definitions, and the flow facts are fixpoints.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from dataclasses import dataclass, field
 
 from .errors import NotDifferentiableError
 from .frontend import Op, Origin, Program, refuse
-from .rules import MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES
+from .ir import child_blocks, reads, statements, structured
+from .rules import MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES, rule_of
 
 Shape = tuple[str, ...] | None  # None: unknown
 
@@ -32,8 +37,10 @@ class Analysis:
     stores: dict[str, list[ast.stmt]]  # pointer parameter -> its store / atomic statements
     index_pointers: set[str]  # pointer parameters whose loaded values are used as indices
     active: set[str]  # names that need an adjoint
+    defs: dict[str, list[ast.stmt]] = field(default_factory=dict)  # name -> its definitions
     shapes: dict[str, Shape] = field(default_factory=dict)
     store_axes: dict[str, set[int]] = field(default_factory=dict)  # output -> program axes its addresses use
+    loops: dict[int, object] = field(default_factory=dict)  # id(for node) -> loops.LoopPlan
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -56,7 +63,8 @@ def where(stmt: ast.stmt) -> Origin:
 def bind(stmt: ast.stmt) -> dict[str, ast.expr]:
     """The statement's arguments by parameter name, for operations with a known signature."""
     op = op_of(stmt)
-    sig = MEMORY.get(op.kind) or (RULES[op.kind].signature if op.kind in RULES else None)
+    rule = rule_of(op)
+    sig = MEMORY.get(op.kind) or (rule.signature if rule is not None else None)
     if sig is None:
         return {}
     try:
@@ -80,24 +88,45 @@ def value_args(stmt: ast.stmt) -> list[str]:
     return [n for a in [*op.args, *op.kwargs.values()] for n in names_in(a)]
 
 
+def definitions(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
+    """Name -> the statements assigning it (a loop's index: the loop)."""
+    defs: dict[str, list[ast.stmt]] = {}
+    for s in statements(body):
+        t = target_of(s)
+        if t is not None:
+            defs.setdefault(t, []).append(s)
+    for node in structured(body):
+        if isinstance(node, ast.For):
+            defs.setdefault(node.target.id, []).append(node)
+    return defs
+
+
 def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, ...] | None,
             tile: bool = False) -> Analysis:
     params = program.param_names()
-    body = program.body
-    defs = {target_of(s): s for s in body if target_of(s)}
+    body = list(statements(program.body))
+    defs = definitions(program.body)
 
     # -- pointers -------------------------------------------------------------------------
     candidates: dict[str, set[str]] = {p: {p} for p in params}
     scalar_use: set[str] = set()  # parameters used other than additively: not pointers
     for s in body:
-        op, t = op_of(s), target_of(s)
+        op = op_of(s)
         pointer_args = _pointer_positions(s)
         for i, a in enumerate([*op.args, *op.kwargs.values()]):
             for n in names_in(a):
                 if n in params and i not in pointer_args:
                     scalar_use.add(n)
-        if t is not None:
-            candidates[t] = set().union(*[candidates.get(n, set()) for n in _pointer_operands(s)])
+    changed = True
+    while changed:  # a fixpoint: loop-carried pointers feed their own definitions
+        changed = False
+        for s in body:
+            t = target_of(s)
+            if t is not None and t not in params:
+                new = set().union(*[candidates.get(n, set()) for n in _pointer_operands(s)])
+                if not new <= candidates.get(t, set()):
+                    candidates[t] = candidates.get(t, set()) | new
+                    changed = True
 
     pointer_base: dict[str, str] = {}
     loads: dict[str, list[ast.stmt]] = {}
@@ -107,8 +136,10 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         if pointer_base.get(name) == base:
             return
         pointer_base[name] = base
-        if name in defs:
-            for n in _pointer_operands(defs[name]):
+        for d in defs.get(name, []):
+            if target_of(d) is None:
+                continue
+            for n in _pointer_operands(d):
                 if base in candidates.get(n, set()):
                     mark_chain(n, base)
 
@@ -136,10 +167,12 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         wrt, outputs = _choose_wrt_outputs(program, params, wrt, outputs, loads, stores, index_pointers)
 
     active = _activity(program, defs, wrt, outputs, pointer_base, tile)
-    analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active)
+    analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     if not tile:
-        analysis.store_axes = _check_stores(body, defs, outputs, stores)
+        analysis.store_axes = _check_stores(program.body, outputs, stores)
     analysis.shapes = infer_shapes(program, tile)
+    from .loops import classify_loops
+    analysis.loops = classify_loops(analysis)
     return analysis
 
 
@@ -192,8 +225,8 @@ def _feeds_addresses(body: list[ast.stmt], defs: dict[str, ast.stmt]) -> set[str
         if n in seen:
             continue
         seen.add(n)
-        if n in defs:
-            work += value_args(defs[n])
+        for d in defs.get(n, []):
+            work += value_args(d)
     return seen
 
 
@@ -226,25 +259,29 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads
     return wrt, outputs
 
 
-def _check_stores(body, defs, outputs, stores) -> dict[str, set[int]]:
+def _check_stores(body: list[ast.stmt], outputs, stores) -> dict[str, set[int]]:
     """Refuse stores whose adjoint would be wrong; return the program axes each output's addresses use.
 
     A store's adjoint hands the output's gradient to the stored value. That is right only
-    when no other store overwrites the element: so one plain store per output, at addresses
-    not computed from loaded data (a scatter may write one element twice). Whether programs
-    overwrite each other's elements depends on the grid, checked at launch (derive.py).
+    when no other store overwrites the element: so one plain store per output (or one per
+    branch of an ``if``, where only one runs), at addresses not computed from loaded data
+    (a scatter may write one element twice). Stores repeating an address across loop
+    iterations are refused in loops.py. Whether programs overwrite each other's elements
+    depends on the grid, checked at launch (derive.py).
     """
-    loaded = _downstream(body, {target_of(s) for s in body if op_of(s).kind == "load"})
+    loaded = _downstream(body, {target_of(s) for s in statements(body) if op_of(s).kind == "load"})
     axes_of = _program_axes(body)
+    paths = _branch_paths(body)
     store_axes = {}
     for output in outputs:
         plain = [s for s in stores[output] if op_of(s).kind == "store"]
         if plain and len(plain) < len(stores[output]):
             raise refuse(where(plain[0]), f"`{output}` both stored and accumulated atomically",
                          "write each output either with tl.store or with tl.atomic_add")
-        if len(plain) > 1:
-            raise refuse(where(plain[1]), f"a second tl.store to `{output}`",
-                         "store each output once: compute the final value first, or store different outputs")
+        for i, second in enumerate(plain):
+            if any(not _exclusive(paths[id(first)], paths[id(second)]) for first in plain[:i]):
+                raise refuse(where(second), f"a second tl.store to `{output}`",
+                             "store each output once: compute the final value first, or store different outputs")
         axes: set[int] = set()
         for s in stores[output]:
             address = bind(s)["pointer"].id
@@ -256,29 +293,63 @@ def _check_stores(body, defs, outputs, stores) -> dict[str, set[int]]:
     return store_axes
 
 
-def _downstream(body, roots: set[str]) -> set[str]:
-    """``roots`` and every name computed from them."""
-    reached = set(roots)
-    for s in body:
-        t = target_of(s)
-        if t is not None and any(n in reached for n in value_args(s)):
-            reached.add(t)
-    return reached
-
-
-def _program_axes(body) -> dict[str, set[int]]:
-    """For each name, the program-id axes its value depends on."""
-    axes: dict[str, set[int]] = {}
-    for s in body:
-        t, op = target_of(s), op_of(s)
-        if t is None:
-            continue
-        if op.kind == "program_id":
-            axis = bind_program_axis(op)
-            axes[t] = {axis} if axis is not None else {0, 1, 2}
+def _branch_paths(body: list[ast.stmt], path: tuple = ()) -> dict[int, tuple]:
+    """For each flat statement, the (if node, branch) pairs it sits under."""
+    paths = {}
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            for branch, block in enumerate(child_blocks(stmt)):
+                paths.update(_branch_paths(block, (*path, (id(stmt), branch))))
+        elif isinstance(stmt, ast.For):
+            paths.update(_branch_paths(stmt.body, path))
         else:
-            axes[t] = set().union(*[axes.get(n, set()) for n in value_args(s)])
-    return axes
+            paths[id(stmt)] = path
+    return paths
+
+
+def _exclusive(a: tuple, b: tuple) -> bool:
+    """Whether two statements sit in different branches of one ``if``: never both run."""
+    branch_of = dict(a)
+    return any(node in branch_of and branch_of[node] != branch for node, branch in b)
+
+
+def _fixpoint(body: list[ast.stmt], step) -> dict[str, set]:
+    """Facts per name: ``step(sources, stmt, facts)`` for each definition until nothing changes.
+
+    A definition is a flat statement (its sources: the names its operation reads) or a
+    loop (its target's sources: the names its range reads). Several passes, because
+    loop-carried names feed their own definitions.
+    """
+    definitions = [(target_of(s), value_args(s), s) for s in statements(body) if target_of(s)]
+    definitions += [(f.target.id, sorted(reads(f.iter)), f) for f in structured(body) if isinstance(f, ast.For)]
+    facts: dict[str, set] = {}
+    changed = True
+    while changed:
+        changed = False
+        for target, sources, stmt in definitions:
+            new = step(sources, stmt, facts) | facts.get(target, set())
+            if new != facts.get(target, set()):
+                facts[target], changed = new, True
+    return facts
+
+
+def _downstream(body: list[ast.stmt], roots: set[str]) -> set[str]:
+    """``roots`` and every name computed from them."""
+    def step(sources, stmt, facts):
+        return {True} if target_of(stmt) in roots or any(facts.get(n) for n in sources) else set()
+
+    return {n for n, v in _fixpoint(body, step).items() if v}
+
+
+def _program_axes(body: list[ast.stmt]) -> dict[str, set[int]]:
+    """For each name, the program-id axes its value depends on."""
+    def step(sources, stmt, facts):
+        if not isinstance(stmt, ast.For) and op_of(stmt).kind == "program_id":
+            axis = bind_program_axis(op_of(stmt))
+            return {axis} if axis is not None else {0, 1, 2}
+        return set().union(*[facts.get(n, set()) for n in sources])
+
+    return _fixpoint(body, step)
 
 
 def bind_program_axis(op: Op) -> int | None:
@@ -287,23 +358,28 @@ def bind_program_axis(op: Op) -> int | None:
 
 
 def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) -> set[str]:
-    body = program.body
+    body = list(statements(program.body))
     varied: set[str] = set(wrt) if tile else set()
-    for s in body:
-        t = target_of(s)
-        if t is None or t in pointer_base:
-            continue
-        op = op_of(s)
-        if op.kind == "load":
-            if any(n in varied for n in names_in(bind(s)["other"])):
-                raise refuse(where(s), "a load whose `other` value depends on the differentiated inputs",
-                             "use a constant `other` and tl.where after the load")
-            if pointer_base[bind(s)["pointer"].id] in wrt:
-                varied.add(t)
-        elif op.kind in NONDIFFERENTIABLE or _is_int_cast(s, program):
-            continue
-        elif any(n in varied for n in value_args(s)):
+    changed = True
+    while changed:  # a fixpoint: loop-carried values feed their own definitions
+        changed = False
+        for s in body:
+            t = target_of(s)
+            if t is None or t in pointer_base or t in varied:
+                continue
+            op = op_of(s)
+            if op.kind == "load":
+                if any(n in varied for n in names_in(bind(s)["other"])):
+                    raise refuse(where(s), "a load whose `other` value depends on the differentiated inputs",
+                                 "use a constant `other` and tl.where after the load")
+                if pointer_base[bind(s)["pointer"].id] not in wrt:
+                    continue
+            elif op.kind in NONDIFFERENTIABLE or _is_int_cast(s, program):
+                continue
+            elif not any(n in varied for n in value_args(s)):
+                continue
             varied.add(t)
+            changed = True
 
     useful: set[str] = set()
     work: list[str] = []
@@ -319,31 +395,38 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
         if n in useful or n not in varied:
             continue
         useful.add(n)
-        s = defs.get(n)
-        if s is None:
-            continue
-        op = op_of(s)
-        rule = RULES.get(op.kind)
-        if rule is None and op.kind != "load":
-            raise _no_rule(s)
-        if op.kind == "pow":
-            b = bind(s)["b"]
-            if names_in(b) and any(x in varied for x in names_in(b)):
-                raise refuse(where(s), "`**` with an exponent that depends on the inputs",
-                             "use tl.exp(b * tl.log(a)) for a variable exponent")
-        if rule is not None:  # parameters without an adjoint (axis, condition, dtype) are discrete
-            work += [n for param, arg in bind(s).items() if param in rule.adjoints for n in names_in(arg)]
+        for s in defs.get(n, []):
+            op = op_of(s)
+            if target_of(s) is None or op.kind in NONDIFFERENTIABLE:  # `acc = tl.zeros(...)` before a loop
+                continue
+            rule = rule_of(op)
+            if rule is None and op.kind != "load":
+                raise _no_rule(s)
+            if op.kind == "pow":
+                b = bind(s)["b"]
+                if names_in(b) and any(x in varied for x in names_in(b)):
+                    raise refuse(where(s), "`**` with an exponent that depends on the inputs",
+                                 "use tl.exp(b * tl.log(a)) for a variable exponent")
+            if rule is not None:  # parameters without an adjoint (axis, condition, dtype) are discrete
+                work += [n for param, arg in bind(s).items() if param in rule.adjoints for n in names_in(arg)]
     return varied & useful
 
 
 def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:
     op = op_of(stmt)
     what = {"mod": "`%` on differentiated values", "call": f"a call to `{getattr(op.func, '__name__', '?')}`",
-            "custom": "a custom rule"}.get(op.kind, f"`{op.kind}`")
+            "custom": "a custom rule",
+            "reduce": f"`tl.reduce` combining with `{_combine_name(op)}`, which is not a sum, max or min",
+            }.get(op.kind, f"`{op.kind}`")
     hint = "write the operation with Triton functions tritongrad knows, or give a helper a rule with tg.custom_vjp"
     if op.kind in MEMORY or op.kind in STORES:
         hint = "the result of an atomic operation cannot be differentiated"
     return refuse(where(stmt), f"{what} (no derivative rule)", hint)
+
+
+def _combine_name(op: Op) -> str:
+    fn = op.args[2] if len(op.args) > 2 else op.kwargs.get("combine_fn")
+    return ast.unparse(fn) if fn is not None else "?"
 
 
 INT_DTYPES = ("tl.int", "tl.uint")
@@ -370,13 +453,27 @@ def infer_shapes(program: Program, tile: bool = False) -> dict[str, Shape]:
             return ()
         return None
 
-    for s in program.body:
+    # Triton keeps a loop-carried variable's type, and a runtime if's outputs have one type: their first
+    # known shape holds. A constexpr if's branches may differ: their definitions must agree.
+    fixed: set[str] = set()
+    for node in structured(program.body):
+        if isinstance(node, ast.For):
+            shapes[node.target.id] = ()
+            fixed |= {c.name for c in node.tg_carried}
+        elif not node.tg_static:
+            fixed |= set(node.tg_merges)
+    for s in statements(program.body):
         t = target_of(s)
-        if t is not None:
-            try:
-                shapes[t] = _shape_of(s, of)
-            except (ValueError, TypeError, IndexError, NotDifferentiableError):
-                shapes[t] = None
+        if t is None:
+            continue
+        try:
+            shape = _shape_of(s, of)
+        except (ValueError, TypeError, IndexError, NotDifferentiableError):
+            shape = None
+        if t not in shapes or (t in fixed and shapes[t] is None):
+            shapes[t] = shape
+        elif t not in fixed and shapes[t] != shape:
+            shapes[t] = None
     return shapes
 
 
@@ -454,7 +551,7 @@ def _shape_of(stmt: ast.stmt, of) -> Shape:
     if kind == "dot":
         x, y = of(b["input"]), of(b["other"])
         return x[:-1] + y[-1:]
-    if kind in ("to", "cast"):
+    if kind in ("to", "cast", "cumsum", "cumprod"):
         return of(b["input"])
     if kind in ("copy", "neg", "pos", "not_", "invert") or (
             kind in RULES and RULES[kind].elementwise) or kind in (

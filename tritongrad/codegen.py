@@ -31,33 +31,48 @@ FOLDABLE_KINDS = {"add", "sub", "mul", "truediv", "floordiv", "mod", "neg", "pos
                   "broadcast_to", "reshape", "trans", "to", "cast", "multiple_of", "max_contiguous"}
 
 
-def fold_temporaries(body: list[ast.stmt], foldable: set[str]) -> list[ast.stmt]:
+def fold_temporaries(body: list[ast.stmt], foldable: set[str], reassigned: set[str] = frozenset()) -> list[ast.stmt]:
     """Write temporaries the flattening introduced back into the expressions that use them.
 
     ``row_times_stride = row * stride; x = tl.load(x_ptr + row_times_stride)`` reads
     again as ``x = tl.load(x_ptr + row * stride)``. Only names without adjoints, and
-    only cheap pure operations, are folded.
+    only cheap pure operations, are folded; never a value read from a name assigned more
+    than once (a loop-carried or merged variable), which may change between the two places.
     """
     values: dict[str, ast.expr] = {}
 
     class Fold(ast.NodeTransformer):
         def visit_Name(self, n: ast.Name) -> ast.expr:
-            return copy.deepcopy(values[n.id]) if n.id in values else n
+            return copy.deepcopy(values[n.id]) if n.id in values and isinstance(n.ctx, ast.Load) else n
 
         def visit_BinOp(self, n: ast.BinOp) -> ast.expr:
             self.generic_visit(n)  # helpers' defaults leave `0 * size + ...` and `offs * 1`
             return _simplify(n)
 
-    out = []
-    for stmt in body:
-        stmt = Fold().visit(stmt)
-        target = stmt.targets[0].id if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name) else None
-        op = getattr(stmt, "tg_op", None)
-        if target in foldable and op is not None and op.kind in FOLDABLE_KINDS:
-            values[target] = stmt.value
-            continue
-        out.append(stmt)
-    return out
+    def fold(block: list[ast.stmt]) -> list[ast.stmt]:
+        out = []
+        for stmt in block:
+            if isinstance(stmt, (ast.If, ast.For)):
+                if isinstance(stmt, ast.If):
+                    stmt.test = Fold().visit(stmt.test)
+                    stmt.orelse = fold(stmt.orelse)
+                else:
+                    stmt.iter = Fold().visit(stmt.iter)
+                stmt.body = fold(stmt.body) or [ast.Pass()]
+                out.append(stmt)
+                continue
+            stmt = Fold().visit(stmt)
+            target = (stmt.targets[0].id if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name)
+                      else None)
+            op = getattr(stmt, "tg_op", None)
+            if (target in foldable and op is not None and op.kind in FOLDABLE_KINDS and target not in reassigned
+                    and not any(isinstance(n, ast.Name) and n.id in reassigned for n in ast.walk(stmt.value))):
+                values[target] = stmt.value
+                continue
+            out.append(stmt)
+        return out
+
+    return fold(body)
 
 
 def _is_constant(node: ast.expr, value: int) -> bool:
@@ -82,7 +97,7 @@ def function_source(program: Program, rev: Reversed, name: str, docstring: str, 
     params = [ast.arg(arg=p.arg, annotation=p.annotation) for p in program.params]
     params += [ast.arg(arg=n) for n in (*rev.cotangent_params, *rev.shadow_params)]
     body: list[ast.stmt] = [ast.Expr(ast.Constant(docstring))] if docstring else []
-    body += fold_temporaries(rev.body, rev.foldable)
+    body += fold_temporaries(rev.body, rev.foldable, rev.reassigned)
     if tile:
         value = rev.returns[0] if len(rev.returns) == 1 else ast.Tuple(elts=rev.returns, ctx=ast.Load())
         body.append(ast.Return(value))
@@ -94,10 +109,13 @@ def function_source(program: Program, rev: Reversed, name: str, docstring: str, 
 
 
 def _insert_comments(src: str, comments: dict[str, str]) -> str:
+    """Each marker becomes its comment, after a blank line unless it opens a block."""
     def line(m: re.Match) -> str:
-        return f"{m.group(1)}\n{m.group(1)}# {comments[m.group(2)]}"
+        gap = "" if m.group(1).rstrip().endswith(":") else f"\n{m.group(2)}"
+        text = "".join(f"\n{m.group(2)}# {part}" for part in comments[m.group(3)].splitlines())
+        return f"{m.group(1)}{gap}{text}"
 
-    return re.sub(r"^( *)(__tg_comment_\d+__)$", line, src, flags=re.M)
+    return re.sub(r"^(.*)\n( *)(__tg_comment_\d+__)$", line, src, flags=re.M)
 
 
 def compile_kernel(src: str, name: str, program: Program) -> Any:

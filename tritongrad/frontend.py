@@ -8,7 +8,9 @@ constants (``y = tl.exp(x)``), with:
 - nested expressions hoisted into temporaries named after what they compute;
 - augmented and tuple assignments expanded;
 - every re-assignment given a fresh name (SSA), so the values the adjoints need
-  are all still there after the forward replay.
+  are all still there after the forward replay;
+- ``if`` and ``for`` kept as structured statements holding flat blocks, with
+  copies where control flow joins (see ``ir.py``).
 
 Each statement carries ``.tg_op`` (what it computes, see :class:`Op`) and
 ``.tg_origin`` (the user's file, line and source text, for comments and errors).
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import NotDifferentiableError
+from .ir import Carried
+from .rules import CUSTOM, reads_result
 
 LOCAL = object()  # resolve(): the expression is a local value, not a global object
 
@@ -41,6 +45,10 @@ CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq"
 OP_WORDS = {"add": "plus", "sub": "minus", "mul": "times", "truediv": "over", "pow": "pow"}
 # attribute reads that describe a value rather than compute from it
 METADATA_ATTRS = {"dtype", "shape", "type", "element_ty", "numel", "primitive_bitwidth", "ndim"}
+# operations whose result is a compile-time constant when their operands are
+CONSTEXPR_KINDS = {"add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "not_", "invert", "lt",
+                   "le", "gt", "ge", "eq", "ne", "is_", "is_not", "in_", "not_in", "boolop", "ifexp", "copy", "and_",
+                   "or_", "xor", "lshift", "rshift", "cdiv"}
 
 
 @dataclass(frozen=True)
@@ -183,14 +191,14 @@ class _Frame:
     env: dict[str, ast.expr]  # source name -> the atom it stands for now (its SSA name, or a constant)
     inlined: bool
     call_origin: Origin | None = None  # for helpers: the call site in the kernel
+    gone: dict[str, str] = field(default_factory=dict)  # source name -> why it has no value here any more
 
 
 class Normalizer:
     """Flattens a kernel, inlining helpers, into a :class:`Program`."""
 
-    def __init__(self, root: _Function, custom_rules: dict[Any, Any] | None = None):
+    def __init__(self, root: _Function):
         self.root = root
-        self.custom_rules = custom_rules or {}
         taken = {n.id for n in ast.walk(root.tree) if isinstance(n, ast.Name)}
         taken |= {a.arg for a in root.tree.args.args}
         self.namer = Namer(taken | set(dir(builtins)))
@@ -200,6 +208,7 @@ class Normalizer:
         self.defined = {a.arg for a in root.tree.args.args}  # SSA names bound so far
         self.temporaries: set[str] = set()
         self.inline_depth = 0
+        self.constexprs = {a.arg for a in root.tree.args.args if _is_constexpr_annotation(a.annotation)}
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -281,16 +290,171 @@ class Normalizer:
         elif isinstance(stmt, ast.Return):
             raise self.refuse(stmt, "an early `return`",
                               "structure the kernel so it ends at its last statement")
-        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
-            raise self.refuse(stmt, "a `for` loop", "loops are not supported yet; unroll it by hand")
-        elif isinstance(stmt, ast.While):
-            raise self.refuse(stmt, "a `while` loop", "rewrite it as a `for` loop with a fixed trip count")
+        elif isinstance(stmt, ast.For):
+            self.for_loop(stmt)
         elif isinstance(stmt, ast.If):
-            raise self.refuse(stmt, "an `if` statement",
-                              "branches are not supported yet; use tl.where for per-element choices")
+            self.if_statement(stmt)
+        elif isinstance(stmt, ast.While):
+            # its trip count is decided inside the loop, so the reverse sweep cannot replay it
+            # iteration by iteration without a tape of every iteration's state
+            raise self.refuse(stmt, "a `while` loop",
+                              "compute the trip count first and loop with `for i in range(n)`")
+        elif isinstance(stmt, (ast.Break, ast.Continue)):
+            raise self.refuse(stmt, f"`{type(stmt).__name__.lower()}`", "Triton loops run every iteration; "
+                              "guard the body with an `if` instead")
         else:
             raise self.refuse(stmt, f"a `{type(stmt).__name__}` statement",
                               "a kernel body is assignments, calls, loops and branches")
+
+    # -- control flow ---------------------------------------------------------------------
+
+    def nested_block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
+        """Flatten ``stmts`` into a block of their own (a branch or a loop body)."""
+        saved, self.out = self.out, []
+        try:
+            self.block(stmts)
+            return self.out
+        finally:
+            self.out = saved
+
+    def if_statement(self, stmt: ast.If) -> None:
+        """``if`` / ``elif`` / ``else``: each branch a block; a variable either assigns gets a merge name,
+        assigned at the end of both branches (Triton's rule for a runtime ``if``)."""
+        test = self.atom(stmt.test, stmt)
+        static = self.is_constexpr(test)
+        frame = self.frame
+        env, gone = dict(frame.env), dict(frame.gone)
+        branches = []
+        for body in (stmt.body, stmt.orelse):
+            frame.env, frame.gone = dict(env), dict(gone)
+            branches.append((self.nested_block(body), frame.env, frame.gone))
+        frame.env, frame.gone = dict(env), {**branches[0][2], **branches[1][2]}
+        merges = []
+        names = [n for n in {**branches[0][1], **branches[1][1]} if any(
+            n not in env or _differs(b[1].get(n), env[n]) for b in branches)]
+        for name in names:
+            values = [b[1].get(name) for b in branches]
+            if None not in values and not _differs(*values):
+                frame.env[name] = values[0]
+                continue
+            if None in values and not static:
+                line = self.origin(stmt).line
+                frame.gone[name] = (f"it is assigned in only one branch of the `if` on line {line}, and Triton "
+                                    "keeps a value after a runtime `if` only when both branches assign it")
+                continue
+            # a version first assigned in a branch becomes the merge variable itself there (no copy)
+            blocks = [b[0] for b in branches]
+            own = [v is not None and _assigned_at_top(block, v) for block, v in zip(blocks, values, strict=True)]
+            merged = next((v.id for v, ok in zip(values, own, strict=True) if ok), None)
+            if merged is None:
+                merged = self.new_version(name)
+            frame.env[name] = _name(merged)
+            for block, value, ok in zip(blocks, values, own, strict=True):
+                if ok:
+                    _rename(block, value.id, merged)
+                elif value is not None:
+                    self.out, saved = block, self.out
+                    self._finish(ast.Assign(targets=[_name(merged, ast.Store())], value=value), Op("copy", [value]),
+                                 stmt)
+                    block[-1].tg_join = True
+                    self.out = saved
+            if all(self.is_constexpr(v) for v in values if v is not None):
+                self.constexprs.add(merged)
+            merges.append(merged)
+        for name in frame.env:
+            frame.gone.pop(name, None)
+        node = ast.If(test=test, body=branches[0][0], orelse=branches[1][0])
+        node.tg_merges, node.tg_static = merges, static
+        self._finish(node, Op("if", [test]), stmt)
+
+    def for_loop(self, stmt: ast.For) -> None:
+        """``for`` over ``range`` / ``tl.range`` / ``tl.static_range``. A variable the body assigns that has
+        a value before the loop is carried: a copy gives it its initial value before the loop, another its
+        next value at the end of the body; names first assigned in the body do not outlive the loop."""
+        if stmt.orelse:
+            raise self.refuse(stmt, "a `for ... else`", "Triton loops have no `else`; put it after the loop")
+        if not isinstance(stmt.target, ast.Name):
+            raise self.refuse(stmt, "a `for` loop with a tuple target", "loop over one index: `for i in range(n)`")
+        iterator = stmt.iter
+        obj = self.resolve(iterator.func) if isinstance(iterator, ast.Call) else None
+        if obj is not builtins.range and triton_language_name(obj) not in ("range", "static_range"):
+            raise self.refuse(stmt, f"a `for` loop over `{ast.unparse(iterator)}`",
+                              "loop over range(...), tl.range(...) or tl.static_range(...)")
+        if any(isinstance(a, ast.Starred) for a in iterator.args) or any(k.arg is None for k in iterator.keywords):
+            raise self.refuse(stmt, "a loop range with *args or **kwargs", "pass the bounds explicitly")
+        args = [self.atom(a, stmt) for a in iterator.args]
+        kwargs = {k.arg: self.atom(k.value, stmt) for k in iterator.keywords}
+        if obj is not builtins.range:
+            self._import_globals(iterator.func)
+        callee = _rename_globals(iterator.func, self.frame, self)
+        static = triton_language_name(obj) == "static_range"
+        frame = self.frame
+        target = stmt.target.id
+        assigned = _assigned_names(stmt.body)
+        carried = []
+        for name in assigned:
+            if name in frame.env and name != target:
+                init = frame.env[name]
+                phi = self._reusable_init(init)  # `acc = tl.zeros(...)` is the carried variable itself
+                if phi is None:
+                    phi = self.new_version(name)
+                    self._finish(ast.Assign(targets=[_name(phi, ast.Store())], value=init), Op("copy", [init]), stmt)
+                carried.append((name, phi, init))
+        outside = dict(frame.env)
+        index = self.new_version(target)
+        if static:
+            self.constexprs.add(index)
+        self.out, saved = [], self.out
+        self.block(stmt.body)
+        records = []
+        for name, phi, init in carried:
+            nxt = frame.env[name]
+            if not _differs(nxt, _name(phi)):
+                continue
+            last = _last_assignment(self.out, nxt)
+            if last is not None and not reads_result(last.tg_op.kind) and not _reads(
+                    self.out[self.out.index(last) + 1:], {nxt.id, phi}):
+                last.targets[0].id = phi  # `acc = acc + x` updates it in place: no copy
+            else:
+                self._finish(ast.Assign(targets=[_name(phi, ast.Store())], value=nxt), Op("copy", [nxt]), stmt)
+                self.out[-1].tg_join = True
+            records.append(Carried(phi, init, _name(phi) if last is not None and last.targets[0].id == phi else nxt,
+                                   name))
+        body, self.out = self.out, saved
+        line = self.origin(stmt).line
+        for name in set(frame.env) - set(outside) | {target}:
+            frame.gone[name] = (f"it is assigned inside the loop on line {line}, and Triton keeps after a loop "
+                                "only the variables that had a value before it")
+        frame.env = {**outside, **{name: _name(phi) for name, phi, _ in carried}}
+        frame.env.pop(target, None)
+        loop = ast.For(target=_name(index, ast.Store()), iter=ast.Call(func=callee, args=args, keywords=[
+            ast.keyword(arg=k, value=v) for k, v in kwargs.items()]), body=body, orelse=[])
+        loop.tg_carried, loop.tg_static = records, static
+        self._finish(loop, Op("for", args, kwargs, obj), stmt)
+
+    def _reusable_init(self, init: ast.expr) -> str | None:
+        """The name of a loop's initial value, when the loop can carry that variable itself: assigned at
+        the top of the current block, read by nothing else, by an operation whose adjoint does not read
+        its result (which the loop overwrites), not a load."""
+        if not isinstance(init, ast.Name):
+            return None
+        stmt = _last_assignment(self.out, init)
+        if stmt is None or reads_result(stmt.tg_op.kind) or stmt.tg_op.kind == "load" or _reads(
+                self.out[self.out.index(stmt) + 1:], {init.id}):
+            return None  # (a load stays apart: its value types the adjoint without replaying the loop)
+        return init.id
+
+    def is_constexpr(self, atom: ast.expr) -> bool:
+        """Known at compile time: constants, constexpr parameters, globals, metadata, and math on them."""
+        if isinstance(atom, ast.Constant):
+            return True
+        if isinstance(atom, ast.Name):
+            return atom.id in self.constexprs or atom.id not in self.defined
+        if isinstance(atom, (ast.Tuple, ast.List)):
+            return all(self.is_constexpr(e) for e in atom.elts)
+        if isinstance(atom, ast.Call):  # builtins kept inline: min(BLOCK, N)
+            return all(self.is_constexpr(a) for a in [*atom.args, *(k.value for k in atom.keywords)])
+        return _is_metadata(atom)
 
     def assign(self, target: ast.expr, value: ast.expr, stmt: ast.stmt) -> None:
         if isinstance(target, ast.Name):
@@ -336,6 +500,7 @@ class Normalizer:
         frame = self.frame
         ssa = name if not frame.inlined and name not in self.defined else self.namer.fresh(name)
         frame.env[name] = _name(ssa)
+        frame.gone.pop(name, None)
         self.defined.add(ssa)
         return ssa
 
@@ -349,6 +514,9 @@ class Normalizer:
         self._finish(ast.Expr(value=d.node), d.op, stmt)
 
     def _finish(self, node: ast.stmt, op: Op, stmt: ast.stmt) -> None:
+        if isinstance(node, ast.Assign) and op.kind in CONSTEXPR_KINDS and all(
+                self.is_constexpr(a) for a in [*op.args, *op.kwargs.values()]):
+            self.constexprs.add(node.targets[0].id)
         node.tg_op = op
         node.tg_origin = self.frame.call_origin or self.origin(stmt)  # the kernel line, for comments
         node.tg_where = self.origin(stmt)  # the construct itself (in the helper's file), for errors
@@ -363,6 +531,7 @@ class Normalizer:
         if isinstance(result, _Deferred):
             ssa = self.namer.fresh(result.hint)
             self.temporaries.add(ssa)
+            self.defined.add(ssa)
             new = ast.Assign(targets=[ast.Name(ssa, ast.Store())], value=result.node)
             self._finish(new, result.op, stmt)
             return ast.Name(ssa, ast.Load())
@@ -377,6 +546,9 @@ class Normalizer:
         if isinstance(node, ast.Name):
             if node.id in self.frame.env:
                 return copy.deepcopy(self.frame.env[node.id])
+            if node.id in self.frame.gone:
+                raise self.refuse(stmt, f"using `{node.id}` here: {self.frame.gone[node.id]}",
+                                  f"give `{node.id}` a value before the `if` or loop that assigns it")
             return self.global_name(node)
         if isinstance(node, (ast.Tuple, ast.List)):
             elts = [self.atom(e, stmt) for e in node.elts]
@@ -498,11 +670,18 @@ class Normalizer:
                                        [receiver], node, stmt, method=True)
             raise self.refuse(stmt, f"a call to the local value `{ast.unparse(func)}`",
                               "call @triton.jit helpers and Triton functions by their global name")
-        if obj in self.custom_rules:
-            callee = _rename_globals(func, self.frame, self)
+        if _is_jit(obj) and obj.fn in CUSTOM:  # a helper with a hand-written rule: called, not inlined
+            _, alias, backward = CUSTOM[obj.fn]
+            if self.scope.setdefault(alias, backward) is not backward:
+                raise self.refuse(stmt, f"the call to `{ast.unparse(func)}`: its custom rule's backward "
+                                  f"`{alias}` is another object in this kernel's module",
+                                  "give the backward a name the kernel's module does not use otherwise")
             self._import_globals(func)
+            callee = _rename_globals(func, self.frame, self)
             return self.build_call("custom", callee, [], node, stmt, func_obj=obj)
         name = triton_language_name(obj, func)
+        if name == "reduce":
+            return self.reduce(node, stmt, obj)
         if name is None and _is_jit(obj):
             return self.inline(obj, node, stmt)
         if name is None and getattr(obj, "__module__", None) == "builtins":
@@ -515,6 +694,19 @@ class Normalizer:
         if name is None:
             name = "call"
         return self.build_call(name, callee, [], node, stmt, func_obj=obj)
+
+    def reduce(self, node: ast.Call, stmt: ast.stmt, obj: Any) -> _Deferred:
+        """``tl.reduce(x, axis, combine)``: differentiated as tl.sum / tl.max / tl.min when ``combine``
+        is one of those (``a + b``, ``tl.maximum(a, b)``, ``tl.minimum(a, b)``); else left without a rule."""
+        self._import_globals(node.func)
+        d = self.build_call("reduce", _rename_globals(node.func, self.frame, self), [], node, stmt, func_obj=obj)
+        args, kwargs = d.op.args, d.op.kwargs
+        combine = args[2] if len(args) > 2 else kwargs.get("combine_fn")
+        kind = _combine_kind(self.resolve(combine) if isinstance(combine, ast.Name) else None)
+        if kind is not None and len(args) >= 2:
+            keep = {"keep_dims": kwargs["keep_dims"]} if "keep_dims" in kwargs else {}
+            d.op = Op(kind, args[:2], keep, obj)
+        return d
 
     def build_call(self, kind: str, callee: ast.expr, lead: list[ast.expr], node: ast.Call, stmt: ast.stmt,
                    func_obj: Any = None, method: bool = False) -> _Deferred:
@@ -600,6 +792,59 @@ def _label(node: ast.expr) -> str:
     return ""
 
 
+def _differs(a: ast.expr | None, b: ast.expr | None) -> bool:
+    return a is None or b is None or ast.dump(a) != ast.dump(b)
+
+
+def _assigned_at_top(block: list[ast.stmt], atom: ast.expr) -> bool:
+    """Whether the block itself assigns ``atom`` (a statement at its top, or the merge of an if there)."""
+    if not isinstance(atom, ast.Name):
+        return False
+    if any(isinstance(s, ast.For) and atom.id in {c.name for c in s.tg_carried} for s in block):
+        return False
+    return _last_assignment(block, atom) is not None or any(
+        isinstance(s, ast.If) and atom.id in s.tg_merges for s in block)
+
+
+def _last_assignment(block: list[ast.stmt], atom: ast.expr) -> ast.Assign | None:
+    """The statement at the top of ``block`` that assigns the name ``atom``, if any."""
+    if not isinstance(atom, ast.Name):
+        return None
+    for s in reversed(block):
+        if isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Name) and s.targets[0].id == atom.id:
+            return s
+    return None
+
+
+def _reads(stmts: list[ast.stmt], names: set[str]) -> bool:
+    return any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in names
+               for s in stmts for n in ast.walk(s))
+
+
+def _rename(block: list[ast.stmt], old: str, new: str) -> None:
+    """Rename a name everywhere in a block (the operations' atoms are the same nodes)."""
+    for s in block:
+        for n in ast.walk(s):
+            if isinstance(n, ast.Name) and n.id == old:
+                n.id = new
+            if isinstance(n, ast.If):
+                n.tg_merges = [new if m == old else m for m in n.tg_merges]
+
+
+def _assigned_names(stmts: list[ast.stmt]) -> list[str]:
+    """Source names a block assigns (loop targets and nested blocks included), in order."""
+    names: dict[str, None] = {}
+    for stmt in stmts:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                names[n.id] = None
+    return list(names)
+
+
+def _is_constexpr_annotation(annotation: ast.expr | None) -> bool:
+    return annotation is not None and ast.unparse(annotation).split(".")[-1] == "constexpr"
+
+
 def _is_metadata(node: ast.expr) -> bool:
     return (isinstance(node, ast.Attribute) and node.attr in METADATA_ATTRS) or (
         isinstance(node, ast.Subscript) and _is_metadata(node.value))
@@ -615,9 +860,37 @@ def _rename_globals(node: ast.expr, frame: _Frame, norm: Normalizer) -> ast.expr
     return Rename().visit(ast.parse(ast.unparse(node), mode="eval").body)
 
 
-def normalize_kernel(jit_fn: Any, custom_rules: dict[Any, Any] | None = None) -> Program:
-    return Normalizer(_Function.of(jit_fn), custom_rules).kernel()
+def _combine_kind(fn: Any) -> str | None:
+    """``"sum"``, ``"max"`` or ``"min"`` when a combine function's body is ``return a + b`` or
+    ``return tl.maximum(a, b)`` / ``tl.minimum(a, b)`` (either order), else None."""
+    if not _is_jit(fn):
+        return None
+    helper = _Function.of(fn)
+    params = [a.arg for a in helper.tree.args.args]
+    body = [s for s in helper.tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(params) != 2 or len(body) != 1 or not isinstance(body[0], ast.Return):
+        return None
+    value = body[0].value
+    operands = None
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+        kind, operands = "sum", [value.left, value.right]
+    elif isinstance(value, ast.Call) and not value.keywords:
+        target = helper.scope.get(value.func.id) if isinstance(value.func, ast.Name) else None
+        if isinstance(value.func, ast.Attribute):
+            base = value.func.value
+            module = helper.scope.get(base.id) if isinstance(base, ast.Name) else None
+            target = getattr(module, value.func.attr, None)
+        kind = {"maximum": "max", "minimum": "min"}.get(triton_language_name(target) or "")
+        operands = value.args
+    if operands is None or kind is None:
+        return None
+    names = sorted(o.id for o in operands if isinstance(o, ast.Name))
+    return kind if names == sorted(params) else None
 
 
-def normalize_tile_function(jit_fn: Any, custom_rules: dict[Any, Any] | None = None) -> Program:
-    return Normalizer(_Function.of(jit_fn), custom_rules).tile_function()
+def normalize_kernel(jit_fn: Any) -> Program:
+    return Normalizer(_Function.of(jit_fn)).kernel()
+
+
+def normalize_tile_function(jit_fn: Any) -> Program:
+    return Normalizer(_Function.of(jit_fn)).tile_function()

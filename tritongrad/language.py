@@ -11,7 +11,8 @@ runs kernels through its interpreter is fixed when a kernel is defined, and
 import triton
 import triton.language as tl
 
-_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad")
+_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "trip_count", "cumsum_grad",
+            "cumprod_grad")
 
 
 def __getattr__(name: str):
@@ -58,3 +59,38 @@ def _cast_grad(g, out):
         return g
     else:
         return tl.zeros_like(g)
+
+
+def _zeros_grad(x):
+    """A zero adjoint for ``x``, started before a branch or loop that adds to it: x's shape, and
+    float32 for half-precision x (adjoints accumulate in float32 or wider)."""
+    if x.dtype.primitive_bitwidth < 32:
+        return tl.zeros(x.shape, tl.float32)
+    else:
+        return tl.zeros(x.shape, x.dtype)
+
+
+def _trip_count(start, stop, step):
+    """How many iterations ``range(start, stop, step)`` runs (none when it is empty), for either sign of step."""
+    if step < 0:
+        n = tl.cdiv(start - stop, -step)
+    else:
+        n = tl.cdiv(stop - start, step)
+    return n
+
+
+def _cumsum_grad(g, axis: tl.constexpr, reverse: tl.constexpr):
+    """Adjoint of ``tl.cumsum``: each element gets the sum of the gradients of the sums it is in."""
+    return tl.cumsum(g, axis, reverse=not reverse)
+
+
+def _cumprod_grad(g, x, out, axis: tl.constexpr, reverse: tl.constexpr):
+    """Adjoint of ``tl.cumprod``, exact where ``x`` has zeros: dividing by ``x`` serves the nonzero
+    elements; a zero gets the products of the other factors, which vanish past a second zero."""
+    zero = x == 0
+    nonzero = tl.where(zero, 1.0, x)
+    others = tl.cumprod(nonzero, axis, reverse=reverse)  # the products without the zeros
+    zeros = tl.cumsum(zero.to(tl.int32), axis, reverse=reverse)  # how many zeros each product has
+    through = tl.cumsum(g * out, axis, reverse=not reverse)
+    at_zero = tl.cumsum(tl.where(zeros == 1, g * others, 0.0), axis, reverse=not reverse)
+    return tl.where(zero, at_zero, through / nonzero)

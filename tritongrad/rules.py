@@ -147,6 +147,11 @@ RULES: dict[str, Rule] = {
                 input="tg.sum_grad(g, input, axis, keep_dims)"),
     "max": rule(REDUCE, elementwise=False, input="tg.extremum_grad(g, input, out, axis, keep_dims)"),
     "min": rule(REDUCE, elementwise=False, input="tg.extremum_grad(g, input, out, axis, keep_dims)"),
+    # scans: a prefix sum's adjoint is the suffix sum of g; cumprod's is exact where x has zeros too
+    "cumsum": rule("input, axis=0, reverse=False, dtype=None", elementwise=False,
+                   input="tg.cumsum_grad(g, axis, reverse)"),
+    "cumprod": rule("input, axis=0, reverse=False, dtype=None", elementwise=False,
+                    input="tg.cumprod_grad(g, input, out, axis, reverse)"),
     # matrix product; the gradient is cast to the other operand's type, as hand-written kernels do
     "dot": rule(DOT, elementwise=False,
                 input="tl.dot(g.to(other.dtype), tl.trans(other), input_precision=input_precision, "
@@ -190,3 +195,27 @@ MEMORY = {
 # Operations that keep their first argument a pointer when it is one: `ptrs[:, None]`.
 POINTER_PRESERVING = {"copy", "subscript", "expand_dims", "broadcast_to", "reshape", "view", "trans",
                       "permute", "multiple_of", "max_contiguous", "max_constancy"}
+
+
+# Hand-written rules for @triton.jit helpers (tritongrad.custom_vjp): the helper's Python function ->
+# (its rule, the name its backward has in derived kernels, the backward).
+CUSTOM: dict[Any, tuple[Rule, str, Any]] = {}
+
+
+def rule_of(op: Any) -> Rule | None:
+    """The rule of an operation (an ``Op``), a custom one included."""
+    if op.kind == "custom":
+        entry = CUSTOM.get(getattr(op.func, "fn", op.func))
+        return entry[0] if entry else None
+    return RULES.get(op.kind)
+
+
+def reads_result(kind: str) -> bool:
+    """Whether an operation's adjoint reads its own result (``exp``: ``g * out``)."""
+    rule = RULES.get(kind)
+    if kind == "custom":
+        return True
+    if rule is None:
+        return False
+    return any(callable(t) or "out" in {n.id for n in ast.walk(ast.parse(t)) if isinstance(n, ast.Name)}
+               for t in rule.adjoints.values())

@@ -1,0 +1,186 @@
+"""`if` / `elif` / `else` on runtime values and on constexprs, against torch autograd.
+
+Float64, sizes not powers of two, several programs taking different branches, NaN-poisoned
+outputs, random upstream gradients.
+"""
+
+import re
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad import NotDifferentiableError
+from tritongrad.testing import backward_launch, poison
+
+DTYPE = torch.float64
+TOL = {"rtol": 1e-10, "atol": 1e-10}
+N, BLOCK = 83, 16
+GRID = (triton.cdiv(N, BLOCK),)  # 6 programs
+
+
+@triton.jit
+def branchy(x_ptr, s_ptr, y_ptr, N, BLOCK: tl.constexpr, SQUARE: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    s = tl.load(s_ptr + pid)  # one scale per program: programs take different branches
+    if s > 0:
+        y = x * s
+        z = tl.exp(y)  # local to the branch
+        out = z * x
+    elif s < -1:
+        out = tl.sin(x) * s
+    else:
+        out = x
+    if SQUARE:  # constexpr: one branch exists after compilation
+        out = out * out
+    tl.store(y_ptr + offs, out, mask=mask)
+
+
+def branchy_reference(x, s, square):
+    ss = s.repeat_interleave(BLOCK)[: x.numel()]
+    out = torch.where(ss > 0, torch.exp(x * ss) * x, torch.where(ss < -1, torch.sin(x) * ss, x))
+    return out * out if square else out
+
+
+def check(kernel, reference, x, s, meta, outputs="y_ptr"):
+    y = poison(torch.empty_like(x))
+    args = (x, s, y, x.numel())
+    kernel[GRID](*args, **meta)
+    xr, sr = x.clone().requires_grad_(), s.clone().requires_grad_()
+    want = reference(xr, sr)
+    torch.testing.assert_close(y, want.detach(), **TOL)
+    dy = torch.randn_like(y)
+    got = backward_launch(kernel, GRID, args, meta, {outputs: dy})
+    want_x, want_s = torch.autograd.grad(want, (xr, sr), dy)
+    torch.testing.assert_close(got["x_ptr"], want_x, **TOL)
+    torch.testing.assert_close(got["s_ptr"], want_s, **TOL)
+
+
+SCALES = [1.5, -2.0, 0.3, -0.5, -3.0, 0.7]  # each branch taken by some program
+
+
+@pytest.mark.parametrize("square", [False, True])
+def test_runtime_if_elif_else_on_a_loaded_scalar(square):
+    x = torch.randn(N, dtype=DTYPE)
+    s = torch.tensor(SCALES, dtype=DTYPE)
+    check(branchy, lambda x, s: branchy_reference(x, s, square), x, s, {"BLOCK": BLOCK, "SQUARE": square})
+
+
+def test_branch_reversal_reads_like_the_forward():
+    src = tritongrad.grad(branchy).src
+    assert len(re.findall(r"^ *if s > 0:$", src, flags=re.M)) == 2, src  # replayed for `out`, then reversed
+    assert "the branch taken recomputes its values" in src
+    assert "z = tl.exp(y)" in src.split("# grad of: tl.store")[1], "the branch's own values are recomputed"
+    assert "out_" not in src.split("# grad of")[0], "branches assign `out` itself, as the forward does"
+
+
+@triton.jit
+def one_sided(x_ptr, s_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    s = tl.load(s_ptr + pid)
+    if tl.sum(x) * s > 0:  # a test on differentiated values: the choice itself has no gradient
+        x = x * s  # the other branch keeps x
+    tl.store(y_ptr + offs, x * x, mask=mask)
+
+
+def one_sided_reference(x, s):
+    ss = s.repeat_interleave(BLOCK)[: x.numel()]
+    sums = torch.nn.functional.pad(x, (0, BLOCK * GRID[0] - x.numel())).reshape(-1, BLOCK).sum(1)
+    taken = (sums * s > 0).repeat_interleave(BLOCK)[: x.numel()]
+    out = torch.where(taken, x * ss, x)
+    return out * out
+
+
+def test_variable_assigned_in_one_branch_keeps_its_value_in_the_other():
+    x = torch.randn(N, dtype=DTYPE)
+    s = torch.tensor(SCALES, dtype=DTYPE)
+    check(one_sided, one_sided_reference, x, s, {"BLOCK": BLOCK})
+
+
+@triton.jit
+def _scale_or_shift(x, s, SCALE: tl.constexpr):
+    if SCALE:
+        r = x * s
+    else:
+        r = x + s
+    return r
+
+
+@triton.jit
+def helper_branch(x_ptr, s_ptr, y_ptr, N, BLOCK: tl.constexpr, SCALE: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    s = tl.load(s_ptr + pid)
+    tl.store(y_ptr + offs, _scale_or_shift(x, s, SCALE) * x, mask=mask)
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_constexpr_if_in_an_inlined_helper(scale):
+    x = torch.randn(N, dtype=DTYPE)
+    s = torch.tensor(SCALES, dtype=DTYPE)
+
+    def reference(x, s):
+        ss = s.repeat_interleave(BLOCK)[: x.numel()]
+        return (x * ss if scale else x + ss) * x
+
+    check(helper_branch, reference, x, s, {"BLOCK": BLOCK, "SCALE": scale})
+
+
+@triton.jit
+def assigned_in_one_branch(x_ptr, s_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    s = tl.load(s_ptr + pid)
+    if s > 0:
+        t = x * s
+    tl.store(y_ptr + offs, t)  # refused
+
+
+def test_value_assigned_in_one_branch_of_a_runtime_if_is_refused_where_used():
+    with pytest.raises(NotDifferentiableError) as info:
+        tritongrad.grad(assigned_in_one_branch)
+    err = info.value
+    assert err.source_line == "tl.store(y_ptr + offs, t)  # refused"
+    assert "only one branch" in err.construct and err.hint
+
+
+@triton.jit
+def store_in_each_branch(x_ptr, s_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    s = tl.load(s_ptr + pid)
+    if s > 0:  # only one of the two stores runs in a program
+        tl.store(y_ptr + offs, x * x, mask=mask)
+    else:
+        tl.store(y_ptr + offs, tl.exp(x), mask=mask)
+
+
+def test_one_store_in_each_branch_is_accepted():
+    n, block = 45, 16
+    programs = triton.cdiv(n, block)
+    x = torch.randn(n, dtype=torch.float64)
+    s = torch.tensor([1.0, -1.0, 2.0], dtype=torch.float64)[:programs]
+    y = poison(torch.empty_like(x))
+    args = (x, s, y, n)
+    store_in_each_branch[(programs,)](*args, BLOCK=block)
+    xr = x.clone().requires_grad_()
+    positive = (s[torch.arange(n) // block] > 0)
+    want = torch.where(positive, xr * xr, torch.exp(xr))
+    torch.testing.assert_close(y, want.detach())
+    dy = torch.randn_like(x)
+    (want_grad,) = torch.autograd.grad(want, xr, dy)
+    got = backward_launch(store_in_each_branch, (programs,), args, {"BLOCK": block}, {"y_ptr": dy}, wrt=("x_ptr",))
+    torch.testing.assert_close(got["x_ptr"], want_grad)

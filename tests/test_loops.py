@@ -1,0 +1,447 @@
+"""`for` loops: stateless bodies, linear accumulators, index and pointer state, nesting.
+
+Each kernel against a plain-PyTorch reference and torch autograd: float64, sizes not powers
+of two (partial last tiles), several programs, NaN-poisoned outputs, random upstream gradients.
+"""
+
+import re
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad.testing import backward_launch, poison
+
+DTYPE = torch.float64
+TOL = {"rtol": 1e-10, "atol": 1e-10}
+
+
+def assert_grads(kernel, grid, args, meta, out, want, leaves, names, d_out=None):
+    """Forward output against the reference, then the derived gradients against autograd's."""
+    torch.testing.assert_close(out, want.detach(), **TOL)
+    d_out = torch.randn_like(out) if d_out is None else d_out
+    output = next(p for p, a in zip(kernel.arg_names, args, strict=False) if a is out)
+    got = backward_launch(kernel, grid, args, meta, {output: d_out})
+    wanted = torch.autograd.grad(want, leaves, d_out)
+    for name, w in zip(names, wanted, strict=True):
+        torch.testing.assert_close(got[name], w, **TOL, msg=lambda m, n=name: f"d_{n}: {m}")
+
+
+# -- LayerNorm: a mean loop, a variance loop, a normalize-and-store loop -------------------------
+
+
+@triton.jit
+def layer_norm_fwd(X, Y, W, B, stride, N, eps, BLOCK_SIZE: tl.constexpr):
+    row = tl.program_id(0)
+    Y += row * stride
+    X += row * stride
+    _mean = tl.zeros([BLOCK_SIZE], dtype=X.dtype.element_ty)
+    for off in range(0, N, BLOCK_SIZE):
+        cols = off + tl.arange(0, BLOCK_SIZE)
+        a = tl.load(X + cols, mask=cols < N, other=0.0)
+        _mean += a
+    mean = tl.sum(_mean, axis=0) / N
+    _var = tl.zeros([BLOCK_SIZE], dtype=X.dtype.element_ty)
+    for off in range(0, N, BLOCK_SIZE):
+        cols = off + tl.arange(0, BLOCK_SIZE)
+        x = tl.load(X + cols, mask=cols < N, other=0.0)
+        x = tl.where(cols < N, x - mean, 0.0)
+        _var += x * x
+    var = tl.sum(_var, axis=0) / N
+    rstd = 1 / tl.sqrt(var + eps)
+    for off in range(0, N, BLOCK_SIZE):
+        cols = off + tl.arange(0, BLOCK_SIZE)
+        mask = cols < N
+        w = tl.load(W + cols, mask=mask)
+        b = tl.load(B + cols, mask=mask)
+        x = tl.load(X + cols, mask=mask, other=0.0)
+        x_hat = (x - mean) * rstd
+        y = x_hat * w + b
+        tl.store(Y + cols, y, mask=mask)
+
+
+def test_layer_norm_three_loops():
+    rows, block = 5, 16
+    n = 3 * block + 5
+    x, w, b = torch.randn(rows, n, dtype=DTYPE), torch.randn(n, dtype=DTYPE), torch.randn(n, dtype=DTYPE)
+    y = poison(torch.empty_like(x))
+    args = (x, y, w, b, x.stride(0), n, 1e-5)
+    layer_norm_fwd[(rows,)](*args, BLOCK_SIZE=block)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    want = torch.nn.functional.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-5)
+    assert_grads(layer_norm_fwd, (rows,), args, {"BLOCK_SIZE": block}, y, want, leaves, ("X", "W", "B"))
+
+
+def test_loop_strategies_are_named_in_the_source():
+    src = tritongrad.grad(layer_norm_fwd).src
+    assert "# loop over off: _mean is accumulated linearly" in src
+    assert "# loop over off_1: _var is accumulated linearly" in src
+    assert "# loop over off_2: no state is carried between iterations" in src
+    assert src.count("The reverse loop runs the same iterations, each recomputed before its adjoints.") == 3
+    assert "_mean = _mean + a" in src, "the accumulation reads as the forward wrote it"
+
+
+# -- seed 001: a tiled matmul looping over K, transposes chosen by constexpr flags ---------------
+
+
+@triton.jit
+def dot_kernel(A, B, C, M, N, K, lda, ldb, ldc, AT: tl.constexpr, BT: tl.constexpr,
+               TM: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr):
+    pm = tl.program_id(0)
+    pn = tl.program_id(1)
+    rm = pm * TM + tl.arange(0, TM)
+    rn = pn * TN + tl.arange(0, TN)
+    rk = tl.arange(0, TK)
+    if AT:  # A holds the K x M transpose
+        pa = A + rk[:, None] * lda + rm[None, :]
+    else:
+        pa = A + rm[:, None] * lda + rk[None, :]
+    if BT:  # B holds the N x K transpose
+        pb = B + rn[:, None] * ldb + rk[None, :]
+    else:
+        pb = B + rk[:, None] * ldb + rn[None, :]
+    c = tl.zeros((TM, TN), dtype=C.dtype.element_ty)
+    for k in range(0, K, TK):
+        if AT:
+            a = tl.trans(tl.load(pa, mask=(rk[:, None] + k < K) & (rm[None, :] < M), other=0.0))
+        else:
+            a = tl.load(pa, mask=(rm[:, None] < M) & (rk[None, :] + k < K), other=0.0)
+        if BT:
+            b = tl.trans(tl.load(pb, mask=(rn[:, None] < N) & (rk[None, :] + k < K), other=0.0))
+        else:
+            b = tl.load(pb, mask=(rk[:, None] + k < K) & (rn[None, :] < N), other=0.0)
+        c += tl.dot(a, b)
+        pa += TK * (lda if AT else 1)
+        pb += TK * (1 if BT else ldb)
+    tl.store(C + rm[:, None] * ldc + rn[None, :], c, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@pytest.mark.parametrize("at, bt", [(False, False), (False, True), (True, False), (True, True)])
+def test_tiled_matmul_over_k_with_transposes(at, bt):
+    m, n, k, tile = 37, 29, 45, 16  # a 3 x 2 grid, three iterations over K, the last partial
+    a = torch.randn(k, m, dtype=DTYPE) if at else torch.randn(m, k, dtype=DTYPE)
+    b = torch.randn(n, k, dtype=DTYPE) if bt else torch.randn(k, n, dtype=DTYPE)
+    c = poison(torch.empty(m, n, dtype=DTYPE))
+    args = (a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0))
+    meta = {"AT": at, "BT": bt, "TM": tile, "TN": tile, "TK": tile}
+    grid = (triton.cdiv(m, tile), triton.cdiv(n, tile))
+    dot_kernel[grid](*args, **meta)
+    leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+    want = (leaves[0].T if at else leaves[0]) @ (leaves[1].T if bt else leaves[1])
+    assert_grads(dot_kernel, grid, args, meta, c, want, leaves, ("A", "B"))
+
+
+def test_matmul_backward_does_not_replay_the_forward_loop():
+    src = tritongrad.grad(dot_kernel).src
+    forward, backward = src.split("# grad of: tl.store")
+    assert "for k in" not in forward and "tl.dot" not in forward
+    assert "# loop over k: c is accumulated linearly" in backward
+    assert "pa, pb are updated as in the forward" in backward
+
+
+# -- index state, tl.dot with an accumulator, tl.range ---------------------------------------------
+
+
+@triton.jit
+def dot_acc_loop(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid = tl.program_id(0)
+    rm = pid * BM + tl.arange(0, BM)
+    rn = tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float64)
+    k0 = tl.zeros((), dtype=tl.int32)  # a Python 0 cannot be loop-carried in compiled Triton
+    for _ in tl.range(0, tl.cdiv(K, BK), num_stages=2):
+        rk = k0 + tl.arange(0, BK)
+        a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        k0 += BK
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.exp(acc), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def test_dot_accumulator_with_index_state_and_tl_range():
+    m, n, k = 23, 19, 41
+    a, b = 0.3 * torch.randn(m, k, dtype=DTYPE), 0.3 * torch.randn(k, n, dtype=DTYPE)
+    c = poison(torch.empty(m, n, dtype=DTYPE))
+    args = (a, b, c, m, n, k)
+    meta = {"BM": 16, "BN": 32, "BK": 16}
+    grid = (triton.cdiv(m, 16),)
+    dot_acc_loop[grid](*args, **meta)
+    leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+    want = torch.exp(leaves[0] @ leaves[1])
+    assert_grads(dot_acc_loop, grid, args, meta, c, want, leaves, ("a_ptr", "b_ptr"))
+    assert "k0 is updated as in the forward" in tritongrad.grad(dot_acc_loop).src
+
+
+@triton.jit
+def sum_then_scale(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr, REPS: tl.constexpr):
+    pid = tl.program_id(0)
+    s = tl.zeros((), dtype=tl.float64)
+    for k in range(0, N, BLOCK):  # a scalar accumulator
+        offs = k + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + pid * N + offs, mask=offs < N, other=0.0)
+        s += tl.sum(x * x)
+    for r in tl.static_range(REPS):  # reads s every iteration: its adjoint is carried through the reverse loop
+        w = tl.load(w_ptr + r)
+        tl.store(y_ptr + pid * REPS + r, tl.sqrt(s) * w)
+
+
+def test_scalar_accumulator_then_static_range():
+    rows, n, reps = 3, 37, 4
+    x, w = torch.randn(rows, n, dtype=DTYPE), torch.randn(reps, dtype=DTYPE)
+    y = poison(torch.empty(rows, reps, dtype=DTYPE))
+    args = (x, w, y, n)
+    meta = {"BLOCK": 16, "REPS": reps}
+    sum_then_scale[(rows,)](*args, **meta)
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    want = (leaves[0] * leaves[0]).sum(1, keepdim=True).sqrt() * leaves[1]
+    assert_grads(sum_then_scale, (rows,), args, meta, y, want, leaves, ("x_ptr", "w_ptr"))
+
+
+# -- pointer state across sequential loops, nested loops, loops that may not run ---------------------
+
+
+@triton.jit
+def two_halves(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    # the first loop walks p over the first half of the row, the second continues from where it stopped
+    row = tl.program_id(0)
+    p = x_ptr + row * 2 * N
+    lo = tl.zeros([BLOCK], dtype=tl.float64)
+    for k in range(0, N, BLOCK):
+        lo += tl.load(p + tl.arange(0, BLOCK), mask=k + tl.arange(0, BLOCK) < N, other=0.0)
+        p += BLOCK
+    p += N - tl.cdiv(N, BLOCK) * BLOCK  # back to the end of the first half
+    hi = tl.zeros([BLOCK], dtype=tl.float64)
+    for k in range(0, N, BLOCK):
+        x = tl.load(p + tl.arange(0, BLOCK), mask=k + tl.arange(0, BLOCK) < N, other=1.0)
+        hi += tl.log(x * x)
+        p += BLOCK
+    tl.store(y_ptr + row, tl.sum(lo) * tl.sum(hi))
+
+
+def test_pointer_state_continues_across_sequential_loops():
+    rows, n = 4, 21
+    x = torch.randn(rows, 2 * n, dtype=DTYPE)
+    y = poison(torch.empty(rows, dtype=DTYPE))
+    args = (x, y, n)
+    two_halves[(rows,)](*args, BLOCK=8)
+    leaf = x.clone().requires_grad_()
+    want = leaf[:, :n].sum(1) * torch.log(leaf[:, n:] ** 2).sum(1)
+    assert_grads(two_halves, (rows,), args, {"BLOCK": 8}, y, want, [leaf], ("x_ptr",))
+
+
+@triton.jit
+def rows_in_a_loop(x_ptr, w_ptr, y_ptr, t_ptr, C, stride, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    total = tl.zeros([BLOCK], dtype=tl.float64)
+    for i in range(pid * ROWS, pid * ROWS + ROWS):
+        acc = tl.zeros([BLOCK], dtype=tl.float64)
+        p = x_ptr + i * stride
+        for j in range(0, C, BLOCK):
+            cols = j + tl.arange(0, BLOCK)
+            x = tl.load(p + tl.arange(0, BLOCK), mask=cols < C, other=0.0)
+            w = tl.load(w_ptr + cols, mask=cols < C, other=0.0)
+            if i % 2 == 0:  # a runtime branch inside the inner loop
+                acc += x * x * w
+            else:
+                acc += tl.sin(x) * w
+            total += x
+            p += BLOCK
+        tl.store(y_ptr + i, tl.sum(acc))
+    tl.store(t_ptr + pid * BLOCK + tl.arange(0, BLOCK), total)
+
+
+def test_nested_loops_with_a_branch_inside():
+    programs, rows_each, c, block = 3, 2, 37, 16
+    rows = programs * rows_each
+    x, w = torch.randn(rows, c, dtype=DTYPE), torch.randn(c, dtype=DTYPE)
+    y = poison(torch.empty(rows, dtype=DTYPE))
+    t = poison(torch.empty(programs * block, dtype=DTYPE))
+    args = (x, w, y, t, c, x.stride(0))
+    meta = {"ROWS": rows_each, "BLOCK": block}
+    rows_in_a_loop[(programs,)](*args, **meta)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    even = (torch.arange(rows) % 2 == 0)[:, None]
+    want_y = torch.where(even, xr * xr * wr, torch.sin(xr) * wr).sum(1)
+    padded = torch.nn.functional.pad(xr, (0, 3 * block - c)).reshape(programs, rows_each, 3, block)
+    want_t = padded.sum((1, 2)).reshape(-1)
+    torch.testing.assert_close(y, want_y.detach(), **TOL)
+    torch.testing.assert_close(t, want_t.detach(), **TOL)
+    d_y, d_t = torch.randn_like(y), torch.randn_like(t)
+    got = backward_launch(rows_in_a_loop, (programs,), args, meta, {"y_ptr": d_y, "t_ptr": d_t})
+    want_x, want_w = torch.autograd.grad((want_y, want_t), (xr, wr), (d_y, d_t))
+    torch.testing.assert_close(got["x_ptr"], want_x, **TOL)
+    torch.testing.assert_close(got["w_ptr"], want_w, **TOL)
+    src = tritongrad.grad(rows_in_a_loop).src
+    assert re.search(r"# loop over j: acc, total are accumulated linearly", src)
+    assert re.search(r"# loop over i: total is accumulated linearly", src)
+
+
+@triton.jit
+def ragged_rows(x_ptr, len_ptr, y_ptr, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    n = tl.load(len_ptr + row)  # a runtime trip count; zero for some rows
+    acc = tl.zeros([BLOCK], dtype=tl.float64)
+    for k in range(0, n, BLOCK):
+        cols = k + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=0.0)
+        acc += tl.where(cols < n, tl.exp(x), 0.0)
+    tl.store(y_ptr + row, tl.sum(acc))
+
+
+def test_runtime_trip_count_including_zero():
+    lengths = torch.tensor([0, 5, 16, 33, 0, 17], dtype=torch.int32)
+    x = torch.randn(len(lengths), 40, dtype=DTYPE)
+    y = poison(torch.empty(len(lengths), dtype=DTYPE))
+    args = (x, lengths, y, x.stride(0))
+    ragged_rows[(len(lengths),)](*args, BLOCK=8)
+    leaf = x.clone().requires_grad_()
+    keep = torch.arange(40)[None, :] < lengths[:, None]
+    want = torch.where(keep, torch.exp(leaf), 0.0).sum(1)
+    assert_grads(ragged_rows, (len(lengths),), args, {"BLOCK": 8}, y, want, [leaf], ("x_ptr",))
+    assert tritongrad.grad(ragged_rows).wrt == ("x_ptr",)
+
+
+# -- carried state used nonlinearly: each reverse iteration rebuilds it from the loop's entry --------
+
+
+@triton.jit
+def softmax_weighted(x_ptr, v_ptr, y_ptr, N, D, stride_x, stride_v, BLOCK: tl.constexpr, BD: tl.constexpr):
+    # y = softmax(x[row]) @ v in one pass over the columns: an online softmax, as attention kernels do it
+    row = tl.program_id(0)
+    d = tl.arange(0, BD)
+    m = tl.full((), float("-inf"), tl.float64)
+    l = tl.zeros((), dtype=tl.float64)
+    acc = tl.zeros([BD], dtype=tl.float64)
+    for k in range(0, N, BLOCK):
+        cols = k + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < N, other=float("-inf"))
+        v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=(cols[:, None] < N) & (d[None, :] < D),
+                    other=0.0)
+        m_new = tl.maximum(m, tl.max(x))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(x - m_new)
+        l = l * alpha + tl.sum(p)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(y_ptr + row * D + d, acc / l, mask=d < D)
+
+
+def test_online_softmax_rebuilds_its_running_max_and_sums():
+    rows, n, dim = 4, 45, 7
+    x, v = 3 * torch.randn(rows, n, dtype=DTYPE), torch.randn(n, dim, dtype=DTYPE)
+    y = poison(torch.empty(rows, dim, dtype=DTYPE))
+    args = (x, v, y, n, dim, x.stride(0), v.stride(0))
+    meta = {"BLOCK": 16, "BD": 8}
+    softmax_weighted[(rows,)](*args, **meta)
+    leaves = [x.clone().requires_grad_(), v.clone().requires_grad_()]
+    want = torch.softmax(leaves[0], dim=1) @ leaves[1]
+    assert_grads(softmax_weighted, (rows,), args, meta, y, want, leaves, ("x_ptr", "v_ptr"))
+    src = tritongrad.grad(softmax_weighted).src
+    assert "# loop over k: l, acc, m are carried nonlinearly" in src
+    assert "quadratic in the trip count" in src
+
+
+@triton.jit
+def linear_recurrence(a_ptr, b_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    h = tl.zeros([BLOCK], dtype=tl.float64)
+    for t in range(T):  # h_t = h_{t-1} * a_t + b_t, every step stored
+        h = h * tl.load(a_ptr + t * 2 * BLOCK + offs) + tl.load(b_ptr + t * 2 * BLOCK + offs)
+        tl.store(y_ptr + t * 2 * BLOCK + offs, tl.sin(h))
+
+
+def test_recurrence_with_every_step_stored():
+    steps, block = 7, 8
+    a = torch.rand(steps, 2 * block, dtype=DTYPE) + 0.5
+    b = torch.randn(steps, 2 * block, dtype=DTYPE)
+    y = poison(torch.empty(steps, 2 * block, dtype=DTYPE))
+    args = (a, b, y, steps)
+    linear_recurrence[(2,)](*args, BLOCK=block)
+    leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+    h, outs = torch.zeros(2 * block, dtype=DTYPE), []
+    for t in range(steps):
+        h = h * leaves[0][t] + leaves[1][t]
+        outs.append(torch.sin(h))
+    assert_grads(linear_recurrence, (2,), args, {"BLOCK": block}, y, torch.stack(outs), leaves, ("a_ptr", "b_ptr"))
+
+
+@triton.jit
+def running_sums(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float64)
+    for t in range(T):  # every partial sum stored: its adjoint differs from one iteration to the next
+        acc += tl.load(x_ptr + t * 3 * BLOCK + offs)
+        tl.store(y_ptr + t * 3 * BLOCK + offs, acc * acc)
+
+
+def test_partial_sums_stored_every_iteration():
+    steps, block = 6, 8
+    x = torch.randn(steps, 3 * block, dtype=DTYPE)
+    y = poison(torch.empty_like(x))
+    running_sums[(3,)](x, y, steps, BLOCK=block)
+    leaf = x.clone().requires_grad_()
+    want = torch.cumsum(leaf, 0) ** 2
+    assert_grads(running_sums, (3,), (x, y, steps), {"BLOCK": block}, y, want, [leaf], ("x_ptr",))
+
+
+@triton.jit
+def last_value(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.zeros([BLOCK], dtype=tl.float64)
+    acc = tl.zeros([BLOCK], dtype=tl.float64)
+    for t in range(T):
+        x = tl.load(x_ptr + t * BLOCK + offs)  # replaced each iteration: only the last one's reaches y
+        if t % 2 == 0:
+            acc += tl.load(x_ptr + t * BLOCK + offs).to(tl.float64)
+        else:
+            acc = acc - 2.0 * tl.load(x_ptr + t * BLOCK + offs)
+    tl.store(y_ptr + offs, x * acc)
+
+
+def test_a_replaced_value_is_not_taken_for_an_accumulator():
+    steps, block = 5, 8
+    x = torch.randn(steps, block, dtype=DTYPE)
+    y = poison(torch.empty(block, dtype=DTYPE))
+    last_value[(1,)](x, y, steps, BLOCK=block)
+    leaf = x.clone().requires_grad_()
+    signs = torch.tensor([1.0, -2.0, 1.0, -2.0, 1.0], dtype=DTYPE)[:, None]
+    want = leaf[-1] * (signs * leaf).sum(0)
+    assert_grads(last_value, (1,), (x, y, steps), {"BLOCK": block}, y, want, [leaf], ("x_ptr",))
+    src = tritongrad.grad(last_value).src
+    assert "x is carried nonlinearly (x: it is overwritten" in src and "acc is accumulated linearly" in src, src
+
+
+@triton.jit
+def prefetching_matmul(A, B, C, M, N, K, lda, ldb, ldc, TM: tl.constexpr, TN: tl.constexpr, TK: tl.constexpr):
+    # seed 001's original loop: tiles loaded one iteration ahead, the counter running down by TK
+    rm = tl.program_id(0) * TM + tl.arange(0, TM)
+    rn = tl.program_id(1) * TN + tl.arange(0, TN)
+    rk = tl.arange(0, TK)
+    pa = A + rm[:, None] * lda + rk[None, :]
+    pb = B + rk[:, None] * ldb + rn[None, :]
+    a = tl.load(pa, mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+    b = tl.load(pb, mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+    c = tl.zeros((TM, TN), dtype=C.dtype.element_ty)
+    for k in range(K, 0, -TK):
+        c += tl.dot(a, b)
+        pa += TK
+        pb += TK * ldb
+        a = tl.load(pa, mask=(rm[:, None] < M) & (rk[None, :] < k - TK), other=0.0)
+        b = tl.load(pb, mask=(rk[:, None] < k - TK) & (rn[None, :] < N), other=0.0)
+    tl.store(C + rm[:, None] * ldc + rn[None, :], c, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@pytest.mark.parametrize("k", [37, 32])
+def test_prefetching_matmul_with_a_negative_step(k):
+    m, n, tile = 21, 19, 16
+    a, b = torch.randn(m, k, dtype=DTYPE), torch.randn(k, n, dtype=DTYPE)
+    c = poison(torch.empty(m, n, dtype=DTYPE))
+    args = (a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0))
+    meta = {"TM": tile, "TN": tile, "TK": tile}
+    grid = (triton.cdiv(m, tile), triton.cdiv(n, tile))
+    prefetching_matmul[grid](*args, **meta)
+    leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+    assert_grads(prefetching_matmul, grid, args, meta, c, leaves[0] @ leaves[1], leaves, ("A", "B"))
+    assert "tg.trip_count(K, 0, -TK)" in tritongrad.grad(prefetching_matmul).src
