@@ -155,7 +155,7 @@ def dot_acc_loop(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexp
         rk = k0 + tl.arange(0, BK)
         a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         b = tl.load(b_ptr + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, out_dtype=tl.float64)  # compiled Triton accumulates in float32 unless told
         k0 += BK
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.exp(acc), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
