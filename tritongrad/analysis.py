@@ -282,14 +282,13 @@ def _check_stores(body: list[ast.stmt], outputs, stores) -> dict[str, set[int]]:
             if any(not _exclusive(paths[id(first)], paths[id(second)]) for first in plain[:i]):
                 raise refuse(where(second), f"a second tl.store to `{output}`",
                              "store each output once: compute the final value first, or store different outputs")
-        axes: set[int] = set()
-        for s in stores[output]:
+        for s in plain:
             address = bind(s)["pointer"].id
-            if op_of(s).kind == "store" and address in loaded:
+            if address in loaded:
                 raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
                              "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
-            axes |= axes_of.get(address, set())
-        store_axes[output] = axes
+        if plain:  # tl.atomic_add outputs accumulate: programs may share elements
+            store_axes[output] = set().union(*[axes_of.get(bind(s)["pointer"].id, set()) for s in plain])
     return store_axes
 
 
