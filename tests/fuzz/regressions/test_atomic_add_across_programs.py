@@ -38,7 +38,6 @@ def mirror(w0):
     for pid_0 in range(2):
         n0 = pid_0 * 16
         n1 = min(n0 + 16, 31)
-        sn = n1 - n0
         u0 = w0[n0:n1]
         u1 = u0.amax(dim=(0,), keepdim=False)
         u2 = u1 + u1
