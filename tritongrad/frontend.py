@@ -687,6 +687,9 @@ class Normalizer:
         obj = self.resolve(func)
         if obj is LOCAL:
             if isinstance(func, ast.Attribute):  # a tensor method: x.to(...), x.sum(0)
+                if func.attr in ("load", "store", "atomic_add", "gather", "scatter"):
+                    raise self.refuse(stmt, f"`{ast.unparse(func)}(...)`, a tensor descriptor's {func.attr}",
+                                      "load and store through pointer arithmetic (`x_ptr + offs`) with masks")
                 receiver = self.atom(func.value, stmt)
                 return self.build_call(func.attr, ast.Attribute(value=receiver, attr=func.attr, ctx=ast.Load()),
                                        [receiver], node, stmt, method=True)
@@ -706,6 +709,11 @@ class Normalizer:
             return self.reduce(node, stmt, obj)
         if name == "associative_scan":
             return self.scan(node, stmt, obj)
+        if name in ("make_tensor_descriptor", "make_block_ptr", "advance"):
+            raise self.refuse(stmt, f"`tl.{name}` (tensor descriptors and block pointers)",
+                              "load and store through pointer arithmetic (`x_ptr + offs`) with masks")
+        if name == "pow":  # libdevice's pow(x, y), apart from the `**` operator
+            name = "fpow"
         if name is None and _is_jit(obj):
             return self.inline(obj, node, stmt)
         if name is None and getattr(obj, "__module__", None) == "builtins":

@@ -10,9 +10,10 @@ runs kernels through its interpreter is fixed when a kernel is defined, and
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "trip_count", "cumsum_grad",
-            "cumprod_grad", "linear_scan_grad", "split_grad")
+            "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",)}
@@ -142,3 +143,9 @@ def _split_grad(g, x, half: tl.constexpr):
     else:
         d = hi
     return unbroadcast(d, x)  # noqa: F821 (jitted lazily)
+
+
+def _pow_grad(g, x, y):
+    """Adjoint of libdevice's ``pow(x, y)`` for ``x``: ``g * y * x ** (y - 1)``, zero where ``y`` is zero
+    (as torch has it, also at ``x = 0``)."""
+    return tl.where(y == 0.0, 0.0, g * y * libdevice.pow(x, y - 1.0))

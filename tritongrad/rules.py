@@ -130,6 +130,11 @@ RULES: dict[str, Rule] = {
     "sigmoid": rule("x", x="g * out * (1.0 - out)"),
     "erf": rule("x", x=f"g * {TWO_OVER_SQRT_PI} * tl.exp(-x * x)"),
     "abs": rule("x", x="tl.where(x > 0, g, tl.where(x < 0, -g, 0.0))"),
+    # libdevice (triton.language.extra.libdevice); its pow is "fpow", apart from the `**` operator
+    "tanh": rule("x", x="g * (1.0 - out * out)"),
+    "log1p": rule("x", x="g / (1.0 + x)"),
+    "expm1": rule("x", x="g * (out + 1.0)"),
+    "fpow": rule("x, y", x="tg.pow_grad(g, x, y)", y="tl.where((x == 0.0) & (y >= 0.0), 0.0, g * out * tl.log(x))"),
     "fma": rule("x, y, z", x="g * y", y="g * x", z="g"),
     "div_rn": rule("x, y", x="g / y", y="-g * out / y"),
     "fdiv": rule("x, y, ieee_rounding=False", x="g / y", y="-g * out / y"),
