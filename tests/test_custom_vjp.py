@@ -148,3 +148,30 @@ def test_reduce_with_an_unknown_combine_is_refused():
         tritongrad.grad(reduce_with_product)
     assert "`_product`, which is not a sum, max or min" in info.value.construct
     assert info.value.source_line.endswith("# refused")
+
+
+@triton.jit
+def _softplus_grad(x, out, g):
+    return g * tl.sigmoid(x)  # exact in both tails, unlike g * (1 - exp(-out))
+
+
+@tritongrad.custom_vjp(_softplus_grad)
+@triton.jit
+def stable_softplus(x):
+    return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def uses_softplus(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, stable_softplus(2.0 * x) * x, mask=mask)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # sigmoid(-1600) = 1 / (1 + inf) = 0
+def test_numerically_stable_softplus_with_its_own_rule():
+    x = 30 * torch.randn(N, dtype=DTYPE)  # far into both tails, where exp(x) overflows float32
+    x[:4] = torch.tensor([-800.0, 800.0, 0.0, -1e-3], dtype=DTYPE)  # exp(800) is inf even in float64
+    src = run(uses_softplus, x, (), lambda x: torch.logaddexp(2.0 * x, torch.zeros_like(x)) * x, ("x_ptr",))
+    assert "_softplus_grad(" in src and "tl.abs" not in src.split("# grad of")[1], src

@@ -118,6 +118,8 @@ SOURCE_NAMES = {
     "transpose": ["rm", "rn", "d_y", "d_x", "d_s"],
     "gather": ["idx", "d_x", "d_w", "d_y"],
     "fn1": ["a", "b", "c", "d_z", "d_a", "d_b", "d_c", "d_x", "d_y"],
+    "flash_attention": ["q", "k", "v", "s", "p", "alpha", "m_new", "d_acc", "d_l_i", "d_q", "d_k", "d_v"],
+    "cross_entropy": ["target", "keep", "picked", "m_new", "d_loss", "d_s", "d_picked", "d_x"],
 }
 
 

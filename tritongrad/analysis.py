@@ -416,8 +416,13 @@ def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:
     what = {"mod": "`%` on differentiated values", "call": f"a call to `{getattr(op.func, '__name__', '?')}`",
             "custom": "a custom rule",
             "reduce": f"`tl.reduce` combining with `{_combine_name(op)}`, which is not a sum, max or min",
+            "associative_scan": f"`tl.associative_scan` combining with `{_combine_name(op)}`, which is not a sum "
+                                "of one tensor nor a first-order linear recurrence of a pair",
             }.get(op.kind, f"`{op.kind}`")
     hint = "write the operation with Triton functions tritongrad knows, or give a helper a rule with tg.custom_vjp"
+    if op.kind == "associative_scan":
+        hint = ("scan a pair (a, b) combined as (a1, b1), (a2, b2) -> (a1 * a2, b1 * a2 + b2), or write the "
+                "scan as a loop")
     if op.kind in MEMORY or op.kind in STORES:
         hint = "the result of an atomic operation cannot be differentiated"
     return refuse(where(stmt), f"{what} (no derivative rule)", hint)

@@ -29,7 +29,7 @@ from typing import Any
 
 from .errors import NotDifferentiableError
 from .ir import Carried
-from .rules import CUSTOM, reads_result
+from .rules import CUSTOM, MULTI_RESULT, RULES, reads_result
 
 LOCAL = object()  # resolve(): the expression is a local value, not a global object
 
@@ -476,18 +476,40 @@ class Normalizer:
                 values = [self.atom(v, stmt) for v in value.elts]  # evaluate all before binding
             else:
                 result = self.expr(value, stmt, top=True)
-                if isinstance(result, _Deferred):
-                    raise self.refuse(stmt, f"unpacking the results of `{result.op.kind}`",
-                                      "operations returning several tensors are not supported yet")
+                if isinstance(result, _Deferred):  # an operation with several results: `a, b = tl.split(x)`
+                    result = self.unpack(result, len(target.elts), stmt)
                 if not isinstance(result, list) or len(result) != len(target.elts):
                     raise self.refuse(stmt, "a tuple assignment that does not match the value's length",
                                       "unpack as many names as the helper returns")
                 values = result
             for t, v in zip(target.elts, values, strict=True):
-                self.bind(t.id, v, stmt)
+                if isinstance(v, _Deferred):
+                    self.emit_assign(t.id, v, stmt)
+                else:
+                    self.bind(t.id, v, stmt)
         else:
             raise self.refuse(stmt, f"assigning to a `{type(target).__name__}`",
                               "Triton tensors are immutable; assign to a plain name")
+
+    def unpack(self, d: _Deferred, count: int, stmt: ast.stmt) -> list[_Deferred]:
+        """``a, b = op(...)``: the operation's tuple of results gets a name of its own (``scan = ...``),
+        and each result is an ``item`` of it (``a = scan[0]``), so each has its own adjoint."""
+        kind = d.op.kind
+        if kind == "custom" or (kind in RULES and kind not in MULTI_RESULT):
+            hint = ("use tl.max / tl.min and tl.argmax / tl.argmin separately" if kind in ("max", "min")
+                    else "helpers with a custom rule return one value" if kind == "custom"
+                    else "compute each result with an operation of its own")
+            raise self.refuse(stmt, f"unpacking the results of `{kind}`", hint)
+        results = self.namer.fresh(_MULTI_NAMES.get(d.op.kind, "results"))
+        self.defined.add(results)
+        self._finish(ast.Assign(targets=[_name(results, ast.Store())], value=d.node), d.op, stmt)
+        atoms = []
+        for i in range(count):
+            index = ast.Constant(i)
+            item = _Deferred(ast.Subscript(value=_name(results), slice=index, ctx=ast.Load()),
+                             Op("item", [_name(results), index]), f"{results}_{i}")
+            atoms.append(item)
+        return atoms
 
     def bind(self, name: str, atom: ast.expr, stmt: ast.stmt) -> None:
         """``name = atom`` where atom is already a name or constant: a plain copy."""
@@ -665,6 +687,9 @@ class Normalizer:
         obj = self.resolve(func)
         if obj is LOCAL:
             if isinstance(func, ast.Attribute):  # a tensor method: x.to(...), x.sum(0)
+                if func.attr in ("load", "store", "atomic_add", "gather", "scatter"):
+                    raise self.refuse(stmt, f"`{ast.unparse(func)}(...)`, a tensor descriptor's {func.attr}",
+                                      "load and store through pointer arithmetic (`x_ptr + offs`) with masks")
                 receiver = self.atom(func.value, stmt)
                 return self.build_call(func.attr, ast.Attribute(value=receiver, attr=func.attr, ctx=ast.Load()),
                                        [receiver], node, stmt, method=True)
@@ -682,6 +707,13 @@ class Normalizer:
         name = triton_language_name(obj, func)
         if name == "reduce":
             return self.reduce(node, stmt, obj)
+        if name == "associative_scan":
+            return self.scan(node, stmt, obj)
+        if name in ("make_tensor_descriptor", "make_block_ptr", "advance"):
+            raise self.refuse(stmt, f"`tl.{name}` (tensor descriptors and block pointers)",
+                              "load and store through pointer arithmetic (`x_ptr + offs`) with masks")
+        if name == "pow":  # libdevice's pow(x, y), apart from the `**` operator
+            name = "fpow"
         if name is None and _is_jit(obj):
             return self.inline(obj, node, stmt)
         if name is None and getattr(obj, "__module__", None) == "builtins":
@@ -706,6 +738,25 @@ class Normalizer:
         if kind is not None and len(args) >= 2:
             keep = {"keep_dims": kwargs["keep_dims"]} if "keep_dims" in kwargs else {}
             d.op = Op(kind, args[:2], keep, obj)
+        return d
+
+    def scan(self, node: ast.Call, stmt: ast.stmt, obj: Any) -> _Deferred:
+        """``tl.associative_scan``: of a pair ``(a, b)`` with the combine function of a first-order linear
+        recurrence, ``(a1, b1), (a2, b2) -> (a1 * a2, b1 * a2 + b2)``, it is a ``linear_scan`` (h_t = a_t h_{t-1}
+        + b_t, with the products of the a's); of one tensor combined by ``a + b``, a ``cumsum``. Any other
+        combine function has no rule."""
+        self._import_globals(node.func)
+        d = self.build_call("associative_scan", _rename_globals(node.func, self.frame, self), [], node, stmt,
+                            func_obj=obj)
+        args, kwargs = d.op.args, d.op.kwargs
+        combine = args[2] if len(args) > 2 else kwargs.get("combine_fn")
+        fn = self.resolve(combine) if isinstance(combine, ast.Name) else None
+        pair = len(args) >= 1 and isinstance(args[0], (ast.Tuple, ast.List)) and len(args[0].elts) == 2
+        if pair and _is_linear_recurrence(fn):
+            d.op = Op("linear_scan", args, kwargs, obj)
+        elif len(args) >= 2 and isinstance(args[0], ast.Name) and _combine_kind(fn) == "sum":
+            reverse = args[3] if len(args) > 3 else kwargs.get("reverse")
+            d.op = Op("cumsum", args[:2], {"reverse": reverse} if reverse is not None else {}, obj)
         return d
 
     def build_call(self, kind: str, callee: ast.expr, lead: list[ast.expr], node: ast.Call, stmt: ast.stmt,
@@ -886,6 +937,36 @@ def _combine_kind(fn: Any) -> str | None:
         return None
     names = sorted(o.id for o in operands if isinstance(o, ast.Name))
     return kind if names == sorted(params) else None
+
+
+# names given to the tuple of an operation's results when it is unpacked
+_MULTI_NAMES = {"linear_scan": "scan", "associative_scan": "scan", "split": "halves"}
+
+
+def _is_linear_recurrence(fn: Any) -> bool:
+    """Whether a combine function is ``(a1, b1, a2, b2) -> (a1 * a2, b1 * a2 + b2)`` (either order of
+    each product and of the sum), the composition of two steps of ``h = a * h + b``."""
+    if not _is_jit(fn):
+        return False
+    helper = _Function.of(fn)
+    params = [a.arg for a in helper.tree.args.args]
+    body = [s for s in helper.tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(params) != 4 or len(body) != 1 or not isinstance(body[0], ast.Return):
+        return False
+    value = body[0].value
+    if not isinstance(value, ast.Tuple) or len(value.elts) != 2:
+        return False
+    a1, b1, a2, b2 = params
+
+    def product(e: ast.expr, x: str, y: str) -> bool:
+        return (isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult) and all(isinstance(o, ast.Name)
+                for o in (e.left, e.right)) and sorted((e.left.id, e.right.id)) == sorted((x, y)))
+
+    first, second = value.elts
+    if not product(first, a1, a2) or not (isinstance(second, ast.BinOp) and isinstance(second.op, ast.Add)):
+        return False
+    terms = [second.left, second.right]
+    return any(product(t, b1, a2) and isinstance(o, ast.Name) and o.id == b2 for t, o in (terms, terms[::-1]))
 
 
 def normalize_kernel(jit_fn: Any) -> Program:

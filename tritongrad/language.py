@@ -10,14 +10,23 @@ runs kernels through its interpreter is fixed when a kernel is defined, and
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "trip_count", "cumsum_grad",
-            "cumprod_grad")
+            "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad")
+# combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
+_COMBINES = ("suffix_combine", "exclusive_combine")
+_CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",)}
 
 
 def __getattr__(name: str):
     if name not in _HELPERS:
         raise AttributeError(f"module 'tritongrad.language' has no attribute '{name}'")
+    if name == "linear_scan_grad":
+        for combine in _COMBINES:
+            globals()[combine] = triton.jit(globals()[f"_{combine}"])
+    for helper in _CALLS.get(name, ()):  # helpers it calls are jitted first
+        __getattr__(helper)
     kernel = triton.jit(globals()[f"_{name}"])
     globals()[name] = kernel
     return kernel
@@ -94,3 +103,49 @@ def _cumprod_grad(g, x, out, axis: tl.constexpr, reverse: tl.constexpr):
     through = tl.cumsum(g * out, axis, reverse=not reverse)
     at_zero = tl.cumsum(tl.where(zeros == 1, g * others, 0.0), axis, reverse=not reverse)
     return tl.where(zero, at_zero, through / nonzero)
+
+
+def _linear_scan_grad(g_prod, g_h, a, b, prod, h, axis: tl.constexpr, reverse: tl.constexpr):
+    """Adjoint of ``prod, h = tl.associative_scan((a, b), axis, combine, reverse)`` for the combine of a
+    first-order linear recurrence: ``h_t = a_t h_{t-1} + b_t`` (from ``h_{-1} = 0``), ``prod_t = a_0 ... a_t``
+    (t counting in the scan's direction). With ``lam_t = g_h_t + a_{t+1} lam_{t+1}`` (a scan the other way):
+    ``d b_t = lam_t`` and ``d a_t = lam_t h_{t-1}`` plus the cumulative product's adjoint. Both shifted terms
+    come from scans of their own (no division, exact where a is zero)."""
+    g = g_h
+    ac = a.to(g.dtype)
+    bc = b.to(g.dtype)
+    ones = tl.full(ac.shape, 1, g.dtype)
+    lam = tl.associative_scan((ac, ones, g), axis, suffix_combine, reverse=not reverse)[2]  # noqa: F821 (jitted lazily)
+    h_prev = tl.associative_scan((ac, ones, bc, tl.zeros_like(bc)), axis, exclusive_combine,  # noqa: F821
+                                  reverse=reverse)[3]
+    d_a = lam * h_prev + cumprod_grad(  # noqa: F821
+        g_prod.to(g.dtype), ac, prod.to(g.dtype), axis, reverse)
+    return d_a, lam
+
+
+def _suffix_combine(f1, q1, v1, f2, q2, v2):
+    """Segments of ``lam_t = g_t + a_{t+1} lam_{t+1}`` scanned from the end: (first a, product of the
+    others, value). The first argument is the segment nearer the end."""
+    return f2, q2 * f1 * q1, v2 + q2 * f1 * v1
+
+
+def _exclusive_combine(p1, r1, h1, e1, p2, r2, h2, e2):
+    """Segments of ``h = a h + b``: (product of the a's, product without the last, h at the end, h before
+    the last step), so that ``e`` is the scan's value one step back."""
+    return p1 * p2, p1 * r2, h1 * p2 + h2, h1 * r2 + e2
+
+
+def _split_grad(g, x, half: tl.constexpr):
+    """Adjoint of one operand of ``tl.join(a, b)``: its half of ``g``, summed back to its shape."""
+    lo, hi = tl.split(g)
+    if half == 0:
+        d = lo
+    else:
+        d = hi
+    return unbroadcast(d, x)  # noqa: F821 (jitted lazily)
+
+
+def _pow_grad(g, x, y):
+    """Adjoint of libdevice's ``pow(x, y)`` for ``x``: ``g * y * x ** (y - 1)``, zero where ``y`` is zero
+    (as torch has it, also at ``x = 0``)."""
+    return tl.where(y == 0.0, 0.0, g * y * libdevice.pow(x, y - 1.0))

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from .analysis import Analysis, bind, names_in, op_of, target_of, where
 from .frontend import Namer, Op, refuse
 from .ir import child_blocks, free_names, header, is_structured, reads, statements
-from .rules import MEMORY, STORES, rule_of
+from .rules import MEMORY, MULTI_RESULT, STORES, rule_of
 
 ASSERTS = ("static_assert", "device_assert")
 
@@ -104,6 +104,11 @@ class Reverser:
         self.scopes = [Scope(self.root, [])]
         self.suppressed: set[str] = set()  # partial sums of linear accumulators: they share its adjoint
         self.g_override: dict[int, str] = {}  # id(update of nonlinear loop state) -> the adjoint it receives
+        self.items: dict[str, dict[int, str]] = {}  # tuple of an operation's results -> index -> its item's name
+        for s in statements(self.p.body):
+            if op_of(s).kind == "item":
+                results, index = op_of(s).args
+                self.items.setdefault(results.id, {})[index.value] = target_of(s)
         mirrored = [*analysis.outputs, *analysis.wrt] if not tile else []
         self.shadow_params = [self.shadow_name(p) for p in mirrored]
 
@@ -404,6 +409,10 @@ class Reverser:
         t = target_of(stmt)
         if op.kind in STORES:
             self.reverse_store(stmt)
+        elif op.kind == "item":
+            return  # its adjoint is read by the operation whose result it is
+        elif op.kind in MULTI_RESULT and t in self.a.active:
+            self.reverse_multi(stmt, t)
         elif t is not None and t in self.a.active and self.g_of(stmt) is not None and self.contributes(stmt):
             if not getattr(stmt, "tg_join", False):  # a join's copy goes under its if's or loop's comment
                 self.comment_for(stmt)
@@ -446,6 +455,36 @@ class Reverser:
             if rule.elementwise and not unary and not self.same_shape(arg.id, t):
                 contribution = _substitute("tg.unbroadcast(c, x)", {"c": contribution, "x": arg})
             self.accumulate(arg.id, contribution)
+
+    def reverse_multi(self, stmt: ast.stmt, t: str) -> None:
+        """An operation with several results: its rule reads each result's adjoint as ``g0``, ``g1``...
+        (zeros for a result that has none); a tuple argument gets a tuple of adjoints."""
+        op = op_of(stmt)
+        rule = rule_of(op)
+        bound = bind(stmt)
+        items = self.items.get(t, {})
+        if not any(n in self.adjoint for n in items.values()):
+            return
+        self.comment_for(stmt)
+        env = {**bound, "out": _name(t)}
+        for i in range(MULTI_RESULT[op.kind]):
+            n = items.get(i)
+            env[f"g{i}"] = (_name(self.adjoint[n]) if n in self.adjoint
+                            else _substitute(f"tl.zeros_like(out[{i}])", {"out": _name(t)}))
+        for param, arg in bound.items():
+            elements = arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]
+            if param not in rule.adjoints or not any(self.a.is_active(e) for e in elements):
+                continue
+            template = rule.adjoints[param]
+            contribution = _substitute(template(bound) if callable(template) else template, env)
+            if elements[0] is arg:
+                self.accumulate(arg.id, contribution)
+                continue
+            d = self.namer.fresh(f"d_{t}")
+            self.emit(ast.Assign(targets=[ast.Name(d, ast.Store())], value=contribution))
+            for i, e in enumerate(elements):
+                if self.a.is_active(e):
+                    self.accumulate(e.id, _substitute(f"d[{i}]", {"d": _name(d)}))
 
     def same_shape(self, a: str, b: str) -> bool:
         sa, sb = self.a.shapes.get(a), self.a.shapes.get(b)

@@ -130,6 +130,11 @@ RULES: dict[str, Rule] = {
     "sigmoid": rule("x", x="g * out * (1.0 - out)"),
     "erf": rule("x", x=f"g * {TWO_OVER_SQRT_PI} * tl.exp(-x * x)"),
     "abs": rule("x", x="tl.where(x > 0, g, tl.where(x < 0, -g, 0.0))"),
+    # libdevice (triton.language.extra.libdevice); its pow is "fpow", apart from the `**` operator
+    "tanh": rule("x", x="g * (1.0 - out * out)"),
+    "log1p": rule("x", x="g / (1.0 + x)"),
+    "expm1": rule("x", x="g * (out + 1.0)"),
+    "fpow": rule("x, y", x="tg.pow_grad(g, x, y)", y="tl.where((x == 0.0) & (y >= 0.0), 0.0, g * out * tl.log(x))"),
     "fma": rule("x, y, z", x="g * y", y="g * x", z="g"),
     "div_rn": rule("x, y", x="g / y", y="-g * out / y"),
     "fdiv": rule("x, y, ieee_rounding=False", x="g / y", y="-g * out / y"),
@@ -167,6 +172,28 @@ RULES: dict[str, Rule] = {
     "trans": rule("input, *dims", elementwise=False, input=_inverse_permutation),
     "permute": rule("input, *dims", elementwise=False, input=_inverse_permutation),
 }
+
+
+
+def _linear_scan(bound: dict[str, ast.expr]) -> str:
+    a, b = (ast.unparse(e) for e in bound["input"].elts)
+    return f"tg.linear_scan_grad(g0, g1, {a}, {b}, out[0], out[1], axis, reverse)"
+
+
+# Operations with several results, unpacked (`a, b = tl.split(x)`): the tuple of results is `out`, and
+# each result `out[i]` is an `item` of it, with its own adjoint `gi` (zeros when it has none). A tuple
+# argument (the scan's `(a, b)`) gets a tuple of adjoints, one per element.
+MULTI_RESULT = {
+    "linear_scan": 2,
+    "split": 2,
+}
+RULES.update({
+    "item": rule("input, index", elementwise=False, input="g"),  # read by its operation's adjoint (reverse.py)
+    # h_t = a_t h_{t-1} + b_t and the products of the a's: the adjoint is a scan the other way
+    "linear_scan": rule("input, axis, combine_fn, reverse=False", elementwise=False, input=_linear_scan),
+    "split": rule("a", elementwise=False, a="tl.join(g0, g1)"),
+    "join": rule("a, b", elementwise=False, a="tg.split_grad(g, a, 0)", b="tg.split_grad(g, b, 1)"),
+})
 
 # Operations whose result carries no gradient: comparisons, integer and index math,
 # constants, random numbers, hints. Their inputs never receive one through them.

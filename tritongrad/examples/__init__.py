@@ -14,7 +14,20 @@ from dataclasses import dataclass
 import torch
 
 from ..testing import backward_launch, poison
-from . import fn1, gather, matmul, matvec, rmsnorm, sin, softmax, softplus, swiglu, transpose
+from . import (
+    cross_entropy,
+    flash_attention,
+    fn1,
+    gather,
+    matmul,
+    matvec,
+    rmsnorm,
+    sin,
+    softmax,
+    softplus,
+    swiglu,
+    transpose,
+)
 from .launch import Launch
 
 
@@ -52,6 +65,12 @@ EXAMPLES: list[Example] = [
             gather.make_inputs, ("x_ptr", "idx_ptr", "w_ptr"), ("x_ptr", "w_ptr")),
     Example("fn1", fn1.tr_forward, fn1.tr_forward_launch, fn1.fn1_triton, fn1.reference, fn1.make_inputs,
             ("X", "Y"), ("X", "Y")),
+    Example("flash_attention", flash_attention.flash_attention_kernel, flash_attention.flash_attention_launch,
+            flash_attention.flash_attention, flash_attention.reference, flash_attention.make_inputs,
+            ("q_ptr", "k_ptr", "v_ptr"), ("q_ptr", "k_ptr", "v_ptr")),
+    Example("cross_entropy", cross_entropy.cross_entropy_kernel, cross_entropy.cross_entropy_launch,
+            cross_entropy.cross_entropy, cross_entropy.reference, cross_entropy.make_inputs,
+            ("logits_ptr", "target_ptr"), ("logits_ptr",)),
 ]
 
 

@@ -1,0 +1,67 @@
+"""Issue 3's showcase kernels: flash attention (online softmax over key blocks) and cross-entropy
+over a vocabulary of several blocks with ignored targets. Float64, lengths that are not multiples
+of the blocks, NaN-poisoned outputs, random upstream gradients."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import tritongrad
+from tritongrad.examples import cross_entropy, flash_attention
+from tritongrad.testing import backward_launch, poison
+
+DTYPE = torch.float64
+TOL = {"rtol": 1e-10, "atol": 1e-10}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_flash_attention_gradients_for_q_k_and_v(device):
+    for m, n, d in [(37, 45, 12), (16, 5, 16), (3, 33, 7)]:  # one key block, one partial query block...
+        q, k, v = (torch.randn(rows, d, device=device, dtype=DTYPE) for rows in (m, n, n))
+        launch = flash_attention.flash_attention_launch(q, k, v)
+        poison(launch.out)
+        out = launch()
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = flash_attention.reference(*leaves)
+        torch.testing.assert_close(out, want.detach(), **TOL)
+        d_o = torch.randn_like(out)
+        got = backward_launch(launch.kernel, launch.grid, launch.args, launch.kwargs, {"o_ptr": d_o})
+        wanted = torch.autograd.grad(want, leaves, d_o)
+        for name, w in zip(("q_ptr", "k_ptr", "v_ptr"), wanted, strict=True):
+            torch.testing.assert_close(got[name], w, **TOL,
+                                       msg=lambda msg, p=name, size=(m, n, d): f"d_{p} {size}: {msg}")
+
+
+def test_show_names_the_flash_attention_loop_strategy():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    spec = "tritongrad/examples/flash_attention.py:flash_attention_kernel"
+    result = subprocess.run([sys.executable, "-m", "tritongrad", "show", spec], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "# loop over start: l_i, acc, m_i are carried nonlinearly" in result.stdout, result.stdout
+    assert "each first rebuilding the state it starts from" in result.stdout
+    assert "quadratic in the trip count" in result.stdout
+
+
+def test_cross_entropy_with_ignored_targets(device):
+    logits, target = cross_entropy.make_inputs(device, DTYPE)
+    target[0] = logits.shape[1] - 1  # the last column, in the partial last block
+    launch = cross_entropy.cross_entropy_launch(logits, target)
+    poison(launch.out)
+    loss = launch()
+    leaf = logits.clone().requires_grad_()
+    want = cross_entropy.reference(leaf, target)
+    torch.testing.assert_close(loss, want.detach(), **TOL)
+    ignored = target == cross_entropy.IGNORE_INDEX
+    assert ignored.sum() == 2 and (loss[ignored] == 0).all()
+    d_loss = torch.randn_like(loss)
+    got = backward_launch(launch.kernel, launch.grid, launch.args, launch.kwargs, {"loss_ptr": d_loss})
+    assert tuple(got) == ("logits_ptr",), "the targets are indices: no gradient"
+    (wanted,) = torch.autograd.grad(want, leaf, d_loss)
+    torch.testing.assert_close(got["logits_ptr"], wanted, **TOL)
+    assert (got["logits_ptr"][ignored] == 0).all(), "an ignored row contributes no gradient"
+    src = tritongrad.grad(cross_entropy.cross_entropy_kernel).src
+    assert "# loop over start: s, m are carried nonlinearly" in src, src
