@@ -4,7 +4,9 @@
 
 Both launch the same kernels (seed 003's sin forward, its derived backward) on a tiny
 tensor, so the time per call is host time: what the op machinery adds is the
-difference. Each figure is the median over repeats of a loop of calls, per call.
+difference. Each figure is the median over repeats of a loop of calls, per call; the
+"backward" row times backwards alone, on graphs built beforehand.
+``benchmarks/op_overhead_cpu.py`` measures the same without a GPU (launches stubbed out).
 """
 
 from __future__ import annotations
@@ -60,6 +62,20 @@ def per_call_us(fn, calls=2000, repeats=7) -> float:
     return statistics.median(samples)
 
 
+def backward_us(forward, dy, x, calls=2000, repeats=7) -> float:
+    """Per call of the backward alone: the graphs are built beforehand."""
+    samples = []
+    for _ in range(repeats + 1):
+        outputs = [forward() for _ in range(calls)]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for y in outputs:
+            torch.autograd.grad(y, x, dy)
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples[1:])  # the first run warms up
+
+
 def main() -> None:
     x = torch.randn(N, device="cuda", requires_grad=True)
     dy = torch.randn(N, device="cuda")
@@ -72,6 +88,7 @@ def main() -> None:
     rows.append(("forward, recording", per_call_us(lambda: HandSin.apply(x)), per_call_us(lambda: op_sin(x))))
     rows.append(("forward + backward", per_call_us(lambda: torch.autograd.grad(HandSin.apply(x), x, dy)),
                  per_call_us(lambda: torch.autograd.grad(op_sin(x), x, dy))))
+    rows.append(("backward", backward_us(lambda: HandSin.apply(x), dy, x), backward_us(lambda: op_sin(x), dy, x)))
     print(f"{torch.cuda.get_device_name()}: host time per call, microseconds (tensor of {N} floats)")
     print(f"{'':22}{'autograd.Function':>18}{'tritongrad.op':>15}{'overhead':>10}")
     for label, hand, ours in rows:

@@ -636,3 +636,62 @@ def test_expanded_input_gets_its_gradient_once():
     check(lambda b, w: rows(b.expand(5, 40), w), lambda b, w: rows_ref(b.expand(5, 40), w), rand(40), rand(40))
     windows = lambda x: x[2:].as_strided((31, 10), (1, 1))  # overlapping sliding windows
     check(lambda x, w: rows(windows(x), w), lambda x, w: rows_ref(windows(x), w), rand(45), rand(10))
+
+
+# -- plans: what a call with a known layout skips ------------------------------------------------------
+
+
+def test_repeated_calls_reuse_the_plan(monkeypatch):
+    planned = []
+    real = tapes.Tape._plan
+    monkeypatch.setattr(tapes.Tape, "_plan", lambda self, *a: planned.append(1) or real(self, *a))
+    x, w = rand(61), rand(61)
+    check(chain, chain_ref, x, w)
+    n = len(planned)
+    check(chain, chain_ref, x, w)
+    check(chain, chain_ref, rand(61), rand(61))  # other tensors, same layouts
+    assert len(planned) == n
+    check(chain, chain_ref, rand(62), rand(62))  # a new layout is checked
+    assert len(planned) == n + 1
+
+
+def test_each_new_layout_is_checked():
+    @tritongrad.op
+    def shifted(x, shift: int):
+        n = x.numel()
+        buf = torch.empty(2 * n, dtype=x.dtype, device=x.device)
+        exp_kernel[grid(n)](x, buf[:n], n, BLOCK=BLOCK)
+        exp_kernel[grid(n)](buf[:n], buf[shift:shift + n], n, BLOCK=BLOCK)
+        return buf[shift:shift + n]
+
+    check(lambda x: shifted(x, 40), lambda x: x.exp().exp(), rand(40))
+    with pytest.raises(OpError, match=r"launch #2 \(`exp_kernel`\) overwrites `out_ptr`, memory that launch #2 "
+                                      r"\(`exp_kernel`\) reads through `x_ptr`"):
+        shifted(rand(40), 20)  # same kernels and shapes, overlapping views
+
+
+def test_writing_to_an_input_is_refused_once_it_requires_grad():
+    @tritongrad.op
+    def clobber(x, w):
+        out = torch.empty_like(w)
+        mul_kernel[grid(w.numel())](w, w, x, w.numel(), BLOCK=BLOCK)
+        exp_kernel[grid(w.numel())](w, out, w.numel(), BLOCK=BLOCK)
+        return out
+
+    clobber(rand(50, grad=False), rand(50))
+    with pytest.raises(OpError, match="writes to `out_ptr`, a tensor that requires grad"):
+        clobber(rand(50), rand(50))
+
+
+def test_incoming_gradients_are_not_modified():
+    x, w = rand(70), rand(70)
+    h, z = chain3(x, w)  # h is read by launch 2: its shadow accumulates; z's is the incoming gradient itself
+    gh, gz = torch.randn_like(h), torch.randn_like(z)
+    before = gh.clone(), gz.clone()
+    torch.autograd.backward([h, z], [gh, gz])
+    assert_close(gh, before[0])
+    assert_close(gz, before[1])
+    want_x, want_w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    torch.autograd.backward(chain3_ref(want_x, want_w), [gh, gz])
+    assert_close(x.grad, want_x.grad)
+    assert_close(w.grad, want_w.grad)

@@ -11,7 +11,10 @@ of kernels (plain ``@triton.jit``, ``@triton.autotune``, ``@triton.heuristics``;
 are not changed) and returns a tensor or a tuple of tensors.
 
 Forward: the function runs as written while its launches are recorded on a tape
-(``tritongrad.tape``). Under ``torch.no_grad`` it just runs.
+(``tritongrad.tape``). The checks below and the backward's layout are worked out once per
+kind of call (the kernels launched, the tensors' layouts) and reused by later calls of that
+kind, which read tensor metadata only: no AST work, nothing that waits for the device.
+Under ``torch.no_grad`` it just runs.
 
 Backward: each launch's backward is derived with ``tritongrad.grad``, specialised to the
 inputs that need gradients (built on first use, cached), and launched in reverse order
@@ -79,20 +82,22 @@ def _bare(fn: Any) -> Any:
     tapes.install()
     arguments = _arguments_of(fn)
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
+    name, plans = fn.__qualname__, {}  # plans: shared by the op's calls (see tritongrad.tape)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         if not torch.is_grad_enabled() or tapes.active():  # inference, or inside another op's tape
             return fn(*args, **kwargs)
-        tape = Tape(fn.__qualname__)
-        with tape.recording():
+        tape = Tape(name, plans)
+        with tape:  # records the launches
             result = fn(*args, **kwargs)
-        outputs = _as_tuple(result)
-        inputs = tape.close(outputs, arguments(args, kwargs))
+        several = isinstance(result, (tuple, list))
+        outputs = tuple(result) if several else (result,)
+        inputs = tape.close(outputs, args, kwargs, arguments)
         if not inputs:
             return result
         outputs = function.apply(tape, outputs, *inputs)
-        return outputs if isinstance(result, (tuple, list)) else outputs[0]
+        return outputs if several else outputs[0]
 
     return call
 
@@ -104,13 +109,13 @@ class _TapeFunction(torch.autograd.Function):
         ctx.save_for_backward(*tape.saved)  # version counters: in-place changes before backward raise
         tape.saved = None  # the tape keeps no tensors: outputs would otherwise hold themselves alive
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(*[o for o in outputs if not o.is_floating_point()])
+        if tape.plan.constants:
+            ctx.mark_non_differentiable(*[outputs[i] for i in tape.plan.constants])
         return outputs
 
     @staticmethod
     def backward(ctx, *grads):
-        with torch.no_grad():
-            result = ctx.tape.backward(ctx.saved_tensors, grads, list(ctx.needs_input_grad[2:]))
+        result = ctx.tape.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[2:])
         return (None, None, *_once(ctx.tape.name, result))
 
 
@@ -135,6 +140,8 @@ def _as_tuple(result: Any) -> tuple:
 
 
 def _arguments_of(fn: Any):
+    """A function from a call's arguments to its tensor arguments by parameter name (used to
+    check a new kind of call, and by named ops)."""
     sig = inspect.signature(fn)
 
     def arguments(args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
@@ -150,12 +157,13 @@ def _arguments_of(fn: Any):
 def _named(fn: Any, name: str) -> Any:
     tapes.install()
     arguments = _arguments_of(fn)
+    plans = {}  # shared by the eager forward's tapes and the recomputing backward's (see tritongrad.tape)
     fwd_proto, bwd_proto = _prototypes(fn)
     forward = torch.library.custom_op(name, mutates_args=(), schema=torch.library.infer_schema(
-        fwd_proto, mutates_args=()))(_named_impl(fn, name, arguments))
+        fwd_proto, mutates_args=()))(_named_impl(fn, name, arguments, plans))
     forward.register_fake(_fake(fn))
     backward_op = torch.library.custom_op(name + "_backward", mutates_args=(), schema=torch.library.infer_schema(
-        bwd_proto, mutates_args=()))(_recompute_backward(fn, name, arguments))
+        bwd_proto, mutates_args=()))(_recompute_backward(fn, name, arguments, plans))
     backward_op.register_fake(_fake_backward)
     setup_context, backward = _autograd(backward_op, name)
     forward.register_autograd(backward, setup_context=setup_context)
@@ -176,7 +184,7 @@ def _named(fn: Any, name: str) -> Any:
     return call
 
 
-def _named_impl(fn: Any, name: str, arguments):
+def _named_impl(fn: Any, name: str, arguments, plans: dict):
     def impl(*args, **kwargs):
         stash = _stash.get()
         if stash is None:  # no eager caller waiting for a tape: compiled code, no grad, direct torch.ops calls
@@ -187,10 +195,10 @@ def _named_impl(fn: Any, name: str, arguments):
             return fn(*args, **kwargs)
         token = _stash.set(None)  # ops inside fn do not take the stash
         try:
-            tape = Tape(name)
+            tape = Tape(name, plans)
             with tape.recording():
                 result = fn(*args, **kwargs)
-            tape.close(_as_tuple(result), bound, diff_inputs=diff)
+            tape.close(_as_tuple(result), args, kwargs, arguments, diff_inputs=diff)
         finally:
             _stash.reset(token)
         stash.append(tape)
@@ -217,18 +225,17 @@ def _fake_backward(*args):
     return [torch.empty_like(t) for t, need in zip(tensors, needs, strict=True) if need]
 
 
-def _recompute_backward(fn: Any, name: str, arguments):
+def _recompute_backward(fn: Any, name: str, arguments, plans: dict):
     def backward(*args):
         *inputs, grads, needs = args
         bound = arguments(tuple(inputs), {})
         diff = [t for t, need in zip(bound.values(), needs, strict=True) if need]
-        tape = Tape(name)
+        tape = Tape(name, plans)
         with tape.recording():
             result = fn(*inputs)
-        tape.close(_as_tuple(result), bound, diff_inputs=diff)
+        tape.close(_as_tuple(result), tuple(inputs), {}, arguments, diff_inputs=diff)
         saved, tape.saved = tuple(tape.saved), None
-        with torch.no_grad():
-            result = tape.backward(saved, tuple(grads), [True] * len(diff))
+        result = tape.backward(saved, tuple(grads), [True] * len(diff))
         return [torch.zeros_like(t) if g is None else torch.empty_like(t).copy_(g) for t, g in zip(diff, result,
                                                                                                    strict=True)]
 
@@ -255,9 +262,8 @@ def _autograd(backward_op: Any, name: str):
         if not any(needs):
             return tuple(result)
         if ctx.tape is not None:
-            with torch.no_grad():
-                tape_needs = [need for need, diff in zip(needs, ctx.diff, strict=True) if diff]
-                found = iter(ctx.tape.backward(ctx.saved_tensors, grads, tape_needs))
+            tape_needs = [need for need, diff in zip(needs, ctx.diff, strict=True) if diff]
+            found = iter(ctx.tape.backward(ctx.saved_tensors, grads, tape_needs))
             for i, diff in zip(ctx.positions, ctx.diff, strict=True):
                 if diff:
                     result[i] = next(found)

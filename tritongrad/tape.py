@@ -8,22 +8,32 @@ their constexprs, so the backward replays the forward with the config the autotu
 chose. Autotuner benchmarking runs are not recorded.
 
 Backward: shadow memory mirrors storage. Every tensor a launch touches is a ``View``
-of a storage (keyed by the storage's ``data_ptr``); each storage that gradients flow
-through gets one zero-filled float buffer covering the span its views touch, and a
-view's shadow is that buffer viewed with the view's sizes, strides and offset. So
-aliasing views share gradients, and a buffer one launch writes and a later one reads
-carries the gradient from the later launch's backward into the earlier one's.
-Launches are replayed in reverse order, each with ``tritongrad.grad(kernel, wrt,
-outputs)``; ``wrt`` and ``outputs`` are the parameters whose storages matter (see
-``Tape.backward``). Half-precision tensors get float32 shadows, cast once at the end.
+of a storage; each storage that gradients flow through gets one zero-filled float
+buffer covering the span its views touch, and a view's shadow is that buffer viewed
+with the view's sizes, strides and offset. So aliasing views share gradients, and a
+buffer one launch writes and a later one reads carries the gradient from the later
+launch's backward into the earlier one's. Launches are replayed in reverse order, each
+with ``tritongrad.grad(kernel, wrt, outputs)``; ``wrt`` and ``outputs`` are the
+parameters whose storages matter (see ``Plan.steps``). Half-precision tensors get
+float32 shadows, cast once at the end.
+
+Plans: the checks ``Tape.close`` makes and the shadow layout depend only on which
+kernels were launched, how their arguments were passed, and each tensor's dtype, sizes,
+strides, offset, device, ``requires_grad`` and which others share its storage. Each
+call reduces those to a key (storages numbered in order of appearance, not by address);
+the first call with a key runs the checks and lays out the backward (a ``Plan``), later
+calls with that key reuse it. The hot path reads tensor metadata only: no AST work and
+nothing that waits for the device.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +43,8 @@ from .derive import grad
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
+
+MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest ones
 
 
 def active() -> bool:
@@ -73,10 +85,24 @@ class KernelInfo:
     interpreted: bool
     roles: Roles | None  # None: the kernel could not be analysed (``error`` says why)
     error: Exception | None
+    keywords: frozenset[str] = frozenset()  # keyword arguments that are parameters (the rest are launch options)
+    pointers: frozenset[str] = frozenset()  # pointer parameters, where the roles are known
+
+    def bind(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A launch's arguments by parameter name, and its launch options (num_warps, ...)."""
+        named = dict(zip(self.params, args, strict=False))
+        options = {}
+        for k, v in kwargs.items():
+            if k in self.keywords:
+                named[k] = v
+            else:
+                options[k] = v
+        return named, options
 
 
 _infos: dict[Any, KernelInfo] = {}
 _infos_lock = threading.Lock()
+_pointers_checked: set[tuple] = set()  # launch patterns (see Launch) passing tensors to every pointer
 
 
 def kernel_info(kernel: Any) -> KernelInfo:
@@ -104,7 +130,10 @@ def _analyse(kernel: Any) -> KernelInfo:
     except Exception as e:  # e.g. a construct the core does not handle yet; raised if the launch needs a backward
         error = e
     interpreted = type(kernel).__name__ == "InterpretedFunction"
-    return KernelInfo(kernel.fn.__name__, tuple(sig.parameters), defaults, interpreted, roles, error)
+    params = tuple(sig.parameters)
+    return KernelInfo(kernel.fn.__name__, params, defaults, interpreted, roles, error,
+                      keywords=frozenset(params) | frozenset(defaults),
+                      pointers=roles.pointers if roles is not None else frozenset())
 
 
 # -- storage views ---------------------------------------------------------------------------------
@@ -112,7 +141,11 @@ def _analyse(kernel: Any) -> KernelInfo:
 
 @dataclass(frozen=True)
 class View:
-    """Where a tensor lives: storage key, dtype, sizes, strides, offset (in elements)."""
+    """Where a tensor lives: storage key (0: no storage), dtype, sizes, strides, offset (in elements).
+
+    Storage keys number the storages of one call in order of appearance (``_Tensors``), so
+    views of calls with the same key compare alike.
+    """
 
     key: int
     dtype: torch.dtype
@@ -120,11 +153,6 @@ class View:
     stride: tuple[int, ...]
     offset: int
     device: torch.device
-
-    @classmethod
-    def of(cls, t: torch.Tensor) -> View:
-        key = t.untyped_storage().data_ptr() if t.numel() else 0
-        return cls(key, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.device)
 
     @property
     def span(self) -> tuple[int, int]:
@@ -140,29 +168,124 @@ class View:
         sa, sb = self.dtype.itemsize, other.dtype.itemsize
         return a * sa < d * sb and c * sb < b * sa
 
+    @property
+    def contiguous(self) -> bool:
+        expected = 1
+        for n, s in zip(reversed(self.size), reversed(self.stride), strict=True):
+            if n != 1 and s != expected:
+                return False
+            expected *= n
+        return True
+
 
 def shadow_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-@dataclass(eq=False)
-class Launch:
-    """One recorded launch: the jit-level kernel, its grid, arguments by name and launch options.
+class _Tensors:
+    """The distinct tensors of one call (by identity), each described by what the checks read.
 
-    After ``Tape.close``, ``args`` holds saved-tensor slots in place of tensors, and ``views``
-    where each tensor argument lives.
+    ``device``: the first tensor's; ``mixed``: whether some other tensor is elsewhere.
     """
 
-    kernel: Any
-    info: KernelInfo
-    grid: Any
-    args: dict[str, Any]
-    options: dict[str, Any]
-    index: int
-    views: dict[str, View] = field(default_factory=dict)
+    __slots__ = ("tensors", "index", "described", "storages", "device", "on_cpu", "mixed")
+
+    def __init__(self):
+        self.tensors: list[torch.Tensor] = []
+        self.index: dict[int, int] = {}  # id(tensor) -> position in tensors
+        self.described: list[tuple] = []  # per tensor: (storage key, dtype, size, stride, offset, device, grad)
+        self.storages: dict[int, int] = {}  # storage address -> key (1, 2, ... in order of appearance)
+        self.device, self.on_cpu, self.mixed = None, False, False  # on_cpu: device.type is slow to read
+
+    def take(self, values: tuple) -> tuple[tuple, tuple]:
+        """Each value's position among the call's tensors (None for a value that is not a tensor),
+        and the values with tensors replaced by None. New tensors are described.
+
+        One loop with everything inlined: this runs on every argument of every launch.
+        """
+        index, tensors, described, storages = self.index, self.tensors, self.described, self.storages
+        positions, kept = [], []
+        for v in values:
+            if not isinstance(v, _Tensor):
+                positions.append(None)
+                kept.append(v)
+                continue
+            i = index.get(id(v))
+            if i is None:
+                i = index[id(v)] = len(tensors)
+                tensors.append(v)
+                dtype, size, offset, device, address = v.dtype, v.shape, v.storage_offset(), v.device, v.data_ptr()
+                # the storage's address (the view's, less its offset: untyped_storage() makes an object);
+                # a tensor without elements aliases nothing; storages are numbered, not named by address,
+                # so that the description is the same on every call with the same layout
+                key = storages.setdefault(address - offset * (_ITEMSIZE.get(dtype) or dtype.itemsize),
+                                          len(storages) + 1) if address and 0 not in size else 0
+                described.append((key, dtype, size, v.stride(), offset, device, v.requires_grad))
+                if device != self.device:
+                    self._another_device(device)
+            positions.append(i)
+            kept.append(None)
+        return tuple(positions), tuple(kept)
+
+    def _another_device(self, device: torch.device) -> None:
+        if self.device is None:
+            self.device, self.on_cpu = device, device == _CPU
+        else:
+            self.mixed = True
+
+    def view(self, i: int) -> View:
+        key, dtype, size, stride, offset, device, _ = self.described[i]
+        return View(key, dtype, tuple(size), stride, offset, device)
+
+    def requires_grad(self, i: int) -> bool:
+        return self.described[i][6]
+
+
+_CPU = torch.device("cpu")
+_Tensor = torch.Tensor  # a module global: read on every argument of every launch
+_ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)}  # dtype.itemsize is slow
+
+
+# -- launches --------------------------------------------------------------------------------------
+
+
+class Launch:
+    """One recorded launch: the jit-level kernel, its grid, and its arguments as passed, with
+    tensors replaced by None (the tape holds no tensors once closed: outputs would otherwise
+    hold themselves alive). Its pattern (``Tape.patterns``): the kernel's function, per
+    argument (positional, then keyword) the position of its tensor among the call's tensors
+    (None for a non-tensor), and the keywords.
+    """
+
+    __slots__ = ("kernel", "info", "index", "grid", "args", "kwargs")
+
+    def __init__(self, kernel: Any, info: KernelInfo, index: int, grid: tuple, args: tuple, kwargs: dict):
+        self.kernel, self.info, self.index, self.grid, self.args, self.kwargs = kernel, info, index, grid, args, kwargs
 
     def __str__(self) -> str:
-        return f"launch #{self.index + 1} (`{self.info.name}`)"
+        return _launch_name(self.index, self.info)
+
+
+def _launch_name(index: int, info: KernelInfo) -> str:
+    return f"launch #{index + 1} (`{info.name}`)"
+
+
+@dataclass(eq=False)
+class LaunchPlan:
+    """A launch's tensor parameters: where each lives, and its saved-tensor slot (None: written only)."""
+
+    info: KernelInfo
+    index: int
+    views: dict[str, View]
+    slots: dict[str, int | None] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return _launch_name(self.index, self.info)
+
+    @functools.cached_property
+    def replayed(self) -> tuple[tuple[str, int | None, tuple], ...]:
+        """Per tensor parameter: its saved slot, or (slot None) the dtype and device of a stand-in."""
+        return tuple((p, slot, (self.views[p].dtype, self.views[p].device)) for p, slot in self.slots.items())
 
     def params(self, role: str) -> list[str]:
         """Tensor parameters in a role ("loads", "stores", "overwrites", "inputs"), in parameter order."""
@@ -173,6 +296,164 @@ class Launch:
         return [p for p in self.views if p in chosen]
 
 
+# -- plans -----------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Plan:
+    """What every call with one key shares: its checked launches and the layout of its backward.
+
+    Tensors are named by their position among the call's distinct tensors (``_Tensors``).
+    """
+
+    launches: tuple[LaunchPlan, ...]
+    saved: tuple[int, ...]  # the tensors to save for the backward, by slot
+    inputs: tuple[int, ...]  # the tensors to differentiate (bare ops; named ops pass theirs)
+    input_views: tuple[View, ...]
+    output_views: tuple[View, ...]
+    storages: dict[int, tuple[torch.dtype, int, int]]  # storage key -> (dtype, lo, hi) of its shadow
+    whole: frozenset[int]  # storages seen through one contiguous view only: the shadow is that view
+    constants: tuple[int, ...]  # the outputs that are not floating point (not differentiable)
+    # derived from the above:
+    buffers: dict[int, tuple] = field(init=False)  # storage key -> (shape, dtype, device) of its shadow
+    input_shadows: tuple[Shadow | None, ...] = field(init=False)  # per input; None: no gradient
+    plain_inputs: bool = field(init=False)  # whether each input's gradient is its shadow buffer (_input_grads)
+    outputs: tuple[tuple | None, ...] = field(init=False)  # per output: (Shadow, reusable, size, dtype)
+    schedules: dict[tuple, tuple] = field(init=False, default_factory=dict)  # see steps
+
+    def __post_init__(self):
+        self.buffers = {k: self._buffer(k) for k in self.storages}
+        self.input_shadows = tuple(self.shadow(v) if v.key in self.storages else None for v in self.input_views)
+        keys = [v.key for v in self.input_views if v.key in self.storages]
+        self.plain_inputs = len(set(keys)) == len(keys) and all(
+            v.key in self.whole and shadow_dtype(v.dtype) == v.dtype for v in self.input_views if v.key in keys)
+        reusable = _reusable_outputs(self.launches, self.output_views, self.input_views, self.whole)
+        self.outputs = tuple((self.shadow(v), r, v.size, v.dtype) if v.key in self.storages else None
+                             for v, r in zip(self.output_views, reusable, strict=True))
+
+    def _buffer(self, key: int) -> tuple:
+        dtype, lo, hi = self.storages[key]
+        if key in self.whole:
+            shape, device = next((v.size, v.device) for v in self.views() if v.key == key)
+        else:
+            shape, device = (hi - lo,), next(v.device for v in self.views() if v.key == key)
+        return shape, shadow_dtype(dtype), device
+
+    def views(self) -> list[View]:
+        return [v for launch in self.launches for v in launch.views.values()] + [*self.output_views,
+                                                                                   *self.input_views]
+
+    def shadow(self, v: View) -> Shadow:
+        """Where a view's gradient lives."""
+        return Shadow(v.key, None if v.key in self.whole else (v.size, v.stride, v.offset - self.storages[v.key][1]))
+
+    def steps(self, needs: tuple[bool, ...], present: tuple[bool, ...]) -> tuple[Step, ...]:
+        """The launches to replay, newest first; cached per (inputs needing gradients, outputs
+        given gradients).
+
+        ``wrt`` of a launch: its differentiable inputs whose storage depends on a needed
+        input at that point of the forward. ``outputs``: the parameters it stores whose
+        storage carries gradient (an op output with a gradient, or a buffer a later
+        launch's backward accumulated into). A launch with neither is not replayed.
+        """
+        steps = self.schedules.get((needs, present))
+        if steps is None:
+            steps = self.schedules[(needs, present)] = self._steps(needs, present)
+        return steps
+
+    def _steps(self, needs: tuple[bool, ...], present: tuple[bool, ...]) -> tuple[Step, ...]:
+        varied = {v.key for v, need in zip(self.input_views, needs, strict=True) if need}
+        wrts = []
+        for launch in self.launches:
+            wrt = tuple(p for p in launch.params("inputs") if launch.views[p].key in varied and self.carries(launch, p))
+            wrts.append(wrt)
+            if wrt:
+                varied.update(launch.views[p].key for p in launch.params("stores"))
+        shadowed = {v.key for v, given in zip(self.output_views, present, strict=True)
+                    if given and v.key in self.storages}
+        steps = []
+        for launch, wrt in zip(reversed(self.launches), reversed(wrts), strict=True):
+            outputs = tuple(p for p in launch.params("stores") if launch.views[p].key in shadowed
+                            and self.carries(launch, p))
+            if wrt and outputs:
+                steps.append(Step(launch, wrt, outputs))
+                shadowed.update(launch.views[p].key for p in (*wrt, *outputs))
+        return tuple(steps)
+
+    def carries(self, launch: LaunchPlan, p: str) -> bool:
+        """Whether gradient can flow through the parameter: a float tensor with a shadow."""
+        return launch.views[p].dtype.is_floating_point and launch.views[p].key in self.storages
+
+
+@dataclass(frozen=True)
+class Shadow:
+    """Where a view's gradient lives: the shadow buffer of storage ``key`` seen through ``view``
+    ((sizes, strides, offset) into the buffer; None where the buffer is the view itself)."""
+
+    key: int
+    view: tuple | None
+
+
+@dataclass(eq=False)
+class Step:
+    """A launch to replay in a backward, with the parameters to differentiate with respect to
+    and the stored ones whose gradients flow back."""
+
+    launch: LaunchPlan
+    wrt: tuple[str, ...]
+    outputs: tuple[str, ...]
+    derived: tuple | None = None  # (the grad function used, the derived kernel, [(shadow parameter, Shadow)])
+
+    def derive(self, kernel: Any, plan: Plan) -> tuple[Any, list[tuple[str, Shadow]]]:
+        """The derived kernel and where its shadow parameters point. Looked up once: grad caches
+        too, but looking up costs microseconds; again if ``grad`` was replaced (tests spy on it)."""
+        derived = self.derived
+        if derived is None or derived[0] is not grad:
+            bwd = grad(kernel, self.wrt, self.outputs)
+            shadows = [(shadow, plan.shadow(self.launch.views[primal])) for primal, shadow in bwd.shadow_params.items()]
+            derived = self.derived = (grad, bwd, shadows)
+        return derived[1], derived[2]
+
+
+def _whole_storages(storages: dict, views: list[View]) -> frozenset[int]:
+    """The storages whose views are all one contiguous view (the common case: a fresh output)."""
+    layouts: dict[int, set] = {}
+    for v in views:
+        if v.key in storages:
+            layouts.setdefault(v.key, set()).add((v.size, v.stride, v.offset))
+    return frozenset(k for k, seen in layouts.items()
+                     if len(seen) == 1 and next(v for v in views if v.key == k).contiguous)
+
+
+def _reusable_outputs(plan_launches: tuple[LaunchPlan, ...], output_views: tuple[View, ...],
+                      input_views: tuple[View, ...], whole: frozenset[int]) -> tuple[bool, ...]:
+    """Per output: whether its incoming gradient can serve as its storage's shadow as it is.
+
+    Derived kernels only read output shadows; a shadow is written only where a launch's
+    backward accumulates into it (a parameter in the "inputs" role) or where an input's
+    gradient is taken from it. A storage with neither, seen through this output's view
+    only, and whose shadow dtype is the output's dtype, can take the gradient uncopied.
+    """
+    written = {launch.views[p].key for launch in plan_launches for p in launch.params("inputs")}
+    written.update(v.key for v in input_views)
+    keys = [v.key for v in output_views]
+    return tuple(v.key in whole and v.key not in written and keys.count(v.key) == 1
+                 and shadow_dtype(v.dtype) == v.dtype for v in output_views)
+
+
+_stand_ins: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _stand_in(dtype_device: tuple[torch.dtype, torch.device]) -> torch.Tensor:
+    """A one-element tensor for a parameter a launch only writes: derived kernels drop the
+    forward's stores, so nothing reads or writes it (one per dtype and device, kept)."""
+    t = _stand_ins.get(dtype_device)
+    if t is None:
+        dtype, device = dtype_device
+        t = _stand_ins[dtype_device] = torch.empty(1, dtype=dtype, device=device)
+    return t
+
+
 # -- the tape --------------------------------------------------------------------------------------
 
 
@@ -181,20 +462,31 @@ class OpError(RuntimeError):
 
 
 class Tape:
-    """The launches of one call of an op, and the backward that replays them."""
+    """The launches of one call of an op, and the backward that replays them.
 
-    def __init__(self, name: str):
+    ``plans``: the op's plans by key, shared by its calls (a fresh dict: nothing is reused).
+    """
+
+    plan: Plan | None = None  # set by close
+    saved: list[torch.Tensor] | None = None  # set by close, taken by the autograd node
+
+    def __init__(self, name: str, plans: dict | None = None):
         self.name = name
+        self.plans = {} if plans is None else plans
         self.launches: list[Launch] = []
-        self.device: torch.device | None = None
+        self.patterns: list[tuple] = []  # per launch: what the plan's key takes from it (see Launch)
+        self.tensors: _Tensors | None = _Tensors()  # until closed: the tensors launches were passed
 
-    @contextlib.contextmanager
-    def recording(self):
-        token = _current.set(self)
-        try:
-            yield self
-        finally:
-            _current.reset(token)
+    def recording(self) -> Tape:
+        """``with tape.recording():`` records the launches in the block."""
+        return self
+
+    def __enter__(self) -> Tape:  # methods, not a generator-based context manager: on every call's path
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _current.reset(self._token)
 
     def error(self, message: str) -> OpError:
         return OpError(f"tritongrad.op `{self.name}`: {message}")
@@ -202,83 +494,134 @@ class Tape:
     # -- forward ------------------------------------------------------------------------------------
 
     def record(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> None:
-        info = kernel_info(kernel)
-        named = dict(zip(info.params, args, strict=False))
-        options = {}
-        for k, v in kwargs.items():
-            if k in info.defaults or k in info.params:
-                named[k] = v
-            else:
-                options[k] = v  # num_warps, num_stages, ...
-        launch = Launch(kernel, info, None, named, options, len(self.launches))
-        for p, v in named.items():
-            if isinstance(v, torch.Tensor):
-                self._check_device(launch, p, v)
-            elif v is not None and info.roles is not None and p in info.roles.pointers:
-                raise TypeError(f"tritongrad.op `{self.name}`: {launch} passes {type(v).__name__} {v!r} to `{p}`, "
-                                f"which the kernel uses as a pointer; pass a tensor")
+        info = _infos.get(kernel.fn) or kernel_info(kernel)
+        tensors, index = self.tensors, len(self.launches)
+        positions, kept = tensors.take((*args, *kwargs.values()) if kwargs else args)
+        pattern = (kernel.fn, positions, tuple(kwargs))  # the function: JITFunction.__hash__ is Python
+        if tensors.mixed or (tensors.on_cpu and not info.interpreted):
+            self._check_devices(index, info, args, kwargs)
+        if pattern not in _pointers_checked and self._check_pointers(index, info, args, kwargs, positions):
+            if len(_pointers_checked) > 4096:  # bounded: patterns are few per call site
+                _pointers_checked.clear()
+            _pointers_checked.add(pattern)
         if callable(grid):
-            grid = grid({**info.defaults, **named})
-        launch.grid = tuple(grid)
-        self.launches.append(launch)
+            grid = grid({**info.defaults, **info.bind(args, kwargs)[0]})
+        n = len(args)
+        if kwargs:
+            if positions[n:].count(None) != len(kwargs):  # kwargs is a dict of our own (**kwargs): kept
+                kwargs = dict(zip(kwargs, kept[n:], strict=True))  # unless it holds tensors
+            kept = kept[:n]
+        self.launches.append(Launch(kernel, info, index, tuple(grid), kept, kwargs))
+        self.patterns.append(pattern)
 
-    def _check_device(self, launch: Launch, param: str, t: torch.Tensor) -> None:
-        if t.device.type == "cpu" and not launch.info.interpreted:
+    def _check_devices(self, index: int, info: KernelInfo, args: tuple, kwargs: dict) -> None:
+        """Refuse, before the kernel runs, tensors on another device than the op's first, or on the
+        CPU for a compiled kernel."""
+        for p, v in (*zip(info.params, args, strict=False), *kwargs.items()):
+            if isinstance(v, torch.Tensor):
+                self._check_device(_launch_name(index, info), info, p, v)
+
+    def _check_pointers(self, index: int, info: KernelInfo, args: tuple, kwargs: dict, positions: tuple) -> bool:
+        """Refuse, before the kernel runs, non-tensors passed as pointers (None is allowed).
+        Returns whether every pointer is a tensor: then any launch with this pattern passes."""
+        names = (*info.params, *[None] * len(args))[:len(args)] + tuple(kwargs)  # None: past the parameters
+        all_tensors = True
+        for p, v, i in zip(names, (*args, *kwargs.values()), positions, strict=True):
+            if i is None and p in info.pointers:
+                if v is not None:
+                    raise self._not_a_pointer(_launch_name(index, info), p, v)
+                all_tensors = False
+        return all_tensors
+
+    def _not_a_pointer(self, launch: str, p: str, v: Any) -> TypeError:
+        return TypeError(f"tritongrad.op `{self.name}`: {launch} passes {type(v).__name__} {v!r} to `{p}`, which the "
+                         "kernel uses as a pointer; pass a tensor")
+
+    def _check_device(self, launch: str, info: KernelInfo, param: str, t: torch.Tensor) -> None:
+        if t.device.type == "cpu" and not info.interpreted:
             raise self.error(f"{launch} passes a CPU tensor to `{param}`; move it to the GPU "
                              f"(CPU tensors run only under TRITON_INTERPRET=1)")
-        if self.device is None:
-            self.device = t.device
-        elif t.device != self.device:
+        if t.device != self.tensors.device:
             raise self.error(f"{launch} passes a tensor on {t.device} to `{param}`, but the op's tensors are on "
-                             f"{self.device}; put them on one device")
+                             f"{self.tensors.device}; put them on one device")
 
-    def close(self, outputs: tuple, arguments: dict[str, torch.Tensor], diff_inputs: list | None = None) -> list:
+    def close(self, outputs: tuple, args: tuple, kwargs: dict, bind: Callable[[tuple, dict], dict],
+              diff_inputs: list | None = None) -> list:
         """Check the finished forward; returns the tensors to differentiate with respect to.
 
-        ``arguments``: the op's tensor arguments by name. ``diff_inputs``: the tensors to
-        differentiate (named ops); by default every tensor a launch reads that requires grad.
-        Afterwards the tape holds views and saved-tensor slots, and ``self.saved`` lists the
-        tensors the backward reads (to go through ``ctx.save_for_backward``).
+        ``args``, ``kwargs``: the op's arguments as passed; ``bind(args, kwargs)`` names its
+        tensor arguments (called only to check a new kind of call). ``diff_inputs``: the
+        tensors to differentiate (named ops); by default every tensor a launch reads that
+        requires grad. Afterwards the tape holds its plan and the launches' non-tensor
+        arguments, and ``self.saved`` lists the tensors the backward reads (to go through
+        ``ctx.save_for_backward``).
         """
-        read: dict[int, list[tuple[Launch, str, View]]] = {}  # storage key -> reads so far
-        written: dict[int, list[tuple[Launch, str, View]]] = {}  # storage key -> writes so far
-        slots: dict[int, int] = {}  # id(tensor) -> index in self.saved
-        self.saved: list[torch.Tensor] = []
-        found: dict[int, torch.Tensor] = {}
-        for launch in self.launches:
-            tensors = {p: v for p, v in launch.args.items() if isinstance(v, torch.Tensor)}
-            launch.views = {p: View.of(t) for p, t in tensors.items()}
-            known = launch.info.roles is not None
+        tensors, self.tensors = self.tensors, None
+        # the key: what the checks and the plan depend on, equal for calls that launch the same
+        # kernels, passing tensors the same way, laid out the same way (as ``tensors`` describes
+        # them). The op's arguments are in it as passed: the tensors ``bind`` names follow.
+        positions = tensors.take((*outputs, *args, *kwargs.values()))[0]
+        diff = None if diff_inputs is None else tensors.take(tuple(diff_inputs))[0]
+        key = (tuple(self.patterns), len(outputs), positions, tuple(kwargs), diff, tuple(tensors.described))
+        plan = self.plans.get(key)
+        if plan is None:  # a new kind of call: check it (raises) and lay out its backward
+            arguments = {name: tensors.index[id(t)] for name, t in bind(args, kwargs).items()}
+            plan = self._plan(key, tensors, outputs, arguments)
+            if len(self.plans) >= MAX_PLANS:
+                self.plans.pop(next(iter(self.plans), None), None)
+            self.plans[key] = plan
+        self.plan, found = plan, tensors.tensors
+        self.saved = [found[i] for i in plan.saved]
+        return [found[i] for i in plan.inputs] if diff_inputs is None else diff_inputs
+
+    def _plan(self, key: tuple, tensors: _Tensors, outputs: tuple, arguments: dict[str, int]) -> Plan:
+        """Check a call whose key is new, and lay out its backward. ``arguments``: the op's
+        tensor arguments by name, as positions among the call's tensors."""
+        patterns, n_outputs, passed, _, diff, _ = key
+        outs = passed[:n_outputs]
+        read: dict[int, list[tuple[LaunchPlan, str, View]]] = {}  # storage key -> reads so far
+        written: dict[int, list[tuple[LaunchPlan, str, View]]] = {}  # storage key -> writes so far
+        slots: dict[int, int] = {}  # tensor position -> index in the saved tensors
+        found: dict[int, None] = {}  # positions of the differentiable inputs, in order
+        launches = []
+        for launch, (_, positions, names) in zip(self.launches, patterns, strict=True):
+            n = len(positions) - len(names)
+            named, _ = launch.info.bind(positions[:n], dict(zip(names, positions[n:], strict=True)))
+            params = {p: i for p, i in named.items() if i is not None}  # tensor parameter -> position
+            checked = LaunchPlan(launch.info, launch.index, {p: tensors.view(i) for p, i in params.items()})
+            launches.append(checked)
+            known = checked.info.roles is not None
             if known:
-                self._hazards(launch, read, written)
-            loads, stores = set(launch.params("loads")), set(launch.params("stores"))
-            for p, t in tensors.items():
-                if known and p in stores and t.requires_grad:
-                    raise self.error(f"{launch} writes to `{p}`, a tensor that requires grad (an input of the op?); "
+                self._hazards(checked, read, written)
+            loads, stores = set(checked.params("loads")), set(checked.params("stores"))
+            for p, i in params.items():
+                if known and p in stores and tensors.requires_grad(i):
+                    raise self.error(f"{checked} writes to `{p}`, a tensor that requires grad (an input of the op?); "
                                      "kernels of an op may write only to buffers the op allocates")
                 if p in loads:
-                    if id(t) not in slots:
-                        slots[id(t)] = len(self.saved)
-                        self.saved.append(t)
-                    if diff_inputs is None and t.requires_grad and t.is_floating_point():
-                        found.setdefault(id(t), t)
-                launch.args[p] = slots.get(id(t))  # saved slot, or None: written only, never read back
+                    slots.setdefault(i, len(slots))
+                    if diff is None and tensors.requires_grad(i) and checked.views[p].dtype.is_floating_point:
+                        found.setdefault(i)
+                checked.slots[p] = slots.get(i)  # saved slot, or None: written only, never read back
             for p in stores:
-                written.setdefault(launch.views[p].key, []).append((launch, p, launch.views[p]))
+                written.setdefault(checked.views[p].key, []).append((checked, p, checked.views[p]))
             if known:  # unknown roles: hazards are not checked (the launch fails if it needs a backward)
                 for p in loads:
-                    read.setdefault(launch.views[p].key, []).append((launch, p, launch.views[p]))
-        self._check_outputs(outputs, arguments, written)
-        if diff_inputs is None:
-            diff_inputs = list(found.values())
+                    read.setdefault(checked.views[p].key, []).append((checked, p, checked.views[p]))
+        self._check_outputs(outputs, outs, arguments, tensors, written)
+        if diff is None:
+            diff = tuple(found)
         else:
-            self._check_origins(arguments, written)
-        self.input_views = [View.of(t) for t in diff_inputs]
-        self.output_views = [View.of(t) for t in outputs]
-        self.storages = self._storages()
-        return diff_inputs
+            self._check_origins(launches, tuple(arguments.values()), tensors, written)
+        input_views = [tensors.view(i) for i in diff]
+        output_views = [tensors.view(i) for i in outs]
+        views = [v for launch in launches for v in launch.views.values()] + output_views + input_views
+        storages = self._storages(views)
+        constants = tuple(i for i, v in enumerate(output_views) if not v.dtype.is_floating_point)
+        return Plan(tuple(launches), tuple(slots), diff, tuple(input_views), tuple(output_views), storages,
+                    _whole_storages(storages, views), constants)
 
-    def _hazards(self, launch: Launch, read: dict, written: dict) -> None:
+    def _hazards(self, launch: LaunchPlan, read: dict, written: dict) -> None:
         """Refuse what replaying the launches against final memory would get wrong."""
         for p in launch.params("stores"):
             v = launch.views[p]
@@ -293,29 +636,30 @@ class Tape:
                     if u.overlaps(v):
                         raise self._hazard(other, q, "writes", launch, p)
 
-    def _hazard(self, first: Launch, p: str, verb: str, second: Launch, q: str) -> OpError:
+    def _hazard(self, first: LaunchPlan, p: str, verb: str, second: LaunchPlan, q: str) -> OpError:
         why = ("the backward replays each launch against memory as the op left it, so it would read the new values"
                if verb == "reads" else f"the backward of {first} would take the gradient of what {second} wrote")
         return self.error(f"{second} overwrites `{q}`, memory that {first} {verb} through `{p}`: {why}. Write to a "
                           "fresh buffer instead (tritongrad refuses rather than snapshotting memory)")
 
-    def _check_outputs(self, outputs: tuple, arguments: dict, written: dict) -> None:
-        for i, out in enumerate(outputs):
-            if not isinstance(out, torch.Tensor):
+    def _check_outputs(self, outputs: tuple, outs: tuple, arguments: dict[str, int], tensors: _Tensors,
+                       written: dict) -> None:
+        for i, (out, position) in enumerate(zip(outputs, outs, strict=True)):
+            if position is None:
                 raise self.error(f"output #{i} is a {type(out).__name__}; an op returns tensors")
-            v = View.of(out)
+            v = tensors.view(position)
             for name, arg in arguments.items():
-                if v.key and v.key == View.of(arg).key:
+                if v.key and v.key == tensors.view(arg).key:
                     raise self.error(f"output #{i} shares memory with the argument `{name}` (it is that argument "
                                      "or a view of it); an op must return tensors it allocates")
             if v.key and v.key not in written:
                 raise self.error(f"output #{i} was not written by any kernel launch of the op (made by a PyTorch "
                                  "operation?); compute it with a kernel, or outside the op")
 
-    def _check_origins(self, arguments: dict, written: dict) -> None:
+    def _check_origins(self, launches: list[LaunchPlan], args: tuple, tensors: _Tensors, written: dict) -> None:
         """Named ops run below autograd: a tensor made from the inputs by PyTorch inside would be a silent constant."""
-        known = {View.of(t).key for t in arguments.values()} | set(written)
-        for launch in self.launches:
+        known = {tensors.view(i).key for i in args} | set(written)
+        for launch in launches:
             for p in launch.params("inputs"):
                 v = launch.views[p]
                 if v.key and v.key not in known and v.dtype.is_floating_point:
@@ -324,10 +668,9 @@ class Tape:
                         "earlier launch (made by a PyTorch operation, e.g. .contiguous()?). A named op cannot see "
                         "such operations; do them outside the op, or pass the tensor in as an argument")
 
-    def _storages(self) -> dict[int, tuple[torch.dtype, int, int]]:
+    def _storages(self, views: list[View]) -> dict[int, tuple[torch.dtype, int, int]]:
         """Storage key -> (dtype, lo, hi): the float storages and the element spans their shadows cover."""
         spans: dict[int, tuple[torch.dtype, int, int]] = {}
-        views = [v for launch in self.launches for v in launch.views.values()] + self.output_views + self.input_views
         for v in views:
             if not v.key or not v.dtype.is_floating_point:
                 continue
@@ -343,83 +686,81 @@ class Tape:
 
     # -- backward -----------------------------------------------------------------------------------
 
-    def backward(self, saved: tuple, grads: tuple, needs: list[bool]) -> list[torch.Tensor | None]:
+    def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
         """Gradients of the differentiated inputs (None where not needed or not reached).
 
-        ``wrt`` of a launch: its differentiable inputs whose storage depends on a needed
-        input at that point of the forward. ``outputs``: the parameters it stores whose
-        storage carries gradient (an op output with a gradient, or a buffer a later
-        launch's backward accumulated into). A launch with neither is not replayed.
+        Runs with grad mode off: the replay is not itself differentiated (under
+        ``create_graph=True`` too).
         """
-        varied = {v.key for v, need in zip(self.input_views, needs, strict=True) if need}
-        wrts = []
-        for launch in self.launches:
-            wrt = [p for p in launch.params("inputs") if launch.views[p].key in varied and self._float(launch, p)]
-            wrts.append(wrt)
-            if wrt:
-                varied.update(launch.views[p].key for p in launch.params("stores"))
+        if torch.is_grad_enabled():  # torch.no_grad costs microseconds: entered only when needed
+            with torch.no_grad():
+                return self._backward(saved, grads, needs)
+        return self._backward(saved, grads, needs)
 
+    def _backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
+        plan = self.plan
+        steps = plan.steps(tuple(needs), tuple([g is not None for g in grads]))
         shadows: dict[int, torch.Tensor] = {}
-        for v, g in zip(self.output_views, grads, strict=True):
-            if g is not None and v.key in self.storages:
-                self._shadow(shadows, v).add_(g)
+        for output, g in zip(plan.outputs, grads, strict=True):
+            if output is None or g is None:
+                continue
+            shadow, reusable, size, dtype = output
+            if reusable and g.is_contiguous() and g.shape == size and g.dtype == dtype:
+                shadows[shadow.key] = g  # derived kernels only read it: no zero-filled copy
+            else:
+                self._shadow(shadows, shadow).add_(g)
         token = _current.set(None)  # derived kernels are not recorded, even inside another op's forward
         try:
-            for launch, wrt in zip(reversed(self.launches), reversed(wrts), strict=True):
-                outputs = [p for p in launch.params("stores") if launch.views[p].key in shadows
-                           and self._float(launch, p)]
-                if wrt and outputs:
-                    self._replay(launch, saved, shadows, tuple(wrt), tuple(outputs))
+            for step in steps:
+                self._replay(step, saved, shadows)
         finally:
             _current.reset(token)
         return self._input_grads(shadows, needs)
 
-    def _float(self, launch: Launch, p: str) -> bool:
-        return launch.views[p].dtype.is_floating_point and launch.views[p].key in self.storages
-
-    def _replay(self, launch: Launch, saved: tuple, shadows: dict, wrt: tuple, outputs: tuple) -> None:
+    def _replay(self, step: Step, saved: tuple, shadows: dict) -> None:
+        launch = self.launches[step.launch.index]
         if launch.info.roles is None:
             error, note = launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)"
             if note not in getattr(error, "__notes__", ()):
                 error.add_note(note)
             raise error
-        bwd = grad(launch.kernel, wrt, outputs)
-        args = {}
-        for p, v in launch.args.items():
-            if p not in launch.views:
-                args[p] = v
-            elif v is not None:
-                args[p] = saved[v]
-            else:  # written only, not saved: derived kernels drop the forward's stores, a stand-in will do
-                args[p] = torch.empty(1, dtype=launch.views[p].dtype, device=launch.views[p].device)
-        for primal, shadow in bwd.shadow_params.items():
-            args[shadow] = self._shadow(shadows, launch.views[primal])
-        bwd[launch.grid](**args, **launch.options)
+        bwd, shadow_params = step.derive(launch.kernel, self.plan)
+        # the forward's arguments and launch options, all passed by keyword
+        args = dict(zip(launch.info.params, launch.args, strict=False))
+        args.update(launch.kwargs)
+        for p, slot, stand_in in step.launch.replayed:
+            args[p] = saved[slot] if slot is not None else _stand_in(stand_in)
+        for p, shadow in shadow_params:
+            args[p] = self._shadow(shadows, shadow)
+        bwd[launch.grid](**args)
 
-    def _shadow(self, shadows: dict, v: View) -> torch.Tensor:
-        dtype, lo, hi = self.storages[v.key]
-        flat = shadows.get(v.key)
-        if flat is None:
-            flat = shadows[v.key] = torch.zeros(hi - lo, dtype=shadow_dtype(dtype), device=v.device)
-        return flat.as_strided(v.size, v.stride, v.offset - lo)
+    def _shadow(self, shadows: dict, shadow: Shadow) -> torch.Tensor:
+        buffer = shadows.get(shadow.key)
+        if buffer is None:
+            shape, dtype, device = self.plan.buffers[shadow.key]
+            buffer = shadows[shadow.key] = torch.zeros(shape, dtype=dtype, device=device)
+        return buffer if shadow.view is None else buffer.as_strided(*shadow.view)
 
-    def _input_grads(self, shadows: dict, needs: list[bool]) -> list[torch.Tensor | None]:
+    def _input_grads(self, shadows: dict, needs: Sequence[bool]) -> list[torch.Tensor | None]:
         """Each input's gradient, such that autograd, mapping them back through the inputs' views,
         adds each memory element's gradient exactly once: an element several inputs (or one
         self-overlapping input, such as an expanded one) cover goes to the first covering position."""
-        keys = [v.key for v, need in zip(self.input_views, needs, strict=True) if need and v.key in shadows]
+        plan = self.plan
+        if plan.plain_inputs:  # distinct storages, each one contiguous view, no cast: the shadows as they are
+            return [shadows.get(v.key) if need else None for v, need in zip(plan.input_views, needs, strict=True)]
+        keys = [v.key for v, need in zip(plan.input_views, needs, strict=True) if need and v.key in shadows]
         grads = []
-        for v, need in zip(self.input_views, needs, strict=True):
+        for v, shadow, need in zip(plan.input_views, plan.input_shadows, needs, strict=True):
             if not need or v.key not in shadows:
                 grads.append(None)
                 continue
-            g = self._shadow(shadows, v)
-            if torch._debug_has_internal_overlap(g):
-                g = g * _first_cover(v, self.storages[v.key][1])
+            g = self._shadow(shadows, shadow)
+            if shadow.view is not None and torch._debug_has_internal_overlap(g):
+                g = g * _first_cover(v, plan.storages[v.key][1])
             elif keys.count(v.key) > 1:
                 g = g.clone()
             if keys.count(v.key) > 1:
-                self._shadow(shadows, v).zero_()
+                self._shadow(shadows, shadow).zero_()
             grads.append(g if g.dtype == v.dtype else g.to(v.dtype))
         return grads
 
