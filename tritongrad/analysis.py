@@ -20,7 +20,7 @@ import ast
 from dataclasses import dataclass, field
 
 from .errors import NotDifferentiableError
-from .frontend import Op, Origin, Program, refuse
+from .frontend import Op, Origin, Program, refuse, triton_language_name
 from .ir import child_blocks, reads, statements, structured
 from .rules import MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES, rule_of
 
@@ -548,8 +548,9 @@ def _shape_of(stmt: ast.stmt, of) -> Shape:
     if kind in ("sum", "max", "min", "argmax", "argmin"):
         x, axis = of(op.args[0]), ast.literal_eval(b.get("axis", ast.Constant(None)))
         keep = ast.literal_eval(b.get("keep_dims", ast.Constant(False)))
-        if axis is None:
-            return tuple("1" for _ in x) if keep else ()
+        if axis is None:  # tl.reduce flattens first; tl.sum and friends keep the rank
+            flattened = triton_language_name(op.func, None) == "reduce"
+            return (("1",) if flattened else tuple("1" for _ in x)) if keep else ()
         axis = axis % len(x)
         return tuple("1" if i == axis else d for i, d in enumerate(x)) if keep else x[:axis] + x[axis + 1:]
     if kind == "dot":

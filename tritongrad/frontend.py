@@ -29,7 +29,7 @@ from typing import Any
 
 from .errors import NotDifferentiableError
 from .ir import Carried
-from .rules import CUSTOM, MULTI_RESULT, RULES, reads_result
+from .rules import CUSTOM, MULTI_RESULT, RULES, Signature, reads_result
 
 LOCAL = object()  # resolve(): the expression is a local value, not a global object
 
@@ -732,12 +732,14 @@ class Normalizer:
         is one of those (``a + b``, ``tl.maximum(a, b)``, ``tl.minimum(a, b)``); else left without a rule."""
         self._import_globals(node.func)
         d = self.build_call("reduce", _rename_globals(node.func, self.frame, self), [], node, stmt, func_obj=obj)
-        args, kwargs = d.op.args, d.op.kwargs
-        combine = args[2] if len(args) > 2 else kwargs.get("combine_fn")
+        try:
+            bound = REDUCE_SIGNATURE.bind(d.op.args, d.op.kwargs)
+        except TypeError as e:
+            raise self.refuse(stmt, f"the call to `tl.reduce`: {e}", "check the arguments against Triton's") from e
+        combine = bound["combine_fn"]
         kind = _combine_kind(self.resolve(combine) if isinstance(combine, ast.Name) else None)
-        if kind is not None and len(args) >= 2:
-            keep = {"keep_dims": kwargs["keep_dims"]} if "keep_dims" in kwargs else {}
-            d.op = Op(kind, args[:2], keep, obj)
+        if kind is not None:  # op.func stays tl.reduce: with axis=None it flattens first (shapes differ)
+            d.op = Op(kind, [bound["input"], bound["axis"]], {"keep_dims": bound["keep_dims"]}, obj)
         return d
 
     def scan(self, node: ast.Call, stmt: ast.stmt, obj: Any) -> _Deferred:
@@ -820,6 +822,9 @@ class Normalizer:
         finally:
             self.inline_depth -= 1
             self.frames.pop()
+
+
+REDUCE_SIGNATURE = Signature.parse("input, axis, combine_fn, keep_dims=False")
 
 
 @dataclass

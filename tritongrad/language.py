@@ -48,6 +48,9 @@ def _sum_grad(g, x, axis: tl.constexpr, keep_dims: tl.constexpr):
     if axis is not None:
         if not keep_dims:
             g = tl.expand_dims(g, axis)
+    else:
+        if len(g.shape) > 0:  # kept dims: (1, 1) from tl.sum, (1,) from tl.reduce, which flattens first
+            g = tl.sum(tl.reshape(g, (1,)), 0)
     return tl.broadcast_to(g, x.shape)
 
 
