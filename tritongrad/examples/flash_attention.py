@@ -46,7 +46,7 @@ def flash_attention_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     (m, d), (n, _) = q.shape, k.shape
     o = torch.empty_like(q)
-    args = (q, k, v, o, m, n, d, 1.0 / math.sqrt(d))
+    args = (q, k, v, o, m, n, d, softmax_scale(d))
     meta = {"BM": BM, "BN": BN, "BD": max(16, triton.next_power_of_2(d))}
     return Launch(flash_attention_kernel, (triton.cdiv(m, BM),), args, meta, "o_ptr", o)
 
@@ -55,8 +55,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     return flash_attention_launch(q, k, v)()
 
 
+def softmax_scale(d: int) -> float:
+    """1 / sqrt(d), rounded to float32: a compiled kernel receives a Python float as float32."""
+    return torch.tensor(1.0 / math.sqrt(d), dtype=torch.float32).item()
+
+
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(q @ k.T / math.sqrt(q.shape[1]), dim=1) @ v
+    return torch.softmax(q @ k.T * softmax_scale(q.shape[1]), dim=1) @ v
 
 
 def make_inputs(device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, ...]:
