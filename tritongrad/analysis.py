@@ -155,7 +155,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         mark_chain(address.id, base)
         (loads if kind == "load" else stores).setdefault(base, []).append(s)
 
-    feeds_address = _feeds_addresses(body, defs)
+    feeds_address = _feeds_addresses(body, defs, [f for f in structured(program.body) if isinstance(f, ast.For)])
     index_pointers = {pointer_base[bind(s)["pointer"].id] for s in body
                       if op_of(s).kind == "load" and target_of(s) in feeds_address}
 
@@ -212,10 +212,10 @@ def _choose_base(address: str, candidates: dict[str, set[str]], scalar_use: set[
                  "name the pointer parameter with `ptr` in it (`x_ptr`) so it can be told from offsets")
 
 
-def _feeds_addresses(body: list[ast.stmt], defs: dict[str, ast.stmt]) -> set[str]:
-    """Names whose values flow into an address or a mask."""
+def _feeds_addresses(body: list[ast.stmt], defs: dict[str, ast.stmt], loops: list[ast.For] = ()) -> set[str]:
+    """Names whose values flow into an address, a mask or a loop's range: integers, not gradients."""
     seen: set[str] = set()
-    work = []
+    work = [n for f in loops for n in reads(f.iter)]
     for s in body:
         if op_of(s).kind in MEMORY:
             b = bind(s)

@@ -73,6 +73,11 @@ class BackwardKernel:
                                 f"({', '.join(free)}), got {len(args)}")
             named = {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
             self.check_grid(grid(named) if callable(grid) else grid)
+            for name in self.wrt:  # an integer tensor has no gradient: say so, rather than return zeros
+                dtype = getattr(named.get(name), "dtype", None)
+                if dtype is not None and not dtype.is_floating_point:
+                    raise TypeError(f"{self.name}: wrt names `{name}`, but the tensor passed there is {dtype}; "
+                                    "only floating-point inputs have gradients")
             return launch(**named)
 
         return run
