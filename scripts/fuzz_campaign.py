@@ -1,0 +1,138 @@
+"""A long differential-fuzzing campaign (issue 5): random kernels, derived gradients against PyTorch.
+
+    python scripts/fuzz_campaign.py --kernels 10000 --seed S [--jobs 2] [--shrink DIR] [--avoid-known]
+
+Kernel i of seed S is ``tests/fuzz/generate.py``'s ``random_program`` of ``S * 1_000_003 + i``,
+so any one can be replayed alone (``--only I``). Prints the counts: generated, passed,
+refused with NotDifferentiableError (by construct), mismatched, crashed, and invalid (a
+kernel the generator got wrong: it must stay 0). With ``--shrink DIR`` the first failure
+of each kind is shrunk and written to DIR as a regression test module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import multiprocessing
+import os
+import re
+import sys
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is defined
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tests.fuzz import generate as G  # noqa: E402
+
+FAILING = ("mismatch", "crashed", "invalid")
+
+
+def kernel_seed(seed: int, i: int) -> int:
+    return seed * 1_000_003 + i
+
+
+AVOID: tuple[str, ...] = ()
+
+
+def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str]]:
+    seed, i = args
+    program, _ = G.random_program(kernel_seed(seed, i), AVOID)
+    outcome = G.check(program)
+    return i, outcome.status, outcome.detail, program.labels()
+
+
+def signature(status: str, detail: str) -> str:
+    """Failures of one kind: the status and the first line of the detail, numbers and names blurred."""
+    line = detail.splitlines()[0] if detail else ""
+    line = re.sub(r"\b[vuxwstiy]\d+(_\w+)?\b", "<name>", line)
+    return f"{status}: {re.sub(r'[0-9.e+-]{2,}', '#', line)[:160]}"
+
+
+def shrink_failure(seed: int, i: int, status: str, detail: str, out_dir: str) -> str:
+    _, choices = G.random_program(kernel_seed(seed, i), AVOID)
+    sig = signature(status, detail)
+
+    def failing(cand: list[int]) -> bool:
+        try:
+            outcome = G.check(G.replay(cand, AVOID))
+        except Exception:  # noqa: BLE001 - a generator error is not the failure we shrink
+            return False
+        return outcome.status == status and (status == "mismatch"
+                                             or signature(outcome.status, outcome.detail) == sig)
+
+    small = G.shrink(choices, failing)
+    outcome = G.check(G.replay(small, AVOID))
+    name = f"{status}_{seed}_{i}"
+    path = os.path.join(out_dir, f"test_{name}.py")
+    with open(path, "w") as f:
+        f.write(G.regression_source(outcome.source, name, f"{status}: {outcome.detail.splitlines()[0]}"))
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--only", type=int, default=None, help="run kernel I alone and print its module")
+    ap.add_argument("--shrink", metavar="DIR", default=None, help="shrink one failure per kind into DIR")
+    ap.add_argument("--show", type=int, default=5, help="failures listed per kind")
+    ap.add_argument("--avoid-known", action="store_true",
+                    help="steer around the constructs with open bugs (generate.KNOWN_BUGS)")
+    args = ap.parse_args(argv)
+    global AVOID
+    AVOID = tuple(G.KNOWN_BUGS) if args.avoid_known else ()
+
+    if args.only is not None:
+        program, _ = G.random_program(kernel_seed(args.seed, args.only), AVOID)
+        outcome = G.check(program)
+        print(outcome.report())
+        return 0 if outcome.status in ("passed", "refused") else 1
+
+    counts: collections.Counter[str] = collections.Counter()
+    refused: collections.Counter[str] = collections.Counter()
+    coverage: collections.Counter[str] = collections.Counter()
+    failures: dict[str, list[tuple[int, str, str]]] = collections.defaultdict(list)
+    start = time.time()
+    jobs = [(args.seed, i) for i in range(args.kernels)]
+    if args.jobs > 1:
+        pool = multiprocessing.get_context("fork").Pool(args.jobs)
+        results = pool.imap_unordered(run_one, jobs, chunksize=8)
+    else:
+        pool, results = None, map(run_one, jobs)
+    for n, (i, status, detail, labels) in enumerate(results, 1):
+        counts[status] += 1
+        coverage.update(set(labels))
+        if status == "refused":
+            refused[detail] += 1
+        elif status in FAILING:
+            failures[signature(status, detail)].append((i, status, detail))
+        if n % 500 == 0:
+            print(f"[{n}/{args.kernels}, {time.time() - start:.0f}s] {dict(counts)}", flush=True)
+    if pool is not None:
+        pool.close()
+
+    print(f"\nseed {args.seed}: {args.kernels} kernels in {time.time() - start:.0f}s")
+    print(f"  generated   {args.kernels}")
+    for status in ("passed", "refused", "mismatch", "crashed", "invalid"):
+        print(f"  {status:11s} {counts[status]}")
+    for construct, k in refused.most_common():
+        print(f"    refused {k:5d}  {construct}")
+    for sig, items in sorted(failures.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {len(items):5d}  {sig}")
+        for i, _, detail in items[: args.show]:
+            print(f"         kernel {i}: {detail.splitlines()[0][:200] if detail else ''}")
+    print("  coverage (kernels using each construct): " +
+          ", ".join(f"{k} {v}" for k, v in sorted(coverage.items(), key=lambda kv: -kv[1])))
+    if args.shrink and failures:
+        os.makedirs(args.shrink, exist_ok=True)
+        for sig, items in failures.items():
+            i, status, detail = min(items)
+            print(f"shrinking kernel {i} ({sig}) ...", flush=True)
+            print("  ->", shrink_failure(args.seed, i, status, detail, args.shrink), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

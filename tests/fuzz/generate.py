@@ -1,0 +1,1430 @@
+"""Random straight-line Triton kernels with plain-PyTorch mirrors, for differential testing.
+
+``generate(draw)`` builds a :class:`Program` from a stream of integer choices:
+
+- a *frame*: one or two tile axes (``n``; or ``m`` and ``k``), each with a power-of-two
+  block, a ragged size below it, and maybe a grid axis (``pid * BLOCK + tl.arange``);
+- *inputs*: tiles over the axes, loaded plain or transposed, shifted (stencils), through
+  named, stepwise, ``(p + 1) ... - 1``, ``tl.where(mask, ptrs, base)`` or broadcast
+  pointers, and possibly several times; vectors every program loads; scalars (one, or one
+  per program); gather tables (or rows of a tile input) read through an index pointer
+  whose indices repeat; runtime float and integer arguments; ``tl.constexpr`` globals;
+- *nodes*: one kernel statement each (with helper lines), with its mirror statement
+  (PyTorch on the valid elements of the current program's tile), its shape ``kind`` (a
+  tuple of axis names and ``"1"``), an interval holding every lane's value, masked lanes
+  included, and the axes along which masked lanes hold exactly 0 (loads with
+  ``other=0.0``: sums and ``tl.dot`` may then skip the ``tl.where``). The intervals decide
+  the adapters that keep values in a domain (``x * x + 0.5`` before ``log``, an exact
+  power-of-two scaling before ``exp``), so every lane stays finite and no pole is hit.
+  Operations: ``+ - * /``, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, sigmoid, erf, abs,
+  maximum, minimum, clamp, fma, ``tl.where`` with comparisons, casts (float32 round trips
+  and float32 regions, int), ``tl.sum/max/min`` along an axis or all (``keep_dims``,
+  positional and negative axes, method spelling), softmax and logsumexp the tutorial way
+  (``-inf`` padding), outer products, trans / ``.T`` / permute, expand_dims / ``[:, None]``,
+  reshape, broadcast_to, ``tl.dot`` (with accumulator) on 16-wide or larger tiles;
+  ``@triton.jit`` helpers (nested, returning pairs, with parameters named like kernel
+  variables), reassignments and augmented assignments, names like adjoints (``d_v0``);
+- *stores* into one or two outputs: disjoint across programs, or ``tl.atomic_add`` into
+  shared elements; of the value's shape or of one it broadcasts to.
+
+Inputs are uniform in [-2, 2] or multiples of 0.5 there (so maxima, ``maximum`` and
+comparisons tie). ``draw`` is a :class:`Draw`: :class:`HypothesisDraw` (``programs()``, a
+hypothesis strategy that shrinks), :class:`RandomDraw` (seeded, for campaigns; it records
+its choices) and :class:`ReplayDraw` (replays recorded choices; ``shrink`` minimizes them).
+
+``render(program)`` writes a module (kernel, helpers, mirror, inputs, launch constants);
+``check(program)`` imports it from a file and returns an :class:`Outcome`: forward
+against the mirror (NaN-poisoned outputs), then ``backward_launch`` against torch autograd
+on the mirror with random upstream gradients, float64, relative tolerance 1e-9 (1e-3 with
+float32 casts). ``regression_source`` turns a module into a regression test.
+
+Extending (loops, branches): add a family to ``FAMILIES`` and a ``Gen.op_*`` method
+producing nodes; a node is one statement whose template may span several lines
+(``pre_tl``/``pre_th``), so a loop can be a node carrying its body's lines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import random
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CAP = 1000.0  # every lane's magnitude stays below this (a node past it is scaled down)
+SMALL = 4.0  # exp / exp2 arguments
+POSITIVE = 0.25  # log, sqrt, rsqrt and denominators stay at or above this
+INPUT_BOUND = 2.0  # inputs lie in [-2, 2]; `other` values too
+
+# ------------------------------------------------------------------------------------------
+# drawing
+
+
+class Draw:
+    """A source of integer choices; everything else is built on ``int``."""
+
+    def int(self, lo: int, hi: int) -> int:
+        raise NotImplementedError
+
+    def pick(self, options: Sequence[Any]) -> Any:
+        """One of ``options``, shrinking toward the first."""
+        return options[self.int(0, len(options) - 1)]
+
+    def recent(self, options: Sequence[Any]) -> Any:
+        """One of ``options``, shrinking toward the last (the most recent node)."""
+        return options[len(options) - 1 - self.int(0, len(options) - 1)]
+
+
+class HypothesisDraw(Draw):
+    def __init__(self, draw: Callable[..., Any]):
+        from hypothesis import strategies as st
+
+        self._draw, self._st = draw, st
+
+    def int(self, lo, hi):
+        return lo if lo == hi else self._draw(self._st.integers(lo, hi))
+
+
+class RandomDraw(Draw):
+    def __init__(self, rng: random.Random):
+        self.rng, self.choices = rng, []
+
+    def int(self, lo, hi):
+        v = self.rng.randint(lo, hi)
+        self.choices.append(v - lo)
+        return v
+
+
+class ReplayDraw(Draw):
+    """Replays recorded choices, clamped into range; past their end, the smallest."""
+
+    def __init__(self, choices: Sequence[int]):
+        self.choices, self.i = list(choices), 0
+
+    def int(self, lo, hi):
+        v = self.choices[self.i] if self.i < len(self.choices) else 0
+        self.i += 1
+        return lo + min(max(v, 0), hi - lo)
+
+
+# ------------------------------------------------------------------------------------------
+# the program
+
+
+@dataclass
+class Dim:
+    name: str  # "n", or "m" and "k"
+    block: int
+    size: int
+    axis: int | None  # grid axis tiling it; None: one block covers it
+
+    @property
+    def programs(self) -> int:
+        return -(-self.size // self.block) if self.axis is not None else 1
+
+    BLOCK = property(lambda self: "B" + self.name.upper())
+    SIZE = property(lambda self: self.name.upper())
+    idx = property(lambda self: "r" + self.name)  # kernel: indices of the tile along this axis
+    mask = property(lambda self: "m" + self.name)  # kernel: those < SIZE
+    lo = property(lambda self: self.name + "0")  # mirror: this program's valid slice lo:hi
+    hi = property(lambda self: self.name + "1")
+    valid = property(lambda self: "s" + self.name)  # mirror: hi - lo
+
+
+@dataclass
+class Input:
+    name: str  # kernel parameter f"{name}_ptr", mirror argument `name`
+    role: str  # "tile" | "scalar" | "table" | "index"
+    dims: tuple[str, ...] = ()  # tile: its axes; table: its second axis (if any); index: its axis
+    dist: str = "uniform"  # "uniform" in [-2, 2] | "ties" (multiples of 0.5 in [-2, 2]) | "index"
+    vocab: int = 0  # table rows = index range
+    per_program: bool = False  # scalar: one per program
+
+    @property
+    def ptr(self) -> str:
+        return f"{self.name}_ptr"
+
+
+@dataclass
+class Node:
+    kind: tuple[str, ...]
+    lo: float
+    hi: float
+    tl: str  # kernel expression; `{0}`.. operands, `{self}` this node's name
+    th: str  # mirror expression (PyTorch, on the valid elements)
+    args: tuple[int, ...] = ()
+    label: str = ""
+    pure: bool = False  # mentions only its operands: may move into a @triton.jit helper
+    helper: int = 0  # 0 inline; 1 in a helper; 2 in a helper called by a helper; 3 in a helper returning a pair
+    aug: str = ""  # `a op= b` spelling when reassigned
+    reassign: bool = False  # reuse the first operand's name when it dies here
+    inline: bool = False  # written into its only user's expression instead of a statement of its own
+    pre_tl: tuple[str, ...] = ()
+    pre_th: tuple[str, ...] = ()
+    zero: tuple[bool, ...] = ()  # per axis: the value is exactly 0 wherever that axis's index is invalid
+    tied: bool = False  # lanes may hold equal values (from inputs on a grid of multiples of 0.5, or indices)
+    fragile: bool = False  # tied, and computed in a way torch may round differently lane by lane
+
+
+@dataclass
+class Store:
+    node: int
+    name: str  # output parameter f"{name}_ptr"
+    kind: tuple[str, ...] = ()  # the pointer's kind: the value's, or one it broadcasts to
+    atomic: bool = False  # tl.atomic_add: programs that do not tile an axis of `kind` add into one element
+
+
+@dataclass
+class Program:
+    dims: list[Dim]
+    inputs: list[Input] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    stores: list[Store] = field(default_factory=list)
+    seed: int = 0
+    lowp: bool = False  # a float32 round trip: torch rounds that gradient to float32
+    scalars: dict[str, float] = field(default_factory=dict)  # runtime float parameters, and their values
+    constexprs: dict[str, float] = field(default_factory=dict)  # module-level tl.constexpr globals
+    names: str = "v"  # "v": v0, v1, ...; "shadowy": odd nodes are named d_v<i-1>, like adjoints
+    helper_params: str = "a"  # "a": a0, a1, ...; "clash": names the kernel and the derivative rules use
+
+    def __repr__(self) -> str:  # hypothesis prints this; the source comes with the failure
+        return f"Program({len(self.dims)}-D, {len(self.nodes)} nodes, seed={self.seed})"
+
+    @property
+    def tol(self) -> float:
+        return 1e-3 if self.lowp else 1e-9  # torch rounds float32 regions' gradients (sums cancel)
+
+    @property
+    def grid_dims(self) -> list[Dim]:
+        return sorted((d for d in self.dims if d.axis is not None), key=lambda d: d.axis)
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return tuple(d.programs for d in self.grid_dims) or (1,)
+
+    def dim(self, name: str) -> Dim:
+        return next(d for d in self.dims if d.name == name)
+
+    def labels(self) -> list[str]:
+        return [n.label for n in self.nodes]
+
+
+# ------------------------------------------------------------------------------------------
+# kinds (shapes): tuples of axis names and "1", right-aligned broadcasting
+
+
+def real(kind) -> list[str]:
+    return [d for d in kind if d != "1"]
+
+
+def broadcast(a, b):
+    if len(a) < len(b):
+        a, b = b, a
+    b = ("1",) * (len(a) - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b, strict=True):
+        if x == y or y == "1":
+            out.append(x)
+        elif x == "1":
+            out.append(y)
+        else:
+            return None
+    return tuple(out)
+
+
+def align(zero, kind, to) -> tuple[bool, ...]:
+    """``zero`` of a value of ``kind`` after broadcasting to ``to`` (a stretched unit axis is not zero)."""
+    pad = len(to) - len(kind)
+    return tuple(p >= pad and kind[p - pad] == to[p] and kind[p - pad] != "1" and bool(zero[p - pad])
+                 for p in range(len(to)))
+
+
+def storable(kind) -> bool:
+    r = real(kind)
+    return (not kind or bool(r)) and len(set(r)) == len(r)
+
+
+def mask_for(p: Program, kind, positions=None) -> str | None:
+    """Kernel mask of the valid lanes of a value of ``kind`` (along ``positions`` only)."""
+    positions = range(len(kind)) if positions is None else positions
+    parts = [(pos, kind[pos]) for pos in positions if kind[pos] != "1"]
+    if not parts:
+        return None
+    if tuple(kind) == ("m", "k") and len(parts) == 2:
+        return "mask"
+    return " & ".join(p.dim(d).mask + sub(len(kind), pos) for pos, d in parts)
+
+
+def sub(rank: int, pos: int) -> str:
+    return "" if rank == 1 else ("[:, None]" if pos == 0 else "[None, :]")
+
+
+def fmt(c: float) -> str:
+    return repr(float(c))
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if x > -700 else 0.0
+
+
+def hull(*vals: float) -> tuple[float, float]:
+    return min(vals), max(vals)
+
+
+def mul_iv(a, b):
+    return hull(a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])
+
+
+def square_iv(lo, hi):
+    return (0.0 if lo <= 0 <= hi else min(lo * lo, hi * hi)), max(lo * lo, hi * hi)
+
+
+def abs_iv(lo, hi):
+    return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
+
+
+# unary families: label, kernel, mirror, domain ("any" | "small" | "pos"), interval
+UNARY = [
+    ("exp", "tl.exp({0})", "torch.exp({0})", "small", lambda lo, hi: (math.exp(lo), math.exp(hi))),
+    ("sin", "tl.sin({0})", "torch.sin({0})", "any", lambda lo, hi: (-1.0, 1.0)),
+    ("log", "tl.log({0})", "torch.log({0})", "pos", lambda lo, hi: (math.log(lo), math.log(hi))),
+    ("sqrt", "tl.sqrt({0})", "torch.sqrt({0})", "pos", lambda lo, hi: (math.sqrt(lo), math.sqrt(hi))),
+    ("sigmoid", "tl.sigmoid({0})", "torch.sigmoid({0})", "any", lambda lo, hi: (sigmoid(lo), sigmoid(hi))),
+    ("cos", "tl.cos({0})", "torch.cos({0})", "any", lambda lo, hi: (-1.0, 1.0)),
+    ("abs", "tl.abs({0})", "torch.abs({0})", "any", abs_iv),
+    ("erf", "tl.erf({0})", "torch.erf({0})", "any", lambda lo, hi: (math.erf(lo), math.erf(hi))),
+    ("exp2", "tl.exp2({0})", "torch.exp2({0})", "small", lambda lo, hi: (2.0 ** lo, 2.0 ** hi)),
+    ("log2", "tl.log2({0})", "torch.log2({0})", "pos", lambda lo, hi: (math.log2(lo), math.log2(hi))),
+    ("rsqrt", "tl.rsqrt({0})", "torch.rsqrt({0})", "pos", lambda lo, hi: (1 / math.sqrt(hi), 1 / math.sqrt(lo))),
+    ("neg", "-{0}", "-{0}", "any", lambda lo, hi: (-hi, -lo)),
+    ("square", "{0} * {0}", "{0} * {0}", "any", square_iv),
+    ("exp_method", "{0}.exp()", "{0}.exp()", "small", lambda lo, hi: (math.exp(lo), math.exp(hi))),
+    ("relu_where", "tl.where({0} > 0.0, {0}, 0.0)", "torch.where({0} > 0.0, {0}, 0.0)", "any",
+     lambda lo, hi: (max(lo, 0.0), max(hi, 0.0))),
+    ("leaky_where", "tl.where({0} > 0.0, {0}, 0.01 * {0})", "torch.where({0} > 0.0, {0}, 0.01 * {0})", "any",
+     lambda lo, hi: (min(lo, 0.01 * lo), max(hi, 0.01 * hi))),
+]
+CONSTANTS = [2.0, 0.5, -1.5, 3.0, 0.0, -0.5]
+# constant families: label, kernel, mirror, domain of the operand, interval(lo, hi, c)
+CONST_OPS = [
+    ("mul_c", "{0} * {c}", "{0} * {c}", "any", lambda lo, hi, c: hull(lo * c, hi * c)),
+    ("add_c", "{0} + {c}", "{0} + {c}", "any", lambda lo, hi, c: (lo + c, hi + c)),
+    ("rsub_c", "{c} - {0}", "{c} - {0}", "any", lambda lo, hi, c: (c - hi, c - lo)),
+    ("div_c", "{0} / {c}", "{0} / {c}", "any", lambda lo, hi, c: hull(lo / c, hi / c)),
+    ("rdiv_c", "{c} / {0}", "{c} / {0}", "pos", lambda lo, hi, c: hull(c / lo, c / hi)),
+    ("rmul_c", "{c} * {0}", "{c} * {0}", "any", lambda lo, hi, c: hull(lo * c, hi * c)),
+    ("maximum_c", "tl.maximum({0}, {c})", "torch.maximum({0}, {0}.new_tensor({c}))", "any",
+     lambda lo, hi, c: (max(lo, c), max(hi, c))),
+    ("minimum_c", "tl.minimum({0}, {c})", "torch.minimum({0}, {0}.new_tensor({c}))", "any",
+     lambda lo, hi, c: (min(lo, c), min(hi, c))),
+    ("clamp", "tl.clamp({0}, {c}, {c2})", "torch.clamp({0}, {c}, {c2})", "any",
+     lambda lo, hi, c: (min(max(lo, c), c + 1.0), min(max(hi, c), c + 1.0))),
+]
+# binary families: label, kernel, mirror, aug operator, domain of the second operand
+BINARY = [
+    ("add", "{0} + {1}", "{0} + {1}", "+", "any"),
+    ("mul", "{0} * {1}", "{0} * {1}", "*", "any"),
+    ("sub", "{0} - {1}", "{0} - {1}", "-", "any"),
+    ("div", "{0} / {1}", "{0} / {1}", "/", "pos"),
+    ("maximum", "tl.maximum({0}, {1})", "torch.maximum({0}, {1})", "", "any"),
+    ("minimum", "tl.minimum({0}, {1})", "torch.minimum({0}, {1})", "", "any"),
+]
+CASTS = [  # label, kernel, mirror, computes in float32, interval
+    ("to_f64", "{0}.to(tl.float64)", "{0}", False, lambda lo, hi: (lo, hi)),
+    ("f32_round_trip", "{0}.to(tl.float32).to(tl.float64)", "{0}.float().double()", True, lambda lo, hi: (lo, hi)),
+    ("to_int", "{0}.to(tl.int32).to(tl.float64)", "{0}.to(torch.int32).to(torch.float64)", False,
+     lambda lo, hi: (min(lo, 0.0), max(hi, 0.0))),
+    ("cast_f64", "tl.cast({0}, tl.float64)", "{0}", False, lambda lo, hi: (lo, hi)),
+    ("f32_sin", "tl.sin({0}.to(tl.float32)).to(tl.float64)", "torch.sin({0}.float()).double()", True,
+     lambda lo, hi: (-1.0, 1.0)),
+    ("f32_mul", "({0}.to(tl.float32) * 1.5).to(tl.float64)", "({0}.float() * 1.5).double()", True,
+     lambda lo, hi: (1.5 * lo, 1.5 * hi)),
+    ("f32_sigmoid", "tl.sigmoid(tl.cast({0}, tl.float32)).to(tl.float64)", "torch.sigmoid({0}.float()).double()",
+     True, lambda lo, hi: (sigmoid(lo), sigmoid(hi))),
+]
+HELPER_CLASH = ["mask", "g", "out", "rm"]  # helper parameters named like kernel variables and rule operands
+COMPARE = [">", "<", ">=", "<="]
+ZERO_AT_ZERO = {"sin", "abs", "erf", "neg", "square", "relu_where", "leaky_where"}  # f(0) == 0
+# Results torch and the interpreter (numpy) may round differently, and differently lane by lane
+# (torch's vectorized loops and their scalar tails): exp2(-0.5) is ...475 in one lane, ...476 in
+# another. Ties through these are not ties in the mirror, so tie-sensitive operations (below)
+# are not applied to tied values that went through them.
+INEXACT = {"exp", "exp2", "log", "log2", "sin", "cos", "sigmoid", "erf", "rsqrt", "exp_method", "f32_sin",
+           "f32_sigmoid", "fma", "dot", "dot_acc", "dot_bare", "dot_acc_bare", "softmax", "logsumexp", "cumsum",
+           "cumsum_reverse", "cumprod", "cumprod_reverse"}
+TIE_SENSITIVE = {"abs", "relu_where", "leaky_where", "maximum_c", "minimum_c", "clamp", "maximum", "minimum",
+                 "to_int"}
+OTHERS = [0.0, 1.0, -1.5]
+
+# operation families, by weight; shrinking moves toward the front
+FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["reduce"] * 3 + ["shape"] * 2
+            + ["where", "fma", "cast", "dot", "dot", "outer", "gather", "scalar", "iota", "softmax", "scan", "scan",
+               "join"])
+MAX_OPS = 12
+
+# Constructs with an open bug, each pinned by a regression test (name -> test file), which the
+# generator steers around when given `avoid=KNOWN_BUGS` (the CI run; campaigns with
+# --avoid-known) so that new bugs still show: check `"<name>" in self.avoid` where the construct
+# is drawn. None open now: the fuzzer's findings so far are fixed (tests/fuzz/regressions).
+KNOWN_BUGS: dict[str, str] = {}
+
+
+class Gen:
+    def __init__(self, draw: Draw, avoid: Sequence[str] = ()):
+        self.d = draw
+        self.avoid = frozenset(avoid)
+        self.p = Program(dims=self.frame())
+
+    # -- frame and inputs ------------------------------------------------------------------
+
+    def frame(self) -> list[Dim]:
+        d = self.d
+        dims = []
+        if d.pick([False, True]):  # 2-D: rows m, columns k
+            specs = [("m", [8, 16, 4, 2]), ("k", [16, 8, 4, 32])]
+        else:
+            specs = [("n", [16, 8, 4, 32])]
+        axis = 0
+        for name, blocks in specs:
+            block = d.pick(blocks)
+            programs = d.pick([2, 3, 2, 1, 0])  # 0: one block covers the axis, no program id
+            full = block * max(programs, 1)
+            lo = full - block + 1
+            size = d.pick(list(range(full - 1, lo - 1, -1)) + [full]) if full > 1 else 1
+            dims.append(Dim(name, block, size, axis if programs else None))
+            axis += bool(programs)
+        return dims
+
+    def new_input(self, role, dims=(), dist="uniform", **kw) -> Input:
+        prefix = {"tile": "x" if len(dims) == 2 else "w", "scalar": "s", "table": "t", "index": "i"}[role]
+        inp = Input(f"{prefix}{len(self.p.inputs)}", role, tuple(dims), dist, **kw)
+        self.p.inputs.append(inp)
+        return inp
+
+    def dist(self) -> str:
+        return self.d.pick(["uniform", "uniform", "ties"])
+
+    # -- nodes -----------------------------------------------------------------------------
+
+    def push(self, node: Node, adapt=True) -> int:
+        if node.pure:
+            node.helper = self.d.pick([0, 0, 0, 1, 2, 3])
+        if node.args:
+            node.reassign = self.d.pick([False, False, True])
+        node.inline = self.d.pick([False, False, False, True])
+        node.lo, node.hi = float(node.lo), float(node.hi)
+        if len(node.zero) != len(node.kind):
+            node.zero = (False,) * len(node.kind)
+        args = [self.p.nodes[a] for a in node.args]
+        node.tied = node.tied or any(a.tied for a in args)
+        inexact = node.label in INEXACT or node.label.startswith(("sum_", "reduce_sum_"))
+        node.fragile = node.tied and (inexact or any(a.fragile for a in args))
+        assert math.isfinite(node.lo) and math.isfinite(node.hi) and node.lo <= node.hi, node
+        self.p.nodes.append(node)
+        i = len(self.p.nodes) - 1
+        if adapt and max(abs(node.lo), abs(node.hi)) > CAP:
+            i = self.scale(i, CAP)
+        return i
+
+    def scale(self, i: int, limit: float) -> int:
+        n = self.p.nodes[i]
+        b = max(abs(n.lo), abs(n.hi))
+        c = 2.0 ** -math.ceil(math.log2(b / limit))  # a power of two: exact, in the mirror too
+        return self.push(Node(n.kind, n.lo * c, n.hi * c, f"{{0}} * {fmt(c)}", f"{{0}} * {fmt(c)}", (i,),
+                              "adapt_scale", pure=True, zero=n.zero), adapt=False)
+
+    def domain(self, i: int, domain: str) -> int:
+        """Operand ``i`` made fit for ``domain`` (adapter nodes appended where needed)."""
+        n = self.p.nodes[i]
+        limit = {"any": CAP, "small": SMALL, "pos": 8.0, "unit": 1.25}[domain]
+        if max(abs(n.lo), abs(n.hi)) > limit:
+            i = self.scale(i, limit)
+            n = self.p.nodes[i]
+        if domain == "pos" and n.lo < POSITIVE:
+            lo, hi = square_iv(n.lo, n.hi)
+            i = self.push(Node(n.kind, lo + 0.5, hi + 0.5, "{0} * {0} + 0.5", "{0} * {0} + 0.5", (i,),
+                               "adapt_positive", pure=True), adapt=False)
+        return i
+
+    def operand(self, ok: Callable[[tuple], bool] = lambda k: True) -> int | None:
+        """An earlier node whose kind is ``ok``: mostly one nothing uses yet, mostly a recent one."""
+        cands = [i for i, n in enumerate(self.p.nodes) if ok(n.kind)]
+        if not cands:
+            return None
+        used = {a for n in self.p.nodes for a in n.args}
+        unused = [i for i in cands if i not in used]
+        if unused and self.d.pick([True, True, False]):
+            return self.d.recent(unused)
+        return self.d.recent(cands)
+
+    def fragile(self, *nodes: int) -> bool:
+        return any(self.p.nodes[i].fragile for i in nodes)
+
+    def kind_of(self, i: int) -> tuple:
+        return self.p.nodes[i].kind
+
+    def zero(self, i: int, to=None) -> tuple[bool, ...]:
+        n = self.p.nodes[i]
+        return align(n.zero, n.kind, n.kind if to is None else to)
+
+    def zero_all(self, kind, *args) -> tuple[bool, ...]:
+        return tuple(all(z) for z in zip(*(self.zero(a, kind) for a in args), strict=True)) if kind else ()
+
+    def zero_any(self, kind, *args) -> tuple[bool, ...]:
+        return tuple(any(z) for z in zip(*(self.zero(a, kind) for a in args), strict=True)) if kind else ()
+
+    def mask_for(self, kind, positions=None) -> str | None:
+        return mask_for(self.p, kind, positions)
+
+    def real_dims(self) -> list[str]:
+        return [d.name for d in self.p.dims]
+
+    # -- generation ------------------------------------------------------------------------
+
+    def run(self) -> Program:
+        d = self.d
+        self.p.seed = d.int(0, 2 ** 16)
+        self.p.names = d.pick(["v", "v", "shadowy"])
+        self.p.helper_params = d.pick(["a", "a", "clash"])
+        self.op_load(first=True)
+        for _ in range(d.int(1, MAX_OPS)):
+            getattr(self, "op_" + d.pick(FAMILIES))()
+        if d.pick([True, True, False]):  # fold dangling values into the last one, so they reach an output
+            used = {a for n in self.p.nodes for a in n.args}
+            last = len(self.p.nodes) - 1
+            for i in range(last - 1, -1, -1):
+                n, acc = self.p.nodes[i], self.p.nodes[-1]
+                if i not in used and broadcast(acc.kind, n.kind) == acc.kind:
+                    j = len(self.p.nodes) - 1
+                    self.push(Node(acc.kind, acc.lo + n.lo, acc.hi + n.hi, "{0} + {1}", "{0} + {1}", (j, i), "add",
+                                   pure=True, aug="+", zero=self.zero_all(acc.kind, j, i)))
+        last = len(self.p.nodes) - 1
+        if not storable(self.kind_of(last)):  # (n, n) or (1, 1): sum it down to something storable
+            kind = self.kind_of(last)
+            n = self.p.nodes[last]
+            count = math.prod(self.p.dim(k).block for k in real(kind))
+            mask = self.mask_for(kind)
+            tl = f"tl.sum(tl.where({mask}, {{0}}, 0.0))" if mask else "tl.sum({0})"
+            self.push(Node((), -count * max(abs(n.lo), abs(n.hi)), count * max(abs(n.lo), abs(n.hi)), tl,
+                           f"{{0}}.sum(dim={tuple(range(len(kind)))}, keepdim=False)", (last,), "sum_all"))
+        for name in ["y0", "y1"][: d.pick([1, 1, 2])]:
+            stored = {s.node for s in self.p.stores}
+            used = {a for n in self.p.nodes for a in n.args} | stored
+            cands = [i for i, n in enumerate(self.p.nodes) if storable(n.kind)
+                     and (i not in stored or d.pick([False, False, True]))]
+            unused = [i for i in cands if i not in used]
+            pool = unused if unused and d.pick([True, True, True, False]) else cands or [len(self.p.nodes) - 1]
+            node = d.recent(pool)
+            self.p.stores.append(self.store(node, name))
+        return self.p
+
+    def store(self, node: int, name: str) -> Store:
+        """A store of ``node``: into a pointer of its kind or of a kind it broadcasts to; or an atomic add."""
+        d = self.d
+        kind = self.kind_of(node)
+        targets = [kind] if storable(kind) else []
+        if len(kind) == 2:
+            targets += [t for t in ([tuple(x if k == "1" else k for k in kind) for x in self.real_dims()])
+                        if t != kind and storable(t)]
+        elif len(kind) == 1:
+            targets += [(x, kind[0]) for x in self.real_dims() if x != kind[0]]
+        else:
+            targets += [(x,) for x in self.real_dims()] + ([("m", "k")] if len(self.p.dims) == 2 else [])
+        target = targets[0] if d.pick([True, True, False]) or len(targets) == 1 else d.pick(targets[1:])
+        return Store(node, name, target, d.pick([False, False, True]))
+
+    def op_load(self, first=False):
+        d = self.d
+        tiles = [x for x in self.p.inputs if x.role == "tile"]
+        if not first and tiles and d.pick([False, True]):
+            inp = d.pick(tiles)  # the same pointer loaded again
+        else:
+            options = [tuple(self.real_dims())] + ([("k",), ("m",)] if len(self.p.dims) == 2 and not first else [])
+            inp = self.new_input("tile", d.pick(options), self.dist())
+        other = d.pick(OTHERS)
+        dims = [self.p.dim(n) for n in inp.dims]
+        if len(dims) == 2:
+            a, b = dims
+            if d.pick([False, True]):  # transposed: a tile of kind (b, a)
+                kind = (b.name, a.name)
+                terms = [inp.ptr, f"{a.idx}[None, :] * {b.SIZE}", f"{b.idx}[:, None]"]
+                th = f"{inp.name}[{a.lo}:{a.hi}, {b.lo}:{b.hi}].T"
+            else:
+                kind = (a.name, b.name)
+                terms = [inp.ptr, f"{a.idx}[:, None] * {b.SIZE}", f"{b.idx}[None, :]"]
+                th = f"{inp.name}[{a.lo}:{a.hi}, {b.lo}:{b.hi}]"
+        else:
+            (a,) = dims
+            layout = d.pick(["", "[:, None]", "[None, :]"])
+            kind = {"": (a.name,), "[:, None]": (a.name, "1"), "[None, :]": ("1", a.name)}[layout]
+            terms = [inp.ptr, f"{a.idx}{layout}"]
+            th = f"{inp.name}[{a.lo}:{a.hi}]{layout}"
+        mask = self.mask_for(kind)
+        lo, hi = hull(-INPUT_BOUND, INPUT_BOUND, other)
+        zero = tuple(other == 0.0 and k != "1" for k in kind)
+        shift = d.pick([0, 0, 0, 1, -1, 2])
+        if shift:  # a stencil: x[i + shift], out-of-range lanes masked (so they load `other`)
+            t = d.pick(dims)
+            moved = f"({t.idx} {'+' if shift > 0 else '-'} {abs(shift)})"
+            terms = [x.replace(t.idx, moved) for x in terms]
+            parts = [(f"(({moved} >= 0) & ({moved} < {k.upper()}))" if k == t.name else self.p.dim(k).mask)
+                     + sub(len(kind), pos) for pos, k in enumerate(kind) if k != "1"]
+            mask = " & ".join(parts)
+            axis = inp.dims.index(t.name)
+            pad = (2, 2) if axis == len(inp.dims) - 1 else (0, 0, 2, 2)
+            slices = ", ".join(f"{x.lo} + {shift + 2}:{x.hi} + {shift + 2}" if x.name == t.name else f"{x.lo}:{x.hi}"
+                               for x in dims)
+            th = th.replace(f"{inp.name}[", f"torch.nn.functional.pad({inp.name}, {pad}, value={fmt(other)})[", 1)
+            th = th.replace(th[th.index(")[") + 2: th.index("]")], slices, 1)
+            zero = tuple(z and (k != t.name or shift > 0) for z, k in zip(zero, kind, strict=True))
+        spelling = d.pick(["inline", "named", "stepwise", "safe", "minus", "broadcast"])
+        if spelling == "broadcast" and not (len(kind) == 2 and "1" in kind and len(self.p.dims) == 2 and not shift):
+            spelling = "inline"
+        if spelling == "safe" and shift:  # its masked lanes would read the base, not `other`
+            spelling = "inline"
+        addr = " + ".join(terms)
+        pre: tuple[str, ...] = ()
+        if spelling == "named":  # ptrs = x_ptr + offsets; tl.load(ptrs, ...)
+            pre, addr = (f"{{self}}_ptrs = {addr}",), "{self}_ptrs"
+        elif spelling == "stepwise":  # the address in two steps: base + offset, then + offset
+            pre, addr = (f"{{self}}_base = {' + '.join(terms[:-1])}",), f"{{self}}_base + {terms[-1]}"
+        elif spelling == "minus":  # through a pointer past the base: (x_ptr + 1) + offsets - 1
+            pre = ((f"{{self}}_base = {terms[0]} + 1",) if d.pick([False, True]) else
+                   (f"{{self}}_base = {terms[0]}", "{self}_base += 1"))
+            addr = f"{{self}}_base + {' + '.join(terms[1:])} - 1"
+        elif spelling == "broadcast":  # a row (or column) of pointers broadcast over the tile: lanes share addresses
+            kind = tuple(k if k != "1" else next(x for x in self.real_dims() if x not in kind) for k in kind)
+            blocks = ", ".join(self.p.dim(k).BLOCK for k in kind)
+            addr = f"tl.broadcast_to({addr}, ({blocks}))"
+            th = f"{th}.expand({', '.join(self.p.dim(k).valid for k in kind)})"
+            mask = self.mask_for(kind)
+            zero = tuple(other == 0.0 for _ in kind)
+        if spelling == "safe":  # masked lanes point at the base instead: no mask, no other
+            tl = f"tl.load(tl.where({mask}, {addr}, {inp.ptr}))"
+            lo, hi, zero = -INPUT_BOUND, INPUT_BOUND, ()
+        else:
+            tl = f"tl.load({addr}, mask={mask}, other={fmt(other)})"
+        label = "load" + ("" if spelling == "inline" else f"_{spelling}") + ("_shifted" if shift else "")
+        self.push(Node(kind, lo, hi, tl, th, (), label, pre_tl=pre, zero=zero, tied=inp.dist == "ties"))
+
+    def op_scalar(self):
+        d = self.d
+        scalars = [x for x in self.p.inputs if x.role == "scalar"]
+        if scalars and d.pick([False, True]):
+            inp = d.pick(scalars)
+        else:
+            inp = self.new_input("scalar", (), self.dist(), per_program=d.pick([False, True]))
+        if inp.per_program:
+            gd = self.p.grid_dims
+            tl_pid = " + ".join([f"pid_{g.axis} * tl.num_programs({h.axis})" for g in gd[:-1] for h in gd[1:]]
+                                + [f"pid_{gd[-1].axis}"]) if gd else "0"
+            th_pid = " + ".join([f"pid_{g.axis} * {h.programs}" for g in gd[:-1] for h in gd[1:]]
+                                + [f"pid_{gd[-1].axis}"]) if gd else "0"
+            tl, th = f"tl.load({inp.ptr} + {tl_pid})", f"{inp.name}[{th_pid}]"
+        else:
+            tl, th = f"tl.load({inp.ptr})", f"{inp.name}[0]"
+        self.push(Node((), -INPUT_BOUND, INPUT_BOUND, tl, th, (), "scalar_load", tied=inp.dist == "ties"))
+
+    def op_gather(self):
+        d = self.d
+        a = d.pick(self.p.dims)
+        others = [e for e in self.p.dims if e.name != a.name]
+        indices = [x for x in self.p.inputs if x.role == "index" and x.dims == (a.name,)]
+        if indices and d.pick([False, True]):
+            idx = d.pick(indices)  # the same index pointer loaded again
+        else:
+            idx = self.new_input("index", (a.name,), "index", vocab=d.int(1, 6))
+        e_dims = ((), *[(e.name,) for e in others])
+        rows_of = [x for x in self.p.inputs if x.role == "tile" and len(x.dims) == 2 and x.dims[1] != a.name]
+        if rows_of and d.pick([False, False, True]):  # rows of a tile input the kernel also loads directly
+            x = d.pick(rows_of)
+            vocab = self.p.dim(x.dims[0]).size
+            idx = next((i for i in indices if i.vocab == vocab), None) or \
+                self.new_input("index", (a.name,), "index", vocab=vocab)
+            table = Input(x.name, "table", x.dims[1:], x.dist, vocab)
+        else:
+            tables = [x for x in self.p.inputs if x.role == "table" and x.vocab == idx.vocab and x.dims in e_dims]
+            if tables and d.pick([False, True]):
+                table = d.pick(tables)
+            else:
+                table = self.new_input("table", d.pick(e_dims), self.dist(), vocab=idx.vocab)
+        other = d.pick(OTHERS)
+        pre = f"{{self}}_idx = tl.load({idx.ptr} + {a.idx}, mask={a.mask}, other=0)"
+        if table.dims:
+            e = self.p.dim(table.dims[0])
+            kind = (a.name, e.name)
+            tl = (f"tl.load({table.ptr} + {{self}}_idx[:, None] * {e.SIZE} + {e.idx}[None, :], "
+                  f"mask={self.mask_for(kind)}, other={fmt(other)})")
+            th = f"{table.name}[{idx.name}[{a.lo}:{a.hi}], {e.lo}:{e.hi}]"
+        else:
+            kind = (a.name,)
+            tl = f"tl.load({table.ptr} + {{self}}_idx, mask={a.mask}, other={fmt(other)})"
+            th = f"{table.name}[{idx.name}[{a.lo}:{a.hi}]]"
+        lo, hi = hull(-INPUT_BOUND, INPUT_BOUND, other)
+        self.push(Node(kind, lo, hi, tl, th, (), "gather", pre_tl=(pre,), zero=(other == 0.0,) * len(kind),
+                       tied=True))  # indices repeat
+
+    def op_iota(self):
+        a = self.d.pick(self.p.dims)
+        self.push(Node((a.name,), 0, a.programs * a.block, f"{a.idx}.to(tl.float64)",
+                       f"torch.arange({a.lo}, {a.hi}, dtype=torch.float64)", (), "iota", tied=True))
+
+    def op_unary(self):
+        label, tl, th, dom, iv = self.d.pick(UNARY)
+        i = self.domain(self.operand(), dom)
+        if label in TIE_SENSITIVE and self.fragile(i):
+            label, tl, th, dom, iv = next(u for u in UNARY if u[0] == "neg")
+        n = self.p.nodes[i]
+        zero = n.zero if label in ZERO_AT_ZERO else ()
+        self.push(Node(n.kind, *iv(n.lo, n.hi), tl, th, (i,), label, pure=True, zero=zero))
+
+    def op_const(self):
+        label, tl, th, dom, iv = self.d.pick(CONST_OPS)
+        c = self.d.pick(CONSTANTS)
+        spelling = self.d.pick(["literal", "literal", "param", "global", "size"])
+        pure = True
+        if spelling == "size" and label in ("mul_c", "div_c", "rmul_c", "add_c", "rsub_c"):
+            size = self.d.pick(self.p.dims)  # an integer kernel argument, like the `/ N` of a mean
+            c, tl_c, pure = float(size.size), size.SIZE, False
+        elif spelling == "size":
+            spelling = "literal"
+        if label in ("div_c",) and c == 0.0:
+            c = 2.0
+        i = self.domain(self.operand(), dom)
+        if label in TIE_SENSITIVE and self.fragile(i):
+            label, tl, th, dom, iv = next(u for u in CONST_OPS if u[0] == "mul_c")
+        n = self.p.nodes[i]
+        c2 = fmt(c + 1.0)
+        if spelling != "size":
+            tl_c = fmt(c)
+        if spelling == "param":  # a float kernel argument, like eps
+            tl_c, pure = f"alpha{len(self.p.scalars)}", False
+            self.p.scalars[tl_c] = c
+        elif spelling == "global" and tl.startswith("{c}"):
+            spelling = "literal"  # Triton's interpreter makes `constexpr / tensor` a constexpr-wrapped tensor
+        elif spelling == "global":  # a module-level tl.constexpr
+            tl_c = f"C{len(self.p.constexprs)}"
+            self.p.constexprs[tl_c] = c
+        keeps_zero = {"mul_c": True, "rmul_c": True, "div_c": True, "add_c": c == 0, "rsub_c": c == 0,
+                      "maximum_c": c <= 0, "minimum_c": c >= 0, "clamp": c <= 0 <= c + 1}.get(label, False)
+        self.push(Node(n.kind, *iv(n.lo, n.hi, c), tl.format("{0}", c=tl_c, c2=c2),
+                       th.format("{0}", c=fmt(c), c2=c2), (i,),
+                       label + ("" if spelling == "literal" else "_" + spelling),
+                       pure=pure, zero=n.zero if keeps_zero else ()))
+
+    def op_binary(self):
+        label, tl, th, aug, dom = self.d.pick(BINARY)
+        a = self.operand()
+        b = self.operand(lambda k: broadcast(self.kind_of(a), k) is not None)
+        b = self.domain(b, dom)
+        if label in TIE_SENSITIVE and self.fragile(a, b):
+            label, tl, th, aug, dom = BINARY[0]
+        na, nb = self.p.nodes[a], self.p.nodes[b]
+        ia, ib = (na.lo, na.hi), (nb.lo, nb.hi)
+        iv = {"add": lambda: (ia[0] + ib[0], ia[1] + ib[1]), "sub": lambda: (ia[0] - ib[1], ia[1] - ib[0]),
+              "mul": lambda: mul_iv(ia, ib), "div": lambda: mul_iv(ia, (1 / ib[1], 1 / ib[0])),
+              "maximum": lambda: (max(ia[0], ib[0]), max(ia[1], ib[1])),
+              "minimum": lambda: (min(ia[0], ib[0]), min(ia[1], ib[1]))}[label]()
+        kind = broadcast(na.kind, nb.kind)
+        zero = (self.zero_any(kind, a, b) if label == "mul" else self.zero(a, kind) if label == "div"
+                else self.zero_all(kind, a, b))
+        self.push(Node(kind, *iv, tl, th, (a, b), label, pure=True, aug=aug, zero=zero))
+
+    def op_fma(self):
+        a = self.operand()
+        b = self.operand(lambda k: broadcast(self.kind_of(a), k) is not None)
+        ab = broadcast(self.kind_of(a), self.kind_of(b))
+        c = self.operand(lambda k: broadcast(ab, k) is not None)
+        na, nb, nc = (self.p.nodes[i] for i in (a, b, c))
+        lo, hi = mul_iv((na.lo, na.hi), (nb.lo, nb.hi))
+        kind = broadcast(ab, nc.kind)
+        zero = tuple(x and y for x, y in zip(self.zero_any(kind, a, b), self.zero(c, kind), strict=True))
+        self.push(Node(kind, lo + nc.lo, hi + nc.hi, "tl.fma({0}, {1}, {2})", "{0} * {1} + {2}", (a, b, c),
+                       "fma", pure=True, zero=zero))
+
+    def op_where(self):
+        d = self.d
+        a = self.operand()
+        kind = self.kind_of(a)
+        cmp = d.pick(COMPARE)
+        if d.pick([False, True]):  # compared with a constant
+            cond_tl, cond_args = f"{{0}} {cmp} {fmt(d.pick(CONSTANTS))}", (a,)
+        else:
+            b = self.operand(lambda k: broadcast(kind, k) is not None)
+            kind = broadcast(kind, self.kind_of(b))
+            cond_tl, cond_args = f"{{0}} {cmp} {{1}}", (a, b)
+        if self.fragile(*cond_args):  # a comparison of values that tie here but maybe not in torch
+            return self.op_binary()
+        x = self.operand(lambda k: broadcast(kind, k) is not None)
+        kind = broadcast(kind, self.kind_of(x))
+        y = self.operand(lambda k: broadcast(kind, k) is not None)
+        kind = broadcast(kind, self.kind_of(y))
+        nx, ny = self.p.nodes[x], self.p.nodes[y]
+        k = len(cond_args)
+        tl = f"tl.where({cond_tl}, {{{k}}}, {{{k + 1}}})"
+        th = f"torch.where({cond_tl}, {{{k}}}, {{{k + 1}}})"
+        self.push(Node(kind, min(nx.lo, ny.lo), max(nx.hi, ny.hi), tl, th, (*cond_args, x, y), "where",
+                       pure=True, zero=self.zero_all(kind, x, y)))
+
+    def op_cast(self):
+        label, tl, th, lowp, iv = self.d.pick(CASTS)
+        i = self.operand()
+        if label in TIE_SENSITIVE and self.fragile(i):
+            label, tl, th, lowp, iv = CASTS[0]
+        n = self.p.nodes[i]
+        self.p.lowp |= lowp
+        zero = n.zero if label != "f32_sigmoid" else ()  # sigmoid(0) is not 0
+        self.push(Node(n.kind, *iv(n.lo, n.hi), tl, th, (i,), label, pure=True, zero=zero))
+
+    def op_reduce(self):
+        d = self.d
+        i = self.operand(lambda k: len(k) >= 1)
+        if i is None:
+            return self.op_load()
+        n = self.p.nodes[i]
+        kind, rank = n.kind, len(n.kind)
+        fn = d.pick(["sum", "max", "min"])
+        if self.fragile(i):  # maxima of values that tie here but maybe not in torch
+            fn = "sum"
+        axis = d.pick([None, *range(rank)])
+        keep = d.pick([False, True])
+        method = fn == "sum" and d.pick([False, True])
+        combine = d.pick([False, False, True])  # tl.reduce(x, axis, _fuzz_sum)
+        positional = axis is not None and d.pick([False, True])  # tl.sum(x, 1) / tl.sum(x, 1, True)
+        negative = axis is not None and d.pick([False, False, True])  # axis=-1
+        if combine:  # Triton 3.9's tl.reduce mishandles axis=-1: keep_dims gives (4, 8) -> (4, 4, 8, 1)
+            negative = False
+        full = d.pick([False, True])  # mask every axis, or only the reduced ones
+        finite = d.pick([False, True])  # max / min: a finite neutral value below / above every lane
+        bare = d.pick([False, True])  # sum: no tl.where when the masked lanes hold 0 already (other=0.0)
+        reduced = list(range(rank)) if axis is None else [axis]
+        if axis is None:
+            full = True
+        masked_dims = [p for p in range(rank) if kind[p] != "1"]
+        reduced_real = [p for p in reduced if kind[p] != "1"]
+        count = math.prod(self.p.dim(kind[p]).block for p in reduced_real)
+        mask = self.mask_for(kind, None if full else reduced)
+        leaves_masked = full and set(masked_dims) != set(reduced_real)  # result lanes that only saw neutrals
+        if fn != "sum" and leaves_masked:
+            finite = True  # an infinite neutral would leave infinite lanes behind
+        if fn == "sum":
+            neutral = "0.0"
+            lo, hi = (n.lo, count * n.hi) if n.lo > 0 else (count * n.lo, n.hi) if n.hi < 0 else (count * n.lo,
+                                                                                                  count * n.hi)
+            if leaves_masked:
+                lo, hi = min(lo, 0.0), max(hi, 0.0)
+        elif fn == "max":
+            neutral = fmt(math.floor(n.lo) - 1.0) if finite else "-float('inf')"
+            lo, hi = (math.floor(n.lo) - 1.0 if leaves_masked else n.lo), n.hi
+        else:
+            neutral = fmt(math.ceil(n.hi) + 1.0) if finite else "float('inf')"
+            lo, hi = n.lo, (math.ceil(n.hi) + 1.0 if leaves_masked else n.hi)
+        zero = list(n.zero)
+        if fn == "sum" and bare and all(zero[p] for p in reduced_real):
+            mask, leaves_masked = None, False
+        operand = "{0}" if not reduced_real or mask is None else f"tl.where({mask}, {{0}}, {neutral})"
+        if operand != "{0}":  # lanes the tl.where replaced hold the neutral value now
+            where = [p for p in (masked_dims if full else reduced_real)]
+            zero = [(z or p in where) if fn == "sum" else (z and p not in where) for p, z in enumerate(zero)]
+        kw = []
+        if axis is not None:
+            spelled = axis - rank if negative else axis
+            kw.append(f"{spelled}" if positional and not method else f"axis={spelled}")
+        if keep:
+            kw.append("True" if positional and not method and fn == "sum" else "keep_dims=True")
+        if combine:  # positional or keyword arguments: tl.reduce(x, 1, f, True), tl.reduce(x, axis=1, ...)
+            spelled = "None" if axis is None else f"{axis - rank if negative else axis}"
+            keep_kw = d.pick([False, True])
+            if positional or axis is None:
+                tl = f"tl.reduce({operand}, {spelled}, _fuzz_{fn}" + (
+                    (", keep_dims=True)" if keep_kw else ", True)") if keep else ")")
+            else:
+                tl = f"tl.reduce({operand}, axis={spelled}, combine_fn=_fuzz_{fn}" + (", keep_dims=True)" if keep
+                                                                                       else ")")
+        elif method:
+            tl = f"{operand}.sum({', '.join(kw)})"
+        else:
+            tl = f"tl.{fn}({', '.join([operand, *kw])})"
+        torch_fn = {"sum": "sum", "max": "amax", "min": "amin"}[fn]
+        dims = tuple(range(rank)) if axis is None else (axis,)
+        th = f"{{0}}.{torch_fn}(dim={dims}, keepdim={keep})"
+        if axis is None and combine and keep:  # tl.reduce(x, None, f, True) is 1-D, unlike tl.sum's
+            out = ("1",)
+            th += ".reshape(1)"
+        elif axis is None:
+            out = ("1",) * rank if keep else ()
+        else:
+            out = tuple("1" if p == axis else k for p, k in enumerate(kind)) if keep else \
+                tuple(k for p, k in enumerate(kind) if p != axis)
+        if axis is None:
+            zero = [False] * len(out)
+        elif keep:
+            zero[axis] = False
+        else:
+            del zero[axis]
+        label = f"{'reduce_' if combine else ''}{fn}_{'all' if axis is None else 'axis'}{'_keep' if keep else ''}"
+        if operand == "{0}" and reduced_real and fn == "sum":
+            label += "_bare"
+        self.push(Node(out, lo, hi, tl, th, (i,), label, pure=operand == "{0}", zero=tuple(zero)))
+
+    def op_shape(self):
+        d = self.d
+        i = self.operand()
+        n = self.p.nodes[i]
+        kind = n.kind
+        options = []
+        if len(kind) == 2:
+            options += ["trans", "trans_T", "permute"]
+            if len(real(kind)) == 1:
+                options += ["squeeze", "broadcast_to"]
+            if len(real(kind)) == 2:
+                options += ["flatten"]
+        elif len(kind) == 1:
+            options += ["expand_dims", "subscript"]
+        else:
+            options += ["broadcast_to"]
+        op = d.pick(options)
+        lo, hi, pure, zero = n.lo, n.hi, True, ()
+        if op in ("trans", "trans_T", "permute"):
+            new, zero = (kind[1], kind[0]), n.zero[::-1]
+            tl = {"trans": "tl.trans({0})", "trans_T": "{0}.T", "permute": "tl.permute({0}, (1, 0))"}[op]
+            th = "{0}.T"
+        elif op == "squeeze":
+            (r,) = real(kind)
+            new, pos = (r,), kind.index("1")
+            zero = tuple(z for p, z in enumerate(n.zero) if p != pos)
+            tl, th, pure = f"tl.reshape({{0}}, ({self.p.dim(r).BLOCK},))", f"{{0}}.squeeze({pos})", False
+        elif op == "flatten":
+            a, b = (self.p.dim(x) for x in kind)
+            c = d.pick([2.0, -0.5])
+            new, lo, hi, pure, zero = kind, *hull(n.lo * c, n.hi * c), False, n.zero
+            tl = f"tl.reshape(tl.reshape({{0}}, ({a.BLOCK} * {b.BLOCK},)) * {fmt(c)}, ({a.BLOCK}, {b.BLOCK}))"
+            th = f"{{0}} * {fmt(c)}"
+        elif op in ("expand_dims", "subscript"):
+            axis = d.pick([0, 1])
+            new = ("1", kind[0]) if axis == 0 else (kind[0], "1")
+            zero = (False, n.zero[0]) if axis == 0 else (n.zero[0], False)
+            tl = f"tl.expand_dims({{0}}, {axis})" if op == "expand_dims" else "{0}" + ("[None, :]" if axis == 0
+                                                                                       else "[:, None]")
+            th = f"{{0}}.unsqueeze({axis})"
+        else:  # broadcast_to: fill the unit (or missing) axes with tile axes
+            fill = d.pick(self.real_dims())
+            if len(kind) == 2:
+                new = tuple(fill if k == "1" else k for k in kind)
+            else:
+                new = (fill,) if d.pick([False, True]) else (fill, d.pick(self.real_dims()))
+            dims = [self.p.dim(k) for k in new]
+            tl = f"tl.broadcast_to({{0}}, ({', '.join(x.BLOCK for x in dims)}{',' if len(dims) == 1 else ''}))"
+            th = f"{{0}}.expand({', '.join(x.valid for x in dims)})"
+            pure = False
+        self.push(Node(new, lo, hi, tl, th, (i,), op, pure=pure, zero=zero))
+
+    def op_outer(self):
+        a = self.operand(lambda k: len(k) == 1)
+        if a is None:
+            return self.op_binary()
+        b = self.operand(lambda k: len(k) == 1)
+        na, nb = self.p.nodes[a], self.p.nodes[b]
+        self.push(Node((na.kind[0], nb.kind[0]), *mul_iv((na.lo, na.hi), (nb.lo, nb.hi)),
+                       "{0}[:, None] * {1}[None, :]", "{0}[:, None] * {1}[None, :]", (a, b), "outer", pure=True,
+                       zero=(na.zero[0], nb.zero[0])))
+
+    def op_dot(self):
+        d = self.d
+        big = {x.name for x in self.p.dims if x.block >= 16}
+
+        def square(k):
+            return len(k) == 2 and k[0] in big and k[1] in big
+
+        a = self.operand(square)
+        if a is None:  # make a square tile: an outer product of vectors along 16-wide axes
+            vec = self.operand(lambda k: len(k) == 1 and k[0] in big)
+            if vec is None:
+                return self.op_load()
+            other = self.operand(lambda k: len(k) == 1 and k[0] in big)
+            nv, no = self.p.nodes[vec], self.p.nodes[other]
+            a = self.push(Node((nv.kind[0], no.kind[0]), *mul_iv((nv.lo, nv.hi), (no.lo, no.hi)),
+                               "{0}[:, None] * {1}[None, :]", "{0}[:, None] * {1}[None, :]", (vec, other), "outer",
+                               pure=True, zero=(nv.zero[0], no.zero[0])))
+        p, q = self.kind_of(a)
+        b = self.operand(lambda k: square(k) and k[0] == q)
+        if b is None:  # a @ a^T
+            n = self.p.nodes[a]
+            b = self.push(Node((q, p), n.lo, n.hi, "tl.trans({0})", "{0}.T", (a,), "trans", pure=True,
+                               zero=n.zero[::-1]))
+        r = self.kind_of(b)[1]
+        acc = self.operand(lambda k: k == (p, r)) if d.pick([False, True]) else None
+        # the contraction axis needs zeros in its masked lanes, in one operand at least
+        clean = self.zero(a)[1] or self.zero(b)[0]
+        masked = d.pick(["both", "a", "b"] + ["none", "none"] * clean)
+        qm = self.p.dim(q).mask
+        ta = f"tl.where({qm}[None, :], {{0}}, 0.0)" if masked in ("both", "a") else "{0}"
+        tb = f"tl.where({qm}[:, None], {{1}}, 0.0)" if masked in ("both", "b") else "{1}"
+        na, nb = self.p.nodes[a], self.p.nodes[b]
+        bound = self.p.dim(q).block * max(abs(na.lo), abs(na.hi)) * max(abs(nb.lo), abs(nb.hi))
+        zero = (self.zero(a)[0], self.zero(b)[1])
+        precision = d.pick(["", ", input_precision=\"ieee\""])
+        if acc is None:
+            tl, th, args, lo, hi = f"tl.dot({ta}, {tb}{precision})", "{0} @ {1}", (a, b), -bound, bound
+        else:
+            nc = self.p.nodes[acc]
+            tl, th, args = f"tl.dot({ta}, {tb}, {{2}}{precision})", "{2} + {0} @ {1}", (a, b, acc)
+            lo, hi = nc.lo - bound, nc.hi + bound
+            zero = tuple(x and y for x, y in zip(zero, self.zero(acc), strict=True))
+        label = ("dot_acc" if acc is not None else "dot") + ("_bare" if masked == "none" else "")
+        self.push(Node((p, r), lo, hi, tl, th, args, label, zero=zero))
+
+    def op_scan(self):
+        """tl.cumsum / tl.cumprod along an axis, forward or reversed; masked lanes made neutral."""
+        d = self.d
+        fn = d.pick(["cumsum", "cumprod"])
+        i = self.operand(lambda k: bool(real(k)))
+        if i is None:
+            return self.op_load()
+        i = self.domain(i, "unit" if fn == "cumprod" else "any")
+        n = self.p.nodes[i]
+        kind = n.kind
+        axis = d.pick([p for p, k in enumerate(kind) if k != "1"])
+        reverse = d.pick([False, True])
+        # a forward scan never reads past the valid lanes; a reversed one must see neutral values there
+        masked = reverse or d.pick([False, True])
+        neutral = "0.0" if fn == "cumsum" else "1.0"
+        operand = f"tl.where({self.mask_for(kind, [axis])}, {{0}}, {neutral})" if masked else "{0}"
+        spelled = d.pick([f"{axis}", f"axis={axis}"])
+        tl = f"tl.{fn}({operand}, {spelled}" + (", reverse=True)" if reverse else ")")
+        th = f"torch.{fn}({{0}}, dim={axis})"
+        if reverse:
+            th = f"torch.{fn}({{0}}.flip({axis}), dim={axis}).flip({axis})"
+        count = self.p.dim(kind[axis]).block
+        b = max(abs(n.lo), abs(n.hi))
+        bound = count * b if fn == "cumsum" else max(1.0, b) ** count
+        zero = tuple(z and p != axis for p, z in enumerate(n.zero))
+        self.push(Node(kind, -bound, bound, tl, th, (i,), fn + ("_reverse" if reverse else ""), zero=zero))
+
+    def op_join(self):
+        """tl.join of two values of one kind, then tl.split (`a, b = ...`) or a sum over the new axis."""
+        d = self.d
+        a = self.operand()
+        b = self.operand(lambda k: k == self.kind_of(a))
+        na, nb = self.p.nodes[a], self.p.nodes[b]
+        how = d.pick(["first", "second", "sum"])
+        pre = ("{self}_j = tl.join({0}, {1})",)
+        if how == "sum":
+            self.push(Node(na.kind, na.lo + nb.lo, na.hi + nb.hi, f"tl.sum({{self}}_j, axis={len(na.kind)})",
+                           "{0} + {1}", (a, b), "join_sum", pre_tl=pre, zero=self.zero_all(na.kind, a, b)))
+            return
+        pre += ("{self}_a, {self}_b = tl.split({self}_j * 2.0)",)
+        src, n = ("{self}_a", na) if how == "first" else ("{self}_b", nb)
+        self.push(Node(na.kind, 2 * n.lo, 2 * n.hi, src, ("{0}" if how == "first" else "{1}") + " * 2.0", (a, b),
+                       "join_split", pre_tl=pre, zero=n.zero))
+
+    def op_softmax(self):
+        """Softmax or logsumexp along an axis, the tutorial way: masked lanes -inf, then max, exp, sum."""
+        d = self.d
+        i = self.operand(lambda k: bool(real(k)))
+        if i is None:
+            return self.op_load()
+        n = self.p.nodes[i]
+        kind = n.kind
+        axis = d.pick([p for p, k in enumerate(kind) if k != "1"])
+        fn = d.pick(["softmax", "logsumexp"])
+        mask = self.mask_for(kind, [axis])
+        kw = f"axis={axis}, keep_dims=True"
+        pre = (f"{{self}}_x = tl.where({mask}, {{0}}, -float('inf'))",
+               f"{{self}}_m = tl.max({{self}}_x, {kw})",
+               "{self}_z = {self}_x - {self}_m",
+               "{self}_e = tl.exp({self}_z)",
+               f"{{self}}_s = tl.sum({{self}}_e, {kw})")
+        if fn == "softmax":
+            zero = tuple(p == axis for p in range(len(kind)))
+            self.push(Node(kind, 0.0, 1.0, "{self}_e / {self}_s", f"torch.softmax({{0}}, dim={axis})", (i,),
+                           "softmax", pre_tl=pre, zero=zero))
+        else:
+            out = tuple("1" if p == axis else k for p, k in enumerate(kind))
+            hi = n.hi + math.log(self.p.dim(kind[axis]).block)
+            self.push(Node(out, n.lo, hi, "{self}_m + tl.log({self}_s)",
+                           f"torch.logsumexp({{0}}, dim={axis}, keepdim=True)", (i,), "logsumexp", pre_tl=pre))
+
+
+def generate(draw: Draw, avoid: Sequence[str] = ()) -> Program:
+    return Gen(draw, avoid).run()
+
+
+def programs(avoid: Sequence[str] = ()):
+    """The hypothesis strategy of programs (steering around the constructs in ``avoid``)."""
+    from hypothesis import strategies as st
+
+    return st.composite(lambda draw: generate(HypothesisDraw(draw), avoid))()
+
+
+def random_program(seed: int, avoid: Sequence[str] = ()) -> tuple[Program, list[int]]:
+    """A program from a seed, and the choices that built it (for ``ReplayDraw``)."""
+    draw = RandomDraw(random.Random(seed))
+    return generate(draw, avoid), draw.choices
+
+
+# ------------------------------------------------------------------------------------------
+# rendering
+
+
+def output_layout(p: Program, kind, atomic=False) -> tuple[list[int], str, str | None, str]:
+    """Output shape, kernel address offset, kernel mask, mirror index of one store of ``kind``.
+
+    A store gets one slot per program along the grid axes ``kind`` does not tile; an atomic
+    add has the programs add into one."""
+    uncovered = [g for g in p.grid_dims if g.name not in kind and not atomic]
+    shape: list[int] = [g.programs for g in uncovered] + [p.dim(k).size if k != "1" else 1 for k in kind]
+    sym: list[str | None] = [f"tl.num_programs({g.axis})" for g in uncovered] + \
+        [p.dim(k).SIZE if k != "1" else None for k in kind]
+    terms, index = [], []
+    for pos, g in enumerate(uncovered):
+        stride = " * ".join(s for s in sym[pos + 1:] if s)
+        terms.append(f"pid_{g.axis}" + (f" * {stride}" if stride else ""))
+        index.append(f"pid_{g.axis}")
+    for pos, k in enumerate(kind):
+        if k == "1":
+            index.append("0:1")
+            continue
+        dim = p.dim(k)
+        stride = " * ".join(s for s in sym[len(uncovered) + pos + 1:] if s)
+        terms.append(dim.idx + sub(len(kind), pos) + (f" * {stride}" if stride else ""))
+        index.append(f"{dim.lo}:{dim.hi}")
+    return shape or [1], " + ".join(terms), mask_for(p, kind), ", ".join(index) or "0"
+
+
+def render(p: Program) -> str:
+    """The module: launch constants, helpers, the kernel, its mirror, inputs."""
+    nodes = p.nodes
+    out = ['"""A fuzzed kernel (tests/fuzz/generate.py) and its PyTorch mirror."""', "",
+           "import torch", "import triton", "import triton.language as tl", ""]
+    layouts = {s.name: output_layout(p, s.kind, s.atomic) for s in p.stores}
+    sizes = {d.SIZE: d.size for d in p.dims}
+    args = {**sizes, **p.scalars}
+    blocks = {d.BLOCK: d.block for d in p.dims}
+    def literal(d):
+        return "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}"
+
+    outputs = {f"{s.name}_ptr": tuple(layouts[s.name][0]) for s in p.stores}
+    zeroed = ", ".join(f'"{s.name}_ptr"' for s in p.stores if s.atomic)
+    out += [f"GRID = {p.grid}", f"SIZES = {literal(args)}", f"META = {literal(blocks)}",
+            f"OUTPUTS = {literal(outputs)}", f"ZEROED = {{{zeroed}}}  # atomic outputs start at 0, others at NaN",
+            f"TOL = {p.tol}", f"SEED = {p.seed}"]
+    out += [f"{k} = tl.constexpr({fmt(v)})" for k, v in p.constexprs.items()] + ["", ""]
+
+    # kernel names: v{i}, or the first operand's name when reassigned where it dies
+    last_use = {}
+    for i, n in enumerate(nodes):
+        for a in n.args:
+            last_use[a] = i
+    for s in p.stores:
+        last_use[s.node] = len(nodes)
+    kname: list[str] = []
+    reused: list[bool] = []
+
+    def fresh(i: int) -> str:
+        return f"d_v{i - 1}" if p.names == "shadowy" and i % 2 else f"v{i}"
+
+    users: dict[int, set] = {}
+    for i, n in enumerate(nodes):
+        for a in n.args:
+            users.setdefault(a, set()).add(i)
+    for s in p.stores:
+        users.setdefault(s.node, set()).add(("store", s.name))
+    for i, n in enumerate(nodes):
+        ok = n.reassign and n.args and last_use.get(n.args[0]) == i and not n.pre_tl
+        kname.append(kname[n.args[0]] if ok else fresh(i))
+        reused.append(bool(ok))
+    inlined = set()
+    for j, n in enumerate(nodes):  # nested expressions: a value used once goes into its user's expression
+        c = next(iter(users[j])) if len(users.get(j, ())) == 1 else None
+        if (n.inline and isinstance(c, int) and n.helper != 3 and not (reused[c] and nodes[c].args[0] == j)
+                and not any(reused[k] for k in range(j + 1, c))):  # no name it reads is reassigned before use
+            inlined.add(j)
+
+    helpers, body = [], []
+    for i, n in enumerate(nodes):
+        argn = [kname[a] for a in n.args]
+        for line in n.pre_tl:
+            body.append(line.format(*argn, self=fresh(i)))
+        expr = n.tl.format(*argn, self=fresh(i))
+        if n.helper:
+            params = [f"a{j}" if p.helper_params == "a" else HELPER_CLASH[j] for j in range(len(n.args))]
+            inner = n.tl.format(*params, self="t")
+            if n.helper == 2:
+                helpers += ["@triton.jit", f"def h{i}_inner({', '.join(params)}):", f"    return {inner}", "", ""]
+                inner = f"h{i}_inner({', '.join(params)})"
+                helpers += ["@triton.jit", f"def h{i}({', '.join(params)}):", f"    t = {inner}", "    return t",
+                            "", ""]
+            elif n.helper == 3:  # `v, v_1 = h(...)`: a second result, named as the frontend names SSA copies
+                helpers += ["@triton.jit", f"def h{i}({', '.join(params)}):", f"    return {inner}, {params[0]}", "",
+                            ""]
+            else:
+                helpers += ["@triton.jit", f"def h{i}({', '.join(params)}):", f"    return {inner}", "", ""]
+            expr = f"h{i}({', '.join(argn)})"
+        if i in inlined:
+            kname[i] = f"({expr})"
+        elif n.helper == 3:
+            body.append(f"{kname[i]}, {kname[i]}_1 = {expr}")
+        elif reused[i] and n.aug and not n.helper and n.tl == f"{{0}} {n.aug} {{1}}":
+            body.append(f"{kname[i]} {n.aug}= {argn[1]}")
+        else:
+            body.append(f"{kname[i]} = {expr}")
+    for s in p.stores:
+        _, offset, mask, _ = layouts[s.name]
+        ptr = f"{s.name}_ptr" + (f" + {offset}" if offset else "")
+        fn = "tl.atomic_add" if s.atomic else "tl.store"
+        body.append(f"{fn}({ptr}, {kname[s.node]}" + (f", mask={mask})" if mask else ")"))
+
+    prologue = [f"pid_{g.axis} = tl.program_id({g.axis})" for g in p.grid_dims]
+    for d in p.dims:
+        start = f"pid_{d.axis} * {d.BLOCK} + " if d.axis is not None else ""
+        prologue += [f"{d.idx} = {start}tl.arange(0, {d.BLOCK})", f"{d.mask} = {d.idx} < {d.SIZE}"]
+    if len(p.dims) == 2:
+        prologue.append("mask = mm[:, None] & mk[None, :]")
+    params = [x.ptr for x in p.inputs] + [f"{s.name}_ptr" for s in p.stores] + list(args) + \
+        [f"{b}: tl.constexpr" for b in blocks]
+    for fn, combine in (("sum", "a + b"), ("max", "tl.maximum(a, b)"), ("min", "tl.minimum(a, b)")):
+        if any(f"_fuzz_{fn}" in line for line in body + helpers):
+            helpers += ["@triton.jit", f"def _fuzz_{fn}(a, b):", f"    return {combine}", "", ""]
+    out += helpers
+    out += ["@triton.jit", f"def kernel({', '.join(params)}):"] + [f"    {line}" for line in prologue + body]
+
+    # mirror
+    mir = [f"{s.name} = torch.zeros({tuple(layouts[s.name][0])}, dtype=torch.float64)" for s in p.stores]
+    loop, indent = [], ""
+    for g in p.grid_dims:
+        loop.append(f"{indent}for pid_{g.axis} in range({g.programs}):")
+        indent += "    "
+    inner = []
+    for d in p.dims:
+        if d.axis is not None:
+            inner += [f"{d.lo} = pid_{d.axis} * {d.block}", f"{d.hi} = min({d.lo} + {d.block}, {d.size})"]
+        else:
+            inner += [f"{d.lo}, {d.hi} = 0, {d.size}"]
+        inner.append(f"{d.valid} = {d.hi} - {d.lo}")
+    body_th = []
+    for i, n in enumerate(nodes):
+        argn = [f"u{a}" for a in n.args]
+        body_th += [line.format(*argn, self=f"u{i}") for line in n.pre_th]
+        body_th.append(f"u{i} = " + n.th.format(*argn, self=f"u{i}"))
+    for s in p.stores:
+        index = layouts[s.name][3]
+        value = f"u{s.node}"
+        if s.kind != nodes[s.node].kind:
+            value += f".expand({', '.join(p.dim(k).valid if k != '1' else '1' for k in s.kind)})"
+        body_th.append(f"{s.name}[{index}] = {s.name}[{index}] + {value}" if s.atomic
+                       else f"{s.name}[{index}] = {value}")
+    used = "\n".join(body_th)
+    inner = [line for line in inner
+             if not line.startswith("s") or re.search(rf"\b{line.split(' = ')[0]}\b", used)] + body_th
+    mir += loop + [indent + line for line in inner]
+    ret = ", ".join(f'"{s.name}_ptr": {s.name}' for s in p.stores)
+    out += ["", "", f"def mirror({', '.join(x.name for x in p.inputs)}):",
+            '    """The kernel in PyTorch, program by program, on the valid elements."""']
+    out += [f"    {line}" for line in mir] + [f"    return {{{ret}}}"]
+
+    # inputs
+    out += ["", "", "def make_inputs():", "    g = torch.Generator().manual_seed(SEED)", "    return {"]
+    for x in p.inputs:
+        shape = input_shape(p, x)
+        if x.dist == "index":
+            make = f"torch.randint(0, {x.vocab}, {shape}, generator=g)"
+        elif x.dist == "ties":
+            make = f"torch.randint(-4, 5, {shape}, generator=g).to(torch.float64) / 2"
+        else:
+            make = f"torch.rand({shape}, generator=g, dtype=torch.float64) * 4 - 2"
+        out.append(f'        "{x.ptr}": {make},')
+    out += ["    }", "", "", "def make_output_grads():", "    g = torch.Generator().manual_seed(SEED + 1)",
+            "    return {name: torch.randn(shape, generator=g, dtype=torch.float64) "
+            "for name, shape in OUTPUTS.items()}", ""]
+    return "\n".join(out)
+
+
+def input_shape(p: Program, x: Input) -> tuple[int, ...]:
+    if x.role == "tile":
+        return tuple(p.dim(k).size for k in x.dims)
+    if x.role == "scalar":
+        return (math.prod(p.grid),) if x.per_program else (1,)
+    if x.role == "table":
+        return (x.vocab, *(p.dim(k).size for k in x.dims))
+    return (p.dim(x.dims[0]).size,)
+
+
+# ------------------------------------------------------------------------------------------
+# checking
+
+
+@dataclass
+class Outcome:
+    status: str  # "passed" | "refused" | "mismatch" | "crashed" | "invalid" (the generator's fault)
+    detail: str = ""
+    source: str = ""
+
+    def report(self) -> str:
+        return f"{self.status}: {self.detail}\n\n----- kernel module -----\n{self.source}"
+
+
+_WORKDIR: str | None = None
+
+
+def load_module(src: str):
+    """Import ``src`` from a file of its own (kernels need readable source)."""
+    global _WORKDIR
+    if _WORKDIR is None:
+        _WORKDIR = tempfile.mkdtemp(prefix="tritongrad_fuzz_")
+    name = "fuzz_" + hashlib.sha1(src.encode()).hexdigest()[:16]
+    path = os.path.join(_WORKDIR, name + ".py")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(src)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def close(got, want, tol: float) -> None:
+    scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
+    import torch
+
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * scale)
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def check(p: Program) -> Outcome:
+    src = render(p)
+    return check_source(src)
+
+
+def check_source(src: str) -> Outcome:
+    import torch
+
+    from tritongrad import NotDifferentiableError
+    from tritongrad.testing import backward_launch, poison
+
+    try:
+        mod = load_module(src)
+        inputs = mod.make_inputs()
+        outputs = {k: torch.zeros(s, dtype=torch.float64) if k in mod.ZEROED
+                   else poison(torch.empty(s, dtype=torch.float64)) for k, s in mod.OUTPUTS.items()}
+        kwargs = {**inputs, **outputs, **mod.SIZES, **mod.META}
+        mod.kernel[mod.GRID](**kwargs)
+    except Exception as e:  # the generator wrote a kernel Triton does not run
+        return Outcome("invalid", "forward: " + first_line(e), src)
+    leaves = {k: v.clone().requires_grad_() for k, v in inputs.items() if v.is_floating_point()}
+    want = mod.mirror(*(leaves.get(k, v) for k, v in inputs.items()))
+    for k, w in want.items():
+        if not torch.isfinite(w).all():
+            return Outcome("invalid", f"mirror: non-finite {k}", src)
+        try:
+            close(outputs[k], w.detach(), mod.TOL)
+        except AssertionError as e:
+            return Outcome("invalid", f"forward mismatch {k}: {e}", src)
+    d_out = mod.make_output_grads()
+    outs = [w for w in want.values() if w.requires_grad]
+    wanted = dict.fromkeys(leaves)
+    if outs:
+        grads = torch.autograd.grad(outs, list(leaves.values()), [d_out[k] for k, w in want.items()
+                                                                   if w.requires_grad], allow_unused=True)
+        wanted = dict(zip(leaves, grads, strict=True))
+    try:
+        got = backward_launch(mod.kernel, mod.GRID, (), kwargs, d_out)
+    except NotDifferentiableError as e:
+        return Outcome("refused", e.construct, src)
+    except Exception as e:
+        return Outcome("crashed", first_line(e), src)
+    if set(got) != set(leaves):
+        return Outcome("mismatch", f"wrt {sorted(got)} != float inputs {sorted(leaves)}", src)
+    for k, g in got.items():
+        w = wanted[k] if wanted[k] is not None else torch.zeros_like(inputs[k])
+        if not torch.isfinite(g).all():
+            return Outcome("mismatch", f"d_{k}: non-finite gradient\n{g}\nwant\n{w}", src)
+        try:
+            close(g, w, mod.TOL)
+        except AssertionError as e:
+            return Outcome("mismatch", f"d_{k}: {e}\ngot\n{g}\nwant\n{w}", src)
+    return Outcome("passed", "", src)
+
+
+# ------------------------------------------------------------------------------------------
+# shrinking recorded choices (campaign failures; hypothesis shrinks its own)
+
+
+def shrink(choices: list[int], failing: Callable[[list[int]], bool], budget: int = 400) -> list[int]:
+    """Greedy: delete blocks of choices, then lower single choices, while ``failing`` holds."""
+    best = list(choices)
+    tries = 0
+
+    def attempt(cand):
+        nonlocal best, tries
+        tries += 1
+        if cand != best and failing(cand):
+            best = cand
+            return True
+        return False
+
+    improved = True
+    while improved and tries < budget:
+        improved = False
+        for size in (8, 4, 2, 1):
+            i = 0
+            while i + size <= len(best) and tries < budget:
+                if not attempt(best[:i] + best[i + size:]):
+                    i += 1
+                else:
+                    improved = True
+        for i in range(len(best)):
+            if tries >= budget:
+                break
+            for v in (0, best[i] // 2, best[i] - 1):
+                if 0 <= v < best[i] and attempt(best[:i] + [v] + best[i + 1:]):
+                    improved = True
+                    break
+    return best
+
+
+def replay(choices: Sequence[int], avoid: Sequence[str] = ()) -> Program:
+    return generate(ReplayDraw(choices), avoid)
+
+
+def regression_source(src: str, name: str, reason: str) -> str:
+    """A regression test module: the shrunk kernel and a plain test against PyTorch."""
+    head, _, rest = src.partition("import torch\n")
+    test = f'''
+
+@pytest.mark.xfail(strict=True, reason={reason!r})
+def test_{name}():
+    inputs = make_inputs()
+    outputs = {{k: torch.zeros(s, dtype=torch.float64) if k in ZEROED else poison(torch.empty(s, dtype=torch.float64))
+               for k, s in OUTPUTS.items()}}
+    kwargs = {{**inputs, **outputs, **SIZES, **META}}
+    kernel[GRID](**kwargs)
+    leaves = {{k: v.clone().requires_grad_() for k, v in inputs.items() if v.is_floating_point()}}
+    want = mirror(*(leaves.get(k, v) for k, v in inputs.items()))
+    for k, w in want.items():
+        torch.testing.assert_close(outputs[k], w.detach(), rtol=TOL, atol=TOL)
+    d_out = make_output_grads()
+    got = backward_launch(kernel, GRID, (), kwargs, d_out)
+    grads = torch.autograd.grad(list(want.values()), list(leaves.values()), [d_out[k] for k in want],
+                                allow_unused=True)
+    for k, w in zip(leaves, grads, strict=True):
+        w = torch.zeros_like(inputs[k]) if w is None else w
+        torch.testing.assert_close(got[k], w, rtol=TOL, atol=TOL * max(1.0, w.abs().max().item()))
+'''
+    return (head + "# ruff: noqa: E501\n\nimport pytest\nimport torch\n" + rest.replace(
+        "import triton.language as tl\n", "import triton.language as tl\n\nfrom tritongrad.testing import "
+        "backward_launch, poison\n", 1) + test)
+
+
+if __name__ == "__main__":  # print one program: python tests/fuzz/generate.py SEED
+    print(render(random_program(int(sys.argv[1]) if len(sys.argv) > 1 else 0)[0]))
