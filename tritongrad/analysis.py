@@ -472,8 +472,8 @@ def infer_shapes(program: Program, tile: bool = False) -> dict[str, Shape]:
             continue
         try:
             shape = _shape_of(s, of)
-        except (ValueError, TypeError, IndexError, NotDifferentiableError):
-            shape = None
+        except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, NotDifferentiableError):
+            shape = None  # shapes only let codegen leave out an unbroadcast: unknown is always safe
         if t not in shapes or (t in fixed and shapes[t] is None):
             shapes[t] = shape
         elif t not in fixed and shapes[t] != shape:
