@@ -76,6 +76,14 @@ def backward_us(forward, dy, x, calls=2000, repeats=7) -> float:
     return statistics.median(samples[1:])  # the first run warms up
 
 
+def print_table(title: str, rows: list[tuple[str, float, float]]) -> None:
+    """``rows``: (label, hand-written µs, op µs)."""
+    print(title)
+    print(f"{'':22}{'autograd.Function':>18}{'tritongrad.op':>15}{'overhead':>10}")
+    for label, hand, ours in rows:
+        print(f"{label:22}{hand:18.1f}{ours:15.1f}{ours - hand:10.1f}")
+
+
 def main() -> None:
     x = torch.randn(N, device="cuda", requires_grad=True)
     dy = torch.randn(N, device="cuda")
@@ -89,10 +97,7 @@ def main() -> None:
     rows.append(("forward + backward", per_call_us(lambda: torch.autograd.grad(HandSin.apply(x), x, dy)),
                  per_call_us(lambda: torch.autograd.grad(op_sin(x), x, dy))))
     rows.append(("backward", backward_us(lambda: HandSin.apply(x), dy, x), backward_us(lambda: op_sin(x), dy, x)))
-    print(f"{torch.cuda.get_device_name()}: host time per call, microseconds (tensor of {N} floats)")
-    print(f"{'':22}{'autograd.Function':>18}{'tritongrad.op':>15}{'overhead':>10}")
-    for label, hand, ours in rows:
-        print(f"{label:22}{hand:18.1f}{ours:15.1f}{ours - hand:10.1f}")
+    print_table(f"{torch.cuda.get_device_name()}: host time per call, microseconds (tensor of {N} floats)", rows)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ InterpretedFunction.run = _no_launch  # before tritongrad.install wraps it: the 
 
 import torch  # noqa: E402
 
-from benchmarks.op_overhead import HandSin, N, op_sin  # noqa: E402
+from benchmarks.op_overhead import HandSin, N, op_sin, print_table  # noqa: E402
 
 CALLS, RUNS = 200, 60
 
@@ -73,10 +73,7 @@ def main() -> None:
     rows.append(("forward + backward", *fastest_us(lambda: torch.autograd.grad(HandSin.apply(x), x, dy),
                                                    lambda: torch.autograd.grad(op_sin(x), x, dy))))
     rows.append(("backward", *fastest_backward_us(x, dy, lambda: HandSin.apply(x), lambda: op_sin(x))))
-    print(f"CPU, launches stubbed: host time per call, microseconds (tensor of {N} floats)")
-    print(f"{'':22}{'autograd.Function':>18}{'tritongrad.op':>15}{'overhead':>10}")
-    for label, hand, ours in rows:
-        print(f"{label:22}{hand:18.1f}{ours:15.1f}{ours - hand:10.1f}")
+    print_table(f"CPU, launches stubbed: host time per call, microseconds (tensor of {N} floats)", rows)
 
 
 if __name__ == "__main__":

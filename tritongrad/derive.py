@@ -23,6 +23,19 @@ shape and strides, into which the gradient is accumulated atomically; float32 is
 recommended for float16/bfloat16 inputs)."""
 
 
+def shadow_dtype(dtype: Any) -> Any:
+    """The dtype of a gradient buffer for a primal of ``dtype``: float32 for half types."""
+    import torch
+
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def defaults_of(jit_fn: Any) -> dict[str, Any]:
+    """A kernel's parameters that have defaults, with them."""
+    sig = inspect.signature(jit_fn.fn)
+    return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+
+
 @dataclass(frozen=True, eq=False)
 class BackwardKernel:
     """A derived backward kernel.
@@ -55,8 +68,7 @@ class BackwardKernel:
 
     @functools.cached_property
     def _forward_defaults(self) -> dict[str, Any]:
-        sig = inspect.signature(self.forward.fn)
-        return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+        return defaults_of(self.forward)
 
     def __getitem__(self, grid: Any):
         launch = self.kernel[grid]

@@ -916,17 +916,26 @@ def _rename_globals(node: ast.expr, frame: _Frame, norm: Normalizer) -> ast.expr
     return Rename().visit(ast.parse(ast.unparse(node), mode="eval").body)
 
 
-def _combine_kind(fn: Any) -> str | None:
-    """``"sum"``, ``"max"`` or ``"min"`` when a combine function's body is ``return a + b`` or
-    ``return tl.maximum(a, b)`` / ``tl.minimum(a, b)`` (either order), else None."""
+def _single_return(fn: Any, arity: int) -> tuple[_Function, list[str], ast.expr] | None:
+    """A @triton.jit combine function of ``arity`` parameters whose body is one ``return``:
+    (the parsed function, its parameter names, the returned expression), else None."""
     if not _is_jit(fn):
         return None
     helper = _Function.of(fn)
     params = [a.arg for a in helper.tree.args.args]
     body = [s for s in helper.tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    if len(params) != 2 or len(body) != 1 or not isinstance(body[0], ast.Return):
+    if len(params) != arity or len(body) != 1 or not isinstance(body[0], ast.Return):
         return None
-    value = body[0].value
+    return helper, params, body[0].value
+
+
+def _combine_kind(fn: Any) -> str | None:
+    """``"sum"``, ``"max"`` or ``"min"`` when a combine function's body is ``return a + b`` or
+    ``return tl.maximum(a, b)`` / ``tl.minimum(a, b)`` (either order), else None."""
+    parsed = _single_return(fn, 2)
+    if parsed is None:
+        return None
+    helper, params, value = parsed
     operands = None
     if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
         kind, operands = "sum", [value.left, value.right]
@@ -951,14 +960,10 @@ _MULTI_NAMES = {"linear_scan": "scan", "associative_scan": "scan", "split": "hal
 def _is_linear_recurrence(fn: Any) -> bool:
     """Whether a combine function is ``(a1, b1, a2, b2) -> (a1 * a2, b1 * a2 + b2)`` (either order of
     each product and of the sum), the composition of two steps of ``h = a * h + b``."""
-    if not _is_jit(fn):
+    parsed = _single_return(fn, 4)
+    if parsed is None:
         return False
-    helper = _Function.of(fn)
-    params = [a.arg for a in helper.tree.args.args]
-    body = [s for s in helper.tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    if len(params) != 4 or len(body) != 1 or not isinstance(body[0], ast.Return):
-        return False
-    value = body[0].value
+    _, params, value = parsed
     if not isinstance(value, ast.Tuple) or len(value.elts) != 2:
         return False
     a1, b1, a2, b2 = params

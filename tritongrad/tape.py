@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from .derive import grad
+from .derive import defaults_of, grad, shadow_dtype
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
@@ -120,7 +120,7 @@ def _analyse(kernel: Any) -> KernelInfo:
     from .frontend import normalize_kernel
 
     sig = inspect.signature(kernel.fn)
-    defaults = {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+    defaults = defaults_of(kernel)
     roles, error = None, None
     try:
         a = analyze(normalize_kernel(kernel), (), None)
@@ -176,10 +176,6 @@ class View:
                 return False
             expected *= n
         return True
-
-
-def shadow_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 class _Tensors:

@@ -14,10 +14,8 @@ from typing import Any
 
 import torch
 
-from .derive import grad
+from .derive import grad, shadow_dtype
 from .frontend import unwrap
-
-LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:
@@ -27,8 +25,7 @@ def poison(t: torch.Tensor) -> torch.Tensor:
 
 def shadow_like(t: torch.Tensor) -> torch.Tensor:
     """A zero-filled gradient buffer with ``t``'s sizes and strides (float32 for half types)."""
-    dtype = torch.float32 if t.dtype in LOW_PRECISION else t.dtype
-    return torch.empty_strided(t.size(), t.stride(), dtype=dtype, device=t.device).zero_()
+    return torch.empty_strided(t.size(), t.stride(), dtype=shadow_dtype(t.dtype), device=t.device).zero_()
 
 
 def bind_launch(kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
