@@ -1,4 +1,5 @@
-"""tl.join and tl.split (an operation with two results, unpacked); tl.cat has no rule yet."""
+"""tl.join and tl.split (an operation with two results, unpacked); tl.cat, whose element order is unspecified,
+is refused."""
 
 import pytest
 import torch
@@ -70,4 +71,5 @@ def concatenated(x_ptr, y_ptr, z_ptr, BLOCK: tl.constexpr):
 def test_cat_is_refused():
     with pytest.raises(NotDifferentiableError) as info:
         tritongrad.grad(concatenated)
-    assert "`cat`" in info.value.construct and info.value.source_line.endswith("# refused")
+    assert "`cat`, whose element order Triton leaves unspecified" in info.value.construct
+    assert "tl.join" in info.value.hint and info.value.source_line.endswith("# refused")

@@ -187,28 +187,13 @@ def store_and_accumulate(x_ptr, y_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def tensor_descriptor(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
-    desc = tl.make_tensor_descriptor(x_ptr, shape=[N], strides=[1], block_shape=[BLOCK])  # refused
-    x = desc.load([0])
-    tl.store(y_ptr + tl.arange(0, BLOCK), x)
-
-
-@triton.jit
 def descriptor_parameter(x_desc, y_ptr, BLOCK: tl.constexpr):
     x = x_desc.load([0])  # refused
     tl.store(y_ptr + tl.arange(0, BLOCK), x)
 
 
-@triton.jit
-def block_pointer(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
-    p = tl.make_block_ptr(x_ptr, (N,), (1,), (0,), (BLOCK,), (0,))  # refused
-    tl.store(y_ptr + tl.arange(0, BLOCK), tl.load(p))
-
-
 REFUSED = [
-    (tensor_descriptor, "make_tensor_descriptor"),
-    (descriptor_parameter, "tensor descriptor's load"),
-    (block_pointer, "make_block_ptr"),
+    (descriptor_parameter, "a descriptor made outside the kernel"),
     (store_overwritten, "same addresses in every iteration"),
     (store_repeats, "may repeat between iterations"),
     (loop_local_after_loop, "assigned inside the loop"),

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .errors import NotDifferentiableError
 from .frontend import Op, Origin, Program, refuse, triton_language_name
 from .ir import child_blocks, reads, statements, structured
-from .rules import MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES, rule_of
+from .rules import LOADS, MAKE_DESCRIPTOR, MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES, rule_of
 
 Shape = tuple[str, ...] | None  # None: unknown
 
@@ -65,6 +65,8 @@ def bind(stmt: ast.stmt) -> dict[str, ast.expr]:
     op = op_of(stmt)
     rule = rule_of(op)
     sig = MEMORY.get(op.kind) or (rule.signature if rule is not None else None)
+    if op.kind == "make_tensor_descriptor":
+        sig = MAKE_DESCRIPTOR
     if sig is None:
         return {}
     try:
@@ -72,6 +74,18 @@ def bind(stmt: ast.stmt) -> dict[str, ast.expr]:
     except TypeError as e:
         raise refuse(where(stmt), f"the call to `{op.kind}`: {e}",
                      "check the arguments against Triton's signature") from e
+
+
+def address_names(stmt: ast.stmt) -> list[str]:
+    """Names a memory operation's addresses are computed from: the pointer (or descriptor) and offsets."""
+    b = bind(stmt)
+    return names_in(b["pointer"]) + names_in(b.get("offsets", ast.Constant(None)))
+
+
+def stored_value(stmt: ast.stmt) -> ast.expr:
+    """The value a store or atomic writes."""
+    b = bind(stmt)
+    return b["value"] if "value" in b else b["val"]
 
 
 def names_in(atom: ast.expr) -> list[str]:
@@ -153,11 +167,11 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
                          "load and store through pointer arguments")
         base = _choose_base(address.id, candidates, scalar_use, s)
         mark_chain(address.id, base)
-        (loads if kind == "load" else stores).setdefault(base, []).append(s)
+        (loads if kind in LOADS else stores).setdefault(base, []).append(s)
 
     feeds_address = _feeds_addresses(body, defs, [f for f in structured(program.body) if isinstance(f, ast.For)])
     index_pointers = {pointer_base[bind(s)["pointer"].id] for s in body
-                      if op_of(s).kind == "load" and target_of(s) in feeds_address}
+                      if op_of(s).kind in LOADS and target_of(s) in feeds_address}
 
     # -- what to differentiate ------------------------------------------------------------
     if tile:
@@ -218,8 +232,7 @@ def _feeds_addresses(body: list[ast.stmt], defs: dict[str, ast.stmt], loops: lis
     work = [n for f in loops for n in reads(f.iter)]
     for s in body:
         if op_of(s).kind in MEMORY:
-            b = bind(s)
-            work += names_in(b["pointer"]) + names_in(b.get("mask", ast.Constant(None)))
+            work += address_names(s) + names_in(bind(s).get("mask", ast.Constant(None)))
     while work:
         n = work.pop()
         if n in seen:
@@ -269,12 +282,12 @@ def _check_stores(body: list[ast.stmt], outputs, stores) -> dict[str, set[int]]:
     iterations are refused in loops.py. Whether programs overwrite each other's elements
     depends on the grid, checked at launch (derive.py).
     """
-    loaded = _downstream(body, {target_of(s) for s in statements(body) if op_of(s).kind == "load"})
+    loaded = _downstream(body, {target_of(s) for s in statements(body) if op_of(s).kind in LOADS})
     axes_of = _program_axes(body)
     paths = _branch_paths(body)
     store_axes = {}
     for output in outputs:
-        plain = [s for s in stores[output] if op_of(s).kind == "store"]
+        plain = [s for s in stores[output] if op_of(s).kind in ("store", "desc_store")]
         if plain and len(plain) < len(stores[output]):
             raise refuse(where(plain[0]), f"`{output}` both stored and accumulated atomically",
                          "write each output either with tl.store or with tl.atomic_add")
@@ -283,12 +296,11 @@ def _check_stores(body: list[ast.stmt], outputs, stores) -> dict[str, set[int]]:
                 raise refuse(where(second), f"a second tl.store to `{output}`",
                              "store each output once: compute the final value first, or store different outputs")
         for s in plain:
-            address = bind(s)["pointer"].id
-            if address in loaded:
+            if any(n in loaded for n in address_names(s)):
                 raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
                              "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
         if plain:  # tl.atomic_add outputs accumulate: programs may share elements
-            store_axes[output] = set().union(*[axes_of.get(bind(s)["pointer"].id, set()) for s in plain])
+            store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
     return store_axes
 
 
@@ -367,8 +379,8 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
             if t is None or t in pointer_base or t in varied:
                 continue
             op = op_of(s)
-            if op.kind == "load":
-                if any(n in varied for n in names_in(bind(s)["other"])):
+            if op.kind in LOADS:
+                if any(n in varied for n in names_in(bind(s).get("other", ast.Constant(None)))):
                     raise refuse(where(s), "a load whose `other` value depends on the differentiated inputs",
                                  "use a constant `other` and tl.where after the load")
                 if pointer_base[bind(s)["pointer"].id] not in wrt:
@@ -387,8 +399,7 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
     for s in body:
         kind = op_of(s).kind
         if kind in STORES and pointer_base[bind(s)["pointer"].id] in outputs:
-            value = bind(s)["value" if kind == "store" else "val"]
-            work += names_in(value)
+            work += names_in(stored_value(s))
     while work:
         n = work.pop()
         if n in useful or n not in varied:
@@ -399,7 +410,7 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
             if target_of(s) is None or op.kind in NONDIFFERENTIABLE:  # `acc = tl.zeros(...)` before a loop
                 continue
             rule = rule_of(op)
-            if rule is None and op.kind != "load":
+            if rule is None and op.kind not in LOADS:
                 raise _no_rule(s)
             if op.kind == "pow":
                 b = bind(s)["b"]
@@ -418,11 +429,15 @@ def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:
             "reduce": f"`tl.reduce` combining with `{_combine_name(op)}`, which is not a sum, max or min",
             "associative_scan": f"`tl.associative_scan` combining with `{_combine_name(op)}`, which is not a sum "
                                 "of one tensor nor a first-order linear recurrence of a pair",
+            # compiled Triton requires can_reorder=True: which input an element came from is not defined
+            "cat": "`cat`, whose element order Triton leaves unspecified (can_reorder=True)",
             }.get(op.kind, f"`{op.kind}`")
     hint = "write the operation with Triton functions tritongrad knows, or give a helper a rule with tg.custom_vjp"
     if op.kind == "associative_scan":
         hint = ("scan a pair (a, b) combined as (a1, b1), (a2, b2) -> (a1 * a2, b1 * a2 + b2), or write the "
                 "scan as a loop")
+    if op.kind == "cat":
+        hint = "concatenate with tl.join (then tl.permute / tl.reshape), whose element order is defined"
     if op.kind in MEMORY or op.kind in STORES:
         hint = "the result of an atomic operation cannot be differentiated"
     return refuse(where(stmt), f"{what} (no derivative rule)", hint)
@@ -513,8 +528,10 @@ def _shape_of(stmt: ast.stmt, of) -> Shape:
         return (f"{ast.unparse(end)} - {ast.unparse(start)}",)
     if kind in ("zeros", "full"):
         return _dims(op.args[0] if op.args else op.kwargs.get("shape"))
-    if kind == "load":
+    if kind in LOADS:
         return of(b["pointer"])
+    if kind == "make_tensor_descriptor":
+        return _dims(b["block_shape"])
     if kind == "subscript":
         x = of(b["input"])
         index = op.kwargs["index"]

@@ -27,9 +27,10 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from .blockptr import rewrite_block_pointers
 from .errors import NotDifferentiableError
 from .ir import Carried
-from .rules import CUSTOM, MULTI_RESULT, RULES, Signature, reads_result
+from .rules import CUSTOM, DESCRIPTOR_METHODS, LOADS, MULTI_RESULT, RULES, Signature, reads_result
 
 LOCAL = object()  # resolve(): the expression is a local value, not a global object
 
@@ -151,7 +152,9 @@ class _Function:
         scope = dict(fn.__globals__)
         if fn.__closure__:
             scope.update(inspect.getclosurevars(fn).nonlocals)
-        return cls(fn.__name__, fdef, fn.__code__.co_filename, first_line, lines, scope)
+        function = cls(fn.__name__, fdef, fn.__code__.co_filename, first_line, lines, scope)
+        function.tree = rewrite_block_pointers(fdef, scope, function.origin)
+        return function
 
     def origin(self, node: ast.AST) -> Origin:
         lineno = getattr(node, "lineno", 1)
@@ -209,6 +212,7 @@ class Normalizer:
         self.temporaries: set[str] = set()
         self.inline_depth = 0
         self.constexprs = {a.arg for a in root.tree.args.args if _is_constexpr_annotation(a.annotation)}
+        self.descriptors: set[str] = set()  # SSA names of tensor descriptors made in the kernel
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -439,7 +443,7 @@ class Normalizer:
         if not isinstance(init, ast.Name):
             return None
         stmt = _last_assignment(self.out, init)
-        if stmt is None or reads_result(stmt.tg_op.kind) or stmt.tg_op.kind == "load" or _reads(
+        if stmt is None or reads_result(stmt.tg_op.kind) or stmt.tg_op.kind in LOADS or _reads(
                 self.out[self.out.index(stmt) + 1:], {init.id}):
             return None  # (a load stays apart: its value types the adjoint without replaying the loop)
         return init.id
@@ -539,6 +543,9 @@ class Normalizer:
         if isinstance(node, ast.Assign) and op.kind in CONSTEXPR_KINDS and all(
                 self.is_constexpr(a) for a in [*op.args, *op.kwargs.values()]):
             self.constexprs.add(node.targets[0].id)
+        if isinstance(node, ast.Assign) and (op.kind == "make_tensor_descriptor" or (
+                op.kind == "copy" and isinstance(op.args[0], ast.Name) and op.args[0].id in self.descriptors)):
+            self.descriptors.add(node.targets[0].id)
         node.tg_op = op
         node.tg_origin = self.frame.call_origin or self.origin(stmt)  # the kernel line, for comments
         node.tg_where = self.origin(stmt)  # the construct itself (in the helper's file), for errors
@@ -687,10 +694,14 @@ class Normalizer:
         obj = self.resolve(func)
         if obj is LOCAL:
             if isinstance(func, ast.Attribute):  # a tensor method: x.to(...), x.sum(0)
-                if func.attr in ("load", "store", "atomic_add", "gather", "scatter"):
-                    raise self.refuse(stmt, f"`{ast.unparse(func)}(...)`, a tensor descriptor's {func.attr}",
-                                      "load and store through pointer arithmetic (`x_ptr + offs`) with masks")
                 receiver = self.atom(func.value, stmt)
+                if isinstance(receiver, ast.Name) and receiver.id in self.descriptors:
+                    return self.descriptor_method(func, receiver, node, stmt)
+                if func.attr in ("load", "store", "atomic_add", "gather", "scatter"):
+                    raise self.refuse(stmt, f"`{ast.unparse(func)}(...)`, a tensor descriptor's {func.attr} through "
+                                      "a descriptor made outside the kernel",
+                                      "pass the tensor and build its descriptor in the kernel with "
+                                      "`tl.make_tensor_descriptor(x_ptr, shape, strides, block_shape)`")
                 return self.build_call(func.attr, ast.Attribute(value=receiver, attr=func.attr, ctx=ast.Load()),
                                        [receiver], node, stmt, method=True)
             raise self.refuse(stmt, f"a call to the local value `{ast.unparse(func)}`",
@@ -709,9 +720,9 @@ class Normalizer:
             return self.reduce(node, stmt, obj)
         if name == "associative_scan":
             return self.scan(node, stmt, obj)
-        if name in ("make_tensor_descriptor", "make_block_ptr", "advance"):
-            raise self.refuse(stmt, f"`tl.{name}` (tensor descriptors and block pointers)",
-                              "load and store through pointer arithmetic (`x_ptr + offs`) with masks")
+        if name in ("make_block_ptr", "advance"):  # left over by blockptr.py only when it could not run
+            raise self.refuse(stmt, f"`tl.{name}` here", "assign block pointers to names, then load, store and "
+                              "advance them")
         if name == "pow":  # libdevice's pow(x, y), apart from the `**` operator
             name = "fpow"
         if name is None and _is_jit(obj):
@@ -726,6 +737,16 @@ class Normalizer:
         if name is None:
             name = "call"
         return self.build_call(name, callee, [], node, stmt, func_obj=obj)
+
+    def descriptor_method(self, func: ast.Attribute, desc: ast.Name, node: ast.Call, stmt: ast.stmt) -> _Deferred:
+        """``desc.load(offsets)``, ``desc.store(offsets, value)``, ``desc.atomic_add(offsets, value)`` of a
+        descriptor made in the kernel: memory operations whose shadow goes through a descriptor too."""
+        kind = DESCRIPTOR_METHODS.get(func.attr)
+        if kind is None:
+            raise self.refuse(stmt, f"a tensor descriptor's `{func.attr}`",
+                              "differentiable descriptor accesses are load, store and atomic_add")
+        method = ast.Attribute(value=desc, attr=func.attr, ctx=ast.Load())
+        return self.build_call(kind, method, [desc], node, stmt, method=True)
 
     def reduce(self, node: ast.Call, stmt: ast.stmt, obj: Any) -> _Deferred:
         """``tl.reduce(x, axis, combine)``: differentiated as tl.sum / tl.max / tl.min when ``combine``
@@ -769,6 +790,8 @@ class Normalizer:
         new = ast.Call(func=callee, args=call_args, keywords=[ast.keyword(arg=k, value=v) for k, v in kwargs.items()])
         first = _label(args[0]) if args else ""
         hint = kind if kind in ("load", "call", "custom") or not first else f"{kind}_{first}"
+        if kind == "desc_load":
+            hint = "load"
         if kind == "custom":
             hint = getattr(func_obj, "__name__", "custom")
         return _Deferred(new, Op(kind, args, kwargs, func_obj), hint)

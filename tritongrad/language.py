@@ -8,6 +8,8 @@ runs kernels through its interpreter is fixed when a kernel is defined, and
 ``tritongrad demo`` decides that after importing the package.
 """
 
+import os
+
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
@@ -20,6 +22,8 @@ _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",)}
 
 
 def __getattr__(name: str):
+    if name == "DESCRIPTOR_ATOMICS":  # tensor descriptors' atomic_add: compiled kernels have it, the interpreter not
+        return tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on"))
     if name not in _HELPERS:
         raise AttributeError(f"module 'tritongrad.language' has no attribute '{name}'")
     if name == "linear_scan_grad":

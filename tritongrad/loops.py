@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .analysis import Analysis, bind, op_of, target_of, value_args, where
+from .analysis import Analysis, address_names, bind, op_of, target_of, value_args, where
 from .frontend import refuse
 from .ir import header, reads, statements, structured
 from .rules import RULES
@@ -87,11 +87,12 @@ def _check_stores(a: Analysis, node: ast.For) -> None:
     roots = {node.target.id, *(c.name for c in node.tg_carried)}
     moving = _depends_on(node, roots, INJECTIVE)
     for s in statements(node.body):
-        if op_of(s).kind != "store" or a.pointer_base.get(bind(s)["pointer"].id) not in a.outputs:
+        if op_of(s).kind not in ("store", "desc_store") or a.pointer_base.get(bind(s)["pointer"].id) not in a.outputs:
             continue
-        address = bind(s)["pointer"].id
-        if address not in moving:
-            what = ("at addresses that may repeat between iterations" if address in _depends_on(node, roots)
+        addresses = address_names(s)
+        if not any(n in moving for n in addresses):
+            what = ("at addresses that may repeat between iterations"
+                    if any(n in _depends_on(node, roots) for n in addresses)
                     else "to the same addresses in every iteration")
             raise refuse(where(s), f"a tl.store inside the loop over `{node.target.id}` {what} "
                          "(only the last value stays)",

@@ -33,10 +33,11 @@ import ast
 import copy
 from dataclasses import dataclass
 
-from .analysis import Analysis, bind, names_in, op_of, target_of, where
+from .analysis import Analysis, bind, names_in, op_of, stored_value, target_of, where
+from .blockptr import block_addresses, block_mask
 from .frontend import Namer, Op, refuse
 from .ir import child_blocks, free_names, header, is_structured, reads, statements
-from .rules import MEMORY, MULTI_RESULT, STORES, rule_of
+from .rules import ACCUMULATES, LOADS, MEMORY, MULTI_RESULT, STORES, rule_of
 
 ASSERTS = ("static_assert", "device_assert")
 
@@ -416,7 +417,7 @@ class Reverser:
         elif t is not None and t in self.a.active and self.g_of(stmt) is not None and self.contributes(stmt):
             if not getattr(stmt, "tg_join", False):  # a join's copy goes under its if's or loop's comment
                 self.comment_for(stmt)
-            if op.kind == "load":
+            if op.kind in LOADS:
                 self.reverse_load(stmt, t)
             else:
                 self.reverse_operation(stmt, t)
@@ -428,7 +429,7 @@ class Reverser:
     def contributes(self, stmt: ast.stmt) -> bool:
         """Whether reversing the statement adds to any adjoint (a partial sum adds nothing to the next)."""
         op = op_of(stmt)
-        if op.kind == "load":
+        if op.kind in LOADS:
             return True
         rule = rule_of(op)
         return rule is not None and any(p in rule.adjoints and self.a.is_active(arg) and arg.id not in self.suppressed
@@ -492,10 +493,40 @@ class Reverser:
 
     def reverse_load(self, stmt: ast.stmt, t: str) -> None:
         b = bind(stmt)
-        address = b["pointer"].id
-        args = [_name(self.shadow_name(address)), _name(self.g_of(stmt))]
+        shadow, g = _name(self.shadow_name(b["pointer"].id)), _name(self.g_of(stmt))
+        if op_of(stmt).kind == "desc_load":
+            self.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
+            return
         keywords = [ast.keyword("mask", copy.deepcopy(b["mask"]))] if not _is_none(b["mask"]) else []
-        self.emit(ast.Expr(ast.Call(_substitute("tl.atomic_add", {}), args, keywords)))
+        self.emit(ast.Expr(ast.Call(_substitute("tl.atomic_add", {}), [shadow, g], keywords)))
+
+    def descriptor_accumulate(self, stmt: ast.stmt, shadow: ast.Name, offsets: ast.expr, g: ast.Name) -> ast.If:
+        """``d_desc.atomic_add(offsets, g)``; where descriptors cannot add (float64 shadows, Triton's
+        interpreter: decided when the kernel compiles), pointer atomics on the block's addresses, the
+        elements outside the tensor masked."""
+        make = self.descriptor_definition(stmt, bind(stmt)["pointer"].id)
+        b = bind(make)
+        sizes, strides, block = (b[k].elts for k in ("shape", "strides", "block_shape"))
+        indices = [f"({ast.unparse(o)} + tl.arange(0, {ast.unparse(n)}))" for o, n in zip(offsets.elts, block,
+                                                                                          strict=True)]
+        base = ast.unparse(_name(self.shadow_name(b["base"].id)))
+        text = (f"if tg.DESCRIPTOR_ATOMICS and {shadow.id}.dtype != tl.float64:\n"
+                f"    {shadow.id}.atomic_add({ast.unparse(offsets)}, {g.id}.to({shadow.id}.dtype))\n"
+                f"else:\n"
+                f"    tl.atomic_add({block_addresses(base, indices, [ast.unparse(s) for s in strides])}, {g.id}, "
+                f"mask={block_mask(indices, [ast.unparse(s) for s in sizes])})")
+        return ast.parse(text).body[0]
+
+    def descriptor_definition(self, stmt: ast.stmt, name: str) -> ast.stmt:
+        """The ``tl.make_tensor_descriptor`` statement a descriptor comes from (through copies)."""
+        defs = self.defs.get(name, [])
+        kinds = {op_of(d).kind for d in defs}
+        if kinds == {"make_tensor_descriptor"} and len({ast.dump(d.value) for d in defs}) == 1:
+            return defs[0]
+        if kinds == {"copy"} and len({ast.unparse(op_of(d).args[0]) for d in defs}) == 1:
+            return self.descriptor_definition(stmt, op_of(defs[0]).args[0].id)
+        raise refuse(where(stmt), f"a load through the descriptor `{name}`, which has several definitions",
+                     "make each tensor descriptor once, with one name")
 
     def reverse_store(self, stmt: ast.stmt) -> None:
         op = op_of(stmt)
@@ -503,18 +534,22 @@ class Reverser:
         base = self.a.pointer_base[b["pointer"].id]
         if base not in self.a.outputs:
             return
-        value = b["value" if op.kind == "store" else "val"]
+        value = stored_value(stmt)
         if not self.a.is_active(value):
             return
-        if op.kind not in ("store", "atomic_add"):
+        if op.kind not in ("store", "desc_store", *ACCUMULATES):
             raise refuse(where(stmt), f"`{op.kind}` of a differentiated value",
                          "only tl.store and tl.atomic_add outputs can be differentiated")
         self.comment_for(stmt)
         address = b["pointer"].id
-        keywords = []
-        if not _is_none(b["mask"]):
-            keywords = [ast.keyword("mask", copy.deepcopy(b["mask"])), ast.keyword("other", ast.Constant(0.0))]
-        incoming = ast.Call(_substitute("tl.load", {}), [_name(self.shadow_name(address))], keywords)
+        shadow = _name(self.shadow_name(address))
+        if op.kind.startswith("desc_"):  # out-of-bounds elements read as zero, as the forward dropped them
+            incoming = _substitute("d.load(offsets)", {"d": shadow, "offsets": b["offsets"]})
+        else:
+            keywords = []
+            if not _is_none(b["mask"]):
+                keywords = [ast.keyword("mask", copy.deepcopy(b["mask"])), ast.keyword("other", ast.Constant(0.0))]
+            incoming = ast.Call(_substitute("tl.load", {}), [shadow], keywords)
         if not self.same_shape(value.id, address):
             incoming = _substitute("tg.unbroadcast(c, x)", {"c": incoming, "x": value})
         self.accumulate(value.id, incoming)

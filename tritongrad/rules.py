@@ -208,7 +208,9 @@ NONDIFFERENTIABLE = {
 
 # Statements with effects the forward replay must not repeat.
 STORES = {"store", "atomic_add", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor",
-          "atomic_xchg", "atomic_cas"}
+          "atomic_xchg", "atomic_cas", "desc_store", "desc_atomic_add"}
+LOADS = {"load", "desc_load"}
+ACCUMULATES = {"atomic_add", "desc_atomic_add"}
 
 # Signatures of the memory operations, for binding their arguments.
 MEMORY = {
@@ -216,12 +218,18 @@ MEMORY = {
                             "cache_modifier='', eviction_policy='', volatile=False"),
     "store": Signature.parse("pointer, value, mask=None, boundary_check=(), cache_modifier='', "
                              "eviction_policy=''"),
-    **{k: Signature.parse("pointer, val, mask=None, sem=None, scope=None") for k in STORES if k != "store"},
+    **{k: Signature.parse("pointer, val, mask=None, sem=None, scope=None") for k in STORES if k.startswith("atomic")},
+    # a tensor descriptor's methods (`desc.load(offsets)`): the descriptor stands where the pointer does
+    "desc_load": Signature.parse("pointer, offsets"),
+    "desc_store": Signature.parse("pointer, offsets, value"),
+    "desc_atomic_add": Signature.parse("pointer, offsets, val"),
 }
+DESCRIPTOR_METHODS = {"load": "desc_load", "store": "desc_store", "atomic_add": "desc_atomic_add"}
+MAKE_DESCRIPTOR = Signature.parse("base, shape, strides, block_shape, padding_option='zero'")
 
 # Operations that keep their first argument a pointer when it is one: `ptrs[:, None]`.
 POINTER_PRESERVING = {"copy", "subscript", "expand_dims", "broadcast_to", "reshape", "view", "trans",
-                      "permute", "multiple_of", "max_contiguous", "max_constancy"}
+                      "permute", "multiple_of", "max_contiguous", "max_constancy", "make_tensor_descriptor"}
 
 
 # Hand-written rules for @triton.jit helpers (tritongrad.custom_vjp): the helper's Python function ->

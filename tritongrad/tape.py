@@ -118,6 +118,7 @@ def kernel_info(kernel: Any) -> KernelInfo:
 def _analyse(kernel: Any) -> KernelInfo:
     from .analysis import analyze, op_of
     from .frontend import normalize_kernel
+    from .rules import ACCUMULATES
 
     sig = inspect.signature(kernel.fn)
     defaults = defaults_of(kernel)
@@ -125,7 +126,7 @@ def _analyse(kernel: Any) -> KernelInfo:
     try:
         a = analyze(normalize_kernel(kernel), (), None)
         loads, stores = frozenset(a.loads), frozenset(a.stores)
-        overwrites = frozenset(p for p, ss in a.stores.items() if any(op_of(s).kind != "atomic_add" for s in ss))
+        overwrites = frozenset(p for p, ss in a.stores.items() if any(op_of(s).kind not in ACCUMULATES for s in ss))
         roles = Roles(loads, stores, overwrites, frozenset(loads - stores - set(a.index_pointers)))
     except Exception as e:  # e.g. a construct the core does not handle yet; raised if the launch needs a backward
         error = e
