@@ -192,7 +192,45 @@ def descriptor_parameter(x_desc, y_ptr, BLOCK: tl.constexpr):
     tl.store(y_ptr + tl.arange(0, BLOCK), x)
 
 
+@triton.jit
+def lanes_folded(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs // 2, tl.load(x_ptr + offs))  # refused
+
+
+@triton.jit
+def lanes_broadcast(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs[:, None] * BLOCK + offs[None, :])
+    tl.store(y_ptr + offs[None, :] + tl.zeros([BLOCK, BLOCK], dtype=tl.int32), x)  # refused
+
+
+@triton.jit
+def lanes_same_stride(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs[:, None] * BLOCK + offs[None, :])
+    tl.store(y_ptr + offs[:, None] + offs[None, :], x)  # refused
+
+
+@triton.jit
+def lanes_overlapping_strides(x_ptr, y_ptr):
+    rows, cols = tl.arange(0, 4), tl.arange(0, 8)
+    x = tl.load(x_ptr + rows[:, None] * 8 + cols[None, :])
+    tl.store(y_ptr + rows[:, None] * 4 + cols[None, :], x)  # refused
+
+
+@triton.jit
+def program_plus_lane(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs))  # refused
+
+
 REFUSED = [
+    (lanes_folded, "through `//`, `%`"),
+    (lanes_broadcast, "does not change along axis 0"),
+    (lanes_same_stride, "lane axis 0 and lane axis 1 have the same stride"),
+    (lanes_overlapping_strides, "strides 1 and 4 overlap across axis 1 (8 lanes)"),
+    (program_plus_lane, "lane axis 0 and tl.program_id(0) have the same stride"),
     (descriptor_parameter, "a descriptor made outside the kernel"),
     (store_overwritten, "same addresses in every iteration"),
     (store_repeats, "may repeat between iterations"),

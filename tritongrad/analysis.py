@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from .errors import NotDifferentiableError
 from .frontend import Op, Origin, Program, refuse, triton_language_name
 from .ir import child_blocks, reads, statements, structured
+from .lanes import check_store, store_forms
 from .rules import LOADS, MAKE_DESCRIPTOR, MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES, rule_of
 
 Shape = tuple[str, ...] | None  # None: unknown
@@ -182,9 +183,9 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
 
     active = _activity(program, defs, wrt, outputs, pointer_base, tile)
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
-    if not tile:
-        analysis.store_axes = _check_stores(program.body, outputs, stores)
     analysis.shapes = infer_shapes(program, tile)
+    if not tile:
+        analysis.store_axes = _check_stores(program.body, outputs, stores, analysis.shapes)
     from .loops import classify_loops
     analysis.loops = classify_loops(analysis)
     return analysis
@@ -272,19 +273,20 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads
     return wrt, outputs
 
 
-def _check_stores(body: list[ast.stmt], outputs, stores) -> dict[str, set[int]]:
+def _check_stores(body: list[ast.stmt], outputs, stores, shapes) -> dict[str, set[int]]:
     """Refuse stores whose adjoint would be wrong; return the program axes each output's addresses use.
 
     A store's adjoint hands the output's gradient to the stored value. That is right only
     when no other store overwrites the element: so one plain store per output (or one per
     branch of an ``if``, where only one runs), at addresses not computed from loaded data
-    (a scatter may write one element twice). Stores repeating an address across loop
-    iterations are refused in loops.py. Whether programs overwrite each other's elements
-    depends on the grid, checked at launch (derive.py).
+    (a scatter may write one element twice), whose lanes write distinct elements (lanes.py).
+    Stores repeating an address across loop iterations are refused in loops.py. Whether programs
+    overwrite each other's elements depends on the grid, checked at launch (derive.py).
     """
     loaded = _downstream(body, {target_of(s) for s in statements(body) if op_of(s).kind in LOADS})
     axes_of = _program_axes(body)
     paths = _branch_paths(body)
+    forms = store_forms(body, shapes, op_of, target_of, bind)
     store_axes = {}
     for output in outputs:
         plain = [s for s in stores[output] if op_of(s).kind in ("store", "desc_store")]
@@ -299,6 +301,9 @@ def _check_stores(body: list[ast.stmt], outputs, stores) -> dict[str, set[int]]:
             if any(n in loaded for n in address_names(s)):
                 raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
                              "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
+            if op_of(s).kind == "store":  # a descriptor's block has one element per lane
+                address = bind(s)["pointer"].id
+                check_store(s, address, output, forms, shapes.get(address))
         if plain:  # tl.atomic_add outputs accumulate: programs may share elements
             store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
     return store_axes

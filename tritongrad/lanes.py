@@ -1,0 +1,238 @@
+"""Whether two lanes of one ``tl.store`` may write the same element.
+
+A store's adjoint hands each lane the gradient of the element it wrote; if two lanes
+write one element, only one value stays, and both lanes would get its gradient: a
+silent wrong answer. So each output's store addresses are read as affine forms in the
+coordinates of a lane, ``sum(c_i * lane_i) + sum(c_p * program_id(p)) + const``, where
+``lane_i`` is the lane's index along axis ``i`` of the tile (what ``tl.arange`` gives,
+spread by ``[:, None]``). A coefficient is an integer times runtime or compile-time
+scalars (``BLOCK``, ``stride``). A store is refused when its addresses
+
+- do not vary along an axis of the tile (``y_ptr + offs[None, :]`` stored as a 2-D tile;
+  ``y_ptr + offs * 0``): the lanes along it share addresses;
+- use two coordinates with the same coefficient (``y_ptr + offs[:, None] + offs[None, :]``,
+  or ``pid + tl.arange(0, B)`` across programs);
+- use a lane index through anything but ``+ - *`` and shape operations (``offs // 2``,
+  ``offs % n``, ``tl.where``): no proof that lanes stay apart.
+
+Scalars multiplying different coordinates (``rows[:, None] * stride + cols[None, :]``)
+are taken to keep them apart, as a tensor's strides do; integer coefficients are
+checked against the block's extent where it is a number, or the same symbol
+(``pid * BLOCK + tl.arange(0, BLOCK)``). Program ids through ``//`` or ``%``
+(``head = pid % H``) are common and fine: they only lose their coordinate here.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from .frontend import refuse
+from .ir import statements
+
+# a coefficient: an integer times a product of scalar names (sorted)
+Coefficient = tuple[int, tuple[str, ...]]
+
+PASS_THROUGH = {"copy", "to", "cast", "multiple_of", "max_contiguous", "max_constancy", "pos"}
+
+
+@dataclass(frozen=True)
+class Form:
+    """An integer tile's value as coefficients of lane axes (``("lane", axis)``) and program ids
+    (``("pid", axis)``); ``rank`` is the tile's. ``affine=False``: a lane index went through an
+    operation that may fold lanes together."""
+
+    terms: tuple[tuple[tuple[str, int], Coefficient], ...]
+    rank: int
+    affine: bool = True
+
+    @property
+    def coefficients(self) -> dict[tuple[str, int], Coefficient]:
+        return dict(self.terms)
+
+
+SCALAR = Form((), 0)
+
+
+def _form(terms: dict, rank: int, affine: bool = True) -> Form:
+    kept = {k: c for k, c in terms.items() if c[0] != 0}
+    return Form(tuple(sorted(kept.items())), rank, affine)
+
+
+def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind) -> dict[str, Form]:
+    """The form of every integer or pointer name computed from lane indices or program ids."""
+    forms: dict[str, Form] = {}
+    for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
+        for s in statements(body):
+            t = target_of(s)
+            if t is None:
+                continue
+            new = _form_of(op_of(s), s, forms, shapes, bind)
+            old = forms.get(t)
+            if old is not None and new is not None and old != new:
+                new = Form(old.terms, old.rank, False)  # two definitions disagree: no proof
+            if new is not None:
+                forms[t] = new
+    return forms
+
+
+def _rank(atom: ast.expr, shapes: dict) -> int | None:
+    if isinstance(atom, ast.Name):
+        shape = shapes.get(atom.id)
+        return len(shape) if shape is not None else None
+    return 0
+
+
+def _form_of(op, stmt, forms: dict[str, Form], shapes: dict, bind) -> Form | None:
+    """The statement's form, or None when it computes from no lane index or program id."""
+    kind = op.kind
+    if kind == "arange":
+        return _form({("lane", 0): (1, ())}, 1)
+    if kind == "program_id":
+        axis = op.args[0] if op.args else op.kwargs.get("axis")
+        if isinstance(axis, ast.Constant) and isinstance(axis.value, int):
+            return _form({("pid", axis.value): (1, ())}, 0)
+        return None
+    inputs = [forms.get(a.id) if isinstance(a, ast.Name) else None for a in op.args]
+    if not any(inputs):
+        return None
+    rank = _rank(ast.Name(stmt.targets[0].id), shapes)
+    if rank is None or not all(f.affine for f in inputs if f):
+        return _opaque(inputs, rank)
+    if kind in PASS_THROUGH:
+        return inputs[0]
+    if kind in ("add", "sub"):
+        return _add(inputs, rank, negate=kind == "sub")
+    if kind == "neg":
+        return _scale(inputs[0], (-1, ()))
+    if kind == "mul":
+        a, b = op.args[:2]
+        fa, fb = inputs[:2]
+        if fa is not None and fb is not None:
+            return _opaque(inputs, rank)
+        form, scalar = (fa, b) if fa is not None else (fb, a)
+        factor = _scalar(scalar, forms)
+        if factor is None or _rank(scalar, shapes) not in (0, None):
+            return _opaque(inputs, rank)
+        return _shift(_scale(form, factor), rank)
+    if kind in ("subscript", "expand_dims", "broadcast_to", "trans", "permute"):
+        return _reshaped(kind, op, inputs[0], rank, bind(stmt))
+    return _opaque(inputs, rank)
+
+
+def _opaque(inputs: list[Form | None], rank: int | None) -> Form:
+    """A value computed from the inputs by an operation that may fold lanes together; program ids
+    through it are dropped (``pid // H`` is common and harmless), lane indices make it non-affine."""
+    lanes = any(k[0] == "lane" for f in inputs if f for k, _ in f.terms) or any(
+        f is not None and not f.affine for f in inputs)
+    return _form({}, rank or 0, affine=not lanes)
+
+
+def _scalar(atom: ast.expr, forms: dict) -> Coefficient | None:
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, int) and not isinstance(atom.value, bool):
+        return (atom.value, ())
+    if isinstance(atom, ast.Name) and atom.id not in forms:
+        return (1, (atom.id,))
+    if isinstance(atom, ast.Name) and not forms[atom.id].terms and forms[atom.id].affine:
+        return (1, (atom.id,))  # a scalar computed from program ids through // or %: opaque, lane-free
+    return None
+
+
+def _scale(form: Form, factor: Coefficient) -> Form:
+    n, symbols = factor
+    return _form({k: (c * n, tuple(sorted(s + symbols))) for k, (c, s) in form.terms}, form.rank, form.affine)
+
+
+def _shift(form: Form, rank: int) -> Form:
+    """``form`` broadcast to ``rank`` dimensions (new leading axes)."""
+    d = rank - form.rank
+    if d < 0:
+        return Form(form.terms, rank, False)
+    return _form({(k, a + d if k == "lane" else a): c for (k, a), c in form.terms}, rank, form.affine)
+
+
+def _add(inputs: list[Form | None], rank: int, negate: bool) -> Form:
+    total: dict = {}
+    for i, form in enumerate(inputs[:2]):
+        if form is None:
+            continue
+        form = _shift(form, rank)
+        for key, (c, s) in form.terms:
+            c = -c if negate and i == 1 else c
+            if key in total:
+                c0, s0 = total[key]
+                if s0 != s:
+                    return Form(tuple(total.items()), rank, False)
+                c = c0 + c
+            total[key] = (c, s)
+    return _form(total, rank, all(f.affine for f in inputs if f))
+
+
+def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
+    lanes = {a: c for (k, a), c in form.terms if k == "lane"}
+    others = {key: c for key, c in form.terms if key[0] != "lane"}
+    if kind == "subscript":
+        index = op.kwargs["index"]
+        parts = index.elts if isinstance(index, ast.Tuple) else [index]
+        kept = [i for i, p in enumerate(parts) if not (isinstance(p, ast.Constant) and p.value is None)]
+        moved = {kept[a]: c for a, c in lanes.items() if a < len(kept)}
+    elif kind == "expand_dims":
+        axis = bound.get("axis")
+        if not (isinstance(axis, ast.Constant) and isinstance(axis.value, int)):
+            return Form(form.terms, rank, False)
+        at = axis.value % rank
+        moved = {a + (a >= at): c for a, c in lanes.items()}
+    elif kind == "broadcast_to":
+        moved = {a + rank - form.rank: c for a, c in lanes.items()}
+    else:  # trans / permute
+        dims = bound.get("dims")
+        elts = dims.elts if isinstance(dims, (ast.Tuple, ast.List)) else []
+        if len(elts) == 1 and isinstance(elts[0], (ast.Tuple, ast.List)):
+            elts = elts[0].elts
+        order = [e.value for e in elts if isinstance(e, ast.Constant)] or list(range(rank))[::-1]
+        if len(order) != rank:
+            return Form(form.terms, rank, False)
+        moved = {order.index(a): c for a, c in lanes.items()}
+    return _form({**others, **{("lane", a): c for a, c in moved.items()}}, rank, form.affine)
+
+
+def check_store(stmt: ast.stmt, address: str, output: str, forms: dict[str, Form], shape) -> None:
+    """Refuse a store whose lanes may write one element of ``output`` twice (see the module's docstring)."""
+    form = forms.get(address)
+    what = f"a tl.store to `{output}` whose lanes may write the same element"
+    hint = ("store at addresses built from tl.arange with + and * (each tile axis with its own stride), "
+            "so every lane writes its own element")
+    if form is None or shape is None:  # no lane index in the address (a scalar store), or shape unknown
+        if form is None and shape and any(d != "1" for d in shape):
+            raise refuse(stmt.tg_where, f"{what}: the address is the same for every lane", hint)
+        return
+    if not form.affine:
+        raise refuse(stmt.tg_where, f"{what}: the address uses a lane index through `//`, `%` or another "
+                     "operation that may fold lanes together", hint)
+    terms = form.coefficients
+    for axis, extent in enumerate(shape):
+        if extent != "1" and ("lane", axis) not in terms:
+            raise refuse(stmt.tg_where, f"{what}: the address does not change along axis {axis} of the tile", hint)
+    seen: dict[Coefficient, tuple[str, int]] = {}
+    for key, c in terms.items():
+        size = (abs(c[0]), c[1])
+        if size in seen:
+            raise refuse(stmt.tg_where, f"{what}: {_name(seen[size])} and {_name(key)} have the same stride", hint)
+        seen[size] = key
+    _check_extents(stmt, what, hint, terms, shape)
+
+
+def _check_extents(stmt, what, hint, terms, shape) -> None:
+    """Integer strides on two lane axes must keep them apart: the larger at least the other's extent
+    times the smaller, when that extent is a number."""
+    lanes = sorted((abs(c[0]), a) for (k, a), c in terms.items() if k == "lane" and not c[1])
+    for (small, a), (large, _) in zip(lanes, lanes[1:], strict=False):
+        extent = shape[a]
+        if extent.isdigit() and large < int(extent) * small:
+            raise refuse(stmt.tg_where, f"{what}: strides {small} and {large} overlap across axis {a} "
+                         f"({extent} lanes)", hint)
+
+
+def _name(key: tuple[str, int]) -> str:
+    kind, axis = key
+    return f"lane axis {axis}" if kind == "lane" else f"tl.program_id({axis})"
