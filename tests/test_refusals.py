@@ -225,7 +225,15 @@ def program_plus_lane(x_ptr, y_ptr, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, tl.load(x_ptr + offs))  # refused
 
 
+@triton.jit
+def program_quotient(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    x = tl.load(x_ptr + pid * BLOCK + tl.arange(0, BLOCK))
+    tl.store(y_ptr + (pid // 2) * BLOCK + tl.arange(0, BLOCK), x)  # refused
+
+
 REFUSED = [
+    (program_quotient, "only through `// 2`"),
     (lanes_folded, "through `//`, `%`"),
     (lanes_broadcast, "does not change along axis 0"),
     (lanes_same_stride, "lane axis 0 and lane axis 1 have the same stride"),

@@ -18,8 +18,11 @@ scalars (``BLOCK``, ``stride``). A store is refused when its addresses
 Scalars multiplying different coordinates (``rows[:, None] * stride + cols[None, :]``)
 are taken to keep them apart, as a tensor's strides do; integer coefficients are
 checked against the block's extent where it is a number, or the same symbol
-(``pid * BLOCK + tl.arange(0, BLOCK)``). Program ids through ``//`` or ``%``
-(``head = pid % H``) are common and fine: they only lose their coordinate here.
+(``pid * BLOCK + tl.arange(0, BLOCK)``). A program id's digits (``pid // H`` and
+``pid % H``, as attention kernels split batch and head) are coordinates too: the quotient
+without the remainder (or the id itself) is refused, since programs sharing it would
+write the same elements. Other operations on program ids (a swizzled matmul order)
+only lose their coordinate here; the grid check at launch (derive.py) still sees them.
 """
 
 from __future__ import annotations
@@ -101,6 +104,11 @@ def _form_of(op, stmt, forms: dict[str, Form], shapes: dict, bind) -> Form | Non
         return _opaque(inputs, rank)
     if kind in PASS_THROUGH:
         return inputs[0]
+    if kind in ("floordiv", "mod") and inputs[1] is None and inputs[0].terms and all(
+            k == "pid" and c == (1, ()) for (k, _), c in inputs[0].terms) and len(inputs[0].terms) == 1:
+        # a digit of a program id (`pid // H`, `pid % H`): both together keep programs apart
+        (_, axis), _ = inputs[0].terms[0]
+        return _form({(f"pid{'//' if kind == 'floordiv' else '%'}{ast.unparse(op.args[1])}", axis): (1, ())}, rank)
     if kind in ("add", "sub"):
         return _add(inputs, rank, negate=kind == "sub")
     if kind == "neg":
@@ -213,6 +221,11 @@ def check_store(stmt: ast.stmt, address: str, output: str, forms: dict[str, Form
     for axis, extent in enumerate(shape):
         if extent != "1" and ("lane", axis) not in terms:
             raise refuse(stmt.tg_where, f"{what}: the address does not change along axis {axis} of the tile", hint)
+    for kind, axis in terms:
+        if kind.startswith("pid//") and ("pid", axis) not in terms and (f"pid%{kind[5:]}", axis) not in terms:
+            raise refuse(stmt.tg_where, f"a tl.store to `{output}` at addresses using tl.program_id({axis}) "
+                         f"only through `// {kind[5:]}`: programs with the same quotient write the same elements",
+                         f"use tl.program_id({axis}) itself, or both `// {kind[5:]}` and `% {kind[5:]}` of it")
     seen: dict[Coefficient, tuple[str, int]] = {}
     for key, c in terms.items():
         size = (abs(c[0]), c[1])
@@ -235,4 +248,6 @@ def _check_extents(stmt, what, hint, terms, shape) -> None:
 
 def _name(key: tuple[str, int]) -> str:
     kind, axis = key
-    return f"lane axis {axis}" if kind == "lane" else f"tl.program_id({axis})"
+    if kind == "lane":
+        return f"lane axis {axis}"
+    return f"tl.program_id({axis}){kind[3:].replace('//', ' // ').replace('%', ' % ')}"
