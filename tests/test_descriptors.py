@@ -150,6 +150,23 @@ def descriptor_gather(x_ptr, i_ptr, y_ptr, N, BLOCK: tl.constexpr):
     tl.store(y_ptr + tl.arange(0, BLOCK)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :], x)
 
 
+@triton.jit
+def blocks_every_other_element(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    x_desc = tl.make_tensor_descriptor(x_ptr, [N], [1], [BLOCK])
+    y_desc = tl.make_tensor_descriptor(y_ptr, [N], [1], [BLOCK])
+    for i in range(0, N, 2):  # blocks overlap unless BLOCK <= 2: decided at launch
+        y_desc.store([i], tl.sin(x_desc.load([i])))
+
+
+def test_overlapping_blocks_are_refused_at_launch_and_disjoint_ones_differentiated():
+    x = torch.randn(16, dtype=DTYPE)
+    y, d_y = poison(torch.empty_like(x)), torch.randn_like(x)
+    with pytest.raises(NotDifferentiableError, match="strides 1 and 2 overlap when lane axis 0 has more than 2"):
+        backward_launch(blocks_every_other_element, (1,), (x, y, 16), {"BLOCK": 8}, {"y_ptr": d_y})
+    got = backward_launch(blocks_every_other_element, (1,), (x, y, 16), {"BLOCK": 2}, {"y_ptr": d_y})
+    torch.testing.assert_close(got["x_ptr"], torch.cos(x) * d_y, **TOL)
+
+
 @pytest.mark.parametrize("kernel, construct", [
     (stored_twice, "a second tl.store to `y_ptr`"),
     (stored_in_place_in_a_loop, "to the same addresses in every iteration"),

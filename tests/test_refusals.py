@@ -232,12 +232,39 @@ def program_quotient(x_ptr, y_ptr, BLOCK: tl.constexpr):
     tl.store(y_ptr + (pid // 2) * BLOCK + tl.arange(0, BLOCK), x)  # refused
 
 
+@triton.jit
+def loop_index_times_zero(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    for i in range(3):
+        x = tl.load(x_ptr + i * BLOCK + offs)
+        tl.store(y_ptr + offs + i * 0, x)  # refused
+
+
+@triton.jit
+def loop_windows_overlap(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    for i in range(3):
+        x = tl.load(x_ptr + i * BLOCK + offs)
+        tl.store(y_ptr + offs + i, x)  # refused
+
+
+@triton.jit
+def loop_step_overlaps(x_ptr, y_ptr):
+    offs = tl.arange(0, 4)
+    for i in range(0, 6, 2):
+        x = tl.load(x_ptr + i * 4 + offs)
+        tl.store(y_ptr + offs + i, x)  # refused
+
+
 REFUSED = [
+    (loop_index_times_zero, "may repeat between iterations"),
+    (loop_windows_overlap, "lane axis 0 and the loop over `i` have the same stride"),
+    (loop_step_overlaps, "strides 1 and 2 overlap when lane axis 0 has 4 lanes (the loop over `i` moves by 2)"),
     (program_quotient, "only through `// 2`"),
     (lanes_folded, "through `//`, `%`"),
     (lanes_broadcast, "does not change along axis 0"),
     (lanes_same_stride, "lane axis 0 and lane axis 1 have the same stride"),
-    (lanes_overlapping_strides, "strides 1 and 4 overlap across axis 1 (8 lanes)"),
+    (lanes_overlapping_strides, "strides 1 and 4 overlap when lane axis 1 has 8 lanes"),
     (program_plus_lane, "lane axis 0 and tl.program_id(0) have the same stride"),
     (descriptor_parameter, "a descriptor made outside the kernel"),
     (store_overwritten, "same addresses in every iteration"),

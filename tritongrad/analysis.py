@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .errors import NotDifferentiableError
 from .frontend import Op, Origin, Program, refuse, triton_language_name
 from .ir import child_blocks, reads, statements, structured
-from .lanes import check_store, store_forms
+from .lanes import check_store, descriptor_form, enclosing_loops, store_forms
 from .rules import LOADS, MAKE_DESCRIPTOR, MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES, rule_of
 
 Shape = tuple[str, ...] | None  # None: unknown
@@ -42,6 +42,8 @@ class Analysis:
     shapes: dict[str, Shape] = field(default_factory=dict)
     store_axes: dict[str, set[int]] = field(default_factory=dict)  # output -> program axes its addresses use
     loops: dict[int, object] = field(default_factory=dict)  # id(for node) -> loops.LoopPlan
+    forms: dict[str, object] = field(default_factory=dict)  # address name -> lanes.Form (kernels only)
+    launch_checks: list = field(default_factory=list)  # lanes.LaunchCheck: conditions on a launch's arguments
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -185,7 +187,9 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.shapes = infer_shapes(program, tile)
     if not tile:
-        analysis.store_axes = _check_stores(program.body, outputs, stores, analysis.shapes)
+        analysis.forms = store_forms(program.body, analysis.shapes, op_of, target_of, bind)
+        analysis.store_axes = _check_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
+                                            analysis.launch_checks)
     from .loops import classify_loops
     analysis.loops = classify_loops(analysis)
     return analysis
@@ -273,7 +277,7 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads
     return wrt, outputs
 
 
-def _check_stores(body: list[ast.stmt], outputs, stores, shapes) -> dict[str, set[int]]:
+def _check_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks) -> dict[str, set[int]]:
     """Refuse stores whose adjoint would be wrong; return the program axes each output's addresses use.
 
     A store's adjoint hands the output's gradient to the stored value. That is right only
@@ -286,7 +290,7 @@ def _check_stores(body: list[ast.stmt], outputs, stores, shapes) -> dict[str, se
     loaded = _downstream(body, {target_of(s) for s in statements(body) if op_of(s).kind in LOADS})
     axes_of = _program_axes(body)
     paths = _branch_paths(body)
-    forms = store_forms(body, shapes, op_of, target_of, bind)
+    loops = enclosing_loops(body)
     store_axes = {}
     for output in outputs:
         plain = [s for s in stores[output] if op_of(s).kind in ("store", "desc_store")]
@@ -301,9 +305,12 @@ def _check_stores(body: list[ast.stmt], outputs, stores, shapes) -> dict[str, se
             if any(n in loaded for n in address_names(s)):
                 raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
                              "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
-            if op_of(s).kind == "store":  # a descriptor's block has one element per lane
+            if op_of(s).kind == "store":
                 address = bind(s)["pointer"].id
-                check_store(s, address, output, forms, shapes.get(address))
+                launch_checks += check_store(s, forms.get(address), output, shapes.get(address), loops[id(s)])
+            else:  # a descriptor's block: its lanes are apart, its offsets may not be
+                form = descriptor_form(bind(s)["offsets"].elts, forms)
+                launch_checks += check_store(s, form, output, shapes.get(bind(s)["pointer"].id), loops[id(s)])
         if plain:  # tl.atomic_add outputs accumulate: programs may share elements
             store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
     return store_axes

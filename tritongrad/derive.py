@@ -54,6 +54,7 @@ class BackwardKernel:
     outputs: tuple[str, ...]
     params: tuple[str, ...]
     store_axes: dict[str, frozenset[int]]  # output -> program axes its store addresses depend on
+    launch_checks: tuple = ()  # lanes.LaunchCheck: conditions on the arguments for stores to stay apart
 
     @property
     def shadow_params(self) -> dict[str, str]:
@@ -85,6 +86,7 @@ class BackwardKernel:
                                 f"({', '.join(free)}), got {len(args)}")
             named = {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
             self.check_grid(grid(named) if callable(grid) else grid)
+            self.check_arguments(named)
             for name in self.wrt:  # an integer tensor has no gradient: say so, rather than return zeros
                 dtype = getattr(named.get(name), "dtype", None)
                 if dtype is not None and not dtype.is_floating_point:
@@ -111,6 +113,18 @@ class BackwardKernel:
                         line=self.forward.fn.__code__.co_firstlineno,
                         hint=f"make `{output}`'s store address depend on tl.program_id({axis}), "
                              "or launch one program along that axis")
+
+    def check_arguments(self, named: dict[str, Any]) -> None:
+        """Refuse a launch whose arguments let a store's lanes overlap (lanes.py: conditions it could not
+        decide before the block sizes were known). A condition on values it cannot read is let pass."""
+        for check in self.launch_checks:
+            try:
+                holds = eval(check.condition, {"__builtins__": {}}, dict(named))  # noqa: S307 (made by lanes.py)
+            except Exception:
+                continue
+            if not holds:
+                raise NotDifferentiableError(check.construct, file=check.where.file, line=check.where.line,
+                                             hint=check.hint, source_line=check.where.text)
 
     def __repr__(self) -> str:
         return f"BackwardKernel({self.name}, wrt={self.wrt}, outputs={self.outputs})"
@@ -156,7 +170,8 @@ def _derive(jit_fn: Any, wrt, outputs) -> BackwardKernel:
     kernel = codegen.compile_kernel(src, name, program)
     params = (*program.param_names(), *rev.shadow_params)
     axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
-    return BackwardKernel(jit_fn, kernel, src, analysis.wrt, analysis.outputs, params, axes)
+    return BackwardKernel(jit_fn, kernel, src, analysis.wrt, analysis.outputs, params, axes,
+                          tuple(analysis.launch_checks))
 
 
 def vjp(fn: Any, wrt: Sequence[int] = (0,)) -> Any:

@@ -3,10 +3,12 @@
 A store's adjoint hands each lane the gradient of the element it wrote; if two lanes
 write one element, only one value stays, and both lanes would get its gradient: a
 silent wrong answer. So each output's store addresses are read as affine forms in the
-coordinates of a lane, ``sum(c_i * lane_i) + sum(c_p * program_id(p)) + const``, where
-``lane_i`` is the lane's index along axis ``i`` of the tile (what ``tl.arange`` gives,
-spread by ``[:, None]``). A coefficient is an integer times runtime or compile-time
-scalars (``BLOCK``, ``stride``). A store is refused when its addresses
+coordinates of a lane, ``sum(c_i * lane_i) + sum(c_p * program_id(p)) + sum(c_l * i_l)
++ const``, where ``lane_i`` is the lane's index along axis ``i`` of the tile (what
+``tl.arange`` gives, spread by ``[:, None]``) and ``i_l`` the index of a loop around the
+store (times its step; a carried ``ptrs += BLOCK`` counts as one too). A coefficient is
+an integer times runtime or compile-time scalars (``BLOCK``, ``stride``). A descriptor's
+block is a lane tile at its offsets. A store is refused when its addresses
 
 - do not vary along an axis of the tile (``y_ptr + offs[None, :]`` stored as a 2-D tile;
   ``y_ptr + offs * 0``): the lanes along it share addresses;
@@ -31,7 +33,7 @@ import ast
 from dataclasses import dataclass
 
 from .frontend import refuse
-from .ir import statements
+from .ir import statements, structured
 
 # a coefficient: an integer times a product of scalar names (sorted)
 Coefficient = tuple[int, tuple[str, ...]]
@@ -63,12 +65,36 @@ def _form(terms: dict, rank: int, affine: bool = True) -> Form:
 
 
 def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind) -> dict[str, Form]:
-    """The form of every integer or pointer name computed from lane indices or program ids."""
+    """The form of every integer or pointer name computed from lane indices, program ids or loop indices.
+
+    A loop's index is a coordinate (``("loop:i", 0)``) whose coefficient is the range's step; so is a
+    carried variable advanced by a loop-invariant amount each iteration (``ptrs += BLOCK``): its form is
+    its initial value's plus the loop coordinate times that amount."""
     forms: dict[str, Form] = {}
+    pinned: dict[str, tuple[ast.expr, str, Coefficient]] = {}  # carried name -> (init, loop coordinate, step)
+    in_loop: set[int] = set()  # the carried names' definitions inside their loops: replaced by the above
+    starts: dict[str, Form] = {}  # forms of carried names' definitions before their loops
+    for node in structured(body):
+        if isinstance(node, ast.For):
+            key = f"loop:{node.target.id}"
+            forms[node.target.id] = _form({(key, 0): _range_step(node.iter)}, 0)
+            for c in node.tg_carried:
+                step = _advance(c, node, op_of, target_of, forms)
+                if step is not None:
+                    pinned[c.name] = (c.init, key, step)
+                    in_loop |= {id(s) for s in statements(node.body) if target_of(s) == c.name}
     for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
+        for name, (init, key, step) in pinned.items():
+            start = starts.get(name) if isinstance(init, ast.Name) and init.id == name else (
+                forms.get(init.id) if isinstance(init, ast.Name) else None)
+            start = start or _form({}, 0)
+            forms[name] = _form({**start.coefficients, (key, 0): step}, start.rank, start.affine)
         for s in statements(body):
             t = target_of(s)
-            if t is None:
+            if t is None or id(s) in in_loop:
+                continue
+            if t in pinned:
+                starts[t] = _form_of(op_of(s), s, forms, shapes, bind) or _form({}, 0)
                 continue
             new = _form_of(op_of(s), s, forms, shapes, bind)
             old = forms.get(t)
@@ -77,6 +103,32 @@ def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind) -> d
             if new is not None:
                 forms[t] = new
     return forms
+
+
+def _range_step(call: ast.Call) -> Coefficient:
+    step = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords if k.arg == "step"), None)
+    if step is None:
+        return (1, ())
+    if isinstance(step, ast.Constant) and isinstance(step.value, int):
+        return (step.value, ())
+    return (1, (ast.unparse(step),))
+
+
+def _advance(carried, node: ast.For, op_of, target_of, forms) -> Coefficient | None:
+    """The amount a carried variable grows by each iteration (``c_next = c + amount``), if loop-invariant."""
+    if not isinstance(carried.next, ast.Name):
+        return None
+    defs = [s for s in statements(node.body) if target_of(s) == carried.next.id]
+    if len(defs) != 1 or op_of(defs[0]).kind != "add":
+        return None
+    a, b = op_of(defs[0]).args[:2]
+    other = b if isinstance(a, ast.Name) and a.id == carried.name else a if (
+        isinstance(b, ast.Name) and b.id == carried.name) else None
+    if other is None or (isinstance(other, ast.Name) and other.id in forms):
+        return None
+    if isinstance(other, ast.Name) and any(target_of(s) == other.id for s in statements(node.body)):
+        return None  # computed in the loop: may change between iterations
+    return _scalar(other, forms)
 
 
 def _rank(atom: ast.expr, shapes: dict) -> int | None:
@@ -204,16 +256,47 @@ def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
     return _form({**others, **{("lane", a): c for a, c in moved.items()}}, rank, form.affine)
 
 
-def check_store(stmt: ast.stmt, address: str, output: str, forms: dict[str, Form], shape) -> None:
-    """Refuse a store whose lanes may write one element of ``output`` twice (see the module's docstring)."""
-    form = forms.get(address)
+def enclosing_loops(body: list[ast.stmt], loops: tuple[str, ...] = ()) -> dict[int, tuple[str, ...]]:
+    """For each flat statement, the loop coordinates (``"loop:i"``) of the loops around it."""
+    found = {}
+    for stmt in body:
+        if isinstance(stmt, ast.For):
+            found.update(enclosing_loops(stmt.body, (*loops, f"loop:{stmt.target.id}")))
+        elif isinstance(stmt, ast.If):
+            for block in (stmt.body, stmt.orelse):
+                found.update(enclosing_loops(block, loops))
+        else:
+            found[id(stmt)] = loops
+    return found
+
+
+@dataclass(frozen=True)
+class LaunchCheck:
+    """A condition on the launch's arguments (Python over parameter names) under which a store's
+    coordinates stay apart; the derived kernel refuses a launch where it is false."""
+
+    condition: str
+    construct: str
+    hint: str
+    where: object  # frontend.Origin of the store
+
+
+def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, loops: tuple[str, ...] = ()
+                ) -> list[LaunchCheck]:
+    """Refuse a store whose lanes may write one element of ``output`` twice (see the module's docstring);
+    return what only the launch's arguments can decide. ``form``: its address's (None: computed from no
+    coordinate); ``shape``: its tile's; ``loops``: the coordinates of the loops around the store (others
+    are fixed values here)."""
+    if form is not None:
+        form = _form({k: c for k, c in form.terms if not k[0].startswith("loop:") or k[0] in loops}, form.rank,
+                     form.affine)
     what = f"a tl.store to `{output}` whose lanes may write the same element"
     hint = ("store at addresses built from tl.arange with + and * (each tile axis with its own stride), "
             "so every lane writes its own element")
     if form is None or shape is None:  # no lane index in the address (a scalar store), or shape unknown
         if form is None and shape and any(d != "1" for d in shape):
             raise refuse(stmt.tg_where, f"{what}: the address is the same for every lane", hint)
-        return
+        return []
     if not form.affine:
         raise refuse(stmt.tg_where, f"{what}: the address uses a lane index through `//`, `%` or another "
                      "operation that may fold lanes together", hint)
@@ -232,22 +315,53 @@ def check_store(stmt: ast.stmt, address: str, output: str, forms: dict[str, Form
         if size in seen:
             raise refuse(stmt.tg_where, f"{what}: {_name(seen[size])} and {_name(key)} have the same stride", hint)
         seen[size] = key
-    _check_extents(stmt, what, hint, terms, shape)
+    return _check_extents(stmt, what, hint, terms, shape)
 
 
-def _check_extents(stmt, what, hint, terms, shape) -> None:
-    """Integer strides on two lane axes must keep them apart: the larger at least the other's extent
-    times the smaller, when that extent is a number."""
-    lanes = sorted((abs(c[0]), a) for (k, a), c in terms.items() if k == "lane" and not c[1])
-    for (small, a), (large, _) in zip(lanes, lanes[1:], strict=False):
-        extent = shape[a]
-        if extent.isdigit() and large < int(extent) * small:
-            raise refuse(stmt.tg_where, f"{what}: strides {small} and {large} overlap across axis {a} "
-                         f"({extent} lanes)", hint)
+def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
+    """The form of a descriptor block's addresses: along each dimension, its offset's coordinates plus
+    the lane index, times that dimension's stride (a symbol of its own, so dimensions stay apart)."""
+    terms: dict = {}
+    rank = len(offsets)
+    for d, offset in enumerate(offsets):
+        stride = f"<stride {d}>"
+        form = forms.get(offset.id) if isinstance(offset, ast.Name) else None
+        if form is not None and not form.affine:
+            return Form((), rank, False)
+        for key, (c, s) in (form.terms if form else ()):
+            if key in terms:
+                return Form((), rank, False)
+            terms[key] = (c, tuple(sorted((*s, stride))))
+        terms[("lane", d)] = (1, (stride,))
+    return _form(terms, rank)
+
+
+def _check_extents(stmt, what, hint, terms, shape) -> list[LaunchCheck]:
+    """Strides that differ by an integer factor must keep a lane axis apart from the coordinates with
+    larger ones: each at least the lane axis's extent times its stride. A numeric extent is checked
+    here, a compile-time one (``BLOCK``) at launch."""
+    strides = sorted((abs(c[0]), c[1], key) for key, c in terms.items())
+    checks = []
+    for i, (small, symbols, (kind, axis)) in enumerate(strides):
+        if kind != "lane":
+            continue
+        extent = shape[axis]
+        for large, other, key in strides[i + 1:]:
+            if other != symbols:
+                continue
+            overlap = (f"{what}: strides {small} and {large} overlap when {_name((kind, axis))} has more than "
+                       f"{large // small} lanes ({_name(key)} moves by {large})")
+            if extent.isdigit() and large < int(extent) * small:
+                raise refuse(stmt.tg_where, overlap.replace(f"more than {large // small}", extent), hint)
+            if not extent.isdigit():
+                checks.append(LaunchCheck(f"{large} >= ({extent}) * {small}", overlap, hint, stmt.tg_where))
+    return checks
 
 
 def _name(key: tuple[str, int]) -> str:
     kind, axis = key
     if kind == "lane":
         return f"lane axis {axis}"
+    if kind.startswith("loop:"):
+        return f"the loop over `{kind[5:]}`"
     return f"tl.program_id({axis}){kind[3:].replace('//', ' // ').replace('%', ' % ')}"

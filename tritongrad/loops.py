@@ -83,14 +83,15 @@ INJECTIVE = {"add", "sub", "mul", "neg", "pos", "copy", "subscript", "expand_dim
 def _check_stores(a: Analysis, node: ast.For) -> None:
     """A store to an output inside the loop must move with the iterations: one that writes the same
     addresses twice keeps only the last value, and the gradient belongs to that value alone. The
-    address must follow the loop index (or carried state) through +, - and * only."""
+    address must be an affine form (lanes.py) in the loop index, or in carried state advanced by a fixed
+    amount each iteration; lanes.py has checked that its stride keeps iterations apart."""
     roots = {node.target.id, *(c.name for c in node.tg_carried)}
-    moving = _depends_on(node, roots, INJECTIVE)
+    coordinate = (f"loop:{node.target.id}", 0)
     for s in statements(node.body):
         if op_of(s).kind not in ("store", "desc_store") or a.pointer_base.get(bind(s)["pointer"].id) not in a.outputs:
             continue
         addresses = address_names(s)
-        if not any(n in moving for n in addresses):
+        if not any(coordinate in a.forms[n].coefficients for n in addresses if n in a.forms):
             what = ("at addresses that may repeat between iterations"
                     if any(n in _depends_on(node, roots) for n in addresses)
                     else "to the same addresses in every iteration")
