@@ -12,6 +12,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
+from tritongrad.tape import OpError
 from tritongrad.testing import backward_launch, poison
 
 
@@ -229,6 +230,17 @@ def test_weight_longer_than_a_row_gets_zero_gradient_past_it(kind):
 
 
 @KINDS
+@pytest.mark.parametrize("where", ["past its storage", "into the rest of its storage"])
+def test_weight_shorter_than_a_row_is_refused_at_backward(kind, where):
+    x = torch.randn(7, 45, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(44 if where == "past its storage" else 50, dtype=torch.float64, requires_grad=True)
+    y = RMS[kind](x, w[:44])  # the launch reads w[44]: memory that is not the op's argument
+    with pytest.raises(OpError, match=r"launch #1 \(`rms_rows`\) reads memory outside the elements of the tensor "
+                                      r"passed to `w_ptr` \(sizes \(44,\), strides \(1,\)\)"):
+        y.backward(torch.randn_like(y))
+
+
+@KINDS
 def test_transposed_input_to_a_host_assuming_contiguity_gets_the_gradient_of_what_ran(kind):
     # the launch reads x's memory in storage order as rows of 45, and writes y = empty_like(x), which has
     # x's strides, in that order: not what the host meant, but every element read is one of x's
@@ -236,3 +248,11 @@ def test_transposed_input_to_a_host_assuming_contiguity_gets_the_gradient_of_wha
     assert_matches(lambda b, w: RMS[kind](b.t(), w), ran, torch.randn(45, 7, dtype=torch.float64),
                    torch.randn(45, dtype=torch.float64))
 
+
+@KINDS
+def test_sliced_input_to_a_host_assuming_contiguity_is_refused_at_backward(kind):
+    base = torch.randn(7, 52, dtype=torch.float64, requires_grad=True)
+    y = RMS[kind](base[:, :45], torch.randn(45, dtype=torch.float64))  # reads base[0, 45:52] as x's row 1...
+    with pytest.raises(OpError, match=r"launch #1 \(`rms_rows`\) reads memory outside the elements of the tensor "
+                                      r"passed to `x_ptr` \(sizes \(7, 45\), strides \(52, 1\)\)"):
+        y.backward(torch.randn_like(y))
