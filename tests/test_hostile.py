@@ -256,3 +256,22 @@ def test_sliced_input_to_a_host_assuming_contiguity_is_refused_at_backward(kind)
     with pytest.raises(OpError, match=r"launch #1 \(`rms_rows`\) reads memory outside the elements of the tensor "
                                       r"passed to `x_ptr` \(sizes \(7, 45\), strides \(52, 1\)\)"):
         y.backward(torch.randn_like(y))
+
+
+@KINDS
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason="not detected yet: stores that the strides a "
+                   "host function passes make overlap between programs (the grid check sees only addresses ignoring "
+                   "an axis)")
+def test_transposed_input_whose_row_stride_makes_programs_store_to_one_element(kind):
+    from tritongrad.examples.rmsnorm import rmsnorm_fwd
+
+    def rmsnorm_without_its_assert(x, w):  # the bundled launcher asserts x.is_contiguous()
+        y = torch.empty_like(x)  # x's strides: row stride 1 for a transposed x, so rows overlap
+        rmsnorm_fwd[(x.shape[0],)](x, w, y, x.stride(0), x.shape[1], 1e-6, BLOCK=64)
+        return y
+
+    op = (tritongrad.op if kind == "bare" else tritongrad.op("tghostile::rmsnorm_overlapping"))(
+        rmsnorm_without_its_assert)
+    x, w = torch.randn(45, 7, dtype=torch.float64).t(), torch.randn(45, dtype=torch.float64)
+    with pytest.raises(OpError):  # the gradient is wrong: each program takes that of the element it stored last
+        gradients(op, x, w)
