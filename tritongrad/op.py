@@ -33,6 +33,13 @@ an error naming both launches. Overlap is judged by each view's address range, s
 interleaved views of one buffer count as overlapping. Kernels may not write to tensors
 that require grad. Double backward raises.
 
+Arguments: the backward differentiates the launches as they ran, so what the host function
+passes (shapes, strides, lengths, dtypes) is its own business. Gradients come in each
+input's dtype; integer tensors get none. The first backward of each kind of call refuses a
+launch that read memory outside the elements of a tensor it was passed (a length or stride
+the host function got wrong, a strided view read as contiguous): that memory's gradient
+would have nowhere to go.
+
 Bare and named ops:
 
 - ``@tritongrad.op`` wraps the function in an ``autograd.Function``. PyTorch operations in

@@ -15,7 +15,10 @@ buffer one launch writes and a later one reads carries the gradient from the lat
 launch's backward into the earlier one's. Launches are replayed in reverse order, each
 with ``tritongrad.grad(kernel, wrt, outputs)``; ``wrt`` and ``outputs`` are the
 parameters whose storages matter (see ``Plan.steps``). Half-precision tensors get
-float32 shadows, cast once at the end.
+float32 shadows, cast once at the end. A derived kernel adds each load's gradient at the
+load's address, so a launch that read outside the elements of a tensor it was passed
+would put gradient where no tensor lies: the first backward of each plan and schedule
+surrounds the shadows with zeros and refuses that (``Tape._check_strays``).
 
 Plans: the checks ``Tape.close`` makes and the shadow layout depend only on which
 kernels were launched, how their arguments were passed, and each tensor's dtype, sizes,
@@ -32,6 +35,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +49,7 @@ DRY = object()  # current "tape" while shapes are inferred with fake tensors: la
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
 
 MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest ones
+GUARD = (1024, 1 << 20)  # zeros on each side of a shadow in a checked backward: its own size, within these bounds
 
 
 def active() -> bool:
@@ -317,6 +322,7 @@ class Plan:
     plain_inputs: bool = field(init=False)  # whether each input's gradient is its shadow buffer (_input_grads)
     outputs: tuple[tuple | None, ...] = field(init=False)  # per output: (Shadow, reusable, size, dtype)
     schedules: dict[tuple, tuple] = field(init=False, default_factory=dict)  # see steps
+    checked: set[tuple] = field(init=False, default_factory=set)  # schedules checked for stray gradients
 
     def __post_init__(self):
         self.buffers = {k: self._buffer(k) for k in self.storages}
@@ -696,7 +702,11 @@ class Tape:
 
     def _backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
         plan = self.plan
-        steps = plan.steps(tuple(needs), tuple([g is not None for g in grads]))
+        schedule = (tuple(needs), tuple([g is not None for g in grads]))
+        steps = plan.steps(*schedule)
+        # the first backward of a schedule surrounds its shadows with zeros and looks for gradient where no
+        # tensor lies (_check_strays); not while a CUDA graph is captured, where it could not wait for the device
+        guards = None if schedule in plan.checked or _capturing() else {}
         shadows: dict[int, torch.Tensor] = {}
         for output, g in zip(plan.outputs, grads, strict=True):
             if output is None or g is None:
@@ -705,16 +715,47 @@ class Tape:
             if reusable and g.is_contiguous() and g.shape == size and g.dtype == dtype:
                 shadows[shadow.key] = g  # derived kernels only read it: no zero-filled copy
             else:
-                self._shadow(shadows, shadow).add_(g)
+                self._shadow(shadows, shadow, guards).add_(g)
         token = _current.set(None)  # derived kernels are not recorded, even inside another op's forward
         try:
             for step in steps:
-                self._replay(step, saved, shadows)
+                self._replay(step, saved, shadows, guards)
+                if guards is not None:
+                    self._check_strays(step, guards)
         finally:
             _current.reset(token)
-        return self._input_grads(shadows, needs)
+        result = self._input_grads(shadows, needs)
+        if guards is None:
+            return result
+        plan.checked.add(schedule)
+        return [None if g is None else g.clone() for g in result]  # not views of the guarded buffers
 
-    def _replay(self, step: Step, saved: tuple, shadows: dict) -> None:
+    def _check_strays(self, step: Step, guards: dict) -> None:
+        """Refuse a launch whose backward put gradient on memory outside the tensors it was passed.
+
+        A derived kernel adds each load's gradient at the load's address in the shadow, so this
+        means the forward read memory that is not an element of the tensor it was passed (a length,
+        stride or count the host function got wrong, a non-contiguous tensor read as contiguous):
+        memory whose gradient has nowhere to go. Checked: the zeros around the shadow, and the gaps
+        a strided view leaves in it.
+        """
+        launch = step.launch
+        for p in step.wrt:
+            key = launch.views[p].key
+            flat, pad, n = guards[key]
+            stray = flat != 0  # NaN too
+            lo = self.plan.storages[key][1]
+            views = [v for v in self.plan.input_views if v.key == key] or [v for v in self.plan.views() if v.key == key]
+            for v in views:  # the elements whose gradients the inputs (or, for a buffer, the launches) take
+                stray.as_strided(v.size, v.stride, pad + v.offset - lo).fill_(False)
+            if bool(stray.any()):
+                v = launch.views[p]
+                raise self.error(f"{launch} reads memory outside the elements of the tensor passed to `{p}` (sizes "
+                                 f"{v.size}, strides {v.stride}): their gradient has nowhere to go. Check the sizes, "
+                                 "strides and counts the host function passes with that tensor (does it assume "
+                                 "contiguous memory?)")
+
+    def _replay(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> None:
         launch = self.launches[step.launch.index]
         if launch.info.roles is None:
             error, note = launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)"
@@ -728,15 +769,27 @@ class Tape:
         for p, slot, stand_in in step.launch.replayed:
             args[p] = saved[slot] if slot is not None else _stand_in(stand_in)
         for p, shadow in shadow_params:
-            args[p] = self._shadow(shadows, shadow)
+            args[p] = self._shadow(shadows, shadow, guards)
         bwd[launch.grid](**args)
 
-    def _shadow(self, shadows: dict, shadow: Shadow) -> torch.Tensor:
+    def _shadow(self, shadows: dict, shadow: Shadow, guards: dict | None = None) -> torch.Tensor:
+        """A view's shadow, its storage's zero-filled buffer made on first use. With ``guards`` (a
+        checked backward) the buffer lies between zeros, ``guards[key] = (all of it, pad, size)``."""
         buffer = shadows.get(shadow.key)
         if buffer is None:
             shape, dtype, device = self.plan.buffers[shadow.key]
-            buffer = shadows[shadow.key] = torch.zeros(shape, dtype=dtype, device=device)
-        return buffer if shadow.view is None else buffer.as_strided(*shadow.view)
+            if guards is None:
+                buffer = torch.zeros(shape, dtype=dtype, device=device)
+            else:
+                n = math.prod(shape)
+                pad = min(max(n, GUARD[0]), GUARD[1])
+                flat = torch.zeros(n + 2 * pad, dtype=dtype, device=device)
+                buffer, guards[shadow.key] = flat[pad:pad + n].view(shape), (flat, pad, n)
+            shadows[shadow.key] = buffer
+        if shadow.view is None:
+            return buffer
+        size, stride, offset = shadow.view
+        return buffer.as_strided(size, stride, buffer.storage_offset() + offset)
 
     def _input_grads(self, shadows: dict, needs: Sequence[bool]) -> list[torch.Tensor | None]:
         """Each input's gradient, such that autograd, mapping them back through the inputs' views,
@@ -760,6 +813,10 @@ class Tape:
                 self._shadow(shadows, shadow).zero_()
             grads.append(g if g.dtype == v.dtype else g.to(v.dtype))
         return grads
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _first_cover(v: View, lo: int) -> torch.Tensor:
