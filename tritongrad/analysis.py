@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .errors import NotDifferentiableError
 from .frontend import Op, Origin, Program, refuse, triton_language_name
 from .ir import child_blocks, reads, statements, structured
-from .lanes import check_store, descriptor_form, enclosing_loops, store_forms
+from .lanes import check_store, descriptor_form, enclosing_loops, mask_bounds, store_forms
 from .rules import LOADS, MAKE_DESCRIPTOR, MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES, rule_of
 
 Shape = tuple[str, ...] | None  # None: unknown
@@ -291,6 +291,7 @@ def _check_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_c
     axes_of = _program_axes(body)
     paths = _branch_paths(body)
     loops = enclosing_loops(body)
+    defs = definitions(body)
     store_axes = {}
     for output in outputs:
         plain = [s for s in stores[output] if op_of(s).kind in ("store", "desc_store")]
@@ -307,7 +308,8 @@ def _check_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_c
                              "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
             if op_of(s).kind == "store":
                 address = bind(s)["pointer"].id
-                launch_checks += check_store(s, forms.get(address), output, shapes.get(address), loops[id(s)])
+                bounds = mask_bounds(bind(s)["mask"], forms, defs, op_of, shapes, bind)
+                launch_checks += check_store(s, forms.get(address), output, shapes.get(address), loops[id(s)], bounds)
             else:  # a descriptor's block: its lanes are apart, its offsets may not be
                 form = descriptor_form(bind(s)["offsets"].elts, forms)
                 launch_checks += check_store(s, form, output, shapes.get(bind(s)["pointer"].id), loops[id(s)])

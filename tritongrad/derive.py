@@ -13,6 +13,7 @@ from . import codegen
 from .analysis import analyze
 from .errors import NotDifferentiableError
 from .frontend import normalize_kernel, normalize_tile_function, unwrap
+from .lanes import apart
 from .reverse import reverse
 
 CALLING_CONVENTION = """\
@@ -85,8 +86,9 @@ class BackwardKernel:
                 raise TypeError(f"{self.name} takes {len(free)} positional arguments here "
                                 f"({', '.join(free)}), got {len(args)}")
             named = {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
-            self.check_grid(grid(named) if callable(grid) else grid)
-            self.check_arguments(named)
+            sizes = grid(named) if callable(grid) else grid
+            self.check_grid(sizes)
+            self.check_arguments(named, sizes)
             for name in self.wrt:  # an integer tensor has no gradient: say so, rather than return zeros
                 dtype = getattr(named.get(name), "dtype", None)
                 if dtype is not None and not dtype.is_floating_point:
@@ -114,12 +116,15 @@ class BackwardKernel:
                         hint=f"make `{output}`'s store address depend on tl.program_id({axis}), "
                              "or launch one program along that axis")
 
-    def check_arguments(self, named: dict[str, Any]) -> None:
-        """Refuse a launch whose arguments let a store's lanes overlap (lanes.py: conditions it could not
-        decide before the block sizes were known). A condition on values it cannot read is let pass."""
+    def check_arguments(self, named: dict[str, Any], grid: Any = (1,)) -> None:
+        """Refuse a launch whose arguments let a store's lanes, programs or iterations reach one element
+        (lanes.py: conditions it could not decide before the strides, block sizes and grid were known).
+        A condition on values it cannot read (a local of the kernel) is let pass."""
+        sizes = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        scope = {"__builtins__": {"abs": abs, "min": min}, "_apart": apart, "_grid": (*sizes, 1, 1, 1)}
         for check in self.launch_checks:
             try:
-                holds = eval(check.condition, {"__builtins__": {}}, dict(named))  # noqa: S307 (made by lanes.py)
+                holds = eval(check.code, scope, named)  # noqa: S307 (expressions lanes.py wrote)
             except Exception:
                 continue
             if not holds:

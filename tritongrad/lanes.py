@@ -17,11 +17,15 @@ block is a lane tile at its offsets. A store is refused when its addresses
 - use a lane index through anything but ``+ - *`` and shape operations (``offs // 2``,
   ``offs % n``, ``tl.where``): no proof that lanes stay apart.
 
-Scalars multiplying different coordinates (``rows[:, None] * stride + cols[None, :]``)
-are taken to keep them apart, as a tensor's strides do; integer coefficients are
-checked against the block's extent where it is a number, or the same symbol
-(``pid * BLOCK + tl.arange(0, BLOCK)``). A program id's digits (``pid // H`` and
-``pid % H``, as attention kernels split batch and head) are coordinates too: the quotient
+Integer coefficients are checked against the block's extent where it is a number.
+What depends on runtime strides, block sizes and the grid (``rows[:, None] * stride +
+cols[None, :]``) becomes a :class:`LaunchCheck`: at each launch, ``apart`` takes the
+coordinates in order of stride and requires each to step over all the smaller ones can
+span, the mask's bounds included (``cols < N`` limits the columns of a ragged block), so a
+transposed tensor passed as rows is refused rather than differentiated wrongly. Stores in
+loops are checked without the launch (their strides against the lanes' statically).
+A program id's digits (``pid // H`` and ``pid % H``, as attention kernels split batch and
+head) are coordinates too: the quotient
 without the remainder (or the id itself) is refused, since programs sharing it would
 write the same elements. Other operations on program ids (a swizzled matmul order)
 only lose their coordinate here; the grid check at launch (derive.py) still sees them.
@@ -30,6 +34,7 @@ only lose their coordinate here; the grid check at launch (derive.py) still sees
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 
 from .frontend import refuse
@@ -280,13 +285,139 @@ class LaunchCheck:
     hint: str
     where: object  # frontend.Origin of the store
 
+    @functools.cached_property
+    def code(self):
+        return compile(self.condition, "<tritongrad launch check>", "eval")
 
-def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, loops: tuple[str, ...] = ()
-                ) -> list[LaunchCheck]:
+
+def apart(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...], int, list[int]]]) -> bool:
+    """Whether ``sum(c_i * x_i)`` over ``0 <= x_i < extent_i`` takes each value once (a sufficient test).
+
+    ``coordinates``: ``(c_i, extent_i)``; ``bounds``: ``(members, limit, coefficients)`` from the mask, saying
+    that over the lanes that store, the members' part of the sum stays within ``limit`` (valid when the
+    mask's own coefficients are positive). Taken in order of ``|c_i|``, each coordinate must step over
+    everything the smaller ones can span."""
+    order = sorted((i for i, (_, e) in enumerate(coordinates) if e > 1), key=lambda i: abs(coordinates[i][0]))
+    below = [i for i, (_, e) in enumerate(coordinates) if e <= 1]  # one value each: they span nothing
+    for i in order:
+        grouped: set[int] = set()
+        span = 0
+        for members, limit, mask_coefficients in bounds:
+            if set(members) <= set(below) and not grouped & set(members) and all(c > 0 for c in mask_coefficients):
+                span += min(sum(abs(coordinates[j][0]) * (coordinates[j][1] - 1) for j in members), limit)
+                grouped |= set(members)
+        span += sum(abs(coordinates[j][0]) * (coordinates[j][1] - 1) for j in below if j not in grouped)
+        if abs(coordinates[i][0]) <= span:
+            return False
+        below.append(i)
+    return True
+
+
+def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, op_of, shapes: dict, bind
+                ) -> list[tuple[Form, str]]:
+    """The conjuncts ``e < B`` (``e <= B``, ``B > e``) of a store's mask where ``e`` is exactly a sum of
+    coordinates (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1 as text)``."""
+    if not isinstance(mask, ast.Name) or len(defs.get(mask.id, [])) != 1 or not hasattr(defs[mask.id][0], "tg_op"):
+        return []
+    stmt = defs[mask.id][0]
+    op = op_of(stmt)
+    rank = _rank(mask, shapes)
+    if rank is None:
+        return []
+    if op.kind in ("and_", *PASS_THROUGH, "subscript", "expand_dims", "broadcast_to", "trans", "permute"):
+        parts = op.args[:2] if op.kind == "and_" else op.args[:1]
+        found = []
+        for part in parts:
+            for form, limit in mask_bounds(part, forms, defs, op_of, shapes, bind):
+                if op.kind in ("subscript", "expand_dims", "broadcast_to", "trans", "permute"):
+                    form = _reshaped(op.kind, op, form, rank, bind(stmt))
+                found.append((_shift(form, rank), limit))
+        return found
+    if op.kind not in ("lt", "le", "gt", "ge"):
+        return []
+    e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
+    lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and bound.id not in forms)
+    if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and lane_free
+            and _starts_at_zero(e, defs, op_of)):
+        return []
+    inclusive = op.kind in ("le", "ge")
+    return [(forms[e.id], ast.unparse(bound) if inclusive else f"{ast.unparse(bound)} - 1")]
+
+
+def _starts_at_zero(atom: ast.expr, defs: dict, op_of) -> bool:
+    """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids."""
+    if not isinstance(atom, ast.Name) or len(defs.get(atom.id, [])) != 1 or not hasattr(defs[atom.id][0], "tg_op"):
+        return False
+    op = op_of(defs[atom.id][0])
+    if op.kind == "arange":
+        return isinstance(op.args[0], ast.Constant) and op.args[0].value == 0
+    if op.kind == "program_id":
+        return True
+    if op.kind == "add":
+        return all(_starts_at_zero(a, defs, op_of) for a in op.args[:2])
+    if op.kind == "mul":
+        return any(_starts_at_zero(a, defs, op_of) for a in op.args[:2])
+    if op.kind in PASS_THROUGH or op.kind in ("subscript", "expand_dims", "broadcast_to"):
+        return _starts_at_zero(op.args[0], defs, op_of)
+    return False
+
+
+def _text(c: Coefficient) -> str:
+    return " * ".join([str(c[0]), *c[1]])
+
+
+def _extent(key: tuple[str, int], shape) -> str:
+    kind, axis = key
+    if kind == "lane":
+        return f"({shape[axis]})"
+    if kind == "pid":
+        return f"_grid[{axis}]"
+    divisor = kind[5:] if kind.startswith("pid//") else kind[4:]
+    return f"-(-_grid[{axis}] // ({divisor}))" if kind.startswith("pid//") else f"min(({divisor}), _grid[{axis}])"
+
+
+def _ratio(a: Coefficient, b: Coefficient) -> str | None:
+    """``a / b`` as text when it is an integer times scalars, else None."""
+    rest = list(a[1])
+    for s in b[1]:
+        if s not in rest:
+            return None
+        rest.remove(s)
+    if b[0] == 0 or a[0] % b[0]:
+        return None
+    return _text((a[0] // b[0], tuple(rest)))
+
+
+def _launch_check(form: Form, shape, bounds: list[tuple[Form, str]], construct: str, hint: str, where
+                  ) -> LaunchCheck | None:
+    """``apart(...)`` over the address's coordinates with the launch's numbers (None if a loop's index is
+    one of them: loops are checked without the launch)."""
+    keys = [k for k, _ in form.terms if not (k[0] == "lane" and shape[k[1]] == "1")]
+    if len(keys) < 2 or any(k[0].startswith("loop:") for k in keys):
+        return None
+    terms = form.coefficients
+    coordinates = ", ".join(f"({_text(terms[k])}, {_extent(k, shape)})" for k in keys)
+    groups = []
+    for mask_form, limit in bounds:
+        members = [k for k, _ in mask_form.terms]
+        if not members or not set(members) <= set(keys):
+            continue
+        ratios = {_ratio(terms[k], c) for k, c in mask_form.terms}
+        if len(ratios) != 1 or None in ratios:
+            continue
+        (ratio,) = ratios
+        indices = tuple(keys.index(k) for k in members)
+        groups.append(f"({indices}, abs({ratio}) * ({limit}), [{', '.join(_text(c) for _, c in mask_form.terms)}])")
+    condition = f"_apart([{coordinates}], [{', '.join(groups)}])"
+    return LaunchCheck(condition, construct, hint, where)
+
+
+def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, loops: tuple[str, ...] = (),
+                bounds: list[tuple[Form, str]] = ()) -> list[LaunchCheck]:
     """Refuse a store whose lanes may write one element of ``output`` twice (see the module's docstring);
     return what only the launch's arguments can decide. ``form``: its address's (None: computed from no
     coordinate); ``shape``: its tile's; ``loops``: the coordinates of the loops around the store (others
-    are fixed values here)."""
+    are fixed values here); ``bounds``: its mask's (``mask_bounds``)."""
     if form is not None:
         form = _form({k: c for k, c in form.terms if not k[0].startswith("loop:") or k[0] in loops}, form.rank,
                      form.affine)
@@ -315,7 +446,10 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, loops: tu
         if size in seen:
             raise refuse(stmt.tg_where, f"{what}: {_name(seen[size])} and {_name(key)} have the same stride", hint)
         seen[size] = key
-    return _check_extents(stmt, what, hint, terms, shape)
+    checks = _check_extents(stmt, what, hint, terms, shape)
+    at_launch = _launch_check(form, shape, list(bounds), f"{what}: with this launch's strides, sizes and grid, "
+                              "two lanes or programs reach one element", hint, stmt.tg_where)
+    return checks + ([at_launch] if at_launch else [])
 
 
 def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
