@@ -16,7 +16,7 @@ def stores(draw):
     coords = draw(coordinates)
     bounds = []
     positive = [i for i, (c, _) in enumerate(coords) if c > 0]
-    if positive and draw(st.booleans()):  # a mask bounding some coordinates' part of the address
+    for _ in range(draw(st.integers(0, 2)) if positive else 0):  # masks bounding coordinates' part of the address
         members = tuple(sorted(draw(st.sets(st.sampled_from(positive), min_size=1))))
         limit = draw(st.integers(0, sum(coords[j][0] * (coords[j][1] - 1) for j in members)))
         bounds.append((members, limit, [coords[j][0] for j in members]))

@@ -6,7 +6,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import codegen
@@ -56,6 +56,7 @@ class BackwardKernel:
     params: tuple[str, ...]
     store_axes: dict[str, frozenset[int]]  # output -> program axes its store addresses depend on
     launch_checks: tuple = ()  # lanes.LaunchCheck: conditions on the arguments for stores to stay apart
+    _checked: set = field(default_factory=set, repr=False)  # (grid, argument values) the checks passed for
 
     @property
     def shadow_params(self) -> dict[str, str]:
@@ -120,7 +121,15 @@ class BackwardKernel:
         """Refuse a launch whose arguments let a store's lanes, programs or iterations reach one element
         (lanes.py: conditions it could not decide before the strides, block sizes and grid were known).
         A condition on values it cannot read (a local of the kernel) is let pass."""
+        if not self.launch_checks:
+            return
         sizes = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        key = (sizes, *[named.get(n) for n in self._checked_names])
+        try:
+            if key in self._checked:  # a launch like an earlier one: ~1 us instead of ~12
+                return
+        except TypeError:  # an unhashable argument: check every time
+            key = None
         scope = {"__builtins__": {"abs": abs, "min": min}, "_apart": apart, "_grid": (*sizes, 1, 1, 1)}
         for check in self.launch_checks:
             try:
@@ -130,6 +139,15 @@ class BackwardKernel:
             if not holds:
                 raise NotDifferentiableError(check.construct, file=check.where.file, line=check.where.line,
                                              hint=check.hint, source_line=check.where.text)
+        if key is not None:
+            if len(self._checked) > 4096:
+                self._checked.clear()
+            self._checked.add(key)
+
+    @functools.cached_property
+    def _checked_names(self) -> tuple[str, ...]:
+        """The arguments the launch checks read."""
+        return tuple(sorted({n for c in self.launch_checks for n in c.code.co_names} & set(self.params)))
 
     def __repr__(self) -> str:
         return f"BackwardKernel({self.name}, wrt={self.wrt}, outputs={self.outputs})"

@@ -297,6 +297,13 @@ def apart(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...]
     that over the lanes that store, the members' part of the sum stays within ``limit`` (valid when the
     mask's own coefficients are positive). Taken in order of ``|c_i|``, each coordinate must step over
     everything the smaller ones can span."""
+    coordinates = list(coordinates)
+    for members, limit, mask_coefficients in bounds:  # each term of a bounded sum of positive terms is bounded
+        if all(c > 0 for c in mask_coefficients):
+            for j in members:
+                c, e = coordinates[j]
+                if c != 0:
+                    coordinates[j] = (c, max(0, min(e, limit // abs(c) + 1)))
     order = sorted((i for i, (_, e) in enumerate(coordinates) if e > 1), key=lambda i: abs(coordinates[i][0]))
     below = [i for i, (_, e) in enumerate(coordinates) if e <= 1]  # one value each: they span nothing
     for i in order:
@@ -395,6 +402,8 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, str]], construct: 
     keys = [k for k, _ in form.terms if not (k[0] == "lane" and shape[k[1]] == "1")]
     if len(keys) < 2 or any(k[0].startswith("loop:") for k in keys):
         return None
+    if any(s.startswith("<") for _, (_, symbols) in form.terms for s in symbols):
+        return None  # a descriptor's: its dimensions' strides are the descriptor's, not arguments
     terms = form.coefficients
     coordinates = ", ".join(f"({_text(terms[k])}, {_extent(k, shape)})" for k in keys)
     groups = []
