@@ -149,3 +149,27 @@ def test_launch_with_the_wrong_number_of_arguments_is_named():
     bwd = tritongrad.grad(index_math)
     with pytest.raises(TypeError, match="positional arguments"):
         bwd[(1,)](torch.zeros(3), torch.zeros(3), 3)
+
+
+@triton.jit
+def math_module_spellings(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=1.0)
+    y = tl.math.exp(x) * tl.math.sin(x) + tl.math.sqrt(x * x + 1.0) * tl.math.rsqrt(x * x + 2.0)
+    y += tl.math.log(x * x + 1.0)
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+def test_tl_math_spellings_have_the_same_rules():
+    n = 37
+    x = torch.randn(n, dtype=torch.float64)
+    y = poison(torch.empty_like(x))
+    math_module_spellings[(3,)](x, y, n, BLOCK=16)
+    leaf = x.clone().requires_grad_()
+    want = torch.exp(leaf) * torch.sin(leaf) + torch.sqrt(leaf**2 + 1) * torch.rsqrt(leaf**2 + 2)
+    want = want + torch.log(leaf**2 + 1)
+    assert_close(y, want.detach())
+    d_y = torch.randn_like(x)
+    got = backward_launch(math_module_spellings, (3,), (x, y, n), {"BLOCK": 16}, {"y_ptr": d_y})
+    assert_close(got["x_ptr"], torch.autograd.grad(want, leaf, d_y)[0])
