@@ -12,6 +12,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
+from tritongrad.testing import backward_launch
 
 
 def marked_line(kernel) -> int:
@@ -258,14 +259,11 @@ def loop_step_overlaps(x_ptr, y_ptr):
 
 REFUSED = [
     (loop_index_times_zero, "may repeat between iterations"),
-    (loop_windows_overlap, "lane axis 0 and the loop over `i` have the same stride"),
-    (loop_step_overlaps, "strides 1 and 2 overlap when lane axis 0 has 4 lanes (the loop over `i` moves by 2)"),
     (program_quotient, "only through `// 2`"),
     (lanes_folded, "through `//`, `%`"),
     (lanes_broadcast, "does not change along axis 0"),
     (lanes_same_stride, "lane axis 0 and lane axis 1 have the same stride"),
     (lanes_overlapping_strides, "strides 1 and 4 overlap when lane axis 1 has 8 lanes"),
-    (program_plus_lane, "lane axis 0 and tl.program_id(0) have the same stride"),
     (descriptor_parameter, "a descriptor made outside the kernel"),
     (store_overwritten, "same addresses in every iteration"),
     (store_repeats, "may repeat between iterations"),
@@ -355,3 +353,25 @@ def test_programs_overwriting_each_other_are_refused_at_launch():
         bwd[(4,)](x, y, dy.double(), dx, BLOCK=16)
     bwd[(1,)](x, y, dy.double(), dx, BLOCK=16)  # one program: every element written once
     torch.testing.assert_close(dx, 3.0 * dy.double())
+
+
+@pytest.mark.parametrize("kernel, grid, sizes, meta", [
+    (loop_windows_overlap, (1,), (24, 10), {"BLOCK": 8}),
+    (loop_step_overlaps, (1,), (12, 8), {}),
+    (program_plus_lane, (2,), (9, 9), {"BLOCK": 8}),
+])
+def test_overlaps_that_depend_on_the_launch_are_refused_there(kernel, grid, sizes, meta):
+    """Iterations or programs whose stores overlap: whether they do depends on trip counts and the grid
+    (one program, one iteration would be fine), so the backward's launch refuses them, naming the line."""
+    x, y = torch.randn(sizes[0], dtype=torch.float64), torch.zeros(sizes[1], dtype=torch.float64)
+    with pytest.raises(NotDifferentiableError, match="two lanes or programs reach one element") as info:
+        backward_launch(kernel, grid, (x, y), meta, {"y_ptr": torch.randn_like(y)})
+    assert info.value.line == marked_line(kernel)
+
+
+def test_a_single_program_may_store_where_a_second_would_overlap():
+    x = torch.randn(8, dtype=torch.float64)
+    y = torch.zeros(8, dtype=torch.float64)
+    d_y = torch.randn_like(y)
+    got = backward_launch(program_plus_lane, (1,), (x, y), {"BLOCK": 8}, {"y_ptr": d_y})
+    torch.testing.assert_close(got["x_ptr"], d_y)

@@ -187,9 +187,10 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.shapes = infer_shapes(program, tile)
     if not tile:
-        analysis.forms = store_forms(program.body, analysis.shapes, op_of, target_of, bind)
+        trips: dict[str, str] = {}
+        analysis.forms = store_forms(program.body, analysis.shapes, op_of, target_of, bind, trips)
         analysis.store_axes = _check_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
-                                            analysis.launch_checks)
+                                            analysis.launch_checks, trips)
     from .loops import classify_loops
     analysis.loops = classify_loops(analysis)
     return analysis
@@ -277,7 +278,8 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads
     return wrt, outputs
 
 
-def _check_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks) -> dict[str, set[int]]:
+def _check_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips
+                  ) -> dict[str, set[int]]:
     """Refuse stores whose adjoint would be wrong; return the program axes each output's addresses use.
 
     A store's adjoint hands the output's gradient to the stored value. That is right only
@@ -309,10 +311,12 @@ def _check_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_c
             if op_of(s).kind == "store":
                 address = bind(s)["pointer"].id
                 bounds = mask_bounds(bind(s)["mask"], forms, defs, op_of, shapes, bind)
-                launch_checks += check_store(s, forms.get(address), output, shapes.get(address), loops[id(s)], bounds)
+                launch_checks += check_store(s, forms.get(address), output, shapes.get(address), loops[id(s)], bounds,
+                                             trips)
             else:  # a descriptor's block: its lanes are apart, its offsets may not be
                 form = descriptor_form(bind(s)["offsets"].elts, forms)
-                launch_checks += check_store(s, form, output, shapes.get(bind(s)["pointer"].id), loops[id(s)])
+                launch_checks += check_store(s, form, output, shapes.get(bind(s)["pointer"].id), loops[id(s)],
+                                             trips=trips)
         if plain:  # tl.atomic_add outputs accumulate: programs may share elements
             store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
     return store_axes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import threading
@@ -130,12 +131,15 @@ class BackwardKernel:
                 return
         except TypeError:  # an unhashable argument: check every time
             key = None
-        scope = {"__builtins__": {"abs": abs, "min": min}, "_apart": apart, "_grid": (*sizes, 1, 1, 1)}
+        scope = {"__builtins__": {"abs": abs, "min": min, "len": len, "range": range}, "_apart": apart,
+                 "_grid": (*sizes, 1, 1, 1)}
         for check in self.launch_checks:
             try:
                 holds = eval(check.code, scope, named)  # noqa: S307 (expressions lanes.py wrote)
-            except Exception:
-                continue
+            except Exception:  # a value it cannot read: what could be said without the launch
+                if check.fallback is None:
+                    continue
+                holds, check = False, dataclasses.replace(check, construct=check.fallback)
             if not holds:
                 raise NotDifferentiableError(check.construct, file=check.where.file, line=check.where.line,
                                              hint=check.hint, source_line=check.where.text)

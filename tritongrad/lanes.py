@@ -34,6 +34,8 @@ only lose their coordinate here; the grid check at launch (derive.py) still sees
 from __future__ import annotations
 
 import ast
+import collections
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -69,12 +71,14 @@ def _form(terms: dict, rank: int, affine: bool = True) -> Form:
     return Form(tuple(sorted(kept.items())), rank, affine)
 
 
-def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind) -> dict[str, Form]:
+def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind, trips: dict[str, str] | None = None
+                ) -> dict[str, Form]:
     """The form of every integer or pointer name computed from lane indices, program ids or loop indices.
 
     A loop's index is a coordinate (``("loop:i", 0)``) whose coefficient is the range's step; so is a
     carried variable advanced by a loop-invariant amount each iteration (``ptrs += BLOCK``): its form is
-    its initial value's plus the loop coordinate times that amount."""
+    its initial value's plus the loop coordinate times that amount. ``trips`` receives each loop
+    coordinate's trip count as a Python expression over the kernel's names (for the launch checks)."""
     forms: dict[str, Form] = {}
     pinned: dict[str, tuple[ast.expr, str, Coefficient]] = {}  # carried name -> (init, loop coordinate, step)
     in_loop: set[int] = set()  # the carried names' definitions inside their loops: replaced by the above
@@ -83,31 +87,54 @@ def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind) -> d
         if isinstance(node, ast.For):
             key = f"loop:{node.target.id}"
             forms[node.target.id] = _form({(key, 0): _range_step(node.iter)}, 0)
+            if trips is not None:
+                bounds = [_scalar_text(a, body, op_of, target_of) for a in node.iter.args[:3]]
+                trips[key] = f"len(range({', '.join(f'({b})' for b in bounds)}))"
             for c in node.tg_carried:
                 step = _advance(c, node, op_of, target_of, forms)
                 if step is not None:
                     pinned[c.name] = (c.init, key, step)
                     in_loop |= {id(s) for s in statements(node.body) if target_of(s) == c.name}
+    loop_indices = dict(forms)
     for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
+        previous, forms = forms, dict(loop_indices)
+        seen = collections.ChainMap(forms, previous)  # this pass's forms, the last pass's for names not yet met
         for name, (init, key, step) in pinned.items():
             start = starts.get(name) if isinstance(init, ast.Name) and init.id == name else (
-                forms.get(init.id) if isinstance(init, ast.Name) else None)
+                seen.get(init.id) if isinstance(init, ast.Name) else None)
             start = start or _form({}, 0)
             forms[name] = _form({**start.coefficients, (key, 0): step}, start.rank, start.affine)
+        defined: set[str] = set()
         for s in statements(body):
             t = target_of(s)
             if t is None or id(s) in in_loop:
                 continue
             if t in pinned:
-                starts[t] = _form_of(op_of(s), s, forms, shapes, bind) or _form({}, 0)
+                starts[t] = _form_of(op_of(s), s, seen, shapes, bind) or _form({}, 0)
                 continue
-            new = _form_of(op_of(s), s, forms, shapes, bind)
-            old = forms.get(t)
+            new = _form_of(op_of(s), s, seen, shapes, bind)
+            old = forms.get(t) if t in defined else None
             if old is not None and new is not None and old != new:
                 new = Form(old.terms, old.rank, False)  # two definitions disagree: no proof
+            defined.add(t)
             if new is not None:
                 forms[t] = new
     return forms
+
+
+SCALAR_TEXT = {"add": "({0}) + ({1})", "sub": "({0}) - ({1})", "mul": "({0}) * ({1})", "floordiv": "({0}) // ({1})",
+               "cdiv": "-(-({0}) // ({1}))", "neg": "-({0})", "copy": "{0}"}
+
+
+def _scalar_text(atom: ast.expr, body, op_of, target_of, depth: int = 0) -> str:
+    """A scalar as a Python expression over the kernel's parameters where it is integer math on them
+    (``tl.cdiv(K, BLOCK)``, ``R - 1``), for launch checks; else its name."""
+    if isinstance(atom, ast.Name) and depth < 8:
+        defs = [s for s in statements(body) if target_of(s) == atom.id]
+        if len(defs) == 1 and op_of(defs[0]).kind in SCALAR_TEXT:
+            args = [_scalar_text(a, body, op_of, target_of, depth + 1) for a in op_of(defs[0]).args]
+            return SCALAR_TEXT[op_of(defs[0]).kind].format(*args)
+    return ast.unparse(atom)
 
 
 def _range_step(call: ast.Call) -> Coefficient:
@@ -284,6 +311,7 @@ class LaunchCheck:
     construct: str
     hint: str
     where: object  # frontend.Origin of the store
+    fallback: str | None = None  # what to refuse with when the condition cannot be evaluated
 
     @functools.cached_property
     def code(self):
@@ -352,10 +380,19 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, op_of, shape
 
 
 def _starts_at_zero(atom: ast.expr, defs: dict, op_of) -> bool:
-    """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids."""
-    if not isinstance(atom, ast.Name) or len(defs.get(atom.id, [])) != 1 or not hasattr(defs[atom.id][0], "tg_op"):
+    """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids (a
+    carried ``cols += BLOCK`` too: its steps are the loop's coordinate)."""
+    if not isinstance(atom, ast.Name):
         return False
-    op = op_of(defs[atom.id][0])
+    loops = [d for d in defs.get(atom.id, []) if isinstance(d, ast.For)]
+    if loops:  # a loop's index: from a range starting at 0
+        args = loops[0].iter.args
+        return len(loops) == 1 and (len(args) == 1 or (isinstance(args[0], ast.Constant) and args[0].value == 0))
+    own = [d for d in defs.get(atom.id, []) if not (op_of(d).kind == "add" and any(
+        isinstance(a, ast.Name) and a.id == atom.id for a in op_of(d).args[:2]))]  # not `cols = cols + BLOCK`
+    if len(own) != 1:
+        return False
+    op = op_of(own[0])
     if op.kind == "arange":
         return isinstance(op.args[0], ast.Constant) and op.args[0].value == 0
     if op.kind == "program_id":
@@ -373,10 +410,12 @@ def _text(c: Coefficient) -> str:
     return " * ".join([str(c[0]), *c[1]])
 
 
-def _extent(key: tuple[str, int], shape) -> str:
+def _extent(key: tuple[str, int], shape, trips: dict[str, str]) -> str | None:
     kind, axis = key
     if kind == "lane":
         return f"({shape[axis]})"
+    if kind.startswith("loop:"):
+        return trips.get(kind)
     if kind == "pid":
         return f"_grid[{axis}]"
     divisor = kind[5:] if kind.startswith("pid//") else kind[4:]
@@ -395,17 +434,20 @@ def _ratio(a: Coefficient, b: Coefficient) -> str | None:
     return _text((a[0] // b[0], tuple(rest)))
 
 
-def _launch_check(form: Form, shape, bounds: list[tuple[Form, str]], construct: str, hint: str, where
-                  ) -> LaunchCheck | None:
-    """``apart(...)`` over the address's coordinates with the launch's numbers (None if a loop's index is
-    one of them: loops are checked without the launch)."""
+def _launch_check(form: Form, shape, bounds: list[tuple[Form, str]], trips: dict[str, str], construct: str,
+                  hint: str, where) -> LaunchCheck | None:
+    """``apart(...)`` over the address's coordinates with the launch's numbers (None when there is nothing
+    to decide, or a loop's trip count is not known)."""
     keys = [k for k, _ in form.terms if not (k[0] == "lane" and shape[k[1]] == "1")]
-    if len(keys) < 2 or any(k[0].startswith("loop:") for k in keys):
+    if len(keys) < 2:
         return None
     if any(s.startswith("<") for _, (_, symbols) in form.terms for s in symbols):
         return None  # a descriptor's: its dimensions' strides are the descriptor's, not arguments
     terms = form.coefficients
-    coordinates = ", ".join(f"({_text(terms[k])}, {_extent(k, shape)})" for k in keys)
+    extents = {k: _extent(k, shape, trips) for k in keys}
+    if None in extents.values():
+        return None
+    coordinates = ", ".join(f"({_text(terms[k])}, {extents[k]})" for k in keys)
     groups = []
     for mask_form, limit in bounds:
         members = [k for k, _ in mask_form.terms]
@@ -422,11 +464,13 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, str]], construct: 
 
 
 def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, loops: tuple[str, ...] = (),
-                bounds: list[tuple[Form, str]] = ()) -> list[LaunchCheck]:
+                bounds: list[tuple[Form, str]] = (), trips: dict[str, str] | None = None) -> list[LaunchCheck]:
     """Refuse a store whose lanes may write one element of ``output`` twice (see the module's docstring);
     return what only the launch's arguments can decide. ``form``: its address's (None: computed from no
     coordinate); ``shape``: its tile's; ``loops``: the coordinates of the loops around the store (others
-    are fixed values here); ``bounds``: its mask's (``mask_bounds``)."""
+    are fixed values here); ``bounds``: its mask's (``mask_bounds``); ``trips``: the loops' trip counts.
+    An overlap that a mask may prevent, or that involves a program id or loop index (whose extent may be
+    1), is left to the launch."""
     if form is not None:
         form = _form({k: c for k, c in form.terms if not k[0].startswith("loop:") or k[0] in loops}, form.rank,
                      form.affine)
@@ -449,16 +493,32 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, loops: tu
             raise refuse(stmt.tg_where, f"a tl.store to `{output}` at addresses using tl.program_id({axis}) "
                          f"only through `// {kind[5:]}`: programs with the same quotient write the same elements",
                          f"use tl.program_id({axis}) itself, or both `// {kind[5:]}` and `% {kind[5:]}` of it")
+    bounded = {k for mask_form, _ in bounds for k, _ in mask_form.terms}
+    deferred: list[str] = []  # overlaps a mask may prevent: decided at launch
+
+    def problem(message: str, keys) -> None:
+        if bounded & set(keys) or any(k != "lane" for k, _ in keys):  # a mask, or an extent known at launch
+            deferred.append(message)
+        else:
+            raise refuse(stmt.tg_where, f"{what}: {message}", hint)
+
     seen: dict[Coefficient, tuple[str, int]] = {}
     for key, c in terms.items():
         size = (abs(c[0]), c[1])
         if size in seen:
-            raise refuse(stmt.tg_where, f"{what}: {_name(seen[size])} and {_name(key)} have the same stride", hint)
+            problem(f"{_name(seen[size])} and {_name(key)} have the same stride", (seen[size], key))
         seen[size] = key
-    checks = _check_extents(stmt, what, hint, terms, shape)
-    at_launch = _launch_check(form, shape, list(bounds), f"{what}: with this launch's strides, sizes and grid, "
-                              "two lanes or programs reach one element", hint, stmt.tg_where)
-    return checks + ([at_launch] if at_launch else [])
+    checks = _check_extents(terms, shape, problem, bounded)
+    at_launch = _launch_check(form, shape, list(bounds), trips or {}, f"{what}: with this launch's strides, sizes "
+                              "and grid, two lanes or programs reach one element", hint, stmt.tg_where)
+    if deferred and at_launch is None:
+        raise refuse(stmt.tg_where, f"{what}: {deferred[0]}", hint)
+    if at_launch is not None and deferred:
+        at_launch = dataclasses.replace(at_launch, fallback=f"{what}: {deferred[0]}")
+    if at_launch is not None:  # exact about extents (a grid of one program, one iteration): it decides
+        return [at_launch]
+    return [dataclasses.replace(c, construct=f"{what}: {c.construct}", hint=hint, where=stmt.tg_where)
+            for c in checks]
 
 
 def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
@@ -479,10 +539,10 @@ def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
     return _form(terms, rank)
 
 
-def _check_extents(stmt, what, hint, terms, shape) -> list[LaunchCheck]:
+def _check_extents(terms, shape, problem, bounded: set) -> list[LaunchCheck]:
     """Strides that differ by an integer factor must keep a lane axis apart from the coordinates with
     larger ones: each at least the lane axis's extent times its stride. A numeric extent is checked
-    here, a compile-time one (``BLOCK``) at launch."""
+    here (``problem``), a compile-time one (``BLOCK``) at launch (the condition; the caller completes it)."""
     strides = sorted((abs(c[0]), c[1], key) for key, c in terms.items())
     checks = []
     for i, (small, symbols, (kind, axis)) in enumerate(strides):
@@ -492,12 +552,12 @@ def _check_extents(stmt, what, hint, terms, shape) -> list[LaunchCheck]:
         for large, other, key in strides[i + 1:]:
             if other != symbols:
                 continue
-            overlap = (f"{what}: strides {small} and {large} overlap when {_name((kind, axis))} has more than "
+            overlap = (f"strides {small} and {large} overlap when {_name((kind, axis))} has more than "
                        f"{large // small} lanes ({_name(key)} moves by {large})")
             if extent.isdigit() and large < int(extent) * small:
-                raise refuse(stmt.tg_where, overlap.replace(f"more than {large // small}", extent), hint)
-            if not extent.isdigit():
-                checks.append(LaunchCheck(f"{large} >= ({extent}) * {small}", overlap, hint, stmt.tg_where))
+                problem(overlap.replace(f"more than {large // small}", extent), ((kind, axis), key))
+            elif not extent.isdigit() and (kind, axis) not in bounded:  # a bounded one: apart() decides
+                checks.append(LaunchCheck(f"{large} >= ({extent}) * {small}", overlap, "", None))
     return checks
 
 
