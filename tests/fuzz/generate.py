@@ -159,10 +159,10 @@ class Dim:
 @dataclass
 class Input:
     name: str  # kernel parameter f"{name}_ptr", mirror argument `name`
-    role: str  # "tile" | "scalar" | "table" | "index" | "stack" | "wide"
+    role: str  # "tile" | "scalar" | "table" | "index" | "stack" | "wide" | "count" (a loop's trip count per program)
     dims: tuple[str, ...] = ()  # tile, stack: its axes; table: its second axis (if any); index, wide: its axis
     dist: str = "uniform"  # "uniform" in [-2, 2] | "ties" (multiples of 0.5 in [-2, 2]) | "index"
-    vocab: int = 0  # table rows = index range
+    vocab: int = 0  # table rows = index range (count: the counts' range)
     per_program: bool = False  # scalar: one per program
     steps: int = 0  # stack: slabs (each of the tile's shape) before the axes; wide: columns after its axis
 
@@ -198,12 +198,23 @@ class Store:
     name: str  # output parameter f"{name}_ptr"
     kind: tuple[str, ...] = ()  # the pointer's kind: the value's, or one it broadcasts to
     atomic: bool = False  # tl.atomic_add: programs that do not tile an axis of `kind` add into one element
-    lead: int = 0  # stored inside a loop (by the node's own lines): one slab per iteration before the layout
-    tail: int = 0  # stored inside a loop over column blocks: this many columns after the layout
+    inside: bool = False  # stored inside a loop, by the node's own lines
+    lead: int = 0  # slabs before the layout: one per iteration
+    tail: int = 0  # columns after the layout (a loop over column blocks)
 
-    @property
-    def inside(self) -> bool:
-        return bool(self.lead or self.tail)
+
+@dataclass
+class Range:
+    """A loop's iteration space."""
+
+    tl: str  # the kernel's iterator
+    th: str  # the mirror's
+    visits: list[int]  # the indices visited, in order (dynamic: the ones it may visit)
+    start: str  # spelled, and the step: for pointers moving along
+    step: int
+    dynamic: bool = False  # the indices depend on loaded data or on the program id
+    pre_tl: tuple[str, ...] = ()  # lines before the loop
+    pre_th: tuple[str, ...] = ()
 
 
 @dataclass
@@ -442,7 +453,7 @@ class Gen:
 
     def new_input(self, role, dims=(), dist="uniform", **kw) -> Input:
         prefix = {"tile": "x" if len(dims) == 2 else "w", "scalar": "s", "table": "t", "index": "i", "stack": "z",
-                  "wide": "c"}[role]
+                  "wide": "c", "count": "q"}[role]
         inp = Input(f"{prefix}{len(self.p.inputs)}", role, tuple(dims), dist, **kw)
         self.p.inputs.append(inp)
         return inp
@@ -1122,24 +1133,44 @@ class Gen:
             return name, True
         return str(value), True
 
-    def loop_range(self, slabs: int, visit: bool) -> tuple[str, str, list[int], str, int]:
-        """A loop over indices below ``slabs`` (at least one visited if ``visit``): the kernel's and the
-        mirror's iterators, the indices in the order visited, and the start (spelled) and step."""
+    def loop_range(self, slabs: int, visit: bool) -> Range:
+        """A loop over indices below ``slabs``, at least one visited if ``visit``; or, sometimes if not, as many
+        as a loaded count says, or starting or stopping by the program id."""
         d = self.d
-        n, constexpr = self.count(slabs)
-        forms = {"stop": ([n], [slabs]), "zero_stop": (["0", n], [0, slabs]), "from_one": (["1", n], [1, slabs]),
-                 "step_two": (["0", n, "2"], [0, slabs, 2]),
-                 "reversed": ([f"{n} - 1", "-1", "-1"], [slabs - 1, -1, -1])}
+        dynamic = not visit and d.pick([False, False, False, True])
+        if dynamic and self.p.grid_dims and d.pick([False, True]):  # programs visit different indices
+            g = d.pick(self.p.grid_dims)
+            n, _ = self.count(slabs)
+            start = f"pid_{g.axis} % 2"
+            forms = {"from_pid": ([start, n], [start, slabs]), "to_pid": (["0", f"{n} - {start}"],
+                                                                           ["0", f"{slabs} - {start}"])}
+            pre: tuple[tuple[str, ...], ...] = ((), ())
+        elif dynamic:  # a trip count from loaded data (0 to slabs)
+            count = self.new_input("count", (), "index", vocab=slabs + 1)
+            tl_pid, th_pid = self.program_index()
+            n, th_n = f"tl.load({count.ptr} + {tl_pid})", f"int({count.name}[{th_pid}])"
+            pre = ((), ())
+            if d.pick([False, True]):
+                pre, n, th_n = (("{self}_n = " + n,), ("{self}_n = " + th_n,)), "{self}_n", "{self}_n"
+            forms = {"stop": ([n], [th_n]), "zero_stop": (["0", n], ["0", th_n]),
+                     "reversed": ([f"{n} - 1", "-1", "-1"], [f"{th_n} - 1", "-1", "-1"])}
+        else:
+            n, constexpr = self.count(slabs)
+            forms = {"stop": ([n], [slabs]), "zero_stop": (["0", n], [0, slabs]), "from_one": (["1", n], [1, slabs]),
+                     "step_two": (["0", n, "2"], [0, slabs, 2]),
+                     "reversed": ([f"{n} - 1", "-1", "-1"], [slabs - 1, -1, -1])}
+            pre = ((), ())
         form = d.pick(list(forms))
         if form == "from_one" and visit and slabs == 1:
             form = "stop"
         fn = d.pick(["range", "tl.range", "tl.static_range"])
-        if fn == "tl.static_range" and not constexpr:
+        if fn == "tl.static_range" and (dynamic or not constexpr):
             fn = "range"
         tl_args, th_args = forms[form]
         stages = ", num_stages=2" if fn == "tl.range" and d.pick([False, False, True]) else ""
-        return (f"{fn}({', '.join(tl_args)}{stages})", f"range({', '.join(map(str, th_args))})",
-                list(range(*th_args)), tl_args[0] if len(tl_args) > 1 else "0", th_args[2] if len(th_args) == 3 else 1)
+        return Range(f"{fn}({', '.join(tl_args)}{stages})", f"range({', '.join(map(str, th_args))})",
+                     list(range(slabs)) if dynamic else list(range(*th_args)), tl_args[0] if len(tl_args) > 1 else "0",
+                     -1 if form == "reversed" else 2 if form == "step_two" else 1, dynamic, *pre)
 
     def slab_address(self, inp: Input, index: str) -> str:
         """The addresses of slab ``index`` of a stacked input (``index`` spelled, parenthesized if compound)."""
@@ -1168,28 +1199,38 @@ class Gen:
         return (f"tl.load({inp.ptr} + {offs}, mask={self.mask_for(kind)}, other={fmt(other)})", th,
                 *hull(-INPUT_BOUND, INPUT_BOUND, other), (other == 0.0,) * len(kind))
 
-    def loop_output(self, kind, lead: int = 0, tail: int = 0) -> tuple[Store, list[str], str, str | None, str]:
+    def loop_output(self, kind, lead=0, tail=0, atomic=False) -> tuple[Store, list[str], str, str | None, str]:
         """An output stored inside a loop: the Store, and its layout (shape, kernel offset, mask, mirror index)."""
-        store = Store(len(self.p.nodes), f"y{len(self.p.stores)}", kind, lead=lead, tail=tail)
+        store = Store(len(self.p.nodes), f"y{len(self.p.stores)}", kind, atomic, True, lead, tail)
         self.p.stores.append(store)
-        shape, offset, mask, index = output_layout(self.p, kind)
+        shape, offset, mask, index = output_layout(self.p, kind, atomic)
         return store, shape, offset, mask, index
 
     def carried(self, form: str, kind, f: tuple[float, float], f_zero, args: list[int], test: tuple[str, str],
                 names: tuple[str, str]):
-        """A state ``h`` of ``kind`` updated by each iteration's value ``f`` (named ``names``): its initial
-        value (kernel, mirror, interval, zero), its update (kernel and mirror lines) and the update of its
-        interval for one iteration (taking whether the test holds, None if unknown)."""
+        """A state ``h`` updated by each iteration's value ``f`` of ``kind`` (named ``names``): its initial
+        value (kernel, mirror, interval, zero), its update (kernel and mirror lines), the update of its
+        interval for one iteration (taking whether the test holds, None if unknown), zero, and its kind:
+        ``kind``, or sometimes one ``f`` broadcasts to (the adjoint of ``f`` is then summed every iteration)."""
         d = self.d
         h, x = names
-        same = [i for i, n in enumerate(self.p.nodes) if n.kind == tuple(kind)]
-        init = d.pick(["zeros", "full", "operand"])
-        if init == "operand" and same:
+        f_kind = kind = tuple(kind)
+        wider = [w for w in {n.kind for n in self.p.nodes} | {tuple(self.real_dims())}
+                 if w != kind and broadcast(w, kind) == w and storable(w)]
+        if wider and form != "overwrite" and d.pick([False, False, True]):
+            kind = d.pick(sorted(wider))
+            f_zero = align(f_zero, f_kind, kind)
+        same = [i for i, n in enumerate(self.p.nodes) if n.kind == kind and not (form == "gate" and n.tied)]
+        init = d.pick(["zeros", "full", "operand", "zeros_like"])
+        if init in ("operand", "zeros_like") and same:
             k = self.domain(d.recent(same), "small")
             if k not in args:
                 args.append(k)
             n = self.p.nodes[k]
             start = (f"{{{args.index(k)}}}", f"{{{args.index(k)}}}", (n.lo, n.hi), self.zero(k))
+            if init == "zeros_like":
+                start = (f"tl.zeros_like({{{args.index(k)}}})", f"torch.zeros_like({{{args.index(k)}}})", (0.0, 0.0),
+                         (True,) * len(kind))
         elif init == "full":
             c = d.pick([0.5, -1.0, 2.0])
             start = (f"tl.full({self.shape_tl(kind)}, {fmt(c)}, tl.float64)",
@@ -1205,13 +1246,21 @@ class Gen:
         elif form == "sub":
             tl = [d.pick([f"{h} -= {x}", f"{h} = {h} - {x}"])]
             th, step = [f"{h} = {h} - {x}"], lambda hv, fv, _: (hv[0] - fv[1], hv[1] - fv[0])
-        elif form == "branch":  # both branches add to it: still linear
+        elif form == "branch":  # both branches add to it (or one adds, the other keeps it): still linear
             tl = [f"if {test[0]}:", f"    {h} += {x}", "else:", f"    {h} = {h} - 2.0 * {x}"]
             th = [f"if {test[1]}:", f"    {h} = {h} + {x}", "else:", f"    {h} = {h} - 2.0 * {x}"]
+            if d.pick([False, False, True]):
+                tl, th, sub2 = tl[:2], th[:2], (lambda hv, fv: hv)
 
             def step(hv, fv, taken):
                 return add(hv, fv) if taken else sub2(hv, fv) if taken is False else hull(*add(hv, fv),
                                                                                             *sub2(hv, fv))
+        elif form == "gate":  # a branch on the state itself: which way it goes has no gradient
+            mask = self.mask_for(kind)
+            total = f"tl.sum(tl.where({mask}, {h}, 0.0))" if mask else f"tl.sum({h})" if kind else h
+            tl = [f"if {total} > 0.0:", f"    {h} = {h} * 0.5 + {x}", "else:", f"    {h} = {h} - {x}"]
+            th = [f"if {h}.sum() > 0.0:", f"    {h} = {h} * 0.5 + {x}", "else:", f"    {h} = {h} - {x}"]
+            step = (lambda hv, fv, _: hull(hv[0] * 0.5 + fv[0], hv[1] * 0.5 + fv[1], hv[0] - fv[1], hv[1] - fv[0]))
         elif form == "affine":  # h * a + f, |a| <= 1.25
             how = d.pick(["sigmoid", "const", "operand"])
             a = self.operand(lambda k: broadcast(kind, k) == tuple(kind)) if how == "operand" else None
@@ -1248,7 +1297,7 @@ class Gen:
             tl, th, step = [f"{h} = {x}"], [f"{h} = {x}"], lambda hv, fv, _: fv
         zero = tuple(a and b for a, b in zip(start[3] or (False,) * len(kind), f_zero, strict=True)) \
             if form in LINEAR else ()
-        return start, tl, th, step, zero
+        return start, tl, th, step, zero, kind
 
     def op_loop(self):
         """A `for` loop over the slabs z[t] of a stacked input (each of the tile's shape, or of one of its axes,
@@ -1257,7 +1306,7 @@ class Gen:
         nonlinear (h * a + f, squashed, a running maximum, overwritten, an online logsumexp along an axis).
         The value may be summed per iteration by an inner loop (nesting) or be a tl.dot with the slab."""
         d = self.d
-        form = d.pick(["add", "none", "affine", "sub", "branch", "squash", "online", "max", "overwrite"])
+        form = d.pick(["add", "none", "affine", "sub", "branch", "squash", "online", "max", "overwrite", "gate"])
         big = [x.name for x in self.p.dims if x.block >= 16]
         source = d.pick(["slab", "slab", "nested", "dot"])
         if source == "dot" and (len(big) < 2 or form in ("online", "none")):  # (x @ x^T is not storable)
@@ -1269,13 +1318,14 @@ class Gen:
         if form == "online":
             source, dims = "slab", dims or tuple(self.real_dims())
         slabs, inner = d.int(1, 3), (d.int(1, 2) if source == "nested" else 1)  # (the interpreter is slow)
-        it_tl, it_th, visits, start, step = self.loop_range(slabs, visit=form in ("none", "online"))
-        uniform = form in ("max", "online")  # (no ties for the maxima)
+        it = self.loop_range(slabs, visit=form in ("none", "online"))
+        visits = it.visits
+        uniform = form in ("max", "online", "gate")  # (no ties for maxima and tests)
         inp = self.new_input("stack", dims, "uniform" if uniform else self.dist(), steps=slabs * inner)
         other = 0.0 if source == "dot" else d.pick(OTHERS)
         t = "{self}_t"
         args: list[int] = []
-        pre_tl, pre_th, body_tl, body_th = [], [], [], []
+        pre_tl, pre_th, body_tl, body_th = list(it.pre_tl), list(it.pre_th), [], []
         x_lo, x_hi = hull(-INPUT_BOUND, INPUT_BOUND, other)
         x_zero = tuple(other == 0.0 for _ in dims)
         walk = source == "slab" and d.pick([False, False, True])  # a pointer moving along instead of t's address
@@ -1291,7 +1341,7 @@ class Gen:
             x_lo, x_hi = inner * x_lo, inner * x_hi
         else:
             if walk:
-                pre_tl.append(f"{{self}}_p = {self.slab_address(inp, f'({start})')}")
+                pre_tl.append(f"{{self}}_p = {self.slab_address(inp, f'({it.start})')}")
             tl_x, th_x = self.slab_load(inp, "{self}_p" if walk else self.slab_address(inp, t), t, other)
             body_tl.append(f"{{self}}_x = {tl_x}")
             body_th.append(f"{{self}}_x = {th_x}")
@@ -1314,7 +1364,7 @@ class Gen:
             f_zero = (x_zero[0], False)
         elif form not in ("online", "max") and d.pick([False, True]):  # combined with a value from before the loop
             c = self.operand(lambda k: broadcast(dims, k) == dims)
-            if c is not None:
+            if c is not None and not (form == "gate" and self.p.nodes[c].tied):
                 c = self.domain(c, "small")
                 args.append(c)
                 nc = self.p.nodes[c]
@@ -1382,9 +1432,9 @@ class Gen:
             lo, hi = x_lo, x_hi + math.log(self.p.dim(dims[axis]).block * len(visits))
             zero, value_kind, stored = (), out, "{self}_m"
         else:
-            (init_tl, init_th, h_iv, _), up_tl, up_th, update, zero = self.carried(
+            (init_tl, init_th, h_iv, _), up_tl, up_th, update, zero, value_kind = self.carried(
                 form, kind, f_iv, f_zero, args, test, ("{self}_h", "{self}_f"))
-            acc = source == "dot" and form == "add" and d.pick([False, True])
+            acc = source == "dot" and form == "add" and value_kind == kind and d.pick([False, True])
             if acc:  # tl.dot(x, b, h)
                 body_tl.pop()
                 up_tl = [f"{{self}}_h = {f_tl[:-1]}, {{self}}_h)"]
@@ -1392,20 +1442,29 @@ class Gen:
             pre_th.append(f"{{self}}_h = {init_th}")
             body_tl += up_tl
             body_th += up_th
+            states = [h_iv]
             for v in visits:
-                h_iv = update(h_iv, f_iv, v % 2 == 0 if "%" in test[1] else None)
-            tl_value, th_value, (lo, hi) = "{self}_h", "{self}_h", h_iv
+                states.append(update(states[-1], f_iv, v % 2 == 0 if "%" in test[1] and not it.dynamic else None))
+            lo, hi = hull(*(sum(states, ()) if it.dynamic else states[-1]))  # (dynamic: any of them)
+            tl_value, th_value = "{self}_h", "{self}_h"
             if acc or d.pick([False, True]):
                 stored = "{self}_h"
         if form == "none" or (visits and d.pick([False, False, True])):  # each iteration's value (or state) stored
             skind = kind if stored == "{self}_f" else value_kind
             if stored == "{self}_m":
                 skind = out
-            if storable(skind) and visits:
-                covers = sorted(visits) == list(range(slabs))  # the index names the slab; else count iterations
+            covers = sorted(visits) == list(range(slabs))  # the index names the slab; else count iterations
+            spelling = "index" if covers else d.pick(["counter", "pointer"])
+            if it.dynamic or d.pick([False, False, False, True]):  # added into one place every iteration
+                spelling = "atomic"
+            if storable(skind) and spelling == "atomic":
+                store, _, offset, mask, index = self.loop_output(skind, atomic=True)
+                body_tl.append(f"tl.atomic_add({store.name}_ptr" + (f" + {offset}" if offset else "") +
+                               f", {stored}" + (f", mask={mask})" if mask else ")"))
+                body_th.append(f"{store.name}[{index}] = {store.name}[{index}] + {stored}")
+            elif storable(skind) and visits:
                 store, shape, offset, mask, index = self.loop_output(skind, lead=slabs if covers else len(visits))
                 slab = math.prod(shape)
-                spelling = "index" if covers else d.pick(["counter", "pointer"])
                 if spelling == "pointer":
                     pre_tl.append(f"{{self}}_q = {store.name}_ptr" + (f" + {offset}" if offset else ""))
                     address = "{self}_q"
@@ -1422,9 +1481,9 @@ class Gen:
                     body_tl.append("{self}_i += 1")
         if walk:
             size = " * ".join(self.p.dim(k).SIZE for k in dims)
-            body_tl.append(f"{{self}}_p += {step}" + (f" * {size}" if size else ""))
-        pre_tl += [f"for {t} in {it_tl}:"] + ["    " + line for line in body_tl]
-        pre_th += [f"for {{self}}_i, {t} in enumerate({it_th}):"] + ["    " + line for line in body_th]
+            body_tl.append(f"{{self}}_p += {it.step}" + (f" * {size}" if size else ""))
+        pre_tl += [f"for {t} in {it.tl}:"] + ["    " + line for line in body_tl]
+        pre_th += [f"for {{self}}_i, {t} in enumerate({it.th}):"] + ["    " + line for line in body_th]
         label = f"loop_{form}" + ("" if source == "slab" else f"_{source}")
         self.push(Node(value_kind, lo, hi, tl_value, th_value, tuple(args), label, pre_tl=tuple(pre_tl),
                        pre_th=tuple(pre_th), zero=zero, tied=inp.dist == "ties"))
@@ -1438,8 +1497,9 @@ class Gen:
         bc = d.pick([8, 4, 16])
         width = d.pick([2 * bc + 3, bc, 2 * bc - 1, bc - 1, 1])
         form = d.pick(["sum", "tile", "online", "none", "max"])
-        update = d.pick(["add", "affine", "branch", "squash", "sub", "max", "overwrite"])
-        inp = self.new_input("wide", (a.name,), "uniform" if form in ("online", "max") else self.dist(), steps=width)
+        update = d.pick(["add", "affine", "branch", "squash", "sub", "max", "overwrite", "gate"])
+        uniform = form in ("online", "max") or update == "gate"
+        inp = self.new_input("wide", (a.name,), "uniform" if uniform else self.dist(), steps=width)
         L, constexpr = self.count(width)
         BC = f"BC{len(self.p.meta)}" if d.pick([False, True]) else str(bc)  # a constexpr parameter, or literal
         if BC != str(bc):
@@ -1467,7 +1527,7 @@ class Gen:
         fn = d.pick(STEP_FNS) if form != "online" else STEP_FNS[0]
         f_tl, f_th, f_iv, zero_ok = fn[1].format("{self}_x"), fn[2].format("{self}_x"), fn[3](*x_iv), fn[4]
         c = self.operand(lambda k: k in ((a.name,), ())) if form != "online" and d.pick([False, True]) else None
-        if c is not None:  # times a row vector (or scalar) from before the loop
+        if c is not None and not (update == "gate" and self.p.nodes[c].tied):  # times a row vector (or scalar)
             c = self.domain(c, "small")
             args.append(c)
             nc = self.p.nodes[c]
@@ -1534,7 +1594,7 @@ class Gen:
             test = (f"{{self}}_c % (2 * {BC}) == 0", f"{{self}}_c % {2 * bc} == 0")
             if header == "blocks":
                 test = ("{self}_b % 2 == 0", f"{{self}}_c % {2 * bc} == 0")
-            (init_tl, init_th, h_iv, _), up_tl, up_th, step, zero = self.carried(
+            (init_tl, init_th, h_iv, _), up_tl, up_th, step, zero, kind = self.carried(
                 update, kind, f_iv, (False,), args, test, ("{self}_h", "{self}_f"))
             pre_tl.insert(0, f"{{self}}_h = {init_tl}")
             pre_th.insert(0, f"{{self}}_h = {init_th}")
@@ -1660,8 +1720,9 @@ class Gen:
         zero = tuple(all(z) for z in zip(*[v[4] or (False,) * len(kind) for v in values], strict=True)) if kind else ()
         how = ("pid" if "pid_" in tests[0] else "constexpr" if tests[0].startswith("F") else
                "computed" if reads else "loaded")
-        self.push(Node(kind, lo, hi, "{self}_r", "{self}_r", tuple(args), f"branch_{how}_{branches}",
-                       pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=zero))
+        helper = "tl.load" not in "\n".join(pre_tl) and d.pick([False, False, True])  # in a @triton.jit helper
+        self.push(Node(kind, lo, hi, "{self}_r", "{self}_r", tuple(args), f"branch_{how}_{branches}" + (
+            "_helper" if helper else ""), helper=int(helper), pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=zero))
 
 
 def generate(draw: Draw, avoid: Sequence[str] = ()) -> Program:
@@ -1763,11 +1824,19 @@ def render(p: Program) -> str:
     helpers, body = [], []
     for i, n in enumerate(nodes):
         argn = [kname[a] for a in n.args]
-        for line in n.pre_tl:
-            body.append(line.format(*argn, self=fresh(i)))
-        expr = n.tl.format(*argn, self=fresh(i))
-        if n.helper:
-            params = [f"a{j}" if p.helper_params == "a" else HELPER_CLASH[j] for j in range(len(n.args))]
+        params = [f"a{j}" if p.helper_params == "a" or len(n.args) > len(HELPER_CLASH) else HELPER_CLASH[j]
+                  for j in range(len(n.args))]
+        if n.helper and n.pre_tl:  # a helper holding the node's lines; what they read of the kernel's, passed
+            extra = sorted(set(re.findall(r"\b(?:pid_\d|F\d+)\b", "\n".join(n.pre_tl))))
+            signature = params + [f"{e}: tl.constexpr" if e.startswith("F") else e for e in extra]
+            helpers += ["@triton.jit", f"def h{i}({', '.join(signature)}):"]
+            helpers += [f"    {line.format(*params, self='t')}" for line in n.pre_tl]
+            helpers += [f"    return {n.tl.format(*params, self='t')}", "", ""]
+            expr = f"h{i}({', '.join(argn + extra)})"
+        else:
+            body += [line.format(*argn, self=fresh(i)) for line in n.pre_tl]
+            expr = n.tl.format(*argn, self=fresh(i))
+        if n.helper and not n.pre_tl:
             inner = n.tl.format(*params, self="t")
             if n.helper == 2:
                 helpers += ["@triton.jit", f"def h{i}_inner({', '.join(params)}):", f"    return {inner}", "", ""]
@@ -1864,6 +1933,8 @@ def input_shape(p: Program, x: Input) -> tuple[int, ...]:
         return tuple(p.dim(k).size for k in x.dims)
     if x.role == "scalar":
         return (math.prod(p.grid),) if x.per_program else (1,)
+    if x.role == "count":
+        return (math.prod(p.grid),)
     if x.role == "table":
         return (x.vocab, *(p.dim(k).size for k in x.dims))
     if x.role == "stack":
