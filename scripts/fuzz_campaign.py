@@ -45,7 +45,7 @@ def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str]]:
 def signature(status: str, detail: str) -> str:
     """Failures of one kind: the status and the first line of the detail, numbers and names blurred."""
     line = detail.splitlines()[0] if detail else ""
-    line = re.sub(r"\b[vuxwstiy]\d+(_\w+)?\b", "<name>", line)
+    line = re.sub(r"\b[vuxwstiyzc]\d+(_\w+)?\b", "<name>", line)
     return f"{status}: {re.sub(r'[0-9.e+-]{2,}', '#', line)[:160]}"
 
 

@@ -1,4 +1,4 @@
-"""Random straight-line Triton kernels with plain-PyTorch mirrors, for differential testing.
+"""Random Triton kernels (straight-line code, loops, branches) with plain-PyTorch mirrors, for differential testing.
 
 ``generate(draw)`` builds a :class:`Program` from a stream of integer choices:
 
@@ -8,7 +8,8 @@
   named, stepwise, ``(p + 1) ... - 1``, ``tl.where(mask, ptrs, base)`` or broadcast
   pointers, and possibly several times; vectors every program loads; scalars (one, or one
   per program); gather tables (or rows of a tile input) read through an index pointer
-  whose indices repeat; runtime float and integer arguments; ``tl.constexpr`` globals;
+  whose indices repeat; runtime float and integer arguments; ``tl.constexpr`` globals; stacked
+  inputs (a slab of the tile's shape per loop iteration) and wide ones (rows of ``L`` columns);
 - *nodes*: one kernel statement each (with helper lines), with its mirror statement
   (PyTorch on the valid elements of the current program's tile), its shape ``kind`` (a
   tuple of axis names and ``"1"``), an interval holding every lane's value, masked lanes
@@ -24,8 +25,25 @@
   reshape, broadcast_to, ``tl.dot`` (with accumulator) on 16-wide or larger tiles;
   ``@triton.jit`` helpers (nested, returning pairs, with parameters named like kernel
   variables), reassignments and augmented assignments, names like adjoints (``d_v0``);
+- *loops and branches*, each one node whose lines hold the whole statement (the mirror runs
+  the same Python ``for``/``if`` per program): ``for`` over ``range``, ``tl.range`` (with
+  ``num_stages``), ``tl.static_range``, with literal, runtime or constexpr trip counts, start
+  and step variants (from 1, step 2, reversed, none visited), over slabs ``z[t]``
+  (``op_loop``) or column blocks (``op_columns``, LayerNorm-style, ragged last block). The
+  carried state is none (each iteration stored at its own output slab or columns, through an
+  address from the index, a counter or a moving pointer), linear (``h += f``, ``h -= f``,
+  ``tl.dot(x, b, h)``, a branch on the index or a loaded scalar choosing how to add, a
+  ``(BLOCK, BC)`` tile summed after the loop) or nonlinear (``h * a + f`` with ``|a| <= 1.25``,
+  ``sigmoid(h) * f``, ``sin(h) * f``, ``sin(h + f)``, running maxima, overwritten, online
+  logsumexp and attention-style softmax averages); loads through a pointer moving along,
+  nesting (an inner loop summing slabs), the loop index in the arithmetic, every iteration's
+  state stored. ``op_branch``: ``if``/``elif``/``else`` on a loaded or computed scalar or the
+  program id, or on a constexpr flag or mode, each branch assigning the value (some through
+  loads); or an ``if`` alone replacing a value assigned before it. Intervals are iterated over
+  the trip count, so recurrences stay bounded;
 - *stores* into one or two outputs: disjoint across programs, or ``tl.atomic_add`` into
-  shared elements; of the value's shape or of one it broadcasts to.
+  shared elements; of the value's shape or of one it broadcasts to (plus an output for each
+  loop or branch value nothing else uses, mostly).
 
 Inputs are uniform in [-2, 2] or multiples of 0.5 there (so maxima, ``maximum`` and
 comparisons tie). ``draw`` is a :class:`Draw`: :class:`HypothesisDraw` (``programs()``, a
@@ -38,9 +56,10 @@ against the mirror (NaN-poisoned outputs), then ``backward_launch`` against torc
 on the mirror with random upstream gradients, float64, relative tolerance 1e-9 (1e-3 with
 float32 casts). ``regression_source`` turns a module into a regression test.
 
-Extending (loops, branches): add a family to ``FAMILIES`` and a ``Gen.op_*`` method
-producing nodes; a node is one statement whose template may span several lines
-(``pre_tl``/``pre_th``), so a loop can be a node carrying its body's lines.
+Extending: add a family to ``FAMILIES`` and a ``Gen.op_*`` method producing nodes; a node's
+template may span several lines (``pre_tl``/``pre_th``, indented as needed, their names built
+on ``{self}``), as loops and branches do; a store a node's own lines make is a ``Store`` with
+``lead`` or ``tail`` (``Gen.loop_output``).
 """
 
 from __future__ import annotations
@@ -140,11 +159,12 @@ class Dim:
 @dataclass
 class Input:
     name: str  # kernel parameter f"{name}_ptr", mirror argument `name`
-    role: str  # "tile" | "scalar" | "table" | "index"
-    dims: tuple[str, ...] = ()  # tile: its axes; table: its second axis (if any); index: its axis
+    role: str  # "tile" | "scalar" | "table" | "index" | "stack" | "wide" | "count" (a loop's trip count per program)
+    dims: tuple[str, ...] = ()  # tile, stack: its axes; table: its second axis (if any); index, wide: its axis
     dist: str = "uniform"  # "uniform" in [-2, 2] | "ties" (multiples of 0.5 in [-2, 2]) | "index"
-    vocab: int = 0  # table rows = index range
+    vocab: int = 0  # table rows = index range (count: the counts' range)
     per_program: bool = False  # scalar: one per program
+    steps: int = 0  # stack: slabs (each of the tile's shape) before the axes; wide: columns after its axis
 
     @property
     def ptr(self) -> str:
@@ -178,6 +198,23 @@ class Store:
     name: str  # output parameter f"{name}_ptr"
     kind: tuple[str, ...] = ()  # the pointer's kind: the value's, or one it broadcasts to
     atomic: bool = False  # tl.atomic_add: programs that do not tile an axis of `kind` add into one element
+    inside: bool = False  # stored inside a loop, by the node's own lines
+    lead: int = 0  # slabs before the layout: one per iteration
+    tail: int = 0  # columns after the layout (a loop over column blocks)
+
+
+@dataclass
+class Range:
+    """A loop's iteration space."""
+
+    tl: str  # the kernel's iterator
+    th: str  # the mirror's
+    visits: list[int]  # the indices visited, in order (dynamic: the ones it may visit)
+    start: str  # spelled, and the step: for pointers moving along
+    step: int
+    dynamic: bool = False  # the indices depend on loaded data or on the program id
+    pre_tl: tuple[str, ...] = ()  # lines before the loop
+    pre_th: tuple[str, ...] = ()
 
 
 @dataclass
@@ -190,6 +227,8 @@ class Program:
     lowp: bool = False  # a float32 round trip: torch rounds that gradient to float32
     scalars: dict[str, float] = field(default_factory=dict)  # runtime float parameters, and their values
     constexprs: dict[str, float] = field(default_factory=dict)  # module-level tl.constexpr globals
+    ints: dict[str, int] = field(default_factory=dict)  # runtime integer parameters (trip counts, widths)
+    meta: dict[str, int | bool] = field(default_factory=dict)  # constexpr parameters beyond the blocks
     names: str = "v"  # "v": v0, v1, ...; "shadowy": odd nodes are named d_v<i-1>, like adjoints
     helper_params: str = "a"  # "a": a0, a1, ...; "clash": names the kernel and the derivative rules use
 
@@ -362,10 +401,21 @@ TIE_SENSITIVE = {"abs", "relu_where", "leaky_where", "maximum_c", "minimum_c", "
                  "to_int"}
 OTHERS = [0.0, 1.0, -1.5]
 
+# Loops and branches. Per-iteration functions of a loaded value: label, kernel, mirror, interval, f(0) == 0
+STEP_FNS = [
+    ("id", "{0}", "{0}", lambda lo, hi: (lo, hi), True),
+    ("sin", "tl.sin({0})", "torch.sin({0})", lambda lo, hi: (-1.0, 1.0), True),
+    ("square", "{0} * {0}", "{0} * {0}", square_iv, True),
+    ("exp_half", "tl.exp({0} * 0.5)", "torch.exp({0} * 0.5)", lambda lo, hi: (math.exp(lo / 2), math.exp(hi / 2)),
+     False),
+    ("sigmoid", "tl.sigmoid({0})", "torch.sigmoid({0})", lambda lo, hi: (sigmoid(lo), sigmoid(hi)), False),
+]
+LINEAR = {"add", "sub", "branch"}  # carried updates that add to the state (the others use it nonlinearly)
+
 # operation families, by weight; shrinking moves toward the front
 FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["reduce"] * 3 + ["shape"] * 2
             + ["where", "fma", "cast", "dot", "dot", "outer", "gather", "scalar", "iota", "softmax", "scan", "scan",
-               "join"])
+               "join"] + ["loop"] * 3 + ["columns"] * 2 + ["branch"] * 2)
 MAX_OPS = 12
 
 # Constructs with an open bug, each pinned by a regression test (name -> test file), which the
@@ -402,7 +452,8 @@ class Gen:
         return dims
 
     def new_input(self, role, dims=(), dist="uniform", **kw) -> Input:
-        prefix = {"tile": "x" if len(dims) == 2 else "w", "scalar": "s", "table": "t", "index": "i"}[role]
+        prefix = {"tile": "x" if len(dims) == 2 else "w", "scalar": "s", "table": "t", "index": "i", "stack": "z",
+                  "wide": "c", "count": "q"}[role]
         inp = Input(f"{prefix}{len(self.p.inputs)}", role, tuple(dims), dist, **kw)
         self.p.inputs.append(inp)
         return inp
@@ -423,7 +474,7 @@ class Gen:
             node.zero = (False,) * len(node.kind)
         args = [self.p.nodes[a] for a in node.args]
         node.tied = node.tied or any(a.tied for a in args)
-        inexact = node.label in INEXACT or node.label.startswith(("sum_", "reduce_sum_"))
+        inexact = node.label in INEXACT or node.label.startswith(("sum_", "reduce_sum_", "loop_", "cols_", "branch_"))
         node.fragile = node.tied and (inexact or any(a.fragile for a in args))
         assert math.isfinite(node.lo) and math.isfinite(node.hi) and node.lo <= node.hi, node
         self.p.nodes.append(node)
@@ -513,7 +564,14 @@ class Gen:
             tl = f"tl.sum(tl.where({mask}, {{0}}, 0.0))" if mask else "tl.sum({0})"
             self.push(Node((), -count * max(abs(n.lo), abs(n.hi)), count * max(abs(n.lo), abs(n.hi)), tl,
                            f"{{0}}.sum(dim={tuple(range(len(kind)))}, keepdim=False)", (last,), "sum_all"))
-        for name in ["y0", "y1"][: d.pick([1, 1, 2])]:
+        used = {a for n in self.p.nodes for a in n.args} | {s.node for s in self.p.stores}
+        for i, n in enumerate(self.p.nodes):  # a loop's or branch's value nothing uses: an output of its own
+            control = n.label.startswith(("loop_", "cols_", "branch_")) and "_none" not in n.label or (
+                n.label == "adapt_scale" and self.p.nodes[n.args[0]].pre_tl)
+            if control and i not in used and storable(n.kind) and d.pick([True, True, False]):
+                self.p.stores.append(self.store(i, f"y{len(self.p.stores)}"))
+        for _ in range(d.pick([1, 1, 2])):
+            name = f"y{len(self.p.stores)}"  # after the outputs loops store into
             stored = {s.node for s in self.p.stores}
             used = {a for n in self.p.nodes for a in n.args} | stored
             cands = [i for i, n in enumerate(self.p.nodes) if storable(n.kind)
@@ -1051,6 +1109,621 @@ class Gen:
             self.push(Node(out, n.lo, hi, "{self}_m + tl.log({self}_s)",
                            f"torch.logsumexp({{0}}, dim={axis}, keepdim=True)", (i,), "logsumexp", pre_tl=pre))
 
+    # -- loops and branches: nodes whose lines hold a whole `for` or `if` ------------------
+
+    def shape_tl(self, kind) -> str:
+        blocks = [self.p.dim(k).BLOCK if k != "1" else "1" for k in kind]
+        return f"({', '.join(blocks)}{',' if len(blocks) == 1 else ''})"
+
+    def shape_th(self, kind) -> str:
+        sizes = [self.p.dim(k).valid if k != "1" else "1" for k in kind]
+        return f"({', '.join(sizes)}{',' if len(sizes) == 1 else ''})"
+
+    def count(self, value: int) -> tuple[str, bool]:
+        """``value`` spelled as a literal, a runtime integer argument or a constexpr parameter; and whether
+        it is a compile-time constant."""
+        how = self.d.pick(["literal", "runtime", "constexpr"])
+        if how == "runtime":
+            name = f"T{len(self.p.ints)}"
+            self.p.ints[name] = value
+            return name, False
+        if how == "constexpr":
+            name = f"R{len(self.p.meta)}"
+            self.p.meta[name] = value
+            return name, True
+        return str(value), True
+
+    def loop_range(self, slabs: int, visit: bool) -> Range:
+        """A loop over indices below ``slabs``, at least one visited if ``visit``; or, sometimes if not, as many
+        as a loaded count says, or starting or stopping by the program id."""
+        d = self.d
+        dynamic = not visit and d.pick([False, False, False, True])
+        if dynamic and self.p.grid_dims and d.pick([False, True]):  # programs visit different indices
+            g = d.pick(self.p.grid_dims)
+            n, _ = self.count(slabs)
+            start = f"pid_{g.axis} % 2"
+            forms = {"from_pid": ([start, n], [start, slabs]), "to_pid": (["0", f"{n} - {start}"],
+                                                                           ["0", f"{slabs} - {start}"])}
+            pre: tuple[tuple[str, ...], ...] = ((), ())
+        elif dynamic:  # a trip count from loaded data (0 to slabs)
+            count = self.new_input("count", (), "index", vocab=slabs + 1)
+            tl_pid, th_pid = self.program_index()
+            n, th_n = f"tl.load({count.ptr} + {tl_pid})", f"int({count.name}[{th_pid}])"
+            pre = ((), ())
+            if d.pick([False, True]):
+                pre, n, th_n = (("{self}_n = " + n,), ("{self}_n = " + th_n,)), "{self}_n", "{self}_n"
+            forms = {"stop": ([n], [th_n]), "zero_stop": (["0", n], ["0", th_n]),
+                     "reversed": ([f"{n} - 1", "-1", "-1"], [f"{th_n} - 1", "-1", "-1"])}
+        else:
+            n, constexpr = self.count(slabs)
+            forms = {"stop": ([n], [slabs]), "zero_stop": (["0", n], [0, slabs]), "from_one": (["1", n], [1, slabs]),
+                     "step_two": (["0", n, "2"], [0, slabs, 2]),
+                     "reversed": ([f"{n} - 1", "-1", "-1"], [slabs - 1, -1, -1])}
+            pre = ((), ())
+        form = d.pick(list(forms))
+        if form == "from_one" and visit and slabs == 1:
+            form = "stop"
+        fn = d.pick(["range", "tl.range", "tl.static_range"])
+        if fn == "tl.static_range" and (dynamic or not constexpr):
+            fn = "range"
+        tl_args, th_args = forms[form]
+        stages = ", num_stages=2" if fn == "tl.range" and d.pick([False, False, True]) else ""
+        return Range(f"{fn}({', '.join(tl_args)}{stages})", f"range({', '.join(map(str, th_args))})",
+                     list(range(slabs)) if dynamic else list(range(*th_args)), tl_args[0] if len(tl_args) > 1 else "0",
+                     -1 if form == "reversed" else 2 if form == "step_two" else 1, dynamic, *pre)
+
+    def slab_address(self, inp: Input, index: str) -> str:
+        """The addresses of slab ``index`` of a stacked input (``index`` spelled, parenthesized if compound)."""
+        dims = [self.p.dim(k) for k in inp.dims]
+        size = " * ".join(x.SIZE for x in dims)
+        offs = (f" + {dims[0].idx}[:, None] * {dims[1].SIZE} + {dims[1].idx}[None, :]" if len(dims) == 2
+                else "".join(f" + {x.idx}" for x in dims))
+        return f"{inp.ptr} + {index}" + (f" * {size}" if size else "") + offs
+
+    def slab_load(self, inp: Input, address: str, th_index: str, other: float) -> tuple[str, str]:
+        mask = self.mask_for(inp.dims)
+        tl = f"tl.load({address}, mask={mask}, other={fmt(other)})" if mask else f"tl.load({address})"
+        return tl, f"{inp.name}[{', '.join([th_index] + [f'{self.p.dim(k).lo}:{self.p.dim(k).hi}' for k in inp.dims])}]"
+
+    def plain_load(self, kind) -> tuple[str, str, float, float, tuple] | None:
+        """A load of a tile input of ``kind`` (one of the frame's), or None."""
+        if list(kind) not in [self.real_dims()] + [[x] for x in self.real_dims()]:
+            return None
+        tiles = [x for x in self.p.inputs if x.role == "tile" and x.dims == tuple(kind)]
+        inp = self.d.pick(tiles) if tiles and self.d.pick([False, True]) else self.new_input("tile", kind, self.dist())
+        dims = [self.p.dim(k) for k in kind]
+        offs = (f"{dims[0].idx}[:, None] * {dims[1].SIZE} + {dims[1].idx}[None, :]" if len(dims) == 2
+                else dims[0].idx)
+        other = self.d.pick(OTHERS)
+        th = f"{inp.name}[{', '.join(f'{x.lo}:{x.hi}' for x in dims)}]"
+        return (f"tl.load({inp.ptr} + {offs}, mask={self.mask_for(kind)}, other={fmt(other)})", th,
+                *hull(-INPUT_BOUND, INPUT_BOUND, other), (other == 0.0,) * len(kind))
+
+    def loop_output(self, kind, lead=0, tail=0, atomic=False) -> tuple[Store, list[str], str, str | None, str]:
+        """An output stored inside a loop: the Store, and its layout (shape, kernel offset, mask, mirror index)."""
+        store = Store(len(self.p.nodes), f"y{len(self.p.stores)}", kind, atomic, True, lead, tail)
+        self.p.stores.append(store)
+        shape, offset, mask, index = output_layout(self.p, kind, atomic)
+        return store, shape, offset, mask, index
+
+    def carried(self, form: str, kind, f: tuple[float, float], f_zero, args: list[int], test: tuple[str, str],
+                names: tuple[str, str]):
+        """A state ``h`` updated by each iteration's value ``f`` of ``kind`` (named ``names``): its initial
+        value (kernel, mirror, interval, zero), its update (kernel and mirror lines), the update of its
+        interval for one iteration (taking whether the test holds, None if unknown), zero, and its kind:
+        ``kind``, or sometimes one ``f`` broadcasts to (the adjoint of ``f`` is then summed every iteration)."""
+        d = self.d
+        h, x = names
+        f_kind = kind = tuple(kind)
+        wider = [w for w in {n.kind for n in self.p.nodes} | {tuple(self.real_dims())}
+                 if w != kind and broadcast(w, kind) == w and storable(w)]
+        if wider and form != "overwrite" and d.pick([False, False, True]):
+            kind = d.pick(sorted(wider))
+            f_zero = align(f_zero, f_kind, kind)
+        same = [i for i, n in enumerate(self.p.nodes) if n.kind == kind and not (form == "gate" and n.tied)]
+        init = d.pick(["zeros", "full", "operand", "zeros_like"])
+        if init in ("operand", "zeros_like") and same:
+            k = self.domain(d.recent(same), "small")
+            if k not in args:
+                args.append(k)
+            n = self.p.nodes[k]
+            start = (f"{{{args.index(k)}}}", f"{{{args.index(k)}}}", (n.lo, n.hi), self.zero(k))
+            if init == "zeros_like":
+                start = (f"tl.zeros_like({{{args.index(k)}}})", f"torch.zeros_like({{{args.index(k)}}})", (0.0, 0.0),
+                         (True,) * len(kind))
+        elif init == "full":
+            c = d.pick([0.5, -1.0, 2.0])
+            start = (f"tl.full({self.shape_tl(kind)}, {fmt(c)}, tl.float64)",
+                     f"torch.full({self.shape_th(kind)}, {fmt(c)}, dtype=torch.float64)", (c, c), ())
+        else:
+            start = (f"tl.zeros({self.shape_tl(kind)}, dtype=tl.float64)",
+                     f"torch.zeros({self.shape_th(kind)}, dtype=torch.float64)", (0.0, 0.0), (True,) * len(kind))
+        add = (lambda hv, fv: (hv[0] + fv[0], hv[1] + fv[1]))
+        sub2 = (lambda hv, fv: (hv[0] - 2 * fv[1], hv[1] - 2 * fv[0]))
+        if form == "add":
+            tl = [d.pick([f"{h} += {x}", f"{h} = {h} + {x}", f"{h} = {x} + {h}"])]
+            th, step = [f"{h} = {h} + {x}"], lambda hv, fv, _: add(hv, fv)
+        elif form == "sub":
+            tl = [d.pick([f"{h} -= {x}", f"{h} = {h} - {x}"])]
+            th, step = [f"{h} = {h} - {x}"], lambda hv, fv, _: (hv[0] - fv[1], hv[1] - fv[0])
+        elif form == "branch":  # both branches add to it (or one adds, the other keeps it): still linear
+            tl = [f"if {test[0]}:", f"    {h} += {x}", "else:", f"    {h} = {h} - 2.0 * {x}"]
+            th = [f"if {test[1]}:", f"    {h} = {h} + {x}", "else:", f"    {h} = {h} - 2.0 * {x}"]
+            if d.pick([False, False, True]):
+                tl, th, sub2 = tl[:2], th[:2], (lambda hv, fv: hv)
+
+            def step(hv, fv, taken):
+                return add(hv, fv) if taken else sub2(hv, fv) if taken is False else hull(*add(hv, fv),
+                                                                                            *sub2(hv, fv))
+        elif form == "gate":  # a branch on the state itself: which way it goes has no gradient
+            mask = self.mask_for(kind)
+            total = f"tl.sum(tl.where({mask}, {h}, 0.0))" if mask else f"tl.sum({h})" if kind else h
+            tl = [f"if {total} > 0.0:", f"    {h} = {h} * 0.5 + {x}", "else:", f"    {h} = {h} - {x}"]
+            th = [f"if {h}.sum() > 0.0:", f"    {h} = {h} * 0.5 + {x}", "else:", f"    {h} = {h} - {x}"]
+            step = (lambda hv, fv, _: hull(hv[0] * 0.5 + fv[0], hv[1] * 0.5 + fv[1], hv[0] - fv[1], hv[1] - fv[0]))
+        elif form == "affine":  # h * a + f, |a| <= 1.25
+            how = d.pick(["sigmoid", "const", "operand"])
+            a = self.operand(lambda k: broadcast(kind, k) == tuple(kind)) if how == "operand" else None
+            if a is not None:
+                a = self.domain(a, "unit")
+                if a not in args:
+                    args.append(a)
+                na = self.p.nodes[a]
+                tl_a = th_a = f"{{{args.index(a)}}}"
+                a_iv = (na.lo, na.hi)
+            elif how == "sigmoid":
+                tl_a, th_a, a_iv = f"tl.sigmoid({x})", f"torch.sigmoid({x})", (0.0, 1.0)
+            else:
+                c = d.pick([0.5, -0.75, 1.0])
+                tl_a = th_a = fmt(c)
+                a_iv = (c, c)
+            tl, th = [f"{h} = {h} * {tl_a} + {x}"], [f"{h} = {h} * {th_a} + {x}"]
+            step = (lambda hv, fv, _: add(mul_iv(hv, a_iv), fv))
+        elif form == "squash":
+            how = d.pick(["sigmoid", "sin", "sin_sum"])
+            if how == "sigmoid":
+                tl, th = [f"{h} = tl.sigmoid({h}) * {x}"], [f"{h} = torch.sigmoid({h}) * {x}"]
+                step = (lambda hv, fv, _: mul_iv((sigmoid(hv[0]), sigmoid(hv[1])), fv))
+            elif how == "sin":
+                tl, th = [f"{h} = tl.sin({h}) * {x}"], [f"{h} = torch.sin({h}) * {x}"]
+                step = (lambda hv, fv, _: mul_iv((-1.0, 1.0), fv))
+            else:
+                tl, th = [f"{h} = tl.sin({h} + {x})"], [f"{h} = torch.sin({h} + {x})"]
+                step = (lambda hv, fv, _: (-1.0, 1.0))
+        elif form == "max":
+            tl, th = [f"{h} = tl.maximum({h}, {x})"], [f"{h} = torch.maximum({h}, {x})"]
+            step = (lambda hv, fv, _: (max(hv[0], fv[0]), max(hv[1], fv[1])))
+        else:  # overwrite: only the last iteration's value reaches what follows
+            tl, th, step = [f"{h} = {x}"], [f"{h} = {x}"], lambda hv, fv, _: fv
+        zero = tuple(a and b for a, b in zip(start[3] or (False,) * len(kind), f_zero, strict=True)) \
+            if form in LINEAR else ()
+        return start, tl, th, step, zero, kind
+
+    def op_loop(self):
+        """A `for` loop over the slabs z[t] of a stacked input (each of the tile's shape, or of one of its axes,
+        or one scalar), carrying a state h: none (each iteration's value stored at its own slab of an output),
+        linear (h += f, h -= f, or a branch on the index or on a loaded scalar choosing how to add), or
+        nonlinear (h * a + f, squashed, a running maximum, overwritten, an online logsumexp along an axis).
+        The value may be summed per iteration by an inner loop (nesting) or be a tl.dot with the slab."""
+        d = self.d
+        form = d.pick(["add", "none", "affine", "sub", "branch", "squash", "online", "max", "overwrite", "gate"])
+        big = [x.name for x in self.p.dims if x.block >= 16]
+        source = d.pick(["slab", "slab", "nested", "dot"])
+        if source == "dot" and (len(big) < 2 or form in ("online", "none")):  # (x @ x^T is not storable)
+            source = "slab"
+        if source == "dot":
+            dims = tuple(self.real_dims())
+        else:
+            dims = d.pick([tuple(self.real_dims()), *[(x,) for x in self.real_dims()], ()])
+        if form == "online":
+            source, dims = "slab", dims or tuple(self.real_dims())
+        slabs, inner = d.int(1, 3), (d.int(1, 2) if source == "nested" else 1)  # (the interpreter is slow)
+        it = self.loop_range(slabs, visit=form in ("none", "online"))
+        visits = it.visits
+        uniform = form in ("max", "online", "gate")  # (no ties for maxima and tests)
+        inp = self.new_input("stack", dims, "uniform" if uniform else self.dist(), steps=slabs * inner)
+        other = 0.0 if source == "dot" else d.pick(OTHERS)
+        t = "{self}_t"
+        args: list[int] = []
+        pre_tl, pre_th, body_tl, body_th = list(it.pre_tl), list(it.pre_th), [], []
+        x_lo, x_hi = hull(-INPUT_BOUND, INPUT_BOUND, other)
+        x_zero = tuple(other == 0.0 for _ in dims)
+        walk = source == "slab" and d.pick([False, False, True])  # a pointer moving along instead of t's address
+        if source == "nested":  # x: the sum of `inner` slabs, by an inner loop
+            u, _ = self.count(inner)
+            inner_fn = d.pick(["range", "tl.range"] + ["tl.static_range"] * (not u.startswith("T")))
+            tl_x, th_x = self.slab_load(inp, self.slab_address(inp, f"({t} * {u} + {{self}}_u)"),
+                                        f"{t} * {inner} + {{self}}_u", other)
+            body_tl += [f"{{self}}_x = tl.zeros({self.shape_tl(dims)}, dtype=tl.float64)",
+                        f"for {{self}}_u in {inner_fn}({u}):", f"    {{self}}_x += {tl_x}"]
+            body_th += [f"{{self}}_x = torch.zeros({self.shape_th(dims)}, dtype=torch.float64)",
+                        f"for {{self}}_u in range({inner}):", f"    {{self}}_x = {{self}}_x + {th_x}"]
+            x_lo, x_hi = inner * x_lo, inner * x_hi
+        else:
+            if walk:
+                pre_tl.append(f"{{self}}_p = {self.slab_address(inp, f'({it.start})')}")
+            tl_x, th_x = self.slab_load(inp, "{self}_p" if walk else self.slab_address(inp, t), t, other)
+            body_tl.append(f"{{self}}_x = {tl_x}")
+            body_th.append(f"{{self}}_x = {th_x}")
+        fn = d.pick(STEP_FNS) if source != "dot" and form != "online" else STEP_FNS[0]
+        f_tl, f_th = fn[1].format("{self}_x"), fn[2].format("{self}_x")
+        f_iv, f_zero = fn[3](x_lo, x_hi), tuple(z and fn[4] for z in x_zero)
+        kind = dims
+        if source == "dot":  # x @ b: b from before the loop, or x^T
+            p_, q = dims
+            b = self.operand(lambda k: len(k) == 2 and k[0] == q and k[1] in big)
+            if b is not None:
+                args.append(self.domain(b, "small"))
+                nb = self.p.nodes[args[-1]]
+                b_tl, b_bound, r = f"{{{len(args) - 1}}}", max(abs(nb.lo), abs(nb.hi)), nb.kind[1]
+            else:
+                b_tl, b_bound, r = "tl.trans({self}_x)", max(abs(x_lo), abs(x_hi)), p_
+            b_th = b_tl.replace("tl.trans({self}_x)", "{self}_x.T")
+            bound = self.p.dim(q).block * max(abs(x_lo), abs(x_hi)) * b_bound
+            f_tl, f_th, f_iv, kind = f"tl.dot({{self}}_x, {b_tl})", f"{{self}}_x @ {b_th}", (-bound, bound), (p_, r)
+            f_zero = (x_zero[0], False)
+        elif form not in ("online", "max") and d.pick([False, True]):  # combined with a value from before the loop
+            c = self.operand(lambda k: broadcast(dims, k) == dims)
+            if c is not None and not (form == "gate" and self.p.nodes[c].tied):
+                c = self.domain(c, "small")
+                args.append(c)
+                nc = self.p.nodes[c]
+                op = d.pick(["*", "+"])
+                f_tl, f_th = f"{f_tl} {op} {{{len(args) - 1}}}", f"{f_th} {op} {{{len(args) - 1}}}"
+                f_iv = mul_iv(f_iv, (nc.lo, nc.hi)) if op == "*" else (f_iv[0] + nc.lo, f_iv[1] + nc.hi)
+                cz = self.zero(c, dims)
+                f_zero = tuple((a or b) if op == "*" else (a and b) for a, b in zip(f_zero, cz, strict=True))
+        if form not in ("online", "dot") and source != "dot" and d.pick([False, False, False, True]):
+            f_tl, f_th = f"({f_tl}) * ({t} + 1)", f"({f_th}) * ({t} + 1)"  # the loop index in the arithmetic
+            f_iv = mul_iv(f_iv, (1.0, float(slabs)))
+        if form not in ("online", "none") and source != "dot" and real(dims) and d.pick([False, False, True]):
+            axis = d.pick([None, *range(len(dims))])  # each iteration's value summed (along an axis)
+            keep = axis is not None and d.pick([False, True])
+            reduced = list(range(len(dims))) if axis is None else [axis]
+            mask = None if all(f_zero[p] for p in reduced) else self.mask_for(dims, reduced)
+            operand = f"tl.where({mask}, {f_tl}, 0.0)" if mask else f_tl
+            spelled = "" if axis is None else f", axis={axis}" + (", keep_dims=True" if keep else "")
+            f_tl = f"tl.sum({operand}{spelled})"
+            f_th = f"({f_th}).sum(dim={tuple(reduced)}, keepdim={keep})"
+            count = math.prod(self.p.dim(dims[p]).block for p in reduced)
+            b = max(abs(f_iv[0]), abs(f_iv[1])) * count
+            f_iv = (-b, b)
+            kind = tuple("1" if p in reduced else k for p, k in enumerate(dims)) if keep else \
+                tuple(k for p, k in enumerate(dims) if p not in reduced)
+            f_zero = tuple(False if p in reduced else z for p, z in enumerate(f_zero))
+            f_zero = f_zero if keep else tuple(z for p, z in enumerate(f_zero) if p not in reduced)
+        if form != "online":
+            body_tl.append(f"{{self}}_f = {f_tl}")
+            body_th.append(f"{{self}}_f = {f_th}")
+        test = (f"{t} % 2 == 0", f"{t} % 2 == 0")
+        if form == "branch" and d.pick([False, True]):  # on a scalar loaded each iteration
+            flags = self.new_input("stack", (), self.dist(), steps=slabs)
+            test = (f"tl.load({flags.ptr} + {t}) > 0.0", f"{flags.name}[{t}] > 0.0")
+        value_kind, stored = kind, "{self}_f"
+        if form == "none":  # no state: each iteration's value is stored; the node passes an operand on
+            a = self.operand()
+            args.append(a)
+            na = self.p.nodes[a]
+            tl_value, th_value, lo, hi, zero = f"{{{len(args) - 1}}}", f"{{{len(args) - 1}}}", na.lo, na.hi, na.zero
+            value_kind = na.kind
+        elif form == "online":  # m, l: the running maximum and the sum of exp(x - m), along `axis`
+            axis = d.pick([p for p, k in enumerate(dims) if k != "1"])
+            keep = d.pick([False, True])
+            out = tuple("1" if p == axis else k for p, k in enumerate(dims)) if keep else \
+                tuple(k for p, k in enumerate(dims) if p != axis)
+            kw = f"axis={axis}" + (", keep_dims=True" if keep else "")
+            again = "" if keep or len(dims) == 1 else ("[:, None]" if axis == 1 else "[None, :]")
+            m0 = d.pick(["-float('inf')", fmt(-INPUT_BOUND - 1.0)])  # (inputs lie above the finite one)
+            pre_tl += [f"{{self}}_m = tl.full({self.shape_tl(out)}, {m0}, tl.float64)",
+                       f"{{self}}_l = tl.zeros({self.shape_tl(out)}, dtype=tl.float64)"]
+            pre_th += [f"{{self}}_m = torch.full({self.shape_th(out)}, {m0}, dtype=torch.float64)",
+                       f"{{self}}_l = torch.zeros({self.shape_th(out)}, dtype=torch.float64)"]
+            body_tl += [f"{{self}}_xm = tl.where({self.mask_for(dims, [axis])}, {{self}}_x, -float('inf'))",
+                        f"{{self}}_mn = tl.maximum({{self}}_m, tl.max({{self}}_xm, {kw}))",
+                        f"{{self}}_l = {{self}}_l * tl.exp({{self}}_m - {{self}}_mn) + "
+                        f"tl.sum(tl.exp({{self}}_xm - {{self}}_mn{again}), {kw})",
+                        "{self}_m = {self}_mn"]
+            th_again = "" if keep or len(dims) == 1 else f".unsqueeze({axis})"
+            body_th += [f"{{self}}_mn = torch.maximum({{self}}_m, {{self}}_x.amax(dim={axis}, keepdim={keep}))",
+                        f"{{self}}_l = {{self}}_l * torch.exp({{self}}_m - {{self}}_mn) + "
+                        f"torch.exp({{self}}_x - {{self}}_mn{th_again}).sum(dim={axis}, keepdim={keep})",
+                        "{self}_m = {self}_mn"]
+            tl_value, th_value = "{self}_m + tl.log({self}_l)", "{self}_m + torch.log({self}_l)"
+            lo, hi = x_lo, x_hi + math.log(self.p.dim(dims[axis]).block * len(visits))
+            zero, value_kind, stored = (), out, "{self}_m"
+        else:
+            (init_tl, init_th, h_iv, _), up_tl, up_th, update, zero, value_kind = self.carried(
+                form, kind, f_iv, f_zero, args, test, ("{self}_h", "{self}_f"))
+            acc = source == "dot" and form == "add" and value_kind == kind and d.pick([False, True])
+            if acc:  # tl.dot(x, b, h)
+                body_tl.pop()
+                up_tl = [f"{{self}}_h = {f_tl[:-1]}, {{self}}_h)"]
+            pre_tl.append(f"{{self}}_h = {init_tl}")
+            pre_th.append(f"{{self}}_h = {init_th}")
+            body_tl += up_tl
+            body_th += up_th
+            states = [h_iv]
+            for v in visits:
+                states.append(update(states[-1], f_iv, v % 2 == 0 if "%" in test[1] and not it.dynamic else None))
+            lo, hi = hull(*(sum(states, ()) if it.dynamic else states[-1]))  # (dynamic: any of them)
+            tl_value, th_value = "{self}_h", "{self}_h"
+            if acc or d.pick([False, True]):
+                stored = "{self}_h"
+        if form == "none" or (visits and d.pick([False, False, True])):  # each iteration's value (or state) stored
+            skind = kind if stored == "{self}_f" else value_kind
+            if stored == "{self}_m":
+                skind = out
+            covers = sorted(visits) == list(range(slabs))  # the index names the slab; else count iterations
+            spelling = "index" if covers else d.pick(["counter", "pointer"])
+            if it.dynamic or d.pick([False, False, False, True]):  # added into one place every iteration
+                spelling = "atomic"
+            if storable(skind) and spelling == "atomic":
+                store, _, offset, mask, index = self.loop_output(skind, atomic=True)
+                body_tl.append(f"tl.atomic_add({store.name}_ptr" + (f" + {offset}" if offset else "") +
+                               f", {stored}" + (f", mask={mask})" if mask else ")"))
+                body_th.append(f"{store.name}[{index}] = {store.name}[{index}] + {stored}")
+            elif storable(skind) and visits:
+                store, shape, offset, mask, index = self.loop_output(skind, lead=slabs if covers else len(visits))
+                slab = math.prod(shape)
+                if spelling == "pointer":
+                    pre_tl.append(f"{{self}}_q = {store.name}_ptr" + (f" + {offset}" if offset else ""))
+                    address = "{self}_q"
+                else:
+                    if spelling == "counter":
+                        pre_tl.append("{self}_i = tl.zeros((), dtype=tl.int32)")
+                    address = f"{store.name}_ptr + {t if covers else '{self}_i'} * {slab}" + (
+                        f" + {offset}" if offset else "")
+                body_tl.append(f"tl.store({address}, {stored}" + (f", mask={mask})" if mask else ")"))
+                body_th.append(f"{store.name}[{t if covers else '{self}_i'}, {index}] = {stored}")
+                if spelling == "pointer":
+                    body_tl.append(f"{{self}}_q += {slab}")
+                elif spelling == "counter":
+                    body_tl.append("{self}_i += 1")
+        if walk:
+            size = " * ".join(self.p.dim(k).SIZE for k in dims)
+            body_tl.append(f"{{self}}_p += {it.step}" + (f" * {size}" if size else ""))
+        pre_tl += [f"for {t} in {it.tl}:"] + ["    " + line for line in body_tl]
+        pre_th += [f"for {{self}}_i, {t} in enumerate({it.th}):"] + ["    " + line for line in body_th]
+        label = f"loop_{form}" + ("" if source == "slab" else f"_{source}")
+        self.push(Node(value_kind, lo, hi, tl_value, th_value, tuple(args), label, pre_tl=tuple(pre_tl),
+                       pre_th=tuple(pre_th), zero=zero, tied=inp.dist == "ties"))
+
+    def op_columns(self):
+        """A loop over column blocks of a wide input c[rows, :L], rows along a tile axis, LayerNorm-style:
+        each block's row sums (or maxima) carried into a state (linearly or not, as in ``op_loop``), summed
+        in a tile reduced after the loop, or folded into an online logsumexp; or only stored (no state)."""
+        d = self.d
+        a = d.pick(self.p.dims)
+        bc = d.pick([8, 4, 16])
+        width = d.pick([2 * bc + 3, bc, 2 * bc - 1, bc - 1, 1])
+        form = d.pick(["sum", "tile", "online", "none", "max"])
+        update = d.pick(["add", "affine", "branch", "squash", "sub", "max", "overwrite", "gate"])
+        uniform = form in ("online", "max") or update == "gate"
+        inp = self.new_input("wide", (a.name,), "uniform" if uniform else self.dist(), steps=width)
+        L, constexpr = self.count(width)
+        BC = f"BC{len(self.p.meta)}" if d.pick([False, True]) else str(bc)  # a constexpr parameter, or literal
+        if BC != str(bc):
+            self.p.meta[BC] = bc
+        blocks = list(range(0, width, bc))
+        header = d.pick(["offsets", "blocks", "moving"])
+        pre_tl, pre_th, body_tl, body_th, args = [], [], [], [], []
+        if header == "blocks":  # the block number, and its columns
+            pre_tl.append(f"for {{self}}_b in tl.range(0, tl.cdiv({L}, {BC})):")
+            body_tl.append(f"{{self}}_cols = {{self}}_b * {BC} + tl.arange(0, {BC})")
+        else:
+            fn = d.pick(["range", "tl.range"] + ["tl.static_range"] * constexpr)
+            pre_tl.append(f"for {{self}}_c in {fn}(0, {L}, {BC}):")
+            if header == "moving":  # the columns carried from one iteration to the next
+                pre_tl.insert(0, f"{{self}}_cols = tl.arange(0, {BC})")
+            else:
+                body_tl.append(f"{{self}}_cols = {{self}}_c + tl.arange(0, {BC})")
+        pre_th.append(f"for {{self}}_i, {{self}}_c in enumerate(range(0, {width}, {bc})):")
+        cols = f"{{self}}_cols[None, :] < {L}"
+        other = d.pick(OTHERS)
+        body_tl.append(f"{{self}}_x = tl.load({inp.ptr} + {a.idx}[:, None] * {L} + {{self}}_cols[None, :], "
+                       f"mask={a.mask}[:, None] & ({cols}), other={fmt(other)})")
+        body_th.append(f"{{self}}_x = {inp.name}[{a.lo}:{a.hi}, {{self}}_c:min({{self}}_c + {bc}, {width})]")
+        x_iv = hull(-INPUT_BOUND, INPUT_BOUND, other)
+        fn = d.pick(STEP_FNS) if form != "online" else STEP_FNS[0]
+        f_tl, f_th, f_iv, zero_ok = fn[1].format("{self}_x"), fn[2].format("{self}_x"), fn[3](*x_iv), fn[4]
+        c = self.operand(lambda k: k in ((a.name,), ())) if form != "online" and d.pick([False, True]) else None
+        if c is not None and not (update == "gate" and self.p.nodes[c].tied):  # times a row vector (or scalar)
+            c = self.domain(c, "small")
+            args.append(c)
+            nc = self.p.nodes[c]
+            sub_ = "[:, None]" if nc.kind else ""
+            f_tl, f_th = f"{f_tl} * {{0}}{sub_}", f"{f_th} * {{0}}{sub_}"
+            f_iv = mul_iv(f_iv, (nc.lo, nc.hi))
+        bare = other == 0.0 and zero_ok and d.pick([False, True])  # masked columns hold 0 already
+        summed = f_tl if bare else f"tl.where({cols}, {f_tl}, 0.0)"
+        b = max(abs(f_iv[0]), abs(f_iv[1])) * bc
+        lo, hi, zero, kind = -b * len(blocks), b * len(blocks), (), (a.name,)
+        if form == "none":  # each block stored at its columns of an output
+            na = self.p.nodes[self.operand()]
+            args.append(self.p.nodes.index(na))
+            store, _, offset, mask, index = self.loop_output((a.name,), tail=width)
+            body_tl.append(f"tl.store({store.name}_ptr + ({offset})[:, None] * {L} + {{self}}_cols[None, :], "
+                           f"{f_tl}, mask={mask}[:, None] & ({cols}))")
+            body_th.append(f"{store.name}[{index}, {{self}}_c:min({{self}}_c + {bc}, {width})] = {f_th}")
+            value, th_value, lo, hi, zero, kind = (f"{{{len(args) - 1}}}", f"{{{len(args) - 1}}}", na.lo, na.hi,
+                                                   na.zero, na.kind)
+        elif form == "tile":  # a (rows, BC) accumulator, summed along the columns after the loop
+            pre_tl.insert(0, f"{{self}}_acc = tl.zeros(({a.BLOCK}, {BC}), dtype=tl.float64)")
+            pre_th.insert(0, f"{{self}}_acc = torch.zeros(({a.valid},), dtype=torch.float64)")
+            body_tl.append(d.pick([f"{{self}}_acc += {summed}", f"{{self}}_acc = {{self}}_acc + {summed}"]))
+            body_th.append(f"{{self}}_acc = {{self}}_acc + ({f_th}).sum(1)")
+            value, th_value = "tl.sum({self}_acc, axis=1)", "{self}_acc"
+        elif form == "online":  # m, l: the running maximum and the sum of exp(x - m) along the rows
+            m0 = d.pick(["-float('inf')", fmt(-INPUT_BOUND - 1.0)])
+            pre_tl[:0] = [f"{{self}}_m = tl.full(({a.BLOCK},), {m0}, tl.float64)",
+                          f"{{self}}_l = tl.zeros(({a.BLOCK},), dtype=tl.float64)"]
+            pre_th[:0] = [f"{{self}}_m = torch.full(({a.valid},), {m0}, dtype=torch.float64)",
+                          f"{{self}}_l = torch.zeros(({a.valid},), dtype=torch.float64)"]
+            body_tl += [f"{{self}}_xm = tl.where({cols}, {{self}}_x, -float('inf'))",
+                        "{self}_mn = tl.maximum({self}_m, tl.max({self}_xm, axis=1))",
+                        "{self}_alpha = tl.exp({self}_m - {self}_mn)",
+                        "{self}_e = tl.exp({self}_xm - {self}_mn[:, None])",
+                        "{self}_l = {self}_l * {self}_alpha + tl.sum({self}_e, axis=1)"]
+            body_th += ["{self}_mn = torch.maximum({self}_m, {self}_x.amax(1))",
+                        "{self}_alpha = torch.exp({self}_m - {self}_mn)",
+                        "{self}_e = torch.exp({self}_x - {self}_mn[:, None])",
+                        "{self}_l = {self}_l * {self}_alpha + {self}_e.sum(1)"]
+            value, th_value = "{self}_m + tl.log({self}_l)", "{self}_m + torch.log({self}_l)"
+            lo, hi = x_iv[0], x_iv[1] + math.log(width)
+            if d.pick([False, True]):  # attention's: the average of a second input weighted by softmax(x)
+                v = self.new_input("wide", (a.name,), self.dist(), steps=width)
+                pre_tl.insert(0, f"{{self}}_acc = tl.zeros(({a.BLOCK},), dtype=tl.float64)")
+                pre_th.insert(0, f"{{self}}_acc = torch.zeros(({a.valid},), dtype=torch.float64)")
+                body_tl += [f"{{self}}_v = tl.load({v.ptr} + {a.idx}[:, None] * {L} + {{self}}_cols[None, :], "
+                            f"mask={a.mask}[:, None] & ({cols}), other=0.0)",
+                            "{self}_acc = {self}_acc * {self}_alpha + tl.sum({self}_e * {self}_v, axis=1)"]
+                body_th += [f"{{self}}_v = {v.name}[{a.lo}:{a.hi}, {{self}}_c:min({{self}}_c + {bc}, {width})]",
+                            "{self}_acc = {self}_acc * {self}_alpha + ({self}_e * {self}_v).sum(1)"]
+                value, th_value, lo, hi = "{self}_acc / {self}_l", "{self}_acc / {self}_l", -INPUT_BOUND, INPUT_BOUND
+                form = "attention"
+            body_tl.append("{self}_m = {self}_mn")
+            body_th.append("{self}_m = {self}_mn")
+        else:  # each block's row sums (or maxima) update a state
+            if form == "max":
+                neutral = d.pick(["-float('inf')", fmt(math.floor(f_iv[0]) - 1.0)])
+                f_tl, f_th = f"tl.max(tl.where({cols}, {f_tl}, {neutral}), axis=1)", f"({f_th}).amax(1)"
+            else:
+                f_tl, f_th, f_iv = f"tl.sum({summed}, axis=1)", f"({f_th}).sum(1)", (-b, b)
+            body_tl.append(f"{{self}}_f = {f_tl}")
+            body_th.append(f"{{self}}_f = {f_th}")
+            test = (f"{{self}}_c % (2 * {BC}) == 0", f"{{self}}_c % {2 * bc} == 0")
+            if header == "blocks":
+                test = ("{self}_b % 2 == 0", f"{{self}}_c % {2 * bc} == 0")
+            (init_tl, init_th, h_iv, _), up_tl, up_th, step, zero, kind = self.carried(
+                update, kind, f_iv, (False,), args, test, ("{self}_h", "{self}_f"))
+            pre_tl.insert(0, f"{{self}}_h = {init_tl}")
+            pre_th.insert(0, f"{{self}}_h = {init_th}")
+            body_tl += up_tl
+            body_th += up_th
+            for i in range(len(blocks)):
+                h_iv = step(h_iv, f_iv, i % 2 == 0)
+            value, th_value, (lo, hi) = "{self}_h", "{self}_h", h_iv
+        if header == "moving":
+            body_tl.append(f"{{self}}_cols += {BC}")
+        n = len(pre_tl) - 1  # the `for` line is the last of pre_tl
+        pre_tl = pre_tl[:n + 1] + ["    " + line for line in body_tl]
+        pre_th = pre_th + ["    " + line for line in body_th]
+        self.push(Node(kind, lo, hi, value, th_value, tuple(args), f"cols_{form}" + (
+            f"_{update}" if form in ("sum", "max") else ""), pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=zero,
+            tied=inp.dist == "ties"))
+
+    def branch_tests(self, how: str, count: int) -> tuple[list[str], list[str], list[str], list[str], list[int]]:
+        """``count`` tests of an if/elif chain: kernel, mirror, lines before the `if` (kernel, mirror), and
+        the node the tests read as ``{c}``, if any."""
+        d = self.d
+        if how == "pid" and self.p.grid_dims:  # programs take different branches
+            g = d.pick(self.p.grid_dims)
+            tests = [f"pid_{g.axis} % {count + 1} == {j}" for j in range(count)]
+            return tests, tests, [], [], []
+        if how == "constexpr":  # a constexpr parameter: a flag, or a mode
+            flag = f"F{len(self.p.meta)}"
+            if count == 1:
+                self.p.meta[flag] = d.pick([True, False])
+                return [flag], [str(self.p.meta[flag])], [], [], []
+            self.p.meta[flag] = d.int(0, count)
+            return ([f"{flag} == {j}" for j in range(count)], [f"{self.p.meta[flag]} == {j}" for j in range(count)],
+                    [], [], [])
+        cuts = sorted({d.pick([0.0, 0.5, -0.5, 1.0, -1.0]) for _ in range(count)}, reverse=True)
+        cuts += [cuts[-1] - 1.0 - j for j in range(count - len(cuts))]
+        scalar = self.operand(lambda k: k == ())
+        if how == "computed" and scalar is not None and not self.fragile(scalar):  # a value the kernel computed
+            n = self.p.nodes[scalar]
+            mid = round((n.lo + n.hi) / 2, 1)
+            tests = [f"{{c}} > {fmt(mid + c)}" for c in cuts]
+            return tests, tests, [], [], [scalar]
+        scalars = [x for x in self.p.inputs if x.role == "scalar" and x.per_program]
+        inp = d.pick(scalars) if scalars and d.pick([False, True]) else \
+            self.new_input("scalar", (), self.dist(), per_program=True)
+        tl_pid, th_pid = self.program_index()
+        load, th_load = f"tl.load({inp.ptr} + {tl_pid})", f"{inp.name}[{th_pid}]"
+        if count == 1 and d.pick([False, True]):  # the load in the test itself
+            return [f"{load} > {fmt(cuts[0])}"], [f"{th_load} > {fmt(cuts[0])}"], [], [], []
+        tests = [f"{{self}}_s > {fmt(c)}" for c in cuts]
+        return tests, tests, [f"{{self}}_s = {load}"], [f"{{self}}_s = {th_load}"], []
+
+    def program_index(self) -> tuple[str, str]:
+        """The program's number, flattened over the grid (kernel, mirror)."""
+        gd = self.p.grid_dims
+        if not gd:
+            return "0", "0"
+        tl = " + ".join([f"pid_{g.axis} * tl.num_programs({h.axis})" for g in gd[:-1] for h in gd[1:]]
+                        + [f"pid_{gd[-1].axis}"])
+        th = " + ".join([f"pid_{g.axis} * {h.programs}" for g in gd[:-1] for h in gd[1:]] + [f"pid_{gd[-1].axis}"])
+        return tl, th
+
+    def alternative(self, kind, args: list[int]) -> tuple[str, str, float, float, tuple]:
+        """One branch's value of ``kind``, from ``{x}`` (the branch's operand) and maybe a load or another
+        value: kernel, mirror, interval, zero."""
+        d = self.d
+        x = self.p.nodes[args[0]]
+        how = d.pick(["unary", "binary", "load", "const"])
+        if how == "load":
+            load = self.plain_load(kind)
+            if load is not None:
+                tl, th, lo, hi, zero = load
+                if d.pick([False, True]):
+                    return f"{tl} * {{x}}", f"{th} * {{x}}", *mul_iv((lo, hi), (x.lo, x.hi)), \
+                        tuple(a or b for a, b in zip(zero, x.zero, strict=True))
+                return tl, th, lo, hi, zero
+            how = "unary"
+        if how == "binary":
+            b = self.operand(lambda k: broadcast(kind, k) == tuple(kind))
+            b = self.domain(b, "small")
+            if b not in args:
+                args.append(b)
+            nb = self.p.nodes[b]
+            op = d.pick(["+", "*", "-"])
+            iv = {"+": (x.lo + nb.lo, x.hi + nb.hi), "-": (x.lo - nb.hi, x.hi - nb.lo),
+                  "*": mul_iv((x.lo, x.hi), (nb.lo, nb.hi))}[op]
+            return f"{{x}} {op} {{{args.index(b)}}}", f"{{x}} {op} {{{args.index(b)}}}", *iv, ()
+        if how == "const":
+            c = d.pick(CONSTANTS)
+            return f"{{x}} * {fmt(c)} + 1.0", f"{{x}} * {fmt(c)} + 1.0", *hull(x.lo * c + 1, x.hi * c + 1), ()
+        label, tl, th, _, iv = d.pick([u for u in UNARY if u[3] == "any" and u[0] not in TIE_SENSITIVE])
+        return tl.replace("{0}", "{x}"), th.replace("{0}", "{x}"), *iv(x.lo, x.hi), \
+            (x.zero if label in ZERO_AT_ZERO else ())
+
+    def op_branch(self):
+        """A runtime `if` / `elif` / `else` on a loaded scalar, a computed one or the program id, or a
+        constexpr `if` on a constexpr parameter: each branch assigns the value (some through loads), used
+        after; or an `if` alone replaces the value assigned before it."""
+        d = self.d
+        a = self.domain(self.operand(), "small")
+        kind = self.kind_of(a)
+        args = [a]
+        how = d.pick(["loaded", "pid", "computed", "constexpr"])
+        branches = d.pick([2, 3, 1])
+        tests, th_tests, pre_tl, pre_th, reads = self.branch_tests(how, max(branches - 1, 1))
+        for i in reads:
+            args.append(i)
+            tests = [t.replace("{c}", f"{{{len(args) - 1}}}") for t in tests]
+            th_tests = [t.replace("{c}", f"{{{len(args) - 1}}}") for t in th_tests]
+        values = [self.alternative(kind, args) for _ in range(branches)]
+        na = self.p.nodes[a]
+        x = "{0}"
+        if branches == 1:  # the `if` replaces the value assigned before it
+            pre_tl.append("{self}_r = {0}")
+            pre_th.append("{self}_r = {0}")
+            values.append(("", "", na.lo, na.hi, na.zero))
+            x = "{self}_r"
+        for j, (tl, th, *_) in enumerate(values[:len(tests) + 1] if branches > 1 else values[:1]):
+            head = f"if {tests[0]}:" if j == 0 else f"elif {tests[j]}:" if j < len(tests) else "else:"
+            th_head = f"if {th_tests[0]}:" if j == 0 else f"elif {th_tests[j]}:" if j < len(tests) else "else:"
+            pre_tl += [head, f"    {{self}}_r = {tl.replace('{x}', x)}"]
+            pre_th += [th_head, f"    {{self}}_r = {th.replace('{x}', x)}"]
+        lo, hi = hull(*[v[2] for v in values], *[v[3] for v in values])
+        zero = tuple(all(z) for z in zip(*[v[4] or (False,) * len(kind) for v in values], strict=True)) if kind else ()
+        how = ("pid" if "pid_" in tests[0] else "constexpr" if tests[0].startswith("F") else
+               "computed" if reads else "loaded")
+        helper = "tl.load" not in "\n".join(pre_tl) and d.pick([False, False, True])  # in a @triton.jit helper
+        self.push(Node(kind, lo, hi, "{self}_r", "{self}_r", tuple(args), f"branch_{how}_{branches}" + (
+            "_helper" if helper else ""), helper=int(helper), pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=zero))
+
 
 def generate(draw: Draw, avoid: Sequence[str] = ()) -> Program:
     return Gen(draw, avoid).run()
@@ -1104,13 +1777,14 @@ def render(p: Program) -> str:
     out = ['"""A fuzzed kernel (tests/fuzz/generate.py) and its PyTorch mirror."""', "",
            "import torch", "import triton", "import triton.language as tl", ""]
     layouts = {s.name: output_layout(p, s.kind, s.atomic) for s in p.stores}
+    shapes = {s.name: [s.lead] * bool(s.lead) + layouts[s.name][0] + [s.tail] * bool(s.tail) for s in p.stores}
     sizes = {d.SIZE: d.size for d in p.dims}
-    args = {**sizes, **p.scalars}
-    blocks = {d.BLOCK: d.block for d in p.dims}
+    args = {**sizes, **p.ints, **p.scalars}
+    blocks = {**{d.BLOCK: d.block for d in p.dims}, **p.meta}
     def literal(d):
         return "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}"
 
-    outputs = {f"{s.name}_ptr": tuple(layouts[s.name][0]) for s in p.stores}
+    outputs = {f"{s.name}_ptr": tuple(shapes[s.name]) for s in p.stores}
     zeroed = ", ".join(f'"{s.name}_ptr"' for s in p.stores if s.atomic)
     out += [f"GRID = {p.grid}", f"SIZES = {literal(args)}", f"META = {literal(blocks)}",
             f"OUTPUTS = {literal(outputs)}", f"ZEROED = {{{zeroed}}}  # atomic outputs start at 0, others at NaN",
@@ -1150,11 +1824,19 @@ def render(p: Program) -> str:
     helpers, body = [], []
     for i, n in enumerate(nodes):
         argn = [kname[a] for a in n.args]
-        for line in n.pre_tl:
-            body.append(line.format(*argn, self=fresh(i)))
-        expr = n.tl.format(*argn, self=fresh(i))
-        if n.helper:
-            params = [f"a{j}" if p.helper_params == "a" else HELPER_CLASH[j] for j in range(len(n.args))]
+        params = [f"a{j}" if p.helper_params == "a" or len(n.args) > len(HELPER_CLASH) else HELPER_CLASH[j]
+                  for j in range(len(n.args))]
+        if n.helper and n.pre_tl:  # a helper holding the node's lines; what they read of the kernel's, passed
+            extra = sorted(set(re.findall(r"\b(?:pid_\d|F\d+)\b", "\n".join(n.pre_tl))))
+            signature = params + [f"{e}: tl.constexpr" if e.startswith("F") else e for e in extra]
+            helpers += ["@triton.jit", f"def h{i}({', '.join(signature)}):"]
+            helpers += [f"    {line.format(*params, self='t')}" for line in n.pre_tl]
+            helpers += [f"    return {n.tl.format(*params, self='t')}", "", ""]
+            expr = f"h{i}({', '.join(argn + extra)})"
+        else:
+            body += [line.format(*argn, self=fresh(i)) for line in n.pre_tl]
+            expr = n.tl.format(*argn, self=fresh(i))
+        if n.helper and not n.pre_tl:
             inner = n.tl.format(*params, self="t")
             if n.helper == 2:
                 helpers += ["@triton.jit", f"def h{i}_inner({', '.join(params)}):", f"    return {inner}", "", ""]
@@ -1175,7 +1857,7 @@ def render(p: Program) -> str:
             body.append(f"{kname[i]} {n.aug}= {argn[1]}")
         else:
             body.append(f"{kname[i]} = {expr}")
-    for s in p.stores:
+    for s in [s for s in p.stores if not s.inside]:  # (a loop's own lines store the others)
         _, offset, mask, _ = layouts[s.name]
         ptr = f"{s.name}_ptr" + (f" + {offset}" if offset else "")
         fn = "tl.atomic_add" if s.atomic else "tl.store"
@@ -1196,7 +1878,7 @@ def render(p: Program) -> str:
     out += ["@triton.jit", f"def kernel({', '.join(params)}):"] + [f"    {line}" for line in prologue + body]
 
     # mirror
-    mir = [f"{s.name} = torch.zeros({tuple(layouts[s.name][0])}, dtype=torch.float64)" for s in p.stores]
+    mir = [f"{s.name} = torch.zeros({tuple(shapes[s.name])}, dtype=torch.float64)" for s in p.stores]
     loop, indent = [], ""
     for g in p.grid_dims:
         loop.append(f"{indent}for pid_{g.axis} in range({g.programs}):")
@@ -1213,7 +1895,7 @@ def render(p: Program) -> str:
         argn = [f"u{a}" for a in n.args]
         body_th += [line.format(*argn, self=f"u{i}") for line in n.pre_th]
         body_th.append(f"u{i} = " + n.th.format(*argn, self=f"u{i}"))
-    for s in p.stores:
+    for s in [s for s in p.stores if not s.inside]:
         index = layouts[s.name][3]
         value = f"u{s.node}"
         if s.kind != nodes[s.node].kind:
@@ -1251,8 +1933,14 @@ def input_shape(p: Program, x: Input) -> tuple[int, ...]:
         return tuple(p.dim(k).size for k in x.dims)
     if x.role == "scalar":
         return (math.prod(p.grid),) if x.per_program else (1,)
+    if x.role == "count":
+        return (math.prod(p.grid),)
     if x.role == "table":
         return (x.vocab, *(p.dim(k).size for k in x.dims))
+    if x.role == "stack":
+        return (x.steps, *(p.dim(k).size for k in x.dims))
+    if x.role == "wide":
+        return (p.dim(x.dims[0]).size, x.steps)
     return (p.dim(x.dims[0]).size,)
 
 

@@ -1,6 +1,6 @@
 """Differential fuzzing of derived backward kernels (issue 5).
 
-Random straight-line kernels (tests/fuzz/generate.py) run forward into NaN-poisoned
+Random kernels with loops and branches (tests/fuzz/generate.py) run forward into NaN-poisoned
 outputs against a plain-PyTorch mirror, then their derived gradients against torch
 autograd on the mirror. A refusal (NotDifferentiableError) is acceptable; a wrong
 value, a crash, or a kernel the generator got wrong is not. On failure hypothesis
