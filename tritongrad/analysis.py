@@ -188,7 +188,8 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis.shapes = infer_shapes(program, tile)
     if not tile:
         trips: dict[str, str] = {}
-        analysis.forms = store_forms(program.body, analysis.shapes, op_of, target_of, bind, trips)
+        analysis.forms = store_forms(program.body, analysis.shapes, op_of, target_of, bind, trips,
+                                     frozenset(params))
         analysis.store_axes = _check_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
                                             analysis.launch_checks, trips)
     from .loops import classify_loops

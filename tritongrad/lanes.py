@@ -71,8 +71,8 @@ def _form(terms: dict, rank: int, affine: bool = True) -> Form:
     return Form(tuple(sorted(kept.items())), rank, affine)
 
 
-def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind, trips: dict[str, str] | None = None
-                ) -> dict[str, Form]:
+def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind, trips: dict[str, str] | None = None,
+                params: frozenset[str] = frozenset()) -> dict[str, Form]:
     """The form of every integer or pointer name computed from lane indices, program ids or loop indices.
 
     A loop's index is a coordinate (``("loop:i", 0)``) whose coefficient is the range's step; so is a
@@ -90,6 +90,8 @@ def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind, trip
             if trips is not None:
                 bounds = [_scalar_text(a, body, op_of, target_of) for a in node.iter.args[:3]]
                 trips[key] = f"len(range({', '.join(f'({b})' for b in bounds)}))"
+                if not _names(trips[key]) <= params:  # a count the launch cannot read (loaded): taken as huge,
+                    trips[key] = str(UNKNOWN_TRIP)  # which apart() accepts only where it cannot matter
             for c in node.tg_carried:
                 step = _advance(c, node, op_of, target_of, forms)
                 if step is not None:
@@ -120,6 +122,13 @@ def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind, trip
             if new is not None:
                 forms[t] = new
     return forms
+
+
+UNKNOWN_TRIP = 1 << 40
+
+
+def _names(text: str) -> set[str]:
+    return {n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)} - {"len", "range"}
 
 
 SCALAR_TEXT = {"add": "({0}) + ({1})", "sub": "({0}) - ({1})", "mul": "({0}) * ({1})", "floordiv": "({0}) // ({1})",

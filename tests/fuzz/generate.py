@@ -26,21 +26,25 @@
   ``@triton.jit`` helpers (nested, returning pairs, with parameters named like kernel
   variables), reassignments and augmented assignments, names like adjoints (``d_v0``);
 - *loops and branches*, each one node whose lines hold the whole statement (the mirror runs
-  the same Python ``for``/``if`` per program): ``for`` over ``range``, ``tl.range`` (with
-  ``num_stages``), ``tl.static_range``, with literal, runtime or constexpr trip counts, start
-  and step variants (from 1, step 2, reversed, none visited), over slabs ``z[t]``
-  (``op_loop``) or column blocks (``op_columns``, LayerNorm-style, ragged last block). The
-  carried state is none (each iteration stored at its own output slab or columns, through an
-  address from the index, a counter or a moving pointer), linear (``h += f``, ``h -= f``,
-  ``tl.dot(x, b, h)``, a branch on the index or a loaded scalar choosing how to add, a
-  ``(BLOCK, BC)`` tile summed after the loop) or nonlinear (``h * a + f`` with ``|a| <= 1.25``,
-  ``sigmoid(h) * f``, ``sin(h) * f``, ``sin(h + f)``, running maxima, overwritten, online
-  logsumexp and attention-style softmax averages); loads through a pointer moving along,
-  nesting (an inner loop summing slabs), the loop index in the arithmetic, every iteration's
+  the same Python ``for``/``if`` per program). ``for`` over ``range``, ``tl.range`` (``step=``,
+  ``num_stages``), ``tl.static_range``; trip counts and steps literal, runtime or constexpr, or
+  loaded per program, or starting or stopping at ``pid % 2``; from 1, step 2, reversed, none
+  visited. ``op_loop`` walks slabs ``z[t]`` of a stacked input (an address from ``t`` or a
+  moving pointer), ``op_columns`` column blocks of a wide one (LayerNorm-style, ragged last
+  block). Carried state: none (each iteration stored at its own output slab or columns, by
+  the index, a counter or a moving pointer, or atomically added into one place); linear
+  (``h += f``, ``h -= f``, ``tl.dot(x, b, h)``, an ``if`` on the index or a loaded scalar
+  choosing how to add, or adding on one side only, a ``(BLOCK, BC)`` tile summed after the
+  loop); nonlinear (``h * a + f`` with ``|a| <= 1.25``, ``sigmoid(h) * f``, ``sin(h) * f``,
+  ``sin(h + f)``, a running maximum, overwritten, an ``if`` on the state's sum, the state read
+  back through ``sigmoid(sum(h))``, online logsumexp and attention-style softmax averages);
+  states wider than what is added (its adjoint unbroadcast every iteration); an inner loop
+  (summing or folding nonlinearly); the index in the arithmetic; every iteration's value or
   state stored. ``op_branch``: ``if``/``elif``/``else`` on a loaded or computed scalar or the
-  program id, or on a constexpr flag or mode, each branch assigning the value (some through
-  loads); or an ``if`` alone replacing a value assigned before it. Intervals are iterated over
-  the trip count, so recurrences stay bounded;
+  program id, or on a constexpr flag or mode; each branch assigns the value (through loads,
+  a loop, a store of it in every branch); or an ``if`` alone replaces a value assigned before
+  it; sometimes all of it in a ``@triton.jit`` helper. Intervals are iterated over the trip
+  count, so recurrences stay bounded;
 - *stores* into one or two outputs: disjoint across programs, or ``tl.atomic_add`` into
   shared elements; of the value's shape or of one it broadcasts to (plus an output for each
   loop or branch value nothing else uses, mostly).
@@ -415,8 +419,10 @@ LINEAR = {"add", "sub", "branch"}  # carried updates that add to the state (the 
 # operation families, by weight; shrinking moves toward the front
 FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["reduce"] * 3 + ["shape"] * 2
             + ["where", "fma", "cast", "dot", "dot", "outer", "gather", "scalar", "iota", "softmax", "scan", "scan",
-               "join"] + ["loop"] * 3 + ["columns"] * 2 + ["branch"] * 2)
+               "join", "loop", "loop", "columns", "branch"])
 MAX_OPS = 12
+MAX_CONTROL = 2  # loops and branches per kernel (each costs the interpreter several plain nodes' time)
+CONTROL = ("loop", "columns", "branch")
 
 # Constructs with an open bug, each pinned by a regression test (name -> test file), which the
 # generator steers around when given `avoid=KNOWN_BUGS` (the CI run; campaigns with
@@ -545,7 +551,11 @@ class Gen:
         self.p.helper_params = d.pick(["a", "a", "clash"])
         self.op_load(first=True)
         for _ in range(d.int(1, MAX_OPS)):
-            getattr(self, "op_" + d.pick(FAMILIES))()
+            family = d.pick(FAMILIES)
+            if family in CONTROL and sum(n.pre_tl != () and n.label.startswith(("loop_", "cols_", "branch_"))
+                                         for n in self.p.nodes) >= MAX_CONTROL:
+                family = "binary"
+            getattr(self, "op_" + family)()
         if d.pick([True, True, False]):  # fold dangling values into the last one, so they reach an output
             used = {a for n in self.p.nodes for a in n.args}
             last = len(self.p.nodes) - 1
@@ -1156,8 +1166,10 @@ class Gen:
                      "reversed": ([f"{n} - 1", "-1", "-1"], [f"{th_n} - 1", "-1", "-1"])}
         else:
             n, constexpr = self.count(slabs)
+            two, two_constexpr = self.count(2) if d.pick([False, True]) else ("2", True)  # a step from an argument
+            constexpr &= two_constexpr
             forms = {"stop": ([n], [slabs]), "zero_stop": (["0", n], [0, slabs]), "from_one": (["1", n], [1, slabs]),
-                     "step_two": (["0", n, "2"], [0, slabs, 2]),
+                     "step_two": (["0", n, two], [0, slabs, 2]),
                      "reversed": ([f"{n} - 1", "-1", "-1"], [slabs - 1, -1, -1])}
             pre = ((), ())
         form = d.pick(list(forms))
@@ -1167,6 +1179,8 @@ class Gen:
         if fn == "tl.static_range" and (dynamic or not constexpr):
             fn = "range"
         tl_args, th_args = forms[form]
+        if fn == "tl.range" and len(tl_args) == 3 and d.pick([False, True]):
+            tl_args = [*tl_args[:2], f"step={tl_args[2]}"]
         stages = ", num_stages=2" if fn == "tl.range" and d.pick([False, False, True]) else ""
         return Range(f"{fn}({', '.join(tl_args)}{stages})", f"range({', '.join(map(str, th_args))})",
                      list(range(slabs)) if dynamic else list(range(*th_args)), tl_args[0] if len(tl_args) > 1 else "0",
@@ -1206,8 +1220,7 @@ class Gen:
         shape, offset, mask, index = output_layout(self.p, kind, atomic)
         return store, shape, offset, mask, index
 
-    def carried(self, form: str, kind, f: tuple[float, float], f_zero, args: list[int], test: tuple[str, str],
-                names: tuple[str, str]):
+    def carried(self, form: str, kind, f_zero, args: list[int], test: tuple[str, str], names: tuple[str, str]):
         """A state ``h`` updated by each iteration's value ``f`` of ``kind`` (named ``names``): its initial
         value (kernel, mirror, interval, zero), its update (kernel and mirror lines), the update of its
         interval for one iteration (taking whether the test holds, None if unknown), zero, and its kind:
@@ -1290,6 +1303,12 @@ class Gen:
             else:
                 tl, th = [f"{h} = tl.sin({h} + {x})"], [f"{h} = torch.sin({h} + {x})"]
                 step = (lambda hv, fv, _: (-1.0, 1.0))
+        elif form == "feedback":  # the state read back through a reduction of itself
+            mask = self.mask_for(kind)
+            total = f"tl.sum(tl.where({mask}, {h}, 0.0))" if mask else f"tl.sum({h})" if kind else h
+            tl = [f"{h} = {h} * 0.5 + tl.sigmoid({total}) * {x}"]
+            th = [f"{h} = {h} * 0.5 + torch.sigmoid({h}.sum()) * {x}"]
+            step = (lambda hv, fv, _: add((hv[0] * 0.5, hv[1] * 0.5), mul_iv((0.0, 1.0), fv)))
         elif form == "max":
             tl, th = [f"{h} = tl.maximum({h}, {x})"], [f"{h} = torch.maximum({h}, {x})"]
             step = (lambda hv, fv, _: (max(hv[0], fv[0]), max(hv[1], fv[1])))
@@ -1302,11 +1321,12 @@ class Gen:
     def op_loop(self):
         """A `for` loop over the slabs z[t] of a stacked input (each of the tile's shape, or of one of its axes,
         or one scalar), carrying a state h: none (each iteration's value stored at its own slab of an output),
-        linear (h += f, h -= f, or a branch on the index or on a loaded scalar choosing how to add), or
-        nonlinear (h * a + f, squashed, a running maximum, overwritten, an online logsumexp along an axis).
-        The value may be summed per iteration by an inner loop (nesting) or be a tl.dot with the slab."""
+        linear (``carried``: h += f, h -= f, a branch choosing how to add), or nonlinear (``carried``, or an
+        online logsumexp along an axis). Each iteration's value f may come from an inner loop over slabs
+        (nesting) or a tl.dot with the slab."""
         d = self.d
-        form = d.pick(["add", "none", "affine", "sub", "branch", "squash", "online", "max", "overwrite", "gate"])
+        form = d.pick(["add", "none", "affine", "sub", "branch", "squash", "online", "max", "overwrite", "gate",
+                       "feedback"])
         big = [x.name for x in self.p.dims if x.block >= 16]
         source = d.pick(["slab", "slab", "nested", "dot"])
         if source == "dot" and (len(big) < 2 or form in ("online", "none")):  # (x @ x^T is not storable)
@@ -1329,16 +1349,19 @@ class Gen:
         x_lo, x_hi = hull(-INPUT_BOUND, INPUT_BOUND, other)
         x_zero = tuple(other == 0.0 for _ in dims)
         walk = source == "slab" and d.pick([False, False, True])  # a pointer moving along instead of t's address
-        if source == "nested":  # x: the sum of `inner` slabs, by an inner loop
+        if source == "nested":  # x: `inner` slabs summed (or folded nonlinearly) by an inner loop
             u, _ = self.count(inner)
             inner_fn = d.pick(["range", "tl.range"] + ["tl.static_range"] * (not u.startswith("T")))
             tl_x, th_x = self.slab_load(inp, self.slab_address(inp, f"({t} * {u} + {{self}}_u)"),
                                         f"{t} * {inner} + {{self}}_u", other)
+            affine = d.pick([False, True])
             body_tl += [f"{{self}}_x = tl.zeros({self.shape_tl(dims)}, dtype=tl.float64)",
-                        f"for {{self}}_u in {inner_fn}({u}):", f"    {{self}}_x += {tl_x}"]
+                        f"for {{self}}_u in {inner_fn}({u}):",
+                        f"    {{self}}_x = {{self}}_x * 0.5 + {tl_x}" if affine else f"    {{self}}_x += {tl_x}"]
             body_th += [f"{{self}}_x = torch.zeros({self.shape_th(dims)}, dtype=torch.float64)",
-                        f"for {{self}}_u in range({inner}):", f"    {{self}}_x = {{self}}_x + {th_x}"]
-            x_lo, x_hi = inner * x_lo, inner * x_hi
+                        f"for {{self}}_u in range({inner}):",
+                        f"    {{self}}_x = {{self}}_x{' * 0.5' if affine else ''} + {th_x}"]
+            x_lo, x_hi = inner * x_lo, inner * x_hi  # (a bound for both)
         else:
             if walk:
                 pre_tl.append(f"{{self}}_p = {self.slab_address(inp, f'({it.start})')}")
@@ -1433,7 +1456,7 @@ class Gen:
             zero, value_kind, stored = (), out, "{self}_m"
         else:
             (init_tl, init_th, h_iv, _), up_tl, up_th, update, zero, value_kind = self.carried(
-                form, kind, f_iv, f_zero, args, test, ("{self}_h", "{self}_f"))
+                form, kind, f_zero, args, test, ("{self}_h", "{self}_f"))
             acc = source == "dot" and form == "add" and value_kind == kind and d.pick([False, True])
             if acc:  # tl.dot(x, b, h)
                 body_tl.pop()
@@ -1495,9 +1518,9 @@ class Gen:
         d = self.d
         a = d.pick(self.p.dims)
         bc = d.pick([8, 4, 16])
-        width = d.pick([2 * bc + 3, bc, 2 * bc - 1, bc - 1, 1])
+        width = d.pick([2 * bc - 1, bc, 2 * bc + 3, 1, bc - 1])
         form = d.pick(["sum", "tile", "online", "none", "max"])
-        update = d.pick(["add", "affine", "branch", "squash", "sub", "max", "overwrite", "gate"])
+        update = d.pick(["add", "affine", "branch", "squash", "sub", "max", "overwrite", "gate", "feedback"])
         uniform = form in ("online", "max") or update == "gate"
         inp = self.new_input("wide", (a.name,), "uniform" if uniform else self.dist(), steps=width)
         L, constexpr = self.count(width)
@@ -1595,7 +1618,7 @@ class Gen:
             if header == "blocks":
                 test = ("{self}_b % 2 == 0", f"{{self}}_c % {2 * bc} == 0")
             (init_tl, init_th, h_iv, _), up_tl, up_th, step, zero, kind = self.carried(
-                update, kind, f_iv, (False,), args, test, ("{self}_h", "{self}_f"))
+                update, kind, (False,), args, test, ("{self}_h", "{self}_f"))
             pre_tl.insert(0, f"{{self}}_h = {init_tl}")
             pre_th.insert(0, f"{{self}}_h = {init_th}")
             body_tl += up_tl
@@ -1656,12 +1679,34 @@ class Gen:
         th = " + ".join([f"pid_{g.axis} * {h.programs}" for g in gd[:-1] for h in gd[1:]] + [f"pid_{gd[-1].axis}"])
         return tl, th
 
-    def alternative(self, kind, args: list[int]) -> tuple[str, str, float, float, tuple]:
-        """One branch's value of ``kind``, from ``{x}`` (the branch's operand) and maybe a load or another
-        value: kernel, mirror, interval, zero."""
+    def alternative(self, kind, args: list[int]) -> tuple[list[str], list[str], float, float, tuple]:
+        """One branch's lines assigning ``{self}_r``, a value of ``kind`` from ``{x}`` (the branch's operand)
+        and maybe a load, a loop or another value: kernel, mirror, interval, zero."""
         d = self.d
         x = self.p.nodes[args[0]]
-        how = d.pick(["unary", "binary", "load", "const"])
+        how = d.pick(["unary", "binary", "load", "const", "loop"])
+        if how == "loop" and list(kind) in [self.real_dims(), []] + [[k] for k in self.real_dims()]:
+            slabs = d.int(1, 3)  # a loop over slabs, added (or folded nonlinearly) into the operand
+            inp = self.new_input("stack", kind, self.dist(), steps=slabs)
+            other = d.pick(OTHERS)
+            tl, th = self.slab_load(inp, self.slab_address(inp, "{self}_t"), "{self}_t", other)
+            n, _ = self.count(slabs)
+            affine = d.pick([False, True])
+            lo, hi = x.lo, x.hi
+            load = hull(-INPUT_BOUND, INPUT_BOUND, other)
+            for _ in range(slabs):
+                lo, hi = (lo * 0.5 + load[0], hi * 0.5 + load[1]) if affine else (lo + load[0], hi + load[1])
+            step = "{self}_r = {self}_r * 0.5 + " if affine else "{self}_r += "
+            return (["{self}_r = {x}", f"for {{self}}_t in range({n}):", f"    {step}{tl}"],
+                    ["{self}_r = {x}", f"for {{self}}_t in range({slabs}):",
+                     f"    {{self}}_r = {{self}}_r{' * 0.5' if affine else ''} + {th}"], lo, hi, ())
+        tl, th, lo, hi, zero = self.expression(kind, args, "unary" if how == "loop" else how)
+        return [f"{{self}}_r = {tl}"], [f"{{self}}_r = {th}"], lo, hi, zero
+
+    def expression(self, kind, args: list[int], how: str) -> tuple[str, str, float, float, tuple]:
+        """A value of ``kind`` from ``{x}``, the node ``args[0]`` (unary, binary, a load, a constant)."""
+        d = self.d
+        x = self.p.nodes[args[0]]
         if how == "load":
             load = self.plain_load(kind)
             if load is not None:
@@ -1709,18 +1754,27 @@ class Gen:
         if branches == 1:  # the `if` replaces the value assigned before it
             pre_tl.append("{self}_r = {0}")
             pre_th.append("{self}_r = {0}")
-            values.append(("", "", na.lo, na.hi, na.zero))
+            values.append(([], [], na.lo, na.hi, na.zero))
             x = "{self}_r"
+        store = None
+        if branches > 1 and storable(kind) and d.pick([False, False, False, True]):  # stored in every branch
+            store, _, offset, mask, index = self.loop_output(kind)
+            address = f"{store.name}_ptr" + (f" + {offset}" if offset else "")
         for j, (tl, th, *_) in enumerate(values[:len(tests) + 1] if branches > 1 else values[:1]):
             head = f"if {tests[0]}:" if j == 0 else f"elif {tests[j]}:" if j < len(tests) else "else:"
             th_head = f"if {th_tests[0]}:" if j == 0 else f"elif {th_tests[j]}:" if j < len(tests) else "else:"
-            pre_tl += [head, f"    {{self}}_r = {tl.replace('{x}', x)}"]
-            pre_th += [th_head, f"    {{self}}_r = {th.replace('{x}', x)}"]
+            if store is not None:
+                tl = tl + [f"tl.store({address}, {{self}}_r" + (f", mask={mask})" if mask else ")")]
+            pre_tl += [head] + [f"    {line.replace('{x}', x)}" for line in tl]
+            pre_th += [th_head] + [f"    {line.replace('{x}', x)}" for line in th]
+        if store is not None:
+            pre_th.append(f"{store.name}[{index}] = {{self}}_r")
         lo, hi = hull(*[v[2] for v in values], *[v[3] for v in values])
         zero = tuple(all(z) for z in zip(*[v[4] or (False,) * len(kind) for v in values], strict=True)) if kind else ()
         how = ("pid" if "pid_" in tests[0] else "constexpr" if tests[0].startswith("F") else
                "computed" if reads else "loaded")
-        helper = "tl.load" not in "\n".join(pre_tl) and d.pick([False, False, True])  # in a @triton.jit helper
+        text = "\n".join(pre_tl)
+        helper = "tl.load" not in text and "tl.store" not in text and d.pick([False, False, True])  # in a helper
         self.push(Node(kind, lo, hi, "{self}_r", "{self}_r", tuple(args), f"branch_{how}_{branches}" + (
             "_helper" if helper else ""), helper=int(helper), pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=zero))
 
