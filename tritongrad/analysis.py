@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .errors import NotDifferentiableError
 from .frontend import Op, Origin, Program, refuse, triton_language_name
 from .ir import child_blocks, reads, statements, structured
-from .lanes import check_store, descriptor_form, enclosing_loops, mask_bounds, store_forms
+from .lanes import check_store, descriptor_form, enclosing_loops, mask_bounds, store_forms, with_scalars_written_out
 from .rules import LOADS, MAKE_DESCRIPTOR, MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES, rule_of
 
 Shape = tuple[str, ...] | None  # None: unknown
@@ -192,6 +192,8 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
                                      frozenset(params))
         analysis.store_axes = _check_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
                                             analysis.launch_checks, trips)
+        analysis.launch_checks = [with_scalars_written_out(c, program.body, op_of, target_of)
+                                  for c in analysis.launch_checks]
     from .loops import classify_loops
     analysis.loops = classify_loops(analysis)
     return analysis

@@ -37,6 +37,7 @@ import ast
 import collections
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass
 
 from .frontend import refuse
@@ -143,7 +144,21 @@ def _scalar_text(atom: ast.expr, body, op_of, target_of, depth: int = 0) -> str:
         if len(defs) == 1 and op_of(defs[0]).kind in SCALAR_TEXT:
             args = [_scalar_text(a, body, op_of, target_of, depth + 1) for a in op_of(defs[0]).args]
             return SCALAR_TEXT[op_of(defs[0]).kind].format(*args)
+        if len(defs) == 1 and op_of(defs[0]).kind == "num_programs":
+            axis = (op_of(defs[0]).args or [op_of(defs[0]).kwargs.get("axis")])[0]
+            if isinstance(axis, ast.Constant) and isinstance(axis.value, int):
+                return f"_grid[{axis.value}]"
     return ast.unparse(atom)
+
+
+def with_scalars_written_out(check: LaunchCheck, body, op_of, target_of) -> LaunchCheck:
+    """``check`` with the kernel's integer temporaries in its condition written over its parameters and
+    the grid (``num_programs_1`` -> ``_grid[1]``), so the launch can evaluate it."""
+    def expand(m: re.Match) -> str:
+        text = _scalar_text(ast.Name(m.group(0)), body, op_of, target_of)
+        return m.group(0) if text == m.group(0) else f"({text})"
+
+    return dataclasses.replace(check, condition=re.sub(r"\b[A-Za-z_]\w*\b", expand, check.condition))
 
 
 def _range_step(call: ast.Call) -> Coefficient:
