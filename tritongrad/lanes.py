@@ -406,6 +406,8 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, op_of, shape
 def _starts_at_zero(atom: ast.expr, defs: dict, op_of) -> bool:
     """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids (a
     carried ``cols += BLOCK`` too: its steps are the loop's coordinate)."""
+    if isinstance(atom, ast.Constant):
+        return atom.value == 0
     if not isinstance(atom, ast.Name):
         return False
     loops = [d for d in defs.get(atom.id, []) if isinstance(d, ast.For)]
