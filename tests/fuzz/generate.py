@@ -63,7 +63,7 @@ float32 casts). ``regression_source`` turns a module into a regression test.
 Extending: add a family to ``FAMILIES`` and a ``Gen.op_*`` method producing nodes; a node's
 template may span several lines (``pre_tl``/``pre_th``, indented as needed, their names built
 on ``{self}``), as loops and branches do; a store a node's own lines make is a ``Store`` with
-``lead`` or ``tail`` (``Gen.loop_output``).
+``inside`` set (``Gen.loop_output``).
 """
 
 from __future__ import annotations
@@ -1156,9 +1156,9 @@ class Gen:
                                                                            ["0", f"{slabs} - {start}"])}
             pre: tuple[tuple[str, ...], ...] = ((), ())
         elif dynamic:  # a trip count from loaded data (0 to slabs)
-            count = self.new_input("count", (), "index", vocab=slabs + 1)
+            counts = self.new_input("count", (), "index", vocab=slabs + 1)
             tl_pid, th_pid = self.program_index()
-            n, th_n = f"tl.load({count.ptr} + {tl_pid})", f"int({count.name}[{th_pid}])"
+            n, th_n = f"tl.load({counts.ptr} + {tl_pid})", f"int({counts.name}[{th_pid}])"
             pre = ((), ())
             if d.pick([False, True]):
                 pre, n, th_n = (("{self}_n = " + n,), ("{self}_n = " + th_n,)), "{self}_n", "{self}_n"
