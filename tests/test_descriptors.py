@@ -15,7 +15,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.testing import backward_launch, poison
+from tritongrad.testing import assert_gradients_match, backward_launch, poison
 
 pytestmark = pytest.mark.skipif(not hasattr(tl, "make_tensor_descriptor"),
                                 reason="this Triton has no tl.make_tensor_descriptor")
@@ -35,11 +35,7 @@ def check(kernel, grid, args, meta, out, want, leaves, names, tol=TOL, forward=T
     if forward:
         kernel[grid](*args, **meta)
         torch.testing.assert_close(out, want.detach(), **tol)
-    d_out = torch.randn_like(out)
-    output = next(p for p, a in zip(kernel.arg_names, args, strict=False) if a is out)
-    got = backward_launch(kernel, grid, args, meta, {output: d_out})
-    for name, w in zip(names, torch.autograd.grad(want, leaves, d_out), strict=True):
-        torch.testing.assert_close(got[name], w, **tol, msg=lambda m, n=name: f"d_{n}: {m}")
+    assert_gradients_match(kernel, grid, args, meta, out, want, leaves, names, tol=tol["rtol"])
 
 
 @triton.jit

@@ -58,3 +58,19 @@ def backward_launch(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping
         shadows[shadow] = buffer
     bwd[grid](**named, **shadows, **options)
     return {w: shadows[bwd.shadow_params[w]].to(named[w].dtype) for w in bwd.wrt}
+
+
+def assert_gradients_match(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+                           out: torch.Tensor, want: torch.Tensor, leaves: Sequence[torch.Tensor],
+                           names: Sequence[str], tol: float = 1e-10, d_out: torch.Tensor | None = None) -> None:
+    """The derived gradients of one launch against torch autograd's on a reference.
+
+    ``out`` is the output tensor in ``args``; ``want`` the reference's value of it, computed
+    from ``leaves`` (the inputs passed as the parameters ``names``). The upstream gradient is
+    random unless given.
+    """
+    d_out = torch.randn_like(out) if d_out is None else d_out
+    output = next(p for p, a in zip(unwrap(kernel).arg_names, args, strict=False) if a is out)
+    got = backward_launch(kernel, grid, args, kwargs, {output: d_out})
+    for name, w in zip(names, torch.autograd.grad(want, leaves, d_out), strict=True):
+        torch.testing.assert_close(got[name], w, rtol=tol, atol=tol, msg=lambda m, n=name: f"d_{n}: {m}")
