@@ -62,8 +62,9 @@ def rewrite_block_pointers(fdef: ast.FunctionDef, scope: dict[str, Any], origin)
     names = _language_names(fdef, scope)
     if MAKE not in names.values():
         return fdef
-    fdef = copy.deepcopy(fdef)
-    names = _language_names(fdef, scope)
+    copies: dict[int, Any] = {}
+    fdef = copy.deepcopy(fdef, copies)  # the rewrite changes the tree: the caller's stays as it was
+    names = {id(copies[k]): name for k, name in names.items()}  # the same calls, in the copy
     return _Rewriter(names, origin, {n.id for n in ast.walk(fdef) if isinstance(n, ast.Name)}).rewrite(fdef)
 
 
