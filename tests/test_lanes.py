@@ -6,7 +6,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritongrad.lanes import apart
+from tritongrad.checks import apart
 
 coordinates = st.lists(st.tuples(st.integers(-12, 12), st.integers(1, 5)), min_size=1, max_size=4)
 

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad import derive
+from tritongrad import derive, replay
 from tritongrad import tape as tapes
 from tritongrad.examples import EXAMPLES
 from tritongrad.tape import OpError
@@ -203,8 +203,8 @@ class _Spy:
 def derived(monkeypatch):
     """The backward kernels the tape launches, in order."""
     calls = []
-    real = tapes.grad
-    monkeypatch.setattr(tapes, "grad", lambda kernel, wrt, outputs: _Spy(real(kernel, wrt, outputs), calls))
+    real = replay.grad
+    monkeypatch.setattr(replay, "grad", lambda kernel, wrt, outputs: _Spy(real(kernel, wrt, outputs), calls))
     return calls
 
 
@@ -661,8 +661,8 @@ def test_stray_gradients_are_looked_for_in_the_first_backward_of_a_layout_only(m
         return chain.__wrapped__(x, w)
 
     checks = []
-    real = tapes.Tape._check_strays
-    monkeypatch.setattr(tapes.Tape, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
+    real = replay.Replay._check_strays
+    monkeypatch.setattr(replay.Replay, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
     x, w = rand(61), rand(61)
     inputs = check(chain_once, chain_ref, x, w)
     assert len(checks) == 2 and inputs[0].grad._base is None  # one per launch replayed; not views of padded buffers

@@ -20,10 +20,28 @@ import ast
 from dataclasses import dataclass, field
 
 from .errors import NotDifferentiableError
-from .frontend import Op, Origin, Program, refuse, triton_language_name
-from .ir import child_blocks, reads, statements, structured
+from .ir import (
+    Op,
+    Program,
+    address_names,
+    arguments,
+    child_blocks,
+    definitions,
+    loops,
+    names_in,
+    op_of,
+    reads,
+    refuse,
+    statements,
+    stored_value,
+    structured,
+    target_of,
+    value_args,
+    where,
+)
 from .lanes import check_store, descriptor_form, enclosing_loops, mask_bounds, store_forms, with_scalars_written_out
-from .rules import LOADS, MAKE_DESCRIPTOR, MEMORY, NONDIFFERENTIABLE, POINTER_PRESERVING, RULES, STORES, rule_of
+from .operations import LOADS, OPERATIONS, STORES, operation_of
+from .source import triton_language_name
 
 Shape = tuple[str, ...] | None  # None: unknown
 
@@ -41,81 +59,11 @@ class Analysis:
     defs: dict[str, list[ast.stmt]] = field(default_factory=dict)  # name -> its definitions
     shapes: dict[str, Shape] = field(default_factory=dict)
     store_axes: dict[str, set[int]] = field(default_factory=dict)  # output -> program axes its addresses use
-    loops: dict[int, object] = field(default_factory=dict)  # id(for node) -> loops.LoopPlan
     forms: dict[str, object] = field(default_factory=dict)  # address name -> lanes.Form (kernels only)
-    launch_checks: list = field(default_factory=list)  # lanes.LaunchCheck: conditions on a launch's arguments
+    launch_checks: list = field(default_factory=list)  # checks.LaunchCheck: conditions on a launch's arguments
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
-
-
-def op_of(stmt: ast.stmt) -> Op:
-    return stmt.tg_op
-
-
-def target_of(stmt: ast.stmt) -> str | None:
-    if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
-        return stmt.targets[0].id
-    return None
-
-
-def where(stmt: ast.stmt) -> Origin:
-    return stmt.tg_where
-
-
-def bind(stmt: ast.stmt) -> dict[str, ast.expr]:
-    """The statement's arguments by parameter name, for operations with a known signature."""
-    op = op_of(stmt)
-    rule = rule_of(op)
-    sig = MEMORY.get(op.kind) or (rule.signature if rule is not None else None)
-    if op.kind == "make_tensor_descriptor":
-        sig = MAKE_DESCRIPTOR
-    if sig is None:
-        return {}
-    try:
-        return sig.bind(op.args, op.kwargs)
-    except TypeError as e:
-        raise refuse(where(stmt), f"the call to `{op.kind}`: {e}",
-                     "check the arguments against Triton's signature") from e
-
-
-def address_names(stmt: ast.stmt) -> list[str]:
-    """Names a memory operation's addresses are computed from: the pointer (or descriptor) and offsets."""
-    b = bind(stmt)
-    return names_in(b["pointer"]) + names_in(b.get("offsets", ast.Constant(None)))
-
-
-def stored_value(stmt: ast.stmt) -> ast.expr:
-    """The value a store or atomic writes."""
-    b = bind(stmt)
-    return b["value"] if "value" in b else b["val"]
-
-
-def names_in(atom: ast.expr) -> list[str]:
-    """Names whose values an argument uses (not metadata such as ``x.shape``)."""
-    if isinstance(atom, ast.Name):
-        return [atom.id]
-    if isinstance(atom, (ast.Tuple, ast.List)):
-        return [n for e in atom.elts for n in names_in(e)]
-    return []
-
-
-def value_args(stmt: ast.stmt) -> list[str]:
-    op = op_of(stmt)
-    return [n for a in [*op.args, *op.kwargs.values()] for n in names_in(a)]
-
-
-def definitions(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
-    """Name -> the statements assigning it (a loop's index: the loop)."""
-    defs: dict[str, list[ast.stmt]] = {}
-    for s in statements(body):
-        t = target_of(s)
-        if t is not None:
-            defs.setdefault(t, []).append(s)
-    for node in structured(body):
-        if isinstance(node, ast.For):
-            defs.setdefault(node.target.id, []).append(node)
-    return defs
 
 
 def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, ...] | None,
@@ -162,9 +110,9 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
 
     for s in body:
         kind = op_of(s).kind
-        if kind not in MEMORY:
+        if operation_of(op_of(s)).memory is None:
             continue
-        address = bind(s)["pointer"]
+        address = arguments(s)["pointer"]
         if not isinstance(address, ast.Name):
             raise refuse(where(s), f"`{kind}` from the address `{ast.unparse(address)}`",
                          "load and store through pointer arguments")
@@ -172,8 +120,8 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         mark_chain(address.id, base)
         (loads if kind in LOADS else stores).setdefault(base, []).append(s)
 
-    feeds_address = _feeds_addresses(body, defs, [f for f in structured(program.body) if isinstance(f, ast.For)])
-    index_pointers = {pointer_base[bind(s)["pointer"].id] for s in body
+    feeds_address = _feeds_addresses(body, defs, loops(program.body))
+    index_pointers = {pointer_base[arguments(s)["pointer"].id] for s in body
                       if op_of(s).kind in LOADS and target_of(s) in feeds_address}
 
     # -- what to differentiate ------------------------------------------------------------
@@ -187,35 +135,23 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.shapes = infer_shapes(program, tile)
     if not tile:
-        trips: dict[str, str] = {}
-        analysis.forms = store_forms(program.body, analysis.shapes, op_of, target_of, bind, trips,
-                                     frozenset(params))
-        analysis.store_axes = _check_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
-                                            analysis.launch_checks, trips)
-        analysis.launch_checks = [with_scalars_written_out(c, program.body, op_of, target_of)
-                                  for c in analysis.launch_checks]
-    from .loops import classify_loops
-    analysis.loops = classify_loops(analysis)
+        trips: dict = {}  # loop coordinate -> its trip count (lanes.store_forms)
+        analysis.forms = store_forms(program.body, analysis.shapes, trips, frozenset(params))
+        analysis.store_axes = check_output_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
+                                                  analysis.launch_checks, trips)
+        analysis.launch_checks = [with_scalars_written_out(c, program.body) for c in analysis.launch_checks]
     return analysis
 
 
 def _pointer_positions(stmt: ast.stmt) -> set[int]:
     """Argument positions through which a pointer may flow without making it a scalar use."""
-    kind = op_of(stmt).kind
-    if kind in MEMORY:
-        return {0}
-    if kind in POINTER_PRESERVING or kind == "sub":
-        return {0}
-    if kind == "add":
-        return {0, 1}
-    if kind == "where":
-        return {1, 2}
-    return set()
+    operation = operation_of(op_of(stmt))
+    return {0} if operation.memory is not None else set(operation.pointer_args)
 
 
 def _pointer_operands(stmt: ast.stmt) -> list[str]:
     op = op_of(stmt)
-    if op.kind in MEMORY:
+    if operation_of(op).memory is not None:
         return []
     return [n for i in _pointer_positions(stmt) if i < len(op.args) for n in names_in(op.args[i])]
 
@@ -240,8 +176,8 @@ def _feeds_addresses(body: list[ast.stmt], defs: dict[str, ast.stmt], loops: lis
     seen: set[str] = set()
     work = [n for f in loops for n in reads(f.iter)]
     for s in body:
-        if op_of(s).kind in MEMORY:
-            work += address_names(s) + names_in(bind(s).get("mask", ast.Constant(None)))
+        if operation_of(op_of(s)).memory is not None:
+            work += address_names(s) + names_in(arguments(s).get("mask", ast.Constant(None)))
     while work:
         n = work.pop()
         if n in seen:
@@ -281,8 +217,8 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads
     return wrt, outputs
 
 
-def _check_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips
-                  ) -> dict[str, set[int]]:
+def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips
+                        ) -> dict[str, set[int]]:
     """Refuse stores whose adjoint would be wrong; return the program axes each output's addresses use.
 
     A store's adjoint hands the output's gradient to the stored value. That is right only
@@ -295,7 +231,7 @@ def _check_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_c
     loaded = _downstream(body, {target_of(s) for s in statements(body) if op_of(s).kind in LOADS})
     axes_of = _program_axes(body)
     paths = _branch_paths(body)
-    loops = enclosing_loops(body)
+    around = enclosing_loops(body)
     defs = definitions(body)
     store_axes = {}
     for output in outputs:
@@ -312,13 +248,13 @@ def _check_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_c
                 raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
                              "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
             if op_of(s).kind == "store":
-                address = bind(s)["pointer"].id
-                bounds = mask_bounds(bind(s)["mask"], forms, defs, op_of, shapes, bind)
-                launch_checks += check_store(s, forms.get(address), output, shapes.get(address), loops[id(s)], bounds,
-                                             trips)
+                address = arguments(s)["pointer"].id
+                bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes)
+                launch_checks += check_store(s, forms.get(address), output, shapes.get(address), around[id(s)],
+                                             bounds, trips)
             else:  # a descriptor's block: its lanes are apart, its offsets may not be
-                form = descriptor_form(bind(s)["offsets"].elts, forms)
-                launch_checks += check_store(s, form, output, shapes.get(bind(s)["pointer"].id), loops[id(s)],
+                form = descriptor_form(arguments(s)["offsets"].elts, forms)
+                launch_checks += check_store(s, form, output, shapes.get(arguments(s)["pointer"].id), around[id(s)],
                                              trips=trips)
         if plain:  # tl.atomic_add outputs accumulate: programs may share elements
             store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
@@ -377,14 +313,15 @@ def _program_axes(body: list[ast.stmt]) -> dict[str, set[int]]:
     """For each name, the program-id axes its value depends on."""
     def step(sources, stmt, facts):
         if not isinstance(stmt, ast.For) and op_of(stmt).kind == "program_id":
-            axis = bind_program_axis(op_of(stmt))
+            axis = program_axis(op_of(stmt))
             return {axis} if axis is not None else {0, 1, 2}
         return set().union(*[facts.get(n, set()) for n in sources])
 
     return _fixpoint(body, step)
 
 
-def bind_program_axis(op: Op) -> int | None:
+def program_axis(op: Op) -> int | None:
+    """The axis of a ``tl.program_id(axis)`` (None: not a literal)."""
     axis = op.args[0] if op.args else op.kwargs.get("axis")
     return axis.value if isinstance(axis, ast.Constant) and isinstance(axis.value, int) else None
 
@@ -401,12 +338,12 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
                 continue
             op = op_of(s)
             if op.kind in LOADS:
-                if any(n in varied for n in names_in(bind(s).get("other", ast.Constant(None)))):
+                if any(n in varied for n in names_in(arguments(s).get("other", ast.Constant(None)))):
                     raise refuse(where(s), "a load whose `other` value depends on the differentiated inputs",
                                  "use a constant `other` and tl.where after the load")
-                if pointer_base[bind(s)["pointer"].id] not in wrt:
+                if pointer_base[arguments(s)["pointer"].id] not in wrt:
                     continue
-            elif op.kind in NONDIFFERENTIABLE or _is_int_cast(s, program):
+            elif operation_of(op).no_gradient or _is_int_cast(s, program):
                 continue
             elif not any(n in varied for n in value_args(s)):
                 continue
@@ -419,7 +356,7 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
         work += [n for r in program.returns for n in names_in(r)]
     for s in body:
         kind = op_of(s).kind
-        if kind in STORES and pointer_base[bind(s)["pointer"].id] in outputs:
+        if kind in STORES and pointer_base[arguments(s)["pointer"].id] in outputs:
             work += names_in(stored_value(s))
     while work:
         n = work.pop()
@@ -428,18 +365,19 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
         useful.add(n)
         for s in defs.get(n, []):
             op = op_of(s)
-            if target_of(s) is None or op.kind in NONDIFFERENTIABLE:  # `acc = tl.zeros(...)` before a loop
+            operation = operation_of(op)
+            if target_of(s) is None or operation.no_gradient:  # `acc = tl.zeros(...)` before a loop
                 continue
-            rule = rule_of(op)
-            if rule is None and op.kind not in LOADS:
+            if not operation.has_rule and op.kind not in LOADS:
                 raise _no_rule(s)
             if op.kind == "pow":
-                b = bind(s)["b"]
+                b = arguments(s)["b"]
                 if names_in(b) and any(x in varied for x in names_in(b)):
                     raise refuse(where(s), "`**` with an exponent that depends on the inputs",
                                  "use tl.exp(b * tl.log(a)) for a variable exponent")
-            if rule is not None:  # parameters without an adjoint (axis, condition, dtype) are discrete
-                work += [n for param, arg in bind(s).items() if param in rule.adjoints for n in names_in(arg)]
+            if operation.has_rule:  # parameters without an adjoint (axis, condition, dtype) are discrete
+                work += [n for param, arg in arguments(s).items() if param in operation.adjoints
+                         for n in names_in(arg)]
     return varied & useful
 
 
@@ -459,7 +397,7 @@ def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:
                 "scan as a loop")
     if op.kind == "cat":
         hint = "concatenate with tl.join (then tl.permute / tl.reshape), whose element order is defined"
-    if op.kind in MEMORY or op.kind in STORES:
+    if operation_of(op).memory is not None:
         hint = "the result of an atomic operation cannot be differentiated"
     return refuse(where(stmt), f"{what} (no derivative rule)", hint)
 
@@ -476,7 +414,7 @@ def _is_int_cast(stmt: ast.stmt, program: Program) -> bool:
     op = op_of(stmt)
     if op.kind not in ("to", "cast"):
         return False
-    dtype = bind(stmt)["dtype"]
+    dtype = arguments(stmt)["dtype"]
     return ast.unparse(dtype).startswith(INT_DTYPES) or ast.unparse(dtype) == "tl.int1"
 
 
@@ -499,9 +437,9 @@ def infer_shapes(program: Program, tile: bool = False) -> dict[str, Shape]:
     for node in structured(program.body):
         if isinstance(node, ast.For):
             shapes[node.target.id] = ()
-            fixed |= {c.name for c in node.tg_carried}
-        elif not node.tg_static:
-            fixed |= set(node.tg_merges)
+            fixed |= {c.name for c in node.tg.carried}
+        elif not node.tg.static:
+            fixed |= set(node.tg.merges)
     for s in statements(program.body):
         t = target_of(s)
         if t is None:
@@ -539,7 +477,7 @@ def broadcast(*shapes: Shape) -> Shape:
 def _shape_of(stmt: ast.stmt, of) -> Shape:
     op = op_of(stmt)
     kind = op.kind
-    b = bind(stmt)
+    b = arguments(stmt)
     if kind in ("program_id", "num_programs", "cdiv"):
         return ()
     if kind == "arange":
@@ -597,7 +535,6 @@ def _shape_of(stmt: ast.stmt, of) -> Shape:
     if kind in ("to", "cast", "cumsum", "cumprod"):
         return of(b["input"])
     if kind in ("copy", "neg", "pos", "not_", "invert") or (
-            kind in RULES and RULES[kind].elementwise) or kind in (
-            "lt", "le", "gt", "ge", "eq", "ne", "and_", "or_", "xor", "floordiv", "mod", "lshift", "rshift"):
+            kind in OPERATIONS and OPERATIONS[kind].elementwise):  # not a custom rule's: its helper may reduce
         return broadcast(*[of(a) for a in op.args if not isinstance(a, (ast.Tuple, ast.List))])
     return None

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import NotDifferentiableError
+from .source import triton_language_name
 
 MAKE = "make_block_ptr"
 MAKE_PARAMS = ("base", "shape", "strides", "offsets", "block_shape", "order")
@@ -70,8 +71,6 @@ def rewrite_block_pointers(fdef: ast.FunctionDef, scope: dict[str, Any], origin)
 
 def _language_names(fdef: ast.FunctionDef, scope: dict[str, Any]) -> dict[int, str]:
     """id(call node) -> ``"make_block_ptr"``, ``"advance"``, ``"load"`` or ``"store"`` for calls of those."""
-    from .frontend import triton_language_name
-
     found = {}
     for node in ast.walk(fdef):
         if isinstance(node, ast.Call):

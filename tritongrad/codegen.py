@@ -18,17 +18,11 @@ import triton
 import triton.language as tl
 
 from . import language as tg
-from .frontend import Program
-from .reverse import Reversed
+from .ir import Program
+from .operations import operation_of
+from .reverse import BackwardBody
 
 HEADER = "import triton\nimport triton.language as tl\nimport tritongrad.language as tg\n"
-
-
-# operations cheap and pure enough to write back into their uses (the compiler dedupes them)
-FOLDABLE_KINDS = {"add", "sub", "mul", "truediv", "floordiv", "mod", "neg", "pos", "not_", "invert", "lt", "le",
-                  "gt", "ge", "eq", "ne", "and_", "or_", "xor", "lshift", "rshift", "boolop", "ifexp",
-                  "subscript", "program_id", "num_programs", "arange", "cdiv", "copy", "expand_dims",
-                  "broadcast_to", "reshape", "trans", "to", "cast", "multiple_of", "max_contiguous"}
 
 
 def fold_temporaries(body: list[ast.stmt], foldable: set[str], reassigned: set[str] = frozenset()) -> list[ast.stmt]:
@@ -36,7 +30,7 @@ def fold_temporaries(body: list[ast.stmt], foldable: set[str], reassigned: set[s
 
     ``row_times_stride = row * stride; x = tl.load(x_ptr + row_times_stride)`` reads
     again as ``x = tl.load(x_ptr + row * stride)``. Only names without adjoints, and
-    only cheap pure operations, are folded; never a value read from a name assigned more
+    only cheap pure operations (``foldable`` in operations.py), are folded; never a value read from a name assigned more
     than once (a loop-carried or merged variable), which may change between the two places.
     """
     values: dict[str, ast.expr] = {}
@@ -64,8 +58,8 @@ def fold_temporaries(body: list[ast.stmt], foldable: set[str], reassigned: set[s
             stmt = Fold().visit(stmt)
             target = (stmt.targets[0].id if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name)
                       else None)
-            op = getattr(stmt, "tg_op", None)
-            if (target in foldable and op is not None and op.kind in FOLDABLE_KINDS and target not in reassigned
+            tag = getattr(stmt, "tg", None)  # (the sweep's own statements have none)
+            if (target in foldable and tag is not None and operation_of(tag.op).foldable and target not in reassigned
                     and not any(isinstance(n, ast.Name) and n.id in reassigned for n in ast.walk(stmt.value))):
                 values[target] = stmt.value
                 continue
@@ -93,18 +87,18 @@ def _simplify(n: ast.BinOp) -> ast.expr:
     return n
 
 
-def function_source(program: Program, rev: Reversed, name: str, docstring: str, tile: bool) -> str:
+def function_source(program: Program, backward: BackwardBody, name: str, docstring: str, tile: bool) -> str:
     params = [ast.arg(arg=p.arg, annotation=p.annotation) for p in program.params]
-    params += [ast.arg(arg=n) for n in (*rev.cotangent_params, *rev.shadow_params)]
+    params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params)]
     body: list[ast.stmt] = [ast.Expr(ast.Constant(docstring))] if docstring else []
-    body += fold_temporaries(rev.body, rev.foldable, rev.reassigned)
+    body += fold_temporaries(backward.body, backward.foldable, backward.reassigned)
     if tile:
-        value = rev.returns[0] if len(rev.returns) == 1 else ast.Tuple(elts=rev.returns, ctx=ast.Load())
+        value = backward.returns[0] if len(backward.returns) == 1 else ast.Tuple(elts=backward.returns, ctx=ast.Load())
         body.append(ast.Return(value))
     fn = ast.parse(f"@triton.jit\ndef {name}(): pass").body[0]  # a FunctionDef valid on every Python
     fn.args.args = params
     fn.body = body or [ast.Pass()]
-    src = _insert_comments(ast.unparse(ast.fix_missing_locations(fn)), rev.comments)
+    src = _insert_comments(ast.unparse(ast.fix_missing_locations(fn)), backward.comments)
     return "\n".join(line.rstrip() for line in src.splitlines()) + "\n"
 
 

@@ -23,8 +23,9 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from .frontend import unwrap
-from .rules import CUSTOM, Rule, Signature
+from .derive import clear_cache
+from .operations import CUSTOM, custom_operation
+from .source import unwrap
 
 
 def custom_vjp(helper_or_backward: Any, backward: Any = None, *, wrt: Sequence[int] | None = None) -> Any:
@@ -49,9 +50,6 @@ def _register(helper: Any, backward: Any, wrt: Sequence[int] | None) -> Any:
     adjoints = {names[i]: call if len(positions) == 1 else f"{call}[{k}]" for k, i in enumerate(positions)}
     signature = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
                           for p in params.values())
-    # elementwise: an adjoint with the broadcast shape of the arguments is summed back to each one's shape
-    CUSTOM[fn] = (Rule(Signature.parse(signature), adjoints, elementwise=True), bwd.fn.__name__, backward)
-    from .derive import _cache
-
-    _cache.clear()  # backward kernels derived before the rule existed
+    CUSTOM[fn] = (custom_operation(signature, adjoints), bwd.fn.__name__, backward)
+    clear_cache()  # backward kernels derived before the rule existed
     return helper

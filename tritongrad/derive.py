@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import threading
@@ -12,10 +11,12 @@ from typing import Any
 
 from . import codegen
 from .analysis import analyze
+from .checks import LaunchCheck, LaunchValues
 from .errors import NotDifferentiableError
-from .frontend import normalize_kernel, normalize_tile_function, unwrap
-from .lanes import apart
-from .reverse import reverse
+from .frontend import normalize_kernel, normalize_tile_function
+from .loops import classify_loops
+from .reverse import build_backward
+from .source import unwrap
 
 CALLING_CONVENTION = """\
 Launch it with the forward's grid and the forward's arguments, followed by one
@@ -56,7 +57,7 @@ class BackwardKernel:
     outputs: tuple[str, ...]
     params: tuple[str, ...]
     store_axes: dict[str, frozenset[int]]  # output -> program axes its store addresses depend on
-    launch_checks: tuple = ()  # lanes.LaunchCheck: conditions on the arguments for stores to stay apart
+    launch_checks: tuple[LaunchCheck, ...] = ()  # conditions on the arguments for stores to stay apart
     _checked: set = field(default_factory=set, repr=False)  # (grid, argument values) the checks passed for
 
     @property
@@ -131,17 +132,17 @@ class BackwardKernel:
                 return
         except TypeError:  # an unhashable argument: check every time
             key = None
-        scope = {"__builtins__": {"abs": abs, "min": min, "len": len, "range": range}, "_apart": apart,
-                 "_grid": (*sizes, 1, 1, 1)}
+        launch = LaunchValues(named, sizes)
         for check in self.launch_checks:
+            construct = check.construct
             try:
-                holds = eval(check.code, scope, named)  # noqa: S307 (expressions lanes.py wrote)
+                holds = check.condition.holds(launch)
             except Exception:  # a value it cannot read: what could be said without the launch
                 if check.fallback is None:
                     continue
-                holds, check = False, dataclasses.replace(check, construct=check.fallback)
+                holds, construct = False, check.fallback
             if not holds:
-                raise NotDifferentiableError(check.construct, file=check.where.file, line=check.where.line,
+                raise NotDifferentiableError(construct, file=check.where.file, line=check.where.line,
                                              hint=check.hint, source_line=check.where.text)
         if key is not None:
             if len(self._checked) > 4096:
@@ -151,7 +152,7 @@ class BackwardKernel:
     @functools.cached_property
     def _checked_names(self) -> tuple[str, ...]:
         """The arguments the launch checks read."""
-        return tuple(sorted({n for c in self.launch_checks for n in c.code.co_names} & set(self.params)))
+        return tuple(sorted({n for c in self.launch_checks for n in c.condition.names()} & set(self.params)))
 
     def __repr__(self) -> str:
         return f"BackwardKernel({self.name}, wrt={self.wrt}, outputs={self.outputs})"
@@ -172,6 +173,12 @@ def _cached(key: tuple, build):
     return value
 
 
+def clear_cache() -> None:
+    """Forget every derived kernel (a custom rule registered later changes what derivation gives)."""
+    with _lock:
+        _cache.clear()
+
+
 def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] | None = None) -> BackwardKernel:
     """Derive the backward kernel of a ``@triton.jit`` kernel.
 
@@ -188,14 +195,14 @@ def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] |
 def _derive(jit_fn: Any, wrt, outputs) -> BackwardKernel:
     program = normalize_kernel(jit_fn)
     analysis = analyze(program, wrt, outputs)
-    rev = reverse(analysis)
+    backward = build_backward(analysis, classify_loops(analysis))
     name = f"{program.name}_bwd"
     doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
            f"wrt: {', '.join(analysis.wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
            f"{CALLING_CONVENTION}\n")
-    src = codegen.function_source(program, rev, name, _indent(doc), tile=False)
+    src = codegen.function_source(program, backward, name, _indent(doc), tile=False)
     kernel = codegen.compile_kernel(src, name, program)
-    params = (*program.param_names(), *rev.shadow_params)
+    params = (*program.param_names(), *backward.shadow_params)
     axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
     return BackwardKernel(jit_fn, kernel, src, analysis.wrt, analysis.outputs, params, axes,
                           tuple(analysis.launch_checks))
@@ -222,9 +229,9 @@ def _derive_vjp(jit_fn: Any, positions: tuple[int, ...]) -> Any:
     except IndexError:
         raise ValueError(f"wrt={positions}: `{program.name}` has {len(params)} parameters") from None
     analysis = analyze(program, wrt, None, tile=True)
-    rev = reverse(analysis, tile=True)
+    backward = build_backward(analysis, classify_loops(analysis), tile=True)
     name = f"{program.name}_vjp"
-    src = codegen.function_source(program, rev, name, "", tile=True)
+    src = codegen.function_source(program, backward, name, "", tile=True)
     kernel = codegen.compile_kernel(src, name, program)
     kernel.tg_src = src
     return kernel

@@ -23,3 +23,7 @@ class NotDifferentiableError(Exception):
         if hint:
             message += f"\n  hint: {hint}"
         super().__init__(message)
+
+
+class OpError(RuntimeError):
+    """A tritongrad.op was used in a way its backward cannot honour."""

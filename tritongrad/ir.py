@@ -1,13 +1,14 @@
-"""The normalized body's shape: flat statements, and the structured ones that hold blocks of them.
+"""The normalized body: its types, the accessors every pass reads it with, and the walkers.
 
-A flat statement is ``name = op(atoms)`` or ``op(atoms)``, tagged by the frontend
-(``.tg_op``, ``.tg_origin``, ``.tg_where``). Control flow stays structured:
+A flat statement is ``name = op(atoms)`` or ``op(atoms)``, tagged by the frontend with
+a :class:`Tag` (``stmt.tg``): what it computes (an :class:`Op`), and where it comes
+from in the user's code. Control flow stays structured:
 
 - ``ast.If``: ``.test`` is an atom; each branch is a block ending with the copies
   that give a variable assigned in the branch its value after the ``if``
-  (``.tg_merges`` names those merge variables; each is assigned in both branches).
+  (``tg.merges`` names those merge variables; each is assigned in both branches).
 - ``ast.For``: ``.iter`` is ``range(...)``, ``tl.range(...)`` or ``tl.static_range(...)``
-  on atoms; ``.tg_carried`` lists the loop-carried variables (:class:`Carried`).
+  on atoms; ``tg.carried`` lists the loop-carried variables (:class:`Carried`).
 
 Every name is assigned once (SSA), except merge variables and loop-carried
 variables, which are assigned by copies where control flow joins: a carried
@@ -18,8 +19,41 @@ for the next iteration).
 from __future__ import annotations
 
 import ast
+import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import NotDifferentiableError
+from .operations import operation_of
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a statement came from in the user's code."""
+
+    file: str
+    line: int
+    text: str
+    function: str = ""  # the helper it is in, when inlined
+
+
+@dataclass
+class Op:
+    """What one flat statement computes: ``kind(*args, **kwargs)``.
+
+    ``kind`` is the operation's canonical name (``"add"``, ``"exp"``, ``"load"``,
+    ``"subscript"``, ``"call"`` for an unknown function; see operations.py); args are
+    atoms (names, constants, literal tuples, metadata such as ``x.shape``).
+    """
+
+    kind: str
+    args: list[ast.expr]
+    kwargs: dict[str, ast.expr] = field(default_factory=dict)
+    func: Any = None
+
+    def __deepcopy__(self, memo: dict) -> Op:
+        return self  # never changed after the frontend; copies of a statement share it
 
 
 @dataclass(frozen=True)
@@ -31,6 +65,130 @@ class Carried:
     next: ast.expr  # atom assigned to it at the end of the body
     source: str = ""  # the user's name for it
 
+
+@dataclass
+class Tag:
+    """What the frontend knows about a statement of the normalized body (``stmt.tg``)."""
+
+    op: Op
+    origin: Origin  # the kernel's line (for comments); for an inlined helper, the call's
+    where: Origin  # the construct itself, in the helper's file if it is in one (for errors)
+    merges: list[str] = field(default_factory=list)  # if: the variables it merges
+    carried: list[Carried] = field(default_factory=list)  # for: its loop-carried variables
+    static: bool = False  # if: a constexpr condition; for: tl.static_range
+    join: bool = False  # a copy where control flow joins (a merge or a carried variable's next value)
+
+    def __deepcopy__(self, memo: dict) -> Tag:
+        return self  # copies of a statement share its tag
+
+
+@dataclass
+class Program:
+    """A kernel (or tile function) after normalization."""
+
+    name: str
+    params: list[ast.arg]
+    body: list[ast.stmt]
+    scope: dict[str, Any]
+    file: str
+    names: set[str]
+    returns: list[ast.expr] | None = None  # tile functions: the returned atoms
+    origin: Origin | None = None
+    temporaries: set[str] = field(default_factory=set)  # names the flattening made up
+    constexprs: set[str] = field(default_factory=set)  # names known at compile time
+
+    def param_names(self) -> list[str]:
+        return [p.arg for p in self.params]
+
+
+class Namer:
+    """Hands out names no one else uses."""
+
+    def __init__(self, taken: set[str]):
+        self.taken = set(taken)
+
+    def fresh(self, base: str) -> str:
+        base = base if base.isidentifier() else "tmp"
+        if base not in self.taken:
+            self.taken.add(base)
+            return base
+        for i in itertools.count(1):
+            name = f"{base}_{i}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+        raise AssertionError
+
+
+def refuse(origin: Origin, construct: str, hint: str) -> NotDifferentiableError:
+    return NotDifferentiableError(construct, file=origin.file, line=origin.line, hint=hint, source_line=origin.text)
+
+
+# -- reading a statement ------------------------------------------------------------------------------
+
+def op_of(stmt: ast.stmt) -> Op:
+    return stmt.tg.op
+
+
+def target_of(stmt: ast.stmt) -> str | None:
+    if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    return None
+
+
+def where(stmt: ast.stmt) -> Origin:
+    return stmt.tg.where
+
+
+def arguments(stmt: ast.stmt) -> dict[str, ast.expr]:
+    """The statement's arguments by parameter name, for operations with a known signature."""
+    op = op_of(stmt)
+    signature = operation_of(op).signature
+    if signature is None:
+        return {}
+    try:
+        return signature.bind(op.args, op.kwargs)
+    except TypeError as e:
+        raise refuse(where(stmt), f"the call to `{op.kind}`: {e}",
+                     "check the arguments against Triton's signature") from e
+
+
+def names_in(atom: ast.expr) -> list[str]:
+    """Names whose values an argument uses (not metadata such as ``x.shape``)."""
+    if isinstance(atom, ast.Name):
+        return [atom.id]
+    if isinstance(atom, (ast.Tuple, ast.List)):
+        return [n for e in atom.elts for n in names_in(e)]
+    return []
+
+
+def value_args(stmt: ast.stmt) -> list[str]:
+    """Names whose values the statement's operation reads."""
+    op = op_of(stmt)
+    return [n for a in [*op.args, *op.kwargs.values()] for n in names_in(a)]
+
+
+def address_names(stmt: ast.stmt) -> list[str]:
+    """Names a memory operation's addresses are computed from: the pointer (or descriptor) and offsets."""
+    b = arguments(stmt)
+    return names_in(b["pointer"]) + names_in(b.get("offsets", ast.Constant(None)))
+
+
+def stored_value(stmt: ast.stmt) -> ast.expr:
+    """The value a store or atomic writes."""
+    b = arguments(stmt)
+    return b["value"] if "value" in b else b["val"]
+
+
+def name_node(id: str, ctx: ast.expr_context | None = None) -> ast.Name:
+    return ast.Name(id, ctx or ast.Load())
+
+
+def is_none(atom: ast.expr) -> bool:
+    return isinstance(atom, ast.Constant) and atom.value is None
+
+
+# -- walking a body -----------------------------------------------------------------------------------
 
 def is_structured(stmt: ast.stmt) -> bool:
     return isinstance(stmt, (ast.If, ast.For))
@@ -63,6 +221,11 @@ def structured(body: list[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from structured(block)
 
 
+def loops(body: list[ast.stmt]) -> list[ast.For]:
+    """Every ``for`` node, outer before inner."""
+    return [n for n in structured(body) if isinstance(n, ast.For)]
+
+
 def header(stmt: ast.stmt) -> list[ast.expr]:
     """The expressions a structured node evaluates itself: an if's test, a loop's range."""
     if isinstance(stmt, ast.If):
@@ -74,6 +237,18 @@ def header(stmt: ast.stmt) -> list[ast.expr]:
 
 def reads(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def definitions(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
+    """Name -> the statements assigning it (a loop's index: the loop)."""
+    defs: dict[str, list[ast.stmt]] = {}
+    for s in statements(body):
+        t = target_of(s)
+        if t is not None:
+            defs.setdefault(t, []).append(s)
+    for node in loops(body):
+        defs.setdefault(node.target.id, []).append(node)
+    return defs
 
 
 def free_names(block: list[ast.stmt]) -> set[str]:
@@ -96,3 +271,12 @@ def free_names(block: list[ast.stmt]) -> set[str]:
 
     visit(block, set())
     return free
+
+
+def copy_structured(node: ast.stmt, **fields: Any) -> ast.stmt:
+    """A new if/for node like ``node`` (its tag kept) with the given fields."""
+    new = type(node)(**{f: getattr(node, f, None) for f in node._fields})
+    for k, v in fields.items():
+        setattr(new, k, v)
+    new.tg = node.tg
+    return ast.copy_location(new, node)

@@ -36,31 +36,89 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
-import functools
-import re
 from dataclasses import dataclass
 
-from .frontend import refuse
-from .ir import statements, structured
+from .checks import UNKNOWN_TRIP, Apart, AtLeast, Expr, LaunchCheck
+from .ir import arguments, definitions, loops, op_of, refuse, statements, target_of, where
+from .operations import operation_of
 
 # a coefficient: an integer times a product of scalar names (sorted)
 Coefficient = tuple[int, tuple[str, ...]]
 
-PASS_THROUGH = {"copy", "to", "cast", "multiple_of", "max_contiguous", "max_constancy", "pos"}
+
+@dataclass(frozen=True)
+class Lane:
+    """The lane's index along axis ``axis`` of the tile (what ``tl.arange`` gives, spread by ``[:, None]``)."""
+
+    axis: int
+
+    @property
+    def sort_key(self) -> tuple:
+        return ("lane", self.axis)
+
+    def __str__(self) -> str:
+        return f"lane axis {self.axis}"
+
+
+@dataclass(frozen=True)
+class ProgramId:
+    """``tl.program_id(axis)``."""
+
+    axis: int
+
+    @property
+    def sort_key(self) -> tuple:
+        return ("pid", self.axis)
+
+    def __str__(self) -> str:
+        return f"tl.program_id({self.axis})"
+
+
+@dataclass(frozen=True)
+class ProgramDigit:
+    """A digit of a program id: ``tl.program_id(axis) // divisor`` (the quotient) or ``% divisor``."""
+
+    axis: int
+    divisor: str
+    quotient: bool
+
+    @property
+    def sort_key(self) -> tuple:
+        return (f"pid{'//' if self.quotient else '%'}{self.divisor}", self.axis)
+
+    def __str__(self) -> str:
+        return f"tl.program_id({self.axis}) {'//' if self.quotient else '%'} {self.divisor}"
+
+
+@dataclass(frozen=True)
+class LoopIndex:
+    """The iteration of the loop over ``index`` (its index, or carried state advanced by it)."""
+
+    index: str
+
+    @property
+    def sort_key(self) -> tuple:
+        return (f"loop:{self.index}", 0)
+
+    def __str__(self) -> str:
+        return f"the loop over `{self.index}`"
+
+
+Coordinate = Lane | ProgramId | ProgramDigit | LoopIndex
 
 
 @dataclass(frozen=True)
 class Form:
-    """An integer tile's value as coefficients of lane axes (``("lane", axis)``) and program ids
-    (``("pid", axis)``); ``rank`` is the tile's. ``affine=False``: a lane index went through an
-    operation that may fold lanes together."""
+    """An integer tile's value as coefficients of coordinates (lane axes, program ids and their digits,
+    loop iterations); ``rank`` is the tile's. ``affine=False``: a lane index went through an operation
+    that may fold lanes together."""
 
-    terms: tuple[tuple[tuple[str, int], Coefficient], ...]
+    terms: tuple[tuple[Coordinate, Coefficient], ...]
     rank: int
     affine: bool = True
 
     @property
-    def coefficients(self) -> dict[tuple[str, int], Coefficient]:
+    def coefficients(self) -> dict[Coordinate, Coefficient]:
         return dict(self.terms)
 
 
@@ -69,35 +127,34 @@ SCALAR = Form((), 0)
 
 def _form(terms: dict, rank: int, affine: bool = True) -> Form:
     kept = {k: c for k, c in terms.items() if c[0] != 0}
-    return Form(tuple(sorted(kept.items())), rank, affine)
+    return Form(tuple(sorted(kept.items(), key=lambda kc: kc[0].sort_key)), rank, affine)
 
 
-def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind, trips: dict[str, str] | None = None,
+def store_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
                 params: frozenset[str] = frozenset()) -> dict[str, Form]:
     """The form of every integer or pointer name computed from lane indices, program ids or loop indices.
 
-    A loop's index is a coordinate (``("loop:i", 0)``) whose coefficient is the range's step; so is a
+    A loop's index is a coordinate (:class:`LoopIndex`) whose coefficient is the range's step; so is a
     carried variable advanced by a loop-invariant amount each iteration (``ptrs += BLOCK``): its form is
     its initial value's plus the loop coordinate times that amount. ``trips`` receives each loop
-    coordinate's trip count as a Python expression over the kernel's names (for the launch checks)."""
+    coordinate's trip count as an expression over the kernel's parameters (for the launch checks)."""
     forms: dict[str, Form] = {}
-    pinned: dict[str, tuple[ast.expr, str, Coefficient]] = {}  # carried name -> (init, loop coordinate, step)
+    pinned: dict[str, tuple[ast.expr, LoopIndex, Coefficient]] = {}  # carried name -> (init, loop, step)
     in_loop: set[int] = set()  # the carried names' definitions inside their loops: replaced by the above
     starts: dict[str, Form] = {}  # forms of carried names' definitions before their loops
-    for node in structured(body):
-        if isinstance(node, ast.For):
-            key = f"loop:{node.target.id}"
-            forms[node.target.id] = _form({(key, 0): _range_step(node.iter)}, 0)
-            if trips is not None:
-                bounds = [_scalar_text(a, body, op_of, target_of) for a in node.iter.args[:3]]
-                trips[key] = f"len(range({', '.join(f'({b})' for b in bounds)}))"
-                if not _names(trips[key]) <= params:  # a count the launch cannot read (loaded): taken as huge,
-                    trips[key] = str(UNKNOWN_TRIP)  # which apart() accepts only where it cannot matter
-            for c in node.tg_carried:
-                step = _advance(c, node, op_of, target_of, forms)
-                if step is not None:
-                    pinned[c.name] = (c.init, key, step)
-                    in_loop |= {id(s) for s in statements(node.body) if target_of(s) == c.name}
+    defs = definitions(body)
+    for node in loops(body):
+        key = LoopIndex(node.target.id)
+        forms[node.target.id] = _form({key: _range_step(node.iter)}, 0)
+        if trips is not None:
+            trips[key] = Expr("trips", tuple(scalar_expr(a, defs) for a in node.iter.args[:3]))
+            if not trips[key].names() <= params:  # a count the launch cannot read (loaded): taken as huge,
+                trips[key] = Expr.const(UNKNOWN_TRIP)  # which apart() accepts only where it cannot matter
+        for c in node.tg.carried:
+            step = _advance(c, node, forms)
+            if step is not None:
+                pinned[c.name] = (c.init, key, step)
+                in_loop |= {id(s) for s in statements(node.body) if target_of(s) == c.name}
     loop_indices = dict(forms)
     for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
         previous, forms = forms, dict(loop_indices)
@@ -106,16 +163,16 @@ def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind, trip
             start = starts.get(name) if isinstance(init, ast.Name) and init.id == name else (
                 seen.get(init.id) if isinstance(init, ast.Name) else None)
             start = start or _form({}, 0)
-            forms[name] = _form({**start.coefficients, (key, 0): step}, start.rank, start.affine)
+            forms[name] = _form({**start.coefficients, key: step}, start.rank, start.affine)
         defined: set[str] = set()
         for s in statements(body):
             t = target_of(s)
             if t is None or id(s) in in_loop:
                 continue
             if t in pinned:
-                starts[t] = _form_of(op_of(s), s, seen, shapes, bind) or _form({}, 0)
+                starts[t] = _form_of(s, seen, shapes) or _form({}, 0)
                 continue
-            new = _form_of(op_of(s), s, seen, shapes, bind)
+            new = _form_of(s, seen, shapes)
             old = forms.get(t) if t in defined else None
             if old is not None and new is not None and old != new:
                 new = Form(old.terms, old.rank, False)  # two definitions disagree: no proof
@@ -125,40 +182,35 @@ def store_forms(body: list[ast.stmt], shapes: dict, op_of, target_of, bind, trip
     return forms
 
 
-UNKNOWN_TRIP = 1 << 40
-
-
-def _names(text: str) -> set[str]:
-    return {n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)} - {"len", "range"}
-
-
-SCALAR_TEXT = {"add": "({0}) + ({1})", "sub": "({0}) - ({1})", "mul": "({0}) * ({1})", "floordiv": "({0}) // ({1})",
-               "cdiv": "-(-({0}) // ({1}))", "neg": "-({0})", "copy": "{0}"}
-
-
-def _scalar_text(atom: ast.expr, body, op_of, target_of, depth: int = 0) -> str:
-    """A scalar as a Python expression over the kernel's parameters where it is integer math on them
-    (``tl.cdiv(K, BLOCK)``, ``R - 1``), for launch checks; else its name."""
-    if isinstance(atom, ast.Name) and depth < 8:
-        defs = [s for s in statements(body) if target_of(s) == atom.id]
-        if len(defs) == 1 and op_of(defs[0]).kind in SCALAR_TEXT:
-            args = [_scalar_text(a, body, op_of, target_of, depth + 1) for a in op_of(defs[0]).args]
-            return SCALAR_TEXT[op_of(defs[0]).kind].format(*args)
-        if len(defs) == 1 and op_of(defs[0]).kind == "num_programs":
-            axis = (op_of(defs[0]).args or [op_of(defs[0]).kwargs.get("axis")])[0]
+def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0) -> Expr:
+    """A scalar as an expression over the kernel's parameters and the grid where it is integer math on
+    them (``tl.cdiv(K, BLOCK)``, ``R - 1``, ``tl.num_programs(1)``), for launch checks; else its name."""
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, int):
+        return Expr.const(atom.value)
+    if not isinstance(atom, ast.Name):
+        return Expr.of_text(ast.unparse(atom))
+    found = [d for d in defs.get(atom.id, []) if not isinstance(d, ast.For)]
+    if depth < 8 and len(found) == 1:
+        op = op_of(found[0])
+        if operation_of(op).on_host is not None:
+            return Expr(op.kind, tuple(scalar_expr(a, defs, depth + 1) for a in op.args))
+        if op.kind == "num_programs":
+            axis = (op.args or [op.kwargs.get("axis")])[0]
             if isinstance(axis, ast.Constant) and isinstance(axis.value, int):
-                return f"_grid[{axis.value}]"
-    return ast.unparse(atom)
+                return Expr("grid", (axis.value,))
+    return Expr.name(atom.id)
 
 
-def with_scalars_written_out(check: LaunchCheck, body, op_of, target_of) -> LaunchCheck:
+def with_scalars_written_out(check: LaunchCheck, body: list[ast.stmt]) -> LaunchCheck:
     """``check`` with the kernel's integer temporaries in its condition written over its parameters and
-    the grid (``num_programs_1`` -> ``_grid[1]``), so the launch can evaluate it."""
-    def expand(m: re.Match) -> str:
-        text = _scalar_text(ast.Name(m.group(0)), body, op_of, target_of)
-        return m.group(0) if text == m.group(0) else f"({text})"
+    the grid (``num_programs_1`` -> ``num_programs(1)``), so the launch can evaluate it."""
+    defs = definitions(body)
 
-    return dataclasses.replace(check, condition=re.sub(r"\b[A-Za-z_]\w*\b", expand, check.condition))
+    def expand(name: str) -> Expr | None:
+        e = scalar_expr(ast.Name(name), defs)
+        return None if e == Expr.name(name) else e
+
+    return dataclasses.replace(check, condition=check.condition.substitute(expand))
 
 
 def _range_step(call: ast.Call) -> Coefficient:
@@ -170,7 +222,7 @@ def _range_step(call: ast.Call) -> Coefficient:
     return (1, (ast.unparse(step),))
 
 
-def _advance(carried, node: ast.For, op_of, target_of, forms) -> Coefficient | None:
+def _advance(carried, node: ast.For, forms) -> Coefficient | None:
     """The amount a carried variable grows by each iteration (``c_next = c + amount``), if loop-invariant."""
     if not isinstance(carried.next, ast.Name):
         return None
@@ -194,15 +246,16 @@ def _rank(atom: ast.expr, shapes: dict) -> int | None:
     return 0
 
 
-def _form_of(op, stmt, forms: dict[str, Form], shapes: dict, bind) -> Form | None:
+def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict) -> Form | None:
     """The statement's form, or None when it computes from no lane index or program id."""
+    op = op_of(stmt)
     kind = op.kind
     if kind == "arange":
-        return _form({("lane", 0): (1, ())}, 1)
+        return _form({Lane(0): (1, ())}, 1)
     if kind == "program_id":
         axis = op.args[0] if op.args else op.kwargs.get("axis")
         if isinstance(axis, ast.Constant) and isinstance(axis.value, int):
-            return _form({("pid", axis.value): (1, ())}, 0)
+            return _form({ProgramId(axis.value): (1, ())}, 0)
         return None
     inputs = [forms.get(a.id) if isinstance(a, ast.Name) else None for a in op.args]
     if not any(inputs):
@@ -210,13 +263,14 @@ def _form_of(op, stmt, forms: dict[str, Form], shapes: dict, bind) -> Form | Non
     rank = _rank(ast.Name(stmt.targets[0].id), shapes)
     if rank is None or not all(f.affine for f in inputs if f):
         return _opaque(inputs, rank)
-    if kind in PASS_THROUGH:
+    lanes = operation_of(op).lanes
+    if lanes == "same":
         return inputs[0]
-    if kind in ("floordiv", "mod") and inputs[1] is None and inputs[0].terms and all(
-            k == "pid" and c == (1, ()) for (k, _), c in inputs[0].terms) and len(inputs[0].terms) == 1:
+    if kind in ("floordiv", "mod") and inputs[1] is None and len(inputs[0].terms) == 1 and all(
+            isinstance(k, ProgramId) and c == (1, ()) for k, c in inputs[0].terms):
         # a digit of a program id (`pid // H`, `pid % H`): both together keep programs apart
-        (_, axis), _ = inputs[0].terms[0]
-        return _form({(f"pid{'//' if kind == 'floordiv' else '%'}{ast.unparse(op.args[1])}", axis): (1, ())}, rank)
+        (pid, _), = inputs[0].terms
+        return _form({ProgramDigit(pid.axis, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
     if kind in ("add", "sub"):
         return _add(inputs, rank, negate=kind == "sub")
     if kind == "neg":
@@ -231,15 +285,15 @@ def _form_of(op, stmt, forms: dict[str, Form], shapes: dict, bind) -> Form | Non
         if factor is None or _rank(scalar, shapes) not in (0, None):
             return _opaque(inputs, rank)
         return _shift(_scale(form, factor), rank)
-    if kind in ("subscript", "expand_dims", "broadcast_to", "trans", "permute"):
-        return _reshaped(kind, op, inputs[0], rank, bind(stmt))
+    if lanes == "moved":
+        return _reshaped(kind, op, inputs[0], rank, arguments(stmt))
     return _opaque(inputs, rank)
 
 
 def _opaque(inputs: list[Form | None], rank: int | None) -> Form:
     """A value computed from the inputs by an operation that may fold lanes together; program ids
     through it are dropped (``pid // H`` is common and harmless), lane indices make it non-affine."""
-    lanes = any(k[0] == "lane" for f in inputs if f for k, _ in f.terms) or any(
+    lanes = any(isinstance(k, Lane) for f in inputs if f for k, _ in f.terms) or any(
         f is not None and not f.affine for f in inputs)
     return _form({}, rank or 0, affine=not lanes)
 
@@ -264,7 +318,7 @@ def _shift(form: Form, rank: int) -> Form:
     d = rank - form.rank
     if d < 0:
         return Form(form.terms, rank, False)
-    return _form({(k, a + d if k == "lane" else a): c for (k, a), c in form.terms}, rank, form.affine)
+    return _form({Lane(k.axis + d) if isinstance(k, Lane) else k: c for k, c in form.terms}, rank, form.affine)
 
 
 def _add(inputs: list[Form | None], rank: int, negate: bool) -> Form:
@@ -285,8 +339,8 @@ def _add(inputs: list[Form | None], rank: int, negate: bool) -> Form:
 
 
 def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
-    lanes = {a: c for (k, a), c in form.terms if k == "lane"}
-    others = {key: c for key, c in form.terms if key[0] != "lane"}
+    lanes = {k.axis: c for k, c in form.terms if isinstance(k, Lane)}
+    others = {k: c for k, c in form.terms if not isinstance(k, Lane)}
     if kind == "subscript":
         index = op.kwargs["index"]
         parts = index.elts if isinstance(index, ast.Tuple) else [index]
@@ -309,87 +363,41 @@ def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
         if len(order) != rank:
             return Form(form.terms, rank, False)
         moved = {order.index(a): c for a, c in lanes.items()}
-    return _form({**others, **{("lane", a): c for a, c in moved.items()}}, rank, form.affine)
+    return _form({**others, **{Lane(a): c for a, c in moved.items()}}, rank, form.affine)
 
 
-def enclosing_loops(body: list[ast.stmt], loops: tuple[str, ...] = ()) -> dict[int, tuple[str, ...]]:
-    """For each flat statement, the loop coordinates (``"loop:i"``) of the loops around it."""
+def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) -> dict[int, tuple[LoopIndex, ...]]:
+    """For each flat statement, the coordinates of the loops around it."""
     found = {}
     for stmt in body:
         if isinstance(stmt, ast.For):
-            found.update(enclosing_loops(stmt.body, (*loops, f"loop:{stmt.target.id}")))
+            found.update(enclosing_loops(stmt.body, (*around, LoopIndex(stmt.target.id))))
         elif isinstance(stmt, ast.If):
             for block in (stmt.body, stmt.orelse):
-                found.update(enclosing_loops(block, loops))
+                found.update(enclosing_loops(block, around))
         else:
-            found[id(stmt)] = loops
+            found[id(stmt)] = around
     return found
 
 
-@dataclass(frozen=True)
-class LaunchCheck:
-    """A condition on the launch's arguments (Python over parameter names) under which a store's
-    coordinates stay apart; the derived kernel refuses a launch where it is false."""
-
-    condition: str
-    construct: str
-    hint: str
-    where: object  # frontend.Origin of the store
-    fallback: str | None = None  # what to refuse with when the condition cannot be evaluated
-
-    @functools.cached_property
-    def code(self):
-        return compile(self.condition, "<tritongrad launch check>", "eval")
-
-
-def apart(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...], int, list[int]]]) -> bool:
-    """Whether ``sum(c_i * x_i)`` over ``0 <= x_i < extent_i`` takes each value once (a sufficient test).
-
-    ``coordinates``: ``(c_i, extent_i)``; ``bounds``: ``(members, limit, coefficients)`` from the mask, saying
-    that over the lanes that store, the members' part of the sum stays within ``limit`` (valid when the
-    mask's own coefficients are positive). Taken in order of ``|c_i|``, each coordinate must step over
-    everything the smaller ones can span."""
-    coordinates = list(coordinates)
-    for members, limit, mask_coefficients in bounds:  # each term of a bounded sum of positive terms is bounded
-        if all(c > 0 for c in mask_coefficients):
-            for j in members:
-                c, e = coordinates[j]
-                if c != 0:
-                    coordinates[j] = (c, max(0, min(e, limit // abs(c) + 1)))
-    order = sorted((i for i, (_, e) in enumerate(coordinates) if e > 1), key=lambda i: abs(coordinates[i][0]))
-    below = [i for i, (_, e) in enumerate(coordinates) if e <= 1]  # one value each: they span nothing
-    for i in order:
-        grouped: set[int] = set()
-        span = 0
-        for members, limit, mask_coefficients in bounds:
-            if set(members) <= set(below) and not grouped & set(members) and all(c > 0 for c in mask_coefficients):
-                span += min(sum(abs(coordinates[j][0]) * (coordinates[j][1] - 1) for j in members), limit)
-                grouped |= set(members)
-        span += sum(abs(coordinates[j][0]) * (coordinates[j][1] - 1) for j in below if j not in grouped)
-        if abs(coordinates[i][0]) <= span:
-            return False
-        below.append(i)
-    return True
-
-
-def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, op_of, shapes: dict, bind
-                ) -> list[tuple[Form, str]]:
+def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict) -> list[tuple[Form, Expr]]:
     """The conjuncts ``e < B`` (``e <= B``, ``B > e``) of a store's mask where ``e`` is exactly a sum of
-    coordinates (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1 as text)``."""
-    if not isinstance(mask, ast.Name) or len(defs.get(mask.id, [])) != 1 or not hasattr(defs[mask.id][0], "tg_op"):
+    coordinates (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1)``."""
+    if not isinstance(mask, ast.Name) or len(defs.get(mask.id, [])) != 1 or not hasattr(defs[mask.id][0], "tg"):
         return []
     stmt = defs[mask.id][0]
     op = op_of(stmt)
     rank = _rank(mask, shapes)
     if rank is None:
         return []
-    if op.kind in ("and_", *PASS_THROUGH, "subscript", "expand_dims", "broadcast_to", "trans", "permute"):
+    lanes = operation_of(op).lanes
+    if op.kind == "and_" or lanes is not None:
         parts = op.args[:2] if op.kind == "and_" else op.args[:1]
         found = []
         for part in parts:
-            for form, limit in mask_bounds(part, forms, defs, op_of, shapes, bind):
-                if op.kind in ("subscript", "expand_dims", "broadcast_to", "trans", "permute"):
-                    form = _reshaped(op.kind, op, form, rank, bind(stmt))
+            for form, limit in mask_bounds(part, forms, defs, shapes):
+                if lanes == "moved":
+                    form = _reshaped(op.kind, op, form, rank, arguments(stmt))
                 found.append((_shift(form, rank), limit))
         return found
     if op.kind not in ("lt", "le", "gt", "ge"):
@@ -397,23 +405,29 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, op_of, shape
     e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
     lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and bound.id not in forms)
     if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and lane_free
-            and _starts_at_zero(e, defs, op_of)):
+            and _starts_at_zero(e, defs)):
         return []
-    inclusive = op.kind in ("le", "ge")
-    return [(forms[e.id], ast.unparse(bound) if inclusive else f"{ast.unparse(bound)} - 1")]
+    limit = _atom_expr(bound)
+    return [(forms[e.id], limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
 
 
-def _starts_at_zero(atom: ast.expr, defs: dict, op_of) -> bool:
+def _atom_expr(atom: ast.expr) -> Expr:
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)):
+        return Expr.const(atom.value)
+    return Expr.of_text(ast.unparse(atom))
+
+
+def _starts_at_zero(atom: ast.expr, defs: dict) -> bool:
     """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids (a
     carried ``cols += BLOCK`` too: its steps are the loop's coordinate)."""
     if isinstance(atom, ast.Constant):
         return atom.value == 0
     if not isinstance(atom, ast.Name):
         return False
-    loops = [d for d in defs.get(atom.id, []) if isinstance(d, ast.For)]
-    if loops:  # a loop's index: from a range starting at 0
-        args = loops[0].iter.args
-        return len(loops) == 1 and (len(args) == 1 or (isinstance(args[0], ast.Constant) and args[0].value == 0))
+    headers = [d for d in defs.get(atom.id, []) if isinstance(d, ast.For)]
+    if headers:  # a loop's index: from a range starting at 0
+        args = headers[0].iter.args
+        return len(headers) == 1 and (len(args) == 1 or (isinstance(args[0], ast.Constant) and args[0].value == 0))
     own = [d for d in defs.get(atom.id, []) if not (op_of(d).kind == "add" and any(
         isinstance(a, ast.Name) and a.id == atom.id for a in op_of(d).args[:2]))]  # not `cols = cols + BLOCK`
     if len(own) != 1:
@@ -424,32 +438,38 @@ def _starts_at_zero(atom: ast.expr, defs: dict, op_of) -> bool:
     if op.kind == "program_id":
         return True
     if op.kind == "add":
-        return all(_starts_at_zero(a, defs, op_of) for a in op.args[:2])
+        return all(_starts_at_zero(a, defs) for a in op.args[:2])
     if op.kind == "mul":
-        return any(_starts_at_zero(a, defs, op_of) for a in op.args[:2])
-    if op.kind in PASS_THROUGH or op.kind in ("subscript", "expand_dims", "broadcast_to"):
-        return _starts_at_zero(op.args[0], defs, op_of)
+        return any(_starts_at_zero(a, defs) for a in op.args[:2])
+    if operation_of(op).lanes == "same" or op.kind in ("subscript", "expand_dims", "broadcast_to"):
+        return _starts_at_zero(op.args[0], defs)
     return False
 
 
-def _text(c: Coefficient) -> str:
-    return " * ".join([str(c[0]), *c[1]])
+def _coefficient(c: Coefficient) -> Expr:
+    """``n * s1 * s2``: an integer times scalar names."""
+    n, symbols = c
+    e = Expr.const(n)
+    for symbol in symbols:
+        e = e * Expr.name(symbol)
+    return e
 
 
-def _extent(key: tuple[str, int], shape, trips: dict[str, str]) -> str | None:
-    kind, axis = key
-    if kind == "lane":
-        return f"({shape[axis]})"
-    if kind.startswith("loop:"):
-        return trips.get(kind)
-    if kind == "pid":
-        return f"_grid[{axis}]"
-    divisor = kind[5:] if kind.startswith("pid//") else kind[4:]
-    return f"-(-_grid[{axis}] // ({divisor}))" if kind.startswith("pid//") else f"min(({divisor}), _grid[{axis}])"
+def _extent(key: Coordinate, shape, trips: dict[LoopIndex, Expr]) -> Expr | None:
+    """How many values a coordinate takes at a launch."""
+    if isinstance(key, Lane):
+        return Expr.of_text(shape[key.axis])
+    if isinstance(key, LoopIndex):
+        return trips.get(key)
+    grid = Expr("grid", (key.axis,))
+    if isinstance(key, ProgramId):
+        return grid
+    divisor = Expr.of_text(key.divisor)
+    return Expr("cdiv", (grid, divisor)) if key.quotient else Expr("min", (divisor, grid))
 
 
-def _ratio(a: Coefficient, b: Coefficient) -> str | None:
-    """``a / b`` as text when it is an integer times scalars, else None."""
+def _ratio(a: Coefficient, b: Coefficient) -> Coefficient | None:
+    """``a / b`` when it is an integer times scalars, else None."""
     rest = list(a[1])
     for s in b[1]:
         if s not in rest:
@@ -457,14 +477,14 @@ def _ratio(a: Coefficient, b: Coefficient) -> str | None:
         rest.remove(s)
     if b[0] == 0 or a[0] % b[0]:
         return None
-    return _text((a[0] // b[0], tuple(rest)))
+    return (a[0] // b[0], tuple(rest))
 
 
-def _launch_check(form: Form, shape, bounds: list[tuple[Form, str]], trips: dict[str, str], construct: str,
+def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr], construct: str,
                   hint: str, where) -> LaunchCheck | None:
     """``apart(...)`` over the address's coordinates with the launch's numbers (None when there is nothing
     to decide, or a loop's trip count is not known)."""
-    keys = [k for k, _ in form.terms if not (k[0] == "lane" and shape[k[1]] == "1")]
+    keys = [k for k, _ in form.terms if not (isinstance(k, Lane) and shape[k.axis] == "1")]
     if len(keys) < 2:
         return None
     if any(s.startswith("<") for _, (_, symbols) in form.terms for s in symbols):
@@ -473,7 +493,7 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, str]], trips: dict
     extents = {k: _extent(k, shape, trips) for k in keys}
     if None in extents.values():
         return None
-    coordinates = ", ".join(f"({_text(terms[k])}, {extents[k]})" for k in keys)
+    coordinates = tuple((_coefficient(terms[k]), extents[k]) for k in keys)
     groups = []
     for mask_form, limit in bounds:
         members = [k for k, _ in mask_form.terms]
@@ -484,66 +504,70 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, str]], trips: dict
             continue
         (ratio,) = ratios
         indices = tuple(keys.index(k) for k in members)
-        groups.append(f"({indices}, abs({ratio}) * ({limit}), [{', '.join(_text(c) for _, c in mask_form.terms)}])")
-    condition = f"_apart([{coordinates}], [{', '.join(groups)}])"
+        groups.append((indices, Expr("abs", (_coefficient(ratio),)) * limit,
+                       tuple(_coefficient(c) for _, c in mask_form.terms)))
+    condition = Apart(coordinates, tuple(groups), tuple(str(k) for k in keys))
     return LaunchCheck(condition, construct, hint, where)
 
 
-def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, loops: tuple[str, ...] = (),
-                bounds: list[tuple[Form, str]] = (), trips: dict[str, str] | None = None) -> list[LaunchCheck]:
+def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: tuple[LoopIndex, ...] = (),
+                bounds: list[tuple[Form, Expr]] = (), trips: dict[LoopIndex, Expr] | None = None
+                ) -> list[LaunchCheck]:
     """Refuse a store whose lanes may write one element of ``output`` twice (see the module's docstring);
     return what only the launch's arguments can decide. ``form``: its address's (None: computed from no
-    coordinate); ``shape``: its tile's; ``loops``: the coordinates of the loops around the store (others
+    coordinate); ``shape``: its tile's; ``around``: the coordinates of the loops around the store (others
     are fixed values here); ``bounds``: its mask's (``mask_bounds``); ``trips``: the loops' trip counts.
     An overlap that a mask may prevent, or that involves a program id or loop index (whose extent may be
     1), is left to the launch."""
     if form is not None:
-        form = _form({k: c for k, c in form.terms if not k[0].startswith("loop:") or k[0] in loops}, form.rank,
+        form = _form({k: c for k, c in form.terms if not isinstance(k, LoopIndex) or k in around}, form.rank,
                      form.affine)
     what = f"a tl.store to `{output}` whose lanes may write the same element"
     hint = ("store at addresses built from tl.arange with + and * (each tile axis with its own stride), "
             "so every lane writes its own element")
     if form is None or shape is None:  # no lane index in the address (a scalar store), or shape unknown
         if form is None and shape and any(d != "1" for d in shape):
-            raise refuse(stmt.tg_where, f"{what}: the address is the same for every lane", hint)
+            raise refuse(where(stmt), f"{what}: the address is the same for every lane", hint)
         return []
     if not form.affine:
-        raise refuse(stmt.tg_where, f"{what}: the address uses a lane index through `//`, `%` or another "
+        raise refuse(where(stmt), f"{what}: the address uses a lane index through `//`, `%` or another "
                      "operation that may fold lanes together", hint)
     terms = form.coefficients
     for axis, extent in enumerate(shape):
-        if extent != "1" and ("lane", axis) not in terms:
-            raise refuse(stmt.tg_where, f"{what}: the address does not change along axis {axis} of the tile", hint)
-    for kind, axis in terms:
-        if kind.startswith("pid//") and ("pid", axis) not in terms and (f"pid%{kind[5:]}", axis) not in terms:
-            raise refuse(stmt.tg_where, f"a tl.store to `{output}` at addresses using tl.program_id({axis}) "
-                         f"only through `// {kind[5:]}`: programs with the same quotient write the same elements",
-                         f"use tl.program_id({axis}) itself, or both `// {kind[5:]}` and `% {kind[5:]}` of it")
+        if extent != "1" and Lane(axis) not in terms:
+            raise refuse(where(stmt), f"{what}: the address does not change along axis {axis} of the tile", hint)
+    for key in terms:
+        if isinstance(key, ProgramDigit) and key.quotient and ProgramId(key.axis) not in terms and (
+                ProgramDigit(key.axis, key.divisor, False) not in terms):
+            axis, divisor = key.axis, key.divisor
+            raise refuse(where(stmt), f"a tl.store to `{output}` at addresses using tl.program_id({axis}) "
+                         f"only through `// {divisor}`: programs with the same quotient write the same elements",
+                         f"use tl.program_id({axis}) itself, or both `// {divisor}` and `% {divisor}` of it")
     bounded = {k for mask_form, _ in bounds for k, _ in mask_form.terms}
     deferred: list[str] = []  # overlaps a mask may prevent: decided at launch
 
     def problem(message: str, keys) -> None:
-        if bounded & set(keys) or any(k != "lane" for k, _ in keys):  # a mask, or an extent known at launch
+        if bounded & set(keys) or any(not isinstance(k, Lane) for k in keys):  # a mask, or an extent at launch
             deferred.append(message)
         else:
-            raise refuse(stmt.tg_where, f"{what}: {message}", hint)
+            raise refuse(where(stmt), f"{what}: {message}", hint)
 
-    seen: dict[Coefficient, tuple[str, int]] = {}
+    seen: dict[Coefficient, Coordinate] = {}
     for key, c in terms.items():
         size = (abs(c[0]), c[1])
         if size in seen:
-            problem(f"{_name(seen[size])} and {_name(key)} have the same stride", (seen[size], key))
+            problem(f"{seen[size]} and {key} have the same stride", (seen[size], key))
         seen[size] = key
     checks = _check_extents(terms, shape, problem, bounded)
     at_launch = _launch_check(form, shape, list(bounds), trips or {}, f"{what}: with this launch's strides, sizes "
-                              "and grid, two lanes or programs reach one element", hint, stmt.tg_where)
+                              "and grid, two lanes or programs reach one element", hint, where(stmt))
     if deferred and at_launch is None:
-        raise refuse(stmt.tg_where, f"{what}: {deferred[0]}", hint)
+        raise refuse(where(stmt), f"{what}: {deferred[0]}", hint)
     if at_launch is not None and deferred:
         at_launch = dataclasses.replace(at_launch, fallback=f"{what}: {deferred[0]}")
     if at_launch is not None:  # exact about extents (a grid of one program, one iteration): it decides
         return [at_launch]
-    return [dataclasses.replace(c, construct=f"{what}: {c.construct}", hint=hint, where=stmt.tg_where)
+    return [dataclasses.replace(c, construct=f"{what}: {c.construct}", hint=hint, where=where(stmt))
             for c in checks]
 
 
@@ -561,7 +585,7 @@ def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
             if key in terms:
                 return Form((), rank, False)
             terms[key] = (c, tuple(sorted((*s, stride))))
-        terms[("lane", d)] = (1, (stride,))
+        terms[Lane(d)] = (1, (stride,))
     return _form(terms, rank)
 
 
@@ -569,28 +593,21 @@ def _check_extents(terms, shape, problem, bounded: set) -> list[LaunchCheck]:
     """Strides that differ by an integer factor must keep a lane axis apart from the coordinates with
     larger ones: each at least the lane axis's extent times its stride. A numeric extent is checked
     here (``problem``), a compile-time one (``BLOCK``) at launch (the condition; the caller completes it)."""
-    strides = sorted((abs(c[0]), c[1], key) for key, c in terms.items())
+    strides = sorted(((abs(c[0]), c[1], key) for key, c in terms.items()), key=lambda t: (*t[:2], t[2].sort_key))
     checks = []
-    for i, (small, symbols, (kind, axis)) in enumerate(strides):
-        if kind != "lane":
+    for i, (small, symbols, lane) in enumerate(strides):
+        if not isinstance(lane, Lane):
             continue
-        extent = shape[axis]
+        extent = shape[lane.axis]
         for large, other, key in strides[i + 1:]:
             if other != symbols:
                 continue
-            overlap = (f"strides {small} and {large} overlap when {_name((kind, axis))} has more than "
-                       f"{large // small} lanes ({_name(key)} moves by {large})")
+            overlap = (f"strides {small} and {large} overlap when {lane} has more than "
+                       f"{large // small} lanes ({key} moves by {large})")
             if extent.isdigit() and large < int(extent) * small:
-                problem(overlap.replace(f"more than {large // small}", extent), ((kind, axis), key))
-            elif not extent.isdigit() and (kind, axis) not in bounded:  # a bounded one: apart() decides
-                checks.append(LaunchCheck(f"{large} >= ({extent}) * {small}", overlap, "", None))
+                problem(overlap.replace(f"more than {large // small}", extent), (lane, key))
+            elif not extent.isdigit() and lane not in bounded:  # a bounded one: apart() decides
+                checks.append(LaunchCheck(AtLeast(Expr.const(large), Expr.of_text(extent) * Expr.const(small)),
+                                          overlap, "", None))
     return checks
 
-
-def _name(key: tuple[str, int]) -> str:
-    kind, axis = key
-    if kind == "lane":
-        return f"lane axis {axis}"
-    if kind.startswith("loop:"):
-        return f"the loop over `{kind[5:]}`"
-    return f"tl.program_id({axis}){kind[3:].replace('//', ' // ').replace('%', ' % ')}"

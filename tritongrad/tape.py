@@ -1,4 +1,4 @@
-"""The tape: what an op's forward launched, and the backward that replays it reversed.
+"""The tape: what an op's forward launched, checked once per kind of call.
 
 Recording: Triton's launch entry points are patched once (``install``). Outside an op
 the current tape is ``None`` and a launch pays one ContextVar read. Inside an op each
@@ -7,49 +7,39 @@ innermost ``run``, after ``@triton.autotune`` and ``@triton.heuristics`` have ad
 their constexprs, so the backward replays the forward with the config the autotuner
 chose. Autotuner benchmarking runs are not recorded.
 
-Backward: shadow memory mirrors storage. Every tensor a launch touches is a ``View``
-of a storage; each storage that gradients flow through gets one zero-filled float
-buffer covering the span its views touch, and a view's shadow is that buffer viewed
-with the view's sizes, strides and offset. So aliasing views share gradients, and a
-buffer one launch writes and a later one reads carries the gradient from the later
-launch's backward into the earlier one's. Launches are replayed in reverse order, each
-with ``tritongrad.grad(kernel, wrt, outputs)``; ``wrt`` and ``outputs`` are the
-parameters whose storages matter (see ``Plan.steps``). Half-precision tensors get
-float32 shadows, cast once at the end. A derived kernel adds each load's gradient at the
-load's address, so a launch that read outside the elements of a tensor it was passed
-would put gradient where no tensor lies: the first backward of each plan and schedule
-surrounds the shadows with zeros and refuses that (``Tape._check_strays``).
-
 Plans: the checks ``Tape.close`` makes and the shadow layout depend only on which
 kernels were launched, how their arguments were passed, and each tensor's dtype, sizes,
 strides, offset, device, ``requires_grad`` and which others share its storage. Each
 call reduces those to a key (storages numbered in order of appearance, not by address);
-the first call with a key runs the checks and lays out the backward (a ``Plan``), later
-calls with that key reuse it. The hot path reads tensor metadata only: no AST work and
-nothing that waits for the device.
+the first call with a key runs the checks and lays out the backward (a ``replay.Plan``),
+later calls with that key reuse it. The hot path reads tensor metadata only: no AST work
+and nothing that waits for the device. The backward itself is replay.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import inspect
-import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .derive import defaults_of, grad, shadow_dtype
+from .analysis import analyze
+from .derive import defaults_of
+from .errors import OpError
+from .frontend import normalize_kernel
+from .ir import op_of
+from .operations import operation_of
+from .replay import LaunchPlan, Plan, Replay, View, launch_name, whole_storages
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
 
 MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest ones
-GUARD = (1024, 1 << 20)  # zeros on each side of a shadow in a checked backward: its own size, within these bounds
 
 
 def active() -> bool:
@@ -93,7 +83,7 @@ class KernelInfo:
     keywords: frozenset[str] = frozenset()  # keyword arguments that are parameters (the rest are launch options)
     pointers: frozenset[str] = frozenset()  # pointer parameters, where the roles are known
 
-    def bind(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+    def named_arguments(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
         """A launch's arguments by parameter name, and its launch options (num_warps, ...)."""
         named = dict(zip(self.params, args, strict=False))
         options = {}
@@ -107,7 +97,7 @@ class KernelInfo:
 
 _infos: dict[Any, KernelInfo] = {}
 _infos_lock = threading.Lock()
-_pointers_checked: set[tuple] = set()  # launch patterns (see Launch) passing tensors to every pointer
+_pointers_checked: set[tuple] = set()  # launch patterns (see RecordedLaunch) passing tensors to every pointer
 
 
 def kernel_info(kernel: Any) -> KernelInfo:
@@ -121,17 +111,14 @@ def kernel_info(kernel: Any) -> KernelInfo:
 
 
 def _analyse(kernel: Any) -> KernelInfo:
-    from .analysis import analyze, op_of
-    from .frontend import normalize_kernel
-    from .rules import ACCUMULATES
-
     sig = inspect.signature(kernel.fn)
     defaults = defaults_of(kernel)
     roles, error = None, None
     try:
         a = analyze(normalize_kernel(kernel), (), None)
         loads, stores = frozenset(a.loads), frozenset(a.stores)
-        overwrites = frozenset(p for p, ss in a.stores.items() if any(op_of(s).kind not in ACCUMULATES for s in ss))
+        overwrites = frozenset(p for p, ss in a.stores.items()
+                               if any(operation_of(op_of(s)).memory != "accumulate" for s in ss))
         roles = Roles(loads, stores, overwrites, frozenset(loads - stores - set(a.index_pointers)))
     except Exception as e:  # e.g. a construct the core does not handle yet; raised if the launch needs a backward
         error = e
@@ -144,44 +131,6 @@ def _analyse(kernel: Any) -> KernelInfo:
 
 # -- storage views ---------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class View:
-    """Where a tensor lives: storage key (0: no storage), dtype, sizes, strides, offset (in elements).
-
-    Storage keys number the storages of one call in order of appearance (``_Tensors``), so
-    views of calls with the same key compare alike.
-    """
-
-    key: int
-    dtype: torch.dtype
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
-    device: torch.device
-
-    @property
-    def span(self) -> tuple[int, int]:
-        """The elements [lo, hi) of the storage this view can address."""
-        if not all(self.size):
-            return self.offset, self.offset
-        return self.offset, self.offset + 1 + sum((n - 1) * s for n, s in zip(self.size, self.stride, strict=True))
-
-    def overlaps(self, other: View) -> bool:
-        if self.key != other.key or not self.key:
-            return False
-        (a, b), (c, d) = self.span, other.span
-        sa, sb = self.dtype.itemsize, other.dtype.itemsize
-        return a * sa < d * sb and c * sb < b * sa
-
-    @property
-    def contiguous(self) -> bool:
-        expected = 1
-        for n, s in zip(reversed(self.size), reversed(self.stride), strict=True):
-            if n != 1 and s != expected:
-                return False
-            expected *= n
-        return True
 
 
 class _Tensors:
@@ -251,7 +200,7 @@ _ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.
 # -- launches --------------------------------------------------------------------------------------
 
 
-class Launch:
+class RecordedLaunch:
     """One recorded launch: the jit-level kernel, its grid, and its arguments as passed, with
     tensors replaced by None (the tape holds no tensors once closed: outputs would otherwise
     hold themselves alive). Its pattern (``Tape.patterns``): the kernel's function, per
@@ -265,203 +214,8 @@ class Launch:
         self.kernel, self.info, self.index, self.grid, self.args, self.kwargs = kernel, info, index, grid, args, kwargs
 
     def __str__(self) -> str:
-        return _launch_name(self.index, self.info)
+        return launch_name(self.index, self.info)
 
-
-def _launch_name(index: int, info: KernelInfo) -> str:
-    return f"launch #{index + 1} (`{info.name}`)"
-
-
-@dataclass(eq=False)
-class LaunchPlan:
-    """A launch's tensor parameters: where each lives, and its saved-tensor slot (None: written only)."""
-
-    info: KernelInfo
-    index: int
-    views: dict[str, View]
-    slots: dict[str, int | None] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return _launch_name(self.index, self.info)
-
-    @functools.cached_property
-    def replayed(self) -> tuple[tuple[str, int | None, tuple], ...]:
-        """Per tensor parameter: its saved slot, or (slot None) the dtype and device of a stand-in."""
-        return tuple((p, slot, (self.views[p].dtype, self.views[p].device)) for p, slot in self.slots.items())
-
-    def params(self, role: str) -> list[str]:
-        """Tensor parameters in a role ("loads", "stores", "overwrites", "inputs"), in parameter order."""
-        roles = self.info.roles
-        if roles is None:  # unknown: every tensor may be read and written
-            return [p for p in self.views if role != "overwrites"]
-        chosen = getattr(roles, role)
-        return [p for p in self.views if p in chosen]
-
-
-# -- plans -----------------------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class Plan:
-    """What every call with one key shares: its checked launches and the layout of its backward.
-
-    Tensors are named by their position among the call's distinct tensors (``_Tensors``).
-    """
-
-    launches: tuple[LaunchPlan, ...]
-    saved: tuple[int, ...]  # the tensors to save for the backward, by slot
-    inputs: tuple[int, ...]  # the tensors to differentiate (bare ops; named ops pass theirs)
-    input_views: tuple[View, ...]
-    output_views: tuple[View, ...]
-    storages: dict[int, tuple[torch.dtype, int, int]]  # storage key -> (dtype, lo, hi) of its shadow
-    whole: frozenset[int]  # storages seen through one contiguous view only: the shadow is that view
-    constants: tuple[int, ...]  # the outputs that are not floating point (not differentiable)
-    # derived from the above:
-    buffers: dict[int, tuple] = field(init=False)  # storage key -> (shape, dtype, device) of its shadow
-    input_shadows: tuple[Shadow | None, ...] = field(init=False)  # per input; None: no gradient
-    plain_inputs: bool = field(init=False)  # whether each input's gradient is its shadow buffer (_input_grads)
-    outputs: tuple[tuple | None, ...] = field(init=False)  # per output: (Shadow, reusable, size, dtype)
-    schedules: dict[tuple, tuple] = field(init=False, default_factory=dict)  # see steps
-    checked: set[tuple] = field(init=False, default_factory=set)  # schedules checked for stray gradients
-
-    def __post_init__(self):
-        self.buffers = {k: self._buffer(k) for k in self.storages}
-        self.input_shadows = tuple(self.shadow(v) if v.key in self.storages else None for v in self.input_views)
-        keys = [v.key for v in self.input_views if v.key in self.storages]
-        self.plain_inputs = len(set(keys)) == len(keys) and all(
-            v.key in self.whole and shadow_dtype(v.dtype) == v.dtype for v in self.input_views if v.key in keys)
-        reusable = _reusable_outputs(self.launches, self.output_views, self.input_views, self.whole)
-        self.outputs = tuple((self.shadow(v), r, v.size, v.dtype) if v.key in self.storages else None
-                             for v, r in zip(self.output_views, reusable, strict=True))
-
-    def _buffer(self, key: int) -> tuple:
-        dtype, lo, hi = self.storages[key]
-        if key in self.whole:
-            shape, device = next((v.size, v.device) for v in self.views() if v.key == key)
-        else:
-            shape, device = (hi - lo,), next(v.device for v in self.views() if v.key == key)
-        return shape, shadow_dtype(dtype), device
-
-    def views(self) -> list[View]:
-        return [v for launch in self.launches for v in launch.views.values()] + [*self.output_views,
-                                                                                   *self.input_views]
-
-    def shadow(self, v: View) -> Shadow:
-        """Where a view's gradient lives."""
-        return Shadow(v.key, None if v.key in self.whole else (v.size, v.stride, v.offset - self.storages[v.key][1]))
-
-    def steps(self, needs: tuple[bool, ...], present: tuple[bool, ...]) -> tuple[Step, ...]:
-        """The launches to replay, newest first; cached per (inputs needing gradients, outputs
-        given gradients).
-
-        ``wrt`` of a launch: its differentiable inputs whose storage depends on a needed
-        input at that point of the forward. ``outputs``: the parameters it stores whose
-        storage carries gradient (an op output with a gradient, or a buffer a later
-        launch's backward accumulated into). A launch with neither is not replayed.
-        """
-        steps = self.schedules.get((needs, present))
-        if steps is None:
-            steps = self.schedules[(needs, present)] = self._steps(needs, present)
-        return steps
-
-    def _steps(self, needs: tuple[bool, ...], present: tuple[bool, ...]) -> tuple[Step, ...]:
-        varied = {v.key for v, need in zip(self.input_views, needs, strict=True) if need}
-        wrts = []
-        for launch in self.launches:
-            wrt = tuple(p for p in launch.params("inputs") if launch.views[p].key in varied and self.carries(launch, p))
-            wrts.append(wrt)
-            if wrt:
-                varied.update(launch.views[p].key for p in launch.params("stores"))
-        shadowed = {v.key for v, given in zip(self.output_views, present, strict=True)
-                    if given and v.key in self.storages}
-        steps = []
-        for launch, wrt in zip(reversed(self.launches), reversed(wrts), strict=True):
-            outputs = tuple(p for p in launch.params("stores") if launch.views[p].key in shadowed
-                            and self.carries(launch, p))
-            if wrt and outputs:
-                steps.append(Step(launch, wrt, outputs))
-                shadowed.update(launch.views[p].key for p in (*wrt, *outputs))
-        return tuple(steps)
-
-    def carries(self, launch: LaunchPlan, p: str) -> bool:
-        """Whether gradient can flow through the parameter: a float tensor with a shadow."""
-        return launch.views[p].dtype.is_floating_point and launch.views[p].key in self.storages
-
-
-@dataclass(frozen=True)
-class Shadow:
-    """Where a view's gradient lives: the shadow buffer of storage ``key`` seen through ``view``
-    ((sizes, strides, offset) into the buffer; None where the buffer is the view itself)."""
-
-    key: int
-    view: tuple | None
-
-
-@dataclass(eq=False)
-class Step:
-    """A launch to replay in a backward, with the parameters to differentiate with respect to
-    and the stored ones whose gradients flow back."""
-
-    launch: LaunchPlan
-    wrt: tuple[str, ...]
-    outputs: tuple[str, ...]
-    derived: tuple | None = None  # (the grad function used, the derived kernel, [(shadow parameter, Shadow)])
-
-    def derive(self, kernel: Any, plan: Plan) -> tuple[Any, list[tuple[str, Shadow]]]:
-        """The derived kernel and where its shadow parameters point. Looked up once: grad caches
-        too, but looking up costs microseconds; again if ``grad`` was replaced (tests spy on it)."""
-        derived = self.derived
-        if derived is None or derived[0] is not grad:
-            bwd = grad(kernel, self.wrt, self.outputs)
-            shadows = [(shadow, plan.shadow(self.launch.views[primal])) for primal, shadow in bwd.shadow_params.items()]
-            derived = self.derived = (grad, bwd, shadows)
-        return derived[1], derived[2]
-
-
-def _whole_storages(storages: dict, views: list[View]) -> frozenset[int]:
-    """The storages whose views are all one contiguous view (the common case: a fresh output)."""
-    layouts: dict[int, set] = {}
-    for v in views:
-        if v.key in storages:
-            layouts.setdefault(v.key, set()).add((v.size, v.stride, v.offset))
-    return frozenset(k for k, seen in layouts.items()
-                     if len(seen) == 1 and next(v for v in views if v.key == k).contiguous)
-
-
-def _reusable_outputs(plan_launches: tuple[LaunchPlan, ...], output_views: tuple[View, ...],
-                      input_views: tuple[View, ...], whole: frozenset[int]) -> tuple[bool, ...]:
-    """Per output: whether its incoming gradient can serve as its storage's shadow as it is.
-
-    Derived kernels only read output shadows; a shadow is written only where a launch's
-    backward accumulates into it (a parameter in the "inputs" role) or where an input's
-    gradient is taken from it. A storage with neither, seen through this output's view
-    only, and whose shadow dtype is the output's dtype, can take the gradient uncopied.
-    """
-    written = {launch.views[p].key for launch in plan_launches for p in launch.params("inputs")}
-    written.update(v.key for v in input_views)
-    keys = [v.key for v in output_views]
-    return tuple(v.key in whole and v.key not in written and keys.count(v.key) == 1
-                 and shadow_dtype(v.dtype) == v.dtype for v in output_views)
-
-
-_stand_ins: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-
-
-def _stand_in(dtype_device: tuple[torch.dtype, torch.device]) -> torch.Tensor:
-    """A one-element tensor for a parameter a launch only writes: derived kernels drop the
-    forward's stores, so nothing reads or writes it (one per dtype and device, kept)."""
-    t = _stand_ins.get(dtype_device)
-    if t is None:
-        dtype, device = dtype_device
-        t = _stand_ins[dtype_device] = torch.empty(1, dtype=dtype, device=device)
-    return t
-
-
-# -- the tape --------------------------------------------------------------------------------------
-
-
-class OpError(RuntimeError):
-    """A tritongrad.op was used in a way its backward cannot honour."""
 
 
 class Tape:
@@ -476,8 +230,8 @@ class Tape:
     def __init__(self, name: str, plans: dict | None = None):
         self.name = name
         self.plans = {} if plans is None else plans
-        self.launches: list[Launch] = []
-        self.patterns: list[tuple] = []  # per launch: what the plan's key takes from it (see Launch)
+        self.launches: list[RecordedLaunch] = []
+        self.patterns: list[tuple] = []  # per launch: what the plan's key takes from it (see RecordedLaunch)
         self.tensors: _Tensors | None = _Tensors()  # until closed: the tensors launches were passed
 
     def recording(self) -> Tape:
@@ -508,13 +262,13 @@ class Tape:
                 _pointers_checked.clear()
             _pointers_checked.add(pattern)
         if callable(grid):
-            grid = grid({**info.defaults, **info.bind(args, kwargs)[0]})
+            grid = grid({**info.defaults, **info.named_arguments(args, kwargs)[0]})
         n = len(args)
         if kwargs:
             if positions[n:].count(None) != len(kwargs):  # kwargs is a dict of our own (**kwargs): kept
                 kwargs = dict(zip(kwargs, kept[n:], strict=True))  # unless it holds tensors
             kept = kept[:n]
-        self.launches.append(Launch(kernel, info, index, tuple(grid), kept, kwargs))
+        self.launches.append(RecordedLaunch(kernel, info, index, tuple(grid), kept, kwargs))
         self.patterns.append(pattern)
 
     def _check_devices(self, index: int, info: KernelInfo, args: tuple, kwargs: dict) -> None:
@@ -522,7 +276,7 @@ class Tape:
         CPU for a compiled kernel."""
         for p, v in (*zip(info.params, args, strict=False), *kwargs.items()):
             if isinstance(v, torch.Tensor):
-                self._check_device(_launch_name(index, info), info, p, v)
+                self._check_device(launch_name(index, info), info, p, v)
 
     def _check_pointers(self, index: int, info: KernelInfo, args: tuple, kwargs: dict, positions: tuple) -> bool:
         """Refuse, before the kernel runs, non-tensors passed as pointers (None is allowed).
@@ -532,7 +286,7 @@ class Tape:
         for p, v, i in zip(names, (*args, *kwargs.values()), positions, strict=True):
             if i is None and p in info.pointers:
                 if v is not None:
-                    raise self._not_a_pointer(_launch_name(index, info), p, v)
+                    raise self._not_a_pointer(launch_name(index, info), p, v)
                 all_tensors = False
         return all_tensors
 
@@ -548,11 +302,11 @@ class Tape:
             raise self.error(f"{launch} passes a tensor on {t.device} to `{param}`, but the op's tensors are on "
                              f"{self.tensors.device}; put them on one device")
 
-    def close(self, outputs: tuple, args: tuple, kwargs: dict, bind: Callable[[tuple, dict], dict],
+    def close(self, outputs: tuple, args: tuple, kwargs: dict, tensor_arguments: Callable[[tuple, dict], dict],
               diff_inputs: list | None = None) -> list:
         """Check the finished forward; returns the tensors to differentiate with respect to.
 
-        ``args``, ``kwargs``: the op's arguments as passed; ``bind(args, kwargs)`` names its
+        ``args``, ``kwargs``: the op's arguments as passed; ``tensor_arguments(args, kwargs)`` names its
         tensor arguments (called only to check a new kind of call). ``diff_inputs``: the
         tensors to differentiate (named ops); by default every tensor a launch reads that
         requires grad. Afterwards the tape holds its plan and the launches' non-tensor
@@ -562,13 +316,13 @@ class Tape:
         tensors, self.tensors = self.tensors, None
         # the key: what the checks and the plan depend on, equal for calls that launch the same
         # kernels, passing tensors the same way, laid out the same way (as ``tensors`` describes
-        # them). The op's arguments are in it as passed: the tensors ``bind`` names follow.
+        # them). The op's arguments are in it as passed: the tensors ``tensor_arguments`` names follow.
         positions = tensors.take((*outputs, *args, *kwargs.values()))[0]
         diff = None if diff_inputs is None else tensors.take(tuple(diff_inputs))[0]
         key = (tuple(self.patterns), len(outputs), positions, tuple(kwargs), diff, tuple(tensors.described))
         plan = self.plans.get(key)
         if plan is None:  # a new kind of call: check it (raises) and lay out its backward
-            arguments = {name: tensors.index[id(t)] for name, t in bind(args, kwargs).items()}
+            arguments = {name: tensors.index[id(t)] for name, t in tensor_arguments(args, kwargs).items()}
             plan = self._plan(key, tensors, outputs, arguments)
             if len(self.plans) >= MAX_PLANS:
                 self.plans.pop(next(iter(self.plans), None), None)
@@ -589,7 +343,7 @@ class Tape:
         launches = []
         for launch, (_, positions, names) in zip(self.launches, patterns, strict=True):
             n = len(positions) - len(names)
-            named, _ = launch.info.bind(positions[:n], dict(zip(names, positions[n:], strict=True)))
+            named, _ = launch.info.named_arguments(positions[:n], dict(zip(names, positions[n:], strict=True)))
             params = {p: i for p, i in named.items() if i is not None}  # tensor parameter -> position
             checked = LaunchPlan(launch.info, launch.index, {p: tensors.view(i) for p, i in params.items()})
             launches.append(checked)
@@ -622,7 +376,7 @@ class Tape:
         storages = self._storages(views)
         constants = tuple(i for i, v in enumerate(output_views) if not v.dtype.is_floating_point)
         return Plan(tuple(launches), tuple(slots), diff, tuple(input_views), tuple(output_views), storages,
-                    _whole_storages(storages, views), constants)
+                    whole_storages(storages, views), constants)
 
     def _hazards(self, launch: LaunchPlan, read: dict, written: dict) -> None:
         """Refuse what replaying the launches against final memory would get wrong."""
@@ -690,144 +444,12 @@ class Tape:
     # -- backward -----------------------------------------------------------------------------------
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        """Gradients of the differentiated inputs (None where not needed or not reached).
-
-        Runs with grad mode off: the replay is not itself differentiated (under
-        ``create_graph=True`` too).
-        """
-        if torch.is_grad_enabled():  # torch.no_grad costs microseconds: entered only when needed
-            with torch.no_grad():
-                return self._backward(saved, grads, needs)
-        return self._backward(saved, grads, needs)
-
-    def _backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        plan = self.plan
-        schedule = (tuple(needs), tuple([g is not None for g in grads]))
-        steps = plan.steps(*schedule)
-        # the first backward of a schedule surrounds its shadows with zeros and looks for gradient where no
-        # tensor lies (_check_strays); not while a CUDA graph is captured, where it could not wait for the device
-        guards = None if schedule in plan.checked or _capturing() else {}
-        shadows: dict[int, torch.Tensor] = {}
-        for output, g in zip(plan.outputs, grads, strict=True):
-            if output is None or g is None:
-                continue
-            shadow, reusable, size, dtype = output
-            if reusable and g.is_contiguous() and g.shape == size and g.dtype == dtype:
-                shadows[shadow.key] = g  # derived kernels only read it: no zero-filled copy
-            else:
-                self._shadow(shadows, shadow, guards).add_(g)
+        """Gradients of the differentiated inputs (None where not needed or not reached): replay.py."""
         token = _current.set(None)  # derived kernels are not recorded, even inside another op's forward
         try:
-            for step in steps:
-                self._replay(step, saved, shadows, guards)
-                if guards is not None:
-                    self._check_strays(step, guards)
+            return Replay(self.name, self.plan, self.launches).run(saved, grads, needs)
         finally:
             _current.reset(token)
-        result = self._input_grads(shadows, needs)
-        if guards is None:
-            return result
-        plan.checked.add(schedule)
-        return [None if g is None else g.clone() for g in result]  # not views of the guarded buffers
-
-    def _check_strays(self, step: Step, guards: dict) -> None:
-        """Refuse a launch whose backward put gradient on memory outside the tensors it was passed.
-
-        A derived kernel adds each load's gradient at the load's address in the shadow, so this
-        means the forward read memory that is not an element of the tensor it was passed (a length,
-        stride or count the host function got wrong, a non-contiguous tensor read as contiguous):
-        memory whose gradient has nowhere to go. Checked: the zeros around the shadow, and the gaps
-        a strided view leaves in it.
-        """
-        launch = step.launch
-        for p in step.wrt:
-            key = launch.views[p].key
-            flat, pad, n = guards[key]
-            stray = flat != 0  # NaN too
-            lo = self.plan.storages[key][1]
-            views = [v for v in self.plan.input_views if v.key == key] or [v for v in self.plan.views() if v.key == key]
-            for v in views:  # the elements whose gradients the inputs (or, for a buffer, the launches) take
-                stray.as_strided(v.size, v.stride, pad + v.offset - lo).fill_(False)
-            if bool(stray.any()):
-                v = launch.views[p]
-                raise self.error(f"{launch} reads memory outside the elements of the tensor passed to `{p}` (sizes "
-                                 f"{v.size}, strides {v.stride}): their gradient has nowhere to go. Check the sizes, "
-                                 "strides and counts the host function passes with that tensor (does it assume "
-                                 "contiguous memory?)")
-
-    def _replay(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> None:
-        launch = self.launches[step.launch.index]
-        if launch.info.roles is None:
-            error, note = launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)"
-            if note not in getattr(error, "__notes__", ()):
-                error.add_note(note)
-            raise error
-        bwd, shadow_params = step.derive(launch.kernel, self.plan)
-        # the forward's arguments and launch options, all passed by keyword
-        args = dict(zip(launch.info.params, launch.args, strict=False))
-        args.update(launch.kwargs)
-        for p, slot, stand_in in step.launch.replayed:
-            args[p] = saved[slot] if slot is not None else _stand_in(stand_in)
-        for p, shadow in shadow_params:
-            args[p] = self._shadow(shadows, shadow, guards)
-        bwd[launch.grid](**args)
-
-    def _shadow(self, shadows: dict, shadow: Shadow, guards: dict | None = None) -> torch.Tensor:
-        """A view's shadow, its storage's zero-filled buffer made on first use. With ``guards`` (a
-        checked backward) the buffer lies between zeros, ``guards[key] = (all of it, pad, size)``."""
-        buffer = shadows.get(shadow.key)
-        if buffer is None:
-            shape, dtype, device = self.plan.buffers[shadow.key]
-            if guards is None:
-                buffer = torch.zeros(shape, dtype=dtype, device=device)
-            else:
-                n = math.prod(shape)
-                pad = min(max(n, GUARD[0]), GUARD[1])
-                flat = torch.zeros(n + 2 * pad, dtype=dtype, device=device)
-                buffer, guards[shadow.key] = flat[pad:pad + n].view(shape), (flat, pad, n)
-            shadows[shadow.key] = buffer
-        if shadow.view is None:
-            return buffer
-        size, stride, offset = shadow.view
-        return buffer.as_strided(size, stride, buffer.storage_offset() + offset)
-
-    def _input_grads(self, shadows: dict, needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        """Each input's gradient, such that autograd, mapping them back through the inputs' views,
-        adds each memory element's gradient exactly once: an element several inputs (or one
-        self-overlapping input, such as an expanded one) cover goes to the first covering position."""
-        plan = self.plan
-        if plan.plain_inputs:  # distinct storages, each one contiguous view, no cast: the shadows as they are
-            return [shadows.get(v.key) if need else None for v, need in zip(plan.input_views, needs, strict=True)]
-        keys = [v.key for v, need in zip(plan.input_views, needs, strict=True) if need and v.key in shadows]
-        grads = []
-        for v, shadow, need in zip(plan.input_views, plan.input_shadows, needs, strict=True):
-            if not need or v.key not in shadows:
-                grads.append(None)
-                continue
-            g = self._shadow(shadows, shadow)
-            if shadow.view is not None and torch._debug_has_internal_overlap(g):
-                g = g * _first_cover(v, plan.storages[v.key][1])
-            elif keys.count(v.key) > 1:
-                g = g.clone()
-            if keys.count(v.key) > 1:
-                self._shadow(shadows, shadow).zero_()
-            grads.append(g if g.dtype == v.dtype else g.to(v.dtype))
-        return grads
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def _first_cover(v: View, lo: int) -> torch.Tensor:
-    """1 where a position of a self-overlapping view is the first to address its element, else 0."""
-    dtype, device = torch.int64, v.device
-    address = torch.arange(v.span[1] - lo, dtype=dtype, device=device).as_strided(v.size, v.stride, v.offset - lo)
-    address = address.reshape(-1)
-    position = torch.arange(address.numel(), dtype=dtype, device=device)
-    first = torch.full((v.span[1] - lo,), address.numel(), dtype=dtype, device=device)
-    first.scatter_reduce_(0, address, position, "amin")
-    return (first[address] == position).reshape(v.size).to(shadow_dtype(v.dtype))
 
 
 # -- the launch hooks ------------------------------------------------------------------------------

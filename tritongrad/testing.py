@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .derive import grad, shadow_dtype
-from .frontend import unwrap
+from .source import unwrap
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,259 @@
+"""Conditions on a launch's arguments: what derivation could not decide, as data the launcher evaluates.
+
+A condition is built at derivation from integer expressions (:class:`Expr`) over the
+kernel's parameters, the grid and loop trip counts, and evaluated on each launch's
+arguments (no generated source, nothing ``eval``-ed). It prints as it reads, for
+``tritongrad show``.
+
+- :class:`Apart`: ``sum(c_i * x_i)`` over ``0 <= x_i < extent_i`` takes each value once
+  (lanes, programs and iterations of a store reach distinct elements; see lanes.py).
+- :class:`AtLeast`: one expression is at least another.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .ir import Origin
+from .operations import OPERATIONS
+
+UNKNOWN_TRIP = 1 << 40  # a trip count the launch cannot read: taken as huge (apart() accepts it only where harmless)
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//"}
+
+
+class Unreadable(Exception):
+    """A value the launch cannot give (a local of the kernel, a loaded trip count)."""
+
+
+@dataclass(frozen=True)
+class LaunchValues:
+    """What a launch gives a condition: the kernel's arguments by name and the grid."""
+
+    arguments: Mapping[str, Any]
+    grid: tuple[int, ...]
+
+    def value(self, name: str) -> Any:
+        if name not in self.arguments:
+            raise Unreadable(name)
+        return self.arguments[name]
+
+    def programs(self, axis: int) -> int:
+        return (*self.grid, 1, 1, 1)[axis]
+
+
+@dataclass(frozen=True)
+class Expr:
+    """An integer expression: ``Expr("name", ("N",))``, ``Expr("const", (3,))``, ``Expr("grid", (0,))``,
+    ``Expr("trips", (start, stop, step))``, ``Expr("min" | "abs", ...)``, or an operation kind whose
+    ``on_host`` computes it (``Expr("mul", (a, b))``, ``Expr("cdiv", (a, b))``)."""
+
+    op: str
+    args: tuple = ()
+
+    # -- building --------------------------------------------------------------------------------
+
+    @staticmethod
+    def name(id: str) -> Expr:
+        return Expr("name", (id,))
+
+    @staticmethod
+    def const(value: int) -> Expr:
+        return Expr("const", (value,))
+
+    def __add__(self, other: Expr) -> Expr:
+        return Expr("add", (self, other))
+
+    def __sub__(self, other: Expr) -> Expr:
+        return Expr("sub", (self, other))
+
+    def __mul__(self, other: Expr) -> Expr:
+        return Expr("mul", (self, other))
+
+    @staticmethod
+    def of_text(text: str) -> Expr:
+        """An expression written as Python (a tile's dimension: ``BLOCK``, ``2 * BLOCK``, ``min(B, N)``)."""
+        try:
+            return _from_ast(ast.parse(text, mode="eval").body)
+        except (SyntaxError, ValueError):
+            return Expr("unknown", (text,))
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def evaluate(self, launch: LaunchValues) -> int:
+        op, args = self.op, self.args
+        if op == "const":
+            return args[0]
+        if op == "name":
+            return launch.value(args[0])
+        if op == "grid":
+            return launch.programs(args[0])
+        if op == "unknown":
+            raise Unreadable(args[0])
+        values = [a.evaluate(launch) for a in args]
+        if op == "trips":
+            return len(range(*values))
+        if op == "min":
+            return min(values)
+        if op == "abs":
+            return abs(values[0])
+        return OPERATIONS[op].on_host(*values)
+
+    def names(self) -> set[str]:
+        if self.op == "name":
+            return {self.args[0]}
+        return set().union(*[a.names() for a in self.args if isinstance(a, Expr)])
+
+    def substitute(self, replace: Callable[[str], Expr | None]) -> Expr:
+        """The expression with names replaced where ``replace`` gives an expression for them."""
+        if self.op == "name":
+            return replace(self.args[0]) or self
+        return Expr(self.op, tuple(a.substitute(replace) if isinstance(a, Expr) else a for a in self.args))
+
+    def __str__(self) -> str:
+        op, args = self.op, self.args
+        if op in ("name", "unknown"):
+            return args[0]
+        if op == "const":
+            return str(args[0])
+        if op == "grid":
+            return f"num_programs({args[0]})"
+        if op == "copy":
+            return str(args[0])
+        if op == "neg":
+            return f"-{_operand(args[0])}"
+        if op in _INFIX:
+            return f" {_INFIX[op]} ".join(_operand(a) for a in args)
+        if op == "trips":
+            return f"len(range({', '.join(map(str, args))}))"
+        return f"{op}({', '.join(map(str, args))})"
+
+
+def _operand(e: Expr) -> str:
+    return f"({e})" if e.op in _INFIX else str(e)
+
+
+def _from_ast(node: ast.expr) -> Expr:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return Expr.const(node.value)
+    if isinstance(node, ast.Name):
+        return Expr.name(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return Expr("neg", (_from_ast(node.operand),))
+    if isinstance(node, ast.BinOp):
+        kind = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.FloorDiv: "floordiv"}.get(type(node.op))
+        if kind is not None:
+            return Expr(kind, (_from_ast(node.left), _from_ast(node.right)))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "abs"):
+        return Expr(node.func.id, tuple(_from_ast(a) for a in node.args))
+    raise ValueError(ast.unparse(node))
+
+
+@dataclass(frozen=True)
+class Apart:
+    """``sum(c_i * x_i)`` over ``0 <= x_i < extent_i`` takes each value once (see :func:`apart`).
+
+    ``coordinates``: ``(c_i, extent_i)``; ``bounds``: from a mask, ``(members, limit, mask coefficients)``:
+    over the lanes that store, the members' part of the sum stays within ``limit``."""
+
+    coordinates: tuple[tuple[Expr, Expr], ...]
+    bounds: tuple[tuple[tuple[int, ...], Expr, tuple[Expr, ...]], ...] = ()
+    names_of: tuple[str, ...] = ()  # each coordinate's name, for printing
+
+    def holds(self, launch: LaunchValues) -> bool:
+        coordinates = [(c.evaluate(launch), e.evaluate(launch)) for c, e in self.coordinates]
+        bounds = [(members, limit.evaluate(launch), [c.evaluate(launch) for c in coefficients])
+                  for members, limit, coefficients in self.bounds]
+        return apart(coordinates, bounds)
+
+    def names(self) -> set[str]:
+        exprs = [e for pair in self.coordinates for e in pair]
+        exprs += [e for _, limit, coefficients in self.bounds for e in (limit, *coefficients)]
+        return set().union(*[e.names() for e in exprs])
+
+    def substitute(self, replace: Callable[[str], Expr | None]) -> Apart:
+        return Apart(tuple((c.substitute(replace), e.substitute(replace)) for c, e in self.coordinates),
+                     tuple((m, limit.substitute(replace), tuple(c.substitute(replace) for c in coefficients))
+                           for m, limit, coefficients in self.bounds), self.names_of)
+
+    def __str__(self) -> str:
+        terms = [f"{name}: step {c}, {e} values" for name, (c, e) in
+                 zip(self.names_of or [f"x{i}" for i in range(len(self.coordinates))], self.coordinates, strict=True)]
+        text = f"each element reached once by {'; '.join(terms)}"
+        for members, limit, _ in self.bounds:
+            text += f" (masked: {' + '.join(self.names_of[i] if self.names_of else f'x{i}' for i in members)} " \
+                    f"within {limit})"
+        return text
+
+
+@dataclass(frozen=True)
+class AtLeast:
+    """``larger >= smaller``."""
+
+    larger: Expr
+    smaller: Expr
+
+    def holds(self, launch: LaunchValues) -> bool:
+        return self.larger.evaluate(launch) >= self.smaller.evaluate(launch)
+
+    def names(self) -> set[str]:
+        return self.larger.names() | self.smaller.names()
+
+    def substitute(self, replace: Callable[[str], Expr | None]) -> AtLeast:
+        return AtLeast(self.larger.substitute(replace), self.smaller.substitute(replace))
+
+    def __str__(self) -> str:
+        return f"{self.larger} >= {self.smaller}"
+
+
+Condition = Apart | AtLeast
+
+
+@dataclass(frozen=True)
+class LaunchCheck:
+    """A condition on the launch's arguments under which the derived kernel is right; a launch where it is
+    false is refused with ``construct`` and ``hint``. Where it cannot be evaluated (a value the launch does
+    not give), ``fallback`` is refused if set, else the launch passes."""
+
+    condition: Condition
+    construct: str
+    hint: str
+    where: Origin | None
+    fallback: str | None = None
+
+    def __str__(self) -> str:
+        at = f"line {self.where.line}: " if self.where is not None else ""
+        return f"{at}{self.condition}"
+
+
+def apart(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...], int, list[int]]]) -> bool:
+    """Whether ``sum(c_i * x_i)`` over ``0 <= x_i < extent_i`` takes each value once (a sufficient test).
+
+    ``coordinates``: ``(c_i, extent_i)``; ``bounds``: ``(members, limit, coefficients)`` from the mask, saying
+    that over the lanes that store, the members' part of the sum stays within ``limit`` (valid when the
+    mask's own coefficients are positive). Taken in order of ``|c_i|``, each coordinate must step over
+    everything the smaller ones can span."""
+    coordinates = list(coordinates)
+    for members, limit, mask_coefficients in bounds:  # each term of a bounded sum of positive terms is bounded
+        if all(c > 0 for c in mask_coefficients):
+            for j in members:
+                c, e = coordinates[j]
+                if c != 0:
+                    coordinates[j] = (c, max(0, min(e, limit // abs(c) + 1)))
+    order = sorted((i for i, (_, e) in enumerate(coordinates) if e > 1), key=lambda i: abs(coordinates[i][0]))
+    below = [i for i, (_, e) in enumerate(coordinates) if e <= 1]  # one value each: they span nothing
+    for i in order:
+        grouped: set[int] = set()
+        span = 0
+        for members, limit, mask_coefficients in bounds:
+            if set(members) <= set(below) and not grouped & set(members) and all(c > 0 for c in mask_coefficients):
+                span += min(sum(abs(coordinates[j][0]) * (coordinates[j][1] - 1) for j in members), limit)
+                grouped |= set(members)
+        span += sum(abs(coordinates[j][0]) * (coordinates[j][1] - 1) for j in below if j not in grouped)
+        if abs(coordinates[i][0]) <= span:
+            return False
+        below.append(i)
+    return True

@@ -1,0 +1,205 @@
+"""Flattening ``if`` and ``for`` statements: blocks of their own, with copies where control flow joins.
+
+A variable assigned in a branch gets a merge name assigned at the end of both branches
+(Triton's rule for a runtime ``if``); a variable a loop body assigns that had a value
+before the loop is carried: a copy gives it its initial value before the loop, another
+its next value at the end of the body (see ir.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+
+from .expressions import name_node, rename_globals
+from .ir import Carried, Op
+from .operations import LOADS, operation_of
+from .source import triton_language_name
+
+
+class ControlFlowFlattener:
+    """The ``if`` / ``for`` half of :class:`frontend.Normalizer`."""
+
+    def nested_block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
+        """Flatten ``stmts`` into a block of their own (a branch or a loop body)."""
+        saved, self.out = self.out, []
+        try:
+            self.block(stmts)
+            return self.out
+        finally:
+            self.out = saved
+
+    def if_statement(self, stmt: ast.If) -> None:
+        """``if`` / ``elif`` / ``else``: each branch a block; a variable either assigns gets a merge name,
+        assigned at the end of both branches (Triton's rule for a runtime ``if``)."""
+        test = self.atom(stmt.test, stmt)
+        static = self.is_constexpr(test)
+        frame = self.frame
+        env, gone = dict(frame.env), dict(frame.gone)
+        branches = []
+        for body in (stmt.body, stmt.orelse):
+            frame.env, frame.gone = dict(env), dict(gone)
+            branches.append((self.nested_block(body), frame.env, frame.gone))
+        frame.env, frame.gone = dict(env), {**branches[0][2], **branches[1][2]}
+        merges = []
+        names = [n for n in {**branches[0][1], **branches[1][1]} if any(
+            n not in env or _differs(b[1].get(n), env[n]) for b in branches)]
+        for name in names:
+            values = [b[1].get(name) for b in branches]
+            if None not in values and not _differs(*values):
+                frame.env[name] = values[0]
+                continue
+            if None in values and not static:
+                line = self.origin(stmt).line
+                frame.gone[name] = (f"it is assigned in only one branch of the `if` on line {line}, and Triton "
+                                    "keeps a value after a runtime `if` only when both branches assign it")
+                continue
+            # a version first assigned in a branch becomes the merge variable itself there (no copy)
+            blocks = [b[0] for b in branches]
+            own = [v is not None and _assigned_at_top(block, v) for block, v in zip(blocks, values, strict=True)]
+            merged = next((v.id for v, ok in zip(values, own, strict=True) if ok), None)
+            if merged is None:
+                merged = self.new_version(name)
+            frame.env[name] = name_node(merged)
+            for block, value, ok in zip(blocks, values, own, strict=True):
+                if ok:
+                    _rename(block, value.id, merged)
+                elif value is not None:
+                    self.out, saved = block, self.out
+                    self._finish(ast.Assign(targets=[name_node(merged, ast.Store())], value=value), Op("copy", [value]),
+                                 stmt, join=True)
+                    self.out = saved
+            if all(self.is_constexpr(v) for v in values if v is not None):
+                self.constexprs.add(merged)
+            merges.append(merged)
+        for name in frame.env:
+            frame.gone.pop(name, None)
+        node = ast.If(test=test, body=branches[0][0], orelse=branches[1][0])
+        self._finish(node, Op("if", [test]), stmt, merges=merges, static=static)
+
+    def for_loop(self, stmt: ast.For) -> None:
+        """``for`` over ``range`` / ``tl.range`` / ``tl.static_range``. A variable the body assigns that has
+        a value before the loop is carried: a copy gives it its initial value before the loop, another its
+        next value at the end of the body; names first assigned in the body do not outlive the loop."""
+        if stmt.orelse:
+            raise self.refuse(stmt, "a `for ... else`", "Triton loops have no `else`; put it after the loop")
+        if not isinstance(stmt.target, ast.Name):
+            raise self.refuse(stmt, "a `for` loop with a tuple target", "loop over one index: `for i in range(n)`")
+        iterator = stmt.iter
+        obj = self.resolve(iterator.func) if isinstance(iterator, ast.Call) else None
+        if obj is not builtins.range and triton_language_name(obj) not in ("range", "static_range"):
+            raise self.refuse(stmt, f"a `for` loop over `{ast.unparse(iterator)}`",
+                              "loop over range(...), tl.range(...) or tl.static_range(...)")
+        if any(isinstance(a, ast.Starred) for a in iterator.args) or any(k.arg is None for k in iterator.keywords):
+            raise self.refuse(stmt, "a loop range with *args or **kwargs", "pass the bounds explicitly")
+        args = [self.atom(a, stmt) for a in iterator.args]
+        kwargs = {k.arg: self.atom(k.value, stmt) for k in iterator.keywords}
+        if obj is not builtins.range:
+            self._import_globals(iterator.func)
+        callee = rename_globals(iterator.func, self.frame, self)
+        static = triton_language_name(obj) == "static_range"
+        frame = self.frame
+        target = stmt.target.id
+        assigned = _assigned_names(stmt.body)
+        carried = []
+        for name in assigned:
+            if name in frame.env and name != target:
+                init = frame.env[name]
+                phi = self._reusable_init(init)  # `acc = tl.zeros(...)` is the carried variable itself
+                if phi is None:
+                    phi = self.new_version(name)
+                    self._finish(ast.Assign(targets=[name_node(phi, ast.Store())], value=init), Op("copy", [init]),
+                                 stmt)
+                carried.append((name, phi, init))
+        outside = dict(frame.env)
+        index = self.new_version(target)
+        if static:
+            self.constexprs.add(index)
+        self.out, saved = [], self.out
+        self.block(stmt.body)
+        records = []
+        for name, phi, init in carried:
+            nxt = frame.env[name]
+            if not _differs(nxt, name_node(phi)):
+                continue
+            last = _last_assignment(self.out, nxt)
+            if last is not None and not operation_of(last.tg.op).reads_result and not _reads(
+                    self.out[self.out.index(last) + 1:], {nxt.id, phi}):
+                last.targets[0].id = phi  # `acc = acc + x` updates it in place: no copy
+            else:
+                self._finish(ast.Assign(targets=[name_node(phi, ast.Store())], value=nxt), Op("copy", [nxt]), stmt,
+                             join=True)
+            records.append(Carried(phi, init, name_node(phi) if last is not None and last.targets[0].id == phi else nxt,
+                                   name))
+        body, self.out = self.out, saved
+        line = self.origin(stmt).line
+        for name in set(frame.env) - set(outside) | {target}:
+            frame.gone[name] = (f"it is assigned inside the loop on line {line}, and Triton keeps after a loop "
+                                "only the variables that had a value before it")
+        frame.env = {**outside, **{name: name_node(phi) for name, phi, _ in carried}}
+        frame.env.pop(target, None)
+        loop = ast.For(target=name_node(index, ast.Store()), iter=ast.Call(func=callee, args=args, keywords=[
+            ast.keyword(arg=k, value=v) for k, v in kwargs.items()]), body=body, orelse=[])
+        self._finish(loop, Op("for", args, kwargs, obj), stmt, carried=records, static=static)
+
+    def _reusable_init(self, init: ast.expr) -> str | None:
+        """The name of a loop's initial value, when the loop can carry that variable itself: assigned at
+        the top of the current block, read by nothing else, by an operation whose adjoint does not read
+        its result (which the loop overwrites), not a load."""
+        if not isinstance(init, ast.Name):
+            return None
+        stmt = _last_assignment(self.out, init)
+        if stmt is None or operation_of(stmt.tg.op).reads_result or stmt.tg.op.kind in LOADS or _reads(
+                self.out[self.out.index(stmt) + 1:], {init.id}):
+            return None  # (a load stays apart: its value types the adjoint without replaying the loop)
+        return init.id
+
+
+def _differs(a: ast.expr | None, b: ast.expr | None) -> bool:
+    return a is None or b is None or ast.dump(a) != ast.dump(b)
+
+
+def _assigned_at_top(block: list[ast.stmt], atom: ast.expr) -> bool:
+    """Whether the block itself assigns ``atom`` (a statement at its top, or the merge of an if there)."""
+    if not isinstance(atom, ast.Name):
+        return False
+    if any(isinstance(s, ast.For) and atom.id in {c.name for c in s.tg.carried} for s in block):
+        return False
+    return _last_assignment(block, atom) is not None or any(
+        isinstance(s, ast.If) and atom.id in s.tg.merges for s in block)
+
+
+def _last_assignment(block: list[ast.stmt], atom: ast.expr) -> ast.Assign | None:
+    """The statement at the top of ``block`` that assigns the name ``atom``, if any."""
+    if not isinstance(atom, ast.Name):
+        return None
+    for s in reversed(block):
+        if isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Name) and s.targets[0].id == atom.id:
+            return s
+    return None
+
+
+def _reads(stmts: list[ast.stmt], names: set[str]) -> bool:
+    return any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in names
+               for s in stmts for n in ast.walk(s))
+
+
+def _rename(block: list[ast.stmt], old: str, new: str) -> None:
+    """Rename a name everywhere in a block (the operations' atoms are the same nodes)."""
+    for s in block:
+        for n in ast.walk(s):
+            if isinstance(n, ast.Name) and n.id == old:
+                n.id = new
+            if isinstance(n, ast.If):
+                n.tg.merges = [new if m == old else m for m in n.tg.merges]
+
+
+def _assigned_names(stmts: list[ast.stmt]) -> list[str]:
+    """Source names a block assigns (loop targets and nested blocks included), in order."""
+    names: dict[str, None] = {}
+    for stmt in stmts:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                names[n.id] = None
+    return list(names)
+

@@ -1,0 +1,86 @@
+"""Adjoints of memory operations: a load's adjoint reaches the input's shadow, a store's reads the output's.
+
+- a store of an output: the adjoint of the stored value is loaded from the output's
+  shadow with the store's mask (masked-off lanes read zero);
+- a load of a ``wrt`` input: its adjoint is added into the input's shadow with
+  ``tl.atomic_add`` (correct whatever the access pattern);
+- tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
+  ``desc.load``'s adds ``d_desc.atomic_add(offsets, g)`` where descriptors can add.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+
+from .blockptr import block_addresses, block_mask
+from .ir import arguments, is_none, name_node, op_of, refuse, stored_value, where
+from .operations import instantiate, operation_of
+
+
+class MemoryAdjoints:
+    """The memory half of :class:`reverse.BackwardBuilder`."""
+
+    def reverse_load(self, stmt: ast.stmt, t: str) -> None:
+        b = arguments(stmt)
+        shadow, g = name_node(self.shadow_name(b["pointer"].id)), name_node(self.g_of(stmt))
+        if op_of(stmt).kind == "desc_load":
+            self.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
+            return
+        keywords = [ast.keyword("mask", copy.deepcopy(b["mask"]))] if not is_none(b["mask"]) else []
+        self.emit(ast.Expr(ast.Call(instantiate("tl.atomic_add", {}), [shadow, g], keywords)))
+
+    def descriptor_accumulate(self, stmt: ast.stmt, shadow: ast.Name, offsets: ast.expr, g: ast.Name) -> ast.If:
+        """``d_desc.atomic_add(offsets, g)``; where descriptors cannot add (float64 shadows, Triton's
+        interpreter: decided when the kernel compiles), pointer atomics on the block's addresses, the
+        elements outside the tensor masked."""
+        make = self.descriptor_definition(stmt, arguments(stmt)["pointer"].id)
+        b = arguments(make)
+        sizes, strides, block = (b[k].elts for k in ("shape", "strides", "block_shape"))
+        indices = [f"({ast.unparse(o)} + tl.arange(0, {ast.unparse(n)}))" for o, n in zip(offsets.elts, block,
+                                                                                          strict=True)]
+        base = ast.unparse(name_node(self.shadow_name(b["base"].id)))
+        text = (f"if tg.DESCRIPTOR_ATOMICS and {shadow.id}.dtype != tl.float64:\n"
+                f"    {shadow.id}.atomic_add({ast.unparse(offsets)}, {g.id}.to({shadow.id}.dtype))\n"
+                f"else:\n"
+                f"    tl.atomic_add({block_addresses(base, indices, [ast.unparse(s) for s in strides])}, {g.id}, "
+                f"mask={block_mask(indices, [ast.unparse(s) for s in sizes])})")
+        return ast.parse(text).body[0]
+
+    def descriptor_definition(self, stmt: ast.stmt, name: str) -> ast.stmt:
+        """The ``tl.make_tensor_descriptor`` statement a descriptor comes from (through copies)."""
+        defs = self.defs.get(name, [])
+        kinds = {op_of(d).kind for d in defs}
+        if kinds == {"make_tensor_descriptor"} and len({ast.dump(d.value) for d in defs}) == 1:
+            return defs[0]
+        if kinds == {"copy"} and len({ast.unparse(op_of(d).args[0]) for d in defs}) == 1:
+            return self.descriptor_definition(stmt, op_of(defs[0]).args[0].id)
+        raise refuse(where(stmt), f"a load through the descriptor `{name}`, which has several definitions",
+                     "make each tensor descriptor once, with one name")
+
+    def reverse_store(self, stmt: ast.stmt) -> None:
+        op = op_of(stmt)
+        b = arguments(stmt)
+        base = self.analysis.pointer_base[b["pointer"].id]
+        if base not in self.analysis.outputs:
+            return
+        value = stored_value(stmt)
+        if not self.analysis.is_active(value):
+            return
+        if operation_of(op).memory not in ("store", "accumulate"):
+            raise refuse(where(stmt), f"`{op.kind}` of a differentiated value",
+                         "only tl.store and tl.atomic_add outputs can be differentiated")
+        self.comment_for(stmt)
+        address = b["pointer"].id
+        shadow = name_node(self.shadow_name(address))
+        if op.kind.startswith("desc_"):  # out-of-bounds elements read as zero, as the forward dropped them
+            incoming = instantiate("d.load(offsets)", {"d": shadow, "offsets": b["offsets"]})
+        else:
+            keywords = []
+            if not is_none(b["mask"]):
+                keywords = [ast.keyword("mask", copy.deepcopy(b["mask"])), ast.keyword("other", ast.Constant(0.0))]
+            incoming = ast.Call(instantiate("tl.load", {}), [shadow], keywords)
+        if not self.same_shape(value.id, address):
+            incoming = instantiate("tg.unbroadcast(c, x)", {"c": incoming, "x": value})
+        self.accumulate(value.id, incoming)
+

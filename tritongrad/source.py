@@ -1,0 +1,74 @@
+"""Kernel objects and their source: the jit function under the wrappers, its parsed source and scope."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import NotDifferentiableError
+from .ir import Origin
+
+
+def unwrap(kernel: Any) -> Any:
+    """The jit function under ``@triton.autotune`` / ``@triton.heuristics`` wrappers."""
+    seen = 0
+    while not is_jit(kernel) and hasattr(kernel, "fn") and seen < 10:
+        kernel, seen = kernel.fn, seen + 1
+    if not is_jit(kernel):
+        raise TypeError(f"expected a @triton.jit kernel, got {type(kernel).__name__}")
+    return kernel
+
+
+def is_jit(obj: Any) -> bool:
+    return type(obj).__name__ in ("JITFunction", "InterpretedFunction") and hasattr(obj, "fn")
+
+
+def triton_language_name(obj: Any, spelled: ast.expr | None = None) -> str | None:
+    """``"exp"`` for ``tl.exp`` (or ``tl.math.exp``, libdevice's ``exp``...), else None."""
+    fn = getattr(obj, "fn", obj)
+    module = getattr(fn, "__module__", "") or ""
+    if module.startswith("triton.language"):
+        return getattr(fn, "__name__", None)
+    if module == "triton.runtime.interpreter" and spelled is not None:
+        # Triton 3.2's interpreter leaves tl.* replaced by its own lambdas after a kernel ran
+        return spelled.attr if isinstance(spelled, ast.Attribute) else getattr(spelled, "id", None)
+    return None
+
+
+@dataclass
+class Source:
+    """A Python function's source, parsed, with where it lives (block pointers not yet rewritten)."""
+
+    name: str
+    tree: ast.FunctionDef
+    file: str
+    first_line: int
+    lines: list[str]
+    scope: dict[str, Any]
+
+    @classmethod
+    def of(cls, jit_fn: Any) -> Source:
+        fn = jit_fn.fn
+        try:
+            lines, first_line = inspect.getsourcelines(fn)
+        except (OSError, TypeError) as e:
+            raise NotDifferentiableError(
+                f"kernel `{fn.__name__}`: its source cannot be found",
+                file=getattr(fn.__code__, "co_filename", "<unknown>"),
+                line=getattr(fn.__code__, "co_firstlineno", 0),
+                hint="define the kernel in a file (not with exec or in a REPL) so its source can be read",
+            ) from e
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        fdef = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        scope = dict(fn.__globals__)
+        if fn.__closure__:
+            scope.update(inspect.getclosurevars(fn).nonlocals)
+        return cls(fn.__name__, fdef, fn.__code__.co_filename, first_line, lines, scope)
+
+    def origin(self, node: ast.AST) -> Origin:
+        lineno = getattr(node, "lineno", 1)
+        text = self.lines[lineno - 1].strip() if 0 < lineno <= len(self.lines) else ""
+        return Origin(self.file, self.first_line + lineno - 1, text, self.name)
