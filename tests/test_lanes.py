@@ -1,4 +1,4 @@
-"""lanes.apart, the launch-time test that a store's lanes and programs reach distinct elements:
+"""checks.apart, the launch-time test that a store's lanes and programs reach distinct elements:
 whenever it says so, brute force agrees (it may be cautious, never wrong)."""
 
 import itertools
@@ -48,3 +48,18 @@ def test_apart_takes_row_major_tiles_with_ragged_masks():
     assert apart([(1, 16), (13, 5)], [((0,), 12, [1])])
     # the same with a row stride of 1 (a transposed tensor read as rows): programs overlap
     assert not apart([(1, 16), (1, 5)], [((0,), 12, [1])])
+
+
+def test_a_launch_check_is_data_that_reads_and_evaluates_on_the_launch():
+    import tritongrad
+    from tritongrad.checks import LaunchValues
+    from tritongrad.examples import rmsnorm
+
+    (check,) = tritongrad.grad(rmsnorm.rmsnorm_fwd).launch_checks
+    assert str(check).endswith("distinct elements for lane axis 0 (stride 1, BLOCK values), tl.program_id(0) "
+                               "(stride stride, num_programs(0) values); the mask keeps lane axis 0 within N - 1")
+    rows = {"BLOCK": 64, "N": 45}
+    assert check.condition.holds(LaunchValues({**rows, "stride": 45}, (7,)))  # contiguous rows
+    assert not check.condition.holds(LaunchValues({**rows, "stride": 20}, (7,)))  # rows overlap
+    assert check.condition.holds(LaunchValues({**rows, "stride": 20}, (1,)))  # one program: nothing to overlap
+    assert "# Checked on each launch's arguments" in tritongrad.grad(rmsnorm.rmsnorm_fwd).launch_notes()

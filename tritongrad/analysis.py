@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from .addresses import address_forms, descriptor_form, enclosing_loops, mask_bounds
 from .errors import NotDifferentiableError
 from .ir import (
     Op,
@@ -39,7 +40,7 @@ from .ir import (
     value_args,
     where,
 )
-from .lanes import check_store, descriptor_form, enclosing_loops, mask_bounds, store_forms, with_scalars_written_out
+from .lanes import check_store, with_scalars_written_out
 from .operations import LOADS, OPERATIONS, STORES, operation_of
 from .source import triton_language_name
 
@@ -59,7 +60,7 @@ class Analysis:
     defs: dict[str, list[ast.stmt]] = field(default_factory=dict)  # name -> its definitions
     shapes: dict[str, Shape] = field(default_factory=dict)
     store_axes: dict[str, set[int]] = field(default_factory=dict)  # output -> program axes its addresses use
-    forms: dict[str, object] = field(default_factory=dict)  # address name -> lanes.Form (kernels only)
+    forms: dict[str, object] = field(default_factory=dict)  # address name -> addresses.Form (kernels only)
     launch_checks: list = field(default_factory=list)  # checks.LaunchCheck: conditions on a launch's arguments
 
     def is_active(self, atom: ast.expr) -> bool:
@@ -135,8 +136,8 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.shapes = infer_shapes(program, tile)
     if not tile:
-        trips: dict = {}  # loop coordinate -> its trip count (lanes.store_forms)
-        analysis.forms = store_forms(program.body, analysis.shapes, trips, frozenset(params))
+        trips: dict = {}  # loop coordinate -> its trip count (addresses.address_forms)
+        analysis.forms = address_forms(program.body, analysis.shapes, trips, frozenset(params))
         analysis.store_axes = check_output_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
                                                   analysis.launch_checks, trips)
         analysis.launch_checks = [with_scalars_written_out(c, program.body) for c in analysis.launch_checks]

@@ -120,7 +120,7 @@ def _spread(vector: str, dim: int, rank: int) -> str:
     return f"{vector}[{', '.join(':' if d == dim else 'None' for d in range(rank))}]"
 
 
-def _bind(call: ast.Call, params: tuple[str, ...]) -> dict[str, ast.expr]:
+def _arguments_of(call: ast.Call, params: tuple[str, ...]) -> dict[str, ast.expr]:
     bound = dict(zip(params, call.args, strict=False))
     bound.update({k.arg: k.value for k in call.keywords if k.arg in params})
     return bound
@@ -171,7 +171,7 @@ class _Rewriter(ast.NodeTransformer):
                               "assign the block pointer to a name first (`p = tl.make_block_ptr(...)`)")
         target = assign.targets[0].id
         if kind == MAKE:
-            bound = _bind(call, MAKE_PARAMS)
+            bound = _arguments_of(call, MAKE_PARAMS)
             parts = {k: _elements(bound.get(k)) for k in ("shape", "strides", "offsets", "block_shape")}
             bad = [k for k, v in parts.items() if v is None]
             if "base" not in bound or bad or len({len(v) for v in parts.values()}) != 1:
@@ -213,7 +213,7 @@ class _Rewriter(ast.NodeTransformer):
 
     def make(self, node: ast.Assign, call: ast.Call) -> list[ast.stmt]:
         p = self.pointers[node.targets[0].id]
-        bound = _bind(call, MAKE_PARAMS)
+        bound = _arguments_of(call, MAKE_PARAMS)
         lines = [(p.part("base"), self.visit(bound["base"]))]
         for dim in range(p.rank):
             lines.append((p.part("size", dim), self.visit(_elements(bound["shape"])[dim])))
@@ -231,7 +231,7 @@ class _Rewriter(ast.NodeTransformer):
         source = self.pointers[source_name]
         target = node.targets[0].id
         p = self.pointers.setdefault(target, _BlockPointer(target, source.block_shape))
-        bound = _bind(call, ("base", "offsets"))
+        bound = _arguments_of(call, ("base", "offsets"))
         shifts = _elements(bound.get("offsets"))
         if shifts is None or len(shifts) != source.rank or p.rank != source.rank:
             raise self.refuse(call, "`tl.advance` without a literal tuple of one offset per dimension",
@@ -272,7 +272,7 @@ class _Rewriter(ast.NodeTransformer):
 
     def memory(self, node: ast.Call, kind: str, p: _BlockPointer) -> ast.Call:
         params = LOAD_PARAMS if kind == "load" else STORE_PARAMS
-        bound = _bind(node, params)
+        bound = _arguments_of(node, params)
         if "mask" in bound or "other" in bound:
             raise self.refuse(node, f"`tl.{kind}` of a block pointer with a mask",
                               "block pointers are bounded by `boundary_check`")

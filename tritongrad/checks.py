@@ -113,7 +113,22 @@ class Expr:
             return replace(self.args[0]) or self
         return Expr(self.op, tuple(a.substitute(replace) if isinstance(a, Expr) else a for a in self.args))
 
+    def simplified(self) -> Expr:
+        """The same value, written shorter: ``1 * stride`` is ``stride``, ``abs(1)`` is ``1``."""
+        args = tuple(a.simplified() if isinstance(a, Expr) else a for a in self.args)
+        if self.op == "mul":
+            factors = [a for a in args if a != Expr.const(1)]
+            if len(factors) < 2:
+                return factors[0] if factors else Expr.const(1)
+            return Expr("mul", tuple(factors))
+        if self.op == "abs" and args[0].op == "const":
+            return Expr.const(abs(args[0].args[0]))
+        return Expr(self.op, args)
+
     def __str__(self) -> str:
+        return self.simplified()._text()
+
+    def _text(self) -> str:
         op, args = self.op, self.args
         if op in ("name", "unknown"):
             return args[0]
@@ -122,18 +137,18 @@ class Expr:
         if op == "grid":
             return f"num_programs({args[0]})"
         if op == "copy":
-            return str(args[0])
+            return args[0]._text()
         if op == "neg":
             return f"-{_operand(args[0])}"
         if op in _INFIX:
             return f" {_INFIX[op]} ".join(_operand(a) for a in args)
         if op == "trips":
-            return f"len(range({', '.join(map(str, args))}))"
-        return f"{op}({', '.join(map(str, args))})"
+            return f"len(range({', '.join(a._text() for a in args)}))"
+        return f"{op}({', '.join(a._text() for a in args)})"
 
 
 def _operand(e: Expr) -> str:
-    return f"({e})" if e.op in _INFIX else str(e)
+    return f"({e._text()})" if e.op in _INFIX else e._text()
 
 
 def _from_ast(node: ast.expr) -> Expr:
@@ -180,13 +195,12 @@ class Apart:
                            for m, limit, coefficients in self.bounds), self.names_of)
 
     def __str__(self) -> str:
-        terms = [f"{name}: step {c}, {e} values" for name, (c, e) in
-                 zip(self.names_of or [f"x{i}" for i in range(len(self.coordinates))], self.coordinates, strict=True)]
-        text = f"each element reached once by {'; '.join(terms)}"
-        for members, limit, _ in self.bounds:
-            text += f" (masked: {' + '.join(self.names_of[i] if self.names_of else f'x{i}' for i in members)} " \
-                    f"within {limit})"
-        return text
+        names = self.names_of or tuple(f"x{i}" for i in range(len(self.coordinates)))
+        terms = ", ".join(f"{name} (stride {c}, {e} values)" for name, (c, e) in zip(names, self.coordinates,
+                                                                                      strict=True))
+        masks = "; ".join(f"the mask keeps {' + '.join(names[i] for i in members)} within {limit}"
+                          for members, limit, _ in self.bounds)
+        return f"distinct elements for {terms}" + (f"; {masks}" if masks else "")
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,9 @@ def show(args: argparse.Namespace) -> int:
         return 1
     print(HEADER)
     print(bwd.src, end="")
+    notes = bwd.launch_notes()
+    if notes:
+        print("\n" + notes, end="")
     return 0
 
 

@@ -154,6 +154,14 @@ class BackwardKernel:
         """The arguments the launch checks read."""
         return tuple(sorted({n for c in self.launch_checks for n in c.condition.names()} & set(self.params)))
 
+    def launch_notes(self) -> str:
+        """What is decided on each launch's arguments, as comment lines (``tritongrad show`` prints them)."""
+        if not self.launch_checks:
+            return ""
+        lines = ["# Checked on each launch's arguments (a launch where one fails is refused):"]
+        lines += [f"#   {check}" for check in self.launch_checks]
+        return "\n".join(lines) + "\n"
+
     def __repr__(self) -> str:
         return f"BackwardKernel({self.name}, wrt={self.wrt}, outputs={self.outputs})"
 

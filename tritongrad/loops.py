@@ -26,6 +26,7 @@ import ast
 import copy
 from dataclasses import dataclass, field
 
+from .addresses import LoopIndex
 from .analysis import Analysis
 from .ir import (
     Op,
@@ -45,7 +46,6 @@ from .ir import (
     value_args,
     where,
 )
-from .lanes import LoopIndex
 from .operations import OPERATIONS, instantiate
 
 
@@ -96,7 +96,7 @@ def _classify(a: Analysis, node: ast.For, plans: dict[int, LoopPlan]) -> LoopPla
 def _check_stores_follow_the_loop(a: Analysis, node: ast.For) -> None:
     """A store to an output inside the loop must move with the iterations: one that writes the same
     addresses twice keeps only the last value, and the gradient belongs to that value alone. The
-    address must be an affine form (lanes.py) in the loop index, or in carried state advanced by a fixed
+    address must be an affine form (addresses.py) in the loop index, or in carried state advanced by a fixed
     amount each iteration; lanes.py has checked that its stride keeps iterations apart."""
     roots = {node.target.id, *(c.name for c in node.tg.carried)}
     coordinate = LoopIndex(node.target.id)

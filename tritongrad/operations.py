@@ -10,10 +10,10 @@ result, and the parameter names), and the facts other passes ask about it:
 | ``elementwise`` | analysis, reverse | operands broadcast together to the result's shape (adjoints are summed back) |
 | ``results`` | frontend, reverse | several results, unpacked into ``item`` s (``a, b = tl.split(x)``) |
 | ``pointer_args`` | analysis, reverse | argument positions a pointer passes through to the result |
-| ``lanes`` | lanes.py | ``"same"``: keeps its operand's lane coordinates; ``"moved"``: moves them to other axes |
+| ``lanes`` | addresses.py | ``"same"``: keeps its operand's lane coordinates; ``"moved"``: moves them to other axes |
 | ``foldable`` | codegen | cheap and pure: written back into its uses in the printed kernel |
 | ``constexpr`` | frontend | a compile-time constant when its operands are |
-| ``on_host`` | lanes.py | the same operation on Python integers, for conditions checked at launch |
+| ``on_host`` | checks.py | the same operation on Python integers, for conditions checked at launch |
 | ``memory`` | everyone | ``"load"``, ``"store"``, ``"accumulate"`` (atomic add), ``"atomic"`` (other atomics) |
 
 Adding an operation is one entry here (and a ``tg`` helper in language.py where its
@@ -283,7 +283,7 @@ _also("copy subscript expand_dims broadcast_to reshape view trans permute multip
       "max_constancy make_tensor_descriptor sub", pointer_args=(0,))
 _also("add", pointer_args=(0, 1))
 _also("where", pointer_args=(1, 2))
-# lane coordinates (lanes.py): kept as they are, or moved to other axes
+# lane coordinates (addresses.py): kept as they are, or moved to other axes
 _also("copy to cast multiple_of max_contiguous max_constancy pos", lanes="same")
 _also("subscript expand_dims broadcast_to trans permute", lanes="moved")
 # cheap and pure: the printed kernel writes them back into their uses

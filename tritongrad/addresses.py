@@ -1,0 +1,435 @@
+"""Addresses as affine forms in the coordinates of a lane, a program and the loops around it.
+
+An integer (or pointer) tile's value is read as ``sum(c_i * lane_i) + sum(c_p * program_id(p))
++ sum(c_l * i_l) + const``, where ``lane_i`` is the lane's index along axis ``i`` of the tile
+(what ``tl.arange`` gives, spread by ``[:, None]``), ``i_l`` the index of a loop around it
+(times its step; a carried ``ptrs += BLOCK`` counts as one too), and a program id may also
+appear through its digits (``pid // H`` and ``pid % H``, as attention kernels split batch and
+head). A coefficient is an integer times runtime or compile-time scalars (``BLOCK``,
+``stride``). A lane index through anything but ``+ - *`` and shape operations (``offs // 2``,
+``tl.where``) makes the form non-affine: no proof of anything. Other operations on program ids
+(a swizzled matmul order) only lose their coordinate.
+
+lanes.py reads store addresses with these forms (may two lanes write one element?); a mask's
+``e < B`` conjuncts bound the coordinates (``mask_bounds``).
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+from dataclasses import dataclass
+
+from .checks import UNKNOWN_TRIP, Expr
+from .ir import arguments, definitions, loops, op_of, statements, target_of
+from .operations import operation_of
+
+Coefficient = tuple[int, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Lane:
+    """The lane's index along axis ``axis`` of the tile (what ``tl.arange`` gives, spread by ``[:, None]``)."""
+
+    axis: int
+
+    @property
+    def sort_key(self) -> tuple:
+        return ("lane", self.axis)
+
+    def __str__(self) -> str:
+        return f"lane axis {self.axis}"
+
+
+@dataclass(frozen=True)
+class ProgramId:
+    """``tl.program_id(axis)``."""
+
+    axis: int
+
+    @property
+    def sort_key(self) -> tuple:
+        return ("pid", self.axis)
+
+    def __str__(self) -> str:
+        return f"tl.program_id({self.axis})"
+
+
+@dataclass(frozen=True)
+class ProgramDigit:
+    """A digit of a program id: ``tl.program_id(axis) // divisor`` (the quotient) or ``% divisor``."""
+
+    axis: int
+    divisor: str
+    quotient: bool
+
+    @property
+    def sort_key(self) -> tuple:
+        return (f"pid{'//' if self.quotient else '%'}{self.divisor}", self.axis)
+
+    def __str__(self) -> str:
+        return f"tl.program_id({self.axis}) {'//' if self.quotient else '%'} {self.divisor}"
+
+
+@dataclass(frozen=True)
+class LoopIndex:
+    """The iteration of the loop over ``index`` (its index, or carried state advanced by it)."""
+
+    index: str
+
+    @property
+    def sort_key(self) -> tuple:
+        return (f"loop:{self.index}", 0)
+
+    def __str__(self) -> str:
+        return f"the loop over `{self.index}`"
+
+
+Coordinate = Lane | ProgramId | ProgramDigit | LoopIndex
+
+
+@dataclass(frozen=True)
+class Form:
+    """An integer tile's value as coefficients of coordinates (lane axes, program ids and their digits,
+    loop iterations); ``rank`` is the tile's. ``affine=False``: a lane index went through an operation
+    that may fold lanes together."""
+
+    terms: tuple[tuple[Coordinate, Coefficient], ...]
+    rank: int
+    affine: bool = True
+
+    @property
+    def coefficients(self) -> dict[Coordinate, Coefficient]:
+        return dict(self.terms)
+
+
+SCALAR = Form((), 0)
+
+
+def form_of_terms(terms: dict, rank: int, affine: bool = True) -> Form:
+    kept = {k: c for k, c in terms.items() if c[0] != 0}
+    return Form(tuple(sorted(kept.items(), key=lambda kc: kc[0].sort_key)), rank, affine)
+
+
+def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
+                params: frozenset[str] = frozenset()) -> dict[str, Form]:
+    """The form of every integer or pointer name computed from lane indices, program ids or loop indices.
+
+    A loop's index is a coordinate (:class:`LoopIndex`) whose coefficient is the range's step; so is a
+    carried variable advanced by a loop-invariant amount each iteration (``ptrs += BLOCK``): its form is
+    its initial value's plus the loop coordinate times that amount. ``trips`` receives each loop
+    coordinate's trip count as an expression over the kernel's parameters (for the launch checks)."""
+    forms: dict[str, Form] = {}
+    pinned: dict[str, tuple[ast.expr, LoopIndex, Coefficient]] = {}  # carried name -> (init, loop, step)
+    in_loop: set[int] = set()  # the carried names' definitions inside their loops: replaced by the above
+    starts: dict[str, Form] = {}  # forms of carried names' definitions before their loops
+    defs = definitions(body)
+    for node in loops(body):
+        key = LoopIndex(node.target.id)
+        forms[node.target.id] = form_of_terms({key: _range_step(node.iter)}, 0)
+        if trips is not None:
+            trips[key] = Expr("trips", tuple(scalar_expr(a, defs) for a in node.iter.args[:3]))
+            if not trips[key].names() <= params:  # a count the launch cannot read (loaded): taken as huge,
+                trips[key] = Expr.const(UNKNOWN_TRIP)  # which apart() accepts only where it cannot matter
+        for c in node.tg.carried:
+            step = _advance(c, node, forms)
+            if step is not None:
+                pinned[c.name] = (c.init, key, step)
+                in_loop |= {id(s) for s in statements(node.body) if target_of(s) == c.name}
+    loop_indices = dict(forms)
+    for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
+        previous, forms = forms, dict(loop_indices)
+        seen = collections.ChainMap(forms, previous)  # this pass's forms, the last pass's for names not yet met
+        for name, (init, key, step) in pinned.items():
+            start = starts.get(name) if isinstance(init, ast.Name) and init.id == name else (
+                seen.get(init.id) if isinstance(init, ast.Name) else None)
+            start = start or form_of_terms({}, 0)
+            forms[name] = form_of_terms({**start.coefficients, key: step}, start.rank, start.affine)
+        defined: set[str] = set()
+        for s in statements(body):
+            t = target_of(s)
+            if t is None or id(s) in in_loop:
+                continue
+            if t in pinned:
+                starts[t] = _form_of(s, seen, shapes) or form_of_terms({}, 0)
+                continue
+            new = _form_of(s, seen, shapes)
+            old = forms.get(t) if t in defined else None
+            if old is not None and new is not None and old != new:
+                new = Form(old.terms, old.rank, False)  # two definitions disagree: no proof
+            defined.add(t)
+            if new is not None:
+                forms[t] = new
+    return forms
+
+
+def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0) -> Expr:
+    """A scalar as an expression over the kernel's parameters and the grid where it is integer math on
+    them (``tl.cdiv(K, BLOCK)``, ``R - 1``, ``tl.num_programs(1)``), for launch checks; else its name."""
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, int):
+        return Expr.const(atom.value)
+    if not isinstance(atom, ast.Name):
+        return Expr.of_text(ast.unparse(atom))
+    found = [d for d in defs.get(atom.id, []) if not isinstance(d, ast.For)]
+    if depth < 8 and len(found) == 1:
+        op = op_of(found[0])
+        if operation_of(op).on_host is not None:
+            return Expr(op.kind, tuple(scalar_expr(a, defs, depth + 1) for a in op.args))
+        if op.kind == "num_programs":
+            axis = (op.args or [op.kwargs.get("axis")])[0]
+            if isinstance(axis, ast.Constant) and isinstance(axis.value, int):
+                return Expr("grid", (axis.value,))
+    return Expr.name(atom.id)
+
+
+def _range_step(call: ast.Call) -> Coefficient:
+    step = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords if k.arg == "step"), None)
+    if step is None:
+        return (1, ())
+    if isinstance(step, ast.Constant) and isinstance(step.value, int):
+        return (step.value, ())
+    return (1, (ast.unparse(step),))
+
+
+def _advance(carried, node: ast.For, forms) -> Coefficient | None:
+    """The amount a carried variable grows by each iteration (``c_next = c + amount``), if loop-invariant."""
+    if not isinstance(carried.next, ast.Name):
+        return None
+    defs = [s for s in statements(node.body) if target_of(s) == carried.next.id]
+    if len(defs) != 1 or op_of(defs[0]).kind != "add":
+        return None
+    a, b = op_of(defs[0]).args[:2]
+    other = b if isinstance(a, ast.Name) and a.id == carried.name else a if (
+        isinstance(b, ast.Name) and b.id == carried.name) else None
+    if other is None or (isinstance(other, ast.Name) and other.id in forms):
+        return None
+    if isinstance(other, ast.Name) and any(target_of(s) == other.id for s in statements(node.body)):
+        return None  # computed in the loop: may change between iterations
+    return _scalar(other, forms)
+
+
+def _rank(atom: ast.expr, shapes: dict) -> int | None:
+    if isinstance(atom, ast.Name):
+        shape = shapes.get(atom.id)
+        return len(shape) if shape is not None else None
+    return 0
+
+
+def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict) -> Form | None:
+    """The statement's form, or None when it computes from no lane index or program id."""
+    op = op_of(stmt)
+    kind = op.kind
+    if kind == "arange":
+        return form_of_terms({Lane(0): (1, ())}, 1)
+    if kind == "program_id":
+        axis = op.args[0] if op.args else op.kwargs.get("axis")
+        if isinstance(axis, ast.Constant) and isinstance(axis.value, int):
+            return form_of_terms({ProgramId(axis.value): (1, ())}, 0)
+        return None
+    inputs = [forms.get(a.id) if isinstance(a, ast.Name) else None for a in op.args]
+    if not any(inputs):
+        return None
+    rank = _rank(ast.Name(stmt.targets[0].id), shapes)
+    if rank is None or not all(f.affine for f in inputs if f):
+        return _opaque(inputs, rank)
+    lanes = operation_of(op).lanes
+    if lanes == "same":
+        return inputs[0]
+    if kind in ("floordiv", "mod") and inputs[1] is None and len(inputs[0].terms) == 1 and all(
+            isinstance(k, ProgramId) and c == (1, ()) for k, c in inputs[0].terms):
+        # a digit of a program id (`pid // H`, `pid % H`): both together keep programs apart
+        (pid, _), = inputs[0].terms
+        return form_of_terms({ProgramDigit(pid.axis, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
+    if kind in ("add", "sub"):
+        return _add(inputs, rank, negate=kind == "sub")
+    if kind == "neg":
+        return _scale(inputs[0], (-1, ()))
+    if kind == "mul":
+        a, b = op.args[:2]
+        fa, fb = inputs[:2]
+        if fa is not None and fb is not None:
+            return _opaque(inputs, rank)
+        form, scalar = (fa, b) if fa is not None else (fb, a)
+        factor = _scalar(scalar, forms)
+        if factor is None or _rank(scalar, shapes) not in (0, None):
+            return _opaque(inputs, rank)
+        return _shift(_scale(form, factor), rank)
+    if lanes == "moved":
+        return _reshaped(kind, op, inputs[0], rank, arguments(stmt))
+    return _opaque(inputs, rank)
+
+
+def _opaque(inputs: list[Form | None], rank: int | None) -> Form:
+    """A value computed from the inputs by an operation that may fold lanes together; program ids
+    through it are dropped (``pid // H`` is common and harmless), lane indices make it non-affine."""
+    lanes = any(isinstance(k, Lane) for f in inputs if f for k, _ in f.terms) or any(
+        f is not None and not f.affine for f in inputs)
+    return form_of_terms({}, rank or 0, affine=not lanes)
+
+
+def _scalar(atom: ast.expr, forms: dict) -> Coefficient | None:
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, int) and not isinstance(atom.value, bool):
+        return (atom.value, ())
+    if isinstance(atom, ast.Name) and atom.id not in forms:
+        return (1, (atom.id,))
+    if isinstance(atom, ast.Name) and not forms[atom.id].terms and forms[atom.id].affine:
+        return (1, (atom.id,))  # a scalar computed from program ids through // or %: opaque, lane-free
+    return None
+
+
+def _scale(form: Form, factor: Coefficient) -> Form:
+    n, symbols = factor
+    return form_of_terms({k: (c * n, tuple(sorted(s + symbols))) for k, (c, s) in form.terms}, form.rank, form.affine)
+
+
+def _shift(form: Form, rank: int) -> Form:
+    """``form`` broadcast to ``rank`` dimensions (new leading axes)."""
+    d = rank - form.rank
+    if d < 0:
+        return Form(form.terms, rank, False)
+    return form_of_terms({Lane(k.axis + d) if isinstance(k, Lane) else k: c for k, c in form.terms}, rank, form.affine)
+
+
+def _add(inputs: list[Form | None], rank: int, negate: bool) -> Form:
+    total: dict = {}
+    for i, form in enumerate(inputs[:2]):
+        if form is None:
+            continue
+        form = _shift(form, rank)
+        for key, (c, s) in form.terms:
+            c = -c if negate and i == 1 else c
+            if key in total:
+                c0, s0 = total[key]
+                if s0 != s:
+                    return Form(tuple(total.items()), rank, False)
+                c = c0 + c
+            total[key] = (c, s)
+    return form_of_terms(total, rank, all(f.affine for f in inputs if f))
+
+
+def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
+    lanes = {k.axis: c for k, c in form.terms if isinstance(k, Lane)}
+    others = {k: c for k, c in form.terms if not isinstance(k, Lane)}
+    if kind == "subscript":
+        index = op.kwargs["index"]
+        parts = index.elts if isinstance(index, ast.Tuple) else [index]
+        kept = [i for i, p in enumerate(parts) if not (isinstance(p, ast.Constant) and p.value is None)]
+        moved = {kept[a]: c for a, c in lanes.items() if a < len(kept)}
+    elif kind == "expand_dims":
+        axis = bound.get("axis")
+        if not (isinstance(axis, ast.Constant) and isinstance(axis.value, int)):
+            return Form(form.terms, rank, False)
+        at = axis.value % rank
+        moved = {a + (a >= at): c for a, c in lanes.items()}
+    elif kind == "broadcast_to":
+        moved = {a + rank - form.rank: c for a, c in lanes.items()}
+    else:  # trans / permute
+        dims = bound.get("dims")
+        elts = dims.elts if isinstance(dims, (ast.Tuple, ast.List)) else []
+        if len(elts) == 1 and isinstance(elts[0], (ast.Tuple, ast.List)):
+            elts = elts[0].elts
+        order = [e.value for e in elts if isinstance(e, ast.Constant)] or list(range(rank))[::-1]
+        if len(order) != rank:
+            return Form(form.terms, rank, False)
+        moved = {order.index(a): c for a, c in lanes.items()}
+    return form_of_terms({**others, **{Lane(a): c for a, c in moved.items()}}, rank, form.affine)
+
+
+def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) -> dict[int, tuple[LoopIndex, ...]]:
+    """For each flat statement, the coordinates of the loops around it."""
+    found = {}
+    for stmt in body:
+        if isinstance(stmt, ast.For):
+            found.update(enclosing_loops(stmt.body, (*around, LoopIndex(stmt.target.id))))
+        elif isinstance(stmt, ast.If):
+            for block in (stmt.body, stmt.orelse):
+                found.update(enclosing_loops(block, around))
+        else:
+            found[id(stmt)] = around
+    return found
+
+
+def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict) -> list[tuple[Form, Expr]]:
+    """The conjuncts ``e < B`` (``e <= B``, ``B > e``) of a store's mask where ``e`` is exactly a sum of
+    coordinates (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1)``."""
+    if not isinstance(mask, ast.Name) or len(defs.get(mask.id, [])) != 1 or not hasattr(defs[mask.id][0], "tg"):
+        return []
+    stmt = defs[mask.id][0]
+    op = op_of(stmt)
+    rank = _rank(mask, shapes)
+    if rank is None:
+        return []
+    lanes = operation_of(op).lanes
+    if op.kind == "and_" or lanes is not None:
+        parts = op.args[:2] if op.kind == "and_" else op.args[:1]
+        found = []
+        for part in parts:
+            for form, limit in mask_bounds(part, forms, defs, shapes):
+                if lanes == "moved":
+                    form = _reshaped(op.kind, op, form, rank, arguments(stmt))
+                found.append((_shift(form, rank), limit))
+        return found
+    if op.kind not in ("lt", "le", "gt", "ge"):
+        return []
+    e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
+    lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and bound.id not in forms)
+    if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and lane_free
+            and _starts_at_zero(e, defs)):
+        return []
+    limit = _atom_expr(bound)
+    return [(forms[e.id], limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
+
+
+def _atom_expr(atom: ast.expr) -> Expr:
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)):
+        return Expr.const(atom.value)
+    return Expr.of_text(ast.unparse(atom))
+
+
+def _starts_at_zero(atom: ast.expr, defs: dict) -> bool:
+    """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids (a
+    carried ``cols += BLOCK`` too: its steps are the loop's coordinate)."""
+    if isinstance(atom, ast.Constant):
+        return atom.value == 0
+    if not isinstance(atom, ast.Name):
+        return False
+    headers = [d for d in defs.get(atom.id, []) if isinstance(d, ast.For)]
+    if headers:  # a loop's index: from a range starting at 0
+        args = headers[0].iter.args
+        return len(headers) == 1 and (len(args) == 1 or (isinstance(args[0], ast.Constant) and args[0].value == 0))
+    own = [d for d in defs.get(atom.id, []) if not (op_of(d).kind == "add" and any(
+        isinstance(a, ast.Name) and a.id == atom.id for a in op_of(d).args[:2]))]  # not `cols = cols + BLOCK`
+    if len(own) != 1:
+        return False
+    op = op_of(own[0])
+    if op.kind == "arange":
+        return isinstance(op.args[0], ast.Constant) and op.args[0].value == 0
+    if op.kind == "program_id":
+        return True
+    if op.kind == "add":
+        return all(_starts_at_zero(a, defs) for a in op.args[:2])
+    if op.kind == "mul":
+        return any(_starts_at_zero(a, defs) for a in op.args[:2])
+    if operation_of(op).lanes == "same" or op.kind in ("subscript", "expand_dims", "broadcast_to"):
+        return _starts_at_zero(op.args[0], defs)
+    return False
+
+
+def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
+    """The form of a descriptor block's addresses: along each dimension, its offset's coordinates plus
+    the lane index, times that dimension's stride (a symbol of its own, so dimensions stay apart)."""
+    terms: dict = {}
+    rank = len(offsets)
+    for d, offset in enumerate(offsets):
+        stride = f"<stride {d}>"
+        form = forms.get(offset.id) if isinstance(offset, ast.Name) else None
+        if form is not None and not form.affine:
+            return Form((), rank, False)
+        for key, (c, s) in (form.terms if form else ()):
+            if key in terms:
+                return Form((), rank, False)
+            terms[key] = (c, tuple(sorted((*s, stride))))
+        terms[Lane(d)] = (1, (stride,))
+    return form_of_terms(terms, rank)
+
+
