@@ -63,3 +63,50 @@ def test_a_launch_check_is_data_that_reads_and_evaluates_on_the_launch():
     assert not check.condition.holds(LaunchValues({**rows, "stride": 20}, (7,)))  # rows overlap
     assert check.condition.holds(LaunchValues({**rows, "stride": 20}, (1,)))  # one program: nothing to overlap
     assert "# Checked on each launch's arguments" in tritongrad.grad(rmsnorm.rmsnorm_fwd).launch_notes()
+
+
+@st.composite
+def boxes(draw):
+    """Coordinates and masks like a kernel's (steps that often chain, bounds on chains), and a tensor's layout."""
+    coords, bounds = [], []
+    for _ in range(draw(st.integers(1, 3))):
+        step = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12]))
+        coords.append((step, draw(st.integers(1, 4))))
+    if draw(st.booleans()):
+        members = tuple(sorted(draw(st.sets(st.integers(0, len(coords) - 1), min_size=1))))
+        bounds.append((members, draw(st.integers(-1, 30))))
+    steps = st.sampled_from([1, 2, 3, 4, 6, 8, 12])
+    dims = [(draw(steps), draw(st.integers(0, 4))) for _ in range(draw(st.integers(1, 2)))]
+    return coords, bounds, dims
+
+
+def reached(coords, bounds) -> set:
+    found = set()
+    for x in itertools.product(*[range(e) for _, e in coords]):
+        if all(sum(coords[j][0] * x[j] for j in members) <= limit for members, limit in bounds):
+            found.add(sum(c * xi for (c, _), xi in zip(coords, x, strict=True)))
+    return found
+
+
+def elements(dims) -> set:
+    indices = itertools.product(*[range(n) for _, n in dims])
+    return {sum(s * y for (s, _), y in zip(dims, ys, strict=True)) for ys in indices}
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(boxes())
+def test_covers_is_never_wrong(box):
+    from tritongrad.checks import covers
+
+    coords, bounds, dims = box
+    if covers(coords, bounds, dims):
+        assert reached(coords, bounds) == elements(dims)
+
+
+def test_covers_a_ragged_1d_launch_and_rows_with_a_masked_tail():
+    from tritongrad.checks import covers
+
+    assert covers([(1, 64), (64, 4)], [((0, 1), 199)], [(1, 200)])  # 4 programs of 64 lanes over 200 elements
+    assert not covers([(1, 64), (64, 3)], [((0, 1), 199)], [(1, 200)])  # too few programs
+    assert covers([(1, 64), (45, 7)], [((0,), 44)], [(45, 7), (1, 45)])  # 7 rows of 45 in blocks of 64
+    assert not covers([(1, 64), (50, 7)], [((0,), 44)], [(45, 7), (1, 45)])  # a row stride that skips elements

@@ -349,33 +349,41 @@ def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) ->
     return found
 
 
-def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict) -> list[tuple[Form, Expr]]:
-    """The conjuncts ``e < B`` (``e <= B``, ``B > e``) of a store's mask where ``e`` is exactly a sum of
-    coordinates (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1)``."""
-    if not isinstance(mask, ast.Name) or len(defs.get(mask.id, [])) != 1 or not hasattr(defs[mask.id][0], "tg"):
+def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict, exact: bool = False
+                ) -> list[tuple[Form, Expr]] | None:
+    """The conjuncts ``e < B`` (``e <= B``, ``B > e``) of a mask where ``e`` is exactly a sum of coordinates
+    (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1)``. With ``exact``, None
+    unless the mask is nothing but such conjuncts (no mask: none)."""
+    unknown = None if exact else []
+    if isinstance(mask, ast.Constant) and mask.value is None:
         return []
+    if not isinstance(mask, ast.Name) or len(defs.get(mask.id, [])) != 1 or not hasattr(defs[mask.id][0], "tg"):
+        return unknown
     stmt = defs[mask.id][0]
     op = op_of(stmt)
     rank = _rank(mask, shapes)
     if rank is None:
-        return []
+        return unknown
     lanes = operation_of(op).lanes
     if op.kind == "and_" or lanes is not None:
         parts = op.args[:2] if op.kind == "and_" else op.args[:1]
         found = []
         for part in parts:
-            for form, limit in mask_bounds(part, forms, defs, shapes):
+            bounds = mask_bounds(part, forms, defs, shapes, exact)
+            if bounds is None:
+                return None
+            for form, limit in bounds:
                 if lanes == "moved":
                     form = _reshaped(op.kind, op, form, rank, arguments(stmt))
                 found.append((_shift(form, rank), limit))
         return found
     if op.kind not in ("lt", "le", "gt", "ge"):
-        return []
+        return unknown
     e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
     lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and bound.id not in forms)
     if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and lane_free
-            and _starts_at_zero(e, defs)):
-        return []
+            and starts_at_zero(e, defs)):
+        return unknown
     limit = _atom_expr(bound)
     return [(forms[e.id], limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
 
@@ -386,7 +394,7 @@ def _atom_expr(atom: ast.expr) -> Expr:
     return Expr.of_text(ast.unparse(atom))
 
 
-def _starts_at_zero(atom: ast.expr, defs: dict) -> bool:
+def starts_at_zero(atom: ast.expr, defs: dict) -> bool:
     """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids (a
     carried ``cols += BLOCK`` too: its steps are the loop's coordinate)."""
     if isinstance(atom, ast.Constant):
@@ -407,11 +415,11 @@ def _starts_at_zero(atom: ast.expr, defs: dict) -> bool:
     if op.kind == "program_id":
         return True
     if op.kind == "add":
-        return all(_starts_at_zero(a, defs) for a in op.args[:2])
+        return all(starts_at_zero(a, defs) for a in op.args[:2])
     if op.kind == "mul":
-        return any(_starts_at_zero(a, defs) for a in op.args[:2])
+        return any(starts_at_zero(a, defs) for a in op.args[:2])
     if operation_of(op).lanes == "same" or op.kind in ("subscript", "expand_dims", "broadcast_to"):
-        return _starts_at_zero(op.args[0], defs)
+        return starts_at_zero(op.args[0], defs)
     return False
 
 

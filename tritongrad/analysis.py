@@ -62,6 +62,7 @@ class Analysis:
     store_axes: dict[str, set[int]] = field(default_factory=dict)  # output -> program axes its addresses use
     forms: dict[str, object] = field(default_factory=dict)  # address name -> addresses.Form (kernels only)
     launch_checks: list = field(default_factory=list)  # checks.LaunchCheck: conditions on a launch's arguments
+    trips: dict = field(default_factory=dict)  # loop coordinate -> its trip count (addresses.address_forms)
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -136,10 +137,9 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.shapes = infer_shapes(program, tile)
     if not tile:
-        trips: dict = {}  # loop coordinate -> its trip count (addresses.address_forms)
-        analysis.forms = address_forms(program.body, analysis.shapes, trips, frozenset(params))
+        analysis.forms = address_forms(program.body, analysis.shapes, analysis.trips, frozenset(params))
         analysis.store_axes = check_output_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
-                                                  analysis.launch_checks, trips)
+                                                  analysis.launch_checks, analysis.trips)
         analysis.launch_checks = [with_scalars_written_out(c, program.body) for c in analysis.launch_checks]
     return analysis
 
@@ -229,8 +229,8 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
     Stores repeating an address across loop iterations are refused in loops.py. Whether programs
     overwrite each other's elements depends on the grid, checked at launch (derive.py).
     """
-    loaded = _downstream(body, {target_of(s) for s in statements(body) if op_of(s).kind in LOADS})
-    axes_of = _program_axes(body)
+    loaded = loaded_values(body)
+    axes_of = program_axes(body)
     paths = _branch_paths(body)
     around = enclosing_loops(body)
     defs = definitions(body)
@@ -302,7 +302,12 @@ def _fixpoint(body: list[ast.stmt], step) -> dict[str, set]:
     return facts
 
 
-def _downstream(body: list[ast.stmt], roots: set[str]) -> set[str]:
+def loaded_values(body: list[ast.stmt]) -> set[str]:
+    """The names computed from loaded data."""
+    return downstream(body, {target_of(s) for s in statements(body) if op_of(s).kind in LOADS})
+
+
+def downstream(body: list[ast.stmt], roots: set[str]) -> set[str]:
     """``roots`` and every name computed from them."""
     def step(sources, stmt, facts):
         return {True} if target_of(stmt) in roots or any(facts.get(n) for n in sources) else set()
@@ -310,7 +315,7 @@ def _downstream(body: list[ast.stmt], roots: set[str]) -> set[str]:
     return {n for n, v in _fixpoint(body, step).items() if v}
 
 
-def _program_axes(body: list[ast.stmt]) -> dict[str, set[int]]:
+def program_axes(body: list[ast.stmt]) -> dict[str, set[int]]:
     """For each name, the program-id axes its value depends on."""
     def step(sources, stmt, facts):
         if not isinstance(stmt, ast.For) and op_of(stmt).kind == "program_id":

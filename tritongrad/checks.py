@@ -223,7 +223,75 @@ class AtLeast:
         return f"{self.larger} >= {self.smaller}"
 
 
-Condition = Apart | AtLeast
+@dataclass(frozen=True)
+class AtMost:
+    """``value <= limit``."""
+
+    value: Expr
+    limit: int
+
+    def holds(self, launch: LaunchValues) -> bool:
+        return self.value.evaluate(launch) <= self.limit
+
+    def names(self) -> set[str]:
+        return self.value.names()
+
+    def substitute(self, replace: Callable[[str], Expr | None]) -> AtMost:
+        return AtMost(self.value.substitute(replace), self.limit)
+
+    def __str__(self) -> str:
+        return f"{self.value} <= {self.limit}"
+
+
+@dataclass(frozen=True)
+class Covers:
+    """The addresses ``sum(c_i * x_i)`` (``0 <= x_i < extent_i``, within the mask's bounds) are exactly the
+    elements of the tensor passed as ``tensor`` (offsets from its first element, in its sizes and strides)."""
+
+    coordinates: tuple[tuple[Expr, Expr], ...]
+    bounds: tuple[tuple[tuple[int, ...], Expr, tuple[Expr, ...]], ...]
+    tensor: str
+
+    def holds(self, launch: LaunchValues) -> bool:
+        t = launch.value(self.tensor)
+        coordinates = [(c.evaluate(launch), e.evaluate(launch)) for c, e in self.coordinates]
+        if any(m.evaluate(launch) <= 0 for _, _, mask in self.bounds for m in mask):
+            return False  # a bound in address units needs the mask's coefficients positive
+        bounds = [(members, limit.evaluate(launch)) for members, limit, _ in self.bounds]
+        return covers(coordinates, bounds, list(zip(t.stride(), t.shape, strict=True)))
+
+    def names(self) -> set[str]:
+        exprs = [e for pair in self.coordinates for e in pair] + [limit for _, limit, _ in self.bounds]
+        return {self.tensor}.union(*[e.names() for e in exprs])
+
+    def substitute(self, replace: Callable[[str], Expr | None]) -> Covers:
+        return Covers(tuple((c.substitute(replace), e.substitute(replace)) for c, e in self.coordinates),
+                      tuple((m, limit.substitute(replace), cs) for m, limit, cs in self.bounds), self.tensor)
+
+    def __str__(self) -> str:
+        return f"the addresses cover every element of `{self.tensor}`"
+
+
+@dataclass(frozen=True)
+class All:
+    """Every one of ``conditions`` (none: always)."""
+
+    conditions: tuple = ()
+
+    def holds(self, launch: LaunchValues) -> bool:
+        return all(c.holds(launch) for c in self.conditions)
+
+    def names(self) -> set[str]:
+        return set().union(*[c.names() for c in self.conditions])
+
+    def substitute(self, replace: Callable[[str], Expr | None]) -> All:
+        return All(tuple(c.substitute(replace) for c in self.conditions))
+
+    def __str__(self) -> str:
+        return " and ".join(f"({c})" for c in self.conditions) if self.conditions else "always"
+
+
+Condition = Apart | AtLeast | AtMost | Covers | All
 
 
 @dataclass(frozen=True)
@@ -241,6 +309,51 @@ class LaunchCheck:
     def __str__(self) -> str:
         at = f"line {self.where.line}: " if self.where is not None else ""
         return f"{at}{self.condition}"
+
+
+def covers(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...], int]],
+           dims: list[tuple[int, int]]) -> bool:
+    """Whether ``sum(c_i * x_i)`` over ``0 <= x_i < extent_i``, where each bound's members' part stays within its
+    limit, is exactly ``{sum(stride_j * y_j) : 0 <= y_j < size_j}`` for ``dims`` = ``(stride_j, size_j)`` (a sufficient
+    test: both sides are brought to a canonical mixed-radix form and compared).
+
+    A bound's members must chain as the digits of one number (each coefficient the last one times its extent),
+    so that the bound cuts that number's range: ``pid * BLOCK + lane < n`` is the range ``[0, n)``."""
+    if any(c <= 0 for c, e in coordinates if e > 1):
+        return False
+    coordinates = list(coordinates)
+    bounded: set[int] = set()
+    for members, limit in bounds:
+        if bounded & set(members):
+            return False
+        bounded |= set(members)
+        chain = sorted((i for i in members if coordinates[i][1] > 1), key=lambda i: coordinates[i][0])
+        if not chain:
+            continue
+        c0, extent = coordinates[chain[0]][0], coordinates[chain[0]][1]
+        for i in chain[1:]:
+            if coordinates[i][0] != c0 * extent:
+                return False
+            extent *= coordinates[i][1]
+        for i in chain:
+            coordinates[i] = (0, 1)
+        coordinates.append((c0, max(0, min(extent, limit // c0 + 1))))
+    nothing, empty = any(e == 0 for _, e in coordinates), any(n == 0 for _, n in dims)
+    if nothing or empty:
+        return nothing and empty
+    return _canonical(coordinates) == _canonical(dims)
+
+
+def _canonical(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(step, count)`` pairs in order of step, those of count 1 dropped, each pair whose step continues the
+    previous one's span merged into it."""
+    out: list[tuple[int, int]] = []
+    for step, count in sorted((s, n) for s, n in dims if n > 1):
+        if out and out[-1][0] * out[-1][1] == step:
+            out[-1] = (out[-1][0], out[-1][1] * count)
+        else:
+            out.append((step, count))
+    return out
 
 
 def apart(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...], int, list[int]]]) -> bool:

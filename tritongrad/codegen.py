@@ -89,7 +89,7 @@ def _simplify(n: ast.BinOp) -> ast.expr:
 
 def function_source(program: Program, backward: BackwardBody, name: str, docstring: str, tile: bool) -> str:
     params = [ast.arg(arg=p.arg, annotation=p.annotation) for p in program.params]
-    params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params)]
+    params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.extra_params)]
     body: list[ast.stmt] = [ast.Expr(ast.Constant(docstring))] if docstring else []
     body += fold_temporaries(backward.body, backward.foldable, backward.reassigned)
     if tile:

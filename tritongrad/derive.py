@@ -1,29 +1,41 @@
-"""``grad`` and ``vjp``: the public entry points of the kernel transform."""
+"""``grad`` and ``vjp``: the public entry points of the kernel transform, and the derived kernel's launcher."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import codegen
-from .analysis import analyze
+from .analysis import Analysis, analyze
 from .checks import LaunchCheck, LaunchValues
 from .errors import NotDifferentiableError
 from .frontend import normalize_kernel, normalize_tile_function
-from .loops import classify_loops
+from .ir import Program
+from .loops import LoopPlan, classify_loops
+from .lowering import ADD, ATOMIC, NONE, PARTIALS, STORE, Choice, Lowering, plan_lowering
 from .reverse import build_backward
 from .source import unwrap
 
 CALLING_CONVENTION = """\
 Launch it with the forward's grid and the forward's arguments, followed by one
 shadow per output (d_<output>: the gradient of the loss with respect to that output,
-read only) and one per wrt input (d_<input>: a zero-filled buffer with the input's
-shape and strides, into which the gradient is accumulated atomically; float32 is
-recommended for float16/bfloat16 inputs)."""
+read only) and one per wrt input (d_<input>: a buffer with the input's shape and
+strides), as tritongrad's BackwardKernel does: it picks, on each launch, how each
+input's gradient is written (see lowering.py)."""
+
+WRITES = {
+    STORE: "stored: each element is written once (the buffer needs no zero-fill where the loads cover it)",
+    ADD: "added without atomics: each element is read and written by one lane of one program",
+    "registers": "summed over each program's rows in registers; one partial row per program, summed after",
+    "row": "summed into one float32 partial row per program, the rows summed after the kernel",
+    ATOMIC: "added atomically into a zero-filled buffer (float32 for half-precision inputs)",
+    NONE: "zero: its value reaches no output (the buffer is zero-filled, nothing written)",
+}
 
 
 def shadow_dtype(dtype: Any) -> Any:
@@ -39,78 +51,239 @@ def defaults_of(jit_fn: Any) -> dict[str, Any]:
     return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
+class Variant:
+    """The backward kernel compiled for one way of writing each input's gradient."""
+
+    choices: tuple[tuple[str, Choice], ...]  # wrt input -> how its gradient is written
+    src: str
+    kernel: Any
+    programs: str | None  # a persistent variant: the parameter holding the forward's program count
+    rows: dict[str, str]  # partial inputs -> the parameter holding their partial rows' stride
+    unwritten: frozenset[str]  # inputs the kernel writes nothing for: their buffers are zero-filled
+
+    @property
+    def axis(self) -> int | None:
+        return next((c.axis for _, c in self.choices if c.mode in PARTIALS), None)
+
+
 class BackwardKernel:
     """A derived backward kernel.
 
-    ``src`` is its Python source; ``params`` its parameters: the forward's, then
-    ``d_<name>`` for each output, then for each ``wrt`` input. Launch it like any
-    Triton kernel, ``bwd[grid](*forward_args, *output_grads, *input_grads)``,
-    with the forward's grid. Output shadows hold the incoming gradients; input
-    shadows must be zero-filled by the caller (gradients are added atomically).
+    ``params``: the forward's parameters, then ``d_<name>`` for each output, then for each
+    ``wrt`` input. ``bwd[grid](*forward_args, *output_grads, *input_grads)`` launches it
+    with the forward's grid: output shadows hold the incoming gradients; the gradients are
+    *added* to the input buffers (zero-fill them first, or pass buffers holding a gradient
+    to add to). :meth:`gradients` allocates the input gradients itself and returns them:
+    the fast path, where a gradient each element of which is written once is stored in the
+    input's dtype without a zero-fill. How each input's gradient is written is decided on
+    each launch (lowering.py); ``src`` is the kernel where every condition holds.
     """
 
-    forward: Any
-    kernel: Any
-    src: str
-    wrt: tuple[str, ...]
-    outputs: tuple[str, ...]
-    params: tuple[str, ...]
-    store_axes: dict[str, frozenset[int]]  # output -> program axes its store addresses depend on
-    launch_checks: tuple[LaunchCheck, ...] = ()  # conditions on the arguments for stores to stay apart
-    _checked: set = field(default_factory=set, repr=False)  # (grid, argument values) the checks passed for
+    def __init__(self, forward: Any, program: Program, analysis: Analysis, loop_plans: dict[int, LoopPlan],
+                 lowering: Lowering, deterministic: bool):
+        self.forward = forward
+        self.program, self.analysis, self.loop_plans = program, analysis, loop_plans
+        self.lowering = lowering
+        self.deterministic = deterministic
+        self.wrt, self.outputs = analysis.wrt, analysis.outputs
+        self.store_axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
+        self.launch_checks: tuple[LaunchCheck, ...] = tuple(analysis.launch_checks)
+        self._variants: dict[tuple, Variant] = {}
+        self._variants_lock = threading.Lock()
+        self._checked: set = set()  # (grid, argument values) the launch checks passed for
+        self._chosen: dict[tuple, dict[str, Choice]] = {}  # (grid, arguments, written) -> choices
+        best = self.variant(lowering.best())  # derived now, so that what cannot be differentiated says so now
+        self.params = (*program.param_names(), *self.shadow_params.values())
+        if deterministic:
+            self._refuse_atomics({p: c for p, c in best.choices})
+
+    # -- the kernel --------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return f"{self.program.name}_bwd"
+
+    @property
+    def src(self) -> str:
+        """The kernel where every launch condition holds (what ``tritongrad show`` prints)."""
+        return self.variant(self.lowering.best()).src
+
+    @property
+    def kernel(self) -> Any:
+        return self.variant(self.lowering.best()).kernel
 
     @property
     def shadow_params(self) -> dict[str, str]:
         """Primal parameter -> its shadow parameter, outputs first."""
-        forward = self.params[: len(self.params) - len(self.outputs) - len(self.wrt)]
-        shadows = self.params[len(forward):]
-        return dict(zip((*self.outputs, *self.wrt), shadows, strict=True))
+        return self._shadow_params
 
-    @property
-    def name(self) -> str:
-        return self.kernel.fn.__name__
+    def variant(self, choices: dict[str, Choice]) -> Variant:
+        """The kernel for these choices, derived and compiled on first use."""
+        key = tuple((p, Choice(c.mode, c.axis)) for p, c in choices.items())  # the buffer's fill is not code
+        with self._variants_lock:
+            found = self._variants.get(key)
+            if found is None:
+                found = self._variants[key] = self._build(dict(key))
+        return found
+
+    def _build(self, choices: dict[str, Choice]) -> Variant:
+        program, analysis = self.program, self.analysis
+        backward = build_backward(analysis, self.loop_plans, choices=choices)
+        self._shadow_params = dict(zip((*self.outputs, *self.wrt), backward.shadow_params, strict=True))
+        writes = "".join(f"\n  d_{p}: {WRITES[c.mode]}" for p, c in choices.items())
+        doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
+               f"wrt: {', '.join(analysis.wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
+               f"{CALLING_CONVENTION}\nIn this variant:{writes or ' (no inputs)'}\n")
+        src = codegen.function_source(program, backward, self.name, doc.replace("\n", "\n    "), tile=False)
+        kernel = codegen.compile_kernel(src, self.name, program)
+        programs, rows = None, {}
+        if backward.extra_params:
+            programs, *strides = backward.extra_params
+            rows = dict(zip([p for p, c in choices.items() if c.mode in PARTIALS], strides, strict=True))
+        unwritten = frozenset(p for p in self.wrt if p not in backward.written_inputs)
+        return Variant(tuple(choices.items()), src, kernel, programs, rows, unwritten)
+
+    # -- launching ---------------------------------------------------------------------------------
 
     @functools.cached_property
     def _forward_defaults(self) -> dict[str, Any]:
         return defaults_of(self.forward)
 
-    def __getitem__(self, grid: Any):
-        launch = self.kernel[grid]
+    def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """A launch's arguments by parameter name: positional ones fill the parameters not given by keyword,
+        in order; when there are too few, the forward's defaulted parameters take their defaults."""
         defaults = self._forward_defaults
+        free = [p for p in self.params if p not in kwargs]
+        if len(args) < len(free):
+            free = [p for p in free if p not in defaults]
+        if len(args) != len(free):
+            raise TypeError(f"{self.name} takes {len(free)} positional arguments here ({', '.join(free)}), "
+                            f"got {len(args)}")
+        return {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
 
-        def run(*args: Any, **kwargs: Any) -> Any:
-            # positional arguments fill the parameters not given by keyword, in order; when
-            # there are too few, the forward's defaulted parameters take their defaults
-            free = [p for p in self.params if p not in kwargs]
-            if len(args) < len(free):
-                free = [p for p in free if p not in defaults]
-            if len(args) != len(free):
-                raise TypeError(f"{self.name} takes {len(free)} positional arguments here "
-                                f"({', '.join(free)}), got {len(args)}")
-            named = {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
-            sizes = grid(named) if callable(grid) else grid
-            self.check_grid(sizes)
-            self.check_arguments(named, sizes)
-            for name in self.wrt:  # an integer tensor has no gradient: say so, rather than return zeros
-                dtype = getattr(named.get(name), "dtype", None)
-                if dtype is not None and not dtype.is_floating_point:
-                    raise TypeError(f"{self.name}: wrt names `{name}`, but the tensor passed there is {dtype}; "
-                                    "only floating-point inputs have gradients")
-            return launch(**named)
+    def __getitem__(self, grid: Any):
+        def run(*args: Any, **kwargs: Any) -> None:
+            named = self.bind(args, kwargs)
+            sizes = _sizes(grid(named) if callable(grid) else grid)
+            output_grads = {p: named.pop(self.shadow_params[p]) for p in self.outputs}
+            buffers = {p: named.pop(self.shadow_params[p]) for p in self.wrt}
+            written = frozenset(self.wrt)
+            choices = self.choose(named, sizes, written, aliased(buffers))
+            self.launch(sizes, named, output_grads, buffers, choices, written)
 
         return run
 
-    def check_grid(self, grid: Any) -> None:
+    def gradients(self, grid: Any, named: dict[str, Any], output_grads: dict[str, Any]) -> dict[str, Any]:
+        """The gradients of the ``wrt`` inputs of the forward launch ``named`` (its arguments by parameter
+        name) given the gradients of its outputs (tensors with the outputs' shapes and strides): each
+        allocated as its lowering needs (empty where it is stored everywhere) in the input's dtype, or
+        float32 for half-precision inputs added atomically."""
+        import torch
+
+        sizes = _sizes(grid(named) if callable(grid) else grid)
+        named = {**self._forward_defaults, **named}
+        choices = self.choose(named, sizes, aliased=aliased({p: named[p] for p in self.wrt}))
+        grads = {}
+        for p in self.wrt:
+            x, c = named[p], choices[p]
+            fill = torch.empty_strided if (c.covers or c.mode in PARTIALS) and c.mode != NONE else _zeros_strided
+            dtype = x.dtype if c.mode != ATOMIC else shadow_dtype(x.dtype)
+            grads[p] = fill(x.size(), x.stride(), dtype=dtype, device=x.device)
+        self.launch(sizes, named, output_grads, grads, choices)
+        return grads
+
+    def choose(self, named: dict[str, Any], grid: tuple[int, ...], written: frozenset[str] = frozenset(),
+               aliased: frozenset[str] = frozenset()) -> dict[str, Choice]:
+        """Check the launch (grid, store conditions, dtypes) and choose how each input's gradient is written.
+        ``written``: inputs whose buffers already hold gradient to add to; ``aliased``: inputs whose
+        buffers share memory with another input's."""
+        self.check_grid(grid)
+        self.check_arguments(named, grid)
+        for name in self.wrt:  # an integer tensor has no gradient: say so, rather than return zeros
+            dtype = getattr(named.get(name), "dtype", None)
+            if dtype is not None and not dtype.is_floating_point:
+                raise TypeError(f"{self.name}: wrt names `{name}`, but the tensor passed there is {dtype}; "
+                                "only floating-point inputs have gradients")
+        key = (grid, written, aliased, *[_describe(named.get(n)) for n in self._chosen_names])
+        choices = self._chosen.get(key)
+        if choices is None:
+            choices = self.lowering.choose(LaunchValues(named, grid), written, aliased)
+            if self.deterministic:
+                self._refuse_atomics(choices)
+            if len(self._chosen) > 4096:
+                self._chosen.clear()
+            self._chosen[key] = choices
+        return choices
+
+    @functools.cached_property
+    def _chosen_names(self) -> tuple[str, ...]:
+        """The arguments the lowering's conditions read."""
+        names = set()
+        for lowering in self.lowering.inputs.values():
+            for c in (lowering.owned, lowering.covers, *lowering.shared.values()):
+                names |= c.names() if c is not None else set()
+        return tuple(sorted(names & set(self.params)))
+
+    def launch(self, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
+               buffers: dict[str, Any], choices: dict[str, Choice], written: frozenset[str] = frozenset(),
+               pad: int = 0) -> dict[str, tuple[Any, int]]:
+        """Run the variant for ``choices``. ``named``: the forward's arguments (and launch options);
+        ``output_grads``: output -> its incoming gradient; ``buffers``: wrt input -> its gradient buffer
+        (stored into or added to; an input summed in partial rows gets their sum, added if in ``written``).
+        ``pad``: zeros around each partial row, to look for gradient outside the tensor (a checked backward).
+        Returns the partial rows: input -> (rows with their padding, pad)."""
+        import torch
+
+        variant = self.variant(choices)
+        for p in variant.unwritten - written:  # no gradient reaches it (a stored one would be left unset)
+            buffers[p].zero_()
+        args = {**named, **{self.shadow_params[o]: g for o, g in output_grads.items()},
+                **{self.shadow_params[p]: b for p, b in buffers.items()}}
+        rows = {}
+        if variant.axis is not None:
+            axis = variant.axis
+            programs = _persistent_programs(grid[axis], next(iter(buffers.values())).device)
+            args[variant.programs] = grid[axis]
+            grid = (*grid[:axis], programs, *grid[axis + 1:])
+            for p in variant.rows:
+                target = buffers[p]
+                span = span_of(target)
+                dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
+                rows[p] = (torch.zeros(programs, span + 2 * pad, dtype=dtype, device=target.device), pad)
+                args[self.shadow_params[p]] = rows[p][0][:, pad:]
+                args[variant.rows[p]] = span + 2 * pad
+        variant.kernel[grid](**args)
+        for p, (r, _) in rows.items():  # the rows summed in a fixed order
+            target = buffers[p]
+            total = r[:, pad:pad + span_of(target)].sum(0).as_strided(target.size(), target.stride())
+            if p in written:
+                target.add_(total)
+            else:
+                target.copy_(total)
+        return rows
+
+    def _refuse_atomics(self, choices: dict[str, Choice]) -> None:
+        for p, c in choices.items():
+            if c.mode == ATOMIC:
+                load = self.analysis.loads[p][0]
+                where = load.tg.where
+                raise NotDifferentiableError(
+                    f"`{p}` with deterministic=True: its gradient can only be added atomically here "
+                    f"({self.lowering.inputs[p].why or 'this launch does not keep its addresses apart'})",
+                    file=where.file, line=where.line, source_line=where.text,
+                    hint="atomic additions land in a different order on each run; drop deterministic=True, or "
+                         "load each element of the input once per launch")
+
+    def check_grid(self, grid: tuple[int, ...]) -> None:
         """Refuse a grid in which several programs store to one output element.
 
         If an output's store address does not depend on a program axis, every program
         along that axis writes the same elements and the last one wins: only its values
         would deserve the gradient, which the derived kernel cannot tell apart.
         """
-        sizes = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
         for output, axes in self.store_axes.items():
-            for axis, size in enumerate(sizes):
+            for axis, size in enumerate(grid):
                 if size > 1 and axis not in axes:
                     raise NotDifferentiableError(
                         f"a grid of {size} programs along axis {axis}, all storing to the same elements of "
@@ -119,20 +292,19 @@ class BackwardKernel:
                         hint=f"make `{output}`'s store address depend on tl.program_id({axis}), "
                              "or launch one program along that axis")
 
-    def check_arguments(self, named: dict[str, Any], grid: Any = (1,)) -> None:
+    def check_arguments(self, named: dict[str, Any], grid: tuple[int, ...] = (1,)) -> None:
         """Refuse a launch whose arguments let a store's lanes, programs or iterations reach one element
         (lanes.py: conditions it could not decide before the strides, block sizes and grid were known).
         A condition on values it cannot read (a local of the kernel) is let pass."""
         if not self.launch_checks:
             return
-        sizes = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
-        key = (sizes, *[named.get(n) for n in self._checked_names])
+        key = (grid, *[named.get(n) for n in self._checked_names])
         try:
             if key in self._checked:  # a launch like an earlier one: ~1 us instead of ~12
                 return
         except TypeError:  # an unhashable argument: check every time
             key = None
-        launch = LaunchValues(named, sizes)
+        launch = LaunchValues(named, grid)
         for check in self.launch_checks:
             construct = check.construct
             try:
@@ -156,14 +328,58 @@ class BackwardKernel:
 
     def launch_notes(self) -> str:
         """What is decided on each launch's arguments, as comment lines (``tritongrad show`` prints them)."""
-        if not self.launch_checks:
-            return ""
-        lines = ["# Checked on each launch's arguments (a launch where one fails is refused):"]
-        lines += [f"#   {check}" for check in self.launch_checks]
-        return "\n".join(lines) + "\n"
+        lines = []
+        if self.lowering.inputs:
+            lines.append("# How each input's gradient is written, decided on each launch's arguments:")
+            lines += [f"#   {lowering.describe()}" for lowering in self.lowering.inputs.values()]
+        if self.launch_checks:
+            lines.append("# Checked on each launch's arguments (a launch where one fails is refused):")
+            lines += [f"#   {check}" for check in self.launch_checks]
+        return "\n".join(lines) + "\n" if lines else ""
 
     def __repr__(self) -> str:
         return f"BackwardKernel({self.name}, wrt={self.wrt}, outputs={self.outputs})"
+
+
+def aliased(tensors: dict[str, Any]) -> frozenset[str]:
+    """The names of tensors that share a storage with another one of them."""
+    storages = [t.untyped_storage().data_ptr() for t in tensors.values()]
+    return frozenset(name for name, s in zip(tensors, storages, strict=True) if storages.count(s) > 1)
+
+
+def _sizes(grid: Any) -> tuple[int, ...]:
+    return tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+
+
+def _zeros_strided(size, stride, dtype, device):
+    import torch
+
+    return torch.empty_strided(size, stride, dtype=dtype, device=device).zero_()
+
+
+def span_of(t: Any) -> int:
+    """How many elements from a tensor's first one its last one lies (its shadow's partial row length)."""
+    if t.numel() == 0:
+        return 1
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+
+
+def _describe(value: Any) -> Any:
+    """What the lowering's conditions read of an argument: its value, or a tensor's layout."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and hasattr(value, "stride"):
+        return (tuple(shape), value.stride())
+    return value
+
+
+def _persistent_programs(programs: int, device: Any) -> int:
+    """How many programs a persistent backward runs along its axis: one per multiprocessor on a GPU (each
+    keeps a partial row); a few in Triton's interpreter, so that each program loops over several."""
+    if device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        import torch
+
+        return max(1, min(programs, torch.cuda.get_device_properties(device).multi_processor_count))
+    return max(1, min(programs, 3))
 
 
 _cache: dict[tuple, tuple[Any, Any]] = {}
@@ -187,33 +403,28 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] | None = None) -> BackwardKernel:
+def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] | None = None, *,
+         deterministic: bool = False) -> BackwardKernel:
     """Derive the backward kernel of a ``@triton.jit`` kernel.
 
     ``wrt``: the pointer parameters to differentiate with respect to (default: every
     pointer parameter that is only loaded and does not hold indices).
     ``outputs``: the pointer parameters whose stores are differentiated (default: every
-    stored one). Raises :class:`NotDifferentiableError` for what cannot be handled.
+    stored one). ``deterministic``: gradients bitwise identical from run to run (no atomic
+    additions); a load whose gradient can only be added atomically is refused, naming it.
+    Raises :class:`NotDifferentiableError` for what cannot be handled.
     """
     jit_fn = unwrap(kernel)
-    key = (jit_fn.fn, tuple(wrt) if wrt is not None else None, tuple(outputs) if outputs is not None else None)
-    return _cached(key, lambda: _derive(jit_fn, key[1], key[2]))
+    key = (jit_fn.fn, tuple(wrt) if wrt is not None else None, tuple(outputs) if outputs is not None else None,
+           deterministic)
+    return _cached(key, lambda: _derive(jit_fn, key[1], key[2], deterministic))
 
 
-def _derive(jit_fn: Any, wrt, outputs) -> BackwardKernel:
+def _derive(jit_fn: Any, wrt, outputs, deterministic: bool) -> BackwardKernel:
     program = normalize_kernel(jit_fn)
     analysis = analyze(program, wrt, outputs)
-    backward = build_backward(analysis, classify_loops(analysis))
-    name = f"{program.name}_bwd"
-    doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
-           f"wrt: {', '.join(analysis.wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
-           f"{CALLING_CONVENTION}\n")
-    src = codegen.function_source(program, backward, name, _indent(doc), tile=False)
-    kernel = codegen.compile_kernel(src, name, program)
-    params = (*program.param_names(), *backward.shadow_params)
-    axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
-    return BackwardKernel(jit_fn, kernel, src, analysis.wrt, analysis.outputs, params, axes,
-                          tuple(analysis.launch_checks))
+    return BackwardKernel(jit_fn, program, analysis, classify_loops(analysis), plan_lowering(analysis),
+                          deterministic)
 
 
 def vjp(fn: Any, wrt: Sequence[int] = (0,)) -> Any:
@@ -244,6 +455,3 @@ def _derive_vjp(jit_fn: Any, positions: tuple[int, ...]) -> Any:
     kernel.tg_src = src
     return kernel
 
-
-def _indent(text: str) -> str:
-    return text.replace("\n", "\n    ")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from dataclasses import dataclass
 
 from .addresses import (
     Coefficient,
@@ -42,20 +43,25 @@ from .addresses import (
     form_of_terms,
     scalar_expr,
 )
-from .checks import Apart, AtLeast, Expr, LaunchCheck
+from .checks import Apart, AtLeast, Condition, Expr, LaunchCheck
 from .ir import definitions, refuse, where
 
 
 def with_scalars_written_out(check: LaunchCheck, body: list[ast.stmt]) -> LaunchCheck:
     """``check`` with the kernel's integer temporaries in its condition written over its parameters and
     the grid (``num_programs_1`` -> ``num_programs(1)``), so the launch can evaluate it."""
+    return dataclasses.replace(check, condition=scalars_written_out(check.condition, body))
+
+
+def scalars_written_out(condition: Condition, body: list[ast.stmt]) -> Condition:
+    """``condition`` with the kernel's integer temporaries written over its parameters and the grid."""
     defs = definitions(body)
 
     def expand(name: str) -> Expr | None:
         e = scalar_expr(ast.Name(name), defs)
         return None if e == Expr.name(name) else e
 
-    return dataclasses.replace(check, condition=check.condition.substitute(expand))
+    return condition.substitute(expand)
 
 
 def _coefficient(c: Coefficient) -> Expr:
@@ -92,13 +98,26 @@ def _ratio(a: Coefficient, b: Coefficient) -> Coefficient | None:
     return (a[0] // b[0], tuple(rest))
 
 
-def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr], construct: str,
-                  hint: str, where) -> LaunchCheck | None:
-    """``apart(...)`` over the address's coordinates with the launch's numbers (None when there is nothing
-    to decide, or a loop's trip count is not known)."""
+@dataclass(frozen=True)
+class LaunchCoordinates:
+    """An address's coordinates with what a launch gives them: each one's coefficient and extent, and the
+    mask's bounds on groups of them (``members`` by position, ``limit`` in address units, the mask's own
+    coefficients). ``exact``: every bound of the mask is among them."""
+
+    keys: tuple[Coordinate, ...]
+    coordinates: tuple[tuple[Expr, Expr], ...]
+    bounds: tuple[tuple[tuple[int, ...], Expr, tuple[Expr, ...]], ...]
+    exact: bool
+
+    def apart(self) -> Apart:
+        return Apart(self.coordinates, self.bounds, tuple(str(k) for k in self.keys))
+
+
+def launch_coordinates(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr]
+                       ) -> LaunchCoordinates | None:
+    """The form's coordinates as a launch evaluates them (None: a trip count or a descriptor's strides the
+    launch cannot give). Lane axes of one element are left out."""
     keys = [k for k, _ in form.terms if not (isinstance(k, Lane) and shape[k.axis] == "1")]
-    if len(keys) < 2:
-        return None
     if any(s.startswith("<") for _, (_, symbols) in form.terms for s in symbols):
         return None  # a descriptor's: its dimensions' strides are the descriptor's, not arguments
     terms = form.coefficients
@@ -106,20 +125,28 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dic
     if None in extents.values():
         return None
     coordinates = tuple((_coefficient(terms[k]), extents[k]) for k in keys)
-    groups = []
+    groups, exact = [], True
     for mask_form, limit in bounds:
         members = [k for k, _ in mask_form.terms]
-        if not members or not set(members) <= set(keys):
-            continue
-        ratios = {_ratio(terms[k], c) for k, c in mask_form.terms}
-        if len(ratios) != 1 or None in ratios:
+        ratios = {_ratio(terms[k], c) for k, c in mask_form.terms if k in terms}
+        if not members or not set(members) <= set(keys) or len(ratios) != 1 or None in ratios:
+            exact = False
             continue
         (ratio,) = ratios
         indices = tuple(keys.index(k) for k in members)
         groups.append((indices, Expr("abs", (_coefficient(ratio),)) * limit,
                        tuple(_coefficient(c) for _, c in mask_form.terms)))
-    condition = Apart(coordinates, tuple(groups), tuple(str(k) for k in keys))
-    return LaunchCheck(condition, construct, hint, where)
+    return LaunchCoordinates(tuple(keys), coordinates, tuple(groups), exact)
+
+
+def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr], construct: str,
+                  hint: str, where) -> LaunchCheck | None:
+    """``apart(...)`` over the address's coordinates with the launch's numbers (None when there is nothing
+    to decide, or a loop's trip count is not known)."""
+    found = launch_coordinates(form, shape, bounds, trips)
+    if found is None or len(found.keys) < 2:
+        return None
+    return LaunchCheck(found.apart(), construct, hint, where)
 
 
 def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: tuple[LoopIndex, ...] = (),

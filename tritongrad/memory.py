@@ -2,8 +2,9 @@
 
 - a store of an output: the adjoint of the stored value is loaded from the output's
   shadow with the store's mask (masked-off lanes read zero);
-- a load of a ``wrt`` input: its adjoint is added into the input's shadow with
-  ``tl.atomic_add`` (correct whatever the access pattern);
+- a load of a ``wrt`` input: its adjoint is written as lowering.py chose for the input
+  (the kernel variant being built): stored, added without atomics, summed into a
+  per-program partial (in registers or a row), or added atomically;
 - tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
   ``desc.load``'s adds ``d_desc.atomic_add(offsets, g)`` where descriptors can add.
 """
@@ -14,8 +15,15 @@ import ast
 import copy
 
 from .blockptr import block_addresses, block_mask
-from .ir import arguments, is_none, name_node, op_of, refuse, stored_value, where
+from .ir import arguments, is_none, name_node, op_of, refuse, stored_value, target_of, where
+from .lowering import ADD, ATOMIC, REGISTERS, ROW, STORE, PartialSum
 from .operations import instantiate, operation_of
+
+
+def _call(function: str, *args: ast.expr, **keywords: ast.expr) -> ast.Expr:
+    """``function(*args, **keywords)`` as a statement."""
+    return ast.Expr(ast.Call(instantiate(function, {}), [copy.deepcopy(a) for a in args],
+                             [ast.keyword(k, copy.deepcopy(v)) for k, v in keywords.items()]))
 
 
 class MemoryAdjoints:
@@ -24,11 +32,30 @@ class MemoryAdjoints:
     def reverse_load(self, stmt: ast.stmt, t: str) -> None:
         b = arguments(stmt)
         shadow, g = name_node(self.shadow_name(b["pointer"].id)), name_node(self.g_of(stmt))
+        param = self.analysis.pointer_base[b["pointer"].id]
+        self.written_inputs.add(param)
         if op_of(stmt).kind == "desc_load":
             self.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
             return
-        keywords = [ast.keyword("mask", copy.deepcopy(b["mask"]))] if not is_none(b["mask"]) else []
-        self.emit(ast.Expr(ast.Call(instantiate("tl.atomic_add", {}), [shadow, g], keywords)))
+        masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
+        mode = self.choices[param].mode
+        if mode == REGISTERS:  # summed over this program's rows; stored once after them (lowering.persistent)
+            total = self.partial_sum(stmt, shadow.id, b["mask"])
+            self.emit(ast.AugAssign(target=ast.Name(total, ast.Store()), op=ast.Add(), value=g))
+        elif mode == STORE:
+            self.emit(_call("tl.store", shadow, g, **masked))
+        elif mode in (ADD, ROW):  # no other program or lane touches these addresses: no atomics needed
+            self.emit(_call("tl.store", shadow, ast.BinOp(_call("tl.load", shadow, **masked).value, ast.Add(), g),
+                            **masked))
+        else:
+            assert mode == ATOMIC
+            self.emit(_call("tl.atomic_add", shadow, g, **masked))
+
+    def partial_sum(self, stmt: ast.stmt, shadow: str, mask: ast.expr) -> str:
+        """The register accumulator of a load's adjoint over the rows of a persistent program."""
+        total = self.namer.fresh(f"{self.adjoint[target_of(stmt)]}_sum")
+        self.partial_sums.append(PartialSum(total, shadow, copy.deepcopy(mask)))
+        return total
 
     def descriptor_accumulate(self, stmt: ast.stmt, shadow: ast.Name, offsets: ast.expr, g: ast.Name) -> ast.If:
         """``d_desc.atomic_add(offsets, g)``; where descriptors cannot add (float64 shadows, Triton's

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 
 from .derive import grad, shadow_dtype
 from .errors import OpError
+from .lowering import ATOMIC, PARTIALS
 
 GUARD = (1024, 1 << 20)  # zeros on each side of a shadow in a checked backward: its own size, within these bounds
 
@@ -300,34 +302,43 @@ class Replay:
                 shadows[shadow.key] = g  # derived kernels only read it: no zero-filled copy
             else:
                 self._shadow(shadows, shadow, guards).add_(g)
+        writers = Counter(step.launch.views[p].key for step in steps for p in step.wrt)
         for step in steps:
-            self._replay(step, saved, shadows, guards)
+            rows = self._replay(step, saved, shadows, guards, writers)
             if guards is not None:
-                self._check_strays(step, guards)
+                self._check_strays(step, guards, rows)
         result = self._input_grads(shadows, needs)
         if guards is None:
             return result
         plan.checked.add(schedule)
         return [None if g is None else g.clone() for g in result]  # not views of the guarded buffers
 
-    def _check_strays(self, step: Step, guards: dict) -> None:
+    def _check_strays(self, step: Step, guards: dict, rows: dict) -> None:
         """Refuse a launch whose backward put gradient on memory outside the tensors it was passed.
 
         A derived kernel adds each load's gradient at the load's address in the shadow, so this
         means the forward read memory that is not an element of the tensor it was passed (a length,
         stride or count the host function got wrong, a non-contiguous tensor read as contiguous):
         memory whose gradient has nowhere to go. Checked: the zeros around the shadow, and the gaps
-        a strided view leaves in it.
+        a strided view leaves in it; for an input summed in partial rows (``rows``: input -> the rows,
+        their padding), the zeros around and between each row's elements.
         """
         launch = step.launch
         for p in step.wrt:
-            key = launch.views[p].key
-            flat, pad, n = guards[key]
-            stray = flat != 0  # NaN too
-            lo = self.plan.storages[key][1]
-            views = [v for v in self.plan.input_views if v.key == key] or [v for v in self.plan.views() if v.key == key]
-            for v in views:  # the elements whose gradients the inputs (or, for a buffer, the launches) take
-                stray.as_strided(v.size, v.stride, pad + v.offset - lo).fill_(False)
+            v = launch.views[p]
+            if p in rows:
+                flat, pad = rows[p]
+                stray = flat != 0
+                stray.as_strided((flat.shape[0], *v.size), (flat.stride(0), *v.stride), pad).fill_(False)
+            else:
+                key = v.key
+                flat, pad, n = guards[key]
+                stray = flat != 0  # NaN too
+                lo = self.plan.storages[key][1]
+                views = ([u for u in self.plan.input_views if u.key == key]
+                         or [u for u in self.plan.views() if u.key == key])
+                for u in views:  # the elements whose gradients the inputs (or, for a buffer, the launches) take
+                    stray.as_strided(u.size, u.stride, pad + u.offset - lo).fill_(False)
             if bool(stray.any()):
                 v = launch.views[p]
                 raise self.error(f"{launch} reads memory outside the elements of the tensor passed to `{p}` (sizes "
@@ -335,7 +346,10 @@ class Replay:
                                  "strides and counts the host function passes with that tensor (does it assume "
                                  "contiguous memory?)")
 
-    def _replay(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> None:
+    def _replay(self, step: Step, saved: tuple, shadows: dict, guards: dict | None, writers: Counter) -> dict:
+        """Launch one step's derived kernel. The first writer of a storage's gradient stores it (into a buffer
+        left unfilled where its loads cover it, in the input's own dtype where nothing else adds to it); later
+        ones add to it (lowering.py). Returns the partial rows of inputs summed in them (checked backwards)."""
         launch = self.launches[step.launch.index]
         if launch.info.roles is None:
             error, note = launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)"
@@ -348,17 +362,37 @@ class Replay:
         args.update(launch.kwargs)
         for p, slot, stand_in in step.launch.replayed:
             args[p] = saved[slot] if slot is not None else _stand_in(stand_in)
-        for p, shadow in shadow_params:
-            args[p] = self._shadow(shadows, shadow, guards)
-        bwd[launch.grid](**args)
+        shadow_of = dict(shadow_params)
+        grid = tuple(launch.grid)
+        output_grads = {p: self._shadow(shadows, shadow_of[bwd.shadow_params[p]], guards) for p in step.outputs}
+        inputs = {p: shadow_of[bwd.shadow_params[p]] for p in step.wrt}
+        written = frozenset(p for p, shadow in inputs.items() if shadow.key in shadows)
+        keys = [shadow.key for shadow in inputs.values()]
+        aliased = frozenset(p for p, shadow in inputs.items() if keys.count(shadow.key) > 1)
+        choices = bwd.choose(args, grid, written, aliased)
+        buffers = {}
+        for p, shadow in inputs.items():
+            c = choices[p]
+            sets_all = c.covers or c.mode in PARTIALS  # writes every element of the view
+            alone = writers[shadow.key] == 1 and c.mode != ATOMIC  # the only gradient this storage gets
+            buffers[p] = self._shadow(shadows, shadow, guards, fill=not sets_all, own_dtype=alone)
+        pad = GUARD[0] if guards is not None else 0
+        return bwd.launch(grid, args, output_grads, buffers, choices, written, pad)
 
-    def _shadow(self, shadows: dict, shadow: Shadow, guards: dict | None = None) -> torch.Tensor:
-        """A view's shadow, its storage's zero-filled buffer made on first use. With ``guards`` (a
-        checked backward) the buffer lies between zeros, ``guards[key] = (all of it, pad, size)``."""
+    def _shadow(self, shadows: dict, shadow: Shadow, guards: dict | None = None, fill: bool = True,
+                own_dtype: bool = False) -> torch.Tensor:
+        """A view's shadow, its storage's buffer made on first use: zero-filled unless ``fill`` is false
+        and the buffer is the view itself (then its first writer writes all of it); in the primal's dtype
+        if ``own_dtype`` and the buffer is the view itself, else float32 for half types. With ``guards``
+        (a checked backward) the buffer lies between zeros, ``guards[key] = (all of it, pad, size)``."""
         buffer = shadows.get(shadow.key)
         if buffer is None:
             shape, dtype, device = self.plan.buffers[shadow.key]
-            if guards is None:
+            if own_dtype and shadow.view is None:
+                dtype = self.plan.storages[shadow.key][0]
+            if guards is None and not fill and shadow.view is None:
+                buffer = torch.empty(shape, dtype=dtype, device=device)
+            elif guards is None:
                 buffer = torch.zeros(shape, dtype=dtype, device=device)
             else:
                 n = math.prod(shape)

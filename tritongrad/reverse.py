@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import ast
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .analysis import Analysis
 from .ir import (
@@ -50,6 +50,7 @@ from .ir import (
     where,
 )
 from .loops import LoopPlan, LoopReversal
+from .lowering import ATOMIC, PARTIALS, Choice, persistent
 from .memory import MemoryAdjoints
 from .operations import LOADS, STORES, instantiate, operation_of
 
@@ -67,6 +68,8 @@ class BackwardBody:
     returns: list[ast.expr] | None  # tile functions: the wrt gradients
     foldable: set[str]  # temporaries with no adjoint: codegen writes them back into their uses
     reassigned: set[str]  # merge and loop-carried variables (and their shadows): never folded into a use
+    extra_params: list[str] = field(default_factory=list)  # after the shadows: a persistent variant's counts
+    written_inputs: set[str] = field(default_factory=set)  # wrt inputs whose loads' adjoints it writes
 
 
 @dataclass
@@ -88,11 +91,15 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
     """Writes the backward body: the sweep first (adjoints, statement by statement, backwards), then the
     replay of the forward values it reads in front of it."""
 
-    def __init__(self, analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool):
+    def __init__(self, analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool,
+                 choices: dict[str, Choice] | None = None):
         self.analysis = analysis
         self.program = analysis.program
         self.loop_plans = loop_plans
         self.tile = tile
+        self.choices = choices or {p: Choice(ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
+        self.partial_sums: list = []  # lowering.PartialSum: inputs summed in registers (written by memory.py)
+        self.written_inputs: set[str] = set()  # wrt inputs whose loads' adjoints were written (memory.py)
         self.namer = Namer(self.program.names)
         self.adjoint: dict[str, str] = {}  # primal name -> name of its adjoint
         self.shadow: dict[str, str] = {}  # pointer name -> name of its shadow
@@ -176,12 +183,33 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
             zeros = "tl.zeros_like(x).to(tl.float32)"
             returns = [name_node(self.adjoint[w]) if w in self.adjoint else instantiate(zeros, {"x": name_node(w)})
                        for w in self.analysis.wrt]
-        body = self.replay() + self.out
-        temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
-        foldable = {t for t in temporaries if t not in self.analysis.active}
         reassigned = {n for n, ds in self.defs.items() if len(ds) > 1}
         reassigned |= {self.shadow[n] for n in reassigned if n in self.shadow}
-        return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned)
+        epilogue = {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))}  # read after the loop
+        replay = self.replay(epilogue)
+        body, extra = replay + self.out, []
+        axis = next((c.axis for c in self.choices.values() if c.mode in PARTIALS), None)
+        if axis is not None:
+            body, extra = self.persistent(replay, axis, reassigned)
+        temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
+        foldable = {t for t in temporaries if t not in self.analysis.active}
+        return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
+                            self.written_inputs)
+
+    def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str]) -> tuple[list[ast.stmt], list[str]]:
+        """The body as a loop over the forward's programs along ``axis`` (lowering.persistent), and the
+        parameters that adds: the forward's program count, and each partial row's stride."""
+        programs = self.namer.fresh("programs")
+        partial = [p for p, c in self.choices.items() if c.mode in PARTIALS]
+        rows = {self.shadow[p]: self.namer.fresh(f"{self.shadow[p]}_rows") for p in partial}
+        names = ", ".join(p for p in partial)
+        note = self.marker(f"one program per group of the forward's programs along axis {axis}: each sums the "
+                           f"gradient of {names} over its programs\n(in its own partial row, reduced in order "
+                           "after the kernel), and the rest as the forward's program would")
+        params = {*self.program.param_names(), *self.shadow_params, programs, *rows.values()}
+        body = persistent(replay, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer)
+        loop = next(i for i, s in enumerate(body) if isinstance(s, ast.For))
+        return [*body[:loop], note, *body[loop:]], [programs, *rows.values()]
 
     def describe(self, stmt: ast.stmt) -> str:
         """The forward line a statement comes from; inside an inlined helper, its own line and the call."""
@@ -198,9 +226,13 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         if self.last_comment.get(id(self.out)) == text:
             return  # the adjoints of one forward line share its comment
         self.last_comment[id(self.out)] = text
+        self.out.append(self.marker(text))
+
+    def marker(self, text: str) -> ast.Expr:
+        """A statement codegen replaces by the comment ``text``."""
         marker = f"__tg_comment_{len(self.comments)}__"
         self.comments[marker] = text
-        self.out.append(ast.Expr(name_node(marker)))
+        return ast.Expr(name_node(marker))
 
     def emit(self, stmt: ast.stmt) -> None:
         self.out.append(stmt)
@@ -383,10 +415,11 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
 
     # -- the replay -----------------------------------------------------------------------
 
-    def replay(self) -> list[ast.stmt]:
-        """The forward's statements the sweep needs, each shadow pointer beside its pointer."""
+    def replay(self, also: set[str] = frozenset()) -> list[ast.stmt]:
+        """The forward's statements the sweep (and the names ``also``) need, each shadow pointer beside its
+        pointer."""
         shadow_of = {v: k for k, v in self.shadow.items()}
-        seeds = {shadow_of.get(n, n) for n in free_names(self.out)}
+        seeds = {shadow_of.get(n, n) for n in free_names(self.out) | set(also)}
         if self.tile:
             seeds |= {n for r in self.program.returns for n in names_in(r)}
         for s in statements(self.program.body):
@@ -468,8 +501,10 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         return node
 
 
-def build_backward(analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool = False) -> BackwardBody:
+def build_backward(analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool = False,
+                   choices: dict[str, Choice] | None = None) -> BackwardBody:
+    """The backward body; ``choices``: how each input's gradient is written (lowering.py; default: atomically)."""
     for s in statements(analysis.program.body):  # memory operations' argument checks, before any output
         if operation_of(op_of(s)).memory is not None:
             arguments(s)
-    return BackwardBuilder(analysis, loop_plans, tile).run()
+    return BackwardBuilder(analysis, loop_plans, tile, choices).run()

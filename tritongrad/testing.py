@@ -38,26 +38,24 @@ def bind_launch(kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> 
 
 def backward_launch(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
                     grads: Mapping[str, torch.Tensor], wrt: Sequence[str] | None = None,
-                    outputs: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+                    outputs: Sequence[str] | None = None, deterministic: bool = False) -> dict[str, torch.Tensor]:
     """Gradients of one forward launch ``kernel[grid](*args, **kwargs)``.
 
     ``grads`` maps each output pointer parameter to the gradient of the loss with
-    respect to the tensor passed there. Returns the gradients of the ``wrt`` tensors.
+    respect to the tensor passed there. Returns the gradients of the ``wrt`` tensors,
+    each in its tensor's dtype (BackwardKernel.gradients: written as the lowering chose).
     """
-    bwd = grad(kernel, wrt, outputs or (tuple(grads) if grads else None))
+    bwd = grad(kernel, wrt, outputs or (tuple(grads) if grads else None), deterministic=deterministic)
     named = bind_launch(kernel, args, kwargs)
-    options = {k: v for k, v in kwargs.items() if k not in named}  # num_warps, ...
-    shadows: dict[str, torch.Tensor] = {}
-    for primal, shadow in bwd.shadow_params.items():
-        tensor = named[primal]
-        buffer = shadow_like(tensor)
-        if primal in bwd.outputs:
-            if primal not in grads:
-                raise ValueError(f"no gradient given for output `{primal}`")
-            buffer.copy_(grads[primal].expand_as(tensor))
-        shadows[shadow] = buffer
-    bwd[grid](**named, **shadows, **options)
-    return {w: shadows[bwd.shadow_params[w]].to(named[w].dtype) for w in bwd.wrt}
+    named.update({k: v for k, v in kwargs.items() if k not in named})  # launch options: num_warps, ...
+    output_grads = {}
+    for output in bwd.outputs:
+        if output not in grads:
+            raise ValueError(f"no gradient given for output `{output}`")
+        tensor = named[output]
+        output_grads[output] = shadow_like(tensor).copy_(grads[output].expand_as(tensor))
+    got = bwd.gradients(grid, named, output_grads)
+    return {w: got[w].to(named[w].dtype) for w in bwd.wrt}
 
 
 def assert_gradients_match(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping[str, Any],

@@ -1,0 +1,401 @@
+"""How each differentiated input's gradient reaches memory: the seam between the reverse sweep and memory.
+
+The adjoint of a load is a scatter into the input's shadow. Per ``wrt`` input, the best of these
+that can be shown right is used (at derivation where it is certain, at launch where it depends on
+the launch's strides, sizes, grid and trip counts):
+
+- ``store``: each address the input's load reads is reached once in the whole launch (its lanes,
+  programs and loop iterations apart, as lanes.py shows for stores). The adjoint is a plain
+  ``tl.store`` in the input's dtype: no atomics, no float32 buffer, no cast pass; and where the load
+  reaches every element of the tensor (``covers``), no zero-fill either. When an earlier writer in
+  the backward already put gradient there (another launch of an op, or a caller's buffer), it is
+  ``add``: load, add, store, still without atomics.
+- ``partials``: every program along a grid axis reads the same addresses (a weight, a bias). The
+  backward runs persistently along that axis: each program loops over the forward's programs,
+  accumulating the input's adjoint in registers (``registers``: where its addresses and mask do not
+  move) or in its own float32 row (``row``), and a fixed-order sum reduces the rows afterwards
+  (deterministic, as hand-written norm backwards do).
+- ``atomic``: anything else (gathers, overlapping windows, several loads of one input):
+  ``tl.atomic_add`` into a zero-filled float32 buffer.
+- ``none``: the input's value does not reach an output: its gradient is zero.
+
+:class:`Lowering` holds, per input, the conditions each strategy needs (``checks.py`` data);
+``choose`` evaluates them on a launch; ``persistent`` rewrites a backward body for partial rows.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from .addresses import (
+    Lane,
+    LoopIndex,
+    ProgramDigit,
+    ProgramId,
+    enclosing_loops,
+    form_of_terms,
+    mask_bounds,
+    starts_at_zero,
+)
+from .analysis import Analysis, loaded_values, program_axes
+from .checks import All, AtMost, Condition, Covers, Expr, LaunchValues
+from .ir import (
+    Namer,
+    Op,
+    Tag,
+    arguments,
+    child_blocks,
+    definitions,
+    is_structured,
+    name_node,
+    op_of,
+    reads,
+    statements,
+    target_of,
+)
+from .lanes import launch_coordinates, scalars_written_out
+from .operations import instantiate, operation_of
+
+ATOMIC, STORE, ADD, REGISTERS, ROW, NONE = "atomic", "store", "add", "registers", "row", "none"
+PARTIALS = (REGISTERS, ROW)
+AXES = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class InputLowering:
+    """What can be shown about one ``wrt`` input's load, for choosing how its adjoint is written."""
+
+    param: str
+    owned: Condition | None = None  # every address reached once in the launch (None: never shown)
+    covers: Condition | None = None  # (with owned) every element of the tensor reached
+    shared: dict[int, Condition] = field(default_factory=dict)  # axis -> its lanes apart, the other axes single
+    in_registers: frozenset[int] = frozenset()  # axes along which the load's address and mask do not move
+    why: str = ""  # why it cannot be stored, for ``tritongrad show``
+    apart: Condition | None = None  # the part of ``owned`` about lanes, programs and iterations (for show)
+    inactive: bool = False  # its value reaches no output: no gradient
+
+    def describe(self) -> str:
+        """What ``tritongrad show`` says of it."""
+        if self.inactive:
+            return f"{self.param}: its value reaches no output, so its gradient is zero"
+        parts = []
+        for axis in self.shared:
+            where = "in registers" if axis in self.in_registers else "in its own float32 row"
+            parts.append(f"the programs along axis {axis} read the same elements: a persistent loop over them, "
+                         f"each program summing their gradient {where}, the sums added in a fixed order")
+        if self.owned is not None:
+            when = "" if self.apart is None or self.apart == All() else f" ({self.apart})"
+            single = " and with one program along axis " + ", ".join(map(str, self.shared)) if self.shared else ""
+            parts.append(f"stored where each element is reached once{when}{single}"
+                         + (", without a zero-fill where the loads cover the tensor" if self.covers else ""))
+        parts.append("else added atomically" + (f": {self.why}" if self.why and not parts else ""))
+        return f"{self.param}: " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How one launch writes one input's gradient."""
+
+    mode: str  # STORE / ADD / REGISTERS / ROW / ATOMIC
+    axis: int | None = None  # partials: the persistent axis
+    covers: bool = False  # store: the load reaches every element (the buffer needs no zero-fill)
+
+
+@dataclass(frozen=True)
+class Lowering:
+    inputs: dict[str, InputLowering]
+
+    def choose(self, launch: LaunchValues, written: frozenset[str] = frozenset(),
+               aliased: frozenset[str] = frozenset()) -> dict[str, Choice]:
+        """Each input's choice for a launch. ``written``: inputs whose buffer already holds gradient to add
+        to; ``aliased``: inputs whose buffers share memory with another's (they add atomically: their loads
+        may reach one element from two programs). At most one persistent axis per launch: the first input's
+        that wants one."""
+        choices: dict[str, Choice] = {}
+        axis = None
+        for param, lowering in self.inputs.items():
+            if lowering.inactive:
+                choices[param] = Choice(NONE)
+            elif param in aliased:
+                choices[param] = Choice(ATOMIC)
+            elif _holds(lowering.owned, launch):
+                if param in written:
+                    choices[param] = Choice(ADD)
+                else:
+                    choices[param] = Choice(STORE, covers=_holds(lowering.covers, launch))
+                continue
+            shared = [a for a, c in lowering.shared.items() if axis in (None, a) and _holds(c, launch)
+                      and launch.programs(a) > 1]
+            if shared:
+                axis = shared[0]
+                choices[param] = Choice(REGISTERS if axis in lowering.in_registers else ROW, axis)
+                continue
+            choices[param] = Choice(ATOMIC)
+        return choices
+
+    def best(self) -> dict[str, Choice]:
+        """What a typical launch gets (several programs along each axis the kernel reads): the kernel
+        ``tritongrad show`` prints."""
+        choices, axis = {}, None
+        for param, lowering in self.inputs.items():
+            if lowering.inactive:
+                choices[param] = Choice(NONE)
+            elif lowering.shared and (axis is None or axis in lowering.shared):
+                axis = axis if axis is not None else min(lowering.shared)
+                choices[param] = Choice(REGISTERS if axis in lowering.in_registers else ROW, axis)
+            elif lowering.owned is not None:
+                choices[param] = Choice(STORE, covers=lowering.covers is not None)
+            else:
+                choices[param] = Choice(ATOMIC)
+        return choices
+
+
+def _holds(condition: Condition | None, launch: LaunchValues) -> bool:
+    """A condition that cannot be evaluated (a value the launch does not give) counts as false: the safe way."""
+    if condition is None:
+        return False
+    try:
+        return condition.holds(launch)
+    except Exception:
+        return False
+
+
+# -- what can be shown about each input ---------------------------------------------------------------
+
+def plan_lowering(a: Analysis) -> Lowering:
+    """Per ``wrt`` input, the conditions of each strategy (static facts and launch conditions)."""
+    body = a.program.body
+    used = {_program_id(s) for s in statements(body)} - {None}
+    context = _Context(a, definitions(body), enclosing_loops(body), _nesting(body), loaded_values(body),
+                       program_axes(body), set(AXES) if -1 in used else used)
+    return Lowering({p: context.input(p) for p in a.wrt})
+
+
+@dataclass
+class _Context:
+    a: Analysis
+    defs: dict
+    around: dict  # id(stmt) -> the loops around it
+    nested: dict  # id(stmt) -> the structured nodes around it
+    loaded: set  # names computed from loaded data
+    axes_of: dict  # name -> the program axes its value depends on
+    used: set  # the program axes the kernel reads
+
+    def input(self, param: str) -> InputLowering:
+        a = self.a
+        loads = a.loads.get(param, [])
+        if not any(target_of(s) in a.active for s in loads):
+            return InputLowering(param, inactive=True)
+        if len(loads) != 1:
+            return InputLowering(param, why="it is loaded by several statements")
+        stmt = loads[0]
+        if operation_of(op_of(stmt)).descriptor:
+            return InputLowering(param, why="a tensor descriptor's load")
+        b = arguments(stmt)
+        pointer = b["pointer"].id
+        shape = a.shapes.get(pointer)
+        form = a.forms.get(pointer)
+        if shape is None or (form is not None and not form.affine):
+            return InputLowering(param, why="its lanes' addresses are not an affine form")
+        if any(n in self.loaded for n in _closure([pointer], self.defs)):
+            return InputLowering(param, why="its addresses are computed from loaded data")
+        terms = dict(form.terms) if form is not None else {}
+        around = self.around[id(stmt)]
+        terms = {k: c for k, c in terms.items() if not isinstance(k, LoopIndex) or k in around}
+        if any(extent != "1" and Lane(axis) not in terms for axis, extent in enumerate(shape)):
+            return InputLowering(param, why="lanes along an axis of its tile read the same element")
+        bounds = mask_bounds(b["mask"], a.forms, self.defs, a.shapes) or []
+        found = launch_coordinates(form_of_terms(terms, len(shape)), shape, bounds, a.trips)
+        if found is None:
+            return InputLowering(param, why="a trip count or stride the launch cannot give")
+        apart = found.apart() if len(found.keys) > 1 else All()
+        present = {k.axis for k in terms if isinstance(k, ProgramId)}
+        present |= {k.axis for k in terms if isinstance(k, ProgramDigit) and ProgramDigit(
+            k.axis, k.divisor, not k.quotient) in terms}
+        hidden = set(self.axes_of.get(pointer, set())) - present  # axes its address depends on, not as a coordinate
+        absent = [axis for axis in AXES if axis not in present]
+        single = {axis: AtMost(Expr("grid", (axis,)), 1) for axis in absent}
+        written = lambda c: scalars_written_out(c, a.program.body)  # noqa: E731
+        owned = None
+        if all(loop in terms for loop in around):
+            owned = written(All((apart, *single.values())))
+        covers = None
+        exact = mask_bounds(b["mask"], a.forms, self.defs, a.shapes, exact=True)
+        if (owned is not None and exact is not None and found.exact and not any(
+                isinstance(n, ast.If) for n in self.nested[id(stmt)]) and self._starts_at_zero(pointer, param)):
+            covers = written(Covers(found.coordinates, found.bounds, param))
+        lanes_only = launch_coordinates(form_of_terms({k: c for k, c in terms.items() if isinstance(k, Lane)},
+                                                      len(shape)), shape, [], a.trips)
+        lanes_apart = lanes_only.apart() if lanes_only is not None and len(lanes_only.keys) > 1 else All()
+        shared = {axis: written(All((lanes_apart, *[single[b] for b in absent if b != axis])))
+                  for axis in absent if axis not in hidden and axis in self.used}
+        in_registers = frozenset(axis for axis in shared if self._invariant(stmt, b, axis))
+        why = "" if owned is not None else "its address repeats across the iterations of a loop around it"
+        return InputLowering(param, owned, covers, shared, in_registers, why, written(apart))
+
+    def _starts_at_zero(self, pointer: str, base: str) -> bool:
+        """Whether the pointer is ``base`` plus offsets with no constant part (so its addresses start at the
+        tensor's first element)."""
+        name = pointer
+        for _ in range(64):
+            if name == base:
+                return True
+            defs = [d for d in self.defs.get(name, []) if target_of(d) is not None]
+            if len(defs) != 1:
+                return False
+            op = op_of(defs[0])
+            pointers = [x for x in op.args if isinstance(x, ast.Name) and self.a.pointer_base.get(x.id) == base]
+            if op.kind == "add" and len(pointers) == 1:
+                other = op.args[1] if op.args[0] is pointers[0] else op.args[0]
+                if not starts_at_zero(other, self.defs):
+                    return False
+            elif not (operation_of(op).pointer_args == (0,) and op.kind != "sub" and pointers):
+                return False
+            name = pointers[0].id
+        return False
+
+    def _invariant(self, stmt: ast.stmt, b: dict, axis: int) -> bool:
+        """Whether the load, its address and its mask can be computed once per program of a persistent
+        loop along ``axis``: at the kernel's top level, from top-level values independent of the axis."""
+        if self.nested[id(stmt)]:
+            return False
+        names = _closure([n.id for n in (b["pointer"], b["mask"]) if isinstance(n, ast.Name)], self.defs)
+        for n in names:
+            for d in self.defs.get(n, []):
+                if isinstance(d, ast.For) or self.nested.get(id(d)):
+                    return False
+            if axis in self.axes_of.get(n, set()):
+                return False
+        return True
+
+
+def _closure(names: list[str], defs: dict) -> set[str]:
+    """The names and everything they are computed from."""
+    seen: set[str] = set()
+    work = list(names)
+    while work:
+        n = work.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for d in defs.get(n, []):
+            work += list(reads(d.value) if isinstance(d, ast.Assign) else reads(d.iter))
+    return seen
+
+
+def _nesting(body: list[ast.stmt], around: tuple = ()) -> dict[int, tuple]:
+    """For each statement (structured ones included), the ``if`` and ``for`` nodes around it."""
+    found = {}
+    for s in body:
+        found[id(s)] = around
+        for block in child_blocks(s):
+            found.update(_nesting(block, (*around, s)))
+    return found
+
+
+# -- a persistent backward for partial rows -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class PartialSum:
+    """An input accumulated in registers: ``accumulator += g`` per program, stored once after the loop."""
+
+    accumulator: str
+    shadow: str  # the shadow pointer tile of the load
+    mask: ast.expr
+
+
+def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, programs: str, rows: dict[str, str],
+               sums: list[PartialSum], reassigned: set[str], params: set[str], namer: Namer) -> list[ast.stmt]:
+    """The backward body as a loop over the forward's programs along ``axis``: this program takes every
+    ``tl.num_programs(axis)``-th of the forward's ``programs``. ``rows``: shadow parameter -> the parameter
+    holding its partial rows' stride (each program writes its own row). Values that do not depend on the
+    program (a weight's addresses and values) are computed once, before the loop."""
+    dependent = _depends_on_program(replay + sweep, axis)
+    local = set(params) | {target_of(s) for s in statements(replay + sweep) if target_of(s)}
+    local |= {n.target.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[])) if isinstance(n, ast.For)}
+    hoisted, kept, known = [], [], set(params)
+    for s in replay:
+        t = target_of(s)
+        if (t is not None and t not in dependent and t not in reassigned and not is_structured(s)
+                and reads(s.value) & local <= known):
+            hoisted.append(s)
+            known.add(t)
+        else:
+            kept.append(s)
+    starts = [s for s in kept if _program_id(s) == axis]
+    if len(starts) == 1:  # `row = tl.program_id(0)`: the loop runs over `row`, as a hand-written one would
+        loop_var = starts[0].targets[0].id
+        kept.remove(starts[0])
+    else:
+        loop_var = namer.fresh(f"pid_{axis}")
+    _rewrite_program_queries(kept + sweep, axis, loop_var, programs)
+    prologue = [ast.parse(f"{shadow} = {shadow} + tl.program_id({axis}) * {stride}").body[0]
+                for shadow, stride in rows.items()]
+    prologue += hoisted
+    prologue += [ast.Assign(targets=[ast.Name(s.accumulator, ast.Store())], value=instantiate(
+        "tl.zeros(d.shape, d.dtype.element_ty)", {"d": name_node(s.shadow)})) for s in sums]
+    loop = ast.For(target=ast.Name(loop_var, ast.Store()),
+                   iter=ast.parse(f"range(tl.program_id({axis}), {programs}, tl.num_programs({axis}))",
+                                  mode="eval").body, body=kept + sweep or [ast.Pass()], orelse=[])
+    epilogue = [ast.Expr(ast.Call(ast.parse("tl.store", mode="eval").body,
+                                  [name_node(s.shadow), name_node(s.accumulator)],
+                                  [] if _is_none(s.mask) else [ast.keyword("mask", s.mask)])) for s in sums]
+    return [*prologue, loop, *epilogue]
+
+
+def _is_none(atom: ast.expr) -> bool:
+    return isinstance(atom, ast.Constant) and atom.value is None
+
+
+def _program_id(stmt: ast.stmt) -> int | None:
+    tag = getattr(stmt, "tg", None)
+    if tag is None or tag.op.kind != "program_id" or not isinstance(stmt, ast.Assign):
+        return None
+    axis = tag.op.args[0] if tag.op.args else tag.op.kwargs.get("axis")
+    return axis.value if isinstance(axis, ast.Constant) else -1
+
+
+def _depends_on_program(body: list[ast.stmt], axis: int) -> set[str]:
+    """Names whose values depend on the program id along ``axis`` (or an unknown axis), or that are
+    assigned inside a loop or branch (not computed once before the persistent loop)."""
+    found: set[str] = set()
+    flat = list(statements(body))
+    for s in flat:
+        if _program_id(s) in (axis, -1):
+            found.add(target_of(s))
+    for node in body:
+        if is_structured(node):
+            found |= {target_of(s) for s in statements([node]) if target_of(s)}
+    changed = True
+    while changed:
+        changed = False
+        for s in flat:
+            t = target_of(s)
+            if t is not None and t not in found and reads(s.value) & found:
+                found.add(t)
+                changed = True
+    return found
+
+
+def _rewrite_program_queries(body: list[ast.stmt], axis: int, loop_var: str, programs: str) -> None:
+    """``tl.program_id(axis)`` is now the loop's variable; ``tl.num_programs(axis)`` the forward's count."""
+    for s in statements(body):
+        tag = getattr(s, "tg", None)
+        if tag is None or not isinstance(s, ast.Assign):
+            continue
+        if _program_id(s) == axis:
+            s.value = name_node(loop_var)
+            s.tg = Tag(_copy_op(loop_var), tag.origin, tag.where)
+        elif tag.op.kind == "num_programs" and _axis_of(tag.op) == axis:
+            s.value = name_node(programs)
+            s.tg = Tag(_copy_op(programs), tag.origin, tag.where)
+
+
+def _axis_of(op) -> int | None:
+    axis = op.args[0] if op.args else op.kwargs.get("axis")
+    return axis.value if isinstance(axis, ast.Constant) else None
+
+
+def _copy_op(name: str) -> Op:
+    return Op("copy", [name_node(name)])
