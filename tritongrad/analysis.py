@@ -68,8 +68,18 @@ class Analysis:
         return isinstance(atom, ast.Name) and atom.id in self.active
 
 
-def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, ...] | None,
-            tile: bool = False) -> Analysis:
+@dataclass
+class Pointers:
+    """Which names are pointers and which parameter each comes from; what is loaded and stored through them."""
+
+    pointer_base: dict[str, str]  # pointer-valued name -> the parameter it comes from
+    loads: dict[str, list[ast.stmt]]  # pointer parameter -> its load statements
+    stores: dict[str, list[ast.stmt]]  # pointer parameter -> its store / atomic statements
+    index_pointers: set[str]  # pointer parameters whose loaded values are used as indices
+
+
+def pointers(program: Program) -> Pointers:
+    """The pointer facts of a kernel (all the tape needs to know of its launches' roles)."""
     params = program.param_names()
     body = list(statements(program.body))
     defs = definitions(program.body)
@@ -125,6 +135,15 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     feeds_address = _feeds_addresses(body, defs, loops(program.body))
     index_pointers = {pointer_base[arguments(s)["pointer"].id] for s in body
                       if op_of(s).kind in LOADS and target_of(s) in feeds_address}
+    return Pointers(pointer_base, loads, stores, index_pointers)
+
+
+def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, ...] | None,
+            tile: bool = False) -> Analysis:
+    params = program.param_names()
+    defs = definitions(program.body)
+    found = pointers(program)
+    pointer_base, loads, stores, index_pointers = found.pointer_base, found.loads, found.stores, found.index_pointers
 
     # -- what to differentiate ------------------------------------------------------------
     if tile:

@@ -6,7 +6,7 @@ import functools
 import inspect
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,8 @@ from .ir import Program
 from .loops import LoopPlan, classify_loops
 from .lowering import ADD, ATOMIC, NONE, PARTIALS, STORE, Choice, Lowering, plan_lowering
 from .reverse import build_backward
-from .source import unwrap
+from .source import Source, unwrap
+from .specialize import decisive, plain_value
 
 CALLING_CONVENTION = """\
 Launch it with the forward's grid and the forward's arguments, followed by one
@@ -95,6 +96,8 @@ class BackwardKernel:
         self._chosen: dict[tuple, dict[str, Choice]] = {}  # (grid, arguments, written) -> choices
         best = self.variant(lowering.best())  # derived now, so that what cannot be differentiated says so now
         self.params = (*program.param_names(), *self.shadow_params.values())
+        self.requested: tuple = (None, None)  # the wrt and outputs asked for (grad sets them)
+        self.specialization: dict[str, Any] = {}  # values of the constexprs its source was specialized for
         if deterministic:
             self._refuse_atomics({p: c for p, c in best.choices})
 
@@ -162,9 +165,21 @@ class BackwardKernel:
                             f"got {len(args)}")
         return {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
 
+    def for_launch(self, named: Mapping[str, Any]) -> BackwardKernel:
+        """The backward kernel of the specialization a launch runs (itself when no constexpr decides a branch)."""
+        decisive = decisive_constexprs(self.forward)
+        values = {k: plain_value(named[k]) for k in decisive if k in named}
+        if values == self.specialization:
+            return self
+        wrt, outputs = self.requested
+        return grad(self.forward, wrt, outputs, deterministic=self.deterministic, constexprs=values)
+
     def __getitem__(self, grid: Any):
         def run(*args: Any, **kwargs: Any) -> None:
             named = self.bind(args, kwargs)
+            specialized = self.for_launch(named)
+            if specialized is not self:
+                return specialized[grid](**named)
             sizes = _sizes(grid(named) if callable(grid) else grid)
             output_grads = {p: named.pop(self.shadow_params[p]) for p in self.outputs}
             buffers = {p: named.pop(self.shadow_params[p]) for p in self.wrt}
@@ -181,8 +196,11 @@ class BackwardKernel:
         float32 for half-precision inputs added atomically."""
         import torch
 
-        sizes = _sizes(grid(named) if callable(grid) else grid)
         named = {**self._forward_defaults, **named}
+        specialized = self.for_launch(named)
+        if specialized is not self:
+            return specialized.gradients(grid, named, output_grads)
+        sizes = _sizes(grid(named) if callable(grid) else grid)
         choices = self.choose(named, sizes, aliased=aliased({p: named[p] for p in self.wrt}))
         grads = {}
         for p in self.wrt:
@@ -404,7 +422,7 @@ def clear_cache() -> None:
 
 
 def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] | None = None, *,
-         deterministic: bool = False) -> BackwardKernel:
+         deterministic: bool = False, constexprs: Mapping[str, Any] | None = None) -> BackwardKernel:
     """Derive the backward kernel of a ``@triton.jit`` kernel.
 
     ``wrt``: the pointer parameters to differentiate with respect to (default: every
@@ -412,19 +430,53 @@ def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] |
     ``outputs``: the pointer parameters whose stores are differentiated (default: every
     stored one). ``deterministic``: gradients bitwise identical from run to run (no atomic
     additions); a load whose gradient can only be added atomically is refused, naming it.
+    ``constexprs``: values of constexpr parameters: the ``if`` branches they rule out are
+    removed before anything is derived, as Triton compiles one kernel per value (a launch
+    through the kernel's ``bwd[grid]``, ``gradients`` or ``tritongrad.op`` specializes by itself).
     Raises :class:`NotDifferentiableError` for what cannot be handled.
     """
     jit_fn = unwrap(kernel)
+    decisive = decisive_constexprs(jit_fn)
+    values = {k: plain_value(constexprs[k]) for k in decisive if constexprs is not None and k in constexprs}
     key = (jit_fn.fn, tuple(wrt) if wrt is not None else None, tuple(outputs) if outputs is not None else None,
-           deterministic)
-    return _cached(key, lambda: _derive(jit_fn, key[1], key[2], deterministic))
+           deterministic, tuple(sorted((k, hashable(v)) for k, v in values.items())))
+    try:
+        return _cached(key, lambda: _derive(jit_fn, key[1], key[2], deterministic, values))
+    except NotDifferentiableError as e:
+        missing = [k for k in decisive if k not in values]
+        if missing:
+            e.add_note(f"(derived for every value of its constexpr parameter(s) {', '.join(missing)}: the "
+                       "backward of one specialization may differentiate: pass constexprs={...})")
+        raise
 
 
-def _derive(jit_fn: Any, wrt, outputs, deterministic: bool) -> BackwardKernel:
-    program = normalize_kernel(jit_fn)
+def decisive_constexprs(jit_fn: Any) -> tuple[str, ...]:
+    """The constexpr parameters whose values decide an ``if`` of the kernel (specialize.py)."""
+    found = _decisive.get(jit_fn.fn)
+    if found is None:
+        found = _decisive[jit_fn.fn] = decisive(Source.of(jit_fn).tree)
+    return found
+
+
+_decisive: dict[Any, tuple[str, ...]] = {}
+
+
+def hashable(value: Any) -> Any:
+    """``value``, or its repr where it cannot be a dictionary key."""
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def _derive(jit_fn: Any, wrt, outputs, deterministic: bool, constexprs: dict[str, Any]) -> BackwardKernel:
+    program = normalize_kernel(jit_fn, constexprs)
     analysis = analyze(program, wrt, outputs)
-    return BackwardKernel(jit_fn, program, analysis, classify_loops(analysis), plan_lowering(analysis),
-                          deterministic)
+    bwd = BackwardKernel(jit_fn, program, analysis, classify_loops(analysis), plan_lowering(analysis),
+                         deterministic)
+    bwd.requested, bwd.specialization = (wrt, outputs), constexprs
+    return bwd
 
 
 def vjp(fn: Any, wrt: Sequence[int] = (0,)) -> Any:

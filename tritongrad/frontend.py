@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+from collections.abc import Mapping
 from typing import Any
 
 from .blockptr import rewrite_block_pointers
@@ -33,14 +34,16 @@ from .expressions import ExpressionFlattener, Frame, _Deferred, _is_metadata, na
 from .ir import Namer, Op, Origin, Program, Tag, refuse
 from .operations import operation_of
 from .source import Source
+from .specialize import specialize
 
 
 class Normalizer(ExpressionFlattener, ControlFlowFlattener):
     """Flattens a kernel, inlining helpers, into a :class:`Program`."""
 
-    def __init__(self, root: Source):
+    def __init__(self, root: Source, constexprs: Mapping[str, Any] | None = None):
         self.root = root
-        self.tree = rewrite_block_pointers(root.tree, root.scope, root.origin)
+        tree = specialize(root.tree, root.scope, constexprs or {})
+        self.tree = rewrite_block_pointers(tree, root.scope, root.origin)
         taken = {n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)}
         taken |= {a.arg for a in self.tree.args.args}
         self.namer = Namer(taken | set(dir(builtins)))
@@ -262,8 +265,10 @@ def _is_constexpr_annotation(annotation: ast.expr | None) -> bool:
     return annotation is not None and ast.unparse(annotation).split(".")[-1] == "constexpr"
 
 
-def normalize_kernel(jit_fn: Any) -> Program:
-    return Normalizer(Source.of(jit_fn)).kernel()
+def normalize_kernel(jit_fn: Any, constexprs: Mapping[str, Any] | None = None) -> Program:
+    """The kernel flattened; with ``constexprs`` (values of constexpr parameters), the branches they rule
+    out removed first (specialize.py)."""
+    return Normalizer(Source.of(jit_fn), constexprs).kernel()
 
 
 def normalize_tile_function(jit_fn: Any) -> Program:

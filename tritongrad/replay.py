@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from .derive import grad, shadow_dtype
-from .errors import OpError
+from .derive import decisive_constexprs, grad, hashable, shadow_dtype
+from .errors import NotDifferentiableError, OpError
 from .lowering import ATOMIC, PARTIALS
 
 GUARD = (1024, 1 << 20)  # zeros on each side of a shadow in a checked backward: its own size, within these bounds
@@ -211,17 +211,16 @@ class Step:
     launch: LaunchPlan
     wrt: tuple[str, ...]
     outputs: tuple[str, ...]
-    derived: tuple | None = None  # (the grad function used, the derived kernel, [(shadow parameter, Shadow)])
+    derived: dict = field(default_factory=dict)  # (grad, values of decisive constexprs) -> the derived kernel
 
-    def derive(self, kernel: Any, plan: Plan) -> tuple[Any, list[tuple[str, Shadow]]]:
-        """The derived kernel and where its shadow parameters point. Looked up once: grad caches
-        too, but looking up costs microseconds; again if ``grad`` was replaced (tests spy on it)."""
-        derived = self.derived
-        if derived is None or derived[0] is not grad:
-            bwd = grad(kernel, self.wrt, self.outputs)
-            shadows = [(shadow, plan.shadow(self.launch.views[primal])) for primal, shadow in bwd.shadow_params.items()]
-            derived = self.derived = (grad, bwd, shadows)
-        return derived[1], derived[2]
+    def derive(self, kernel: Any, named: dict[str, Any]) -> Any:
+        """The derived kernel of the specialization this launch runs. Looked up once per specialization:
+        grad caches too, but looking up costs microseconds; again if ``grad`` was replaced (tests spy on it)."""
+        key = (grad, *[hashable(named.get(k)) for k in decisive_constexprs(kernel)])
+        bwd = self.derived.get(key)
+        if bwd is None:
+            bwd = self.derived[key] = grad(kernel, self.wrt, self.outputs, constexprs=named)
+        return bwd
 
 
 def whole_storages(storages: dict, views: list[View]) -> frozenset[int]:
@@ -351,21 +350,22 @@ class Replay:
         left unfilled where its loads cover it, in the input's own dtype where nothing else adds to it); later
         ones add to it (lowering.py). Returns the partial rows of inputs summed in them (checked backwards)."""
         launch = self.launches[step.launch.index]
+        note = f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)"
         if launch.info.roles is None:
-            error, note = launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)"
-            if note not in getattr(error, "__notes__", ()):
-                error.add_note(note)
-            raise error
-        bwd, shadow_params = step.derive(launch.kernel, self.plan)
+            raise _noted(launch.info.error, note)
         # the forward's arguments and launch options, all passed by keyword
         args = dict(zip(launch.info.params, launch.args, strict=False))
         args.update(launch.kwargs)
         for p, slot, stand_in in step.launch.replayed:
             args[p] = saved[slot] if slot is not None else _stand_in(stand_in)
-        shadow_of = dict(shadow_params)
+        try:
+            bwd = step.derive(launch.kernel, args)
+        except NotDifferentiableError as e:
+            raise _noted(e, note) from None
         grid = tuple(launch.grid)
-        output_grads = {p: self._shadow(shadows, shadow_of[bwd.shadow_params[p]], guards) for p in step.outputs}
-        inputs = {p: shadow_of[bwd.shadow_params[p]] for p in step.wrt}
+        views = step.launch.views
+        output_grads = {p: self._shadow(shadows, self.plan.shadow(views[p]), guards) for p in step.outputs}
+        inputs = {p: self.plan.shadow(views[p]) for p in step.wrt}
         written = frozenset(p for p, shadow in inputs.items() if shadow.key in shadows)
         keys = [shadow.key for shadow in inputs.values()]
         aliased = frozenset(p for p, shadow in inputs.items() if keys.count(shadow.key) > 1)
@@ -427,6 +427,12 @@ class Replay:
                 self._shadow(shadows, shadow).zero_()
             grads.append(g if g.dtype == v.dtype else g.to(v.dtype))
         return grads
+
+
+def _noted(error: Exception, note: str) -> Exception:
+    if note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
+    return error
 
 
 def _capturing() -> bool:

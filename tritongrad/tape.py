@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .analysis import analyze
+from .analysis import pointers
 from .derive import defaults_of
 from .errors import OpError
 from .frontend import normalize_kernel
@@ -115,7 +115,7 @@ def _analyse(kernel: Any) -> KernelInfo:
     defaults = defaults_of(kernel)
     roles, error = None, None
     try:
-        a = analyze(normalize_kernel(kernel), (), None)
+        a = pointers(normalize_kernel(kernel))  # every specialization's roles together
         loads, stores = frozenset(a.loads), frozenset(a.stores)
         overwrites = frozenset(p for p, ss in a.stores.items()
                                if any(operation_of(op_of(s)).memory != "accumulate" for s in ss))

@@ -45,8 +45,9 @@ def backward_launch(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping
     respect to the tensor passed there. Returns the gradients of the ``wrt`` tensors,
     each in its tensor's dtype (BackwardKernel.gradients: written as the lowering chose).
     """
-    bwd = grad(kernel, wrt, outputs or (tuple(grads) if grads else None), deterministic=deterministic)
     named = bind_launch(kernel, args, kwargs)
+    bwd = grad(kernel, wrt, outputs or (tuple(grads) if grads else None), deterministic=deterministic,
+               constexprs=named)
     named.update({k: v for k, v in kwargs.items() if k not in named})  # launch options: num_warps, ...
     output_grads = {}
     for output in bwd.outputs:
