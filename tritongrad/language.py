@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "trip_count", "cumsum_grad",
-            "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad")
+_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
+            "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",)}
@@ -84,6 +84,15 @@ def _zeros_grad(x):
         return tl.zeros(x.shape, tl.float32)
     else:
         return tl.zeros(x.shape, x.dtype)
+
+
+def _widened(x):
+    """``x`` in float32 when it is a half type (an output's gradient read from memory), so that the adjoints
+    computed from it are float32 or wider, as a hand-written backward computes them."""
+    if x.dtype.primitive_bitwidth < 32:
+        return x.to(tl.float32)
+    else:
+        return x
 
 
 def _trip_count(start, stop, step):

@@ -324,8 +324,8 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
         else:
             kept.append(s)
     starts = [s for s in kept if _program_id(s) == axis]
-    if len(starts) == 1:  # `row = tl.program_id(0)`: the loop runs over `row`, as a hand-written one would
-        loop_var = starts[0].targets[0].id
+    if len(starts) == 1 and not _used_as_tensor(starts[0].targets[0].id, kept + sweep):
+        loop_var = starts[0].targets[0].id  # `row = tl.program_id(0)`: the loop runs over `row`, as by hand
         kept.remove(starts[0])
     else:
         loop_var = namer.fresh(f"pid_{axis}")
@@ -384,12 +384,18 @@ def _rewrite_program_queries(body: list[ast.stmt], axis: int, loop_var: str, pro
         tag = getattr(s, "tg", None)
         if tag is None or not isinstance(s, ast.Assign):
             continue
-        if _program_id(s) == axis:
-            s.value = name_node(loop_var)
-            s.tg = Tag(_copy_op(loop_var), tag.origin, tag.where)
+        if _program_id(s) == axis:  # a tensor, as tl.program_id's is (the interpreter's loop gives an int)
+            s.value = instantiate("tl.cast(i, tl.int32)", {"i": name_node(loop_var)})
+            s.tg = Tag(Op("cast", [name_node(loop_var), s.value.args[1]]), tag.origin, tag.where)
         elif tag.op.kind == "num_programs" and _axis_of(tag.op) == axis:
             s.value = name_node(programs)
             s.tg = Tag(_copy_op(programs), tag.origin, tag.where)
+
+
+def _used_as_tensor(name: str, body: list[ast.stmt]) -> bool:
+    """Whether a method or attribute of ``name`` is used (``row.to(tl.int64)``)."""
+    return any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == name
+               for s in body for n in ast.walk(s))
 
 
 def _axis_of(op) -> int | None:

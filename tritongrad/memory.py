@@ -107,6 +107,7 @@ class MemoryAdjoints:
             if not is_none(b["mask"]):
                 keywords = [ast.keyword("mask", copy.deepcopy(b["mask"])), ast.keyword("other", ast.Constant(0.0))]
             incoming = ast.Call(instantiate("tl.load", {}), [shadow], keywords)
+        incoming = instantiate("tg.widened(g)", {"g": incoming})  # adjoints in float32 or wider
         if not self.same_shape(value.id, address):
             incoming = instantiate("tg.unbroadcast(c, x)", {"c": incoming, "x": value})
         self.accumulate(value.id, incoming)

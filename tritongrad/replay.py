@@ -237,16 +237,15 @@ def _reusable_outputs(plan_launches: tuple[LaunchPlan, ...], output_views: tuple
                       input_views: tuple[View, ...], whole: frozenset[int]) -> tuple[bool, ...]:
     """Per output: whether its incoming gradient can serve as its storage's shadow as it is.
 
-    Derived kernels only read output shadows; a shadow is written only where a launch's
-    backward accumulates into it (a parameter in the "inputs" role) or where an input's
-    gradient is taken from it. A storage with neither, seen through this output's view
-    only, and whose shadow dtype is the output's dtype, can take the gradient uncopied.
+    Derived kernels only read output shadows (a half-precision one widened to float32 as it is
+    loaded); a shadow is written only where a launch's backward accumulates into it (a parameter
+    in the "inputs" role) or where an input's gradient is taken from it. A storage with neither,
+    seen through this output's view only, can take the gradient uncopied.
     """
     written = {launch.views[p].key for launch in plan_launches for p in launch.params("inputs")}
     written.update(v.key for v in input_views)
     keys = [v.key for v in output_views]
-    return tuple(v.key in whole and v.key not in written and keys.count(v.key) == 1
-                 and shadow_dtype(v.dtype) == v.dtype for v in output_views)
+    return tuple(v.key in whole and v.key not in written and keys.count(v.key) == 1 for v in output_views)
 
 
 _stand_ins: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
