@@ -13,12 +13,12 @@ import sys
 
 import torch
 import triton
-
-import tritongrad
 from liger_kernel.ops.layer_norm import LigerLayerNormFunction, layer_norm_forward
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction, rms_norm_forward
 from liger_kernel.ops.softmax import LigerSoftmaxFunction, _softmax_forward
 from liger_kernel.ops.swiglu import LigerSiLUMulFunction, swiglu_forward
+
+import tritongrad
 
 EPS = 1e-6
 
