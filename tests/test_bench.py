@@ -246,6 +246,9 @@ def test_unknown_example(monkeypatch, capsys):
     assert err == ["tritongrad bench: unknown example 'nope' (examples: rmsnorm, softmax, cross_entropy)"]
     assert [e.name for e in bench.resolve(["cross-entropy"], registry)] == ["cross_entropy"]
     assert cli.main(["bench"]) == 2
+    capsys.readouterr()
+    assert bench.main(_args("rmsnorm"), registry=registry, device="cpu", timer=FakeTimer()) == 2
+    assert capsys.readouterr().err.strip() == "tritongrad bench: rmsnorm has no BENCH_SIZES; pass --sizes"
 
 
 def test_command_line_recorded():

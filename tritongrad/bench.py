@@ -719,17 +719,21 @@ def main(args: argparse.Namespace, *, registry=None, device: str | None = None, 
     if device is None:
         print(NO_GPU, file=sys.stderr)
         return 2
+    plan = []
+    for example in examples:
+        sizes = list(args.sizes or getattr(example, "bench_sizes", None) or [])
+        if not sizes:
+            print(f"tritongrad bench: {example.name} has no BENCH_SIZES; pass --sizes", file=sys.stderr)
+            return 2
+        plan.append((example, sizes, implementations(example, args.impl, args.dtype)))
     timer = timer or do_bench_median
+    args.mode = list(dict.fromkeys(args.mode))
     out = Path(args.out)
     meta = {**environment(device), "command": command_line(args)}
     meta["copy_gbps"] = copy_bandwidth(timer, device)
     console.print(f"[bold]tritongrad bench[/bold]: {meta['device']}, torch {meta['torch']}, triton {meta['triton']}, "
                   f"{args.dtype}; copy bandwidth {meta['copy_gbps']:.0f} GB/s "
                   "(1 GiB device to device, bytes read + written)")
-    plan = []
-    for example in examples:
-        sizes = list(args.sizes or example.bench_sizes)
-        plan.append((example, sizes, implementations(example, args.impl, args.dtype)))
     written, no_plot = [], False
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
@@ -750,10 +754,13 @@ def main(args: argparse.Namespace, *, registry=None, device: str | None = None, 
                 name = stem(example.name, args.dtype, mode)
                 write_csv(rows, out / f"{name}.csv")
                 written.append(f"{name}.csv")
-                if write_plot(rows, out / f"{name}.png"):
-                    written.append(f"{name}.png")
-                else:
-                    no_plot = True
+                try:
+                    if write_plot(rows, out / f"{name}.png"):
+                        written.append(f"{name}.png")
+                    else:
+                        no_plot = True
+                except Exception as e:  # the numbers are in the CSV already; --replot can try again
+                    progress.console.print(f"no plot for {name}: {_short(e)}")
     (out / "summary.md").write_text(markdown(read_folder(out)))
     console.print(f"wrote {', '.join(written)} and summary.md (every CSV there) in {out}/")
     if no_plot:
