@@ -704,7 +704,7 @@ def main(args: argparse.Namespace, *, registry=None, device: str | None = None, 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = console or Console()
+    console = console or (Console() if sys.stdout.isatty() else Console(width=150))  # logs: tables unwrapped
     if args.replot:
         return replot(Path(args.replot), console)
     if not args.examples:
