@@ -2,8 +2,9 @@
 
     tritongrad show FILE.py:KERNEL [--wrt a,b] [--outputs y]
     tritongrad demo
+    tritongrad bench EXAMPLE... [--dtype D] [--sizes S...] [--mode M...] [--impl I...] [--out DIR]
 
-Without a GPU, both switch Triton to its interpreter (CPU tensors) before any
+Without a GPU, show and demo switch Triton to its interpreter (CPU tensors) before any
 kernel is defined.
 """
 
@@ -86,6 +87,12 @@ def demo(args: argparse.Namespace) -> int:
     return run(device)
 
 
+def bench(args: argparse.Namespace) -> int:
+    from .bench import main as run_bench
+
+    return run_bench(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tritongrad", description="Reverse-mode AD of Triton kernels.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -96,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=show)
     p = commands.add_parser("demo", help="derive, print and check the backward of the bundled examples")
     p.set_defaults(func=demo)
+    p = commands.add_parser("bench", help="time the examples against eager PyTorch, torch.compile and Liger-Kernel "
+                            "(GPU; --replot DIR redraws plots from CSVs anywhere)")
+    from .bench import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=bench)
     args = parser.parse_args(argv)
     return args.func(args)
 
