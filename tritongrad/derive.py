@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import codegen
+from . import codegen, tuning
 from .analysis import Analysis, analyze
 from .checks import LaunchCheck, LaunchValues
 from .errors import NotDifferentiableError
@@ -250,18 +250,36 @@ class BackwardKernel:
         ``output_grads``: output -> its incoming gradient; ``buffers``: wrt input -> its gradient buffer
         (stored into or added to; an input summed in partial rows gets their sum, added if in ``written``).
         ``pad``: zeros around each partial row, to look for gradient outside the tensor (a checked backward).
-        Returns the partial rows: input -> (rows with their padding, pad)."""
-        import torch
-
+        Launch settings are tuned on a GPU (tuning.py). Returns the partial rows: input -> (rows with their
+        padding, pad)."""
         variant = self.variant(choices)
         for p in variant.unwritten - written:  # no gradient reaches it (a stored one would be left unset)
             buffers[p].zero_()
         args = {**named, **{self.shadow_params[o]: g for o, g in output_grads.items()},
                 **{self.shadow_params[p]: b for p, b in buffers.items()}}
-        rows = {}
+        device = next((t.device for t in (*buffers.values(), *output_grads.values())), None)
+        setting = tuning.DEFAULT
+        if not self.deterministic and tuning.enabled(device):
+            touched = [buffers[p] for p, c in choices.items() if c.mode in (ADD, ATOMIC)]  # trials add into them
+            key = (id(self), variant.choices, grid, tuning.describe(args))
+
+            def trial(s: tuning.Setting) -> None:
+                self._run(variant, grid, args, buffers, s, written, 0, reduce=False)
+
+            setting = tuning.best(key, variant.axis is not None, trial, touched)
+        return self._run(variant, grid, args, buffers, setting, written, pad)
+
+    def _run(self, variant: Variant, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
+             setting: tuning.Setting, written: frozenset[str], pad: int, reduce: bool = True) -> dict:
+        """One launch of the variant with a setting; partial rows allocated, and summed into their targets."""
+        import torch
+
+        rows, args = {}, dict(args)
+        if setting.num_warps is not None:
+            args["num_warps"] = setting.num_warps
         if variant.axis is not None:
             axis = variant.axis
-            programs = _persistent_programs(grid[axis], next(iter(buffers.values())).device)
+            programs = _persistent_programs(grid[axis], next(iter(buffers.values())).device, setting.waves)
             args[variant.programs] = grid[axis]
             grid = (*grid[:axis], programs, *grid[axis + 1:])
             for p in variant.rows:
@@ -272,7 +290,7 @@ class BackwardKernel:
                 args[self.shadow_params[p]] = rows[p][0][:, pad:]
                 args[variant.rows[p]] = span + 2 * pad
         variant.kernel[grid](**args)
-        for p, (r, _) in rows.items():  # the rows summed in a fixed order
+        for p, (r, _) in rows.items() if reduce else ():  # the rows summed in a fixed order
             target = buffers[p]
             total = r[:, pad:pad + span_of(target)].sum(0).as_strided(target.size(), target.stride())
             if p in written:
@@ -390,13 +408,13 @@ def _describe(value: Any) -> Any:
     return value
 
 
-def _persistent_programs(programs: int, device: Any) -> int:
-    """How many programs a persistent backward runs along its axis: one per multiprocessor on a GPU (each
-    keeps a partial row); a few in Triton's interpreter, so that each program loops over several."""
+def _persistent_programs(programs: int, device: Any, waves: int = 1) -> int:
+    """How many programs a persistent backward runs along its axis: ``waves`` per multiprocessor on a GPU
+    (each keeps a partial row); a few in Triton's interpreter, so that each program loops over several."""
     if device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         import torch
 
-        return max(1, min(programs, torch.cuda.get_device_properties(device).multi_processor_count))
+        return max(1, min(programs, waves * torch.cuda.get_device_properties(device).multi_processor_count))
     return max(1, min(programs, 3))
 
 

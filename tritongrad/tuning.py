@@ -1,0 +1,92 @@
+"""Launch settings of derived kernels, chosen by timing them (backward tuning).
+
+A derived backward is not its forward: it reads more, holds more values per row, and a
+persistent one loops over the forward's programs, so the forward's ``num_warps`` is
+rarely its best (on an H200 a bf16 RMSNorm backward ran 1.6x faster with 4 warps and 8
+programs per multiprocessor than with the forward's 8 warps and one). On a GPU, the first
+launch of each variant at each shape times a few settings with
+``triton.testing.do_bench`` and keeps the fastest; later launches at that shape reuse it.
+Buffers the kernel adds into are restored after the trials, so the launch that counts
+starts from what the caller gave.
+
+Not tuned (the forward's settings are used): in Triton's interpreter, while a CUDA graph
+is being captured, with ``deterministic=True`` (another setting sums in another order),
+and with the environment variable ``TRITONGRAD_TUNE=0``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+WARPS = (4, 8, 16)
+WAVES = (1, 2, 4, 8)  # persistent programs per multiprocessor
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How to launch a derived kernel: ``num_warps`` (None: the forward's) and, for a persistent one,
+    how many programs per multiprocessor."""
+
+    num_warps: int | None = None
+    waves: int = 1
+
+
+DEFAULT = Setting()
+_best: dict[tuple, Setting] = {}
+_lock = threading.Lock()
+
+
+def enabled(device: Any) -> bool:
+    if os.environ.get("TRITONGRAD_TUNE", "1") == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    if getattr(device, "type", None) != "cuda":
+        return False
+    import torch
+
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def candidates(persistent: bool) -> list[Setting]:
+    return [Setting(w, v) for w in WARPS for v in (WAVES if persistent else (1,))]
+
+
+def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched: Sequence[Any]) -> Setting:
+    """The fastest setting for ``key``, timing ``trial`` under each candidate on first use. ``touched``:
+    tensors a trial adds into (restored afterwards)."""
+    with _lock:
+        found = _best.get(key)
+    if found is not None:
+        return found
+    import triton
+
+    saved = [t.clone() for t in touched]
+    times = []
+    for setting in candidates(persistent):
+        try:
+            ms = triton.testing.do_bench(lambda s=setting: trial(s), warmup=5, rep=20, return_mode="median")
+        except Exception:  # a setting the kernel cannot take (too many registers): not a candidate
+            continue
+        times.append((ms, setting))
+    for t, s in zip(touched, saved, strict=True):
+        t.copy_(s)
+    found = min(times, key=lambda x: x[0])[1] if times else DEFAULT
+    with _lock:
+        _best[key] = found
+    return found
+
+
+def describe(named: dict[str, Any]) -> tuple:
+    """What a launch's speed depends on: tensors' layouts and dtypes, integer and constexpr arguments (not
+    floats such as a scale, which may change every call)."""
+    out = []
+    for k, v in sorted(named.items()):
+        shape = getattr(v, "shape", None)
+        if shape is not None and hasattr(v, "stride"):
+            out.append((k, tuple(shape), v.stride(), str(v.dtype)))
+        elif isinstance(v, (bool, int, str)) or v is None:
+            out.append((k, v))
+    return tuple(out)
