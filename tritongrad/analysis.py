@@ -43,6 +43,7 @@ from .ir import (
 from .lanes import check_store, with_scalars_written_out
 from .operations import LOADS, OPERATIONS, STORES, operation_of
 from .source import triton_language_name
+from .stabilizers import stabilizers
 
 Shape = tuple[str, ...] | None  # None: unknown
 
@@ -63,6 +64,7 @@ class Analysis:
     forms: dict[str, object] = field(default_factory=dict)  # address name -> addresses.Form (kernels only)
     launch_checks: list = field(default_factory=list)  # checks.LaunchCheck: conditions on a launch's arguments
     trips: dict = field(default_factory=dict)  # loop coordinate -> its trip count (addresses.address_forms)
+    stabilizers: set[str] = field(default_factory=set)  # maxima whose adjoint is exactly zero (stabilizers.py)
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -153,7 +155,10 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         wrt, outputs = _choose_wrt_outputs(program, params, wrt, outputs, loads, stores, index_pointers)
 
     active = _activity(program, defs, wrt, outputs, pointer_base, tile)
+    stable = stabilizers(program, active)  # a max subtracted before exp and normalized away: no adjoint
+    active -= stable
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
+    analysis.stabilizers = stable
     analysis.shapes = infer_shapes(program, tile)
     if not tile:
         analysis.forms = address_forms(program.body, analysis.shapes, analysis.trips, frozenset(params))

@@ -109,7 +109,10 @@ def _insert_comments(src: str, comments: dict[str, str]) -> str:
         text = "".join(f"\n{m.group(2)}# {part}" for part in comments[m.group(3)].splitlines())
         return f"{m.group(1)}{gap}{text}"
 
-    return re.sub(r"^(.*)\n( *)(__tg_comment_\d+__)$", line, src, flags=re.M)
+    pattern = re.compile(r"^(.*)\n( *)(__tg_comment_\d+__)$", flags=re.M)
+    while pattern.search(src):  # markers in a row: one substitution per pass
+        src = pattern.sub(line, src)
+    return src
 
 
 def compile_kernel(src: str, name: str, program: Program) -> Any:

@@ -332,6 +332,9 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         t = target_of(stmt)
         if op.kind in STORES:
             self.reverse_store(stmt)
+        elif t in self.analysis.stabilizers:
+            self.comment(f"grad of: {self.describe(stmt)}\n{t} is subtracted before exp and normalized away: "
+                         "nothing depends on it, so its gradient is zero (stabilizers.py)")
         elif op.kind == "item":
             return  # its adjoint is read by the operation whose result it is
         elif operation_of(op).results > 1 and t in self.analysis.active:

@@ -1,0 +1,207 @@
+"""Values that only stabilize: a row's max, subtracted before ``exp`` and normalized away.
+
+Softmax and log-sum-exp subtract the max before ``exp`` so that it cannot overflow, and
+their results do not depend on it: ``exp(x - m) / sum(exp(x - m))`` and
+``m + log(sum(exp(x - m)))`` are the same for every ``m``. So the adjoint of ``m`` is
+exactly zero; computed, it costs two reductions per row (the sum giving it, and the tie
+count spreading it over the maxima) and adds only rounding noise. A hand-written backward
+never computes it.
+
+The proof is a perturbation analysis: move ``m`` to ``m + c`` (everything else that does
+not depend on ``m`` fixed) and follow how each value computed from it changes:
+
+- ``Shift(k)``: by ``k * c`` (``x - m``: -1; ``log`` of a ``Scale``);
+- ``Scale(base, k)``: multiplied by ``base ** (k * c)`` (``exp`` of a ``Shift``: base e,
+  ``exp2``: base 2; a sum or a product of scaled values);
+- unchanged (the normalized ratio ``e / s``, the log-sum-exp ``m + log(s)``).
+
+``m`` is a stabilizer when every value stored, every address, mask and branch test, and
+every value crossing a loop comes out unchanged; then its adjoint is dropped. Anything
+the rules below do not know about counts as a change.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass
+
+from .ir import Program, arguments, child_blocks, is_structured, op_of, reads, target_of
+from .operations import operation_of
+
+INVARIANT = None
+
+
+@dataclass(frozen=True)
+class Shift:
+    k: float
+
+
+@dataclass(frozen=True)
+class Scale:
+    base: float
+    k: float
+
+
+class Changes(Exception):
+    """A value the perturbation reaches where it must not (an output, an address, a branch) or that the
+    rules cannot follow."""
+
+
+def stabilizers(program: Program, active: set[str]) -> set[str]:
+    """The active results of ``tl.max`` reductions whose perturbation leaves everything observable unchanged."""
+    found = set()
+    for stmt in _flat(program.body):
+        t = target_of(stmt)
+        if t in active and op_of(stmt).kind == "max":
+            try:
+                moved = _follow(program.body, t)
+                if any(moved.get(n) is not INVARIANT for r in program.returns or () for n in _names(r)):
+                    raise Changes(stmt)  # a tile function's result
+            except Changes:
+                continue
+            found.add(t)
+    return found
+
+
+def _flat(body: list[ast.stmt]):
+    for s in body:
+        if is_structured(s):
+            for block in child_blocks(s):
+                yield from _flat(block)
+        else:
+            yield s
+
+
+def _follow(body: list[ast.stmt], m: str) -> dict[str, object]:
+    """How each value moves with ``m``; raises Changes where moving ``m`` changes something observable."""
+    kinds: dict[str, object] = {m: Shift(1.0)}  # name -> how it moves (every definition must agree)
+
+    def kind_of(atom: ast.expr):
+        if isinstance(atom, ast.Name):
+            return kinds.get(atom.id, INVARIANT)
+        if any(kinds.get(n, INVARIANT) is not INVARIANT for n in _names(atom)):  # a tuple holding a moved value
+            raise Changes(atom)
+        return INVARIANT
+
+    def visit(block: list[ast.stmt], in_loop: bool) -> None:
+        for s in block:
+            if is_structured(s):
+                tests = [s.test] if isinstance(s, ast.If) else [s.iter]
+                if any(kinds.get(n, INVARIANT) is not INVARIANT for t in tests for n in reads(t)):
+                    raise Changes(s)
+                for b in child_blocks(s):
+                    visit(b, in_loop or isinstance(s, ast.For))
+                continue
+            op = op_of(s)
+            moved = any(kind_of(a) is not INVARIANT for a in [*op.args, *op.kwargs.values()])
+            if moved and operation_of(op).memory is not None:  # stored, or part of an address or mask
+                raise Changes(s)
+            t = target_of(s)
+            if t is None or t == m:
+                continue  # an assert or a print: nothing the gradient sees
+            new = _rule(s, kind_of) if moved else INVARIANT
+            if (t in kinds and kinds[t] != new) or (in_loop and s.tg.join and new is not INVARIANT):
+                raise Changes(s)  # definitions that disagree, or a moved value carried across iterations
+            kinds[t] = new
+
+    visit(body, False)
+    return kinds
+
+
+def _names(atom: ast.expr) -> set[str]:
+    return {n.id for n in ast.walk(atom) if isinstance(n, ast.Name)}
+
+
+def _rule(stmt: ast.stmt, kind_of):
+    """How the statement's result moves, given how its operands do."""
+    op = op_of(stmt)
+    kind = op.kind
+    a = [kind_of(x) for x in op.args]
+    if kind in ("copy", "pos", "subscript", "expand_dims", "broadcast_to", "reshape", "view", "trans", "permute"):
+        return a[0]
+    if kind in ("to", "cast"):
+        dtype = ast.unparse(arguments(stmt)["dtype"])
+        if dtype.startswith(("tl.float", "tl.bfloat")) or a[0] is INVARIANT:
+            return a[0]
+        raise Changes(stmt)
+    if kind in ("add", "sub"):
+        x, y = a[0], a[1]
+        sign = 1.0 if kind == "add" else -1.0
+        if isinstance(x, Shift | type(None)) and isinstance(y, Shift | type(None)):
+            k = (x.k if x else 0.0) + sign * (y.k if y else 0.0)
+            return INVARIANT if k == 0 else Shift(k)
+        if kind == "add" and isinstance(x, Scale) and x == y:  # a sum of equally scaled values
+            return x
+        raise Changes(stmt)
+    if kind == "neg":
+        if isinstance(a[0], Shift):
+            return Shift(-a[0].k)
+        raise Changes(stmt)
+    if kind in ("mul", "truediv"):
+        x, y = a[0], a[1]
+        if isinstance(x, Shift) or isinstance(y, Shift):
+            factor = _constant(op.args[1] if isinstance(x, Shift) else op.args[0])
+            if kind == "mul" and (x is INVARIANT or y is INVARIANT) and factor is not None:
+                k = (x or y).k * factor
+                return INVARIANT if k == 0 else Shift(k)
+            raise Changes(stmt)
+        bx, by = (x.base if x else None), (y.base if y else None)
+        if bx and by and bx != by:
+            raise Changes(stmt)
+        k = (x.k if x else 0.0) + (1 if kind == "mul" else -1) * (y.k if y else 0.0)
+        return INVARIANT if k == 0 else Scale(bx or by, k)
+    if kind in ("exp", "exp2"):
+        if not isinstance(a[0], Shift):
+            raise Changes(stmt)
+        return Scale(math.e if kind == "exp" else 2.0, a[0].k)
+    if kind in ("log", "log2"):
+        base = math.e if kind == "log" else 2.0
+        if not (isinstance(a[0], Scale) and a[0].base == base):
+            raise Changes(stmt)
+        return Shift(a[0].k)
+    if kind in ("max", "min"):  # the extremum of values all moved alike moves alike
+        if isinstance(a[0], Shift | Scale):
+            return a[0]
+        raise Changes(stmt)
+    if kind == "sum":
+        if isinstance(a[0], Scale):
+            return a[0]
+        raise Changes(stmt)
+    if kind in ("maximum", "minimum"):
+        if a[0] == a[1]:
+            return a[0]
+        raise Changes(stmt)
+    if kind == "where":
+        b = arguments(stmt)
+        if kind_of(b["condition"]) is not INVARIANT:
+            raise Changes(stmt)
+        return _merge(kind_of(b["x"]), kind_of(b["y"]), b["x"], b["y"], stmt)
+    raise Changes(stmt)
+
+
+def _merge(x, y, ax: ast.expr, ay: ast.expr, stmt: ast.stmt):
+    """``tl.where(c, x, y)``: both sides must move alike; a constant that moving cannot change (±inf for a
+    shift, 0 for a scale) goes with either."""
+    if x == y:
+        return x
+    for moved, other in ((x, ay), (y, ax)):
+        value = _constant(other)
+        if isinstance(moved, Shift) and value is not None and math.isinf(value):
+            return moved
+        if isinstance(moved, Scale) and value == 0.0:
+            return moved
+    raise Changes(stmt)
+
+
+def _constant(atom: ast.expr) -> float | None:
+    """A numeric literal's value (``float('inf')`` and the like included), else None."""
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)) and not isinstance(atom.value, bool):
+        return float(atom.value)
+    if (isinstance(atom, ast.Call) and isinstance(atom.func, ast.Name) and atom.func.id == "float"
+            and len(atom.args) == 1 and isinstance(atom.args[0], ast.Constant) and isinstance(atom.args[0].value, str)):
+        try:
+            return float(atom.args[0].value)
+        except ValueError:
+            return None
+    return None
