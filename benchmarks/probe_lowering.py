@@ -135,8 +135,66 @@ def profile():
                 f.write(f"== {name} {dtype}\n{table}\n")
 
 
+def debug():
+    """How often tuning runs, what it chose, and a backward timed with events (rmsnorm, bf16)."""
+    from tritongrad import tuning
+
+    calls = []
+    real = tuning.best
+
+    def counted(key, *a, **k):
+        hit = key in tuning._best
+        calls.append(hit)
+        return real(key, *a, **k)
+
+    tuning.best = counted
+    op = CASES["rmsnorm"][0]
+    args = [a.requires_grad_() for a in inputs("rmsnorm", 16384, 4096, torch.bfloat16)]
+    g = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16)
+    times = []
+    for _ in range(30):
+        for a in args:
+            a.grad = None
+        y = op(*args)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        y.backward(g)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    import cProfile
+    import pstats
+    import time
+
+    for label, fn in (("derived", op), ("liger", CASES["rmsnorm"][1])):
+        small = [a.detach()[:64, :256].clone().requires_grad_() for a in args[:1]] + [
+            args[1].detach()[:256].clone().requires_grad_()]
+        gs = g[:64, :256].clone()
+        ys = [fn(*small) for _ in range(200)]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for y in ys:
+            y.backward(gs)
+        torch.cuda.synchronize()
+        print(f"host time per backward, {label}: {(time.perf_counter() - start) / len(ys) * 1e6:.1f} us")
+    ys = [op(*args) for _ in range(30)]
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for y in ys:
+        y.backward(g)
+    torch.cuda.synchronize()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
+    print("tuning calls (True: cached)", calls)
+    print("chosen", {k[1:3]: v for k, v in tuning._best.items()})
+    print("backward ms", " ".join(f"{t:.3f}" for t in times))
+
+
 def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    if "--debug" in sys.argv:
+        return debug()
     if "--profile" in sys.argv:
         profile()
     for name in CASES:

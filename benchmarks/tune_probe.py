@@ -7,6 +7,8 @@ persistent kernels, programs per multiprocessor.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -22,9 +24,9 @@ def capture(name, dtype):
     launches = []
     real = derive.BackwardKernel.launch
 
-    def spy(self, grid, named, output_grads, buffers, choices, written=frozenset(), pad=0):
-        launches.append((self, grid, dict(named), dict(output_grads), dict(buffers), choices, written))
-        return real(self, grid, named, output_grads, buffers, choices, written, pad)
+    def spy(self, grid, named, output_grads, buffers, prepared, written=frozenset(), pad=0):
+        launches.append((self, grid, dict(named), dict(output_grads), dict(buffers), prepared, written))
+        return real(self, grid, named, output_grads, buffers, prepared, written, pad)
 
     derive.BackwardKernel.launch = spy
     try:
@@ -36,17 +38,18 @@ def capture(name, dtype):
 
 
 def main():
+    os.environ["TRITONGRAD_TUNE"] = "0"  # the settings below, not the tuned one
     print(torch.cuda.get_device_name())
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for name in ("rmsnorm", "layernorm", "softmax", "swiglu"):
         for dtype in (torch.bfloat16, torch.float32):
-            bwd, grid, named, outs, bufs, choices, written = capture(name, dtype)
-            persistent = any(c.mode in ("registers", "row") for c in choices.values())
+            bwd, grid, named, outs, bufs, prepared, written = capture(name, dtype)
+            persistent = prepared.variant.axis is not None
             results = []
             for warps in (4, 8, 16):
                 for waves in ((1, 2, 4, 8) if persistent else (1,)):
                     derive._persistent_programs = lambda n, d, w=waves: min(n, sms * w)
-                    launch = (grid, {**named, "num_warps": warps}, outs, bufs, choices, written)
+                    launch = (grid, {**named, "num_warps": warps}, outs, bufs, prepared, written)
 
                     def run(bwd=bwd, launch=launch):
                         bwd.launch(*launch)

@@ -52,6 +52,16 @@ def defaults_of(jit_fn: Any) -> dict[str, Any]:
     return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
 
 
+@dataclass(eq=False)
+class Prepared:
+    """What launches with the same arguments share: how each input's gradient is written, the compiled
+    variant for that, and its tuned launch setting once the first launch has timed it."""
+
+    choices: dict[str, Choice]
+    variant: Variant
+    setting: tuning.Setting | None = None
+
+
 @dataclass(frozen=True)
 class Variant:
     """The backward kernel compiled for one way of writing each input's gradient."""
@@ -184,8 +194,8 @@ class BackwardKernel:
             output_grads = {p: named.pop(self.shadow_params[p]) for p in self.outputs}
             buffers = {p: named.pop(self.shadow_params[p]) for p in self.wrt}
             written = frozenset(self.wrt)
-            choices = self.choose(named, sizes, written, aliased(buffers))
-            self.launch(sizes, named, output_grads, buffers, choices, written)
+            prepared = self.prepare(named, sizes, written, aliased(buffers))
+            self.launch(sizes, named, output_grads, buffers, prepared, written)
 
         return run
 
@@ -201,21 +211,27 @@ class BackwardKernel:
         if specialized is not self:
             return specialized.gradients(grid, named, output_grads)
         sizes = _sizes(grid(named) if callable(grid) else grid)
-        choices = self.choose(named, sizes, aliased=aliased({p: named[p] for p in self.wrt}))
+        prepared = self.prepare(named, sizes, aliased=aliased({p: named[p] for p in self.wrt}))
         grads = {}
         for p in self.wrt:
-            x, c = named[p], choices[p]
+            x, c = named[p], prepared.choices[p]
             fill = torch.empty_strided if (c.covers or c.mode in PARTIALS) and c.mode != NONE else _zeros_strided
             dtype = x.dtype if c.mode != ATOMIC else shadow_dtype(x.dtype)
             grads[p] = fill(x.size(), x.stride(), dtype=dtype, device=x.device)
-        self.launch(sizes, named, output_grads, grads, choices)
+        self.launch(sizes, named, output_grads, grads, prepared)
         return grads
 
     def choose(self, named: dict[str, Any], grid: tuple[int, ...], written: frozenset[str] = frozenset(),
                aliased: frozenset[str] = frozenset()) -> dict[str, Choice]:
-        """Check the launch (grid, store conditions, dtypes) and choose how each input's gradient is written.
-        ``written``: inputs whose buffers already hold gradient to add to; ``aliased``: inputs whose
-        buffers share memory with another input's."""
+        """How each input's gradient is written for this launch (see :meth:`prepare`)."""
+        return self.prepare(named, grid, written, aliased).choices
+
+    def prepare(self, named: dict[str, Any], grid: tuple[int, ...], written: frozenset[str] = frozenset(),
+                aliased: frozenset[str] = frozenset()) -> Prepared:
+        """Check the launch (grid, store conditions, dtypes), choose how each input's gradient is written
+        and get the variant for that; cached per arguments the choice depends on. ``written``: inputs whose
+        buffers already hold gradient to add to; ``aliased``: inputs whose buffers share memory with
+        another input's."""
         self.check_grid(grid)
         self.check_arguments(named, grid)
         for name in self.wrt:  # an integer tensor has no gradient: say so, rather than return zeros
@@ -224,50 +240,57 @@ class BackwardKernel:
                 raise TypeError(f"{self.name}: wrt names `{name}`, but the tensor passed there is {dtype}; "
                                 "only floating-point inputs have gradients")
         key = (grid, written, aliased, *[_describe(named.get(n)) for n in self._chosen_names])
-        choices = self._chosen.get(key)
-        if choices is None:
+        prepared = self._chosen.get(key)
+        if prepared is None:
             choices = self.lowering.choose(LaunchValues(named, grid), written, aliased)
             if self.deterministic:
                 self._refuse_atomics(choices)
             if len(self._chosen) > 4096:
                 self._chosen.clear()
-            self._chosen[key] = choices
-        return choices
+            prepared = self._chosen[key] = Prepared(choices, self.variant(choices))
+        return prepared
 
     @functools.cached_property
     def _chosen_names(self) -> tuple[str, ...]:
-        """The arguments the lowering's conditions read."""
-        names = set()
+        """The arguments the lowering's conditions read, and the inputs and outputs (their dtypes and layouts
+        decide the tuned launch setting)."""
+        names = {*self.wrt, *self.outputs}
         for lowering in self.lowering.inputs.values():
             for c in (lowering.owned, lowering.covers, *lowering.shared.values()):
                 names |= c.names() if c is not None else set()
         return tuple(sorted(names & set(self.params)))
 
     def launch(self, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
-               buffers: dict[str, Any], choices: dict[str, Choice], written: frozenset[str] = frozenset(),
+               buffers: dict[str, Any], prepared: Prepared, written: frozenset[str] = frozenset(),
                pad: int = 0) -> dict[str, tuple[Any, int]]:
-        """Run the variant for ``choices``. ``named``: the forward's arguments (and launch options);
+        """Run the prepared variant (:meth:`prepare`). ``named``: the forward's arguments (and launch options);
         ``output_grads``: output -> its incoming gradient; ``buffers``: wrt input -> its gradient buffer
         (stored into or added to; an input summed in partial rows gets their sum, added if in ``written``).
         ``pad``: zeros around each partial row, to look for gradient outside the tensor (a checked backward).
         Launch settings are tuned on a GPU (tuning.py). Returns the partial rows: input -> (rows with their
         padding, pad)."""
-        variant = self.variant(choices)
+        variant = prepared.variant
         for p in variant.unwritten - written:  # no gradient reaches it (a stored one would be left unset)
             buffers[p].zero_()
         args = {**named, **{self.shadow_params[o]: g for o, g in output_grads.items()},
                 **{self.shadow_params[p]: b for p, b in buffers.items()}}
-        device = next((t.device for t in (*buffers.values(), *output_grads.values())), None)
-        setting = tuning.DEFAULT
-        if not self.deterministic and tuning.enabled(device):
-            touched = [buffers[p] for p, c in choices.items() if c.mode in (ADD, ATOMIC)]  # trials add into them
-            key = (id(self), variant.choices, grid, tuning.describe(args))
+        if prepared.setting is None:
+            prepared.setting = self._tuned(prepared, grid, args, buffers, written)
+        return self._run(variant, grid, args, buffers, prepared.setting, written, pad)
 
-            def trial(s: tuning.Setting) -> None:
-                self._run(variant, grid, args, buffers, s, written, 0, reduce=False)
+    def _tuned(self, prepared: Prepared, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
+               written: frozenset[str]) -> tuning.Setting:
+        """The launch setting for a prepared launch: timed on a GPU (tuning.py), else the forward's."""
+        device = next((t.device for t in buffers.values()), None)
+        if self.deterministic or not tuning.enabled(device):
+            return tuning.DEFAULT
+        touched = [buffers[p] for p, c in prepared.choices.items() if c.mode in (ADD, ATOMIC)]  # trials add into
 
-            setting = tuning.best(key, variant.axis is not None, trial, touched)
-        return self._run(variant, grid, args, buffers, setting, written, pad)
+        def trial(s: tuning.Setting) -> None:
+            self._run(prepared.variant, grid, args, buffers, s, written, 0, reduce=False)
+
+        key = (id(self), prepared.variant.choices, grid, tuning.describe(args))
+        return tuning.best(key, prepared.variant.axis is not None, trial, touched)
 
     def _run(self, variant: Variant, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
              setting: tuning.Setting, written: frozenset[str], pad: int, reduce: bool = True) -> dict:
@@ -401,10 +424,10 @@ def span_of(t: Any) -> int:
 
 
 def _describe(value: Any) -> Any:
-    """What the lowering's conditions read of an argument: its value, or a tensor's layout."""
+    """What the lowering's conditions and tuning read of an argument: its value, or a tensor's layout and dtype."""
     shape = getattr(value, "shape", None)
     if shape is not None and hasattr(value, "stride"):
-        return (tuple(shape), value.stride())
+        return (tuple(shape), value.stride(), value.dtype)
     return value
 
 

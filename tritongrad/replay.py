@@ -212,6 +212,7 @@ class Step:
     wrt: tuple[str, ...]
     outputs: tuple[str, ...]
     derived: dict = field(default_factory=dict)  # (grad, values of decisive constexprs) -> the derived kernel
+    prepared: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> derive.Prepared
 
     def derive(self, kernel: Any, named: dict[str, Any]) -> Any:
         """The derived kernel of the specialization this launch runs. Looked up once per specialization:
@@ -221,6 +222,21 @@ class Step:
         if bwd is None:
             bwd = self.derived[key] = grad(kernel, self.wrt, self.outputs, constexprs=named)
         return bwd
+
+    def prepare(self, bwd: Any, launch: Any, named: dict[str, Any], grid: tuple, written: frozenset,
+                aliased: frozenset) -> Any:
+        """``bwd.prepare`` for this launch, looked up by the launch's non-tensor arguments (the plan fixes
+        its tensors' layouts): repeated backwards skip the checks and choices (~microseconds each)."""
+        try:
+            key = (id(bwd), launch.args, tuple(launch.kwargs.items()), grid, written, aliased)
+            found = self.prepared.get(key)
+        except TypeError:  # an unhashable argument
+            return bwd.prepare(named, grid, written, aliased)
+        if found is None:
+            if len(self.prepared) > 256:
+                self.prepared.clear()
+            found = self.prepared[key] = bwd.prepare(named, grid, written, aliased)
+        return found
 
 
 def whole_storages(storages: dict, views: list[View]) -> frozenset[int]:
@@ -368,15 +384,15 @@ class Replay:
         written = frozenset(p for p, shadow in inputs.items() if shadow.key in shadows)
         keys = [shadow.key for shadow in inputs.values()]
         aliased = frozenset(p for p, shadow in inputs.items() if keys.count(shadow.key) > 1)
-        choices = bwd.choose(args, grid, written, aliased)
+        prepared = step.prepare(bwd, launch, args, grid, written, aliased)
         buffers = {}
         for p, shadow in inputs.items():
-            c = choices[p]
+            c = prepared.choices[p]
             sets_all = c.covers or c.mode in PARTIALS  # writes every element of the view
             alone = writers[shadow.key] == 1 and c.mode != ATOMIC  # the only gradient this storage gets
             buffers[p] = self._shadow(shadows, shadow, guards, fill=not sets_all, own_dtype=alone)
         pad = GUARD[0] if guards is not None else 0
-        return bwd.launch(grid, args, output_grads, buffers, choices, written, pad)
+        return bwd.launch(grid, args, output_grads, buffers, prepared, written, pad)
 
     def _shadow(self, shadows: dict, shadow: Shadow, guards: dict | None = None, fill: bool = True,
                 own_dtype: bool = False) -> torch.Tensor:
