@@ -1,0 +1,257 @@
+"""How each input's gradient reaches memory (lowering.py, issue 10), one kernel per strategy, each checked
+against PyTorch autograd on a plain-PyTorch reference (float64, sizes that are not powers of two)."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad import NotDifferentiableError
+from tritongrad.lowering import ADD, ATOMIC, REGISTERS, ROW, STORE
+from tritongrad.testing import assert_gradients_match, bind_launch, poison
+
+F64 = torch.float64
+
+
+@triton.jit
+def norm_rows(x_ptr, w_ptr, b_ptr, y_ptr, stride, N, BLOCK: tl.constexpr):
+    """A layer norm: each program normalizes one row; every program reads the weight and the bias."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    b = tl.load(b_ptr + cols, mask=mask, other=0.0)
+    mean = tl.sum(x, axis=0) / N
+    xc = tl.where(mask, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / N + 1e-5)
+    tl.store(y_ptr + row * stride + cols, xc * rstd * w + b, mask=mask)
+
+
+def norm_reference(x, w, b):
+    return torch.nn.functional.layer_norm(x, (x.shape[1],), w, b, 1e-5)
+
+
+@triton.jit
+def norm_columns_looped(x_ptr, w_ptr, y_ptr, stride, N, BLOCK: tl.constexpr):
+    """An RMS norm over a row in blocks of columns: the weight's load moves with the loop (a partial row
+    per program, not registers)."""
+    row = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float64)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride + cols, mask=cols < N, other=0.0)
+        acc += x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / N + 1e-6)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride + cols, mask=cols < N, other=0.0)
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0)
+        tl.store(y_ptr + row * stride + cols, x * rstd * w, mask=cols < N)
+
+
+@triton.jit
+def windows(x_ptr, y_ptr, STEP, N, W: tl.constexpr):
+    """Program p sums the window x[p * STEP : p * STEP + W] (windows overlap when STEP < W)."""
+    pid = tl.program_id(0)
+    offs = pid * STEP + tl.arange(0, W)
+    x = tl.load(x_ptr + offs, mask=offs < N, other=0.0)
+    tl.store(y_ptr + pid, tl.sum(x * x, axis=0))
+
+
+@triton.jit
+def gather_rows(idx_ptr, table_ptr, y_ptr, D, BLOCK: tl.constexpr):
+    """An embedding lookup: row p of y is row idx[p] of the table (indices may repeat)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    i = tl.load(idx_ptr + pid)
+    t = tl.load(table_ptr + i * D + cols, mask=cols < D, other=0.0)
+    tl.store(y_ptr + pid * D + cols, tl.sin(t), mask=cols < D)
+
+
+@triton.jit
+def head(x_ptr, y_ptr, stride, HALF, BLOCK: tl.constexpr):
+    """Reads only the first HALF columns of each row: its loads do not cover x."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < HALF, other=0.0)
+    tl.store(y_ptr + row * HALF + cols, tl.exp(x), mask=cols < HALF)
+
+
+def choices_of(kernel, grid, args, kwargs, **grad_kwargs):
+    bwd = tritongrad.grad(kernel, **grad_kwargs)
+    named = bind_launch(kernel, args, kwargs)
+    return {p: (c.mode, c.covers) for p, c in bwd.choose(named, grid).items()}
+
+
+def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers():
+    rows, n = 9, 45
+    x, w, b = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64), torch.randn(n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    args, kwargs = (x, w, b, y, n, n), {"BLOCK": 64}
+    norm_rows[(rows,)](*args, **kwargs)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    assert_gradients_match(norm_rows, (rows,), args, kwargs, y, norm_reference(*leaves), leaves,
+                           ["x_ptr", "w_ptr", "b_ptr"])
+    assert choices_of(norm_rows, (rows,), args, kwargs) == {
+        "x_ptr": (STORE, True), "w_ptr": (REGISTERS, False), "b_ptr": (REGISTERS, False)}
+    src = tritongrad.grad(norm_rows).src
+    assert "atomic" not in src.split('"""')[2]  # no atomics in the kernel's body
+    assert "for row in range(tl.program_id(0), programs, tl.num_programs(0)):" in src
+    assert "d_w_sum += d_w" in src and "tl.store(d_w_ptr + cols, d_w_sum, mask=mask)" in src
+
+
+def test_one_program_along_the_weights_axis_stores_it():
+    n = 45
+    x, w, b = torch.randn(1, n, dtype=F64), torch.randn(n, dtype=F64), torch.randn(n, dtype=F64)
+    args, kwargs = (x, w, b, torch.empty(1, n, dtype=F64), n, n), {"BLOCK": 64}
+    assert choices_of(norm_rows, (1,), args, kwargs)["w_ptr"] == (STORE, True)
+
+
+def test_a_weight_loaded_in_a_loop_is_summed_in_a_float32_row_per_program():
+    rows, n = 7, 70
+    x, w = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    args, kwargs = (x, w, y, n, n), {"BLOCK": 32}
+    norm_columns_looped[(rows,)](*args, **kwargs)
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    want = xl * torch.rsqrt(xl.pow(2).mean(1, keepdim=True) + 1e-6) * wl
+    assert_gradients_match(norm_columns_looped, (rows,), args, kwargs, y, want, [xl, wl], ["x_ptr", "w_ptr"])
+    assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == ROW
+
+
+@pytest.mark.parametrize("step", [12, 5])
+def test_windows_apart_are_stored_overlapping_ones_added_atomically(step):
+    w, programs = 8, 9
+    n = (programs - 1) * step + w
+    x = torch.randn(n, dtype=F64)
+    y = poison(torch.empty(programs, dtype=F64))
+    windows[(programs,)](x, y, step, n, W=w)
+    xl = x.clone().requires_grad_()
+    want = (xl.unfold(0, w, step) ** 2).sum(1)
+    assert_gradients_match(windows, (programs,), (x, y, step, n), {"W": w}, y, want, [xl], ["x_ptr"])
+    mode, _ = choices_of(windows, (programs,), (x, y, step, n), {"W": w})["x_ptr"]
+    assert mode == (STORE if step >= w else ATOMIC)
+
+
+@triton.jit
+def exp_rows(x_ptr, y_ptr, x_stride, N, BLOCK: tl.constexpr):
+    """Row p of y (rows of N) is exp of N elements of x from p * x_stride: rows of x overlap when
+    x_stride < N, and that is the launch's business, not the kernel's."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * x_stride + cols, mask=cols < N, other=0.0)
+    tl.store(y_ptr + row * N + cols, tl.exp(x), mask=cols < N)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_row_stride_shorter_than_the_row_is_decided_at_launch(overlap):
+    rows, n = 5, 24
+    stride = n // 2 if overlap else n
+    base = torch.randn((rows - 1) * stride + n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    args, kwargs = (base, y, stride, n), {"BLOCK": 32}
+    exp_rows[(rows,)](*args, **kwargs)
+    leaf = base.clone().requires_grad_()
+    want = torch.exp(leaf.as_strided((rows, n), (stride, 1)))
+    assert_gradients_match(exp_rows, (rows,), args, kwargs, y, want, [leaf], ["x_ptr"])
+    assert choices_of(exp_rows, (rows,), args, kwargs)["x_ptr"] == ((ATOMIC, False) if overlap else (STORE, True))
+
+
+def test_a_gather_with_repeats_is_added_atomically_and_refused_when_deterministic():
+    rows, d, vocab = 11, 21, 5
+    idx = torch.tensor([0, 3, 3, 1, 4, 3, 0, 2, 2, 4, 1])
+    table = torch.randn(vocab, d, dtype=F64)
+    y = poison(torch.empty(rows, d, dtype=F64))
+    args, kwargs = (idx, table, y, d), {"BLOCK": 32}
+    gather_rows[(rows,)](*args, **kwargs)
+    leaf = table.clone().requires_grad_()
+    assert_gradients_match(gather_rows, (rows,), args, kwargs, y, torch.sin(leaf[idx]), [leaf], ["table_ptr"])
+    assert choices_of(gather_rows, (rows,), args, kwargs)["table_ptr"][0] == ATOMIC
+    with pytest.raises(NotDifferentiableError, match=r"`table_ptr` with deterministic=True: its gradient can only "
+                                                     r"be added atomically here \(its addresses are computed from "
+                                                     r"loaded data\)"):
+        tritongrad.grad(gather_rows, deterministic=True)
+
+
+def test_loads_that_do_not_cover_the_tensor_keep_the_zero_fill():
+    rows, n, half = 6, 40, 17
+    x = torch.randn(rows, n, dtype=F64)
+    y = poison(torch.empty(rows, half, dtype=F64))
+    args, kwargs = (x, y, n, half), {"BLOCK": 32}
+    head[(rows,)](*args, **kwargs)
+    assert choices_of(head, (rows,), args, kwargs)["x_ptr"] == (STORE, False)
+    leaf = x.clone().requires_grad_()
+    assert_gradients_match(head, (rows,), args, kwargs, y, torch.exp(leaf[:, :half]), [leaf], ["x_ptr"])
+    whole = torch.randn(rows, half, dtype=F64)  # rows of exactly HALF columns: covered
+    assert choices_of(head, (rows,), (whole, y, half, half), kwargs)["x_ptr"] == (STORE, True)
+
+
+def test_deterministic_gradients_are_identical_bit_for_bit():
+    rows, n = 13, 45
+    x, w, b = torch.randn(rows, n, dtype=torch.float32), torch.randn(n), torch.randn(n)
+    y = torch.empty(rows, n)
+    args, kwargs = (x, w, b, y, n, n), {"BLOCK": 64}
+    from tritongrad.testing import backward_launch
+
+    g = torch.randn(rows, n)
+    runs = [backward_launch(norm_rows, (rows,), args, kwargs, {"y_ptr": g}, deterministic=True) for _ in range(3)]
+    for name in ("x_ptr", "w_ptr", "b_ptr"):
+        assert all(torch.equal(r[name], runs[0][name]) for r in runs[1:])
+
+
+def test_the_adding_contract_of_a_launch_with_buffers():
+    """bwd[grid](...) adds to the buffers it is given (owned inputs without atomics, weights from partial
+    rows), so a caller can accumulate several launches' gradients in one buffer."""
+    rows, n = 9, 45
+    x, w, b = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64), torch.randn(n, dtype=F64)
+    y = torch.empty(rows, n, dtype=F64)
+    bwd = tritongrad.grad(norm_rows)
+    g = torch.randn(rows, n, dtype=F64)
+    start = [torch.randn_like(t) for t in (x, w, b)]
+    buffers = [s.clone() for s in start]
+    bwd[(rows,)](x, w, b, y, n, n, g, *buffers, BLOCK=64)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    want = torch.autograd.grad(norm_reference(*leaves), leaves, g)
+    for got, s, ref in zip(buffers, start, want, strict=True):
+        torch.testing.assert_close(got, s + ref, rtol=1e-12, atol=1e-12)
+    named = bind_launch(norm_rows, (x, w, b, y, n, n), {"BLOCK": 64})
+    assert bwd.choose(named, (rows,), written=frozenset(bwd.wrt))["x_ptr"].mode == ADD
+
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, s, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(y_ptr + offs, x * s, mask=offs < n)
+
+
+@tritongrad.op
+def two_readers(x):
+    """Two launches read x: in the backward the later one (replayed first) stores x's gradient, the earlier
+    adds to it."""
+    n = x.numel()
+    a, b = torch.empty_like(x), torch.empty_like(x)
+    scale_kernel[(triton.cdiv(n, 32),)](x, a, 2.0, n, BLOCK=32)
+    scale_kernel[(triton.cdiv(n, 32),)](x, b, 3.0, n, BLOCK=32)
+    return a, b
+
+
+def test_two_launches_writing_one_storage_store_then_add(monkeypatch):
+    from tritongrad import derive
+
+    seen = []
+    real = derive.BackwardKernel.launch
+
+    def spy(self, grid, named, output_grads, buffers, prepared, written=frozenset(), pad=0):
+        seen.append((prepared.choices["x_ptr"].mode, "x_ptr" in written))
+        return real(self, grid, named, output_grads, buffers, prepared, written, pad)
+
+    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
+    x = torch.randn(77, dtype=F64, requires_grad=True)
+    a, b = two_readers(x)
+    ga, gb = torch.randn_like(a), torch.randn_like(b)
+    torch.autograd.backward([a, b], [ga, gb])
+    torch.testing.assert_close(x.grad, 2.0 * ga + 3.0 * gb, rtol=1e-12, atol=1e-12)
+    assert seen == [(STORE, False), (ADD, True)]
