@@ -11,7 +11,7 @@ import tritongrad
 from tritongrad import NotDifferentiableError
 from tritongrad.testing import backward_launch, poison
 
-NONE, SUM, MEAN = 0, 1, 2
+NONE, SUM, MEAN = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # globals a kernel reads are constexprs
 BLOCK = 64
 
 
@@ -37,17 +37,17 @@ def scaled_rows(x_ptr, w_ptr, out_ptr, N, stride, REDUCTION: tl.constexpr, HAS_W
 def reference(x, w, reduction, has_weight):
     x = x * w if has_weight else x
     y = torch.exp(x) * x
-    return {NONE: y, SUM: y.sum(1), MEAN: y.mean(1)}[reduction]
+    return {NONE.value: y, SUM.value: y.sum(1), MEAN.value: y.mean(1)}[reduction]
 
 
-@pytest.mark.parametrize("reduction", [NONE, SUM, MEAN])
+@pytest.mark.parametrize("reduction", [NONE.value, SUM.value, MEAN.value])
 @pytest.mark.parametrize("has_weight", [True, False])
 def test_each_mode_is_differentiated_as_the_kernel_it_runs(reduction, has_weight):
     rows, n = 5, 45
     x = torch.randn(rows, n, dtype=torch.float64)
     w = torch.randn(n, dtype=torch.float64)
-    out = poison(torch.empty(rows, n, dtype=torch.float64) if reduction == NONE else torch.empty(rows,
-                                                                                                 dtype=torch.float64))
+    shape = (rows, n) if reduction == NONE.value else (rows,)
+    out = poison(torch.empty(shape, dtype=torch.float64))
     meta = {"REDUCTION": reduction, "HAS_WEIGHT": has_weight, "BLOCK": BLOCK}
     scaled_rows[(rows,)](x, w, out, n, x.stride(0), **meta)
     leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
@@ -62,10 +62,10 @@ def test_each_mode_is_differentiated_as_the_kernel_it_runs(reduction, has_weight
 
 
 def test_a_specialization_sees_only_its_branch():
-    bwd = tritongrad.grad(scaled_rows, constexprs={"REDUCTION": SUM, "HAS_WEIGHT": True})
+    bwd = tritongrad.grad(scaled_rows, constexprs={"REDUCTION": SUM.value, "HAS_WEIGHT": True})
     assert "tl.sum" in bwd.src and "d_out_ptr + row * stride" not in bwd.src
     assert "w = tl.load(w_ptr + cols" in bwd.src and "if HAS_WEIGHT" not in bwd.src
-    assert bwd.specialization == {"REDUCTION": SUM, "HAS_WEIGHT": True}  # BLOCK decides no branch
+    assert bwd.specialization == {"REDUCTION": SUM.value, "HAS_WEIGHT": True}  # BLOCK decides no branch
 
 
 def test_the_generic_derivation_says_which_constexprs_to_give():
@@ -77,7 +77,7 @@ def test_the_generic_derivation_says_which_constexprs_to_give():
 @tritongrad.op
 def scaled_rows_op(x, w, reduction: int):
     rows, n = x.shape
-    out = torch.empty_like(x) if reduction == NONE else torch.empty(rows, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x) if reduction == NONE.value else torch.empty(rows, dtype=x.dtype, device=x.device)
     scaled_rows[(rows,)](x, w, out, n, x.stride(0), REDUCTION=reduction, HAS_WEIGHT=True, BLOCK=BLOCK)
     return out
 
@@ -85,7 +85,8 @@ def scaled_rows_op(x, w, reduction: int):
 def test_an_op_called_in_several_modes_differentiates_each(device):
     x = torch.randn(5, 45, dtype=torch.float64, device=device)
     w = torch.randn(45, dtype=torch.float64, device=device)
-    for reduction in (SUM, NONE, MEAN, SUM):  # one layout: the tape's plan is shared, the derivation is not
+    # one layout: the tape's plan is shared, the derivation is not
+    for reduction in (SUM.value, NONE.value, MEAN.value, SUM.value):
         leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
         refs = [x.clone().requires_grad_(), w.clone().requires_grad_()]
         out = scaled_rows_op(*leaves, reduction)

@@ -324,6 +324,9 @@ def covers(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...
     coordinates = list(coordinates)
     bounded: set[int] = set()
     for members, limit in bounds:
+        if limit < 0:  # no lane is left
+            coordinates.append((1, 0))
+            continue
         if bounded & set(members):
             return False
         bounded |= set(members)

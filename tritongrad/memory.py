@@ -40,8 +40,9 @@ class MemoryAdjoints:
         masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
         mode = self.choices[param].mode
         if mode == REGISTERS:  # summed over this program's rows; stored once after them (lowering.persistent)
-            total = self.partial_sum(stmt, shadow.id, b["mask"])
-            self.emit(ast.AugAssign(target=ast.Name(total, ast.Store()), op=ast.Add(), value=g))
+            total = self.partial_sum(stmt, shadow.id, b["mask"])  # in its rows' dtype: one type across the loop
+            self.emit(ast.AugAssign(target=ast.Name(total, ast.Store()), op=ast.Add(),
+                                    value=instantiate("g.to(s.dtype)", {"g": g, "s": name_node(total)})))
         elif mode == STORE:
             self.emit(_call("tl.store", shadow, g, **masked))
         elif mode in (ADD, ROW):  # no other program or lane touches these addresses: no atomics needed

@@ -63,6 +63,7 @@ def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched
         return found
     import triton
 
+    touched = [_memory_of(t) for t in touched]  # (an expanded tensor cannot be copied into: its memory can)
     saved = [t.clone() for t in touched]
     times = []
     for setting in candidates(persistent):
@@ -77,6 +78,12 @@ def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched
     with _lock:
         _best[key] = found
     return found
+
+
+def _memory_of(t: Any) -> Any:
+    """The memory a tensor spans, as a one-dimensional view."""
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) if t.numel() else 0
+    return t.as_strided((span,), (1,), t.storage_offset())
 
 
 def describe(named: dict[str, Any]) -> tuple:
