@@ -255,3 +255,33 @@ def test_two_launches_writing_one_storage_store_then_add(monkeypatch):
     torch.autograd.backward([a, b], [ga, gb])
     torch.testing.assert_close(x.grad, 2.0 * ga + 3.0 * gb, rtol=1e-12, atol=1e-12)
     assert seen == [(STORE, False), (ADD, True)]
+
+
+@tritongrad.op(deterministic=True)
+def deterministic_norm(x, w, b):
+    rows, n = x.shape
+    y = torch.empty_like(x)
+    norm_rows[(rows,)](x, w, b, y, n, n, BLOCK=64)
+    return y
+
+
+@tritongrad.op(deterministic=True)
+def deterministic_gather(idx, table):
+    y = torch.empty(idx.numel(), table.shape[1], dtype=table.dtype, device=table.device)
+    gather_rows[(idx.numel(),)](idx, table, y, table.shape[1], BLOCK=32)
+    return y
+
+
+def test_a_deterministic_op_gives_identical_bits_and_refuses_a_gather_by_name(device):
+    x = torch.randn(13, 45, device=device)
+    w, b, g = torch.randn(45, device=device), torch.randn(45, device=device), torch.randn(13, 45, device=device)
+    grads = []
+    for _ in range(3):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        deterministic_norm(*leaves).backward(g)
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(a, b) for run in grads[1:] for a, b in zip(run, grads[0], strict=True))
+    table = torch.randn(5, 21, device=device, requires_grad=True)
+    y = deterministic_gather(torch.tensor([0, 3, 3, 1], device=device), table)
+    with pytest.raises(NotDifferentiableError, match="`table_ptr` with deterministic=True"):
+        y.sum().backward()

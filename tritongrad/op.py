@@ -73,19 +73,21 @@ from .tape import Tape
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
 
 
-def op(fn: Any = None, /):
+def op(fn: Any = None, /, *, deterministic: bool = False):
     """Make a host function that launches Triton kernels a differentiable PyTorch operator.
 
-    ``@op`` or ``@op("namespace::name")``; see the module docstring.
+    ``@op`` or ``@op("namespace::name")``; see the module docstring. ``deterministic=True``:
+    gradients bitwise identical from run to run (no atomic additions; a load whose gradient
+    could only be added atomically is refused at the backward, naming it).
     """
     if isinstance(fn, str):
-        return lambda f: _named(f, fn)
+        return lambda f: _named(f, fn, deterministic)
     if fn is None:
-        return _bare
-    return _bare(fn)
+        return lambda f: _bare(f, deterministic)
+    return _bare(fn, deterministic)
 
 
-def _bare(fn: Any) -> Any:
+def _bare(fn: Any, deterministic: bool = False) -> Any:
     tapes.install()
     arguments = _arguments_of(fn)
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
@@ -95,7 +97,7 @@ def _bare(fn: Any) -> Any:
     def call(*args, **kwargs):
         if not torch.is_grad_enabled() or tapes.active():  # inference, or inside another op's tape
             return fn(*args, **kwargs)
-        tape = Tape(name, plans)
+        tape = Tape(name, plans, deterministic)
         with tape:  # records the launches
             result = fn(*args, **kwargs)
         several = isinstance(result, (tuple, list))
@@ -161,16 +163,16 @@ def _arguments_of(fn: Any):
 # -- named ops -------------------------------------------------------------------------------------
 
 
-def _named(fn: Any, name: str) -> Any:
+def _named(fn: Any, name: str, deterministic: bool = False) -> Any:
     tapes.install()
     arguments = _arguments_of(fn)
     plans = {}  # shared by the eager forward's tapes and the recomputing backward's (see tritongrad.tape)
     fwd_proto, bwd_proto = _prototypes(fn)
     forward = torch.library.custom_op(name, mutates_args=(), schema=torch.library.infer_schema(
-        fwd_proto, mutates_args=()))(_named_impl(fn, name, arguments, plans))
+        fwd_proto, mutates_args=()))(_named_impl(fn, name, arguments, plans, deterministic))
     forward.register_fake(_fake(fn))
     backward_op = torch.library.custom_op(name + "_backward", mutates_args=(), schema=torch.library.infer_schema(
-        bwd_proto, mutates_args=()))(_recompute_backward(fn, name, arguments, plans))
+        bwd_proto, mutates_args=()))(_recompute_backward(fn, name, arguments, plans, deterministic))
     backward_op.register_fake(_fake_backward)
     setup_context, backward = _autograd(backward_op, name)
     forward.register_autograd(backward, setup_context=setup_context)
@@ -191,7 +193,7 @@ def _named(fn: Any, name: str) -> Any:
     return call
 
 
-def _named_impl(fn: Any, name: str, arguments, plans: dict):
+def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
     def impl(*args, **kwargs):
         stash = _stash.get()
         if stash is None:  # no eager caller waiting for a tape: compiled code, no grad, direct torch.ops calls
@@ -202,7 +204,7 @@ def _named_impl(fn: Any, name: str, arguments, plans: dict):
             return fn(*args, **kwargs)
         token = _stash.set(None)  # ops inside fn do not take the stash
         try:
-            tape = Tape(name, plans)
+            tape = Tape(name, plans, deterministic)
             with tape.recording():
                 result = fn(*args, **kwargs)
             tape.close(_as_tuple(result), args, kwargs, arguments, diff_inputs=diff)
@@ -232,12 +234,12 @@ def _fake_backward(*args):
     return [torch.empty_like(t) for t, need in zip(tensors, needs, strict=True) if need]
 
 
-def _recompute_backward(fn: Any, name: str, arguments, plans: dict):
+def _recompute_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
     def backward(*args):
         *inputs, grads, needs = args
         bound = arguments(tuple(inputs), {})
         diff = [t for t, need in zip(bound.values(), needs, strict=True) if need]
-        tape = Tape(name, plans)
+        tape = Tape(name, plans, deterministic)
         with tape.recording():
             result = fn(*inputs)
         tape.close(_as_tuple(result), tuple(inputs), {}, arguments, diff_inputs=diff)

@@ -214,13 +214,14 @@ class Step:
     derived: dict = field(default_factory=dict)  # (grad, values of decisive constexprs) -> the derived kernel
     prepared: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> derive.Prepared
 
-    def derive(self, kernel: Any, named: dict[str, Any]) -> Any:
+    def derive(self, kernel: Any, named: dict[str, Any], deterministic: bool = False) -> Any:
         """The derived kernel of the specialization this launch runs. Looked up once per specialization:
         grad caches too, but looking up costs microseconds; again if ``grad`` was replaced (tests spy on it)."""
-        key = (grad, *[hashable(named.get(k)) for k in decisive_constexprs(kernel)])
+        key = (grad, deterministic, *[hashable(named.get(k)) for k in decisive_constexprs(kernel)])
         bwd = self.derived.get(key)
         if bwd is None:
-            bwd = self.derived[key] = grad(kernel, self.wrt, self.outputs, constexprs=named)
+            bwd = self.derived[key] = grad(kernel, self.wrt, self.outputs, constexprs=named,
+                                           deterministic=deterministic)
         return bwd
 
     def prepare(self, bwd: Any, launch: Any, named: dict[str, Any], grid: tuple, written: frozenset,
@@ -283,8 +284,8 @@ def _stand_in(dtype_device: tuple[torch.dtype, torch.device]) -> torch.Tensor:
 class Replay:
     """One backward of an op: its plan, the recorded launches' non-tensor arguments, the op's name."""
 
-    def __init__(self, name: str, plan: Plan, launches: Sequence[Any]):
-        self.name, self.plan, self.launches = name, plan, launches
+    def __init__(self, name: str, plan: Plan, launches: Sequence[Any], deterministic: bool = False):
+        self.name, self.plan, self.launches, self.deterministic = name, plan, launches, deterministic
 
     def error(self, message: str) -> OpError:
         return OpError(f"tritongrad.op `{self.name}`: {message}")
@@ -374,7 +375,7 @@ class Replay:
         for p, slot, stand_in in step.launch.replayed:
             args[p] = saved[slot] if slot is not None else _stand_in(stand_in)
         try:
-            bwd = step.derive(launch.kernel, args)
+            bwd = step.derive(launch.kernel, args, self.deterministic)
         except NotDifferentiableError as e:
             raise _noted(e, note) from None
         grid = tuple(launch.grid)

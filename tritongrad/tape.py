@@ -227,8 +227,9 @@ class Tape:
     plan: Plan | None = None  # set by close
     saved: list[torch.Tensor] | None = None  # set by close, taken by the autograd node
 
-    def __init__(self, name: str, plans: dict | None = None):
+    def __init__(self, name: str, plans: dict | None = None, deterministic: bool = False):
         self.name = name
+        self.deterministic = deterministic  # derived kernels without atomic additions
         self.plans = {} if plans is None else plans
         self.launches: list[RecordedLaunch] = []
         self.patterns: list[tuple] = []  # per launch: what the plan's key takes from it (see RecordedLaunch)
@@ -447,7 +448,7 @@ class Tape:
         """Gradients of the differentiated inputs (None where not needed or not reached): replay.py."""
         token = _current.set(None)  # derived kernels are not recorded, even inside another op's forward
         try:
-            return Replay(self.name, self.plan, self.launches).run(saved, grads, needs)
+            return Replay(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
         finally:
             _current.reset(token)
 
