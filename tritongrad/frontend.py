@@ -43,6 +43,7 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
     def __init__(self, root: Source, constexprs: Mapping[str, Any] | None = None):
         self.root = root
         tree = specialize(root.tree, root.scope, constexprs or {})
+        self.specialized = tree is not root.tree  # some branch was decided
         self.tree = rewrite_block_pointers(tree, root.scope, root.origin)
         taken = {n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)}
         taken |= {a.arg for a in self.tree.args.args}
@@ -91,7 +92,8 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
             self.block(body)
         self.frames.pop()
         return Program(fdef.name, params, self.out, self.scope, self.root.file, self.namer.taken,
-                       returns=returns, origin=origin, temporaries=self.temporaries, constexprs=self.constexprs)
+                       returns=returns, origin=origin, temporaries=self.temporaries, constexprs=self.constexprs,
+                       specialized=self.specialized)
 
     # -- statements -----------------------------------------------------------------------
 

@@ -96,6 +96,7 @@ class Program:
     origin: Origin | None = None
     temporaries: set[str] = field(default_factory=set)  # names the flattening made up
     constexprs: set[str] = field(default_factory=set)  # names known at compile time
+    specialized: bool = False  # derived for given values of constexpr parameters (specialize.py)
 
     def param_names(self) -> list[str]:
         return [p.arg for p in self.params]

@@ -16,6 +16,7 @@ import torch
 
 from .derive import grad, shadow_dtype
 from .source import unwrap
+from .tape import kernel_info
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:
@@ -46,6 +47,10 @@ def backward_launch(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping
     each in its tensor's dtype (BackwardKernel.gradients: written as the lowering chose).
     """
     named = bind_launch(kernel, args, kwargs)
+    if wrt is None:  # the float tensors the kernel only reads (in any specialization)
+        roles = kernel_info(unwrap(kernel)).roles
+        if roles is not None:
+            wrt = tuple(p for p in named if p in roles.inputs and getattr(named[p], "is_floating_point", bool)())
     bwd = grad(kernel, wrt, outputs or (tuple(grads) if grads else None), deterministic=deterministic,
                constexprs=named)
     named.update({k: v for k, v in kwargs.items() if k not in named})  # launch options: num_warps, ...
