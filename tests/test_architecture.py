@@ -55,3 +55,12 @@ def test_the_ir_and_the_operation_facts_have_one_home():
         assert defined.get(name) == ["ir"], (name, defined.get(name))
     for name in ("Operation", "Signature", "operation_of"):
         assert defined.get(name) == ["operations"], (name, defined.get(name))
+
+
+def test_the_readme_lists_the_operation_table_as_it_is():
+    from tritongrad.operations import markdown_table
+
+    readme = (PACKAGE.parent / "README.md").read_text()
+    begin, end = "<!-- operations:begin -->\n", "<!-- operations:end -->"
+    assert readme[readme.index(begin) + len(begin):readme.index(end)] == markdown_table(), (
+        "README.md's operation table is stale: paste `python -m tritongrad.operations` between its markers")
