@@ -11,7 +11,10 @@ head). A coefficient is an integer times runtime or compile-time scalars (``BLOC
 (a swizzled matmul order) only lose their coordinate.
 
 lanes.py reads store addresses with these forms (may two lanes write one element?); a mask's
-``e < B`` conjuncts bound the coordinates (``mask_bounds``).
+``e < B`` conjuncts bound the coordinates (``mask_bounds``). What a form leaves out, the part
+of a value that depends on no coordinate (``half`` in ``out + half + cols``), is its offset
+(``address_offsets``): a polynomial in scalar names, so two stores at one output can be told
+apart (``out + cols`` and ``out + half + cols`` differ by ``half``).
 """
 
 from __future__ import annotations
@@ -433,3 +436,112 @@ def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
     return form_of_terms(terms, rank)
 
 
+
+
+# -- offsets: the part of a value that depends on no coordinate ---------------------------------------------
+
+Poly = tuple[tuple[tuple[str, ...], int], ...]  # sum of integer * product of names, sorted; () is 0
+ZERO: Poly = ()
+
+
+def poly(terms: dict[tuple[str, ...], int]) -> Poly:
+    return tuple(sorted((k, c) for k, c in terms.items() if c != 0))
+
+
+def poly_add(a: Poly, b: Poly, sign: int = 1) -> Poly:
+    total = dict(a)
+    for k, c in b:
+        total[k] = total.get(k, 0) + sign * c
+    return poly(total)
+
+
+def poly_mul(a: Poly, b: Poly) -> Poly:
+    total: dict[tuple[str, ...], int] = {}
+    for ka, ca in a:
+        for kb, cb in b:
+            k = tuple(sorted(ka + kb))
+            total[k] = total.get(k, 0) + ca * cb
+    return poly(total)
+
+
+def poly_expr(p: Poly) -> Expr:
+    """The polynomial as an expression for launch checks."""
+    out = None
+    for names, c in p:
+        term = Expr.const(c)
+        for n in names:
+            term = term * Expr.name(n)
+        out = term if out is None else out + term
+    return out if out is not None else Expr.const(0)
+
+
+def address_offsets(body: list[ast.stmt], forms: dict[str, Form]) -> dict[str, Poly | None]:
+    """Each integer or pointer name's offset: the part of its value that depends on no coordinate (lane,
+    program id, loop iteration), as a polynomial in scalar names (parameters, and what the kernel computes
+    from them in ways other than ``+ - *``, such as ``half = D // 2``); None where it is not known (an
+    operation that is not affine, definitions that disagree)."""
+    indices: dict[str, Poly | None] = {}
+    pinned = {}  # carried names advanced by a fixed amount each iteration: their initial value's offset
+    for node in loops(body):
+        indices[node.target.id] = _poly_of(node.iter.args[0] if len(node.iter.args) > 1 else ast.Constant(0),
+                                           {}, forms)
+        for c in node.tg.carried:
+            if c.name in forms and any(isinstance(k, LoopIndex) and k.index == node.target.id
+                                       for k, _ in forms[c.name].terms):
+                pinned[c.name] = c.init
+    offsets: dict[str, Poly | None] = dict(indices)
+    for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
+        previous, offsets = offsets, dict(indices)
+        seen = collections.ChainMap(offsets, previous)  # this pass's offsets, the last pass's for names not yet met
+        defined: set[str] = set()
+        for stmt in statements(body):
+            t = target_of(stmt)
+            if t is None:
+                continue
+            new = _poly_of(pinned[t], seen, forms) if t in pinned else _offset_of(stmt, seen, forms)
+            if t in defined and offsets[t] != new:
+                new = None  # two definitions disagree
+            defined.add(t)
+            offsets[t] = new
+    return offsets
+
+
+def _varies(name: str, forms: dict) -> bool:
+    """Whether a name's value depends on coordinates (a scalar computed from program ids by an operation
+    that loses their coordinate, or loaded, counts as a scalar: a name of its own)."""
+    return name in forms and (bool(forms[name].terms) or not forms[name].affine)
+
+
+def _poly_of(atom: ast.expr, offsets: dict, forms: dict) -> Poly | None:
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, int) and not isinstance(atom.value, bool):
+        return poly({(): atom.value})
+    if isinstance(atom, ast.Name):
+        if atom.id in offsets:
+            return offsets[atom.id]
+        return None if _varies(atom.id, forms) else poly({(atom.id,): 1})
+    return None
+
+
+def _offset_of(stmt: ast.stmt, offsets: dict, forms: dict) -> Poly | None:
+    op = op_of(stmt)
+    t = target_of(stmt)
+    kind = op.kind
+    if kind == "arange":
+        return _poly_of(op.args[0], offsets, forms)
+    if kind == "program_id":
+        return ZERO
+    args = [_poly_of(a, offsets, forms) for a in op.args[:2]]
+    if kind in ("add", "sub") and len(args) == 2 and None not in args:
+        return poly_add(args[0], args[1], -1 if kind == "sub" else 1)
+    if kind == "mul" and len(args) == 2 and None not in args:
+        if all(isinstance(a, ast.Name) and _varies(a.id, forms) for a in op.args[:2]):
+            return None
+        return poly_mul(args[0], args[1])
+    if kind == "neg" and args and args[0] is not None:
+        return poly_add(ZERO, args[0], -1)
+    if operation_of(op).lanes is not None and args and args[0] is not None:
+        return args[0]  # a copy, cast or shape operation
+    if kind in ("floordiv", "mod") and _varies(t, forms) and all(
+            isinstance(k, ProgramDigit) for k, _ in forms[t].terms):
+        return ZERO  # a digit of a program id: a coordinate of its own
+    return None if _varies(t, forms) else poly({(t,): 1})  # a scalar not made by + - * of others: itself

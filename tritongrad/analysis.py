@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .addresses import address_forms, descriptor_form, enclosing_loops, mask_bounds
+from .addresses import address_forms, address_offsets, descriptor_form, enclosing_loops, mask_bounds
 from .errors import NotDifferentiableError
 from .ir import (
     Op,
@@ -40,7 +40,7 @@ from .ir import (
     value_args,
     where,
 )
-from .lanes import check_store, with_scalars_written_out
+from .lanes import StoreSite, check_store, check_stores_apart, with_scalars_written_out
 from .operations import LOADS, OPERATIONS, STORES, operation_of
 from .source import triton_language_name
 
@@ -234,16 +234,14 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
     paths = _branch_paths(body)
     around = enclosing_loops(body)
     defs = definitions(body)
+    offsets = address_offsets(body, forms)
     store_axes = {}
     for output in outputs:
         plain = [s for s in stores[output] if op_of(s).kind in ("store", "desc_store")]
         if plain and len(plain) < len(stores[output]):
             raise refuse(where(plain[0]), f"`{output}` both stored and accumulated atomically",
                          "write each output either with tl.store or with tl.atomic_add")
-        for i, second in enumerate(plain):
-            if any(not _exclusive(paths[id(first)], paths[id(second)]) for first in plain[:i]):
-                raise refuse(where(second), f"a second tl.store to `{output}`",
-                             "store each output once: compute the final value first, or store different outputs")
+        sites = {}
         for s in plain:
             if any(n in loaded for n in address_names(s)):
                 raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
@@ -251,12 +249,22 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
             if op_of(s).kind == "store":
                 address = arguments(s)["pointer"].id
                 bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes)
+                sites[id(s)] = StoreSite(s, forms.get(address), offsets.get(address), shapes.get(address),
+                                         around[id(s)], tuple(bounds))
                 launch_checks += check_store(s, forms.get(address), output, shapes.get(address), around[id(s)],
                                              bounds, trips)
             else:  # a descriptor's block: its lanes are apart, its offsets may not be
                 form = descriptor_form(arguments(s)["offsets"].elts, forms)
                 launch_checks += check_store(s, form, output, shapes.get(arguments(s)["pointer"].id), around[id(s)],
                                              trips=trips)
+        for i, second in enumerate(plain):  # stores that may both run: at disjoint addresses
+            for first in plain[:i]:
+                if _exclusive(paths[id(first)], paths[id(second)]):
+                    continue
+                if id(first) not in sites or id(second) not in sites:
+                    raise refuse(where(second), f"a second tl.store to `{output}`",
+                                 "store each output once: compute the final value first, or store different outputs")
+                launch_checks += check_stores_apart(sites[id(first)], sites[id(second)], output, trips)
         if plain:  # tl.atomic_add outputs accumulate: programs may share elements
             store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
     return store_axes

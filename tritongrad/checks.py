@@ -34,7 +34,7 @@ class LaunchValues:
     """What a launch gives a condition: the kernel's arguments by name and the grid."""
 
     arguments: Mapping[str, Any]
-    grid: tuple[int, ...]
+    grid: tuple[int, ...] | None  # None: not known (at derivation)
 
     def value(self, name: str) -> Any:
         if name not in self.arguments:
@@ -42,6 +42,8 @@ class LaunchValues:
         return self.arguments[name]
 
     def programs(self, axis: int) -> int:
+        if self.grid is None:
+            raise Unreadable(f"num_programs({axis})")
         return (*self.grid, 1, 1, 1)[axis]
 
 
@@ -241,6 +243,14 @@ class LaunchCheck:
     def __str__(self) -> str:
         at = f"line {self.where.line}: " if self.where is not None else ""
         return f"{at}{self.condition}"
+
+
+def decided_now(condition: Condition) -> bool | None:
+    """A condition's value where it reads no launch value (literal sizes), else None."""
+    try:
+        return condition.holds(LaunchValues({}, None))
+    except Exception:  # a value only the launch gives
+        return None
 
 
 def apart(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...], int, list[int]]]) -> bool:

@@ -30,19 +30,24 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from dataclasses import dataclass
 
 from .addresses import (
+    ZERO,
     Coefficient,
     Coordinate,
     Form,
     Lane,
     LoopIndex,
+    Poly,
     ProgramDigit,
     ProgramId,
     form_of_terms,
+    poly_add,
+    poly_expr,
     scalar_expr,
 )
-from .checks import Apart, AtLeast, Expr, LaunchCheck
+from .checks import Apart, AtLeast, Expr, LaunchCheck, decided_now
 from .ir import definitions, refuse, where
 
 
@@ -93,11 +98,12 @@ def _ratio(a: Coefficient, b: Coefficient) -> Coefficient | None:
 
 
 def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr], construct: str,
-                  hint: str, where) -> LaunchCheck | None:
+                  hint: str, where, extra: tuple[tuple[str, Expr, Expr], ...] = ()) -> LaunchCheck | None:
     """``apart(...)`` over the address's coordinates with the launch's numbers (None when there is nothing
-    to decide, or a loop's trip count is not known)."""
+    to decide, or a loop's trip count is not known). ``extra``: more coordinates, ``(name, coefficient,
+    extent)``."""
     keys = [k for k, _ in form.terms if not (isinstance(k, Lane) and shape[k.axis] == "1")]
-    if len(keys) < 2:
+    if len(keys) < 2 and not extra:
         return None
     if any(s.startswith("<") for _, (_, symbols) in form.terms for s in symbols):
         return None  # a descriptor's: its dimensions' strides are the descriptor's, not arguments
@@ -118,7 +124,8 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dic
         indices = tuple(keys.index(k) for k in members)
         groups.append((indices, Expr("abs", (_coefficient(ratio),)) * limit,
                        tuple(_coefficient(c) for _, c in mask_form.terms)))
-    condition = Apart(coordinates, tuple(groups), tuple(str(k) for k in keys))
+    coordinates += tuple((c, e) for _, c, e in extra)
+    condition = Apart(coordinates, tuple(groups), (*(str(k) for k in keys), *(name for name, _, _ in extra)))
     return LaunchCheck(condition, construct, hint, where)
 
 
@@ -181,6 +188,60 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
         return [at_launch]
     return [dataclasses.replace(c, construct=f"{what}: {c.construct}", hint=hint, where=where(stmt))
             for c in checks]
+
+
+@dataclass(frozen=True)
+class StoreSite:
+    """One ``tl.store`` as lanes.py reads it: its address's form and offset (addresses.py), its tile's shape,
+    the loops around it and its mask's bounds."""
+
+    stmt: ast.stmt
+    form: Form | None
+    offset: Poly | None
+    shape: tuple | None
+    around: tuple[LoopIndex, ...] = ()
+    bounds: tuple = ()
+
+    @property
+    def local_form(self) -> Form:
+        """The form, loops not around the store left out (fixed values here); a scalar address: no terms."""
+        if self.form is None:
+            return form_of_terms({}, len(self.shape or ()))
+        return form_of_terms({k: c for k, c in self.form.terms if not isinstance(k, LoopIndex) or k in self.around},
+                             self.form.rank, self.form.affine)
+
+
+def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: dict[LoopIndex, Expr]
+                       ) -> list[LaunchCheck]:
+    """Two stores to one output that may both run: accepted when their addresses are the same form shifted
+    by a constant (``out + cols`` and ``out + half + cols``; ``stats + row * 3 + 1`` and ``+ 2``) and no
+    element is written by both: the two stores read as one with a coordinate more (which store, stride
+    the shift), whose lanes, programs and iterations must reach distinct elements. Decided now where
+    every number is known, else at each launch; refused where it cannot be shown."""
+    what = f"a second tl.store to `{output}` (the other on line {where(first.stmt).line})"
+    hint = ("store each output once, or store its parts at addresses that differ by a constant "
+            "(`out + cols` and `out + half + cols`, with `cols < half`)")
+    a, b = first.local_form, second.local_form
+    if not (a.affine and b.affine) or first.shape is None or second.shape is None:
+        raise refuse(where(second.stmt), f"{what}: their addresses cannot be read as affine forms", hint)
+    if a.terms != b.terms or tuple(first.shape) != tuple(second.shape):
+        raise refuse(where(second.stmt), f"{what}, whose addresses move differently along lanes, programs "
+                     "or loops", hint)
+    if first.offset is None or second.offset is None:
+        raise refuse(where(second.stmt), f"{what}: the constant parts of their addresses are not known", hint)
+    shift = poly_add(second.offset, first.offset, -1)
+    if shift == ZERO:
+        raise refuse(where(second.stmt), f"{what} at the same addresses", hint)
+    construct = f"{what}: with this launch's sizes, both may write one element"
+    bounds = [x for x in first.bounds if x in second.bounds]
+    check = _launch_check(a, first.shape, bounds, trips, construct, hint, where(second.stmt),
+                          extra=(("which store", poly_expr(shift), Expr.const(2)),))
+    if check is None:
+        raise refuse(where(second.stmt), f"{what}: a loop's trip count is not known", hint)
+    verdict = decided_now(check.condition)
+    if verdict is False:
+        raise refuse(where(second.stmt), f"{what}: both write one element", hint)
+    return [] if verdict else [dataclasses.replace(check, fallback=construct)]
 
 
 def _check_extents(terms, shape, problem, bounded: set) -> list[LaunchCheck]:

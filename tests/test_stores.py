@@ -1,0 +1,141 @@
+"""Stores as production kernels write them (issue 11): several stores to one output at disjoint
+addresses, stores through addresses computed from loaded indices, and `//` / `%` digit splits of
+lane indices. Each is accepted with a correct gradient where its addresses are provably apart
+(at derivation, or checked on each launch's arguments), and refused, naming the line, where not.
+
+Gradients against torch autograd on plain-PyTorch references in float64, random inputs, sizes
+that are not powers of two, NaN-poisoned outputs.
+"""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from test_refusals import marked_line
+
+import tritongrad
+from tritongrad import NotDifferentiableError
+from tritongrad.testing import assert_gradients_match, backward_launch, poison
+
+# -- several stores to one output ------------------------------------------------------------------------
+
+
+@triton.jit
+def rotary(x_ptr, cos_ptr, sin_ptr, out_ptr, stride, half, BLOCK: tl.constexpr):
+    """Rotary embedding, out of place: each row's two halves rotated, stored in two halves."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < half
+    x1 = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+    x2 = tl.load(x_ptr + row * stride + half + cols, mask=mask, other=0.0)
+    c = tl.load(cos_ptr + row * half + cols, mask=mask, other=0.0)
+    s = tl.load(sin_ptr + row * half + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * stride + cols, x1 * c - x2 * s, mask=mask)
+    tl.store(out_ptr + row * stride + half + cols, x2 * c + x1 * s, mask=mask)  # refused
+
+
+def rotary_inputs(rows=7, half=11):
+    x = torch.randn(rows, 2 * half, dtype=torch.float64)
+    cos, sin = torch.randn(rows, half, dtype=torch.float64), torch.randn(rows, half, dtype=torch.float64)
+    return x, cos, sin
+
+
+def test_rotary_embedding_stores_its_two_halves():
+    rows, half = 7, 11
+    x, cos, sin = rotary_inputs(rows, half)
+    out = poison(torch.empty_like(x))
+    args = (x, cos, sin, out, 2 * half, half)
+    rotary[(rows,)](*args, BLOCK=16)
+    xs, cs, ss = (t.clone().requires_grad_() for t in (x, cos, sin))
+    x1, x2 = xs[:, :half], xs[:, half:]
+    want = torch.cat([x1 * cs - x2 * ss, x2 * cs + x1 * ss], 1)
+    torch.testing.assert_close(out, want.detach())
+    assert_gradients_match(rotary, (rows,), args, {"BLOCK": 16}, out, want, [xs, cs, ss],
+                           ["x_ptr", "cos_ptr", "sin_ptr"])
+    assert "which store (stride half, 2 values)" in tritongrad.grad(rotary).launch_notes()
+
+
+def test_rotary_halves_that_overlap_at_this_launch_are_refused_there():
+    """Rows of `half` elements: the second half of a row is the first half of the next one."""
+    rows, half = 7, 11
+    x, cos, sin = rotary_inputs(rows, half)
+    out = torch.zeros(rows, 2 * half, dtype=torch.float64)
+    with pytest.raises(NotDifferentiableError, match="a second tl.store to `out_ptr`.*both may write one element") \
+            as info:
+        backward_launch(rotary, (rows,), (x, cos, sin, out, half, half), {"BLOCK": 16},
+                        {"out_ptr": torch.randn_like(out)})
+    assert info.value.line == marked_line(rotary)
+
+
+@triton.jit
+def row_statistics(x_ptr, stats_ptr, N, BLOCK: tl.constexpr):
+    """Mean, variance and maximum of each row, stored side by side."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0)
+    mean = tl.sum(x, axis=0) / N
+    diff = tl.where(mask, x - mean, 0.0)
+    var = tl.sum(diff * diff, axis=0) / N
+    tl.store(stats_ptr + row * 3 + 0, mean)
+    tl.store(stats_ptr + row * 3 + 1, var)
+    tl.store(stats_ptr + row * 3 + 2, tl.max(tl.where(mask, x, -float("inf")), axis=0))
+
+
+def test_three_row_statistics_stored_side_by_side():
+    rows, n = 9, 13
+    x = torch.randn(rows, n, dtype=torch.float64)
+    stats = poison(torch.empty(rows, 3, dtype=torch.float64))
+    row_statistics[(rows,)](x, stats, n, BLOCK=16)
+    xs = x.clone().requires_grad_()
+    want = torch.stack([xs.mean(1), xs.var(1, unbiased=False), xs.amax(1)], 1)
+    torch.testing.assert_close(stats, want.detach())
+    assert_gradients_match(row_statistics, (rows,), (x, stats, n), {"BLOCK": 16}, stats, want, [xs], ["x_ptr"])
+
+
+@triton.jit
+def halves_overlap(x_ptr, y_ptr):
+    offs = tl.arange(0, 16)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, x)
+    tl.store(y_ptr + 8 + offs, x * 2.0)  # refused
+
+
+@triton.jit
+def halves_move_differently(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, x)
+    tl.store(y_ptr + N + offs * 2, x * 2.0)  # refused
+
+
+@triton.jit
+def shift_from_loaded_data(x_ptr, n_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    n = tl.load(n_ptr)
+    tl.store(y_ptr + offs, x)
+    tl.store(y_ptr + n + offs, x * 2.0)  # refused
+
+
+@triton.jit
+def one_store_in_a_loop(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    for t in range(T):
+        tl.store(y_ptr + (t + 1) * BLOCK + offs, x * t)
+    tl.store(y_ptr + offs, x)  # refused
+
+
+@pytest.mark.parametrize("kernel, construct", [
+    (halves_overlap, "both write one element"),
+    (halves_move_differently, "whose addresses move differently"),
+    (shift_from_loaded_data, "computed from loaded data"),
+    (one_store_in_a_loop, "whose addresses move differently along lanes, programs or loops"),
+])
+def test_stores_that_cannot_be_shown_apart_are_refused(kernel, construct):
+    with pytest.raises(NotDifferentiableError) as info:
+        tritongrad.grad(kernel)
+    assert construct in info.value.construct, str(info.value)
+    assert "a tl.store to" in info.value.construct or "a second tl.store" in info.value.construct
+    assert info.value.line == marked_line(kernel)
