@@ -139,3 +139,127 @@ def test_stores_that_cannot_be_shown_apart_are_refused(kernel, construct):
     assert construct in info.value.construct, str(info.value)
     assert "a tl.store to" in info.value.construct or "a second tl.store" in info.value.construct
     assert info.value.line == marked_line(kernel)
+
+
+# -- `//` and `%` of lane indices: a mixed-radix digit split ---------------------------------------------
+
+
+@triton.jit
+def conv1x1_nchw(x_ptr, w_ptr, y_ptr, M, HW, CIN, COUT, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """A 1x1 convolution as an implicit GEMM: rows are (batch, pixel) pairs of NCHW tensors."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    n = offs_m // HW
+    hw = offs_m % HW
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float64)
+    for k in range(0, CIN, BK):
+        offs_k = k + tl.arange(0, BK)
+        a = tl.load(x_ptr + n[:, None] * CIN * HW + offs_k[None, :] * HW + hw[:, None],
+                    mask=(offs_m[:, None] < M) & (offs_k[None, :] < CIN), other=0.0)
+        b = tl.load(w_ptr + offs_n[None, :] * CIN + offs_k[:, None],
+                    mask=(offs_n[None, :] < COUT) & (offs_k[:, None] < CIN), other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(y_ptr + n[:, None] * COUT * HW + offs_n[None, :] * HW + hw[:, None], acc,
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < COUT))
+
+
+def test_nchw_convolution_stores_through_a_digit_split():
+    batch, cin, cout, h, w = 3, 5, 7, 3, 5
+    x = torch.randn(batch, cin, h, w, dtype=torch.float64)
+    weight = torch.randn(cout, cin, dtype=torch.float64)
+    y = poison(torch.empty(batch, cout, h, w, dtype=torch.float64))
+    m = batch * h * w
+    grid = (triton.cdiv(m, 16), triton.cdiv(cout, 16))
+    args, meta = (x, weight, y, m, h * w, cin, cout), {"BM": 16, "BN": 16, "BK": 16}
+    conv1x1_nchw[grid](*args, **meta)
+    xs, ws = x.clone().requires_grad_(), weight.clone().requires_grad_()
+    want = torch.nn.functional.conv2d(xs, ws[:, :, None, None])
+    torch.testing.assert_close(y, want.detach())
+    assert_gradients_match(conv1x1_nchw, grid, args, meta, y, want, [xs, ws], ["x_ptr", "w_ptr"])
+
+
+@triton.jit
+def nhwc_to_nchw(x_ptr, bias_ptr, y_ptr, NHW, HW, C, BLOCK: tl.constexpr):
+    """y[n, c, hw] = gelu-ish(x[n, hw, c] + bias[c]): a flat index split into batch and pixel."""
+    pid = tl.program_id(0)
+    c = tl.program_id(1)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < NHW
+    x = tl.load(x_ptr + offs * C + c, mask=mask, other=0.0)
+    v = x + tl.load(bias_ptr + c)
+    n = offs // HW
+    hw = offs % HW
+    tl.store(y_ptr + n * C * HW + c * HW + hw, v * tl.sigmoid(v), mask=mask)  # refused
+
+
+def nhwc_inputs(batch=3, h=5, w=3, c=6):
+    return torch.randn(batch, h, w, c, dtype=torch.float64), torch.randn(c, dtype=torch.float64)
+
+
+def test_a_flat_index_split_into_batch_and_pixel():
+    batch, h, w, c = 3, 5, 3, 6
+    x, bias = nhwc_inputs(batch, h, w, c)
+    y = poison(torch.empty(batch, c, h, w, dtype=torch.float64))
+    grid = (triton.cdiv(batch * h * w, 16), c)
+    args = (x, bias, y, batch * h * w, h * w, c)
+    nhwc_to_nchw[grid](*args, BLOCK=16)
+    xs, bs = x.clone().requires_grad_(), bias.clone().requires_grad_()
+    v = (xs + bs).permute(0, 3, 1, 2)
+    want = v * torch.sigmoid(v)
+    torch.testing.assert_close(y, want.detach())
+    assert_gradients_match(nhwc_to_nchw, grid, args, {"BLOCK": 16}, y, want, [xs, bs], ["x_ptr", "bias_ptr"])
+
+
+def test_a_digit_split_whose_digits_overlap_at_this_launch_is_refused_there():
+    """Channels C passed smaller than the grid's: channel c's pixels run into channel c + 1's."""
+    batch, h, w, c = 3, 5, 3, 6
+    x, bias = nhwc_inputs(batch, h, w, c)
+    y = torch.zeros(batch, c, h, w, dtype=torch.float64)
+    grid = (triton.cdiv(batch * h * w, 16), c)
+    with pytest.raises(NotDifferentiableError, match="two lanes or programs reach one element") as info:
+        backward_launch(nhwc_to_nchw, grid, (x, bias, y, batch * h * w, h * w, c - 1), {"BLOCK": 16},
+                        {"y_ptr": torch.randn_like(y)})
+    assert info.value.line == marked_line(nhwc_to_nchw)
+
+
+@triton.jit
+def quotient_only(x_ptr, y_ptr, HW, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + (offs // HW) * HW, x)  # refused
+
+
+@triton.jit
+def remainder_only(x_ptr, y_ptr, HW, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs % HW, x)  # refused
+
+
+@triton.jit
+def digits_of_a_shifted_index(x_ptr, y_ptr, start, HW, BLOCK: tl.constexpr):
+    offs = start + tl.arange(0, BLOCK)  # may be negative: its digits are not known to count from zero
+    x = tl.load(x_ptr + offs)
+    tl.store(y_ptr + (offs // HW) * 2 * HW + offs % HW, x)  # refused
+
+
+@triton.jit
+def digits_with_a_negative_stride(x_ptr, y_ptr, HW, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK) * -1  # counts down from zero
+    x = tl.load(x_ptr - offs)
+    tl.store(y_ptr + (offs // HW) * HW + offs % HW, x)  # refused
+
+
+@pytest.mark.parametrize("kernel, construct", [
+    (quotient_only, "without the other digit"),
+    (remainder_only, "without the other digit"),
+    (digits_of_a_shifted_index, "through `//`, `%`"),
+    (digits_with_a_negative_stride, "negative stride"),
+])
+def test_digit_splits_that_cannot_be_shown_apart_are_refused(kernel, construct):
+    with pytest.raises(NotDifferentiableError) as info:
+        tritongrad.grad(kernel)
+    assert construct in info.value.construct, str(info.value)
+    assert info.value.line == marked_line(kernel)

@@ -88,7 +88,37 @@ class LoopIndex:
         return f"the loop over `{self.index}`"
 
 
-Coordinate = Lane | ProgramId | ProgramDigit | LoopIndex
+@dataclass(frozen=True)
+class Digit:
+    """A digit of a tile of indices: ``x // divisor`` (the quotient) or ``x % divisor``, where ``x`` (the
+    dividend, a form in lane and other coordinates, starting at 0) counts up from zero. Together the two
+    digits stand for ``x`` itself (``n = offs // HW`` and ``hw = offs % HW`` split a flat index into an
+    NCHW tensor's batch and pixel); alone, one folds lanes together."""
+
+    dividend: Form
+    divisor: str
+    quotient: bool
+
+    @property
+    def sort_key(self) -> tuple:
+        return (f"digit{'//' if self.quotient else '%'}{self.divisor}", hash(self.dividend))
+
+    @property
+    def partner(self) -> Digit:
+        return Digit(self.dividend, self.divisor, not self.quotient)
+
+    def __str__(self) -> str:
+        x = " + ".join(f"{_coefficient_text(c)}{k}" for k, c in self.dividend.terms)
+        return f"({x}) {'//' if self.quotient else '%'} {self.divisor}"
+
+
+def _coefficient_text(c: Coefficient) -> str:
+    n, symbols = c
+    factors = ([str(n)] if n != 1 or not symbols else []) + list(symbols)
+    return "" if factors == ["1"] else " * ".join(factors) + " * "
+
+
+Coordinate = Lane | ProgramId | ProgramDigit | LoopIndex | Digit
 
 
 @dataclass(frozen=True)
@@ -154,9 +184,9 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
             if t is None or id(s) in in_loop:
                 continue
             if t in pinned:
-                starts[t] = _form_of(s, seen, shapes) or form_of_terms({}, 0)
+                starts[t] = _form_of(s, seen, shapes, defs) or form_of_terms({}, 0)
                 continue
-            new = _form_of(s, seen, shapes)
+            new = _form_of(s, seen, shapes, defs)
             old = forms.get(t) if t in defined else None
             if old is not None and new is not None and old != new:
                 new = Form(old.terms, old.rank, False)  # two definitions disagree: no proof
@@ -218,7 +248,7 @@ def _rank(atom: ast.expr, shapes: dict) -> int | None:
     return 0
 
 
-def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict) -> Form | None:
+def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict, defs: dict | None = None) -> Form | None:
     """The statement's form, or None when it computes from no lane index or program id."""
     op = op_of(stmt)
     kind = op.kind
@@ -243,6 +273,11 @@ def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict) -> Form | Non
         # a digit of a program id (`pid // H`, `pid % H`): both together keep programs apart
         (pid, _), = inputs[0].terms
         return form_of_terms({ProgramDigit(pid.axis, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
+    if kind in ("floordiv", "mod") and inputs[1] is None and _scalar(op.args[1], forms) is not None and any(
+            isinstance(k, Lane) for k, _ in inputs[0].terms) and defs is not None and _starts_at_zero(op.args[0], defs):
+        # a digit of a tile of indices counting from zero (`offs // HW`, `offs % HW`)
+        dividend = _shift(inputs[0], rank)
+        return form_of_terms({Digit(dividend, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
     if kind in ("add", "sub"):
         return _add(inputs, rank, negate=kind == "sub")
     if kind == "neg":
@@ -290,7 +325,21 @@ def _shift(form: Form, rank: int) -> Form:
     d = rank - form.rank
     if d < 0:
         return Form(form.terms, rank, False)
-    return form_of_terms({Lane(k.axis + d) if isinstance(k, Lane) else k: c for k, c in form.terms}, rank, form.affine)
+    if d == 0:
+        return form
+    return _moved(form, lambda a: a + d, rank)
+
+
+def _moved(form: Form, axis_of, rank: int) -> Form:
+    """``form`` with its lane axes (those digits are taken of too) moved to ``axis_of(axis)`` in a tile of ``rank``."""
+    def move(key):
+        if isinstance(key, Lane):
+            return Lane(axis_of(key.axis))
+        if isinstance(key, Digit):
+            return Digit(_moved(key.dividend, axis_of, rank), key.divisor, key.quotient)
+        return key
+
+    return form_of_terms({move(k): c for k, c in form.terms}, rank, form.affine)
 
 
 def _add(inputs: list[Form | None], rank: int, negate: bool) -> Form:
@@ -311,31 +360,28 @@ def _add(inputs: list[Form | None], rank: int, negate: bool) -> Form:
 
 
 def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
-    lanes = {k.axis: c for k, c in form.terms if isinstance(k, Lane)}
-    others = {k: c for k, c in form.terms if not isinstance(k, Lane)}
     if kind == "subscript":
         index = op.kwargs["index"]
         parts = index.elts if isinstance(index, ast.Tuple) else [index]
         kept = [i for i, p in enumerate(parts) if not (isinstance(p, ast.Constant) and p.value is None)]
-        moved = {kept[a]: c for a, c in lanes.items() if a < len(kept)}
-    elif kind == "expand_dims":
+        # the axes the index names, then those after it (`x[None]` keeps x's axes after the new one)
+        return _moved(form, lambda a: kept[a] if a < len(kept) else len(parts) + a - len(kept), rank)
+    if kind == "expand_dims":
         axis = bound.get("axis")
         if not (isinstance(axis, ast.Constant) and isinstance(axis.value, int)):
             return Form(form.terms, rank, False)
         at = axis.value % rank
-        moved = {a + (a >= at): c for a, c in lanes.items()}
-    elif kind == "broadcast_to":
-        moved = {a + rank - form.rank: c for a, c in lanes.items()}
-    else:  # trans / permute
-        dims = bound.get("dims")
-        elts = dims.elts if isinstance(dims, (ast.Tuple, ast.List)) else []
-        if len(elts) == 1 and isinstance(elts[0], (ast.Tuple, ast.List)):
-            elts = elts[0].elts
-        order = [e.value for e in elts if isinstance(e, ast.Constant)] or list(range(rank))[::-1]
-        if len(order) != rank:
-            return Form(form.terms, rank, False)
-        moved = {order.index(a): c for a, c in lanes.items()}
-    return form_of_terms({**others, **{Lane(a): c for a, c in moved.items()}}, rank, form.affine)
+        return _moved(form, lambda a: a + (a >= at), rank)
+    if kind == "broadcast_to":
+        return _moved(form, lambda a: a + rank - form.rank, rank)
+    dims = bound.get("dims")  # trans / permute
+    elts = dims.elts if isinstance(dims, (ast.Tuple, ast.List)) else []
+    if len(elts) == 1 and isinstance(elts[0], (ast.Tuple, ast.List)):
+        elts = elts[0].elts
+    order = [e.value for e in elts if isinstance(e, ast.Constant)] or list(range(rank))[::-1]
+    if len(order) != rank:
+        return Form(form.terms, rank, False)
+    return _moved(form, order.index, rank)
 
 
 def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) -> dict[int, tuple[LoopIndex, ...]]:
@@ -542,6 +588,6 @@ def _offset_of(stmt: ast.stmt, offsets: dict, forms: dict) -> Poly | None:
     if operation_of(op).lanes is not None and args and args[0] is not None:
         return args[0]  # a copy, cast or shape operation
     if kind in ("floordiv", "mod") and _varies(t, forms) and all(
-            isinstance(k, ProgramDigit) for k, _ in forms[t].terms):
-        return ZERO  # a digit of a program id: a coordinate of its own
+            isinstance(k, (ProgramDigit, Digit)) for k, _ in forms[t].terms):
+        return ZERO  # a digit: a coordinate of its own
     return None if _varies(t, forms) else poly({(t,): 1})  # a scalar not made by + - * of others: itself

@@ -36,6 +36,7 @@ from .addresses import (
     ZERO,
     Coefficient,
     Coordinate,
+    Digit,
     Form,
     Lane,
     LoopIndex,
@@ -72,17 +73,38 @@ def _coefficient(c: Coefficient) -> Expr:
     return e
 
 
-def _extent(key: Coordinate, shape, trips: dict[LoopIndex, Expr]) -> Expr | None:
-    """How many values a coordinate takes at a launch."""
+def _extent(key: Coordinate, shape, trips: dict[LoopIndex, Expr], bounds=()) -> Expr | None:
+    """How many values a coordinate takes at a launch (``bounds``: the mask's, which may limit a quotient)."""
     if isinstance(key, Lane):
         return Expr.of_text(shape[key.axis])
     if isinstance(key, LoopIndex):
         return trips.get(key)
+    if isinstance(key, Digit):
+        divisor = Expr.of_text(key.divisor)
+        if not key.quotient:
+            return divisor
+        top = _span(key.dividend, shape, trips)
+        limits = [limit for form, limit in bounds if form == key.dividend]
+        if limits:
+            top = limits[0] if top is None else Expr("min", (top, limits[0]))
+        return None if top is None else Expr("floordiv", (top, divisor)) + Expr.const(1)
     grid = Expr("grid", (key.axis,))
     if isinstance(key, ProgramId):
         return grid
     divisor = Expr.of_text(key.divisor)
     return Expr("cdiv", (grid, divisor)) if key.quotient else Expr("min", (divisor, grid))
+
+
+def _span(form: Form, shape, trips: dict[LoopIndex, Expr]) -> Expr | None:
+    """The largest value of a form whose coefficients are not negative (its coordinates all at their last)."""
+    total = None
+    for key, c in form.terms:
+        extent = _extent(key, shape, trips)
+        if extent is None:
+            return None
+        term = _coefficient(c) * (extent - Expr.const(1))
+        total = term if total is None else total + term
+    return total or Expr.const(0)
 
 
 def _ratio(a: Coefficient, b: Coefficient) -> Coefficient | None:
@@ -108,7 +130,7 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dic
     if any(s.startswith("<") for _, (_, symbols) in form.terms for s in symbols):
         return None  # a descriptor's: its dimensions' strides are the descriptor's, not arguments
     terms = form.coefficients
-    extents = {k: _extent(k, shape, trips) for k in keys}
+    extents = {k: _extent(k, shape, trips, bounds) for k in keys}
     if None in extents.values():
         return None
     coordinates = tuple((_coefficient(terms[k]), extents[k]) for k in keys)
@@ -152,8 +174,16 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
         raise refuse(where(stmt), f"{what}: the address uses a lane index through `//`, `%` or another "
                      "operation that may fold lanes together", hint)
     terms = form.coefficients
+    digits = [k for k in terms if isinstance(k, Digit)]
+    for key in digits:
+        if key.partner not in terms:
+            raise refuse(where(stmt), f"{what}: the address uses a lane index through `//`, `%` or another "
+                         f"operation that may fold lanes together (`{key}` without the other digit)",
+                         f"{hint}; or split an index into both `x // d` and `x % d`, each with its own stride")
+    covered = {k.axis for k in terms if isinstance(k, Lane)}
+    covered |= {k.axis for d in digits for k, _ in d.dividend.terms if isinstance(k, Lane)}
     for axis, extent in enumerate(shape):
-        if extent != "1" and Lane(axis) not in terms:
+        if extent != "1" and axis not in covered:
             raise refuse(where(stmt), f"{what}: the address does not change along axis {axis} of the tile", hint)
     for key in terms:
         if isinstance(key, ProgramDigit) and key.quotient and ProgramId(key.axis) not in terms and (
@@ -184,10 +214,38 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
         raise refuse(where(stmt), f"{what}: {deferred[0]}", hint)
     if at_launch is not None and deferred:
         at_launch = dataclasses.replace(at_launch, fallback=f"{what}: {deferred[0]}")
+    split = _digit_checks(stmt, digits, shape, bounds, trips or {}, what, hint)
     if at_launch is not None:  # exact about extents (a grid of one program, one iteration): it decides
-        return [at_launch]
+        if digits:  # digits' extents assume a dividend that counts from zero: refuse what cannot be read
+            at_launch = dataclasses.replace(at_launch, fallback=at_launch.fallback or at_launch.construct)
+        return [at_launch, *split]
     return [dataclasses.replace(c, construct=f"{what}: {c.construct}", hint=hint, where=where(stmt))
-            for c in checks]
+            for c in checks] + split
+
+
+def _digit_checks(stmt: ast.stmt, digits: list[Digit], shape, bounds, trips, what: str, hint: str
+                  ) -> list[LaunchCheck]:
+    """What makes the digits ``x // d`` and ``x % d`` of a tile of indices stand for ``x`` itself: ``d`` at
+    least 1, ``x`` counting up from zero (no negative coefficient) and taking each value once (its own
+    coordinates apart). Decided now where the numbers are literal, else at launch (refused where a
+    value cannot be read)."""
+    checks: list[LaunchCheck] = []
+    for digit in {d.dividend: d for d in digits if d.quotient}.values():
+        conditions = [(AtLeast(Expr.of_text(digit.divisor), Expr.const(1)), f"the divisor `{digit.divisor}` < 1")]
+        conditions += [(AtLeast(_coefficient(c), Expr.const(0)), f"`{key}` has the negative stride {_coefficient(c)}")
+                       for key, c in digit.dividend.terms]
+        for condition, why in conditions:
+            verdict = decided_now(condition)
+            if verdict is False:
+                raise refuse(where(stmt), f"{what}: the digits of `{digit}`: {why}", hint)
+            if verdict is None:
+                construct = f"{what}: the digits of `{digit}`: {why}"
+                checks.append(LaunchCheck(condition, construct, hint, where(stmt), fallback=construct))
+        construct = f"{what}: `{digit}` takes one value twice"
+        own = _launch_check(digit.dividend, shape, list(bounds), trips, construct, hint, where(stmt))
+        if own is not None:
+            checks.append(dataclasses.replace(own, fallback=construct))
+    return checks
 
 
 @dataclass(frozen=True)
