@@ -263,3 +263,171 @@ def test_digit_splits_that_cannot_be_shown_apart_are_refused(kernel, construct):
         tritongrad.grad(kernel)
     assert construct in info.value.construct, str(info.value)
     assert info.value.line == marked_line(kernel)
+
+
+# -- stores at addresses computed from loaded indices ------------------------------------------------------
+
+
+@triton.jit
+def moe_scatter(x_ptr, score_ptr, perm_ptr, out_ptr, N, stride, BLOCK: tl.constexpr):
+    """Mixture of experts: token `row`, weighted by its routing score, goes to row `perm[row]` of its
+    expert's buffer; column blocks along the second grid axis."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    dst = tl.load(perm_ptr + row)
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+    score = tl.load(score_ptr + row)
+    tl.store(out_ptr + dst * stride + cols, x * score, mask=mask)  # refused
+
+
+def moe_inputs(rows=9, n=21):
+    return torch.randn(rows, n, dtype=torch.float64), torch.rand(rows, dtype=torch.float64) + 0.5
+
+
+def test_permutation_scatter_of_a_mixture_of_experts():
+    rows, n = 9, 21
+    x, score = moe_inputs(rows, n)
+    perm = torch.randperm(rows).to(torch.int32)
+    out = poison(torch.empty_like(x))
+    grid = (rows, triton.cdiv(n, 8))
+    args = (x, score, perm, out, n, n)
+    moe_scatter[grid](*args, BLOCK=8)
+    xs, ss = x.clone().requires_grad_(), score.clone().requires_grad_()
+    want = torch.zeros_like(xs).index_copy(0, perm.long(), xs * ss[:, None])
+    torch.testing.assert_close(out, want.detach())
+    assert_gradients_match(moe_scatter, grid, args, {"BLOCK": 8}, out, want, [xs, ss], ["x_ptr", "score_ptr"])
+
+
+def test_a_colliding_permutation_index_is_refused_at_launch_naming_it():
+    rows, n = 9, 21
+    x, score = moe_inputs(rows, n)
+    perm = torch.randperm(rows).to(torch.int32)
+    perm[6] = perm[2]
+    out = torch.zeros_like(x)
+    with pytest.raises(NotDifferentiableError, match=rf"programs 2 and 6 .*`dst` = perm_ptr\[2\] = {int(perm[2])} "
+                       rf"and perm_ptr\[6\] = {int(perm[2])}") as info:
+        backward_launch(moe_scatter, (rows, 3), (x, score, perm, out, n, n), {"BLOCK": 8},
+                        {"out_ptr": torch.randn_like(out)})
+    assert info.value.line == marked_line(moe_scatter)
+
+
+def test_the_index_check_runs_on_every_launch_not_cached():
+    """The same tensor object, its contents changed in place: checked again."""
+    rows, n = 9, 21
+    x, score = moe_inputs(rows, n)
+    perm = torch.randperm(rows).to(torch.int32)
+    out, d_out = torch.zeros_like(x), torch.randn_like(x)
+    args, meta = (x, score, perm, out, n, n), {"BLOCK": 8}
+    backward_launch(moe_scatter, (rows, 3), args, meta, {"out_ptr": d_out})
+    perm[0] = perm[1]
+    with pytest.raises(NotDifferentiableError, match="programs 0 and 1"):
+        backward_launch(moe_scatter, (rows, 3), args, meta, {"out_ptr": d_out})
+
+
+def test_a_colliding_index_in_an_op_is_refused_when_it_runs_backward():
+    @tritongrad.op
+    def scatter(x, score, perm):
+        out = torch.zeros_like(x)
+        moe_scatter[(x.shape[0], triton.cdiv(x.shape[1], 8))](x, score, perm, out, x.shape[1], x.stride(0), BLOCK=8)
+        return out
+
+    x, score = (t.requires_grad_() for t in moe_inputs())
+    perm = torch.randperm(x.shape[0]).to(torch.int32)
+    scatter(x, score, perm).sum().backward()
+    torch.testing.assert_close(x.grad, score.detach()[:, None].expand_as(x))
+    perm[4] = perm[5]
+    with pytest.raises(NotDifferentiableError, match="programs 4 and 5"):
+        scatter(x, score, perm).sum().backward()
+
+
+@triton.jit
+def varlen_softmax(x_ptr, cu_seqlens_ptr, y_ptr, BLOCK: tl.constexpr):
+    """Softmax of each sequence of a packed batch: sequence `pid` is x[cu_seqlens[pid]:cu_seqlens[pid + 1]]."""
+    pid = tl.program_id(0)
+    start = tl.load(cu_seqlens_ptr + pid)
+    end = tl.load(cu_seqlens_ptr + pid + 1)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < end - start
+    x = tl.load(x_ptr + start + offs, mask=mask, other=-float("inf"))
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(y_ptr + start + offs, e / tl.sum(e, axis=0), mask=mask)  # refused
+
+
+LENGTHS = [5, 1, 13, 7, 16]
+
+
+def cu_seqlens(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def test_variable_length_softmax_stores_each_sequence_in_place_in_the_packed_batch():
+    cu = cu_seqlens(LENGTHS)
+    x = torch.randn(sum(LENGTHS), dtype=torch.float64)
+    y = poison(torch.empty_like(x))
+    grid = (len(LENGTHS),)
+    varlen_softmax[grid](x, cu, y, BLOCK=16)
+    xs = x.clone().requires_grad_()
+    want = torch.cat([torch.softmax(s, 0) for s in xs.split(LENGTHS)])
+    torch.testing.assert_close(y, want.detach())
+    assert_gradients_match(varlen_softmax, grid, (x, cu, y), {"BLOCK": 16}, y, want, [xs], ["x_ptr"])
+
+
+def test_overlapping_sequences_are_refused_at_launch_naming_them():
+    cu = cu_seqlens(LENGTHS)
+    cu[2] = 3  # sequence 1 is x[5:3], sequence 2 x[3:19]: it starts inside sequence 0
+    x = torch.randn(sum(LENGTHS), dtype=torch.float64)
+    y = torch.zeros_like(x)
+    with pytest.raises(NotDifferentiableError, match=r"programs 0 and 2 .*\(0\.\.4 and 3\.\.18\).*`start` = "
+                       r"cu_seqlens_ptr\[0\] = 0 and cu_seqlens_ptr\[2\] = 3") as info:
+        backward_launch(varlen_softmax, (len(LENGTHS),), (x, cu, y), {"BLOCK": 16}, {"y_ptr": torch.randn_like(y)})
+    assert info.value.line == marked_line(varlen_softmax)
+
+
+@triton.jit
+def index_scales_the_lanes(x_ptr, k_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    k = tl.load(k_ptr)  # one stride for every program, but from memory
+    tl.store(y_ptr + offs * k, tl.load(x_ptr + offs))  # refused
+
+
+@triton.jit
+def index_of_an_index(x_ptr, a_ptr, b_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    dst = tl.load(b_ptr + tl.load(a_ptr + tl.program_id(0)))
+    tl.store(y_ptr + dst * BLOCK + offs, tl.load(x_ptr + offs))  # refused
+
+
+@triton.jit
+def masked_index(x_ptr, idx_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    pid = tl.program_id(0)
+    dst = tl.load(idx_ptr + pid, mask=pid < n, other=0)
+    tl.store(y_ptr + dst * BLOCK + offs, tl.load(x_ptr + offs))  # refused
+
+
+@triton.jit
+def index_through_division(x_ptr, idx_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    dst = tl.load(idx_ptr + tl.program_id(0)) // 2
+    tl.store(y_ptr + dst * BLOCK + offs, tl.load(x_ptr + offs))  # refused
+
+
+@triton.jit
+def indices_per_lane(x_ptr, idx_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + tl.load(idx_ptr + offs), tl.load(x_ptr + offs))  # refused
+
+
+@pytest.mark.parametrize("kernel, construct", [
+    (index_scales_the_lanes, "scaled by loaded data"),
+    (index_of_an_index, "is not one index per program"),
+    (masked_index, "is not one index per program"),
+    (index_through_division, "is not one index per program"),
+    (indices_per_lane, "computed from loaded data"),
+])
+def test_scatters_the_launch_cannot_check_are_refused(kernel, construct):
+    with pytest.raises(NotDifferentiableError) as info:
+        tritongrad.grad(kernel)
+    assert construct in info.value.construct, str(info.value)
+    assert info.value.line == marked_line(kernel)

@@ -398,9 +398,12 @@ def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) ->
     return found
 
 
-def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict) -> list[tuple[Form, Expr]]:
+def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict, loaded: bool = False
+                ) -> list[tuple[Form, Expr]]:
     """The conjuncts ``e < B`` (``e <= B``, ``B > e``) of a store's mask where ``e`` is exactly a sum of
-    coordinates (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1)``."""
+    coordinates (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1)``. With
+    ``loaded``, ``B`` may also be a scalar computed from loaded data (``end - start``), which only a
+    check reading the loaded values can evaluate."""
     if not isinstance(mask, ast.Name) or len(defs.get(mask.id, [])) != 1 or not hasattr(defs[mask.id][0], "tg"):
         return []
     stmt = defs[mask.id][0]
@@ -413,7 +416,7 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
         parts = op.args[:2] if op.kind == "and_" else op.args[:1]
         found = []
         for part in parts:
-            for form, limit in mask_bounds(part, forms, defs, shapes):
+            for form, limit in mask_bounds(part, forms, defs, shapes, loaded):
                 if lanes == "moved":
                     form = _reshaped(op.kind, op, form, rank, arguments(stmt))
                 found.append((_shift(form, rank), limit))
@@ -421,7 +424,8 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
     if op.kind not in ("lt", "le", "gt", "ge"):
         return []
     e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
-    lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and bound.id not in forms)
+    lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and (
+        bound.id not in forms or (loaded and not _varies(bound.id, forms))))
     if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and lane_free
             and _starts_at_zero(e, defs)):
         return []

@@ -40,7 +40,14 @@ from .ir import (
     value_args,
     where,
 )
-from .lanes import StoreSite, check_store, check_stores_apart, with_scalars_written_out
+from .lanes import (
+    StoreSite,
+    check_data_stores,
+    check_store,
+    check_stores_apart,
+    index_reads,
+    with_scalars_written_out,
+)
 from .operations import LOADS, OPERATIONS, STORES, operation_of
 from .source import triton_language_name
 
@@ -139,7 +146,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         trips: dict = {}  # loop coordinate -> its trip count (addresses.address_forms)
         analysis.forms = address_forms(program.body, analysis.shapes, trips, frozenset(params))
         analysis.store_axes = check_output_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
-                                                  analysis.launch_checks, trips)
+                                                  analysis.launch_checks, trips, pointer_base)
         analysis.launch_checks = [with_scalars_written_out(c, program.body) for c in analysis.launch_checks]
     return analysis
 
@@ -218,16 +225,17 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads
     return wrt, outputs
 
 
-def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips
+def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips, pointer_base
                         ) -> dict[str, set[int]]:
     """Refuse stores whose adjoint would be wrong; return the program axes each output's addresses use.
 
     A store's adjoint hands the output's gradient to the stored value. That is right only
-    when no other store overwrites the element: so one plain store per output (or one per
-    branch of an ``if``, where only one runs), at addresses not computed from loaded data
-    (a scatter may write one element twice), whose lanes write distinct elements (lanes.py).
-    Stores repeating an address across loop iterations are refused in loops.py. Whether programs
-    overwrite each other's elements depends on the grid, checked at launch (derive.py).
+    when no other store overwrites the element: so each store's lanes write distinct elements,
+    several stores to one output (unless in exclusive branches of an ``if``) write disjoint
+    addresses, and stores at addresses computed from loaded indices (a scatter) have programs
+    whose ranges are apart on the indices each launch passes (lanes.py). Stores repeating an
+    address across loop iterations are refused in loops.py. Whether programs overwrite each
+    other's elements depends on the grid, checked at launch (derive.py).
     """
     loaded = _downstream(body, {target_of(s) for s in statements(body) if op_of(s).kind in LOADS})
     axes_of = _program_axes(body)
@@ -235,17 +243,24 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
     around = enclosing_loops(body)
     defs = definitions(body)
     offsets = address_offsets(body, forms)
+    reads = None  # scalars loaded from index tensors (lanes.index_reads), where a scatter needs them
     store_axes = {}
     for output in outputs:
         plain = [s for s in stores[output] if op_of(s).kind in ("store", "desc_store")]
         if plain and len(plain) < len(stores[output]):
             raise refuse(where(plain[0]), f"`{output}` both stored and accumulated atomically",
                          "write each output either with tl.store or with tl.atomic_add")
-        sites = {}
+        sites, data = {}, []
         for s in plain:
-            if any(n in loaded for n in address_names(s)):
-                raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
-                             "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
+            if any(n in loaded for n in address_names(s)):  # a scatter: checked on the loaded indices
+                form = forms.get(arguments(s)["pointer"].id)
+                if op_of(s).kind != "store" or (form is not None and not form.affine):
+                    raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
+                                 "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
+                address = arguments(s)["pointer"].id
+                bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes, loaded=True)
+                data.append(StoreSite(s, forms.get(address), offsets.get(address), shapes.get(address),
+                                      around[id(s)], tuple(bounds)))
             if op_of(s).kind == "store":
                 address = arguments(s)["pointer"].id
                 bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes)
@@ -264,7 +279,12 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
                 if id(first) not in sites or id(second) not in sites:
                     raise refuse(where(second), f"a second tl.store to `{output}`",
                                  "store each output once: compute the final value first, or store different outputs")
-                launch_checks += check_stores_apart(sites[id(first)], sites[id(second)], output, trips)
+                launch_checks += check_stores_apart(sites[id(first)], sites[id(second)], output, trips,
+                                                    frozenset(loaded))
+        if data:
+            if reads is None:
+                reads = index_reads(body, forms, offsets, shapes, pointer_base, loaded)
+            launch_checks += check_data_stores(data, output, reads, loaded, trips)
         if plain:  # tl.atomic_add outputs accumulate: programs may share elements
             store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
     return store_axes

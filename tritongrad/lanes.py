@@ -44,12 +44,13 @@ from .addresses import (
     ProgramDigit,
     ProgramId,
     form_of_terms,
+    poly,
     poly_add,
     poly_expr,
     scalar_expr,
 )
-from .checks import Apart, AtLeast, Expr, LaunchCheck, decided_now
-from .ir import definitions, refuse, where
+from .checks import Apart, AtLeast, Expr, IndexRead, LaunchCheck, RangesApart, StoreRange, decided_now
+from .ir import arguments, definitions, is_none, op_of, refuse, statements, target_of, where
 
 
 def with_scalars_written_out(check: LaunchCheck, body: list[ast.stmt]) -> LaunchCheck:
@@ -127,6 +128,15 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dic
     keys = [k for k, _ in form.terms if not (isinstance(k, Lane) and shape[k.axis] == "1")]
     if len(keys) < 2 and not extra:
         return None
+    condition = _apart(form, shape, bounds, trips, extra)
+    return None if condition is None else LaunchCheck(condition, construct, hint, where)
+
+
+def _apart(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr],
+           extra: tuple[tuple[str, Expr, Expr], ...] = ()) -> Apart | None:
+    """The address's coordinates (and ``extra`` ones) with their extents and the mask's bounds (None: a loop's
+    trip count is not known, or the strides are a descriptor's)."""
+    keys = [k for k, _ in form.terms if not (isinstance(k, Lane) and shape[k.axis] == "1")]
     if any(s.startswith("<") for _, (_, symbols) in form.terms for s in symbols):
         return None  # a descriptor's: its dimensions' strides are the descriptor's, not arguments
     terms = form.coefficients
@@ -147,8 +157,7 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dic
         groups.append((indices, Expr("abs", (_coefficient(ratio),)) * limit,
                        tuple(_coefficient(c) for _, c in mask_form.terms)))
     coordinates += tuple((c, e) for _, c, e in extra)
-    condition = Apart(coordinates, tuple(groups), (*(str(k) for k in keys), *(name for name, _, _ in extra)))
-    return LaunchCheck(condition, construct, hint, where)
+    return Apart(coordinates, tuple(groups), (*(str(k) for k in keys), *(name for name, _, _ in extra)))
 
 
 def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: tuple[LoopIndex, ...] = (),
@@ -269,8 +278,8 @@ class StoreSite:
                              self.form.rank, self.form.affine)
 
 
-def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: dict[LoopIndex, Expr]
-                       ) -> list[LaunchCheck]:
+def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: dict[LoopIndex, Expr],
+                       loaded: frozenset[str] = frozenset()) -> list[LaunchCheck]:
     """Two stores to one output that may both run: accepted when their addresses are the same form shifted
     by a constant (``out + cols`` and ``out + half + cols``; ``stats + row * 3 + 1`` and ``+ 2``) and no
     element is written by both: the two stores read as one with a coordinate more (which store, stride
@@ -288,6 +297,9 @@ def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: 
     if first.offset is None or second.offset is None:
         raise refuse(where(second.stmt), f"{what}: the constant parts of their addresses are not known", hint)
     shift = poly_add(second.offset, first.offset, -1)
+    if {n for names, _ in shift for n in names} & loaded:
+        raise refuse(where(second.stmt), f"{what}: the shift between their addresses is computed from loaded "
+                     "data", hint)
     if shift == ZERO:
         raise refuse(where(second.stmt), f"{what} at the same addresses", hint)
     construct = f"{what}: with this launch's sizes, both may write one element"
@@ -325,3 +337,79 @@ def _check_extents(terms, shape, problem, bounded: set) -> list[LaunchCheck]:
     return checks
 
 
+
+
+# -- stores at addresses computed from loaded indices ---------------------------------------------------------
+
+def index_reads(body: list[ast.stmt], forms: dict[str, Form], offsets: dict[str, Poly | None], shapes: dict,
+                pointer_base: dict[str, str], loaded: set[str]) -> dict[str, tuple[IndexRead, int | None]]:
+    """The scalars each program loads from an index tensor, which a launch can read back: an unmasked load,
+    defined once, at ``idx_ptr + offset + stride * tl.program_id(axis)`` (or the same element for every
+    program: axis None), ``offset`` and ``stride`` computed from no loaded data. Name -> (read, axis)."""
+    defs = definitions(body)
+    reads = {}
+    for stmt in statements(body):
+        t = target_of(stmt)
+        if op_of(stmt).kind != "load" or t is None or len(defs.get(t, [])) != 1 or shapes.get(t) != ():
+            continue
+        b = arguments(stmt)
+        address = b["pointer"].id
+        form, offset = forms.get(address, form_of_terms({}, 0)), offsets.get(address)
+        if not is_none(b["mask"]) or offset is None or not form.affine or len(form.terms) > 1 or any(
+                not isinstance(k, ProgramId) for k, _ in form.terms):
+            continue
+        param = pointer_base[address]
+        element = poly_add(offset, poly({(param,): 1}), -1)
+        if {n for names, _ in element for n in names} & (loaded | {param}) or any(
+                s in loaded for _, (_, symbols) in form.terms for s in symbols):
+            continue
+        axis, stride = (form.terms[0][0].axis, _coefficient(form.terms[0][1])) if form.terms else (None, Expr.const(0))
+        reads[t] = (IndexRead(t, param, poly_expr(element), stride), axis)
+    return reads
+
+
+def check_data_stores(sites: list[StoreSite], output: str, reads: dict[str, tuple[IndexRead, int | None]],
+                      loaded: set[str], trips: dict[LoopIndex, Expr]) -> list[LaunchCheck]:
+    """Stores to ``output`` at addresses computed from loaded indices (``out + dst * stride + cols`` with
+    ``dst = tl.load(perm_ptr + row)``; ``y + start + cols`` masked by ``cols < end - start``): accepted
+    when each address is an index each program loads once (``index_reads``) times a stride, plus an affine
+    form of the other coordinates. Each store's lanes are apart by its own check (``check_store``, with
+    the indices as constants); this returns the check that programs' ranges are apart, on the index
+    tensors each launch passes (checks.RangesApart), which names the colliding index where it fails."""
+    what = f"a tl.store to `{output}` at addresses computed from loaded data"
+    hint = ("load one index per program (`dst = tl.load(perm_ptr + row)`, `start = tl.load(cu_seqlens_ptr + pid)`) "
+            "and store at `out_ptr + dst * stride + cols`; or accumulate with tl.atomic_add instead")
+    parts = []
+    for site in sites:
+        form, at = site.local_form, where(site.stmt)
+        if not form.affine or site.offset is None or site.shape is None:
+            raise refuse(at, f"{what}: the address is not an affine form of indices loaded once per program", hint)
+        if any(s in loaded for _, (_, symbols) in form.terms for s in symbols):
+            raise refuse(at, f"{what}: a lane index or program id is scaled by loaded data", hint)
+        base = poly_add(site.offset, poly({(output,): 1}), -1)
+        names = {n for names, _ in base for n in names}
+        if output in names:
+            raise refuse(at, f"{what}: the address is not `{output}` plus offsets", hint)
+        unread = sorted(n for n in names & loaded if n not in reads)
+        if unread:
+            raise refuse(at, f"{what}: `{unread[0]}` is not one index per program loaded from a tensor argument "
+                         "(at `idx_ptr + stride * tl.program_id(axis)`, unmasked)", hint)
+        parts.append((site, form, base, names & loaded))
+    axes = {reads[n][1] for *_, used in parts for n in used} - {None}
+    if len(axes) > 1:
+        raise refuse(where(sites[0].stmt), f"{what}: indices loaded along several program axes", hint)
+    axis = axes.pop() if axes else 0
+    ranges = []
+    for site, form, base, _ in parts:
+        pid = ProgramId(axis)
+        rest = form_of_terms({k: c for k, c in form.terms if k != pid}, form.rank, form.affine)
+        apart = _apart(rest, site.shape, list(site.bounds), trips)
+        if apart is None:
+            raise refuse(where(site.stmt), f"{what}: a loop's trip count is not known", hint)
+        stride = _coefficient(form.coefficients[pid]) if pid in form.coefficients else Expr.const(0)
+        ranges.append(StoreRange(poly_expr(base), stride, apart))
+    condition = RangesApart(output, axis, tuple(reads[n][0] for n in sorted(reads) if reads[n][1] in (axis, None)),
+                            tuple(ranges))
+    construct = f"{what}: two programs write one element"
+    return [LaunchCheck(condition, construct, hint, where(sites[0].stmt),
+                        fallback=f"{what}: the indices cannot be read at this launch")]
