@@ -143,6 +143,30 @@ def test_a_helper_that_stores_returns_early_without_a_value():
 
 
 @triton.jit
+def skipped_by_a_flag(x_ptr, y_ptr, N, SKIP: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if SKIP:
+        return
+    x = tl.load(x_ptr + offs, mask=offs < N, other=0.0)
+    tl.store(y_ptr + offs, tl.exp(x), mask=offs < N)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_constexpr_early_return_at_the_top(skip):
+    """What follows the return exists only in the branch that does not return: its adjoints start there
+    (a constexpr `if` would otherwise let them outlive it, and start them where `x` does not exist)."""
+    n = 37
+    x = torch.randn(n, dtype=torch.float64)
+    y = torch.zeros_like(x)
+    grid = (triton.cdiv(n, 16),)
+    skipped_by_a_flag[grid](x, y, n, SKIP=skip, BLOCK=16)
+    xs = x.clone().requires_grad_()
+    want = xs * 0 if skip else torch.exp(xs)
+    torch.testing.assert_close(y, want.detach())
+    assert_gradients_match(skipped_by_a_flag, grid, (x, y, n), {"SKIP": skip, "BLOCK": 16}, y, want, [xs], ["x_ptr"])
+
+
+@triton.jit
 def return_in_a_loop(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)

@@ -54,6 +54,13 @@ class ControlFlowFlattener:
         merges = []
         names = [n for n in {**branches[0][1], **branches[1][1]} if any(
             n not in env or _differs(b[1].get(n), env[n]) for b in branches)]
+        keep = getattr(stmt, "tg_keep", None)  # an `if` lift_returns made: only what it returns is read after it
+        if keep is not None:
+            line = self.origin(stmt).line
+            for name in names:
+                if name not in keep:
+                    frame.gone[name] = f"it is assigned after the early return on line {line}"
+            names = [n for n in names if n in keep]
         for name in names:
             values = [b[1].get(name) for b in branches]
             if None not in values and not _differs(*values):
@@ -236,7 +243,7 @@ def lift_returns(body: list[ast.stmt], value: bool, refuse: Callable) -> tuple[l
     lifted = _lift(copy.deepcopy(body), [])
     arity = {len(r.value.elts) if isinstance(r.value, ast.Tuple) else 0 if _is_none(r.value) else 1 for r in returns}
     if arity == {0}:  # a kernel, or a helper that returns nothing
-        return _replace_returns(lifted, None), None
+        return _replace_returns(_keeping(lifted, set()), None), None
     if not value:
         raise refuse(next(r for r in returns if not _is_none(r.value)), "a `return` with a value in a kernel",
                      "a kernel returns nothing; store its results")
@@ -253,7 +260,7 @@ def lift_returns(body: list[ast.stmt], value: bool, refuse: Callable) -> tuple[l
         names = [f"{n}_" for n in names]
     returned = ast.Name(names[0], ast.Load()) if count == 1 else ast.Tuple(
         [ast.Name(n, ast.Load()) for n in names], ast.Load())
-    return _replace_returns(lifted, names), ast.copy_location(ast.Return(returned), returns[-1])
+    return _replace_returns(_keeping(lifted, set(names)), names), ast.copy_location(ast.Return(returned), returns[-1])
 
 
 def _walk_statements(stmt: ast.stmt):
@@ -284,13 +291,27 @@ def _lift(stmts: list[ast.stmt], cont: list[ast.stmt]) -> list[ast.stmt]:
         if isinstance(s, ast.If) and any(isinstance(n, ast.Return) for n in _walk_statements(s)):
             rest = _lift(stmts[i + 1:], cont)
             body, orelse = _lift(s.body, rest), _lift(s.orelse, copy.deepcopy(rest))
-            return [*out, ast.copy_location(ast.If(test=s.test, body=body or [ast.Pass()], orelse=orelse), s)]
+            lifted = ast.copy_location(ast.If(test=s.test, body=body or [ast.Pass()], orelse=orelse), s)
+            lifted.tg_keep = None  # (set by _keeping)
+            return [*out, lifted]
         out.append(s)
     return out + cont
 
 
 def _is_none(value: ast.expr | None) -> bool:
     return value is None or (isinstance(value, ast.Constant) and value.value is None)
+
+
+def _keeping(stmts: list[ast.stmt], names: set[str]) -> list[ast.stmt]:
+    """Marks the ``if`` s ``_lift`` made: the rest of the function is inside them, so after them only
+    ``names`` (what a helper returns) is read; the frontend merges nothing else out of them (a value
+    assigned in one branch of a constexpr ``if`` would otherwise outlive it, and its adjoint be started
+    where it does not exist)."""
+    for s in stmts:
+        for node in _walk_statements(s):
+            if isinstance(node, ast.If) and hasattr(node, "tg_keep"):
+                node.tg_keep = names
+    return stmts
 
 
 def _always_returns(stmts: list[ast.stmt]) -> bool:
