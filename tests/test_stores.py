@@ -342,6 +342,36 @@ def test_a_colliding_index_in_an_op_is_refused_when_it_runs_backward():
 
 
 @triton.jit
+def permute_column_blocks(x_ptr, perm_ptr, y_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
+    """Blocks of columns moved where `perm` says: each program's elements interleave with the others' rows."""
+    pid = tl.program_id(0)
+    dst = tl.load(perm_ptr + pid)
+    rows = tl.arange(0, BM)
+    cols = tl.arange(0, BN)
+    mask = (rows[:, None] < M) & (cols[None, :] < BN)
+    x = tl.load(x_ptr + rows[:, None] * N + pid * BN + cols[None, :], mask=mask, other=0.0)
+    tl.store(y_ptr + rows[:, None] * N + dst * BN + cols[None, :], tl.sin(x), mask=mask)
+
+
+def test_permuted_column_blocks_interleave_but_distinct_indices_keep_them_apart():
+    m, block, programs = 5, 4, 6
+    n = block * programs
+    x = torch.randn(m, n, dtype=torch.float64)
+    perm = torch.randperm(programs)
+    y = poison(torch.empty_like(x))
+    args, meta = (x, perm, y, m, n), {"BM": 8, "BN": block}
+    permute_column_blocks[(programs,)](*args, **meta)
+    xs = x.clone().requires_grad_()
+    want = torch.empty_like(xs).view(m, programs, block).index_copy(1, perm, torch.sin(xs).view(m, programs, block))
+    want = want.view(m, n)
+    torch.testing.assert_close(y, want.detach())
+    assert_gradients_match(permute_column_blocks, (programs,), args, meta, y, want, [xs], ["x_ptr"])
+    perm[4] = perm[1]
+    with pytest.raises(NotDifferentiableError, match=rf"programs 1 and 4 .*`dst` = perm_ptr\[1\] = {int(perm[1])}"):
+        backward_launch(permute_column_blocks, (programs,), args, meta, {"y_ptr": torch.randn_like(y)})
+
+
+@triton.jit
 def varlen_softmax(x_ptr, cu_seqlens_ptr, y_ptr, BLOCK: tl.constexpr):
     """Softmax of each sequence of a packed batch: sequence `pid` is x[cu_seqlens[pid]:cu_seqlens[pid + 1]]."""
     pid = tl.program_id(0)

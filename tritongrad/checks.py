@@ -284,6 +284,7 @@ class StoreRange:
     base: Expr
     pid_stride: Expr
     rest: Apart
+    index: tuple[str, Expr] | None = None  # (name, c): base is c * that one loaded index, plus what reads none
 
     def bounds_of(self, launch: LaunchValues, programs: int) -> tuple[Any, Any, Any]:
         """Per program: the lowest and highest address, and whether it stores at all (mask bounds
@@ -359,8 +360,14 @@ class RangesApart:
         clash = (low[order][1:] <= high[order][:-1]) & stores[1:]
         if not bool(clash.any()):  # the one sync
             return None
-        k = int(clash.nonzero()[0, 0])
-        p, q = sorted((int(order[k]), int(order[k + 1])))
+        duplicate = self._distinct_indices_apart(at, values, programs)
+        if duplicate is None:  # ranges interleave (blocks of columns), but distinct indices keep them apart
+            return None
+        if duplicate:
+            p, q = duplicate
+        else:
+            k = int(clash.nonzero()[0, 0])
+            p, q = sorted((int(order[k]), int(order[k + 1])))
         def element(r: IndexRead, program: int) -> str:
             return f"{r.param}[{int(r.offset.evaluate(launch) + r.stride.evaluate(launch) * program)}]"
 
@@ -368,6 +375,33 @@ class RangesApart:
                            f"{int(values[r.name][q])}" for r in reads)
         return (f"programs {p} and {q} (along axis {self.axis}) write overlapping elements of `{self.output}` "
                 f"({int(low[p])}..{int(high[p])} and {int(low[q])}..{int(high[q])}): {loaded}")
+
+    def _distinct_indices_apart(self, at: LaunchValues, values: dict, programs: int) -> tuple[int, ...] | None:
+        """For one store at ``coefficient * index + rest``: None if the programs' indices are distinct and
+        ``apart`` holds with the index as one more coordinate (spanning its values); else two programs
+        loading one index, if any, or ``()``."""
+        if len(self.ranges) != 1 or self.ranges[0].index is None or not programs:
+            return ()
+        import torch
+
+        store = self.ranges[0]
+        name, coefficient = store.index
+        v = values[name]
+        order = torch.argsort(v)
+        same = (v[order][1:] == v[order][:-1]).nonzero()
+        if len(same):
+            k = int(same[0, 0])
+            return tuple(sorted((int(order[k]), int(order[k + 1]))))
+        try:
+            coordinates = [(int(c.evaluate(at)), int(e.evaluate(at))) for c, e in store.rest.coordinates]
+            bounds = [(members, int(limit.evaluate(at)), [int(c.evaluate(at)) for c in cs])
+                      for members, limit, cs in store.rest.bounds]
+            coordinates += [(int(coefficient.evaluate(at)), int(v.max() - v.min()) + 1)]
+            if int(store.pid_stride.evaluate(at)):
+                coordinates.append((int(store.pid_stride.evaluate(at)), programs))
+        except (TypeError, ValueError, RuntimeError, Unreadable):  # a bound read from the indices: no verdict
+            return ()
+        return None if apart(coordinates, bounds) else ()
 
     def holds(self, launch: LaunchValues) -> bool:
         return self.violation(launch) is None
@@ -382,7 +416,8 @@ class RangesApart:
         reads = tuple(IndexRead(r.name, r.param, r.offset.substitute(replace), r.stride.substitute(replace))
                       for r in self.reads)
         ranges = tuple(StoreRange(r.base.substitute(replace), r.pid_stride.substitute(replace),
-                                  r.rest.substitute(replace)) for r in self.ranges)
+                                  r.rest.substitute(replace),
+                                  r.index and (r.index[0], r.index[1].substitute(replace))) for r in self.ranges)
         return RangesApart(self.output, self.axis, reads, ranges)
 
     def __str__(self) -> str:

@@ -407,9 +407,22 @@ def check_data_stores(sites: list[StoreSite], output: str, reads: dict[str, tupl
         if apart is None:
             raise refuse(where(site.stmt), f"{what}: a loop's trip count is not known", hint)
         stride = _coefficient(form.coefficients[pid]) if pid in form.coefficients else Expr.const(0)
-        ranges.append(StoreRange(poly_expr(base), stride, apart))
+        ranges.append(StoreRange(poly_expr(base), stride, apart, _one_index(base, loaded)))
     condition = RangesApart(output, axis, tuple(reads[n][0] for n in sorted(reads) if reads[n][1] in (axis, None)),
                             tuple(ranges))
     construct = f"{what}: two programs write one element"
     return [LaunchCheck(condition, construct, hint, where(sites[0].stmt),
                         fallback=f"{what}: the indices cannot be read at this launch")]
+
+
+def _one_index(base: Poly, loaded: set[str]) -> tuple[str, Expr] | None:
+    """``(name, c)`` where ``base`` is ``c * name`` for one loaded index (``dst * stride``), plus terms that read
+    no loaded data; else None."""
+    names = {n for names, _ in base for n in names if n in loaded}
+    if len(names) != 1:
+        return None
+    (name,) = names
+    terms = [(m, c) for m, c in base if name in m]
+    if any(m.count(name) != 1 for m, _ in terms):
+        return None
+    return name, poly_expr(poly({tuple(n for n in m if n != name): c for m, c in terms}))
