@@ -525,6 +525,21 @@ def poly_expr(p: Poly) -> Expr:
     return out if out is not None else Expr.const(0)
 
 
+def offset_of(name: str, offsets: dict[str, Poly | None], forms: dict[str, Form]) -> Poly | None:
+    """A name's offset (``address_offsets``); a parameter or scalar defined by no + - * is itself."""
+    return _poly_of(ast.Name(name), offsets, forms)
+
+
+def canonical(p: Poly, defs: dict[str, list[ast.stmt]]) -> tuple:
+    """``p`` with each name written over the kernel's parameters (``scalar_expr``), so that scalars computed
+    twice alike (``tl.num_programs(1)`` in two places) compare equal."""
+    terms: dict = {}
+    for names, c in p:
+        key = tuple(sorted(str(scalar_expr(ast.Name(n), defs)) for n in names))
+        terms[key] = terms.get(key, 0) + c
+    return tuple(sorted((k, c) for k, c in terms.items() if c))
+
+
 def address_offsets(body: list[ast.stmt], forms: dict[str, Form]) -> dict[str, Poly | None]:
     """Each integer or pointer name's offset: the part of its value that depends on no coordinate (lane,
     program id, loop iteration), as a polynomial in scalar names (parameters, and what the kernel computes

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .addresses import address_forms, address_offsets, descriptor_form, enclosing_loops, mask_bounds
+from .addresses import address_forms, address_offsets, descriptor_form, enclosing_loops, mask_bounds, offset_of
 from .errors import NotDifferentiableError
 from .ir import (
     Op,
@@ -259,12 +259,12 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
                                  "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
                 address = arguments(s)["pointer"].id
                 bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes, loaded=True)
-                data.append(StoreSite(s, forms.get(address), offsets.get(address), shapes.get(address),
+                data.append(StoreSite(s, forms.get(address), offset_of(address, offsets, forms), shapes.get(address),
                                       around[id(s)], tuple(bounds)))
             if op_of(s).kind == "store":
                 address = arguments(s)["pointer"].id
                 bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes)
-                sites[id(s)] = StoreSite(s, forms.get(address), offsets.get(address), shapes.get(address),
+                sites[id(s)] = StoreSite(s, forms.get(address), offset_of(address, offsets, forms), shapes.get(address),
                                          around[id(s)], tuple(bounds))
                 launch_checks += check_store(s, forms.get(address), output, shapes.get(address), around[id(s)],
                                              bounds, trips)
@@ -280,7 +280,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
                     raise refuse(where(second), f"a second tl.store to `{output}`",
                                  "store each output once: compute the final value first, or store different outputs")
                 launch_checks += check_stores_apart(sites[id(first)], sites[id(second)], output, trips,
-                                                    frozenset(loaded))
+                                                    frozenset(loaded), defs)
         if data:
             if reads is None:
                 reads = index_reads(body, forms, offsets, shapes, pointer_base, loaded)

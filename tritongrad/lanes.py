@@ -43,6 +43,7 @@ from .addresses import (
     Poly,
     ProgramDigit,
     ProgramId,
+    canonical,
     form_of_terms,
     poly,
     poly_add,
@@ -279,7 +280,7 @@ class StoreSite:
 
 
 def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: dict[LoopIndex, Expr],
-                       loaded: frozenset[str] = frozenset()) -> list[LaunchCheck]:
+                       loaded: frozenset[str] = frozenset(), defs: dict | None = None) -> list[LaunchCheck]:
     """Two stores to one output that may both run: accepted when their addresses are the same form shifted
     by a constant (``out + cols`` and ``out + half + cols``; ``stats + row * 3 + 1`` and ``+ 2``) and no
     element is written by both: the two stores read as one with a coordinate more (which store, stride
@@ -291,7 +292,12 @@ def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: 
     a, b = first.local_form, second.local_form
     if not (a.affine and b.affine) or first.shape is None or second.shape is None:
         raise refuse(where(second.stmt), f"{what}: their addresses cannot be read as affine forms", hint)
-    if a.terms != b.terms or tuple(first.shape) != tuple(second.shape):
+    defs = defs or {}
+
+    def strides(form: Form) -> tuple:  # scalars computed twice alike compare equal
+        return tuple((k, canonical(poly({c[1]: c[0]}), defs)) for k, c in form.terms)
+
+    if strides(a) != strides(b) or tuple(first.shape) != tuple(second.shape):
         raise refuse(where(second.stmt), f"{what}, whose addresses move differently along lanes, programs "
                      "or loops", hint)
     if first.offset is None or second.offset is None:
@@ -300,7 +306,7 @@ def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: 
     if {n for names, _ in shift for n in names} & loaded:
         raise refuse(where(second.stmt), f"{what}: the shift between their addresses is computed from loaded "
                      "data", hint)
-    if shift == ZERO:
+    if canonical(shift, defs) == ZERO:
         raise refuse(where(second.stmt), f"{what} at the same addresses", hint)
     construct = f"{what}: with this launch's sizes, both may write one element"
     bounds = [x for x in first.bounds if x in second.bounds]
