@@ -461,3 +461,51 @@ def test_scatters_the_launch_cannot_check_are_refused(kernel, construct):
         tritongrad.grad(kernel)
     assert construct in info.value.construct, str(info.value)
     assert info.value.line == marked_line(kernel)
+
+
+# -- program ids the address loses (found while writing these checks: silently wrong before) ---------------
+
+
+@triton.jit
+def rows_clamped(x_ptr, y_ptr, LAST, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + pid * BLOCK + offs)
+    row = tl.minimum(pid, LAST)  # programs past LAST share its row
+    tl.store(y_ptr + row * BLOCK + offs, x * 2.0)  # refused
+
+
+@triton.jit
+def rows_from_a_range_of_the_program(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    for i in range(pid % 2, 2):  # program 1 runs i = 1 only, as program 0 does last
+        x = tl.load(x_ptr + (pid * 2 + i) * BLOCK + offs)
+        tl.store(y_ptr + i * BLOCK + offs, x * 2.0)  # refused
+
+
+@pytest.mark.parametrize("kernel", [rows_clamped, rows_from_a_range_of_the_program])
+def test_an_address_that_loses_the_program_id_is_refused(kernel):
+    with pytest.raises(NotDifferentiableError, match="through an operation that may send two programs to one element") \
+            as info:
+        tritongrad.grad(kernel)
+    assert info.value.line == marked_line(kernel)
+
+
+@triton.jit
+def windows_of_the_program(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    for i in range(pid, pid + 2):  # programs p and p + 1 both write row p + 1
+        x = tl.load(x_ptr + (pid * 2 + i - pid) * BLOCK + offs)
+        tl.store(y_ptr + i * BLOCK + offs, x * 2.0)  # refused
+
+
+def test_ranges_that_move_with_the_program_are_checked_across_programs():
+    x, y = torch.randn(4, 4, dtype=torch.float64), torch.zeros(3, 4, dtype=torch.float64)
+    with pytest.raises(NotDifferentiableError, match="two lanes or programs reach one element") as info:
+        backward_launch(windows_of_the_program, (2,), (x, y), {"BLOCK": 4}, {"y_ptr": torch.randn_like(y)})
+    assert info.value.line == marked_line(windows_of_the_program)
+    d_y = torch.randn_like(y)  # one program: its two rows
+    got = backward_launch(windows_of_the_program, (1,), (x, y), {"BLOCK": 4}, {"y_ptr": d_y})
+    torch.testing.assert_close(got["x_ptr"][:2], 2.0 * d_y[:2])

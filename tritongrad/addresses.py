@@ -150,8 +150,10 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
 
     A loop's index is a coordinate (:class:`LoopIndex`) whose coefficient is the range's step; so is a
     carried variable advanced by a loop-invariant amount each iteration (``ptrs += BLOCK``): its form is
-    its initial value's plus the loop coordinate times that amount. ``trips`` receives each loop
-    coordinate's trip count as an expression over the kernel's parameters (for the launch checks)."""
+    its initial value's plus the loop coordinate times that amount. A range whose bounds move with the
+    program ids alike (``range(pid * R, pid * R + R)``) also gives its index their coordinates, so programs
+    that run different iterations are told apart. ``trips`` receives each loop coordinate's trip count as
+    an expression over the kernel's parameters (for the launch checks)."""
     forms: dict[str, Form] = {}
     pinned: dict[str, tuple[ast.expr, LoopIndex, Coefficient]] = {}  # carried name -> (init, loop, step)
     in_loop: set[int] = set()  # the carried names' definitions inside their loops: replaced by the above
@@ -173,6 +175,11 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
     for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
         previous, forms = forms, dict(loop_indices)
         seen = collections.ChainMap(forms, previous)  # this pass's forms, the last pass's for names not yet met
+        for node in loops(body):
+            moved = _moving_range(node.iter, previous)
+            if moved is not None:
+                index = loop_indices[node.target.id]
+                forms[node.target.id] = form_of_terms({**moved.coefficients, **index.coefficients}, 0)
         for name, (init, key, step) in pinned.items():
             start = starts.get(name) if isinstance(init, ast.Name) and init.id == name else (
                 seen.get(init.id) if isinstance(init, ast.Name) else None)
@@ -193,7 +200,28 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
             defined.add(t)
             if new is not None:
                 forms[t] = new
+    ids = {n for n, ds in defs.items() if any(not isinstance(d, ast.For) and op_of(d).kind == "program_id" for d in ds)}
+
+    def no_program(name: str) -> Expr | None:
+        return Expr.const(0) if name in ids else None
+
+    if trips is not None:
+        for node in loops(body):
+            if _moving_range(node.iter, forms) is not None:  # its count: the bounds' difference, programs aside
+                count = Expr("trips", tuple(scalar_expr(a, defs) for a in node.iter.args[:3])).substitute(no_program)
+                trips[LoopIndex(node.target.id)] = count if count.names() <= params else Expr.const(UNKNOWN_TRIP)
     return forms
+
+
+def _moving_range(call: ast.Call, forms: dict[str, Form]) -> Form | None:
+    """The program-id part of a range's start when its stop has the same (``range(pid * R, pid * R + R)``)."""
+    if len(call.args) < 2 or any(k.arg in ("start", "stop") for k in call.keywords):
+        return None
+    start, stop = (forms.get(a.id) if isinstance(a, ast.Name) else None for a in call.args[:2])
+    if start is None or stop is None or not start.terms or start.terms != stop.terms or not start.affine or not (
+            stop.affine) or any(not isinstance(k, ProgramId) for k, _ in start.terms):
+        return None
+    return start
 
 
 def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0) -> Expr:
@@ -382,6 +410,17 @@ def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
     if len(order) != rank:
         return Form(form.terms, rank, False)
     return _moved(form, order.index, rank)
+
+
+def program_axes(form: Form | None) -> set[int]:
+    """The program axes whose ids a form keeps as coordinates (themselves, their digits, or in a digit's index)."""
+    axes: set[int] = set()
+    for key, _ in form.terms if form is not None else ():
+        if isinstance(key, (ProgramId, ProgramDigit)):
+            axes.add(key.axis)
+        elif isinstance(key, Digit):
+            axes |= program_axes(key.dividend)
+    return axes
 
 
 def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) -> dict[int, tuple[LoopIndex, ...]]:

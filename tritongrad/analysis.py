@@ -19,7 +19,15 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .addresses import address_forms, address_offsets, descriptor_form, enclosing_loops, mask_bounds, offset_of
+from .addresses import (
+    address_forms,
+    address_offsets,
+    descriptor_form,
+    enclosing_loops,
+    mask_bounds,
+    offset_of,
+    program_axes,
+)
 from .errors import NotDifferentiableError
 from .ir import (
     Op,
@@ -251,6 +259,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
             raise refuse(where(plain[0]), f"`{output}` both stored and accumulated atomically",
                          "write each output either with tl.store or with tl.atomic_add")
         sites, data = {}, []
+        kept: dict[int, set[int]] = {}  # store -> the program axes its address keeps as coordinates
         for s in plain:
             if any(n in loaded for n in address_names(s)):  # a scatter: checked on the loaded indices
                 form = forms.get(arguments(s)["pointer"].id)
@@ -268,10 +277,12 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
                                          around[id(s)], tuple(bounds))
                 launch_checks += check_store(s, forms.get(address), output, shapes.get(address), around[id(s)],
                                              bounds, trips)
+                kept[id(s)] = program_axes(forms.get(address))
             else:  # a descriptor's block: its lanes are apart, its offsets may not be
                 form = descriptor_form(arguments(s)["offsets"].elts, forms)
                 launch_checks += check_store(s, form, output, shapes.get(arguments(s)["pointer"].id), around[id(s)],
                                              trips=trips)
+                kept[id(s)] = program_axes(form)
         for i, second in enumerate(plain):  # stores that may both run: at disjoint addresses
             for first in plain[:i]:
                 if _exclusive(paths[id(first)], paths[id(second)]):
@@ -284,10 +295,27 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
         if data:
             if reads is None:
                 reads = index_reads(body, forms, offsets, shapes, pointer_base, loaded)
-            launch_checks += check_data_stores(data, output, reads, loaded, trips)
+            (check,) = check_data_stores(data, output, reads, loaded, trips)
+            launch_checks.append(check)
+            for site in data:  # programs along its axis are checked apart on the indices
+                kept[id(site.stmt)].add(check.condition.axis)
+        for s in plain:
+            _refuse_lost_program_ids(s, output, set().union(*[axes_of.get(n, set()) for n in address_names(s)]),
+                                     kept[id(s)])
         if plain:  # tl.atomic_add outputs accumulate: programs may share elements
             store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
     return store_axes
+
+
+def _refuse_lost_program_ids(stmt: ast.stmt, output: str, used: set[int], kept: set[int]) -> None:
+    """A store address computed from a program id by an operation that loses its coordinate (``tl.minimum(pid,
+    n)``, ``tl.where``, a loop whose range depends on it other than by moving both bounds alike) may send two
+    programs to one element: the checks see no program coordinate there to keep them apart."""
+    lost = sorted(used - kept)
+    if lost:
+        raise refuse(where(stmt), f"a tl.store to `{output}` whose address uses tl.program_id({lost[0]}) through an "
+                     "operation that may send two programs to one element",
+                     "build addresses from program ids with + and *, or with both `pid // n` and `pid % n`")
 
 
 def _branch_paths(body: list[ast.stmt], path: tuple = ()) -> dict[int, tuple]:
@@ -339,9 +367,11 @@ def _downstream(body: list[ast.stmt], roots: set[str]) -> set[str]:
 
 
 def _program_axes(body: list[ast.stmt]) -> dict[str, set[int]]:
-    """For each name, the program-id axes its value depends on."""
+    """For each name, the program-id axes its value depends on (a loop's index: those its range does)."""
     def step(sources, stmt, facts):
-        if not isinstance(stmt, ast.For) and op_of(stmt).kind == "program_id":
+        if isinstance(stmt, ast.For):
+            return set().union(*[facts.get(n, set()) for n in sources])
+        if op_of(stmt).kind == "program_id":
             axis = program_axis(op_of(stmt))
             return {axis} if axis is not None else {0, 1, 2}
         return set().union(*[facts.get(n, set()) for n in sources])
