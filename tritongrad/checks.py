@@ -273,7 +273,10 @@ class IndexRead:
         return torch.as_strided(tensor, (programs,), (stride,), tensor.storage_offset() + offset).to(torch.int64)
 
     def __str__(self) -> str:
-        return f"`{self.name}` = {self.param}[{Expr('add', (self.offset, Expr('mul', (self.stride, Expr.name('p')))))}]"
+        stride, offset = str(self.stride), str(self.offset)
+        at = "p" if stride == "1" else "" if stride == "0" else f"{stride} * p"
+        at = " + ".join(x for x in (offset if offset != "0" else "", at) if x) or "0"
+        return f"`{self.name}` = {self.param}[{at}]"
 
 
 @dataclass(frozen=True)
