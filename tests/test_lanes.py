@@ -110,3 +110,43 @@ def test_covers_a_ragged_1d_launch_and_rows_with_a_masked_tail():
     assert not covers([(1, 64), (64, 3)], [((0, 1), 199)], [(1, 200)])  # too few programs
     assert covers([(1, 64), (45, 7)], [((0,), 44)], [(45, 7), (1, 45)])  # 7 rows of 45 in blocks of 64
     assert not covers([(1, 64), (50, 7)], [((0,), 44)], [(45, 7), (1, 45)])  # a row stride that skips elements
+
+
+@st.composite
+def ranges(draw):
+    """A store's coordinates and mask bounds whose limits differ program by program (read from indices)."""
+    programs = draw(st.integers(1, 4))
+    coords = draw(coordinates)
+    positive = [i for i, (c, _) in enumerate(coords) if c > 0]
+    bounds = []
+    for _ in range(draw(st.integers(0, 2)) if positive else 0):
+        members = tuple(sorted(draw(st.sets(st.sampled_from(positive), min_size=1))))
+        top = sum(coords[j][0] * (coords[j][1] - 1) for j in members)
+        limits = [draw(st.integers(-1, top)) for _ in range(programs)]
+        bounds.append((members, limits))
+    base = [draw(st.integers(-20, 20)) for _ in range(programs)]
+    return programs, coords, bounds, base
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(ranges())
+def test_store_ranges_hold_every_address_a_program_writes(store):
+    """checks.StoreRange (what RangesApart compares between programs): each program's addresses lie within
+    its range, and a program said to store nothing writes nothing."""
+    import torch
+
+    from tritongrad.checks import Apart, Expr, LaunchValues, StoreRange
+
+    programs, coords, bounds, base = store
+    values = {"base": torch.tensor(base), **{f"L{i}": torch.tensor(limits) for i, (_, limits) in enumerate(bounds)}}
+    rest = Apart(tuple((Expr.const(c), Expr.const(e)) for c, e in coords),
+                 tuple((members, Expr.name(f"L{i}"), tuple(Expr.const(coords[j][0]) for j in members))
+                       for i, (members, _) in enumerate(bounds)))
+    low, high, stores = StoreRange(Expr.name("base"), Expr.const(0), rest).bounds_of(LaunchValues(values, (programs,)),
+                                                                                     programs)
+    for p in range(programs):
+        written = [base[p] + sum(c * xi for (c, _), xi in zip(coords, x, strict=True))
+                   for x in itertools.product(*[range(e) for _, e in coords])
+                   if all(sum(coords[j][0] * x[j] for j in members) <= limits[p] for members, limits in bounds)]
+        if written:
+            assert bool(stores[p]) and int(low[p]) <= min(written) and max(written) <= int(high[p])

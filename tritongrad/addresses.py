@@ -11,7 +11,10 @@ head). A coefficient is an integer times runtime or compile-time scalars (``BLOC
 (a swizzled matmul order) only lose their coordinate.
 
 lanes.py reads store addresses with these forms (may two lanes write one element?); a mask's
-``e < B`` conjuncts bound the coordinates (``mask_bounds``).
+``e < B`` conjuncts bound the coordinates (``mask_bounds``). What a form leaves out, the part
+of a value that depends on no coordinate (``half`` in ``out + half + cols``), is its offset
+(``address_offsets``): a polynomial in scalar names, so two stores at one output can be told
+apart (``out + cols`` and ``out + half + cols`` differ by ``half``).
 """
 
 from __future__ import annotations
@@ -85,7 +88,37 @@ class LoopIndex:
         return f"the loop over `{self.index}`"
 
 
-Coordinate = Lane | ProgramId | ProgramDigit | LoopIndex
+@dataclass(frozen=True)
+class Digit:
+    """A digit of a tile of indices: ``x // divisor`` (the quotient) or ``x % divisor``, where ``x`` (the
+    dividend, a form in lane and other coordinates, starting at 0) counts up from zero. Together the two
+    digits stand for ``x`` itself (``n = offs // HW`` and ``hw = offs % HW`` split a flat index into an
+    NCHW tensor's batch and pixel); alone, one folds lanes together."""
+
+    dividend: Form
+    divisor: str
+    quotient: bool
+
+    @property
+    def sort_key(self) -> tuple:
+        return (f"digit{'//' if self.quotient else '%'}{self.divisor}", hash(self.dividend))
+
+    @property
+    def partner(self) -> Digit:
+        return Digit(self.dividend, self.divisor, not self.quotient)
+
+    def __str__(self) -> str:
+        x = " + ".join(f"{_coefficient_text(c)}{k}" for k, c in self.dividend.terms)
+        return f"({x}) {'//' if self.quotient else '%'} {self.divisor}"
+
+
+def _coefficient_text(c: Coefficient) -> str:
+    n, symbols = c
+    factors = ([str(n)] if n != 1 or not symbols else []) + list(symbols)
+    return "" if factors == ["1"] else " * ".join(factors) + " * "
+
+
+Coordinate = Lane | ProgramId | ProgramDigit | LoopIndex | Digit
 
 
 @dataclass(frozen=True)
@@ -117,8 +150,10 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
 
     A loop's index is a coordinate (:class:`LoopIndex`) whose coefficient is the range's step; so is a
     carried variable advanced by a loop-invariant amount each iteration (``ptrs += BLOCK``): its form is
-    its initial value's plus the loop coordinate times that amount. ``trips`` receives each loop
-    coordinate's trip count as an expression over the kernel's parameters (for the launch checks)."""
+    its initial value's plus the loop coordinate times that amount. A range whose bounds move with the
+    program ids alike (``range(pid * R, pid * R + R)``) also gives its index their coordinates, so programs
+    that run different iterations are told apart. ``trips`` receives each loop coordinate's trip count as
+    an expression over the kernel's parameters (for the launch checks)."""
     forms: dict[str, Form] = {}
     pinned: dict[str, tuple[ast.expr, LoopIndex, Coefficient]] = {}  # carried name -> (init, loop, step)
     in_loop: set[int] = set()  # the carried names' definitions inside their loops: replaced by the above
@@ -140,6 +175,11 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
     for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
         previous, forms = forms, dict(loop_indices)
         seen = collections.ChainMap(forms, previous)  # this pass's forms, the last pass's for names not yet met
+        for node in loops(body):
+            moved = _moving_range(node.iter, previous)
+            if moved is not None:
+                index = loop_indices[node.target.id]
+                forms[node.target.id] = form_of_terms({**moved.coefficients, **index.coefficients}, 0)
         for name, (init, key, step) in pinned.items():
             start = starts.get(name) if isinstance(init, ast.Name) and init.id == name else (
                 seen.get(init.id) if isinstance(init, ast.Name) else None)
@@ -151,16 +191,37 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
             if t is None or id(s) in in_loop:
                 continue
             if t in pinned:
-                starts[t] = _form_of(s, seen, shapes) or form_of_terms({}, 0)
+                starts[t] = _form_of(s, seen, shapes, defs) or form_of_terms({}, 0)
                 continue
-            new = _form_of(s, seen, shapes)
+            new = _form_of(s, seen, shapes, defs)
             old = forms.get(t) if t in defined else None
             if old is not None and new is not None and old != new:
                 new = Form(old.terms, old.rank, False)  # two definitions disagree: no proof
             defined.add(t)
             if new is not None:
                 forms[t] = new
+    ids = {n for n, ds in defs.items() if any(not isinstance(d, ast.For) and op_of(d).kind == "program_id" for d in ds)}
+
+    def no_program(name: str) -> Expr | None:
+        return Expr.const(0) if name in ids else None
+
+    if trips is not None:
+        for node in loops(body):
+            if _moving_range(node.iter, forms) is not None:  # its count: the bounds' difference, programs aside
+                count = Expr("trips", tuple(scalar_expr(a, defs) for a in node.iter.args[:3])).substitute(no_program)
+                trips[LoopIndex(node.target.id)] = count if count.names() <= params else Expr.const(UNKNOWN_TRIP)
     return forms
+
+
+def _moving_range(call: ast.Call, forms: dict[str, Form]) -> Form | None:
+    """The program-id part of a range's start when its stop has the same (``range(pid * R, pid * R + R)``)."""
+    if len(call.args) < 2 or any(k.arg in ("start", "stop") for k in call.keywords):
+        return None
+    start, stop = (forms.get(a.id) if isinstance(a, ast.Name) else None for a in call.args[:2])
+    if start is None or stop is None or not start.terms or start.terms != stop.terms or not start.affine or not (
+            stop.affine) or any(not isinstance(k, ProgramId) for k, _ in start.terms):
+        return None
+    return start
 
 
 def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0) -> Expr:
@@ -215,7 +276,7 @@ def _rank(atom: ast.expr, shapes: dict) -> int | None:
     return 0
 
 
-def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict) -> Form | None:
+def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict, defs: dict | None = None) -> Form | None:
     """The statement's form, or None when it computes from no lane index or program id."""
     op = op_of(stmt)
     kind = op.kind
@@ -240,6 +301,11 @@ def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict) -> Form | Non
         # a digit of a program id (`pid // H`, `pid % H`): both together keep programs apart
         (pid, _), = inputs[0].terms
         return form_of_terms({ProgramDigit(pid.axis, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
+    if kind in ("floordiv", "mod") and inputs[1] is None and _scalar(op.args[1], forms) is not None and any(
+            isinstance(k, Lane) for k, _ in inputs[0].terms) and defs is not None and starts_at_zero(op.args[0], defs):
+        # a digit of a tile of indices counting from zero (`offs // HW`, `offs % HW`)
+        dividend = _shift(inputs[0], rank)
+        return form_of_terms({Digit(dividend, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
     if kind in ("add", "sub"):
         return _add(inputs, rank, negate=kind == "sub")
     if kind == "neg":
@@ -287,7 +353,21 @@ def _shift(form: Form, rank: int) -> Form:
     d = rank - form.rank
     if d < 0:
         return Form(form.terms, rank, False)
-    return form_of_terms({Lane(k.axis + d) if isinstance(k, Lane) else k: c for k, c in form.terms}, rank, form.affine)
+    if d == 0:
+        return form
+    return _moved(form, lambda a: a + d, rank)
+
+
+def _moved(form: Form, axis_of, rank: int) -> Form:
+    """``form`` with its lane axes (those digits are taken of too) moved to ``axis_of(axis)`` in a tile of ``rank``."""
+    def move(key):
+        if isinstance(key, Lane):
+            return Lane(axis_of(key.axis))
+        if isinstance(key, Digit):
+            return Digit(_moved(key.dividend, axis_of, rank), key.divisor, key.quotient)
+        return key
+
+    return form_of_terms({move(k): c for k, c in form.terms}, rank, form.affine)
 
 
 def _add(inputs: list[Form | None], rank: int, negate: bool) -> Form:
@@ -308,31 +388,39 @@ def _add(inputs: list[Form | None], rank: int, negate: bool) -> Form:
 
 
 def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
-    lanes = {k.axis: c for k, c in form.terms if isinstance(k, Lane)}
-    others = {k: c for k, c in form.terms if not isinstance(k, Lane)}
     if kind == "subscript":
         index = op.kwargs["index"]
         parts = index.elts if isinstance(index, ast.Tuple) else [index]
         kept = [i for i, p in enumerate(parts) if not (isinstance(p, ast.Constant) and p.value is None)]
-        moved = {kept[a]: c for a, c in lanes.items() if a < len(kept)}
-    elif kind == "expand_dims":
+        # the axes the index names, then those after it (`x[None]` keeps x's axes after the new one)
+        return _moved(form, lambda a: kept[a] if a < len(kept) else len(parts) + a - len(kept), rank)
+    if kind == "expand_dims":
         axis = bound.get("axis")
         if not (isinstance(axis, ast.Constant) and isinstance(axis.value, int)):
             return Form(form.terms, rank, False)
         at = axis.value % rank
-        moved = {a + (a >= at): c for a, c in lanes.items()}
-    elif kind == "broadcast_to":
-        moved = {a + rank - form.rank: c for a, c in lanes.items()}
-    else:  # trans / permute
-        dims = bound.get("dims")
-        elts = dims.elts if isinstance(dims, (ast.Tuple, ast.List)) else []
-        if len(elts) == 1 and isinstance(elts[0], (ast.Tuple, ast.List)):
-            elts = elts[0].elts
-        order = [e.value for e in elts if isinstance(e, ast.Constant)] or list(range(rank))[::-1]
-        if len(order) != rank:
-            return Form(form.terms, rank, False)
-        moved = {order.index(a): c for a, c in lanes.items()}
-    return form_of_terms({**others, **{Lane(a): c for a, c in moved.items()}}, rank, form.affine)
+        return _moved(form, lambda a: a + (a >= at), rank)
+    if kind == "broadcast_to":
+        return _moved(form, lambda a: a + rank - form.rank, rank)
+    dims = bound.get("dims")  # trans / permute
+    elts = dims.elts if isinstance(dims, (ast.Tuple, ast.List)) else []
+    if len(elts) == 1 and isinstance(elts[0], (ast.Tuple, ast.List)):
+        elts = elts[0].elts
+    order = [e.value for e in elts if isinstance(e, ast.Constant)] or list(range(rank))[::-1]
+    if len(order) != rank:
+        return Form(form.terms, rank, False)
+    return _moved(form, order.index, rank)
+
+
+def form_program_axes(form: Form | None) -> set[int]:
+    """The program axes whose ids a form keeps as coordinates (themselves, their digits, or in a digit's index)."""
+    axes: set[int] = set()
+    for key, _ in form.terms if form is not None else ():
+        if isinstance(key, (ProgramId, ProgramDigit)):
+            axes.add(key.axis)
+        elif isinstance(key, Digit):
+            axes |= form_program_axes(key.dividend)
+    return axes
 
 
 def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) -> dict[int, tuple[LoopIndex, ...]]:
@@ -349,11 +437,13 @@ def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) ->
     return found
 
 
-def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict, exact: bool = False
-                ) -> list[tuple[Form, Expr]] | None:
+def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict, exact: bool = False,
+                loaded: bool = False) -> list[tuple[Form, Expr]] | None:
     """The conjuncts ``e < B`` (``e <= B``, ``B > e``) of a mask where ``e`` is exactly a sum of coordinates
     (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1)``. With ``exact``, None
-    unless the mask is nothing but such conjuncts (no mask: none)."""
+    unless the mask is nothing but such conjuncts (no mask: none). With ``loaded``, ``B`` may also be a
+    scalar computed from loaded data (``end - start``), which only a check reading the loaded values can
+    evaluate."""
     unknown = None if exact else []
     if isinstance(mask, ast.Constant) and mask.value is None:
         return []
@@ -369,7 +459,7 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
         parts = op.args[:2] if op.kind == "and_" else op.args[:1]
         found = []
         for part in parts:
-            bounds = mask_bounds(part, forms, defs, shapes, exact)
+            bounds = mask_bounds(part, forms, defs, shapes, exact, loaded)
             if bounds is None:
                 return None
             for form, limit in bounds:
@@ -380,7 +470,8 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
     if op.kind not in ("lt", "le", "gt", "ge"):
         return unknown
     e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
-    lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and bound.id not in forms)
+    lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and (
+        bound.id not in forms or (loaded and not _varies(bound.id, forms))))
     if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and lane_free
             and starts_at_zero(e, defs)):
         return unknown
@@ -441,3 +532,127 @@ def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
     return form_of_terms(terms, rank)
 
 
+
+
+# -- offsets: the part of a value that depends on no coordinate ---------------------------------------------
+
+Poly = tuple[tuple[tuple[str, ...], int], ...]  # sum of integer * product of names, sorted; () is 0
+ZERO: Poly = ()
+
+
+def poly(terms: dict[tuple[str, ...], int]) -> Poly:
+    return tuple(sorted((k, c) for k, c in terms.items() if c != 0))
+
+
+def poly_add(a: Poly, b: Poly, sign: int = 1) -> Poly:
+    total = dict(a)
+    for k, c in b:
+        total[k] = total.get(k, 0) + sign * c
+    return poly(total)
+
+
+def poly_mul(a: Poly, b: Poly) -> Poly:
+    total: dict[tuple[str, ...], int] = {}
+    for ka, ca in a:
+        for kb, cb in b:
+            k = tuple(sorted(ka + kb))
+            total[k] = total.get(k, 0) + ca * cb
+    return poly(total)
+
+
+def poly_expr(p: Poly) -> Expr:
+    """The polynomial as an expression for launch checks."""
+    out = None
+    for names, c in p:
+        term = Expr.const(c)
+        for n in names:
+            term = term * Expr.name(n)
+        out = term if out is None else out + term
+    return out if out is not None else Expr.const(0)
+
+
+def offset_of(name: str, offsets: dict[str, Poly | None], forms: dict[str, Form]) -> Poly | None:
+    """A name's offset (``address_offsets``); a parameter or scalar defined by no + - * is itself."""
+    return _poly_of(ast.Name(name), offsets, forms)
+
+
+def canonical(p: Poly, defs: dict[str, list[ast.stmt]]) -> tuple:
+    """``p`` with each name written over the kernel's parameters (``scalar_expr``), so that scalars computed
+    twice alike (``tl.num_programs(1)`` in two places) compare equal."""
+    terms: dict = {}
+    for names, c in p:
+        key = tuple(sorted(str(scalar_expr(ast.Name(n), defs)) for n in names))
+        terms[key] = terms.get(key, 0) + c
+    return tuple(sorted((k, c) for k, c in terms.items() if c))
+
+
+def address_offsets(body: list[ast.stmt], forms: dict[str, Form]) -> dict[str, Poly | None]:
+    """Each integer or pointer name's offset: the part of its value that depends on no coordinate (lane,
+    program id, loop iteration), as a polynomial in scalar names (parameters, and what the kernel computes
+    from them in ways other than ``+ - *``, such as ``half = D // 2``); None where it is not known (an
+    operation that is not affine, definitions that disagree)."""
+    indices: dict[str, Poly | None] = {}
+    pinned = {}  # carried names advanced by a fixed amount each iteration: their initial value's offset
+    for node in loops(body):
+        indices[node.target.id] = _poly_of(node.iter.args[0] if len(node.iter.args) > 1 else ast.Constant(0),
+                                           {}, forms)
+        for c in node.tg.carried:
+            if c.name in forms and any(isinstance(k, LoopIndex) and k.index == node.target.id
+                                       for k, _ in forms[c.name].terms):
+                pinned[c.name] = c.init
+    offsets: dict[str, Poly | None] = dict(indices)
+    for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
+        previous, offsets = offsets, dict(indices)
+        seen = collections.ChainMap(offsets, previous)  # this pass's offsets, the last pass's for names not yet met
+        defined: set[str] = set()
+        for stmt in statements(body):
+            t = target_of(stmt)
+            if t is None:
+                continue
+            new = _poly_of(pinned[t], seen, forms) if t in pinned else _offset_of(stmt, seen, forms)
+            if t in defined and offsets[t] != new:
+                new = None  # two definitions disagree
+            defined.add(t)
+            offsets[t] = new
+    return offsets
+
+
+def _varies(name: str, forms: dict) -> bool:
+    """Whether a name's value depends on coordinates (a scalar computed from program ids by an operation
+    that loses their coordinate, or loaded, counts as a scalar: a name of its own)."""
+    return name in forms and (bool(forms[name].terms) or not forms[name].affine)
+
+
+def _poly_of(atom: ast.expr, offsets: dict, forms: dict) -> Poly | None:
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, int) and not isinstance(atom.value, bool):
+        return poly({(): atom.value})
+    if isinstance(atom, ast.Name):
+        if atom.id in offsets:
+            return offsets[atom.id]
+        return None if _varies(atom.id, forms) else poly({(atom.id,): 1})
+    return None
+
+
+def _offset_of(stmt: ast.stmt, offsets: dict, forms: dict) -> Poly | None:
+    op = op_of(stmt)
+    t = target_of(stmt)
+    kind = op.kind
+    if kind == "arange":
+        return _poly_of(op.args[0], offsets, forms)
+    if kind == "program_id":
+        return ZERO
+    args = [_poly_of(a, offsets, forms) for a in op.args[:2]]
+    if kind in ("add", "sub") and len(args) == 2 and None not in args:
+        return poly_add(args[0], args[1], -1 if kind == "sub" else 1)
+    if kind == "mul" and len(args) == 2 and None not in args:
+        if all(isinstance(a, ast.Name) and _varies(a.id, forms) for a in op.args[:2]):
+            return None
+        return poly_mul(args[0], args[1])
+    if kind == "neg" and args and args[0] is not None:
+        return poly_add(ZERO, args[0], -1)
+    if operation_of(op).lanes is not None and args and args[0] is not None:
+        return args[0]  # a copy, cast or shape operation
+    if kind in ("floordiv", "mod") and _varies(t, forms) and all(
+            isinstance(k, (ProgramDigit, Digit)) for k, _ in forms[t].terms):
+        return ZERO  # a digit: a coordinate of its own
+    return None if _varies(t, forms) else poly({(t,): 1})  # a scalar not made by + - * of others: itself

@@ -4,12 +4,18 @@ A variable assigned in a branch gets a merge name assigned at the end of both br
 (Triton's rule for a runtime ``if``); a variable a loop body assigns that had a value
 before the loop is carried: a copy gives it its initial value before the loop, another
 its next value at the end of the body (see ir.py).
+
+Early returns outside loops are made structural first (``lift_returns``): the rest of the
+body moves into the branch that does not return, so ``if c: return`` followed by ``rest``
+reads ``if c: pass else: rest``, a runtime or constexpr ``if`` like any other.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import copy
+from collections.abc import Callable
 
 from .expressions import name_node, rename_globals
 from .ir import Carried, Op
@@ -19,6 +25,10 @@ from .source import triton_language_name
 
 class ControlFlowFlattener:
     """The ``if`` / ``for`` half of :class:`frontend.Normalizer`."""
+
+    def lift_returns(self, body: list[ast.stmt], value: bool) -> tuple[list[ast.stmt], ast.Return | None]:
+        """The function body being flattened, its early returns made structural (see ``lift_returns``)."""
+        return lift_returns(body, value, self.refuse)
 
     def nested_block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
         """Flatten ``stmts`` into a block of their own (a branch or a loop body)."""
@@ -44,6 +54,13 @@ class ControlFlowFlattener:
         merges = []
         names = [n for n in {**branches[0][1], **branches[1][1]} if any(
             n not in env or _differs(b[1].get(n), env[n]) for b in branches)]
+        keep = getattr(stmt, "tg_keep", None)  # an `if` lift_returns made: only what it returns is read after it
+        if keep is not None:
+            line = self.origin(stmt).line
+            for name in names:
+                if name not in keep:
+                    frame.gone[name] = f"it is assigned after the early return on line {line}"
+            names = [n for n in names if n in keep]
         for name in names:
             values = [b[1].get(name) for b in branches]
             if None not in values and not _differs(*values):
@@ -203,3 +220,118 @@ def _assigned_names(stmts: list[ast.stmt]) -> list[str]:
                 names[n.id] = None
     return list(names)
 
+
+
+# -- early returns ---------------------------------------------------------------------------------------
+
+def lift_returns(body: list[ast.stmt], value: bool, refuse: Callable) -> tuple[list[ast.stmt], ast.Return | None]:
+    """A function body without ``return`` statements, and the one ``return`` to end it with (None: none).
+
+    Early returns are made structural: the statements after an ``if`` that may return move into
+    its paths that do not (``if c: return`` then ``rest`` becomes ``if c: pass else: rest``), so
+    every path ends at the end of the body. In a kernel (``value`` False) returns carry no value;
+    in a helper each path assigns what it returns to a name of its own (``result``; ``result0,
+    result1`` for a pair), which the body then returns. A ``return`` inside a loop is refused
+    (``refuse(node, construct, hint)``), as Triton refuses it."""
+    returns = [n for s in body for n in _walk_statements(s) if isinstance(n, ast.Return)]
+    if value and returns == body[-1:]:  # one return, at the end: nothing to lift
+        return body[:-1], body[-1]
+    if not returns:
+        return body, None
+    for node in body:
+        _refuse_returns_in_loops(node, refuse)
+    lifted = _lift(copy.deepcopy(body), [])
+    arity = {len(r.value.elts) if isinstance(r.value, ast.Tuple) else 0 if _is_none(r.value) else 1 for r in returns}
+    if arity == {0}:  # a kernel, or a helper that returns nothing
+        return _replace_returns(_keeping(lifted, set()), None), None
+    if not value:
+        raise refuse(next(r for r in returns if not _is_none(r.value)), "a `return` with a value in a kernel",
+                     "a kernel returns nothing; store its results")
+    if len(arity) != 1 or 0 in arity:
+        raise refuse(returns[0], "returns of different lengths (or without a value) in one helper",
+                     "return the same number of values on every path")
+    (count,) = arity
+    if not _always_returns(lifted):
+        raise refuse(returns[0], "a helper that returns a value on some paths only",
+                     "return a value at the end of the helper too")
+    taken = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name)}
+    names = ["result"] if count == 1 else [f"result{i}" for i in range(count)]
+    while set(names) & taken:
+        names = [f"{n}_" for n in names]
+    returned = ast.Name(names[0], ast.Load()) if count == 1 else ast.Tuple(
+        [ast.Name(n, ast.Load()) for n in names], ast.Load())
+    return _replace_returns(_keeping(lifted, set(names)), names), ast.copy_location(ast.Return(returned), returns[-1])
+
+
+def _walk_statements(stmt: ast.stmt):
+    """``stmt`` and the statements nested in it (not into nested function definitions)."""
+    yield stmt
+    for field in ("body", "orelse", "finalbody"):
+        for s in getattr(stmt, field, []) or []:
+            if isinstance(s, ast.stmt) and not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield from _walk_statements(s)
+
+
+def _refuse_returns_in_loops(stmt: ast.stmt, refuse: Callable) -> None:
+    if isinstance(stmt, (ast.For, ast.While, ast.With)):
+        for n in _walk_statements(stmt):
+            if isinstance(n, ast.Return):
+                raise refuse(n, f"a `return` inside a `{type(stmt).__name__.lower()}` statement",
+                             "Triton refuses it too: guard the rest of the loop body with an `if` instead")
+    for s in [*getattr(stmt, "body", []), *getattr(stmt, "orelse", [])]:
+        _refuse_returns_in_loops(s, refuse)
+
+
+def _lift(stmts: list[ast.stmt], cont: list[ast.stmt]) -> list[ast.stmt]:
+    """``stmts`` followed by ``cont`` on every path that does not return, with returns only at path ends."""
+    out: list[ast.stmt] = []
+    for i, s in enumerate(stmts):
+        if isinstance(s, ast.Return):
+            return [*out, s]  # what follows it never runs
+        if isinstance(s, ast.If) and any(isinstance(n, ast.Return) for n in _walk_statements(s)):
+            rest = _lift(stmts[i + 1:], cont)
+            body, orelse = _lift(s.body, rest), _lift(s.orelse, copy.deepcopy(rest))
+            lifted = ast.copy_location(ast.If(test=s.test, body=body or [ast.Pass()], orelse=orelse), s)
+            lifted.tg_keep = None  # (set by _keeping)
+            return [*out, lifted]
+        out.append(s)
+    return out + cont
+
+
+def _is_none(value: ast.expr | None) -> bool:
+    return value is None or (isinstance(value, ast.Constant) and value.value is None)
+
+
+def _keeping(stmts: list[ast.stmt], names: set[str]) -> list[ast.stmt]:
+    """Marks the ``if`` s ``_lift`` made: the rest of the function is inside them, so after them only
+    ``names`` (what a helper returns) is read; the frontend merges nothing else out of them (a value
+    assigned in one branch of a constexpr ``if`` would otherwise outlive it, and its adjoint be started
+    where it does not exist)."""
+    for s in stmts:
+        for node in _walk_statements(s):
+            if isinstance(node, ast.If) and hasattr(node, "tg_keep"):
+                node.tg_keep = names
+    return stmts
+
+
+def _always_returns(stmts: list[ast.stmt]) -> bool:
+    last = stmts[-1] if stmts else None
+    return isinstance(last, ast.Return) or (isinstance(last, ast.If) and _always_returns(last.body)
+                                            and _always_returns(last.orelse))
+
+
+def _replace_returns(stmts: list[ast.stmt], names: list[str] | None) -> list[ast.stmt]:
+    """Returns (at path ends) dropped, or made assignments of the returned value to ``names``."""
+    out = []
+    for s in stmts:
+        if isinstance(s, ast.Return):
+            if names is None:
+                continue
+            target = ast.Name(names[0], ast.Store()) if len(names) == 1 else ast.Tuple(
+                [ast.Name(n, ast.Store()) for n in names], ast.Store())
+            s = ast.copy_location(ast.Assign(targets=[target], value=s.value), s)
+        elif isinstance(s, ast.If):
+            s.body = _replace_returns(s.body, names) or [ast.Pass()]
+            s.orelse = _replace_returns(s.orelse, names)
+        out.append(s)
+    return out

@@ -359,20 +359,15 @@ class BackwardKernel:
             return
         key = (grid, *[named.get(n) for n in self._checked_names])
         try:
-            if key in self._checked:  # a launch like an earlier one: ~1 us instead of ~12
-                return
+            cached = key in self._checked  # a launch like an earlier one: ~1 us instead of ~12
         except TypeError:  # an unhashable argument: check every time
-            key = None
+            key, cached = None, False
         launch = LaunchValues(named, grid)
         for check in self.launch_checks:
-            construct = check.construct
-            try:
-                holds = check.condition.holds(launch)
-            except Exception:  # a value it cannot read: what could be said without the launch
-                if check.fallback is None:
-                    continue
-                holds, construct = False, check.fallback
-            if not holds:
+            if cached and check.condition.cacheable:  # (checks reading tensor contents run every time)
+                continue
+            construct = check.failure(launch)
+            if construct is not None:
                 raise NotDifferentiableError(construct, file=check.where.file, line=check.where.line,
                                              hint=check.hint, source_line=check.where.text)
         if key is not None:
@@ -381,9 +376,15 @@ class BackwardKernel:
             self._checked.add(key)
 
     @functools.cached_property
+    def checks_contents(self) -> bool:
+        """Whether a launch check reads tensor contents (loaded indices): those run on every launch."""
+        return any(not c.condition.cacheable for c in self.launch_checks)
+
+    @functools.cached_property
     def _checked_names(self) -> tuple[str, ...]:
         """The arguments the launch checks read."""
-        return tuple(sorted({n for c in self.launch_checks for n in c.condition.names()} & set(self.params)))
+        return tuple(sorted({n for c in self.launch_checks if c.condition.cacheable for n in c.condition.names()}
+                            & set(self.params)))
 
     def launch_notes(self) -> str:
         """What is decided on each launch's arguments, as comment lines (``tritongrad show`` prints them)."""

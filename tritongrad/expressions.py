@@ -325,14 +325,8 @@ class ExpressionFlattener:
             body = list(fdef.body)
             while body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 body.pop(0)
-            ret = None
-            if body and isinstance(body[-1], ast.Return):
-                ret = body.pop()
-            for s in body:
-                if isinstance(s, ast.Return):
-                    raise self.refuse(s, f"an early `return` in helper `{fn.name}`",
-                                      "return once, at the end of the helper")
-                self.statement(s)
+            body, ret = self.lift_returns(body, True)
+            self.block(body)
             if ret is None or ret.value is None:
                 return ast.Constant(None)
             value = ret.value

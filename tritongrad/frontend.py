@@ -77,18 +77,16 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
         self.frames.append(frame)
         body = list(fdef.body)
         returns = None
+        body, ret = self.lift_returns(body, tile)
         if tile:
-            if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
+            if ret is None or ret.value is None:
                 raise refuse(origin, f"tile function `{fdef.name}` without a final `return`",
                              "vjp() differentiates a @triton.jit helper that returns its result")
-            ret = body.pop()
             self.block(body)
             value = ret.value
             elts = value.elts if isinstance(value, ast.Tuple) else [value]
             returns = [self.atom(e, ret) for e in elts]
         else:
-            if body and isinstance(body[-1], ast.Return) and body[-1].value is None:
-                body.pop()
             self.block(body)
         self.frames.pop()
         return Program(fdef.name, params, self.out, self.scope, self.root.file, self.namer.taken,
@@ -135,9 +133,8 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
                 self.emit_expr(value, stmt)
         elif isinstance(stmt, ast.Pass):
             return
-        elif isinstance(stmt, ast.Return):
-            raise self.refuse(stmt, "an early `return`",
-                              "structure the kernel so it ends at its last statement")
+        elif isinstance(stmt, ast.Return):  # (lift_returns leaves none: a helper's made assignments)
+            raise self.refuse(stmt, "a `return` here", "return at the end of the function or of an `if` branch")
         elif isinstance(stmt, ast.For):
             self.for_loop(stmt)
         elif isinstance(stmt, ast.If):

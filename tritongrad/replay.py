@@ -227,7 +227,8 @@ class Step:
     def prepare(self, bwd: Any, launch: Any, named: dict[str, Any], grid: tuple, written: frozenset,
                 aliased: frozenset) -> Any:
         """``bwd.prepare`` for this launch, looked up by the launch's non-tensor arguments (the plan fixes
-        its tensors' layouts): repeated backwards skip the checks and choices (~microseconds each)."""
+        its tensors' layouts): repeated backwards skip the checks and choices (~microseconds each), but for
+        checks reading tensor contents (indices), which run on every launch."""
         try:
             key = (id(bwd), launch.args, tuple(launch.kwargs.items()), grid, written, aliased)
             found = self.prepared.get(key)
@@ -237,6 +238,8 @@ class Step:
             if len(self.prepared) > 256:
                 self.prepared.clear()
             found = self.prepared[key] = bwd.prepare(named, grid, written, aliased)
+        elif bwd.checks_contents:
+            bwd.check_arguments(named, grid)
         return found
 
 

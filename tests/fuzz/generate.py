@@ -45,6 +45,16 @@
   a loop, a store of it in every branch); or an ``if`` alone replaces a value assigned before
   it; sometimes all of it in a ``@triton.jit`` helper. Intervals are iterated over the trip
   count, so recurrences stay bounded;
+- *early returns* (``op_early_return``): ``if <test>: return`` in the kernel on a loaded, computed or
+  program-id test or a constexpr flag (outputs start at 0, the mirror ``continue`` s to the next
+  program); in helpers, ``op_branch`` sometimes spells its ``if``/``elif``/``else`` with returns;
+- *several stores to one output* (``op_multistore``): parts side by side (``y + j * slab + offs``,
+  the slab literal, runtime or constexpr) or interleaved (``y + offs * P + j``); or overlapping parts
+  (``j * (slab - 1)``), which must be refused;
+- *stores at loaded addresses* (``op_scatter``): a value's block (or slot) moved to where an index
+  loaded per program says (a permutation: ``(rn + (dst - pid) * BN)``; or a start offset per
+  program), the output holding whole blocks and zero-filled; or two programs given one
+  destination, which must be refused at launch;
 - *stores* into one or two outputs: disjoint across programs, or ``tl.atomic_add`` into
   shared elements; of the value's shape or of one it broadcasts to (plus an output for each
   loop or branch value nothing else uses, mostly).
@@ -58,7 +68,9 @@ its choices) and :class:`ReplayDraw` (replays recorded choices; ``shrink`` minim
 ``check(program)`` imports it from a file and returns an :class:`Outcome`: forward
 against the mirror (NaN-poisoned outputs), then ``backward_launch`` against torch autograd
 on the mirror with random upstream gradients, float64, relative tolerance 1e-9 (1e-3 with
-float32 casts). ``regression_source`` turns a module into a regression test.
+float32 casts). A kernel whose stores collide by construction (``EXPECT`` in its module) must be
+refused, at derivation or at launch: that is its pass ("refused", the detail saying "colliding by
+construction"); accepting it is a mismatch. ``regression_source`` turns a module into a regression test.
 
 Extending: add a family to ``FAMILIES`` and a ``Gen.op_*`` method producing nodes; a node's
 template may span several lines (``pre_tl``/``pre_th``, indented as needed, their names built
@@ -164,8 +176,10 @@ class Dim:
 class Input:
     name: str  # kernel parameter f"{name}_ptr", mirror argument `name`
     role: str  # "tile" | "scalar" | "table" | "index" | "stack" | "wide" | "count" (a loop's trip count per program)
+    #          | "perm" (a destination per program along a grid axis: a permutation, or with a collision)
     dims: tuple[str, ...] = ()  # tile, stack: its axes; table: its second axis (if any); index, wide: its axis
     dist: str = "uniform"  # "uniform" in [-2, 2] | "ties" (multiples of 0.5 in [-2, 2]) | "index"
+    #          | "perm" (a permutation of vocab, times `steps`) | "collide:A:B:D" (program B's entry is A's plus D)
     vocab: int = 0  # table rows = index range (count: the counts' range)
     per_program: bool = False  # scalar: one per program
     steps: int = 0  # stack: slabs (each of the tile's shape) before the axes; wide: columns after its axis
@@ -186,6 +200,7 @@ class Node:
     label: str = ""
     pure: bool = False  # mentions only its operands: may move into a @triton.jit helper
     helper: int = 0  # 0 inline; 1 in a helper; 2 in a helper called by a helper; 3 in a helper returning a pair
+    early: bool = False  # a branch in a helper spelled with early returns (`if c: return a` ... `return b`)
     aug: str = ""  # `a op= b` spelling when reassigned
     reassign: bool = False  # reuse the first operand's name when it dies here
     inline: bool = False  # written into its only user's expression instead of a statement of its own
@@ -203,8 +218,10 @@ class Store:
     kind: tuple[str, ...] = ()  # the pointer's kind: the value's, or one it broadcasts to
     atomic: bool = False  # tl.atomic_add: programs that do not tile an axis of `kind` add into one element
     inside: bool = False  # stored inside a loop, by the node's own lines
-    lead: int = 0  # slabs before the layout: one per iteration
-    tail: int = 0  # columns after the layout (a loop over column blocks)
+    lead: int = 0  # slabs before the layout: one per iteration (or per part of several stores)
+    tail: int = 0  # columns after the layout (a loop over column blocks; parts interleaved)
+    zeroed: bool = False  # starts at 0 (the host zero-fills it): programs may leave elements unwritten
+    shape: tuple[int, ...] = ()  # the output's shape when not the layout's (a scatter's padded blocks)
 
 
 @dataclass
@@ -234,6 +251,8 @@ class Program:
     ints: dict[str, int] = field(default_factory=dict)  # runtime integer parameters (trip counts, widths)
     meta: dict[str, int | bool] = field(default_factory=dict)  # constexpr parameters beyond the blocks
     names: str = "v"  # "v": v0, v1, ...; "shadowy": odd nodes are named d_v<i-1>, like adjoints
+    returns: bool = False  # an early return: programs may leave outputs unwritten (all start at 0)
+    expect: str = ""  # stores that collide (by construction): the backward must refuse, naming this
     helper_params: str = "a"  # "a": a0, a1, ...; "clash": names the kernel and the derivative rules use
 
     def __repr__(self) -> str:  # hypothesis prints this; the source comes with the failure
@@ -419,7 +438,7 @@ LINEAR = {"add", "sub", "branch"}  # carried updates that add to the state (the 
 # operation families, by weight; shrinking moves toward the front
 FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["reduce"] * 3 + ["shape"] * 2
             + ["where", "fma", "cast", "dot", "dot", "outer", "gather", "scalar", "iota", "softmax", "scan", "scan",
-               "join", "loop", "loop", "columns", "branch"])
+               "join", "loop", "loop", "columns", "branch", "early_return", "multistore", "scatter"])
 MAX_OPS = 12
 MAX_CONTROL = 2  # loops and branches per kernel (each costs the interpreter several plain nodes' time)
 CONTROL = ("loop", "columns", "branch")
@@ -459,7 +478,7 @@ class Gen:
 
     def new_input(self, role, dims=(), dist="uniform", **kw) -> Input:
         prefix = {"tile": "x" if len(dims) == 2 else "w", "scalar": "s", "table": "t", "index": "i", "stack": "z",
-                  "wide": "c", "count": "q"}[role]
+                  "wide": "c", "count": "q", "perm": "p"}[role]
         inp = Input(f"{prefix}{len(self.p.inputs)}", role, tuple(dims), dist, **kw)
         self.p.inputs.append(inp)
         return inp
@@ -1775,8 +1794,107 @@ class Gen:
                "computed" if reads else "loaded")
         text = "\n".join(pre_tl)
         helper = "tl.load" not in text and "tl.store" not in text and d.pick([False, False, True])  # in a helper
+        early = helper and d.pick([False, True])  # spelled with early returns: `if c: return a` ... `return b`
         self.push(Node(kind, lo, hi, "{self}_r", "{self}_r", tuple(args), f"branch_{how}_{branches}" + (
-            "_helper" if helper else ""), helper=int(helper), pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=zero))
+            "_helper" if helper else "") + ("_return" if early else ""), helper=int(helper), early=early,
+            pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=zero))
+
+    def op_early_return(self):
+        """``if <test>: return`` in the kernel: the programs it holds for stop there, skipping what follows,
+        stores included (outputs start at 0, as a host zero-fills them); a loaded, computed or program-id
+        test, or a constexpr flag. The mirror ``continue`` s to the next program."""
+        d = self.d
+        if sum(n.label.startswith("return_") for n in self.p.nodes) >= 2:
+            return self.op_binary()
+        a = self.operand()
+        args = [a]
+        how = d.pick(["loaded", "pid", "computed", "constexpr"])
+        tests, th_tests, pre_tl, pre_th, reads = self.branch_tests(how, 1)
+        for i in reads:
+            args.append(i)
+            tests = [t.replace("{c}", f"{{{len(args) - 1}}}") for t in tests]
+            th_tests = [t.replace("{c}", f"{{{len(args) - 1}}}") for t in th_tests]
+        how = ("pid" if "pid_" in tests[0] else "constexpr" if tests[0].startswith("F") else
+               "computed" if reads else "loaded")
+        self.p.returns = True
+        n = self.p.nodes[a]
+        self.push(Node(n.kind, n.lo, n.hi, "{0}", "{0}", tuple(args), f"return_{how}",
+                       pre_tl=(*pre_tl, f"if {tests[0]}:", "    return"),
+                       pre_th=(*pre_th, f"if {th_tests[0]}:", "    continue"), zero=n.zero, tied=n.tied))
+
+    def op_multistore(self):
+        """A value stored in parts into one output at disjoint addresses: side by side (the halves of a rotary
+        embedding: ``y + j * slab + offs``) or interleaved (statistics of a row: ``y + offs * P + j``), each
+        part a value of the same kind; or, sometimes, parts that overlap (``y + j * (slab - 1) + offs``),
+        which the backward must refuse."""
+        d = self.d
+        a = self.operand(storable)
+        if a is None:
+            return self.op_binary()
+        kind = self.kind_of(a)
+        parts = d.int(2, 3)
+        args = [a]
+        values = []
+        for j in range(parts):
+            b = self.operand(lambda k, kind=kind: k == kind) if j and d.pick([False, True]) else a
+            if b not in args:
+                args.append(b)
+            c = d.pick([None, 2.0, -0.5])
+            x = f"{{{args.index(b)}}}"
+            values.append(x if c is None else f"{x} * {fmt(c)}")
+        how = d.pick(["lead", "lead", "tail", "tail", "overlap"])
+        store, shape, offset, mask, index = self.loop_output(kind, **{"tail" if how == "tail" else "lead": parts})
+        y = f"{store.name}_ptr"
+        pre_tl, pre_th = [], []
+        if how == "tail":
+            spelled, _ = self.count(parts)
+            addresses = [f"{y} + ({offset}) * {spelled}" + (f" + {j}" if j else "") if offset else f"{y} + {j}"
+                         for j in range(parts)]
+            targets = [f"{store.name}[{index}, {j}]" for j in range(parts)]
+        else:
+            slab = math.prod(shape) - (how == "overlap")
+            spelled, _ = self.count(slab)
+            addresses = [y + (f" + {j} * {spelled}" if j else "") + (f" + {offset}" if offset else "")
+                         for j in range(parts)]
+            targets = [f"{store.name}[{j}, {index}]" for j in range(parts)]
+        if how == "overlap":
+            self.p.expect = "tl.store"
+        for address, value, target in zip(addresses, values, targets, strict=True):
+            pre_tl.append(f"tl.store({address}, {value}" + (f", mask={mask})" if mask else ")"))
+            pre_th.append(f"{target} = {value}")
+        n = self.p.nodes[a]
+        self.push(Node(kind, n.lo, n.hi, "{0}", "{0}", tuple(args), f"multistore_{how}_{parts}",
+                       pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=n.zero, tied=n.tied))
+
+    def op_scatter(self):
+        """A value stored where an index loaded per program says (a mixture of experts' permutation: the block
+        of program ``pid`` goes to block ``perm[pid]``; or a start offset per program); sometimes two programs
+        are given one destination, which the backward must refuse at launch."""
+        d = self.d
+        a = self.operand(storable)
+        if a is None or not self.p.grid_dims:
+            return self.op_binary()
+        g = d.pick(self.p.grid_dims)
+        kind = self.kind_of(a)
+        outermost = not [h for h in self.p.grid_dims if h.name not in kind] and real(kind)[:1] == [g.name]
+        how = d.pick(["perm", "perm", "start"]) if outermost else "perm"  # (start offsets of blocks that
+        # interleave with other programs' are refused: their ranges meet, and an offset is not a block index)
+        collide = g.programs >= 2 and d.pick([False] * 5 + [True])
+        scale = g.block if how == "start" else 1
+        pair = sorted(d.pick([(0, 1), (1, 0), (0, g.programs - 1)]) if collide else (0, 0))
+        dist = f"collide:{pair[0]}:{pair[1]}" if collide and pair[0] != pair[1] else "perm"
+        idx = self.new_input("perm", (g.name,), dist, vocab=g.programs, steps=scale)
+        if dist != "perm":
+            self.p.expect = "computed from loaded data"
+        shape, offset, mask, index = scatter_layout(self.p, kind, g, how)
+        store = Store(len(self.p.nodes), f"y{len(self.p.stores)}", kind, inside=True, zeroed=True, shape=tuple(shape))
+        self.p.stores.append(store)
+        pre_tl = [f"{{self}}_dst = tl.load({idx.ptr} + pid_{g.axis})",
+                  f"tl.store({store.name}_ptr + {offset}, {{0}}" + (f", mask={mask})" if mask else ")")]
+        pre_th = [f"{{self}}_dst = int({idx.name}[pid_{g.axis}])", f"{store.name}[{index}] = {{0}}"]
+        n = self.p.nodes[a]
+        self.push(Node(kind, n.lo, n.hi, "{0}", "{0}", (a,), f"scatter_{how}" + ("_collide" if collide else ""),
+                       pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=n.zero, tied=n.tied))
 
 
 def generate(draw: Draw, avoid: Sequence[str] = ()) -> Program:
@@ -1825,13 +1943,69 @@ def output_layout(p: Program, kind, atomic=False) -> tuple[list[int], str, str |
     return shape or [1], " + ".join(terms), mask_for(p, kind), ", ".join(index) or "0"
 
 
+def scatter_layout(p: Program, kind, g: Dim, how: str) -> tuple[list[int], str, str | None, str]:
+    """Like ``output_layout``, with grid axis ``g`` moved where ``{self}_dst`` (an index the program loads) says:
+    its slot (``g`` not in ``kind``) or its block (``g`` in ``kind``: ``perm``, block ``dst``; ``start``, the
+    block starting at element ``dst``). The axis holds whole blocks, so the last program's ragged block fits
+    wherever it goes."""
+    uncovered = [h for h in p.grid_dims if h.name not in kind]
+    shape = [h.programs for h in uncovered] + [
+        1 if k == "1" else g.programs * g.block if k == g.name else p.dim(k).size for k in kind]
+    sym = [f"tl.num_programs({h.axis})" for h in uncovered] + [
+        None if k == "1" else f"(tl.num_programs({g.axis}) * {g.BLOCK})" if k == g.name else p.dim(k).SIZE
+        for k in kind]
+    terms, index = [], []
+    for pos, h in enumerate(uncovered):
+        stride = " * ".join(x for x in sym[pos + 1:] if x)
+        coordinate = "{self}_dst" if h is g else f"pid_{h.axis}"
+        terms.append(coordinate + (f" * {stride}" if stride else ""))
+        index.append(coordinate)
+    for pos, k in enumerate(kind):
+        if k == "1":
+            index.append("0:1")
+            continue
+        dim = p.dim(k)
+        stride = " * ".join(x for x in sym[len(uncovered) + pos + 1:] if x)
+        if k == g.name and how == "perm":
+            moved, lo = f"({dim.idx} + ({{self}}_dst - pid_{g.axis}) * {g.BLOCK})", f"{{self}}_dst * {g.block}"
+        elif k == g.name:
+            moved, lo = f"({{self}}_dst + {dim.idx} - pid_{g.axis} * {g.BLOCK})", "{self}_dst"
+        else:
+            moved, lo = dim.idx, None
+        terms.append(moved + sub(len(kind), pos) + (f" * {stride}" if stride else ""))
+        index.append(f"{lo}:{lo} + {dim.valid}" if lo else f"{dim.lo}:{dim.hi}")
+    return shape or [1], " + ".join(terms) or "0", mask_for(p, kind), ", ".join(index) or "0"
+
+
+def early_returns(lines: Sequence[str]) -> list[str]:
+    """A helper's ``if``/``elif``/``else`` assigning ``{self}_r`` in each branch, spelled with early returns:
+    ``if a: return x`` / ``if b: return y`` / ``return z``."""
+    out, dedent = [], False
+    for i, line in enumerate(lines):
+        if line.startswith(("if ", "elif ")):
+            out.append("if " + line.split(" ", 1)[1])
+            dedent = False
+        elif line == "else:":
+            dedent = True
+        elif line.startswith("    "):
+            body = line[4:]
+            last = i + 1 == len(lines) or not lines[i + 1].startswith("    ")
+            if last and body.startswith("{self}_r = "):
+                body = "return " + body[len("{self}_r = "):]
+            out.append(body if dedent else "    " + body)
+        else:
+            out.append(line)
+    return out
+
+
 def render(p: Program) -> str:
     """The module: launch constants, helpers, the kernel, its mirror, inputs."""
     nodes = p.nodes
     out = ['"""A fuzzed kernel (tests/fuzz/generate.py) and its PyTorch mirror."""', "",
            "import torch", "import triton", "import triton.language as tl", ""]
     layouts = {s.name: output_layout(p, s.kind, s.atomic) for s in p.stores}
-    shapes = {s.name: [s.lead] * bool(s.lead) + layouts[s.name][0] + [s.tail] * bool(s.tail) for s in p.stores}
+    shapes = {s.name: list(s.shape) if s.shape else [s.lead] * bool(s.lead) + layouts[s.name][0] +
+              [s.tail] * bool(s.tail) for s in p.stores}
     sizes = {d.SIZE: d.size for d in p.dims}
     args = {**sizes, **p.ints, **p.scalars}
     blocks = {**{d.BLOCK: d.block for d in p.dims}, **p.meta}
@@ -1839,10 +2013,12 @@ def render(p: Program) -> str:
         return "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}"
 
     outputs = {f"{s.name}_ptr": tuple(shapes[s.name]) for s in p.stores}
-    zeroed = ", ".join(f'"{s.name}_ptr"' for s in p.stores if s.atomic)
+    zeroed = ", ".join(f'"{s.name}_ptr"' for s in p.stores if s.atomic or s.zeroed or p.returns)
     out += [f"GRID = {p.grid}", f"SIZES = {literal(args)}", f"META = {literal(blocks)}",
             f"OUTPUTS = {literal(outputs)}", f"ZEROED = {{{zeroed}}}  # atomic outputs start at 0, others at NaN",
             f"TOL = {p.tol}", f"SEED = {p.seed}"]
+    if p.expect:
+        out += [f"EXPECT = {p.expect!r}  # stores that collide: the backward must refuse"]
     out += [f"{k} = tl.constexpr({fmt(v)})" for k, v in p.constexprs.items()] + ["", ""]
 
     # kernel names: v{i}, or the first operand's name when reassigned where it dies
@@ -1884,8 +2060,11 @@ def render(p: Program) -> str:
             extra = sorted(set(re.findall(r"\b(?:pid_\d|F\d+)\b", "\n".join(n.pre_tl))))
             signature = params + [f"{e}: tl.constexpr" if e.startswith("F") else e for e in extra]
             helpers += ["@triton.jit", f"def h{i}({', '.join(signature)}):"]
-            helpers += [f"    {line.format(*params, self='t')}" for line in n.pre_tl]
-            helpers += [f"    return {n.tl.format(*params, self='t')}", "", ""]
+            lines = early_returns(n.pre_tl) if n.early else n.pre_tl
+            helpers += [f"    {line.format(*params, self='t')}" for line in lines]
+            if not (n.early and "else:" in n.pre_tl):  # (else every path has returned)
+                helpers += [f"    return {n.tl.format(*params, self='t')}"]
+            helpers += ["", ""]
             expr = f"h{i}({', '.join(argn + extra)})"
         else:
             body += [line.format(*argn, self=fresh(i)) for line in n.pre_tl]
@@ -1933,8 +2112,8 @@ def render(p: Program) -> str:
 
     # mirror
     mir = [f"{s.name} = torch.zeros({tuple(shapes[s.name])}, dtype=torch.float64)" for s in p.stores]
-    loop, indent = [], ""
-    for g in p.grid_dims:
+    loop, indent = ([], "") if p.grid_dims or not p.returns else (["for _program in range(1):"], "    ")
+    for g in p.grid_dims:  # (an early return `continue` s to the next program)
         loop.append(f"{indent}for pid_{g.axis} in range({g.programs}):")
         indent += "    "
     inner = []
@@ -1971,6 +2150,12 @@ def render(p: Program) -> str:
         shape = input_shape(p, x)
         if x.dist == "index":
             make = f"torch.randint(0, {x.vocab}, {shape}, generator=g)"
+        elif x.dist == "perm":
+            make = f"torch.randperm({x.vocab}, generator=g) * {x.steps}"
+        elif x.dist.startswith("collide:"):  # program b's entry made program a's
+            a, b = x.dist.split(":")[1:]
+            make = (f"(lambda t: t.index_fill_(0, torch.tensor([{b}]), int(t[{a}])))"
+                    f"(torch.randperm({x.vocab}, generator=g) * {x.steps})")
         elif x.dist == "ties":
             make = f"torch.randint(-4, 5, {shape}, generator=g).to(torch.float64) / 2"
         else:
@@ -1989,6 +2174,8 @@ def input_shape(p: Program, x: Input) -> tuple[int, ...]:
         return (math.prod(p.grid),) if x.per_program else (1,)
     if x.role == "count":
         return (math.prod(p.grid),)
+    if x.role == "perm":
+        return (x.vocab,)
     if x.role == "table":
         return (x.vocab, *(p.dim(k).size for k in x.dims))
     if x.role == "stack":
@@ -2063,6 +2250,15 @@ def check_source(src: str) -> Outcome:
         mod.kernel[mod.GRID](**kwargs)
     except Exception as e:  # the generator wrote a kernel Triton does not run
         return Outcome("invalid", "forward: " + first_line(e), src)
+    expect = getattr(mod, "EXPECT", "")
+    if expect:  # stores collide: whatever the forward wrote, the backward must refuse (at derivation or launch)
+        try:
+            backward_launch(mod.kernel, mod.GRID, (), kwargs, mod.make_output_grads())
+        except NotDifferentiableError as e:
+            return Outcome("refused", f"(colliding by construction) {e.construct}", src)
+        except Exception as e:
+            return Outcome("crashed", first_line(e), src)
+        return Outcome("mismatch", f"colliding stores (expected: a refusal naming {expect!r}) were accepted", src)
     leaves = {k: v.clone().requires_grad_() for k, v in inputs.items() if v.is_floating_point()}
     want = mod.mirror(*(leaves.get(k, v) for k, v in inputs.items()))
     for k, w in want.items():
