@@ -69,9 +69,10 @@ def _extremum_grad(g, x, out, axis: tl.constexpr, keep_dims: tl.constexpr):
     return tl.where(hit, g / count, 0.0)
 
 
-def _cast_grad(g, out):
-    """Adjoint of a cast whose target type is known only at compile time."""
-    if out.dtype.is_floating():
+def _cast_grad(g, dtype):
+    """Adjoint of a cast to ``dtype``, a type known only at compile time (possibly a constexpr, whose
+    attributes not every Triton reads through: a one-element probe cast gives a plain type)."""
+    if tl.zeros((1,), tl.int8).to(dtype).dtype.is_floating():
         return g
     else:
         return tl.zeros_like(g)

@@ -138,7 +138,7 @@ def _cast(bound: dict[str, ast.expr]) -> str:
     dtype = ast.unparse(bound["dtype"])
     if dtype.startswith(("tl.float", "tl.bfloat")):
         return "g"
-    return "tg.cast_grad(g, out)"
+    return f"tg.cast_grad(g, {dtype})"  # the type, not `out`: reading `out` would replay the cast's operand
 
 
 def _linear_scan(bound: dict[str, ast.expr]) -> str:
