@@ -264,9 +264,37 @@ def _advance(carried, node: ast.For, forms) -> Coefficient | None:
         isinstance(b, ast.Name) and b.id == carried.name) else None
     if other is None or (isinstance(other, ast.Name) and other.id in forms):
         return None
-    if isinstance(other, ast.Name) and any(target_of(s) == other.id for s in statements(node.body)):
-        return None  # computed in the loop: may change between iterations
-    return _scalar(other, forms)
+    if isinstance(other, ast.Name) and not _invariant_in(other.id, node):
+        return None  # computed in the loop from what changes between iterations
+    return _product(other, forms, node)
+
+
+def _product(atom: ast.expr, forms: dict, node: ast.For, depth: int = 0) -> Coefficient | None:
+    """A scalar as an integer times names, through the products the loop's body computes it by
+    (``BLOCK_K_times_stride_ak = BLOCK_K * stride_ak`` is ``(1, (BLOCK_K, stride_ak))``)."""
+    if isinstance(atom, ast.Name) and depth < 8:
+        inside = [s for s in node.body if target_of(s) == atom.id]
+        if len(inside) == 1 and op_of(inside[0]).kind == "mul":
+            factors = [_product(a, forms, node, depth + 1) for a in op_of(inside[0]).args[:2]]
+            if None not in factors:
+                (n1, s1), (n2, s2) = factors
+                return (n1 * n2, tuple(sorted(s1 + s2)))
+    return _scalar(atom, forms)
+
+
+def _invariant_in(name: str, node: ast.For, depth: int = 0) -> bool:
+    """Whether ``name`` has one value in every iteration of the loop: assigned outside it, or in its body
+    (not in a branch) by integer arithmetic on such values (``BLOCK_K * stride_ak``, hoisted there)."""
+    if name == node.target.id:
+        return False
+    inside = [s for s in statements(node.body) if target_of(s) == name]
+    if not inside:
+        return True
+    if depth > 8 or len(inside) != 1 or not any(s is inside[0] for s in node.body):
+        return False
+    op = op_of(inside[0])
+    return operation_of(op).on_host is not None and all(
+        _invariant_in(a.id, node, depth + 1) for a in op.args if isinstance(a, ast.Name))
 
 
 def _rank(atom: ast.expr, shapes: dict) -> int | None:
@@ -470,13 +498,34 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
     if op.kind not in ("lt", "le", "gt", "ge"):
         return unknown
     e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
+    if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs)):
+        return unknown
+    form = forms[e.id]
+    moved = _moved_term(bound, forms, defs)
+    if moved is not None:  # `offs_k < K - k * BLOCK_K` reads `offs_k + k * BLOCK_K < K`
+        term, bound = moved
+        form = _add([form, term], max(form.rank, term.rank), negate=False)
     lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and (
         bound.id not in forms or (loaded and not _varies(bound.id, forms))))
-    if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and lane_free
-            and starts_at_zero(e, defs)):
+    if not lane_free or not form.affine:
         return unknown
     limit = _atom_expr(bound)
-    return [(forms[e.id], limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
+    return [(form, limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
+
+
+def _moved_term(bound: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[Form, ast.expr] | None:
+    """For a bound ``B - t`` (``t`` a sum of coordinates from zero, ``B`` a scalar): ``(t's form, B)``."""
+    if not isinstance(bound, ast.Name) or bound.id not in forms or len(defs.get(bound.id, [])) != 1:
+        return None
+    (stmt,) = defs[bound.id]
+    if not hasattr(stmt, "tg") or op_of(stmt).kind != "sub":
+        return None
+    b, t = op_of(stmt).args[:2]
+    if not (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs)):
+        return None
+    if not (isinstance(b, ast.Constant) or (isinstance(b, ast.Name) and b.id not in forms)):
+        return None
+    return forms[t.id], b
 
 
 def _atom_expr(atom: ast.expr) -> Expr:

@@ -17,7 +17,7 @@ Merge and loop-carried variables are assigned more than once (see ``ir.py``), so
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .addresses import (
     address_forms,
@@ -83,6 +83,13 @@ class Analysis:
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
+
+    def restricted(self, wrt: tuple[str, ...]) -> Analysis:
+        """The same kernel differentiated with respect to fewer inputs (a kernel of their own): activity
+        and stabilizers found again, the rest shared."""
+        active = _activity(self.program, self.defs, wrt, self.outputs, self.pointer_base, tile=False)
+        stable = stabilizers(self.program, active)
+        return replace(self, wrt=tuple(wrt), active=active - stable, stabilizers=stable)
 
 
 @dataclass

@@ -12,12 +12,13 @@ from typing import Any
 
 from . import codegen, tuning
 from .analysis import Analysis, analyze
-from .checks import LaunchCheck, LaunchValues
+from .checks import Expr, LaunchCheck, LaunchValues
 from .errors import NotDifferentiableError
 from .frontend import normalize_kernel, normalize_tile_function
+from .interchange import NotInterchangeable
 from .ir import Program
 from .loops import LoopPlan, classify_loops
-from .lowering import ADD, ATOMIC, NONE, PARTIALS, STORE, Choice, Lowering, plan_lowering
+from .lowering import ADD, ATOMIC, INTERCHANGE, NONE, PARTIALS, STORE, Choice, Lowering, plan_lowering
 from .reverse import build_backward
 from .source import Source, unwrap
 from .specialize import decisive, plain_value
@@ -34,6 +35,8 @@ WRITES = {
     ADD: "added without atomics: each element is read and written by one lane of one program",
     "registers": "summed over each program's rows in registers; one partial row per program, summed after",
     "row": "summed into one float32 partial row per program, the rows summed after the kernel",
+    INTERCHANGE: "summed in registers by a kernel of its own, one program per iteration of the loop around its "
+                 "load, each looping over the forward's programs along an axis; stored once",
     ATOMIC: "added atomically into a zero-filled buffer (float32 for half-precision inputs)",
     NONE: "zero: its value reaches no output (the buffer is zero-filled, nothing written)",
 }
@@ -63,19 +66,42 @@ class Prepared:
 
 
 @dataclass(frozen=True)
-class Variant:
-    """The backward kernel compiled for one way of writing each input's gradient."""
+class Part:
+    """One kernel of a variant: the gradients of ``wrt``, launched with the forward's grid, except along
+    ``axis`` (a persistent kernel: a few programs per multiprocessor; an interchanged one: ``trips``)."""
 
-    choices: tuple[tuple[str, Choice], ...]  # wrt input -> how its gradient is written
+    wrt: tuple[str, ...]
     src: str
     kernel: Any
-    programs: str | None  # a persistent variant: the parameter holding the forward's program count
+    shadows: dict[str, str]  # output or input -> its shadow parameter in this kernel
+    programs: str | None  # persistent or interchanged: the parameter holding the forward's program count
     rows: dict[str, str]  # partial inputs -> the parameter holding their partial rows' stride
-    unwritten: frozenset[str]  # inputs the kernel writes nothing for: their buffers are zero-filled
+    axis: int | None
+    trips: Expr | None  # interchanged: the programs along ``axis`` (the trip count of the loop it takes)
+    written: frozenset[str]  # inputs whose gradient it writes
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The backward kernels compiled for one way of writing each input's gradient: one for all inputs, but
+    for those given a kernel of their own (``interchange``)."""
+
+    choices: tuple[tuple[str, Choice], ...]  # wrt input -> how its gradient is written
+    parts: tuple[Part, ...]
+    unwritten: frozenset[str]  # inputs no kernel writes anything for: their buffers are zero-filled
 
     @property
-    def axis(self) -> int | None:
-        return next((c.axis for _, c in self.choices if c.mode in PARTIALS), None)
+    def src(self) -> str:
+        return "\n\n".join(part.src for part in self.parts)
+
+    @property
+    def kernel(self) -> Any:
+        return self.parts[0].kernel
+
+    @property
+    def persistent(self) -> bool:
+        """Whether a kernel runs a few programs per multiprocessor (tuning tries several counts)."""
+        return any(part.axis is not None and part.trips is None for part in self.parts)
 
 
 class BackwardKernel:
@@ -101,15 +127,31 @@ class BackwardKernel:
         self.store_axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
         self.launch_checks: tuple[LaunchCheck, ...] = tuple(analysis.launch_checks)
         self._variants: dict[tuple, Variant] = {}
+        self._parts: dict[tuple, Part] = {}
         self._variants_lock = threading.Lock()
         self._checked: set = set()  # (grid, argument values) the launch checks passed for
         self._chosen: dict[tuple, dict[str, Choice]] = {}  # (grid, arguments, written) -> choices
-        best = self.variant(lowering.best())  # derived now, so that what cannot be differentiated says so now
+        self.not_interchanged: dict[str, str] = {}  # input -> why it cannot have a kernel of its own
+        self._keep_feasible_interchanges()
+        best = self.variant(self.lowering.best())  # derived now, so that what cannot be differentiated says so now
+        if not any(part.wrt == self.wrt for part in best.parts):  # the calling convention's shadow names
+            self.variant({p: Choice(ATOMIC) for p in self.wrt})
         self.params = (*program.param_names(), *self.shadow_params.values())
         self.requested: tuple = (None, None)  # the wrt and outputs asked for (grad sets them)
         self.specialization: dict[str, Any] = {}  # values of the constexprs its source was specialized for
         if deterministic:
             self._refuse_atomics({p: c for p, c in best.choices})
+
+    def _keep_feasible_interchanges(self) -> None:
+        """Drop the interchanges whose backward body cannot give its loop to the grid (interchange.py)."""
+        for param, lowering in self.lowering.inputs.items():
+            for axis in list(lowering.interchange):
+                try:
+                    self._part({param: Choice(INTERCHANGE, axis)})
+                except NotInterchangeable as e:
+                    self.not_interchanged[param] = str(e)
+                    self.lowering = self.lowering.without_interchange(param)
+                    break
 
     # -- the kernel --------------------------------------------------------------------------------
 
@@ -132,7 +174,7 @@ class BackwardKernel:
         return self._shadow_params
 
     def variant(self, choices: dict[str, Choice]) -> Variant:
-        """The kernel for these choices, derived and compiled on first use."""
+        """The kernels for these choices, derived and compiled on first use."""
         key = tuple((p, Choice(c.mode, c.axis)) for p, c in choices.items())  # the buffer's fill is not code
         with self._variants_lock:
             found = self._variants.get(key)
@@ -141,21 +183,45 @@ class BackwardKernel:
         return found
 
     def _build(self, choices: dict[str, Choice]) -> Variant:
-        program, analysis = self.program, self.analysis
-        backward = build_backward(analysis, self.loop_plans, choices=choices)
-        self._shadow_params = dict(zip((*self.outputs, *self.wrt), backward.shadow_params, strict=True))
+        own = [p for p, c in choices.items() if c.mode == INTERCHANGE]
+        rest = {p: c for p, c in choices.items() if p not in own}
+        groups = [{p: choices[p]} for p in own]
+        if not own or any(c.mode != NONE for c in rest.values()):
+            groups.insert(0, rest)
+        parts = tuple(self._part(g) for g in groups)
+        written = set().union(*[part.written for part in parts])
+        return Variant(tuple(choices.items()), parts, frozenset(p for p in self.wrt if p not in written))
+
+    def _part(self, choices: dict[str, Choice]) -> Part:
+        """The kernel writing the gradients of the inputs in ``choices`` (all of them, or one interchanged)."""
+        key = tuple(choices.items())
+        if key in self._parts:
+            return self._parts[key]
+        program, wrt = self.program, tuple(choices)
+        analysis, plans = self.analysis, self.loop_plans
+        if wrt != self.wrt:  # fewer inputs: their own activity, loop plans, and kernel name
+            analysis = analysis.restricted(wrt)
+            plans = classify_loops(analysis)
+        name = self.name if wrt == self.wrt else f"{self.name}_{'_'.join(wrt)}"
+        backward = build_backward(analysis, plans, choices=choices)
+        shadows = dict(zip((*self.outputs, *wrt), backward.shadow_params, strict=True))
+        if wrt == self.wrt:
+            self._shadow_params = shadows
         writes = "".join(f"\n  d_{p}: {WRITES[c.mode]}" for p, c in choices.items())
         doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
-               f"wrt: {', '.join(analysis.wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
+               f"wrt: {', '.join(wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
                f"{CALLING_CONVENTION}\nIn this variant:{writes or ' (no inputs)'}\n")
-        src = codegen.function_source(program, backward, self.name, doc.replace("\n", "\n    "), tile=False)
-        kernel = codegen.compile_kernel(src, self.name, program)
+        src = codegen.function_source(program, backward, name, doc.replace("\n", "\n    "), tile=False)
+        kernel = codegen.compile_kernel(src, name, program)
         programs, rows = None, {}
         if backward.extra_params:
             programs, *strides = backward.extra_params
             rows = dict(zip([p for p, c in choices.items() if c.mode in PARTIALS], strides, strict=True))
-        unwritten = frozenset(p for p in self.wrt if p not in backward.written_inputs)
-        return Variant(tuple(choices.items()), src, kernel, programs, rows, unwritten)
+        axis = next((c.axis for c in choices.values() if c.mode in (*PARTIALS, INTERCHANGE)), None)
+        trips = next((self.lowering.inputs[p].trips for p, c in choices.items() if c.mode == INTERCHANGE), None)
+        part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
+                                       frozenset(backward.written_inputs))
+        return part
 
     # -- launching ---------------------------------------------------------------------------------
 
@@ -242,7 +308,8 @@ class BackwardKernel:
         key = (grid, written, aliased, *[_describe(named.get(n)) for n in self._chosen_names])
         prepared = self._chosen.get(key)
         if prepared is None:
-            choices = self.lowering.choose(LaunchValues(named, grid), written, aliased)
+            device = next((t.device for p in self.wrt if hasattr(t := named.get(p), "device")), None)
+            choices = self.lowering.choose(LaunchValues(named, grid), written, aliased, _multiprocessors(device))
             if self.deterministic:
                 self._refuse_atomics(choices)
             if len(self._chosen) > 4096:
@@ -256,7 +323,7 @@ class BackwardKernel:
         decide the tuned launch setting)."""
         names = {*self.wrt, *self.outputs}
         for lowering in self.lowering.inputs.values():
-            for c in (lowering.owned, lowering.covers, *lowering.shared.values()):
+            for c in (lowering.owned, lowering.covers, *lowering.shared.values(), *lowering.interchange.values()):
                 names |= c.names() if c is not None else set()
         return tuple(sorted(names & set(self.params)))
 
@@ -272,14 +339,12 @@ class BackwardKernel:
         variant = prepared.variant
         for p in variant.unwritten - written:  # no gradient reaches it (a stored one would be left unset)
             buffers[p].zero_()
-        args = {**named, **{self.shadow_params[o]: g for o, g in output_grads.items()},
-                **{self.shadow_params[p]: b for p, b in buffers.items()}}
         if prepared.setting is None:
-            prepared.setting = self._tuned(prepared, grid, args, buffers, written)
-        return self._run(variant, grid, args, buffers, prepared.setting, written, pad)
+            prepared.setting = self._tuned(prepared, grid, named, output_grads, buffers, written)
+        return self._run(variant, grid, named, output_grads, buffers, prepared.setting, written, pad)
 
-    def _tuned(self, prepared: Prepared, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
-               written: frozenset[str]) -> tuning.Setting:
+    def _tuned(self, prepared: Prepared, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
+               buffers: dict[str, Any], written: frozenset[str]) -> tuning.Setting:
         """The launch setting for a prepared launch: timed on a GPU (tuning.py), else the forward's."""
         device = next((t.device for t in buffers.values()), None)
         if self.deterministic or not tuning.enabled(device):
@@ -287,32 +352,46 @@ class BackwardKernel:
         touched = [buffers[p] for p, c in prepared.choices.items() if c.mode in (ADD, ATOMIC)]  # trials add into
 
         def trial(s: tuning.Setting) -> None:
-            self._run(prepared.variant, grid, args, buffers, s, written, 0, reduce=False)
+            self._run(prepared.variant, grid, named, output_grads, buffers, s, written, 0, reduce=False)
 
-        key = (id(self), prepared.variant.choices, grid, tuning.describe(args))
-        return tuning.best(key, prepared.variant.axis is not None, trial, touched)
+        key = (id(self), prepared.variant.choices, grid, tuning.describe({**named, **output_grads, **buffers}))
+        return tuning.best(key, prepared.variant.persistent, trial, touched)
 
-    def _run(self, variant: Variant, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
-             setting: tuning.Setting, written: frozenset[str], pad: int, reduce: bool = True) -> dict:
-        """One launch of the variant with a setting; partial rows allocated, and summed into their targets."""
+    def _run(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
+             buffers: dict[str, Any], setting: tuning.Setting, written: frozenset[str], pad: int,
+             reduce: bool = True) -> dict:
+        """One launch of each of the variant's kernels with a setting; partial rows allocated, and summed into
+        their targets (``reduce``: not in tuning's trials)."""
+        rows = {}
+        for part in variant.parts:
+            args = {**named, **{part.shadows[o]: g for o, g in output_grads.items()}}
+            args.update({part.shadows[p]: buffers[p] for p in part.wrt})
+            if setting.num_warps is not None:
+                args["num_warps"] = setting.num_warps
+            if part.trips is not None:
+                self._run_interchanged(part, grid, args, buffers, written, reduce)
+            else:
+                rows.update(self._run_part(part, grid, args, buffers, setting, written, pad, reduce))
+        return rows
+
+    def _run_part(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
+                  setting: tuning.Setting, written: frozenset[str], pad: int, reduce: bool) -> dict:
         import torch
 
-        rows, args = {}, dict(args)
-        if setting.num_warps is not None:
-            args["num_warps"] = setting.num_warps
-        if variant.axis is not None:
-            axis = variant.axis
+        rows = {}
+        if part.axis is not None:  # persistent: a few programs along the axis, each with its partial rows
+            axis = part.axis
             programs = _persistent_programs(grid[axis], next(iter(buffers.values())).device, setting.waves)
-            args[variant.programs] = grid[axis]
+            args[part.programs] = grid[axis]
             grid = (*grid[:axis], programs, *grid[axis + 1:])
-            for p in variant.rows:
+            for p in part.rows:
                 target = buffers[p]
                 span = span_of(target)
                 dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
                 rows[p] = (torch.zeros(programs, span + 2 * pad, dtype=dtype, device=target.device), pad)
-                args[self.shadow_params[p]] = rows[p][0][:, pad:]
-                args[variant.rows[p]] = span + 2 * pad
-        variant.kernel[grid](**args)
+                args[part.shadows[p]] = rows[p][0][:, pad:]
+                args[part.rows[p]] = span + 2 * pad
+        part.kernel[grid](**args)
         for p, (r, _) in rows.items() if reduce else ():  # the rows summed in a fixed order
             target = buffers[p]
             total = r[:, pad:pad + span_of(target)].sum(0).as_strided(target.size(), target.stride())
@@ -321,6 +400,25 @@ class BackwardKernel:
             else:
                 target.copy_(total)
         return rows
+
+    def _run_interchanged(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
+                          written: frozenset[str], reduce: bool) -> None:
+        """An input's own kernel: one program per iteration of its loop along the axis, each storing its sums.
+        Into a buffer of its own where gradient is already there to add to."""
+        import torch
+
+        (p,) = part.wrt
+        axis = part.axis
+        trips = int(part.trips.evaluate(LaunchValues(args, grid)))
+        args[part.programs] = grid[axis]
+        grid = (*grid[:axis], trips, *grid[axis + 1:])
+        target = buffers[p]
+        if p in written:
+            args[part.shadows[p]] = own = torch.zeros_like(target)
+        if min(grid) > 0:
+            part.kernel[grid](**args)
+        if p in written and reduce:
+            target.add_(own)
 
     def _refuse_atomics(self, choices: dict[str, Choice]) -> None:
         for p, c in choices.items():
@@ -392,6 +490,7 @@ class BackwardKernel:
         if self.lowering.inputs:
             lines.append("# How each input's gradient is written, decided on each launch's arguments:")
             lines += [f"#   {lowering.describe()}" for lowering in self.lowering.inputs.values()]
+            lines += [f"#   {p}: no kernel of its own: {why}" for p, why in self.not_interchanged.items()]
         if self.launch_checks:
             lines.append("# Checked on each launch's arguments (a launch where one fails is refused):")
             lines += [f"#   {check}" for check in self.launch_checks]
@@ -430,6 +529,15 @@ def _describe(value: Any) -> Any:
     if shape is not None and hasattr(value, "stride"):
         return (tuple(shape), value.stride(), value.dtype)
     return value
+
+
+def _multiprocessors(device: Any) -> int:
+    """How many programs fill the device: its multiprocessors on a GPU, one in Triton's interpreter."""
+    if device is not None and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        import torch
+
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
 
 
 def _persistent_programs(programs: int, device: Any, waves: int = 1) -> int:

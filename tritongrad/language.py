@@ -15,7 +15,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
-            "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad")
+            "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",)}
@@ -85,6 +85,15 @@ def _zeros_grad(x):
         return tl.zeros(x.shape, tl.float32)
     else:
         return tl.zeros(x.shape, x.dtype)
+
+
+def _zeros_to_sum(shadow):
+    """Zeros to sum a load's adjoint in over a persistent program's rows, shaped as the ``shadow`` pointer
+    tile: in float32 for a half-precision buffer (its sum is rounded once, when it is stored)."""
+    if shadow.dtype.element_ty.primitive_bitwidth < 32:
+        return tl.zeros(shadow.shape, tl.float32)
+    else:
+        return tl.zeros(shadow.shape, shadow.dtype.element_ty)
 
 
 def _widened(x):

@@ -15,6 +15,11 @@ the launch's strides, sizes, grid and trip counts):
   accumulating the input's adjoint in registers (``registers``: where its addresses and mask do not
   move) or in its own float32 row (``row``), and a fixed-order sum reduces the rows afterwards
   (deterministic, as hand-written norm backwards do).
+- ``interchange``: every program along a grid axis reads the same addresses, but a loop moves them (a
+  matmul's ``A[m, k]`` under ``for k``, read by every program along ``n``). The input gets a kernel of its
+  own whose programs along that axis are the loop's iterations, each looping over the forward's programs
+  along the axis and storing its tile once (interchange.py): the loop interchange of a hand-written
+  matmul or attention backward.
 - ``atomic``: anything else (gathers, overlapping windows, several loads of one input):
   ``tl.atomic_add`` into a zero-filled float32 buffer.
 - ``none``: the input's value does not reach an output: its gradient is zero.
@@ -26,7 +31,8 @@ the launch's strides, sizes, grid and trip counts):
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 from .addresses import (
     Lane,
@@ -39,7 +45,7 @@ from .addresses import (
     starts_at_zero,
 )
 from .analysis import Analysis, loaded_values, program_axes
-from .checks import All, AtMost, Condition, Covers, Expr, LaunchValues
+from .checks import UNKNOWN_TRIP, All, AtMost, Condition, Covers, Expr, LaunchValues
 from .ir import (
     Namer,
     Op,
@@ -58,6 +64,7 @@ from .lanes import launch_coordinates, scalars_written_out
 from .operations import instantiate, operation_of
 
 ATOMIC, STORE, ADD, REGISTERS, ROW, NONE = "atomic", "store", "add", "registers", "row", "none"
+INTERCHANGE = "interchange"
 PARTIALS = (REGISTERS, ROW)
 AXES = (0, 1, 2)
 
@@ -74,12 +81,19 @@ class InputLowering:
     why: str = ""  # why it cannot be stored, for ``tritongrad show``
     apart: Condition | None = None  # the part of ``owned`` about lanes, programs and iterations (for show)
     inactive: bool = False  # its value reaches no output: no gradient
+    interchange: dict[int, Condition] = field(default_factory=dict)  # axis -> its loop's iterations apart
+    trips: Expr | None = None  # (interchange) the trip count of the loop around the load
 
     def describe(self) -> str:
         """What ``tritongrad show`` says of it."""
         if self.inactive:
             return f"{self.param}: its value reaches no output, so its gradient is zero"
         parts = []
+        for axis in self.interchange:
+            parts.append(f"the programs along axis {axis} read the same elements, moved by the loop around the "
+                         f"load: a kernel of its own, one program per iteration of the loop ({self.trips}) and "
+                         "tile, each summing over the forward's programs along the axis in registers and storing "
+                         "its tile once")
         for axis in self.shared:
             where = "in registers" if axis in self.in_registers else "in its own float32 row"
             parts.append(f"the programs along axis {axis} read the same elements: a persistent loop over them, "
@@ -97,8 +111,8 @@ class InputLowering:
 class Choice:
     """How one launch writes one input's gradient."""
 
-    mode: str  # STORE / ADD / REGISTERS / ROW / ATOMIC
-    axis: int | None = None  # partials: the persistent axis
+    mode: str  # STORE / ADD / REGISTERS / ROW / INTERCHANGE / ATOMIC
+    axis: int | None = None  # partials: the persistent axis; interchange: the axis the loop's iterations take
     covers: bool = False  # store: the load reaches every element (the buffer needs no zero-fill)
 
 
@@ -107,11 +121,12 @@ class Lowering:
     inputs: dict[str, InputLowering]
 
     def choose(self, launch: LaunchValues, written: frozenset[str] = frozenset(),
-               aliased: frozenset[str] = frozenset()) -> dict[str, Choice]:
+               aliased: frozenset[str] = frozenset(), parallel: int = 1) -> dict[str, Choice]:
         """Each input's choice for a launch. ``written``: inputs whose buffer already holds gradient to add
         to; ``aliased``: inputs whose buffers share memory with another's (they add atomically: their loads
         may reach one element from two programs). At most one persistent axis per launch: the first input's
-        that wants one."""
+        that wants one. An input gets a kernel of its own where that has at least ``parallel`` programs (a
+        GPU's multiprocessors: a layer norm's bias over four column blocks would run four long programs)."""
         choices: dict[str, Choice] = {}
         axis = None
         for param, lowering in self.inputs.items():
@@ -125,6 +140,11 @@ class Lowering:
                 else:
                     choices[param] = Choice(STORE, covers=_holds(lowering.covers, launch))
                 continue
+            interchange = [a for a, c in lowering.interchange.items() if _holds(c, launch) and launch.programs(a) > 1
+                           and _programs(launch, a, lowering.trips) >= parallel]
+            if interchange:
+                choices[param] = Choice(INTERCHANGE, interchange[0], _holds(lowering.covers, launch))
+                continue
             shared = [a for a, c in lowering.shared.items() if axis in (None, a) and _holds(c, launch)
                       and launch.programs(a) > 1]
             if shared:
@@ -134,6 +154,12 @@ class Lowering:
             choices[param] = Choice(ATOMIC)
         return choices
 
+    def without_interchange(self, param: str) -> Lowering:
+        """The same, with ``param``'s gradient never given a kernel of its own (its body cannot be)."""
+        inputs = dict(self.inputs)
+        inputs[param] = replace(inputs[param], interchange={}, trips=None)
+        return Lowering(inputs)
+
     def best(self) -> dict[str, Choice]:
         """What a typical launch gets (several programs along each axis the kernel reads): the kernel
         ``tritongrad show`` prints."""
@@ -141,6 +167,8 @@ class Lowering:
         for param, lowering in self.inputs.items():
             if lowering.inactive:
                 choices[param] = Choice(NONE)
+            elif lowering.interchange:
+                choices[param] = Choice(INTERCHANGE, min(lowering.interchange), lowering.covers is not None)
             elif lowering.shared and (axis is None or axis in lowering.shared):
                 axis = axis if axis is not None else min(lowering.shared)
                 choices[param] = Choice(REGISTERS if axis in lowering.in_registers else ROW, axis)
@@ -149,6 +177,17 @@ class Lowering:
             else:
                 choices[param] = Choice(ATOMIC)
         return choices
+
+
+def _programs(launch: LaunchValues, axis: int, trips: Expr) -> int:
+    """How many programs an input's own kernel runs: the grid with the loop's iterations along ``axis``."""
+    try:
+        count = trips.evaluate(launch)
+    except Exception:
+        return 0
+    for a, n in enumerate(launch.grid or ()):
+        count *= n if a != axis else 1
+    return count
 
 
 def _holds(condition: Condition | None, launch: LaunchValues) -> bool:
@@ -231,8 +270,16 @@ class _Context:
         shared = {axis: written(All((lanes_apart, *[single[b] for b in absent if b != axis])))
                   for axis in absent if axis not in hidden and axis in self.used}
         in_registers = frozenset(axis for axis in shared if self._invariant(stmt, b, axis))
+        interchange, trips = {}, None
+        in_one_loop = [isinstance(n, ast.For) for n in self.nested[id(stmt)]] == [True]
+        if in_one_loop and around[0] in terms:
+            trips = a.trips.get(around[0])
+            if trips is not None and trips != Expr.const(UNKNOWN_TRIP):
+                interchange = {axis: written(All((apart, *[single[b] for b in absent if b != axis])))
+                               for axis in shared}
         why = "" if owned is not None else "its address repeats across the iterations of a loop around it"
-        return InputLowering(param, owned, covers, shared, in_registers, why, written(apart))
+        return InputLowering(param, owned, covers, shared, in_registers, why, written(apart), interchange=interchange,
+                             trips=trips if interchange else None)
 
     def _starts_at_zero(self, pointer: str, base: str) -> bool:
         """Whether the pointer is ``base`` plus offsets with no constant part (so its addresses start at the
@@ -241,7 +288,8 @@ class _Context:
         for _ in range(64):
             if name == base:
                 return True
-            defs = [d for d in self.defs.get(name, []) if target_of(d) is not None]
+            defs = [d for d in self.defs.get(name, []) if target_of(d) is not None and not (  # but `p = p + step`
+                op_of(d).kind == "add" and any(isinstance(x, ast.Name) and x.id == name for x in op_of(d).args[:2]))]
             if len(defs) != 1:
                 return False
             op = op_of(defs[0])
@@ -306,16 +354,22 @@ class PartialSum:
 
 
 def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, programs: str, rows: dict[str, str],
-               sums: list[PartialSum], reassigned: set[str], params: set[str], namer: Namer) -> list[ast.stmt]:
+               sums: list[PartialSum], reassigned: set[str], params: set[str], namer: Namer,
+               every: bool = False) -> list[ast.stmt]:
     """The backward body as a loop over the forward's programs along ``axis``: this program takes every
-    ``tl.num_programs(axis)``-th of the forward's ``programs``. ``rows``: shadow parameter -> the parameter
-    holding its partial rows' stride (each program writes its own row). Values that do not depend on the
-    program (a weight's addresses and values) are computed once, before the loop."""
+    ``tl.num_programs(axis)``-th of the forward's ``programs`` (``every``: all of them, the programs along
+    ``axis`` being a loop's iterations: interchange.py). ``rows``: shadow parameter -> the parameter holding
+    its partial rows' stride (each program writes its own row). Values that do not depend on the program (a
+    weight's addresses and values) are computed once, before the loop; with ``every``, the sweep's too (the
+    addresses the sums are stored at, after the loop)."""
     dependent = _depends_on_program(replay + sweep, axis)
     local = set(params) | {target_of(s) for s in statements(replay + sweep) if target_of(s)}
     local |= {n.target.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[])) if isinstance(n, ast.For)}
+    if every:  # the body is straight-line code: a name is reassigned where it is assigned twice
+        counts = Counter(t for s in replay + sweep for t in _assigned(s))
+        reassigned = {n for n, c in counts.items() if c > 1}
     hoisted, kept, known = [], [], set(params)
-    for s in replay:
+    for s in replay + (sweep if every else []):
         t = target_of(s)
         if (t is not None and t not in dependent and t not in reassigned and not is_structured(s)
                 and reads(s.value) & local <= known):
@@ -323,6 +377,9 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
             known.add(t)
         else:
             kept.append(s)
+    if every:
+        sweep = [s for s in kept if s in sweep]
+        kept = [s for s in kept if s not in sweep]
     starts = [s for s in kept if _program_id(s) == axis]
     if len(starts) == 1 and not _used_as_tensor(starts[0].targets[0].id, kept + sweep):
         loop_var = starts[0].targets[0].id  # `row = tl.program_id(0)`: the loop runs over `row`, as by hand
@@ -334,14 +391,21 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
                 for shadow, stride in rows.items()]
     prologue += hoisted
     prologue += [ast.Assign(targets=[ast.Name(s.accumulator, ast.Store())], value=instantiate(
-        "tl.zeros(d.shape, d.dtype.element_ty)", {"d": name_node(s.shadow)})) for s in sums]
-    loop = ast.For(target=ast.Name(loop_var, ast.Store()),
-                   iter=ast.parse(f"range(tl.program_id({axis}), {programs}, tl.num_programs({axis}))",
-                                  mode="eval").body, body=kept + sweep or [ast.Pass()], orelse=[])
+        "tg.zeros_to_sum(d)", {"d": name_node(s.shadow)})) for s in sums]
+    span = f"range(0, {programs})" if every else f"range(tl.program_id({axis}), {programs}, tl.num_programs({axis}))"
+    loop = ast.For(target=ast.Name(loop_var, ast.Store()), iter=ast.parse(span, mode="eval").body,
+                   body=kept + sweep or [ast.Pass()], orelse=[])
     epilogue = [ast.Expr(ast.Call(ast.parse("tl.store", mode="eval").body,
                                   [name_node(s.shadow), name_node(s.accumulator)],
                                   [] if _is_none(s.mask) else [ast.keyword("mask", s.mask)])) for s in sums]
     return [*prologue, loop, *epilogue]
+
+
+def _assigned(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, ast.AugAssign):
+        return [stmt.target.id]
+    t = target_of(stmt)
+    return [t] if t is not None else []
 
 
 def _is_none(atom: ast.expr) -> bool:

@@ -4,7 +4,8 @@
   shadow with the store's mask (masked-off lanes read zero);
 - a load of a ``wrt`` input: its adjoint is written as lowering.py chose for the input
   (the kernel variant being built): stored, added without atomics, summed into a
-  per-program partial (in registers or a row), or added atomically;
+  per-program partial (in registers or a row; a kernel of its own sums in registers too), or
+  added atomically;
 - tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
   ``desc.load``'s adds ``d_desc.atomic_add(offsets, g)`` where descriptors can add.
 """
@@ -16,7 +17,7 @@ import copy
 
 from .blockptr import block_addresses, block_mask
 from .ir import arguments, is_none, name_node, op_of, refuse, stored_value, target_of, where
-from .lowering import ADD, ATOMIC, REGISTERS, ROW, STORE, PartialSum
+from .lowering import ADD, ATOMIC, INTERCHANGE, REGISTERS, ROW, STORE, PartialSum
 from .operations import instantiate, operation_of
 
 
@@ -39,7 +40,17 @@ class MemoryAdjoints:
             return
         masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
         mode = self.choices[param].mode
-        if mode == REGISTERS:  # summed over this program's rows; stored once after them (lowering.persistent)
+        if mode == INTERCHANGE:  # the addresses and mask named, to be stored at after the loop (interchange.py)
+            at = self.namer.fresh(f"{self.adjoint[target_of(stmt)]}_to")
+            self.emit(ast.Assign(targets=[ast.Name(at, ast.Store())], value=copy.deepcopy(shadow)))
+            shadow, mask = name_node(at), b["mask"]
+            if not is_none(mask):
+                mask = name_node(self.namer.fresh(f"{at}_mask"))  # d_a_to, d_a_to_mask
+                self.emit(ast.Assign(targets=[ast.Name(mask.id, ast.Store())], value=copy.deepcopy(b["mask"])))
+            total = self.partial_sum(stmt, shadow.id, mask)
+            self.emit(ast.AugAssign(target=ast.Name(total, ast.Store()), op=ast.Add(),
+                                    value=instantiate("g.to(s.dtype)", {"g": g, "s": name_node(total)})))
+        elif mode == REGISTERS:  # summed over this program's rows; stored once after them (lowering.persistent)
             total = self.partial_sum(stmt, shadow.id, b["mask"])  # in its rows' dtype: one type across the loop
             self.emit(ast.AugAssign(target=ast.Name(total, ast.Store()), op=ast.Add(),
                                     value=instantiate("g.to(s.dtype)", {"g": g, "s": name_node(total)})))

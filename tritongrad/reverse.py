@@ -32,6 +32,7 @@ import copy
 from dataclasses import dataclass, field
 
 from .analysis import Analysis
+from .interchange import loop_to_grid
 from .ir import (
     Namer,
     arguments,
@@ -50,7 +51,7 @@ from .ir import (
     where,
 )
 from .loops import LoopPlan, LoopReversal
-from .lowering import ATOMIC, PARTIALS, Choice, persistent
+from .lowering import ATOMIC, INTERCHANGE, PARTIALS, Choice, persistent
 from .memory import MemoryAdjoints
 from .operations import LOADS, STORES, instantiate, operation_of
 
@@ -185,29 +186,44 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                        for w in self.analysis.wrt]
         reassigned = {n for n, ds in self.defs.items() if len(ds) > 1}
         reassigned |= {self.shadow[n] for n in reassigned if n in self.shadow}
-        epilogue = {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))}  # read after the loop
+        own = any(c.mode == INTERCHANGE for c in self.choices.values())  # (its sums are stored at sweep values)
+        epilogue = {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))} if not own else set()
         replay = self.replay(epilogue)
         body, extra = replay + self.out, []
         axis = next((c.axis for c in self.choices.values() if c.mode in PARTIALS), None)
-        if axis is not None:
+        interchanged = [s for p, c in self.choices.items() if c.mode == INTERCHANGE for s in self.partial_sums]
+        if interchanged:  # a kernel of its own for one input: the loop's iterations are programs (interchange.py)
+            (total,) = interchanged
+            axis = self.choices[self.analysis.wrt[0]].axis
+            self.out = loop_to_grid(replay, self.out, total.accumulator, axis, self.comments, self.namer,
+                                    {total.shadow, *names_in(total.mask)})
+            body, extra = self.persistent(replay, axis, reassigned, every=True)
+        elif axis is not None:
             body, extra = self.persistent(replay, axis, reassigned)
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
                             self.written_inputs)
 
-    def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str]) -> tuple[list[ast.stmt], list[str]]:
+    def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False
+                   ) -> tuple[list[ast.stmt], list[str]]:
         """The body as a loop over the forward's programs along ``axis`` (lowering.persistent), and the
         parameters that adds: the forward's program count, and each partial row's stride."""
         programs = self.namer.fresh("programs")
         partial = [p for p, c in self.choices.items() if c.mode in PARTIALS]
         rows = {self.shadow[p]: self.namer.fresh(f"{self.shadow[p]}_rows") for p in partial}
-        names = ", ".join(p for p in partial)
-        note = self.marker(f"one program per group of the forward's programs along axis {axis}: each sums the "
-                           f"gradient of {names} over its programs\n(in its own partial row, reduced in order "
-                           "after the kernel), and the rest as the forward's program would")
+        names = ", ".join(p for p, c in self.choices.items() if c.mode in (*PARTIALS, INTERCHANGE))
+        if every:
+            note = self.marker(f"each program takes one iteration of the loop (tl.program_id({axis})) and loops over "
+                               f"all of the forward's programs along axis {axis},\nsumming the gradient of {names} "
+                               "in registers: the loop interchange of a hand-written backward")
+        else:
+            note = self.marker(f"one program per group of the forward's programs along axis {axis}: each sums the "
+                               f"gradient of {names} over its programs\n(in its own partial row, reduced in order "
+                               "after the kernel), and the rest as the forward's program would")
         params = {*self.program.param_names(), *self.shadow_params, programs, *rows.values()}
-        body = persistent(replay, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer)
+        body = persistent(replay, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer,
+                          every)
         loop = next(i for i, s in enumerate(body) if isinstance(s, ast.For))
         return [*body[:loop], note, *body[loop:]], [programs, *rows.values()]
 

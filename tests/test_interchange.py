@@ -1,0 +1,189 @@
+"""Re-parallelized adjoints (interchange.py, issue 12): an input every program along a grid axis reads,
+at addresses a loop moves, gets a kernel of its own whose programs are the loop's iterations. Each test
+against PyTorch autograd in float64 with ragged sizes; buffers the lowering leaves unfilled are poisoned."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad.lowering import INTERCHANGE, STORE
+
+F64 = torch.float64
+
+
+@triton.jit
+def matmul_k_loop(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The tutorial's matmul: a tile of C per program, a loop over K moving both pointer tiles."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < K - k * BLOCK_K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < K - k * BLOCK_K) & (offs_n[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c = acc.to(c_ptr.dtype.element_ty)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, c,
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def matmul_bt(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``A @ B.T`` with B stored (N, K) and transposed in the kernel; K counted by a range's step."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + rn[:, None] * K + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0)
+        acc += tl.dot(a, tl.trans(b))
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def decaying_matmul(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK: tl.constexpr):
+    """``acc = acc * 0.5 + a_k @ b_k``: the accumulator is not linear, so iterations depend on each other."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK + tl.arange(0, BLOCK)
+    rn = pid_n * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float64)
+    for k0 in range(0, K, BLOCK):
+        rk = k0 + tl.arange(0, BLOCK)
+        a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = acc * 0.5 + tl.dot(a, b)
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@pytest.fixture
+def poisoned_empty(monkeypatch):
+    """Buffers tritongrad leaves unfilled (every element stored) come back NaN: a missed element fails."""
+    empty = torch.empty_strided
+
+    def nan_filled(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty_strided", nan_filled)
+
+
+def _matmul_grads(a, b, block=16):
+    (M, K), N = a.shape, b.shape[1]
+    c = torch.full((M, N), float("nan"), dtype=a.dtype)
+    grid = (triton.cdiv(M, block), triton.cdiv(N, block))
+    args = dict(a_ptr=a, b_ptr=b, c_ptr=c, M=M, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
+                stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=c.stride(0), stride_cn=c.stride(1),
+                BLOCK_M=block, BLOCK_N=block, BLOCK_K=block)
+    matmul_k_loop[grid](**args)
+    torch.testing.assert_close(c, a @ b)
+    g = torch.randn(M, N, dtype=a.dtype)
+    bwd = tritongrad.grad(matmul_k_loop)
+    return bwd, bwd.choose(args, grid), bwd.gradients(grid, args, {"c_ptr": g}), g
+
+
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_matmul_inputs_get_kernels_of_their_own(transpose_a, transpose_b, poisoned_empty):
+    M, N, K = 45, 37, 70  # three and three tiles; five blocks of K, the last one ragged
+    a = torch.randn(K, M, dtype=F64).t() if transpose_a else torch.randn(M, K, dtype=F64)
+    b = torch.randn(N, K, dtype=F64).t() if transpose_b else torch.randn(K, N, dtype=F64)
+    bwd, choices, grads, g = _matmul_grads(a, b)
+    assert {c.mode for c in choices.values()} == {INTERCHANGE} and all(c.covers for c in choices.values())
+    leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+    (leaves[0] @ leaves[1]).backward(g)
+    torch.testing.assert_close(grads["a_ptr"], leaves[0].grad)
+    torch.testing.assert_close(grads["b_ptr"], leaves[1].grad)
+
+
+def test_the_derived_kernels_read_as_a_hand_written_matmul_backward():
+    bwd = tritongrad.grad(matmul_k_loop)
+    parts = bwd.variant(bwd.lowering.best()).parts
+    assert [p.wrt for p in parts] == [("a_ptr",), ("b_ptr",)]
+    for part, axis in zip(parts, (1, 0), strict=True):
+        assert "atomic_add" not in part.src and "for k in" not in part.src  # no forward loop replayed
+        assert f"k_iteration = tl.program_id({axis})" in part.src
+        assert "for pid_" in part.src and "range(0, programs)" in part.src
+    assert "a kernel of its own" in bwd.launch_notes()
+
+
+def test_one_program_along_the_axis_stores_directly(poisoned_empty):
+    a, b = torch.randn(45, 70, dtype=F64), torch.randn(70, 9, dtype=F64)  # one program along N
+    _, choices, grads, g = _matmul_grads(a, b)
+    assert choices["a_ptr"].mode == STORE and choices["b_ptr"].mode == INTERCHANGE
+    torch.testing.assert_close(grads["a_ptr"], g @ b.t())
+    torch.testing.assert_close(grads["b_ptr"], a.t() @ g)
+
+
+def test_a_transposed_tile_and_a_stepped_range(poisoned_empty):
+    M, N, K, block = 33, 41, 50, 16
+    a, b = torch.randn(M, K, dtype=F64), torch.randn(N, K, dtype=F64)
+    c = torch.full((M, N), float("nan"), dtype=F64)
+    grid = (triton.cdiv(M, block), triton.cdiv(N, block))
+    args = dict(a_ptr=a, b_ptr=b, c_ptr=c, M=M, N=N, K=K, BLOCK_M=block, BLOCK_N=block, BLOCK_K=block)
+    matmul_bt[grid](**args)
+    g = torch.randn(M, N, dtype=F64)
+    bwd = tritongrad.grad(matmul_bt)
+    assert {c.mode for c in bwd.choose(args, grid).values()} == {INTERCHANGE}
+    grads = bwd.gradients(grid, args, {"c_ptr": g})
+    torch.testing.assert_close(grads["a_ptr"], g @ b)
+    torch.testing.assert_close(grads["b_ptr"], g.t() @ a)
+
+
+def test_iterations_that_depend_on_each_other_keep_their_lowering():
+    M, N, K, block = 20, 35, 40, 16
+    a, b = torch.randn(M, K, dtype=F64), torch.randn(K, N, dtype=F64)
+    c = torch.full((M, N), float("nan"), dtype=F64)
+    grid = (triton.cdiv(M, block), triton.cdiv(N, block))
+    args = dict(a_ptr=a, b_ptr=b, c_ptr=c, M=M, N=N, K=K, BLOCK=block)
+    decaying_matmul[grid](**args)
+    bwd = tritongrad.grad(decaying_matmul)
+    assert INTERCHANGE not in {c.mode for c in bwd.choose(args, grid).values()}
+    assert "no kernel of its own" in bwd.launch_notes()
+    g = torch.randn(M, N, dtype=F64)
+    grads = bwd.gradients(grid, args, {"c_ptr": g})
+    leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
+    acc = torch.zeros(M, N, dtype=F64)
+    for k0 in range(0, K, block):
+        acc = acc * 0.5 + leaves[0][:, k0:k0 + block] @ leaves[1][k0:k0 + block]
+    acc.backward(g)
+    torch.testing.assert_close(grads["a_ptr"], leaves[0].grad)
+    torch.testing.assert_close(grads["b_ptr"], leaves[1].grad)
+
+
+def test_an_op_whose_launches_share_an_input_adds_the_second_gradient():
+    """Two launches read A: the first writer's kernel stores dA, the second's sums into a buffer of its own
+    and adds it (interchanged kernels store their tiles)."""
+    block = 16
+
+    @tritongrad.op
+    def two_products(a, b1, b2):
+        outs = []
+        for b in (b1, b2):
+            (M, K), N = a.shape, b.shape[1]
+            c = torch.empty(M, N, dtype=a.dtype)
+            matmul_k_loop[(triton.cdiv(M, block), triton.cdiv(N, block))](
+                a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                BLOCK_M=block, BLOCK_N=block, BLOCK_K=block)
+            outs.append(c)
+        return outs[0], outs[1]
+
+    a, b1, b2 = (torch.randn(*s, dtype=F64, requires_grad=True) for s in ((38, 51), (51, 35), (51, 40)))
+    c1, c2 = two_products(a, b1, b2)
+    g1, g2 = torch.randn_like(c1), torch.randn_like(c2)
+    got = torch.autograd.grad((c1, c2), (a, b1, b2), (g1, g2))
+    want = torch.autograd.grad((a @ b1, a @ b2), (a, b1, b2), (g1, g2))
+    for x, y in zip(got, want, strict=True):
+        torch.testing.assert_close(x, y)

@@ -1,0 +1,169 @@
+"""The loop interchange of a re-parallelized adjoint: a loop's iterations become programs of the grid.
+
+A tiled matmul's program ``(m, n)`` loops over ``k``, loading ``A[m, k]``. Every program along
+``n`` reads the same tiles of ``A``, so ``dA[m, k]`` is a sum over ``n``. A hand-written backward
+gives ``dA`` a kernel of its own whose program ``(m, k)`` loops over ``n`` and stores its tile once,
+instead of adding from every ``(m, n)`` with atomics. :func:`loop_to_grid` does that to a derived
+backward body (one input's gradient only, reverse.py): the reverse loop around the input's adjoint
+runs one iteration per program (``k = start + tl.program_id(axis) * step``, each carried pointer
+advanced to that iteration in closed form), and lowering.persistent then loops every program over
+all of the forward's programs along ``axis``, summing the adjoint in registers.
+
+Legal when each iteration's adjoint needs nothing from the others: the loop carries only values
+advanced by a loop-invariant amount (pointers, offsets), its adjoint flows nowhere after the loop,
+and nothing outside it has an effect (each program runs that part once per iteration it owns).
+Otherwise :class:`NotInterchangeable` says why, and the input keeps another lowering.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+
+from .ir import Namer, is_structured, name_node, reads, statements, target_of
+from .loops import _bounds
+from .operations import instantiate
+
+
+class NotInterchangeable(Exception):
+    """Why a backward body cannot give a loop's iterations to the grid."""
+
+
+def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulator: str, axis: int,
+                 comments: dict[str, str], namer: Namer, keep: set[str]) -> list[ast.stmt]:
+    """``sweep`` with the top-level loop that sums into ``accumulator`` replaced by the iteration this
+    program owns along ``axis``; what no longer has a use dropped (``keep``: what is read after it)."""
+    found = [i for i, s in enumerate(sweep) if isinstance(s, ast.For) and _sums_into(s, accumulator)]
+    if len(found) != 1:
+        raise NotInterchangeable("its adjoint is not summed in one loop at the kernel's top level")
+    at = found[0]
+    node = sweep[at]
+    if any(is_structured(s) for s in replay + sweep[:at] + sweep[at + 1:]):
+        raise NotInterchangeable("the backward runs another loop or branch beside it (each program would "
+                                 "run it once per iteration it owns)")
+    if any(_has_effect(s, comments) for s in replay + sweep[:at] + sweep[at + 1:]):
+        raise NotInterchangeable("the backward writes memory outside the loop")
+    body = node.body
+    assigned = {t for s in statements(body) for t in _targets(s)} - {accumulator}
+    later = set().union(set(), *[reads(s) for s in sweep[at + 1:]])
+    if assigned & later:
+        raise NotInterchangeable(f"`{sorted(assigned & later)[0]}` flows out of the loop")
+    carried = _read_before_written(body, assigned)
+    steps = {}
+    for s in body:
+        name = target_of(s)
+        if name in carried:
+            steps[name] = _step_of(s, name)
+    if set(steps) != carried or any(target_of(s) in carried for s in statements(body) if s not in body):
+        raise NotInterchangeable(f"`{sorted(carried - set(steps))[0] if carried - set(steps) else 'a value'}` "
+                                 "is carried from one iteration to the next other than by a fixed step")
+    invariant = _invariant(body, assigned)
+    needed = _closure({n for sign, inc in steps.values() for n in reads(inc)}, body)
+    if not needed <= invariant:
+        raise NotInterchangeable("a carried value's step changes from one iteration to the next")
+    moved = [s for s in body if target_of(s) in needed]
+    rest = [s for s in body if s not in moved and target_of(s) not in carried]
+    iteration = namer.fresh(f"{node.target.id}_iteration")
+    start, _, step = _bounds(node)
+    head: list[ast.stmt] = [*moved, ast.Assign(targets=[ast.Name(iteration, ast.Store())],
+                                               value=instantiate(f"tl.program_id({axis})", {}))]
+    head.append(ast.Assign(targets=[ast.Name(node.target.id, ast.Store())], value=instantiate(
+        "start + i * step", {"start": start, "step": step, "i": name_node(iteration)})))
+    renamed = {}
+    for name, (sign, inc) in steps.items():
+        renamed[name] = namer.fresh(f"{name}_at")
+        head.append(ast.Assign(targets=[ast.Name(renamed[name], ast.Store())], value=instantiate(
+            f"x {sign} i * inc", {"x": name_node(name), "i": name_node(iteration), "inc": inc})))
+    rest = [_rename(s, renamed) for s in rest]
+    markers = [s.value.id for s in sweep[:at] if isinstance(s, ast.Expr) and isinstance(s.value, ast.Name)
+               and s.value.id in comments]
+    if markers and comments[markers[-1]].startswith("loop over"):  # the loop's plan: say where it went
+        first = comments[markers[-1]].splitlines()[0]
+        comments[markers[-1]] = f"{first}\nEach program runs one iteration: the one tl.program_id({axis}) numbers."
+    return _without_unused([*sweep[:at], *head, *rest, *sweep[at + 1:]], keep)
+
+
+def _without_unused(body: list[ast.stmt], keep: set[str]) -> list[ast.stmt]:
+    """``body`` without the assignments nothing reads (the other carried values, their starting points)."""
+    while True:
+        used = set(keep).union(*[reads(s) for s in body])
+        kept = [s for s in body if not (isinstance(s, ast.Assign) and target_of(s) not in used)]
+        if len(kept) == len(body):
+            return kept
+        body = kept
+
+
+def _sums_into(node: ast.For, accumulator: str) -> bool:
+    return any(isinstance(s, ast.AugAssign) and s.target.id == accumulator for s in statements(node.body))
+
+
+def _targets(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, ast.AugAssign):
+        return [stmt.target.id]
+    t = target_of(stmt)
+    return [t] if t is not None else []
+
+
+def _has_effect(stmt: ast.stmt, comments: dict[str, str]) -> bool:
+    """A statement that is not an assignment or a comment marker (a store, an atomic, an assert)."""
+    return isinstance(stmt, ast.Expr) and not (isinstance(stmt.value, ast.Name) and stmt.value.id in comments)
+
+
+def _read_before_written(body: list[ast.stmt], assigned: set[str]) -> set[str]:
+    """Names of ``assigned`` some statement reads before the body assigns them: carried across iterations."""
+    seen: set[str] = set()
+    carried: set[str] = set()
+    for s in statements(body):
+        value = s.value if isinstance(s, (ast.Assign, ast.AugAssign, ast.Expr)) else s
+        carried |= (reads(value) & assigned) - seen
+        seen.update(_targets(s))
+    return carried
+
+
+def _step_of(stmt: ast.stmt, name: str) -> tuple[str, ast.expr]:
+    """``name = name + inc`` (or ``inc + name``, ``name - inc``): the sign and ``inc``."""
+    v = stmt.value
+    if isinstance(v, ast.BinOp) and isinstance(v.op, (ast.Add, ast.Sub)):
+        if isinstance(v.left, ast.Name) and v.left.id == name and name not in reads(v.right):
+            return ("+" if isinstance(v.op, ast.Add) else "-"), v.right
+        if isinstance(v.op, ast.Add) and isinstance(v.right, ast.Name) and v.right.id == name \
+                and name not in reads(v.left):
+            return "+", v.left
+    raise NotInterchangeable(f"`{name}` is carried from one iteration to the next other than by a fixed step")
+
+
+def _invariant(body: list[ast.stmt], assigned: set[str]) -> set[str]:
+    """Names the body assigns from values that do not change between iterations."""
+    invariant: set[str] = set()
+    for s in body:  # in order: a definition reads only what was defined before it
+        t = target_of(s)
+        if t is not None and isinstance(s, ast.Assign) and reads(s.value) & assigned <= invariant:
+            invariant.add(t)
+    return invariant
+
+
+def _closure(names: set[str], body: list[ast.stmt]) -> set[str]:
+    """``names`` assigned in the body, and the body's names they are computed from."""
+    defs = {target_of(s): s for s in body if target_of(s) is not None}
+    found: set[str] = set()
+    work = [n for n in names if n in defs]
+    while work:
+        n = work.pop()
+        if n not in found:
+            found.add(n)
+            work += [m for m in reads(defs[n].value) if m in defs]
+    return found
+
+
+def _rename(stmt: ast.stmt, renamed: dict[str, str]) -> ast.stmt:
+    """``stmt`` reading each carried value at the program's own iteration."""
+    class Sub(ast.NodeTransformer):
+        def visit_Name(self, n: ast.Name) -> ast.expr:
+            if isinstance(n.ctx, ast.Load) and n.id in renamed:
+                return ast.copy_location(ast.Name(renamed[n.id], ast.Load()), n)
+            return n
+
+    new = Sub().visit(copy.deepcopy(stmt))
+    if hasattr(stmt, "tg"):
+        new.tg = stmt.tg
+    return new
