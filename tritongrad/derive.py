@@ -355,7 +355,8 @@ class BackwardKernel:
             self._run(prepared.variant, grid, named, output_grads, buffers, s, written, 0, reduce=False)
 
         key = (id(self), prepared.variant.choices, grid, tuning.describe({**named, **output_grads, **buffers}))
-        return tuning.best(key, prepared.variant.persistent, trial, touched)
+        pipelined = any(part.trips is not None for part in prepared.variant.parts)
+        return tuning.best(key, prepared.variant.persistent, trial, touched, pipelined)
 
     def _run(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
              buffers: dict[str, Any], setting: tuning.Setting, written: frozenset[str], pad: int,
@@ -368,6 +369,8 @@ class BackwardKernel:
             args.update({part.shadows[p]: buffers[p] for p in part.wrt})
             if setting.num_warps is not None:
                 args["num_warps"] = setting.num_warps
+            if setting.num_stages is not None:
+                args["num_stages"] = setting.num_stages
             if part.trips is not None:
                 self._run_interchanged(part, grid, args, buffers, written, reduce)
             else:

@@ -24,15 +24,18 @@ from typing import Any
 
 WARPS = (4, 8, 16)
 WAVES = (1, 2, 4, 8)  # persistent programs per multiprocessor
+STAGES = (2, 3, 4)  # software pipelining of a kernel's own loop over the forward's programs (interchange.py)
 
 
 @dataclass(frozen=True)
 class Setting:
-    """How to launch a derived kernel: ``num_warps`` (None: the forward's) and, for a persistent one,
-    how many programs per multiprocessor."""
+    """How to launch a derived kernel: ``num_warps`` (None: the forward's), for a persistent one how many
+    programs per multiprocessor, and for one looping over the forward's programs (interchange.py) its
+    ``num_stages`` (None: the forward's)."""
 
     num_warps: int | None = None
     waves: int = 1
+    num_stages: int | None = None
 
 
 DEFAULT = Setting()
@@ -50,11 +53,14 @@ def enabled(device: Any) -> bool:
     return not torch.cuda.is_current_stream_capturing()
 
 
-def candidates(persistent: bool) -> list[Setting]:
+def candidates(persistent: bool, pipelined: bool = False) -> list[Setting]:
+    if pipelined:  # a matmul-like loop: the tile's warps and the loads in flight
+        return [Setting(w, v, n) for w in WARPS[:2] for v in (WAVES if persistent else (1,)) for n in STAGES]
     return [Setting(w, v) for w in WARPS for v in (WAVES if persistent else (1,))]
 
 
-def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched: Sequence[Any]) -> Setting:
+def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched: Sequence[Any],
+         pipelined: bool = False) -> Setting:
     """The fastest setting for ``key``, timing ``trial`` under each candidate on first use. ``touched``:
     tensors a trial adds into (restored afterwards)."""
     with _lock:
@@ -66,7 +72,7 @@ def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched
     touched = [_memory_of(t) for t in touched]  # (an expanded tensor cannot be copied into: its memory can)
     saved = [t.clone() for t in touched]
     times = []
-    for setting in candidates(persistent):
+    for setting in candidates(persistent, pipelined):
         try:
             ms = triton.testing.do_bench(lambda s=setting: trial(s), warmup=5, rep=20, return_mode="median")
         except Exception:  # a setting the kernel cannot take (too many registers): not a candidate
