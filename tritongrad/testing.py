@@ -16,6 +16,7 @@ import torch
 
 from .derive import grad, shadow_dtype
 from .source import unwrap
+from .tape import kernel_info
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:
@@ -36,16 +37,31 @@ def bind_launch(kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> 
     return dict(bound.arguments)
 
 
+def float_inputs(kernel: Any, named: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """``grad()``'s default ``wrt`` (pointers only loaded, not holding indices), less the parameters this
+    launch passes a tensor that is not floating point. None where the kernel cannot be analysed (``grad``
+    then says why)."""
+    roles = kernel_info(unwrap(kernel)).roles
+    if roles is None:
+        return None
+    return tuple(p for p in named if p in roles.inputs
+                 and not (isinstance(named[p], torch.Tensor) and not named[p].is_floating_point()))
+
+
 def backward_launch(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
                     grads: Mapping[str, torch.Tensor], wrt: Sequence[str] | None = None,
                     outputs: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
     """Gradients of one forward launch ``kernel[grid](*args, **kwargs)``.
 
     ``grads`` maps each output pointer parameter to the gradient of the loss with
-    respect to the tensor passed there. Returns the gradients of the ``wrt`` tensors.
+    respect to the tensor passed there. Returns the gradients of the ``wrt`` tensors
+    (by default, the floating-point tensors among the pointers the kernel only loads:
+    a bool or integer mask passed there has no gradient).
     """
-    bwd = grad(kernel, wrt, outputs or (tuple(grads) if grads else None))
     named = bind_launch(kernel, args, kwargs)
+    if wrt is None:
+        wrt = float_inputs(kernel, named)
+    bwd = grad(kernel, wrt, outputs or (tuple(grads) if grads else None))
     options = {k: v for k, v in kwargs.items() if k not in named}  # num_warps, ...
     shadows: dict[str, torch.Tensor] = {}
     for primal, shadow in bwd.shadow_params.items():
