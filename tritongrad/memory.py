@@ -3,7 +3,8 @@
 - a store of an output: the adjoint of the stored value is loaded from the output's
   shadow with the store's mask (masked-off lanes read zero);
 - a load of a ``wrt`` input: its adjoint is added into the input's shadow with
-  ``tl.atomic_add`` (correct whatever the access pattern);
+  ``tl.atomic_add`` (correct whatever the access pattern); where the load's ``other``
+  has a gradient, the adjoint of the lanes its mask leaves out goes to ``other``;
 - tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
   ``desc.load``'s adds ``d_desc.atomic_add(offsets, g)`` where descriptors can add.
 """
@@ -14,7 +15,7 @@ import ast
 import copy
 
 from .blockptr import block_addresses, block_mask
-from .ir import arguments, is_none, name_node, op_of, refuse, stored_value, where
+from .ir import arguments, is_none, name_node, op_of, refuse, stored_value, target_of, where
 from .operations import instantiate, operation_of
 
 
@@ -22,13 +23,29 @@ class MemoryAdjoints:
     """The memory half of :class:`reverse.BackwardBuilder`."""
 
     def reverse_load(self, stmt: ast.stmt, t: str) -> None:
+        self.reverse_load_other(stmt)
         b = arguments(stmt)
+        if self.analysis.pointer_base[b["pointer"].id] not in self.analysis.wrt:  # active through `other` only
+            return
         shadow, g = name_node(self.shadow_name(b["pointer"].id)), name_node(self.g_of(stmt))
         if op_of(stmt).kind == "desc_load":
             self.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
             return
         keywords = [ast.keyword("mask", copy.deepcopy(b["mask"]))] if not is_none(b["mask"]) else []
         self.emit(ast.Expr(ast.Call(instantiate("tl.atomic_add", {}), [shadow, g], keywords)))
+
+    def reverse_load_other(self, stmt: ast.stmt) -> None:
+        """``tl.load(p, mask=m, other=v)`` is ``v`` in the lanes ``m`` leaves out: when ``v`` has a gradient,
+        those lanes' adjoints are its (``tl.where(m, 0.0, g)``, summed back to ``v``'s shape)."""
+        b = arguments(stmt)
+        other, mask = b.get("other"), b.get("mask")
+        if other is None or mask is None or is_none(mask) or not self.analysis.is_active(other):
+            return
+        g = name_node(self.g_of(stmt))
+        contribution = instantiate("tl.where(m, 0.0, g)", {"m": copy.deepcopy(mask), "g": g})
+        if not self.same_shape(other.id, target_of(stmt)):
+            contribution = instantiate("tg.unbroadcast(c, x)", {"c": contribution, "x": other})
+        self.accumulate(other.id, contribution)
 
     def descriptor_accumulate(self, stmt: ast.stmt, shadow: ast.Name, offsets: ast.expr, g: ast.Name) -> ast.If:
         """``d_desc.atomic_add(offsets, g)``; where descriptors cannot add (float64 shadows, Triton's
