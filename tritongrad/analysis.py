@@ -36,6 +36,7 @@ from .ir import (
     arguments,
     child_blocks,
     definitions,
+    is_none,
     loops,
     names_in,
     op_of,
@@ -432,11 +433,9 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
             if t is None or t in pointer_base or t in varied:
                 continue
             op = op_of(s)
-            if op.kind in LOADS:
-                if any(n in varied for n in names_in(arguments(s).get("other", ast.Constant(None)))):
-                    raise refuse(where(s), "a load whose `other` value depends on the differentiated inputs",
-                                 "use a constant `other` and tl.where after the load")
-                if pointer_base[arguments(s)["pointer"].id] not in wrt:
+            if op.kind in LOADS:  # varied through memory, or through `other` (the lanes its mask leaves out)
+                if (pointer_base[arguments(s)["pointer"].id] not in wrt
+                        and not any(n in varied for n in names_in(_load_other(s)))):
                     continue
             elif operation_of(op).no_gradient or _is_int_cast(s, program):
                 continue
@@ -473,7 +472,17 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
             if operation.has_rule:  # parameters without an adjoint (axis, condition, dtype) are discrete
                 work += [n for param, arg in arguments(s).items() if param in operation.adjoints
                          for n in names_in(arg)]
+            elif op.kind in LOADS:
+                work += names_in(_load_other(s))
     return varied & useful
+
+
+def _load_other(stmt: ast.stmt) -> ast.expr:
+    """A masked load's ``other`` (the value of the lanes its mask leaves out); None for other loads."""
+    b = arguments(stmt)
+    if is_none(b.get("mask", ast.Constant(None))):
+        return ast.Constant(None)
+    return b.get("other", ast.Constant(None))
 
 
 def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:

@@ -5,7 +5,8 @@
     tritongrad bench EXAMPLE... [--dtype D] [--sizes S...] [--mode M...] [--impl I...] [--out DIR]
 
 Without a GPU, show and demo switch Triton to its interpreter (CPU tensors) before any
-kernel is defined.
+kernel is defined. A mistake on the command line (a file, kernel or parameter that is not
+there, something that is not a kernel) is one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -28,17 +29,38 @@ def use_interpreter_without_gpu() -> str:
 
 
 def load_kernel(spec: str):
-    """``path/to/file.py:kernel_name`` -> the kernel object defined there."""
+    """``path/to/file.py:kernel_name`` -> the kernel object defined there (SystemExit with one line if not)."""
+    from .source import unwrap
+
     path, _, name = spec.rpartition(":")
     if not path or not name:
-        raise SystemExit(f"expected FILE.py:KERNEL, got {spec!r}")
+        raise SystemExit(f"error: expected FILE.py:KERNEL, got {spec!r}")
     file = Path(path).resolve()
     if not file.exists():
-        raise SystemExit(f"no such file: {path}")
-    module = _import_file(file)
+        raise SystemExit(f"error: no such file: {path}")
+    try:
+        module = _import_file(file)
+    except Exception as e:  # the user's file: say what went wrong where, in one line
+        raise SystemExit(f"error: importing {path} failed: {type(e).__name__}: {e}") from None
+    kernels = [k for k, v in vars(module).items() if _defined_in(v, file, unwrap)]
+    listed = f"; its kernels: {', '.join(kernels)}" if kernels else "; it defines no @triton.jit kernel"
     if not hasattr(module, name):
-        raise SystemExit(f"{path} defines no `{name}`")
-    return getattr(module, name)
+        raise SystemExit(f"error: {path} defines no `{name}`{listed}")
+    kernel = getattr(module, name)
+    try:
+        unwrap(kernel)
+    except TypeError:
+        raise SystemExit(f"error: `{name}` in {path} is not a Triton kernel (it is a {type(kernel).__name__})"
+                         f"{listed}") from None
+    return kernel
+
+
+def _defined_in(obj, file: Path, unwrap) -> bool:
+    """Whether ``obj`` is a Triton kernel (jit function, autotuned or heuristics-driven) written in ``file``."""
+    try:
+        return Path(unwrap(obj).fn.__code__.co_filename).resolve() == file
+    except (TypeError, AttributeError):
+        return False
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:
@@ -69,7 +91,7 @@ def show(args: argparse.Namespace) -> int:
     kernel = load_kernel(args.kernel)
     try:
         bwd = grad(kernel, wrt=_names(args.wrt), outputs=_names(args.outputs))
-    except NotDifferentiableError as e:
+    except (NotDifferentiableError, ValueError) as e:  # ValueError: --wrt / --outputs naming no such pointer
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(HEADER)

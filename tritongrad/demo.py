@@ -22,11 +22,12 @@ def run(device: str) -> int:
     console.print(f"[bold]tritongrad demo[/bold]: {where}, {str(dtype).removeprefix('torch.')}\n")
     console.print("The forward kernel [bold]rmsnorm_fwd[/bold] (tritongrad/examples/rmsnorm.py) has this "
                   "derived backward:\n")
-    console.print(Syntax(HEADER + "\n" + grad(rmsnorm.rmsnorm_fwd).src, "python", theme="ansi_dark"))
+    # long lines wrap (word_wrap, overflow="fold") rather than being cut at the terminal's width
+    console.print(Syntax(HEADER + "\n" + grad(rmsnorm.rmsnorm_fwd).src, "python", theme="ansi_dark", word_wrap=True))
 
     table = Table(title="Derived gradients against PyTorch autograd (largest relative error)")
     for column in ("example", "inputs", "forward", "gradients", "result"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     failures = 0
     for example in EXAMPLES:
         try:

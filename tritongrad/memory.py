@@ -5,7 +5,8 @@
 - a load of a ``wrt`` input: its adjoint is written as lowering.py chose for the input
   (the kernel variant being built): stored, added without atomics, summed into a
   per-program partial (in registers or a row; a kernel of its own sums in registers too), or
-  added atomically;
+  added atomically; where the load's ``other`` has a gradient, the adjoint of the lanes its mask
+  leaves out goes to ``other``;
 - tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
   ``desc.load``'s adds ``d_desc.atomic_add(offsets, g)`` where descriptors can add.
 """
@@ -31,7 +32,10 @@ class MemoryAdjoints:
     """The memory half of :class:`reverse.BackwardBuilder`."""
 
     def reverse_load(self, stmt: ast.stmt, t: str) -> None:
+        self.reverse_load_other(stmt)
         b = arguments(stmt)
+        if self.analysis.pointer_base[b["pointer"].id] not in self.analysis.wrt:  # active through `other` only
+            return
         shadow, g = name_node(self.shadow_name(b["pointer"].id)), name_node(self.g_of(stmt))
         param = self.analysis.pointer_base[b["pointer"].id]
         self.written_inputs.add(param)
@@ -68,6 +72,19 @@ class MemoryAdjoints:
         total = self.namer.fresh(f"{self.adjoint[target_of(stmt)]}_sum")
         self.partial_sums.append(PartialSum(total, shadow, copy.deepcopy(mask)))
         return total
+
+    def reverse_load_other(self, stmt: ast.stmt) -> None:
+        """``tl.load(p, mask=m, other=v)`` is ``v`` in the lanes ``m`` leaves out: when ``v`` has a gradient,
+        those lanes' adjoints are its (``tl.where(m, 0.0, g)``, summed back to ``v``'s shape)."""
+        b = arguments(stmt)
+        other, mask = b.get("other"), b.get("mask")
+        if other is None or mask is None or is_none(mask) or not self.analysis.is_active(other):
+            return
+        g = name_node(self.g_of(stmt))
+        contribution = instantiate("tl.where(m, 0.0, g)", {"m": copy.deepcopy(mask), "g": g})
+        if not self.same_shape(other.id, target_of(stmt)):
+            contribution = instantiate("tg.unbroadcast(c, x)", {"c": contribution, "x": other})
+        self.accumulate(other.id, contribution)
 
     def descriptor_accumulate(self, stmt: ast.stmt, shadow: ast.Name, offsets: ast.expr, g: ast.Name) -> ast.If:
         """``d_desc.atomic_add(offsets, g)``; where descriptors cannot add (float64 shadows, Triton's

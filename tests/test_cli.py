@@ -1,0 +1,101 @@
+"""The command line and the testing helpers at their edges: a mistake is one line and exit status 1,
+long lines wrap; ``backward_launch``'s default ``wrt`` is the launch's floating-point tensors."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad.testing import assert_gradients_match, backward_launch, poison
+
+ROOT = Path(__file__).resolve().parents[1]
+RMSNORM = "tritongrad/examples/rmsnorm.py"
+
+
+def tritongrad_cli(*args: str, columns: int = 100) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1", "COLUMNS": str(columns)}
+    return subprocess.run([sys.executable, "-m", "tritongrad", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([f"{RMSNORM}:rmsnorm_fwd", "--wrt", "x_ptr,w_pt"],
+     "error: `w_pt` is not a parameter of kernel `rmsnorm_fwd` (its parameters: x_ptr, w_ptr, y_ptr, stride, N, "
+     "eps, BLOCK)"),
+    ([f"{RMSNORM}:rmsnorm_fwd", "--outputs", "x_ptr"],
+     "error: outputs names `x_ptr`, but kernel `rmsnorm_fwd` never stores through it"),
+    ([f"{RMSNORM}:reference"],
+     f"error: `reference` in {RMSNORM} is not a Triton kernel (it is a function); its kernels: rmsnorm_fwd"),
+    ([f"{RMSNORM}:torch"], f"error: `torch` in {RMSNORM} is not a Triton kernel (it is a module); its kernels: "
+                           "rmsnorm_fwd"),
+    ([f"{RMSNORM}:rmsnorm_bwd"], f"error: {RMSNORM} defines no `rmsnorm_bwd`; its kernels: rmsnorm_fwd"),
+    (["tritongrad/examples/nothere.py:k"], "error: no such file: tritongrad/examples/nothere.py"),
+    (["rmsnorm_fwd"], "error: expected FILE.py:KERNEL, got 'rmsnorm_fwd'"),
+], ids=["wrt-typo", "outputs-not-stored", "a-function", "a-module", "wrong-name", "no-file", "no-colon"])
+def test_show_mistakes_are_one_line_and_exit_status_1(args, message):
+    result = tritongrad_cli("show", *args)
+    assert result.returncode == 1, result
+    assert result.stderr.strip() == message, result.stderr
+    assert result.stdout == ""
+
+
+def _derived_rmsnorm() -> str:
+    from tritongrad.examples import rmsnorm
+
+    return tritongrad.grad(rmsnorm.rmsnorm_fwd).src
+
+
+def test_demo_wraps_long_lines_rather_than_cutting_them():
+    result = tritongrad_cli("demo", columns=70)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "…" not in result.stdout
+    # the derived kernel's longest line (its signature) is all there, wrapped
+    flat = "".join(result.stdout.split())
+    signature = "".join(next(line for line in _derived_rmsnorm().splitlines() if line.startswith("def ")).split())
+    assert len(signature) > 70 and signature in flat
+    assert "flash_attentio" in result.stdout  # the table folds a long name instead of ending it with "…"
+
+
+# -- backward_launch: the default wrt is the launch's float tensors ---------------------------------
+
+
+@triton.jit
+def keep_scale(x_ptr, keep_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """y = x * keep * 1.5 where keep is a 0/1 mask passed as a bool or int8 tensor."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    keep = tl.load(keep_ptr + offs, mask=mask, other=0)
+    tl.store(y_ptr + offs, x * keep.to(x.dtype) * 1.5, mask=mask)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int8])
+def test_backward_launch_leaves_bool_and_integer_masks_out_of_the_default_wrt(mask_dtype, device):
+    n, block = 300, 128
+    x = torch.randn(n, dtype=torch.float64, device=device)
+    keep = (torch.rand(n, device=device) > 0.3).to(mask_dtype)
+    y = poison(torch.empty_like(x))
+    grid = (triton.cdiv(n, block),)
+    args = (x, keep, y, n)
+    keep_scale[grid](*args, BLOCK=block)
+    leaf = x.clone().requires_grad_()
+    want = leaf * keep.to(x.dtype) * 1.5
+    torch.testing.assert_close(y, want.detach())
+    got = backward_launch(keep_scale, grid, args, {"BLOCK": block}, {"y_ptr": torch.ones_like(y)})
+    assert set(got) == {"x_ptr"}
+    assert_gradients_match(keep_scale, grid, args, {"BLOCK": block}, y, want, [leaf], ["x_ptr"])
+
+
+def test_backward_launch_still_names_an_integer_tensor_named_in_wrt(device):
+    x = torch.randn(40, dtype=torch.float64, device=device)
+    keep = torch.ones(40, dtype=torch.int8, device=device)
+    y = torch.empty_like(x)
+    with pytest.raises(TypeError, match="wrt names `keep_ptr`, but the tensor passed there is torch.int8"):
+        backward_launch(keep_scale, (1,), (x, keep, y, 40), {"BLOCK": 64}, {"y_ptr": torch.ones_like(y)},
+                        wrt=("x_ptr", "keep_ptr"))

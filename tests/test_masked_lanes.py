@@ -1,0 +1,130 @@
+"""Masked loads: an ``other=`` that has a gradient gets the adjoints of the lanes the mask leaves out
+(issue 11 #4), and lanes a mask left out add exactly zero where their adjoint is zero, whatever
+value they hold (issue 11 #9: no ``0 * inf = NaN``).
+
+Each kernel is written the way production code writes it, checked in float64 against PyTorch
+autograd on a plain-PyTorch reference (the unpadded function), sizes that are not powers of two,
+NaN-poisoned outputs, random upstream gradients.
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad.testing import assert_gradients_match, poison
+
+DTYPE = torch.float64
+
+
+def leaves(*tensors):
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
+# -- other= with a gradient ------------------------------------------------------------------------
+
+
+@triton.jit
+def group_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, GROUP_SIZE, HW, C_PER_G, G, eps, BLOCK: tl.constexpr):
+    """One program per (sample, group) of an (N, C, H*W) input: mean, then the variance of the group
+    with the masked-off lanes filled with the mean (so they add nothing), then normalize."""
+    pid = tl.program_id(0)
+    group = pid % G
+    start = pid * GROUP_SIZE
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=x_ptr.dtype.element_ty)
+    for i in range(0, GROUP_SIZE, BLOCK):
+        idx = i + offs
+        x = tl.load(x_ptr + start + idx, mask=idx < GROUP_SIZE, other=0.0)
+        acc += x
+    mean = tl.sum(acc, axis=0) / GROUP_SIZE
+    acc2 = tl.zeros([BLOCK], dtype=x_ptr.dtype.element_ty)
+    for i in range(0, GROUP_SIZE, BLOCK):
+        idx = i + offs
+        x = tl.load(x_ptr + start + idx, mask=idx < GROUP_SIZE, other=mean)
+        xc = x - mean
+        acc2 += xc * xc
+    var = tl.sum(acc2, axis=0) / GROUP_SIZE
+    rstd = 1.0 / tl.sqrt(var + eps)
+    for i in range(0, GROUP_SIZE, BLOCK):
+        idx = i + offs
+        mask = idx < GROUP_SIZE
+        x = tl.load(x_ptr + start + idx, mask=mask, other=mean)
+        channel = group * C_PER_G + idx // HW
+        w = tl.load(w_ptr + channel, mask=mask)
+        b = tl.load(b_ptr + channel, mask=mask)
+        tl.store(y_ptr + start + idx, (x - mean) * rstd * w + b, mask=mask)
+
+
+def group_norm_launch(x, w, b, groups, eps=1e-5, block=32):
+    n, c = x.shape[:2]
+    hw = x[0, 0].numel()
+    y = poison(torch.empty_like(x))
+    group_size = c // groups * hw
+    grid = (n * groups,)
+    args = (x, w, b, y, group_size, hw, c // groups, groups, eps)
+    return grid, args, {"BLOCK": block}, y
+
+
+def test_group_norm_filling_masked_lanes_with_the_mean(device):
+    x = torch.randn(3, 6, 5, 7, dtype=DTYPE, device=device) * 2 + 0.5  # groups of 2 * 35 = 70: 3 blocks of 32
+    w, b = torch.randn(6, dtype=DTYPE, device=device), torch.randn(6, dtype=DTYPE, device=device)
+    grid, args, kwargs, y = group_norm_launch(x, w, b, groups=3)
+    group_norm_kernel[grid](*args, **kwargs)
+    lx, lw, lb = leaves(x, w, b)
+    want = F.group_norm(lx, 3, lw, lb, eps=1e-5)
+    torch.testing.assert_close(y, want.detach(), rtol=1e-10, atol=1e-10)
+    assert_gradients_match(group_norm_kernel, grid, args, kwargs, y, want, [lx, lw, lb], ["x_ptr", "w_ptr", "b_ptr"])
+
+
+@triton.jit
+def padded_row_dot(x_ptr, fill_ptr, w_ptr, y_ptr, n_cols, stride, BLOCK: tl.constexpr):
+    """y[r] = sum over a block of BLOCK lanes of x[r] * w, the lanes past the row holding a learned fill."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    fill = tl.load(fill_ptr + row)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=fill)
+    w = tl.load(w_ptr + cols)
+    tl.store(y_ptr + row, tl.sum(x * w, axis=0))
+
+
+@triton.jit
+def padded_row_blend(x_ptr, z_ptr, y_ptr, n_cols, stride, BLOCK: tl.constexpr):
+    """y[r, :] = exp(row of x, continued past its end by the same lanes of z)."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    z = tl.load(z_ptr + row * BLOCK + cols)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=z * 2.0)
+    tl.store(y_ptr + row * BLOCK + cols, tl.exp(x))
+
+
+def test_masked_off_lanes_give_their_adjoints_to_a_scalar_other(device):
+    rows, n, block = 5, 11, 16
+    x, fill = torch.randn(rows, n, dtype=DTYPE, device=device), torch.randn(rows, dtype=DTYPE, device=device)
+    w = torch.randn(block, dtype=DTYPE, device=device)
+    y = poison(torch.empty(rows, dtype=DTYPE, device=device))
+    args = (x, fill, w, y, n, x.stride(0))
+    padded_row_dot[(rows,)](*args, BLOCK=block)
+    lx, lfill, lw = leaves(x, fill, w)
+    want = (torch.cat([lx, lfill[:, None].expand(rows, block - n)], 1) * lw).sum(1)
+    torch.testing.assert_close(y, want.detach(), rtol=1e-12, atol=1e-12)
+    assert_gradients_match(padded_row_dot, (rows,), args, {"BLOCK": block}, y, want, [lx, lfill, lw],
+                           ["x_ptr", "fill_ptr", "w_ptr"])
+
+
+def test_masked_off_lanes_give_their_adjoints_to_a_tile_other(device):
+    rows, n, block = 4, 9, 16
+    x, z = torch.randn(rows, n, dtype=DTYPE, device=device), torch.randn(rows, block, dtype=DTYPE, device=device)
+    y = poison(torch.empty(rows, block, dtype=DTYPE, device=device))
+    args = (x, z, y, n, x.stride(0))
+    padded_row_blend[(rows,)](*args, BLOCK=block)
+    lx, lz = leaves(x, z)
+    want = torch.exp(torch.cat([lx, lz[:, n:] * 2.0], 1))
+    torch.testing.assert_close(y, want.detach(), rtol=1e-12, atol=1e-12)
+    assert_gradients_match(padded_row_blend, (rows,), args, {"BLOCK": block}, y, want, [lx, lz], ["x_ptr", "z_ptr"])
+
+
+def test_the_adjoint_of_other_is_shown_under_its_load():
+    src = tritongrad.grad(padded_row_dot).src
+    assert "d_fill = tg.unbroadcast(tl.where(cols < n_cols, 0.0, d_x), fill)" in src, src
