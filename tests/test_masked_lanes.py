@@ -128,3 +128,70 @@ def test_masked_off_lanes_give_their_adjoints_to_a_tile_other(device):
 def test_the_adjoint_of_other_is_shown_under_its_load():
     src = tritongrad.grad(padded_row_dot).src
     assert "d_fill = tg.unbroadcast(tl.where(cols < n_cols, 0.0, d_x), fill)" in src, src
+
+
+# -- lanes a mask left out add exactly zero (no 0 * inf) ----------------------------------------------------
+
+
+@triton.jit
+def log_softmax_with_temperature(x_ptr, t_ptr, y_ptr, n_cols, stride, BLOCK: tl.constexpr):
+    """y = log_softmax(x * t) per row, t a learned temperature; the padding lanes hold -inf."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=-float("inf"))
+    t = tl.load(t_ptr)
+    z = x * t
+    z = z - tl.max(z, axis=0)
+    y = z - tl.log(tl.sum(tl.exp(z), axis=0))
+    tl.store(y_ptr + row * stride + cols, y, mask=mask)
+
+
+@triton.jit
+def scaled_ratio(x_ptr, d_ptr, s_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """y = s * x / d elementwise, s a learned scalar; the padding lanes divide 0 by 0."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    d = tl.load(d_ptr + offs, mask=mask, other=0.0)
+    s = tl.load(s_ptr)
+    tl.store(y_ptr + offs, s * (x / d), mask=mask)
+
+
+def test_padding_with_minus_inf_gives_a_finite_temperature_gradient(device):
+    rows, n, block = 6, 13, 16
+    x, t = torch.randn(rows, n, dtype=DTYPE, device=device), torch.rand(1, dtype=DTYPE, device=device) + 0.5
+    y = poison(torch.empty(rows, n, dtype=DTYPE, device=device))
+    args = (x, t, y, n, x.stride(0))
+    log_softmax_with_temperature[(rows,)](*args, BLOCK=block)
+    lx, lt = leaves(x, t)
+    want = torch.log_softmax(lx * lt, dim=-1)  # the unpadded function
+    torch.testing.assert_close(y, want.detach(), rtol=1e-12, atol=1e-12)
+    assert_gradients_match(log_softmax_with_temperature, (rows,), args, {"BLOCK": block}, y, want, [lx, lt],
+                           ["x_ptr", "t_ptr"])
+
+
+def test_a_division_by_padding_zeros_gives_a_finite_scale_gradient(device):
+    n, block = 37, 16
+    x = torch.randn(n, dtype=DTYPE, device=device)
+    d = torch.rand(n, dtype=DTYPE, device=device) + 0.5
+    s = torch.randn(1, dtype=DTYPE, device=device)
+    y = poison(torch.empty(n, dtype=DTYPE, device=device))
+    args = (x, d, s, y, n)
+    grid = (triton.cdiv(n, block),)
+    scaled_ratio[grid](*args, BLOCK=block)
+    lx, ld, ls = leaves(x, d, s)
+    want = ls * (lx / ld)
+    torch.testing.assert_close(y, want.detach(), rtol=1e-12, atol=1e-12)
+    assert_gradients_match(scaled_ratio, grid, args, {"BLOCK": block}, y, want, [lx, ld, ls],
+                           ["x_ptr", "d_ptr", "s_ptr"])
+
+
+def test_only_products_with_padding_that_may_be_infinite_are_guarded():
+    src = tritongrad.grad(log_softmax_with_temperature).src
+    assert "tg.unbroadcast(tl.where(d_z == 0.0, 0.0, d_z * x), t)" in src, src
+    assert src.count("== 0.0") == 1, src  # exp(-inf) is 0: the softmax's own adjoints need no guard
+    from tritongrad.examples import rmsnorm, softmax
+
+    for kernel in (softmax.softmax_kernel, rmsnorm.rmsnorm_fwd):  # padding with 0.0, divisions by row sums
+        assert "== 0.0" not in tritongrad.grad(kernel).src

@@ -17,6 +17,7 @@ Merge and loop-carried variables are assigned more than once (see ``ir.py``), so
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass, field, replace
 
 from .addresses import (
@@ -81,6 +82,7 @@ class Analysis:
     launch_checks: list = field(default_factory=list)  # checks.LaunchCheck: conditions on a launch's arguments
     trips: dict = field(default_factory=dict)  # loop coordinate -> its trip count (addresses.address_forms)
     stabilizers: set[str] = field(default_factory=set)  # maxima whose adjoint is exactly zero (stabilizers.py)
+    padding: dict[str, set[str]] = field(default_factory=dict)  # name -> MASKED, INFINITE (see `padding`)
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -183,6 +185,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.stabilizers = stable
     analysis.shapes = infer_shapes(program, tile)
+    analysis.padding = padding(program.body)
     if not tile:
         analysis.forms = address_forms(program.body, analysis.shapes, analysis.trips, frozenset(params))
         analysis.store_axes = check_output_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
@@ -388,6 +391,57 @@ def _fixpoint(body: list[ast.stmt], step) -> dict[str, set]:
             if new != facts.get(target, set()):
                 facts[target], changed = new, True
     return facts
+
+
+MASKED, INFINITE = "masked", "infinite"
+
+
+def padding_at_unbounded(stmt: ast.stmt, padding: dict[str, set[str]]) -> set[str]:
+    """The padding facts of the operand at which the statement's operation is unbounded (``b`` of ``a / b``)."""
+    param = operation_of(op_of(stmt)).unbounded_in
+    operand = arguments(stmt).get(param) if param else None
+    return set().union(*(padding.get(n, set()) for n in names_in(operand))) if operand is not None else set()
+
+
+def padding(body: list[ast.stmt]) -> dict[str, set[str]]:
+    """What the lanes a load's mask left out may hold, per name computed lane by lane from them: MASKED
+    (the load's ``other``, and what follows from it), INFINITE (±inf or NaN there: an ``other`` of
+    ``-float("inf")``, or a log, a division... of a masked-off value). The reverse sweep keeps a zero
+    adjoint times such a value zero there (``0 * inf``), as the unpadded function's gradient is."""
+    literals: dict[str, ast.expr] = {}  # `neg_x = -float("inf")`: names the frontend gave literal values
+    for stmt in statements(body):
+        value = getattr(stmt, "value", None)
+        if target_of(stmt) and op_of(stmt).kind in ("neg", "pos", "copy"):
+            literals[target_of(stmt)] = value
+
+    def finite(expr: ast.expr) -> bool:
+        """A literal is read (``-float("inf")`` is not finite); other names hold values the kernel computed
+        or was passed, finite as far as the derivation can tell."""
+        if isinstance(expr, ast.Name):
+            return expr.id not in literals or finite(literals[expr.id])
+        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, (ast.USub, ast.UAdd)):
+            return finite(expr.operand)
+        if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "float"
+                and len(expr.args) == 1 and isinstance(expr.args[0], ast.Constant)):
+            return math.isfinite(float(expr.args[0].value))
+        return not isinstance(expr, ast.Constant) or not isinstance(expr.value, float) or math.isfinite(expr.value)
+
+    def step(sources, stmt, facts):
+        if isinstance(stmt, ast.For):
+            return set()
+        op = op_of(stmt)
+        if op.kind in LOADS:
+            other = _load_other(stmt)
+            return set() if is_none(other) else {MASKED} if finite(other) else {MASKED, INFINITE}
+        operation = operation_of(op)
+        if not (operation.elementwise or operation.lanes == "same"):
+            return set()
+        inherited = set().union(*(facts.get(n, set()) for n in sources))
+        if operation.finite_at_minus_inf:  # the -inf padding of a max or a softmax (+inf is NaN forward already)
+            inherited -= {INFINITE}
+        return inherited | {INFINITE} if MASKED in padding_at_unbounded(stmt, facts) else inherited
+
+    return {n: v for n, v in _fixpoint(body, step).items() if v}
 
 
 def loaded_values(body: list[ast.stmt]) -> set[str]:

@@ -15,6 +15,8 @@ result, and the parameter names), and the facts other passes ask about it:
 | ``constexpr`` | frontend | a compile-time constant when its operands are |
 | ``on_host`` | checks.py | the same operation on Python integers, for conditions checked at launch |
 | ``memory`` | everyone | ``"load"``, ``"store"``, ``"accumulate"`` (atomic add), ``"atomic"`` (other atomics) |
+| ``unbounded_in`` | analysis, reverse | the operand where a finite value may give infinity (log 0, 1/0) |
+| ``finite_at_minus_inf`` | analysis | finite where its operand is -inf (a softmax's -inf padding is 0 after exp) |
 
 Adding an operation is one entry here (and a ``tg`` helper in language.py where its
 template needs one), plus a test.
@@ -104,6 +106,8 @@ class Operation:
     on_host: Callable | None = None
     memory: str | None = None
     descriptor: bool = False
+    unbounded_in: str | None = None
+    finite_at_minus_inf: bool = False
 
     @property
     def has_rule(self) -> bool:
@@ -293,6 +297,12 @@ _also("add sub mul truediv floordiv mod neg pos not_ invert lt le gt ge eq ne an
 # compile-time constants when their operands are
 _also("add sub mul truediv floordiv mod pow neg pos not_ invert lt le gt ge eq ne is_ is_not in_ not_in boolop "
       "ifexp copy and_ or_ xor lshift rshift cdiv", constexpr=True)
+# infinite at finite operands (in value or slope): a lane a mask left out may hold such a value (analysis.padding)
+_also("truediv", unbounded_in="b")
+_also("log log2 sqrt sqrt_rn rsqrt fpow", unbounded_in="x")
+_also("pow", unbounded_in="a")
+_also("div_rn fdiv", unbounded_in="y")
+_also("exp exp2 sigmoid", finite_at_minus_inf=True)
 # integer scalar math a launch check can redo on the launch's arguments
 _also("add", on_host=operator.add)
 _also("sub", on_host=operator.sub)

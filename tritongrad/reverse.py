@@ -31,7 +31,7 @@ import ast
 import copy
 from dataclasses import dataclass, field
 
-from .analysis import Analysis
+from .analysis import INFINITE, MASKED, Analysis, padding_at_unbounded
 from .interchange import loop_to_grid
 from .ir import (
     Namer,
@@ -392,11 +392,22 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                     raise refuse(where(stmt), f"`{op.kind}` with arguments that are not literal constants",
                                  "pass dimensions as literal integers") from e
             contribution = instantiate(template, env)
+            if self.reads_infinite_padding(stmt, contribution):  # 0 * inf in a lane a mask left out: 0
+                contribution = instantiate("tl.where(g == 0.0, 0.0, c)", {"g": env["g"], "c": contribution})
             sig = rule.signature  # a one-operand elementwise operation keeps its operand's shape
             unary = len(sig.positional) == 1 and not sig.keyword and sig.vararg is None
             if rule.elementwise and not unary and not self.same_shape(arg.id, t):
                 contribution = instantiate("tg.unbroadcast(c, x)", {"c": contribution, "x": arg})
             self.accumulate(arg.id, contribution)
+
+    def reads_infinite_padding(self, stmt: ast.stmt, contribution: ast.expr) -> bool:
+        """Whether an elementwise adjoint reads a value that may be infinite in lanes a load's mask left
+        out, or divides by a masked-off value (log's ``g / x``), where its ``g`` is zero."""
+        rule, padding = operation_of(op_of(stmt)), self.analysis.padding
+        if not (rule.elementwise or rule.lanes == "same"):
+            return False
+        return (any(INFINITE in padding.get(n, ()) for n in reads(contribution))
+                or MASKED in padding_at_unbounded(stmt, padding))
 
     def reverse_multi(self, stmt: ast.stmt, t: str) -> None:
         """An operation with several results: its rule reads each result's adjoint as ``g0``, ``g1``...
