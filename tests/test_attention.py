@@ -19,20 +19,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_flash_attention_gradients_for_q_k_and_v(device):
-    for m, n, d in [(37, 45, 12), (16, 5, 16), (3, 33, 7)]:  # one key block, one partial query block...
-        q, k, v = (torch.randn(rows, d, device=device, dtype=DTYPE) for rows in (m, n, n))
-        launch = flash_attention.flash_attention_launch(q, k, v)
+    # several heads, one block, a partial block; causal and not
+    for heads, n, d, causal in [(2, 37, 12, True), (1, 16, 16, True), (3, 5, 7, False), (1, 45, 12, False)]:
+        q, k, v = (torch.randn(heads, n, d, device=device, dtype=DTYPE) for _ in range(3))
+        launch = flash_attention.flash_attention_launch(q, k, v, causal)
         poison(launch.out)
         out = launch()
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        want = flash_attention.reference(*leaves)
+        want = flash_attention.reference(*leaves, causal)
         torch.testing.assert_close(out, want.detach(), **TOL)
         d_o = torch.randn_like(out)
         got = backward_launch(launch.kernel, launch.grid, launch.args, launch.kwargs, {"o_ptr": d_o})
         wanted = torch.autograd.grad(want, leaves, d_o)
         for name, w in zip(("q_ptr", "k_ptr", "v_ptr"), wanted, strict=True):
             torch.testing.assert_close(got[name], w, **TOL,
-                                       msg=lambda msg, p=name, size=(m, n, d): f"d_{p} {size}: {msg}")
+                                       msg=lambda msg, p=name, size=(heads, n, d, causal): f"d_{p} {size}: {msg}")
 
 
 def test_show_names_the_flash_attention_loop_strategy():
@@ -47,7 +48,7 @@ def test_show_names_the_flash_attention_loop_strategy():
 
 
 def test_cross_entropy_with_ignored_targets(device):
-    logits, target = cross_entropy.make_inputs(device, DTYPE)
+    logits, target, _ = cross_entropy.make_inputs(device=device, dtype=DTYPE)
     target[0] = logits.shape[1] - 1  # the last column, in the partial last block
     launch = cross_entropy.cross_entropy_launch(logits, target)
     poison(launch.out)

@@ -199,7 +199,7 @@ def test_cpu_tensors_are_refused_outside_the_interpreter():
 def _ddp_worker(rank, world, port):
     import torch.distributed as dist
 
-    from tritongrad.examples.custom_linear import CustomLinear
+    from tritongrad.examples.linear import CustomLinear
 
     class Twin(torch.nn.Module):
         def __init__(self, weights):

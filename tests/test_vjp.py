@@ -36,7 +36,7 @@ def torch_grads(x, y, dz):
 
 @pytest.fixture
 def inputs(device):
-    x, y = fn1.make_inputs(device, DTYPE)
+    x, y = fn1.make_inputs(device=device, dtype=DTYPE)
     return x, y, torch.randn(16, 16, device=device, dtype=DTYPE)
 
 

@@ -80,8 +80,8 @@ LIGER = {
     "geglu": ("liger_kernel.ops.geglu", "LigerGELUMulFunction", lambda f: lambda a, b: f.apply(a, b)),
     "softmax": ("liger_kernel.ops.softmax", "LigerSoftmaxFunction", lambda f: lambda x: f.apply(x)),
     "cross_entropy": ("liger_kernel.ops.cross_entropy", "LigerCrossEntropyFunction",
-                      lambda f: lambda logits, target, ignore_index=-100:
-                      f.apply(logits, target, None, ignore_index)[0]),
+                      lambda f: lambda logits, target, ignore_index=-100:  # per-row losses, as the example's
+                      f.apply(logits, target, None, ignore_index, 0.0, 0.0, "none")[0]),
     "rotary": ("liger_kernel.ops.rope", "LigerRopeFunction",
                lambda f: lambda q, k, cos, sin: f.apply(q, k, cos, sin)),
 }

@@ -1,6 +1,7 @@
 """The ``tritongrad`` command: show a derived backward kernel, run the demo.
 
     tritongrad show FILE.py:KERNEL [--wrt a,b] [--outputs y]
+    tritongrad check EXAMPLE... | FILE.py:OP [--dtype D...] [--sizes S...]
     tritongrad demo
     tritongrad bench EXAMPLE... [--dtype D] [--sizes S...] [--mode M...] [--impl I...] [--out DIR]
 
@@ -12,7 +13,6 @@ there, something that is not a kernel) is one line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -30,7 +30,7 @@ def use_interpreter_without_gpu() -> str:
 
 def load_kernel(spec: str):
     """``path/to/file.py:kernel_name`` -> the kernel object defined there (SystemExit with one line if not)."""
-    from .source import unwrap
+    from .source import import_file, unwrap
 
     path, _, name = spec.rpartition(":")
     if not path or not name:
@@ -39,7 +39,7 @@ def load_kernel(spec: str):
     if not file.exists():
         raise SystemExit(f"error: no such file: {path}")
     try:
-        module = _import_file(file)
+        module = import_file(file)
     except Exception as e:  # the user's file: say what went wrong where, in one line
         raise SystemExit(f"error: importing {path} failed: {type(e).__name__}: {e}") from None
     kernels = [k for k, v in vars(module).items() if _defined_in(v, file, unwrap)]
@@ -67,22 +67,6 @@ def _names(text: str | None) -> tuple[str, ...] | None:
     return tuple(x.strip() for x in text.split(",") if x.strip()) if text else None
 
 
-def _import_file(file: Path):
-    """Import a file, under its package's dotted name when it is inside one (relative imports work)."""
-    parts, folder = [file.stem], file.parent
-    while (folder / "__init__.py").exists():
-        parts.insert(0, folder.name)
-        folder = folder.parent
-    if len(parts) > 1:
-        sys.path.insert(0, str(folder))
-        return importlib.import_module(".".join(parts))
-    spec = importlib.util.spec_from_file_location(file.stem, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[file.stem] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def show(args: argparse.Namespace) -> int:
     use_interpreter_without_gpu()
     from . import NotDifferentiableError, grad
@@ -100,6 +84,36 @@ def show(args: argparse.Namespace) -> int:
     if notes:
         print("\n" + notes, end="")
     return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    device = use_interpreter_without_gpu()
+    import torch
+    from rich.console import Console
+
+    from .check import check as run_check
+    from .check import default_dtypes, load_subject, table
+
+    try:  # a mistake in what to check is a usage error: exit status 2, as argparse's (1: a check failed)
+        subjects = [load_subject(spec) for spec in args.subjects]
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
+    for s in subjects:
+        if not s.sizes and not args.sizes:
+            print(f"error: {s.name} has no SIZES; pass --sizes", file=sys.stderr)
+            return 2
+    dtypes = tuple(getattr(torch, d) for d in args.dtype) if args.dtype else default_dtypes(device)
+    rows = [row for s in subjects for row in run_check(s, device, dtypes, args.sizes)]
+    if not rows:
+        print(f"error: none of {', '.join(s.name for s in subjects)} takes "
+              f"{', '.join(str(d).removeprefix('torch.') for d in dtypes)}", file=sys.stderr)
+        return 2
+    console = Console()
+    console.print(table(rows))
+    failed = sum(not r.ok for r in rows)
+    console.print(f"[red]{failed} of {len(rows)} failed" if failed else f"[green]all {len(rows)} ok")
+    return 1 if failed else 0
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -123,6 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wrt", help="pointer parameters to differentiate, comma-separated")
     p.add_argument("--outputs", help="pointer parameters whose stores are differentiated, comma-separated")
     p.set_defaults(func=show)
+    p = commands.add_parser("check", help="an op's forward and gradients against its PyTorch reference")
+    p.add_argument("subjects", nargs="+", metavar="EXAMPLE|FILE.py:OP")
+    p.add_argument("--dtype", nargs="+", choices=("float64", "float32", "bfloat16", "float16"),
+                   help="default: float64 on a CPU, bfloat16 and float32 on a GPU")
+    from .bench import parse_size
+
+    p.add_argument("--sizes", nargs="+", type=parse_size, help="N or AxB...; default: the example's SIZES")
+    p.set_defaults(func=check)
     p = commands.add_parser("demo", help="derive, print and check the backward of the bundled examples")
     p.set_defaults(func=demo)
     p = commands.add_parser("bench", help="time the examples against eager PyTorch, torch.compile and Liger-Kernel "

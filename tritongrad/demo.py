@@ -1,49 +1,70 @@
-"""``tritongrad demo``: derive, print and check the backward of every bundled example."""
+"""``tritongrad demo``: a guided tour on the bundled examples.
+
+1. a forward kernel and the backward tritongrad derives for it, with its notes (how each input's
+   gradient is written, how loops are reversed);
+2. ``tritongrad check`` on every example: forward and gradients against PyTorch;
+3. on a GPU, a short ``tritongrad bench`` table: the derived backward against eager PyTorch and
+   torch.compile (and Liger-Kernel where it is installed).
+"""
 
 from __future__ import annotations
 
-import torch
+import argparse
+import inspect
+
 from rich.console import Console
 from rich.syntax import Syntax
-from rich.table import Table
 
-# relative error allowed: float64 in the interpreter; float32 on a GPU (tl.dot uses tf32)
-TOLERANCE = {torch.float64: 1e-9, torch.float32: 5e-3}
+# the tour's kernels: a row-wise norm with a shared weight, and an online log-sum-exp loop
+SHOWN = ("rmsnorm", "cross_entropy")
+BENCHED = ("rmsnorm", "softmax", "swiglu")  # on a GPU, at one size
 
 
 def run(device: str) -> int:
     from . import grad
+    from .check import check, default_dtypes, load_subject, table
     from .codegen import HEADER
-    from .examples import EXAMPLES, check, rmsnorm
+    from .examples import EXAMPLES
 
     console = Console()
-    dtype = torch.float64 if device == "cpu" else torch.float32
-    where = "Triton's interpreter on the CPU" if device == "cpu" else torch.cuda.get_device_name()
-    console.print(f"[bold]tritongrad demo[/bold]: {where}, {str(dtype).removeprefix('torch.')}\n")
-    console.print("The forward kernel [bold]rmsnorm_fwd[/bold] (tritongrad/examples/rmsnorm.py) has this "
-                  "derived backward:\n")
-    # long lines wrap (word_wrap, overflow="fold") rather than being cut at the terminal's width
-    console.print(Syntax(HEADER + "\n" + grad(rmsnorm.rmsnorm_fwd).src, "python", theme="ansi_dark", word_wrap=True))
+    where = "Triton's interpreter on the CPU" if device == "cpu" else _gpu_name()
+    console.print(f"[bold]tritongrad demo[/bold]: {where}\n")
+    for name in SHOWN:
+        kernel = EXAMPLES[name].kernels[0]
+        fn = inspect.unwrap(getattr(kernel, "fn", kernel))
+        while hasattr(fn, "fn"):
+            fn = fn.fn
+        console.print(f"[bold]1. {name}[/bold]: the forward kernel [bold]{fn.__name__}[/bold] "
+                      f"(tritongrad/examples/{name}.py) ...")
+        console.print(Syntax(inspect.getsource(fn), "python", theme="ansi_dark", word_wrap=True))
+        bwd = grad(kernel)
+        console.print("... and the backward tritongrad derives from it (`tritongrad show` prints the same):")
+        # long lines wrap (word_wrap) rather than being cut at the terminal's width
+        console.print(Syntax(HEADER + "\n" + bwd.src, "python", theme="ansi_dark", word_wrap=True))
+        if notes := bwd.launch_notes():
+            console.print(notes)
 
-    table = Table(title="Derived gradients against PyTorch autograd (largest relative error)")
-    for column in ("example", "inputs", "forward", "gradients", "result"):
-        table.add_column(column, overflow="fold")
-    failures = 0
-    for example in EXAMPLES:
-        try:
-            errors = check(example, device, dtype)
-        except Exception as e:  # a demo reports every example, then fails at the end
-            failures += 1
-            table.add_row(example.name, ", ".join(example.wrt), "-", f"{type(e).__name__}: {e}", "[red]error")
-            continue
-        forward = errors.pop("forward")
-        worst = max([forward, *errors.values()])
-        ok = worst <= TOLERANCE[dtype]
-        failures += not ok
-        table.add_row(example.name, ", ".join(example.wrt), f"{forward:.1e}",
-                      "  ".join(f"{k} {v:.1e}" for k, v in errors.items()),
-                      "[green]ok" if ok else "[red]MISMATCH")
-    console.print(table)
-    if failures:
-        console.print(f"[red]{failures} example(s) failed")
+    console.print("\n[bold]2. tritongrad check[/bold]: every example's forward and gradients against PyTorch "
+                  "(fresh random inputs, sizes that are not multiples of the blocks)")
+    rows = [r for name in EXAMPLES for r in check(load_subject(name), device, default_dtypes(device))]
+    console.print(table(rows))
+    failures = sum(not r.ok for r in rows)
+    console.print(f"[red]{failures} of {len(rows)} failed" if failures else f"[green]all {len(rows)} ok")
+
+    if device != "cpu":
+        console.print("\n[bold]3. tritongrad bench[/bold] (a short run; `tritongrad bench --help` for more)")
+        from .bench import add_arguments, main
+
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        main(parser.parse_args([*BENCHED, "--sizes", "8192x4096", "--mode", "bwd", "--dtype", "bfloat16",
+                                "--impl", "tritongrad", "eager", "compile", "--out", "bench-results/demo"]))
+    else:
+        console.print("\n(on a GPU, the demo ends with a short `tritongrad bench` table)")
     return 1 if failures else 0
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()

@@ -1,11 +1,16 @@
-"""Kernel objects and their source: the jit function under the wrappers, its parsed source and scope."""
+"""Kernel objects and their source: the jit function under the wrappers, its parsed source and scope;
+and a user's file imported (``tritongrad show FILE.py:KERNEL``, ``check FILE.py:OP``)."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import inspect
+import sys
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import NotDifferentiableError
@@ -72,3 +77,19 @@ class Source:
         lineno = getattr(node, "lineno", 1)
         text = self.lines[lineno - 1].strip() if 0 < lineno <= len(self.lines) else ""
         return Origin(self.file, self.first_line + lineno - 1, text, self.name)
+
+
+def import_file(file: Path):
+    """Import a file, under its package's dotted name when it is inside one (relative imports work)."""
+    parts, folder = [file.stem], file.parent
+    while (folder / "__init__.py").exists():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if len(parts) > 1:
+        sys.path.insert(0, str(folder))
+        return importlib.import_module(".".join(parts))
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[file.stem] = module
+    spec.loader.exec_module(module)
+    return module

@@ -8,7 +8,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch
+import tritongrad
+
+from .launch import Launch, itemsize
 
 
 @triton.jit
@@ -36,7 +38,16 @@ def tr_forward_launch(x: torch.Tensor, y: torch.Tensor) -> Launch:
 
 
 def fn1_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The seed's host function, as a plain function."""
     return tr_forward_launch(x, y)()
+
+
+@tritongrad.op("tritongrad_examples::fn1")
+def fn1_op(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return tr_forward_launch(x.contiguous(), y.contiguous())()
+
+
+OP = fn1_op  # the example's operator (`fn1` is the seed's tile function)
 
 
 def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -47,7 +58,17 @@ def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return a * b + c @ c
 
 
-def make_inputs(device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.randn(16, device=device, dtype=dtype)
-    y = torch.rand(16, device=device, dtype=dtype) + 0.5  # log(y) needs y > 0
+def make_inputs(size=16, device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(size, device=device, dtype=dtype)
+    y = torch.rand(size, device=device, dtype=dtype) + 0.5  # log(y) needs y > 0
     return x, y
+
+
+SIZES = (16,)  # the seed's kernel is fixed at 16 x 16
+BENCH_SIZES = ()
+DTYPES = (torch.float64, torch.float32)  # tl.exp and tl.log take float32 and float64
+
+
+def traffic(size, dtype) -> dict[str, int]:
+    vectors, z = 2 * size * itemsize(dtype), size * size * itemsize(dtype)
+    return {"fwd": vectors + z, "bwd": vectors + z + vectors}

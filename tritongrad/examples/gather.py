@@ -4,7 +4,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch
+import tritongrad
+
+from .launch import Launch, itemsize
 
 BLOCK = 32
 
@@ -27,16 +29,30 @@ def gather_launch(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> Launch
     return Launch(gather_kernel, (triton.cdiv(n, BLOCK),), (x, idx, w, y, n), {"BLOCK": BLOCK}, "y_ptr", y)
 
 
+@tritongrad.op("tritongrad_examples::gather")
 def gather(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return gather_launch(x, idx, w)()
+    return gather_launch(x.contiguous(), idx.contiguous(), w)()
 
 
 def reference(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x[idx] * w
 
 
-def make_inputs(device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = torch.randn(19, device=device, dtype=dtype)
-    idx = torch.randint(0, 19, (100,), device=device)  # 100 draws from 19 values: many repeats
-    w = torch.randn(100, device=device, dtype=dtype)
+def make_inputs(size=(19, 100), device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``size`` is (values, draws): draws from fewer values repeat."""
+    values, draws = size
+    x = torch.randn(values, device=device, dtype=dtype)
+    idx = torch.randint(0, values, (draws,), device=device)
+    w = torch.randn(draws, device=device, dtype=dtype)
     return x, idx, w
+
+
+SIZES = ((19, 100), (50, 77))
+BENCH_SIZES = ()
+DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def traffic(size, dtype) -> dict[str, int]:
+    values, draws = size
+    item = itemsize(dtype)
+    return {"fwd": values * item + draws * (8 + 2 * item), "bwd": values * item + draws * (8 + 3 * item)}

@@ -1,4 +1,4 @@
-"""``Launch``: one forward kernel launch, described before it runs.
+"""``Launch``: one forward kernel launch, described before it runs; and the sizes the examples share.
 
 Each example's ``*_launch`` function allocates the output and returns a ``Launch``;
 its host launcher just runs it. Keeping the grid and arguments around lets the tests
@@ -8,10 +8,12 @@ very same launch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import triton.language as tl
 
 
 @dataclass
@@ -28,3 +30,18 @@ class Launch:
     def __call__(self) -> torch.Tensor:
         self.kernel[self.grid](*self.args, **self.kwargs)
         return self.out
+
+
+def numel(size: int | tuple[int, ...]) -> int:
+    """Elements of an example's size (an int, or a shape such as ``(rows, cols)``)."""
+    return math.prod(size) if isinstance(size, tuple) else size
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def compute_type(dtype: torch.dtype):
+    """What a kernel computes in for inputs of ``dtype`` (its ``COMPUTE`` constexpr): float32, as
+    production kernels do for half precision, or float64 for float64 inputs (exact checks on CPU)."""
+    return tl.float64 if dtype == torch.float64 else tl.float32

@@ -1,52 +1,94 @@
-"""``C = A @ B`` with ``tl.dot``: one 32x32 tile of C per program, all of K in one block (no loop).
+"""Seed 001's matrix product with transpose flags, written as the Triton tutorial writes a matmul:
+``C = op(A) @ op(B)`` (``op`` transposes where the flag says), a tile of C per program, a loop over K
+moving both pointer tiles, autotuned over the tile sizes. A transposed operand is read through its
+strides, as the seed does, so no copy is made. The derived backward gives A and B kernels of their
+own (each program owns a tile of the gradient and loops over the other axis: no atomics)."""
 
-Masked, so M, N, K need not be multiples of the block (29 x 27 @ 27 x 31 runs in one program).
-"""
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch
+import tritongrad
 
-BLOCK = 32
+from .launch import Launch, compute_type, itemsize
+
+if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter would time every config: take one
+    CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]
+else:
+    CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_stages=s, num_warps=w)
+               for bm, bn, bk, s, w in [(128, 128, 64, 3, 8), (128, 256, 64, 3, 8), (64, 128, 32, 4, 4),
+                                        (128, 64, 32, 4, 4), (64, 64, 32, 4, 4)]]
 
 
+@triton.autotune(configs=CONFIGS, key=["M", "N", "K"])
 @triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
-                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    a_mask = (rm[:, None] < M) & (rk[None, :] < K)
-    b_mask = (rk[:, None] < K) & (rn[None, :] < N)
-    a = tl.load(a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak, mask=a_mask, other=0.0)
-    b = tl.load(b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn, mask=b_mask, other=0.0)
-    c = tl.dot(a, b)
-    c_mask = (rm[:, None] < M) & (rn[None, :] < N)
-    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, c, mask=c_mask)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < K - k * BLOCK_K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < K - k * BLOCK_K) & (offs_n[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c = acc.to(c_ptr.dtype.element_ty)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, c,
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-def matmul_launch(a: torch.Tensor, b: torch.Tensor) -> Launch:
-    (M, K), (K2, N) = a.shape, b.shape
-    assert K == K2 and K <= BLOCK, f"K={K} must fit in one block of {BLOCK}"
+def matmul_launch(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpose_b: bool = False) -> Launch:
+    """The launch of ``op(a) @ op(b)``: a transposed operand is passed with its strides swapped."""
+    (M, K), (stride_am, stride_ak) = (a.shape[::-1], a.stride()[::-1]) if transpose_a else (a.shape, a.stride())
+    (K2, N), (stride_bk, stride_bn) = (b.shape[::-1], b.stride()[::-1]) if transpose_b else (b.shape, b.stride())
+    assert K == K2, f"inner sizes differ: {K} and {K2}"
     c = torch.empty(M, N, device=a.device, dtype=a.dtype)
-    grid = (triton.cdiv(M, BLOCK), triton.cdiv(N, BLOCK))
-    args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-    return Launch(matmul_kernel, grid, args, {"BLOCK_M": BLOCK, "BLOCK_N": BLOCK, "BLOCK_K": BLOCK}, "c_ptr", c)
+
+    def grid(meta):
+        return triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"])
+
+    args = (a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, c.stride(0), c.stride(1))
+    return Launch(matmul_kernel, grid, args, {"COMPUTE": compute_type(a.dtype)}, "c_ptr", c)
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return matmul_launch(a, b)()
+@tritongrad.op("tritongrad_examples::matmul")
+def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpose_b: bool = False) -> torch.Tensor:
+    return matmul_launch(a, b, transpose_a, transpose_b)()
 
 
-def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return a @ b
+def reference(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpose_b: bool = False) -> torch.Tensor:
+    return (a.T if transpose_a else a) @ (b.T if transpose_b else b)
 
 
-def make_inputs(device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    # 45 x 27 @ 27 x 37: a 2 x 2 grid of tiles, each program sharing rows of A or columns of B with another
-    return torch.randn(45, 27, device=device, dtype=dtype), torch.randn(27, 37, device=device, dtype=dtype)
+def make_inputs(size=(45, 37, 70), device="cpu", dtype=torch.float32) -> tuple:
+    """``size`` is (M, N, K), or (M, N, K, transpose_a, transpose_b)."""
+    m, n, k, *flags = size
+    transpose_a, transpose_b = (bool(f) for f in flags) if flags else (False, False)
+    a = torch.randn((k, m) if transpose_a else (m, k), device=device, dtype=dtype)
+    b = torch.randn((n, k) if transpose_b else (k, n), device=device, dtype=dtype)
+    return a, b, transpose_a, transpose_b
+
+
+# ragged tiles in every dimension, every transpose combination (a 16 x 16 x 16 tile on CPU)
+SIZES = ((45, 37, 70), (45, 37, 70, 1, 0), (33, 20, 50, 0, 1), (20, 33, 45, 1, 1))
+BENCH_SIZES = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192))
+DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def traffic(size, dtype) -> dict[str, int]:
+    m, n, k = size[:3]
+    item = itemsize(dtype)
+    return {"fwd": (m * k + k * n + m * n) * item, "bwd": (2 * m * n + 2 * m * k + 2 * k * n) * item}
+
+
+def flops(size) -> dict[str, int]:
+    m, n, k = size[:3]
+    return {"fwd": 2 * m * n * k, "bwd": 4 * m * n * k}

@@ -13,7 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch
+import tritongrad
+
+from .launch import Launch, itemsize
 
 BS = 16  # the seed's `threads`: rows (forward) or columns (backward) per program
 
@@ -95,8 +97,9 @@ def matvec_launch(w: torch.Tensor, x: torch.Tensor) -> Launch:
     return Launch(fwd_kernel, (triton.cdiv(m, BS),), args, {"bs": BS, "bn": triton.next_power_of_2(n)}, "out_ptr", out)
 
 
+@tritongrad.op("tritongrad_examples::matvec")
 def matvec(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return matvec_launch(w, x)()
+    return matvec_launch(w.contiguous(), x.contiguous())()
 
 
 def matvec_backward(d: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,5 +116,18 @@ def reference(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return w @ x
 
 
-def make_inputs(device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(37, 23, device=device, dtype=dtype), torch.randn(23, device=device, dtype=dtype)
+def make_inputs(size=(37, 23), device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = size
+    return torch.randn(m, n, device=device, dtype=dtype), torch.randn(n, device=device, dtype=dtype)
+
+
+KERNELS = (fwd_kernel,)  # bwd_kernel is the seed's hand-written backward
+SIZES = ((37, 23), (20, 50))
+BENCH_SIZES = ()
+DTYPES = (torch.float64, torch.float32)
+
+
+def traffic(size, dtype) -> dict[str, int]:
+    m, n = size
+    item = itemsize(dtype)
+    return {"fwd": (m * n + n + m) * item, "bwd": (2 * m * n + 2 * n + m) * item}

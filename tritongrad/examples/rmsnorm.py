@@ -1,18 +1,21 @@
-"""RMSNorm over the last axis: ``y = x / sqrt(mean(x**2) + eps) * w``. One program per row."""
+"""RMSNorm over the last axis: ``y = x / sqrt(mean(x**2) + eps) * w``. One program per row, the whole
+row in one block; computed in float32 (``COMPUTE``: float64 for float64 inputs), as production kernels do."""
 
 import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch
+import tritongrad
+
+from .launch import Launch, compute_type, itemsize, numel
 
 
 @triton.jit
-def rmsnorm_fwd(x_ptr, w_ptr, y_ptr, stride, N, eps, BLOCK: tl.constexpr):
+def rmsnorm_fwd(x_ptr, w_ptr, y_ptr, stride, N, eps, BLOCK: tl.constexpr, COMPUTE: tl.constexpr = tl.float32):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0).to(COMPUTE)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)  # the same weights in every program
     mean_square = tl.sum(x * x, axis=0) / N
     rstd = 1.0 / tl.sqrt(mean_square + eps)
@@ -25,18 +28,30 @@ def rmsnorm_launch(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> Launc
     y = torch.empty_like(x)
     rows, n = x.shape
     args = (x, w, y, x.stride(0), n, eps)
-    return Launch(rmsnorm_fwd, (rows,), args, {"BLOCK": triton.next_power_of_2(n)}, "y_ptr", y)
+    meta = {"BLOCK": triton.next_power_of_2(n), "COMPUTE": compute_type(x.dtype)}
+    return Launch(rmsnorm_fwd, (rows,), args, meta, "y_ptr", y)
 
 
+@tritongrad.op("tritongrad_examples::rmsnorm")
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return rmsnorm_launch(x, w, eps)()
+    return rmsnorm_launch(x.contiguous(), w, eps)()
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def make_inputs(device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.randn(7, 45, device=device, dtype=dtype)
-    w = torch.randn(45, device=device, dtype=dtype)
-    return x, w
+def make_inputs(size=(7, 45), device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, n = size
+    return torch.randn(rows, n, device=device, dtype=dtype), torch.randn(n, device=device, dtype=dtype)
+
+
+SIZES = ((7, 45), (5, 200))
+BENCH_SIZES = ((16384, 1024), (16384, 4096), (16384, 16384))
+DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def traffic(size, dtype) -> dict[str, int]:
+    rows, n = size
+    x, w = numel(size) * itemsize(dtype), n * itemsize(dtype)
+    return {"fwd": 2 * x + w, "bwd": 3 * x + 2 * w}  # x, w read, y written; x, w, dy read, dx, dw written

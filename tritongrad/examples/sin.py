@@ -4,7 +4,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch
+import tritongrad
+
+from .launch import Launch, itemsize, numel
 
 BLOCK_SIZE = 256
 
@@ -31,12 +33,28 @@ def sin_launch(x: torch.Tensor) -> Launch:
 
 
 def triton_sin(x: torch.Tensor) -> torch.Tensor:
+    """The seed's host function, as a plain function (tests wrap it themselves)."""
     return sin_launch(x)()
+
+
+@tritongrad.op("tritongrad_examples::sin")
+def sin(x: torch.Tensor) -> torch.Tensor:
+    return sin_launch(x.contiguous())()
 
 
 def reference(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(x)
 
 
-def make_inputs(device="cpu", dtype=torch.float32) -> tuple[torch.Tensor]:
-    return (torch.randn(3, 250, device=device, dtype=dtype),)  # 750 elements: 3 programs, the last one masked
+def make_inputs(size=750, device="cpu", dtype=torch.float32) -> tuple[torch.Tensor]:
+    return (torch.randn(size, device=device, dtype=dtype),)
+
+
+SIZES = (750, 1000)  # 750: three programs, the last one masked
+BENCH_SIZES = (2**20, 2**22, 2**24, 2**26)
+DTYPES = (torch.float64, torch.float32)  # tl.sin takes float32 and float64
+
+
+def traffic(size, dtype) -> dict[str, int]:
+    n = numel(size) * itemsize(dtype)
+    return {"fwd": 2 * n, "bwd": 3 * n}  # x read, y written; x and dy read, dx written

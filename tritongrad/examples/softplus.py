@@ -4,7 +4,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch
+import tritongrad
+
+from .launch import Launch, itemsize, numel
 
 BLOCK = 128
 
@@ -25,13 +27,24 @@ def softplus_launch(x: torch.Tensor) -> Launch:
     return Launch(softplus_kernel, (triton.cdiv(n, BLOCK),), (x, y, n), {"BLOCK": BLOCK}, "y_ptr", y)
 
 
+@tritongrad.op("tritongrad_examples::softplus")
 def softplus(x: torch.Tensor) -> torch.Tensor:
-    return softplus_launch(x)()
+    return softplus_launch(x.contiguous())()
 
 
 def reference(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.softplus(x)
 
 
-def make_inputs(device="cpu", dtype=torch.float32) -> tuple[torch.Tensor]:
-    return (4 * torch.randn(300, device=device, dtype=dtype),)  # wide enough to reach both tails
+def make_inputs(size=300, device="cpu", dtype=torch.float32) -> tuple[torch.Tensor]:
+    return (4 * torch.randn(size, device=device, dtype=dtype),)  # wide enough to reach both tails
+
+
+SIZES = (300, 1000)
+BENCH_SIZES = (2**20, 2**22, 2**24, 2**26)
+DTYPES = (torch.float64, torch.float32)  # tl.exp and tl.log take float32 and float64
+
+
+def traffic(size, dtype) -> dict[str, int]:
+    n = numel(size) * itemsize(dtype)
+    return {"fwd": 2 * n, "bwd": 3 * n}

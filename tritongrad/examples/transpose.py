@@ -4,7 +4,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import Launch
+import tritongrad
+
+from .launch import Launch, itemsize, numel
 
 BLOCK_M = 16
 BLOCK_N = 8
@@ -32,7 +34,8 @@ def transpose_scale_launch(x: torch.Tensor, s: torch.Tensor) -> Launch:
     return Launch(transpose_scale_kernel, grid, args, {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N}, "y_ptr", y)
 
 
-def transpose_scale(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+@tritongrad.op("tritongrad_examples::transpose")
+def transpose(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return transpose_scale_launch(x, s)()
 
 
@@ -40,5 +43,16 @@ def reference(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return x.t() * s[:, None]
 
 
-def make_inputs(device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(37, 23, device=device, dtype=dtype), torch.randn(23, device=device, dtype=dtype)
+def make_inputs(size=(37, 23), device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = size
+    return torch.randn(m, n, device=device, dtype=dtype), torch.randn(n, device=device, dtype=dtype)
+
+
+SIZES = ((37, 23), (20, 9))
+BENCH_SIZES = ()
+DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def traffic(size, dtype) -> dict[str, int]:
+    x, s = numel(size) * itemsize(dtype), size[1] * itemsize(dtype)
+    return {"fwd": 2 * x + s, "bwd": 3 * x + 2 * s}

@@ -10,10 +10,13 @@ import triton
 from torch import nn
 
 from ..op import op
+from .launch import itemsize
 from .matvec import BS, fwd_kernel
 
+KERNELS = (fwd_kernel,)
 
-@op
+
+@op("tritongrad_examples::linear")
 def linear(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``w @ x`` for a matrix ``w`` (m, n) and a vector ``x`` (n)."""
     w, x = w.contiguous(), x.contiguous()
@@ -30,3 +33,23 @@ class CustomLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(self.weights, x)
+
+
+def reference(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return w @ x
+
+
+def make_inputs(size=(37, 23), device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    cout, cin = size
+    return torch.randn(cout, cin, device=device, dtype=dtype), torch.randn(cin, device=device, dtype=dtype)
+
+
+SIZES = ((37, 23), (20, 50))
+BENCH_SIZES = ()
+DTYPES = (torch.float64, torch.float32)
+
+
+def traffic(size, dtype) -> dict[str, int]:
+    m, n = size
+    item = itemsize(dtype)
+    return {"fwd": (m * n + n + m) * item, "bwd": (2 * m * n + 2 * n + m) * item}
