@@ -13,14 +13,14 @@ WRONG = str(Path(__file__).parent / "data" / "wrong_op.py")
 
 
 def test_an_example_passes(capsys):
-    assert cli.main(["check", "softmax", "rmsnorm"]) == 0
+    assert cli.main(["check", "softmax", "rmsnorm", "--dtype", "float64"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"all 10 ok", out), out  # 2 sizes x (out, d_x) + 2 sizes x (out, d_x, d_w)
     assert "d_w" in out and "float64" in out
 
 
 def test_a_wrong_op_fails_with_status_1(capsys):
-    assert cli.main(["check", f"{WRONG}:my_sin"]) == 1
+    assert cli.main(["check", f"{WRONG}:my_sin", "--dtype", "float64"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "2 of 2 failed" in out, out
 

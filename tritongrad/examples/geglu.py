@@ -9,7 +9,7 @@ import tritongrad
 from .launch import Launch, compute_type, itemsize, numel
 
 BLOCK = 1024
-SQRT_2_OVER_PI = 0.7978845608028654
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # a global a kernel reads must be a constexpr
 
 
 @triton.jit

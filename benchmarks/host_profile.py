@@ -1,0 +1,48 @@
+"""Where the host time of an example op's forward+backward goes on a GPU: wall time per step of the
+named op (torch.library) and of the same host function under the bare @tritongrad.op
+(autograd.Function), then cProfile's top entries for the named op.
+
+    python3 benchmarks/host_profile.py rmsnorm 8192x4096 bfloat16
+"""
+
+import cProfile
+import pstats
+import sys
+import time
+
+import torch
+
+import tritongrad
+from tritongrad import bench, examples
+
+name, size, dtype = sys.argv[1], bench.parse_size(sys.argv[2]), getattr(torch, sys.argv[3])
+example = examples.get(name)
+inputs = [t.requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
+          for t in example.make_inputs(size, device="cuda", dtype=dtype)]
+outs = example.op(*inputs)
+grads = [torch.randn_like(o) for o in (outs if isinstance(outs, tuple) else (outs,))]
+
+
+def step(op=example.op):
+    out = op(*inputs)
+    torch.autograd.backward(list(out) if isinstance(out, tuple) else [out], grads)
+
+
+bare = tritongrad.op(example.op.__wrapped__)
+for label, op in (("named op", example.op), ("bare op", bare), ("named op", example.op)):
+    for _ in range(20):
+        step(op)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(100):
+        step(op)
+    torch.cuda.synchronize()
+    print(f"{name} {sys.argv[2]} {sys.argv[3]}, {label}: {(time.perf_counter() - start) * 1e4:.1f} µs per "
+          "forward+backward (wall)")
+profile = cProfile.Profile()
+profile.enable()
+for _ in range(100):
+    step()
+torch.cuda.synchronize()
+profile.disable()
+pstats.Stats(profile).sort_stats("cumulative").print_stats(35)
