@@ -88,9 +88,10 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 
 
 def make_inputs(size=(2, 45, 12), device="cpu", dtype=torch.float32) -> tuple:
-    """``size`` is (batch * heads, N, D), or (batch * heads, N, D, causal)."""
+    """``size`` is (heads, N, D), or (heads, N, D, causal); q, k, v are (1, heads, N, D), the layout
+    PyTorch's flash backend takes."""
     heads, n, d, *causal = size
-    q, k, v = (torch.randn(heads, n, d, device=device, dtype=dtype) for _ in range(3))
+    q, k, v = (torch.randn(1, heads, n, d, device=device, dtype=dtype) for _ in range(3))
     return q, k, v, bool(causal[0]) if causal else True
 
 
