@@ -17,6 +17,7 @@ import tritongrad
 from tritongrad import examples
 from tritongrad.check import Subject, check_size
 from tritongrad.examples import gather, matmul, matvec, rmsnorm, softmax, softplus
+from tritongrad.source import unwrap
 from tritongrad.testing import backward_launch, poison
 
 DTYPE = torch.float64
@@ -115,9 +116,7 @@ def test_default_wrt_and_outputs(example):
 
 
 def _function(kernel):
-    while hasattr(kernel, "fn"):
-        kernel = kernel.fn
-    return kernel
+    return unwrap(kernel).fn
 
 
 def test_gather_indices_carry_no_gradient():

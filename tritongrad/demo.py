@@ -25,15 +25,14 @@ def run(device: str) -> int:
     from .check import check, default_dtypes, load_subject, table
     from .codegen import HEADER
     from .examples import EXAMPLES
+    from .source import unwrap
 
     console = Console()
     where = "Triton's interpreter on the CPU" if device == "cpu" else _gpu_name()
     console.print(f"[bold]tritongrad demo[/bold]: {where}\n")
     for name in SHOWN:
         kernel = EXAMPLES[name].kernels[0]
-        fn = inspect.unwrap(getattr(kernel, "fn", kernel))
-        while hasattr(fn, "fn"):
-            fn = fn.fn
+        fn = unwrap(kernel).fn
         console.print(f"[bold]1. {name}[/bold]: the forward kernel [bold]{fn.__name__}[/bold] "
                       f"(tritongrad/examples/{name}.py) ...")
         console.print(Syntax(inspect.getsource(fn), "python", theme="ansi_dark", word_wrap=True))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from triton.runtime.jit import KernelInterface
 
+from ..source import unwrap
 from .launch import Launch
 
 NAMES = ("sin", "softplus", "gelu", "swiglu", "geglu", "rmsnorm", "layernorm", "add_rmsnorm", "softmax",
@@ -51,22 +52,15 @@ def _example(name: str) -> Example:
     module = importlib.import_module(f".{name}", __name__)
     kernels = getattr(module, "KERNELS", None) or tuple(
         k for k in vars(module).values()
-        if isinstance(k, KernelInterface) and _jitted(k).__module__ == module.__name__ and _stores(k))
+        if isinstance(k, KernelInterface) and unwrap(k).fn.__module__ == module.__name__ and _stores(k))
     return Example(name, module, getattr(module, "OP", None) or getattr(module, name), module.reference,
                    module.make_inputs, tuple(module.SIZES), tuple(module.BENCH_SIZES), module.traffic,
                    getattr(module, "flops", None), kernels, tuple(module.DTYPES))
 
 
-def _jitted(kernel):
-    """The Python function under an autotuner or heuristics."""
-    while hasattr(kernel, "fn"):
-        kernel = kernel.fn
-    return kernel
-
-
 def _stores(kernel) -> bool:
     """A kernel, not a helper: it stores (helpers return their values)."""
-    return "tl.store(" in inspect.getsource(_jitted(kernel))
+    return "tl.store(" in inspect.getsource(unwrap(kernel).fn)
 
 
 EXAMPLES: dict[str, Example] = {name: _example(name) for name in NAMES}

@@ -10,7 +10,7 @@ import triton
 from torch import nn
 
 from ..op import op
-from .launch import itemsize
+from . import matvec
 from .matvec import BS, fwd_kernel
 
 KERNELS = (fwd_kernel,)
@@ -35,21 +35,6 @@ class CustomLinear(nn.Module):
         return linear(self.weights, x)
 
 
-def reference(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return w @ x
-
-
-def make_inputs(size=(37, 23), device="cpu", dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    cout, cin = size
-    return torch.randn(cout, cin, device=device, dtype=dtype), torch.randn(cin, device=device, dtype=dtype)
-
-
-SIZES = ((37, 23), (20, 50))
-BENCH_SIZES = ()
-DTYPES = (torch.float64, torch.float32)
-
-
-def traffic(size, dtype) -> dict[str, int]:
-    m, n = size
-    item = itemsize(dtype)
-    return {"fwd": (m * n + n + m) * item, "bwd": (2 * m * n + 2 * n + m) * item}
+# the same computation as matvec's launcher: its reference, inputs, sizes and traffic
+reference, make_inputs, traffic = matvec.reference, matvec.make_inputs, matvec.traffic
+SIZES, BENCH_SIZES, DTYPES = matvec.SIZES, matvec.BENCH_SIZES, matvec.DTYPES
