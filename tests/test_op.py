@@ -591,6 +591,72 @@ def test_named_op_compiles_fullgraph():
     check(compiled, lambda x, w: chain_ref(x, w).sin() * 2, rand(70), rand(70))
 
 
+@tritongrad.op("tgtest::tuned_chain")
+def named_tuned_chain(x, w):
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    mul_kernel[grid(x.numel())](x, w, h, x.numel(), BLOCK=BLOCK)
+    tuned_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](h, y, x.numel())
+    return y
+
+
+@tritongrad.op("tgtest::viewed_chain")
+def named_viewed_chain(x, w):
+    n = x.numel()
+    buffer = torch.empty(2 * n, dtype=x.dtype, device=x.device)  # the buffer launches share is a view
+    h, y = buffer[:n], torch.empty_like(x)
+    mul_kernel[grid(n)](x, w, h, n, BLOCK=BLOCK)
+    sin_mul_kernel[grid(n)](h, x, y, n, BLOCK=BLOCK)
+    return y
+
+
+@pytest.fixture
+def executed(monkeypatch):
+    """The names of the kernels the interpreter runs, in order."""
+    from triton.runtime.interpreter import GridExecutor
+
+    names, call = [], GridExecutor.__call__
+
+    def counted(self, *args, **kwargs):
+        names.append(self.fn.__name__)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(GridExecutor, "__call__", counted)
+    return names
+
+
+def test_named_op_registration_and_fallback_choice():
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    assert named_chain.opaque == interpreted  # wrap_triton cannot take the interpreter's kernels
+    assert named_chain.saving_op is not None
+    schema = str(named_chain.saving_op._opoverload._schema)
+    assert schema.startswith("tgtest::chain_saving(Tensor x, Tensor w, float scale=1.") and schema.endswith("Tensor[]")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")
+@pytest.mark.parametrize("op", ["chain", "tuned_chain", "viewed_chain"])
+def test_compiled_backward_reads_saved_buffers(op, executed):
+    """The compiled forward saves the buffer launch 2 reads; its backward runs derived kernels only, but
+    where the saved buffers cannot stand in (an autotuned launch, a buffer that is a view): it re-runs them."""
+    named = {"chain": named_chain, "tuned_chain": named_tuned_chain, "viewed_chain": named_viewed_chain}[op]
+    ref = {"tuned_chain": lambda x, w: torch.sigmoid(x * w) * x * w}.get(op, chain_ref)
+    compiled = torch.compile(lambda x, w: named(x, w).tanh(), fullgraph=True, backend="aot_eager")
+    x, w = rand(70), rand(70)
+    y = compiled(x, w)
+    want = ref(x, w).tanh()
+    assert_close(y, want)
+    forward_kernels = {"mul_kernel", "sin_mul_kernel", "tuned_kernel"}
+    assert set(executed) <= forward_kernels
+    executed.clear()
+    g = torch.randn_like(y)
+    gx, gw = torch.autograd.grad(y, (x, w), g)
+    rx, rw = torch.autograd.grad(want, (x, w), g)
+    assert_close(gx, rx)
+    assert_close(gw, rw)
+    launched = {"tuned_chain": ["mul_kernel", "tuned_kernel"]}.get(op, ["mul_kernel", "sin_mul_kernel"])
+    assert [k for k in executed if k in forward_kernels] == ([] if op == "chain" else launched)
+    assert [k for k in executed if k not in forward_kernels] == [k + "_bwd" for k in reversed(launched)]
+
+
 def test_named_op_refuses_tensors_made_by_pytorch_inside():
     @tritongrad.op("tgtest::contiguous_mul")
     def contiguous_mul(a, b):
