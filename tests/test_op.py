@@ -7,6 +7,9 @@ and compares. The ``derived`` fixture records which backward kernels ran.
 
 import dataclasses
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -772,3 +775,57 @@ def test_incoming_gradients_are_not_modified():
     torch.autograd.backward(chain3_ref(want_x, want_w), [gh, gz])
     assert_close(x.grad, want_x.grad)
     assert_close(w.grad, want_w.grad)
+
+
+TRACED_SCRIPT = '''
+import torch, triton, triton.language as tl
+from torch._dynamo.backends.common import aot_autograd
+import tritongrad
+
+@triton.jit
+def mul_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(a_ptr + offs, mask=mask) * tl.load(b_ptr + offs, mask=mask), mask=mask)
+
+@triton.jit
+def sin_kernel(a_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.sin(tl.load(a_ptr + offs, mask=mask)), mask=mask)
+
+@tritongrad.op("tgtraced::chain")
+def chain(x, w):
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    mul_kernel[(triton.cdiv(x.numel(), 32),)](x, w, h, x.numel(), BLOCK=32)
+    sin_kernel[(triton.cdiv(x.numel(), 32),)](h, y, x.numel(), BLOCK=32)
+    return y
+
+def stand_in(name):  # no GPU here: the compiled graphs are kept, and run as zeros of their outputs' metadata
+    def compiler(gm, _):
+        print(f"== {name}\\n{gm.code}")
+        vals = [n.meta["val"] for n in gm.graph.output_node().args[0]]
+        return lambda *a: [torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v for v in vals]
+    return compiler
+
+print("opaque", chain.opaque)
+f = torch.compile(lambda x, w: chain(x, w).sin(), fullgraph=True,
+                  backend=aot_autograd(fw_compiler=stand_in("forward"), bw_compiler=stand_in("backward")))
+x, w = torch.randn(70, requires_grad=True), torch.randn(70, requires_grad=True)
+f(x, w).sum().backward()
+'''
+
+
+def test_compiled_graph_traces_into_the_forward_kernels(tmp_path):
+    """Without the interpreter (CPU: the graphs are traced, not run): the forward graph holds the two
+    launches as triton_kernel_wrapper nodes, the backward one the saved-buffer backward and no launch."""
+    script = tmp_path / "traced.py"
+    script.write_text(TRACED_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITONGRAD_OPAQUE_OPS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(tritongrad.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "opaque False" in out.stdout
+    forward, backward = out.stdout.split("== forward")[1].split("== backward")
+    assert forward.count("triton_kernel_wrapper_functional(") == 2 and "tgtraced" not in forward
+    assert "tgtraced.chain_saved_backward" in backward and "triton_kernel_wrapper" not in backward
