@@ -45,16 +45,34 @@ Bare and named ops:
 - ``@tritongrad.op`` wraps the function in an ``autograd.Function``. PyTorch operations in
   the function before the launches (``x.contiguous()``, tensors captured from outside) are
   tracked by autograd as usual: every tensor a kernel reads that requires grad gets one.
-- ``@tritongrad.op("ns::name")`` also registers ``ns::name`` (and ``ns::name_backward``)
-  with ``torch.library.custom_op``: a fake implementation (the function run on fake
-  tensors with launches skipped) and an autograd formula, so ``torch.compile(fullgraph=True)``
-  and ``torch.library.opcheck`` work. The op is opaque to Inductor (launches are not
-  traced through ``wrap_triton``), which also makes it work under Triton's interpreter.
-  Called eagerly, the backward replays the tape recorded in the forward; where no tape
-  exists (compiled graphs, direct ``torch.ops`` calls) ``ns::name_backward`` re-runs the
-  forward launches first (as activation checkpointing would). Schema types come from the
-  annotations; a parameter without one is a Tensor, or the type of its default; the
-  return is a Tensor unless annotated (``-> tuple[torch.Tensor, torch.Tensor]``).
+- ``@tritongrad.op("ns::name")`` also registers ``ns::name`` with ``torch.library``, with an
+  autograd formula, so ``torch.compile(fullgraph=True)`` and ``torch.library.opcheck`` work.
+  Schema types come from the annotations; a parameter without one is a Tensor, or the type
+  of its default; the return is a Tensor unless annotated (``-> tuple[torch.Tensor, torch.Tensor]``).
+  Called eagerly, the backward replays the tape recorded in the forward. Four ops are registered:
+
+  - ``ns::name``: a ``torch.library.triton_op``. While torch.compile traces it, each launch
+    ``kernel[grid](...)`` of the host function is issued as ``wrap_triton(kernel)[grid](...)``
+    (``tape.collecting("wrap")``), so Inductor sees the kernels (an autotuner as one, tuned by
+    Inductor). Called through ``torch.ops`` without a tape, its backward is ``ns::name_backward``,
+    which re-runs the forward launches first (as activation checkpointing would).
+  - ``ns::name_saving``: what a compiled graph calls: the same forward, returning its outputs and
+    the buffers its launches pass between them (whole tensors the op neither takes nor returns), so
+    the graph saves them. Its backward ``ns::name_saved_backward`` runs the host function with its
+    launches skipped (for their arguments), swaps its fresh buffers for the saved ones, and replays
+    the derived kernels from that tape: the forward launches do not run again.
+
+  Fallbacks, each explicit: ``opaque=True``, and by default under Triton's interpreter (whose
+  kernels are not ``JITFunction`` objects, which ``wrap_triton`` needs), register ``custom_op`` ops
+  instead of triton_ops (fake implementation: the host function with launches skipped; still
+  saving). ``TRITONGRAD_OPAQUE_OPS=1`` (read at registration) gives the previous behaviour
+  (opaque, no saving op: the compiled backward re-runs the forward launches), for comparison.
+  ``ns::name_saved_backward`` re-runs the forward launches where the saved buffers cannot stand
+  in: an autotuned launch (the config Inductor's tuning chose, which the derived kernel needs, is
+  not known there) and a buffer that is a view of a larger allocation (its aliasing would be lost).
+  The backward is an opaque ``custom_op`` in every mode: its first call per kind checks gradient
+  memory for strays, index checks read tensor contents and launch settings are timed on the
+  device, none of which can run on the fake tensors torch.compile traces with.
 """
 
 from __future__ import annotations
