@@ -587,6 +587,8 @@ def test_named_op_opcheck():
     torch.library.opcheck(named_chain.op, (rand(70), rand(70)))
     torch.library.opcheck(named_chain.op, (rand(70), rand(70, grad=False), 1.0))
     torch.library.opcheck(named_halves.op, (rand(3, 50), rand(3, 50)))
+    torch.library.opcheck(named_chain.saving_op, (rand(70), rand(70)))  # what torch.compile calls
+    torch.library.opcheck(named_halves.saving_op, (rand(3, 50), rand(3, 50, grad=False)))
 
 
 def test_named_op_compiles_fullgraph():
@@ -633,6 +635,19 @@ def test_named_op_registration_and_fallback_choice():
     assert named_chain.saving_op is not None
     schema = str(named_chain.saving_op._opoverload._schema)
     assert schema.startswith("tgtest::chain_saving(Tensor x, Tensor w, float scale=1.") and schema.endswith("Tensor[]")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")
+def test_saving_op_called_eagerly(executed):
+    """The saving op outside torch.compile: outputs, then the buffer; its backward replays derived kernels only."""
+    check(lambda x, w: named_chain.saving_op(x, w)[0], chain_ref, rand(70), rand(70))
+    check(lambda x, w: tuple(named_halves.saving_op(x, w)[:2]), chain3_ref, rand(3, 50), rand(3, 50))
+    x, w = rand(70), rand(70)
+    y, h = named_chain.saving_op(x, w)
+    assert_close(h, x.detach() * w.detach())  # the buffer launch 2 reads
+    executed.clear()
+    y.backward(torch.randn_like(y))
+    assert executed == ["sin_mul_kernel_bwd", "mul_kernel_bwd"]
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")

@@ -366,6 +366,7 @@ def _saved_backward(fn: Any, name: str, arguments, plans: dict, deterministic: b
         *inputs, saved, grads, needs = args
         with tapes.collecting("skip") as launches:
             fresh = _as_tuple(fn(*inputs))
+        saved = [t.detach() for t in saved]  # an eager caller's outputs require grad; kernels wrote them
         swaps = _swaps(launches, inputs, fresh, saved)
         if swaps is None:
             return recompute(*inputs, grads, needs)
