@@ -792,6 +792,50 @@ def test_incoming_gradients_are_not_modified():
     assert_close(w.grad, want_w.grad)
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")
+def test_compiled_two_outputs_and_scalars_read_saved_buffers(executed):
+    """An output a later launch reads (h of chain3) is saved as the output; a scalar argument by keyword;
+    an input without grad."""
+    def both(x, w):
+        h, z = named_halves(x, w)
+        return h.sin() + z * named_chain(x, w, scale=1.0)
+
+    def reference(x, w):
+        h, z = chain3_ref(x, w)
+        return h.sin() + z * chain_ref(x, w)
+
+    compiled = torch.compile(both, fullgraph=True, backend="aot_eager")
+    for grad_w in (True, False):
+        x, w = rand(3, 41), rand(3, 41, grad=grad_w)
+        y = compiled(x, w)
+        want = reference(x, w)
+        assert_close(y, want)
+        executed.clear()
+        g = torch.randn_like(y)
+        got = torch.autograd.grad(y, [t for t in (x, w) if t.requires_grad], g)
+        ref = torch.autograd.grad(want, [t for t in (x, w) if t.requires_grad], g)
+        for a, b in zip(got, ref, strict=True):
+            assert_close(a, b)
+        assert executed and all(k.endswith("_bwd") for k in executed), executed
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")
+def test_opaque_env_gives_the_previous_registration(monkeypatch, executed):
+    monkeypatch.setenv("TRITONGRAD_OPAQUE_OPS", "1")
+    legacy = tritongrad.op("tgtest::legacy_chain")(chain.__wrapped__)
+    assert legacy.opaque and legacy.saving_op is None
+    compiled = torch.compile(lambda x, w: legacy(x, w) * 2, fullgraph=True, backend="aot_eager")
+    x, w = rand(70), rand(70)
+    y = compiled(x, w)
+    executed.clear()
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, w), g)
+    want = torch.autograd.grad(chain_ref(x, w) * 2, (x, w), g)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+    assert executed[:2] == ["mul_kernel", "sin_mul_kernel"]  # its backward re-runs the forward launches
+
+
 TRACED_SCRIPT = '''
 import torch, triton, triton.language as tl
 from torch._dynamo.backends.common import aot_autograd
