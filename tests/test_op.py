@@ -872,6 +872,17 @@ f = torch.compile(lambda x, w: chain(x, w).sin(), fullgraph=True,
                   backend=aot_autograd(fw_compiler=stand_in("forward"), bw_compiler=stand_in("backward")))
 x, w = torch.randn(70, requires_grad=True), torch.randn(70, requires_grad=True)
 f(x, w).sum().backward()
+
+@tritongrad.op("tgtraced::ctas")
+def ctas(x):
+    y = torch.empty_like(x)
+    sin_kernel[(3,)](x, y, x.numel(), BLOCK=32, num_ctas=1)  # wrap_triton refuses num_ctas at a launch
+    return y
+
+try:
+    torch.compile(lambda x: ctas(x) * 2, fullgraph=True, backend=aot_autograd(fw_compiler=stand_in("ctas")))(x)
+except Exception as e:
+    print("refused:", " ".join(str(e).split()))
 '''
 
 
@@ -888,3 +899,6 @@ def test_compiled_graph_traces_into_the_forward_kernels(tmp_path):
     forward, backward = out.stdout.split("== forward")[1].split("== backward")
     assert forward.count("triton_kernel_wrapper_functional(") == 2 and "tgtraced" not in forward
     assert "tgtraced.chain_saved_backward" in backward and "triton_kernel_wrapper" not in backward
+    assert ("tritongrad.op `tgtraced::ctas`: torch.compile cannot trace the launch of `sin_kernel` through "
+            "torch.library.wrap_triton") in out.stdout
+    assert '@tritongrad.op("tgtraced::ctas", opaque=True)' in out.stdout

@@ -213,7 +213,8 @@ def _named(fn: Any, name: str, deterministic: bool = False, opaque: bool = True)
     forward.register_autograd(backward, setup_context=setup_context)
     saving = None
     if not _legacy():  # what torch.compile calls: the forward also returns what its backward reads
-        saving = _register(name + "_saving", protos.saving, _saving_impl(fn, not opaque), _saving_fake(fn), opaque)
+        saving = _register(name + "_saving", protos.saving, _saving_impl(fn, name, not opaque), _saving_fake(fn),
+                           opaque)
         saved_backward = torch.library.custom_op(
             name + "_saved_backward", mutates_args=(),
             schema=torch.library.infer_schema(protos.saved_backward, mutates_args=()))(
@@ -259,7 +260,7 @@ def _register(name: str, proto: Any, impl: Any, fake: Any, opaque: bool) -> Any:
 def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool, traced: bool = False):
     def impl(*args, **kwargs):
         if traced and _wrap_triton_enabled():  # torch.compile tracing the triton_op: launches via wrap_triton
-            with tapes.collecting("wrap"):
+            with tapes.collecting("wrap", name):
                 return fn(*args, **kwargs)
         stash = _stash.get()
         if stash is None:  # no eager caller waiting for a tape: compiled code, no grad, direct torch.ops calls
@@ -331,11 +332,11 @@ def _gradients(tape: Tape, outputs: tuple, inputs: list, arguments, grads: list,
 # -- what torch.compile calls: a forward that returns what its backward reads ----------------------
 
 
-def _saving_impl(fn: Any, traced: bool):
+def _saving_impl(fn: Any, name: str, traced: bool):
     """The op's outputs, then the buffers its launches pass between them (``Launches.intermediates``,
     whole tensors only), so that a compiled graph saves them rather than re-running the launches."""
     def impl(*args):
-        with tapes.collecting("wrap" if traced and _wrap_triton_enabled() else "run") as launches:
+        with tapes.collecting("wrap" if traced and _wrap_triton_enabled() else "run", name) as launches:
             outputs = _as_tuple(fn(*args))
         return [*outputs, *_whole(launches.intermediates(args, outputs))]
 

@@ -65,8 +65,8 @@ class Launches:
     arguments are all that is wanted). ``tuned``: an autotuner was launched (in "skip" mode the config
     it would choose, which the backward needs, is unknown)."""
 
-    def __init__(self, mode: str):
-        self.mode = mode
+    def __init__(self, mode: str, name: str = ""):
+        self.mode, self.name = mode, name  # name: the op's, for errors
         self.calls: list[tuple] = []
         self.tensors: dict[int, torch.Tensor] = {}
         self.tuned = False
@@ -84,9 +84,9 @@ class Launches:
 
 
 @contextlib.contextmanager
-def collecting(mode: str):
-    """``with collecting("wrap" | "run" | "skip") as launches:`` (see ``Launches``)."""
-    launches = Launches(mode)
+def collecting(mode: str, name: str = ""):
+    """``with collecting("wrap" | "run" | "skip", op_name) as launches:`` (see ``Launches``)."""
+    launches = Launches(mode, name)
     token = _current.set(launches)
     try:
         yield launches
@@ -94,9 +94,10 @@ def collecting(mode: str):
         _current.reset(token)
 
 
-def _wrapped_launch(kernel: Any, args: tuple, kwargs: dict) -> Any:
+def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) -> Any:
     """A launch issued through wrap_triton (the outermost kernel object: an autotuner is traced as
-    one, so Inductor tunes it)."""
+    one, so Inductor tunes it). What wrap_triton refuses (``num_ctas`` at the launch, an autotuner's
+    pre_hook, nested autotuners) is named with the way out: an opaque op."""
     from torch.library import wrap_triton
 
     kwargs = dict(kwargs)
@@ -105,6 +106,11 @@ def _wrapped_launch(kernel: Any, args: tuple, kwargs: dict) -> Any:
     token = _current.set(None)  # wrap_triton's own launch is not intercepted again
     try:
         return wrap_triton(kernel)[grid](*args, **kwargs)
+    except (RuntimeError, NotImplementedError) as e:
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "?")
+        raise OpError(f"tritongrad.op `{launches.name}`: torch.compile cannot trace the launch of `{name}` through "
+                      f"torch.library.wrap_triton ({e}); register the op with "
+                      f"@tritongrad.op(\"{launches.name}\", opaque=True)") from e
     finally:
         _current.reset(token)
 
@@ -537,7 +543,7 @@ def _recorded(run):
         if type(tape) is Launches:
             tape.add(self, grid, args, kwargs)
             if tape.mode == "wrap":
-                return _wrapped_launch(self, args, {**kwargs, "grid": grid})
+                return _wrapped_launch(tape, self, args, {**kwargs, "grid": grid})
             return run(self, *args, grid=grid, warmup=warmup, **kwargs) if tape.mode == "run" else None
         tape.record(self, grid, args, kwargs)
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
@@ -556,7 +562,7 @@ def _autotuner_hooked(run):
             passed = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
             current.add(self, kwargs.get("grid"), args, passed)
             if current.mode == "wrap":
-                return _wrapped_launch(self, args, kwargs)
+                return _wrapped_launch(current, self, args, kwargs)
             if current.mode == "skip":
                 return None
             token = _current.set(None)  # "run": its inner launch is not collected again
