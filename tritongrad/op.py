@@ -65,7 +65,9 @@ Bare and named ops:
   Fallbacks, each explicit: ``opaque=True``, and by default under Triton's interpreter (whose
   kernels are not ``JITFunction`` objects, which ``wrap_triton`` needs), register ``custom_op`` ops
   instead of triton_ops (fake implementation: the host function with launches skipped; still
-  saving). ``TRITONGRAD_OPAQUE_OPS=1`` (read at registration) gives the previous behaviour
+  saving); a launch ``wrap_triton`` refuses (``num_ctas`` passed at the launch, an autotuner
+  with a ``pre_hook``, nested autotuners) raises OpError when torch.compile traces it, saying
+  so. ``TRITONGRAD_OPAQUE_OPS=1`` (read at registration) gives the previous behaviour
   (opaque, no saving op: the compiled backward re-runs the forward launches), for comparison.
   ``ns::name_saved_backward`` re-runs the forward launches where the saved buffers cannot stand
   in: an autotuned launch (the config Inductor's tuning chose, which the derived kernel needs, is
