@@ -7,6 +7,9 @@ and compares. The ``derived`` fixture records which backward kernels ran.
 
 import dataclasses
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -589,11 +592,92 @@ def test_named_op_opcheck():
     torch.library.opcheck(named_chain.op, (rand(70), rand(70)))
     torch.library.opcheck(named_chain.op, (rand(70), rand(70, grad=False), 1.0))
     torch.library.opcheck(named_halves.op, (rand(3, 50), rand(3, 50)))
+    torch.library.opcheck(named_chain.saving_op, (rand(70), rand(70)))  # what torch.compile calls
+    torch.library.opcheck(named_halves.saving_op, (rand(3, 50), rand(3, 50, grad=False)))
 
 
 def test_named_op_compiles_fullgraph():
     compiled = torch.compile(lambda x, w: named_chain(x, w).sin() * 2, fullgraph=True, backend="aot_eager")
     check(compiled, lambda x, w: chain_ref(x, w).sin() * 2, rand(70), rand(70))
+
+
+@tritongrad.op("tgtest::tuned_chain")
+def named_tuned_chain(x, w):
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    mul_kernel[grid(x.numel())](x, w, h, x.numel(), BLOCK=BLOCK)
+    tuned_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](h, y, x.numel())
+    return y
+
+
+@tritongrad.op("tgtest::viewed_chain")
+def named_viewed_chain(x, w):
+    n = x.numel()
+    buffer = torch.empty(2 * n, dtype=x.dtype, device=x.device)  # the buffer launches share is a view
+    h, y = buffer[:n], torch.empty_like(x)
+    mul_kernel[grid(n)](x, w, h, n, BLOCK=BLOCK)
+    sin_mul_kernel[grid(n)](h, x, y, n, BLOCK=BLOCK)
+    return y
+
+
+@pytest.fixture
+def executed(monkeypatch):
+    """The names of the kernels the interpreter runs, in order."""
+    from triton.runtime.interpreter import GridExecutor
+
+    names, call = [], GridExecutor.__call__
+
+    def counted(self, *args, **kwargs):
+        names.append(self.fn.__name__)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(GridExecutor, "__call__", counted)
+    return names
+
+
+def test_named_op_registration_and_fallback_choice():
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    assert named_chain.opaque == interpreted  # wrap_triton cannot take the interpreter's kernels
+    assert named_chain.saving_op is not None
+    schema = str(named_chain.saving_op._opoverload._schema)
+    assert schema.startswith("tgtest::chain_saving(Tensor x, Tensor w, float scale=1.") and schema.endswith("Tensor[]")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")
+def test_saving_op_called_eagerly(executed):
+    """The saving op outside torch.compile: outputs, then the buffer; its backward replays derived kernels only."""
+    check(lambda x, w: named_chain.saving_op(x, w)[0], chain_ref, rand(70), rand(70))
+    check(lambda x, w: tuple(named_halves.saving_op(x, w)[:2]), chain3_ref, rand(3, 50), rand(3, 50))
+    x, w = rand(70), rand(70)
+    y, h = named_chain.saving_op(x, w)
+    assert_close(h, x.detach() * w.detach())  # the buffer launch 2 reads
+    executed.clear()
+    y.backward(torch.randn_like(y))
+    assert executed == ["sin_mul_kernel_bwd", "mul_kernel_bwd"]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")
+@pytest.mark.parametrize("op", ["chain", "tuned_chain", "viewed_chain"])
+def test_compiled_backward_reads_saved_buffers(op, executed):
+    """The compiled forward saves the buffer launch 2 reads; its backward runs derived kernels only, but
+    where the saved buffers cannot stand in (an autotuned launch, a buffer that is a view): it re-runs them."""
+    named = {"chain": named_chain, "tuned_chain": named_tuned_chain, "viewed_chain": named_viewed_chain}[op]
+    ref = {"tuned_chain": lambda x, w: torch.sigmoid(x * w) * x * w}.get(op, chain_ref)
+    compiled = torch.compile(lambda x, w: named(x, w).tanh(), fullgraph=True, backend="aot_eager")
+    x, w = rand(70), rand(70)
+    y = compiled(x, w)
+    want = ref(x, w).tanh()
+    assert_close(y, want)
+    forward_kernels = {"mul_kernel", "sin_mul_kernel", "tuned_kernel"}
+    assert set(executed) <= forward_kernels
+    executed.clear()
+    g = torch.randn_like(y)
+    gx, gw = torch.autograd.grad(y, (x, w), g)
+    rx, rw = torch.autograd.grad(want, (x, w), g)
+    assert_close(gx, rx)
+    assert_close(gw, rw)
+    launched = {"tuned_chain": ["mul_kernel", "tuned_kernel"]}.get(op, ["mul_kernel", "sin_mul_kernel"])
+    assert [k for k in executed if k in forward_kernels] == ([] if op == "chain" else launched)
+    assert [k for k in executed if k not in forward_kernels] == [k + "_bwd" for k in reversed(launched)]
 
 
 def test_named_op_refuses_tensors_made_by_pytorch_inside():
@@ -711,3 +795,115 @@ def test_incoming_gradients_are_not_modified():
     torch.autograd.backward(chain3_ref(want_x, want_w), [gh, gz])
     assert_close(x.grad, want_x.grad)
     assert_close(w.grad, want_w.grad)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")
+def test_compiled_two_outputs_and_scalars_read_saved_buffers(executed):
+    """An output a later launch reads (h of chain3) is saved as the output; a scalar argument by keyword;
+    an input without grad."""
+    def both(x, w):
+        h, z = named_halves(x, w)
+        return h.sin() + z * named_chain(x, w, scale=1.0)
+
+    def reference(x, w):
+        h, z = chain3_ref(x, w)
+        return h.sin() + z * chain_ref(x, w)
+
+    compiled = torch.compile(both, fullgraph=True, backend="aot_eager")
+    for grad_w in (True, False):
+        x, w = rand(3, 41), rand(3, 41, grad=grad_w)
+        y = compiled(x, w)
+        want = reference(x, w)
+        assert_close(y, want)
+        executed.clear()
+        g = torch.randn_like(y)
+        got = torch.autograd.grad(y, [t for t in (x, w) if t.requires_grad], g)
+        ref = torch.autograd.grad(want, [t for t in (x, w) if t.requires_grad], g)
+        for a, b in zip(got, ref, strict=True):
+            assert_close(a, b)
+        assert executed and all(k.endswith("_bwd") for k in executed), executed
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")
+def test_opaque_env_gives_the_previous_registration(monkeypatch, executed):
+    monkeypatch.setenv("TRITONGRAD_OPAQUE_OPS", "1")
+    legacy = tritongrad.op("tgtest::legacy_chain")(chain.__wrapped__)
+    assert legacy.opaque and legacy.saving_op is None
+    compiled = torch.compile(lambda x, w: legacy(x, w) * 2, fullgraph=True, backend="aot_eager")
+    x, w = rand(70), rand(70)
+    y = compiled(x, w)
+    executed.clear()
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, w), g)
+    want = torch.autograd.grad(chain_ref(x, w) * 2, (x, w), g)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+    assert executed[:2] == ["mul_kernel", "sin_mul_kernel"]  # its backward re-runs the forward launches
+
+
+TRACED_SCRIPT = '''
+import torch, triton, triton.language as tl
+from torch._dynamo.backends.common import aot_autograd
+import tritongrad
+
+@triton.jit
+def mul_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(a_ptr + offs, mask=mask) * tl.load(b_ptr + offs, mask=mask), mask=mask)
+
+@triton.jit
+def sin_kernel(a_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.sin(tl.load(a_ptr + offs, mask=mask)), mask=mask)
+
+@tritongrad.op("tgtraced::chain")
+def chain(x, w):
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    mul_kernel[(triton.cdiv(x.numel(), 32),)](x, w, h, x.numel(), BLOCK=32)
+    sin_kernel[(triton.cdiv(x.numel(), 32),)](h, y, x.numel(), BLOCK=32)
+    return y
+
+def stand_in(name):  # no GPU here: the compiled graphs are kept, and run as zeros of their outputs' metadata
+    def compiler(gm, _):
+        print(f"== {name}\\n{gm.code}")
+        vals = [n.meta["val"] for n in gm.graph.output_node().args[0]]
+        return lambda *a: [torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v for v in vals]
+    return compiler
+
+print("opaque", chain.opaque)
+f = torch.compile(lambda x, w: chain(x, w).sin(), fullgraph=True,
+                  backend=aot_autograd(fw_compiler=stand_in("forward"), bw_compiler=stand_in("backward")))
+x, w = torch.randn(70, requires_grad=True), torch.randn(70, requires_grad=True)
+f(x, w).sum().backward()
+
+@tritongrad.op("tgtraced::ctas")
+def ctas(x):
+    y = torch.empty_like(x)
+    sin_kernel[(3,)](x, y, x.numel(), BLOCK=32, num_ctas=1)  # wrap_triton refuses num_ctas at a launch
+    return y
+
+try:
+    torch.compile(lambda x: ctas(x) * 2, fullgraph=True, backend=aot_autograd(fw_compiler=stand_in("ctas")))(x)
+except Exception as e:
+    print("refused:", " ".join(str(e).split()))
+'''
+
+
+def test_compiled_graph_traces_into_the_forward_kernels(tmp_path):
+    """Without the interpreter (CPU: the graphs are traced, not run): the forward graph holds the two
+    launches as triton_kernel_wrapper nodes, the backward one the saved-buffer backward and no launch."""
+    script = tmp_path / "traced.py"
+    script.write_text(TRACED_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITONGRAD_OPAQUE_OPS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(tritongrad.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "opaque False" in out.stdout
+    forward, backward = out.stdout.split("== forward")[1].split("== backward")
+    assert forward.count("triton_kernel_wrapper_functional(") == 2 and "tgtraced" not in forward
+    assert "tgtraced.chain_saved_backward" in backward and "triton_kernel_wrapper" not in backward
+    assert ("tritongrad.op `tgtraced::ctas`: torch.compile cannot trace the launch of `sin_kernel` through "
+            "torch.library.wrap_triton") in out.stdout
+    assert '@tritongrad.op("tgtraced::ctas", opaque=True)' in out.stdout

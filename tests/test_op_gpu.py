@@ -2,6 +2,7 @@
 multi-config autotuning, and DistributedDataParallel on two GPUs."""
 
 import os
+import re
 import socket
 
 import pytest
@@ -79,6 +80,82 @@ def test_compile_fullgraph_with_inductor():
     compiled = torch.compile(lambda x, w: named_chain(x, w).tanh(), fullgraph=True)
     got, got_grads = grads_of(compiled, x, w, upstream=g)
     want, want_grads = grads_of(lambda x, w: chain_ref(x, w).tanh(), x, w, upstream=g)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def named_tuned_body(x, w):
+    n = x.numel()
+    h, y = torch.empty_like(x), torch.empty_like(x)
+    mul_kernel[(triton.cdiv(n, BLOCK),)](x, w, h, n, BLOCK=BLOCK)
+    tuned_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](h, y, n)
+    return y
+
+
+named_tuned = tritongrad.op("tggpu::tuned")(named_tuned_body)
+FORWARD_KERNELS = re.compile(r"(mul_kernel|sin_mul_kernel|tuned_kernel)(?!_bwd)")  # as Inductor may suffix them
+
+
+def kernels_run(fn):
+    """The names of the CUDA kernels ``fn()`` launches, and how many tapes it entered (a tape is entered only
+    where the forward launches run again: the eager forward, the recomputing backwards)."""
+    tapes_entered, enter = [], tapes.Tape.__enter__
+
+    def counted(self):
+        tapes_entered.append(self.name)
+        return enter(self)
+
+    tapes.Tape.__enter__ = counted
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    finally:
+        tapes.Tape.__enter__ = enter
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], tapes_entered
+
+
+def test_named_op_is_a_triton_op_on_the_gpu():
+    assert not named_chain.opaque and named_chain.saving_op is not None
+    assert isinstance(named_chain.op, torch._library.custom_ops.CustomOpDef)  # triton_op makes one too
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_compiled_backward_does_not_rerun_the_forward_launches(fullgraph):
+    x, w = rand(1000), rand(1000)
+    g = torch.randn(1000, device="cuda")
+    compiled = torch.compile(lambda x, w: named_chain(x, w).tanh(), fullgraph=fullgraph)
+    want, want_grads = grads_of(lambda x, w: chain_ref(x, w).tanh(), x, w, upstream=g)
+    for _ in range(2):  # the first backward of a kind is checked (stray gradients), later ones are not
+        a, b = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        y = compiled(a, b)
+        names, entered = kernels_run(lambda: y.backward(g))  # noqa: B023
+        assert entered == [], entered  # no recomputing backward
+        assert not [n for n in names if FORWARD_KERNELS.search(n)], names
+        assert any("_bwd" in n for n in names), names  # the derived kernels ran
+        torch.testing.assert_close(y.detach(), want)
+        torch.testing.assert_close(a.grad, want_grads[0])
+        torch.testing.assert_close(b.grad, want_grads[1])
+
+
+def test_compiled_forward_runs_the_kernels_inductor_traced():
+    x, w = rand(1000), rand(1000)
+    compiled = torch.compile(lambda x, w: named_chain(x, w).tanh(), fullgraph=True)
+    compiled(x, w)  # compiles
+    names, entered = kernels_run(lambda: compiled(x, w))
+    assert entered == []  # not the eager op's tape: Inductor launches the kernels
+    assert any(FORWARD_KERNELS.search(n) for n in names), names
+
+
+def test_compiled_autotuned_named_op_falls_back_to_recomputing():
+    """Inductor tunes the autotuned launch; its config is unknown to the backward, which re-runs the forward."""
+    x, w = rand(3000), rand(3000)
+    g = torch.randn(3000, device="cuda")
+    compiled = torch.compile(lambda x, w: named_tuned(x, w) * 3, fullgraph=True)
+    got, got_grads = grads_of(compiled, x, w, upstream=g)
+    ref = lambda x, w: torch.sigmoid(x * w) * x * w * 3  # noqa: E731
+    want, want_grads = grads_of(ref, x, w, upstream=g)
     torch.testing.assert_close(got, want)
     for a, b in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(a, b)

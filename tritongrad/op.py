@@ -45,16 +45,36 @@ Bare and named ops:
 - ``@tritongrad.op`` wraps the function in an ``autograd.Function``. PyTorch operations in
   the function before the launches (``x.contiguous()``, tensors captured from outside) are
   tracked by autograd as usual: every tensor a kernel reads that requires grad gets one.
-- ``@tritongrad.op("ns::name")`` also registers ``ns::name`` (and ``ns::name_backward``)
-  with ``torch.library.custom_op``: a fake implementation (the function run on fake
-  tensors with launches skipped) and an autograd formula, so ``torch.compile(fullgraph=True)``
-  and ``torch.library.opcheck`` work. The op is opaque to Inductor (launches are not
-  traced through ``wrap_triton``), which also makes it work under Triton's interpreter.
-  Called eagerly, the backward replays the tape recorded in the forward; where no tape
-  exists (compiled graphs, direct ``torch.ops`` calls) ``ns::name_backward`` re-runs the
-  forward launches first (as activation checkpointing would). Schema types come from the
-  annotations; a parameter without one is a Tensor, or the type of its default; the
-  return is a Tensor unless annotated (``-> tuple[torch.Tensor, torch.Tensor]``).
+- ``@tritongrad.op("ns::name")`` also registers ``ns::name`` with ``torch.library``, with an
+  autograd formula, so ``torch.compile(fullgraph=True)`` and ``torch.library.opcheck`` work.
+  Schema types come from the annotations; a parameter without one is a Tensor, or the type
+  of its default; the return is a Tensor unless annotated (``-> tuple[torch.Tensor, torch.Tensor]``).
+  Called eagerly, the backward replays the tape recorded in the forward. Four ops are registered:
+
+  - ``ns::name``: a ``torch.library.triton_op``. While torch.compile traces it, each launch
+    ``kernel[grid](...)`` of the host function is issued as ``wrap_triton(kernel)[grid](...)``
+    (``tape.collecting("wrap")``), so Inductor sees the kernels (an autotuner as one, tuned by
+    Inductor). Called through ``torch.ops`` without a tape, its backward is ``ns::name_backward``,
+    which re-runs the forward launches first (as activation checkpointing would).
+  - ``ns::name_saving``: what a compiled graph calls: the same forward, returning its outputs and
+    the buffers its launches pass between them (whole tensors the op neither takes nor returns), so
+    the graph saves them. Its backward ``ns::name_saved_backward`` runs the host function with its
+    launches skipped (for their arguments), swaps its fresh buffers for the saved ones, and replays
+    the derived kernels from that tape: the forward launches do not run again.
+
+  Fallbacks, each explicit: ``opaque=True``, and by default under Triton's interpreter (whose
+  kernels are not ``JITFunction`` objects, which ``wrap_triton`` needs), register ``custom_op`` ops
+  instead of triton_ops (fake implementation: the host function with launches skipped; still
+  saving); a launch ``wrap_triton`` refuses (``num_ctas`` passed at the launch, an autotuner
+  with a ``pre_hook``, nested autotuners) raises OpError when torch.compile traces it, saying
+  so. ``TRITONGRAD_OPAQUE_OPS=1`` (read at registration) gives the previous behaviour
+  (opaque, no saving op: the compiled backward re-runs the forward launches), for comparison.
+  ``ns::name_saved_backward`` re-runs the forward launches where the saved buffers cannot stand
+  in: an autotuned launch (the config Inductor's tuning chose, which the derived kernel needs, is
+  not known there) and a buffer that is a view of a larger allocation (its aliasing would be lost).
+  The backward is an opaque ``custom_op`` in every mode: its first call per kind checks gradient
+  memory for strays, index checks read tensor contents and launch settings are timed on the
+  device, none of which can run on the fake tensors torch.compile traces with.
 """
 
 from __future__ import annotations
@@ -62,7 +82,9 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import os
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,15 +95,20 @@ from .tape import Tape
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
 
 
-def op(fn: Any = None, /, *, deterministic: bool = False):
+OPAQUE_ENV = "TRITONGRAD_OPAQUE_OPS"  # "1": every named op is registered opaque (see op's docstring)
+
+
+def op(fn: Any = None, /, *, deterministic: bool = False, opaque: bool | None = None):
     """Make a host function that launches Triton kernels a differentiable PyTorch operator.
 
     ``@op`` or ``@op("namespace::name")``; see the module docstring. ``deterministic=True``:
     gradients bitwise identical from run to run (no atomic additions; a load whose gradient
-    could only be added atomically is refused at the backward, naming it).
+    could only be added atomically is refused at the backward, naming it). ``opaque`` (named
+    ops): True registers a plain ``custom_op`` that torch.compile does not trace into; by
+    default only under Triton's interpreter or with ``TRITONGRAD_OPAQUE_OPS=1``.
     """
     if isinstance(fn, str):
-        return lambda f: _named(f, fn, deterministic)
+        return lambda f: _named(f, fn, deterministic, opaque_default() if opaque is None else opaque)
     if fn is None:
         return lambda f: _bare(f, deterministic)
     return _bare(fn, deterministic)
@@ -163,23 +190,50 @@ def _arguments_of(fn: Any):
 # -- named ops -------------------------------------------------------------------------------------
 
 
-def _named(fn: Any, name: str, deterministic: bool = False) -> Any:
+def opaque_default() -> bool:
+    """Whether named ops are registered opaque unless told otherwise: under Triton's interpreter
+    (its kernels are not ``JITFunction``s, which ``wrap_triton`` needs) or with ``TRITONGRAD_OPAQUE_OPS=1``."""
+    return os.environ.get("TRITON_INTERPRET") == "1" or _legacy()
+
+
+def _legacy() -> bool:
+    """``TRITONGRAD_OPAQUE_OPS=1``: named ops as before triton_op (opaque, the compiled backward recomputing)."""
+    return os.environ.get(OPAQUE_ENV) == "1"
+
+
+def _named(fn: Any, name: str, deterministic: bool = False, opaque: bool = True) -> Any:
     tapes.install()
     arguments = _arguments_of(fn)
-    plans = {}  # shared by the eager forward's tapes and the recomputing backward's (see tritongrad.tape)
-    fwd_proto, bwd_proto = _prototypes(fn)
-    forward = torch.library.custom_op(name, mutates_args=(), schema=torch.library.infer_schema(
-        fwd_proto, mutates_args=()))(_named_impl(fn, name, arguments, plans, deterministic))
-    forward.register_fake(_fake(fn))
+    plans = {}  # shared by the eager forward's tapes and the backwards' (see tritongrad.tape)
+    protos = _prototypes(fn)
+    forward = _register(name, protos.forward, _named_impl(fn, name, arguments, plans, deterministic, not opaque),
+                        _fake(fn), opaque)
     backward_op = torch.library.custom_op(name + "_backward", mutates_args=(), schema=torch.library.infer_schema(
-        bwd_proto, mutates_args=()))(_recompute_backward(fn, name, arguments, plans, deterministic))
+        protos.backward, mutates_args=()))(_recompute_backward(fn, name, arguments, plans, deterministic))
     backward_op.register_fake(_fake_backward)
     setup_context, backward = _autograd(backward_op, name)
     forward.register_autograd(backward, setup_context=setup_context)
+    saving = None
+    if not _legacy():  # what torch.compile calls: the forward also returns what its backward reads
+        saving = _register(name + "_saving", protos.saving, _saving_impl(fn, name, not opaque), _saving_fake(fn),
+                           opaque)
+        saved_backward = torch.library.custom_op(
+            name + "_saved_backward", mutates_args=(),
+            schema=torch.library.infer_schema(protos.saved_backward, mutates_args=()))(
+            _saved_backward(fn, name, arguments, plans, deterministic))
+        saved_backward.register_fake(_fake_saved_backward)
+        setup_context, backward = _saving_autograd(saved_backward, name, protos.outputs)
+        saving.register_autograd(backward, setup_context=setup_context)
+    several = protos.outputs > 1 or _several(protos.forward)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        if torch.compiler.is_compiling():
+            if saving is None or not torch.is_grad_enabled():
+                return forward(*args, **kwargs)
+            found = saving(*args, **kwargs)
+            return tuple(found[:protos.outputs]) if several else found[0]
+        if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         if tapes.active():  # inside another op: its tape records these launches
             return fn(*args, **kwargs)
@@ -189,12 +243,27 @@ def _named(fn: Any, name: str, deterministic: bool = False) -> Any:
         finally:
             _stash.reset(token)
 
-    call.op, call.backward_op = forward, backward_op  # the torch.library ops
+    call.op, call.backward_op, call.saving_op, call.opaque = forward, backward_op, saving, opaque  # torch.library ops
     return call
 
 
-def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
+def _register(name: str, proto: Any, impl: Any, fake: Any, opaque: bool) -> Any:
+    """A ``custom_op`` with a fake implementation (opaque), or a ``triton_op``: then the fake implementation
+    and the decomposition torch.compile traces are ``impl`` itself, its launches issued through wrap_triton."""
+    if opaque:
+        op = torch.library.custom_op(name, mutates_args=(), schema=torch.library.infer_schema(proto, mutates_args=()))
+        op = op(impl)
+        op.register_fake(fake)
+        return op
+    impl.__signature__ = inspect.signature(proto)  # triton_op infers the schema from it
+    return torch.library.triton_op(name, impl, mutates_args=())
+
+
+def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool, traced: bool = False):
     def impl(*args, **kwargs):
+        if traced and _wrap_triton_enabled():  # torch.compile tracing the triton_op: launches via wrap_triton
+            with tapes.collecting("wrap", name):
+                return fn(*args, **kwargs)
         stash = _stash.get()
         if stash is None:  # no eager caller waiting for a tape: compiled code, no grad, direct torch.ops calls
             return fn(*args, **kwargs)
@@ -214,6 +283,13 @@ def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool)
         return result
 
     return impl
+
+
+def _wrap_triton_enabled() -> bool:
+    """False while a triton_op runs on real tensors (torch disables wrap_triton there)."""
+    from torch._library.triton import is_wrap_triton_enabled
+
+    return is_wrap_triton_enabled()
 
 
 def _differentiable(t: torch.Tensor) -> bool:
@@ -237,18 +313,117 @@ def _fake_backward(*args):
 def _recompute_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
     def backward(*args):
         *inputs, grads, needs = args
-        bound = arguments(tuple(inputs), {})
-        diff = [t for t, need in zip(bound.values(), needs, strict=True) if need]
         tape = Tape(name, plans, deterministic)
         with tape.recording():
-            result = fn(*inputs)
-        tape.close(_as_tuple(result), tuple(inputs), {}, arguments, diff_inputs=diff)
-        saved, tape.saved = tuple(tape.saved), None
-        result = tape.backward(saved, tuple(grads), [True] * len(diff))
-        return [torch.zeros_like(t) if g is None else torch.empty_like(t).copy_(g) for t, g in zip(diff, result,
-                                                                                                   strict=True)]
+            outputs = _as_tuple(fn(*inputs))
+        return _gradients(tape, outputs, inputs, arguments, grads, needs)
 
     return backward
+
+
+def _gradients(tape: Tape, outputs: tuple, inputs: list, arguments, grads: list, needs: list) -> list:
+    """The needed inputs' gradients from a recorded forward (zeros where none reaches)."""
+    diff = [t for t, need in zip(arguments(tuple(inputs), {}).values(), needs, strict=True) if need]
+    tape.close(outputs, tuple(inputs), {}, arguments, diff_inputs=diff)
+    saved, tape.saved = tuple(tape.saved), None
+    result = tape.backward(saved, tuple(grads), [True] * len(diff))
+    return [torch.zeros_like(t) if g is None else torch.empty_like(t).copy_(g) for t, g in zip(diff, result,
+                                                                                               strict=True)]
+
+
+# -- what torch.compile calls: a forward that returns what its backward reads ----------------------
+
+
+def _saving_impl(fn: Any, name: str, traced: bool):
+    """The op's outputs, then the buffers its launches pass between them (``Launches.intermediates``,
+    whole tensors only), so that a compiled graph saves them rather than re-running the launches."""
+    def impl(*args):
+        with tapes.collecting("wrap" if traced and _wrap_triton_enabled() else "run", name) as launches:
+            outputs = _as_tuple(fn(*args))
+        return [*outputs, *_whole(launches.intermediates(args, outputs))]
+
+    return impl
+
+
+def _saving_fake(fn: Any):
+    def fake(*args):
+        with tapes.collecting("skip") as launches:
+            outputs = _as_tuple(fn(*args))
+        return [*outputs, *_whole(launches.intermediates(args, outputs))]
+
+    return fake
+
+
+def _whole(tensors: list) -> list:
+    return [t for t in tensors if t._base is None]
+
+
+def _saved_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
+    """The backward from the saving forward's outputs and buffers: the host function is run again with its
+    launches skipped (for their arguments), its fresh buffers swapped for the saved ones, and the launches
+    recorded on a tape as in eager mode. Where the buffers cannot be matched (an autotuned launch, whose
+    config is unknown here; a buffer that is a view of another tensor) the launches are re-run instead."""
+    recompute = _recompute_backward(fn, name, arguments, plans, deterministic)
+
+    def backward(*args):
+        *inputs, saved, grads, needs = args
+        with tapes.collecting("skip") as launches:
+            fresh = _as_tuple(fn(*inputs))
+        saved = [t.detach() for t in saved]  # an eager caller's outputs require grad; kernels wrote them
+        swaps = _swaps(launches, inputs, fresh, saved)
+        if swaps is None:
+            return recompute(*inputs, grads, needs)
+        swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        tape = Tape(name, plans, deterministic)
+        for kernel, grid, a, kw in launches.calls:
+            tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
+        return _gradients(tape, tuple(saved[:len(fresh)]), inputs, arguments, grads, needs)
+
+    return backward
+
+
+def _swaps(launches: tapes.Launches, inputs: list, fresh: tuple, saved: list) -> dict | None:
+    """id(fresh tensor) -> the saved one in its place, or None where they cannot be matched."""
+    buffers = launches.intermediates(inputs, fresh)
+    ours = [*fresh, *buffers]
+    if launches.tuned or len(ours) != len(saved) or len(_whole(buffers)) != len(buffers):
+        return None
+    if any((a.shape, a.stride(), a.dtype) != (b.shape, b.stride(), b.dtype) for a, b in zip(ours, saved, strict=True)):
+        return None
+    return {id(a): b for a, b in zip(ours, saved, strict=True)}
+
+
+def _fake_saved_backward(*args):
+    *inputs, _saved, grads, needs = args
+    return _fake_backward(*inputs, grads, needs)
+
+
+def _saving_autograd(saved_backward: Any, name: str, count: int):
+    def setup_context(ctx, inputs, output):
+        ctx.positions = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)]
+        ctx.others = [None if isinstance(a, torch.Tensor) else a for a in inputs]
+        ctx.save_for_backward(*[inputs[i] for i in ctx.positions], *output)
+        ctx.mark_non_differentiable(*output[count:])  # the buffers
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, *grads):
+        if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
+            grads = grads[0]
+        needs = [ctx.needs_input_grad[i] for i in ctx.positions]
+        result = [None] * len(ctx.needs_input_grad)
+        if not any(needs):
+            return tuple(result)
+        tensors = ctx.saved_tensors
+        args = list(ctx.others)
+        for i, t in zip(ctx.positions, tensors, strict=False):
+            args[i] = t
+        found = iter(saved_backward(*args, list(tensors[len(ctx.positions):]), list(grads[:count]), needs))
+        for i, need in zip(ctx.positions, needs, strict=True):
+            if need:
+                result[i] = next(found)
+        return _once(name, result)
+
+    return setup_context, backward
 
 
 def _autograd(backward_op: Any, name: str):
@@ -292,8 +467,24 @@ def _autograd(backward_op: Any, name: str):
 _DEFAULT_TYPES = {bool: bool, int: int, float: float, str: str}
 
 
-def _prototypes(fn: Any) -> tuple[Any, Any]:
-    """Stand-in functions whose annotated signatures give the forward's and the backward's schemas."""
+@dataclass(frozen=True)
+class _Prototypes:
+    """Stand-in functions whose annotated signatures give the schemas of an op's forward, its recomputing
+    backward, its saving forward (outputs and buffers in one list) and that one's backward; ``outputs``:
+    how many tensors the op returns."""
+
+    forward: Any
+    backward: Any
+    saving: Any
+    saved_backward: Any
+    outputs: int
+
+
+def _several(proto: Any) -> bool:
+    return typing.get_origin(inspect.signature(proto).return_annotation) in (tuple, list)
+
+
+def _prototypes(fn: Any) -> _Prototypes:
     sig = inspect.signature(fn, eval_str=True)
     params = []
     for p in sig.parameters.values():
@@ -313,16 +504,19 @@ def _prototypes(fn: Any) -> tuple[Any, Any]:
         params.append(p.replace(annotation=ann))
     ret = torch.Tensor if sig.return_annotation is inspect.Signature.empty else sig.return_annotation
 
-    def fwd():
-        pass
+    def stand_in(parameters: list, returns: Any) -> Any:
+        def proto():
+            pass
 
-    def bwd():
-        pass
+        proto.__signature__ = inspect.Signature(parameters, return_annotation=returns)
+        return proto
 
-    fwd.__signature__ = sig.replace(parameters=params, return_annotation=ret)
     plain = [p.replace(default=inspect.Parameter.empty, kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params]
     extra = [inspect.Parameter("tg_grads", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                annotation=list[typing.Optional[torch.Tensor]]),  # noqa: UP045
              inspect.Parameter("tg_needs", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=list[bool])]
-    bwd.__signature__ = inspect.Signature([*plain, *extra], return_annotation=list[torch.Tensor])
-    return fwd, bwd
+    saved = inspect.Parameter("tg_saved", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=list[torch.Tensor])
+    outputs = len(typing.get_args(ret)) if typing.get_origin(ret) in (tuple, list) else 1
+    return _Prototypes(stand_in(params, ret), stand_in([*plain, *extra], list[torch.Tensor]),
+                       stand_in(params, list[torch.Tensor]), stand_in([*plain, saved, *extra], list[torch.Tensor]),
+                       outputs)

@@ -57,6 +57,64 @@ def dry_run():
         _current.reset(token)
 
 
+class Launches:
+    """The current "tape" while a named op's host function runs under ``collecting``: its launches,
+    each ``(kernel, grid, args, kwargs)``, and the tensors they were passed (by identity, in order of
+    first appearance). ``mode``: "wrap" issues each launch as ``torch.library.wrap_triton(kernel)[grid]``
+    (what torch.compile traces inside a triton_op), "run" launches it, "skip" does not (the launches'
+    arguments are all that is wanted). ``tuned``: an autotuner was launched (in "skip" mode the config
+    it would choose, which the backward needs, is unknown)."""
+
+    def __init__(self, mode: str, name: str = ""):
+        self.mode, self.name = mode, name  # name: the op's, for errors
+        self.calls: list[tuple] = []
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.tuned = False
+
+    def add(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> None:
+        self.calls.append((kernel, grid, args, kwargs))
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, torch.Tensor):
+                self.tensors.setdefault(id(v), v)
+
+    def intermediates(self, args: Sequence, outputs: Sequence) -> list[torch.Tensor]:
+        """The tensors launches were passed that are neither the op's arguments nor its outputs."""
+        known = {id(v) for v in (*args, *outputs)}
+        return [t for i, t in self.tensors.items() if i not in known]
+
+
+@contextlib.contextmanager
+def collecting(mode: str, name: str = ""):
+    """``with collecting("wrap" | "run" | "skip", op_name) as launches:`` (see ``Launches``)."""
+    launches = Launches(mode, name)
+    token = _current.set(launches)
+    try:
+        yield launches
+    finally:
+        _current.reset(token)
+
+
+def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) -> Any:
+    """A launch issued through wrap_triton (the outermost kernel object: an autotuner is traced as
+    one, so Inductor tunes it). What wrap_triton refuses (``num_ctas`` at the launch, an autotuner's
+    pre_hook, nested autotuners) is named with the way out: an opaque op."""
+    from torch.library import wrap_triton
+
+    kwargs = dict(kwargs)
+    grid = kwargs.pop("grid")
+    kwargs.pop("warmup", None)
+    token = _current.set(None)  # wrap_triton's own launch is not intercepted again
+    try:
+        return wrap_triton(kernel)[grid](*args, **kwargs)
+    except (RuntimeError, NotImplementedError) as e:
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "?")
+        raise OpError(f"tritongrad.op `{launches.name}`: torch.compile cannot trace the launch of `{name}` through "
+                      f"torch.library.wrap_triton ({e}); register the op with "
+                      f"@tritongrad.op(\"{launches.name}\", opaque=True)") from e
+    finally:
+        _current.reset(token)
+
+
 # -- what a kernel does with its pointer parameters ------------------------------------------------
 
 
@@ -469,7 +527,7 @@ def install() -> None:
 
     for cls in (JITFunction, InterpretedFunction):
         cls.run = _recorded(cls.run)
-    Autotuner.run = _skipped_when_dry(Autotuner.run)
+    Autotuner.run = _autotuner_hooked(Autotuner.run)
     if hasattr(Autotuner, "_bench"):
         Autotuner._bench = _unrecorded(Autotuner._bench)
     _installed = True
@@ -482,6 +540,11 @@ def _recorded(run):
             return run(self, *args, grid=grid, warmup=warmup, **kwargs)
         if tape is DRY:
             return None
+        if type(tape) is Launches:
+            tape.add(self, grid, args, kwargs)
+            if tape.mode == "wrap":
+                return _wrapped_launch(tape, self, args, {**kwargs, "grid": grid})
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs) if tape.mode == "run" else None
         tape.record(self, grid, args, kwargs)
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
@@ -489,10 +552,24 @@ def _recorded(run):
     return recorded_run
 
 
-def _skipped_when_dry(run):
+def _autotuner_hooked(run):
     def autotuner_run(self, *args, **kwargs):
-        if _current.get() is DRY:  # no benchmarking on fake tensors
+        current = _current.get()
+        if current is DRY:  # no benchmarking on fake tensors
             return None
+        if type(current) is Launches and not kwargs.get("warmup"):
+            current.tuned = True
+            passed = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+            current.add(self, kwargs.get("grid"), args, passed)
+            if current.mode == "wrap":
+                return _wrapped_launch(current, self, args, kwargs)
+            if current.mode == "skip":
+                return None
+            token = _current.set(None)  # "run": its inner launch is not collected again
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                _current.reset(token)
         return run(self, *args, **kwargs)
 
     autotuner_run.__wrapped__ = run
