@@ -2,6 +2,7 @@
 operations have one home each (docs/architecture.md)."""
 
 import ast
+import importlib
 from pathlib import Path
 
 import tritongrad
@@ -64,3 +65,12 @@ def test_the_readme_lists_the_operation_table_as_it_is():
     begin, end = "<!-- operations:begin -->\n", "<!-- operations:end -->"
     assert readme[readme.index(begin) + len(begin):readme.index(end)] == markdown_table(), (
         "README.md's operation table is stale: paste `python -m tritongrad.operations` between its markers")
+
+
+def test_no_module_shares_a_name_with_an_export():
+    """Importing a submodule sets it as an attribute of the package: a module named like an export
+    (``tritongrad.op``) would replace the exported function once something imports the module directly."""
+    modules = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if p.is_dir()}
+    assert not modules & set(tritongrad.__all__)
+    importlib.import_module("tritongrad.examples.linear")  # imports the op's module directly
+    assert callable(tritongrad.op) and callable(tritongrad.override)

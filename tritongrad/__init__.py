@@ -16,8 +16,8 @@ _EXPORTS = {
     "grad": "derive",
     "vjp": "derive",
     "NotDifferentiableError": "errors",
-    "op": "op",
-    "override": "override",
+    "op": "torch_op",
+    "override": "aten_override",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .op import _bare
+from .torch_op import _bare
 
 _alive: set[override] = set()  # permanent overrides: a Library unregisters itself when collected
 
