@@ -582,6 +582,18 @@ def test_named_op_eager_replays_its_tape():
     check(named_halves, chain3_ref, rand(70), rand(70, grad=False))
 
 
+def test_named_op_eager_skips_the_dispatcher_only_where_nothing_watches_it():
+    x, w = rand(70), rand(70)
+    fast = named_chain(x, w)
+    assert fast.grad_fn.name() == "NamedChainBackward"  # the bare op's autograd.Function
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:  # names the op
+        profiled = named_chain(x, w)
+    assert any(e.name == "tgtest::chain" for e in prof.events())
+    assert profiled.grad_fn.name() != fast.grad_fn.name()
+    g = torch.randn_like(fast)
+    assert_close(torch.autograd.grad(fast, (x, w), g), torch.autograd.grad(profiled, (x, w), g))
+
+
 def test_named_op_called_through_torch_ops_recomputes():
     chain_launches.clear()
     check(torch.ops.tgtest.chain, chain_ref, rand(70), rand(70))

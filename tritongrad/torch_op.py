@@ -116,20 +116,33 @@ def op(fn: Any = None, /, *, deterministic: bool = False, opaque: bool | None = 
 
 def _bare(fn: Any, deterministic: bool = False) -> Any:
     tapes.install()
-    arguments = _arguments_of(fn)
-    function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
-    name, plans = fn.__qualname__, {}  # plans: shared by the op's calls (see tritongrad.tape)
+    taped = _taped(fn, fn.__qualname__, {}, _arguments_of(fn), deterministic)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         if not torch.is_grad_enabled() or tapes.active():  # inference, or inside another op's tape
             return fn(*args, **kwargs)
+        return taped(*args, **kwargs)
+
+    return call
+
+
+def _taped(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False) -> Any:
+    """``fn`` with its launches recorded on a tape and its outputs made the outputs of an
+    ``autograd.Function`` whose backward replays the tape; ``plans`` are shared by the op's calls
+    (see tritongrad.tape). ``named``: as a registered op sees it, the differentiable inputs are the
+    op's own tensor arguments (a launch reading a tensor PyTorch made inside is refused, as it is
+    when the op is compiled)."""
+    function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
+
+    def call(*args, **kwargs):
         tape = Tape(name, plans, deterministic)
         with tape:  # records the launches
             result = fn(*args, **kwargs)
         several = isinstance(result, (tuple, list))
         outputs = tuple(result) if several else (result,)
-        inputs = tape.close(outputs, args, kwargs, arguments)
+        diff = [t for t in arguments(args, kwargs).values() if _differentiable(t)] if named else None
+        inputs = tape.close(outputs, args, kwargs, arguments, diff_inputs=diff)
         if not inputs:
             return result
         outputs = function.apply(tape, outputs, *inputs)
@@ -225,6 +238,7 @@ def _named(fn: Any, name: str, deterministic: bool = False, opaque: bool = True)
         setup_context, backward = _saving_autograd(saved_backward, name, protos.outputs)
         saving.register_autograd(backward, setup_context=setup_context)
     several = protos.outputs > 1 or _several(protos.forward)
+    taped = _taped(fn, name, plans, arguments, deterministic, named=True)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -237,6 +251,8 @@ def _named(fn: Any, name: str, deterministic: bool = False, opaque: bool = True)
             return forward(*args, **kwargs)
         if tapes.active():  # inside another op: its tape records these launches
             return fn(*args, **kwargs)
+        if _plain_eager(args, kwargs):  # what the dispatcher would do, without its cost
+            return taped(*args, **kwargs)
         token = _stash.set([])  # the forward leaves its tape here for setup_context
         try:
             return forward(*args, **kwargs)
@@ -245,6 +261,19 @@ def _named(fn: Any, name: str, deterministic: bool = False, opaque: bool = True)
 
     call.op, call.backward_op, call.saving_op, call.opaque = forward, backward_op, saving, opaque  # torch.library ops
     return call
+
+
+def _plain_eager(args: tuple, kwargs: dict) -> bool:
+    """An eager call the bare op's ``autograd.Function`` can take in place of the registered op: plain
+    tensors, no dispatch mode (fake tensors, FLOP counters), no functorch transform, no profiler (whose
+    trace names the op). It saves the dispatcher's ~100 us per forward+backward (benchmarks/RESULTS.md)."""
+    if torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active() \
+            or torch.autograd._profiler_enabled():
+        return False
+    return all(type(v) in _PLAIN for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _register(name: str, proto: Any, impl: Any, fake: Any, opaque: bool) -> Any:
