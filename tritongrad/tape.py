@@ -283,6 +283,7 @@ class Tape:
     """
 
     plan: Plan | None = None  # set by close
+    boundary: Any = None  # a bare op's segments.Segments, told of each launch
     saved: list[torch.Tensor] | None = None  # set by close, taken by the autograd node
 
     def __init__(self, name: str, plans: dict | None = None, deterministic: bool = False):
@@ -470,7 +471,9 @@ class Tape:
                                      "or a view of it); an op must return tensors it allocates")
             if v.key and v.key not in written:
                 raise self.error(f"output #{i} was not written by any kernel launch of the op (made by a PyTorch "
-                                 "operation?); compute it with a kernel, or outside the op")
+                                 "operation?); a named op's autograd formula covers its kernels only: compute it "
+                                 "with a kernel, or outside the op (a bare @tritongrad.op takes PyTorch operations "
+                                 "on its launches' results)")
 
     def _check_origins(self, launches: list[LaunchPlan], args: tuple, tensors: _Tensors, written: dict) -> None:
         """Named ops run below autograd: a tensor made from the inputs by PyTorch inside would be a silent constant."""
@@ -545,8 +548,15 @@ def _recorded(run):
             if tape.mode == "wrap":
                 return _wrapped_launch(tape, self, args, {**kwargs, "grid": grid})
             return run(self, *args, grid=grid, warmup=warmup, **kwargs) if tape.mode == "run" else None
-        tape.record(self, grid, args, kwargs)
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        boundary = tape.boundary
+        if boundary is None:
+            tape.record(self, grid, args, kwargs)
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        with torch._C.DisableTorchFunction():  # a bare op's watch (segments.py) is not for the launch itself
+            tape.record(self, grid, args, kwargs)
+            result = run(self, *args, grid=grid, warmup=warmup, **kwargs)
+            boundary.launched()
+        return result
 
     recorded_run.__wrapped__ = run
     return recorded_run
@@ -570,6 +580,9 @@ def _autotuner_hooked(run):
                 return run(self, *args, **kwargs)
             finally:
                 _current.reset(token)
+        if getattr(current, "boundary", None) is not None:  # a bare op's watch: not for the tuning runs
+            with torch._C.DisableTorchFunction():
+                return run(self, *args, **kwargs)
         return run(self, *args, **kwargs)
 
     autotuner_run.__wrapped__ = run

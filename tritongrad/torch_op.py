@@ -90,6 +90,7 @@ from typing import Any
 import torch
 
 from . import tape as tapes
+from .segments import Segments
 from .tape import Tape
 
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
@@ -134,11 +135,30 @@ def _taped(fn: Any, name: str, plans: dict, arguments, deterministic: bool, name
     op's own tensor arguments (a launch reading a tensor PyTorch made inside is refused, as it is
     when the op is compiled)."""
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
+    segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
+
+    def segment_node(tape: Tape, written: list, inputs: list) -> None:
+        segment.apply(tape, len(written), *written, *inputs)
 
     def call(*args, **kwargs):
-        tape = Tape(name, plans, deterministic)
-        with tape:  # records the launches
-            result = fn(*args, **kwargs)
+        if named:
+            tape = Tape(name, plans, deterministic)
+            with tape:  # records the launches
+                result = fn(*args, **kwargs)
+        else:  # PyTorch operations on what launches wrote make segments (segments.py)
+            segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node)
+            token = tapes._current.set(segments.tape)
+            try:
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException:
+                    segments.disarm()
+                    raise
+                if segments.finish(result):
+                    return result
+            finally:
+                tapes._current.reset(token)
+            tape = segments.tape
         several = isinstance(result, (tuple, list))
         outputs = tuple(result) if several else (result,)
         diff = [t for t in arguments(args, kwargs).values() if _differentiable(t)] if named else None
@@ -166,6 +186,28 @@ class _TapeFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         result = ctx.tape.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[2:])
         return (None, None, *_once(ctx.tape.name, result))
+
+
+class _SegmentFunction(torch.autograd.Function):
+    """A segment of a host function's launches as one autograd node (segments.py): the buffers they wrote,
+    passed in, come out marked dirty, so the tensors the host function holds carry the history."""
+
+    @staticmethod
+    def forward(ctx, tape, count, *tensors):
+        written = tensors[:count]
+        ctx.tape, ctx.count = tape, count
+        ctx.save_for_backward(*tape.saved)
+        tape.saved = None
+        ctx.set_materialize_grads(False)
+        ctx.mark_dirty(*written)
+        if tape.plan.constants:
+            ctx.mark_non_differentiable(*[written[i] for i in tape.plan.constants])
+        return written
+
+    @staticmethod
+    def backward(ctx, *grads):
+        result = ctx.tape.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[2 + ctx.count:])
+        return (None, None, *[None] * ctx.count, *_once(ctx.tape.name, result))
 
 
 def _camel(name: str) -> str:

@@ -1,0 +1,151 @@
+"""Host functions that mix kernel launches with PyTorch operations (bare ops).
+
+``loss = per_row.sum() / n`` after a kernel, or ``h * 2`` between two kernels: PyTorch records
+such an operation only if the tensor it reads already has an autograd history, and a buffer a
+launch wrote has none until the op's autograd node is made. So once a launch has run, the op
+watches PyTorch calls (a ``TorchFunctionMode``, pushed after the first launch, popped when the host
+function returns). A call that reads memory a launch of the current segment wrote closes the
+segment first: its tape becomes an autograd node whose outputs are the buffers its launches
+wrote, marked dirty (``ctx.mark_dirty``), so the very tensor objects the host function holds, and
+views of them made earlier, carry the history from then on; later launches start a new segment,
+reading those buffers as inputs that require grad.
+
+Host functions without such calls pay for the watch only between launches (~1 us per PyTorch call
+there; none for a single launch) and keep one autograd node for the op, as before. Calls that read
+no values (sizes, strides, dtypes, pointers, ``empty_like``) do not close a segment.
+Named ops do not segment: a registered operator's autograd formula covers its kernels only, so the
+tape refuses their PyTorch operations on launch results (say so, and how to restructure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .tape import Tape, _current
+
+_Tensor = torch.Tensor
+# calls that read no values: they neither need a history nor close a segment
+_METADATA = frozenset({
+    _Tensor.size, _Tensor.stride, _Tensor.dim, _Tensor.numel, _Tensor.data_ptr, _Tensor.storage_offset,
+    _Tensor.element_size, _Tensor.is_contiguous, _Tensor.untyped_storage, _Tensor.__len__, _Tensor.nelement,
+    _Tensor.shape.__get__, _Tensor.dtype.__get__, _Tensor.device.__get__, _Tensor.is_cuda.__get__,
+    _Tensor.requires_grad.__get__, _Tensor.ndim.__get__, _Tensor.is_floating_point, _Tensor.get_device,
+    torch.empty_like,
+})
+
+# calls that may return a view: one that does reads nothing (a segment closing later gives it the history:
+# views follow their base's), one that copied (reshape of a strided tensor, an index tensor) is run again
+_VIEWS = frozenset(
+    getattr(owner, name) for owner in (_Tensor, torch) for name in (
+        "__getitem__", "view", "view_as", "reshape", "reshape_as", "t", "transpose", "swapaxes", "permute",
+        "movedim", "narrow", "select", "chunk", "split", "tensor_split", "unbind", "unsqueeze", "squeeze",
+        "expand", "expand_as", "flatten", "unflatten", "as_strided", "diagonal", "contiguous", "detach")
+    if hasattr(owner, name)) | {_Tensor.T.__get__, _Tensor.mT.__get__}
+
+
+class Segments(TorchFunctionMode):
+    """The segments of one call of a bare op; ``tape``: the current segment's (see the module docstring).
+
+    ``args``, ``kwargs``, ``arguments``: as ``Tape.close`` takes them; ``node(tape, written, inputs)``
+    makes a closed segment's autograd node, the ``written`` buffers marked dirty."""
+
+    def __init__(self, name: str, plans: dict, deterministic: bool, args: tuple, kwargs: dict, arguments: Any,
+                 node: Callable[[Tape, list, list], None]):
+        super().__init__()
+        self.name, self.plans, self.deterministic, self.node = name, plans, deterministic, node
+        self.args, self.kwargs, self.arguments = args, kwargs, arguments
+        self.tape = self._new_tape()
+        self.written: dict[int, torch.Tensor] = {}  # the current segment's written tensors, by identity
+        self.pending: set[int] = set()  # ... their storages' addresses
+        self.armed = False
+        self.closed = 0  # segments closed so far
+
+    def _new_tape(self) -> Tape:
+        tape = Tape(self.name, self.plans, self.deterministic)
+        tape.boundary = self
+        return tape
+
+    # -- called by tape.py's launch hook, with torch function handling off ------------------------------
+
+    def launched(self) -> None:
+        """After each launch: note what it wrote; the first one arms the watch."""
+        tape = self.tape
+        launch, (_, positions, names) = tape.launches[-1], tape.patterns[-1]
+        n = len(positions) - len(names)
+        named, _ = launch.info.named_arguments(positions[:n], dict(zip(names, positions[n:], strict=True)))
+        roles = launch.info.roles
+        for p, i in named.items():
+            if i is not None and (roles is None or p in roles.stores):
+                t = tape.tensors.tensors[i]
+                self.written.setdefault(id(t), t)
+                self.pending.add(_storage(t))
+        if not self.armed:
+            self.armed = True
+            self.__enter__()
+
+    # -- the watch --------------------------------------------------------------------------------------
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.pending and func not in _METADATA and self._reads_pending((args, kwargs)):
+            if func in _VIEWS:  # a view (the next launch's argument, say) reads nothing; a copy does
+                result = func(*args, **kwargs)
+                if self._reads_pending(result):
+                    return result
+            self.close()
+            try:
+                return func(*args, **kwargs)
+            except RuntimeError as e:
+                if "returns multiple views" in str(e):
+                    e.add_note(f"tritongrad.op `{self.name}`: a launch wrote a view made by unbind, chunk or split, "
+                               "which PyTorch will not give a history later; make those views by indexing "
+                               "(out[0], out[:, :half])")
+                raise
+        return func(*args, **kwargs)
+
+    def _reads_pending(self, value: Any) -> bool:
+        if isinstance(value, _Tensor):
+            return _storage(value) in self.pending
+        if isinstance(value, (tuple, list)):
+            return any(self._reads_pending(v) for v in value)
+        if isinstance(value, dict):
+            return any(self._reads_pending(v) for v in value.values())
+        return False
+
+    def close(self) -> None:
+        """Make the current segment an autograd node; later launches record on a new tape."""
+        tape, written = self.tape, list(self.written.values())
+        self.tape, self.written, self.pending = self._new_tape(), {}, set()
+        _current.set(self.tape)
+        self.closed += 1
+        bases = list({id(b): b for b in (t if t._base is None else t._base for t in written)}.values())
+        inputs = tape.close(tuple(bases), self.args, self.kwargs, self.arguments)
+        if inputs:
+            self.node(tape, bases, inputs)
+
+    def disarm(self) -> None:
+        if self.armed:
+            self.armed = False
+            self.__exit__(None, None, None)
+
+    def finish(self, result: Any) -> bool:
+        """When the host function has returned: disarm, and close the last segment if an earlier one was
+        closed or an output is not a buffer the launches wrote. False: one node for the whole call (the
+        caller's usual path)."""
+        self.disarm()
+        outputs = result if isinstance(result, (tuple, list)) else (result,)
+        whole = all(isinstance(o, _Tensor) and _storage(o) in self.pending for o in outputs)
+        if self.closed == 0 and whole:
+            return False
+        if self.tape.launches:
+            self.close()
+        return True
+
+
+def _storage(t: torch.Tensor) -> int:
+    """A tensor's storage, named by its address (the view's, less its offset)."""
+    return t.data_ptr() - t.storage_offset() * t.element_size()
