@@ -106,7 +106,7 @@ def no_rule(x_ptr, y_ptr, BLOCK: tl.constexpr):
 @triton.jit
 def in_place(x_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs)  # refused
+    x = tl.load(x_ptr + offs + 1)  # a neighbour's element, which another lane overwrites: # refused
     tl.store(x_ptr + offs, x * 2)
 
 
@@ -266,7 +266,7 @@ REFUSED = [
     (float_modulo, "`%`"),
     (plain_python_call, "not_a_triton_function"),
     (no_rule, "sort"),
-    (in_place, "also stores"),
+    (in_place, "no store of the same address and mask follows it"),
     (atomic_max_output, "atomic_max"),
     (pointer_from_memory, "pointer"),
     (with_statement, "With"),

@@ -17,6 +17,7 @@ Merge and loop-carried variables are assigned more than once (see ``ir.py``), so
 from __future__ import annotations
 
 import ast
+import copy
 import math
 from dataclasses import dataclass, field, replace
 
@@ -38,6 +39,7 @@ from .ir import (
     child_blocks,
     definitions,
     is_none,
+    is_structured,
     loops,
     names_in,
     op_of,
@@ -83,6 +85,7 @@ class Analysis:
     trips: dict = field(default_factory=dict)  # loop coordinate -> its trip count (addresses.address_forms)
     stabilizers: set[str] = field(default_factory=set)  # maxima whose adjoint is exactly zero (stabilizers.py)
     padding: dict[str, set[str]] = field(default_factory=dict)  # name -> MASKED, INFINITE (see `padding`)
+    in_place: frozenset[str] = frozenset()  # differentiated pointers updated in place (in_place_pointers)
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -92,7 +95,8 @@ class Analysis:
         and stabilizers found again, the rest shared."""
         active = _activity(self.program, self.defs, wrt, self.outputs, self.pointer_base, tile=False)
         stable = stabilizers(self.program, active)
-        return replace(self, wrt=tuple(wrt), active=active - stable, stabilizers=stable)
+        return replace(self, wrt=tuple(wrt), active=active - stable, stabilizers=stable,
+                       in_place=self.in_place & frozenset(wrt))
 
 
 @dataclass
@@ -176,14 +180,17 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     if tile:
         wrt = tuple(wrt if wrt is not None else params)
         outputs = ()
+        in_place = frozenset()
     else:
-        wrt, outputs = _choose_wrt_outputs(program, params, wrt, outputs, loads, stores, index_pointers)
+        in_place = in_place_pointers(program, loads, stores, index_pointers)
+        wrt, outputs = _choose_wrt_outputs(program, params, wrt, outputs, loads, stores, index_pointers, in_place)
 
     active = _activity(program, defs, wrt, outputs, pointer_base, tile)
     stable = stabilizers(program, active)  # a max subtracted before exp and normalized away: no adjoint
     active -= stable
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.stabilizers = stable
+    analysis.in_place = frozenset(in_place & set(wrt))
     analysis.shapes = infer_shapes(program, tile)
     analysis.padding = padding(program.body)
     if not tile:
@@ -240,12 +247,12 @@ def _feeds_addresses(body: list[ast.stmt], defs: dict[str, ast.stmt], loops: lis
 
 
 def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads, stores,
-                        index_pointers) -> tuple[tuple[str, ...], tuple[str, ...]]:
+                        index_pointers, in_place: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     origin = program.origin
     if outputs is None:
         outputs = tuple(p for p in params if p in stores)
     if wrt is None:
-        wrt = tuple(p for p in params if p in loads and p not in stores and p not in index_pointers)
+        wrt = tuple(p for p in params if p in loads and (p not in stores or p in in_place) and p not in index_pointers)
     wrt, outputs = tuple(wrt), tuple(outputs)
     for name in (*wrt, *outputs):
         if name not in params:
@@ -257,15 +264,77 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads
     for name in outputs:
         if name not in stores and not program.specialized:
             raise ValueError(f"outputs names `{name}`, but kernel `{program.name}` never stores through it")
-    for name in outputs:
-        if name in loads:
-            s = loads[name][0]
-            raise refuse(where(s), f"a load from `{name}`, which the kernel also stores to",
-                         "read inputs and write outputs through different pointers (no in-place updates)")
+    for name in in_place:
+        if name in wrt and name not in outputs:
+            raise ValueError(f"wrt names `{name}`, which kernel `{program.name}` updates in place: name it in "
+                             "outputs too (the gradient of the values it held is that of the values it gets)")
     if not outputs:
         raise NotDifferentiableError(f"kernel `{program.name}`: it stores nothing", file=origin.file,
                                      line=origin.line, hint="a differentiable kernel stores its outputs")
     return wrt, outputs
+
+
+def in_place_pointers(program: Program, loads: dict, stores: dict, index_pointers: set) -> frozenset[str]:
+    """The pointer parameters a kernel updates in place (loads and stores through them), each checked.
+
+    Accepted: each load of the pointer is followed, in the same block, by a ``tl.store`` to the same
+    address under the same mask. The stores write distinct elements (checked as for any output: lanes,
+    programs, iterations, and several stores apart), so every element a lane reads is written by that
+    later store alone, and read by no other lane: the loads see the values the kernel was given, the
+    stores set new ones. The derived kernel reads the new values' gradient at each store and sets it to
+    zero there, and the loads' adjoints add the old values' gradient to the same memory (memory.py).
+    """
+    found = set()
+    place = _block_positions(program.body)
+    defs = definitions(program.body)
+    for name in sorted(set(loads) & set(stores)):
+        for s in loads[name]:
+            if name in index_pointers:
+                raise refuse(where(s), f"a load of indices from `{name}`, which the kernel also stores to",
+                             "read indices and write results through different pointers")
+            kinds = {op_of(t).kind for t in stores[name]}
+            if kinds != {"store"}:
+                raise refuse(where(s), f"a load from `{name}`, which the kernel also updates with "
+                             f"{', '.join(sorted(kinds - {'store'}))}", "update a tensor in place with tl.store only")
+            block, i = place[id(s)]
+            address, mask = _canonical(arguments(s)["pointer"], defs), _canonical(arguments(s)["mask"], defs)
+            later = [t for t in stores[name] if place[id(t)][0] is block and place[id(t)][1] > i]
+            if not any((_canonical(arguments(t)["pointer"], defs), _canonical(arguments(t)["mask"], defs))
+                       == (address, mask) for t in later):
+                raise refuse(where(s), f"a load from `{name}`, which the kernel also stores to, where no store "
+                             "of the same address and mask follows it in the same block",
+                             "update in place only what each lane loads (load, compute, then store to the same "
+                             "address with the same mask), or write to another tensor")
+        found.add(name)
+    return frozenset(found)
+
+
+def _block_positions(body: list[ast.stmt]) -> dict[int, tuple[list, int]]:
+    """id(statement) -> (the block holding it, its index there), for every flat statement."""
+    found = {}
+    for i, stmt in enumerate(body):
+        if is_structured(stmt):
+            for block in child_blocks(stmt):
+                found.update(_block_positions(block))
+        else:
+            found[id(stmt)] = (body, i)
+    return found
+
+
+def _canonical(atom: ast.expr, defs: dict, depth: int = 0) -> str:
+    """An atom written out through its single definitions (so two temporaries computing one address compare
+    equal); names with several definitions (loop-carried, merged) or none (parameters) stay names."""
+    if not isinstance(atom, ast.Name):
+        return ast.dump(atom)
+    found = defs.get(atom.id, [])
+    if len(found) != 1 or depth > 64 or target_of(found[0]) != atom.id:
+        return atom.id
+
+    class Expand(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return ast.Name(_canonical(node, defs, depth + 1), ast.Load())
+
+    return ast.unparse(Expand().visit(copy.deepcopy(found[0].value)))
 
 
 def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips, pointer_base

@@ -30,6 +30,8 @@ read only) and one per wrt input (d_<input>: a buffer with the input's shape and
 strides), as tritongrad's BackwardKernel does: it picks, on each launch, how each
 input's gradient is written (see lowering.py)."""
 
+IN_PLACE = ("updated in place, as the forward updates it: the gradient of the values it gets on entry, of the "
+            "values it held on exit (zeroed where stored, the loads' gradient added)")
 WRITES = {
     STORE: "stored: each element is written once (the buffer needs no zero-fill where the loads cover it)",
     ADD: "added without atomics: each element is read and written by one lane of one program",
@@ -124,6 +126,7 @@ class BackwardKernel:
         self.lowering = lowering
         self.deterministic = deterministic
         self.wrt, self.outputs = analysis.wrt, analysis.outputs
+        self.in_place = analysis.in_place  # inputs updated in place: their shadow is the output's too
         self.store_axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
         self.launch_checks: tuple[LaunchCheck, ...] = tuple(analysis.launch_checks)
         self._variants: dict[tuple, Variant] = {}
@@ -204,10 +207,11 @@ class BackwardKernel:
             plans = classify_loops(analysis)
         name = self.name if wrt == self.wrt else f"{self.name}_{'_'.join(wrt)}"
         backward = build_backward(analysis, plans, choices=choices)
-        shadows = dict(zip((*self.outputs, *wrt), backward.shadow_params, strict=True))
+        shadows = dict(zip(dict.fromkeys((*self.outputs, *wrt)), backward.shadow_params, strict=True))
         if wrt == self.wrt:
             self._shadow_params = shadows
-        writes = "".join(f"\n  d_{p}: {WRITES[c.mode]}" for p, c in choices.items())
+        writes = "".join(f"\n  d_{p}: {IN_PLACE if p in analysis.in_place else WRITES[c.mode]}"
+                         for p, c in choices.items())
         doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
                f"wrt: {', '.join(wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
                f"{CALLING_CONVENTION}\nIn this variant:{writes or ' (no inputs)'}\n")
@@ -258,7 +262,7 @@ class BackwardKernel:
                 return specialized[grid](**named)
             sizes = _sizes(grid(named) if callable(grid) else grid)
             output_grads = {p: named.pop(self.shadow_params[p]) for p in self.outputs}
-            buffers = {p: named.pop(self.shadow_params[p]) for p in self.wrt}
+            buffers = {p: output_grads[p] if p in output_grads else named.pop(self.shadow_params[p]) for p in self.wrt}
             written = frozenset(self.wrt)
             prepared = self.prepare(named, sizes, written, aliased(buffers))
             self.launch(sizes, named, output_grads, buffers, prepared, written)
@@ -279,7 +283,13 @@ class BackwardKernel:
         sizes = _sizes(grid(named) if callable(grid) else grid)
         prepared = self.prepare(named, sizes, aliased=aliased({p: named[p] for p in self.wrt}))
         grads = {}
+        for p in self.in_place:  # one buffer: the new values' gradient in, the old values' out
+            x = named[p]
+            grads[p] = torch.empty_strided(x.size(), x.stride(), dtype=shadow_dtype(x.dtype), device=x.device)
+            output_grads = {**output_grads, p: grads[p].copy_(output_grads[p])}
         for p in self.wrt:
+            if p in self.in_place:
+                continue
             x, c = named[p], prepared.choices[p]
             fill = torch.empty_strided if (c.covers or c.mode in PARTIALS) and c.mode != NONE else _zeros_strided
             dtype = x.dtype if c.mode != ATOMIC else shadow_dtype(x.dtype)
@@ -298,6 +308,7 @@ class BackwardKernel:
         and get the variant for that; cached per arguments the choice depends on. ``written``: inputs whose
         buffers already hold gradient to add to; ``aliased``: inputs whose buffers share memory with
         another input's."""
+        written = written | self.in_place  # its buffer holds the new values' gradient
         self.check_grid(grid)
         self.check_arguments(named, grid)
         for name in self.wrt:  # an integer tensor has no gradient: say so, rather than return zeros
@@ -337,6 +348,7 @@ class BackwardKernel:
         Launch settings are tuned on a GPU (tuning.py). Returns the partial rows: input -> (rows with their
         padding, pad)."""
         variant = prepared.variant
+        written = written | self.in_place
         for p in variant.unwritten - written:  # no gradient reaches it (a stored one would be left unset)
             buffers[p].zero_()
         if prepared.setting is None:

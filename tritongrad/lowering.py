@@ -208,7 +208,12 @@ def plan_lowering(a: Analysis) -> Lowering:
     used = {_program_id(s) for s in statements(body)} - {None}
     context = _Context(a, definitions(body), enclosing_loops(body), _nesting(body), loaded_values(body),
                        program_axes(body), set(AXES) if -1 in used else used)
-    return Lowering({p: context.input(p) for p in a.wrt})
+    inputs = {p: context.input(p) for p in a.wrt}
+    for p in a.in_place:  # its shadow holds the new values' gradient: written where loaded, no partial rows
+        inputs[p] = replace(inputs[p], covers=None, shared={}, in_registers=frozenset())
+    if a.in_place:  # one kernel: every input's adjoint reads the new values' gradient before it is replaced
+        inputs = {p: replace(lowering, interchange={}, trips=None) for p, lowering in inputs.items()}
+    return Lowering(inputs)
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Adjoints of memory operations: a load's adjoint reaches the input's shadow, a store's reads the output's.
 
 - a store of an output: the adjoint of the stored value is loaded from the output's
-  shadow with the store's mask (masked-off lanes read zero);
+  shadow with the store's mask (masked-off lanes read zero); for a tensor updated in place
+  (analysis.in_place_pointers) the shadow is then zeroed there, the loads' adjoints adding the
+  gradient of the values the store overwrote;
 - a load of a ``wrt`` input: its adjoint is written as lowering.py chose for the input
   (the kernel variant being built): stored, added without atomics, summed into a
   per-program partial (in registers or a row; a kernel of its own sums in registers too), or
@@ -140,4 +142,8 @@ class MemoryAdjoints:
         if not self.same_shape(value.id, address):
             incoming = instantiate("tg.unbroadcast(c, x)", {"c": incoming, "x": value})
         self.accumulate(value.id, incoming)
+        if base in self.analysis.in_place:  # the values it overwrote get their gradient here from the loads only
+            masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
+            self.emit(_call("tl.store", shadow, ast.Constant(0.0), **masked))
+            self.emit(_call("tl.debug_barrier"))  # read and zeroed by every thread before the loads' adjoints add
 

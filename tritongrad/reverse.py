@@ -64,7 +64,7 @@ class BackwardBody:
 
     body: list[ast.stmt]
     comments: dict[str, str]  # marker name -> comment text
-    shadow_params: list[str]  # d_<output>..., d_<wrt>...
+    shadow_params: list[str]  # d_<output>..., d_<wrt>... (a tensor updated in place: one, with its outputs)
     cotangent_params: list[str]  # tile functions: one per returned value
     returns: list[ast.expr] | None  # tile functions: the wrt gradients
     foldable: set[str]  # temporaries with no adjoint: codegen writes them back into their uses
@@ -124,7 +124,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
             if op_of(s).kind == "item":
                 results, index = op_of(s).args
                 self.items.setdefault(results.id, {})[index.value] = target_of(s)
-        mirrored = [*analysis.outputs, *analysis.wrt] if not tile else []
+        mirrored = list(dict.fromkeys([*analysis.outputs, *analysis.wrt])) if not tile else []  # in place: once
         self.shadow_params = [self.shadow_name(p) for p in mirrored]
 
     def _index(self, block: list[ast.stmt], parent: int | None, enclosing: list[ast.stmt]) -> None:

@@ -74,7 +74,7 @@ class Segments(TorchFunctionMode):
     def launched(self) -> None:
         """After each launch: note what it wrote; the first one arms the watch."""
         tape = self.tape
-        launch, (_, positions, names) = tape.launches[-1], tape.patterns[-1]
+        launch, (_, positions, names, _) = tape.launches[-1], tape.patterns[-1]
         n = len(positions) - len(names)
         named, _ = launch.info.named_arguments(positions[:n], dict(zip(names, positions[n:], strict=True)))
         roles = launch.info.roles
@@ -138,7 +138,8 @@ class Segments(TorchFunctionMode):
         caller's usual path)."""
         self.disarm()
         outputs = result if isinstance(result, (tuple, list)) else (result,)
-        whole = all(isinstance(o, _Tensor) and _storage(o) in self.pending for o in outputs)
+        whole = all(isinstance(o, _Tensor) and _storage(o) in self.pending for o in outputs) and not any(
+            t.requires_grad for t in self.written.values())  # a tensor with a history updated in place: dirty
         if self.closed == 0 and whole:
             return False
         if self.tape.launches:

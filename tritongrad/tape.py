@@ -123,7 +123,8 @@ class Roles:
     loads: frozenset[str]  # every loaded pointer parameter (index pointers too)
     stores: frozenset[str]  # every stored or atomically updated one
     overwrites: frozenset[str]  # stored with something other than tl.atomic_add
-    inputs: frozenset[str]  # differentiable inputs: loaded, never stored, not indices
+    inputs: frozenset[str]  # differentiable inputs: loaded, not indices, never stored unless in place
+    in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis.in_place_pointers)
 
     @property
     def pointers(self) -> frozenset[str]:
@@ -177,7 +178,10 @@ def _analyse(kernel: Any) -> KernelInfo:
         loads, stores = frozenset(a.loads), frozenset(a.stores)
         overwrites = frozenset(p for p, ss in a.stores.items()
                                if any(operation_of(op_of(s)).memory != "accumulate" for s in ss))
-        roles = Roles(loads, stores, overwrites, frozenset(loads - stores - set(a.index_pointers)))
+        in_place = frozenset(p for p in loads & stores if p not in a.index_pointers
+                             and all(op_of(s).kind == "store" for s in a.stores[p]))
+        roles = Roles(loads, stores, overwrites, frozenset((loads - stores | in_place) - set(a.index_pointers)),
+                      in_place)
     except Exception as e:  # e.g. a construct the core does not handle yet; raised if the launch needs a backward
         error = e
     interpreted = type(kernel).__name__ == "InterpretedFunction"
@@ -314,7 +318,8 @@ class Tape:
         info = _infos.get(kernel.fn) or kernel_info(kernel)
         tensors, index = self.tensors, len(self.launches)
         positions, kept = tensors.take((*args, *kwargs.values()) if kwargs else args)
-        pattern = (kernel.fn, positions, tuple(kwargs))  # the function: JITFunction.__hash__ is Python
+        snapshots = self._snapshots(info, args, kwargs) if info.roles is not None and info.roles.in_place else ()
+        pattern = (kernel.fn, positions, tuple(kwargs), snapshots)  # the function: JITFunction.__hash__ is Python
         if tensors.mixed or (tensors.on_cpu and not info.interpreted):
             self._check_devices(index, info, args, kwargs)
         if pattern not in _pointers_checked and self._check_pointers(index, info, args, kwargs, positions):
@@ -330,6 +335,22 @@ class Tape:
             kept = kept[:n]
         self.launches.append(RecordedLaunch(kernel, info, index, tuple(grid), kept, kwargs))
         self.patterns.append(pattern)
+
+    def _snapshots(self, info: KernelInfo, args: tuple, kwargs: dict) -> tuple[tuple[str, int], ...]:
+        """Copies of the tensors a launch updates in place, taken before it runs: its backward replays against
+        the values it read. Each copies the memory its view spans, so strides and offsets stay as passed.
+        Returns (parameter, the copy's position among the call's tensors) pairs."""
+        named, _ = info.named_arguments(args, kwargs)
+        found = []
+        for p in info.roles.in_place:
+            v = named.get(p)
+            if isinstance(v, torch.Tensor):
+                span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride(), strict=True)) if v.numel() else 0
+                with torch.no_grad():
+                    memory = v.as_strided((span,), (1,), v.storage_offset()).clone()
+                copy = memory.as_strided(v.shape, v.stride(), 0)
+                found.append((p, self.tensors.take((copy,))[0][0]))
+        return tuple(sorted(found))
 
     def _check_devices(self, index: int, info: KernelInfo, args: tuple, kwargs: dict) -> None:
         """Refuse, before the kernel runs, tensors on another device than the op's first, or on the
@@ -401,7 +422,7 @@ class Tape:
         slots: dict[int, int] = {}  # tensor position -> index in the saved tensors
         found: dict[int, None] = {}  # positions of the differentiable inputs, in order
         launches = []
-        for launch, (_, positions, names) in zip(self.launches, patterns, strict=True):
+        for launch, (_, positions, names, snapshots) in zip(self.launches, patterns, strict=True):
             n = len(positions) - len(names)
             named, _ = launch.info.named_arguments(positions[:n], dict(zip(names, positions[n:], strict=True)))
             params = {p: i for p, i in named.items() if i is not None}  # tensor parameter -> position
@@ -411,10 +432,18 @@ class Tape:
             if known:
                 self._hazards(checked, read, written)
             loads, stores = set(checked.params("loads")), set(checked.params("stores"))
+            copies = dict(snapshots)  # in place: the launch read the copy taken before it ran
             for p, i in params.items():
-                if known and p in stores and tensors.requires_grad(i):
+                if known and p in stores and tensors.requires_grad(i) and not (p in copies and self.boundary):
                     raise self.error(f"{checked} writes to `{p}`, a tensor that requires grad (an input of the op?); "
-                                     "kernels of an op may write only to buffers the op allocates")
+                                     "kernels of an op may write only to buffers the op allocates"
+                                     + (" (a bare @tritongrad.op may update such a tensor in place)" if p in copies
+                                        else ""))
+                if p in copies:
+                    checked.slots[p] = slots.setdefault(copies[p], len(slots))
+                    if diff is None and tensors.requires_grad(i) and checked.views[p].dtype.is_floating_point:
+                        found.setdefault(i)
+                    continue
                 if p in loads:
                     slots.setdefault(i, len(slots))
                     if diff is None and tensors.requires_grad(i) and checked.views[p].dtype.is_floating_point:
@@ -423,7 +452,7 @@ class Tape:
             for p in stores:
                 written.setdefault(checked.views[p].key, []).append((checked, p, checked.views[p]))
             if known:  # unknown roles: hazards are not checked (the launch fails if it needs a backward)
-                for p in loads:
+                for p in loads - set(copies):  # (what an in-place launch read is in its copy)
                     read.setdefault(checked.views[p].key, []).append((checked, p, checked.views[p]))
         self._check_outputs(outputs, outs, arguments, tensors, written)
         if diff is None:
@@ -448,7 +477,8 @@ class Tape:
             for other, q, u in read.get(v.key, ()):
                 if u.overlaps(v):
                     raise self._hazard(other, q, "reads", launch, p)
-            if p in launch.info.roles.overwrites:  # tl.atomic_add onto earlier results is fine: it accumulates
+            if p in launch.info.roles.overwrites and p not in launch.info.roles.in_place:  # (tl.atomic_add onto
+                # earlier results accumulates; an in-place update reads them, and its backward passes their gradient)
                 for other, q, u in written.get(v.key, ()):
                     if u.overlaps(v):
                         raise self._hazard(other, q, "writes", launch, p)
@@ -465,8 +495,8 @@ class Tape:
             if position is None:
                 raise self.error(f"output #{i} is a {type(out).__name__}; an op returns tensors")
             v = tensors.view(position)
-            for name, arg in arguments.items():
-                if v.key and v.key == tensors.view(arg).key:
+            for name, arg in arguments.items():  # (a bare op's segments may update an argument in place: dirty)
+                if v.key and v.key == tensors.view(arg).key and self.boundary is None:
                     raise self.error(f"output #{i} shares memory with the argument `{name}` (it is that argument "
                                      "or a view of it); an op must return tensors it allocates")
             if v.key and v.key not in written:

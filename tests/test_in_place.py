@@ -1,0 +1,163 @@
+"""Kernels that update a tensor in place (issue 11 #5): each load is followed by a store to the same
+address under the same mask, as a rotary embedding applied to q and k in place is written. The derived
+kernel turns the new values' gradient into the old values' (analysis.in_place_pointers, memory.py); in an
+op, the tape copies what such a launch overwrites before it runs, and a bare op gives a tensor with a
+history that a launch updated the new history (segments.py). Checked in float64 against PyTorch autograd,
+sizes that are not powers of two, random upstream gradients."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad.errors import OpError
+
+DTYPE = torch.float64
+
+
+@triton.jit
+def rotary_in_place_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, stride_q, stride_k, half, BLOCK: tl.constexpr):
+    """One program per token: q and k rotated in place, each row's two halves read, then overwritten."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < half
+    cos = tl.load(cos_ptr + row * half + cols, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + row * half + cols, mask=mask, other=0.0)
+    q1 = tl.load(q_ptr + row * stride_q + cols, mask=mask, other=0.0)
+    q2 = tl.load(q_ptr + row * stride_q + half + cols, mask=mask, other=0.0)
+    tl.store(q_ptr + row * stride_q + cols, q1 * cos - q2 * sin, mask=mask)
+    tl.store(q_ptr + row * stride_q + half + cols, q2 * cos + q1 * sin, mask=mask)
+    k1 = tl.load(k_ptr + row * stride_k + cols, mask=mask, other=0.0)
+    k2 = tl.load(k_ptr + row * stride_k + half + cols, mask=mask, other=0.0)
+    tl.store(k_ptr + row * stride_k + cols, k1 * cos - k2 * sin, mask=mask)
+    tl.store(k_ptr + row * stride_k + half + cols, k2 * cos + k1 * sin, mask=mask)
+
+
+def rotary_in_place(q, k, cos, sin):
+    """As production host functions do it: q and k changed in place, nothing returned."""
+    half = q.shape[1] // 2
+    rotary_in_place_kernel[(q.shape[0],)](q, k, cos, sin, q.stride(0), k.stride(0), half,
+                                          BLOCK=triton.next_power_of_2(half))
+
+
+def rotary_reference(x, cos, sin):
+    half = x.shape[1] // 2
+    x1, x2 = x[:, :half], x[:, half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=1)
+
+
+@triton.jit
+def scale_rows_in_place_kernel(x_ptr, w_ptr, stride, n, BLOCK: tl.constexpr):
+    """One program per row, a loop over column blocks: x = tanh(x) * w, in place."""
+    row = tl.program_id(0)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n
+        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        e = tl.exp(2.0 * x)
+        tl.store(x_ptr + row * stride + cols, (e - 1.0) / (e + 1.0) * w, mask=mask)
+
+
+def scale_rows_in_place(x, w):
+    scale_rows_in_place_kernel[(x.shape[0],)](x, w, x.stride(0), x.shape[1], BLOCK=16)
+
+
+@triton.jit
+def square_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, x * x, mask=mask)
+
+
+def leaves(*shapes, device):
+    return [torch.randn(*shape, dtype=DTYPE, device=device, requires_grad=True) for shape in shapes]
+
+
+def assert_grads(got_out, want_out, inputs, twins):
+    torch.testing.assert_close(got_out, want_out, rtol=1e-10, atol=1e-10)
+    g = torch.randn_like(want_out)
+    for a, b in zip(torch.autograd.grad(got_out, inputs, g), torch.autograd.grad(want_out, twins, g), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_rotary_embedding_applied_to_q_and_k_in_place(device):
+    @tritongrad.op
+    def attention_inputs(x, wq, wk, cos, sin):
+        q, k = x @ wq, x @ wk  # tensors with a history, rotated in place by the kernel
+        rotary_in_place(q, k, cos, sin)
+        return torch.cat([q, k], dim=1)
+
+    tokens, dim, head = 7, 10, 2 * 13  # half = 13: a masked block of 16
+    inputs = leaves((tokens, dim), (dim, head), (dim, head), (tokens, head // 2), (tokens, head // 2), device=device)
+    twins = [t.detach().clone().requires_grad_() for t in inputs]
+    x, wq, wk, cos, sin = twins
+    want = torch.cat([rotary_reference(x @ wq, cos, sin), rotary_reference(x @ wk, cos, sin)], dim=1)
+    assert_grads(attention_inputs(*inputs), want, inputs, twins)
+
+
+def test_chained_in_place_updates_of_a_buffer_a_launch_wrote(device):
+    @tritongrad.op
+    def f(x, w):
+        h = torch.empty_like(x)
+        square_kernel[(triton.cdiv(x.numel(), 64),)](x, h, x.numel(), BLOCK=64)
+        scale_rows_in_place(h, w)  # reads what the first launch wrote, overwrites it
+        scale_rows_in_place(h, w)
+        return h
+
+    x, w = leaves((5, 37), (37,), device=device)
+    twins = [t.detach().clone().requires_grad_() for t in (x, w)]
+    want = torch.tanh(torch.tanh(twins[0] ** 2) * twins[1]) * twins[1]
+    assert_grads(f(x, w), want, [x, w], twins)
+
+
+def test_the_derived_kernel_of_an_in_place_update(device):
+    bwd = tritongrad.grad(scale_rows_in_place_kernel)
+    assert bwd.wrt == ("x_ptr", "w_ptr") and bwd.outputs == ("x_ptr",)
+    assert list(bwd.shadow_params) == ["x_ptr", "w_ptr"] and bwd.params.count("d_x_ptr") == 1
+    assert "tl.store(d_x_ptr + row * stride + cols, 0.0, mask=mask)" in bwd.src and "tl.debug_barrier()" in bwd.src
+    x, w = torch.randn(6, 45, dtype=DTYPE, device=device), torch.randn(45, dtype=DTYPE, device=device)
+    g = torch.randn(6, 45, dtype=DTYPE, device=device)
+    twins = [t.clone().requires_grad_() for t in (x, w)]
+    want = torch.autograd.grad(torch.tanh(twins[0]) * twins[1], twins, g)
+    named = dict(x_ptr=x.clone(), w_ptr=w, stride=45, n=45, BLOCK=16)  # x_ptr: the values before the update
+    got = bwd.gradients((6,), named, {"x_ptr": g})
+    torch.testing.assert_close(got["x_ptr"], want[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got["w_ptr"], want[1], rtol=1e-10, atol=1e-10)
+
+
+def test_a_named_op_updating_its_argument_in_place_is_refused_with_the_way_out(device):
+    @tritongrad.op("tgtest_in_place::scale")
+    def scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        scale_rows_in_place(x, w)
+        return x
+
+    with pytest.raises(OpError, match=r"writes to `x_ptr`, a tensor that requires grad.*a bare @tritongrad.op may "
+                                      "update such a tensor in place"):
+        scale(*leaves((3, 20), (20,), device=device))
+
+
+def test_a_leaf_updated_in_place_is_refused_by_pytorch(device):
+    @tritongrad.op
+    def scale(x, w):
+        scale_rows_in_place(x, w)
+        return x
+
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        scale(*leaves((3, 20), (20,), device=device))
+
+
+def test_an_in_place_update_of_memory_an_earlier_launch_read_is_refused(device):
+    @tritongrad.op
+    def f(x, w):
+        h = x * 1.0
+        y = torch.empty_like(h)
+        square_kernel[(triton.cdiv(h.numel(), 64),)](h, y, h.numel(), BLOCK=64)
+        scale_rows_in_place(h, w)  # the first launch's backward would read the new values
+        return y, h
+
+    with pytest.raises(OpError, match=r"launch #2 \(`scale_rows_in_place_kernel`\) overwrites `x_ptr`, memory that "
+                                      r"launch #1 \(`square_kernel`\) reads"):
+        f(*leaves((3, 20), (20,), device=device))
