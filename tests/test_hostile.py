@@ -85,13 +85,18 @@ def test_dropout_mask_is_regenerated_identically():
 def reads_back_its_output(x_ptr, y_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     tl.store(y_ptr + offs, tl.load(x_ptr + offs) * 2.0)
-    z = tl.load(y_ptr + offs)  # what it stored: the backward could not tell the two apart
+    z = tl.load(y_ptr + offs)  # what it stored: forwarded (readback.py)
     tl.store(y_ptr + BLOCK + offs, z)
 
 
-def test_reading_an_output_after_storing_it_is_refused():
-    with pytest.raises(NotDifferentiableError, match="also stores to"):
-        tritongrad.grad(reads_back_its_output)
+def test_reading_an_output_after_storing_it_gets_both_stores_gradients():
+    x = torch.randn(32, dtype=torch.float64)
+    y = poison(torch.empty(64, dtype=torch.float64))
+    reads_back_its_output[(1,)](x, y, BLOCK=32)
+    torch.testing.assert_close(y, torch.cat([2 * x, 2 * x]))
+    dy = torch.randn_like(y)
+    got = backward_launch(reads_back_its_output, (1,), (x, y), {"BLOCK": 32}, {"y_ptr": dy})
+    torch.testing.assert_close(got["x_ptr"], 2 * (dy[:32] + dy[32:]))
 
 
 @triton.jit

@@ -161,3 +161,54 @@ def test_an_in_place_update_of_memory_an_earlier_launch_read_is_refused(device):
     with pytest.raises(OpError, match=r"launch #2 \(`scale_rows_in_place_kernel`\) overwrites `x_ptr`, memory that "
                                       r"launch #1 \(`square_kernel`\) reads"):
         f(*leaves((3, 20), (20,), device=device))
+
+
+# -- reading back what was stored ----------------------------------------------------------------------
+
+
+@triton.jit
+def softplus_then_scale_kernel(x_ptr, y_ptr, z_ptr, stride, n, BLOCK: tl.constexpr):
+    """Stores softplus(x) per block, reads it back to scale x by it (a loop over column blocks)."""
+    row = tl.program_id(0)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n
+        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+        tl.store(y_ptr + row * stride + cols, tl.log(1.0 + tl.exp(x)), mask=mask)
+        y = tl.load(y_ptr + row * stride + cols, mask=mask, other=0.0)  # what this lane just stored
+        tl.store(z_ptr + row * stride + cols, x * y, mask=mask)
+
+
+@triton.jit
+def read_back_a_neighbour_kernel(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2.0, mask=mask)
+    y = tl.load(y_ptr + offs + 1, mask=offs + 1 < n)  # another lane's element: # refused
+    tl.store(z_ptr + offs, y, mask=offs + 1 < n)
+
+
+def test_a_value_read_back_after_it_was_stored_is_the_stored_value(device):
+    @tritongrad.op
+    def softplus_then_scale(x):
+        y, z = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))  # poisoned
+        softplus_then_scale_kernel[(x.shape[0],)](x, y, z, x.stride(0), x.shape[1], BLOCK=16)
+        return y, z
+
+    (x,) = leaves((5, 37), device=device)
+    twin = x.detach().clone().requires_grad_()
+    y, z = softplus_then_scale(x)
+    want_y = torch.nn.functional.softplus(twin)
+    want_z = twin * want_y
+    torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-10)
+    gy, gz = torch.randn_like(y), torch.randn_like(z)
+    got = torch.autograd.grad((y, z), x, (gy, gz))[0]
+    torch.testing.assert_close(got, torch.autograd.grad((want_y, want_z), twin, (gy, gz))[0], rtol=1e-10,
+                               atol=1e-10)
+    assert "# what this lane just stored" in tritongrad.grad(softplus_then_scale_kernel).src
+
+
+def test_reading_back_another_lanes_element_is_refused():
+    with pytest.raises(tritongrad.NotDifferentiableError, match="read back only what the same lane stored") as e:
+        tritongrad.grad(read_back_a_neighbour_kernel)
+    assert e.value.line == read_back_a_neighbour_kernel.fn.__code__.co_firstlineno + 5

@@ -17,7 +17,6 @@ Merge and loop-carried variables are assigned more than once (see ``ir.py``), so
 from __future__ import annotations
 
 import ast
-import copy
 import math
 from dataclasses import dataclass, field, replace
 
@@ -36,10 +35,11 @@ from .ir import (
     Program,
     address_names,
     arguments,
+    block_positions,
+    canonical_atom,
     child_blocks,
     definitions,
     is_none,
-    is_structured,
     loops,
     names_in,
     op_of,
@@ -285,7 +285,7 @@ def in_place_pointers(program: Program, loads: dict, stores: dict, index_pointer
     zero there, and the loads' adjoints add the old values' gradient to the same memory (memory.py).
     """
     found = set()
-    place = _block_positions(program.body)
+    place = block_positions(program.body)
     defs = definitions(program.body)
     for name in sorted(set(loads) & set(stores)):
         for s in loads[name]:
@@ -297,44 +297,17 @@ def in_place_pointers(program: Program, loads: dict, stores: dict, index_pointer
                 raise refuse(where(s), f"a load from `{name}`, which the kernel also updates with "
                              f"{', '.join(sorted(kinds - {'store'}))}", "update a tensor in place with tl.store only")
             block, i = place[id(s)]
-            address, mask = _canonical(arguments(s)["pointer"], defs), _canonical(arguments(s)["mask"], defs)
+            address, mask = canonical_atom(arguments(s)["pointer"], defs), canonical_atom(arguments(s)["mask"], defs)
             later = [t for t in stores[name] if place[id(t)][0] is block and place[id(t)][1] > i]
-            if not any((_canonical(arguments(t)["pointer"], defs), _canonical(arguments(t)["mask"], defs))
+            if not any((canonical_atom(arguments(t)["pointer"], defs), canonical_atom(arguments(t)["mask"], defs))
                        == (address, mask) for t in later):
                 raise refuse(where(s), f"a load from `{name}`, which the kernel also stores to, where no store "
                              "of the same address and mask follows it in the same block",
                              "update in place only what each lane loads (load, compute, then store to the same "
-                             "address with the same mask), or write to another tensor")
+                             "address with the same mask), read back only what the same lane stored before (the "
+                             "same address and mask, in the same block), or write to another tensor")
         found.add(name)
     return frozenset(found)
-
-
-def _block_positions(body: list[ast.stmt]) -> dict[int, tuple[list, int]]:
-    """id(statement) -> (the block holding it, its index there), for every flat statement."""
-    found = {}
-    for i, stmt in enumerate(body):
-        if is_structured(stmt):
-            for block in child_blocks(stmt):
-                found.update(_block_positions(block))
-        else:
-            found[id(stmt)] = (body, i)
-    return found
-
-
-def _canonical(atom: ast.expr, defs: dict, depth: int = 0) -> str:
-    """An atom written out through its single definitions (so two temporaries computing one address compare
-    equal); names with several definitions (loop-carried, merged) or none (parameters) stay names."""
-    if not isinstance(atom, ast.Name):
-        return ast.dump(atom)
-    found = defs.get(atom.id, [])
-    if len(found) != 1 or depth > 64 or target_of(found[0]) != atom.id:
-        return atom.id
-
-    class Expand(ast.NodeTransformer):
-        def visit_Name(self, node: ast.Name) -> ast.AST:
-            return ast.Name(_canonical(node, defs, depth + 1), ast.Load())
-
-    return ast.unparse(Expand().visit(copy.deepcopy(found[0].value)))
 
 
 def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips, pointer_base

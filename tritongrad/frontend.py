@@ -33,6 +33,7 @@ from .errors import NotDifferentiableError
 from .expressions import ExpressionFlattener, Frame, _Deferred, _is_metadata, name_node
 from .ir import Namer, Op, Origin, Program, Tag, refuse
 from .operations import operation_of
+from .readback import forward_stored_values
 from .source import Source
 from .specialize import specialize
 
@@ -88,10 +89,16 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
             returns = [self.atom(e, ret) for e in elts]
         else:
             self.block(body)
+            forward_stored_values(self.out, self._temporary)  # a load of what the lane stored: that value
         self.frames.pop()
         return Program(fdef.name, params, self.out, self.scope, self.root.file, self.namer.taken,
                        returns=returns, origin=origin, temporaries=self.temporaries, constexprs=self.constexprs,
                        specialized=self.specialized)
+
+    def _temporary(self, name: str) -> str:
+        fresh = self.namer.fresh(name)
+        self.temporaries.add(fresh)
+        return fresh
 
     # -- statements -----------------------------------------------------------------------
 

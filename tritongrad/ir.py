@@ -19,6 +19,7 @@ for the next iteration).
 from __future__ import annotations
 
 import ast
+import copy
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -211,6 +212,34 @@ def statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from statements(block)
         else:
             yield stmt
+
+
+def block_positions(body: list[ast.stmt]) -> dict[int, tuple[list, int]]:
+    """id(statement) -> (the block holding it, its index there), for every flat statement."""
+    found = {}
+    for i, stmt in enumerate(body):
+        if is_structured(stmt):
+            for block in child_blocks(stmt):
+                found.update(block_positions(block))
+        else:
+            found[id(stmt)] = (body, i)
+    return found
+
+
+def canonical_atom(atom: ast.expr, defs: dict, depth: int = 0) -> str:
+    """An atom written out through its single definitions (so two temporaries computing one address compare
+    equal); names with several definitions (loop-carried, merged) or none (parameters) stay names."""
+    if not isinstance(atom, ast.Name):
+        return ast.dump(atom)
+    found = defs.get(atom.id, [])
+    if len(found) != 1 or depth > 64 or target_of(found[0]) != atom.id:
+        return atom.id
+
+    class Expand(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return ast.Name(canonical_atom(node, defs, depth + 1), ast.Load())
+
+    return ast.unparse(Expand().visit(copy.deepcopy(found[0].value)))
 
 
 def structured(body: list[ast.stmt]) -> Iterator[ast.stmt]:
