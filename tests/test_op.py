@@ -450,18 +450,18 @@ def test_custom_linear_trains_like_its_pytorch_twin():
 # -- errors ------------------------------------------------------------------------------------------
 
 
-def test_overwriting_memory_an_earlier_launch_read_is_refused():
+def test_reusing_a_buffer_one_launch_wrote_and_another_read_is_refused():
     @tritongrad.op
     def reuse(x, w):
         n = x.numel()
         tmp, y = torch.empty_like(x), torch.empty_like(x)
         mul_kernel[grid(n)](x, w, tmp, n, BLOCK=BLOCK)
         sin_mul_kernel[grid(n)](tmp, w, y, n, BLOCK=BLOCK)
-        exp_kernel[grid(n)](x, tmp, n, BLOCK=BLOCK)  # tmp reused while launch 2's backward still needs it
+        exp_kernel[grid(n)](x, tmp, n, BLOCK=BLOCK)  # launch 2's read is copied; launch 1's write is lost
         return y, tmp
 
-    with pytest.raises(OpError, match=r"launch #3 \(`exp_kernel`\) overwrites `out_ptr`, memory that launch #2 "
-                                      r"\(`sin_mul_kernel`\) reads through `a_ptr`"):
+    with pytest.raises(OpError, match=r"launch #3 \(`exp_kernel`\) overwrites `out_ptr`, memory that launch #1 "
+                                      r"\(`mul_kernel`\) writes through `out_ptr`"):
         reuse(rand(50), rand(50))
 
 

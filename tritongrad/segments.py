@@ -74,7 +74,7 @@ class Segments(TorchFunctionMode):
     def launched(self) -> None:
         """After each launch: note what it wrote; the first one arms the watch."""
         tape = self.tape
-        launch, (_, positions, names, _) = tape.launches[-1], tape.patterns[-1]
+        launch, (_, positions, names, *_) = tape.launches[-1], tape.patterns[-1]
         n = len(positions) - len(names)
         named, _ = launch.info.named_arguments(positions[:n], dict(zip(names, positions[n:], strict=True)))
         roles = launch.info.roles

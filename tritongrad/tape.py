@@ -262,6 +262,12 @@ _ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.
 # -- launches --------------------------------------------------------------------------------------
 
 
+def _by_parameter(info: KernelInfo, positions: tuple, names: tuple) -> dict[str, int | None]:
+    """A recorded launch's arguments by parameter: the position of each tensor among the call's tensors."""
+    n = len(positions) - len(names)
+    return info.named_arguments(positions[:n], dict(zip(names, positions[n:], strict=True)))[0]
+
+
 class RecordedLaunch:
     """One recorded launch: the jit-level kernel, its grid, and its arguments as passed, with
     tensors replaced by None (the tape holds no tensors once closed: outputs would otherwise
@@ -319,7 +325,8 @@ class Tape:
         tensors, index = self.tensors, len(self.launches)
         positions, kept = tensors.take((*args, *kwargs.values()) if kwargs else args)
         snapshots = self._snapshots(info, args, kwargs) if info.roles is not None and info.roles.in_place else ()
-        pattern = (kernel.fn, positions, tuple(kwargs), snapshots)  # the function: JITFunction.__hash__ is Python
+        earlier = self._save_overwritten(info, positions, tuple(kwargs)) if self.launches and info.roles else ()
+        pattern = (kernel.fn, positions, tuple(kwargs), snapshots, earlier)  # fn: JITFunction.__hash__ is Python
         if tensors.mixed or (tensors.on_cpu and not info.interpreted):
             self._check_devices(index, info, args, kwargs)
         if pattern not in _pointers_checked and self._check_pointers(index, info, args, kwargs, positions):
@@ -341,16 +348,38 @@ class Tape:
         the values it read. Each copies the memory its view spans, so strides and offsets stay as passed.
         Returns (parameter, the copy's position among the call's tensors) pairs."""
         named, _ = info.named_arguments(args, kwargs)
+        return tuple(sorted((p, self._copy(v)) for p in info.roles.in_place if isinstance(v := named.get(p),
+                                                                                            torch.Tensor)))
+
+    def _save_overwritten(self, info: KernelInfo, positions: tuple, names: tuple) -> tuple[tuple[int, str, int], ...]:
+        """Copies of what earlier launches read from memory this launch overwrites, taken before it runs: their
+        backwards replay against the values they read. Returns (launch index, parameter, the copy's position)
+        triples."""
+        described, tensors = self.tensors.described, self.tensors.tensors
+        written = {described[i][0] for p, i in _by_parameter(info, positions, names).items()
+                   if i is not None and p in info.roles.overwrites}
+        written.discard(0)
+        if not written:
+            return ()
+        copied = {(k, p) for pattern in self.patterns for k, p, _ in pattern[4]}
         found = []
-        for p in info.roles.in_place:
-            v = named.get(p)
-            if isinstance(v, torch.Tensor):
-                span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride(), strict=True)) if v.numel() else 0
-                with torch.no_grad():
-                    memory = v.as_strided((span,), (1,), v.storage_offset()).clone()
-                copy = memory.as_strided(v.shape, v.stride(), 0)
-                found.append((p, self.tensors.take((copy,))[0][0]))
-        return tuple(sorted(found))
+        for launch, pattern in zip(self.launches, self.patterns, strict=True):
+            roles, own = launch.info.roles, dict(pattern[3])
+            if roles is None:
+                continue
+            for p, i in _by_parameter(launch.info, pattern[1], pattern[2]).items():
+                if (i is not None and p in roles.loads and p not in own and (launch.index, p) not in copied
+                        and described[i][0] in written):
+                    found.append((launch.index, p, self._copy(tensors[i])))
+        return tuple(found)
+
+    def _copy(self, v: torch.Tensor) -> int:
+        """A copy of the memory a view spans, as a view with its strides (so a replay indexes it as the launch
+        indexed the original); its position among the call's tensors."""
+        span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride(), strict=True)) if v.numel() else 0
+        with torch.no_grad():
+            memory = v.as_strided((span,), (1,), v.storage_offset()).clone()
+        return self.tensors.take((memory.as_strided(v.shape, v.stride(), 0),))[0][0]
 
     def _check_devices(self, index: int, info: KernelInfo, args: tuple, kwargs: dict) -> None:
         """Refuse, before the kernel runs, tensors on another device than the op's first, or on the
@@ -422,7 +451,8 @@ class Tape:
         slots: dict[int, int] = {}  # tensor position -> index in the saved tensors
         found: dict[int, None] = {}  # positions of the differentiable inputs, in order
         launches = []
-        for launch, (_, positions, names, snapshots) in zip(self.launches, patterns, strict=True):
+        later = {(k, p): i for *_, earlier in patterns for k, p, i in earlier}  # reads a later launch overwrote
+        for launch, (_, positions, names, snapshots, _) in zip(self.launches, patterns, strict=True):
             n = len(positions) - len(names)
             named, _ = launch.info.named_arguments(positions[:n], dict(zip(names, positions[n:], strict=True)))
             params = {p: i for p, i in named.items() if i is not None}  # tensor parameter -> position
@@ -433,6 +463,7 @@ class Tape:
                 self._hazards(checked, read, written)
             loads, stores = set(checked.params("loads")), set(checked.params("stores"))
             copies = dict(snapshots)  # in place: the launch read the copy taken before it ran
+            copies.update({p: i for (k, p), i in later.items() if k == launch.index})  # before a later one did
             for p, i in params.items():
                 if known and p in stores and tensors.requires_grad(i) and not (p in copies and self.boundary):
                     raise self.error(f"{checked} writes to `{p}`, a tensor that requires grad (an input of the op?); "
@@ -487,7 +518,7 @@ class Tape:
         why = ("the backward replays each launch against memory as the op left it, so it would read the new values"
                if verb == "reads" else f"the backward of {first} would take the gradient of what {second} wrote")
         return self.error(f"{second} overwrites `{q}`, memory that {first} {verb} through `{p}`: {why}. Write to a "
-                          "fresh buffer instead (tritongrad refuses rather than snapshotting memory)")
+                          "fresh buffer instead")
 
     def _check_outputs(self, outputs: tuple, outs: tuple, arguments: dict[str, int], tensors: _Tensors,
                        written: dict) -> None:
