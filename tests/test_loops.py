@@ -299,7 +299,7 @@ def test_runtime_trip_count_including_zero():
     assert tritongrad.grad(ragged_rows).wrt == ("x_ptr",)
 
 
-# -- carried state used nonlinearly: each reverse iteration rebuilds it from the loop's entry --------
+# -- carried state used nonlinearly: a state tape (checkpoints where it is large), else rebuilt ---------
 
 
 @triton.jit
@@ -324,7 +324,11 @@ def softmax_weighted(x_ptr, v_ptr, y_ptr, N, D, stride_x, stride_v, BLOCK: tl.co
     tl.store(y_ptr + row * D + d, acc / l, mask=d < D)
 
 
-def test_online_softmax_rebuilds_its_running_max_and_sums():
+@pytest.mark.parametrize("budget", [None, 1], ids=["a slot per iteration", "one checkpoint"])
+def test_online_softmax_keeps_its_running_max_and_sums_on_a_tape(budget, monkeypatch):
+    # a budget of one byte leaves one slot per program: every reverse iteration re-runs those before it
+    if budget is not None:
+        monkeypatch.setattr(tritongrad.loops, "TAPE_BUDGET", budget)
     rows, n, dim = 4, 45, 7
     x, v = 3 * torch.randn(rows, n, dtype=DTYPE), torch.randn(n, dim, dtype=DTYPE)
     y = poison(torch.empty(rows, dim, dtype=DTYPE))
@@ -336,7 +340,51 @@ def test_online_softmax_rebuilds_its_running_max_and_sums():
     assert_grads(softmax_weighted, (rows,), args, meta, y, want, leaves, ("x_ptr", "v_ptr"))
     src = tritongrad.grad(softmax_weighted).src
     assert "# loop over k: l, acc, m are carried nonlinearly" in src
-    assert "quadratic in the trip count" in src
+    assert "keeps the state at the start of each iteration on a tape" in src and "quadratic" not in src
+    assert "l_tape_row = tg.tape_row(l_tape, l, k_slots)" in src
+
+
+def test_tape_slots_are_sized_by_the_trip_count_and_the_budget(monkeypatch):
+    from tritongrad.checks import Expr, LaunchValues
+    from tritongrad.loops import Tape
+
+    tape = Tape("k_slots", (("l_tape", ()), ("acc_tape", ("BD",))), Expr("trips", (
+        Expr.const(0), Expr.name("N"), Expr.name("BLOCK"))))
+    launch = LaunchValues({"N": 45, "BLOCK": 16, "BD": 8}, (4,))
+    args = tape.allocate(launch, 4, "cpu")
+    assert args["k_slots"] == 3  # one per iteration
+    assert args["l_tape"].numel() == 4 * 3 * 8 and args["acc_tape"].numel() == 4 * 3 * 8 * 8
+    unknown = Tape("k_slots", (("l_tape", ()),), None)
+    assert unknown.allocate(launch, 4, "cpu")["k_slots"] == tritongrad.loops.MAX_SLOTS
+    monkeypatch.setattr(tritongrad.loops, "TAPE_BUDGET", 4 * 9 * 8 * 2)  # two slots' worth for 4 programs
+    assert tape.allocate(launch, 4, "cpu")["k_slots"] == 2
+
+
+@triton.jit
+def pointer_recurrence(x_ptr, y_ptr, N, T, BLOCK: tl.constexpr):
+    # the carried pointer moves with the state: no tape for it, so the state is rebuilt from the entry
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    p = x_ptr + offs * T
+    h = tl.zeros([BLOCK], dtype=tl.float64)
+    for _t in range(T):
+        h = tl.sin(h) * tl.load(p, mask=offs < N, other=0.0) + 0.5
+        p += 1
+    tl.store(y_ptr + offs, h, mask=offs < N)
+
+
+def test_a_carried_pointer_falls_back_to_rebuilding_the_state():
+    lanes, steps = 5, 6
+    x = torch.randn(lanes, steps, dtype=DTYPE)
+    y = poison(torch.empty(lanes, dtype=DTYPE))
+    args, meta = (x, y, lanes, steps), {"BLOCK": 4}
+    pointer_recurrence[(2,)](*args, **meta)
+    leaf = x.clone().requires_grad_()
+    h = torch.zeros(lanes, dtype=DTYPE)
+    for t in range(steps):
+        h = torch.sin(h) * leaf[:, t] + 0.5
+    assert_grads(pointer_recurrence, (2,), args, meta, y, h, [leaf], ("x_ptr",))
+    src = tritongrad.grad(pointer_recurrence).src
+    assert "quadratic in the trip count: no tape, p is a pointer" in src, src
 
 
 @triton.jit

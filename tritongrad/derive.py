@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from .errors import NotDifferentiableError
 from .frontend import normalize_kernel, normalize_tile_function
 from .interchange import NotInterchangeable
 from .ir import Program
-from .loops import LoopPlan, classify_loops
+from .loops import LoopPlan, Tape, classify_loops
 from .lowering import ADD, ATOMIC, INTERCHANGE, NONE, PARTIALS, STORE, Choice, Lowering, plan_lowering
 from .reverse import build_backward
 from .source import Source, unwrap
@@ -81,6 +82,13 @@ class Part:
     axis: int | None
     trips: Expr | None  # interchanged: the programs along ``axis`` (the trip count of the loop it takes)
     written: frozenset[str]  # inputs whose gradient it writes
+    tapes: tuple[Tape, ...] = ()  # nonlinear loops' state tapes, allocated on each launch
+
+    def tape_args(self, args: dict[str, Any], grid: tuple[int, ...], device: Any) -> None:
+        """The state tapes' buffers for a launch on ``grid``, added to ``args``."""
+        programs = math.prod(grid)
+        for tape in self.tapes:
+            args.update(tape.allocate(LaunchValues(args, grid), programs, device))
 
 
 @dataclass(frozen=True)
@@ -224,7 +232,7 @@ class BackwardKernel:
         axis = next((c.axis for c in choices.values() if c.mode in (*PARTIALS, INTERCHANGE)), None)
         trips = next((self.lowering.inputs[p].trips for p, c in choices.items() if c.mode == INTERCHANGE), None)
         part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
-                                       frozenset(backward.written_inputs))
+                                       frozenset(backward.written_inputs), tuple(backward.tapes))
         return part
 
     # -- launching ---------------------------------------------------------------------------------
@@ -406,6 +414,7 @@ class BackwardKernel:
                 rows[p] = (torch.zeros(programs, span + 2 * pad, dtype=dtype, device=target.device), pad)
                 args[part.shadows[p]] = rows[p][0][:, pad:]
                 args[part.rows[p]] = span + 2 * pad
+        part.tape_args(args, grid, _device_of(args))
         part.kernel[grid](**args)
         for p, (r, _) in rows.items() if reduce else ():  # the rows summed in a fixed order
             target = buffers[p]
@@ -431,6 +440,7 @@ class BackwardKernel:
         if p in written:
             args[part.shadows[p]] = own = torch.zeros_like(target)
         if min(grid) > 0:
+            part.tape_args(args, grid, _device_of(args))
             part.kernel[grid](**args)
         if p in written and reduce:
             target.add_(own)
@@ -519,6 +529,11 @@ def aliased(tensors: dict[str, Any]) -> frozenset[str]:
     """The names of tensors that share a storage with another one of them."""
     storages = [t.untyped_storage().data_ptr() for t in tensors.values()]
     return frozenset(name for name, s in zip(tensors, storages, strict=True) if storages.count(s) > 1)
+
+
+def _device_of(args: dict[str, Any]) -> Any:
+    """The device of a launch's first tensor argument."""
+    return next((v.device for v in args.values() if hasattr(v, "device") and hasattr(v, "data_ptr")), None)
 
 
 def _sizes(grid: Any) -> tuple[int, ...]:

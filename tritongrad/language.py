@@ -15,7 +15,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
-            "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad")
+            "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad",
+            "tape_row", "tape_put", "tape_get")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",)}
@@ -112,6 +113,37 @@ def _trip_count(start, stop, step):
     else:
         n = tl.cdiv(stop - start, step)
     return n
+
+
+def _tape_row(tape, like, slots):
+    """This program's row of a loop's state tape (``tape``: raw bytes, allocated by the BackwardKernel):
+    ``slots`` values of ``like``'s shape and dtype, one program after another along the whole grid."""
+    program = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    return tape.to(tl.pointer_type(like.dtype)) + program.to(tl.int64) * slots * like.numel
+
+
+def _tape_put(row, slot, x, mask):
+    """Keep ``x`` in slot ``slot`` of a tape row (where ``mask``: a scalar)."""
+    base = row + slot * x.numel
+    if mask:
+        if len(x.shape) == 0:
+            tl.store(base, x)
+        elif len(x.shape) == 1:
+            tl.store(base + tl.arange(0, x.shape[0]), x)
+        else:
+            tl.store(base + tl.arange(0, x.shape[0])[:, None] * x.shape[1] + tl.arange(0, x.shape[1])[None, :], x)
+
+
+def _tape_get(row, slot, like):
+    """The value kept in slot ``slot`` of a tape row (``like``'s shape)."""
+    base = row + slot * like.numel
+    if len(like.shape) == 0:
+        x = tl.load(base)
+    elif len(like.shape) == 1:
+        x = tl.load(base + tl.arange(0, like.shape[0]))
+    else:
+        x = tl.load(base + tl.arange(0, like.shape[0])[:, None] * like.shape[1] + tl.arange(0, like.shape[1])[None, :])
+    return x
 
 
 def _cumsum_grad(g, axis: tl.constexpr, reverse: tl.constexpr):

@@ -15,24 +15,33 @@ to the one before it, which holds when every loop-carried variable is either
 A carried variable with a gradient used any other way (a running max, ``h = h * a + b``)
 is *nonlinear*: its adjoint changes from one iteration to the one before, so the
 reverse loop must run the iterations backwards, and it needs the variable's value at
-the start of each. Each reverse iteration rebuilds it by re-running the forward
-iterations before it from the loop's entry: correct for any loop over a range, at a
-cost quadratic in the trip count (the comment in the derived kernel says so).
+the start of each. A *state tape* keeps it: a pass over the iterations first writes the
+carried state at the start of each to global scratch memory (the backward kernel's
+``<state>_tape`` parameters, allocated at launch: :class:`Tape`), and each reverse
+iteration reads it back. Where the tape would exceed its memory budget (a large state,
+an attention accumulator, over many programs), it keeps every ``k``-th iteration's state
+(checkpoints), and a reverse iteration re-runs at most ``k - 1`` iterations from its
+checkpoint. Without a tape (a carried pointer, a state of rank above 2), each reverse
+iteration rebuilds the state from the loop's entry, quadratic in the trip count. The
+comment in the derived kernel says which.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
+import os
 from dataclasses import dataclass, field
 
 from .addresses import LoopIndex
 from .analysis import Analysis
+from .checks import UNKNOWN_TRIP, Expr, LaunchValues
 from .ir import (
     Op,
     Tag,
     address_names,
     arguments,
+    child_blocks,
     copy_structured,
     header,
     loops,
@@ -57,6 +66,55 @@ class LoopPlan:
     nonlinear: list[str] = field(default_factory=list)  # carried names whose adjoint changes every iteration
     why: str = ""  # what makes the first of them nonlinear
     comment: str = ""
+
+
+TAPE_BUDGET = int(os.environ.get("TRITONGRAD_TAPE_BUDGET", 4 << 30))  # bytes a launch's state tapes may take
+TAPE_SHARE = 16  # and at most this share of the device's memory (1/16)
+MAX_SLOTS = 4096  # slots per program where the trip count is not known at launch
+
+
+@dataclass(frozen=True)
+class Tape:
+    """A nonlinear loop's state tape: the backward kernel's parameters for it, and how a launch sizes it."""
+
+    slots: str  # the parameter: how many states each program keeps
+    states: tuple[tuple[str, tuple[str, ...]], ...]  # (its tape parameter, the state's shape as written)
+    trips: Expr | None  # the loop's trip count, where the launch gives it
+
+    def allocate(self, launch: LaunchValues, programs: int, device) -> dict[str, object]:
+        """The tape's arguments for a launch of ``programs`` programs: a slot per iteration where that fits
+        the budget, else as many as fit (checkpoints). Raw bytes, 8 per element (the widest state type)."""
+        import torch
+
+        sizes = {param: _numel(shape, launch) for param, shape in self.states}
+        per_slot = 8 * max(1, sum(sizes.values()))
+        try:
+            trips = self.trips.evaluate(launch) if self.trips is not None else None
+        except Exception:
+            trips = None
+        budget = _budget(device)
+        slots = max(1, min(trips if trips is not None else MAX_SLOTS, budget // (per_slot * max(programs, 1))))
+        args = {param: torch.empty(max(1, programs * slots * n * 8), dtype=torch.uint8, device=device)
+                for param, n in sizes.items()}
+        args[self.slots] = slots
+        return args
+
+
+def _budget(device) -> int:
+    """The bytes a launch's tapes may take on ``device``."""
+    import torch
+
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        return min(TAPE_BUDGET, torch.cuda.get_device_properties(device).total_memory // TAPE_SHARE)
+    return min(TAPE_BUDGET, 256 << 20)
+
+
+def _numel(shape: tuple[str, ...], launch: LaunchValues) -> int:
+    n = 1
+    for extent in shape:
+        n *= int(Expr.of_text(extent).evaluate(launch))
+    return n
 
 
 class NotLinear(Exception):
@@ -208,9 +266,7 @@ def _comment(node: ast.For, plan: LoopPlan) -> str:
     if plan.nonlinear:
         names = ", ".join(c.source for c in node.tg.carried if c.name in plan.nonlinear)
         parts.insert(0, f"{names} {'is' if len(plan.nonlinear) == 1 else 'are'} carried nonlinearly ({plan.why})")
-        return (f"loop over {index}: {'; '.join(parts)}.\n"
-                "The reverse loop runs the iterations backwards, each first rebuilding the state it starts from\n"
-                "by re-running the iterations before it (quadratic in the trip count).")
+        return f"loop over {index}: {'; '.join(parts)}."
     return (f"loop over {index}: {'; '.join(parts)}.\n"
             "The reverse loop runs the same iterations, each recomputed before its adjoints.")
 
@@ -239,13 +295,24 @@ class LoopReversal:
             return
         # the state's updates are followed only when the reverse loop advances the state itself
         needed = self.needed(node.body, sweep, carried, follow=() if plan.nonlinear else carried)
-        self.comment(plan.comment)
+        if not plan.nonlinear:
+            self.comment(plan.comment)
+            for p in pre:
+                self.emit(p)
+            self.recomputing_loop(node, plan, sweep, needed, updates)
+            return
+        carried = {c.name: c for c in node.tg.carried}
+        rebuilt = self.closure({n for n in carried if n in needed}, node.body, carried)
+        state = [carried[n] for n in carried if n in rebuilt]
+        self.check_state(node, plan, state)
+        untaped = self.untaped(state)
+        self.comment(plan.comment + "\n" + (TAPED if untaped is None else REBUILT.format(untaped)))
         for p in pre:
             self.emit(p)
-        if plan.nonlinear:
-            self.rebuilding_loop(node, plan, sweep, needed, updates, incoming)
+        if untaped is None:
+            self.taped_loop(node, sweep, needed, updates, incoming, rebuilt, state)
         else:
-            self.recomputing_loop(node, plan, sweep, needed, updates)
+            self.rebuilding_loop(node, sweep, needed, updates, incoming, rebuilt, state)
 
     def recomputing_loop(self, node: ast.For, plan, sweep, needed, updates) -> None:
         """The same iterations in the same order: recompute, adjoints, then advance the state."""
@@ -262,39 +329,113 @@ class LoopReversal:
         self.emit(copy_structured(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
                                    body=body))
 
-    def rebuilding_loop(self, node: ast.For, plan, sweep, needed, updates, incoming) -> None:
-        """The iterations in reverse order; each first rebuilds the carried state it starts from by
-        re-running the iterations before it from the loop's entry (quadratic in the trip count)."""
-        carried = {c.name: c for c in node.tg.carried}
-        rebuilt = self.closure({n for n in carried if n in needed}, node.body, carried)
-        state = [carried[n] for n in carried if n in rebuilt]
-        self.check_state(node, plan, state)
+    def untaped(self, state) -> str | None:
+        """Why the carried state cannot be kept on a tape (None: it can): a pointer, or a tile of rank above 2."""
+        if self.tile:
+            return "a tile function's vector-Jacobian product has no memory of its own"
+        for c in state:
+            if c.name in self.analysis.pointer_base:
+                return f"{c.source} is a pointer"
+            shape = self.analysis.shapes.get(c.name)
+            if shape is None or len(shape) > 2:
+                return f"{c.source}'s shape is not known" if shape is None else f"{c.source} has rank {len(shape)}"
+        return None
+
+    def taped_loop(self, node: ast.For, sweep, needed, updates, incoming, rebuilt, state) -> None:
+        """The iterations in reverse order, each starting from the state a first pass kept on a tape (a
+        checkpoint every ``every`` iterations, and the iterations since re-run, where the tape has fewer slots
+        than the loop has iterations)."""
         index = node.target.id
+        start, _, step = _bounds(node)
+        trips, back, now, i, every, slots, slot = (self.namer.fresh(f"{index}_{w}") for w in (
+            "trips", "back", "now", "i", "every", "slots", "slot"))
+        params = {c.name: self.namer.fresh(f"{c.name}_tape") for c in state}
+        rows = {c.name: self.namer.fresh(f"{c.name}_tape_row") for c in state}
+        self.tapes.append(Tape(slots, tuple((params[c.name], self.analysis.shapes[c.name]) for c in state),
+                               self._known_trips(node)))
+        names = {"start": start, "step": step, "every": name_node(every), "slots": name_node(slots),
+                 "trips": name_node(trips), "i": name_node(i), "back": name_node(back), "slot": name_node(slot),
+                 "index": name_node(index)}
+        setup = [_assign(trips, self.trip_count(node)),
+                 _assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)), *self.resets(node, state)]
+        setup += [_assign(rows[c.name], instantiate("tg.tape_row(tape, x, slots)", {
+            **names, "tape": name_node(params[c.name]), "x": name_node(c.name)})) for c in state]
+        for s in setup:
+            s.tape_setup = node.tg  # merge_records moves them with the recording loop
+            self.emit(s)
+        counted = "index" if _is_one(step) and _is_zero(start) else "index - start" if _is_one(step) else \
+            "(index - start) // step"
+        record = [_assign(i, instantiate(counted, names))]
+        record += [ast.Expr(instantiate("tg.tape_put(row, i // every, x, i % every == 0)", {
+            **names, "row": name_node(rows[c.name]), "x": name_node(c.name)})) for c in state]
+        record += self.replay_block(node.body, rebuilt)
+        recording = copy_structured(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
+                                    body=record)
+        recording.tape_puts = len(record) - len(self.replay_block(node.body, rebuilt))  # merge_records reads it
+        self.emit(recording)
+        body = [_assign(i, instantiate("trips - 1 - back", names)), _assign(slot, instantiate("i // every", names))]
+        body += [_assign(c.name, instantiate("tg.tape_get(row, slot, x)", {
+            **names, "row": name_node(rows[c.name]), "x": name_node(c.name)})) for c in state]
+        replay = self.replay_block(node.body, rebuilt)
+        since = instantiate("start + slot * every * step", names)
+        body += self.partial_replay(node, replay, since, instantiate("start + i * step", names))
+        body.append(_assign(index, instantiate("start + i * step", names)))
+        body += self.next_adjoints(incoming)
+        body += self.replay_block(node.body, needed, skip={id(s) for s in updates})
+        body += sweep
+        func = "tl.static_range" if node.tg.static else "range"
+        loop = ast.For(target=ast.Name(back, ast.Store()), iter=instantiate(f"{func}(trips)", names), body=body,
+                       orelse=[])
+        self.emit(ast.copy_location(loop, node))
+
+    def _known_trips(self, node: ast.For) -> Expr | None:
+        trips = self.analysis.trips.get(LoopIndex(node.target.id))
+        return None if trips is None or trips == Expr.const(UNKNOWN_TRIP) else trips
+
+    def trip_count(self, node: ast.For) -> ast.expr:
         start, stop, step = _bounds(node)
-        trips, back, now = (self.namer.fresh(f"{index}_{w}") for w in ("trips", "back", "now"))
         positive = isinstance(step, ast.Constant) and isinstance(step.value, int) and step.value > 0
         count = ("stop - start" if _is_one(step) else "tl.cdiv(stop - start, step)" if positive
                  else "tg.trip_count(start, stop, step)")  # a step whose sign is known at compile time only
-        bounds = {"start": start, "stop": stop, "step": step, "trips": name_node(trips), "back": name_node(back)}
-        self.emit(ast.Assign(targets=[ast.Name(trips, ast.Store())], value=instantiate(count, bounds)))
-        body: list[ast.stmt] = [ast.Assign(targets=[ast.Name(now, ast.Store())],
-                                           value=instantiate("start + (trips - 1 - back) * step", bounds))]
+        return instantiate(count, {"start": start, "stop": stop, "step": step})
+
+    def partial_replay(self, node: ast.For, replay: list[ast.stmt], since: ast.expr, until: ast.expr
+                       ) -> list[ast.stmt]:
+        """The forward's iterations from index ``since`` up to ``until`` (excluded), as the forward writes them."""
+        if not replay:
+            return []
+        start, _, step = _bounds(node)
+        iterator = copy.deepcopy(node.iter)
+        args = [since, until, copy.deepcopy(step)]
+        if _is_one(step):  # as the forward would write it
+            args = args[1:2] if isinstance(since, ast.Constant) and since.value == 0 else args[:2]
+        iterator.args = args
+        iterator.keywords = [k for k in iterator.keywords if k.arg not in ("arg1", "arg2", "step")]
+        return [copy_structured(node, target=copy.deepcopy(node.target), iter=iterator, body=replay)]
+
+    def next_adjoints(self, incoming: dict[str, str]) -> list[ast.stmt]:
+        """This iteration's update gets the adjoint carried so far; what flows into the state it started
+        from is collected afresh."""
+        out = []
+        for name, d_next in incoming.items():
+            d = self.adjoint[name]
+            out.append(_assign(d_next, name_node(d)))
+            out.append(_assign(d, instantiate("tl.zeros_like(d)", {"d": name_node(d)})))
+        return out
+
+    def rebuilding_loop(self, node: ast.For, sweep, needed, updates, incoming, rebuilt, state) -> None:
+        """The iterations in reverse order; each first rebuilds the carried state it starts from by
+        re-running the iterations before it from the loop's entry (quadratic in the trip count)."""
+        index = node.target.id
+        start, _, step = _bounds(node)
+        trips, back, now = (self.namer.fresh(f"{index}_{w}") for w in ("trips", "back", "now"))
+        bounds = {"start": start, "step": step, "trips": name_node(trips), "back": name_node(back)}
+        self.emit(_assign(trips, self.trip_count(node)))
+        body: list[ast.stmt] = [_assign(now, instantiate("start + (trips - 1 - back) * step", bounds))]
         body += self.resets(node, state)
-        replay = self.replay_block(node.body, rebuilt)
-        if replay:
-            iterator = copy.deepcopy(node.iter)
-            args = [copy.deepcopy(start), name_node(now), copy.deepcopy(step)]
-            if _is_one(step):  # as the forward would write it
-                args = args[1:2] if isinstance(start, ast.Constant) and start.value == 0 else args[:2]
-            iterator.args = args
-            iterator.keywords = [k for k in iterator.keywords if k.arg not in ("arg1", "arg2", "step")]
-            body.append(copy_structured(node, target=copy.deepcopy(node.target), iter=iterator, body=replay))
-        body.append(ast.Assign(targets=[ast.Name(index, ast.Store())], value=name_node(now)))
-        for name, d_next in incoming.items():  # this iteration's update gets the adjoint carried so far;
-            d = self.adjoint[name]  # what flows into the state it started from is collected afresh
-            body.append(ast.Assign(targets=[ast.Name(d_next, ast.Store())], value=name_node(d)))
-            body.append(ast.Assign(targets=[ast.Name(d, ast.Store())], value=instantiate("tl.zeros_like(d)", {
-                "d": name_node(d)})))
+        body += self.partial_replay(node, self.replay_block(node.body, rebuilt), copy.deepcopy(start), name_node(now))
+        body.append(_assign(index, name_node(now)))
+        body += self.next_adjoints(incoming)
         body += self.replay_block(node.body, needed, skip={id(s) for s in updates})
         body += sweep
         func = "tl.static_range" if node.tg.static else "range"
@@ -336,6 +477,49 @@ class LoopReversal:
         return any(e is node for e in self.enclosing[id(stmt)])
 
 
+TAPED = ("A first pass keeps the state at the start of each iteration on a tape (every k-th where the tape\n"
+         "would exceed its budget: then the iterations since are re-run); the reverse loop runs the iterations\n"
+         "backwards from it: linear in the trip count.")
+REBUILT = ("The reverse loop runs the iterations backwards, each first rebuilding the state it starts from\n"
+           "by re-running the iterations before it (quadratic in the trip count: no tape, {}).")
+
+
+def merge_records(*segments: list[ast.stmt]) -> None:
+    """Where a block replays a taped loop (its final state is read after it) before the pass that records the
+    loop's tape, the replay records it: one pass over the loop instead of two. ``segments``: consecutive
+    parts of one block (the replay in front of the sweep, the sweep); blocks inside them are merged too."""
+    for segment in segments:
+        for s in segment:
+            for block in child_blocks(s):
+                merge_records(block)
+    flat = [(segment, s) for segment in segments for s in segment]
+    for position, (segment, record) in enumerate(flat):
+        if not (isinstance(record, ast.For) and getattr(record, "tape_puts", 0)):
+            continue
+        state = {target_of(s) for s in record.body[record.tape_puts:]} - {None}
+        earlier = [(seg, s) for seg, s in flat[:position] if isinstance(s, ast.For) and s.tg is record.tg
+                   and not getattr(s, "tape_puts", 0)]
+        if not earlier:
+            continue
+        home, replay = earlier[-1]
+        assigned = {target_of(s) for s in statements(replay.body)}
+        carried = {c.name for c in record.tg.carried}
+        if not (state & carried) <= assigned:
+            continue
+        setup = [s for s in segment if getattr(s, "tape_setup", None) is record.tg]
+        for s in (*setup, record):
+            segment.remove(s)
+        record.body = record.body[:record.tape_puts] + replay.body
+        at = home.index(replay)
+        home[at:at + 1] = [*setup, record]
+        merge_records(*segments)  # positions moved: look again
+        return
+
+
+def _assign(name: str, value: ast.expr) -> ast.Assign:
+    return ast.Assign(targets=[ast.Name(name, ast.Store())], value=value)
+
+
 def _bounds(node: ast.For) -> tuple[ast.expr, ast.expr, ast.expr]:
     """A loop's start, stop and step, as range() reads its arguments."""
     args = list(node.iter.args)
@@ -345,6 +529,10 @@ def _bounds(node: ast.For) -> tuple[ast.expr, ast.expr, ast.expr]:
         return ast.Constant(0), args[0], named.get("step", ast.Constant(1))
     step = args[2] if len(args) > 2 else named.get("step", ast.Constant(1))
     return args[0], args[1], step
+
+
+def _is_zero(start: ast.expr) -> bool:
+    return isinstance(start, ast.Constant) and start.value == 0 and type(start.value) is int
 
 
 def _is_one(step: ast.expr) -> bool:

@@ -50,7 +50,7 @@ from .ir import (
     target_of,
     where,
 )
-from .loops import LoopPlan, LoopReversal
+from .loops import LoopPlan, LoopReversal, merge_records
 from .lowering import ATOMIC, INTERCHANGE, PARTIALS, Choice, persistent
 from .memory import MemoryAdjoints
 from .operations import LOADS, STORES, instantiate, operation_of
@@ -71,6 +71,7 @@ class BackwardBody:
     reassigned: set[str]  # merge and loop-carried variables (and their shadows): never folded into a use
     extra_params: list[str] = field(default_factory=list)  # after the shadows: a persistent variant's counts
     written_inputs: set[str] = field(default_factory=set)  # wrt inputs whose loads' adjoints it writes
+    tapes: list = field(default_factory=list)  # loops.Tape: parameters after the extra ones, sized at launch
 
 
 @dataclass
@@ -99,6 +100,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         self.loop_plans = loop_plans
         self.tile = tile
         self.choices = choices or {p: Choice(ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
+        self.tapes: list = []  # loops.Tape: the state tapes of nonlinear loops (written by loops.py)
         self.partial_sums: list = []  # lowering.PartialSum: inputs summed in registers (written by memory.py)
         self.written_inputs: set[str] = set()  # wrt inputs whose loads' adjoints were written (memory.py)
         self.namer = Namer(self.program.names)
@@ -189,6 +191,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         own = any(c.mode == INTERCHANGE for c in self.choices.values())  # (its sums are stored at sweep values)
         epilogue = {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))} if not own else set()
         replay = self.replay(epilogue)
+        merge_records(replay, self.out)
         body, extra = replay + self.out, []
         axis = next((c.axis for c in self.choices.values() if c.mode in PARTIALS), None)
         interchanged = [s for p, c in self.choices.items() if c.mode == INTERCHANGE for s in self.partial_sums]
@@ -203,7 +206,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
-                            self.written_inputs)
+                            self.written_inputs, self.tapes)
 
     def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False
                    ) -> tuple[list[ast.stmt], list[str]]:
