@@ -497,8 +497,8 @@ def merge_records(*segments: list[ast.stmt]) -> None:
         if not (isinstance(record, ast.For) and getattr(record, "tape_puts", 0)):
             continue
         state = {target_of(s) for s in record.body[record.tape_puts:]} - {None}
-        earlier = [(seg, s) for seg, s in flat[:position] if isinstance(s, ast.For) and s.tg is record.tg
-                   and not getattr(s, "tape_puts", 0)]
+        earlier = [(seg, s) for seg, s in flat[:position] if isinstance(s, ast.For)
+                   and getattr(s, "tg", None) is record.tg and not getattr(s, "tape_puts", 0)]
         if not earlier:
             continue
         home, replay = earlier[-1]

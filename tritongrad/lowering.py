@@ -370,8 +370,8 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     dependent = _depends_on_program(replay + sweep, axis)
     local = set(params) | {target_of(s) for s in statements(replay + sweep) if target_of(s)}
     local |= {n.target.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[])) if isinstance(n, ast.For)}
-    if every:  # the body is straight-line code: a name is reassigned where it is assigned twice
-        counts = Counter(t for s in replay + sweep for t in _assigned(s))
+    if every:  # a name is reassigned where it is assigned twice, also inside a branch (`d += ...` under an if)
+        counts = Counter(t for s in statements(replay + sweep) for t in _assigned(s))
         reassigned = {n for n, c in counts.items() if c > 1}
     hoisted, kept, known = [], [], set(params)
     for s in replay + (sweep if every else []):
