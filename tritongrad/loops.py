@@ -380,13 +380,7 @@ class LoopReversal:
         since = instantiate("start + slot * every * step", names)
         body += self.partial_replay(node, replay, since, instantiate("start + i * step", names))
         body.append(_assign(index, instantiate("start + i * step", names)))
-        body += self.next_adjoints(incoming)
-        body += self.replay_block(node.body, needed, skip={id(s) for s in updates})
-        body += sweep
-        func = "tl.static_range" if node.tg.static else "range"
-        loop = ast.For(target=ast.Name(back, ast.Store()), iter=instantiate(f"{func}(trips)", names), body=body,
-                       orelse=[])
-        self.emit(ast.copy_location(loop, node))
+        self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
 
     def _known_trips(self, node: ast.For) -> Expr | None:
         trips = self.analysis.trips.get(LoopIndex(node.target.id))
@@ -435,12 +429,17 @@ class LoopReversal:
         body += self.resets(node, state)
         body += self.partial_replay(node, self.replay_block(node.body, rebuilt), copy.deepcopy(start), name_node(now))
         body.append(_assign(index, name_node(now)))
+        self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
+
+    def emit_backwards(self, node: ast.For, back: str, trips: str, body, sweep, needed, updates, incoming) -> None:
+        """The reverse loop ``for back in range(trips)``: ``body`` (the iteration's state and index), then
+        the adjoints carried in, the iteration's values and its sweep."""
         body += self.next_adjoints(incoming)
         body += self.replay_block(node.body, needed, skip={id(s) for s in updates})
         body += sweep
         func = "tl.static_range" if node.tg.static else "range"
-        loop = ast.For(target=ast.Name(back, ast.Store()), iter=instantiate(f"{func}(trips)", bounds), body=body,
-                       orelse=[])
+        loop = ast.For(target=ast.Name(back, ast.Store()), iter=instantiate(f"{func}(trips)", {"trips": name_node(
+            trips)}), body=body, orelse=[])
         self.emit(ast.copy_location(loop, node))
 
     def ensure_adjoint(self, node: ast.For, name: str) -> str:
