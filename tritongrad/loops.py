@@ -368,10 +368,11 @@ class LoopReversal:
         record = [_assign(i, instantiate(counted, names))]
         record += [ast.Expr(instantiate("tg.tape_put(row, i // every, x, i % every == 0)", {
             **names, "row": name_node(rows[c.name]), "x": name_node(c.name)})) for c in state]
+        puts = len(record)  # the iteration's number and its tape_puts, before the replayed body
         record += self.replay_block(node.body, rebuilt)
         recording = copy_structured(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
                                     body=record)
-        recording.tape_puts = len(record) - len(self.replay_block(node.body, rebuilt))  # merge_records reads it
+        recording.tape_puts = puts  # merge_records reads it
         self.emit(recording)
         body = [_assign(i, instantiate("trips - 1 - back", names)), _assign(slot, instantiate("i // every", names))]
         body += [_assign(c.name, instantiate("tg.tape_get(row, slot, x)", {
