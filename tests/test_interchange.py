@@ -196,3 +196,34 @@ def test_an_op_whose_launches_share_an_input_adds_the_second_gradient():
     want = torch.autograd.grad((a @ b1, a @ b2), (a, b1, b2), (g1, g2))
     for x, y in zip(got, want, strict=True):
         torch.testing.assert_close(x, y)
+
+
+@triton.jit
+def every_other_row(z_ptr, y_ptr, M, R, BM: tl.constexpr):
+    """Rows 0, 2, 4... of ``z`` scaled per program along axis 1; the step given by keyword."""
+    pid_0 = tl.program_id(0)
+    pid_1 = tl.program_id(1)
+    rm = pid_0 * BM + tl.arange(0, BM)
+    acc = tl.zeros((BM,), dtype=tl.float64)
+    for t in tl.range(0, R, step=2):
+        acc += tl.load(z_ptr + t * M + rm, mask=rm < M) * (pid_1 + 1)
+    tl.store(y_ptr + pid_1 * M + rm, acc, mask=rm < M)
+
+
+def test_a_range_stepped_by_keyword_runs_its_own_trip_count(poisoned_empty):
+    """``tl.range(0, R, step=2)`` runs cdiv(R, 2) iterations: the kernel of z's own has that many programs
+    (it once had R: the rows after R got gradient, beyond the tensor a heap corruption)."""
+    M, R, block, columns = 13, 5, 8, 3
+    z = torch.randn(2 * R, M, dtype=F64)  # rows the forward never reads follow the ones it does
+    y = torch.full((columns, M), float("nan"), dtype=F64)
+    grid = (triton.cdiv(M, block), columns)
+    args = dict(z_ptr=z, y_ptr=y, M=M, R=R, BM=block)
+    every_other_row[grid](**args)
+    leaf = z.clone().requires_grad_()
+    want = leaf[0:R:2].sum(0) * torch.arange(1, columns + 1, dtype=F64)[:, None]
+    torch.testing.assert_close(y, want.detach())
+    g = torch.randn(columns, M, dtype=F64)
+    bwd = tritongrad.grad(every_other_row)
+    assert bwd.choose(args, grid)["z_ptr"].mode == INTERCHANGE
+    got = bwd.gradients(grid, args, {"y_ptr": g})["z_ptr"]
+    torch.testing.assert_close(got, torch.autograd.grad(want, leaf, g)[0])

@@ -24,7 +24,7 @@ import collections
 from dataclasses import dataclass
 
 from .checks import UNKNOWN_TRIP, Expr
-from .ir import arguments, definitions, loops, op_of, statements, target_of
+from .ir import arguments, definitions, loops, op_of, range_bounds, statements, target_of
 from .operations import operation_of
 
 Coefficient = tuple[int, tuple[str, ...]]
@@ -161,9 +161,9 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
     defs = definitions(body)
     for node in loops(body):
         key = LoopIndex(node.target.id)
-        forms[node.target.id] = form_of_terms({key: _range_step(node.iter)}, 0)
+        forms[node.target.id] = form_of_terms({key: _range_step(node)}, 0)
         if trips is not None:
-            trips[key] = Expr("trips", tuple(scalar_expr(a, defs) for a in node.iter.args[:3]))
+            trips[key] = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node)))
             if not trips[key].names() <= params:  # a count the launch cannot read (loaded): taken as huge,
                 trips[key] = Expr.const(UNKNOWN_TRIP)  # which apart() accepts only where it cannot matter
         for c in node.tg.carried:
@@ -208,7 +208,7 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
     if trips is not None:
         for node in loops(body):
             if _moving_range(node.iter, forms) is not None:  # its count: the bounds' difference, programs aside
-                count = Expr("trips", tuple(scalar_expr(a, defs) for a in node.iter.args[:3])).substitute(no_program)
+                count = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node))).substitute(no_program)
                 trips[LoopIndex(node.target.id)] = count if count.names() <= params else Expr.const(UNKNOWN_TRIP)
     return forms
 
@@ -243,10 +243,8 @@ def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0)
     return Expr.name(atom.id)
 
 
-def _range_step(call: ast.Call) -> Coefficient:
-    step = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords if k.arg == "step"), None)
-    if step is None:
-        return (1, ())
+def _range_step(node: ast.For) -> Coefficient:
+    _, _, step = range_bounds(node)
     if isinstance(step, ast.Constant) and isinstance(step.value, int):
         return (step.value, ())
     return (1, (ast.unparse(step),))
@@ -543,8 +541,8 @@ def starts_at_zero(atom: ast.expr, defs: dict) -> bool:
         return False
     headers = [d for d in defs.get(atom.id, []) if isinstance(d, ast.For)]
     if headers:  # a loop's index: from a range starting at 0
-        args = headers[0].iter.args
-        return len(headers) == 1 and (len(args) == 1 or (isinstance(args[0], ast.Constant) and args[0].value == 0))
+        start = range_bounds(headers[0])[0]
+        return len(headers) == 1 and isinstance(start, ast.Constant) and start.value == 0
     own = [d for d in defs.get(atom.id, []) if not (op_of(d).kind == "add" and any(
         isinstance(a, ast.Name) and a.id == atom.id for a in op_of(d).args[:2]))]  # not `cols = cols + BLOCK`
     if len(own) != 1:
@@ -643,8 +641,7 @@ def address_offsets(body: list[ast.stmt], forms: dict[str, Form]) -> dict[str, P
     indices: dict[str, Poly | None] = {}
     pinned = {}  # carried names advanced by a fixed amount each iteration: their initial value's offset
     for node in loops(body):
-        indices[node.target.id] = _poly_of(node.iter.args[0] if len(node.iter.args) > 1 else ast.Constant(0),
-                                           {}, forms)
+        indices[node.target.id] = _poly_of(range_bounds(node)[0], {}, forms)
         for c in node.tg.carried:
             if c.name in forms and any(isinstance(k, LoopIndex) and k.index == node.target.id
                                        for k, _ in forms[c.name].terms):

@@ -20,8 +20,7 @@ from __future__ import annotations
 import ast
 import copy
 
-from .ir import Namer, is_structured, name_node, reads, statements, target_of
-from .loops import _bounds
+from .ir import Namer, is_structured, name_node, range_bounds, reads, statements, target_of
 from .operations import instantiate
 
 
@@ -64,7 +63,7 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulator: str
     moved = [s for s in body if target_of(s) in needed]
     rest = [s for s in body if s not in moved and target_of(s) not in carried]
     iteration = namer.fresh(f"{node.target.id}_iteration")
-    start, _, step = _bounds(node)
+    start, _, step = range_bounds(node)
     head: list[ast.stmt] = [*moved, ast.Assign(targets=[ast.Name(iteration, ast.Store())],
                                                value=instantiate(f"tl.program_id({axis})", {}))]
     head.append(ast.Assign(targets=[ast.Name(node.target.id, ast.Store())], value=instantiate(

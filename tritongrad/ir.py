@@ -256,6 +256,18 @@ def loops(body: list[ast.stmt]) -> list[ast.For]:
     return [n for n in structured(body) if isinstance(n, ast.For)]
 
 
+def range_bounds(node: ast.For) -> tuple[ast.expr, ast.expr, ast.expr]:
+    """A loop's start, stop and step, as ``range`` and ``tl.range`` read their arguments (positional or
+    ``arg1=``, ``arg2=``, ``step=``)."""
+    args = list(node.iter.args)
+    named = {k.arg: k.value for k in node.iter.keywords}
+    args += [named[k] for k in ("arg1", "arg2") if k in named]
+    step = args[2] if len(args) > 2 else named.get("step", ast.Constant(1))
+    if len(args) == 1:
+        return ast.Constant(0), args[0], step
+    return args[0], args[1], step
+
+
 def header(stmt: ast.stmt) -> list[ast.expr]:
     """The expressions a structured node evaluates itself: an if's test, a loop's range."""
     if isinstance(stmt, ast.If):

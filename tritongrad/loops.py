@@ -47,6 +47,7 @@ from .ir import (
     loops,
     name_node,
     op_of,
+    range_bounds,
     reads,
     refuse,
     statements,
@@ -346,7 +347,7 @@ class LoopReversal:
         checkpoint every ``every`` iterations, and the iterations since re-run, where the tape has fewer slots
         than the loop has iterations)."""
         index = node.target.id
-        start, _, step = _bounds(node)
+        start, _, step = range_bounds(node)
         trips, back, now, i, every, slots, slot = (self.namer.fresh(f"{index}_{w}") for w in (
             "trips", "back", "now", "i", "every", "slots", "slot"))
         params = {c.name: self.namer.fresh(f"{c.name}_tape") for c in state}
@@ -388,7 +389,7 @@ class LoopReversal:
         return None if trips is None or trips == Expr.const(UNKNOWN_TRIP) else trips
 
     def trip_count(self, node: ast.For) -> ast.expr:
-        start, stop, step = _bounds(node)
+        start, stop, step = range_bounds(node)
         positive = isinstance(step, ast.Constant) and isinstance(step.value, int) and step.value > 0
         count = ("stop - start" if _is_one(step) else "tl.cdiv(stop - start, step)" if positive
                  else "tg.trip_count(start, stop, step)")  # a step whose sign is known at compile time only
@@ -399,7 +400,7 @@ class LoopReversal:
         """The forward's iterations from index ``since`` up to ``until`` (excluded), as the forward writes them."""
         if not replay:
             return []
-        start, _, step = _bounds(node)
+        start, _, step = range_bounds(node)
         iterator = copy.deepcopy(node.iter)
         args = [since, until, copy.deepcopy(step)]
         if _is_one(step):  # as the forward would write it
@@ -422,7 +423,7 @@ class LoopReversal:
         """The iterations in reverse order; each first rebuilds the carried state it starts from by
         re-running the iterations before it from the loop's entry (quadratic in the trip count)."""
         index = node.target.id
-        start, _, step = _bounds(node)
+        start, _, step = range_bounds(node)
         trips, back, now = (self.namer.fresh(f"{index}_{w}") for w in ("trips", "back", "now"))
         bounds = {"start": start, "step": step, "trips": name_node(trips), "back": name_node(back)}
         self.emit(_assign(trips, self.trip_count(node)))
@@ -518,17 +519,6 @@ def merge_records(*segments: list[ast.stmt]) -> None:
 
 def _assign(name: str, value: ast.expr) -> ast.Assign:
     return ast.Assign(targets=[ast.Name(name, ast.Store())], value=value)
-
-
-def _bounds(node: ast.For) -> tuple[ast.expr, ast.expr, ast.expr]:
-    """A loop's start, stop and step, as range() reads its arguments."""
-    args = list(node.iter.args)
-    named = {k.arg: k.value for k in node.iter.keywords}
-    args += [named[k] for k in ("arg1", "arg2") if k in named]
-    if len(args) == 1:
-        return ast.Constant(0), args[0], named.get("step", ast.Constant(1))
-    step = args[2] if len(args) > 2 else named.get("step", ast.Constant(1))
-    return args[0], args[1], step
 
 
 def _is_zero(start: ast.expr) -> bool:

@@ -2236,6 +2236,15 @@ def check(p: Program) -> Outcome:
 
 
 def check_source(src: str) -> Outcome:
+    """Run a kernel module's forward and derived backward against its mirror, every memory access checked
+    to lie inside the launch's tensors (bounds.py)."""
+    from .bounds import checked
+
+    with checked():
+        return _check_source(src)
+
+
+def _check_source(src: str) -> Outcome:
     import torch
 
     from tritongrad import NotDifferentiableError

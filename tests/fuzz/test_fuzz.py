@@ -9,8 +9,13 @@ shrinks the kernel and the message holds its whole module source.
 Long runs: ``python scripts/fuzz_campaign.py --kernels 10000 --seed S``.
 """
 
+import pytest
+import torch
+import triton
+import triton.language as tl
 from hypothesis import HealthCheck, event, given, settings
 
+from .bounds import checked
 from .generate import KNOWN_BUGS, check, programs, random_program, render, replay
 
 EXAMPLES = 500
@@ -30,3 +35,18 @@ def test_seeded_programs_replay_from_their_choices():
     for seed in range(20):
         program, choices = random_program(seed)
         assert render(replay(choices)) == render(program)
+
+
+@triton.jit
+def _copy_block(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs))
+
+
+def test_an_access_past_a_tensor_is_caught():
+    """The bounds check every fuzzed kernel runs under: a block one element longer than its tensors."""
+    x, y = torch.randn(7), torch.empty(8)
+    with checked():
+        _copy_block[(1,)](x, y, BLOCK=4)
+        with pytest.raises(Exception, match="a load outside every tensor of the launch"):
+            _copy_block[(1,)](x, y, BLOCK=8)
