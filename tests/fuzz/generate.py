@@ -253,6 +253,7 @@ class Program:
     names: str = "v"  # "v": v0, v1, ...; "shadowy": odd nodes are named d_v<i-1>, like adjoints
     returns: bool = False  # an early return: programs may leave outputs unwritten (all start at 0)
     expect: str = ""  # stores that collide (by construction): the backward must refuse, naming this
+    stopped: bool = False  # a constexpr `if F: return` with F true: stores after it never run
     helper_params: str = "a"  # "a": a0, a1, ...; "clash": names the kernel and the derivative rules use
 
     def __repr__(self) -> str:  # hypothesis prints this; the source comes with the failure
@@ -1817,6 +1818,7 @@ class Gen:
         how = ("pid" if "pid_" in tests[0] else "constexpr" if tests[0].startswith("F") else
                "computed" if reads else "loaded")
         self.p.returns = True
+        self.p.stopped |= how == "constexpr" and self.p.meta.get(tests[0]) is True
         n = self.p.nodes[a]
         self.push(Node(n.kind, n.lo, n.hi, "{0}", "{0}", tuple(args), f"return_{how}",
                        pre_tl=(*pre_tl, f"if {tests[0]}:", "    return"),
@@ -1857,7 +1859,7 @@ class Gen:
             addresses = [y + (f" + {j} * {spelled}" if j else "") + (f" + {offset}" if offset else "")
                          for j in range(parts)]
             targets = [f"{store.name}[{j}, {index}]" for j in range(parts)]
-        if how == "overlap":
+        if how == "overlap" and not self.p.stopped:  # (after a taken constexpr return they are never run)
             self.p.expect = "tl.store"
         for address, value, target in zip(addresses, values, targets, strict=True):
             pre_tl.append(f"tl.store({address}, {value}" + (f", mask={mask})" if mask else ")"))
