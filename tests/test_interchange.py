@@ -69,18 +69,6 @@ def decaying_matmul(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK: tl.constexpr):
     tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-@pytest.fixture
-def poisoned_empty(monkeypatch):
-    """Buffers tritongrad leaves unfilled (every element stored) come back NaN: a missed element fails."""
-    empty = torch.empty_strided
-
-    def nan_filled(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty_strided", nan_filled)
-
-
 @pytest.fixture(autouse=True)
 def one_multiprocessor(monkeypatch):
     """These matrices are small: on a GPU their few tiles would not fill its multiprocessors, and the

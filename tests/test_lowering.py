@@ -285,3 +285,102 @@ def test_a_deterministic_op_gives_identical_bits_and_refuses_a_gather_by_name(de
     y = deterministic_gather(torch.tensor([0, 3, 3, 1], device=device), table)
     with pytest.raises(NotDifferentiableError, match="`table_ptr` with deterministic=True"):
         y.sum().backward()
+
+
+@triton.jit
+def logsumexp_minus_target(x_ptr, t_ptr, y_ptr, V, stride, BLOCK: tl.constexpr):
+    """A cross-entropy's shape: each row read block by block, then its target's logit read again by
+    index; rows whose target is negative return early."""
+    row = tl.program_id(0)
+    target = tl.load(t_ptr + row)
+    if target < 0:
+        tl.store(y_ptr + row, 0.0)
+        return
+    acc = tl.zeros((BLOCK,), dtype=tl.float64)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        acc += tl.exp(tl.load(x_ptr + row * stride + cols, mask=cols < V, other=float("-inf")))
+    picked = tl.load(x_ptr + row * stride + target)
+    tl.store(y_ptr + row, tl.log(tl.sum(acc)) - picked)
+
+
+def _logsumexp_minus_target_launch(rows=9, vocab=70):
+    x = torch.randn(rows, vocab, dtype=F64)
+    t = torch.randint(0, vocab, (rows,))
+    t[2::4] = -1
+    y = poison(torch.empty(rows, dtype=F64))
+    args, kwargs = (x, t, y, vocab, vocab), {"BLOCK": 32}
+    logsumexp_minus_target[(rows,)](*args, **kwargs)
+    leaf = x.clone().requires_grad_()
+    kept = (t >= 0).to(F64)
+    want = (torch.logsumexp(leaf, 1) - leaf.gather(1, t.clamp(min=0)[:, None])[:, 0]) * kept
+    return args, kwargs, y, want, leaf
+
+
+def test_an_input_loaded_again_by_index_is_stored_and_the_index_load_added_after():
+    rows = 9
+    args, kwargs, y, want, leaf = _logsumexp_minus_target_launch(rows)
+    assert_gradients_match(logsumexp_minus_target, (rows,), args, kwargs, y, want, [leaf], ["x_ptr"])
+    assert choices_of(logsumexp_minus_target, (rows,), args, kwargs)["x_ptr"] == (STORE, False)  # returning rows
+    body = tritongrad.grad(logsumexp_minus_target).src.split('"""')[2]
+    assert "atomic" not in body
+    assert "tg.add_later(d_picked_later, d_picked_later_at, d_x_ptr, d_x_ptr + row * stride + target" in body
+
+
+def test_later_adds_are_deterministic():
+    rows = 9
+    args, kwargs, y, _, _ = _logsumexp_minus_target_launch(rows)
+    from tritongrad.testing import backward_launch
+
+    g = torch.randn(rows, dtype=F64)
+    runs = [backward_launch(logsumexp_minus_target, (rows,), args, kwargs, {"y_ptr": g}, deterministic=True)
+            for _ in range(3)]
+    assert all(torch.equal(r["x_ptr"], runs[0]["x_ptr"]) for r in runs[1:])
+
+
+@triton.jit
+def rows_times_neighbours(x_ptr, y_ptr, R, N, BLOCK: tl.constexpr):
+    """Each row times the next row's first element (another program's) and the sum of its own first three:
+    loads beside the row's own, one of them in another program's part of x, one a masked tile."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * N + cols, mask=cols < N)
+    following = tl.load(x_ptr + ((row + 1) % R) * N)
+    first = tl.load(x_ptr + row * N + tl.arange(0, 4), mask=tl.arange(0, 4) < 3, other=0.0)
+    tl.store(y_ptr + row * N + cols, x * following + tl.sum(first), mask=cols < N)
+
+
+def test_later_adds_reach_other_programs_elements_after_every_store(poisoned_empty):
+    rows, n = 7, 45
+    x = torch.randn(rows, n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    args, kwargs = (x, y, rows, n), {"BLOCK": 64}
+    rows_times_neighbours[(rows,)](*args, **kwargs)
+    leaf = x.clone().requires_grad_()
+    want = leaf * leaf.roll(-1, 0)[:, :1] + leaf[:, :3].sum(1, keepdim=True)
+    assert choices_of(rows_times_neighbours, (rows,), args, kwargs)["x_ptr"] == (STORE, True)  # no zero-fill
+    assert_gradients_match(rows_times_neighbours, (rows,), args, kwargs, y, want, [leaf], ["x_ptr"])
+
+
+@triton.jit
+def scaled_rows_plus_first(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    """A weight every row reads (partial sums in a persistent kernel) beside a row loaded twice."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * N + cols, mask=cols < N)
+    w = tl.load(w_ptr + cols, mask=cols < N)
+    tl.store(y_ptr + row * N + cols, x * w + tl.load(x_ptr + row * N), mask=cols < N)
+
+
+def test_later_adds_give_way_to_a_persistent_kernel():
+    """A persistent kernel's programs are not the forward's: the input loaded twice is added atomically."""
+    rows, n = 9, 45
+    x, w = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    args, kwargs = (x, w, y, n), {"BLOCK": 64}
+    scaled_rows_plus_first[(rows,)](*args, **kwargs)
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    want = leaves[0] * leaves[1] + leaves[0][:, :1]
+    assert choices_of(scaled_rows_plus_first, (rows,), args, kwargs) == {
+        "x_ptr": (ATOMIC, False), "w_ptr": (REGISTERS, False)}
+    assert_gradients_match(scaled_rows_plus_first, (rows,), args, kwargs, y, want, leaves, ["x_ptr", "w_ptr"])

@@ -56,6 +56,13 @@ class LaunchValues:
             raise Unreadable(f"num_programs({axis})")
         return (*self.grid, 1, 1, 1)[axis]
 
+    def numel(self, shape: tuple[str, ...]) -> int:
+        """How many elements a tile of ``shape`` (its extents as written) has on this launch."""
+        n = 1
+        for extent in shape:
+            n *= int(Expr.of_text(extent).evaluate(self))
+        return n
+
 
 @dataclass(frozen=True)
 class Expr:

@@ -19,7 +19,18 @@ from .frontend import normalize_kernel, normalize_tile_function
 from .interchange import NotInterchangeable
 from .ir import Program
 from .loops import LoopPlan, Tape, classify_loops
-from .lowering import ADD, ATOMIC, INTERCHANGE, NONE, PARTIALS, STORE, Choice, Lowering, plan_lowering
+from .lowering import (
+    ADD,
+    ATOMIC,
+    INTERCHANGE,
+    NONE,
+    PARTIALS,
+    STORE,
+    Choice,
+    LaterAdds,
+    Lowering,
+    plan_lowering,
+)
 from .reverse import build_backward
 from .source import Source, unwrap
 from .specialize import decisive, plain_value
@@ -31,6 +42,7 @@ read only) and one per wrt input (d_<input>: a buffer with the input's shape and
 strides), as tritongrad's BackwardKernel does: it picks, on each launch, how each
 input's gradient is written (see lowering.py)."""
 
+LATER = "its other loads' adjoints kept per program and added after the kernel"
 IN_PLACE = ("updated in place, as the forward updates it: the gradient of the values it gets on entry, of the "
             "values it held on exit (zeroed where stored, the loads' gradient added)")
 WRITES = {
@@ -83,12 +95,21 @@ class Part:
     trips: Expr | None  # interchanged: the programs along ``axis`` (the trip count of the loop it takes)
     written: frozenset[str]  # inputs whose gradient it writes
     tapes: tuple[Tape, ...] = ()  # nonlinear loops' state tapes, allocated on each launch
+    later_adds: tuple[LaterAdds, ...] = ()  # loads whose adjoints are added after the kernel
 
     def tape_args(self, args: dict[str, Any], grid: tuple[int, ...], device: Any) -> None:
-        """The state tapes' buffers for a launch on ``grid``, added to ``args``."""
+        """The state tapes' buffers for a launch on ``grid``, and the later adds', added to ``args``."""
         programs = math.prod(grid)
         for tape in self.tapes:
             args.update(tape.allocate(LaunchValues(args, grid), programs, device))
+        for later in self.later_adds:
+            args.update(later.allocate(LaunchValues(args, grid), programs, args[self.shadows[later.param]]))
+
+    def add_later(self, args: dict[str, Any], deterministic: bool) -> None:
+        """After the kernel: its later loads' adjoints added into their inputs' gradients."""
+        for later in self.later_adds:
+            target = args[self.shadows[later.param]]
+            later.add(args, target, span_of(target), deterministic)
 
 
 @dataclass(frozen=True)
@@ -186,7 +207,7 @@ class BackwardKernel:
 
     def variant(self, choices: dict[str, Choice]) -> Variant:
         """The kernels for these choices, derived and compiled on first use."""
-        key = tuple((p, Choice(c.mode, c.axis)) for p, c in choices.items())  # the buffer's fill is not code
+        key = tuple((p, Choice(c.mode, c.axis, later=c.later)) for p, c in choices.items())  # the fill is not code
         with self._variants_lock:
             found = self._variants.get(key)
             if found is None:
@@ -219,6 +240,7 @@ class BackwardKernel:
         if wrt == self.wrt:
             self._shadow_params = shadows
         writes = "".join(f"\n  d_{p}: {IN_PLACE if p in analysis.in_place else WRITES[c.mode]}"
+                         + (f"; {LATER} ({', '.join(c.later)})" if c.later and c.mode in (STORE, ADD) else "")
                          for p, c in choices.items())
         doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
                f"wrt: {', '.join(wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
@@ -232,7 +254,8 @@ class BackwardKernel:
         axis = next((c.axis for c in choices.values() if c.mode in (*PARTIALS, INTERCHANGE)), None)
         trips = next((self.lowering.inputs[p].trips for p, c in choices.items() if c.mode == INTERCHANGE), None)
         part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
-                                       frozenset(backward.written_inputs), tuple(backward.tapes))
+                                       frozenset(backward.written_inputs), tuple(backward.tapes),
+                                       tuple(backward.later_adds))
         return part
 
     # -- launching ---------------------------------------------------------------------------------
@@ -416,6 +439,8 @@ class BackwardKernel:
                 args[part.rows[p]] = span + 2 * pad
         part.tape_args(args, grid, _device_of(args))
         part.kernel[grid](**args)
+        if reduce:
+            part.add_later(args, self.deterministic)
         for p, (r, _) in rows.items() if reduce else ():  # the rows summed in a fixed order
             target = buffers[p]
             total = r[:, pad:pad + span_of(target)].sum(0).as_strided(target.size(), target.stride())

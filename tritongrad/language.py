@@ -16,7 +16,7 @@ from triton.language.extra import libdevice
 
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
             "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad",
-            "tape_row", "tape_put", "tape_get")
+            "tape_row", "tape_put", "tape_get", "add_later")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",)}
@@ -144,6 +144,28 @@ def _tape_get(row, slot, like):
     else:
         x = tl.load(base + tl.arange(0, like.shape[0])[:, None] * like.shape[1] + tl.arange(0, like.shape[1])[None, :])
     return x
+
+
+def _add_later(values, offsets, base, at, g, mask):
+    """Keep a load's adjoint ``g`` and its addresses ``at`` (as element offsets from ``base``, the gradient
+    buffer's first element) in this program's slots of ``values`` and ``offsets``: the BackwardKernel adds
+    them to the gradient after the kernel (lowering.LaterAdds). Lanes ``mask`` leaves out keep zero."""
+    program = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    slot = program.to(tl.int64) * g.numel
+    offset = (tl.cast(at, tl.int64) - tl.cast(base, tl.int64)) // (base.dtype.element_ty.primitive_bitwidth // 8)
+    value = tl.where(mask, g, 0.0)
+    offset = tl.where(mask, offset, 0)
+    if len(g.shape) == 0:
+        tl.store(values + slot, value)
+        tl.store(offsets + slot, offset)
+    elif len(g.shape) == 1:
+        lanes = slot + tl.arange(0, g.shape[0])
+        tl.store(values + lanes, value)
+        tl.store(offsets + lanes, offset)
+    else:
+        lanes = slot + tl.arange(0, g.shape[0])[:, None] * g.shape[1] + tl.arange(0, g.shape[1])[None, :]
+        tl.store(values + lanes, value)
+        tl.store(offsets + lanes, offset)
 
 
 def _cumsum_grad(g, axis: tl.constexpr, reverse: tl.constexpr):

@@ -87,7 +87,7 @@ class Tape:
         the budget, else as many as fit (checkpoints). Raw bytes, 8 per element (the widest state type)."""
         import torch
 
-        sizes = {param: _numel(shape, launch) for param, shape in self.states}
+        sizes = {param: launch.numel(shape) for param, shape in self.states}
         per_slot = 8 * max(1, sum(sizes.values()))
         try:
             trips = self.trips.evaluate(launch) if self.trips is not None else None
@@ -109,13 +109,6 @@ def _budget(device) -> int:
     if device.type == "cuda":
         return min(TAPE_BUDGET, torch.cuda.get_device_properties(device).total_memory // TAPE_SHARE)
     return min(TAPE_BUDGET, 256 << 20)
-
-
-def _numel(shape: tuple[str, ...], launch: LaunchValues) -> int:
-    n = 1
-    for extent in shape:
-        n *= int(Expr.of_text(extent).evaluate(launch))
-    return n
 
 
 class NotLinear(Exception):

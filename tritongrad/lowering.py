@@ -20,7 +20,12 @@ the launch's strides, sizes, grid and trip counts):
   own whose programs along that axis are the loop's iterations, each looping over the forward's programs
   along the axis and storing its tile once (interchange.py): the loop interchange of a hand-written
   matmul or attention backward.
-- ``atomic``: anything else (gathers, overlapping windows, several loads of one input):
+- ``store`` with *later adds*: an input loaded by several statements, one of them owned as above (a
+  cross-entropy's row, read block by block) and the others outside loops (its target's logit). The
+  owned load's adjoint is stored; each other load's is kept, with its addresses, in a small buffer of
+  its own per program and added after the kernel (:class:`LaterAdds`): wherever those addresses point,
+  the stores are done by then.
+- ``atomic``: anything else (gathers, overlapping windows, several loads of one input in loops):
   ``tl.atomic_add`` into a zero-filled float32 buffer.
 - ``none``: the input's value does not reach an output: its gradient is zero.
 
@@ -83,6 +88,7 @@ class InputLowering:
     inactive: bool = False  # its value reaches no output: no gradient
     interchange: dict[int, Condition] = field(default_factory=dict)  # axis -> its loop's iterations apart
     trips: Expr | None = None  # (interchange) the trip count of the loop around the load
+    later: tuple[str, ...] = ()  # (with owned) the other loads' results, outside loops: added after the kernel
 
     def describe(self) -> str:
         """What ``tritongrad show`` says of it."""
@@ -102,7 +108,9 @@ class InputLowering:
             when = "" if self.apart is None or self.apart == All() else f" ({self.apart})"
             single = " and with one program along axis " + ", ".join(map(str, self.shared)) if self.shared else ""
             parts.append(f"stored where each element is reached once{when}{single}"
-                         + (", without a zero-fill where the loads cover the tensor" if self.covers else ""))
+                         + (", without a zero-fill where the loads cover the tensor" if self.covers else "")
+                         + (f"; the adjoints of its other loads ({', '.join(f'`{n}`' for n in self.later)}) "
+                            "kept per program and added after the kernel" if self.later else ""))
         parts.append("else added atomically" + (f": {self.why}" if self.why and not parts else ""))
         return f"{self.param}: " + "; ".join(parts)
 
@@ -114,6 +122,7 @@ class Choice:
     mode: str  # STORE / ADD / REGISTERS / ROW / INTERCHANGE / ATOMIC
     axis: int | None = None  # partials: the persistent axis; interchange: the axis the loop's iterations take
     covers: bool = False  # store: the load reaches every element (the buffer needs no zero-fill)
+    later: tuple[str, ...] = ()  # store, add: the input's other loads, added after the kernel (LaterAdds)
 
 
 @dataclass(frozen=True)
@@ -136,9 +145,9 @@ class Lowering:
                 choices[param] = Choice(ATOMIC)
             elif _holds(lowering.owned, launch):
                 if param in written:
-                    choices[param] = Choice(ADD)
+                    choices[param] = Choice(ADD, later=lowering.later)
                 else:
-                    choices[param] = Choice(STORE, covers=_holds(lowering.covers, launch))
+                    choices[param] = Choice(STORE, covers=_holds(lowering.covers, launch), later=lowering.later)
                 continue
             interchange = [a for a, c in lowering.interchange.items() if _holds(c, launch) and launch.programs(a) > 1
                            and _programs(launch, a, lowering.trips) >= parallel]
@@ -152,7 +161,7 @@ class Lowering:
                 choices[param] = Choice(REGISTERS if axis in lowering.in_registers else ROW, axis)
                 continue
             choices[param] = Choice(ATOMIC)
-        return choices
+        return _without_later_adds(choices, axis)
 
     def without_interchange(self, param: str) -> Lowering:
         """The same, with ``param``'s gradient never given a kernel of its own (its body cannot be)."""
@@ -173,10 +182,53 @@ class Lowering:
                 axis = axis if axis is not None else min(lowering.shared)
                 choices[param] = Choice(REGISTERS if axis in lowering.in_registers else ROW, axis)
             elif lowering.owned is not None:
-                choices[param] = Choice(STORE, covers=lowering.covers is not None)
+                choices[param] = Choice(STORE, covers=lowering.covers is not None, later=lowering.later)
             else:
                 choices[param] = Choice(ATOMIC)
+        return _without_later_adds(choices, axis)
+
+
+def _without_later_adds(choices: dict[str, Choice], axis: int | None) -> dict[str, Choice]:
+    """A persistent kernel (partial rows along ``axis``) runs other programs than the forward's, whose slots
+    later adds keep: an input with later adds is added atomically there."""
+    if axis is None:
         return choices
+    return {p: Choice(ATOMIC) if c.later and c.mode in (STORE, ADD) else c for p, c in choices.items()}
+
+
+@dataclass(frozen=True)
+class LaterAdds:
+    """A load whose adjoint is added after the kernel (an input's other loads, beside the one stored): each
+    program keeps the adjoint of its lanes with their addresses' offsets from the gradient's first element
+    (tg.add_later), zero where it did not run the load; the BackwardKernel then adds them in."""
+
+    param: str  # the wrt input
+    values: str  # the kernel's parameter: a slot per program and lane (float32; float64 for float64 inputs)
+    offsets: str  # the kernel's parameter: the lanes' element offsets (int64)
+    shape: tuple[str, ...]  # the load's tile, as written
+
+    def allocate(self, launch: LaunchValues, programs: int, target) -> dict[str, object]:
+        import torch
+
+        n = max(1, programs * launch.numel(self.shape))
+        dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
+        return {self.values: torch.zeros(n, dtype=dtype, device=target.device),
+                self.offsets: torch.zeros(n, dtype=torch.int64, device=target.device)}
+
+    def add(self, args: dict, target, span: int, deterministic: bool) -> None:
+        """Add the kept adjoints into ``target`` (``span`` elements from its first one to its last)."""
+        import torch
+
+        flat = target.as_strided((span,), (1,))
+        values, offsets = args[self.values].to(target.dtype), args[self.offsets]
+        if deterministic and target.is_cuda and not torch.are_deterministic_algorithms_enabled():
+            torch.use_deterministic_algorithms(True)  # index_add_ on CUDA adds in a fixed order then
+            try:
+                flat.index_add_(0, offsets, values)
+            finally:
+                torch.use_deterministic_algorithms(False)
+        else:
+            flat.index_add_(0, offsets, values)
 
 
 def _programs(launch: LaunchValues, axis: int, trips: Expr) -> int:
@@ -210,6 +262,8 @@ def plan_lowering(a: Analysis) -> Lowering:
                        program_axes(body), set(AXES) if -1 in used else used)
     inputs = {p: context.input(p) for p in a.wrt}
     for p in a.in_place:  # its shadow holds the new values' gradient: written where loaded, no partial rows
+        if inputs[p].later:  # (zeroed and refilled where stored: one load, one place)
+            inputs[p] = InputLowering(p, why="it is loaded by several statements")
         inputs[p] = replace(inputs[p], covers=None, shared={}, in_registers=frozenset())
     if a.in_place:  # one kernel: every input's adjoint reads the new values' gradient before it is replaced
         inputs = {p: replace(lowering, interchange={}, trips=None) for p, lowering in inputs.items()}
@@ -228,12 +282,27 @@ class _Context:
 
     def input(self, param: str) -> InputLowering:
         a = self.a
-        loads = a.loads.get(param, [])
-        if not any(target_of(s) in a.active for s in loads):
+        loads = [s for s in a.loads.get(param, []) if target_of(s) in a.active]
+        if not loads:
             return InputLowering(param, inactive=True)
-        if len(loads) != 1:
-            return InputLowering(param, why="it is loaded by several statements")
-        stmt = loads[0]
+        if len(loads) == 1:
+            return self.load(param, loads[0])
+        outside = [s for s in loads if not any(isinstance(n, ast.For) for n in self.nested[id(s)])]
+        if len(outside) >= len(loads) - 1:  # all but (at most) one outside loops: that one is stored
+            for stmt in sorted(loads, key=lambda s: s in outside):
+                later = [s for s in loads if s is not stmt]
+                owned = self.load(param, stmt)
+                if (owned.owned is not None and all(s in outside for s in later)
+                        and all(a.shapes.get(target_of(s)) is not None and len(a.shapes[target_of(s)]) <= 2
+                                for s in later)
+                        and not any(operation_of(op_of(s)).descriptor for s in later)):
+                    return replace(owned, shared={}, in_registers=frozenset(), interchange={}, trips=None,
+                                   later=tuple(target_of(s) for s in later))
+        return InputLowering(param, why="it is loaded by several statements")
+
+    def load(self, param: str, stmt: ast.stmt) -> InputLowering:
+        """What can be shown about ``param`` loaded by ``stmt`` alone."""
+        a = self.a
         if operation_of(op_of(stmt)).descriptor:
             return InputLowering(param, why="a tensor descriptor's load")
         b = arguments(stmt)

@@ -6,7 +6,8 @@
   gradient of the values the store overwrote;
 - a load of a ``wrt`` input: its adjoint is written as lowering.py chose for the input
   (the kernel variant being built): stored, added without atomics, summed into a
-  per-program partial (in registers or a row; a kernel of its own sums in registers too), or
+  per-program partial (in registers or a row; a kernel of its own sums in registers too), kept
+  per program to be added after the kernel (an input's other loads, beside the one stored), or
   added atomically; where the load's ``other`` has a gradient, the adjoint of the lanes its mask
   leaves out goes to ``other``;
 - tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
@@ -20,7 +21,7 @@ import copy
 
 from .blockptr import block_addresses, block_mask
 from .ir import arguments, is_none, name_node, op_of, refuse, stored_value, target_of, where
-from .lowering import ADD, ATOMIC, INTERCHANGE, REGISTERS, ROW, STORE, PartialSum
+from .lowering import ADD, ATOMIC, INTERCHANGE, REGISTERS, ROW, STORE, LaterAdds, PartialSum
 from .operations import instantiate, operation_of
 
 
@@ -46,7 +47,9 @@ class MemoryAdjoints:
             return
         masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
         mode = self.choices[param].mode
-        if mode == INTERCHANGE:  # the addresses and mask named, to be stored at after the loop (interchange.py)
+        if mode in (STORE, ADD) and target_of(stmt) in self.choices[param].later:
+            self.add_later(stmt, param, shadow, g)
+        elif mode == INTERCHANGE:  # the addresses and mask named, to be stored at after the loop (interchange.py)
             at = self.namer.fresh(f"{self.adjoint[target_of(stmt)]}_to")
             self.emit(ast.Assign(targets=[ast.Name(at, ast.Store())], value=copy.deepcopy(shadow)))
             shadow, mask = name_node(at), b["mask"]
@@ -68,6 +71,19 @@ class MemoryAdjoints:
         else:
             assert mode == ATOMIC
             self.emit(_call("tl.atomic_add", shadow, g, **masked))
+
+    def add_later(self, stmt: ast.stmt, param: str, shadow: ast.Name, g: ast.Name) -> None:
+        """Keep the load's adjoint and addresses in this program's slots: added after the kernel, when the
+        input's stored load has written its gradient (lowering.LaterAdds)."""
+        adjoint = self.adjoint[target_of(stmt)]
+        later = LaterAdds(param, self.namer.fresh(f"{adjoint}_later"), self.namer.fresh(f"{adjoint}_later_at"),
+                          self.analysis.shapes[target_of(stmt)])
+        self.later_adds.append(later)
+        mask = arguments(stmt)["mask"]
+        self.emit(ast.Expr(instantiate("tg.add_later(values, offsets, base, at, g, mask)", {
+            "values": name_node(later.values), "offsets": name_node(later.offsets),
+            "base": name_node(self.shadow_name(param)), "at": shadow, "g": g,
+            "mask": ast.Constant(True) if is_none(mask) else mask})))
 
     def partial_sum(self, stmt: ast.stmt, shadow: str, mask: ast.expr) -> str:
         """The register accumulator of a load's adjoint over the rows of a persistent program."""

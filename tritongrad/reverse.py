@@ -72,6 +72,7 @@ class BackwardBody:
     extra_params: list[str] = field(default_factory=list)  # after the shadows: a persistent variant's counts
     written_inputs: set[str] = field(default_factory=set)  # wrt inputs whose loads' adjoints it writes
     tapes: list = field(default_factory=list)  # loops.Tape: parameters after the extra ones, sized at launch
+    later_adds: list = field(default_factory=list)  # lowering.LaterAdds: parameters after the tapes'
 
 
 @dataclass
@@ -102,6 +103,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         self.choices = choices or {p: Choice(ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
         self.tapes: list = []  # loops.Tape: the state tapes of nonlinear loops (written by loops.py)
         self.partial_sums: list = []  # lowering.PartialSum: inputs summed in registers (written by memory.py)
+        self.later_adds: list = []  # lowering.LaterAdds: loads' adjoints added after the kernel (memory.py)
         self.written_inputs: set[str] = set()  # wrt inputs whose loads' adjoints were written (memory.py)
         self.namer = Namer(self.program.names)
         self.adjoint: dict[str, str] = {}  # primal name -> name of its adjoint
@@ -206,7 +208,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
-                            self.written_inputs, self.tapes)
+                            self.written_inputs, self.tapes, self.later_adds)
 
     def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False
                    ) -> tuple[list[ast.stmt], list[str]]:
