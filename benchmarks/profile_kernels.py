@@ -46,9 +46,14 @@ def main() -> None:
     current = {}  # the example and implementation being measured (bench.measure_size's `started`)
 
     def profiled(fn, grad_to_none):
+        def step():  # as do_bench times it: gradients start at None (else autograd adds into the last step's)
+            for t in grad_to_none or ():
+                t.grad = None
+            fn()
+
         total = 0.0
         print(f"\n{current['example']} {args.size} {args.dtype} · {current['impl']} · forward+backward per step")
-        for name, calls, us in kernel_table(fn):
+        for name, calls, us in kernel_table(step):
             print(f"  {us:9.1f} µs  x{calls:<4g} {name[:110]}")
             total += us
         print(f"  {total:9.1f} µs  GPU time per step")
