@@ -215,3 +215,34 @@ def test_a_range_stepped_by_keyword_runs_its_own_trip_count(poisoned_empty):
     assert bwd.choose(args, grid)["z_ptr"].mode == INTERCHANGE
     got = bwd.gradients(grid, args, {"y_ptr": g})["z_ptr"]
     torch.testing.assert_close(got, torch.autograd.grad(want, leaf, g)[0])
+
+
+@triton.jit
+def numbered_by_program_count(z_ptr, y_ptr, M, R, BM: tl.constexpr):
+    """Each program's sums stored at a place numbered with ``tl.num_programs(1)``, the axis whose programs
+    z's own kernel replaces by the loop's iterations."""
+    pid_0 = tl.program_id(0)
+    pid_1 = tl.program_id(1)
+    rm = pid_0 * BM + tl.arange(0, BM)
+    acc = tl.zeros((BM,), dtype=tl.float64)
+    for t in range(0, R):
+        acc += tl.load(z_ptr + t * M + rm, mask=rm < M) * (pid_1 + 1)
+    tl.store(y_ptr + (pid_0 * tl.num_programs(1) + pid_1) * BM + tl.arange(0, BM), acc)
+
+
+def test_num_programs_of_the_interchanged_axis_is_the_forwards(poisoned_empty):
+    """tl.num_programs(1) in z's own kernel is the forward's count, not the loop's trip count (it once
+    was, where the backward computed it once before its loop over the forward's programs)."""
+    M, R, block, columns = 13, 5, 8, 3
+    z = torch.randn(R, M, dtype=F64)
+    grid = (triton.cdiv(M, block), columns)
+    y = torch.full((grid[0] * columns * block,), float("nan"), dtype=F64)
+    args = dict(z_ptr=z, y_ptr=y, M=M, R=R, BM=block)
+    numbered_by_program_count[grid](**args)
+    g = torch.randn_like(y)
+    bwd = tritongrad.grad(numbered_by_program_count)
+    assert bwd.choose(args, grid)["z_ptr"].mode == INTERCHANGE
+    got = bwd.gradients(grid, args, {"y_ptr": g})["z_ptr"]
+    tiles = g.view(grid[0], columns, block) * torch.arange(1, columns + 1, dtype=F64)[:, None]
+    want = tiles.sum(1).reshape(-1)[:M].expand(R, M)  # every row of z gets each column's scaled gradient
+    torch.testing.assert_close(got, want)

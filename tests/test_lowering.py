@@ -5,6 +5,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from fuzz.bounds import checked  # every address inside the launch's tensors (the interpreter's accesses)
 
 import tritongrad
 from tritongrad import NotDifferentiableError
@@ -317,13 +318,18 @@ def _logsumexp_minus_target_launch(rows=9, vocab=70):
     return args, kwargs, y, want, leaf
 
 
-def test_an_input_loaded_again_by_index_is_stored_and_the_index_load_added_after():
+def test_an_input_loaded_again_by_index_is_stored_and_the_index_load_added_after(poisoned_empty):
     rows = 9
     args, kwargs, y, want, leaf = _logsumexp_minus_target_launch(rows)
-    assert_gradients_match(logsumexp_minus_target, (rows,), args, kwargs, y, want, [leaf], ["x_ptr"])
-    assert choices_of(logsumexp_minus_target, (rows,), args, kwargs)["x_ptr"] == (STORE, False)  # returning rows
+    with checked():
+        assert_gradients_match(logsumexp_minus_target, (rows,), args, kwargs, y, want, [leaf], ["x_ptr"])
+    assert choices_of(logsumexp_minus_target, (rows,), args, kwargs)["x_ptr"] == (STORE, True)
     body = tritongrad.grad(logsumexp_minus_target).src.split('"""')[2]
     assert "atomic" not in body
+    assert ("    if target < 0:\n"  # rows that return store zeros where the others store gradient: no zero-fill
+            "        for start in range(0, V, BLOCK):\n"
+            "            cols = start + tl.arange(0, BLOCK)\n"
+            "            tl.store(d_x_ptr + row * stride + cols, 0.0, mask=cols < V)\n    else:\n") in body
     assert "tg.add_later(d_picked_later, d_picked_later_at, d_x_ptr, d_x_ptr + row * stride + target" in body
 
 
@@ -384,3 +390,54 @@ def test_later_adds_give_way_to_a_persistent_kernel():
     assert choices_of(scaled_rows_plus_first, (rows,), args, kwargs) == {
         "x_ptr": (ATOMIC, False), "w_ptr": (REGISTERS, False)}
     assert_gradients_match(scaled_rows_plus_first, (rows,), args, kwargs, y, want, leaves, ["x_ptr", "w_ptr"])
+
+
+@triton.jit
+def guarded_rows(x_ptr, y_ptr, R, N, BLOCK: tl.constexpr):
+    """Programs past the last row return: the usual guard of a grid rounded up."""
+    row = tl.program_id(0)
+    if row >= R:
+        return
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * N + cols, mask=cols < N)
+    tl.store(y_ptr + row * N + cols, tl.exp(x), mask=cols < N)
+
+
+@pytest.mark.parametrize("spare", [0, 3])
+def test_a_returning_branch_stores_zeros_only_where_the_loads_cover_the_tensor(spare, poisoned_empty):
+    """With programs to spare the guard keeps them off memory past x: their branch must not store zeros
+    there (the loads then do not cover x as if every program ran them: the zero-fill stays)."""
+    rows, n = 7, 45
+    x = torch.randn(rows, n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    grid = (rows + spare,)
+    args, kwargs = (x, y, rows, n), {"BLOCK": 64}
+    guarded_rows[grid](*args, **kwargs)
+    assert choices_of(guarded_rows, grid, args, kwargs)["x_ptr"] == (STORE, spare == 0)
+    leaf = x.clone().requires_grad_()
+    with checked():
+        assert_gradients_match(guarded_rows, grid, args, kwargs, y, torch.exp(leaf), [leaf], ["x_ptr"])
+
+
+@triton.jit
+def rows_reversed_by_count(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    """Rows scaled by a shared weight, stored in reverse order: the row index from ``tl.num_programs(0)``."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * N + cols, mask=cols < N)
+    w = tl.load(w_ptr + cols, mask=cols < N)
+    tl.store(y_ptr + (tl.num_programs(0) - 1 - row) * N + cols, x * w, mask=cols < N)
+
+
+def test_num_programs_in_a_persistent_kernel_is_the_forwards():
+    """The persistent kernel runs fewer programs than the forward: its ``tl.num_programs(0)``, computed once
+    before its loop over the forward's programs, must still be the forward's count."""
+    rows, n = 9, 45
+    x, w = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    args, kwargs = (x, w, y, n), {"BLOCK": 64}
+    rows_reversed_by_count[(rows,)](*args, **kwargs)
+    assert choices_of(rows_reversed_by_count, (rows,), args, kwargs)["w_ptr"] == (REGISTERS, False)
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    want = (leaves[0] * leaves[1]).flip(0)
+    assert_gradients_match(rows_reversed_by_count, (rows,), args, kwargs, y, want, leaves, ["x_ptr", "w_ptr"])

@@ -207,7 +207,8 @@ class BackwardKernel:
 
     def variant(self, choices: dict[str, Choice]) -> Variant:
         """The kernels for these choices, derived and compiled on first use."""
-        key = tuple((p, Choice(c.mode, c.axis, later=c.later)) for p, c in choices.items())  # the fill is not code
+        key = tuple((p, Choice(c.mode, c.axis, later=c.later, fill=c.fill))  # a zero-fill is not code
+                    for p, c in choices.items())
         with self._variants_lock:
             found = self._variants.get(key)
             if found is None:

@@ -89,6 +89,7 @@ class InputLowering:
     interchange: dict[int, Condition] = field(default_factory=dict)  # axis -> its loop's iterations apart
     trips: Expr | None = None  # (interchange) the trip count of the loop around the load
     later: tuple[str, ...] = ()  # (with owned) the other loads' results, outside loops: added after the kernel
+    fill: str = ""  # (with covers) the load's result, in a branch of an if: the other branch stores zeros there
 
     def describe(self) -> str:
         """What ``tritongrad show`` says of it."""
@@ -109,6 +110,8 @@ class InputLowering:
             single = " and with one program along axis " + ", ".join(map(str, self.shared)) if self.shared else ""
             parts.append(f"stored where each element is reached once{when}{single}"
                          + (", without a zero-fill where the loads cover the tensor" if self.covers else "")
+                         + (" (the programs that take the other branch of the `if` around it store zeros there)"
+                            if self.fill else "")
                          + (f"; the adjoints of its other loads ({', '.join(f'`{n}`' for n in self.later)}) "
                             "kept per program and added after the kernel" if self.later else ""))
         parts.append("else added atomically" + (f": {self.why}" if self.why and not parts else ""))
@@ -123,6 +126,7 @@ class Choice:
     axis: int | None = None  # partials: the persistent axis; interchange: the axis the loop's iterations take
     covers: bool = False  # store: the load reaches every element (the buffer needs no zero-fill)
     later: tuple[str, ...] = ()  # store, add: the input's other loads, added after the kernel (LaterAdds)
+    fill: str = ""  # store covering the tensor: the load (by result) whose if's other branch stores zeros
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,9 @@ class Lowering:
                 if param in written:
                     choices[param] = Choice(ADD, later=lowering.later)
                 else:
-                    choices[param] = Choice(STORE, covers=_holds(lowering.covers, launch), later=lowering.later)
+                    covers = _holds(lowering.covers, launch)
+                    choices[param] = Choice(STORE, covers=covers, later=lowering.later,
+                                            fill=lowering.fill if covers else "")
                 continue
             interchange = [a for a, c in lowering.interchange.items() if _holds(c, launch) and launch.programs(a) > 1
                            and _programs(launch, a, lowering.trips) >= parallel]
@@ -182,7 +188,8 @@ class Lowering:
                 axis = axis if axis is not None else min(lowering.shared)
                 choices[param] = Choice(REGISTERS if axis in lowering.in_registers else ROW, axis)
             elif lowering.owned is not None:
-                choices[param] = Choice(STORE, covers=lowering.covers is not None, later=lowering.later)
+                choices[param] = Choice(STORE, covers=lowering.covers is not None, later=lowering.later,
+                                        fill=lowering.fill)
             else:
                 choices[param] = Choice(ATOMIC)
         return _without_later_adds(choices, axis)
@@ -333,11 +340,13 @@ class _Context:
         owned = None
         if all(loop in terms for loop in around):
             owned = written(All((apart, *single.values())))
-        covers = None
+        covers, fill = None, ""
         exact = mask_bounds(b["mask"], a.forms, self.defs, a.shapes, exact=True)
-        if (owned is not None and exact is not None and found.exact and not any(
-                isinstance(n, ast.If) for n in self.nested[id(stmt)]) and self._starts_at_zero(pointer, param)):
+        branched = any(isinstance(n, ast.If) for n in self.nested[id(stmt)])
+        if (owned is not None and exact is not None and found.exact and self._starts_at_zero(pointer, param)
+                and (not branched or self._fillable(stmt, b))):
             covers = written(Covers(found.coordinates, found.bounds, param))
+            fill = target_of(stmt) if branched else ""
         lanes_only = launch_coordinates(form_of_terms({k: c for k, c in terms.items() if isinstance(k, Lane)},
                                                       len(shape)), shape, [], a.trips)
         lanes_apart = lanes_only.apart() if lanes_only is not None and len(lanes_only.keys) > 1 else All()
@@ -353,7 +362,28 @@ class _Context:
                                for axis in shared}
         why = "" if owned is not None else "its address repeats across the iterations of a loop around it"
         return InputLowering(param, owned, covers, shared, in_registers, why, written(apart), interchange=interchange,
-                             trips=trips if interchange else None)
+                             trips=trips if interchange else None, fill=fill)
+
+    def _fillable(self, stmt: ast.stmt, b: dict) -> bool:
+        """Whether the programs taking the other branch of the ``if`` around a load can store zeros at its
+        addresses, computing them as its branch does: one ``if`` at the kernel's top level, only loops inside
+        it, and the address and mask computed from names assigned once, there or before the ``if``, or from
+        those loops' indices. (Where the loads cover the tensor, those addresses lie in it whatever the
+        branch: the programs that skip the load then write zeros in place of a zero-fill.)"""
+        nested = self.nested[id(stmt)]
+        if not (isinstance(nested[0], ast.If) and not self.nested[id(nested[0])]
+                and all(isinstance(n, ast.For) for n in nested[1:])):
+            return False
+        for name in _closure([n.id for n in (b["pointer"], b["mask"]) if isinstance(n, ast.Name)], self.defs):
+            defs = self.defs.get(name, [])
+            if len(defs) > 1:
+                return False
+            if defs and isinstance(defs[0], ast.For):
+                if defs[0] not in nested[1:]:
+                    return False
+            elif defs and self.nested[id(defs[0])] != nested[:len(self.nested[id(defs[0])])]:
+                return False
+        return True
 
     def _starts_at_zero(self, pointer: str, base: str) -> bool:
         """Whether the pointer is ``base`` plus offsets with no constant part (so its addresses start at the
@@ -460,7 +490,7 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
         kept.remove(starts[0])
     else:
         loop_var = namer.fresh(f"pid_{axis}")
-    _rewrite_program_queries(kept + sweep, axis, loop_var, programs)
+    _rewrite_program_queries(hoisted + kept + sweep, axis, loop_var, programs)  # hoisted: num_programs
     prologue = [ast.parse(f"{shadow} = {shadow} + tl.program_id({axis}) * {stride}").body[0]
                 for shadow, stride in rows.items()]
     prologue += hoisted

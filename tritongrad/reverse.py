@@ -40,6 +40,7 @@ from .ir import (
     copy_structured,
     free_names,
     header,
+    is_none,
     is_structured,
     name_node,
     names_in,
@@ -51,7 +52,7 @@ from .ir import (
     where,
 )
 from .loops import LoopPlan, LoopReversal, merge_records
-from .lowering import ATOMIC, INTERCHANGE, PARTIALS, Choice, persistent
+from .lowering import ATOMIC, INTERCHANGE, PARTIALS, STORE, Choice, persistent
 from .memory import MemoryAdjoints
 from .operations import LOADS, STORES, instantiate, operation_of
 
@@ -323,11 +324,34 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         if not any(sweeps):
             return
         bodies = [self.recompute(block, sweep) + sweep for block, sweep in zip(blocks, sweeps, strict=True)]
+        for c in self.choices.values():
+            if c.mode == STORE and c.fill:
+                for i, block in enumerate(blocks):
+                    load = next((s for s in statements(block) if target_of(s) == c.fill), None)
+                    if load is not None:
+                        bodies[1 - i] += self.zero_stores(block, load)
         self.comment(f"grad of: {self.describe(node)}  (the branch taken recomputes its values, then its adjoints)")
         for p in pre:
             self.emit(p)
         self.emit(copy_structured(node, test=copy.deepcopy(node.test), body=bodies[0] or [ast.Pass()],
                                    orelse=bodies[1]))
+
+    def zero_stores(self, block: list[ast.stmt], load: ast.stmt) -> list[ast.stmt]:
+        """Zeros stored at the addresses ``load`` reads in ``block`` (lowering's ``fill``: the branch it is in
+        computes them, for the programs that take the other branch; the loops around it repeated)."""
+        b = arguments(load)
+        masked = {} if is_none(b["mask"]) else {"mask": copy.deepcopy(b["mask"])}
+        inner: list[ast.stmt] = [ast.Expr(ast.Call(instantiate("tl.store", {}), [
+            name_node(self.shadow_name(b["pointer"].id)), ast.Constant(0.0)],
+            [ast.keyword(k, v) for k, v in masked.items()]))]
+        for s in block:
+            if s is load:
+                return self.recompute(block, inner) + inner
+            if isinstance(s, ast.For) and any(x is load for x in statements(s.body)):
+                loop = copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
+                                       body=self.zero_stores(s.body, load))
+                return self.recompute(block, [loop]) + [loop]
+        raise AssertionError("the load is not in the block")
 
     def with_shadow(self, stmt: ast.stmt) -> list[ast.stmt]:
         t = target_of(stmt)
