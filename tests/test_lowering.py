@@ -441,3 +441,28 @@ def test_num_programs_in_a_persistent_kernel_is_the_forwards():
     leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
     want = (leaves[0] * leaves[1]).flip(0)
     assert_gradients_match(rows_reversed_by_count, (rows,), args, kwargs, y, want, leaves, ["x_ptr", "w_ptr"])
+
+
+@triton.jit
+def row_times_zero_plus_first(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    """The row's own load reaches y only through its maximum times zero (no adjoint reaches it: a maximum's
+    ties aside, the derivative of a constant); its first element, loaded again, does."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * N + cols, mask=cols < N)
+    first = tl.load(x_ptr + row * N)
+    top = tl.max(tl.where(cols < N, x, -float("inf")))
+    tl.store(y_ptr + row * N + cols, 0.0 * top + first, mask=cols < N)
+
+
+def test_later_adds_alone_get_a_zero_filled_buffer(poisoned_empty):
+    """Found by the fuzzer (seed 2070 kernel 2947): where the stored load writes nothing, the later adds
+    must not count as its writes (the buffer was left unset, the stores covering it never run)."""
+    rows, n = 7, 45
+    x = torch.randn(rows, n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    args, kwargs = (x, y, n), {"BLOCK": 64}
+    row_times_zero_plus_first[(rows,)](*args, **kwargs)
+    leaf = x.clone().requires_grad_()
+    want = (0.0 * leaf.amax(1, keepdim=True) + leaf[:, :1]).expand(rows, n)
+    assert_gradients_match(row_times_zero_plus_first, (rows,), args, kwargs, y, want, [leaf], ["x_ptr"])

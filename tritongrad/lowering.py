@@ -371,6 +371,8 @@ class _Context:
         those loops' indices. (Where the loads cover the tensor, those addresses lie in it whatever the
         branch: the programs that skip the load then write zeros in place of a zero-fill.)"""
         nested = self.nested[id(stmt)]
+        if len(self.defs.get(target_of(stmt), [])) != 1:  # (the backward finds the load by its result)
+            return False
         if not (isinstance(nested[0], ast.If) and not self.nested[id(nested[0])]
                 and all(isinstance(n, ast.For) for n in nested[1:])):
             return False

@@ -41,13 +41,15 @@ class MemoryAdjoints:
             return
         shadow, g = name_node(self.shadow_name(b["pointer"].id)), name_node(self.g_of(stmt))
         param = self.analysis.pointer_base[b["pointer"].id]
-        self.written_inputs.add(param)
+        later = target_of(stmt) in self.choices[param].later
+        if not later:  # (where only later adds write, the stored load's adjoint is zero: the buffer is zero-filled)
+            self.written_inputs.add(param)
         if op_of(stmt).kind == "desc_load":
             self.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
             return
         masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
         mode = self.choices[param].mode
-        if mode in (STORE, ADD) and target_of(stmt) in self.choices[param].later:
+        if mode in (STORE, ADD) and later:
             self.add_later(stmt, param, shadow, g)
         elif mode == INTERCHANGE:  # the addresses and mask named, to be stored at after the loop (interchange.py)
             at = self.namer.fresh(f"{self.adjoint[target_of(stmt)]}_to")

@@ -327,7 +327,8 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         for c in self.choices.values():
             if c.mode == STORE and c.fill:
                 for i, block in enumerate(blocks):
-                    load = next((s for s in statements(block) if target_of(s) == c.fill), None)
+                    load = next((s for s in statements(block) if target_of(s) == c.fill
+                                 and op_of(s).kind in LOADS), None)
                     if load is not None:
                         bodies[1 - i] += self.zero_stores(block, load)
         self.comment(f"grad of: {self.describe(node)}  (the branch taken recomputes its values, then its adjoints)")
