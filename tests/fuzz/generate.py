@@ -1886,7 +1886,7 @@ class Gen:
         pair = sorted(d.pick([(0, 1), (1, 0), (0, g.programs - 1)]) if collide else (0, 0))
         dist = f"collide:{pair[0]}:{pair[1]}" if collide and pair[0] != pair[1] else "perm"
         idx = self.new_input("perm", (g.name,), dist, vocab=g.programs, steps=scale)
-        if dist != "perm":
+        if dist != "perm" and not self.p.stopped:  # (after a taken constexpr return they are never run)
             self.p.expect = "computed from loaded data"
         shape, offset, mask, index = scatter_layout(self.p, kind, g, how)
         store = Store(len(self.p.nodes), f"y{len(self.p.stores)}", kind, inside=True, zeroed=True, shape=tuple(shape))
