@@ -97,8 +97,8 @@ class Part:
     tapes: tuple[Tape, ...] = ()  # nonlinear loops' state tapes, allocated on each launch
     later_adds: tuple[LaterAdds, ...] = ()  # loads whose adjoints are added after the kernel
 
-    def tape_args(self, args: dict[str, Any], grid: tuple[int, ...], device: Any) -> None:
-        """The state tapes' buffers for a launch on ``grid``, and the later adds', added to ``args``."""
+    def scratch_args(self, args: dict[str, Any], grid: tuple[int, ...], device: Any) -> None:
+        """The kernel's scratch buffers for a launch on ``grid`` (state tapes, later adds), added to ``args``."""
         programs = math.prod(grid)
         for tape in self.tapes:
             args.update(tape.allocate(LaunchValues(args, grid), programs, device))
@@ -438,7 +438,7 @@ class BackwardKernel:
                 rows[p] = (torch.zeros(programs, span + 2 * pad, dtype=dtype, device=target.device), pad)
                 args[part.shadows[p]] = rows[p][0][:, pad:]
                 args[part.rows[p]] = span + 2 * pad
-        part.tape_args(args, grid, _device_of(args))
+        part.scratch_args(args, grid, _device_of(args))
         part.kernel[grid](**args)
         if reduce:
             part.add_later(args, self.deterministic)
@@ -466,7 +466,7 @@ class BackwardKernel:
         if p in written:
             args[part.shadows[p]] = own = torch.zeros_like(target)
         if min(grid) > 0:
-            part.tape_args(args, grid, _device_of(args))
+            part.scratch_args(args, grid, _device_of(args))
             part.kernel[grid](**args)
         if p in written and reduce:
             target.add_(own)

@@ -16,10 +16,11 @@ from triton.language.extra import libdevice
 
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
             "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad",
-            "tape_row", "tape_put", "tape_get", "add_later")
+            "tape_row", "tape_put", "tape_get", "add_later", "program_index", "tile_offsets")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
-_CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",)}
+_CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_row": ("program_index",),
+          "tape_put": ("tile_offsets",), "tape_get": ("tile_offsets",), "add_later": ("program_index", "tile_offsets")}
 
 
 def __getattr__(name: str):
@@ -115,57 +116,47 @@ def _trip_count(start, stop, step):
     return n
 
 
+def _program_index():
+    """This program's place in the whole grid, counted along axis 0 first (its slot in per-program buffers)."""
+    return tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+
+
+def _tile_offsets(x):
+    """Each element's offset in ``x`` stored densely, row after row (rank 0 to 2)."""
+    if len(x.shape) == 0:
+        return 0
+    elif len(x.shape) == 1:
+        return tl.arange(0, x.shape[0])
+    else:
+        return tl.arange(0, x.shape[0])[:, None] * x.shape[1] + tl.arange(0, x.shape[1])[None, :]
+
+
 def _tape_row(tape, like, slots):
     """This program's row of a loop's state tape (``tape``: raw bytes, allocated by the BackwardKernel):
     ``slots`` values of ``like``'s shape and dtype, one program after another along the whole grid."""
-    program = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    program = program_index()  # noqa: F821 (jitted lazily)
     return tape.to(tl.pointer_type(like.dtype)) + program.to(tl.int64) * slots * like.numel
 
 
 def _tape_put(row, slot, x, mask):
     """Keep ``x`` in slot ``slot`` of a tape row (where ``mask``: a scalar)."""
-    base = row + slot * x.numel
     if mask:
-        if len(x.shape) == 0:
-            tl.store(base, x)
-        elif len(x.shape) == 1:
-            tl.store(base + tl.arange(0, x.shape[0]), x)
-        else:
-            tl.store(base + tl.arange(0, x.shape[0])[:, None] * x.shape[1] + tl.arange(0, x.shape[1])[None, :], x)
+        tl.store(row + slot * x.numel + tile_offsets(x), x)  # noqa: F821 (jitted lazily)
 
 
 def _tape_get(row, slot, like):
     """The value kept in slot ``slot`` of a tape row (``like``'s shape)."""
-    base = row + slot * like.numel
-    if len(like.shape) == 0:
-        x = tl.load(base)
-    elif len(like.shape) == 1:
-        x = tl.load(base + tl.arange(0, like.shape[0]))
-    else:
-        x = tl.load(base + tl.arange(0, like.shape[0])[:, None] * like.shape[1] + tl.arange(0, like.shape[1])[None, :])
-    return x
+    return tl.load(row + slot * like.numel + tile_offsets(like))  # noqa: F821 (jitted lazily)
 
 
 def _add_later(values, offsets, base, at, g, mask):
     """Keep a load's adjoint ``g`` and its addresses ``at`` (as element offsets from ``base``, the gradient
     buffer's first element) in this program's slots of ``values`` and ``offsets``: the BackwardKernel adds
     them to the gradient after the kernel (lowering.LaterAdds). Lanes ``mask`` leaves out keep zero."""
-    program = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
-    slot = program.to(tl.int64) * g.numel
+    slots = program_index().to(tl.int64) * g.numel + tile_offsets(g)  # noqa: F821 (jitted lazily)
     offset = (tl.cast(at, tl.int64) - tl.cast(base, tl.int64)) // (base.dtype.element_ty.primitive_bitwidth // 8)
-    value = tl.where(mask, g, 0.0)
-    offset = tl.where(mask, offset, 0)
-    if len(g.shape) == 0:
-        tl.store(values + slot, value)
-        tl.store(offsets + slot, offset)
-    elif len(g.shape) == 1:
-        lanes = slot + tl.arange(0, g.shape[0])
-        tl.store(values + lanes, value)
-        tl.store(offsets + lanes, offset)
-    else:
-        lanes = slot + tl.arange(0, g.shape[0])[:, None] * g.shape[1] + tl.arange(0, g.shape[1])[None, :]
-        tl.store(values + lanes, value)
-        tl.store(offsets + lanes, offset)
+    tl.store(values + slots, tl.where(mask, g, 0.0))
+    tl.store(offsets + slots, tl.where(mask, offset, 0))
 
 
 def _cumsum_grad(g, axis: tl.constexpr, reverse: tl.constexpr):

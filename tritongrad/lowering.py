@@ -294,18 +294,20 @@ class _Context:
             return InputLowering(param, inactive=True)
         if len(loads) == 1:
             return self.load(param, loads[0])
-        outside = [s for s in loads if not any(isinstance(n, ast.For) for n in self.nested[id(s)])]
-        if len(outside) >= len(loads) - 1:  # all but (at most) one outside loops: that one is stored
-            for stmt in sorted(loads, key=lambda s: s in outside):
+        in_loops = [s for s in loads if any(isinstance(n, ast.For) for n in self.nested[id(s)])]
+        if len(in_loops) <= 1:  # the one in a loop (else any) stored, the others added later
+            for stmt in in_loops or loads:
                 later = [s for s in loads if s is not stmt]
                 owned = self.load(param, stmt)
-                if (owned.owned is not None and all(s in outside for s in later)
-                        and all(a.shapes.get(target_of(s)) is not None and len(a.shapes[target_of(s)]) <= 2
-                                for s in later)
-                        and not any(operation_of(op_of(s)).descriptor for s in later)):
+                if owned.owned is not None and all(self._addable_later(s) for s in later):
                     return replace(owned, shared={}, in_registers=frozenset(), interchange={}, trips=None,
                                    later=tuple(target_of(s) for s in later))
         return InputLowering(param, why="it is loaded by several statements")
+
+    def _addable_later(self, stmt: ast.stmt) -> bool:
+        """Whether a load outside loops can keep its adjoint per program (a pointer load of rank 2 at most)."""
+        shape = self.a.shapes.get(target_of(stmt))
+        return shape is not None and len(shape) <= 2 and not operation_of(op_of(stmt)).descriptor
 
     def load(self, param: str, stmt: ast.stmt) -> InputLowering:
         """What can be shown about ``param`` loaded by ``stmt`` alone."""
