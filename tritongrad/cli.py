@@ -70,7 +70,9 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 def show(args: argparse.Namespace) -> int:
     use_interpreter_without_gpu()
     from . import NotDifferentiableError, grad
+    from .augment import augmented
     from .codegen import HEADER
+    from .source import unwrap
 
     kernel = load_kernel(args.kernel)
     try:
@@ -83,6 +85,11 @@ def show(args: argparse.Namespace) -> int:
     notes = bwd.launch_notes()
     if notes:
         print("\n" + notes, end="")
+    found = augmented(unwrap(kernel), {})
+    best = bwd.lowering.best()
+    if found is not None and bwd.variant(best).parts[0].tapes == found.tapes:
+        print(f"\n\n# Through a tritongrad.op, the forward keeps the loops' state tapes itself (augment.py): it "
+              f"launches\n\n{found.src}\n# and the backward reads them:\n\n{bwd.variant(best, saved=True).src}", end="")
     return 0
 
 

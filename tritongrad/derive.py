@@ -78,6 +78,8 @@ class Prepared:
     choices: dict[str, Choice]
     variant: Variant
     setting: tuning.Setting | None = None
+    saved: Variant | None = None  # the variant reading the state tapes the forward kept (augment.py), once asked
+    saved_setting: tuning.Setting | None = None
 
 
 @dataclass(frozen=True)
@@ -96,11 +98,12 @@ class Part:
     written: frozenset[str]  # inputs whose gradient it writes
     tapes: tuple[Tape, ...] = ()  # nonlinear loops' state tapes, allocated on each launch
     later_adds: tuple[LaterAdds, ...] = ()  # loads whose adjoints are added after the kernel
+    saved: bool = False  # its tapes come filled from the forward (augment.py), not allocated
 
     def scratch_args(self, args: dict[str, Any], grid: tuple[int, ...], device: Any) -> None:
         """The kernel's scratch buffers for a launch on ``grid`` (state tapes, later adds), added to ``args``."""
         programs = math.prod(grid)
-        for tape in self.tapes:
+        for tape in self.tapes if not self.saved else ():
             args.update(tape.allocate(LaunchValues(args, grid), programs, device))
         for later in self.later_adds:
             args.update(later.allocate(LaunchValues(args, grid), programs, args[self.shadows[later.param]]))
@@ -205,29 +208,40 @@ class BackwardKernel:
         """Primal parameter -> its shadow parameter, outputs first."""
         return self._shadow_params
 
-    def variant(self, choices: dict[str, Choice]) -> Variant:
-        """The kernels for these choices, derived and compiled on first use."""
+    def variant(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
+        """The kernels for these choices, derived and compiled on first use; ``saved``: the first kernel reads
+        the state tapes the forward kept (augment.py) instead of recording them."""
         key = tuple((p, Choice(c.mode, c.axis, later=c.later, fill=c.fill))  # a zero-fill is not code
                     for p, c in choices.items())
         with self._variants_lock:
-            found = self._variants.get(key)
+            found = self._variants.get((key, saved))
             if found is None:
-                found = self._variants[key] = self._build(dict(key))
+                found = self._variants[(key, saved)] = self._build(dict(key), saved)
         return found
 
-    def _build(self, choices: dict[str, Choice]) -> Variant:
+    def saved_variant(self, prepared: Prepared, tapes: tuple[Tape, ...]) -> Variant | None:
+        """The prepared launch's variant reading the state tapes a forward kept for these ``tapes``; None where
+        its first kernel keeps other tapes, or runs other programs than the forward's (persistent)."""
+        main = prepared.variant.parts[0]
+        if not tapes or main.tapes != tapes or main.axis is not None:
+            return None
+        if prepared.saved is None:
+            prepared.saved = self.variant(prepared.choices, saved=True)
+        return prepared.saved if prepared.saved.parts[0].tapes == tapes else None
+
+    def _build(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
         own = [p for p, c in choices.items() if c.mode == INTERCHANGE]
         rest = {p: c for p, c in choices.items() if p not in own}
         groups = [{p: choices[p]} for p in own]
         if not own or any(c.mode != NONE for c in rest.values()):
             groups.insert(0, rest)
-        parts = tuple(self._part(g) for g in groups)
+        parts = tuple(self._part(g, saved and i == 0) for i, g in enumerate(groups))
         written = set().union(*[part.written for part in parts])
         return Variant(tuple(choices.items()), parts, frozenset(p for p in self.wrt if p not in written))
 
-    def _part(self, choices: dict[str, Choice]) -> Part:
+    def _part(self, choices: dict[str, Choice], saved: bool = False) -> Part:
         """The kernel writing the gradients of the inputs in ``choices`` (all of them, or one interchanged)."""
-        key = tuple(choices.items())
+        key = (tuple(choices.items()), saved)
         if key in self._parts:
             return self._parts[key]
         program, wrt = self.program, tuple(choices)
@@ -236,7 +250,7 @@ class BackwardKernel:
             analysis = analysis.restricted(wrt)
             plans = classify_loops(analysis)
         name = self.name if wrt == self.wrt else f"{self.name}_{'_'.join(wrt)}"
-        backward = build_backward(analysis, plans, choices=choices)
+        backward = build_backward(analysis, plans, choices=choices, saved=saved)
         shadows = dict(zip(dict.fromkeys((*self.outputs, *wrt)), backward.shadow_params, strict=True))
         if wrt == self.wrt:
             self._shadow_params = shadows
@@ -256,7 +270,7 @@ class BackwardKernel:
         trips = next((self.lowering.inputs[p].trips for p, c in choices.items() if c.mode == INTERCHANGE), None)
         part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
                                        frozenset(backward.written_inputs), tuple(backward.tapes),
-                                       tuple(backward.later_adds))
+                                       tuple(backward.later_adds), saved)
         return part
 
     # -- launching ---------------------------------------------------------------------------------
@@ -301,17 +315,19 @@ class BackwardKernel:
 
         return run
 
-    def gradients(self, grid: Any, named: dict[str, Any], output_grads: dict[str, Any]) -> dict[str, Any]:
+    def gradients(self, grid: Any, named: dict[str, Any], output_grads: dict[str, Any], saved: Any = None
+                  ) -> dict[str, Any]:
         """The gradients of the ``wrt`` inputs of the forward launch ``named`` (its arguments by parameter
         name) given the gradients of its outputs (tensors with the outputs' shapes and strides): each
         allocated as its lowering needs (empty where it is stored everywhere) in the input's dtype, or
-        float32 for half-precision inputs added atomically."""
+        float32 for half-precision inputs added atomically. ``saved``: the state tapes the launch's augmented
+        forward kept (augment.py)."""
         import torch
 
         named = {**self._forward_defaults, **named}
         specialized = self.for_launch(named)
         if specialized is not self:
-            return specialized.gradients(grid, named, output_grads)
+            return specialized.gradients(grid, named, output_grads, saved)
         sizes = _sizes(grid(named) if callable(grid) else grid)
         prepared = self.prepare(named, sizes, aliased=aliased({p: named[p] for p in self.wrt}))
         grads = {}
@@ -326,7 +342,7 @@ class BackwardKernel:
             fill = torch.empty_strided if (c.covers or c.mode in PARTIALS) and c.mode != NONE else _zeros_strided
             dtype = x.dtype if c.mode != ATOMIC else shadow_dtype(x.dtype)
             grads[p] = fill(x.size(), x.stride(), dtype=dtype, device=x.device)
-        self.launch(sizes, named, output_grads, grads, prepared)
+        self.launch(sizes, named, output_grads, grads, prepared, saved=saved)
         return grads
 
     def choose(self, named: dict[str, Any], grid: tuple[int, ...], written: frozenset[str] = frozenset(),
@@ -372,45 +388,55 @@ class BackwardKernel:
 
     def launch(self, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
                buffers: dict[str, Any], prepared: Prepared, written: frozenset[str] = frozenset(),
-               pad: int = 0) -> dict[str, tuple[Any, int]]:
+               pad: int = 0, saved: Any = None) -> dict[str, tuple[Any, int]]:
         """Run the prepared variant (:meth:`prepare`). ``named``: the forward's arguments (and launch options);
         ``output_grads``: output -> its incoming gradient; ``buffers``: wrt input -> its gradient buffer
         (stored into or added to; an input summed in partial rows gets their sum, added if in ``written``).
         ``pad``: zeros around each partial row, to look for gradient outside the tensor (a checked backward).
-        Launch settings are tuned on a GPU (tuning.py). Returns the partial rows: input -> (rows with their
-        padding, pad)."""
-        variant = prepared.variant
+        Launch settings are tuned on a GPU (tuning.py). ``saved``: the state tapes the forward kept
+        (augment.SavedStates), read instead of recorded where the prepared variant keeps the same tapes.
+        Returns the partial rows: input -> (rows with their padding, pad)."""
+        variant, tapes = prepared.variant, {}
+        if saved is not None and (with_saved := self.saved_variant(prepared, saved.tapes)) is not None:
+            variant, tapes = with_saved, saved.args
         written = written | self.in_place
         for p in variant.unwritten - written:  # no gradient reaches it (a stored one would be left unset)
             buffers[p].zero_()
-        if prepared.setting is None:
-            prepared.setting = self._tuned(prepared, grid, named, output_grads, buffers, written)
-        return self._run(variant, grid, named, output_grads, buffers, prepared.setting, written, pad)
+        if tapes and prepared.saved_setting is None:
+            prepared.saved_setting = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
+        elif not tapes and prepared.setting is None:
+            prepared.setting = self._tuned(variant, grid, named, output_grads, buffers, written)
+        setting = prepared.saved_setting if tapes else prepared.setting
+        return self._run(variant, grid, named, output_grads, buffers, setting, written, pad, tapes=tapes)
 
-    def _tuned(self, prepared: Prepared, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
-               buffers: dict[str, Any], written: frozenset[str]) -> tuning.Setting:
+    def _tuned(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
+               buffers: dict[str, Any], written: frozenset[str], tapes: dict[str, Any] | None = None
+               ) -> tuning.Setting:
         """The launch setting for a prepared launch: timed on a GPU (tuning.py), else the forward's."""
         device = next((t.device for t in buffers.values()), None)
         if self.deterministic or not tuning.enabled(device):
             return tuning.DEFAULT
-        touched = [buffers[p] for p, c in prepared.choices.items() if c.mode in (ADD, ATOMIC)]  # trials add into
+        touched = [buffers[p] for p, c in variant.choices if c.mode in (ADD, ATOMIC)]  # trials add into
 
         def trial(s: tuning.Setting) -> None:
-            self._run(prepared.variant, grid, named, output_grads, buffers, s, written, 0, reduce=False)
+            self._run(variant, grid, named, output_grads, buffers, s, written, 0, reduce=False, tapes=tapes)
 
-        key = (id(self), prepared.variant.choices, grid, tuning.describe({**named, **output_grads, **buffers}))
-        pipelined = any(part.trips is not None for part in prepared.variant.parts)
-        return tuning.best(key, prepared.variant.persistent, trial, touched, pipelined)
+        key = (id(self), variant.choices, bool(tapes), grid, tuning.describe({**named, **output_grads, **buffers}))
+        pipelined = any(part.trips is not None for part in variant.parts)
+        return tuning.best(key, variant.persistent, trial, touched, pipelined)
 
     def _run(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
              buffers: dict[str, Any], setting: tuning.Setting, written: frozenset[str], pad: int,
-             reduce: bool = True) -> dict:
+             reduce: bool = True, tapes: dict[str, Any] | None = None) -> dict:
         """One launch of each of the variant's kernels with a setting; partial rows allocated, and summed into
-        their targets (``reduce``: not in tuning's trials)."""
+        their targets (``reduce``: not in tuning's trials). ``tapes``: the saved state tapes, for the kernel
+        that reads them."""
         rows = {}
         for part in variant.parts:
             args = {**named, **{part.shadows[o]: g for o, g in output_grads.items()}}
             args.update({part.shadows[p]: buffers[p] for p in part.wrt})
+            if part.saved:
+                args.update(tapes)
             if setting.num_warps is not None:
                 args["num_warps"] = setting.num_warps
             if setting.num_stages is not None:

@@ -38,6 +38,7 @@ from .analysis import Analysis
 from .checks import UNKNOWN_TRIP, Expr, LaunchValues
 from .ir import (
     Op,
+    Origin,
     Tag,
     address_names,
     arguments,
@@ -81,20 +82,37 @@ class Tape:
     slots: str  # the parameter: how many states each program keeps
     states: tuple[tuple[str, tuple[str, ...]], ...]  # (its tape parameter, the state's shape as written)
     trips: Expr | None  # the loop's trip count, where the launch gives it
+    loop: Origin | None = None  # the ``for`` in the user's code (augment.py finds it there)
+    sources: tuple[str, ...] = ()  # each state's name in the user's code
 
     def allocate(self, launch: LaunchValues, programs: int, device) -> dict[str, object]:
         """The tape's arguments for a launch of ``programs`` programs: a slot per iteration where that fits
         the budget, else as many as fit (checkpoints). Raw bytes, 8 per element (the widest state type)."""
-        import torch
-
         sizes = {param: launch.numel(shape) for param, shape in self.states}
         per_slot = 8 * max(1, sum(sizes.values()))
-        try:
-            trips = self.trips.evaluate(launch) if self.trips is not None else None
-        except Exception:
-            trips = None
+        trips = self.known_trips(launch)
         budget = _budget(device)
         slots = max(1, min(trips if trips is not None else MAX_SLOTS, budget // (per_slot * max(programs, 1))))
+        return self._buffers(sizes, programs, slots, device)
+
+    def saved(self, launch: LaunchValues, programs: int, device) -> dict[str, object] | None:
+        """The tape a forward keeps for its backward (augment.py): a slot per iteration and one for the state
+        after the last. None where the launch does not give the trip count."""
+        trips = self.known_trips(launch)
+        if trips is None:
+            return None
+        return self._buffers({param: launch.numel(shape) for param, shape in self.states}, programs, trips + 1,
+                             device)
+
+    def known_trips(self, launch: LaunchValues) -> int | None:
+        try:
+            return max(0, int(self.trips.evaluate(launch))) if self.trips is not None else None
+        except Exception:
+            return None
+
+    def _buffers(self, sizes: dict[str, int], programs: int, slots: int, device) -> dict[str, object]:
+        import torch
+
         args = {param: torch.empty(max(1, programs * slots * n * 8), dtype=torch.uint8, device=device)
                 for param, n in sizes.items()}
         args[self.slots] = slots
@@ -300,7 +318,8 @@ class LoopReversal:
         state = [carried[n] for n in carried if n in rebuilt]
         self.check_state(node, plan, state)
         untaped = self.untaped(state)
-        self.comment(plan.comment + "\n" + (TAPED if untaped is None else REBUILT.format(untaped)))
+        self.comment(plan.comment + "\n" + (REBUILT.format(untaped) if untaped is not None else SAVED if self.saved
+                                             else TAPED))
         for p in pre:
             self.emit(p)
         if untaped is None:
@@ -338,7 +357,8 @@ class LoopReversal:
     def taped_loop(self, node: ast.For, sweep, needed, updates, incoming, rebuilt, state) -> None:
         """The iterations in reverse order, each starting from the state a first pass kept on a tape (a
         checkpoint every ``every`` iterations, and the iterations since re-run, where the tape has fewer slots
-        than the loop has iterations)."""
+        than the loop has iterations). Where the forward kept the tape (``self.saved``: augment.py), a slot per
+        iteration and one for the state after the loop, there is no first pass."""
         index = node.target.id
         start, _, step = range_bounds(node)
         trips, back, now, i, every, slots, slot = (self.namer.fresh(f"{index}_{w}") for w in (
@@ -346,34 +366,48 @@ class LoopReversal:
         params = {c.name: self.namer.fresh(f"{c.name}_tape") for c in state}
         rows = {c.name: self.namer.fresh(f"{c.name}_tape_row") for c in state}
         self.tapes.append(Tape(slots, tuple((params[c.name], self.analysis.shapes[c.name]) for c in state),
-                               self._known_trips(node)))
+                               self._known_trips(node), node.tg.where, tuple(c.source for c in state)))
         names = {"start": start, "step": step, "every": name_node(every), "slots": name_node(slots),
                  "trips": name_node(trips), "i": name_node(i), "back": name_node(back), "slot": name_node(slot),
                  "index": name_node(index)}
-        setup = [_assign(trips, self.trip_count(node)),
-                 _assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)), *self.resets(node, state)]
+        setup = [_assign(trips, self.trip_count(node))]
+        if not self.saved:
+            setup.append(_assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)))
+        setup += self.resets(node, state)
         setup += [_assign(rows[c.name], instantiate("tg.tape_row(tape, x, slots)", {
             **names, "tape": name_node(params[c.name]), "x": name_node(c.name)})) for c in state]
         for s in setup:
             s.tape_setup = node.tg  # merge_records moves them with the recording loop
             self.emit(s)
-        counted = "index" if _is_one(step) and _is_zero(start) else "index - start" if _is_one(step) else \
-            "(index - start) // step"
-        record = [_assign(i, instantiate(counted, names))]
-        record += [ast.Expr(instantiate("tg.tape_put(row, i // every, x, i % every == 0)", {
-            **names, "row": name_node(rows[c.name]), "x": name_node(c.name)})) for c in state]
-        puts = len(record)  # the iteration's number and its tape_puts, before the replayed body
-        record += self.replay_block(node.body, rebuilt)
-        recording = copy_structured(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
-                                    body=record)
-        recording.tape_puts = puts  # merge_records reads it
-        self.emit(recording)
-        body = [_assign(i, instantiate("trips - 1 - back", names)), _assign(slot, instantiate("i // every", names))]
-        body += [_assign(c.name, instantiate("tg.tape_get(row, slot, x)", {
-            **names, "row": name_node(rows[c.name]), "x": name_node(c.name)})) for c in state]
-        replay = self.replay_block(node.body, rebuilt)
-        since = instantiate("start + slot * every * step", names)
-        body += self.partial_replay(node, replay, since, instantiate("start + i * step", names))
+        gets = "tg.tape_get(row, slot, x)"
+        if self.saved:  # the state after the loop, for what follows it (merge_records: in place of its replay)
+            for c in state:
+                final = _assign(c.name, instantiate(gets, {
+                    "row": name_node(rows[c.name]), "slot": name_node(trips), "x": name_node(c.name)}))
+                final.tape_final = node.tg
+                self.emit(final)
+        else:
+            counted = "index" if _is_one(step) and _is_zero(start) else "index - start" if _is_one(step) else \
+                "(index - start) // step"
+            record = [_assign(i, instantiate(counted, names))]
+            record += [ast.Expr(instantiate("tg.tape_put(row, i // every, x, i % every == 0)", {
+                **names, "row": name_node(rows[c.name]), "x": name_node(c.name)})) for c in state]
+            puts = len(record)  # the iteration's number and its tape_puts, before the replayed body
+            record += self.replay_block(node.body, rebuilt)
+            recording = copy_structured(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
+                                        body=record)
+            recording.tape_puts = puts  # merge_records reads it
+            self.emit(recording)
+        body = [_assign(i, instantiate("trips - 1 - back", names))]
+        if not self.saved:
+            body.append(_assign(slot, instantiate("i // every", names)))
+        body += [_assign(c.name, instantiate(gets, {
+            **names, "row": name_node(rows[c.name]), "slot": name_node(i if self.saved else slot),
+            "x": name_node(c.name)})) for c in state]
+        if not self.saved:
+            replay = self.replay_block(node.body, rebuilt)
+            since = instantiate("start + slot * every * step", names)
+            body += self.partial_replay(node, replay, since, instantiate("start + i * step", names))
         body.append(_assign(index, instantiate("start + i * step", names)))
         self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
 
@@ -474,38 +508,52 @@ class LoopReversal:
 TAPED = ("A first pass keeps the state at the start of each iteration on a tape (every k-th where the tape\n"
          "would exceed its budget: then the iterations since are re-run); the reverse loop runs the iterations\n"
          "backwards from it: linear in the trip count.")
+SAVED = ("The forward kept the state at the start of each iteration, and after the last, on a tape (augment.py);\n"
+         "the reverse loop runs the iterations backwards from it: linear in the trip count, no pass before it.")
 REBUILT = ("The reverse loop runs the iterations backwards, each first rebuilding the state it starts from\n"
            "by re-running the iterations before it (quadratic in the trip count: no tape, {}).")
 
 
 def merge_records(*segments: list[ast.stmt]) -> None:
     """Where a block replays a taped loop (its final state is read after it) before the pass that records the
-    loop's tape, the replay records it: one pass over the loop instead of two. ``segments``: consecutive
-    parts of one block (the replay in front of the sweep, the sweep); blocks inside them are merged too."""
+    loop's tape, the replay records it: one pass over the loop instead of two. Where the forward kept the tape,
+    the state read from its last slot takes the replay's place, when the replay computes nothing else that
+    outlives the loop. ``segments``: consecutive parts of one block (the replay in front of the sweep, the
+    sweep); blocks inside them are merged too."""
     for segment in segments:
         for s in segment:
             for block in child_blocks(s):
                 merge_records(block)
     flat = [(segment, s) for segment in segments for s in segment]
     for position, (segment, record) in enumerate(flat):
-        if not (isinstance(record, ast.For) and getattr(record, "tape_puts", 0)):
+        final = getattr(record, "tape_final", None)
+        if not (isinstance(record, ast.For) and getattr(record, "tape_puts", 0)) and final is None:
             continue
-        state = {target_of(s) for s in record.body[record.tape_puts:]} - {None}
+        tg = final or record.tg
         earlier = [(seg, s) for seg, s in flat[:position] if isinstance(s, ast.For)
-                   and getattr(s, "tg", None) is record.tg and not getattr(s, "tape_puts", 0)]
+                   and getattr(s, "tg", None) is tg and not getattr(s, "tape_puts", 0)]
         if not earlier:
             continue
         home, replay = earlier[-1]
         assigned = {target_of(s) for s in statements(replay.body)}
-        carried = {c.name for c in record.tg.carried}
-        if not (state & carried) <= assigned:
-            continue
-        setup = [s for s in segment if getattr(s, "tape_setup", None) is record.tg]
-        for s in (*setup, record):
+        carried = {c.name for c in tg.carried}
+        setup = [s for s in segment if getattr(s, "tape_setup", None) is tg]
+        if final is not None:  # the forward's tape holds the state after the loop
+            finals = [s for s in segment if getattr(s, "tape_final", None) is tg]
+            if not carried & assigned <= {target_of(s) for s in finals}:
+                continue
+            moved = [*setup, *finals]
+        else:
+            state = {target_of(s) for s in record.body[record.tape_puts:]} - {None}
+            if not (state & carried) <= assigned:
+                continue
+            record.body = record.body[:record.tape_puts] + replay.body
+            moved = [*setup, record]
+        for s in moved:
             segment.remove(s)
-        record.body = record.body[:record.tape_puts] + replay.body
+            s.tape_setup = s.tape_final = None  # merged: not looked at again
         at = home.index(replay)
-        home[at:at + 1] = [*setup, record]
+        home[at:at + 1] = moved
         merge_records(*segments)  # positions moved: look again
         return
 

@@ -396,7 +396,7 @@ class Replay:
             alone = writers[shadow.key] == 1 and c.mode != ATOMIC  # the only gradient this storage gets
             buffers[p] = self._shadow(shadows, shadow, guards, fill=not sets_all, own_dtype=alone)
         pad = GUARD[0] if guards is not None else 0
-        return bwd.launch(grid, args, output_grads, buffers, prepared, written, pad)
+        return bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved)
 
     def _shadow(self, shadows: dict, shadow: Shadow, guards: dict | None = None, fill: bool = True,
                 own_dtype: bool = False) -> torch.Tensor:

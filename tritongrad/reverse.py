@@ -96,8 +96,9 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
     replay of the forward values it reads in front of it."""
 
     def __init__(self, analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool,
-                 choices: dict[str, Choice] | None = None):
+                 choices: dict[str, Choice] | None = None, saved: bool = False):
         self.analysis = analysis
+        self.saved = saved  # the forward kept the nonlinear loops' state tapes (augment.py)
         self.program = analysis.program
         self.loop_plans = loop_plans
         self.tile = tile
@@ -562,9 +563,10 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
 
 
 def build_backward(analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool = False,
-                   choices: dict[str, Choice] | None = None) -> BackwardBody:
-    """The backward body; ``choices``: how each input's gradient is written (lowering.py; default: atomically)."""
+                   choices: dict[str, Choice] | None = None, saved: bool = False) -> BackwardBody:
+    """The backward body; ``choices``: how each input's gradient is written (lowering.py; default: atomically);
+    ``saved``: the nonlinear loops' state tapes come filled from the forward (augment.py)."""
     for s in statements(analysis.program.body):  # memory operations' argument checks, before any output
         if operation_of(op_of(s)).memory is not None:
             arguments(s)
-    return BackwardBuilder(analysis, loop_plans, tile, choices).run()
+    return BackwardBuilder(analysis, loop_plans, tile, choices, saved).run()

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from .analysis import pointers
+from .augment import SavedStates, augmented
 from .derive import defaults_of
 from .errors import OpError
 from .frontend import normalize_kernel
@@ -276,10 +277,11 @@ class RecordedLaunch:
     (None for a non-tensor), and the keywords.
     """
 
-    __slots__ = ("kernel", "info", "index", "grid", "args", "kwargs")
+    __slots__ = ("kernel", "info", "index", "grid", "args", "kwargs", "saved")
 
     def __init__(self, kernel: Any, info: KernelInfo, index: int, grid: tuple, args: tuple, kwargs: dict):
         self.kernel, self.info, self.index, self.grid, self.args, self.kwargs = kernel, info, index, grid, args, kwargs
+        self.saved: SavedStates | None = None  # the state tapes its forward kept for its backward (augment.py)
 
     def __str__(self) -> str:
         return launch_name(self.index, self.info)
@@ -342,6 +344,20 @@ class Tape:
             kept = kept[:n]
         self.launches.append(RecordedLaunch(kernel, info, index, tuple(grid), kept, kwargs))
         self.patterns.append(pattern)
+
+    def augmented(self, kernel: Any, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+        """For the launch just recorded: where its backward can read state tapes the forward keeps (augment.py),
+        the augmented kernel's extra arguments (``"kernel"``: the kernel itself); they stay with the launch."""
+        launch = self.launches[-1]
+        info = launch.info
+        if info.roles is None:
+            return None
+        named = {**info.defaults, **info.named_arguments(args, kwargs)[0]}
+        found = augmented(kernel, named)
+        if found is None:
+            return None
+        launch.saved = found.arguments(named, launch.grid)
+        return None if launch.saved is None else {"kernel": found.kernel, **found.launch_args(launch.saved)}
 
     def _snapshots(self, info: KernelInfo, args: tuple, kwargs: dict) -> tuple[tuple[str, int], ...]:
         """Copies of the tensors a launch updates in place, taken before it runs: its backward replays against
@@ -612,10 +628,17 @@ def _recorded(run):
         boundary = tape.boundary
         if boundary is None:
             tape.record(self, grid, args, kwargs)
-            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+            keeping = tape.augmented(self, args, kwargs)
+            if keeping is None:
+                return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+            return run(keeping.pop("kernel"), *args, grid=grid, warmup=warmup, **kwargs, **keeping)
         with torch._C.DisableTorchFunction():  # a bare op's watch (segments.py) is not for the launch itself
             tape.record(self, grid, args, kwargs)
-            result = run(self, *args, grid=grid, warmup=warmup, **kwargs)
+            keeping = tape.augmented(self, args, kwargs)
+            if keeping is None:
+                result = run(self, *args, grid=grid, warmup=warmup, **kwargs)
+            else:
+                result = run(keeping.pop("kernel"), *args, grid=grid, warmup=warmup, **kwargs, **keeping)
             boundary.launched()
         return result
 

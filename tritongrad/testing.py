@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .augment import SavedStates, augmented
 from .derive import grad, shadow_dtype
 from .source import unwrap
 from .tape import kernel_info
@@ -37,14 +38,34 @@ def bind_launch(kernel: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> 
     return dict(bound.arguments)
 
 
+def forward_keeping_state(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+                          ) -> SavedStates | None:
+    """Run the augmented forward of ``kernel[grid](*args, **kwargs)`` (augment.py: the kernel as written, also
+    keeping its nonlinear loops' states for the backward), as an op's forward does; it writes the launch's
+    outputs. Returns the tapes it kept (for ``backward_launch(..., saved=)``), or None, having launched nothing,
+    where the kernel has no augmented forward or the launch keeps no tapes."""
+    named = bind_launch(kernel, args, kwargs)
+    found = augmented(unwrap(kernel), named)
+    if found is None:
+        return None
+    sizes = tuple(grid(named) if callable(grid) else grid)
+    saved = found.arguments(named, sizes)
+    if saved is not None:
+        options = {k: v for k, v in kwargs.items() if k not in named}
+        found.kernel[grid](**named, **options, **found.launch_args(saved))
+    return saved
+
+
 def backward_launch(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
                     grads: Mapping[str, torch.Tensor], wrt: Sequence[str] | None = None,
-                    outputs: Sequence[str] | None = None, deterministic: bool = False) -> dict[str, torch.Tensor]:
+                    outputs: Sequence[str] | None = None, deterministic: bool = False,
+                    saved: SavedStates | None = None) -> dict[str, torch.Tensor]:
     """Gradients of one forward launch ``kernel[grid](*args, **kwargs)``.
 
     ``grads`` maps each output pointer parameter to the gradient of the loss with
     respect to the tensor passed there. Returns the gradients of the ``wrt`` tensors,
     each in its tensor's dtype (BackwardKernel.gradients: written as the lowering chose).
+    ``saved``: the tapes ``forward_keeping_state`` kept for this launch.
     """
     named = bind_launch(kernel, args, kwargs)
     if wrt is None:  # the float tensors the kernel only reads (in any specialization)
@@ -60,7 +81,7 @@ def backward_launch(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping
             raise ValueError(f"no gradient given for output `{output}`")
         tensor = named[output]
         output_grads[output] = shadow_like(tensor).copy_(grads[output].expand_as(tensor))
-    got = bwd.gradients(grid, named, output_grads)
+    got = bwd.gradients(grid, named, output_grads, saved)
     return {w: got[w].to(named[w].dtype) for w in bwd.wrt}
 
 

@@ -2302,6 +2302,40 @@ def _check_source(src: str) -> Outcome:
             close(g, w, mod.TOL)
         except AssertionError as e:
             return Outcome("mismatch", f"d_{k}: {e}\ngot\n{g}\nwant\n{w}", src)
+    return _check_saved_state(mod, src, kwargs, outputs, d_out, wanted)
+
+
+def _check_saved_state(mod, src: str, kwargs: dict, outputs: dict, d_out: dict, wanted: dict) -> Outcome:
+    """Where the kernel has an augmented forward (tritongrad/augment.py: it keeps its nonlinear loops' states for
+    the backward), it must write what the kernel writes, and the backward reading its tapes the same gradients."""
+    import torch
+
+    from tritongrad import augment
+    from tritongrad.testing import backward_launch, forward_keeping_state, poison
+
+    again = {k: torch.zeros_like(v) if k in mod.ZEROED else poison(torch.empty_like(v)) for k, v in outputs.items()}
+    share, augment.SHARE = augment.SHARE, float("inf")  # small tensors: keep the tapes whatever their size
+    try:
+        saved = forward_keeping_state(mod.kernel, mod.GRID, (), {**kwargs, **again})
+    except Exception as e:
+        return Outcome("crashed", "augmented forward: " + first_line(e), src)
+    finally:
+        augment.SHARE = share
+    if saved is None:
+        return Outcome("passed", "", src)
+    for k, v in outputs.items():
+        if not torch.equal(again[k].nan_to_num(7.0), v.nan_to_num(7.0)):
+            return Outcome("mismatch", f"augmented forward: {k} differs from the kernel's\n{again[k]}\nwant\n{v}", src)
+    try:
+        got = backward_launch(mod.kernel, mod.GRID, (), {**kwargs, **again}, d_out, saved=saved)
+    except Exception as e:
+        return Outcome("crashed", "backward from the saved states: " + first_line(e), src)
+    for k, g in got.items():
+        w = wanted[k] if wanted[k] is not None else torch.zeros_like(g)
+        try:
+            close(g, w, mod.TOL)
+        except AssertionError as e:
+            return Outcome("mismatch", f"d_{k} (from the saved states): {e}\ngot\n{g}\nwant\n{w}", src)
     return Outcome("passed", "", src)
 
 

@@ -1,0 +1,201 @@
+"""The augmented forward: the user's kernel as written, also keeping its nonlinear loops' states for the backward.
+
+A derived backward reverses a loop with nonlinear carried state (an online log-sum-exp's running max and sum)
+from a tape of that state at the start of each iteration (loops.py). Recorded by the backward, the tape costs a
+pass over the loop before the reverse one: a cross-entropy's backward reads its logits twice. So where an op's
+forward launches such a kernel, it launches this one instead: the user's function (its own source, recompiled),
+with, around each loop the backward tapes,
+
+    tritongrad_row_0 = tg.tape_row(tritongrad_tape_0, m, tritongrad_slots_0)   # before the loop
+    tritongrad_slot_0 = tl.full((), 0, tl.int32)
+    for ...:
+        tg.tape_put(tritongrad_row_0, tritongrad_slot_0, m, True)              # the state each iteration starts from
+        tritongrad_slot_0 += 1
+        <the body as written>
+    tg.tape_put(tritongrad_row_0, tritongrad_slot_0, m, True)                  # and the state after the loop
+
+and the backward's variant that reads those tapes (``derive.BackwardKernel.saved_variant``; ``loops.SAVED``)
+replays neither the loop nor its recording pass. The tapes live from the forward to the backward: they are kept
+only where they take at most ``SHARE`` of the bytes of the launch's tensors (a running max and sum per row, not
+an attention accumulator per iteration), for loops the user wrote in the kernel itself outside any other loop,
+and where the launch gives the loops' trip counts. Anything else launches the user's kernel unchanged, and the
+backward records its tapes itself (``TRITONGRAD_SAVE_STATE=0`` does that always).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+import linecache
+import math
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from . import language as tg
+from .checks import LaunchValues
+from .loops import Tape
+from .source import Source
+
+SHARE = 0.25  # the tapes a forward keeps may take this share of the bytes of the launch's tensors
+ENABLED = os.environ.get("TRITONGRAD_SAVE_STATE", "1") != "0"
+
+
+@dataclass(frozen=True)
+class SavedStates:
+    """The state tapes one forward launch kept: for which tapes (the backward checks it reads the same ones), and
+    the backward kernel's arguments for them (tape buffers and slot counts, by the backward's parameter names)."""
+
+    tapes: tuple[Tape, ...]
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Augmented:
+    """A kernel's augmented forward: ``kernel`` takes the forward's parameters, then ``params``: per backward
+    tape parameter (tape buffers, slot counts), the augmented kernel's own name for it."""
+
+    kernel: Any
+    tapes: tuple[Tape, ...]
+    params: dict[str, str]
+    src: str
+
+    def arguments(self, named: dict[str, Any], grid: tuple[int, ...]) -> SavedStates | None:
+        """Fresh tapes for a launch, or None where its trip counts are not known or the tapes would be too big."""
+        launch, programs = LaunchValues(named, grid), math.prod(grid)
+        tensors = [v for v in named.values() if hasattr(v, "data_ptr") and hasattr(v, "element_size")]
+        if not tensors:
+            return None
+        args: dict[str, Any] = {}
+        for tape in self.tapes:
+            kept = tape.saved(launch, programs, tensors[0].device)
+            if kept is None:
+                return None
+            args.update(kept)
+        kept_bytes = sum(v.numel() for v in args.values() if hasattr(v, "numel"))
+        if kept_bytes > SHARE * sum(t.numel() * t.element_size() for t in tensors):
+            return None
+        return SavedStates(self.tapes, args)
+
+    def launch_args(self, saved: SavedStates) -> dict[str, Any]:
+        """The augmented kernel's arguments for the tapes, by its own parameter names."""
+        return {self.params[k]: v for k, v in saved.args.items() if k in self.params}
+
+
+_augmented: dict[tuple, Augmented | None] = {}
+_lock = threading.Lock()
+
+
+def augmented(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
+    """The augmented forward of the kernel specialization a launch runs (cached), or None where its backward
+    keeps no state tape the forward could keep instead."""
+    from .derive import decisive_constexprs, hashable
+
+    if not ENABLED:
+        return None
+    key = (jit_fn.fn, type(jit_fn), *[hashable(named.get(k)) for k in decisive_constexprs(jit_fn)])
+    if key in _augmented:
+        return _augmented[key]
+    try:
+        found = _build(jit_fn, named)
+    except Exception:  # what cannot be differentiated says so in the backward, where it is needed
+        found = None
+    with _lock:
+        _augmented[key] = found
+    return found
+
+
+def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
+    from .derive import grad
+
+    bwd = grad(jit_fn, constexprs=named)
+    main = bwd.variant(bwd.lowering.best()).parts[0]
+    if not any(tape.states for tape in main.tapes) or main.axis is not None:
+        return None
+    source = Source.of(jit_fn)
+    fn = copy.deepcopy(source.tree)
+    parents = {id(c): p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
+    params: dict[str, str] = {}
+    for k, tape in enumerate(main.tapes):
+        if not tape.states:  # nothing the backward reads from it: its slot count only
+            continue
+        loop = _loop_of(fn, parents, source, tape)
+        if loop is None:
+            return None
+        row = {s: f"tritongrad_row_{k}_{j}" for j, s in enumerate(tape.sources)}
+        slot = f"tritongrad_slot_{k}"
+        params[tape.slots] = f"tritongrad_slots_{k}"
+        for j, (param, _) in enumerate(tape.states):
+            params[param] = f"tritongrad_tape_{k}_{j}"
+        before = [f"{row[s]} = tritongrad_tg.tape_row({params[p]}, {s}, {params[tape.slots]})"
+                  for (p, _), s in zip(tape.states, tape.sources, strict=True)]
+        before.append(f"{slot} = tritongrad_tl.full((), 0, tritongrad_tl.int32)")  # a constexpr 0 cannot be carried
+        puts = [f"tritongrad_tg.tape_put({row[s]}, {slot}, {s}, True)" for s in tape.sources]
+        block = _block_of(parents[id(loop)], loop)
+        at = block.index(loop)
+        block[at:at + 1] = [*_parse(before), loop, *_parse(puts)]
+        loop.body[:0] = _parse([*puts, f"{slot} += 1"])
+    fn.name = f"{source.name}_augmented"
+    fn.decorator_list = []
+    defaulted = bool(fn.args.defaults)
+    for p in params.values():
+        fn.args.args.append(ast.arg(arg=p))
+        if defaulted:  # after defaulted parameters Python wants defaults; every launch passes these
+            fn.args.defaults.append(ast.Constant(None))
+    src = f"@triton.jit\n{ast.unparse(ast.fix_missing_locations(fn))}\n"
+    return Augmented(_compile(src, fn.name, source), main.tapes, params, src)
+
+
+def _loop_of(fn: ast.FunctionDef, parents: dict[int, ast.AST], source: Source, tape: Tape) -> ast.For | None:
+    """The user's ``for`` a tape is for: written in the kernel itself (not an inlined helper), outside any other
+    loop, its states the user's names assigned in its body."""
+    where = tape.loop
+    if where is None or where.file != source.file or where.function != source.name:
+        return None
+    line = where.line - source.first_line + 1
+    found = [n for n in ast.walk(fn) if isinstance(n, ast.For) and n.lineno == line]
+    if len(found) != 1:
+        return None
+    loop = found[0]
+    node = parents.get(id(loop))
+    while node is not None and node is not fn:
+        if isinstance(node, (ast.For, ast.While, ast.FunctionDef, ast.Lambda)):
+            return None
+        node = parents.get(id(node))
+    assigned = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    if not all(s.isidentifier() and s in assigned for s in tape.sources):
+        return None
+    return loop
+
+
+def _block_of(parent: ast.AST, node: ast.stmt) -> list[ast.stmt]:
+    for field in ("body", "orelse"):
+        block = getattr(parent, field, None)
+        if isinstance(block, list) and any(s is node for s in block):
+            return block
+    raise ValueError("statement not found in its parent")
+
+
+def _parse(lines: list[str]) -> list[ast.stmt]:
+    return ast.parse("\n".join(lines)).body
+
+
+def _compile(src: str, name: str, source: Source) -> Any:
+    """``triton.jit`` of the augmented source, in the kernel's own scope (and tritongrad.language)."""
+    digest = hashlib.sha1(src.encode()).hexdigest()[:12]
+    filename = f"<tritongrad:{name}:{digest}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    scope = dict(source.scope)
+    scope.update(triton=triton, tritongrad_tg=tg, tritongrad_tl=tl)
+    exec(compile(src, filename, "exec"), scope)
+    return scope[name]
+
+
+def clear_cache() -> None:
+    with _lock:
+        _augmented.clear()
