@@ -26,19 +26,21 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import hashlib
 import linecache
 import math
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import triton
 import triton.language as tl
 
 from . import language as tg
-from .checks import LaunchValues
+from .checks import Expr, LaunchValues
 from .loops import Tape
 from .source import Source
 
@@ -64,23 +66,52 @@ class Augmented:
     tapes: tuple[Tape, ...]
     params: dict[str, str]
     src: str
+    layouts: dict[tuple, tuple | None] = field(default_factory=dict)  # launch scalars -> the tapes' layout
 
     def arguments(self, named: dict[str, Any], grid: tuple[int, ...]) -> SavedStates | None:
         """Fresh tapes for a launch, or None where its trip counts are not known or the tapes would be too big."""
-        launch, programs = LaunchValues(named, grid), math.prod(grid)
-        tensors = [v for v in named.values() if hasattr(v, "data_ptr") and hasattr(v, "element_size")]
-        if not tensors:
+        key = (grid, *[named.get(n) for n in self._reads])
+        try:
+            layout = self.layouts.get(key, False)
+        except TypeError:  # an unhashable argument: sized afresh
+            layout = key = None
+        if layout is False or key is None:
+            layout = self._layout(named, grid)
+            if key is not None and len(self.layouts) < 256:
+                self.layouts[key] = layout
+        if layout is None:
             return None
-        args: dict[str, Any] = {}
+        total, views, slots = layout
+        tensors = [v for v in named.values() if isinstance(v, torch.Tensor)]
+        if not tensors or total > SHARE * sum(t.numel() * t.element_size() for t in tensors):
+            return None
+        buffer = torch.empty(total, dtype=torch.uint8, device=tensors[0].device)
+        return SavedStates(self.tapes, {**{p: buffer[a:b] for p, a, b in views}, **slots})
+
+    @functools.cached_property
+    def _reads(self) -> tuple[str, ...]:
+        """The launch's arguments the tapes' sizes depend on (trip counts, tile shapes)."""
+        names = set()
         for tape in self.tapes:
-            kept = tape.saved(launch, programs, tensors[0].device)
-            if kept is None:
+            names |= tape.trips.names() if tape.trips is not None else set()
+            names |= {n for _, shape in tape.states for extent in shape for n in Expr.of_text(extent).names()}
+        return tuple(sorted(names))
+
+    def _layout(self, named: dict[str, Any], grid: tuple[int, ...]) -> tuple | None:
+        """(bytes, (parameter, first byte, end) per tape buffer, slot count per tape) for a launch; None where a
+        trip count is not known. Buffers are 8-byte aligned slices of one allocation."""
+        launch, programs = LaunchValues(named, grid), math.prod(grid)
+        views, slots, at = [], {}, 0
+        for tape in self.tapes:
+            trips = tape.known_trips(launch)
+            if trips is None:
                 return None
-            args.update(kept)
-        kept_bytes = sum(v.numel() for v in args.values() if hasattr(v, "numel"))
-        if kept_bytes > SHARE * sum(t.numel() * t.element_size() for t in tensors):
-            return None
-        return SavedStates(self.tapes, args)
+            slots[tape.slots] = trips + 1
+            for param, shape in tape.states:
+                n = max(1, programs * (trips + 1) * launch.numel(shape) * 8)
+                views.append((param, at, at + n))
+                at += n
+        return at, tuple(views), slots
 
     def launch_args(self, saved: SavedStates) -> dict[str, Any]:
         """The augmented kernel's arguments for the tapes, by its own parameter names."""
@@ -174,8 +205,8 @@ def _loop_of(fn: ast.FunctionDef, parents: dict[int, ast.AST], source: Source, t
 
 
 def _block_of(parent: ast.AST, node: ast.stmt) -> list[ast.stmt]:
-    for field in ("body", "orelse"):
-        block = getattr(parent, field, None)
+    for name in ("body", "orelse"):
+        block = getattr(parent, name, None)
         if isinstance(block, list) and any(s is node for s in block):
             return block
     raise ValueError("statement not found in its parent")

@@ -95,15 +95,6 @@ class Tape:
         slots = max(1, min(trips if trips is not None else MAX_SLOTS, budget // (per_slot * max(programs, 1))))
         return self._buffers(sizes, programs, slots, device)
 
-    def saved(self, launch: LaunchValues, programs: int, device) -> dict[str, object] | None:
-        """The tape a forward keeps for its backward (augment.py): a slot per iteration and one for the state
-        after the last. None where the launch does not give the trip count."""
-        trips = self.known_trips(launch)
-        if trips is None:
-            return None
-        return self._buffers({param: launch.numel(shape) for param, shape in self.states}, programs, trips + 1,
-                             device)
-
     def known_trips(self, launch: LaunchValues) -> int | None:
         try:
             return max(0, int(self.trips.evaluate(launch))) if self.trips is not None else None
