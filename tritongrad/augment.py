@@ -19,7 +19,8 @@ replays neither the loop nor its recording pass. The tapes live from the forward
 only where they take at most ``SHARE`` of the bytes of the launch's tensors (a running max and sum per row, not
 an attention accumulator per iteration), for loops the user wrote in the kernel itself outside any other loop,
 and where the launch gives the loops' trip counts. Anything else launches the user's kernel unchanged, and the
-backward records its tapes itself (``TRITONGRAD_SAVE_STATE=0`` does that always).
+backward records its tapes itself (``TRITONGRAD_SAVE_STATE=0`` does that always). The augmented kernel is a
+plain ``triton.jit`` of the function: the user's jit options (``do_not_specialize``, ``debug``) are not carried.
 """
 
 from __future__ import annotations
