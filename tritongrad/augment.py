@@ -28,8 +28,6 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import hashlib
-import linecache
 import math
 import os
 import threading
@@ -42,6 +40,7 @@ import triton.language as tl
 
 from . import language as tg
 from .checks import Expr, LaunchValues
+from .codegen import jit_source
 from .loops import Tape
 from .source import Source
 
@@ -119,6 +118,15 @@ class Augmented:
         return {self.params[k]: v for k, v in saved.args.items() if k in self.params}
 
 
+def keeping(jit_fn: Any, named: dict[str, Any], grid: tuple[int, ...]
+            ) -> tuple[Any, dict[str, Any], SavedStates] | None:
+    """For a launch (its arguments by parameter name, its grid): the augmented kernel, its extra arguments and
+    the tapes they are, where its backward can read state tapes the forward keeps; else None."""
+    found = augmented(jit_fn, named)
+    saved = found.arguments(named, grid) if found is not None else None
+    return None if saved is None else (found.kernel, found.launch_args(saved), saved)
+
+
 _augmented: dict[tuple, Augmented | None] = {}
 _lock = threading.Lock()
 
@@ -180,7 +188,8 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
         if defaulted:  # after defaulted parameters Python wants defaults; every launch passes these
             fn.args.defaults.append(ast.Constant(None))
     src = f"@triton.jit\n{ast.unparse(ast.fix_missing_locations(fn))}\n"
-    return Augmented(_compile(src, fn.name, source), main.tapes, params, src)
+    scope = {**source.scope, "triton": triton, "tritongrad_tg": tg, "tritongrad_tl": tl}  # the kernel's own scope
+    return Augmented(jit_source(src, fn.name, scope), main.tapes, params, src)
 
 
 def _loop_of(fn: ast.FunctionDef, parents: dict[int, ast.AST], source: Source, tape: Tape) -> ast.For | None:
@@ -215,17 +224,6 @@ def _block_of(parent: ast.AST, node: ast.stmt) -> list[ast.stmt]:
 
 def _parse(lines: list[str]) -> list[ast.stmt]:
     return ast.parse("\n".join(lines)).body
-
-
-def _compile(src: str, name: str, source: Source) -> Any:
-    """``triton.jit`` of the augmented source, in the kernel's own scope (and tritongrad.language)."""
-    digest = hashlib.sha1(src.encode()).hexdigest()[:12]
-    filename = f"<tritongrad:{name}:{digest}>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
-    scope = dict(source.scope)
-    scope.update(triton=triton, tritongrad_tg=tg, tritongrad_tl=tl)
-    exec(compile(src, filename, "exec"), scope)
-    return scope[name]
 
 
 def clear_cache() -> None:

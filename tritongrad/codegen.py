@@ -120,10 +120,15 @@ def _insert_comments(src: str, comments: dict[str, str]) -> str:
 
 def compile_kernel(src: str, name: str, program: Program) -> Any:
     """``triton.jit`` of ``src``, with the forward's globals (and tl, tg) in scope."""
+    return jit_source(src, name, {**program.scope, "triton": triton, "tl": tl, "tg": tg})
+
+
+def jit_source(src: str, name: str, scope: dict[str, Any]) -> Any:
+    """The function ``name`` that ``src`` (decorated ``@triton.jit``) defines in a copy of ``scope``, its
+    source registered with linecache (Triton reads it back)."""
     digest = hashlib.sha1(src.encode()).hexdigest()[:12]
     filename = f"<tritongrad:{name}:{digest}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
-    scope = dict(program.scope)
-    scope.update(triton=triton, tl=tl, tg=tg)
+    scope = dict(scope)
     exec(compile(src, filename, "exec"), scope)  # runs the @triton.jit decorator
     return scope[name]

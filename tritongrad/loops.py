@@ -88,26 +88,23 @@ class Tape:
     def allocate(self, launch: LaunchValues, programs: int, device) -> dict[str, object]:
         """The tape's arguments for a launch of ``programs`` programs: a slot per iteration where that fits
         the budget, else as many as fit (checkpoints). Raw bytes, 8 per element (the widest state type)."""
+        import torch
+
         sizes = {param: launch.numel(shape) for param, shape in self.states}
         per_slot = 8 * max(1, sum(sizes.values()))
         trips = self.known_trips(launch)
         budget = _budget(device)
         slots = max(1, min(trips if trips is not None else MAX_SLOTS, budget // (per_slot * max(programs, 1))))
-        return self._buffers(sizes, programs, slots, device)
+        args = {param: torch.empty(max(1, programs * slots * n * 8), dtype=torch.uint8, device=device)
+                for param, n in sizes.items()}
+        args[self.slots] = slots
+        return args
 
     def known_trips(self, launch: LaunchValues) -> int | None:
         try:
             return max(0, int(self.trips.evaluate(launch))) if self.trips is not None else None
         except Exception:
             return None
-
-    def _buffers(self, sizes: dict[str, int], programs: int, slots: int, device) -> dict[str, object]:
-        import torch
-
-        args = {param: torch.empty(max(1, programs * slots * n * 8), dtype=torch.uint8, device=device)
-                for param, n in sizes.items()}
-        args[self.slots] = slots
-        return args
 
 
 def _budget(device) -> int:

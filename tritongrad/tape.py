@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from .analysis import pointers
-from .augment import SavedStates, augmented
+from .augment import SavedStates, keeping
 from .derive import defaults_of
 from .errors import OpError
 from .frontend import normalize_kernel
@@ -345,19 +345,18 @@ class Tape:
         self.launches.append(RecordedLaunch(kernel, info, index, tuple(grid), kept, kwargs))
         self.patterns.append(pattern)
 
-    def augmented(self, kernel: Any, args: tuple, kwargs: dict) -> dict[str, Any] | None:
-        """For the launch just recorded: where its backward can read state tapes the forward keeps (augment.py),
-        the augmented kernel's extra arguments (``"kernel"``: the kernel itself); they stay with the launch."""
+    def launch(self, run: Callable, kernel: Any, grid: Any, args: tuple, kwargs: dict, warmup: bool) -> Any:
+        """Record a launch and run it: as its augmented forward where the backward can read the state tapes
+        that keeps (augment.py; the tapes stay with the recorded launch), else as it is."""
+        self.record(kernel, grid, args, kwargs)
         launch = self.launches[-1]
-        info = launch.info
-        if info.roles is None:
-            return None
-        named = {**info.defaults, **info.named_arguments(args, kwargs)[0]}
-        found = augmented(kernel, named)
-        if found is None:
-            return None
-        launch.saved = found.arguments(named, launch.grid)
-        return None if launch.saved is None else {"kernel": found.kernel, **found.launch_args(launch.saved)}
+        if launch.info.roles is not None:
+            named = {**launch.info.defaults, **launch.info.named_arguments(args, kwargs)[0]}
+            found = keeping(kernel, named, launch.grid)
+            if found is not None:
+                augmented_kernel, extra, launch.saved = found
+                return run(augmented_kernel, *args, grid=grid, warmup=warmup, **kwargs, **extra)
+        return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
 
     def _snapshots(self, info: KernelInfo, args: tuple, kwargs: dict) -> tuple[tuple[str, int], ...]:
         """Copies of the tensors a launch updates in place, taken before it runs: its backward replays against
@@ -627,18 +626,9 @@ def _recorded(run):
             return run(self, *args, grid=grid, warmup=warmup, **kwargs) if tape.mode == "run" else None
         boundary = tape.boundary
         if boundary is None:
-            tape.record(self, grid, args, kwargs)
-            keeping = tape.augmented(self, args, kwargs)
-            if keeping is None:
-                return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-            return run(keeping.pop("kernel"), *args, grid=grid, warmup=warmup, **kwargs, **keeping)
+            return tape.launch(run, self, grid, args, kwargs, warmup)
         with torch._C.DisableTorchFunction():  # a bare op's watch (segments.py) is not for the launch itself
-            tape.record(self, grid, args, kwargs)
-            keeping = tape.augmented(self, args, kwargs)
-            if keeping is None:
-                result = run(self, *args, grid=grid, warmup=warmup, **kwargs)
-            else:
-                result = run(keeping.pop("kernel"), *args, grid=grid, warmup=warmup, **kwargs, **keeping)
+            result = tape.launch(run, self, grid, args, kwargs, warmup)
             boundary.launched()
         return result
 

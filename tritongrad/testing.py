@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .augment import SavedStates, augmented
+from .augment import SavedStates, keeping
 from .derive import grad, shadow_dtype
 from .source import unwrap
 from .tape import kernel_info
@@ -45,14 +45,12 @@ def forward_keeping_state(kernel: Any, grid: Any, args: Sequence[Any], kwargs: M
     outputs. Returns the tapes it kept (for ``backward_launch(..., saved=)``), or None, having launched nothing,
     where the kernel has no augmented forward or the launch keeps no tapes."""
     named = bind_launch(kernel, args, kwargs)
-    found = augmented(unwrap(kernel), named)
+    found = keeping(unwrap(kernel), named, tuple(grid(named) if callable(grid) else grid))
     if found is None:
         return None
-    sizes = tuple(grid(named) if callable(grid) else grid)
-    saved = found.arguments(named, sizes)
-    if saved is not None:
-        options = {k: v for k, v in kwargs.items() if k not in named}
-        found.kernel[grid](**named, **options, **found.launch_args(saved))
+    augmented_kernel, extra, saved = found
+    options = {k: v for k, v in kwargs.items() if k not in named}
+    augmented_kernel[grid](**named, **options, **extra)
     return saved
 
 
