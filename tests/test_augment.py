@@ -39,10 +39,11 @@ def launches(monkeypatch):
     seen = []
     real = derive.BackwardKernel.launch
 
-    def spy(self, grid, named, output_grads, buffers, prepared, written=frozenset(), pad=0, saved=None):
+    def spy(self, grid, named, output_grads, buffers, prepared, written=frozenset(), pad=0, saved=None,
+            **kwargs):
         used = self.saved_variant(prepared, saved.tapes) if saved is not None else None
         seen.append((saved, used))
-        return real(self, grid, named, output_grads, buffers, prepared, written, pad, saved)
+        return real(self, grid, named, output_grads, buffers, prepared, written, pad, saved, **kwargs)
 
     monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
     return seen

@@ -245,9 +245,10 @@ def test_two_launches_writing_one_storage_store_then_add(monkeypatch):
     seen = []
     real = derive.BackwardKernel.launch
 
-    def spy(self, grid, named, output_grads, buffers, prepared, written=frozenset(), pad=0, saved=None):
+    def spy(self, grid, named, output_grads, buffers, prepared, written=frozenset(), pad=0, saved=None,
+            **kwargs):
         seen.append((prepared.choices["x_ptr"].mode, "x_ptr" in written))
-        return real(self, grid, named, output_grads, buffers, prepared, written, pad, saved)
+        return real(self, grid, named, output_grads, buffers, prepared, written, pad, saved, **kwargs)
 
     monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
     x = torch.randn(77, dtype=F64, requires_grad=True)

@@ -388,25 +388,29 @@ class BackwardKernel:
 
     def launch(self, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
                buffers: dict[str, Any], prepared: Prepared, written: frozenset[str] = frozenset(),
-               pad: int = 0, saved: Any = None) -> dict[str, tuple[Any, int]]:
+               pad: int = 0, saved: Any = None, setting: tuning.Setting | None = None) -> dict[str, tuple[Any, int]]:
         """Run the prepared variant (:meth:`prepare`). ``named``: the forward's arguments (and launch options);
         ``output_grads``: output -> its incoming gradient; ``buffers``: wrt input -> its gradient buffer
         (stored into or added to; an input summed in partial rows gets their sum, added if in ``written``).
         ``pad``: zeros around each partial row, to look for gradient outside the tensor (a checked backward).
         Launch settings are tuned on a GPU (tuning.py). ``saved``: the state tapes the forward kept
         (augment.SavedStates), read instead of recorded where the prepared variant keeps the same tapes.
-        Returns the partial rows: input -> (rows with their padding, pad)."""
+        ``setting``: launch with this one, untimed (a trial of tuning another config). Returns the partial
+        rows: input -> (rows with their padding, pad)."""
         variant, tapes = prepared.variant, {}
         if saved is not None and (with_saved := self.saved_variant(prepared, saved.tapes)) is not None:
             variant, tapes = with_saved, saved.args
         written = written | self.in_place
         for p in variant.unwritten - written:  # no gradient reaches it (a stored one would be left unset)
             buffers[p].zero_()
-        if tapes and prepared.saved_setting is None:
-            prepared.saved_setting = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
-        elif not tapes and prepared.setting is None:
-            prepared.setting = self._tuned(variant, grid, named, output_grads, buffers, written)
-        setting = prepared.saved_setting if tapes else prepared.setting
+        if setting is None and tapes:
+            if prepared.saved_setting is None:
+                prepared.saved_setting = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
+            setting = prepared.saved_setting
+        elif setting is None:
+            if prepared.setting is None:
+                prepared.setting = self._tuned(variant, grid, named, output_grads, buffers, written)
+            setting = prepared.setting
         return self._run(variant, grid, named, output_grads, buffers, setting, written, pad, tapes=tapes)
 
     def _tuned(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],

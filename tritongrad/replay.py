@@ -22,12 +22,13 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from . import tuning
 from .derive import decisive_constexprs, grad, hashable, shadow_dtype
 from .errors import NotDifferentiableError, OpError
 from .lowering import ATOMIC, PARTIALS
@@ -225,12 +226,13 @@ class Step:
         return bwd
 
     def prepare(self, bwd: Any, launch: Any, named: dict[str, Any], grid: tuple, written: frozenset,
-                aliased: frozenset) -> Any:
+                aliased: frozenset, config: tuple = ()) -> Any:
         """``bwd.prepare`` for this launch, looked up by the launch's non-tensor arguments (the plan fixes
-        its tensors' layouts): repeated backwards skip the checks and choices (~microseconds each), but for
-        checks reading tensor contents (indices), which run on every launch."""
+        its tensors' layouts; ``config``: an autotuner's config replacing the recorded one): repeated
+        backwards skip the checks and choices (~microseconds each), but for checks reading tensor contents
+        (indices), which run on every launch."""
         try:
-            key = (id(bwd), launch.args, tuple(launch.kwargs.items()), grid, written, aliased)
+            key = (id(bwd), launch.args, tuple(launch.kwargs.items()), config, grid, written, aliased)
             found = self.prepared.get(key)
         except TypeError:  # an unhashable argument
             return bwd.prepare(named, grid, written, aliased)
@@ -365,30 +367,58 @@ class Replay:
                                  "contiguous memory?)")
 
     def _replay(self, step: Step, saved: tuple, shadows: dict, guards: dict | None, writers: Counter) -> dict:
-        """Launch one step's derived kernel. The first writer of a storage's gradient stores it (into a buffer
-        left unfilled where its loads cover it, in the input's own dtype where nothing else adds to it); later
-        ones add to it (lowering.py). Returns the partial rows of inputs summed in them (checked backwards)."""
+        """Launch one step's derived kernel, under the forward's config or, for an autotuned launch on a GPU,
+        the one of its autotuner's configs under which the backward is fastest (tape.Tiles: timed once per
+        shape). Returns the partial rows of inputs summed in them (checked backwards)."""
         launch = self.launches[step.launch.index]
-        note = f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)"
         if launch.info.roles is None:
-            raise _noted(launch.info.error, note)
+            raise _noted(launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)")
         # the forward's arguments and launch options, all passed by keyword
         args = dict(zip(launch.info.params, launch.args, strict=False))
         args.update(launch.kwargs)
         for p, slot, stand_in in step.launch.replayed:
             args[p] = saved[slot] if slot is not None else _stand_in(stand_in)
+        grid, config = tuple(launch.grid), ()
+        if launch.tiles is not None and launch.saved is None and not self.deterministic:
+            config = self._tiles(step, launch, args, shadows, writers)
+            if config:
+                args.update(config)
+                grid = tuple(launch.tiles.grid({**launch.info.defaults, **args}))
+        return self._launch(step, launch, args, grid, config, shadows, guards, writers)
+
+    def _tiles(self, step: Step, launch: Any, args: dict, shadows: dict, writers: Counter) -> tuple:
+        """The autotuner's config (keyword items) under which this step's backward runs fastest; () for the
+        forward's own or where nothing is timed (tuning.enabled)."""
+        device = next((v.device for v in args.values() if isinstance(v, torch.Tensor)), None)
+        if not tuning.enabled(device):
+            return ()
+
+        def trial(config: tuple) -> Callable[[], Any]:
+            named = {**args, **dict(config)}
+            grid = tuple(launch.tiles.grid({**launch.info.defaults, **named}))
+            scratch = {k: v.clone() for k, v in shadows.items()}  # gradients already written stay as they are
+            return lambda: self._launch(step, launch, named, grid, config, scratch, None, writers, tuning.DEFAULT)
+
+        key = (id(launch.kernel), launch.tiles.configs, step.wrt, tuning.describe(args))
+        return tuning.best_config(key, launch.tiles.configs, trial)
+
+    def _launch(self, step: Step, launch: Any, args: dict, grid: tuple, config: tuple, shadows: dict,
+                guards: dict | None, writers: Counter, setting: Any = None) -> dict:
+        """The derived kernel's launch with the forward's arguments ``args`` (``config``: the autotuner's
+        config replacing the recorded one, else ()). The first writer of a storage's gradient stores it (into
+        a buffer left unfilled where its loads cover it, in the input's own dtype where nothing else adds to
+        it); later ones add to it (lowering.py)."""
         try:
             bwd = step.derive(launch.kernel, args, self.deterministic)
         except NotDifferentiableError as e:
-            raise _noted(e, note) from None
-        grid = tuple(launch.grid)
+            raise _noted(e, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)") from None
         views = step.launch.views
         output_grads = {p: self._shadow(shadows, self.plan.shadow(views[p]), guards) for p in step.outputs}
         inputs = {p: self.plan.shadow(views[p]) for p in step.wrt}
         written = frozenset(p for p, shadow in inputs.items() if shadow.key in shadows)
         keys = [shadow.key for shadow in inputs.values()]
         aliased = frozenset(p for p, shadow in inputs.items() if keys.count(shadow.key) > 1)
-        prepared = step.prepare(bwd, launch, args, grid, written, aliased)
+        prepared = step.prepare(bwd, launch, args, grid, written, aliased, config)
         buffers = {}
         for p, shadow in inputs.items():
             c = prepared.choices[p]
@@ -396,7 +426,8 @@ class Replay:
             alone = writers[shadow.key] == 1 and c.mode != ATOMIC  # the only gradient this storage gets
             buffers[p] = self._shadow(shadows, shadow, guards, fill=not sets_all, own_dtype=alone)
         pad = GUARD[0] if guards is not None else 0
-        return bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved)
+        return bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,
+                          setting=setting)
 
     def _shadow(self, shadows: dict, shadow: Shadow, guards: dict | None = None, fill: bool = True,
                 own_dtype: bool = False) -> torch.Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 import threading
 from collections.abc import Callable, Sequence
@@ -39,6 +40,8 @@ from .replay import LaunchPlan, Plan, Replay, View, launch_name, whole_storages
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
+# the autotuner whose chosen config is being launched inside an op, with its arguments (Tiles.of)
+_autotuned: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_autotuned", default=None)
 
 MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest ones
 
@@ -277,15 +280,53 @@ class RecordedLaunch:
     (None for a non-tensor), and the keywords.
     """
 
-    __slots__ = ("kernel", "info", "index", "grid", "args", "kwargs", "saved")
+    __slots__ = ("kernel", "info", "index", "grid", "args", "kwargs", "saved", "tiles")
 
-    def __init__(self, kernel: Any, info: KernelInfo, index: int, grid: tuple, args: tuple, kwargs: dict):
+    def __init__(self, kernel: Any, info: KernelInfo, index: int, grid: tuple, args: tuple, kwargs: dict,
+                 tiles: Tiles | None = None):
         self.kernel, self.info, self.index, self.grid, self.args, self.kwargs = kernel, info, index, grid, args, kwargs
         self.saved: SavedStates | None = None  # the state tapes its forward kept for its backward (augment.py)
+        self.tiles = tiles  # the autotuner's other configs, which its backward may be launched with instead
 
     def __str__(self) -> str:
         return launch_name(self.index, self.info)
 
+
+@dataclass(frozen=True)
+class Tiles:
+    """The configs of the autotuner a launch came from, and its grid function: the backward may run under
+    any of them (tuning.py). An autotuner's configs are interchangeable by its contract (it picks one by
+    speed alone), so the backward of the forward under another config is the same gradient, summed in
+    another order; the backward's best tiles are rarely the forward's (a matmul's input gradients are
+    products of other shapes). Only where the autotuner launches the kernel itself (no heuristics between
+    them, which could compute constexprs from the config's) and the grid is a function of the config; of
+    the configs its ``early_config_prune`` keeps for the launch's arguments (it may drop a tile size the
+    kernel cannot run at a shape)."""
+
+    configs: tuple[tuple[tuple[str, Any], ...], ...]  # each config's keyword arguments and launch options
+    grid: Callable[[dict], tuple]
+
+    @classmethod
+    def of(cls, autotuned: Any, kernel: Any) -> Tiles | None:
+        if autotuned is None:
+            return None
+        tuner, args, kwargs = autotuned
+        grid = kwargs.get("grid")
+        if tuner.fn is not kernel or not callable(grid) or len(tuner.configs) < 2:
+            return None
+        configs = tuner.configs
+        if getattr(tuner, "early_config_prune", None):
+            named = dict(zip(tuner.arg_names, args, strict=False))  # as the autotuner gives it
+            configs = tuner.early_config_prune(configs, named, **kwargs)
+        configs = _config_items(tuple(configs))
+        return cls(configs, grid) if len(configs) > 1 else None
+
+
+@functools.lru_cache(maxsize=256)
+def _config_items(configs: tuple) -> tuple:
+    """Autotuner configs as keyword items, but those with a pre_hook (it may fill what the backward reads);
+    cached: an op's every call records them."""
+    return tuple(tuple(sorted(c.all_kwargs().items())) for c in configs if c.pre_hook is None)
 
 
 class Tape:
@@ -342,7 +383,8 @@ class Tape:
             if positions[n:].count(None) != len(kwargs):  # kwargs is a dict of our own (**kwargs): kept
                 kwargs = dict(zip(kwargs, kept[n:], strict=True))  # unless it holds tensors
             kept = kept[:n]
-        self.launches.append(RecordedLaunch(kernel, info, index, tuple(grid), kept, kwargs))
+        tiles = Tiles.of(_autotuned.get(), kernel)
+        self.launches.append(RecordedLaunch(kernel, info, index, tuple(grid), kept, kwargs, tiles))
         self.patterns.append(pattern)
 
     def launch(self, run: Callable, kernel: Any, grid: Any, args: tuple, kwargs: dict, warmup: bool) -> Any:
@@ -654,10 +696,16 @@ def _autotuner_hooked(run):
                 return run(self, *args, **kwargs)
             finally:
                 _current.reset(token)
-        if getattr(current, "boundary", None) is not None:  # a bare op's watch: not for the tuning runs
-            with torch._C.DisableTorchFunction():
-                return run(self, *args, **kwargs)
-        return run(self, *args, **kwargs)
+        if type(current) is not Tape or kwargs.get("warmup"):
+            return run(self, *args, **kwargs)
+        token = _autotuned.set((self, args, kwargs))  # the recorded launch keeps its other configs
+        try:
+            if current.boundary is not None:  # a bare op's watch: not for the tuning runs
+                with torch._C.DisableTorchFunction():
+                    return run(self, *args, **kwargs)
+            return run(self, *args, **kwargs)
+        finally:
+            _autotuned.reset(token)
 
     autotuner_run.__wrapped__ = run
     return autotuner_run

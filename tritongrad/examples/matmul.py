@@ -2,7 +2,8 @@
 ``C = op(A) @ op(B)`` (``op`` transposes where the flag says), a tile of C per program, a loop over K
 moving both pointer tiles, autotuned over the tile sizes. A transposed operand is read through its
 strides, as the seed does, so no copy is made. The derived backward gives A and B kernels of their
-own (each program owns a tile of the gradient and loops over the other axis: no atomics)."""
+own (each program owns a tile of the gradient and loops over the other axis: no atomics), launched under
+whichever of the autotuner's configs makes them fastest (tape.Tiles)."""
 
 import os
 
@@ -18,8 +19,8 @@ if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter would time ever
     CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]
 else:
     CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_stages=s, num_warps=w)
-               for bm, bn, bk, s, w in [(128, 128, 64, 3, 8), (128, 256, 64, 3, 8), (64, 128, 32, 4, 4),
-                                        (128, 64, 32, 4, 4), (64, 64, 32, 4, 4)]]
+               for bm, bn, bk, s, w in [(128, 128, 64, 3, 8), (128, 256, 64, 3, 8), (128, 128, 128, 3, 8),
+                                        (64, 128, 32, 4, 4), (128, 64, 32, 4, 4), (64, 64, 32, 4, 4)]]
 
 
 @triton.autotune(configs=CONFIGS, key=["M", "N", "K"])
