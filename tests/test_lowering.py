@@ -467,3 +467,24 @@ def test_later_adds_alone_get_a_zero_filled_buffer(poisoned_empty):
     leaf = x.clone().requires_grad_()
     want = (0.0 * leaf.amax(1, keepdim=True) + leaf[:, :1]).expand(rows, n)
     assert_gradients_match(row_times_zero_plus_first, (rows,), args, kwargs, y, want, [leaf], ["x_ptr"])
+
+
+def test_partial_rows_over_their_budget_are_added_atomically_instead(monkeypatch):
+    """Rows as long as the tensor per persistent program (an attention's keys) past the memory budget: the
+    launch adds atomically rather than allocate them (or overflow their 32-bit offsets)."""
+    from tritongrad import derive
+
+    rows, n = 7, 70
+    x, w = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    args, kwargs = (x, w, y, n, n), {"BLOCK": 32}
+    norm_columns_looped[(rows,)](*args, **kwargs)
+    tritongrad.grad(norm_columns_looped)._chosen.clear()  # choices are kept per launch (the budget is fixed)
+    monkeypatch.setattr(derive, "tape_budget", lambda device: 7 * n * 8 - 1)  # a byte less than 7 rows take
+    assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == ATOMIC
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    want = xl * torch.rsqrt(xl.pow(2).mean(1, keepdim=True) + 1e-6) * wl
+    assert_gradients_match(norm_columns_looped, (rows,), args, kwargs, y, want, [xl, wl], ["x_ptr", "w_ptr"])
+    tritongrad.grad(norm_columns_looped)._chosen.clear()
+    monkeypatch.setattr(derive, "tape_budget", lambda device: 7 * n * 8)
+    assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == ROW

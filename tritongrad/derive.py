@@ -18,7 +18,7 @@ from .errors import NotDifferentiableError
 from .frontend import normalize_kernel, normalize_tile_function
 from .interchange import NotInterchangeable
 from .ir import Program
-from .loops import LoopPlan, Tape, classify_loops
+from .loops import LoopPlan, Tape, classify_loops, tape_budget
 from .lowering import (
     ADD,
     ATOMIC,
@@ -368,7 +368,8 @@ class BackwardKernel:
         prepared = self._chosen.get(key)
         if prepared is None:
             device = next((t.device for p in self.wrt if hasattr(t := named.get(p), "device")), None)
-            choices = self.lowering.choose(LaunchValues(named, grid), written, aliased, _multiprocessors(device))
+            choices = self.lowering.choose(LaunchValues(named, grid), written, aliased, _multiprocessors(device),
+                                           row_budget=tape_budget(device), deterministic=self.deterministic)
             if self.deterministic:
                 self._refuse_atomics(choices)
             if len(self._chosen) > 4096:

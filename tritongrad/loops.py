@@ -93,7 +93,7 @@ class Tape:
         sizes = {param: launch.numel(shape) for param, shape in self.states}
         per_slot = 8 * max(1, sum(sizes.values()))
         trips = self.known_trips(launch)
-        budget = _budget(device)
+        budget = tape_budget(device)
         slots = max(1, min(trips if trips is not None else MAX_SLOTS, budget // (per_slot * max(programs, 1))))
         args = {param: torch.empty(max(1, programs * slots * n * 8), dtype=torch.uint8, device=device)
                 for param, n in sizes.items()}
@@ -107,8 +107,9 @@ class Tape:
             return None
 
 
-def _budget(device) -> int:
-    """The bytes a launch's tapes may take on ``device``."""
+def tape_budget(device) -> int:
+    """The bytes a launch's tapes (and a persistent backward's partial rows: lowering.rows_fit) may take on
+    ``device``."""
     import torch
 
     device = torch.device(device) if device is not None else torch.device("cpu")

@@ -67,6 +67,7 @@ from .ir import (
 )
 from .lanes import launch_coordinates, scalars_written_out
 from .operations import instantiate, operation_of
+from .tuning import WAVES
 
 ATOMIC, STORE, ADD, REGISTERS, ROW, NONE = "atomic", "store", "add", "registers", "row", "none"
 INTERCHANGE = "interchange"
@@ -134,12 +135,15 @@ class Lowering:
     inputs: dict[str, InputLowering]
 
     def choose(self, launch: LaunchValues, written: frozenset[str] = frozenset(),
-               aliased: frozenset[str] = frozenset(), parallel: int = 1) -> dict[str, Choice]:
+               aliased: frozenset[str] = frozenset(), parallel: int = 1,
+               row_budget: int | None = None, deterministic: bool = False) -> dict[str, Choice]:
         """Each input's choice for a launch. ``written``: inputs whose buffer already holds gradient to add
         to; ``aliased``: inputs whose buffers share memory with another's (they add atomically: their loads
         may reach one element from two programs). At most one persistent axis per launch: the first input's
         that wants one. An input gets a kernel of its own where that has at least ``parallel`` programs (a
-        GPU's multiprocessors: a layer norm's bias over four column blocks would run four long programs)."""
+        GPU's multiprocessors: a layer norm's bias over four column blocks would run four long programs), and
+        partial rows where they take at most ``row_budget`` bytes (:func:`rows_fit`). ``deterministic``: a
+        kernel of its own however few programs it has, rather than atomics."""
         choices: dict[str, Choice] = {}
         axis = None
         for param, lowering in self.inputs.items():
@@ -156,12 +160,12 @@ class Lowering:
                                             fill=lowering.fill if covers else "")
                 continue
             interchange = [a for a, c in lowering.interchange.items() if _holds(c, launch) and launch.programs(a) > 1
-                           and _programs(launch, a, lowering.trips) >= parallel]
+                           and (deterministic or _programs(launch, a, lowering.trips) >= parallel)]
             if interchange:
                 choices[param] = Choice(INTERCHANGE, interchange[0], _holds(lowering.covers, launch))
                 continue
             shared = [a for a, c in lowering.shared.items() if axis in (None, a) and _holds(c, launch)
-                      and launch.programs(a) > 1]
+                      and launch.programs(a) > 1 and rows_fit(launch, param, a, parallel, row_budget)]
             if shared:
                 axis = shared[0]
                 choices[param] = Choice(REGISTERS if axis in lowering.in_registers else ROW, axis)
@@ -193,6 +197,18 @@ class Lowering:
             else:
                 choices[param] = Choice(ATOMIC)
         return _without_later_adds(choices, axis)
+
+
+def rows_fit(launch: LaunchValues, param: str, axis: int, parallel: int, budget: int | None) -> bool:
+    """Whether ``param``'s partial rows along ``axis`` take at most ``budget`` bytes: a row as long as the
+    tensor's span per persistent program (at most ``max(WAVES)`` per multiprocessor). A weight's rows are
+    small; an attention's keys, read by every query block, would take that many copies of all heads' keys."""
+    tensor = launch.arguments.get(param)
+    if budget is None or not hasattr(tensor, "stride"):
+        return True
+    span = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True)) if tensor.numel() else 1
+    programs = min(launch.programs(axis), max(WAVES) * parallel)
+    return programs * span * (8 if tensor.element_size() == 8 else 4) <= budget
 
 
 def _without_later_adds(choices: dict[str, Choice], axis: int | None) -> dict[str, Choice]:
@@ -495,7 +511,7 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     else:
         loop_var = namer.fresh(f"pid_{axis}")
     _rewrite_program_queries(hoisted + kept + sweep, axis, loop_var, programs)  # hoisted: num_programs
-    prologue = [ast.parse(f"{shadow} = {shadow} + tl.program_id({axis}) * {stride}").body[0]
+    prologue = [ast.parse(f"{shadow} = {shadow} + tl.program_id({axis}).to(tl.int64) * {stride}").body[0]
                 for shadow, stride in rows.items()]
     prologue += hoisted
     prologue += [ast.Assign(targets=[ast.Name(s.accumulator, ast.Store())], value=instantiate(
