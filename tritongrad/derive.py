@@ -30,6 +30,7 @@ from .lowering import (
     LaterAdds,
     Lowering,
     plan_lowering,
+    span_of,
 )
 from .reverse import build_backward
 from .source import Source, unwrap
@@ -601,13 +602,6 @@ def _zeros_strided(size, stride, dtype, device):
     import torch
 
     return torch.empty_strided(size, stride, dtype=dtype, device=device).zero_()
-
-
-def span_of(t: Any) -> int:
-    """How many elements from a tensor's first one its last one lies (its shadow's partial row length)."""
-    if t.numel() == 0:
-        return 1
-    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
 
 
 def _describe(value: Any) -> Any:

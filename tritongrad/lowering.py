@@ -38,6 +38,7 @@ from __future__ import annotations
 import ast
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .addresses import (
     Lane,
@@ -206,9 +207,15 @@ def rows_fit(launch: LaunchValues, param: str, axis: int, parallel: int, budget:
     tensor = launch.arguments.get(param)
     if budget is None or not hasattr(tensor, "stride"):
         return True
-    span = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True)) if tensor.numel() else 1
     programs = min(launch.programs(axis), max(WAVES) * parallel)
-    return programs * span * (8 if tensor.element_size() == 8 else 4) <= budget
+    return programs * span_of(tensor) * (8 if tensor.element_size() == 8 else 4) <= budget
+
+
+def span_of(t: Any) -> int:
+    """How many elements from a tensor's first one its last one lies (its shadow's partial row length)."""
+    if t.numel() == 0:
+        return 1
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
 
 
 def _without_later_adds(choices: dict[str, Choice], axis: int | None) -> dict[str, Choice]:

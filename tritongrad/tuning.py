@@ -75,45 +75,42 @@ def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched
         found = _best.get(key)
     if found is not None:
         return found
-    import triton
-
     touched = [_memory_of(t) for t in touched]  # (an expanded tensor cannot be copied into: its memory can)
     saved = [t.clone() for t in touched]
-    times = []
-    for setting in candidates(persistent, pipelined):
-        try:
-            ms = triton.testing.do_bench(lambda s=setting: trial(s), warmup=5, rep=20, return_mode="median")
-        except Exception:  # a setting the kernel cannot take (too many registers): not a candidate
-            continue
-        times.append((ms, setting))
-    for t, s in zip(touched, saved, strict=True):
-        t.copy_(s)
-    found = min(times, key=lambda x: x[0])[1] if times else DEFAULT
-    with _lock:
-        _best[key] = found
-    return found
+    try:
+        return _fastest(_best, key, candidates(persistent, pipelined), lambda s: lambda: trial(s), DEFAULT)
+    finally:
+        for t, s in zip(touched, saved, strict=True):
+            t.copy_(s)
 
 
 def best_config(key: tuple, configs: Sequence[tuple], trial: Callable[[tuple], Callable[[], Any]]) -> tuple:
     """The config whose launch ``trial(config)`` (a function launching the backward under it) runs fastest
-    for ``key``, timed on first use; () where none could run. A config whose backward cannot be derived,
-    checked or compiled (too much shared memory) is not a candidate."""
+    for ``key``, timed on first use; () where none could run."""
+    return _fastest(_configs, key, configs, trial, ())
+
+
+def _fastest(cache: dict, key: tuple, options: Sequence[Any], run_under: Callable[[Any], Callable[[], Any]],
+             default: Any) -> Any:
+    """The option under which ``run_under(option)`` (a function to time) runs fastest, kept in ``cache`` by
+    ``key``; ``default`` where none could run. An option the kernel cannot take (too many registers, too
+    much shared memory, a backward that cannot be derived under a config) is not a candidate."""
     with _lock:
-        found = _configs.get(key)
+        found = cache.get(key)
     if found is not None:
         return found
     import triton
 
     times = []
-    for config in configs:
+    for option in options:
         try:
-            ms = triton.testing.do_bench(trial(config), warmup=5, rep=20, return_mode="median")
+            ms = triton.testing.do_bench(run_under(option), warmup=5, rep=20, return_mode="median")
         except Exception:
             continue
-        times.append((ms, config))
-    found = min(times, key=lambda x: x[0])[1] if times else ()
+        times.append((ms, option))
+    found = min(times, key=lambda x: x[0])[1] if times else default
     with _lock:
-        _configs[key] = found
+        cache[key] = found
     return found
 
 
