@@ -92,8 +92,9 @@ def reference_grads(a, b, b2, g, g2):
 
 @pytest.mark.parametrize("winner", [1, 2])
 def test_backward_runs_under_the_fastest_of_the_autotuners_configs(timed, poisoned_empty, winner):
+    op = tritongrad.op(two_products.__wrapped__)  # an op of its own: a step keeps its choice
     a, b, b2 = inputs()
-    c, c2 = two_products(a, b, b2)
+    c, c2 = op(a, b, b2)
     g, g2 = torch.randn_like(c), torch.randn_like(c2)
     chosen = tuple(CONFIGS[winner].kwargs.values())
     timed["ranks"] = {chosen: 1.0, PRUNED: 0.5}
@@ -104,7 +105,7 @@ def test_backward_runs_under_the_fastest_of_the_autotuners_configs(timed, poison
     assert timed["blocks"][-1] == chosen  # the last launch is no trial
     assert timed["blocks"].count(chosen) == 4  # a trial, then the launch that counts, for each forward launch
     assert PRUNED not in timed["blocks"] and timed["trials"] == 6
-    again = torch.autograd.grad(two_products(a, b, b2), [a, b, b2], [g, g2])  # the choice is kept per shape
+    again = torch.autograd.grad(op(a, b, b2), [a, b, b2], [g, g2])  # the choice is kept per shape
     assert timed["trials"] == 6 and timed["blocks"][-1] == chosen
     for x, y in zip(again, got, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)  # a GPU's atomics may add in another order

@@ -214,6 +214,7 @@ class Step:
     outputs: tuple[str, ...]
     derived: dict = field(default_factory=dict)  # (grad, values of decisive constexprs) -> the derived kernel
     prepared: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> derive.Prepared
+    tiles: dict = field(default_factory=dict)  # the launch's non-tensor arguments -> the config chosen (Replay._tiles)
 
     def derive(self, kernel: Any, named: dict[str, Any], deterministic: bool = False) -> Any:
         """The derived kernel of the specialization this launch runs. Looked up once per specialization:
@@ -388,7 +389,15 @@ class Replay:
 
     def _tiles(self, step: Step, launch: Any, args: dict, shadows: dict, writers: Counter) -> tuple:
         """The autotuner's config (keyword items) under which this step's backward runs fastest; () for the
-        forward's own or where nothing is timed (tuning.enabled)."""
+        forward's own or where nothing is timed (tuning.enabled). Kept per the launch's non-tensor arguments
+        (the plan fixes its tensors' layouts), so that a repeated backward neither describes nor looks up."""
+        try:
+            known = (launch.args, tuple(launch.kwargs.items()))
+            found = step.tiles.get(known)
+        except TypeError:  # an unhashable argument
+            known = found = None
+        if found is not None:
+            return found
         device = next((v.device for v in args.values() if isinstance(v, torch.Tensor)), None)
         if not tuning.enabled(device):
             return ()
@@ -400,7 +409,10 @@ class Replay:
             return lambda: self._launch(step, launch, named, grid, config, scratch, None, writers, tuning.DEFAULT)
 
         key = (id(launch.kernel), launch.tiles.configs, step.wrt, tuning.describe(args))
-        return tuning.best_config(key, launch.tiles.configs, trial)
+        found = tuning.best_config(key, launch.tiles.configs, trial)
+        if known is not None:
+            step.tiles[known] = found
+        return found
 
     def _launch(self, step: Step, launch: Any, args: dict, grid: tuple, config: tuple, shadows: dict,
                 guards: dict | None, writers: Counter, setting: Any = None) -> dict:
