@@ -103,7 +103,7 @@ class Augmented:
         launch, programs = LaunchValues(named, grid), math.prod(grid)
         views, slots, at = [], {}, 0
         for tape in self.tapes:
-            trips = tape.known_trips(launch)
+            trips = 0 if tape.final else tape.known_trips(launch)
             if trips is None:
                 return None
             slots[tape.slots] = trips + 1
@@ -155,13 +155,13 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
 
     bwd = grad(jit_fn, constexprs=named)
     main = bwd.variant(bwd.lowering.best()).parts[0]
-    if not any(tape.states for tape in main.tapes) or main.axis is not None:
+    if not any(tape.states for tape in main.kept) or main.axis is not None:
         return None
     source = Source.of(jit_fn)
     fn = copy.deepcopy(source.tree)
     parents = {id(c): p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
     params: dict[str, str] = {}
-    for k, tape in enumerate(main.tapes):
+    for k, tape in enumerate(main.kept):
         if not tape.states:  # nothing the backward reads from it: its slot count only
             continue
         loop = _loop_of(fn, parents, source, tape)
@@ -179,7 +179,8 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
         block = _block_of(parents[id(loop)], loop)
         at = block.index(loop)
         block[at:at + 1] = [*_parse(before), loop, *_parse(puts)]
-        loop.body[:0] = _parse([*puts, f"{slot} += 1"])
+        if not tape.final:  # a state tape: also the state each iteration starts from
+            loop.body[:0] = _parse([*puts, f"{slot} += 1"])
     fn.name = f"{source.name}_augmented"
     fn.decorator_list = []
     defaulted = bool(fn.args.defaults)
@@ -189,7 +190,7 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
             fn.args.defaults.append(ast.Constant(None))
     src = f"@triton.jit\n{ast.unparse(ast.fix_missing_locations(fn))}\n"
     scope = {**source.scope, "triton": triton, "tritongrad_tg": tg, "tritongrad_tl": tl}  # the kernel's own scope
-    return Augmented(jit_source(src, fn.name, scope), main.tapes, params, src)
+    return Augmented(jit_source(src, fn.name, scope), main.kept, params, src)
 
 
 def _loop_of(fn: ast.FunctionDef, parents: dict[int, ast.AST], source: Source, tape: Tape) -> ast.For | None:

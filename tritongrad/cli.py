@@ -87,8 +87,8 @@ def show(args: argparse.Namespace) -> int:
         print("\n" + notes, end="")
     found = augmented(unwrap(kernel), {})
     best = bwd.lowering.best()
-    if found is not None and bwd.variant(best).parts[0].tapes == found.tapes:
-        print(f"\n\n# Through a tritongrad.op, the forward keeps the loops' state tapes itself (augment.py): it "
+    if found is not None and bwd.variant(best).parts[0].kept == found.tapes:
+        print(f"\n\n# Through a tritongrad.op, the forward keeps what the backward reads of its loops (augment.py): it "
               f"launches\n\n{found.src}\n# and the backward reads them:\n\n{bwd.variant(best, saved=True).src}", end="")
     return 0
 

@@ -32,6 +32,7 @@ from .lowering import (
     plan_lowering,
     span_of,
 )
+from .online import online_softmax
 from .reverse import build_backward
 from .source import Source, unwrap
 from .specialize import decisive, plain_value
@@ -100,6 +101,12 @@ class Part:
     tapes: tuple[Tape, ...] = ()  # nonlinear loops' state tapes, allocated on each launch
     later_adds: tuple[LaterAdds, ...] = ()  # loads whose adjoints are added after the kernel
     saved: bool = False  # its tapes come filled from the forward (augment.py), not allocated
+    finals: tuple[Tape, ...] = ()  # loops' states after them the forward may keep (its tapes, where ``saved``)
+
+    @property
+    def kept(self) -> tuple[Tape, ...]:
+        """The tapes the forward keeps for the variant reading them (state tapes, then loops' finals)."""
+        return self.tapes if self.saved else (*self.tapes, *self.finals)
 
     def scratch_args(self, args: dict[str, Any], grid: tuple[int, ...], device: Any) -> None:
         """The kernel's scratch buffers for a launch on ``grid`` (state tapes, later adds), added to ``args``."""
@@ -224,11 +231,11 @@ class BackwardKernel:
         """The prepared launch's variant reading the state tapes a forward kept for these ``tapes``; None where
         its first kernel keeps other tapes, or runs other programs than the forward's (persistent)."""
         main = prepared.variant.parts[0]
-        if not tapes or main.tapes != tapes or main.axis is not None:
+        if not tapes or main.kept != tapes or main.axis is not None:
             return None
         if prepared.saved is None:
             prepared.saved = self.variant(prepared.choices, saved=True)
-        return prepared.saved if prepared.saved.parts[0].tapes == tapes else None
+        return prepared.saved if prepared.saved.parts[0].kept == tapes else None
 
     def _build(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
         own = [p for p, c in choices.items() if c.mode == INTERCHANGE]
@@ -271,7 +278,7 @@ class BackwardKernel:
         trips = next((self.lowering.inputs[p].trips for p, c in choices.items() if c.mode == INTERCHANGE), None)
         part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
                                        frozenset(backward.written_inputs), tuple(backward.tapes),
-                                       tuple(backward.later_adds), saved)
+                                       tuple(backward.later_adds), saved, tuple(backward.finals))
         return part
 
     # -- launching ---------------------------------------------------------------------------------
@@ -702,7 +709,7 @@ def hashable(value: Any) -> Any:
 
 
 def _derive(jit_fn: Any, wrt, outputs, deterministic: bool, constexprs: dict[str, Any]) -> BackwardKernel:
-    program = normalize_kernel(jit_fn, constexprs)
+    program = online_softmax(normalize_kernel(jit_fn, constexprs))
     analysis = analyze(program, wrt, outputs)
     bwd = BackwardKernel(jit_fn, program, analysis, classify_loops(analysis), plan_lowering(analysis),
                          deterministic)

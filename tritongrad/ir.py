@@ -78,6 +78,7 @@ class Tag:
     carried: list[Carried] = field(default_factory=list)  # for: its loop-carried variables
     static: bool = False  # if: a constexpr condition; for: tl.static_range
     join: bool = False  # a copy where control flow joins (a merge or a carried variable's next value)
+    note: str = ""  # for: what a pass before analysis made of it (online.py), said over its reversal
 
     def __deepcopy__(self, memo: dict) -> Tag:
         return self  # copies of a statement share its tag

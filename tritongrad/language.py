@@ -16,7 +16,8 @@ from triton.language.extra import libdevice
 
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
             "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad",
-            "tape_row", "tape_put", "tape_get", "add_later", "program_index", "tile_offsets")
+            "tape_row", "tape_put", "tape_get", "add_later", "program_index", "tile_offsets", "stop_gradient",
+            "to_float")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_row": ("program_index",),
@@ -47,6 +48,19 @@ def _unbroadcast(g, ref):
             if g.shape[i] != 1:
                 g = tl.sum(g, i, keep_dims=True)
     return g
+
+
+def _stop_gradient(x):
+    """``x``, whose gradient is not needed (online.py: the final max an online softmax's outputs do not depend
+    on)."""
+    return x
+
+
+def _to_float(x, dtype: tl.constexpr):
+    """``x.to(dtype)``, for a cast that must be to a float type (online.py: a rescaling commutes with it)."""
+    tl.static_assert(tl.zeros((1,), tl.int8).to(dtype).dtype.is_floating(),
+                     "tritongrad: an online softmax's rescaled values are cast to a type that is not a float type")
+    return x.to(dtype)
 
 
 def _sum_grad(g, x, axis: tl.constexpr, keep_dims: tl.constexpr):

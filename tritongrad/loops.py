@@ -45,6 +45,7 @@ from .ir import (
     child_blocks,
     copy_structured,
     header,
+    is_structured,
     loops,
     name_node,
     op_of,
@@ -84,6 +85,7 @@ class Tape:
     trips: Expr | None  # the loop's trip count, where the launch gives it
     loop: Origin | None = None  # the ``for`` in the user's code (augment.py finds it there)
     sources: tuple[str, ...] = ()  # each state's name in the user's code
+    final: bool = False  # the state after the loop only, one slot (kept by the forward: LoopReversal.keep_finals)
 
     def allocate(self, launch: LaunchValues, programs: int, device) -> dict[str, object]:
         """The tape's arguments for a launch of ``programs`` programs: a slot per iteration where that fits
@@ -253,6 +255,11 @@ def _is(atom: ast.expr | None, names: set[str]) -> bool:
 
 
 def _comment(node: ast.For, plan: LoopPlan) -> str:
+    note = f"{node.tg.note}.\n" if node.tg.note else ""
+    return note + _strategy(node, plan)
+
+
+def _strategy(node: ast.For, plan: LoopPlan) -> str:
     index = node.target.id
     parts = []
     if plan.accumulators:
@@ -490,6 +497,37 @@ class LoopReversal:
             out += self.with_shadow(reset)
         return out
 
+    def keep_finals(self, *segments: list[ast.stmt]) -> None:
+        """Where the backward replays a loop (not nested in another, its state not taped) for the values it
+        leaves, the forward can keep those instead (augment.py: a tape of one slot, ``Tape.final``). Every
+        variant lists them in ``self.finals``; the one built for the forward's tapes (``self.saved``) reads them
+        in place of the replay. ``segments``: consecutive parts of the body."""
+        replays = [(block, s) for segment in segments for block, s in _replayed_loops(segment)]
+        for block, replay in replays:
+            forward = replay.replay_of
+            carried = {c.name: c for c in forward.tg.carried}
+            read_after = set().union(*(_reads_outside(segment, replay) for segment in segments))
+            kept = [n for n in carried if n in read_after and n in {target_of(s) for s in statements(replay.body)}]
+            shapes = [self.analysis.shapes.get(n) for n in kept]
+            if (not kept or self.loop_plans[id(forward)].nonlinear or self.tile
+                    or any(n in self.analysis.pointer_base for n in kept)
+                    or any(shape is None or len(shape) > 2 for shape in shapes)):
+                continue
+            slots = self.namer.fresh(f"{forward.target.id}_final_slots")
+            params = {n: self.namer.fresh(f"{n}_final") for n in kept}
+            self.finals.append(Tape(slots, tuple((params[n], shape) for n, shape in zip(kept, shapes, strict=True)),
+                                    None, forward.tg.where, tuple(carried[n].source for n in kept), final=True))
+            if self.saved:
+                rows = {n: self.namer.fresh(f"{n}_final_row") for n in kept}
+                read = [_assign(rows[n], instantiate("tg.tape_row(tape, x, slots)", {
+                    "tape": name_node(params[n]), "x": name_node(n), "slots": name_node(slots)})) for n in kept]
+                read += [_assign(n, instantiate("tg.tape_get(row, 0, x)", {
+                    "row": name_node(rows[n]), "x": name_node(n)})) for n in kept]
+                at = block.index(replay)
+                block[at:at + 1] = read
+        if self.saved:
+            self.tapes += self.finals
+
     def inside(self, stmt: ast.stmt, node: ast.stmt) -> bool:
         return any(e is node for e in self.enclosing[id(stmt)])
 
@@ -545,6 +583,31 @@ def merge_records(*segments: list[ast.stmt]) -> None:
         home[at:at + 1] = moved
         merge_records(*segments)  # positions moved: look again
         return
+
+
+def _replayed_loops(block: list[ast.stmt]):
+    """(block, loop) for each replay of a forward loop (``replay_of``: reverse.py marks them) in ``block``."""
+    for s in block:
+        if isinstance(s, ast.For) and getattr(s, "replay_of", None) is not None:
+            yield block, s
+        elif is_structured(s):
+            for inner in child_blocks(s):
+                yield from _replayed_loops(inner)
+
+
+def _reads_outside(block: list[ast.stmt], skipped: ast.stmt) -> set[str]:
+    """Names read in ``block`` outside the statement ``skipped``."""
+    found: set[str] = set()
+    for s in block:
+        if s is skipped:
+            continue
+        if is_structured(s):
+            found |= reads(s.test if isinstance(s, ast.If) else s.iter)
+            for inner in child_blocks(s):
+                found |= _reads_outside(inner, skipped)
+        else:
+            found |= reads(s)
+    return found
 
 
 def _assign(name: str, value: ast.expr) -> ast.Assign:

@@ -262,6 +262,7 @@ no_gradient("program_id", "num_programs", "arange", "zeros", "zeros_like", "full
             "argmax", "argmin", "umulhi", "multiple_of", "max_contiguous", "max_constancy",
             "rand", "randn", "randint", "rand4x", "randn4x", "randint4x",
             "static_assert", "device_assert", "static_print", "device_print", "debug_barrier", "print")
+no_gradient("stop_gradient", elementwise=True)  # online.py's final max: the outputs do not depend on it
 _declare("mod", elementwise=True)  # no rule: `%` of differentiated values is refused
 
 # -- memory ----------------------------------------------------------------------------------------------

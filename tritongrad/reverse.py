@@ -74,6 +74,7 @@ class BackwardBody:
     written_inputs: set[str] = field(default_factory=set)  # wrt inputs whose loads' adjoints it writes
     tapes: list = field(default_factory=list)  # loops.Tape: parameters after the extra ones, sized at launch
     later_adds: list = field(default_factory=list)  # lowering.LaterAdds: parameters after the tapes'
+    finals: list = field(default_factory=list)  # loops.Tape: states after loops the forward may keep
 
 
 @dataclass
@@ -104,6 +105,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         self.tile = tile
         self.choices = choices or {p: Choice(ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
         self.tapes: list = []  # loops.Tape: the state tapes of nonlinear loops (written by loops.py)
+        self.finals: list = []  # loops.Tape: loops' states after them, which the forward may keep (keep_finals)
         self.partial_sums: list = []  # lowering.PartialSum: inputs summed in registers (written by memory.py)
         self.later_adds: list = []  # lowering.LaterAdds: loads' adjoints added after the kernel (memory.py)
         self.written_inputs: set[str] = set()  # wrt inputs whose loads' adjoints were written (memory.py)
@@ -196,6 +198,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         epilogue = {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))} if not own else set()
         replay = self.replay(epilogue)
         merge_records(replay, self.out)
+        self.keep_finals(replay, self.out)
         body, extra = replay + self.out, []
         axis = next((c.axis for c in self.choices.values() if c.mode in PARTIALS), None)
         interchanged = [s for p, c in self.choices.items() if c.mode == INTERCHANGE for s in self.partial_sums]
@@ -210,7 +213,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
-                            self.written_inputs, self.tapes, self.later_adds)
+                            self.written_inputs, self.tapes, self.later_adds, self.finals)
 
     def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False
                    ) -> tuple[list[ast.stmt], list[str]]:
@@ -527,8 +530,11 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                 if not any(inner):
                     continue
                 if isinstance(s, ast.For):
-                    out.append(copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
-                                                body=inner[0]))
+                    replay = copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
+                                             body=inner[0])
+                    if not any(isinstance(e, ast.For) for e in self.enclosing[id(s)]):
+                        replay.replay_of = s  # its values after it may be kept by the forward (keep_finals)
+                    out.append(replay)
                 else:
                     out.append(copy_structured(s, test=copy.deepcopy(s.test), body=inner[0] or [ast.Pass()],
                                                 orelse=inner[1]))

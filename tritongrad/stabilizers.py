@@ -43,6 +43,14 @@ class Scale:
     k: float
 
 
+@dataclass(frozen=True)
+class Zero:
+    """A sum not yet added to: zero, which every scaling leaves as it is (a loop's first visit)."""
+
+
+ZERO = Zero()
+
+
 class Changes(Exception):
     """A value the perturbation reaches where it must not (an output, an address, a branch) or that the
     rules cannot follow."""
@@ -55,7 +63,7 @@ def stabilizers(program: Program, active: set[str]) -> set[str]:
         t = target_of(stmt)
         if t in active and op_of(stmt).kind == "max":
             try:
-                moved = _follow(program.body, t)
+                moved = follow(program.body, t)
                 if any(moved.get(n) is not INVARIANT for r in program.returns or () for n in _names(r)):
                     raise Changes(stmt)  # a tile function's result
             except Changes:
@@ -73,9 +81,14 @@ def _flat(body: list[ast.stmt]):
             yield s
 
 
-def _follow(body: list[ast.stmt], m: str) -> dict[str, object]:
-    """How each value moves with ``m``; raises Changes where moving ``m`` changes something observable."""
+def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = frozenset()) -> dict[str, object]:
+    """How each value moves with ``m``; raises Changes where moving ``m`` changes something observable.
+
+    A loop-carried value may move only as an accumulator that starts at zero (online.py's rewritten sums): visited
+    first as ``ZERO``, it then scales as its next value came out, which the loop is visited again to confirm.
+    ``guarded``: ids of casts compiled with a check that their type is a float type (online.py)."""
     kinds: dict[str, object] = {m: Shift(1.0)}  # name -> how it moves (every definition must agree)
+    zeros = {target_of(s) for s in _flat(body) if is_zeros(s)}
 
     def kind_of(atom: ast.expr):
         if isinstance(atom, ast.Name):
@@ -84,14 +97,37 @@ def _follow(body: list[ast.stmt], m: str) -> dict[str, object]:
             raise Changes(atom)
         return INVARIANT
 
-    def visit(block: list[ast.stmt], in_loop: bool) -> None:
+    def visit_loop(loop: ast.For, carried_outside: set[str]) -> None:
+        carried = {c.name: c for c in loop.tg.carried}
+        assumed = {n: ZERO if isinstance(c.init, ast.Name) and c.init.id in zeros else kinds.get(n, INVARIANT)
+                   for n, c in carried.items()}
+        for _ in range(len(carried) + 2):
+            before = dict(kinds)
+            kinds.update(assumed)
+            visit(loop.body, carried_outside | set(carried))
+            moved = {n: kind_of(c.next) for n, c in carried.items()}
+            if moved == assumed:
+                return
+            for n, kind in moved.items():  # a sum from zero scales as what is added to it
+                if kind != assumed[n]:
+                    if assumed[n] is not ZERO or not (kind is INVARIANT or isinstance(kind, Scale)):
+                        raise Changes(loop)
+                    assumed[n] = kind
+            kinds.clear()
+            kinds.update(before)
+        raise Changes(loop)
+
+    def visit(block: list[ast.stmt], carried: set[str]) -> None:
         for s in block:
             if is_structured(s):
                 tests = [s.test] if isinstance(s, ast.If) else [s.iter]
                 if any(kinds.get(n, INVARIANT) is not INVARIANT for t in tests for n in reads(t)):
                     raise Changes(s)
-                for b in child_blocks(s):
-                    visit(b, in_loop or isinstance(s, ast.For))
+                if isinstance(s, ast.For):
+                    visit_loop(s, carried)
+                else:
+                    for b in child_blocks(s):
+                        visit(b, carried)
                 continue
             op = op_of(s)
             moved = any(kind_of(a) is not INVARIANT for a in [*op.args, *op.kwargs.values()])
@@ -100,31 +136,60 @@ def _follow(body: list[ast.stmt], m: str) -> dict[str, object]:
             t = target_of(s)
             if t is None or t == m:
                 continue  # an assert or a print: nothing the gradient sees
-            new = _rule(s, kind_of) if moved else INVARIANT
-            if (t in kinds and kinds[t] != new) or (in_loop and s.tg.join and new is not INVARIANT):
+            new = _rule(s, kind_of, id(s) in guarded) if moved else INVARIANT
+            if t in carried:  # a carried value's update: its loop checks it against the assumption
+                kinds[t] = new
+                continue
+            if (t in kinds and kinds[t] != new) or (carried and s.tg.join and new is not INVARIANT):
                 raise Changes(s)  # definitions that disagree, or a moved value carried across iterations
             kinds[t] = new
 
-    visit(body, False)
+    visit(body, set())
     return kinds
+
+
+def is_zeros(stmt: ast.stmt) -> bool:
+    """Whether the statement makes a tile of zeros (``tl.zeros``, ``tl.zeros_like``, ``tl.full`` of 0)."""
+    op = op_of(stmt)
+    if op.kind == "full":
+        value = op.kwargs.get("value", op.args[1] if len(op.args) > 1 else None)
+        return value is not None and _constant(value) == 0.0
+    return op.kind in ("zeros", "zeros_like")
 
 
 def _names(atom: ast.expr) -> set[str]:
     return {n.id for n in ast.walk(atom) if isinstance(n, ast.Name)}
 
 
-def _rule(stmt: ast.stmt, kind_of):
-    """How the statement's result moves, given how its operands do."""
+def _rule(stmt: ast.stmt, kind_of, float_cast: bool = False):
+    """How the statement's result moves, given how its operands do (``float_cast``: a cast checked to be to a
+    float type)."""
     op = op_of(stmt)
     kind = op.kind
     a = [kind_of(x) for x in op.args]
     if kind in ("copy", "pos", "subscript", "expand_dims", "broadcast_to", "reshape", "view", "trans", "permute"):
         return a[0]
     if kind in ("to", "cast"):
-        dtype = ast.unparse(arguments(stmt)["dtype"])
-        if dtype.startswith(("tl.float", "tl.bfloat")) or a[0] is INVARIANT:
+        b = arguments(stmt)
+        dtype = ast.unparse(b["dtype"])
+        bitcast = not (isinstance(b.get("bitcast"), ast.Constant) and b["bitcast"].value is False)
+        if a[0] is INVARIANT or (not bitcast and (float_cast or dtype.startswith(("tl.float", "tl.bfloat")))):
             return a[0]
         raise Changes(stmt)
+    if kind == "dot":  # linear in each operand: scales multiply; the accumulator must scale as the product
+        b = arguments(stmt)
+        x, y = kind_of(b["input"]), kind_of(b["other"])
+        acc = kind_of(b["acc"]) if "acc" in b and not _is_none(b["acc"]) else INVARIANT
+        if ZERO in (x, y) or isinstance(x, Shift) or isinstance(y, Shift) or (x and y and x.base != y.base):
+            raise Changes(stmt)
+        k = (x.k if x else 0.0) + (y.k if y else 0.0)
+        product = INVARIANT if k == 0 else Scale((x or y).base, k)
+        if "acc" in b and not _is_none(b["acc"]) and acc not in (product, ZERO) and not (
+                acc is INVARIANT and _constant(b["acc"]) == 0.0):
+            raise Changes(stmt)
+        return product
+    if kind in ("add", "mul") and ZERO in a[:2]:  # 0 + y = y, 0 * y = 0
+        return ZERO if kind == "mul" else a[1] if a[0] is ZERO else a[0]
     if kind in ("add", "sub"):
         x, y = a[0], a[1]
         sign = 1.0 if kind == "add" else -1.0
@@ -192,6 +257,10 @@ def _merge(x, y, ax: ast.expr, ay: ast.expr, stmt: ast.stmt):
         if isinstance(moved, Scale) and value == 0.0:
             return moved
     raise Changes(stmt)
+
+
+def _is_none(atom: ast.expr) -> bool:
+    return isinstance(atom, ast.Constant) and atom.value is None
 
 
 def _constant(atom: ast.expr) -> float | None:
