@@ -4,6 +4,7 @@ Each kernel against a plain-PyTorch reference and torch autograd: float64, sizes
 of two (partial last tiles), several programs, NaN-poisoned outputs, random upstream gradients.
 """
 
+import math
 import re
 
 import pytest
@@ -582,3 +583,39 @@ def test_prefetching_matmul_with_a_negative_step(k):
     leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
     assert_grads(prefetching_matmul, grid, args, meta, c, leaves[0] @ leaves[1], leaves, ("A", "B"))
     assert "tg.trip_count(K, 0, -TK)" in tritongrad.grad(prefetching_matmul).src
+
+
+@triton.jit
+def two_online_log_sum_exps(x_ptr, z_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    # logsumexp(x[row]) + logsumexp(z[row]): two online loops in one block, each rewritten
+    row = tl.program_id(0)
+    m = tl.full((), float("-inf"), tl.float64)
+    s = tl.zeros((), dtype=tl.float64)
+    for k in range(0, N, BLOCK):
+        cols = k + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * N + cols, mask=cols < N, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(x))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new))
+        m = m_new
+    mz = tl.full((), float("-inf"), tl.float64)
+    sz = tl.zeros((), dtype=tl.float64)
+    for k in range(0, N, BLOCK):
+        cols = k + tl.arange(0, BLOCK)
+        z = tl.load(z_ptr + row * N + cols, mask=cols < N, other=float("-inf"))
+        mz_new = tl.maximum(mz, tl.max(z))
+        sz = sz * tl.exp2(mz - mz_new) + tl.sum(tl.exp2(z - mz_new))
+        mz = mz_new
+    tl.store(y_ptr + row, m + tl.log(s) + mz + tl.log2(sz))
+
+
+def test_two_online_loops_in_one_block_are_both_rewritten():
+    rows, n = 3, 37
+    x, z = torch.randn(rows, n, dtype=DTYPE), torch.randn(rows, n, dtype=DTYPE)
+    y = poison(torch.empty(rows, dtype=DTYPE))
+    args, meta = (x, z, y, n), {"BLOCK": 16}
+    two_online_log_sum_exps[(rows,)](*args, **meta)
+    leaves = [x.clone().requires_grad_(), z.clone().requires_grad_()]
+    want = torch.logsumexp(leaves[0], 1) + torch.logsumexp(leaves[1] * math.log(2), 1) / math.log(2)
+    assert_grads(two_online_log_sum_exps, (rows,), args, meta, y, want, leaves, ("x_ptr", "z_ptr"))
+    src = tritongrad.grad(two_online_log_sum_exps).src
+    assert src.count("# online softmax: the running max") == 2 and "tape" not in src, src

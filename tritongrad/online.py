@@ -67,13 +67,14 @@ def online_softmax(program: Program) -> Program:
     """``program`` with each online-softmax loop rewritten as above (the same object, changed in place)."""
     namer = Namer(set(program.names) | {n.id for n in ast.walk(ast.Module(program.body, [])) if isinstance(
         n, ast.Name)} | set(program.param_names()))
-    for block, loop in list(_top_loops(program.body)):
+    for tag in [loop.tg for _, loop in _top_loops(program.body)]:
+        block, loop = _find(program.body, tag)  # (the body a rewrite before this one left)
         found = _match(loop, block)
         if found is None:
             continue
         m, alphas, rescaled = found
         trial = copy.deepcopy(program.body)  # statements' tags are shared; only their ASTs are new
-        t_block, t_loop = _find(trial, loop)
+        t_block, t_loop = _find(trial, tag)
         renamed = _rewrite(trial, t_block, t_loop, m, alphas, rescaled, namer)
         if renamed is not None:
             program.body[:] = trial
@@ -92,10 +93,10 @@ def _top_loops(body: list[ast.stmt]):
                 yield from _top_loops(block)
 
 
-def _find(body: list[ast.stmt], original: ast.For) -> tuple[list[ast.stmt], ast.For]:
-    """The copy of ``original`` in a deep copy of the body (loops are told apart by their tags)."""
+def _find(body: list[ast.stmt], tag: Tag) -> tuple[list[ast.stmt], ast.For]:
+    """The loop with this tag in ``body`` (a copy shares its statements' tags), and its block."""
     for block, loop in _top_loops(body):
-        if loop.tg is original.tg:
+        if loop.tg is tag:
             return block, loop
     raise AssertionError("loop not found in the copy")
 
