@@ -304,99 +304,13 @@ def test_runtime_trip_count_including_zero():
 
 
 @triton.jit
-def softmax_weighted(x_ptr, v_ptr, y_ptr, N, D, stride_x, stride_v, BLOCK: tl.constexpr, BD: tl.constexpr):
-    # y = softmax(x[row]) @ v in one pass over the columns: an online softmax, as attention kernels do it
-    row = tl.program_id(0)
-    d = tl.arange(0, BD)
-    m = tl.full((), float("-inf"), tl.float64)
-    l = tl.zeros((), dtype=tl.float64)
-    acc = tl.zeros([BD], dtype=tl.float64)
-    for k in range(0, N, BLOCK):
-        cols = k + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < N, other=float("-inf"))
-        v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=(cols[:, None] < N) & (d[None, :] < D),
-                    other=0.0)
-        m_new = tl.maximum(m, tl.max(x))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(x - m_new)
-        l = l * alpha + tl.sum(p)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        m = m_new
-    tl.store(y_ptr + row * D + d, acc / l, mask=d < D)
-
-
-def softmax_weighted_inputs():
-    rows, n, dim = 4, 45, 7
-    x, v = 3 * torch.randn(rows, n, dtype=DTYPE), torch.randn(n, dim, dtype=DTYPE)
-    y = poison(torch.empty(rows, dim, dtype=DTYPE))
-    return (x, v, y, n, dim, x.stride(0), v.stride(0)), {"BLOCK": 16, "BD": 8}
-
-
-def test_online_softmax_becomes_a_max_pass_and_linear_sums():
-    args, meta = softmax_weighted_inputs()
-    x, v, y = args[:3]
-    softmax_weighted[(x.shape[0],)](*args, **meta)
-    leaves = [x.clone().requires_grad_(), v.clone().requires_grad_()]
-    want = torch.softmax(leaves[0], dim=1) @ leaves[1]
-    assert_grads(softmax_weighted, (x.shape[0],), args, meta, y, want, leaves, ("x_ptr", "v_ptr"))
-    src = tritongrad.grad(softmax_weighted).src
-    assert "# online softmax: the running max m only stabilizes" in src, src
-    assert "# loop over k: l, acc are accumulated linearly" in src
-    assert "m_final = tg.stop_gradient(m_max)" in src and "tape" not in src
-
-
-@triton.jit
-def softmax_weighted_keeping_max(x_ptr, v_ptr, y_ptr, m_ptr, N, D, stride_x, stride_v, BLOCK: tl.constexpr,
-                                 BD: tl.constexpr):
-    # as softmax_weighted, and the row's max stored too: then the max does not only stabilize
-    row = tl.program_id(0)
-    d = tl.arange(0, BD)
-    m = tl.full((), float("-inf"), tl.float64)
-    l = tl.zeros((), dtype=tl.float64)
-    acc = tl.zeros([BD], dtype=tl.float64)
-    for k in range(0, N, BLOCK):
-        cols = k + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < N, other=float("-inf"))
-        v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=(cols[:, None] < N) & (d[None, :] < D),
-                    other=0.0)
-        m_new = tl.maximum(m, tl.max(x))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(x - m_new)
-        l = l * alpha + tl.sum(p)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        m = m_new
-    tl.store(y_ptr + row * D + d, acc / l, mask=d < D)
-    tl.store(m_ptr + row, m)
-
-
-@pytest.mark.parametrize("budget", [None, 1], ids=["a slot per iteration", "one checkpoint"])
-def test_online_softmax_whose_max_is_stored_keeps_its_state_on_a_tape(budget, monkeypatch):
-    # a budget of one byte leaves one slot per program: every reverse iteration re-runs those before it
-    if budget is not None:
-        monkeypatch.setattr(tritongrad.loops, "TAPE_BUDGET", budget)
-    args, meta = softmax_weighted_inputs()
-    x, v, y = args[:3]
-    m = poison(torch.empty(x.shape[0], dtype=DTYPE))
-    args = (x, v, y, m, *args[3:])
-    softmax_weighted_keeping_max[(x.shape[0],)](*args, **meta)
-    leaves = [x.clone().requires_grad_(), v.clone().requires_grad_()]
-    want = (torch.softmax(leaves[0], dim=1) @ leaves[1], leaves[0].amax(1))
-    torch.testing.assert_close((y, m), tuple(w.detach() for w in want), **TOL)
-    d_y, d_m = torch.randn_like(y), torch.randn_like(m)
-    got = backward_launch(softmax_weighted_keeping_max, (x.shape[0],), args, meta, {"y_ptr": d_y, "m_ptr": d_m})
-    for name, w in zip(("x_ptr", "v_ptr"), torch.autograd.grad(want, leaves, (d_y, d_m)), strict=True):
-        torch.testing.assert_close(got[name], w, **TOL)
-    src = tritongrad.grad(softmax_weighted_keeping_max).src
-    assert "# loop over k: l, acc, m are carried nonlinearly" in src and "online softmax" not in src
-    assert "keeps the state at the start of each iteration on a tape" in src and "quadratic" not in src
-    assert "l_tape_row = tg.tape_row(l_tape, l, k_slots)" in src
-
-
-@triton.jit
-def online_softmax_variants(x_ptr, v_ptr, y_ptr, N, D, stride_x, stride_v, BLOCK: tl.constexpr, BD: tl.constexpr,
-                            FROM_ONE: tl.constexpr, NORMALIZE: tl.constexpr):
-    # FROM_ONE: the sum starts at 1, as the Triton tutorial writes it (the first rescaling by exp(-inf) wipes
-    # it); NORMALIZE=False: the rescaled accumulator is stored as it is, so the max does not cancel
+def online_softmax_variants(x_ptr, v_ptr, y_ptr, m_ptr, N, D, stride_x, stride_v, BLOCK: tl.constexpr,
+                            BD: tl.constexpr, FROM_ONE: tl.constexpr, NORMALIZE: tl.constexpr, KEEP_MAX: tl.constexpr):
+    # y = softmax(x[row]) @ v in one pass over the columns: an online softmax, as attention kernels do it.
+    # FROM_ONE: the sum starts at 1, as the Triton tutorial writes it (the first rescaling
+    # by exp(-inf) wipes it); NORMALIZE=False: the rescaled accumulator is stored as it is, so the max does not
+    # cancel; KEEP_MAX: the row's max is stored too. In each, the max does not only stabilize (as far as
+    # online.py can prove)
     row = tl.program_id(0)
     d = tl.arange(0, BD)
     m = tl.full((), float("-inf"), tl.float64)
@@ -419,14 +333,59 @@ def online_softmax_variants(x_ptr, v_ptr, y_ptr, N, D, stride_x, stride_v, BLOCK
     if NORMALIZE:
         acc = acc / l
     tl.store(y_ptr + row * D + d, acc, mask=d < D)
+    if KEEP_MAX:
+        tl.store(m_ptr + row, m)
+
+
+def softmax_weighted_inputs(**flags):
+    """Arguments of online_softmax_variants (a poisoned max buffer) and its meta-parameters: every flag off but
+    those given."""
+    rows, n, dim = 4, 45, 7
+    x, v = 3 * torch.randn(rows, n, dtype=DTYPE), torch.randn(n, dim, dtype=DTYPE)
+    y, m = poison(torch.empty(rows, dim, dtype=DTYPE)), poison(torch.empty(rows, dtype=DTYPE))
+    meta = {"BLOCK": 16, "BD": 8, "FROM_ONE": False, "NORMALIZE": True, "KEEP_MAX": False, **flags}
+    return (x, v, y, m, n, dim, x.stride(0), v.stride(0)), meta
+
+
+def test_online_softmax_becomes_a_max_pass_and_linear_sums():
+    args, meta = softmax_weighted_inputs()
+    x, v, y = args[:3]
+    online_softmax_variants[(x.shape[0],)](*args, **meta)
+    leaves = [x.clone().requires_grad_(), v.clone().requires_grad_()]
+    want = torch.softmax(leaves[0], dim=1) @ leaves[1]
+    assert_grads(online_softmax_variants, (x.shape[0],), args, meta, y, want, leaves, ("x_ptr", "v_ptr"))
+    src = tritongrad.grad(online_softmax_variants, constexprs=meta).src
+    assert "# online softmax: the running max m only stabilizes" in src, src
+    assert "# loop over k: l, acc are accumulated linearly" in src
+    assert "m_final = tg.stop_gradient(m_max)" in src and "tape" not in src
+
+
+@pytest.mark.parametrize("budget", [None, 1], ids=["a slot per iteration", "one checkpoint"])
+def test_online_softmax_whose_max_is_stored_keeps_its_state_on_a_tape(budget, monkeypatch):
+    # a budget of one byte leaves one slot per program: every reverse iteration re-runs those before it
+    if budget is not None:
+        monkeypatch.setattr(tritongrad.loops, "TAPE_BUDGET", budget)
+    args, meta = softmax_weighted_inputs(KEEP_MAX=True)
+    x, v, y, m = args[:4]
+    online_softmax_variants[(x.shape[0],)](*args, **meta)
+    leaves = [x.clone().requires_grad_(), v.clone().requires_grad_()]
+    want = (torch.softmax(leaves[0], dim=1) @ leaves[1], leaves[0].amax(1))
+    torch.testing.assert_close((y, m), tuple(w.detach() for w in want), **TOL)
+    d_y, d_m = torch.randn_like(y), torch.randn_like(m)
+    got = backward_launch(online_softmax_variants, (x.shape[0],), args, meta, {"y_ptr": d_y, "m_ptr": d_m})
+    for name, w in zip(("x_ptr", "v_ptr"), torch.autograd.grad(want, leaves, (d_y, d_m)), strict=True):
+        torch.testing.assert_close(got[name], w, **TOL)
+    src = tritongrad.grad(online_softmax_variants, constexprs=meta).src
+    assert "# loop over k: l, acc, m are carried nonlinearly" in src and "online softmax" not in src
+    assert "keeps the state at the start of each iteration on a tape" in src and "quadratic" not in src
+    assert "l_tape_row = tg.tape_row(l_tape, l, k_slots)" in src
 
 
 @pytest.mark.parametrize("from_one, normalize", [(True, True), (False, False)],
                          ids=["a sum starting at one", "a rescaled sum stored as it is"])
 def test_an_online_softmax_the_rewrite_cannot_prove_keeps_its_state_on_a_tape(from_one, normalize):
-    args, meta = softmax_weighted_inputs()
+    args, meta = softmax_weighted_inputs(FROM_ONE=from_one, NORMALIZE=normalize)
     x, v, y = args[:3]
-    meta = {**meta, "FROM_ONE": from_one, "NORMALIZE": normalize}
     online_softmax_variants[(x.shape[0],)](*args, **meta)
     leaves = [x.clone().requires_grad_(), v.clone().requires_grad_()]
     if normalize:
@@ -434,7 +393,7 @@ def test_an_online_softmax_the_rewrite_cannot_prove_keeps_its_state_on_a_tape(fr
     else:
         want = torch.exp(leaves[0] - leaves[0].amax(1, keepdim=True)) @ leaves[1]
     assert_grads(online_softmax_variants, (x.shape[0],), args, meta, y, want, leaves, ("x_ptr", "v_ptr"))
-    src = tritongrad.grad(online_softmax_variants, constexprs={"FROM_ONE": from_one, "NORMALIZE": normalize}).src
+    src = tritongrad.grad(online_softmax_variants, constexprs=meta).src
     assert "are carried nonlinearly" in src and "online softmax" not in src
 
 
