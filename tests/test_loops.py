@@ -305,11 +305,13 @@ def test_runtime_trip_count_including_zero():
 
 @triton.jit
 def online_softmax_variants(x_ptr, v_ptr, y_ptr, m_ptr, N, D, stride_x, stride_v, BLOCK: tl.constexpr,
-                            BD: tl.constexpr, FROM_ONE: tl.constexpr, NORMALIZE: tl.constexpr, KEEP_MAX: tl.constexpr):
+                            BD: tl.constexpr, FROM_ONE: tl.constexpr, NORMALIZE: tl.constexpr, KEEP_MAX: tl.constexpr,
+                            UNSCALED_SUM: tl.constexpr):
     # y = softmax(x[row]) @ v in one pass over the columns: an online softmax, as attention kernels do it.
     # FROM_ONE: the sum starts at 1, as the Triton tutorial writes it (the first rescaling
     # by exp(-inf) wipes it); NORMALIZE=False: the rescaled accumulator is stored as it is, so the max does not
-    # cancel; KEEP_MAX: the row's max is stored too. In each, the max does not only stabilize (as far as
+    # cancel; KEEP_MAX: the row's max is stored too; UNSCALED_SUM: the sum is not rescaled (a bug, but a function
+    # of its own, which a max pass would change). In each, the max does not only stabilize (as far as
     # online.py can prove)
     row = tl.program_id(0)
     d = tl.arange(0, BD)
@@ -327,7 +329,10 @@ def online_softmax_variants(x_ptr, v_ptr, y_ptr, m_ptr, N, D, stride_x, stride_v
         m_new = tl.maximum(m, tl.max(x))
         alpha = tl.exp(m - m_new)
         p = tl.exp(x - m_new)
-        l = l * alpha + tl.sum(p)
+        if UNSCALED_SUM:
+            l = l + tl.sum(p)
+        else:
+            l = l * alpha + tl.sum(p)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m = m_new
     if NORMALIZE:
@@ -343,7 +348,8 @@ def softmax_weighted_inputs(**flags):
     rows, n, dim = 4, 45, 7
     x, v = 3 * torch.randn(rows, n, dtype=DTYPE), torch.randn(n, dim, dtype=DTYPE)
     y, m = poison(torch.empty(rows, dim, dtype=DTYPE)), poison(torch.empty(rows, dtype=DTYPE))
-    meta = {"BLOCK": 16, "BD": 8, "FROM_ONE": False, "NORMALIZE": True, "KEEP_MAX": False, **flags}
+    meta = {"BLOCK": 16, "BD": 8, "FROM_ONE": False, "NORMALIZE": True, "KEEP_MAX": False, "UNSCALED_SUM": False,
+            **flags}
     return (x, v, y, m, n, dim, x.stride(0), v.stride(0)), meta
 
 
@@ -381,14 +387,28 @@ def test_online_softmax_whose_max_is_stored_keeps_its_state_on_a_tape(budget, mo
     assert "l_tape_row = tg.tape_row(l_tape, l, k_slots)" in src
 
 
-@pytest.mark.parametrize("from_one, normalize", [(True, True), (False, False)],
-                         ids=["a sum starting at one", "a rescaled sum stored as it is"])
-def test_an_online_softmax_the_rewrite_cannot_prove_keeps_its_state_on_a_tape(from_one, normalize):
-    args, meta = softmax_weighted_inputs(FROM_ONE=from_one, NORMALIZE=normalize)
+def unscaled_sum_reference(x, v, block):
+    """online_softmax_variants with UNSCALED_SUM, block by block in PyTorch."""
+    m = torch.full((x.shape[0], 1), float("-inf"), dtype=x.dtype)
+    l, acc = torch.zeros_like(m), torch.zeros(x.shape[0], v.shape[1], dtype=x.dtype)
+    for k in range(0, x.shape[1], block):
+        xs, vs = x[:, k:k + block], v[k:k + block]
+        m_new = torch.maximum(m, xs.amax(1, keepdim=True))
+        p = torch.exp(xs - m_new)
+        l, acc, m = l + p.sum(1, keepdim=True), acc * torch.exp(m - m_new) + p @ vs, m_new
+    return acc / l
+
+
+@pytest.mark.parametrize("flags", [{"FROM_ONE": True}, {"NORMALIZE": False}, {"UNSCALED_SUM": True}],
+                         ids=["a sum starting at one", "a rescaled sum stored as it is", "a sum not rescaled"])
+def test_an_online_softmax_the_rewrite_cannot_prove_keeps_its_state_on_a_tape(flags):
+    args, meta = softmax_weighted_inputs(**flags)
     x, v, y = args[:3]
     online_softmax_variants[(x.shape[0],)](*args, **meta)
     leaves = [x.clone().requires_grad_(), v.clone().requires_grad_()]
-    if normalize:
+    if meta["UNSCALED_SUM"]:
+        want = unscaled_sum_reference(*leaves, meta["BLOCK"])
+    elif meta["NORMALIZE"]:
         want = torch.softmax(leaves[0], dim=1) @ leaves[1]
     else:
         want = torch.exp(leaves[0] - leaves[0].amax(1, keepdim=True)) @ leaves[1]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import math
 from dataclasses import replace
 
 from .ir import (
@@ -56,7 +57,7 @@ from .ir import (
     value_args,
 )
 from .operations import operation_of
-from .stabilizers import Changes, follow, is_zeros
+from .stabilizers import INVARIANT, ZERO, Changes, Scale, follow, is_zeros
 
 BROADCASTS = ("subscript", "expand_dims", "broadcast_to", "reshape", "view")
 NOTE = ("online softmax: the running max {m} only stabilizes (nothing stored depends on it), so a pass of\n"
@@ -72,10 +73,10 @@ def online_softmax(program: Program) -> Program:
         found = _match(loop, block)
         if found is None:
             continue
-        m, alphas, rescaled = found
+        m, alphas, rescaled, base = found
         trial = copy.deepcopy(program.body)  # statements' tags are shared; only their ASTs are new
         t_block, t_loop = _find(trial, tag)
-        renamed = _rewrite(trial, t_block, t_loop, m, alphas, rescaled, namer)
+        renamed = _rewrite(trial, t_block, t_loop, m, alphas, rescaled, base, namer)
         if renamed is not None:
             program.body[:] = trial
             program.names |= namer.taken
@@ -102,7 +103,8 @@ def _find(body: list[ast.stmt], tag: Tag) -> tuple[list[ast.stmt], ast.For]:
 
 
 def _match(loop: ast.For, block: list[ast.stmt]):
-    """(the carried max, the names of its rescaling factors, the carried values they rescale), or None."""
+    """(the carried max, the names of its rescaling factors, the carried values they rescale, the base of their
+    ``exp``), or None."""
     body = loop.body
     top = {target_of(s): s for s in body if target_of(s) is not None}
     users: dict[str, list[ast.stmt]] = {}
@@ -117,6 +119,7 @@ def _match(loop: ast.For, block: list[ast.stmt]):
         m_new = target_of(update)
         alphas: set[str] = set()
         factors: dict[str, str] = {}  # a rescaled carried value -> the statement multiplying it
+        exps: set[str] = set()
         ok = True
         for s in users.get(c.name, []):
             if s is update:
@@ -129,6 +132,7 @@ def _match(loop: ast.For, block: list[ast.stmt]):
                 if op_of(e).kind not in ("exp", "exp2") or target_of(e) not in top:
                     ok = False
                     break
+                exps.add(op_of(e).kind)
                 alphas |= _factor_family(target_of(e), users, top)
         if not ok or not alphas:
             continue
@@ -138,17 +142,18 @@ def _match(loop: ast.For, block: list[ast.stmt]):
                     continue
                 args = _names(op_of(s).args)
                 others = [n for n in args if n not in alphas]
-                if op_of(s).kind != "mul" or len(others) != 1 or others[0] not in carried or target_of(s) not in top:
+                if (op_of(s).kind != "mul" or len(others) != 1 or others[0] not in carried or others[0] in factors
+                        or target_of(s) not in top):
                     ok = False
                     break
                 factors[others[0]] = target_of(s)
-        if not ok or c.name in factors or not factors:
+        if not ok or c.name in factors or not factors or len(exps) != 1:
             continue
         if not all(_starts_at_zero(carried[x], block, loop) for x in factors):
             continue
         if any(c.name in reads(s) for s in body if is_structured(s)):
             continue  # read in a branch or an inner loop
-        return c, alphas, factors
+        return c, alphas, factors, math.e if exps == {"exp"} else 2.0
     return None
 
 
@@ -207,7 +212,7 @@ def _names(atoms: list[ast.expr]) -> list[str]:
 
 
 def _rewrite(trial: list[ast.stmt], block: list[ast.stmt], loop: ast.For, m: Carried, alphas: set[str],
-             rescaled: dict[str, str], namer: Namer) -> dict[str, str] | None:
+             rescaled: dict[str, str], base: float, namer: Namer) -> dict[str, str] | None:
     """Rewrite the loop in ``block`` of ``trial`` (a copy of the program's body): the names the max pass gave
     the statements it copies, or None where the result is not proven to have the forward's gradient."""
     body = loop.body
@@ -260,9 +265,14 @@ def _rewrite(trial: list[ast.stmt], block: list[ast.stmt], loop: ast.For, m: Car
     _read_instead(block, block.index(loop) + 1, m.name, final)
     guarded = _guard_casts(trial, final)
     try:
-        follow(trial, final, guarded)
+        kinds = follow(trial, final, guarded)
     except Changes:
         return None
+    # value for value the forward's (by induction) only where exactly the rescaled sums scale, as exp(-M) does
+    for c in loop.tg.carried:
+        moved = kinds.get(c.name, INVARIANT)
+        if (moved != Scale(base, -1.0)) if c.name in rescaled else moved not in (INVARIANT, ZERO):
+            return None
     return None if any(m.name in reads(s) for s in loop.body) else renamed
 
 
