@@ -49,7 +49,6 @@ from .ir import (
     child_blocks,
     is_structured,
     name_node,
-    names_in,
     op_of,
     reads,
     statements,
@@ -57,7 +56,7 @@ from .ir import (
     value_args,
 )
 from .operations import operation_of
-from .stabilizers import INVARIANT, ZERO, Changes, Scale, follow, is_zeros
+from .stabilizers import INVARIANT, ZERO, Changes, Scale, follow
 
 BROADCASTS = ("subscript", "expand_dims", "broadcast_to", "reshape", "view")
 NOTE = ("online softmax: the running max {m} only stabilizes (nothing stored depends on it), so a pass of\n"
@@ -69,8 +68,8 @@ def online_softmax(program: Program) -> Program:
     namer = Namer(set(program.names) | {n.id for n in ast.walk(ast.Module(program.body, [])) if isinstance(
         n, ast.Name)} | set(program.param_names()))
     for tag in [loop.tg for _, loop in _top_loops(program.body)]:
-        block, loop = _find(program.body, tag)  # (the body a rewrite before this one left)
-        found = _match(loop, block)
+        _, loop = _find(program.body, tag)  # (in the body a rewrite before this one left)
+        found = _match(loop)
         if found is None:
             continue
         m, alphas, rescaled, base = found
@@ -102,9 +101,10 @@ def _find(body: list[ast.stmt], tag: Tag) -> tuple[list[ast.stmt], ast.For]:
     raise AssertionError("loop not found in the copy")
 
 
-def _match(loop: ast.For, block: list[ast.stmt]):
+def _match(loop: ast.For):
     """(the carried max, the names of its rescaling factors, the carried values they rescale, the base of their
-    ``exp``), or None."""
+    ``exp``), or None. That those values start at zero is left to the proof (``follow`` lets only such a sum
+    scale through its loop)."""
     body = loop.body
     top = {target_of(s): s for s in body if target_of(s) is not None}
     users: dict[str, list[ast.stmt]] = {}
@@ -149,8 +149,6 @@ def _match(loop: ast.For, block: list[ast.stmt]):
                 factors[others[0]] = target_of(s)
         if not ok or c.name in factors or not factors or len(exps) != 1:
             continue
-        if not all(_starts_at_zero(carried[x], block, loop) for x in factors):
-            continue
         if any(c.name in reads(s) for s in body if is_structured(s)):
             continue  # read in a branch or an inner loop
         return c, alphas, factors, math.e if exps == {"exp"} else 2.0
@@ -180,31 +178,6 @@ def _factor_family(alpha: str, users: dict[str, list[ast.stmt]], top: dict[str, 
                 family.add(t)
                 work.append(t)
     return family
-
-
-def _starts_at_zero(c: Carried, block: list[ast.stmt], loop: ast.For) -> bool:
-    """Whether the carried value is zero when the loop starts: assigned ``tl.zeros(...)`` (or ``tl.full`` of 0)
-    before it in its block."""
-    init = c.init
-    if not isinstance(init, ast.Name):
-        return _number(init) == 0
-    before = block[:block.index(loop)]
-    for s in reversed(before):
-        if target_of(s) == init.id:
-            op = op_of(s)
-            if is_zeros(s):
-                return True
-            if op.kind == "copy" and isinstance(op.args[0], ast.Name) and op.args[0].id != init.id:
-                init = op.args[0]
-                continue
-            return False
-    return False
-
-
-def _number(atom: ast.expr) -> float | None:
-    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)) and not isinstance(atom.value, bool):
-        return float(atom.value)
-    return None
 
 
 def _names(atoms: list[ast.expr]) -> list[str]:
@@ -300,8 +273,7 @@ def _slice(body: list[ast.stmt], update: ast.stmt, m: str, carried: dict[str, Ca
         s = home.get(n)
         if s is None or s is update:
             continue  # from before the loop
-        if isinstance(s, ast.For) or any(operation_of(op_of(i)).memory not in (None, "load")
-                                         for i in (statements([s]) if is_structured(s) else [s])):
+        if isinstance(s, ast.For) or any(_writes(i) for i in (statements([s]) if is_structured(s) else [s])):
             return None, None
         if is_structured(s):
             if s not in taken:
@@ -313,6 +285,11 @@ def _slice(body: list[ast.stmt], update: ast.stmt, m: str, carried: dict[str, Ca
         work += value_args(s)
     order = [s for s in body if s is not update and (s in taken or (not is_structured(s) and target_of(s) in needed))]
     return needed, order
+
+
+def _writes(stmt: ast.stmt) -> bool:
+    """Whether a flat statement writes memory (a store or an atomic)."""
+    return operation_of(op_of(stmt)).memory not in (None, "load")
 
 
 def _copy(stmt: ast.stmt, renamed: dict[str, str]) -> ast.stmt:
@@ -364,7 +341,7 @@ def _read_instead(block: list[ast.stmt], start: int, old: str, new: str) -> None
     """Statements of ``block`` from ``start`` on that read ``old`` replaced by copies reading ``new`` (operations
     are shared with the program being rewritten: they are copied, not changed)."""
     for i, s in enumerate(block[start:], start):
-        if old in reads(s) or any(old in names_in(a) for a in [*op_of(s).args, *op_of(s).kwargs.values()]):
+        if old in reads(s):  # (an operation's atoms are its statement's nodes, or copies of them)
             block[i] = _copy(s, {old: new})
 
 
@@ -373,8 +350,7 @@ def _dead_code_removed(body: list[ast.stmt], loop: ast.For, block: list[ast.stmt
     outside = set().union(*(reads(s) for s in block if s is not loop)) | {c.name for c in loop.tg.carried}
     while True:
         used = outside | set().union(*(reads(s) for s in body), set())
-        keep = [s for s in body if is_structured(s) or target_of(s) is None or target_of(s) in used
-                or operation_of(op_of(s)).memory not in (None, "load")]
+        keep = [s for s in body if is_structured(s) or target_of(s) is None or target_of(s) in used or _writes(s)]
         if len(keep) == len(body):
             return body
         body = keep
@@ -393,7 +369,7 @@ def _guard_casts(body: list[ast.stmt], final: str) -> set[int]:
         op = op_of(s)
         if op.kind in ("to", "cast"):
             b = arguments(s)
-            if not ast.unparse(b["dtype"]).startswith(("tl.float", "tl.bfloat")) and not _is_true(b.get("bitcast")):
+            if not ast.unparse(b["dtype"]).startswith(("tl.float", "tl.bfloat")) and _plain(b):
                 s.value = ast.Call(ast.Attribute(name_node("tg"), "to_float", ast.Load()),
                                    [copy.deepcopy(b["input"]), copy.deepcopy(b["dtype"])], [])
                 ast.fix_missing_locations(s)
@@ -401,5 +377,8 @@ def _guard_casts(body: list[ast.stmt], final: str) -> set[int]:
     return guarded
 
 
-def _is_true(atom: ast.expr | None) -> bool:
-    return isinstance(atom, ast.Constant) and atom.value is True
+def _plain(cast: dict[str, ast.expr]) -> bool:
+    """Whether a cast's other arguments are their defaults (``tg.to_float`` passes none on): no rounding mode,
+    no bitcast. Another cast of rescaled values is left to the perturbation analysis, which refuses it."""
+    return all(isinstance(cast[k], ast.Constant) and cast[k].value in (None, False)
+               for k in ("fp_downcast_rounding", "bitcast"))

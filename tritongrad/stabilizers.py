@@ -88,7 +88,7 @@ def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = fr
     first as ``ZERO``, it then scales as its next value came out, which the loop is visited again to confirm.
     ``guarded``: ids of casts compiled with a check that their type is a float type (online.py)."""
     kinds: dict[str, object] = {m: Shift(1.0)}  # name -> how it moves (every definition must agree)
-    zeros = {target_of(s) for s in _flat(body) if is_zeros(s)}
+    zeros = {target_of(s) for s in _flat(body) if _is_zeros(s)}
 
     def kind_of(atom: ast.expr):
         if isinstance(atom, ast.Name):
@@ -148,7 +148,7 @@ def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = fr
     return kinds
 
 
-def is_zeros(stmt: ast.stmt) -> bool:
+def _is_zeros(stmt: ast.stmt) -> bool:
     """Whether the statement makes a tile of zeros (``tl.zeros``, ``tl.zeros_like``, ``tl.full`` of 0)."""
     op = op_of(stmt)
     if op.kind == "full":
