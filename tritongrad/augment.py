@@ -6,7 +6,7 @@ pass over the loop before the reverse one: a cross-entropy's backward reads its 
 forward launches such a kernel, it launches this one instead: the user's function (its own source, recompiled),
 with, around each loop the backward tapes,
 
-    tritongrad_row_0 = tg.tape_row(tritongrad_tape_0, m, tritongrad_slots_0)   # before the loop
+    tritongrad_row_0 = tg.tape_row(tritongrad_tape_0, m, tritongrad_slots_0, tg.program_index())  # before
     tritongrad_slot_0 = tl.full((), 0, tl.int32)
     for ...:
         tg.tape_put(tritongrad_row_0, tritongrad_slot_0, m, True)              # the state each iteration starts from
@@ -14,13 +14,15 @@ with, around each loop the backward tapes,
         <the body as written>
     tg.tape_put(tritongrad_row_0, tritongrad_slot_0, m, True)                  # and the state after the loop
 
-and the backward's variant that reads those tapes (``derive.BackwardKernel.saved_variant``; ``loops.SAVED``)
+and the backward's variant that reads those tapes (``BackwardKernel.prepare(saved=...)``; ``loops.SAVED``)
 replays neither the loop nor its recording pass. The tapes live from the forward to the backward: they are kept
-only where they take at most ``SHARE`` of the bytes of the launch's tensors (a running max and sum per row, not
-an attention accumulator per iteration), for loops the user wrote in the kernel itself outside any other loop,
-and where the launch gives the loops' trip counts. Anything else launches the user's kernel unchanged, and the
-backward records its tapes itself (``TRITONGRAD_SAVE_STATE=0`` does that always). The augmented kernel is a
-plain ``triton.jit`` of the function: the user's jit options (``do_not_specialize``, ``debug``) are not carried.
+only where they take at most ``SHARE`` of the bytes of the launch's tensors (a running max and sum per row, not an
+attention accumulator per iteration; a loop's final state, one slot per program, at most ``FINALS_SHARE``: an
+attention accumulator after the loop is as big as the output), for loops the user wrote in the kernel itself
+outside any other loop, and where the launch gives the loops' trip counts. Anything else launches the user's kernel
+unchanged, and the backward records its tapes itself (``TRITONGRAD_SAVE_STATE=0`` does that always). The augmented
+kernel is a plain ``triton.jit`` of the function: the user's jit options (``do_not_specialize``, ``debug``) are not
+carried.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from .codegen import jit_source
 from .loops import Tape
 from .source import Source
 
-SHARE = 0.25  # the tapes a forward keeps may take this share of the bytes of the launch's tensors
+SHARE = 0.25  # the state tapes a forward keeps may take this share of the bytes of the launch's tensors
+FINALS_SHARE = 1.0  # and its loops' final states (one slot per program, not per iteration) this share
 ENABLED = os.environ.get("TRITONGRAD_SAVE_STATE", "1") != "0"
 
 
@@ -81,11 +84,12 @@ class Augmented:
                 self.layouts[key] = layout
         if layout is None:
             return None
-        total, views, slots = layout
+        (states, finals), views, slots = layout
         tensors = [v for v in named.values() if isinstance(v, torch.Tensor)]
-        if not tensors or total > SHARE * sum(t.numel() * t.element_size() for t in tensors):
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        if not tensors or states > SHARE * size or finals > FINALS_SHARE * size:
             return None
-        buffer = torch.empty(total, dtype=torch.uint8, device=tensors[0].device)
+        buffer = torch.empty(states + finals, dtype=torch.uint8, device=tensors[0].device)
         return SavedStates(self.tapes, {**{p: buffer[a:b] for p, a, b in views}, **slots})
 
     @functools.cached_property
@@ -95,23 +99,25 @@ class Augmented:
         for tape in self.tapes:
             names |= tape.trips.names() if tape.trips is not None else set()
             names |= {n for _, shape in tape.states for extent in shape for n in Expr.of_text(extent).names()}
+            names |= {d for d in tape.dtypes if d is not None and not d.startswith("tl.")}
         return tuple(sorted(names))
 
     def _layout(self, named: dict[str, Any], grid: tuple[int, ...]) -> tuple | None:
-        """(bytes, (parameter, first byte, end) per tape buffer, slot count per tape) for a launch; None where a
-        trip count is not known. Buffers are 8-byte aligned slices of one allocation."""
+        """((bytes of state tapes, of finals), (parameter, first byte, end) per tape buffer, slot count per tape)
+        for a launch; None where a trip count is not known. Buffers are 8-byte aligned slices of one allocation."""
         launch, programs = LaunchValues(named, grid), math.prod(grid)
-        views, slots, at = [], {}, 0
+        views, slots, at, finals = [], {}, 0, 0
         for tape in self.tapes:
             trips = 0 if tape.final else tape.known_trips(launch)
             if trips is None:
                 return None
             slots[tape.slots] = trips + 1
-            for param, shape in tape.states:
-                n = max(1, programs * (trips + 1) * launch.numel(shape) * 8)
+            for param, size in tape.state_bytes(launch).items():
+                n = max(8, -(-programs * (trips + 1) * size // 8) * 8)
                 views.append((param, at, at + n))
                 at += n
-        return at, tuple(views), slots
+                finals += n if tape.final else 0
+        return (at - finals, finals), tuple(views), slots
 
     def launch_args(self, saved: SavedStates) -> dict[str, Any]:
         """The augmented kernel's arguments for the tapes, by its own parameter names."""
@@ -154,14 +160,14 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
     from .derive import grad
 
     bwd = grad(jit_fn, constexprs=named)
-    main = bwd.variant(bwd.lowering.best()).parts[0]
-    if not any(tape.states for tape in main.kept) or main.axis is not None:
+    tapes = bwd.saved_tapes()
+    if not any(tape.states for tape in tapes):
         return None
     source = Source.of(jit_fn)
     fn = copy.deepcopy(source.tree)
     parents = {id(c): p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
     params: dict[str, str] = {}
-    for k, tape in enumerate(main.kept):
+    for k, tape in enumerate(tapes):
         if not tape.states:  # nothing the backward reads from it: its slot count only
             continue
         loop = _loop_of(fn, parents, source, tape)
@@ -172,7 +178,8 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
         params[tape.slots] = f"tritongrad_slots_{k}"
         for j, (param, _) in enumerate(tape.states):
             params[param] = f"tritongrad_tape_{k}_{j}"
-        before = [f"{row[s]} = tritongrad_tg.tape_row({params[p]}, {s}, {params[tape.slots]})"
+        before = [f"{row[s]} = tritongrad_tg.tape_row({params[p]}, {s}, {params[tape.slots]}, "
+                  "tritongrad_tg.program_index())"
                   for (p, _), s in zip(tape.states, tape.sources, strict=True)]
         before.append(f"{slot} = tritongrad_tl.full((), 0, tritongrad_tl.int32)")  # a constexpr 0 cannot be carried
         puts = [f"tritongrad_tg.tape_put({row[s]}, {slot}, {s}, True)" for s in tape.sources]
@@ -190,7 +197,7 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
             fn.args.defaults.append(ast.Constant(None))
     src = f"@triton.jit\n{ast.unparse(ast.fix_missing_locations(fn))}\n"
     scope = {**source.scope, "triton": triton, "tritongrad_tg": tg, "tritongrad_tl": tl}  # the kernel's own scope
-    return Augmented(jit_source(src, fn.name, scope), main.kept, params, src)
+    return Augmented(jit_source(src, fn.name, scope), tapes, params, src)
 
 
 def _loop_of(fn: ast.FunctionDef, parents: dict[int, ast.AST], source: Source, tape: Tape) -> ast.For | None:

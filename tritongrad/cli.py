@@ -86,8 +86,8 @@ def show(args: argparse.Namespace) -> int:
     if notes:
         print("\n" + notes, end="")
     found = augmented(unwrap(kernel), {})
-    best = bwd.lowering.best()
-    if found is not None and bwd.variant(best).parts[0].kept == found.tapes:
+    best = bwd.saved_lowering.best()
+    if found is not None and bwd.saved_tapes() == found.tapes:
         print(f"\n\n# Through a tritongrad.op, the forward keeps what the backward reads of its loops (augment.py): it "
               f"launches\n\n{found.src}\n# and the backward reads them:\n\n{bwd.variant(best, saved=True).src}", end="")
     return 0

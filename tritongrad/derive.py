@@ -78,10 +78,8 @@ class Prepared:
     variant for that, and its tuned launch setting once the first launch has timed it."""
 
     choices: dict[str, Choice]
-    variant: Variant
+    variant: Variant  # reading the state tapes the forward kept (augment.py) where its parts are ``saved``
     setting: tuning.Setting | None = None
-    saved: Variant | None = None  # the variant reading the state tapes the forward kept (augment.py), once asked
-    saved_setting: tuning.Setting | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +173,7 @@ class BackwardKernel:
         self._checked: set = set()  # (grid, argument values) the launch checks passed for
         self._chosen: dict[tuple, dict[str, Choice]] = {}  # (grid, arguments, written) -> choices
         self.not_interchanged: dict[str, str] = {}  # input -> why it cannot have a kernel of its own
+        self.saved_lowering = lowering  # for a launch whose forward kept its loops' states (augment.py)
         self._keep_feasible_interchanges()
         best = self.variant(self.lowering.best())  # derived now, so that what cannot be differentiated says so now
         if not any(part.wrt == self.wrt for part in best.parts):  # the calling convention's shadow names
@@ -186,7 +185,9 @@ class BackwardKernel:
             self._refuse_atomics({p: c for p, c in best.choices})
 
     def _keep_feasible_interchanges(self) -> None:
-        """Drop the interchanges whose backward body cannot give its loop to the grid (interchange.py)."""
+        """Drop the interchanges whose backward body cannot give its loop to the grid (interchange.py); keep
+        in ``saved_lowering`` those it can give where it reads the loops' states the forward kept (an attention
+        backward's: without them, it replays the forward's loop in every program)."""
         for param, lowering in self.lowering.inputs.items():
             for axis in list(lowering.interchange):
                 try:
@@ -194,6 +195,12 @@ class BackwardKernel:
                 except NotInterchangeable as e:
                     self.not_interchanged[param] = str(e)
                     self.lowering = self.lowering.without_interchange(param)
+                    try:
+                        self._part({param: Choice(INTERCHANGE, axis)}, saved=True)
+                    except NotInterchangeable:
+                        self.saved_lowering = self.saved_lowering.without_interchange(param)
+                    else:
+                        self.not_interchanged[param] += " (where the forward keeps the loop's final state, it has)"
                     break
 
     # -- the kernel --------------------------------------------------------------------------------
@@ -227,15 +234,17 @@ class BackwardKernel:
                 found = self._variants[(key, saved)] = self._build(dict(key), saved)
         return found
 
-    def saved_variant(self, prepared: Prepared, tapes: tuple[Tape, ...]) -> Variant | None:
-        """The prepared launch's variant reading the state tapes a forward kept for these ``tapes``; None where
-        its first kernel keeps other tapes, or runs other programs than the forward's (persistent)."""
-        main = prepared.variant.parts[0]
-        if not tapes or main.kept != tapes or main.axis is not None:
-            return None
-        if prepared.saved is None:
-            prepared.saved = self.variant(prepared.choices, saved=True)
-        return prepared.saved if prepared.saved.parts[0].kept == tapes else None
+    def saved_tapes(self) -> tuple[Tape, ...]:
+        """The tapes a forward keeps for the variant a typical launch reads them with (augment.py): each of its
+        kernels' (state tapes, loops' finals), once; none where a kernel runs other programs than the forward's
+        (persistent; an interchanged one reads the forward's finals by the forward's program it loops over)."""
+        parts = self.variant(self.saved_lowering.best(), saved=True).parts
+        if any(part.axis is not None and part.trips is None for part in parts):
+            return ()
+        kept: dict[tuple, Tape] = {}
+        for tape in (tape for part in parts for tape in part.tapes):
+            kept[tape.key] = kept[tape.key].joined(tape) if tape.key in kept else tape
+        return tuple(kept.values())
 
     def _build(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
         own = [p for p, c in choices.items() if c.mode == INTERCHANGE]
@@ -243,7 +252,7 @@ class BackwardKernel:
         groups = [{p: choices[p]} for p in own]
         if not own or any(c.mode != NONE for c in rest.values()):
             groups.insert(0, rest)
-        parts = tuple(self._part(g, saved and i == 0) for i, g in enumerate(groups))
+        parts = tuple(self._part(g, saved) for g in groups)
         written = set().union(*[part.written for part in parts])
         return Variant(tuple(choices.items()), parts, frozenset(p for p in self.wrt if p not in written))
 
@@ -275,7 +284,8 @@ class BackwardKernel:
             programs, *strides = backward.extra_params
             rows = dict(zip([p for p, c in choices.items() if c.mode in PARTIALS], strides, strict=True))
         axis = next((c.axis for c in choices.values() if c.mode in (*PARTIALS, INTERCHANGE)), None)
-        trips = next((self.lowering.inputs[p].trips for p, c in choices.items() if c.mode == INTERCHANGE), None)
+        trips = next((self.saved_lowering.inputs[p].trips for p, c in choices.items() if c.mode == INTERCHANGE),
+                     None)
         part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
                                        frozenset(backward.written_inputs), tuple(backward.tapes),
                                        tuple(backward.later_adds), saved, tuple(backward.finals))
@@ -337,7 +347,7 @@ class BackwardKernel:
         if specialized is not self:
             return specialized.gradients(grid, named, output_grads, saved)
         sizes = _sizes(grid(named) if callable(grid) else grid)
-        prepared = self.prepare(named, sizes, aliased=aliased({p: named[p] for p in self.wrt}))
+        prepared = self.prepare(named, sizes, aliased=aliased({p: named[p] for p in self.wrt}), saved=saved)
         grads = {}
         for p in self.in_place:  # one buffer: the new values' gradient in, the old values' out
             x = named[p]
@@ -359,11 +369,12 @@ class BackwardKernel:
         return self.prepare(named, grid, written, aliased).choices
 
     def prepare(self, named: dict[str, Any], grid: tuple[int, ...], written: frozenset[str] = frozenset(),
-                aliased: frozenset[str] = frozenset()) -> Prepared:
+                aliased: frozenset[str] = frozenset(), saved: Any = None) -> Prepared:
         """Check the launch (grid, store conditions, dtypes), choose how each input's gradient is written
         and get the variant for that; cached per arguments the choice depends on. ``written``: inputs whose
         buffers already hold gradient to add to; ``aliased``: inputs whose buffers share memory with
-        another input's."""
+        another input's; ``saved``: the state tapes the forward kept (augment.SavedStates), read by the variant
+        where it needs no others."""
         written = written | self.in_place  # its buffer holds the new values' gradient
         self.check_grid(grid)
         self.check_arguments(named, grid)
@@ -372,17 +383,21 @@ class BackwardKernel:
             if dtype is not None and not dtype.is_floating_point:
                 raise TypeError(f"{self.name}: wrt names `{name}`, but the tensor passed there is {dtype}; "
                                 "only floating-point inputs have gradients")
-        key = (grid, written, aliased, *[_describe(named.get(n)) for n in self._chosen_names])
+        key = (grid, written, aliased, saved is not None, *[_describe(named.get(n)) for n in self._chosen_names])
         prepared = self._chosen.get(key)
         if prepared is None:
             device = next((t.device for p in self.wrt if hasattr(t := named.get(p), "device")), None)
-            choices = self.lowering.choose(LaunchValues(named, grid), written, aliased, _multiprocessors(device),
-                                           row_budget=tape_budget(device), deterministic=self.deterministic)
+            lowering = self.saved_lowering if saved is not None else self.lowering
+            choices = lowering.choose(LaunchValues(named, grid), written, aliased, _multiprocessors(device),
+                                      row_budget=tape_budget(device), deterministic=self.deterministic)
             if self.deterministic:
                 self._refuse_atomics(choices)
+            variant = self.variant(choices, saved=saved is not None)
+            if saved is not None and not _reads_only(variant, saved.tapes):
+                return self.prepare(named, grid, written, aliased)
             if len(self._chosen) > 4096:
                 self._chosen.clear()
-            prepared = self._chosen[key] = Prepared(choices, self.variant(choices))
+            prepared = self._chosen[key] = Prepared(choices, variant)
         return prepared
 
     @functools.cached_property
@@ -403,28 +418,21 @@ class BackwardKernel:
         (stored into or added to; an input summed in partial rows gets their sum, added if in ``written``).
         ``pad``: zeros around each partial row, to look for gradient outside the tensor (a checked backward).
         Launch settings are tuned on a GPU (tuning.py). ``saved``: the state tapes the forward kept
-        (augment.SavedStates), read instead of recorded where the prepared variant keeps the same tapes.
-        ``setting``: launch with this one, untimed (a trial of tuning another config). Returns the partial
-        rows: input -> (rows with their padding, pad)."""
-        variant, tapes = prepared.variant, {}
-        if saved is not None and (with_saved := self.saved_variant(prepared, saved.tapes)) is not None:
-            variant, tapes = with_saved, saved.args
+        (augment.SavedStates), for a variant prepared to read them. ``setting``: launch with this one, untimed
+        (a trial of tuning another config). Returns the partial rows: input -> (rows with their padding, pad)."""
+        variant = prepared.variant
+        tapes = saved if any(part.saved for part in variant.parts) else None
         written = written | self.in_place
         for p in variant.unwritten - written:  # no gradient reaches it (a stored one would be left unset)
             buffers[p].zero_()
-        if setting is None and tapes:
-            if prepared.saved_setting is None:
-                prepared.saved_setting = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
-            setting = prepared.saved_setting
-        elif setting is None:
+        if setting is None:
             if prepared.setting is None:
-                prepared.setting = self._tuned(variant, grid, named, output_grads, buffers, written)
+                prepared.setting = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
             setting = prepared.setting
         return self._run(variant, grid, named, output_grads, buffers, setting, written, pad, tapes=tapes)
 
     def _tuned(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
-               buffers: dict[str, Any], written: frozenset[str], tapes: dict[str, Any] | None = None
-               ) -> tuning.Setting:
+               buffers: dict[str, Any], written: frozenset[str], tapes: Any = None) -> tuning.Setting:
         """The launch setting for a prepared launch: timed on a GPU (tuning.py), else the forward's."""
         device = next((t.device for t in buffers.values()), None)
         if self.deterministic or not tuning.enabled(device):
@@ -440,16 +448,16 @@ class BackwardKernel:
 
     def _run(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
              buffers: dict[str, Any], setting: tuning.Setting, written: frozenset[str], pad: int,
-             reduce: bool = True, tapes: dict[str, Any] | None = None) -> dict:
+             reduce: bool = True, tapes: Any = None) -> dict:
         """One launch of each of the variant's kernels with a setting; partial rows allocated, and summed into
-        their targets (``reduce``: not in tuning's trials). ``tapes``: the saved state tapes, for the kernel
-        that reads them."""
+        their targets (``reduce``: not in tuning's trials). ``tapes``: the state tapes the forward kept
+        (augment.SavedStates), for the kernels that read them."""
         rows = {}
         for part in variant.parts:
             args = {**named, **{part.shadows[o]: g for o, g in output_grads.items()}}
             args.update({part.shadows[p]: buffers[p] for p in part.wrt})
             if part.saved:
-                args.update(tapes)
+                args.update(_tape_args(part, tapes))
             if setting.num_warps is not None:
                 args["num_warps"] = setting.num_warps
             if setting.num_stages is not None:
@@ -609,6 +617,26 @@ def _zeros_strided(size, stride, dtype, device):
     import torch
 
     return torch.empty_strided(size, stride, dtype=dtype, device=device).zero_()
+
+
+def _reads_only(variant: Variant, tapes: tuple[Tape, ...]) -> bool:
+    """Whether the tapes a variant's kernels read are among those a forward kept."""
+    kept = {tape.key: tape for tape in tapes}
+    return all(tape.key in kept and kept[tape.key].holds(tape)
+               for part in variant.parts if part.saved for tape in part.tapes)
+
+
+def _tape_args(part: Part, saved: Any) -> dict[str, Any]:
+    """A kernel's arguments for the tapes it reads: the forward's (augment.SavedStates), by its own parameter
+    names (each kernel of a variant names them itself)."""
+    kept = {tape.key: tape for tape in saved.tapes}
+    args = {}
+    for tape in part.tapes:
+        there = kept[tape.key]
+        args[tape.slots] = saved.args[there.slots]
+        held = there.held()
+        args.update({param: saved.args[held[source][0]] for source, (param, _, _) in tape.held().items()})
+    return args
 
 
 def _describe(value: Any) -> Any:

@@ -20,8 +20,8 @@ _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad
             "to_float")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
-_CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_row": ("program_index",),
-          "tape_put": ("tile_offsets",), "tape_get": ("tile_offsets",), "add_later": ("program_index", "tile_offsets")}
+_CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_put": ("tile_offsets",),
+          "tape_get": ("tile_offsets",), "add_later": ("program_index", "tile_offsets")}
 
 
 def __getattr__(name: str):
@@ -130,9 +130,19 @@ def _trip_count(start, stop, step):
     return n
 
 
-def _program_index():
-    """This program's place in the whole grid, counted along axis 0 first (its slot in per-program buffers)."""
-    return tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+def _program_index(axis: tl.constexpr = -1, pid=0, programs=1):
+    """This program's place in the whole grid, counted along axis 0 first (its slot in per-program buffers).
+    With ``axis``: the place of the forward's program ``pid`` along it, of ``programs`` (a backward that loops
+    over the forward's programs along that axis)."""
+    p0, p1, p2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n0, n1 = tl.num_programs(0), tl.num_programs(1)
+    if axis == 0:
+        p0, n0 = pid, programs
+    elif axis == 1:
+        p1, n1 = pid, programs
+    elif axis == 2:
+        p2 = pid
+    return p0 + n0 * (p1 + n1 * p2)
 
 
 def _tile_offsets(x):
@@ -145,10 +155,9 @@ def _tile_offsets(x):
         return tl.arange(0, x.shape[0])[:, None] * x.shape[1] + tl.arange(0, x.shape[1])[None, :]
 
 
-def _tape_row(tape, like, slots):
-    """This program's row of a loop's state tape (``tape``: raw bytes, allocated by the BackwardKernel):
+def _tape_row(tape, like, slots, program):
+    """Row ``program`` (a place in the grid: program_index) of a loop's state tape (``tape``: raw bytes):
     ``slots`` values of ``like``'s shape and dtype, one program after another along the whole grid."""
-    program = program_index()  # noqa: F821 (jitted lazily)
     return tape.to(tl.pointer_type(like.dtype)) + program.to(tl.int64) * slots * like.numel
 
 

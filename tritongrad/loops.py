@@ -31,7 +31,7 @@ from __future__ import annotations
 import ast
 import copy
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .addresses import LoopIndex
 from .analysis import Analysis
@@ -86,27 +86,79 @@ class Tape:
     loop: Origin | None = None  # the ``for`` in the user's code (augment.py finds it there)
     sources: tuple[str, ...] = ()  # each state's name in the user's code
     final: bool = False  # the state after the loop only, one slot (kept by the forward: LoopReversal.keep_finals)
+    dtypes: tuple[str | None, ...] = ()  # each state's dtype as its source creates it (`COMPUTE`, `tl.float32`)
+
+    @property
+    def key(self) -> tuple:
+        """Which loop's tape it is, whatever a kernel names its parameters (each kernel of a variant names its own)."""
+        return self.loop, self.final, self.trips
+
+    def held(self) -> dict[str, tuple]:
+        """Each state it holds, by the user's name: (its tape parameter, shape, dtype)."""
+        dtypes = self.dtypes or (None,) * len(self.states)
+        return {source: (param, shape, dtype)
+                for source, (param, shape), dtype in zip(self.sources, self.states, dtypes, strict=True)}
+
+    def holds(self, other: Tape) -> bool:
+        """Whether it holds every state ``other`` does, of the same loop, shape and type."""
+        mine = {k: v[1:] for k, v in self.held().items()}
+        return self.key == other.key and all(mine.get(k) == v[1:] for k, v in other.held().items())
+
+    def joined(self, other: Tape) -> Tape:
+        """One tape of the loop with the states of both (``other``'s parameters renamed where they clash)."""
+        held = self.held()
+        taken = {param for param, _, _ in held.values()}
+        for source, (param, shape, dtype) in other.held().items():
+            if source not in held:
+                while param in taken:
+                    param += "_"
+                taken.add(param)
+                held[source] = (param, shape, dtype)
+        return replace(self, states=tuple((p, shape) for p, shape, _ in held.values()), sources=tuple(held),
+                       dtypes=tuple(d for _, _, d in held.values()))
 
     def allocate(self, launch: LaunchValues, programs: int, device) -> dict[str, object]:
         """The tape's arguments for a launch of ``programs`` programs: a slot per iteration where that fits
-        the budget, else as many as fit (checkpoints). Raw bytes, 8 per element (the widest state type)."""
+        the budget, else as many as fit (checkpoints). Raw bytes, as many per element as the state's type has."""
         import torch
 
-        sizes = {param: launch.numel(shape) for param, shape in self.states}
-        per_slot = 8 * max(1, sum(sizes.values()))
+        sizes = self.state_bytes(launch)
+        per_slot = max(1, sum(sizes.values()))
         trips = self.known_trips(launch)
         budget = tape_budget(device)
         slots = max(1, min(trips if trips is not None else MAX_SLOTS, budget // (per_slot * max(programs, 1))))
-        args = {param: torch.empty(max(1, programs * slots * n * 8), dtype=torch.uint8, device=device)
+        args = {param: torch.empty(max(1, programs * slots * n), dtype=torch.uint8, device=device)
                 for param, n in sizes.items()}
         args[self.slots] = slots
         return args
+
+    def state_bytes(self, launch: LaunchValues) -> dict[str, int]:
+        """Per tape parameter, the bytes of one slot of its state on a launch: 8 per element (the widest
+        type) where the source does not say the state's type."""
+        dtypes = self.dtypes or (None,) * len(self.states)
+        return {param: launch.numel(shape) * _itemsize(dtype, launch)
+                for (param, shape), dtype in zip(self.states, dtypes, strict=True)}
 
     def known_trips(self, launch: LaunchValues) -> int | None:
         try:
             return max(0, int(self.trips.evaluate(launch))) if self.trips is not None else None
         except Exception:
             return None
+
+
+def _itemsize(dtype: str | None, launch: LaunchValues) -> int:
+    """Bytes per element of a dtype as written: `tl.float32`, or a constexpr the launch gives (a triton or
+    torch dtype); 8 where it is not known."""
+    import triton.language as tl
+
+    if dtype is None:
+        return 8
+    value = getattr(tl, dtype[3:], None) if dtype.startswith("tl.") else launch.arguments.get(dtype)
+    bits = getattr(value, "primitive_bitwidth", None)
+    if isinstance(bits, int) and bits >= 8:
+        return bits // 8
+    size = getattr(value, "itemsize", None)
+    return size if isinstance(size, int) and size > 0 else 8
 
 
 def tape_budget(device) -> int:
@@ -362,7 +414,8 @@ class LoopReversal:
         params = {c.name: self.namer.fresh(f"{c.name}_tape") for c in state}
         rows = {c.name: self.namer.fresh(f"{c.name}_tape_row") for c in state}
         self.tapes.append(Tape(slots, tuple((params[c.name], self.analysis.shapes[c.name]) for c in state),
-                               self._known_trips(node), node.tg.where, tuple(c.source for c in state)))
+                               self._known_trips(node), node.tg.where, tuple(c.source for c in state),
+                               dtypes=tuple(self.dtype_as_written(c.name) for c in state)))
         names = {"start": start, "step": step, "every": name_node(every), "slots": name_node(slots),
                  "trips": name_node(trips), "i": name_node(i), "back": name_node(back), "slot": name_node(slot),
                  "index": name_node(index)}
@@ -370,7 +423,7 @@ class LoopReversal:
         if not self.saved:
             setup.append(_assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)))
         setup += self.resets(node, state)
-        setup += [_assign(rows[c.name], instantiate("tg.tape_row(tape, x, slots)", {
+        setup += [_assign(rows[c.name], instantiate("tg.tape_row(tape, x, slots, tg.program_index())", {
             **names, "tape": name_node(params[c.name]), "x": name_node(c.name)})) for c in state]
         for s in setup:
             s.tape_setup = node.tg  # merge_records moves them with the recording loop
@@ -516,17 +569,39 @@ class LoopReversal:
             slots = self.namer.fresh(f"{forward.target.id}_final_slots")
             params = {n: self.namer.fresh(f"{n}_final") for n in kept}
             self.finals.append(Tape(slots, tuple((params[n], shape) for n, shape in zip(kept, shapes, strict=True)),
-                                    None, forward.tg.where, tuple(carried[n].source for n in kept), final=True))
-            if self.saved:
+                                    None, forward.tg.where, tuple(carried[n].source for n in kept), final=True,
+                                    dtypes=tuple(self.dtype_as_written(n) for n in kept)))
+            if self.saved:  # the row of the forward's program (a backward looping over them says which: lowering.py)
                 rows = {n: self.namer.fresh(f"{n}_final_row") for n in kept}
-                read = [_assign(rows[n], instantiate("tg.tape_row(tape, x, slots)", {
-                    "tape": name_node(params[n]), "x": name_node(n), "slots": name_node(slots)})) for n in kept]
+                program = _assign(self.namer.fresh("program"), instantiate("tg.program_index()", {}))
+                program.tg = Tag(Op("program_index", []), forward.tg.origin, forward.tg.where)
+                read = [program]
+                read += [_assign(rows[n], instantiate("tg.tape_row(tape, x, slots, program)", {
+                    "tape": name_node(params[n]), "x": name_node(n), "slots": name_node(slots),
+                    "program": name_node(program.targets[0].id)})) for n in kept]
                 read += [_assign(n, instantiate("tg.tape_get(row, 0, x)", {
                     "row": name_node(rows[n]), "x": name_node(n)})) for n in kept]
                 at = block.index(replay)
                 block[at:at + 1] = read
         if self.saved:
             self.tapes += self.finals
+
+    def dtype_as_written(self, name: str) -> str | None:
+        """The dtype a loop's carried value is created with before the loop (a carried value keeps its type),
+        as written: ``tl.zeros([BM], dtype=COMPUTE)`` gives ``COMPUTE``; followed through copies."""
+        seen = set()
+        while name not in seen and self.analysis.defs.get(name):
+            seen.add(name)
+            first = self.analysis.defs[name][0]
+            op = op_of(first)
+            if op.kind in ("zeros", "full"):  # zeros(shape, dtype), full(shape, value, dtype)
+                at = 1 if op.kind == "zeros" else 2
+                dtype = op.kwargs.get("dtype", op.args[at] if len(op.args) > at else None)
+                return ast.unparse(dtype) if isinstance(dtype, (ast.Name, ast.Attribute)) else None
+            if op.kind != "copy" or not isinstance(op.args[0], ast.Name):
+                return None
+            name = op.args[0].id
+        return None
 
     def inside(self, stmt: ast.stmt, node: ast.stmt) -> bool:
         return any(e is node for e in self.enclosing[id(stmt)])

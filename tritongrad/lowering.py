@@ -544,9 +544,12 @@ def _is_none(atom: ast.expr) -> bool:
 
 
 def _program_id(stmt: ast.stmt) -> int | None:
+    """The axis of a ``tl.program_id`` statement (-1: an unknown axis, or ``tg.program_index()``: all of them)."""
     tag = getattr(stmt, "tg", None)
-    if tag is None or tag.op.kind != "program_id" or not isinstance(stmt, ast.Assign):
+    if tag is None or tag.op.kind not in ("program_id", "program_index") or not isinstance(stmt, ast.Assign):
         return None
+    if tag.op.kind == "program_index":
+        return -1
     axis = tag.op.args[0] if tag.op.args else tag.op.kwargs.get("axis")
     return axis.value if isinstance(axis, ast.Constant) else -1
 
@@ -579,7 +582,10 @@ def _rewrite_program_queries(body: list[ast.stmt], axis: int, loop_var: str, pro
         tag = getattr(s, "tg", None)
         if tag is None or not isinstance(s, ast.Assign):
             continue
-        if _program_id(s) == axis:  # a tensor, as tl.program_id's is (the interpreter's loop gives an int)
+        if tag.op.kind == "program_index":  # the forward's program's place in its grid (a tape's row)
+            s.value = instantiate(f"tg.program_index({axis}, i, n)", {"i": name_node(loop_var),
+                                                                     "n": name_node(programs)})
+        elif _program_id(s) == axis:  # a tensor, as tl.program_id's is (the interpreter's loop gives an int)
             s.value = instantiate("tl.cast(i, tl.int32)", {"i": name_node(loop_var)})
             s.tg = Tag(Op("cast", [name_node(loop_var), s.value.args[1]]), tag.origin, tag.where)
         elif tag.op.kind == "num_programs" and _axis_of(tag.op) == axis:

@@ -233,14 +233,15 @@ class Step:
         backwards skip the checks and choices (~microseconds each), but for checks reading tensor contents
         (indices), which run on every launch."""
         try:
-            key = (id(bwd), launch.args, tuple(launch.kwargs.items()), config, grid, written, aliased)
+            key = (id(bwd), launch.args, tuple(launch.kwargs.items()), config, grid, written, aliased,
+                   launch.saved is not None)
             found = self.prepared.get(key)
         except TypeError:  # an unhashable argument
-            return bwd.prepare(named, grid, written, aliased)
+            return bwd.prepare(named, grid, written, aliased, launch.saved)
         if found is None:
             if len(self.prepared) > 256:
                 self.prepared.clear()
-            found = self.prepared[key] = bwd.prepare(named, grid, written, aliased)
+            found = self.prepared[key] = bwd.prepare(named, grid, written, aliased, launch.saved)
         elif bwd.checks_contents:
             bwd.check_arguments(named, grid)
         return found
