@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 import tritongrad
+from tritongrad import derive
 from tritongrad.examples import cross_entropy, flash_attention
-from tritongrad.testing import backward_launch, poison
+from tritongrad.testing import backward_launch, forward_keeping_state, poison
 
 DTYPE = torch.float64
 TOL = {"rtol": 1e-10, "atol": 1e-10}
@@ -34,6 +35,39 @@ def test_flash_attention_gradients_for_q_k_and_v(device):
         for name, w in zip(("q_ptr", "k_ptr", "v_ptr"), wanted, strict=True):
             torch.testing.assert_close(got[name], w, **TOL,
                                        msg=lambda msg, p=name, size=(heads, n, d, causal): f"d_{p} {size}: {msg}")
+
+
+def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_finals(monkeypatch):
+    """With the final max, sum and accumulator the forward kept, dK and dV are summed by one kernel whose programs
+    are key blocks, each looping over the query blocks (FlashAttention-2's backward); causal: the query blocks
+    whose loop stops before the key block skip it. Without them (the backward alone) one kernel, as before."""
+    monkeypatch.setattr(derive, "_multiprocessors", lambda device: 1)  # a few key blocks: kernels of their own
+    launched = []
+    real = derive.BackwardKernel.launch
+    monkeypatch.setattr(derive.BackwardKernel, "launch", lambda self, grid, named, og, buffers, prepared, *a, **k: (
+        launched.append(prepared.variant), real(self, grid, named, og, buffers, prepared, *a, **k))[1])
+    for heads, n, d, causal in [(2, 45, 12, True), (1, 37, 16, False)]:
+        q, k, v = (torch.randn(heads, n, d, dtype=DTYPE) for _ in range(3))
+        launch = flash_attention.flash_attention_launch(q, k, v, causal)
+        poison(launch.out)
+        saved = forward_keeping_state(launch.kernel, launch.grid, launch.args, launch.kwargs)
+        assert saved is not None and {s for t in saved.tapes for s in t.sources} == {"m_i", "l_i", "acc"}
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = flash_attention.reference(*leaves, causal)
+        torch.testing.assert_close(launch.out, want.detach(), **TOL)
+        d_o = torch.randn_like(launch.out)
+        wanted = torch.autograd.grad(want, leaves, d_o)
+        for kept in (saved, None):
+            got = backward_launch(launch.kernel, launch.grid, launch.args, launch.kwargs, {"o_ptr": d_o}, saved=kept)
+            for name, w in zip(("q_ptr", "k_ptr", "v_ptr"), wanted, strict=True):
+                torch.testing.assert_close(got[name], w, **TOL)
+        with_finals, alone = launched[-2:]
+        assert [p.wrt for p in with_finals.parts] == [("q_ptr",), ("k_ptr", "v_ptr")]
+        assert all(p.saved for p in with_finals.parts) and "atomic" not in with_finals.src
+        own = with_finals.parts[1].src
+        assert "start_iteration = tl.program_id(0)" in own and "acc = tg.tape_get(" in own
+        assert ("if start_iteration < start_trips:" in own) == causal
+        assert [(p.wrt, p.saved) for p in alone.parts] == [(("q_ptr", "k_ptr", "v_ptr"), False)]
 
 
 def test_show_names_the_flash_attention_loop_strategy():

@@ -246,3 +246,42 @@ def test_num_programs_of_the_interchanged_axis_is_the_forwards(poisoned_empty):
     tiles = g.view(grid[0], columns, block) * torch.arange(1, columns + 1, dtype=F64)[:, None]
     want = tiles.sum(1).reshape(-1)[:M].expand(R, M)  # every row of z gets each column's scaled gradient
     torch.testing.assert_close(got, want)
+
+
+@triton.jit
+def causal_prefix(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    """``y_i = x_i * sum(w_j for j <= i)`` by blocks: program i's loop stops at its own block (its trip count
+    is the program's, as a causal attention's is)."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + rows, mask=rows < N, other=0.0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float64)
+    end = tl.minimum((pid + 1) * BLOCK, N)
+    for start in range(0, end, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0)
+        seen = cols[None, :] <= rows[:, None]
+        acc += tl.sum(tl.where(seen, x[:, None] * w[None, :], 0.0), axis=1)
+    tl.store(y_ptr + rows, acc, mask=rows < N)
+
+
+def test_a_loop_that_stops_at_the_programs_own_block(poisoned_empty):
+    """w's kernel of its own has a program per block of w (the most any program's loop runs); the forward
+    programs whose loop stops before a block add nothing to it, and skip their work (a guard)."""
+    N, block = 45, 8  # six blocks, the last one ragged
+    x, w = torch.randn(N, dtype=F64), torch.randn(N, dtype=F64)
+    y = torch.full((N,), float("nan"), dtype=F64)
+    grid = (triton.cdiv(N, block),)
+    args = dict(x_ptr=x, w_ptr=w, y_ptr=y, N=N, BLOCK=block)
+    causal_prefix[grid](**args)
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    want = leaves[0] * torch.cumsum(leaves[1], 0)
+    torch.testing.assert_close(y, want.detach())
+    bwd = tritongrad.grad(causal_prefix)
+    assert bwd.choose(args, grid)["w_ptr"].mode == INTERCHANGE
+    (part,) = [p for p in bwd.variant(bwd.choose(args, grid)).parts if p.wrt == ("w_ptr",)]
+    assert "if start_iteration < start_trips:" in part.src and "atomic" not in part.src
+    g = torch.randn(N, dtype=F64)
+    got = bwd.gradients(grid, args, {"y_ptr": g})
+    for name, w_ in zip(("x_ptr", "w_ptr"), torch.autograd.grad(want, leaves, g), strict=True):
+        torch.testing.assert_close(got[name], w_)

@@ -145,7 +145,8 @@ def form_of_terms(terms: dict, rank: int, affine: bool = True) -> Form:
 
 
 def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
-                params: frozenset[str] = frozenset()) -> dict[str, Form]:
+                params: frozenset[str] = frozenset(), program_trips: dict[LoopIndex, Expr] | None = None
+                ) -> dict[str, Form]:
     """The form of every integer or pointer name computed from lane indices, program ids or loop indices.
 
     A loop's index is a coordinate (:class:`LoopIndex`) whose coefficient is the range's step; so is a
@@ -153,7 +154,10 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
     its initial value's plus the loop coordinate times that amount. A range whose bounds move with the
     program ids alike (``range(pid * R, pid * R + R)``) also gives its index their coordinates, so programs
     that run different iterations are told apart. ``trips`` receives each loop coordinate's trip count as
-    an expression over the kernel's parameters (for the launch checks)."""
+    an expression over the kernel's parameters (for the launch checks); ``program_trips`` those that also
+    depend on the program ids (a causal attention's loop stops at its query block), as expressions over
+    the parameters and ``Expr("program_id", (axis,))`` (interchange.py gives such a loop's iterations to
+    the grid: the launch takes the most any program runs)."""
     forms: dict[str, Form] = {}
     pinned: dict[str, tuple[ast.expr, LoopIndex, Coefficient]] = {}  # carried name -> (init, loop, step)
     in_loop: set[int] = set()  # the carried names' definitions inside their loops: replaced by the above
@@ -205,11 +209,21 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
     def no_program(name: str) -> Expr | None:
         return Expr.const(0) if name in ids else None
 
+    def program(name: str) -> Expr | None:
+        found = [d for d in defs.get(name, []) if name in ids and not isinstance(d, ast.For)]
+        axis = (op_of(found[0]).args or [None])[0] if len(found) == 1 else None
+        ok = isinstance(axis, ast.Constant) and isinstance(axis.value, int)
+        return Expr("program_id", (axis.value,)) if ok else None
+
     if trips is not None:
         for node in loops(body):
             if _moving_range(node.iter, forms) is not None:  # its count: the bounds' difference, programs aside
                 count = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node))).substitute(no_program)
                 trips[LoopIndex(node.target.id)] = count if count.names() <= params else Expr.const(UNKNOWN_TRIP)
+            elif program_trips is not None and trips[LoopIndex(node.target.id)] == Expr.const(UNKNOWN_TRIP):
+                count = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node))).substitute(program)
+                if count.names() <= params:
+                    program_trips[LoopIndex(node.target.id)] = count
     return forms
 
 
@@ -234,8 +248,9 @@ def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0)
     found = [d for d in defs.get(atom.id, []) if not isinstance(d, ast.For)]
     if depth < 8 and len(found) == 1:
         op = op_of(found[0])
-        if operation_of(op).on_host is not None:
-            return Expr(op.kind, tuple(scalar_expr(a, defs, depth + 1) for a in op.args))
+        if operation_of(op).on_host is not None or op.kind == "minimum":
+            kind = "min" if op.kind == "minimum" else op.kind
+            return Expr(kind, tuple(scalar_expr(a, defs, depth + 1) for a in op.args))
         if op.kind == "num_programs":
             axis = (op.args or [op.kwargs.get("axis")])[0]
             if isinstance(axis, ast.Constant) and isinstance(axis.value, int):

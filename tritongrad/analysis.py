@@ -43,6 +43,7 @@ from .ir import (
     loops,
     names_in,
     op_of,
+    range_bounds,
     reads,
     refuse,
     statements,
@@ -83,6 +84,7 @@ class Analysis:
     forms: dict[str, object] = field(default_factory=dict)  # address name -> addresses.Form (kernels only)
     launch_checks: list = field(default_factory=list)  # checks.LaunchCheck: conditions on a launch's arguments
     trips: dict = field(default_factory=dict)  # loop coordinate -> its trip count (addresses.address_forms)
+    program_trips: dict = field(default_factory=dict)  # loop coordinate -> its count where program ids decide it
     stabilizers: set[str] = field(default_factory=set)  # maxima whose adjoint is exactly zero (stabilizers.py)
     padding: dict[str, set[str]] = field(default_factory=dict)  # name -> MASKED, INFINITE (see `padding`)
     in_place: frozenset[str] = frozenset()  # differentiated pointers updated in place (in_place_pointers)
@@ -194,7 +196,8 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis.shapes = infer_shapes(program, tile)
     analysis.padding = padding(program.body)
     if not tile:
-        analysis.forms = address_forms(program.body, analysis.shapes, analysis.trips, frozenset(params))
+        analysis.forms = address_forms(program.body, analysis.shapes, analysis.trips, frozenset(params),
+                                       analysis.program_trips)
         analysis.store_axes = check_output_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
                                                   analysis.launch_checks, analysis.trips, pointer_base)
         analysis.launch_checks = [with_scalars_written_out(c, program.body) for c in analysis.launch_checks]
@@ -499,10 +502,14 @@ def downstream(body: list[ast.stmt], roots: set[str]) -> set[str]:
     return {n for n, v in _fixpoint(body, step).items() if v}
 
 
-def program_axes(body: list[ast.stmt]) -> dict[str, set[int]]:
-    """For each name, the program-id axes its value depends on (a loop's index: those its range does)."""
+def program_axes(body: list[ast.stmt], through_stop: bool = True) -> dict[str, set[int]]:
+    """For each name, the program-id axes its value depends on (a loop's index: those its range does; without
+    ``through_stop``, those its start and step do: which iterations run aside, what each computes)."""
     def step(sources, stmt, facts):
         if isinstance(stmt, ast.For):
+            if not through_stop:
+                start, _, stride = range_bounds(stmt)
+                sources = reads(start) | reads(stride)
             return set().union(*[facts.get(n, set()) for n in sources])
         if op_of(stmt).kind == "program_id":
             axis = program_axis(op_of(stmt))

@@ -45,6 +45,12 @@ class LaunchValues:
 
     arguments: Mapping[str, Any]
     grid: tuple[int, ...] | None  # None: not known (at derivation)
+    program: tuple[int, int] | None = None  # (axis, id): the one program an expression is evaluated for
+
+    def program_id(self, axis: int) -> int:
+        if self.program is None or self.program[0] != axis:
+            raise Unreadable(f"program_id({axis})")
+        return self.program[1]
 
     def value(self, name: str) -> Any:
         if name not in self.arguments:
@@ -110,6 +116,8 @@ class Expr:
             return launch.value(args[0])
         if op == "grid":
             return launch.programs(args[0])
+        if op == "program_id":
+            return launch.program_id(args[0])
         if op == "unknown":
             raise Unreadable(args[0])
         values = [a.evaluate(launch) for a in args]
@@ -120,6 +128,12 @@ class Expr:
         if op == "abs":
             return abs(values[0])
         return OPERATIONS[op].on_host(*values)
+
+    def program_axes(self) -> set[int]:
+        """The axes whose program id it reads (a count that differs from program to program)."""
+        if self.op == "program_id":
+            return {self.args[0]}
+        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
 
     def names(self) -> set[str]:
         if self.op == "name":
@@ -155,6 +169,8 @@ class Expr:
             return str(args[0])
         if op == "grid":
             return f"num_programs({args[0]})"
+        if op == "program_id":
+            return f"program_id({args[0]})"
         if op == "copy":
             return args[0]._text()
         if op == "neg":
@@ -219,6 +235,12 @@ class Apart:
     def violation(self, launch: LaunchValues) -> str | None:
         return None if self.holds(launch) else ""
 
+    def program_axes(self) -> set[int]:
+        """The axes whose program id it reads (a count that differs from program to program)."""
+        if self.op == "program_id":
+            return {self.args[0]}
+        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
+
     def names(self) -> set[str]:
         exprs = [e for pair in self.coordinates for e in pair]
         exprs += [e for _, limit, coefficients in self.bounds for e in (limit, *coefficients)]
@@ -253,6 +275,12 @@ class AtLeast:
     def violation(self, launch: LaunchValues) -> str | None:
         return None if self.holds(launch) else ""
 
+    def program_axes(self) -> set[int]:
+        """The axes whose program id it reads (a count that differs from program to program)."""
+        if self.op == "program_id":
+            return {self.args[0]}
+        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
+
     def names(self) -> set[str]:
         return self.larger.names() | self.smaller.names()
 
@@ -277,6 +305,12 @@ class AtMost:
 
     def violation(self, launch: LaunchValues) -> str | None:
         return None if self.holds(launch) else ""
+
+    def program_axes(self) -> set[int]:
+        """The axes whose program id it reads (a count that differs from program to program)."""
+        if self.op == "program_id":
+            return {self.args[0]}
+        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
 
     def names(self) -> set[str]:
         return self.value.names()
@@ -310,6 +344,12 @@ class Covers:
         bounds = [(members, limit.evaluate(launch)) for members, limit, _ in self.bounds]
         return covers(coordinates, bounds, list(zip(t.stride(), t.shape, strict=True)))
 
+    def program_axes(self) -> set[int]:
+        """The axes whose program id it reads (a count that differs from program to program)."""
+        if self.op == "program_id":
+            return {self.args[0]}
+        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
+
     def names(self) -> set[str]:
         exprs = [e for pair in self.coordinates for e in pair] + [limit for _, limit, _ in self.bounds]
         return {self.tensor}.union(*[e.names() for e in exprs])
@@ -341,6 +381,12 @@ class All:
             if why is not None:
                 return why
         return None
+
+    def program_axes(self) -> set[int]:
+        """The axes whose program id it reads (a count that differs from program to program)."""
+        if self.op == "program_id":
+            return {self.args[0]}
+        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
 
     def names(self) -> set[str]:
         return set().union(*[c.names() for c in self.conditions])
@@ -509,6 +555,12 @@ class RangesApart:
 
     def holds(self, launch: LaunchValues) -> bool:
         return self.violation(launch) is None
+
+    def program_axes(self) -> set[int]:
+        """The axes whose program id it reads (a count that differs from program to program)."""
+        if self.op == "program_id":
+            return {self.args[0]}
+        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
 
     def names(self) -> set[str]:
         exprs = [e for r in self.reads for e in (r.offset, r.stride)]

@@ -29,6 +29,7 @@ from .lowering import (
     Choice,
     LaterAdds,
     Lowering,
+    most_trips,
     plan_lowering,
     span_of,
 )
@@ -172,6 +173,7 @@ class BackwardKernel:
         self._variants_lock = threading.Lock()
         self._checked: set = set()  # (grid, argument values) the launch checks passed for
         self._chosen: dict[tuple, dict[str, Choice]] = {}  # (grid, arguments, written) -> choices
+        self._most_trips: dict[tuple, int] = {}  # (part, grid, arguments) -> the programs of an interchanged kernel
         self.not_interchanged: dict[str, str] = {}  # input -> why it cannot have a kernel of its own
         self.saved_lowering = lowering  # for a launch whose forward kept its loops' states (augment.py)
         self._keep_feasible_interchanges()
@@ -249,10 +251,16 @@ class BackwardKernel:
     def _build(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
         own = [p for p, c in choices.items() if c.mode == INTERCHANGE]
         rest = {p: c for p, c in choices.items() if p not in own}
-        groups = [{p: choices[p]} for p in own]
-        if not own or any(c.mode != NONE for c in rest.values()):
-            groups.insert(0, rest)
-        parts = tuple(self._part(g, saved) for g in groups)
+        parts = [self._part(rest, saved)] if not own or any(c.mode != NONE for c in rest.values()) else []
+        by_loop: dict[tuple, dict[str, Choice]] = {}  # inputs whose iterations are the same: one kernel (dK, dV)
+        for p in own:
+            by_loop.setdefault((choices[p].axis, self.saved_lowering.inputs[p].trips), {})[p] = choices[p]
+        for group in by_loop.values():
+            try:
+                parts.append(self._part(group, saved))
+            except NotInterchangeable:  # each alone can (_keep_feasible_interchanges), together not
+                parts += [self._part({p: c}, saved) for p, c in group.items()]
+        parts = tuple(parts)
         written = set().union(*[part.written for part in parts])
         return Variant(tuple(choices.items()), parts, frozenset(p for p in self.wrt if p not in written))
 
@@ -500,23 +508,26 @@ class BackwardKernel:
 
     def _run_interchanged(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
                           written: frozenset[str], reduce: bool) -> None:
-        """An input's own kernel: one program per iteration of its loop along the axis, each storing its sums.
-        Into a buffer of its own where gradient is already there to add to."""
+        """Inputs' own kernel: one program per iteration of their loop along the axis, each storing its sums.
+        Into buffers of their own where gradient is already there to add to."""
         import torch
 
-        (p,) = part.wrt
         axis = part.axis
-        trips = int(part.trips.evaluate(LaunchValues(args, grid)))
+        key = (id(part), grid, *[args.get(n) for n in sorted(part.trips.names())])
+        trips = self._most_trips.get(key)
+        if trips is None:
+            if len(self._most_trips) > 4096:
+                self._most_trips.clear()
+            trips = self._most_trips[key] = int(most_trips(part.trips, LaunchValues(args, grid), axis))
         args[part.programs] = grid[axis]
         grid = (*grid[:axis], trips, *grid[axis + 1:])
-        target = buffers[p]
-        if p in written:
-            args[part.shadows[p]] = own = torch.zeros_like(target)
+        own = {p: torch.zeros_like(buffers[p]) for p in part.wrt if p in written}
+        args.update({part.shadows[p]: buffer for p, buffer in own.items()})
         if min(grid) > 0:
             part.scratch_args(args, grid, _device_of(args))
             part.kernel[grid](**args)
-        if p in written and reduce:
-            target.add_(own)
+        for p, buffer in own.items() if reduce else ():
+            buffers[p].add_(buffer)
 
     def _refuse_atomics(self, choices: dict[str, Choice]) -> None:
         for p, c in choices.items():

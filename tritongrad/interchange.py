@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import copy
+from dataclasses import dataclass
 
 from .ir import Namer, is_structured, name_node, range_bounds, reads, statements, target_of
 from .operations import instantiate
@@ -28,12 +29,25 @@ class NotInterchangeable(Exception):
     """Why a backward body cannot give a loop's iterations to the grid."""
 
 
-def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulator: str, axis: int,
-                 comments: dict[str, str], namer: Namer, keep: set[str]) -> list[ast.stmt]:
-    """``sweep`` with the top-level loop that sums into ``accumulator`` replaced by the iteration this
-    program owns along ``axis``; what no longer has a use dropped (``keep``: what is read after it)."""
-    found = [i for i, s in enumerate(sweep) if isinstance(s, ast.For) and _sums_into(s, accumulator)]
-    if len(found) != 1:
+@dataclass(frozen=True)
+class Guard:
+    """A forward program's work in an interchanged kernel runs where its loop reaches the program's iteration:
+    ``count`` assigns that program's trip count, ``test`` compares the iteration with it."""
+
+    count: ast.Assign
+    test: ast.expr
+
+
+def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: list[str], axis: int,
+                 comments: dict[str, str], namer: Namer, keep: set[str], per_program: set[str] = frozenset()
+                 ) -> tuple[list[ast.stmt], Guard | None]:
+    """``sweep`` with the top-level loop that sums into ``accumulators`` (the inputs' adjoints a kernel of their
+    own writes: attention's dK and dV, one loop) replaced by the iteration this program owns along ``axis``;
+    what no longer has a use dropped (``keep``: what is read after it). ``per_program``: the loops whose trip
+    count differs from one of the forward's programs to another (a causal attention's): then also the
+    :class:`Guard` under which a forward program's work runs (lowering.persistent puts it around that work)."""
+    found = [i for i, s in enumerate(sweep) if isinstance(s, ast.For) and any(_sums_into(s, a) for a in accumulators)]
+    if len(found) != 1 or not all(_sums_into(sweep[found[0]], a) for a in accumulators):
         raise NotInterchangeable("its adjoint is not summed in one loop at the kernel's top level")
     at = found[0]
     node = sweep[at]
@@ -43,7 +57,7 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulator: str
     if any(_has_effect(s, comments) for s in replay + sweep[:at] + sweep[at + 1:]):
         raise NotInterchangeable("the backward writes memory outside the loop")
     body = node.body
-    assigned = {t for s in statements(body) for t in _targets(s)} - {accumulator}
+    assigned = {t for s in statements(body) for t in _targets(s)} - set(accumulators)
     later = set().union(set(), *[reads(s) for s in sweep[at + 1:]])
     if assigned & later:
         raise NotInterchangeable(f"`{sorted(assigned & later)[0]}` flows out of the loop")
@@ -74,12 +88,19 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulator: str
         head.append(ast.Assign(targets=[ast.Name(renamed[name], ast.Store())], value=instantiate(
             f"x {sign} i * inc", {"x": name_node(name), "i": name_node(iteration), "inc": inc})))
     rest = [_rename(s, renamed) for s in rest]
+    guard = None
+    if node.target.id in per_program:
+        trips = namer.fresh(f"{node.target.id}_trips")
+        guard = Guard(ast.Assign(targets=[ast.Name(trips, ast.Store())], value=instantiate(
+            "tg.trip_count(start, stop, step)", {"start": start, "stop": range_bounds(node)[1], "step": step})),
+            instantiate("i < n", {"i": name_node(iteration), "n": name_node(trips)}))
     markers = [s.value.id for s in sweep[:at] if isinstance(s, ast.Expr) and isinstance(s.value, ast.Name)
                and s.value.id in comments]
     if markers and comments[markers[-1]].startswith("loop over"):  # the loop's plan: say where it went
         first = comments[markers[-1]].splitlines()[0]
         comments[markers[-1]] = f"{first}\nEach program runs one iteration: the one tl.program_id({axis}) numbers."
-    return _without_unused([*sweep[:at], *head, *rest, *sweep[at + 1:]], keep)
+    keep = keep | (reads(guard.count) if guard else set())
+    return _without_unused([*sweep[:at], *head, *rest, *sweep[at + 1:]], keep), guard
 
 
 def _without_unused(body: list[ast.stmt], keep: set[str]) -> list[ast.stmt]:

@@ -61,6 +61,7 @@ from .ir import (
     definitions,
     is_structured,
     name_node,
+    names_in,
     op_of,
     reads,
     statements,
@@ -261,10 +262,18 @@ class LaterAdds:
             flat.index_add_(0, offsets, values)
 
 
+def most_trips(trips: Expr, launch: LaunchValues, axis: int) -> int:
+    """The most iterations any of the forward's programs along ``axis`` runs: the programs an input's own kernel
+    runs along it (a count that reads the program id, a causal attention's, is evaluated for each)."""
+    if not trips.program_axes():
+        return trips.evaluate(launch)
+    return max((trips.evaluate(replace(launch, program=(axis, p))) for p in range(launch.programs(axis))), default=0)
+
+
 def _programs(launch: LaunchValues, axis: int, trips: Expr) -> int:
     """How many programs an input's own kernel runs: the grid with the loop's iterations along ``axis``."""
     try:
-        count = trips.evaluate(launch)
+        count = most_trips(trips, launch, axis)
     except Exception:
         return 0
     for a, n in enumerate(launch.grid or ()):
@@ -289,7 +298,7 @@ def plan_lowering(a: Analysis) -> Lowering:
     body = a.program.body
     used = {_program_id(s) for s in statements(body)} - {None}
     context = _Context(a, definitions(body), enclosing_loops(body), _nesting(body), loaded_values(body),
-                       program_axes(body), set(AXES) if -1 in used else used)
+                       program_axes(body), set(AXES) if -1 in used else used, program_axes(body, through_stop=False))
     inputs = {p: context.input(p) for p in a.wrt}
     for p in a.in_place:  # its shadow holds the new values' gradient: written where loaded, no partial rows
         if inputs[p].later:  # (zeroed and refilled where stored: one load, one place)
@@ -309,6 +318,7 @@ class _Context:
     loaded: set  # names computed from loaded data
     axes_of: dict  # name -> the program axes its value depends on
     used: set  # the program axes the kernel reads
+    iteration_axes: dict  # name -> the axes its value depends on in one iteration (not how many iterations run)
 
     def input(self, param: str) -> InputLowering:
         a = self.a
@@ -382,9 +392,14 @@ class _Context:
         in_one_loop = [isinstance(n, ast.For) for n in self.nested[id(stmt)]] == [True]
         if in_one_loop and around[0] in terms:
             trips = a.trips.get(around[0])
-            if trips is not None and trips != Expr.const(UNKNOWN_TRIP):
+            if trips == Expr.const(UNKNOWN_TRIP):  # which iterations run may depend on the program (causal)
+                trips = a.program_trips.get(around[0])
+            varies = trips.program_axes() if trips is not None else set()
+            moved = set(self.iteration_axes.get(pointer, set())) - present  # each iteration's address, not how many
+            axes = [axis for axis in absent if axis in self.used and axis not in moved and varies <= {axis}]
+            if trips is not None:
                 interchange = {axis: written(All((apart, *[single[b] for b in absent if b != axis])))
-                               for axis in shared}
+                               for axis in axes}
         why = "" if owned is not None else "its address repeats across the iterations of a loop around it"
         return InputLowering(param, owned, covers, shared, in_registers, why, written(apart), interchange=interchange,
                              trips=trips if interchange else None, fill=fill)
@@ -486,14 +501,15 @@ class PartialSum:
 
 def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, programs: str, rows: dict[str, str],
                sums: list[PartialSum], reassigned: set[str], params: set[str], namer: Namer,
-               every: bool = False) -> list[ast.stmt]:
+               every: bool = False, guard: Any = None) -> list[ast.stmt]:
     """The backward body as a loop over the forward's programs along ``axis``: this program takes every
     ``tl.num_programs(axis)``-th of the forward's ``programs`` (``every``: all of them, the programs along
     ``axis`` being a loop's iterations: interchange.py). ``rows``: shadow parameter -> the parameter holding
     its partial rows' stride (each program writes its own row). Values that do not depend on the program (a
     weight's addresses and values) are computed once, before the loop; with ``every``, the sweep's too (the
-    addresses the sums are stored at, after the loop)."""
-    dependent = _depends_on_program(replay + sweep, axis)
+    addresses the sums are stored at, after the loop). ``guard`` (interchange.Guard): the forward program's work
+    runs under it, but for what its trip count and the sums' addresses are computed from."""
+    dependent = depends_on_program(replay + sweep, axis)
     local = set(params) | {target_of(s) for s in statements(replay + sweep) if target_of(s)}
     local |= {n.target.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[])) if isinstance(n, ast.For)}
     if every:  # a name is reassigned where it is assigned twice, also inside a branch (`d += ...` under an if)
@@ -524,12 +540,28 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     prologue += [ast.Assign(targets=[ast.Name(s.accumulator, ast.Store())], value=instantiate(
         "tg.zeros_to_sum(d)", {"d": name_node(s.shadow)})) for s in sums]
     span = f"range(0, {programs})" if every else f"range(tl.program_id({axis}), {programs}, tl.num_programs({axis}))"
+    body = kept + sweep
+    if guard is not None:
+        before = needed_by(body, reads(guard.count) | {n for s in sums for n in (s.shadow, *names_in(s.mask))})
+        body = [*before, guard.count, ast.If(test=guard.test, body=[s for s in body if s not in before] or [ast.Pass()],
+                                             orelse=[])]
     loop = ast.For(target=ast.Name(loop_var, ast.Store()), iter=ast.parse(span, mode="eval").body,
-                   body=kept + sweep or [ast.Pass()], orelse=[])
+                   body=body or [ast.Pass()], orelse=[])
     epilogue = [ast.Expr(ast.Call(ast.parse("tl.store", mode="eval").body,
                                   [name_node(s.shadow), name_node(s.accumulator)],
                                   [] if _is_none(s.mask) else [ast.keyword("mask", s.mask)])) for s in sums]
     return [*prologue, loop, *epilogue]
+
+
+def needed_by(body: list[ast.stmt], names: set[str]) -> list[ast.stmt]:
+    """The statements of ``body`` that ``names`` are computed from, in order."""
+    needed, found = set(names), []
+    for s in reversed(body):
+        assigned = {t for n in statements([s]) for t in _assigned(n)}
+        if assigned & needed:
+            found.append(s)
+            needed |= reads(s)
+    return found[::-1]
 
 
 def _assigned(stmt: ast.stmt) -> list[str]:
@@ -554,7 +586,7 @@ def _program_id(stmt: ast.stmt) -> int | None:
     return axis.value if isinstance(axis, ast.Constant) else -1
 
 
-def _depends_on_program(body: list[ast.stmt], axis: int) -> set[str]:
+def depends_on_program(body: list[ast.stmt], axis: int) -> set[str]:
     """Names whose values depend on the program id along ``axis`` (or an unknown axis), or that are
     assigned inside a loop or branch (not computed once before the persistent loop)."""
     found: set[str] = set()

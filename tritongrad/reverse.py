@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 from .analysis import INFINITE, MASKED, Analysis, padding_at_unbounded
 from .interchange import loop_to_grid
@@ -201,13 +202,13 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         self.keep_finals(replay, self.out)
         body, extra = replay + self.out, []
         axis = next((c.axis for c in self.choices.values() if c.mode in PARTIALS), None)
-        interchanged = [s for p, c in self.choices.items() if c.mode == INTERCHANGE for s in self.partial_sums]
-        if interchanged:  # a kernel of its own for one input: the loop's iterations are programs (interchange.py)
-            (total,) = interchanged
+        if own:  # a kernel of its own for these inputs: the loop's iterations are programs (interchange.py)
             axis = self.choices[self.analysis.wrt[0]].axis
-            self.out = loop_to_grid(replay, self.out, total.accumulator, axis, self.comments, self.namer,
-                                    {total.shadow, *names_in(total.mask)})
-            body, extra = self.persistent(replay, axis, reassigned, every=True)
+            self.out, guard = loop_to_grid(replay, self.out, [s.accumulator for s in self.partial_sums], axis,
+                                           self.comments, self.namer,
+                                           {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))},
+                                           {k.index for k in self.analysis.program_trips})
+            body, extra = self.persistent(replay, axis, reassigned, every=True, guard=guard)
         elif axis is not None:
             body, extra = self.persistent(replay, axis, reassigned)
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
@@ -215,8 +216,8 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
                             self.written_inputs, self.tapes, self.later_adds, self.finals)
 
-    def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False
-                   ) -> tuple[list[ast.stmt], list[str]]:
+    def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False,
+                   guard: Any = None) -> tuple[list[ast.stmt], list[str]]:
         """The body as a loop over the forward's programs along ``axis`` (lowering.persistent), and the
         parameters that adds: the forward's program count, and each partial row's stride."""
         programs = self.namer.fresh("programs")
@@ -233,7 +234,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                                "after the kernel), and the rest as the forward's program would")
         params = {*self.program.param_names(), *self.shadow_params, programs, *rows.values()}
         body = persistent(replay, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer,
-                          every)
+                          every, guard)
         loop = next(i for i, s in enumerate(body) if isinstance(s, ast.For))
         return [*body[:loop], note, *body[loop:]], [programs, *rows.values()]
 
