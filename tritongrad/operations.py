@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -312,6 +313,7 @@ _also("floordiv", on_host=operator.floordiv)
 _also("neg", on_host=operator.neg)
 _also("copy", on_host=lambda a: a)
 _also("cdiv", on_host=lambda a, b: -(-a // b))
+_also("mod", on_host=lambda a, b: int(math.fmod(a, b)))  # Triton's `%` of integers keeps the dividend's sign
 
 
 # Hand-written rules for @triton.jit helpers (tritongrad.custom_vjp): the helper's Python function ->
