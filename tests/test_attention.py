@@ -67,6 +67,7 @@ def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_final
         own = with_finals.parts[1].src
         assert "start_iteration = tl.program_id(0)" in own and "acc = tg.tape_get(" in own
         assert ("if start_iteration < start_trips:" in own) == causal
+        assert "d_k = tl.dot(tl.trans(d_dot_q.to(q.dtype)), q)" in own  # not a transposed float32 product
         assert [(p.wrt, p.saved) for p in alone.parts] == [(("q_ptr", "k_ptr", "v_ptr"), False)]
 
 

@@ -598,3 +598,37 @@ def test_two_online_loops_in_one_block_are_both_rewritten():
     assert_grads(two_online_log_sum_exps, (rows,), args, meta, y, want, leaves, ("x_ptr", "z_ptr"))
     src = tritongrad.grad(two_online_log_sum_exps).src
     assert src.count("# online softmax: the running max") == 2 and "tape" not in src, src
+
+
+@triton.jit
+def truncated_logsumexp(x_ptr, y_ptr, z_ptr, N, BLOCK: tl.constexpr):
+    """An online log-sum-exp per row, stored as it is and truncated to an integer (fuzz seed 3302, kernel 1129)."""
+    row = tl.program_id(0)
+    m = tl.full((), float("-inf"), tl.float64)
+    s = tl.zeros((), dtype=tl.float64)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * N + cols, mask=cols < N, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    lse = m + tl.log(s)
+    tl.store(y_ptr + row, lse)
+    tl.store(z_ptr + row, lse.to(tl.int32).to(tl.float64))
+
+
+def test_an_online_loop_whose_result_is_cast_to_an_integer_stays_as_written():
+    """A cast to tl.int32 on the final max's path is not a float cast the rewrite may check at compile time (it
+    was wrapped in tg.to_float, whose check failed when compiled): the loop keeps its state tape, and the
+    gradient is the forward's (none through the integer)."""
+    x = torch.randn(3, 37, dtype=torch.float64) * 4
+    y, z = (poison(torch.empty(3, dtype=torch.float64)) for _ in range(2))
+    args, meta = (x, y, z, 37), {"BLOCK": 16}
+    truncated_logsumexp[(3,)](*args, **meta)
+    leaf = x.clone().requires_grad_()
+    want = torch.logsumexp(leaf, dim=1)
+    torch.testing.assert_close((y, z), (want.detach(), want.detach().trunc()), **TOL)
+    d_y, d_z = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    got = backward_launch(truncated_logsumexp, (3,), args, meta, {"y_ptr": d_y, "z_ptr": d_z})
+    torch.testing.assert_close(got["x_ptr"], torch.autograd.grad(want, leaf, d_y)[0], **TOL)
+    assert "tg.to_float" not in tritongrad.grad(truncated_logsumexp, constexprs=meta).src

@@ -12,6 +12,7 @@ import copy
 import hashlib
 import linecache
 import re
+from collections import Counter
 from typing import Any
 
 import triton
@@ -69,6 +70,64 @@ def fold_temporaries(body: list[ast.stmt], foldable: set[str], reassigned: set[s
     return fold(body)
 
 
+def transposed_products(body: list[ast.stmt]) -> list[ast.stmt]:
+    """``y = tl.trans(x)`` of ``x = tl.dot(a, b)`` read nowhere else becomes ``y = tl.dot(b.T, a.T)`` (a
+    ``.T`` of a ``tl.trans`` dropped): an adjoint ``d_k = tl.trans(tl.dot(tl.trans(q), d_s))`` is computed
+    as ``tl.dot(tl.trans(d_s), q)``, as by hand, without transposing a float32 accumulator in registers."""
+    everywhere = ast.Module(body=body, type_ignores=[])
+    loads = Counter(n.id for n in ast.walk(everywhere) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+    stores = Counter(n.id for n in ast.walk(everywhere) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+
+    def rewrite(block: list[ast.stmt]) -> list[ast.stmt]:
+        dropped = set()
+        for i, stmt in enumerate(block):
+            for child in ("body", "orelse"):
+                if isinstance(getattr(stmt, child, None), list) and not isinstance(stmt, ast.FunctionDef):
+                    setattr(stmt, child, rewrite(getattr(stmt, child)))
+            x = _call_of(stmt, "trans")
+            if x is None or len(x.args) != 1 or x.keywords or not isinstance(x.args[0], ast.Name):
+                continue
+            name = x.args[0].id
+            found = [j for j in range(i) if isinstance(block[j], ast.Assign) and _target(block[j]) == name]
+            product = _call_of(block[found[-1]], "dot") if found else None
+            if (product is None or len(product.args) != 2 or loads[name] != 1 or stores[name] != 1
+                    or any(k.arg not in ("input_precision", "allow_tf32", "out_dtype") for k in product.keywords)):
+                continue
+            between = {_target(t) for t in block[found[-1] + 1:i]} | {
+                n.id for t in block[found[-1] + 1:i] for n in ast.walk(t) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Store)}
+            if between & {n.id for n in ast.walk(product) if isinstance(n, ast.Name)}:
+                continue
+            a, b = product.args
+            stmt.value = ast.Call(func=product.func, args=[_transposed(b), _transposed(a)], keywords=product.keywords)
+            dropped.add(found[-1])
+        return [stmt for j, stmt in enumerate(block) if j not in dropped]
+
+    return rewrite(body)
+
+
+def _call_of(stmt: ast.stmt, function: str) -> ast.Call | None:
+    """The ``tl.<function>(...)`` an assignment computes, if that is what it computes."""
+    v = stmt.value if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+    if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == function \
+            and isinstance(v.func.value, ast.Name) and v.func.value.id == "tl":
+        return v
+    return None
+
+
+def _target(stmt: ast.stmt) -> str | None:
+    t = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+    return t.id if isinstance(t, ast.Name) else None
+
+
+def _transposed(e: ast.expr) -> ast.expr:
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "trans" \
+            and isinstance(e.func.value, ast.Name) and e.func.value.id == "tl" and len(e.args) == 1 and not e.keywords:
+        return e.args[0]
+    return ast.Call(func=ast.Attribute(value=ast.Name("tl", ast.Load()), attr="trans", ctx=ast.Load()), args=[e],
+                    keywords=[])
+
+
 def _is_constant(node: ast.expr, value: int) -> bool:
     return isinstance(node, ast.Constant) and type(node.value) is int and node.value == value
 
@@ -94,7 +153,7 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.extra_params,
                                         *tapes, *later)]
     body: list[ast.stmt] = [ast.Expr(ast.Constant(docstring))] if docstring else []
-    body += fold_temporaries(backward.body, backward.foldable, backward.reassigned)
+    body += fold_temporaries(transposed_products(backward.body), backward.foldable, backward.reassigned)
     if tile:
         value = backward.returns[0] if len(backward.returns) == 1 else ast.Tuple(elts=backward.returns, ctx=ast.Load())
         body.append(ast.Return(value))

@@ -52,6 +52,7 @@ from .addresses import (
 )
 from .analysis import Analysis, loaded_values, program_axes
 from .checks import UNKNOWN_TRIP, All, AtMost, Condition, Covers, Expr, LaunchValues
+from .interchange import NotInterchangeable
 from .ir import (
     Namer,
     Op,
@@ -527,6 +528,10 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     if every:
         sweep = [s for s in kept if s in sweep]
         kept = [s for s in kept if s not in sweep]
+        late = {n for s in sums for n in (s.shadow, *names_in(s.mask))} - known
+        if late:  # stored after the loop, but computed in it (from a name the body assigns twice)
+            raise NotInterchangeable(f"the address its sums are stored at (`{sorted(late)[0]}`) changes from "
+                                     "one of the forward's programs to another")
     starts = [s for s in kept if _program_id(s) == axis]
     if len(starts) == 1 and not _used_as_tensor(starts[0].targets[0].id, kept + sweep):
         loop_var = starts[0].targets[0].id  # `row = tl.program_id(0)`: the loop runs over `row`, as by hand

@@ -28,8 +28,8 @@ one: the final max and sum, and one linear reverse loop (with finals kept by the
 Matched: a loop not nested in another, whose carried ``m`` is updated by ``maximum(m, x)`` with ``x`` computed
 from values that do not depend on the loop's nonlinear state, ``m``'s old value read only there and in
 ``exp(m - m_new)`` (or ``exp2``), each such factor (or its broadcast) only multiplying a carried value that starts
-at zero. A cast on the rescaled path to a type the source does not spell as a float type is compiled with a check
-that it is one (``tg.to_float``): a rescaling commutes with float casts only.
+at zero. A cast on the rescaled path to a type the source does not spell is compiled with a check that it is a
+float type (``tg.to_float``): a rescaling commutes with float casts only.
 """
 
 from __future__ import annotations
@@ -357,8 +357,9 @@ def _dead_code_removed(body: list[ast.stmt], loop: ast.For, block: list[ast.stmt
 
 
 def _guard_casts(body: list[ast.stmt], final: str) -> set[int]:
-    """Casts on the path of the final max to a type not spelled as a float type: compiled through
-    ``tg.to_float`` (which refuses another type at compile time). Their ids, for the perturbation analysis."""
+    """Casts on the path of the final max to a type the source does not spell (a constexpr, ``x.dtype``):
+    compiled through ``tg.to_float`` (which refuses another type at compile time). Their ids, for the
+    perturbation analysis (which refuses a cast to a type spelled and not a float type)."""
     moved = {final}
     guarded = set()
     for s in statements(body):
@@ -369,7 +370,7 @@ def _guard_casts(body: list[ast.stmt], final: str) -> set[int]:
         op = op_of(s)
         if op.kind in ("to", "cast"):
             b = arguments(s)
-            if not ast.unparse(b["dtype"]).startswith(("tl.float", "tl.bfloat")) and _plain(b):
+            if not ast.unparse(b["dtype"]).startswith("tl.") and _plain(b):  # tl.int32: left to the analysis
                 s.value = ast.Call(ast.Attribute(name_node("tg"), "to_float", ast.Load()),
                                    [copy.deepcopy(b["input"]), copy.deepcopy(b["dtype"])], [])
                 ast.fix_missing_locations(s)
