@@ -39,7 +39,8 @@ def test_flash_attention_gradients_for_q_k_and_v(device):
 
 def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_finals(monkeypatch):
     """With the final max, sum and accumulator the forward kept, dK and dV are summed by one kernel whose programs
-    are key blocks, each looping over the query blocks (FlashAttention-2's backward); causal: the query blocks
+    are key blocks, each looping over the query blocks (FlashAttention-2's backward, with its preprocessing
+    kernel: interchange.Prologue); causal: the query blocks
     whose loop stops before the key block skip it. Without them (the backward alone) one kernel, as before."""
     monkeypatch.setattr(derive, "_multiprocessors", lambda device: 1)  # a few key blocks: kernels of their own
     launched = []
@@ -66,6 +67,10 @@ def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_final
         assert all(p.saved for p in with_finals.parts) and "atomic" not in with_finals.src
         own = with_finals.parts[1].src
         assert "start_iteration = tl.program_id(0)" in own and "acc = tg.tape_get(" in own
+        # dO / l and the row sums of dO * o: computed once per query block by a prologue, read by each key block
+        assert with_finals.parts[1].prologue is not None
+        assert "def flash_attention_kernel_bwd_k_ptr_v_ptr_prologue(" in own
+        assert "d_acc = tg.tape_get(d_acc_row" in own and "d_l_i = tg.tape_get(d_l_i_row" in own
         assert ("if start_iteration < start_trips:" in own) == causal
         assert "d_k = tl.dot(tl.trans(d_dot_q.to(q.dtype)), q)" in own  # not a transposed float32 product
         assert [(p.wrt, p.saved) for p in alone.parts] == [(("q_ptr", "k_ptr", "v_ptr"), False)]

@@ -148,7 +148,8 @@ def _simplify(n: ast.BinOp) -> ast.expr:
 
 def function_source(program: Program, backward: BackwardBody, name: str, docstring: str, tile: bool) -> str:
     params = [ast.arg(arg=p.arg, annotation=p.annotation) for p in program.params]
-    tapes = [n for tape in backward.tapes for n in (*(param for param, _ in tape.states), tape.slots)]
+    kept = [*backward.tapes, *([backward.prologue.tape] if backward.prologue is not None else [])]
+    tapes = [n for tape in kept for n in (*(param for param, _ in tape.states), tape.slots)]
     later = [n for adds in backward.later_adds for n in (adds.values, adds.offsets)]
     params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.extra_params,
                                         *tapes, *later)]

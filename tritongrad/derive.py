@@ -8,7 +8,7 @@ import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import codegen, tuning
@@ -101,6 +101,8 @@ class Part:
     later_adds: tuple[LaterAdds, ...] = ()  # loads whose adjoints are added after the kernel
     saved: bool = False  # its tapes come filled from the forward (augment.py), not allocated
     finals: tuple[Tape, ...] = ()  # loops' states after them the forward may keep (its tapes, where ``saved``)
+    prologue: Any = None  # interchanged: the kernel computing per forward program values first (on its grid)
+    exports: Tape | None = None  # the prologue's values, allocated on each launch
 
     @property
     def kept(self) -> tuple[Tape, ...]:
@@ -287,6 +289,16 @@ class BackwardKernel:
                f"{CALLING_CONVENTION}\nIn this variant:{writes or ' (no inputs)'}\n")
         src = codegen.function_source(program, backward, name, doc.replace("\n", "\n    "), tile=False)
         kernel = codegen.compile_kernel(src, name, program)
+        prologue = None
+        if backward.prologue is not None:  # its source first: what it computes, then what reads it
+            first = replace(backward, body=backward.prologue.body, extra_params=[], later_adds=[])
+            values = ", ".join(backward.prologue.tape.sources)
+            about = (f"Prologue of `{name}`: per program of the forward's grid, the values each of its programs "
+                     f"would recompute\nfor every forward program it loops over ({values}).")
+            prologue_src = codegen.function_source(program, first, f"{name}_prologue", about.replace("\n", "\n    "),
+                                                   tile=False)
+            prologue = codegen.compile_kernel(prologue_src, f"{name}_prologue", program)
+            src = f"{prologue_src}\n\n{src}"
         programs, rows = None, {}
         if backward.extra_params:
             programs, *strides = backward.extra_params
@@ -296,7 +308,8 @@ class BackwardKernel:
                      None)
         part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
                                        frozenset(backward.written_inputs), tuple(backward.tapes),
-                                       tuple(backward.later_adds), saved, tuple(backward.finals))
+                                       tuple(backward.later_adds), saved, tuple(backward.finals), prologue,
+                                       backward.prologue.tape if prologue is not None else None)
         return part
 
     # -- launching ---------------------------------------------------------------------------------
@@ -520,9 +533,12 @@ class BackwardKernel:
                 self._most_trips.clear()
             trips = self._most_trips[key] = int(most_trips(part.trips, LaunchValues(args, grid), axis))
         args[part.programs] = grid[axis]
-        grid = (*grid[:axis], trips, *grid[axis + 1:])
+        forward, grid = grid, (*grid[:axis], trips, *grid[axis + 1:])
         own = {p: torch.zeros_like(buffers[p]) for p in part.wrt if p in written}
         args.update({part.shadows[p]: buffer for p, buffer in own.items()})
+        if part.prologue is not None and min(forward) > 0:  # on the forward's grid, before the kernel reading it
+            args.update(part.exports.allocate(LaunchValues(args, forward), math.prod(forward), _device_of(args)))
+            part.prologue[forward](**{k: v for k, v in args.items() if k in part.prologue.arg_names})
         if min(grid) > 0:
             part.scratch_args(args, grid, _device_of(args))
             part.kernel[grid](**args)

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import ast
 import copy
+from collections import Counter
 from dataclasses import dataclass
 
-from .ir import Namer, is_structured, name_node, range_bounds, reads, statements, target_of
+from .ir import Namer, Op, Tag, is_structured, name_node, needed_by, range_bounds, reads, statements, target_of
+from .loops import Tape
 from .operations import instantiate
 
 
@@ -38,14 +40,28 @@ class Guard:
     test: ast.expr
 
 
+@dataclass(frozen=True)
+class Prologue:
+    """Values every program of an interchanged kernel would recompute for each forward program it loops over,
+    computed once per forward program by a kernel of their own on the forward's grid (``body``, ending in
+    ``tg.tape_put`` of each) and read from a one-slot tape (``tape``): attention's dO / l and the row sums
+    of dO * o (FlashAttention-2's preprocessing kernel)."""
+
+    body: list[ast.stmt]
+    tape: Tape
+
+
 def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: list[str], axis: int,
-                 comments: dict[str, str], namer: Namer, keep: set[str], per_program: set[str] = frozenset()
-                 ) -> tuple[list[ast.stmt], Guard | None]:
+                 comments: dict[str, str], namer: Namer, keep: set[str], per_program: set[str] = frozenset(),
+                 likes: dict[str, tuple[ast.expr, tuple[str, ...], str]] | None = None
+                 ) -> tuple[list[ast.stmt], Guard | None, Prologue | None]:
     """``sweep`` with the top-level loop that sums into ``accumulators`` (the inputs' adjoints a kernel of their
     own writes: attention's dK and dV, one loop) replaced by the iteration this program owns along ``axis``;
     what no longer has a use dropped (``keep``: what is read after it). ``per_program``: the loops whose trip
     count differs from one of the forward's programs to another (a causal attention's): then also the
-    :class:`Guard` under which a forward program's work runs (lowering.persistent puts it around that work)."""
+    :class:`Guard` under which a forward program's work runs (lowering.persistent puts it around that work).
+    ``likes``: adjoints that may be computed by a :class:`Prologue` -> (zeros of their shape and type, the shape
+    and the dtype as written)."""
     found = [i for i, s in enumerate(sweep) if isinstance(s, ast.For) and any(_sums_into(s, a) for a in accumulators)]
     if len(found) != 1 or not all(_sums_into(sweep[found[0]], a) for a in accumulators):
         raise NotInterchangeable("its adjoint is not summed in one loop at the kernel's top level")
@@ -100,10 +116,73 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
         first = comments[markers[-1]].splitlines()[0]
         comments[markers[-1]] = f"{first}\nEach program runs one iteration: the one tl.program_id({axis}) numbers."
     keep = keep | (reads(guard.count) if guard else set())
-    return _without_unused([*sweep[:at], *head, *rest, *sweep[at + 1:]], keep), guard
+    before, prologue = _prologue(replay, sweep[:at], [*head, *rest], likes or {}, namer)
+    return without_unused([*before, *head, *rest, *sweep[at + 1:]], keep), guard, prologue
 
 
-def _without_unused(body: list[ast.stmt], keep: set[str]) -> list[ast.stmt]:
+COSTLY = ("tl.sum", "tl.max", "tl.min", "tl.reduce", "tg.unbroadcast", "tg.sum_grad", "tg.tape_get", "tl.dot")
+
+
+def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[ast.stmt],
+              likes: dict[str, tuple[ast.expr, tuple[str, ...], str]], namer: Namer
+              ) -> tuple[list[ast.stmt], Prologue | None]:
+    """The adjoints a forward program's work computes before the iteration and the iteration reads, where
+    computing them takes a reduction or a kept state (a row sum, a division by the kept sum): a prologue
+    computes them once per forward program; ``before`` reads them from its tape instead."""
+    read = set().union(set(), *[reads(s) for s in iteration])
+    defined = Counter(t for s in replay + before for t in _targets(s))
+    found = []
+    for s in before:
+        name = target_of(s)
+        if (isinstance(s, ast.Assign) and name in read and name in likes and defined[name] == 1
+                and _costly(needed_by(replay + before, {name}))):
+            found.append(name)
+    if not found:
+        return before, None
+    slots = namer.fresh("prologue_slots")
+    params = {n: namer.fresh(f"{n}_kept") for n in found}
+    tape = Tape(slots, tuple((params[n], likes[n][1]) for n in found), None, None, tuple(found), final=True)
+    program, rows = namer.fresh("program"), {n: namer.fresh(f"{n}_row") for n in found}
+    computed = [copy.deepcopy(s) for s in needed_by(replay + before, set(found))]
+    puts = [ast.parse(f"{program} = tg.program_index()").body[0]]
+    for n in found:
+        puts.append(_assign(rows[n], instantiate("tg.tape_row(tape, like, slots, program)", {
+            "tape": name_node(params[n]), "like": likes[n][0], "slots": name_node(slots),
+            "program": name_node(program)})))
+        puts.append(ast.Expr(instantiate("tg.tape_put_exactly(row, x, like)", {
+            "row": name_node(rows[n]), "x": name_node(n), "like": likes[n][0]})))
+    reading = namer.fresh("program")
+    index = _assign(reading, instantiate("tg.program_index()", {}))
+    index.tg = Tag(Op("program_index", []), *_origin(replay + before))
+    out = []
+    for s in before:
+        name = target_of(s)
+        if name in params:
+            out += [index] if index not in out else []
+            out.append(_assign(rows[name], instantiate("tg.tape_row(tape, like, slots, program)", {
+                "tape": name_node(params[name]), "like": likes[name][0], "slots": name_node(slots),
+                "program": name_node(reading)})))
+            out.append(_assign(name, instantiate("tg.tape_get(row, 0, like)", {
+                "row": name_node(rows[name]), "like": likes[name][0]})))
+        else:
+            out.append(s)
+    return out, Prologue([*computed, *puts], tape)
+
+
+def _costly(stmts: list[ast.stmt]) -> bool:
+    return any(ast.unparse(n.func) in COSTLY for s in stmts for n in ast.walk(s) if isinstance(n, ast.Call))
+
+
+def _origin(stmts: list[ast.stmt]) -> tuple:
+    tag = next(s.tg for s in stmts if getattr(s, "tg", None) is not None)
+    return tag.origin, tag.where
+
+
+def _assign(name: str, value: ast.expr) -> ast.Assign:
+    return ast.Assign(targets=[ast.Name(name, ast.Store())], value=value)
+
+
+def without_unused(body: list[ast.stmt], keep: set[str]) -> list[ast.stmt]:
     """``body`` without the assignments nothing reads (the other carried values, their starting points)."""
     while True:
         used = set(keep).union(*[reads(s) for s in body])

@@ -282,6 +282,17 @@ def reads(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
+def needed_by(body: list[ast.stmt], names: set[str]) -> list[ast.stmt]:
+    """The statements of ``body`` that ``names`` are computed from, in order."""
+    needed, found = set(names), []
+    for s in reversed(body):
+        assigned = {n.id for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        if assigned & needed:
+            found.append(s)
+            needed |= reads(s)
+    return found[::-1]
+
+
 def definitions(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     """Name -> the statements assigning it (a loop's index: the loop)."""
     defs: dict[str, list[ast.stmt]] = {}

@@ -16,12 +16,13 @@ from triton.language.extra import libdevice
 
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
             "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad",
-            "tape_row", "tape_put", "tape_get", "add_later", "program_index", "tile_offsets", "stop_gradient",
-            "to_float")
+            "tape_row", "tape_put", "tape_put_exactly", "tape_get", "add_later", "program_index", "tile_offsets",
+            "stop_gradient", "to_float")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_put": ("tile_offsets",),
-          "tape_get": ("tile_offsets",), "add_later": ("program_index", "tile_offsets")}
+          "tape_put_exactly": ("tile_offsets",), "tape_get": ("tile_offsets",),
+          "add_later": ("program_index", "tile_offsets")}
 
 
 def __getattr__(name: str):
@@ -165,6 +166,13 @@ def _tape_put(row, slot, x, mask):
     """Keep ``x`` in slot ``slot`` of a tape row (where ``mask``: a scalar)."""
     if mask:
         tl.store(row + slot * x.numel + tile_offsets(x), x)  # noqa: F821 (jitted lazily)
+
+
+def _tape_put_exactly(row, x, like):
+    """Keep ``x`` in the one slot of a tape row its reader reads as ``like`` (an interchange's prologue: a
+    value of another type than the reader expects refuses to compile rather than be rounded)."""
+    tl.static_assert(x.dtype == like.dtype, "tritongrad: a prologue's value has another type than its reader's")
+    tl.store(row + tile_offsets(x), x)  # noqa: F821 (jitted lazily)
 
 
 def _tape_get(row, slot, like):

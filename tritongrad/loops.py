@@ -124,7 +124,7 @@ class Tape:
 
         sizes = self.state_bytes(launch)
         per_slot = max(1, sum(sizes.values()))
-        trips = self.known_trips(launch)
+        trips = 1 if self.final else self.known_trips(launch)
         budget = tape_budget(device)
         slots = max(1, min(trips if trips is not None else MAX_SLOTS, budget // (per_slot * max(programs, 1))))
         args = {param: torch.empty(max(1, programs * slots * n), dtype=torch.uint8, device=device)

@@ -63,6 +63,7 @@ from .ir import (
     is_structured,
     name_node,
     names_in,
+    needed_by,
     op_of,
     reads,
     statements,
@@ -556,17 +557,6 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
                                   [name_node(s.shadow), name_node(s.accumulator)],
                                   [] if _is_none(s.mask) else [ast.keyword("mask", s.mask)])) for s in sums]
     return [*prologue, loop, *epilogue]
-
-
-def needed_by(body: list[ast.stmt], names: set[str]) -> list[ast.stmt]:
-    """The statements of ``body`` that ``names`` are computed from, in order."""
-    needed, found = set(names), []
-    for s in reversed(body):
-        assigned = {t for n in statements([s]) for t in _assigned(n)}
-        if assigned & needed:
-            found.append(s)
-            needed |= reads(s)
-    return found[::-1]
 
 
 def _assigned(stmt: ast.stmt) -> list[str]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .analysis import INFINITE, MASKED, Analysis, padding_at_unbounded
-from .interchange import loop_to_grid
+from .interchange import loop_to_grid, without_unused
 from .ir import (
     Namer,
     arguments,
@@ -76,6 +76,7 @@ class BackwardBody:
     tapes: list = field(default_factory=list)  # loops.Tape: parameters after the extra ones, sized at launch
     later_adds: list = field(default_factory=list)  # lowering.LaterAdds: parameters after the tapes'
     finals: list = field(default_factory=list)  # loops.Tape: states after loops the forward may keep
+    prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
 
 
 @dataclass
@@ -202,19 +203,34 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         self.keep_finals(replay, self.out)
         body, extra = replay + self.out, []
         axis = next((c.axis for c in self.choices.values() if c.mode in PARTIALS), None)
+        prologue = None
         if own:  # a kernel of its own for these inputs: the loop's iterations are programs (interchange.py)
             axis = self.choices[self.analysis.wrt[0]].axis
-            self.out, guard = loop_to_grid(replay, self.out, [s.accumulator for s in self.partial_sums], axis,
-                                           self.comments, self.namer,
-                                           {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))},
-                                           {k.index for k in self.analysis.program_trips})
+            self.out, guard, prologue = loop_to_grid(
+                replay, self.out, [s.accumulator for s in self.partial_sums], axis, self.comments, self.namer,
+                {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))},
+                {k.index for k in self.analysis.program_trips}, self.adjoint_likes())
+            replay = without_unused(replay, set().union(*[reads(s) for s in self.out], reads(guard.count) if guard
+                                                        else set()))  # what only the prologue's values needed
             body, extra = self.persistent(replay, axis, reassigned, every=True, guard=guard)
         elif axis is not None:
             body, extra = self.persistent(replay, axis, reassigned)
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
-                            self.written_inputs, self.tapes, self.later_adds, self.finals)
+                            self.written_inputs, self.tapes, self.later_adds, self.finals, prologue)
+
+    def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...], str]]:
+        """Adjoints whose primal's shape and dtype the source says: -> (zeros of the adjoint's shape and type,
+        the shape, the dtype as written), for an interchange's prologue (interchange.Prologue)."""
+        likes = {}
+        for primal, adjoint in self.adjoint.items():
+            shape, dtype = self.analysis.shapes.get(primal), self.dtype_as_written(primal)
+            if shape is not None and dtype is not None:
+                extents = "".join(f"{e}, " for e in shape)
+                likes[adjoint] = (ast.parse(f"tg.zeros_grad(tl.zeros(({extents}), {dtype}))", mode="eval").body,
+                                  tuple(shape), dtype)
+        return likes
 
     def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False,
                    guard: Any = None) -> tuple[list[ast.stmt], list[str]]:
