@@ -115,7 +115,7 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
     if markers and comments[markers[-1]].startswith("loop over"):  # the loop's plan: say where it went
         first = comments[markers[-1]].splitlines()[0]
         comments[markers[-1]] = f"{first}\nEach program runs one iteration: the one tl.program_id({axis}) numbers."
-    keep = keep | (reads(guard.count) if guard else set())
+    keep = keep | set(accumulators) | (reads(guard.count) if guard else set())
     before, prologue = _prologue(replay, sweep[:at], [*head, *rest], likes or {}, namer)
     return without_unused([*before, *head, *rest, *sweep[at + 1:]], keep), guard, prologue
 
@@ -183,10 +183,15 @@ def _assign(name: str, value: ast.expr) -> ast.Assign:
 
 
 def without_unused(body: list[ast.stmt], keep: set[str]) -> list[ast.stmt]:
-    """``body`` without the assignments nothing reads (the other carried values, their starting points)."""
+    """``body`` without the assignments nothing else reads (the other carried values, their starting points);
+    ``x += e`` reads ``x``: the two go together."""
+    def read_by(s: ast.stmt) -> set[str]:
+        return reads(s) | ({s.target.id} if isinstance(s, ast.AugAssign) else set())
+
     while True:
-        used = set(keep).union(*[reads(s) for s in body])
-        kept = [s for s in body if not (isinstance(s, ast.Assign) and target_of(s) not in used)]
+        readers = Counter(n for s in body for n in read_by(s))
+        kept = [s for s in body if not (isinstance(s, (ast.Assign, ast.AugAssign)) and _targets(s)[0] not in keep
+                                        and readers[_targets(s)[0]] == (isinstance(s, ast.AugAssign)))]
         if len(kept) == len(body):
             return kept
         body = kept
