@@ -151,9 +151,8 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     kept = [*backward.tapes, *([backward.prologue.tape] if backward.prologue is not None else [])]
     tapes = [n for tape in kept for n in (*(param for param, _ in tape.states), tape.slots)]
     later = [n for adds in backward.later_adds for n in (adds.values, adds.offsets)]
-    order = [backward.order[0]] if backward.order is not None else []
     params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.extra_params,
-                                        *tapes, *later, *order)]
+                                        *tapes, *later)]
     body: list[ast.stmt] = [ast.Expr(ast.Constant(docstring))] if docstring else []
     body += fold_temporaries(transposed_products(backward.body), backward.foldable, backward.reassigned)
     if tile:

@@ -103,7 +103,6 @@ class Part:
     finals: tuple[Tape, ...] = ()  # loops' states after them the forward may keep (its tapes, where ``saved``)
     prologue: Any = None  # interchanged: the kernel computing per forward program values first (on its grid)
     exports: Tape | None = None  # the prologue's values, allocated on each launch
-    order: Any = None  # (parameter, axis, trip count): its programs along the axis run longest first
 
     @property
     def kept(self) -> tuple[Tape, ...]:
@@ -292,7 +291,7 @@ class BackwardKernel:
         kernel = codegen.compile_kernel(src, name, program)
         prologue = None
         if backward.prologue is not None:  # its source first: what it computes, then what reads it
-            first = replace(backward, body=backward.prologue.body, extra_params=[], later_adds=[], order=None)
+            first = replace(backward, body=backward.prologue.body, extra_params=[], later_adds=[])
             values = ", ".join(backward.prologue.tape.sources)
             about = (f"Prologue of `{name}`: per program of the forward's grid, the values each of its programs "
                      f"would recompute\nfor every forward program it loops over ({values}).")
@@ -310,7 +309,7 @@ class BackwardKernel:
         part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
                                        frozenset(backward.written_inputs), tuple(backward.tapes),
                                        tuple(backward.later_adds), saved, tuple(backward.finals), prologue,
-                                       backward.prologue.tape if prologue is not None else None, backward.order)
+                                       backward.prologue.tape if prologue is not None else None)
         return part
 
     # -- launching ---------------------------------------------------------------------------------
@@ -508,8 +507,6 @@ class BackwardKernel:
                 args[part.shadows[p]] = rows[p][0][:, pad:]
                 args[part.rows[p]] = span + 2 * pad
         part.scratch_args(args, grid, _device_of(args))
-        if part.order is not None:
-            args[part.order[0]] = self._longest_last(part, grid, args)
         part.kernel[grid](**args)
         if reduce:
             part.add_later(args, self.deterministic)
@@ -547,21 +544,6 @@ class BackwardKernel:
             part.kernel[grid](**args)
         for p, buffer in own.items() if reduce else ():
             buffers[p].add_(buffer)
-
-    def _longest_last(self, part: Part, grid: tuple[int, ...], args: dict[str, Any]) -> int:
-        """1 where the last program along the part's ordered axis runs more iterations than the first (its kernel
-        then takes them in reverse order: lowering.heaviest_first), else 0; cached per launch."""
-        param, axis, trips = part.order
-        key = (param, id(part), grid, *[args.get(n) for n in sorted(trips.names())])
-        found = self._most_trips.get(key)
-        if found is None:
-            try:
-                at = [int(trips.evaluate(LaunchValues(args, grid, (axis, p)))) for p in (0, grid[axis] - 1)]
-                found = int(at[1] > at[0])
-            except Exception:  # a count the launch cannot give: the forward's order
-                found = 0
-            self._most_trips[key] = found
-        return found
 
     def _refuse_atomics(self, choices: dict[str, Choice]) -> None:
         for p, c in choices.items():

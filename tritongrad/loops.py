@@ -423,13 +423,8 @@ class LoopReversal:
         if not self.saved:
             setup.append(_assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)))
         setup += self.resets(node, state)
-        program = _assign(self.namer.fresh("program"), instantiate("tg.program_index()", {}))
-        if self.saved:  # the forward's program's row (a backward running its programs in another order says which)
-            program.tg = Tag(Op("program_index", []), node.tg.origin, node.tg.where)
-        setup += [program]
-        setup += [_assign(rows[c.name], instantiate("tg.tape_row(tape, x, slots, program)", {
-            **names, "tape": name_node(params[c.name]), "x": name_node(c.name),
-            "program": name_node(program.targets[0].id)})) for c in state]
+        setup += [_assign(rows[c.name], instantiate("tg.tape_row(tape, x, slots, tg.program_index())", {
+            **names, "tape": name_node(params[c.name]), "x": name_node(c.name)})) for c in state]
         for s in setup:
             s.tape_setup = node.tg  # merge_records moves them with the recording loop
             self.emit(s)

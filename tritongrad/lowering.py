@@ -603,18 +603,6 @@ def depends_on_program(body: list[ast.stmt], axis: int) -> set[str]:
     return found
 
 
-def heaviest_first(body: list[ast.stmt], axis: int, namer: Namer) -> tuple[list[ast.stmt], str]:
-    """The body with the programs along ``axis`` taken in the order a launch argument says (the parameter
-    returned: 1 reverses it). A loop whose trip count grows with the program id (a causal attention's query
-    blocks) makes the last programs the longest; run first, they leave no long tail. Programs are independent,
-    so any order gives the same gradient; every program id (and tape row) along ``axis`` reads the new one."""
-    order, count, pid = namer.fresh("heaviest_first"), namer.fresh(f"programs_{axis}"), namer.fresh(f"pid_{axis}")
-    _rewrite_program_queries(body, axis, pid, count)
-    first = ast.parse(f"{count} = tl.num_programs({axis})\n"
-                      f"{pid} = tl.program_id({axis}) + {order} * ({count} - 1 - 2 * tl.program_id({axis}))").body
-    return [*first, *body], order
-
-
 def _rewrite_program_queries(body: list[ast.stmt], axis: int, loop_var: str, programs: str) -> None:
     """``tl.program_id(axis)`` is now the loop's variable; ``tl.num_programs(axis)`` the forward's count."""
     for s in statements(body):

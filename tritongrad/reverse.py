@@ -53,7 +53,7 @@ from .ir import (
     where,
 )
 from .loops import LoopPlan, LoopReversal, merge_records
-from .lowering import ATOMIC, INTERCHANGE, PARTIALS, STORE, Choice, heaviest_first, persistent
+from .lowering import ATOMIC, INTERCHANGE, PARTIALS, STORE, Choice, persistent
 from .memory import MemoryAdjoints
 from .operations import LOADS, STORES, instantiate, operation_of
 
@@ -77,7 +77,6 @@ class BackwardBody:
     later_adds: list = field(default_factory=list)  # lowering.LaterAdds: parameters after the tapes'
     finals: list = field(default_factory=list)  # loops.Tape: states after loops the forward may keep
     prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
-    order: Any = None  # (parameter, axis, a trip count reading that program id): lowering.heaviest_first
 
 
 @dataclass
@@ -216,18 +215,10 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
             body, extra = self.persistent(replay, axis, reassigned, every=True, guard=guard)
         elif axis is not None:
             body, extra = self.persistent(replay, axis, reassigned)
-        order = None
-        varying = {a: e for e in self.analysis.program_trips.values() for a in e.program_axes()}
-        if not own and axis is None and len(varying) == 1 and not self.tile:
-            (a, trips), = varying.items()
-            body, param = heaviest_first(body, a, self.namer)
-            order = (param, a, trips)
-            body.insert(2, self.marker(f"the programs along axis {a} run longest first where `{param}` is 1 (the "
-                                       "launch says: a loop whose trip count grows with the program id)"))
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
-                            self.written_inputs, self.tapes, self.later_adds, self.finals, prologue, order)
+                            self.written_inputs, self.tapes, self.later_adds, self.finals, prologue)
 
     def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...], str]]:
         """Adjoints whose primal's shape and dtype the source says: -> (zeros of the adjoint's shape and type,
