@@ -100,14 +100,8 @@ class Part:
     tapes: tuple[Tape, ...] = ()  # nonlinear loops' state tapes, allocated on each launch
     later_adds: tuple[LaterAdds, ...] = ()  # loads whose adjoints are added after the kernel
     saved: bool = False  # its tapes come filled from the forward (augment.py), not allocated
-    finals: tuple[Tape, ...] = ()  # loops' states after them the forward may keep (its tapes, where ``saved``)
     prologue: Any = None  # interchanged: the kernel computing per forward program values first (on its grid)
     exports: Tape | None = None  # the prologue's values, allocated on each launch
-
-    @property
-    def kept(self) -> tuple[Tape, ...]:
-        """The tapes the forward keeps for the variant reading them (state tapes, then loops' finals)."""
-        return self.tapes if self.saved else (*self.tapes, *self.finals)
 
     def scratch_args(self, args: dict[str, Any], grid: tuple[int, ...], device: Any) -> None:
         """The kernel's scratch buffers for a launch on ``grid`` (state tapes, later adds), added to ``args``."""
@@ -204,7 +198,7 @@ class BackwardKernel:
                     except NotInterchangeable:
                         self.saved_lowering = self.saved_lowering.without_interchange(param)
                     else:
-                        self.not_interchanged[param] += " (where the forward keeps the loop's final state, it has)"
+                        self.not_interchanged[param] += " (it has one where an op's forward keeps that loop's state)"
                     break
 
     # -- the kernel --------------------------------------------------------------------------------
@@ -308,7 +302,7 @@ class BackwardKernel:
                      None)
         part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
                                        frozenset(backward.written_inputs), tuple(backward.tapes),
-                                       tuple(backward.later_adds), saved, tuple(backward.finals), prologue,
+                                       tuple(backward.later_adds), saved, prologue,
                                        backward.prologue.tape if prologue is not None else None)
         return part
 

@@ -44,8 +44,8 @@ class Guard:
 class Prologue:
     """Values every program of an interchanged kernel would recompute for each forward program it loops over,
     computed once per forward program by a kernel of their own on the forward's grid (``body``, ending in
-    ``tg.tape_put`` of each) and read from a one-slot tape (``tape``): attention's dO / l and the row sums
-    of dO * o (FlashAttention-2's preprocessing kernel)."""
+    ``tg.tape_put_exactly`` of each) and read from a one-slot tape (``tape``): attention's dO / l and the row
+    sums of dO * o (FlashAttention-2's preprocessing kernel)."""
 
     body: list[ast.stmt]
     tape: Tape
@@ -53,7 +53,7 @@ class Prologue:
 
 def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: list[str], axis: int,
                  comments: dict[str, str], namer: Namer, keep: set[str], per_program: set[str] = frozenset(),
-                 likes: dict[str, tuple[ast.expr, tuple[str, ...], str]] | None = None
+                 likes: dict[str, tuple[ast.expr, tuple[str, ...]]] | None = None
                  ) -> tuple[list[ast.stmt], Guard | None, Prologue | None]:
     """``sweep`` with the top-level loop that sums into ``accumulators`` (the inputs' adjoints a kernel of their
     own writes: attention's dK and dV, one loop) replaced by the iteration this program owns along ``axis``;
@@ -61,7 +61,7 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
     count differs from one of the forward's programs to another (a causal attention's): then also the
     :class:`Guard` under which a forward program's work runs (lowering.persistent puts it around that work).
     ``likes``: adjoints that may be computed by a :class:`Prologue` -> (zeros of their shape and type, the shape
-    and the dtype as written)."""
+    as written)."""
     found = [i for i, s in enumerate(sweep) if isinstance(s, ast.For) and any(_sums_into(s, a) for a in accumulators)]
     if len(found) != 1 or not all(_sums_into(sweep[found[0]], a) for a in accumulators):
         raise NotInterchangeable("its adjoint is not summed in one loop at the kernel's top level")
@@ -116,7 +116,7 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
         first = comments[markers[-1]].splitlines()[0]
         comments[markers[-1]] = f"{first}\nEach program runs one iteration: the one tl.program_id({axis}) numbers."
     keep = keep | set(accumulators) | (reads(guard.count) if guard else set())
-    before, prologue = _prologue(replay, sweep[:at], [*head, *rest], likes or {}, namer)
+    before, prologue = _prologue(replay, sweep[:at], [*head, *rest], likes or {}, namer, node)
     return without_unused([*before, *head, *rest, *sweep[at + 1:]], keep), guard, prologue
 
 
@@ -124,7 +124,7 @@ COSTLY = ("tl.sum", "tl.max", "tl.min", "tl.reduce", "tg.unbroadcast", "tg.sum_g
 
 
 def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[ast.stmt],
-              likes: dict[str, tuple[ast.expr, tuple[str, ...], str]], namer: Namer
+              likes: dict[str, tuple[ast.expr, tuple[str, ...]]], namer: Namer, loop: ast.For
               ) -> tuple[list[ast.stmt], Prologue | None]:
     """The adjoints a forward program's work computes before the iteration and the iteration reads, where
     computing them takes a reduction or a kept state (a row sum, a division by the kept sum): a prologue
@@ -137,7 +137,7 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
         if (isinstance(s, ast.Assign) and name in read and name in likes and defined[name] == 1
                 and _costly(needed_by(replay + before, {name}))):
             found.append(name)
-    if not found:
+    if not found or getattr(loop, "tg", None) is None:  # (the loop's tag places the reading program's row)
         return before, None
     slots = namer.fresh("prologue_slots")
     params = {n: namer.fresh(f"{n}_kept") for n in found}
@@ -153,7 +153,7 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
             "row": name_node(rows[n]), "x": name_node(n), "like": likes[n][0]})))
     reading = namer.fresh("program")
     index = _assign(reading, instantiate("tg.program_index()", {}))
-    index.tg = Tag(Op("program_index", []), *_origin(replay + before))
+    index.tg = Tag(Op("program_index", []), loop.tg.origin, loop.tg.where)  # (the forward's program: persistent)
     out = []
     for s in before:
         name = target_of(s)
@@ -171,11 +171,6 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
 
 def _costly(stmts: list[ast.stmt]) -> bool:
     return any(ast.unparse(n.func) in COSTLY for s in stmts for n in ast.walk(s) if isinstance(n, ast.Call))
-
-
-def _origin(stmts: list[ast.stmt]) -> tuple:
-    tag = next(s.tg for s in stmts if getattr(s, "tg", None) is not None)
-    return tag.origin, tag.where
 
 
 def _assign(name: str, value: ast.expr) -> ast.Assign:

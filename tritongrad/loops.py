@@ -552,9 +552,11 @@ class LoopReversal:
 
     def keep_finals(self, *segments: list[ast.stmt]) -> None:
         """Where the backward replays a loop (not nested in another, its state not taped) for the values it
-        leaves, the forward can keep those instead (augment.py: a tape of one slot, ``Tape.final``). Every
-        variant lists them in ``self.finals``; the one built for the forward's tapes (``self.saved``) reads them
-        in place of the replay. ``segments``: consecutive parts of the body."""
+        leaves, the forward can keep those instead (augment.py: a tape of one slot, ``Tape.final``): the variant
+        built for the forward's tapes (``self.saved``) reads them in place of the replay, and lists them among
+        its tapes (``BackwardKernel.saved_tapes`` tells the forward). ``segments``: consecutive parts of the body."""
+        if not self.saved:
+            return
         replays = [(block, s) for segment in segments for block, s in _replayed_loops(segment)]
         for block, replay in replays:
             forward = replay.replay_of
@@ -568,23 +570,21 @@ class LoopReversal:
                 continue
             slots = self.namer.fresh(f"{forward.target.id}_final_slots")
             params = {n: self.namer.fresh(f"{n}_final") for n in kept}
-            self.finals.append(Tape(slots, tuple((params[n], shape) for n, shape in zip(kept, shapes, strict=True)),
-                                    None, forward.tg.where, tuple(carried[n].source for n in kept), final=True,
-                                    dtypes=tuple(self.dtype_as_written(n) for n in kept)))
-            if self.saved:  # the row of the forward's program (a backward looping over them says which: lowering.py)
-                rows = {n: self.namer.fresh(f"{n}_final_row") for n in kept}
-                program = _assign(self.namer.fresh("program"), instantiate("tg.program_index()", {}))
-                program.tg = Tag(Op("program_index", []), forward.tg.origin, forward.tg.where)
-                read = [program]
-                read += [_assign(rows[n], instantiate("tg.tape_row(tape, x, slots, program)", {
-                    "tape": name_node(params[n]), "x": name_node(n), "slots": name_node(slots),
-                    "program": name_node(program.targets[0].id)})) for n in kept]
-                read += [_assign(n, instantiate("tg.tape_get(row, 0, x)", {
-                    "row": name_node(rows[n]), "x": name_node(n)})) for n in kept]
-                at = block.index(replay)
-                block[at:at + 1] = read
-        if self.saved:
-            self.tapes += self.finals
+            self.tapes.append(Tape(slots, tuple((params[n], shape) for n, shape in zip(kept, shapes, strict=True)),
+                                   None, forward.tg.where, tuple(carried[n].source for n in kept), final=True,
+                                   dtypes=tuple(self.dtype_as_written(n) for n in kept)))
+            rows = {n: self.namer.fresh(f"{n}_final_row") for n in kept}
+            program = _assign(self.namer.fresh("program"), instantiate("tg.program_index()", {}))
+            # the row of the forward's program (a backward looping over them says which: lowering.persistent)
+            program.tg = Tag(Op("program_index", []), forward.tg.origin, forward.tg.where)
+            read = [program]
+            read += [_assign(rows[n], instantiate("tg.tape_row(tape, x, slots, program)", {
+                "tape": name_node(params[n]), "x": name_node(n), "slots": name_node(slots),
+                "program": name_node(program.targets[0].id)})) for n in kept]
+            read += [_assign(n, instantiate("tg.tape_get(row, 0, x)", {
+                "row": name_node(rows[n]), "x": name_node(n)})) for n in kept]
+            at = block.index(replay)
+            block[at:at + 1] = read
 
     def dtype_as_written(self, name: str) -> str | None:
         """The dtype a loop's carried value is created with before the loop (a carried value keeps its type),

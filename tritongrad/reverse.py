@@ -75,7 +75,6 @@ class BackwardBody:
     written_inputs: set[str] = field(default_factory=set)  # wrt inputs whose loads' adjoints it writes
     tapes: list = field(default_factory=list)  # loops.Tape: parameters after the extra ones, sized at launch
     later_adds: list = field(default_factory=list)  # lowering.LaterAdds: parameters after the tapes'
-    finals: list = field(default_factory=list)  # loops.Tape: states after loops the forward may keep
     prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
 
 
@@ -107,7 +106,6 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         self.tile = tile
         self.choices = choices or {p: Choice(ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
         self.tapes: list = []  # loops.Tape: the state tapes of nonlinear loops (written by loops.py)
-        self.finals: list = []  # loops.Tape: loops' states after them, which the forward may keep (keep_finals)
         self.partial_sums: list = []  # lowering.PartialSum: inputs summed in registers (written by memory.py)
         self.later_adds: list = []  # lowering.LaterAdds: loads' adjoints added after the kernel (memory.py)
         self.written_inputs: set[str] = set()  # wrt inputs whose loads' adjoints were written (memory.py)
@@ -218,18 +216,18 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
-                            self.written_inputs, self.tapes, self.later_adds, self.finals, prologue)
+                            self.written_inputs, self.tapes, self.later_adds, prologue)
 
-    def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...], str]]:
+    def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...]]]:
         """Adjoints whose primal's shape and dtype the source says: -> (zeros of the adjoint's shape and type,
-        the shape, the dtype as written), for an interchange's prologue (interchange.Prologue)."""
+        the shape as written), for an interchange's prologue (interchange.Prologue)."""
         likes = {}
         for primal, adjoint in self.adjoint.items():
             shape, dtype = self.analysis.shapes.get(primal), self.dtype_as_written(primal)
             if shape is not None and dtype is not None:
                 extents = "".join(f"{e}, " for e in shape)
                 likes[adjoint] = (ast.parse(f"tg.zeros_grad(tl.zeros(({extents}), {dtype}))", mode="eval").body,
-                                  tuple(shape), dtype)
+                                  tuple(shape))
         return likes
 
     def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False,
