@@ -235,12 +235,6 @@ class Apart:
     def violation(self, launch: LaunchValues) -> str | None:
         return None if self.holds(launch) else ""
 
-    def program_axes(self) -> set[int]:
-        """The axes whose program id it reads (a count that differs from program to program)."""
-        if self.op == "program_id":
-            return {self.args[0]}
-        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
-
     def names(self) -> set[str]:
         exprs = [e for pair in self.coordinates for e in pair]
         exprs += [e for _, limit, coefficients in self.bounds for e in (limit, *coefficients)]
@@ -275,12 +269,6 @@ class AtLeast:
     def violation(self, launch: LaunchValues) -> str | None:
         return None if self.holds(launch) else ""
 
-    def program_axes(self) -> set[int]:
-        """The axes whose program id it reads (a count that differs from program to program)."""
-        if self.op == "program_id":
-            return {self.args[0]}
-        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
-
     def names(self) -> set[str]:
         return self.larger.names() | self.smaller.names()
 
@@ -305,12 +293,6 @@ class AtMost:
 
     def violation(self, launch: LaunchValues) -> str | None:
         return None if self.holds(launch) else ""
-
-    def program_axes(self) -> set[int]:
-        """The axes whose program id it reads (a count that differs from program to program)."""
-        if self.op == "program_id":
-            return {self.args[0]}
-        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
 
     def names(self) -> set[str]:
         return self.value.names()
@@ -344,12 +326,6 @@ class Covers:
         bounds = [(members, limit.evaluate(launch)) for members, limit, _ in self.bounds]
         return covers(coordinates, bounds, list(zip(t.stride(), t.shape, strict=True)))
 
-    def program_axes(self) -> set[int]:
-        """The axes whose program id it reads (a count that differs from program to program)."""
-        if self.op == "program_id":
-            return {self.args[0]}
-        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
-
     def names(self) -> set[str]:
         exprs = [e for pair in self.coordinates for e in pair] + [limit for _, limit, _ in self.bounds]
         return {self.tensor}.union(*[e.names() for e in exprs])
@@ -381,12 +357,6 @@ class All:
             if why is not None:
                 return why
         return None
-
-    def program_axes(self) -> set[int]:
-        """The axes whose program id it reads (a count that differs from program to program)."""
-        if self.op == "program_id":
-            return {self.args[0]}
-        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
 
     def names(self) -> set[str]:
         return set().union(*[c.names() for c in self.conditions])
@@ -555,12 +525,6 @@ class RangesApart:
 
     def holds(self, launch: LaunchValues) -> bool:
         return self.violation(launch) is None
-
-    def program_axes(self) -> set[int]:
-        """The axes whose program id it reads (a count that differs from program to program)."""
-        if self.op == "program_id":
-            return {self.args[0]}
-        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
 
     def names(self) -> set[str]:
         exprs = [e for r in self.reads for e in (r.offset, r.stride)]

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from . import language as tg
-from .ir import Program
+from .ir import Program, target_of
 from .operations import operation_of
 from .reverse import BackwardBody
 
@@ -84,18 +84,17 @@ def transposed_products(body: list[ast.stmt]) -> list[ast.stmt]:
             for child in ("body", "orelse"):
                 if isinstance(getattr(stmt, child, None), list) and not isinstance(stmt, ast.FunctionDef):
                     setattr(stmt, child, rewrite(getattr(stmt, child)))
-            x = _call_of(stmt, "trans")
-            if x is None or len(x.args) != 1 or x.keywords or not isinstance(x.args[0], ast.Name):
+            x = _tl_call(stmt.value, "trans") if isinstance(stmt, ast.Assign) else None
+            if x is None or not isinstance(x.args[0], ast.Name):
                 continue
             name = x.args[0].id
-            found = [j for j in range(i) if isinstance(block[j], ast.Assign) and _target(block[j]) == name]
-            product = _call_of(block[found[-1]], "dot") if found else None
+            found = [j for j in range(i) if target_of(block[j]) == name]
+            product = _tl_call(block[found[-1]].value, "dot") if found else None
             if (product is None or len(product.args) != 2 or loads[name] != 1 or stores[name] != 1
                     or any(k.arg not in ("input_precision", "allow_tf32", "out_dtype") for k in product.keywords)):
                 continue
-            between = {_target(t) for t in block[found[-1] + 1:i]} | {
-                n.id for t in block[found[-1] + 1:i] for n in ast.walk(t) if isinstance(n, ast.Name)
-                and isinstance(n.ctx, ast.Store)}
+            between = {n.id for t in block[found[-1] + 1:i] for n in ast.walk(t)
+                       if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
             if between & {n.id for n in ast.walk(product) if isinstance(n, ast.Name)}:
                 continue
             a, b = product.args
@@ -106,23 +105,16 @@ def transposed_products(body: list[ast.stmt]) -> list[ast.stmt]:
     return rewrite(body)
 
 
-def _call_of(stmt: ast.stmt, function: str) -> ast.Call | None:
-    """The ``tl.<function>(...)`` an assignment computes, if that is what it computes."""
-    v = stmt.value if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
-    if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == function \
-            and isinstance(v.func.value, ast.Name) and v.func.value.id == "tl":
-        return v
-    return None
-
-
-def _target(stmt: ast.stmt) -> str | None:
-    t = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
-    return t.id if isinstance(t, ast.Name) else None
+def _tl_call(e: ast.expr, function: str) -> ast.Call | None:
+    """``e`` if it is ``tl.<function>(...)`` (a ``tl.trans`` of one argument, no keywords), else None."""
+    if not (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == function
+            and isinstance(e.func.value, ast.Name) and e.func.value.id == "tl"):
+        return None
+    return e if function != "trans" or (len(e.args) == 1 and not e.keywords) else None
 
 
 def _transposed(e: ast.expr) -> ast.expr:
-    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "trans" \
-            and isinstance(e.func.value, ast.Name) and e.func.value.id == "tl" and len(e.args) == 1 and not e.keywords:
+    if _tl_call(e, "trans") is not None:
         return e.args[0]
     return ast.Call(func=ast.Attribute(value=ast.Name("tl", ast.Load()), attr="trans", ctx=ast.Load()), args=[e],
                     keywords=[])

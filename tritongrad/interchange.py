@@ -22,7 +22,20 @@ import copy
 from collections import Counter
 from dataclasses import dataclass
 
-from .ir import Namer, Op, Tag, is_structured, name_node, needed_by, range_bounds, reads, statements, target_of
+from .ir import (
+    Namer,
+    Op,
+    Tag,
+    assign,
+    is_structured,
+    name_node,
+    needed_by,
+    range_bounds,
+    reads,
+    statements,
+    target_of,
+    targets_of,
+)
 from .loops import Tape
 from .operations import instantiate
 
@@ -73,7 +86,7 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
     if any(_has_effect(s, comments) for s in replay + sweep[:at] + sweep[at + 1:]):
         raise NotInterchangeable("the backward writes memory outside the loop")
     body = node.body
-    assigned = {t for s in statements(body) for t in _targets(s)} - set(accumulators)
+    assigned = {t for s in statements(body) for t in targets_of(s)} - set(accumulators)
     later = set().union(set(), *[reads(s) for s in sweep[at + 1:]])
     if assigned & later:
         raise NotInterchangeable(f"`{sorted(assigned & later)[0]}` flows out of the loop")
@@ -94,21 +107,20 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
     rest = [s for s in body if s not in moved and target_of(s) not in carried]
     iteration = namer.fresh(f"{node.target.id}_iteration")
     start, _, step = range_bounds(node)
-    head: list[ast.stmt] = [*moved, ast.Assign(targets=[ast.Name(iteration, ast.Store())],
-                                               value=instantiate(f"tl.program_id({axis})", {}))]
-    head.append(ast.Assign(targets=[ast.Name(node.target.id, ast.Store())], value=instantiate(
+    head: list[ast.stmt] = [*moved, assign(iteration, instantiate(f"tl.program_id({axis})", {}))]
+    head.append(assign(node.target.id, instantiate(
         "start + i * step", {"start": start, "step": step, "i": name_node(iteration)})))
     renamed = {}
     for name, (sign, inc) in steps.items():
         renamed[name] = namer.fresh(f"{name}_at")
-        head.append(ast.Assign(targets=[ast.Name(renamed[name], ast.Store())], value=instantiate(
-            f"x {sign} i * inc", {"x": name_node(name), "i": name_node(iteration), "inc": inc})))
+        head.append(assign(renamed[name], instantiate(f"x {sign} i * inc", {
+            "x": name_node(name), "i": name_node(iteration), "inc": inc})))
     rest = [_rename(s, renamed) for s in rest]
     guard = None
     if node.target.id in per_program:
         trips = namer.fresh(f"{node.target.id}_trips")
-        guard = Guard(ast.Assign(targets=[ast.Name(trips, ast.Store())], value=instantiate(
-            "tg.trip_count(start, stop, step)", {"start": start, "stop": range_bounds(node)[1], "step": step})),
+        guard = Guard(assign(trips, instantiate("tg.trip_count(start, stop, step)", {
+            "start": start, "stop": range_bounds(node)[1], "step": step})),
             instantiate("i < n", {"i": name_node(iteration), "n": name_node(trips)}))
     markers = [s.value.id for s in sweep[:at] if isinstance(s, ast.Expr) and isinstance(s.value, ast.Name)
                and s.value.id in comments]
@@ -130,7 +142,7 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
     computing them takes a reduction or a kept state (a row sum, a division by the kept sum): a prologue
     computes them once per forward program; ``before`` reads them from its tape instead."""
     read = set().union(set(), *[reads(s) for s in iteration])
-    defined = Counter(t for s in replay + before for t in _targets(s))
+    defined = Counter(t for s in replay + before for t in targets_of(s))
     found = []
     for s in before:
         name = target_of(s)
@@ -142,27 +154,30 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
     slots = namer.fresh("prologue_slots")
     params = {n: namer.fresh(f"{n}_kept") for n in found}
     tape = Tape(slots, tuple((params[n], likes[n][1]) for n in found), None, None, tuple(found), final=True)
-    program, rows = namer.fresh("program"), {n: namer.fresh(f"{n}_row") for n in found}
-    computed = [copy.deepcopy(s) for s in needed_by(replay + before, set(found))]
-    puts = [ast.parse(f"{program} = tg.program_index()").body[0]]
-    for n in found:
-        puts.append(_assign(rows[n], instantiate("tg.tape_row(tape, like, slots, program)", {
+    rows = {n: namer.fresh(f"{n}_row") for n in found}
+
+    def row(n: str, program: str) -> ast.Assign:
+        return assign(rows[n], instantiate("tg.tape_row(tape, like, slots, program)", {
             "tape": name_node(params[n]), "like": likes[n][0], "slots": name_node(slots),
-            "program": name_node(program)})))
+            "program": name_node(program)}))
+
+    program = namer.fresh("program")
+    computed = [copy.deepcopy(s) for s in needed_by(replay + before, set(found))]
+    puts = [assign(program, instantiate("tg.program_index()", {}))]
+    for n in found:
+        puts.append(row(n, program))
         puts.append(ast.Expr(instantiate("tg.tape_put_exactly(row, x, like)", {
             "row": name_node(rows[n]), "x": name_node(n), "like": likes[n][0]})))
     reading = namer.fresh("program")
-    index = _assign(reading, instantiate("tg.program_index()", {}))
+    index = assign(reading, instantiate("tg.program_index()", {}))
     index.tg = Tag(Op("program_index", []), loop.tg.origin, loop.tg.where)  # (the forward's program: persistent)
     out = []
     for s in before:
         name = target_of(s)
         if name in params:
             out += [index] if index not in out else []
-            out.append(_assign(rows[name], instantiate("tg.tape_row(tape, like, slots, program)", {
-                "tape": name_node(params[name]), "like": likes[name][0], "slots": name_node(slots),
-                "program": name_node(reading)})))
-            out.append(_assign(name, instantiate("tg.tape_get(row, 0, like)", {
+            out.append(row(name, reading))
+            out.append(assign(name, instantiate("tg.tape_get(row, 0, like)", {
                 "row": name_node(rows[name]), "like": likes[name][0]})))
         else:
             out.append(s)
@@ -173,8 +188,6 @@ def _costly(stmts: list[ast.stmt]) -> bool:
     return any(ast.unparse(n.func) in COSTLY for s in stmts for n in ast.walk(s) if isinstance(n, ast.Call))
 
 
-def _assign(name: str, value: ast.expr) -> ast.Assign:
-    return ast.Assign(targets=[ast.Name(name, ast.Store())], value=value)
 
 
 def without_unused(body: list[ast.stmt], keep: set[str]) -> list[ast.stmt]:
@@ -183,10 +196,13 @@ def without_unused(body: list[ast.stmt], keep: set[str]) -> list[ast.stmt]:
     def read_by(s: ast.stmt) -> set[str]:
         return reads(s) | ({s.target.id} if isinstance(s, ast.AugAssign) else set())
 
+    def unused(s: ast.stmt, readers: Counter) -> bool:  # read by nothing but itself (an update)
+        names = targets_of(s)
+        return bool(names) and names[0] not in keep and readers[names[0]] == isinstance(s, ast.AugAssign)
+
     while True:
         readers = Counter(n for s in body for n in read_by(s))
-        kept = [s for s in body if not (isinstance(s, (ast.Assign, ast.AugAssign)) and _targets(s)[0] not in keep
-                                        and readers[_targets(s)[0]] == (isinstance(s, ast.AugAssign)))]
+        kept = [s for s in body if not unused(s, readers)]
         if len(kept) == len(body):
             return kept
         body = kept
@@ -194,13 +210,6 @@ def without_unused(body: list[ast.stmt], keep: set[str]) -> list[ast.stmt]:
 
 def _sums_into(node: ast.For, accumulator: str) -> bool:
     return any(isinstance(s, ast.AugAssign) and s.target.id == accumulator for s in statements(node.body))
-
-
-def _targets(stmt: ast.stmt) -> list[str]:
-    if isinstance(stmt, ast.AugAssign):
-        return [stmt.target.id]
-    t = target_of(stmt)
-    return [t] if t is not None else []
 
 
 def _has_effect(stmt: ast.stmt, comments: dict[str, str]) -> bool:
@@ -215,7 +224,7 @@ def _read_before_written(body: list[ast.stmt], assigned: set[str]) -> set[str]:
     for s in statements(body):
         value = s.value if isinstance(s, (ast.Assign, ast.AugAssign, ast.Expr)) else s
         carried |= (reads(value) & assigned) - seen
-        seen.update(_targets(s))
+        seen.update(targets_of(s))
     return carried
 
 

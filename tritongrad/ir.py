@@ -139,6 +139,19 @@ def target_of(stmt: ast.stmt) -> str | None:
     return None
 
 
+def targets_of(stmt: ast.stmt) -> list[str]:
+    """The name a flat statement assigns (``x = ...``, ``x += ...``), if any."""
+    if isinstance(stmt, ast.AugAssign):
+        return [stmt.target.id]
+    t = target_of(stmt)
+    return [t] if t is not None else []
+
+
+def assign(name: str, value: ast.expr) -> ast.Assign:
+    """``name = value``."""
+    return ast.Assign(targets=[ast.Name(name, ast.Store())], value=value)
+
+
 def where(stmt: ast.stmt) -> Origin:
     return stmt.tg.where
 

@@ -42,6 +42,7 @@ from .ir import (
     Tag,
     address_names,
     arguments,
+    assign,
     child_blocks,
     copy_structured,
     header,
@@ -419,11 +420,11 @@ class LoopReversal:
         names = {"start": start, "step": step, "every": name_node(every), "slots": name_node(slots),
                  "trips": name_node(trips), "i": name_node(i), "back": name_node(back), "slot": name_node(slot),
                  "index": name_node(index)}
-        setup = [_assign(trips, self.trip_count(node))]
+        setup = [assign(trips, self.trip_count(node))]
         if not self.saved:
-            setup.append(_assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)))
+            setup.append(assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)))
         setup += self.resets(node, state)
-        setup += [_assign(rows[c.name], instantiate("tg.tape_row(tape, x, slots, tg.program_index())", {
+        setup += [assign(rows[c.name], instantiate("tg.tape_row(tape, x, slots, tg.program_index())", {
             **names, "tape": name_node(params[c.name]), "x": name_node(c.name)})) for c in state]
         for s in setup:
             s.tape_setup = node.tg  # merge_records moves them with the recording loop
@@ -431,14 +432,14 @@ class LoopReversal:
         gets = "tg.tape_get(row, slot, x)"
         if self.saved:  # the state after the loop, for what follows it (merge_records: in place of its replay)
             for c in state:
-                final = _assign(c.name, instantiate(gets, {
+                final = assign(c.name, instantiate(gets, {
                     "row": name_node(rows[c.name]), "slot": name_node(trips), "x": name_node(c.name)}))
                 final.tape_final = node.tg
                 self.emit(final)
         else:
             counted = "index" if _is_one(step) and _is_zero(start) else "index - start" if _is_one(step) else \
                 "(index - start) // step"
-            record = [_assign(i, instantiate(counted, names))]
+            record = [assign(i, instantiate(counted, names))]
             record += [ast.Expr(instantiate("tg.tape_put(row, i // every, x, i % every == 0)", {
                 **names, "row": name_node(rows[c.name]), "x": name_node(c.name)})) for c in state]
             puts = len(record)  # the iteration's number and its tape_puts, before the replayed body
@@ -447,17 +448,17 @@ class LoopReversal:
                                         body=record)
             recording.tape_puts = puts  # merge_records reads it
             self.emit(recording)
-        body = [_assign(i, instantiate("trips - 1 - back", names))]
+        body = [assign(i, instantiate("trips - 1 - back", names))]
         if not self.saved:
-            body.append(_assign(slot, instantiate("i // every", names)))
-        body += [_assign(c.name, instantiate(gets, {
+            body.append(assign(slot, instantiate("i // every", names)))
+        body += [assign(c.name, instantiate(gets, {
             **names, "row": name_node(rows[c.name]), "slot": name_node(i if self.saved else slot),
             "x": name_node(c.name)})) for c in state]
         if not self.saved:
             replay = self.replay_block(node.body, rebuilt)
             since = instantiate("start + slot * every * step", names)
             body += self.partial_replay(node, replay, since, instantiate("start + i * step", names))
-        body.append(_assign(index, instantiate("start + i * step", names)))
+        body.append(assign(index, instantiate("start + i * step", names)))
         self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
 
     def _known_trips(self, node: ast.For) -> Expr | None:
@@ -491,8 +492,8 @@ class LoopReversal:
         out = []
         for name, d_next in incoming.items():
             d = self.adjoint[name]
-            out.append(_assign(d_next, name_node(d)))
-            out.append(_assign(d, instantiate("tl.zeros_like(d)", {"d": name_node(d)})))
+            out.append(assign(d_next, name_node(d)))
+            out.append(assign(d, instantiate("tl.zeros_like(d)", {"d": name_node(d)})))
         return out
 
     def rebuilding_loop(self, node: ast.For, sweep, needed, updates, incoming, rebuilt, state) -> None:
@@ -502,11 +503,11 @@ class LoopReversal:
         start, _, step = range_bounds(node)
         trips, back, now = (self.namer.fresh(f"{index}_{w}") for w in ("trips", "back", "now"))
         bounds = {"start": start, "step": step, "trips": name_node(trips), "back": name_node(back)}
-        self.emit(_assign(trips, self.trip_count(node)))
-        body: list[ast.stmt] = [_assign(now, instantiate("start + (trips - 1 - back) * step", bounds))]
+        self.emit(assign(trips, self.trip_count(node)))
+        body: list[ast.stmt] = [assign(now, instantiate("start + (trips - 1 - back) * step", bounds))]
         body += self.resets(node, state)
         body += self.partial_replay(node, self.replay_block(node.body, rebuilt), copy.deepcopy(start), name_node(now))
-        body.append(_assign(index, name_node(now)))
+        body.append(assign(index, name_node(now)))
         self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
 
     def emit_backwards(self, node: ast.For, back: str, trips: str, body, sweep, needed, updates, incoming) -> None:
@@ -574,14 +575,14 @@ class LoopReversal:
                                    None, forward.tg.where, tuple(carried[n].source for n in kept), final=True,
                                    dtypes=tuple(self.dtype_as_written(n) for n in kept)))
             rows = {n: self.namer.fresh(f"{n}_final_row") for n in kept}
-            program = _assign(self.namer.fresh("program"), instantiate("tg.program_index()", {}))
+            program = assign(self.namer.fresh("program"), instantiate("tg.program_index()", {}))
             # the row of the forward's program (a backward looping over them says which: lowering.persistent)
             program.tg = Tag(Op("program_index", []), forward.tg.origin, forward.tg.where)
             read = [program]
-            read += [_assign(rows[n], instantiate("tg.tape_row(tape, x, slots, program)", {
+            read += [assign(rows[n], instantiate("tg.tape_row(tape, x, slots, program)", {
                 "tape": name_node(params[n]), "x": name_node(n), "slots": name_node(slots),
                 "program": name_node(program.targets[0].id)})) for n in kept]
-            read += [_assign(n, instantiate("tg.tape_get(row, 0, x)", {
+            read += [assign(n, instantiate("tg.tape_get(row, 0, x)", {
                 "row": name_node(rows[n]), "x": name_node(n)})) for n in kept]
             at = block.index(replay)
             block[at:at + 1] = read
@@ -685,8 +686,6 @@ def _reads_outside(block: list[ast.stmt], skipped: ast.stmt) -> set[str]:
     return found
 
 
-def _assign(name: str, value: ast.expr) -> ast.Assign:
-    return ast.Assign(targets=[ast.Name(name, ast.Store())], value=value)
 
 
 def _is_zero(start: ast.expr) -> bool:

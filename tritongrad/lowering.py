@@ -68,6 +68,7 @@ from .ir import (
     reads,
     statements,
     target_of,
+    targets_of,
 )
 from .lanes import launch_coordinates, scalars_written_out
 from .operations import instantiate, operation_of
@@ -515,7 +516,7 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     local = set(params) | {target_of(s) for s in statements(replay + sweep) if target_of(s)}
     local |= {n.target.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[])) if isinstance(n, ast.For)}
     if every:  # a name is reassigned where it is assigned twice, also inside a branch (`d += ...` under an if)
-        counts = Counter(t for s in statements(replay + sweep) for t in _assigned(s))
+        counts = Counter(t for s in statements(replay + sweep) for t in targets_of(s))
         reassigned = {n for n, c in counts.items() if c > 1}
     hoisted, kept, known = [], [], set(params)
     for s in replay + (sweep if every else []):
@@ -557,13 +558,6 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
                                   [name_node(s.shadow), name_node(s.accumulator)],
                                   [] if _is_none(s.mask) else [ast.keyword("mask", s.mask)])) for s in sums]
     return [*prologue, loop, *epilogue]
-
-
-def _assigned(stmt: ast.stmt) -> list[str]:
-    if isinstance(stmt, ast.AugAssign):
-        return [stmt.target.id]
-    t = target_of(stmt)
-    return [t] if t is not None else []
 
 
 def _is_none(atom: ast.expr) -> bool:
