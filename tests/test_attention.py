@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import tritongrad
-from tritongrad import derive
+from tritongrad import derive, tuning
 from tritongrad.examples import cross_entropy, flash_attention
 from tritongrad.testing import backward_launch, forward_keeping_state, poison
 
@@ -74,6 +74,36 @@ def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_final
         assert ("if start_iteration < start_trips:" in own) == causal
         assert "d_k = tl.dot(tl.trans(d_dot_q.to(q.dtype)), q)" in own  # not a transposed float32 product
         assert [(p.wrt, p.saved) for p in alone.parts] == [(("q_ptr", "k_ptr", "v_ptr"), False)]
+
+
+def test_each_kernel_of_a_variant_is_tuned_on_its_own(monkeypatch):
+    """The dQ kernel and the dK/dV kernel get a launch setting each, timed with only their own kernel
+    launched (tuning.best is given one trial per kernel); the gradients under those settings are right."""
+    monkeypatch.setattr(derive, "_multiprocessors", lambda device: 1)
+    monkeypatch.setattr(tuning, "enabled", lambda device: True)
+    ran, timed = [], []
+    for method in ("_run_part", "_run_interchanged"):
+        real = getattr(derive.BackwardKernel, method)
+        monkeypatch.setattr(derive.BackwardKernel, method, lambda self, part, *a, real=real, **k: (
+            ran.append(part.wrt), real(self, part, *a, **k))[1])
+
+    def best(key, persistent, trial, touched, pipelined):
+        ran.clear()
+        trial(tuning.DEFAULT)
+        timed.append((key[-1], tuple(ran), pipelined))
+        return tuning.Setting(num_stages=2 + key[-1])  # (the interpreter ignores it)
+
+    monkeypatch.setattr(tuning, "best", best)
+    q, k, v = (torch.randn(3, 29, 12, dtype=DTYPE) for _ in range(3))  # a launch no other test prepared
+    launch = flash_attention.flash_attention_launch(q, k, v, True)
+    saved = forward_keeping_state(launch.kernel, launch.grid, launch.args, launch.kwargs)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    d_o = torch.randn_like(launch.out)
+    wanted = torch.autograd.grad(flash_attention.reference(*leaves, True), leaves, d_o)
+    got = backward_launch(launch.kernel, launch.grid, launch.args, launch.kwargs, {"o_ptr": d_o}, saved=saved)
+    assert timed == [(0, (("q_ptr",),), True), (1, (("k_ptr", "v_ptr"),), True)]
+    for name, w in zip(("q_ptr", "k_ptr", "v_ptr"), wanted, strict=True):
+        torch.testing.assert_close(got[name], w, **TOL)
 
 
 def test_show_names_the_flash_attention_loop_strategy():

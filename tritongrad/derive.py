@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import math
@@ -76,11 +77,11 @@ def defaults_of(jit_fn: Any) -> dict[str, Any]:
 @dataclass(eq=False)
 class Prepared:
     """What launches with the same arguments share: how each input's gradient is written, the compiled
-    variant for that, and its tuned launch setting once the first launch has timed it."""
+    variant for that, and its kernels' tuned launch settings (one per part) once the first launch has timed them."""
 
     choices: dict[str, Choice]
     variant: Variant  # reading the state tapes the forward kept (augment.py) where its parts are ``saved``
-    setting: tuning.Setting | None = None
+    settings: tuple[tuning.Setting, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ class Part:
     saved: bool = False  # its tapes come filled from the forward (augment.py), not allocated
     prologue: Any = None  # interchanged: the kernel computing per forward program values first (on its grid)
     exports: Tape | None = None  # the prologue's values, allocated on each launch
+    loops: bool = False  # its body has a loop (tuning also tries how many of its loads are in flight)
+
+    @property
+    def persistent(self) -> bool:
+        """A few programs per multiprocessor along ``axis`` (tuning tries several counts)."""
+        return self.axis is not None and self.trips is None
 
     def scratch_args(self, args: dict[str, Any], grid: tuple[int, ...], device: Any) -> None:
         """The kernel's scratch buffers for a launch on ``grid`` (state tapes, later adds), added to ``args``."""
@@ -138,7 +145,7 @@ class Variant:
     @property
     def persistent(self) -> bool:
         """Whether a kernel runs a few programs per multiprocessor (tuning tries several counts)."""
-        return any(part.axis is not None and part.trips is None for part in self.parts)
+        return any(part.persistent for part in self.parts)
 
 
 class BackwardKernel:
@@ -303,7 +310,8 @@ class BackwardKernel:
         part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
                                        frozenset(backward.written_inputs), tuple(backward.tapes),
                                        tuple(backward.later_adds), saved, prologue,
-                                       backward.prologue.tape if prologue is not None else None)
+                                       backward.prologue.tape if prologue is not None else None,
+                                       any(isinstance(n, ast.For) for n in ast.walk(ast.Module(backward.body, []))))
         return part
 
     # -- launching ---------------------------------------------------------------------------------
@@ -440,35 +448,43 @@ class BackwardKernel:
         written = written | self.in_place
         for p in variant.unwritten - written:  # no gradient reaches it (a stored one would be left unset)
             buffers[p].zero_()
-        if setting is None:
-            if prepared.setting is None:
-                prepared.setting = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
-            setting = prepared.setting
-        return self._run(variant, grid, named, output_grads, buffers, setting, written, pad, tapes=tapes)
+        if setting is not None:
+            settings = (setting,) * len(variant.parts)
+        else:
+            if prepared.settings is None:
+                prepared.settings = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
+            settings = prepared.settings
+        return self._run(variant, grid, named, output_grads, buffers, settings, written, pad, tapes=tapes)
 
     def _tuned(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
-               buffers: dict[str, Any], written: frozenset[str], tapes: Any = None) -> tuning.Setting:
-        """The launch setting for a prepared launch: timed on a GPU (tuning.py), else the forward's."""
+               buffers: dict[str, Any], written: frozenset[str], tapes: Any = None) -> tuple[tuning.Setting, ...]:
+        """The launch setting of each of a prepared launch's kernels: timed on a GPU (tuning.py), each kernel
+        alone (a dQ and a dK/dV kernel of attention rarely want the same warps), else the forward's."""
         device = next((t.device for t in buffers.values()), None)
         if self.deterministic or not tuning.enabled(device):
-            return tuning.DEFAULT
-        touched = [buffers[p] for p, c in variant.choices if c.mode in (ADD, ATOMIC)]  # trials add into
-
-        def trial(s: tuning.Setting) -> None:
-            self._run(variant, grid, named, output_grads, buffers, s, written, 0, reduce=False, tapes=tapes)
-
+            return (tuning.DEFAULT,) * len(variant.parts)
         key = (id(self), variant.choices, bool(tapes), grid, tuning.describe({**named, **output_grads, **buffers}))
-        pipelined = any(part.trips is not None for part in variant.parts)
-        return tuning.best(key, variant.persistent, trial, touched, pipelined)
+        settings = []
+        for i, part in enumerate(variant.parts):
+            touched = [buffers[p] for p, c in variant.choices if p in part.wrt and c.mode in (ADD, ATOMIC)]
+
+            def trial(s: tuning.Setting, i: int = i) -> None:  # the trials add into ``touched``: restored after
+                self._run(variant, grid, named, output_grads, buffers, (s,) * len(variant.parts), written, 0,
+                          reduce=False, tapes=tapes, only=i)
+
+            settings.append(tuning.best((*key, i), part.persistent, trial, touched, part.loops))
+        return tuple(settings)
 
     def _run(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
-             buffers: dict[str, Any], setting: tuning.Setting, written: frozenset[str], pad: int,
-             reduce: bool = True, tapes: Any = None) -> dict:
-        """One launch of each of the variant's kernels with a setting; partial rows allocated, and summed into
-        their targets (``reduce``: not in tuning's trials). ``tapes``: the state tapes the forward kept
-        (augment.SavedStates), for the kernels that read them."""
+             buffers: dict[str, Any], settings: tuple[tuning.Setting, ...], written: frozenset[str], pad: int,
+             reduce: bool = True, tapes: Any = None, only: int | None = None) -> dict:
+        """One launch of each of the variant's kernels (``only``: of that one) with its setting; partial rows
+        allocated, and summed into their targets (``reduce``: not in tuning's trials). ``tapes``: the state tapes
+        the forward kept (augment.SavedStates), for the kernels that read them."""
         rows = {}
-        for part in variant.parts:
+        for i, (part, setting) in enumerate(zip(variant.parts, settings, strict=True)):
+            if only is not None and i != only:
+                continue
             args = {**named, **{part.shadows[o]: g for o, g in output_grads.items()}}
             args.update({part.shadows[p]: buffers[p] for p in part.wrt})
             if part.saved:

@@ -4,7 +4,7 @@ A derived backward is not its forward: it reads more, holds more values per row,
 persistent one loops over the forward's programs, so the forward's ``num_warps`` is
 rarely its best (on an H200 a bf16 RMSNorm backward ran 1.6x faster with 4 warps and 8
 programs per multiprocessor than with the forward's 8 warps and one). On a GPU, the first
-launch of each variant at each shape times a few settings with
+launch of each variant at each shape times a few settings for each of its kernels with
 ``triton.testing.do_bench`` and keeps the fastest; later launches at that shape reuse it.
 Buffers the kernel adds into are restored after the trials, so the launch that counts
 starts from what the caller gave.
@@ -29,16 +29,15 @@ from typing import Any
 
 WARPS = (4, 8, 16)
 WAVES = (1, 2, 4, 8)  # persistent programs per multiprocessor
-# software pipelining of a kernel's own loop over the forward's programs (interchange.py); 1: none, the least
-# shared memory, which float32 tiles of 128 x 128 x 64 need on an H200
+# software pipelining of a kernel's loop (over blocks, or over the forward's programs: interchange.py); 1: none,
+# the least shared memory, which float32 tiles of 128 x 128 x 64 need on an H200
 STAGES = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
 class Setting:
     """How to launch a derived kernel: ``num_warps`` (None: the forward's), for a persistent one how many
-    programs per multiprocessor, and for one looping over the forward's programs (interchange.py) its
-    ``num_stages`` (None: the forward's)."""
+    programs per multiprocessor, and for one with a loop its ``num_stages`` (None: the forward's)."""
 
     num_warps: int | None = None
     waves: int = 1
@@ -62,9 +61,11 @@ def enabled(device: Any) -> bool:
 
 
 def candidates(persistent: bool, pipelined: bool = False) -> list[Setting]:
-    if pipelined:  # a matmul-like loop: the tile's warps and the loads in flight
-        return [Setting(w, v, n) for w in WARPS[:2] for v in (WAVES if persistent else (1,)) for n in STAGES]
-    return [Setting(w, v) for w in WARPS for v in (WAVES if persistent else (1,))]
+    if persistent:  # how many programs share a multiprocessor matters more than its loop's stages
+        return [Setting(w, v) for w in WARPS for v in WAVES]
+    if pipelined:  # a loop: the tile's warps and the loads in flight
+        return [Setting(w, 1, n) for w in WARPS for n in STAGES]
+    return [Setting(w) for w in WARPS]
 
 
 def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched: Sequence[Any],
