@@ -244,3 +244,25 @@ def test_backward_kernel_parameters_follow_the_convention(kernels):
     assert bwd.params == ("x_ptr", "y_ptr", "z_ptr", "d_z_ptr", "d_x_ptr", "d_y_ptr")
     assert bwd.shadow_params == {"z_ptr": "d_z_ptr", "x_ptr": "d_x_ptr", "y_ptr": "d_y_ptr"}
     assert "# grad of: tl.store(z_ptr + offs, x * y, mask=mask)" in bwd.src
+
+
+def test_integer_math_a_launch_check_redoes_agrees_with_the_kernel():
+    """operations' ``on_host`` (launch conditions evaluated on the host) divides as a kernel does: C's
+    truncation toward zero for ``//``, ``%`` and ``tl.cdiv`` (the quotient is the host's floor only for
+    operands of one sign)."""
+    import triton
+    import triton.language as tl
+
+    from tritongrad.operations import OPERATIONS
+
+    @triton.jit
+    def divide(out, a, b):
+        tl.store(out, a // b)
+        tl.store(out + 1, a % b)
+        tl.store(out + 2, tl.cdiv(a, b))
+
+    got = torch.zeros(3, dtype=torch.int32)
+    for a, b in itertools.product((-7, -5, -4, -1, 0, 3, 5, 8), (-4, -3, 2, 3, 4)):
+        divide[(1,)](got, a, b)
+        host = [OPERATIONS[op].on_host(a, b) for op in ("floordiv", "mod", "cdiv")]
+        assert host == got.tolist(), (a, b)

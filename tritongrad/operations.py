@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -305,15 +304,23 @@ _also("log log2 sqrt sqrt_rn rsqrt fpow", unbounded_in="x")
 _also("pow", unbounded_in="a")
 _also("div_rn fdiv", unbounded_in="y")
 _also("exp exp2 sigmoid", finite_at_minus_inf=True)
-# integer scalar math a launch check can redo on the launch's arguments
+
+
+def _divided(a: int, b: int) -> int:
+    """``a // b`` as a kernel computes it on integers: the quotient truncated toward zero (C's), not floored."""
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+# integer scalar math a launch check can redo on the launch's arguments (runtime integers: C's division)
 _also("add", on_host=operator.add)
 _also("sub", on_host=operator.sub)
 _also("mul", on_host=operator.mul)
-_also("floordiv", on_host=operator.floordiv)
+_also("floordiv", on_host=_divided)
 _also("neg", on_host=operator.neg)
 _also("copy", on_host=lambda a: a)
-_also("cdiv", on_host=lambda a, b: -(-a // b))
-_also("mod", on_host=lambda a, b: int(math.fmod(a, b)))  # Triton's `%` of integers keeps the dividend's sign
+_also("cdiv", on_host=lambda a, b: _divided(a + b - 1, b))  # tl.cdiv is (a + b - 1) // b
+_also("mod", on_host=lambda a, b: a - b * _divided(a, b))  # the dividend's sign
 
 
 # Hand-written rules for @triton.jit helpers (tritongrad.custom_vjp): the helper's Python function ->
