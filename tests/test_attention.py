@@ -71,6 +71,9 @@ def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_final
         assert with_finals.parts[1].prologue is not None
         assert "def flash_attention_kernel_bwd_k_ptr_v_ptr_prologue(" in own
         assert "d_acc = tg.tape_get(d_acc_row" in own and "d_l_i = tg.tape_get(d_l_i_row" in own
+        # dO / l is only read rounded to v's type (for dV's and dP's products): kept so, half the bytes in bf16
+        assert "tg.tape_put_exactly(d_acc_row, d_acc.to(v_ptr.dtype.element_ty)" in own
+        assert "tg.tape_put_exactly(d_l_i_row, d_l_i, tg.zeros_grad(" in own  # (summed with float32 values)
         assert ("if start_iteration < start_trips:" in own) == causal
         assert "d_k = tl.dot(tl.trans(d_dot_q.to(q.dtype)), q)" in own  # not a transposed float32 product
         assert [(p.wrt, p.saved) for p in alone.parts] == [(("q_ptr", "k_ptr", "v_ptr"), False)]

@@ -285,3 +285,23 @@ def test_a_loop_that_stops_at_the_programs_own_block(poisoned_empty):
     got = bwd.gradients(grid, args, {"y_ptr": g})
     for name, w_ in zip(("x_ptr", "w_ptr"), torch.autograd.grad(want, leaves, g), strict=True):
         torch.testing.assert_close(got[name], w_)
+
+
+@pytest.mark.parametrize("body, rounded", [
+    # rounded to v's type by both products, through the adjoint's pass-through assignments
+    ("v = tl.load(v_ptr + i)\nt = tg.to_float(p, v.dtype)\ng = tg.unbroadcast(x, y)\nh = tg.cast_grad(g, C)\n"
+     "a = tl.dot(h.to(v.dtype), w)\nb = tl.dot(u, h.to(t.dtype))", "v_ptr.dtype.element_ty"),
+    ("a = x.to(tl.bfloat16)\nb = x.to(tl.bfloat16)", "tl.bfloat16"),
+    ("a = x.to(COMPUTE)", "COMPUTE"),  # a constexpr parameter (assigned nowhere)
+    ("a = x.to(tl.bfloat16)\nb = x * 2.0", None),  # computed with: its float32 value counts
+    ("a = x.to(tl.bfloat16)\nb = x.to(tl.float16)", None),  # two types
+    ("g = tg.unbroadcast(x, y)\ng = g * 2.0\na = g.to(tl.bfloat16)", None),  # passed on to a name assigned twice
+    ("a = x.to(v.dtype)\nv = tl.load(v_ptr)\nv = tl.load(w_ptr)", None),  # a type the prologue cannot spell
+    ("b = tg.unbroadcast(y, x)\na = x.to(tl.bfloat16)", None),  # the reference of an unbroadcast
+])
+def test_a_prologue_value_is_kept_in_the_one_type_its_uses_round_it_to(body, rounded):
+    import ast
+
+    from tritongrad.interchange import _rounded_to
+
+    assert _rounded_to("x", ast.parse(body).body, {"v": "v_ptr"}) == rounded

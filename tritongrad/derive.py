@@ -293,7 +293,9 @@ class BackwardKernel:
         prologue = None
         if backward.prologue is not None:  # its source first: what it computes, then what reads it
             first = replace(backward, body=backward.prologue.body, extra_params=[], later_adds=[])
-            values = ", ".join(backward.prologue.tape.sources)
+            rounded = backward.prologue.rounded
+            values = ", ".join(f"{n} (kept as {rounded[n]}, the type each of its uses rounds it to)"
+                               if n in rounded else n for n in backward.prologue.tape.sources)
             about = (f"Prologue of `{name}`: per program of the forward's grid, the values each of its programs "
                      f"would recompute\nfor every forward program it loops over ({values}).")
             prologue_src = codegen.function_source(program, first, f"{name}_prologue", about.replace("\n", "\n    "),

@@ -62,19 +62,20 @@ class Prologue:
 
     body: list[ast.stmt]
     tape: Tape
+    rounded: dict[str, str]  # values kept in the one type their readers round them to -> that type
 
 
 def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: list[str], axis: int,
                  comments: dict[str, str], namer: Namer, keep: set[str], per_program: set[str] = frozenset(),
-                 likes: dict[str, tuple[ast.expr, tuple[str, ...]]] | None = None
-                 ) -> tuple[list[ast.stmt], Guard | None, Prologue | None]:
+                 likes: dict[str, tuple[ast.expr, tuple[str, ...]]] | None = None,
+                 loaded: dict[str, str] | None = None) -> tuple[list[ast.stmt], Guard | None, Prologue | None]:
     """``sweep`` with the top-level loop that sums into ``accumulators`` (the inputs' adjoints a kernel of their
     own writes: attention's dK and dV, one loop) replaced by the iteration this program owns along ``axis``;
     what no longer has a use dropped (``keep``: what is read after it). ``per_program``: the loops whose trip
     count differs from one of the forward's programs to another (a causal attention's): then also the
     :class:`Guard` under which a forward program's work runs (lowering.persistent puts it around that work).
     ``likes``: adjoints that may be computed by a :class:`Prologue` -> (zeros of their shape and type, the shape
-    as written)."""
+    as written); ``loaded``: names of loaded values -> the pointer parameter they are loaded from."""
     found = [i for i, s in enumerate(sweep) if isinstance(s, ast.For) and any(_sums_into(s, a) for a in accumulators)]
     if len(found) != 1 or not all(_sums_into(sweep[found[0]], a) for a in accumulators):
         raise NotInterchangeable("its adjoint is not summed in one loop at the kernel's top level")
@@ -128,7 +129,7 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
         first = comments[markers[-1]].splitlines()[0]
         comments[markers[-1]] = f"{first}\nEach program runs one iteration: the one tl.program_id({axis}) numbers."
     keep = keep | set(accumulators) | (reads(guard.count) if guard else set())
-    before, prologue = _prologue(replay, sweep[:at], [*head, *rest], likes or {}, namer, node)
+    before, prologue = _prologue(replay, sweep[:at], [*head, *rest], likes or {}, namer, node, loaded or {})
     return without_unused([*before, *head, *rest, *sweep[at + 1:]], keep), guard, prologue
 
 
@@ -136,11 +137,13 @@ COSTLY = ("tl.sum", "tl.max", "tl.min", "tl.reduce", "tg.unbroadcast", "tg.sum_g
 
 
 def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[ast.stmt],
-              likes: dict[str, tuple[ast.expr, tuple[str, ...]]], namer: Namer, loop: ast.For
-              ) -> tuple[list[ast.stmt], Prologue | None]:
+              likes: dict[str, tuple[ast.expr, tuple[str, ...]]], namer: Namer, loop: ast.For,
+              loaded: dict[str, str]) -> tuple[list[ast.stmt], Prologue | None]:
     """The adjoints a forward program's work computes before the iteration and the iteration reads, where
     computing them takes a reduction or a kept state (a row sum, a division by the kept sum): a prologue
-    computes them once per forward program; ``before`` reads them from its tape instead."""
+    computes them once per forward program; ``before`` reads them from its tape instead. One that the
+    iteration only ever rounds to one type (attention's dO / l, cast to v's type for its two products) is kept
+    in that type: the same values, half the bytes to read for each forward program."""
     read = set().union(set(), *[reads(s) for s in iteration])
     defined = Counter(t for s in replay + before for t in targets_of(s))
     found = []
@@ -153,6 +156,13 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
         return before, None
     slots = namer.fresh("prologue_slots")
     params = {n: namer.fresh(f"{n}_kept") for n in found}
+    likes = dict(likes)
+    rounded = {}
+    for n in found:
+        rounded[n] = _rounded_to(n, replay + before + iteration, loaded)
+        if rounded[n] is not None:
+            likes[n] = (instantiate(f"tl.zeros(({''.join(f'{e}, ' for e in likes[n][1])}), {rounded[n]})", {}),
+                        likes[n][1])
     tape = Tape(slots, tuple((params[n], likes[n][1]) for n in found), None, None, tuple(found), final=True)
     rows = {n: namer.fresh(f"{n}_row") for n in found}
 
@@ -166,8 +176,9 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
     puts = [assign(program, instantiate("tg.program_index()", {}))]
     for n in found:
         puts.append(row(n, program))
+        value = name_node(n) if rounded[n] is None else instantiate(f"x.to({rounded[n]})", {"x": name_node(n)})
         puts.append(ast.Expr(instantiate("tg.tape_put_exactly(row, x, like)", {
-            "row": name_node(rows[n]), "x": name_node(n), "like": likes[n][0]})))
+            "row": name_node(rows[n]), "x": value, "like": likes[n][0]})))
     reading = namer.fresh("program")
     index = assign(reading, instantiate("tg.program_index()", {}))
     index.tg = Tag(Op("program_index", []), loop.tg.origin, loop.tg.where)  # (the forward's program: persistent)
@@ -181,7 +192,75 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
                 "row": name_node(rows[name]), "like": likes[name][0]})))
         else:
             out.append(s)
-    return out, Prologue([*computed, *puts], tape)
+    return out, Prologue([*computed, *puts], tape, {n: t for n, t in rounded.items() if t is not None})
+
+
+PASSING = ("tg.unbroadcast", "tg.cast_grad")  # an adjoint's value unchanged (a float type's; to its own shape)
+
+
+def _rounded_to(name: str, body: list[ast.stmt], loaded: dict[str, str]) -> str | None:
+    """The type every use of ``name`` in ``body`` casts it to (through assignments that pass it on unchanged),
+    spelled so that any kernel of the backward can say it (``v_ptr.dtype.element_ty`` for ``v.dtype`` where
+    ``v`` is loaded through ``v_ptr``); None where a use computes with it or the casts differ."""
+    defs = Counter(t for s in statements(body) for t in targets_of(s))
+    values = {target_of(s): s.value for s in statements(body) if isinstance(s, ast.Assign) and target_of(s)}
+    found: set[str] = set()
+    names, seen = [name], set()
+    while names:
+        current = names.pop()
+        seen.add(current)
+        uses = [n for s in statements(body) for n in ast.walk(s) if isinstance(n, ast.Name) and n.id == current
+                and isinstance(n.ctx, ast.Load)]
+        casts = [c for s in statements(body) for c in ast.walk(s) if _is_cast_of(c, current)]
+        passed = [s for s in statements(body) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+                  and ast.unparse(s.value.func) in PASSING and s.value.args and _is_name(s.value.args[0], current)
+                  and not any(_is_name(a, current) for a in s.value.args[1:])]
+        if len(uses) != len(casts) + len(passed):
+            return None
+        for s in passed:
+            if defs[target_of(s)] != 1 or target_of(s) in seen:
+                return None
+            names.append(target_of(s))
+        found |= {_type_spelled(c.args[0], values, defs, loaded) for c in casts}
+    return found.pop() if len(found) == 1 and None not in found else None
+
+
+def _cast_type(node: ast.AST) -> ast.expr | None:
+    """``T`` of ``x.to(T)``."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "to"
+            and len(node.args) == 1 and not node.keywords):
+        return node.args[0]
+    return None
+
+
+def _is_cast_of(node: ast.AST, name: str) -> bool:
+    return _cast_type(node) is not None and _is_name(node.func.value, name)
+
+
+def _is_name(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _type_spelled(dtype: ast.expr, values: dict[str, ast.expr], defs: Counter, loaded: dict[str, str]) -> str | None:
+    """``dtype`` as an expression of the kernel's parameters: a type written out (``tl.bfloat16``), a name the
+    body never assigns (a constexpr parameter), ``x.dtype`` of a loaded ``x`` (its pointer's element type) or of
+    a value cast to a type (that type's); None otherwise."""
+    if isinstance(dtype, ast.Name) and not defs[dtype.id]:
+        return dtype.id
+    if isinstance(dtype, ast.Attribute) and isinstance(dtype.value, ast.Name) and dtype.value.id == "tl":
+        return ast.unparse(dtype)
+    if not (isinstance(dtype, ast.Attribute) and dtype.attr == "dtype" and isinstance(dtype.value, ast.Name)):
+        return None
+    x = dtype.value.id
+    if x in loaded and defs[x] == 1:
+        return f"{loaded[x]}.dtype.element_ty"
+    value = values.get(x)
+    if defs[x] != 1 or not isinstance(value, ast.Call):
+        return None
+    if ast.unparse(value.func) == "tg.to_float" and len(value.args) == 2:
+        return _type_spelled(value.args[1], values, defs, loaded)
+    cast = _cast_type(value)
+    return _type_spelled(cast, values, defs, loaded) if cast is not None else None
 
 
 def _costly(stmts: list[ast.stmt]) -> bool:

@@ -22,7 +22,7 @@ _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_put": ("tile_offsets",),
           "tape_put_exactly": ("tile_offsets",), "tape_get": ("tile_offsets",),
-          "add_later": ("program_index", "tile_offsets")}
+          "add_later": ("program_index", "tile_offsets"), "unbroadcast": ("widened",)}
 
 
 def __getattr__(name: str):
@@ -41,13 +41,14 @@ def __getattr__(name: str):
 
 
 def _unbroadcast(g, ref):
-    """Sum ``g`` over the axes ``ref`` was broadcast along, giving it ``ref``'s shape."""
+    """Sum ``g`` over the axes ``ref`` was broadcast along, giving it ``ref``'s shape (in float32 at least: a
+    half-precision ``g`` is a prologue's value kept rounded, interchange.py)."""
     for _ in tl.static_range(len(g.shape) - len(ref.shape)):
-        g = tl.sum(g, 0)
+        g = tl.sum(widened(g), 0)  # noqa: F821 (jitted lazily)
     for i in tl.static_range(len(ref.shape)):
         if ref.shape[i] == 1:
             if g.shape[i] != 1:
-                g = tl.sum(g, i, keep_dims=True)
+                g = tl.sum(widened(g), i, keep_dims=True)  # noqa: F821 (jitted lazily)
     return g
 
 

@@ -207,7 +207,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
             self.out, guard, prologue = loop_to_grid(
                 replay, self.out, [s.accumulator for s in self.partial_sums], axis, self.comments, self.namer,
                 {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))},
-                {k.index for k in self.analysis.program_trips}, self.adjoint_likes())
+                {k.index for k in self.analysis.program_trips}, self.adjoint_likes(), self.loaded_from())
             replay = without_unused(replay, set().union(*[reads(s) for s in self.out], reads(guard.count) if guard
                                                         else set()))  # what only the prologue's values needed
             body, extra = self.persistent(replay, axis, reassigned, every=True, guard=guard)
@@ -229,6 +229,12 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                 likes[adjoint] = (ast.parse(f"tg.zeros_grad(tl.zeros(({extents}), {dtype}))", mode="eval").body,
                                   tuple(shape))
         return likes
+
+    def loaded_from(self) -> dict[str, str]:
+        """Names the kernel loads once, from one pointer parameter -> that parameter (their type is its element
+        type: an interchange's prologue spells a type with it)."""
+        return {target_of(s): param for param, loads in self.analysis.loads.items() for s in loads
+                if target_of(s) and len(self.defs.get(target_of(s), ())) == 1}
 
     def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False,
                    guard: Any = None) -> tuple[list[ast.stmt], list[str]]:
