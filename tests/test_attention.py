@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import tritongrad
-from tritongrad import derive, tuning
+from tritongrad import derive, interchange, tuning
 from tritongrad.examples import cross_entropy, flash_attention
 from tritongrad.testing import backward_launch, forward_keeping_state, poison
 
@@ -77,6 +77,35 @@ def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_final
         assert ("if start_iteration < start_trips:" in own) == causal
         assert "d_k = tl.dot(tl.trans(d_dot_q.to(q.dtype)), q)" in own  # not a transposed float32 product
         assert [(p.wrt, p.saved) for p in alone.parts] == [(("q_ptr", "k_ptr", "v_ptr"), False)]
+
+
+def test_do_over_l_kept_rounded_gives_the_same_bits(monkeypatch):
+    """In float16 (the interpreter has no bf16), the prologue keeps dO / l as v's type: the gradients are bit for
+    bit those of the backward keeping it in float32 (both of its uses round it to v's type first)."""
+    monkeypatch.setattr(derive, "_multiprocessors", lambda device: 1)
+    q, k, v = (torch.randn(2, 45, 16, dtype=torch.float16) for _ in range(3))
+    launch = flash_attention.flash_attention_launch(q, k, v, True)
+    saved = forward_keeping_state(launch.kernel, launch.grid, launch.args, launch.kwargs)
+    d_o = torch.randn_like(launch.out)
+    sources = []
+    real = derive.BackwardKernel.launch
+    monkeypatch.setattr(derive.BackwardKernel, "launch", lambda self, grid, named, og, buffers, prepared, *a, **k: (
+        sources.append(prepared.variant.src), real(self, grid, named, og, buffers, prepared, *a, **k))[1])
+    got = {}
+    for rounded in (True, False):
+        derive.clear_cache()
+        if not rounded:
+            monkeypatch.setattr(interchange, "_rounded_to", lambda *args: None)
+        got[rounded] = backward_launch(launch.kernel, launch.grid, launch.args, launch.kwargs, {"o_ptr": d_o},
+                                       saved=saved)
+    derive.clear_cache()
+    assert [".to(v_ptr.dtype.element_ty)" in src for src in sources] == [True, False]
+    for name in ("q_ptr", "k_ptr", "v_ptr"):
+        assert torch.equal(got[True][name], got[False][name]), name
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    wanted = torch.autograd.grad(flash_attention.reference(*leaves, True), leaves, d_o.double())
+    for name, w in zip(("q_ptr", "k_ptr", "v_ptr"), wanted, strict=True):
+        torch.testing.assert_close(got[True][name].double(), w, rtol=2e-2, atol=2e-2)
 
 
 def test_each_kernel_of_a_variant_is_tuned_on_its_own(monkeypatch):
