@@ -298,6 +298,8 @@ def test_a_loop_that_stops_at_the_programs_own_block(poisoned_empty):
     ("g = tg.unbroadcast(x, y)\ng = g * 2.0\na = g.to(tl.bfloat16)", None),  # passed on to a name assigned twice
     ("a = x.to(v.dtype)\nv = tl.load(v_ptr)\nv = tl.load(w_ptr)", None),  # a type the prologue cannot spell
     ("b = tg.unbroadcast(y, x)\na = x.to(tl.bfloat16)", None),  # the reference of an unbroadcast
+    ("for i in range(x):\n    a = x.to(tl.bfloat16)", None),  # a loop's bound
+    ("for i in range(n):\n    a = x.to(tl.bfloat16)", "tl.bfloat16"),  # a cast inside a loop
 ])
 def test_a_prologue_value_is_kept_in_the_one_type_its_uses_round_it_to(body, rounded):
     import ast

@@ -209,9 +209,9 @@ def _rounded_to(name: str, body: list[ast.stmt], loaded: dict[str, str]) -> str 
     while names:
         current = names.pop()
         seen.add(current)
-        uses = [n for s in statements(body) for n in ast.walk(s) if isinstance(n, ast.Name) and n.id == current
-                and isinstance(n.ctx, ast.Load)]
-        casts = [c for s in statements(body) for c in ast.walk(s) if _is_cast_of(c, current)]
+        everything = list(ast.walk(ast.Module(body, [])))  # (tests and ranges of branches and loops too)
+        uses = [n for n in everything if isinstance(n, ast.Name) and n.id == current and isinstance(n.ctx, ast.Load)]
+        casts = [c for c in everything if _is_cast_of(c, current)]
         passed = [s for s in statements(body) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
                   and ast.unparse(s.value.func) in PASSING and s.value.args and _is_name(s.value.args[0], current)
                   and not any(_is_name(a, current) for a in s.value.args[1:])]
