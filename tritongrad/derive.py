@@ -244,7 +244,7 @@ class BackwardKernel:
         kernels' (state tapes, loops' finals), once; none where a kernel runs other programs than the forward's
         (persistent; an interchanged one reads the forward's finals by the forward's program it loops over)."""
         parts = self.variant(self.saved_lowering.best(), saved=True).parts
-        if any(part.axis is not None and part.trips is None for part in parts):
+        if any(part.persistent for part in parts):
             return ()
         kept: dict[tuple, Tape] = {}
         for tape in (tape for part in parts for tape in part.tapes):
@@ -661,7 +661,7 @@ def _zeros_strided(size, stride, dtype, device):
 def _reads_only(variant: Variant, tapes: tuple[Tape, ...]) -> bool:
     """Whether the tapes a variant's kernels read are among those a forward kept, by the forward's programs."""
     kept = {tape.key: tape for tape in tapes}
-    if any(part.axis is not None and part.trips is None for part in variant.parts):
+    if variant.persistent:
         return False  # a persistent kernel's programs are not the forward's (its state tapes' rows)
     return all(tape.key in kept and kept[tape.key].holds(tape)
                for part in variant.parts if part.saved for tape in part.tapes)

@@ -202,17 +202,18 @@ def _rounded_to(name: str, body: list[ast.stmt], loaded: dict[str, str]) -> str 
     """The type every use of ``name`` in ``body`` casts it to (through assignments that pass it on unchanged),
     spelled so that any kernel of the backward can say it (``v_ptr.dtype.element_ty`` for ``v.dtype`` where
     ``v`` is loaded through ``v_ptr``); None where a use computes with it or the casts differ."""
-    defs = Counter(t for s in statements(body) for t in targets_of(s))
-    values = {target_of(s): s.value for s in statements(body) if isinstance(s, ast.Assign) and target_of(s)}
+    flat = list(statements(body))
+    everything = list(ast.walk(ast.Module(body, [])))  # (tests and ranges of branches and loops too)
+    defs = Counter(t for s in flat for t in targets_of(s))
+    values = {target_of(s): s.value for s in flat if isinstance(s, ast.Assign) and target_of(s)}
     found: set[str] = set()
     names, seen = [name], set()
     while names:
         current = names.pop()
         seen.add(current)
-        everything = list(ast.walk(ast.Module(body, [])))  # (tests and ranges of branches and loops too)
         uses = [n for n in everything if isinstance(n, ast.Name) and n.id == current and isinstance(n.ctx, ast.Load)]
         casts = [c for c in everything if _is_cast_of(c, current)]
-        passed = [s for s in statements(body) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+        passed = [s for s in flat if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
                   and ast.unparse(s.value.func) in PASSING and s.value.args and _is_name(s.value.args[0], current)
                   and not any(_is_name(a, current) for a in s.value.args[1:])]
         if len(uses) != len(casts) + len(passed):
