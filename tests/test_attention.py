@@ -85,7 +85,11 @@ def test_do_over_l_kept_rounded_gives_the_same_bits(monkeypatch):
     monkeypatch.setattr(derive, "_multiprocessors", lambda device: 1)
     q, k, v = (torch.randn(2, 45, 16, dtype=torch.float16) for _ in range(3))
     launch = flash_attention.flash_attention_launch(q, k, v, True)
+    poison(launch.out)
     saved = forward_keeping_state(launch.kernel, launch.grid, launch.args, launch.kwargs)
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    want = flash_attention.reference(*leaves, True)
+    torch.testing.assert_close(launch.out.double(), want.detach(), rtol=1e-2, atol=1e-2)
     d_o = torch.randn_like(launch.out)
     sources = []
     real = derive.BackwardKernel.launch
@@ -102,8 +106,7 @@ def test_do_over_l_kept_rounded_gives_the_same_bits(monkeypatch):
     assert [".to(v_ptr.dtype.element_ty)" in src for src in sources] == [True, False]
     for name in ("q_ptr", "k_ptr", "v_ptr"):
         assert torch.equal(got[True][name], got[False][name]), name
-    leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    wanted = torch.autograd.grad(flash_attention.reference(*leaves, True), leaves, d_o.double())
+    wanted = torch.autograd.grad(want, leaves, d_o.double())
     for name, w in zip(("q_ptr", "k_ptr", "v_ptr"), wanted, strict=True):
         torch.testing.assert_close(got[True][name].double(), w, rtol=2e-2, atol=2e-2)
 
@@ -116,8 +119,8 @@ def test_each_kernel_of_a_variant_is_tuned_on_its_own(monkeypatch):
     ran, timed = [], []
     for method in ("_run_part", "_run_interchanged"):
         real = getattr(derive.BackwardKernel, method)
-        monkeypatch.setattr(derive.BackwardKernel, method, lambda self, part, *a, real=real, **k: (
-            ran.append(part.wrt), real(self, part, *a, **k))[1])
+        monkeypatch.setattr(derive.BackwardKernel, method, lambda self, part, grid, args, *a, real=real, **k: (
+            ran.append((part.wrt, args.get("num_stages"))), real(self, part, grid, args, *a, **k))[1])
 
     def best(key, persistent, trial, touched, pipelined):
         ran.clear()
@@ -128,12 +131,16 @@ def test_each_kernel_of_a_variant_is_tuned_on_its_own(monkeypatch):
     monkeypatch.setattr(tuning, "best", best)
     q, k, v = (torch.randn(3, 29, 12, dtype=DTYPE) for _ in range(3))  # a launch no other test prepared
     launch = flash_attention.flash_attention_launch(q, k, v, True)
+    poison(launch.out)
     saved = forward_keeping_state(launch.kernel, launch.grid, launch.args, launch.kwargs)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = flash_attention.reference(*leaves, True)
+    torch.testing.assert_close(launch.out, want.detach(), **TOL)
     d_o = torch.randn_like(launch.out)
-    wanted = torch.autograd.grad(flash_attention.reference(*leaves, True), leaves, d_o)
+    wanted = torch.autograd.grad(want, leaves, d_o)
     got = backward_launch(launch.kernel, launch.grid, launch.args, launch.kwargs, {"o_ptr": d_o}, saved=saved)
-    assert timed == [(0, (("q_ptr",),), True), (1, (("k_ptr", "v_ptr"),), True)]
+    assert timed == [(0, ((("q_ptr",), None),), True), (1, ((("k_ptr", "v_ptr"), None),), True)]
+    assert ran[-2:] == [(("q_ptr",), 2), (("k_ptr", "v_ptr"), 3)]  # each launched with its own setting
     for name, w in zip(("q_ptr", "k_ptr", "v_ptr"), wanted, strict=True):
         torch.testing.assert_close(got[name], w, **TOL)
 
