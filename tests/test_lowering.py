@@ -8,7 +8,7 @@ import triton.language as tl
 from fuzz.bounds import checked  # every address inside the launch's tensors (the interpreter's accesses)
 
 import tritongrad
-from tritongrad import NotDifferentiableError
+from tritongrad import NotDifferentiableError, derive
 from tritongrad.lowering import ADD, ATOMIC, REGISTERS, ROW, STORE
 from tritongrad.testing import assert_gradients_match, bind_launch, poison
 
@@ -86,7 +86,10 @@ def choices_of(kernel, grid, args, kwargs, **grad_kwargs):
     return {p: (c.mode, c.covers) for p, c in bwd.choose(named, grid).items()}
 
 
-def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers():
+def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers(poisoned_empty, monkeypatch):
+    """The weight's and bias's loads cover them: each program stores its whole partial row (left unfilled)."""
+    filled = []
+    monkeypatch.setattr(derive, "_zeros_strided", lambda *a, **k: filled.append(a))
     rows, n = 9, 45
     x, w, b = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64), torch.randn(n, dtype=F64)
     y = poison(torch.empty(rows, n, dtype=F64))
@@ -96,11 +99,25 @@ def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers():
     assert_gradients_match(norm_rows, (rows,), args, kwargs, y, norm_reference(*leaves), leaves,
                            ["x_ptr", "w_ptr", "b_ptr"])
     assert choices_of(norm_rows, (rows,), args, kwargs) == {
-        "x_ptr": (STORE, True), "w_ptr": (REGISTERS, False), "b_ptr": (REGISTERS, False)}
+        "x_ptr": (STORE, True), "w_ptr": (REGISTERS, True), "b_ptr": (REGISTERS, True)}
+    assert filled == []  # neither the gradients nor the partial rows are zero-filled
     src = tritongrad.grad(norm_rows).src
     assert "atomic" not in src.split('"""')[2]  # no atomics in the kernel's body
     assert "for row in range(tl.program_id(0), programs, tl.num_programs(0)):" in src
     assert "d_w_sum += d_w.to(d_w_sum.dtype)" in src and "tl.store(d_w_ptr + cols, d_w_sum, mask=mask)" in src
+
+
+def test_partial_rows_of_a_weight_its_loads_do_not_cover_are_zero_filled(poisoned_empty):
+    """A weight longer than the rows: the programs store only its first N elements of their partial rows."""
+    rows, n = 9, 45
+    x, w, b = torch.randn(rows, n, dtype=F64), torch.randn(n + 6, dtype=F64), torch.randn(n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    args, kwargs = (x, w, b, y, n, n), {"BLOCK": 64}
+    norm_rows[(rows,)](*args, **kwargs)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    want = norm_reference(leaves[0], leaves[1][:n], leaves[2])
+    assert choices_of(norm_rows, (rows,), args, kwargs)["w_ptr"] == (REGISTERS, False)
+    assert_gradients_match(norm_rows, (rows,), args, kwargs, y, want, leaves, ["x_ptr", "w_ptr", "b_ptr"])
 
 
 def test_one_program_along_the_weights_axis_stores_it():
@@ -379,7 +396,7 @@ def scaled_rows_plus_first(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr):
     tl.store(y_ptr + row * N + cols, x * w + tl.load(x_ptr + row * N), mask=cols < N)
 
 
-def test_later_adds_give_way_to_a_persistent_kernel():
+def test_later_adds_give_way_to_a_persistent_kernel(poisoned_empty):
     """A persistent kernel's programs are not the forward's: the input loaded twice is added atomically."""
     rows, n = 9, 45
     x, w = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64)
@@ -389,7 +406,7 @@ def test_later_adds_give_way_to_a_persistent_kernel():
     leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
     want = leaves[0] * leaves[1] + leaves[0][:, :1]
     assert choices_of(scaled_rows_plus_first, (rows,), args, kwargs) == {
-        "x_ptr": (ATOMIC, False), "w_ptr": (REGISTERS, False)}
+        "x_ptr": (ATOMIC, False), "w_ptr": (REGISTERS, True)}
     assert_gradients_match(scaled_rows_plus_first, (rows,), args, kwargs, y, want, leaves, ["x_ptr", "w_ptr"])
 
 
@@ -421,6 +438,35 @@ def test_a_returning_branch_stores_zeros_only_where_the_loads_cover_the_tensor(s
 
 
 @triton.jit
+def guarded_scaled_rows(x_ptr, w_ptr, y_ptr, R, N, BLOCK: tl.constexpr):
+    """A shared weight in a kernel whose programs past the last row return."""
+    row = tl.program_id(0)
+    if row >= R:
+        return
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * N + cols, mask=cols < N)
+    w = tl.load(w_ptr + cols, mask=cols < N)
+    tl.store(y_ptr + row * N + cols, x * w, mask=cols < N)
+
+
+@pytest.mark.parametrize("spare", [0, 3])
+def test_a_weight_read_past_a_returning_branch_is_summed_in_zero_filled_rows(spare, poisoned_empty):
+    """Partial rows are left unfilled only where each program stores its whole row after its loop; a load
+    past a `return` is summed into its row where it runs, so the rows stay zero-filled."""
+    rows, n = 4, 45
+    x, w = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    grid = (rows + spare,)
+    args, kwargs = (x, w, y, rows, n), {"BLOCK": 64}
+    guarded_scaled_rows[grid](*args, **kwargs)
+    assert choices_of(guarded_scaled_rows, grid, args, kwargs)["w_ptr"] == (ROW, False)
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    with checked():
+        assert_gradients_match(guarded_scaled_rows, grid, args, kwargs, y, leaves[0] * leaves[1], leaves,
+                               ["x_ptr", "w_ptr"])
+
+
+@triton.jit
 def rows_reversed_by_count(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr):
     """Rows scaled by a shared weight, stored in reverse order: the row index from ``tl.num_programs(0)``."""
     row = tl.program_id(0)
@@ -430,7 +476,7 @@ def rows_reversed_by_count(x_ptr, w_ptr, y_ptr, N, BLOCK: tl.constexpr):
     tl.store(y_ptr + (tl.num_programs(0) - 1 - row) * N + cols, x * w, mask=cols < N)
 
 
-def test_num_programs_in_a_persistent_kernel_is_the_forwards():
+def test_num_programs_in_a_persistent_kernel_is_the_forwards(poisoned_empty):
     """The persistent kernel runs fewer programs than the forward: its ``tl.num_programs(0)``, computed once
     before its loop over the forward's programs, must still be the forward's count."""
     rows, n = 9, 45
@@ -438,7 +484,7 @@ def test_num_programs_in_a_persistent_kernel_is_the_forwards():
     y = poison(torch.empty(rows, n, dtype=F64))
     args, kwargs = (x, w, y, n), {"BLOCK": 64}
     rows_reversed_by_count[(rows,)](*args, **kwargs)
-    assert choices_of(rows_reversed_by_count, (rows,), args, kwargs)["w_ptr"] == (REGISTERS, False)
+    assert choices_of(rows_reversed_by_count, (rows,), args, kwargs)["w_ptr"] == (REGISTERS, True)
     leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
     want = (leaves[0] * leaves[1]).flip(0)
     assert_gradients_match(rows_reversed_by_count, (rows,), args, kwargs, y, want, leaves, ["x_ptr", "w_ptr"])

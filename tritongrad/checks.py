@@ -23,6 +23,7 @@ launch shape (``cacheable``); Covers (a tensor's layout) and RangesApart (its co
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,7 @@ class Expr:
         return Expr("mul", (self, other))
 
     @staticmethod
+    @functools.lru_cache(maxsize=1024)  # read on every launch (tape sizes): parsed once
     def of_text(text: str) -> Expr:
         """An expression written as Python (a tile's dimension: ``BLOCK``, ``2 * BLOCK``, ``min(B, N)``)."""
         try:

@@ -9,7 +9,7 @@ import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import codegen, tuning
@@ -26,6 +26,7 @@ from .lowering import (
     INTERCHANGE,
     NONE,
     PARTIALS,
+    REGISTERS,
     STORE,
     Choice,
     LaterAdds,
@@ -52,7 +53,8 @@ IN_PLACE = ("updated in place, as the forward updates it: the gradient of the va
 WRITES = {
     STORE: "stored: each element is written once (the buffer needs no zero-fill where the loads cover it)",
     ADD: "added without atomics: each element is read and written by one lane of one program",
-    "registers": "summed over each program's rows in registers; one partial row per program, summed after",
+    "registers": "summed over each program's rows in registers; one partial row per program (not zero-filled "
+                 "where the loads cover the tensor), summed after",
     "row": "summed into one float32 partial row per program, the rows summed after the kernel",
     INTERCHANGE: "summed in registers by a kernel of its own, one program per iteration of the loop around its "
                  "load, each looping over the forward's programs along an axis; stored once",
@@ -83,6 +85,12 @@ class Prepared:
     variant: Variant  # reading the state tapes the forward kept (augment.py) where its parts are ``saved``
     settings: tuple[tuning.Setting, ...] | None = None
 
+    @functools.cached_property
+    def covered_rows(self) -> frozenset[str]:
+        """Inputs summed in registers whose loads cover the tensor: each program stores its whole partial row
+        (a launch's choice: the variant's code is the same either way)."""
+        return frozenset(p for p, c in self.choices.items() if c.mode == REGISTERS and c.covers)
+
 
 @dataclass(frozen=True)
 class Part:
@@ -104,6 +112,7 @@ class Part:
     prologue: Any = None  # interchanged: the kernel computing per forward program values first (on its grid)
     exports: Tape | None = None  # the prologue's values, allocated on each launch
     loops: bool = False  # its body has a loop (tuning also tries how many of its loads are in flight)
+    memo: dict = field(default_factory=dict, compare=False, repr=False)  # launch-time lookups, made once
 
     @property
     def persistent(self) -> bool:
@@ -456,7 +465,8 @@ class BackwardKernel:
             if prepared.settings is None:
                 prepared.settings = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
             settings = prepared.settings
-        return self._run(variant, grid, named, output_grads, buffers, settings, written, pad, tapes=tapes)
+        return self._run(variant, grid, named, output_grads, buffers, settings, written, pad, tapes=tapes,
+                         covered=prepared.covered_rows)
 
     def _tuned(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
                buffers: dict[str, Any], written: frozenset[str], tapes: Any = None) -> tuple[tuning.Setting, ...]:
@@ -479,10 +489,12 @@ class BackwardKernel:
 
     def _run(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
              buffers: dict[str, Any], settings: tuple[tuning.Setting, ...], written: frozenset[str], pad: int,
-             reduce: bool = True, tapes: Any = None, only: int | None = None) -> dict:
+             reduce: bool = True, tapes: Any = None, only: int | None = None,
+             covered: frozenset[str] = frozenset()) -> dict:
         """One launch of each of the variant's kernels (``only``: of that one) with its setting; partial rows
-        allocated, and summed into their targets (``reduce``: not in tuning's trials). ``tapes``: the state tapes
-        the forward kept (augment.SavedStates), for the kernels that read them."""
+        allocated (unfilled for ``covered`` inputs: Prepared.covered_rows), and summed into their targets
+        (``reduce``: not in tuning's trials). ``tapes``: the state tapes the forward kept (augment.SavedStates),
+        for the kernels that read them."""
         rows = {}
         for i, (part, setting) in enumerate(zip(variant.parts, settings, strict=True)):
             if only is not None and i != only:
@@ -498,11 +510,14 @@ class BackwardKernel:
             if part.trips is not None:
                 self._run_interchanged(part, grid, args, buffers, written, reduce)
             else:
-                rows.update(self._run_part(part, grid, args, buffers, setting, written, pad, reduce))
+                rows.update(self._run_part(part, grid, args, buffers, setting, written, pad, reduce, covered))
         return rows
 
     def _run_part(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
-                  setting: tuning.Setting, written: frozenset[str], pad: int, reduce: bool) -> dict:
+                  setting: tuning.Setting, written: frozenset[str], pad: int, reduce: bool,
+                  covered: frozenset[str] = frozenset()) -> dict:
+        """``covered``: inputs whose partial rows every program stores whole (left unfilled, but around a checked
+        backward's padding)."""
         import torch
 
         rows = {}
@@ -515,20 +530,25 @@ class BackwardKernel:
                 target = buffers[p]
                 span = span_of(target)
                 dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
-                rows[p] = (torch.zeros(programs, span + 2 * pad, dtype=dtype, device=target.device), pad)
-                args[part.shadows[p]] = rows[p][0][:, pad:]
-                args[part.rows[p]] = span + 2 * pad
+                width = span + 2 * pad
+                fill = torch.empty_strided if p in covered and not pad else _zeros_strided
+                r = fill((programs, width), (width, 1), dtype=dtype, device=target.device)
+                rows[p] = (r, pad)
+                args[part.shadows[p]] = r[:, pad:] if pad else r  # (slicing a tensor costs microseconds)
+                args[part.rows[p]] = width
         part.scratch_args(args, grid, _device_of(args))
         part.kernel[grid](**args)
         if reduce:
             part.add_later(args, self.deterministic)
         for p, (r, _) in rows.items() if reduce else ():  # the rows summed in a fixed order
             target = buffers[p]
-            total = r[:, pad:pad + span_of(target)].sum(0).as_strided(target.size(), target.stride())
-            if p in written:
-                target.add_(total)
+            r = r[:, pad:pad + span_of(target)] if pad else r
+            if p not in written and target.dtype == r.dtype and target.is_contiguous():
+                torch.sum(r, 0, out=target.view(-1))  # one kernel, not a sum and a copy
+            elif p in written:
+                target.add_(r.sum(0).as_strided(target.size(), target.stride()))
             else:
-                target.copy_(total)
+                target.copy_(r.sum(0).as_strided(target.size(), target.stride()))
         return rows
 
     def _run_interchanged(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
@@ -538,7 +558,10 @@ class BackwardKernel:
         import torch
 
         axis = part.axis
-        key = (id(part), grid, *[args.get(n) for n in sorted(part.trips.names())])
+        names = part.memo.get("trips")
+        if names is None:
+            names = part.memo["trips"] = sorted(part.trips.names())
+        key = (id(part), grid, *[args.get(n) for n in names])
         trips = self._most_trips.get(key)
         if trips is None:
             if len(self._most_trips) > 4096:
@@ -670,14 +693,18 @@ def _reads_only(variant: Variant, tapes: tuple[Tape, ...]) -> bool:
 def _tape_args(part: Part, saved: Any) -> dict[str, Any]:
     """A kernel's arguments for the tapes it reads: the forward's (augment.SavedStates), by its own parameter
     names (each kernel of a variant names them itself)."""
-    kept = {tape.key: tape for tape in saved.tapes}
-    args = {}
-    for tape in part.tapes:
-        there = kept[tape.key]
-        args[tape.slots] = saved.args[there.slots]
-        held = there.held()
-        args.update({param: saved.args[held[source][0]] for source, (param, _, _) in tape.held().items()})
-    return args
+    key = ("tapes", *[tape.key for tape in saved.tapes])
+    names = part.memo.get(key)
+    if names is None:
+        kept = {tape.key: tape for tape in saved.tapes}
+        names = []
+        for tape in part.tapes:
+            there = kept[tape.key]
+            names.append((tape.slots, there.slots))
+            held = there.held()
+            names += [(param, held[source][0]) for source, (param, _, _) in tape.held().items()]
+        names = part.memo[key] = tuple(names)
+    return {mine: saved.args[theirs] for mine, theirs in names}
 
 
 def _describe(value: Any) -> Any:
@@ -691,9 +718,7 @@ def _describe(value: Any) -> Any:
 def _multiprocessors(device: Any) -> int:
     """How many programs fill the device: its multiprocessors on a GPU, one in Triton's interpreter."""
     if device is not None and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        import torch
-
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return tuning.cuda_properties(device).multi_processor_count
     return 1
 
 
@@ -701,9 +726,7 @@ def _persistent_programs(programs: int, device: Any, waves: int = 1) -> int:
     """How many programs a persistent backward runs along its axis: ``waves`` per multiprocessor on a GPU
     (each keeps a partial row); a few in Triton's interpreter, so that each program loops over several."""
     if device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        import torch
-
-        return max(1, min(programs, waves * torch.cuda.get_device_properties(device).multi_processor_count))
+        return max(1, min(programs, waves * tuning.cuda_properties(device).multi_processor_count))
     return max(1, min(programs, 3))
 
 

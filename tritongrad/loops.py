@@ -60,6 +60,7 @@ from .ir import (
     where,
 )
 from .operations import OPERATIONS, instantiate
+from .tuning import cuda_properties
 
 
 @dataclass
@@ -169,7 +170,7 @@ def tape_budget(device) -> int:
 
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
-        return min(TAPE_BUDGET, torch.cuda.get_device_properties(device).total_memory // TAPE_SHARE)
+        return min(TAPE_BUDGET, cuda_properties(device).total_memory // TAPE_SHARE)
     return min(TAPE_BUDGET, 256 << 20)
 
 

@@ -130,7 +130,7 @@ class Choice:
 
     mode: str  # STORE / ADD / REGISTERS / ROW / INTERCHANGE / ATOMIC
     axis: int | None = None  # partials: the persistent axis; interchange: the axis the loop's iterations take
-    covers: bool = False  # store: the load reaches every element (the buffer needs no zero-fill)
+    covers: bool = False  # store, registers: the load reaches every element (buffer, partial rows: no zero-fill)
     later: tuple[str, ...] = ()  # store, add: the input's other loads, added after the kernel (LaterAdds)
     fill: str = ""  # store covering the tensor: the load (by result) whose if's other branch stores zeros
 
@@ -173,7 +173,10 @@ class Lowering:
                       and launch.programs(a) > 1 and rows_fit(launch, param, a, parallel, row_budget)]
             if shared:
                 axis = shared[0]
-                choices[param] = Choice(REGISTERS if axis in lowering.in_registers else ROW, axis)
+                if axis in lowering.in_registers:  # each program stores its whole row once, after its loop
+                    choices[param] = Choice(REGISTERS, axis, covers=_holds(lowering.covers, launch))
+                else:
+                    choices[param] = Choice(ROW, axis)
                 continue
             choices[param] = Choice(ATOMIC)
         return _without_later_adds(choices, axis)
@@ -195,7 +198,9 @@ class Lowering:
                 choices[param] = Choice(INTERCHANGE, min(lowering.interchange), lowering.covers is not None)
             elif lowering.shared and (axis is None or axis in lowering.shared):
                 axis = axis if axis is not None else min(lowering.shared)
-                choices[param] = Choice(REGISTERS if axis in lowering.in_registers else ROW, axis)
+                in_registers = axis in lowering.in_registers
+                choices[param] = Choice(REGISTERS if in_registers else ROW, axis,
+                                        covers=in_registers and lowering.covers is not None)
             elif lowering.owned is not None:
                 choices[param] = Choice(STORE, covers=lowering.covers is not None, later=lowering.later,
                                         fill=lowering.fill)

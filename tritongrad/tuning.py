@@ -21,6 +21,7 @@ and with the environment variable ``TRITONGRAD_TUNE=0``.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -48,6 +49,22 @@ DEFAULT = Setting()
 _best: dict[tuple, Setting] = {}
 _configs: dict[tuple, tuple] = {}
 _lock = threading.Lock()
+
+
+def cuda_properties(device: Any) -> Any:
+    """A CUDA device's properties (multiprocessors, memory), asked of CUDA once per device: each ask costs
+    ~30 µs of host time, and launches need them on every backward."""
+    import torch
+
+    index = device.index if isinstance(device, torch.device) else device
+    return _properties(torch.cuda.current_device() if index is None else index)
+
+
+@functools.cache
+def _properties(index: int) -> Any:
+    import torch
+
+    return torch.cuda.get_device_properties(index)
 
 
 def enabled(device: Any) -> bool:
