@@ -30,6 +30,10 @@ VARIANTS = {
     "kv128_w4": {DKV: (("no_guard",), {"num_warps": 4}, 128)},
     "q128": {DQ: ((), {"num_warps": 8}, 128)},
     "q128_w4": {DQ: ((), {"num_warps": 4}, 128)},
+    "peeled": {DQ: (("peeled",), {}, None)},
+    "peeled_w8": {DQ: (("peeled",), {"num_warps": 8}, None)},
+    "peeled_both": {DQ: (("peeled",), {}, None), DKV: (("peeled_kv",), {}, None)},
+    "versioned_both": {DQ: (("versioned",), {}, None), DKV: (("versioned_kv",), {}, None)},
 }
 
 
@@ -52,7 +56,89 @@ def no_guard(src: str) -> str:
     return src.replace(head, "for pid_0 in range(start_iteration * BN // BM if CAUSAL else 0, programs):")
 
 
-EDITS = {"no_guard": no_guard}
+def _loop(src: str, pattern: str) -> tuple[int, str, str, str]:
+    """The loop whose header matches ``pattern`` (its variable and bound as groups 2 and 3): where it starts,
+    its text, its indent and its bound."""
+    found = re.search(r"\n( +)" + pattern + r"\n", src)
+    assert found, pattern
+    indent, at = found.group(1), found.start() + 1
+    lines = src[at:].split("\n")
+    body = [lines[0]]
+    for line in lines[1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= len(indent):
+            break
+        body.append(line)
+    return at, "\n".join(body), indent, found.group(3)
+
+
+def _unmasked(loop: str) -> str:
+    """The loop body with the attention mask dropped: the forward's `where` and the backward's."""
+    forward = re.search(r"tl\.where\((\w+), s, float\('-inf'\)\)", loop)
+    backward = re.search(r"tl\.where\((\w+), d_s_1, 0\.0\)", loop)
+    assert forward and backward and forward.group(1) == backward.group(1), "the mask's two uses"
+    return loop.replace(forward.group(0), "s").replace(backward.group(0), "d_s_1")
+
+
+def peeled(src: str) -> str:
+    """dQ: the key blocks whose mask is all true (every key before the block's first query, and inside N) run
+    first, in a loop without the mask (the forward's `where` and the backward's dropped); the rest as derived."""
+    at, loop, indent, end = _loop(src, r"for (start) in range\(0, (\w+), BN\):")
+    causal = "rn[None, :] <= rm[:, None]" in loop
+    bound = "(tl.program_id(0) * BM + 1) // BN * BN" if causal else end
+    split = f"{indent}split = tl.minimum(tl.minimum({end}, {bound}), N // BN * BN)\n"
+    header = f"for start in range(0, {end}, BN):"
+    free = _unmasked(loop).replace(header, "for start in range(0, split, BN):", 1)
+    rest = loop.replace(header, f"for start in range(split, {end}, BN):", 1)
+    return src[:at] + split + free + "\n" + rest + src[at + len(loop):]
+
+
+def peeled_kv(src: str) -> str:
+    """dK/dV: for a key block inside N, the query blocks past its last key (causal; all of them otherwise) run
+    in a loop without the mask; the others as derived."""
+    if not re.search(r"\n +for (pid_0|program_id_0) in range\(0, programs\):\n", src):
+        return src  # the prologue (named after the kernel it feeds)
+    at, loop, indent, programs = _loop(src, r"for (pid_0|program_id_0) in range\(0, (programs)\):")
+    var = "pid_0" if "for pid_0 " in loop.split("\n")[0] else "program_id_0"
+    causal = "rn[None, :] <= rm[:, None]" in loop
+    first = "tl.minimum(programs, (start + BN + BM - 2) // BM)" if causal else "0"
+    split = f"{indent}split = tl.where(start + BN <= N, {first}, programs)\n"
+    header = f"for {var} in range(0, programs):"
+    rest = loop.replace(header, f"for {var} in range(0, split):", 1)
+    free = _unmasked(loop).replace(header, f"for {var} in range(split, programs):", 1)
+    return src[:at] + split + rest + "\n" + free + src[at + len(loop):]
+
+
+def _versioned(loop: str, indent: str, test: str) -> str:
+    """The loop with its body in two versions: without the mask where ``test`` (every lane visible), else as is."""
+    header, *body = loop.split("\n")
+    inner = indent + "    "
+    free = _unmasked(loop).split("\n")[1:]
+    shift = lambda lines: ["    " + line if line.strip() else line for line in lines]  # noqa: E731
+    return "\n".join([header, f"{inner}if {test}:", *shift(free), f"{inner}else:", *shift(body)])
+
+
+def versioned(src: str) -> str:
+    """dQ: each key block tests whether its mask is all true (a scalar, the same for the whole program) and
+    runs a version of the body without it if so."""
+    at, loop, indent, _ = _loop(src, r"for (start) in range\(0, (\w+), BN\):")
+    causal = "rn[None, :] <= rm[:, None]" in loop
+    test = "(start + BN <= N)" + (" & (start + BN - 1 <= tl.program_id(0) * BM)" if causal else "")
+    return src[:at] + _versioned(loop, indent, test) + src[at + len(loop):]
+
+
+def versioned_kv(src: str) -> str:
+    """dK/dV: the same test per query block."""
+    if not re.search(r"\n +for (pid_0|program_id_0) in range\(0, programs\):\n", src):
+        return src
+    at, loop, indent, _ = _loop(src, r"for (pid_0|program_id_0) in range\(0, (programs)\):")
+    var = "pid_0" if "for pid_0 " in loop.split("\n")[0] else "program_id_0"
+    causal = "rn[None, :] <= rm[:, None]" in loop
+    test = "(start + BN <= N)" + (f" & (start + BN - 1 <= tl.cast({var}, tl.int32) * BM)" if causal else "")
+    return src[:at] + _versioned(loop, indent, test) + src[at + len(loop):]
+
+
+EDITS = {"no_guard": no_guard, "peeled": peeled, "peeled_kv": peeled_kv, "versioned": versioned,
+         "versioned_kv": versioned_kv}
 
 
 class Forced:

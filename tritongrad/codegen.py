@@ -21,6 +21,7 @@ import triton.language as tl
 from . import language as tg
 from .ir import Program, target_of
 from .operations import operation_of
+from .peel import split_at_masks
 from .reverse import BackwardBody
 
 HEADER = "import triton\nimport triton.language as tl\nimport tritongrad.language as tg\n"
@@ -146,14 +147,23 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.extra_params,
                                         *tapes, *later)]
     body: list[ast.stmt] = [ast.Expr(ast.Constant(docstring))] if docstring else []
-    body += fold_temporaries(transposed_products(backward.body), backward.foldable, backward.reassigned)
+    folded = fold_temporaries(transposed_products(backward.body), backward.foldable, backward.reassigned)
+    comments = dict(backward.comments)
+
+    def comment(text: str) -> ast.stmt:
+        marker = f"__tg_comment_{len(comments)}__"
+        comments[marker] = text
+        return ast.Expr(ast.Name(marker, ast.Load()))
+
+    taken = {n.id for n in ast.walk(ast.Module(folded, [])) if isinstance(n, ast.Name)} | {p.arg for p in params}
+    body += split_at_masks(folded, taken, comment)
     if tile:
         value = backward.returns[0] if len(backward.returns) == 1 else ast.Tuple(elts=backward.returns, ctx=ast.Load())
         body.append(ast.Return(value))
     fn = ast.parse(f"@triton.jit\ndef {name}(): pass").body[0]  # a FunctionDef valid on every Python
     fn.args.args = params
     fn.body = body or [ast.Pass()]
-    src = _insert_comments(ast.unparse(ast.fix_missing_locations(fn)), backward.comments)
+    src = _insert_comments(ast.unparse(ast.fix_missing_locations(fn)), comments)
     return "\n".join(line.rstrip() for line in src.splitlines()) + "\n"
 
 
