@@ -170,7 +170,8 @@ def _positive_names(kernel: list[ast.stmt]) -> set[str]:
     """Names used as a ``tl.arange`` extent: constexprs Triton requires to be positive powers of two."""
     found = set()
     for n in ast.walk(ast.Module(body=kernel, type_ignores=[])):
-        if _is_tl(n, "arange") and len(n.args) == 2 and isinstance(n.args[1], ast.Name):
+        if (_is_tl(n, "arange") and len(n.args) == 2 and isinstance(n.args[0], ast.Constant)
+                and n.args[0].value == 0 and isinstance(n.args[1], ast.Name)):
             found.add(n.args[1].id)
     return found
 
