@@ -84,8 +84,10 @@ def split_at_masks(body: list[ast.stmt], taken: set[str], comment: Callable[[str
     return out
 
 
-def _split(loop: ast.For, before: list[ast.stmt], kernel: list[ast.stmt], fresh: set[str]
+def _split(loop: ast.For, before: list[ast.stmt], kernel: list[ast.stmt], taken: set[str]
            ) -> tuple[list[ast.stmt], str] | None:
+    """The statements replacing ``loop`` (the search, then its two copies) and their comment, or None.
+    ``before``: the kernel's top-level statements before it; ``kernel``: all of them."""
     bounds = _bounds(loop)
     if bounds is None or not isinstance(loop.target, ast.Name) or loop.orelse:
         return None
@@ -112,7 +114,7 @@ def _split(loop: ast.For, before: list[ast.stmt], kernel: list[ast.stmt], fresh:
     direction = moving.count(True) >= moving.count(False)
     chosen = {k for k, t in tests.items() if t.prefix in (direction, None)}
     test = _conjunction(list({ast.unparse(tests[k].expr): tests[k].expr for k in chosen}.values()))
-    names = {n: _fresh(fresh, f"{var}_{n}") for n in ("trips", "first", "last", "middle", "split")}
+    names = {n: _fresh(taken, f"{var}_{n}") for n in ("trips", "first", "last", "middle", "split")}
     search = _search(test, var, lo, step, hi, names, direction)
     free = copy.deepcopy(loop)
     _unmask(free, chosen, loop)
