@@ -19,10 +19,10 @@ import triton
 import triton.language as tl
 
 from . import language as tg
-from .ir import Program, target_of
+from .ir import Program, target_of, tl_call
 from .operations import operation_of
 from .peel import split_at_masks
-from .reverse import BackwardBody
+from .reverse import BackwardBody, comment_marker
 
 HEADER = "import triton\nimport triton.language as tl\nimport tritongrad.language as tg\n"
 
@@ -108,8 +108,7 @@ def transposed_products(body: list[ast.stmt]) -> list[ast.stmt]:
 
 def _tl_call(e: ast.expr, function: str) -> ast.Call | None:
     """``e`` if it is ``tl.<function>(...)`` (a ``tl.trans`` of one argument, no keywords), else None."""
-    if not (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == function
-            and isinstance(e.func.value, ast.Name) and e.func.value.id == "tl"):
+    if tl_call(e, function) is None:
         return None
     return e if function != "trans" or (len(e.args) == 1 and not e.keywords) else None
 
@@ -148,15 +147,9 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
                                         *tapes, *later)]
     body: list[ast.stmt] = [ast.Expr(ast.Constant(docstring))] if docstring else []
     folded = fold_temporaries(transposed_products(backward.body), backward.foldable, backward.reassigned)
-    comments = dict(backward.comments)
-
-    def comment(text: str) -> ast.stmt:
-        marker = f"__tg_comment_{len(comments)}__"
-        comments[marker] = text
-        return ast.Expr(ast.Name(marker, ast.Load()))
-
+    comments = dict(backward.comments)  # peel.py adds its own
     taken = {n.id for n in ast.walk(ast.Module(folded, [])) if isinstance(n, ast.Name)} | {p.arg for p in params}
-    body += split_at_masks(folded, taken, comment)
+    body += split_at_masks(folded, taken, lambda text: comment_marker(comments, text))
     if tile:
         value = backward.returns[0] if len(backward.returns) == 1 else ast.Tuple(elts=backward.returns, ctx=ast.Load())
         body.append(ast.Return(value))

@@ -200,6 +200,14 @@ def name_node(id: str, ctx: ast.expr_context | None = None) -> ast.Name:
     return ast.Name(id, ctx or ast.Load())
 
 
+def tl_call(e: ast.AST, function: str) -> ast.Call | None:
+    """``e`` if it is a call ``tl.<function>(...)``, else None."""
+    if (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == function
+            and isinstance(e.func.value, ast.Name) and e.func.value.id == "tl"):
+        return e
+    return None
+
+
 def is_none(atom: ast.expr) -> bool:
     return isinstance(atom, ast.Constant) and atom.value is None
 

@@ -30,7 +30,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .ir import name_node, target_of
+from .ir import name_node, range_bounds, target_of, tl_call
 
 _FLIP = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE}
 
@@ -98,8 +98,8 @@ def _split(loop: ast.For, before: list[ast.stmt], kernel: list[ast.stmt], taken:
         return None
     outside = {}  # names assigned once in the kernel, by a top-level statement before the loop
     for stmt in before:
-        t = target_of(stmt) if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
-        if t is not None and isinstance(stmt.targets[0], ast.Name) and counts.get(t) == 1:
+        t = _plain_target(stmt)
+        if t is not None and counts.get(t) == 1:
             outside[t] = stmt.value
     follow = _Follow(var, outside, positive, in_loop, counts)
     tests: dict[int, _Test] = {}  # id of a where call -> its test
@@ -133,18 +133,21 @@ def _split(loop: ast.For, before: list[ast.stmt], kernel: list[ast.stmt], taken:
 
 
 def _bounds(loop: ast.For) -> tuple[ast.expr, ast.expr, ast.expr] | None:
+    """A builtin ``range`` loop's start, stop and step, where the step may be positive (a literal above zero, or
+    a name: positive only if a block size, checked with the kernel's names)."""
     it = loop.iter
     if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" and not it.keywords
             and 1 <= len(it.args) <= 3):
         return None
-    args = list(it.args)
-    lo, hi = (ast.Constant(0), args[0]) if len(args) == 1 else (args[0], args[1])
-    step = args[2] if len(args) == 3 else ast.Constant(1)
-    if isinstance(step, ast.Constant) and type(step.value) is int and step.value > 0:
-        return lo, hi, step
-    if isinstance(step, ast.Name):  # positive only if a block size (checked with the kernel's names)
+    lo, hi, step = range_bounds(loop)
+    if isinstance(step, ast.Name) or (isinstance(step, ast.Constant) and type(step.value) is int and step.value > 0):
         return lo, hi, step
     return None
+
+
+def _plain_target(stmt: ast.stmt) -> str | None:
+    """The name ``stmt`` assigns if it is ``name = value``."""
+    return target_of(stmt) if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
 
 
 def _range(lo: ast.expr, hi: ast.expr, step: ast.expr) -> ast.Call:
@@ -172,15 +175,10 @@ def _positive_names(kernel: list[ast.stmt]) -> set[str]:
     """Names used as a ``tl.arange`` extent: constexprs Triton requires to be positive powers of two."""
     found = set()
     for n in ast.walk(ast.Module(body=kernel, type_ignores=[])):
-        if (_is_tl(n, "arange") and len(n.args) == 2 and isinstance(n.args[0], ast.Constant)
+        if (tl_call(n, "arange") and len(n.args) == 2 and isinstance(n.args[0], ast.Constant)
                 and n.args[0].value == 0 and isinstance(n.args[1], ast.Name)):
             found.add(n.args[1].id)
     return found
-
-
-def _is_tl(node: ast.AST, name: str) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == "tl")
 
 
 def _where_calls(body: list[ast.stmt], env: dict, in_loop: dict) -> list[tuple[ast.Call, dict]]:
@@ -193,9 +191,9 @@ def _where_calls(body: list[ast.stmt], env: dict, in_loop: dict) -> list[tuple[a
             continue
         if isinstance(stmt, (ast.For, ast.While)):
             continue
-        found += [(n, env) for n in ast.walk(stmt) if _is_tl(n, "where") and len(n.args) == 3 and not n.keywords]
-        t = target_of(stmt) if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
-        if t is not None and isinstance(stmt.targets[0], ast.Name) and in_loop.get(t) == 1:
+        found += [(n, env) for n in ast.walk(stmt) if tl_call(n, "where") and len(n.args) == 3 and not n.keywords]
+        t = _plain_target(stmt)
+        if t is not None and in_loop.get(t) == 1:
             env = {**env, t: (stmt.value, env)}
     return found
 
@@ -261,7 +259,7 @@ class _Follow:
             return self.lanes(*found) if found is not None else _Range(self.scalar(e, env), self.scalar(e, env))
         if isinstance(e, ast.Subscript) and _expands(e.slice):  # x[None, :], x[:, None]
             return self.lanes(e.value, env)
-        if _is_tl(e, "arange") and len(e.args) == 2 and not e.keywords:
+        if tl_call(e, "arange") and len(e.args) == 2 and not e.keywords:
             return _Range(self.scalar(e.args[0], env), _plus(self.scalar(e.args[1], env), -1))
         if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Add, ast.Sub)):
             left, right = self.lanes(e.left, env), self.lanes(e.right, env)
@@ -285,13 +283,13 @@ class _Follow:
             return self.scalar(*found)
         if isinstance(e, ast.Constant) and type(e.value) is int:
             return _Scalar(0, (), e)
-        if _is_tl(e, "cast") and len(e.args) == 2 and _int_type(e.args[1]):
+        if tl_call(e, "cast") and len(e.args) == 2 and _int_type(e.args[1]):
             inner = self.scalar(e.args[0], env)
             return _Scalar(inner.rate, inner.names, ast.Call(func=e.func, args=[inner.rest, e.args[1]], keywords=[]))
-        if (_is_tl(e, "program_id") or _is_tl(e, "num_programs")) and all(
+        if (tl_call(e, "program_id") or tl_call(e, "num_programs")) and all(
                 isinstance(a, ast.Constant) for a in e.args):
             return _Scalar(0, (), e)
-        if (_is_tl(e, "minimum") or _is_tl(e, "maximum")) and len(e.args) == 2:
+        if (tl_call(e, "minimum") or tl_call(e, "maximum")) and len(e.args) == 2:
             parts = [self.scalar(a, env) for a in e.args]
             if any(p.moves for p in parts):
                 raise _Unknown("a minimum of a moving value")

@@ -93,6 +93,13 @@ def _drop_none_keywords(node: ast.AST) -> ast.AST:
     return node
 
 
+def comment_marker(comments: dict[str, str], text: str) -> ast.Expr:
+    """A statement codegen replaces by the comment ``text`` (kept in ``comments`` under its marker)."""
+    marker = f"__tg_comment_{len(comments)}__"
+    comments[marker] = text
+    return ast.Expr(name_node(marker))
+
+
 class BackwardBuilder(LoopReversal, MemoryAdjoints):
     """Writes the backward body: the sweep first (adjoints, statement by statement, backwards), then the
     replay of the forward values it reads in front of it."""
@@ -276,10 +283,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         self.out.append(self.marker(text))
 
     def marker(self, text: str) -> ast.Expr:
-        """A statement codegen replaces by the comment ``text``."""
-        marker = f"__tg_comment_{len(self.comments)}__"
-        self.comments[marker] = text
-        return ast.Expr(name_node(marker))
+        return comment_marker(self.comments, text)
 
     def emit(self, stmt: ast.stmt) -> None:
         self.out.append(stmt)
