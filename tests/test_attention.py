@@ -75,7 +75,9 @@ def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_final
         assert "tg.tape_put_exactly(d_acc_row, d_acc.to(v_ptr.dtype.element_ty)" in own
         assert "tg.tape_put_exactly(d_l_i_row, d_l_i, tg.zeros_grad(" in own  # (summed with float32 values)
         assert ("if start_iteration < start_trips:" in own) == causal
-        assert "d_k = tl.dot(tl.trans(d_dot_q.to(q.dtype)), q)" in own  # not a transposed float32 product
+        # S, P, dP, dS computed transposed (orient.py): dK's and dV's products read them as they are
+        assert "dot_q = tl.dot(k, tl.trans(q))" in own and "d_k = tl.dot(d_dot_q.to(q.dtype), q)" in own
+        assert "d_v = tl.dot(to_p, d_dot_to_p.to(to_p.dtype))" in own and "(orient.py)" in own
         assert [(p.wrt, p.saved) for p in alone.parts] == [(("q_ptr", "k_ptr", "v_ptr"), False)]
 
 

@@ -21,6 +21,7 @@ import triton.language as tl
 from . import language as tg
 from .ir import Program, target_of, tl_call
 from .operations import operation_of
+from .orient import orient_tiles
 from .peel import split_at_masks
 from .reverse import BackwardBody, comment_marker
 
@@ -149,7 +150,8 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     folded = fold_temporaries(transposed_products(backward.body), backward.foldable, backward.reassigned)
     comments = dict(backward.comments)  # peel.py adds its own
     taken = {n.id for n in ast.walk(ast.Module(folded, [])) if isinstance(n, ast.Name)} | {p.arg for p in params}
-    body += split_at_masks(folded, taken, lambda text: comment_marker(comments, text))
+    oriented = orient_tiles(folded, [p.arg for p in params], lambda text: comment_marker(comments, text))
+    body += split_at_masks(oriented, taken, lambda text: comment_marker(comments, text))
     if tile:
         value = backward.returns[0] if len(backward.returns) == 1 else ast.Tuple(elts=backward.returns, ctx=ast.Load())
         body.append(ast.Return(value))
