@@ -28,7 +28,7 @@ import copy
 import textwrap
 from collections.abc import Callable
 
-from .ir import name_node, tl_call
+from .ir import is_none, name_node, reads, tl_call
 from .operations import OPERATIONS
 
 # tg helpers elementwise in their first argument (the others are types)
@@ -103,7 +103,7 @@ class _Facts:
             return self.unit.get(e.id)
         if isinstance(e, ast.Subscript):
             index = _swapped_row(e, self)
-            return None if index is None else int(_is_none(index.elts[0]))
+            return None if index is None else int(is_none(index.elts[0]))
         if isinstance(e, ast.Call) and _reduction_axis(e, keep_dims=True) is not None and self.rank(e.args[0]) == 2:
             return _reduction_axis(e, keep_dims=True)
         if isinstance(e, ast.Call) and any(_tg_call(e, f) for f in ("unbroadcast", "zeros_grad")):
@@ -233,7 +233,7 @@ class _Rewriter:
 
     def keep(self, e: ast.expr) -> ast.expr:
         """``e`` with the flipped names in it read as what they were."""
-        if not _reads(e) & self.flipped:
+        if not reads(e) & self.flipped:
             return e
         if isinstance(e, ast.Name):
             return self.transposed(e) if isinstance(e.ctx, ast.Load) else e
@@ -413,14 +413,10 @@ def _swapped_row(e: ast.Subscript, facts: _Facts) -> ast.Tuple | None:
     index = e.slice
     if facts.rank(e.value) != 1 or not isinstance(index, ast.Tuple) or len(index.elts) != 2:
         return None
-    kinds = ["new" if _is_none(i) else "all" if _is_full(i) else "?" for i in index.elts]
+    kinds = ["new" if is_none(i) else "all" if _is_full(i) else "?" for i in index.elts]
     if sorted(kinds) != ["all", "new"]:
         return None
     return ast.Tuple(index.elts[::-1], ast.Load())
-
-
-def _is_none(e: ast.expr) -> bool:
-    return isinstance(e, ast.Constant) and e.value is None
 
 
 def _is_full(e: ast.expr) -> bool:
@@ -470,10 +466,6 @@ def _target(stmt: ast.stmt) -> str | None:
     if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
         return stmt.target.id
     return None
-
-
-def _reads(e: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(e) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def _value_reads(e: ast.AST) -> set[str]:
@@ -614,7 +606,7 @@ def _rank(e: ast.expr, ranks: dict[str, int | None], pending: set[str] = frozens
     if isinstance(e, ast.Subscript):
         index = e.slice.elts if isinstance(e.slice, ast.Tuple) else [e.slice]
         inner = of(e.value)
-        if inner is None or not all(_is_none(i) or _is_full(i) for i in index):
+        if inner is None or not all(is_none(i) or _is_full(i) for i in index):
             return None
         full = sum(1 for i in index if _is_full(i))
         return inner + len(index) - full if full <= inner else None
@@ -650,7 +642,7 @@ def _rank(e: ast.expr, ranks: dict[str, int | None], pending: set[str] = frozens
             inner, axis = of(args[0]) if args else None, args[1] if len(args) > 1 else named.get("axis")
             if inner is None:
                 return None
-            if axis is None or _is_none(axis):
+            if axis is None or is_none(axis):
                 return 0 if not named.get("keep_dims") or _is_false(named["keep_dims"]) else None
             keep = named.get("keep_dims")
             return inner if keep is not None and not _is_false(keep) else inner - 1
