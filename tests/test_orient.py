@@ -84,6 +84,16 @@ PAYS = '''
     tl.store(r_ptr + rm, r + tl.sum(q, axis=1))
 '''
 
+# a tile of the group that is the transpose of another (r = u^T, M == N): read elsewhere as it was
+TRANSPOSE_IN_GROUP = '''
+    s = tl.dot(x, w)
+    r = tl.trans(u)
+    q = tl.exp(s * 0.25) + r
+    y = tl.dot(tl.trans(q), u) + tl.dot(tl.trans(q * 2.0), u)
+    tl.store(y_ptr + rn[:, None] * N + rn[None, :], y)
+    tl.store(z_ptr + rm[:, None] * N + rn[None, :], r)
+'''
+
 # the same group also read as it is by a product (dQ's role): one transpose either way, left as written
 EVEN = '''
     s = tl.dot(x, w)
@@ -140,6 +150,14 @@ def test_a_group_read_transposed_is_computed_transposed():
     assert "tl.sum(q, axis=0)" in out
     inputs = [torch.randn(*s, dtype=F64) for s in ((M, K), (K, N), (M, N), (N,))]
     for got, want in zip(_run(out, inputs), _run(src, inputs), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_transpose_in_a_transposed_group_is_read_as_it_was():
+    src, out = _oriented(TRANSPOSE_IN_GROUP)
+    assert "r = u" in out and "tl.store(z_ptr + rm[:, None] * N + rn[None, :], tl.trans(r))" in out
+    inputs = [torch.randn(*s, dtype=F64) for s in ((M, K), (K, N), (M, N), (N,))]
+    for got, want in zip(_run(out, inputs)[:2], _run(src, inputs)[:2], strict=True):  # (r_ptr: not written)
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 

@@ -222,10 +222,12 @@ class _Rewriter:
         return out
 
     def transposed(self, e: ast.expr) -> ast.expr:
-        """``tl.trans(e)`` (``y`` for ``e`` a name assigned once, ``tl.trans(y)``)."""
-        if isinstance(e, ast.Name) and e.id in self.facts.defs and len(self.facts.defs[e.id]) == 1:
+        """``tl.trans(e)`` (``y`` for ``e`` a name assigned once, ``tl.trans(y)``, where neither holds its
+        transpose)."""
+        if isinstance(e, ast.Name) and e.id not in self.flipped and len(self.facts.defs.get(e.id, [])) == 1:
             inner = tl_call(self.facts.defs[e.id][0].value, "trans")
-            if _plain_trans(inner) and isinstance(inner.args[0], ast.Name) and _fixed(inner.args[0].id, self.facts):
+            if (_plain_trans(inner) and isinstance(inner.args[0], ast.Name) and inner.args[0].id not in self.flipped
+                    and _fixed(inner.args[0].id, self.facts)):
                 return name_node(inner.args[0].id)
         return _trans(e)
 
