@@ -45,6 +45,8 @@ def orient_tiles(body: list[ast.stmt], params: list[str], comment: Callable[[str
     """``body`` (a kernel's) with the groups of tiles that are cheaper transposed computed transposed.
     ``params``: the kernel's parameters (scalars and pointers); ``comment(text)``: a statement codegen prints
     as a comment, put before the first transposed definition."""
+    if not any(_plain_trans(tl_call(n, "trans")) for n in ast.walk(ast.Module(body, []))):
+        return body  # nothing transposed: nothing to save
     facts = _Facts(body, params)
     costly = _costly_reads(body, facts)
     if not costly:
@@ -308,7 +310,7 @@ class _Rewriter:
             rest = [self.keep(a) for a in e.args[1:]]  # types
             return _with_args(e, [self.flip(e.args[0]), *rest],
                               {k.arg: self.keep(k.value) for k in e.keywords})
-        if module == "tl" and fn in OPERATIONS and OPERATIONS[fn].elementwise and fn != "broadcast_to":
+        if module == "tl" and _elementwise(fn):
             args = [self.operand(a) for a in e.args]
             return _with_args(e, args, {k.arg: self.operand(k.value) for k in e.keywords})
         if module == "tg" and fn == "unbroadcast" and len(e.args) == 2 and self.facts.rank(e.args[0]) == 2:
@@ -380,10 +382,14 @@ def _elementwise_operands(e: ast.expr) -> list[ast.expr] | None:
     if any(tl_call(e, "cast") or _tg_call(e, f) for f in _ELEMENTWISE_HELPERS) and e.args:
         return [e.args[0]]
     f = e.func
-    if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "tl" and f.attr in OPERATIONS
-            and OPERATIONS[f.attr].elementwise and f.attr != "broadcast_to"):
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "tl" and _elementwise(f.attr):
         return [*e.args, *(k.value for k in e.keywords)]
     return None
+
+
+def _elementwise(fn: str) -> bool:
+    """``tl.<fn>`` is elementwise in all its arguments (``broadcast_to``'s shape is not an operand)."""
+    return fn in OPERATIONS and OPERATIONS[fn].elementwise and fn != "broadcast_to"
 
 
 def _is_method_to(call: ast.Call) -> bool:
@@ -648,7 +654,7 @@ def _rank(e: ast.expr, ranks: dict[str, int | None], pending: set[str] = frozens
                 return 0 if not named.get("keep_dims") or _is_false(named["keep_dims"]) else None
             keep = named.get("keep_dims")
             return inner if keep is not None and not _is_false(keep) else inner - 1
-        if fn in OPERATIONS and OPERATIONS[fn].elementwise and fn != "broadcast_to":
+        if _elementwise(fn):
             return widest([*args, *named.values()])
         return None
     if module == "tg":
