@@ -41,17 +41,19 @@ class _Unknown(Exception):
     """A value the pass cannot transpose."""
 
 
-def orient_tiles(body: list[ast.stmt], params: list[str], comment: Callable[[str], ast.stmt]) -> list[ast.stmt]:
+def orient_tiles(body: list[ast.stmt], params: list[str], comment: Callable[[str], ast.stmt],
+                 every: bool = False) -> list[ast.stmt]:
     """``body`` (a kernel's) with the groups of tiles that are cheaper transposed computed transposed.
     ``params``: the kernel's parameters (scalars and pointers); ``comment(text)``: a statement codegen prints
-    as a comment, put before the first transposed definition."""
-    if not any(_plain_trans(tl_call(n, "trans")) for n in ast.walk(ast.Module(body, []))):
+    as a comment, put before the first transposed definition; ``every``: transpose every group the pass can,
+    whatever it costs (tests: the rewrite on every kernel, not only where it pays)."""
+    if not every and not any(_plain_trans(tl_call(n, "trans")) for n in ast.walk(ast.Module(body, []))):
         return body  # nothing transposed: nothing to save
     facts = _Facts(body, params)
     costly = _costly_reads(body, facts)
-    if not costly:
+    if not costly and not every:
         return body
-    groups = [g for g in facts.groups() if g & costly]
+    groups = [g for g in facts.groups() if every or g & costly]
     chosen: set[str] = set()
     best = _Rewriter(facts, chosen).cost(body)
     for group in groups:
@@ -59,7 +61,7 @@ def orient_tiles(body: list[ast.stmt], params: list[str], comment: Callable[[str
             cost = _Rewriter(facts, chosen | group).cost(body)
         except _Unknown:
             continue
-        if cost < best:
+        if cost < best or every:
             chosen, best = chosen | group, cost
     if not chosen:
         return body
@@ -113,8 +115,10 @@ class _Facts:
         operands = _elementwise_operands(e)
         if operands is None:
             return None
-        axes = {self.unit_axis(o) if self.rank(o) == 2 else 0 if self.rank(o) == 1 else "any" for o in operands}
-        axes.discard("any")
+        ranks = [self.rank(o) for o in operands]
+        if None in ranks:
+            return None
+        axes = {self.unit_axis(o) if r == 2 else 0 for o, r in zip(operands, ranks, strict=True) if r > 0}
         return axes.pop() if len(axes) == 1 else None
 
     def costly(self, e: ast.expr) -> bool:
@@ -330,6 +334,8 @@ class _Rewriter:
         if axis.value is not None and axis.value not in (0, 1, -1, -2):
             return None
         g, x, *out = values
+        if any(self.facts.rank(v) is None for v in (g, *out)):
+            raise _Unknown(ast.unparse(e))
         reduced = [self.flip(v) if self.facts.rank(v) == 2 else self.keep(v) for v in (g, *out)]
         other = ast.Constant(None if axis.value is None else 1 - axis.value % 2)
         return _with_args(e, [reduced[0], self.flip(x), *reduced[1:], other, keep_dims], {})
@@ -636,9 +642,14 @@ def _rank(e: ast.expr, ranks: dict[str, int | None], pending: set[str] = frozens
             return 0
         if fn == "arange":
             return 1
-        if fn in ("zeros", "full"):
-            shape = args[0] if args else named.get("shape")
-            return len(shape.elts) if isinstance(shape, (ast.List, ast.Tuple)) else None
+        if fn in ("zeros", "full", "reshape", "view", "broadcast_to"):
+            at = 0 if fn in ("zeros", "full") else 1
+            shape = args[at] if len(args) > at else named.get("shape")  # (a shape in several arguments: unknown)
+            if isinstance(shape, (ast.List, ast.Tuple)):
+                return len(shape.elts)
+            if isinstance(shape, ast.Attribute) and shape.attr == "shape":  # x.shape
+                return of(shape.value)
+            return None
         if fn == "load":
             return of(args[0]) if args else None
         if fn == "dot":
@@ -647,13 +658,14 @@ def _rank(e: ast.expr, ranks: dict[str, int | None], pending: set[str] = frozens
         if fn in ("trans", "cast"):
             return of(args[0]) if args and (fn == "cast" or _plain_trans(e)) else None
         if fn in _REDUCTIONS:
-            inner, axis = of(args[0]) if args else None, args[1] if len(args) > 1 else named.get("axis")
-            if inner is None:
-                return None
-            if axis is None or is_none(axis):
-                return 0 if not named.get("keep_dims") or _is_false(named["keep_dims"]) else None
-            keep = named.get("keep_dims")
-            return inner if keep is not None and not _is_false(keep) else inner - 1
+            keep = named.get("keep_dims", ast.Constant(False))
+            if (not args or len(args) > 2 or set(named) - {"axis", "keep_dims", "dtype"}
+                    or not (isinstance(keep, ast.Constant) and isinstance(keep.value, bool))):
+                return None  # keep_dims (or indices) given by position or not a literal: not followed
+            inner, axis = of(args[0]), args[1] if len(args) > 1 else named.get("axis")
+            if inner is None or keep.value:
+                return inner
+            return 0 if axis is None or is_none(axis) else inner - 1
         if _elementwise(fn):
             return widest([*args, *named.values()])
         return None
