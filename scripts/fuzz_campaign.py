@@ -1,18 +1,22 @@
 """A long differential-fuzzing campaign (issue 5): random kernels, derived gradients against PyTorch.
 
-    python scripts/fuzz_campaign.py --kernels 10000 --seed S [--jobs 2] [--shrink DIR] [--avoid-known]
+    python scripts/fuzz_campaign.py --kernels 10000 --seed S [--jobs 2] [--shrink DIR] [--avoid-known] \
+        [--transpose-every-group]
 
 Kernel i of seed S is ``tests/fuzz/generate.py``'s ``random_program`` of ``S * 1_000_003 + i``,
 so any one can be replayed alone (``--only I``). Prints the counts: generated, passed,
 refused with NotDifferentiableError (by construct), mismatched, crashed, and invalid (a
 kernel the generator got wrong: it must stay 0). With ``--shrink DIR`` the first failure
-of each kind is shrunk and written to DIR as a regression test module.
+of each kind is shrunk and written to DIR as a regression test module. ``--transpose-every-group``
+has the derived kernels compute every group of tiles orient.py can transpose transposed, whether or
+not it pays.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import multiprocessing
 import os
 import re
@@ -80,9 +84,15 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=5, help="failures listed per kind")
     ap.add_argument("--avoid-known", action="store_true",
                     help="steer around the constructs with open bugs (generate.KNOWN_BUGS)")
+    ap.add_argument("--transpose-every-group", action="store_true",
+                    help="derived kernels compute every group of tiles orient.py can transpose transposed (the "
+                         "rewrite tested on every kernel, not only where it pays)")
     args = ap.parse_args(argv)
     global AVOID
     AVOID = tuple(G.KNOWN_BUGS) if args.avoid_known else ()
+    if args.transpose_every_group:  # before the workers fork
+        from tritongrad import codegen, orient
+        codegen.orient_tiles = functools.partial(orient.orient_tiles, every=True)
 
     if args.only is not None:
         program, _ = G.random_program(kernel_seed(args.seed, args.only), AVOID)
