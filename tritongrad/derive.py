@@ -119,9 +119,11 @@ class Part:
         """A few programs per multiprocessor along ``axis`` (tuning tries several counts)."""
         return self.axis is not None and self.trips is None
 
-    def scratch_args(self, args: dict[str, Any], grid: tuple[int, ...], device: Any) -> None:
+    def scratch_args(self, args: dict[str, Any], grid: tuple[int, ...]) -> None:
         """The kernel's scratch buffers for a launch on ``grid`` (state tapes, later adds), added to ``args``."""
-        programs = math.prod(grid)
+        if not self.later_adds and (self.saved or not self.tapes):
+            return
+        programs, device = math.prod(grid), _device_of(args)
         for tape in self.tapes if not self.saved else ():
             args.update(tape.allocate(LaunchValues(args, grid), programs, device))
         for later in self.later_adds:
@@ -146,6 +148,11 @@ class Variant:
     @property
     def src(self) -> str:
         return "\n\n".join(part.src for part in self.parts)
+
+    @functools.cached_property
+    def reads_saved(self) -> bool:
+        """Whether a kernel reads the state tapes the forward kept."""
+        return any(part.saved for part in self.parts)
 
     @property
     def kernel(self) -> Any:
@@ -455,10 +462,11 @@ class BackwardKernel:
         (augment.SavedStates), for a variant prepared to read them. ``setting``: launch with this one, untimed
         (a trial of tuning another config). Returns the partial rows: input -> (rows with their padding, pad)."""
         variant = prepared.variant
-        tapes = saved if any(part.saved for part in variant.parts) else None
-        written = written | self.in_place
-        for p in variant.unwritten - written:  # no gradient reaches it (a stored one would be left unset)
-            buffers[p].zero_()
+        tapes = saved if variant.reads_saved else None
+        if self.in_place:
+            written = written | self.in_place
+        for p in variant.unwritten - written if variant.unwritten else ():  # no gradient reaches it (a stored
+            buffers[p].zero_()  # one would be left unset)
         if setting is not None:
             settings = (setting,) * len(variant.parts)
         else:
@@ -536,7 +544,7 @@ class BackwardKernel:
                 rows[p] = (r, pad)
                 args[part.shadows[p]] = r[:, pad:] if pad else r  # (slicing a tensor costs microseconds)
                 args[part.rows[p]] = width
-        part.scratch_args(args, grid, _device_of(args))
+        part.scratch_args(args, grid)
         part.kernel[grid](**args)
         if reduce:
             part.add_later(args, self.deterministic)
@@ -575,7 +583,7 @@ class BackwardKernel:
             args.update(part.exports.allocate(LaunchValues(args, forward), math.prod(forward), _device_of(args)))
             part.prologue[forward](**{k: v for k, v in args.items() if k in part.prologue.arg_names})
         if min(grid) > 0:
-            part.scratch_args(args, grid, _device_of(args))
+            part.scratch_args(args, grid)
             part.kernel[grid](**args)
         for p, buffer in own.items() if reduce else ():
             buffers[p].add_(buffer)

@@ -186,8 +186,13 @@ class Plan:
             outputs = tuple(p for p in launch.params("stores") if launch.views[p].key in shadowed
                             and self.carries(launch, p))
             if wrt and outputs:
-                steps.append(Step(launch, wrt, outputs))
+                steps.append(Step(launch, wrt, outputs, {p: self.shadow(launch.views[p]) for p in (*wrt, *outputs)}))
                 shadowed.update(launch.views[p].key for p in (*wrt, *outputs))
+        writers = Counter(step.shadows[p].key for step in steps for p in step.wrt)
+        for step in steps:
+            keys = [step.shadows[p].key for p in step.wrt]
+            step.sole = frozenset(p for p in step.wrt if writers[step.shadows[p].key] == 1)
+            step.aliased = frozenset(p for p, key in zip(step.wrt, keys, strict=True) if keys.count(key) > 1)
         return tuple(steps)
 
     def carries(self, launch: LaunchPlan, p: str) -> bool:
@@ -212,7 +217,11 @@ class Step:
     launch: LaunchPlan
     wrt: tuple[str, ...]
     outputs: tuple[str, ...]
+    shadows: dict[str, Shadow]  # of wrt and outputs
+    sole: frozenset[str] = frozenset()  # wrt inputs whose storage's gradient no other step of the schedule writes
+    aliased: frozenset[str] = frozenset()  # wrt inputs sharing a storage with another of this step's
     derived: dict = field(default_factory=dict)  # (grad, values of decisive constexprs) -> the derived kernel
+    ready: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> Replay._ready's
     prepared: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> derive.Prepared
     tiles: dict = field(default_factory=dict)  # the launch's non-tensor arguments -> the config chosen (Replay._tiles)
 
@@ -324,9 +333,8 @@ class Replay:
                 shadows[shadow.key] = g  # derived kernels only read it: no zero-filled copy
             else:
                 self._shadow(shadows, shadow, guards).add_(g)
-        writers = Counter(step.launch.views[p].key for step in steps for p in step.wrt)
         for step in steps:
-            rows = self._replay(step, saved, shadows, guards, writers)
+            rows = self._replay(step, saved, shadows, guards)
             if guards is not None:
                 self._check_strays(step, guards, rows)
         result = self._input_grads(shadows, needs)
@@ -368,7 +376,7 @@ class Replay:
                                  "strides and counts the host function passes with that tensor (does it assume "
                                  "contiguous memory?)")
 
-    def _replay(self, step: Step, saved: tuple, shadows: dict, guards: dict | None, writers: Counter) -> dict:
+    def _replay(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> dict:
         """Launch one step's derived kernel, under the forward's config or, for an autotuned launch on a GPU,
         the one of its autotuner's configs under which the backward is fastest (tape.Tiles: timed once per
         shape). Returns the partial rows of inputs summed in them (checked backwards)."""
@@ -382,13 +390,13 @@ class Replay:
             args[p] = saved[slot] if slot is not None else _stand_in(stand_in)
         grid, config = tuple(launch.grid), ()
         if launch.tiles is not None and launch.saved is None and not self.deterministic:
-            config = self._tiles(step, launch, args, shadows, writers)
+            config = self._tiles(step, launch, args, shadows)
             if config:
                 args.update(config)
                 grid = tuple(launch.tiles.grid({**launch.info.defaults, **args}))
-        return self._launch(step, launch, args, grid, config, shadows, guards, writers)
+        return self._launch(step, launch, args, grid, config, shadows, guards)
 
-    def _tiles(self, step: Step, launch: Any, args: dict, shadows: dict, writers: Counter) -> tuple:
+    def _tiles(self, step: Step, launch: Any, args: dict, shadows: dict) -> tuple:
         """The autotuner's config (keyword items) under which this step's backward runs fastest; () for the
         forward's own or where nothing is timed (tuning.enabled). Kept per the launch's non-tensor arguments
         (the plan fixes its tensors' layouts), so that a repeated backward neither describes nor looks up."""
@@ -407,7 +415,7 @@ class Replay:
             named = {**args, **dict(config)}
             grid = tuple(launch.tiles.grid({**launch.info.defaults, **named}))
             scratch = {k: v.clone() for k, v in shadows.items()}  # gradients already written stay as they are
-            return lambda: self._launch(step, launch, named, grid, config, scratch, None, writers, tuning.DEFAULT)
+            return lambda: self._launch(step, launch, named, grid, config, scratch, None, tuning.DEFAULT)
 
         key = (id(launch.kernel), launch.tiles.configs, step.wrt, tuning.describe(args))
         found = tuning.best_config(key, launch.tiles.configs, trial)
@@ -416,31 +424,57 @@ class Replay:
         return found
 
     def _launch(self, step: Step, launch: Any, args: dict, grid: tuple, config: tuple, shadows: dict,
-                guards: dict | None, writers: Counter, setting: Any = None) -> dict:
+                guards: dict | None, setting: Any = None) -> dict:
         """The derived kernel's launch with the forward's arguments ``args`` (``config``: the autotuner's
         config replacing the recorded one, else ()). The first writer of a storage's gradient stores it (into
         a buffer left unfilled where its loads cover it, in the input's own dtype where nothing else adds to
         it); later ones add to it (lowering.py)."""
+        shadow_of = step.shadows
+        output_grads = {p: self._shadow(shadows, shadow_of[p], guards) for p in step.outputs}
+        written = frozenset(p for p in step.wrt if shadow_of[p].key in shadows)
+        bwd, prepared, buffers_of = self._ready(step, launch, args, grid, written, config)
+        buffers = {p: self._shadow(shadows, shadow, guards, fill, own) for p, shadow, fill, own in buffers_of}
+        pad = GUARD[0] if guards is not None else 0
+        return bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,
+                          setting=setting)
+
+    def _ready(self, step: Step, launch: Any, args: dict, grid: tuple, written: frozenset, config: tuple) -> tuple:
+        """The derived kernel, its prepared variant and how each input's buffer is made: (input, shadow, zero-filled,
+        in the input's own dtype) (the choices of ``_buffers``). Looked up by the launch's non-tensor arguments (the
+        plan fixes its tensors' layouts) in one step: repeated backwards skip the lookups of ``derive`` and
+        ``prepare`` (microseconds each), but for checks reading tensor contents (indices), which run every time."""
+        try:
+            key = (grad, self.deterministic, launch.args, tuple(launch.kwargs.items()), config, grid, written,
+                   launch.saved is not None)
+            found = step.ready.get(key)
+        except TypeError:  # an unhashable argument
+            key = found = None
+        if found is not None:
+            if found[0].checks_contents:
+                found[0].check_arguments(args, grid)
+            return found
         try:
             bwd = step.derive(launch.kernel, args, self.deterministic)
         except NotDifferentiableError as e:
             raise _noted(e, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)") from None
-        views = step.launch.views
-        output_grads = {p: self._shadow(shadows, self.plan.shadow(views[p]), guards) for p in step.outputs}
-        inputs = {p: self.plan.shadow(views[p]) for p in step.wrt}
-        written = frozenset(p for p, shadow in inputs.items() if shadow.key in shadows)
-        keys = [shadow.key for shadow in inputs.values()]
-        aliased = frozenset(p for p, shadow in inputs.items() if keys.count(shadow.key) > 1)
-        prepared = step.prepare(bwd, launch, args, grid, written, aliased, config)
-        buffers = {}
-        for p, shadow in inputs.items():
+        prepared = step.prepare(bwd, launch, args, grid, written, step.aliased, config)
+        found = (bwd, prepared, self._buffers(step, prepared))
+        if key is not None:
+            if len(step.ready) > 256:
+                step.ready.clear()
+            step.ready[key] = found
+        return found
+
+    @staticmethod
+    def _buffers(step: Step, prepared: Any) -> tuple[tuple[str, Shadow, bool, bool], ...]:
+        """Per input: its shadow; zero-filled unless the kernel writes every element of the view; in the input's
+        own dtype where it is the only gradient the storage gets (no other step writes it, no atomics)."""
+        found = []
+        for p in step.wrt:
             c = prepared.choices[p]
-            sets_all = c.covers or c.mode in PARTIALS  # writes every element of the view
-            alone = writers[shadow.key] == 1 and c.mode != ATOMIC  # the only gradient this storage gets
-            buffers[p] = self._shadow(shadows, shadow, guards, fill=not sets_all, own_dtype=alone)
-        pad = GUARD[0] if guards is not None else 0
-        return bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,
-                          setting=setting)
+            sets_all = c.covers or c.mode in PARTIALS
+            found.append((p, step.shadows[p], not sets_all, p in step.sole and c.mode != ATOMIC))
+        return tuple(found)
 
     def _shadow(self, shadows: dict, shadow: Shadow, guards: dict | None = None, fill: bool = True,
                 own_dtype: bool = False) -> torch.Tensor:

@@ -34,7 +34,7 @@ from .augment import SavedStates, keeping
 from .derive import defaults_of
 from .errors import OpError
 from .frontend import normalize_kernel
-from .ir import op_of
+from .ir import loops, op_of
 from .operations import operation_of
 from .replay import LaunchPlan, Plan, Replay, View, launch_name, whole_storages
 
@@ -145,6 +145,7 @@ class KernelInfo:
     error: Exception | None
     keywords: frozenset[str] = frozenset()  # keyword arguments that are parameters (the rest are launch options)
     pointers: frozenset[str] = frozenset()  # pointer parameters, where the roles are known
+    loops: bool = True  # whether it has a loop (only then may its forward keep state for the backward: augment.py)
 
     def named_arguments(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
         """A launch's arguments by parameter name, and its launch options (num_warps, ...)."""
@@ -176,9 +177,11 @@ def kernel_info(kernel: Any) -> KernelInfo:
 def _analyse(kernel: Any) -> KernelInfo:
     sig = inspect.signature(kernel.fn)
     defaults = defaults_of(kernel)
-    roles, error = None, None
+    roles, error, has_loops = None, None, True
     try:
-        a = pointers(normalize_kernel(kernel))  # every specialization's roles together
+        program = normalize_kernel(kernel)  # every specialization together
+        has_loops = bool(loops(program.body))
+        a = pointers(program)
         loads, stores = frozenset(a.loads), frozenset(a.stores)
         overwrites = frozenset(p for p, ss in a.stores.items()
                                if any(operation_of(op_of(s)).memory != "accumulate" for s in ss))
@@ -192,7 +195,7 @@ def _analyse(kernel: Any) -> KernelInfo:
     params = tuple(sig.parameters)
     return KernelInfo(kernel.fn.__name__, params, defaults, interpreted, roles, error,
                       keywords=frozenset(params) | frozenset(defaults),
-                      pointers=roles.pointers if roles is not None else frozenset())
+                      pointers=roles.pointers if roles is not None else frozenset(), loops=has_loops)
 
 
 # -- storage views ---------------------------------------------------------------------------------
@@ -392,7 +395,7 @@ class Tape:
         that keeps (augment.py; the tapes stay with the recorded launch), else as it is."""
         self.record(kernel, grid, args, kwargs)
         launch = self.launches[-1]
-        if launch.info.roles is not None:
+        if launch.info.roles is not None and launch.info.loops:
             named = {**launch.info.defaults, **launch.info.named_arguments(args, kwargs)[0]}
             found = keeping(kernel, named, launch.grid)
             if found is not None:
