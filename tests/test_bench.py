@@ -214,6 +214,8 @@ def test_plot_axis_from_sizes():
     xs, label, _ = bench._size_axis(["8x1024", "16x4096"])
     assert xs == [8192.0, 65536.0] and label == "elements"
     assert bench._size_axis(["small", "large"]) == ([0, 1], "size", False)
+    # attention's sizes, causal and not (a trailing 0): no element counts to place them by
+    assert bench._size_axis(["16x4096x64", "16x4096x64x0"]) == ([0, 1], "size", False)
 
 
 def test_sizes_parse():

@@ -551,7 +551,7 @@ def _size_axis(sizes: list[str]) -> tuple[list[float], str, bool]:
                 else "size"
             return xs, label, len(xs) > 1 and max(xs) / min(xs) >= 8
     xs = [float(math.prod(p)) for p in parsed]
-    if len(set(xs)) == len(xs):
+    if len(set(xs)) == len(xs) and min(xs) > 0:  # (a trailing flag such as attention's causal 0 counts none)
         return xs, "elements", len(xs) > 1 and max(xs) / min(xs) >= 8
     return list(range(len(sizes))), "size", False
 
