@@ -277,6 +277,62 @@ def test_two_launches_writing_one_storage_store_then_add(monkeypatch):
     assert seen == [(STORE, False), (ADD, True)]
 
 
+@tritongrad.op
+def norm_twice(x1, x2, w, b):
+    """Two launches reading one weight and bias: the second's partial rows are added to the first's sums."""
+    (r1, n), r2 = x1.shape, x2.shape[0]
+    y1, y2 = torch.empty_like(x1), torch.empty_like(x2)
+    norm_rows[(r1,)](x1, w, b, y1, n, n, BLOCK=64)
+    norm_rows[(r2,)](x2, w, b, y2, n, n, BLOCK=64)
+    return y1, y2
+
+
+@tritongrad.op
+def norm_once(x, w, b):
+    y = torch.empty_like(x)
+    norm_rows[(x.shape[0],)](x, w, b, y, x.shape[1], x.shape[1], BLOCK=64)
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_partial_rows_are_summed_into_the_gradient_in_its_dtype_or_added_to_it(dtype, monkeypatch, device):
+    """The partial rows' sum: stored in a half-precision gradient's own dtype, where it is the only gradient its
+    storage gets; added, where an earlier launch's backward put gradient there first."""
+    monkeypatch.setenv("TRITONGRAD_TUNE", "0")
+    seen = []
+    real = derive.BackwardKernel.launch
+
+    def spy(self, grid, named, output_grads, buffers, prepared, written=frozenset(), *args, **kwargs):
+        seen.append((prepared.choices["w_ptr"].mode, buffers["w_ptr"].dtype, "w_ptr" in written))
+        return real(self, grid, named, output_grads, buffers, prepared, written, *args, **kwargs)
+
+    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
+    n = 45
+    x1, x2 = torch.randn(9, n, device=device, dtype=dtype), torch.randn(7, n, device=device, dtype=dtype)
+    w, b = torch.randn(n, device=device, dtype=dtype), torch.randn(n, device=device, dtype=dtype)
+    leaves = [t.clone().requires_grad_() for t in (x1, x2, w, b)]
+    wide = [t.detach().to(F64).requires_grad_() for t in leaves]
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+
+    if dtype == torch.float16:  # one launch: the weight's gradient is its own storage's only one, kept in float16
+        out, want = norm_once(leaves[0], *leaves[2:]), norm_reference(wide[0], *wide[2:])
+        g = torch.randn_like(out)
+        torch.autograd.backward([out], [g])
+        torch.autograd.backward([want], [g.to(F64)])
+        for got, ref in ((leaves[0], wide[0]), (leaves[2], wide[2]), (leaves[3], wide[3])):
+            torch.testing.assert_close(got.grad.to(F64), ref.grad, **tol)
+        assert seen == [(REGISTERS, torch.float16, False)]
+        return
+    outs = norm_twice(*leaves)
+    wants = (norm_reference(wide[0], *wide[2:]), norm_reference(wide[1], *wide[2:]))
+    grads = [torch.randn_like(o) for o in outs]
+    torch.autograd.backward(list(outs), grads)
+    torch.autograd.backward(list(wants), [g.to(F64) for g in grads])
+    for got, ref in zip(leaves, wide, strict=True):
+        torch.testing.assert_close(got.grad.to(F64), ref.grad, **tol)
+    assert seen == [(REGISTERS, dtype, False), (REGISTERS, dtype, True)]  # the later launch's backward first
+
+
 @tritongrad.op(deterministic=True)
 def deterministic_norm(x, w, b):
     rows, n = x.shape

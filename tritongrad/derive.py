@@ -725,17 +725,28 @@ def _describe(value: Any) -> Any:
 
 def _multiprocessors(device: Any) -> int:
     """How many programs fill the device: its multiprocessors on a GPU, one in Triton's interpreter."""
-    if device is not None and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return tuning.cuda_properties(device).multi_processor_count
-    return 1
+    return _compiled_multiprocessors(device) or 1
 
 
 def _persistent_programs(programs: int, device: Any, waves: int = 1) -> int:
     """How many programs a persistent backward runs along its axis: ``waves`` per multiprocessor on a GPU
     (each keeps a partial row); a few in Triton's interpreter, so that each program loops over several."""
-    if device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return max(1, min(programs, waves * tuning.cuda_properties(device).multi_processor_count))
-    return max(1, min(programs, 3))
+    count = _compiled_multiprocessors(device)
+    return max(1, min(programs, waves * count if count else 3))
+
+
+def _compiled_multiprocessors(device: Any) -> int:
+    """A GPU's multiprocessors where kernels are compiled for it; 0 in Triton's interpreter or without a device.
+    Asked once per device (on every backward it costs microseconds)."""
+    count = _device_multiprocessors.get(device)
+    if count is None:
+        compiled = device is not None and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+        count = _device_multiprocessors[device] = tuning.cuda_properties(device).multi_processor_count if compiled \
+            else 0
+    return count
+
+
+_device_multiprocessors: dict[Any, int] = {}
 
 
 _cache: dict[tuple, tuple[Any, Any]] = {}
