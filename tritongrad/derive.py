@@ -465,8 +465,9 @@ class BackwardKernel:
         tapes = saved if variant.reads_saved else None
         if self.in_place:
             written = written | self.in_place
-        for p in variant.unwritten - written if variant.unwritten else ():  # no gradient reaches it (a stored
-            buffers[p].zero_()  # one would be left unset)
+        # inputs no gradient reaches: zeroed (a stored one would be left unset)
+        for p in variant.unwritten - written if variant.unwritten else ():
+            buffers[p].zero_()
         if setting is not None:
             settings = (setting,) * len(variant.parts)
         else:
