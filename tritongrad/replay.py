@@ -222,7 +222,6 @@ class Step:
     aliased: frozenset[str] = frozenset()  # wrt inputs sharing a storage with another of this step's
     derived: dict = field(default_factory=dict)  # (grad, values of decisive constexprs) -> the derived kernel
     ready: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> Replay._ready's
-    prepared: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> derive.Prepared
     tiles: dict = field(default_factory=dict)  # the launch's non-tensor arguments -> the config chosen (Replay._tiles)
 
     def derive(self, kernel: Any, named: dict[str, Any], deterministic: bool = False) -> Any:
@@ -234,26 +233,6 @@ class Step:
             bwd = self.derived[key] = grad(kernel, self.wrt, self.outputs, constexprs=named,
                                            deterministic=deterministic)
         return bwd
-
-    def prepare(self, bwd: Any, launch: Any, named: dict[str, Any], grid: tuple, written: frozenset,
-                aliased: frozenset, config: tuple = ()) -> Any:
-        """``bwd.prepare`` for this launch, looked up by the launch's non-tensor arguments (the plan fixes
-        its tensors' layouts; ``config``: an autotuner's config replacing the recorded one): repeated
-        backwards skip the checks and choices (~microseconds each), but for checks reading tensor contents
-        (indices), which run on every launch."""
-        try:
-            key = (id(bwd), launch.args, tuple(launch.kwargs.items()), config, grid, written, aliased,
-                   launch.saved is not None)
-            found = self.prepared.get(key)
-        except TypeError:  # an unhashable argument
-            return bwd.prepare(named, grid, written, aliased, launch.saved)
-        if found is None:
-            if len(self.prepared) > 256:
-                self.prepared.clear()
-            found = self.prepared[key] = bwd.prepare(named, grid, written, aliased, launch.saved)
-        elif bwd.checks_contents:
-            bwd.check_arguments(named, grid)
-        return found
 
 
 def whole_storages(storages: dict, views: list[View]) -> frozenset[int]:
@@ -441,8 +420,8 @@ class Replay:
     def _ready(self, step: Step, launch: Any, args: dict, grid: tuple, written: frozenset, config: tuple) -> tuple:
         """The derived kernel, its prepared variant and how each input's buffer is made: (input, shadow, zero-filled,
         in the input's own dtype) (the choices of ``_buffers``). Looked up by the launch's non-tensor arguments (the
-        plan fixes its tensors' layouts) in one step: repeated backwards skip the lookups of ``derive`` and
-        ``prepare`` (microseconds each), but for checks reading tensor contents (indices), which run every time."""
+        plan fixes its tensors' layouts): repeated backwards skip ``derive``'s lookup and ``prepare``'s checks and
+        choices (microseconds each), but for checks reading tensor contents (indices), which run every time."""
         try:
             key = (grad, self.deterministic, launch.args, tuple(launch.kwargs.items()), config, grid, written,
                    launch.saved is not None)
@@ -457,7 +436,7 @@ class Replay:
             bwd = step.derive(launch.kernel, args, self.deterministic)
         except NotDifferentiableError as e:
             raise _noted(e, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)") from None
-        prepared = step.prepare(bwd, launch, args, grid, written, step.aliased, config)
+        prepared = bwd.prepare(args, grid, written, step.aliased, launch.saved)
         found = (bwd, prepared, self._buffers(step, prepared))
         if key is not None:
             if len(step.ready) > 256:
