@@ -12,8 +12,8 @@ Prints µs of host time per call.
 import time
 
 import torch
-import triton.language as tl
 
+from benchmarks.host_anatomy import HandWritten
 from tritongrad import derive, replay
 from tritongrad.examples import softmax
 
@@ -52,22 +52,6 @@ def backward_us(forward, x, g) -> float:
 def main() -> None:
     x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn_like(x)
-
-    def launch(src, dst):
-        softmax.softmax_kernel[(64,)](src, dst, 4096, 4096, BLOCK=4096, COMPUTE=tl.float32)
-
-    class HandWritten(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t):
-            out = torch.empty_like(t)
-            launch(t, out)
-            return out
-
-        @staticmethod
-        def backward(ctx, d):
-            dx = torch.empty_like(d)
-            launch(d, dx)
-            return dx
 
     def step(op):
         def run():
