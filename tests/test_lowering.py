@@ -295,7 +295,8 @@ def norm_once(x, w, b):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_partial_rows_are_summed_into_the_gradient_in_its_dtype_or_added_to_it(dtype, monkeypatch, device):
+def test_partial_rows_are_summed_into_the_gradient_in_its_dtype_or_added_to_it(dtype, monkeypatch, device,
+                                                                               poisoned_empty):
     """The partial rows' sum: stored in a half-precision gradient's own dtype, where it is the only gradient its
     storage gets; added, where an earlier launch's backward put gradient there first."""
     monkeypatch.setenv("TRITONGRAD_TUNE", "0")
@@ -316,6 +317,7 @@ def test_partial_rows_are_summed_into_the_gradient_in_its_dtype_or_added_to_it(d
 
     if dtype == torch.float16:  # one launch: the weight's gradient is its own storage's only one, kept in float16
         out, want = norm_once(leaves[0], *leaves[2:]), norm_reference(wide[0], *wide[2:])
+        torch.testing.assert_close(out.detach().to(F64), want.detach(), **tol)
         g = torch.randn_like(out)
         torch.autograd.backward([out], [g])
         torch.autograd.backward([want], [g.to(F64)])
@@ -325,6 +327,8 @@ def test_partial_rows_are_summed_into_the_gradient_in_its_dtype_or_added_to_it(d
         return
     outs = norm_twice(*leaves)
     wants = (norm_reference(wide[0], *wide[2:]), norm_reference(wide[1], *wide[2:]))
+    for out, want in zip(outs, wants, strict=True):
+        torch.testing.assert_close(out.detach().to(F64), want.detach(), **tol)
     grads = [torch.randn_like(o) for o in outs]
     torch.autograd.backward(list(outs), grads)
     torch.autograd.backward(list(wants), [g.to(F64) for g in grads])
