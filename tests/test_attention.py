@@ -85,6 +85,7 @@ def test_do_over_l_kept_rounded_gives_the_same_bits(monkeypatch):
     """In float16 (the interpreter has no bf16), the prologue keeps dO / l as v's type: the gradients are bit for
     bit those of the backward keeping it in float32 (both of its uses round it to v's type first)."""
     monkeypatch.setattr(derive, "_multiprocessors", lambda device: 1)
+    monkeypatch.setenv("TRITONGRAD_TUNE", "0")  # (compiled, a tuner may give either other warps: another sum order)
     q, k, v = (torch.randn(2, 45, 16, dtype=torch.float16) for _ in range(3))
     launch = flash_attention.flash_attention_launch(q, k, v, True)
     poison(launch.out)

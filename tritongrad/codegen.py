@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from . import language as tg
+from .exponentials import base_two_exponentials
 from .ir import Program, target_of, tl_call
 from .operations import operation_of
 from .orient import orient_tiles
@@ -151,7 +152,7 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     comments = dict(backward.comments)  # peel.py adds its own
     taken = {n.id for n in ast.walk(ast.Module(folded, [])) if isinstance(n, ast.Name)} | {p.arg for p in params}
     oriented = orient_tiles(folded, [p.arg for p in params], lambda text: comment_marker(comments, text))
-    body += split_at_masks(oriented, taken, lambda text: comment_marker(comments, text))
+    body += base_two_exponentials(split_at_masks(oriented, taken, lambda text: comment_marker(comments, text)))
     if tile:
         value = backward.returns[0] if len(backward.returns) == 1 else ast.Tuple(elts=backward.returns, ctx=ast.Load())
         body.append(ast.Return(value))

@@ -17,7 +17,7 @@ from triton.language.extra import libdevice
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
             "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad",
             "tape_row", "tape_put", "tape_put_exactly", "tape_get", "add_later", "program_index", "tile_offsets",
-            "stop_gradient", "to_float")
+            "stop_gradient", "to_float", "exp")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_put": ("tile_offsets",),
@@ -56,6 +56,15 @@ def _stop_gradient(x):
     """``x``, whose gradient is not needed (online.py: the final max an online softmax's outputs do not depend
     on)."""
     return x
+
+
+def _exp(x):
+    """``tl.exp(x)``, in float32 as ``tl.exp2(x * log2 e)``: one ``ex2.approx.ftz`` where ``tl.exp`` also
+    keeps subnormal results (exponentials.py says where a derived kernel may use it)."""
+    if x.dtype == tl.float32:
+        return tl.exp2(x * 1.4426950408889634)
+    else:
+        return tl.exp(x)
 
 
 def _to_float(x, dtype: tl.constexpr):
