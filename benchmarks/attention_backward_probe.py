@@ -34,6 +34,13 @@ VARIANTS = {
     "peeled_w8": {DQ: (("peeled",), {"num_warps": 8}, None)},
     "peeled_both": {DQ: (("peeled",), {}, None), DKV: (("peeled_kv",), {}, None)},
     "versioned_both": {DQ: (("versioned",), {}, None), DKV: (("versioned_kv",), {}, None)},
+    # dQ from the dK/dV kernel (FlashAttention-2's five products, not seven): float32 atomics, no dQ kernel
+    "fused_dq": {DQ: ((), {"stash": True}, None), DKV: (("fused_dq",), {"dq32": True}, None)},
+    "fused_dq_acq_rel": {DQ: ((), {"stash": True}, None), DKV: (("fused_dq_acq_rel",), {"dq32": True}, None)},
+    # exp -> exp2, log2(e) folded into the scale and the max
+    "exp2": {DQ: (("exp2",), {}, None), DKV: (("exp2",), {}, None)},
+    "exp2_unfolded": {DQ: (("exp2_unfolded",), {}, None), DKV: (("exp2_unfolded",), {}, None)},
+    "fused_dq_exp2": {DQ: ((), {"stash": True}, None), DKV: (("fused_dq", "exp2"), {"dq32": True}, None)},
 }
 
 
@@ -137,8 +144,47 @@ def versioned_kv(src: str) -> str:
     return src[:at] + _versioned(loop, indent, test) + src[at + len(loop):]
 
 
-EDITS = {"no_guard": no_guard, "peeled": peeled, "peeled_kv": peeled_kv, "versioned": versioned,
-         "versioned_kv": versioned_kv}
+def fused_dq(src: str, sem: str = "relaxed") -> str:
+    """dK/dV: also dQ's term of each (query block, key block) pair, added into a float32 buffer (``dq32_ptr``)."""
+    if f"def {DKV}(" not in src:
+        return src  # the prologue
+    src = src.replace("prologue_slots):", "prologue_slots, dq32_ptr):", 1)
+    product = "d_k = tl.dot(d_dot_q.to(q.dtype), q)"
+    assert product in src, "the dK product"
+    out = []
+    for line in src.split("\n"):
+        out.append(line)
+        if line.strip() == product:
+            indent = line[:len(line) - len(line.lstrip())]
+            out.append(f"{indent}tl.atomic_add(dq32_ptr + head * N * D + rm[:, None] * D + rd[None, :], "
+                       "tl.dot(tl.trans(d_dot_q.to(k.dtype)), k), mask=(rm[:, None] < N) & (rd[None, :] < D), "
+                       f"sem='{sem}')")
+    return "\n".join(out)
+
+
+def exp2(src: str) -> str:
+    """P = exp2(S * (scale * log2 e) - m * log2 e): one multiply fewer per score than exp's own."""
+    log2e = "1.4426950408889634"
+    for old, new in ((" = to_dot_q * scale", f" = to_dot_q * (scale * {log2e})"),
+                     ("m_new = m_i_final", f"m_new = m_i_final * {log2e}"),
+                     ("p = tl.exp(s_1_minus_m_new_b)", "p = tl.exp2(s_1_minus_m_new_b)")):
+        if "_prologue(" not in src.split("\n")[1]:
+            assert old in src, old
+        src = src.replace(old, new)
+    return src
+
+
+def exp2_unfolded(src: str) -> str:
+    """P = exp2((S - m) * log2 e): exp's own multiply, written out."""
+    return src.replace("p = tl.exp(s_1_minus_m_new_b)", "p = tl.exp2(s_1_minus_m_new_b * 1.4426950408889634)")
+
+
+EDITS = {"fused_dq": fused_dq, "fused_dq_acq_rel": lambda src: fused_dq(src, "acq_rel"), "exp2": exp2,
+         "exp2_unfolded": exp2_unfolded, "no_guard": no_guard, "peeled": peeled, "peeled_kv": peeled_kv,
+         "versioned": versioned, "versioned_kv": versioned_kv}
+
+
+STASH = {}  # fused_dq: the dQ buffer the replay allocated, written from the dK/dV kernel's float32 sums
 
 
 class Forced:
@@ -150,7 +196,16 @@ class Forced:
 
     def __getitem__(self, grid):
         def launch(**args):
-            args = {**args, **self.options}
+            options = dict(self.options)
+            if options.pop("stash", False):  # dQ: the dK/dV kernel writes it (fused_dq)
+                STASH["d_q"] = args["d_q_ptr"]
+                return None
+            if options.pop("dq32", False):
+                dq32 = torch.zeros(STASH["d_q"].shape, device=STASH["d_q"].device, dtype=torch.float32)
+                done = self.kernel[grid](**args, **options, dq32_ptr=dq32)
+                STASH.pop("d_q").copy_(dq32)
+                return done
+            args = {**args, **options}
             g = grid
             if self.block is not None:
                 if self.kernel.fn.__name__ == DKV:
