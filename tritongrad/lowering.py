@@ -242,7 +242,8 @@ class LaterAdds:
     (tg.add_later), zero where it did not run the load; the BackwardKernel then adds them in."""
 
     param: str  # the wrt input
-    values: str  # the kernel's parameter: a slot per program and lane (float32; float64 for float64 inputs)
+    values: str  # the kernel's parameter: a slot per program and lane, in the gradient's type (index_add_ adds
+    # in it: the kernel's store rounds as a cast before it would)
     offsets: str  # the kernel's parameter: the lanes' element offsets (int64)
     shape: tuple[str, ...]  # the load's tile, as written
 
@@ -250,16 +251,15 @@ class LaterAdds:
         import torch
 
         n = max(1, programs * launch.numel(self.shape))
-        dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
-        return {self.values: torch.zeros(n, dtype=dtype, device=target.device),
-                self.offsets: torch.zeros(n, dtype=torch.int64, device=target.device)}
+        both = torch.zeros(n * (8 + target.element_size()), dtype=torch.uint8, device=target.device)  # one fill
+        return {self.offsets: both[:8 * n].view(torch.int64), self.values: both[8 * n:].view(target.dtype)}
 
     def add(self, args: dict, target, span: int, deterministic: bool) -> None:
         """Add the kept adjoints into ``target`` (``span`` elements from its first one to its last)."""
         import torch
 
         flat = target.as_strided((span,), (1,))
-        values, offsets = args[self.values].to(target.dtype), args[self.offsets]
+        values, offsets = args[self.values], args[self.offsets]
         if deterministic and target.is_cuda and not torch.are_deterministic_algorithms_enabled():
             torch.use_deterministic_algorithms(True)  # index_add_ on CUDA adds in a fixed order then
             try:
