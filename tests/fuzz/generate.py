@@ -19,7 +19,7 @@
   power-of-two scaling before ``exp``), so every lane stays finite and no pole is hit.
   Operations: ``+ - * /``, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, sigmoid, erf, abs,
   maximum, minimum, clamp, fma, ``tl.where`` with comparisons, casts (float32 round trips
-  and float32 regions, int), ``tl.sum/max/min`` along an axis or all (``keep_dims``,
+  and float32 regions: sin, sigmoid, exp, a product; int), ``tl.sum/max/min`` along an axis or all (``keep_dims``,
   positional and negative axes, method spelling), softmax and logsumexp the tutorial way
   (``-inf`` padding), outer products, trans / ``.T`` / permute, expand_dims / ``[:, None]``,
   reshape, broadcast_to, ``tl.dot`` (with accumulator) on 16-wide or larger tiles;
@@ -411,6 +411,10 @@ CASTS = [  # label, kernel, mirror, computes in float32, interval
      lambda lo, hi: (1.5 * lo, 1.5 * hi)),
     ("f32_sigmoid", "tl.sigmoid(tl.cast({0}, tl.float32)).to(tl.float64)", "torch.sigmoid({0}.float()).double()",
      True, lambda lo, hi: (sigmoid(lo), sigmoid(hi))),
+    # a float32 exp (derived kernels compute it in base two where only arithmetic reads it: exponentials.py);
+    # its argument scaled by 2^-8, exactly, to stay within exp's range from any lane below CAP
+    ("f32_exp", "tl.exp({0}.to(tl.float32) * 0.00390625).to(tl.float64)",
+     "torch.exp({0}.float() * 0.00390625).double()", True, lambda lo, hi: (math.exp(lo / 256), math.exp(hi / 256))),
 ]
 HELPER_CLASH = ["mask", "g", "out", "rm"]  # helper parameters named like kernel variables and rule operands
 COMPARE = [">", "<", ">=", "<="]
@@ -420,8 +424,8 @@ ZERO_AT_ZERO = {"sin", "abs", "erf", "neg", "square", "relu_where", "leaky_where
 # another. Ties through these are not ties in the mirror, so tie-sensitive operations (below)
 # are not applied to tied values that went through them.
 INEXACT = {"exp", "exp2", "log", "log2", "sin", "cos", "sigmoid", "erf", "rsqrt", "exp_method", "f32_sin",
-           "f32_sigmoid", "fma", "dot", "dot_acc", "dot_bare", "dot_acc_bare", "softmax", "logsumexp", "cumsum",
-           "cumsum_reverse", "cumprod", "cumprod_reverse"}
+           "f32_sigmoid", "f32_exp", "fma", "dot", "dot_acc", "dot_bare", "dot_acc_bare", "softmax", "logsumexp",
+           "cumsum", "cumsum_reverse", "cumprod", "cumprod_reverse"}
 TIE_SENSITIVE = {"abs", "relu_where", "leaky_where", "maximum_c", "minimum_c", "clamp", "maximum", "minimum",
                  "to_int"}
 OTHERS = [0.0, 1.0, -1.5]
@@ -868,7 +872,7 @@ class Gen:
             label, tl, th, lowp, iv = CASTS[0]
         n = self.p.nodes[i]
         self.p.lowp |= lowp
-        zero = n.zero if label != "f32_sigmoid" else ()  # sigmoid(0) is not 0
+        zero = n.zero if label not in ("f32_sigmoid", "f32_exp") else ()  # sigmoid(0), exp(0) are not 0
         self.push(Node(n.kind, *iv(n.lo, n.hi), tl, th, (i,), label, pure=True, zero=zero))
 
     def op_reduce(self):
