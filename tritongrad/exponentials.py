@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ast
 
-from .ir import tl_call
+from .ir import header, tl_call
 
 # call -> the argument positions (and keywords) whose value may flow on through it: arithmetic, shape moves,
 # smooth functions, the adjoint helpers; the stores of gradients end the flow
@@ -44,6 +44,7 @@ _ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd)
 
 def base_two_exponentials(body: list[ast.stmt]) -> list[ast.stmt]:
     """``body`` with each ``tl.exp(x)`` whose value only arithmetic reads written ``tg.exp(x)`` (in place)."""
+    parents = {id(c): p for p in ast.walk(ast.Module(body, [])) for c in ast.iter_child_nodes(p)}
     readers: dict[str, list[ast.stmt]] = {}
     for stmt in _every_statement(body):
         for node in _own_nodes(stmt):
@@ -52,7 +53,7 @@ def base_two_exponentials(body: list[ast.stmt]) -> list[ast.stmt]:
     for stmt in _every_statement(body):
         for node in _own_nodes(stmt):
             if tl_call(node, "exp") is not None and len(node.args) == 1 and not node.keywords \
-                    and not isinstance(node.args[0], ast.Constant) and _only_arithmetic(node, stmt, readers):
+                    and not isinstance(node.args[0], ast.Constant) and _only_arithmetic(node, readers, parents):
                 node.func = ast.Attribute(value=ast.Name("tg", ast.Load()), attr="exp", ctx=ast.Load())
     return body
 
@@ -67,20 +68,20 @@ def _every_statement(body: list[ast.stmt]):
 
 def _own_nodes(stmt: ast.stmt) -> list[ast.AST]:
     """The nodes of ``stmt`` itself: a loop's or branch's header, not its blocks."""
-    if isinstance(stmt, ast.For):
-        return [*ast.walk(stmt.target), *ast.walk(stmt.iter)]
-    if isinstance(stmt, (ast.If, ast.While)):
+    if isinstance(stmt, ast.While):  # (peel.py's binary search; not a structured node to ir.header)
         return list(ast.walk(stmt.test))
+    if isinstance(stmt, (ast.If, ast.For)):
+        return [n for e in header(stmt) for n in ast.walk(e)]
     return list(ast.walk(stmt))
 
 
-def _only_arithmetic(node: ast.expr, stmt: ast.stmt, readers: dict[str, list[ast.stmt]]) -> bool:
-    """Whether the value of ``node`` (in ``stmt``) reaches only arithmetic, through every name it is assigned to."""
+def _only_arithmetic(node: ast.expr, readers: dict[str, list[ast.stmt]], parents: dict[int, ast.AST]) -> bool:
+    """Whether the value of ``node`` reaches only arithmetic, through every name it is assigned to (``parents``:
+    each node's parent in the body)."""
     seen: set[str] = set()
-    todo = [(node, stmt)]
+    todo = [node]
     while todo:
-        node, stmt = todo.pop()
-        target = _flows_to(node, stmt)
+        target = _flows_to(todo.pop(), parents)
         if target is False:
             return False
         if target is True or target in seen:
@@ -89,15 +90,14 @@ def _only_arithmetic(node: ast.expr, stmt: ast.stmt, readers: dict[str, list[ast
         for reader in readers.get(target, []):
             if isinstance(reader, (ast.For, ast.If, ast.While)):
                 return False  # a loop's bounds or a branch's test
-            todo += [(n, reader) for n in ast.walk(reader) if isinstance(n, ast.Name) and n.id == target
+            todo += [n for n in ast.walk(reader) if isinstance(n, ast.Name) and n.id == target
                      and isinstance(n.ctx, ast.Load)]
     return True
 
 
-def _flows_to(node: ast.expr, stmt: ast.stmt) -> str | bool:
-    """Where the value of ``node`` goes in ``stmt``: the name it is assigned to, True where it ends in a store of
-    a gradient or a metadata read (``x.shape``), False where something other than arithmetic reads it."""
-    parents = {id(c): p for p in ast.walk(stmt) for c in ast.iter_child_nodes(p)}
+def _flows_to(node: ast.expr, parents: dict[int, ast.AST]) -> str | bool:
+    """Where the value of ``node`` goes in its statement: the name it is assigned to, True where it ends in a store
+    of a gradient or a metadata read (``x.shape``), False where something other than arithmetic reads it."""
     while True:
         parent = parents.get(id(node))
         if isinstance(parent, (ast.Assign, ast.AugAssign)):
