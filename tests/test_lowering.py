@@ -104,7 +104,7 @@ def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers(poison
     assert filled == []  # neither the gradients nor the partial rows are zero-filled
     src = tritongrad.grad(norm_rows).src
     assert "atomic" not in src.split('"""')[2]  # no atomics in the kernel's body
-    assert "for row in range(tl.program_id(0), programs, tl.num_programs(0)):" in src
+    assert "for row in tl.range(tl.program_id(0), programs, tl.num_programs(0), num_stages=STAGES):" in src
     assert "d_w_sum += d_w.to(d_w_sum.dtype)" in src and "tl.store(d_w_ptr + cols, d_w_sum, mask=mask)" in src
 
 

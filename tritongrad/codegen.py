@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from . import language as tg
+from .early_loads import issue_loads_early
 from .exponentials import base_two_exponentials
 from .ir import Program, target_of, tl_call
 from .operations import operation_of
@@ -147,12 +148,15 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     later = [n for adds in backward.later_adds for n in (adds.values, adds.offsets)]
     params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.extra_params,
                                         *tapes, *later)]
+    if backward.loop_stages is not None:
+        params.append(ast.arg(arg=backward.loop_stages, annotation=ast.parse("tl.constexpr", mode="eval").body))
     body: list[ast.stmt] = [ast.Expr(ast.Constant(docstring))] if docstring else []
     folded = fold_temporaries(transposed_products(backward.body), backward.foldable, backward.reassigned)
     comments = dict(backward.comments)  # peel.py adds its own
     taken = {n.id for n in ast.walk(ast.Module(folded, [])) if isinstance(n, ast.Name)} | {p.arg for p in params}
     oriented = orient_tiles(folded, [p.arg for p in params], lambda text: comment_marker(comments, text))
-    body += base_two_exponentials(split_at_masks(oriented, taken, lambda text: comment_marker(comments, text)))
+    peeled = split_at_masks(oriented, taken, lambda text: comment_marker(comments, text))
+    body += issue_loads_early(base_two_exponentials(peeled), lambda text: comment_marker(comments, text))
     if tile:
         value = backward.returns[0] if len(backward.returns) == 1 else ast.Tuple(elts=backward.returns, ctx=ast.Load())
         body.append(ast.Return(value))
@@ -166,7 +170,8 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
 def _insert_comments(src: str, comments: dict[str, str]) -> str:
     """Each marker becomes its comment, after a blank line unless it opens a block."""
     def line(m: re.Match) -> str:
-        gap = "" if m.group(1).rstrip().endswith(":") else f"\n{m.group(2)}"
+        previous = m.group(1).strip()  # a block's opening line, or a comment: no blank line in between
+        gap = "" if previous.endswith(":") or previous.startswith("#") else f"\n{m.group(2)}"
         text = "".join(f"\n{m.group(2)}# {part}" for part in comments[m.group(3)].splitlines())
         return f"{m.group(1)}{gap}{text}"
 

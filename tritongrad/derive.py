@@ -112,6 +112,7 @@ class Part:
     prologue: Any = None  # interchanged: the kernel computing per forward program values first (on its grid)
     exports: Tape | None = None  # the prologue's values, allocated on each launch
     loops: bool = False  # its body has a loop (tuning also tries how many of its loads are in flight)
+    stages: str | None = None  # persistent: the constexpr parameter of its loop's pipelining (setting.num_stages)
     memo: dict = field(default_factory=dict, compare=False, repr=False)  # launch-time lookups, made once
 
     @property
@@ -329,7 +330,8 @@ class BackwardKernel:
                                        frozenset(backward.written_inputs), tuple(backward.tapes),
                                        tuple(backward.later_adds), saved, prologue,
                                        backward.prologue.tape if prologue is not None else None,
-                                       any(isinstance(n, ast.For) for n in ast.walk(ast.Module(backward.body, []))))
+                                       any(isinstance(n, ast.For) for n in ast.walk(ast.Module(backward.body, []))),
+                                       backward.loop_stages)
         return part
 
     # -- launching ---------------------------------------------------------------------------------
@@ -516,6 +518,8 @@ class BackwardKernel:
                 args["num_warps"] = setting.num_warps
             if setting.num_stages is not None:
                 args["num_stages"] = setting.num_stages
+            if part.stages is not None:  # untuned: one stage, the least shared memory
+                args[part.stages] = setting.num_stages or 1
             if part.trips is not None:
                 self._run_interchanged(part, grid, args, buffers, written, reduce)
             else:

