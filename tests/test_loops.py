@@ -632,3 +632,34 @@ def test_an_online_loop_whose_result_is_cast_to_an_integer_stays_as_written():
     got = backward_launch(truncated_logsumexp, (3,), args, meta, {"y_ptr": d_y, "z_ptr": d_z})
     torch.testing.assert_close(got["x_ptr"], torch.autograd.grad(want, leaf, d_y)[0], **TOL)
     assert "tg.to_float" not in tritongrad.grad(truncated_logsumexp, constexprs=meta).src
+
+
+@triton.jit
+def offset_by_logsumexp(x_ptr, z_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    """y[row] = sigmoid(z[row]) + logsumexp(x[row]): an online loop whose max and sum a later loop reads (fuzz seed
+    9103, kernel 1184: the later loop, renamed by the rewrite, was looked for by its old tag)."""
+    row = tl.program_id(0)
+    m = tl.full((), float("-inf"), tl.float64)
+    s = tl.zeros((), dtype=tl.float64)
+    for start in range(N - BLOCK, -BLOCK, -BLOCK):  # counting down, as the fuzzed kernel did
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * N + cols, mask=(cols >= 0) & (cols < N), other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        z = tl.load(z_ptr + row * N + cols, mask=cols < N)
+        tl.store(y_ptr + row * N + cols, tl.sigmoid(z) + (m + tl.log(s)), mask=cols < N)
+
+
+def test_a_later_loop_reading_an_online_loops_max_and_sum():
+    rows, n = 3, 48
+    x, z = torch.randn(rows, n, dtype=DTYPE), torch.randn(rows, n, dtype=DTYPE)
+    y = poison(torch.empty(rows, n, dtype=DTYPE))
+    args, meta = (x, z, y, n), {"BLOCK": 16}
+    offset_by_logsumexp[(rows,)](*args, **meta)
+    leaves = [x.clone().requires_grad_(), z.clone().requires_grad_()]
+    want = torch.sigmoid(leaves[1]) + torch.logsumexp(leaves[0], 1, keepdim=True)
+    assert_grads(offset_by_logsumexp, (rows,), args, meta, y, want, leaves, ("x_ptr", "z_ptr"))
+    assert "# online softmax: the running max" in tritongrad.grad(offset_by_logsumexp).src

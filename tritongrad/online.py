@@ -58,6 +58,7 @@ from .ir import (
 from .operations import operation_of
 from .stabilizers import INVARIANT, ZERO, Changes, Scale, follow
 
+VISIT = "online_visit"  # the attribute numbering the loops online_softmax has looked at
 BROADCASTS = ("subscript", "expand_dims", "broadcast_to", "reshape", "view")
 NOTE = ("online softmax: the running max {m} only stabilizes (nothing stored depends on it), so a pass of\n"
         "its own computes its final value first, and {sums} {verb} summed with that, without rescaling")
@@ -67,14 +68,16 @@ def online_softmax(program: Program) -> Program:
     """``program`` with each online-softmax loop rewritten as above (the same object, changed in place)."""
     namer = Namer(set(program.names) | {n.id for n in ast.walk(ast.Module(program.body, [])) if isinstance(
         n, ast.Name)} | set(program.param_names()))
-    for tag in [loop.tg for _, loop in _top_loops(program.body)]:
-        _, loop = _find(program.body, tag)  # (in the body a rewrite before this one left)
+    visits = 0
+    while (loop := next((s for _, s in _top_loops(program.body) if not hasattr(s, VISIT)), None)) is not None:
+        visits += 1
+        setattr(loop, VISIT, visits)  # copies keep it: a loop is visited once, and found again in a trial copy
         found = _match(loop)
         if found is None:
             continue
         m, alphas, rescaled, base = found
         trial = copy.deepcopy(program.body)  # statements' tags are shared; only their ASTs are new
-        t_block, t_loop = _find(trial, tag)
+        t_block, t_loop = _find(trial, visits)
         renamed = _rewrite(trial, t_block, t_loop, m, alphas, rescaled, base, namer)
         if renamed is not None:
             program.body[:] = trial
@@ -93,12 +96,10 @@ def _top_loops(body: list[ast.stmt]):
                 yield from _top_loops(block)
 
 
-def _find(body: list[ast.stmt], tag: Tag) -> tuple[list[ast.stmt], ast.For]:
-    """The loop with this tag in ``body`` (a copy shares its statements' tags), and its block."""
-    for block, loop in _top_loops(body):
-        if loop.tg is tag:
-            return block, loop
-    raise AssertionError("loop not found in the copy")
+def _find(body: list[ast.stmt], visit: int) -> tuple[list[ast.stmt], ast.For]:
+    """The loop of this visit in ``body`` (a copy of the body the loop was visited in), and its block. (Not by
+    its tag: a rewrite renaming what a later loop reads gives that loop a new tag.)"""
+    return next((block, loop) for block, loop in _top_loops(body) if getattr(loop, VISIT, None) == visit)
 
 
 def _match(loop: ast.For):
