@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-WARPS = (4, 8, 16)
+WARPS = (4, 8, 16, 32)  # 32: a program holding a 16384-wide row
 WAVES = (1, 2, 4, 8)  # persistent programs per multiprocessor
 # software pipelining of a kernel's loop (over blocks, over the forward's programs: interchange.py, or a persistent
 # kernel's over its rows: lowering.persistent); 1: none, the least shared memory, which float32 tiles of

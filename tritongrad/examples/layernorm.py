@@ -7,7 +7,7 @@ import triton.language as tl
 
 import tritongrad
 
-from .launch import Launch, compute_type, itemsize, numel
+from .launch import Launch, compute_type, itemsize, numel, row_warps
 
 
 @triton.jit
@@ -31,6 +31,7 @@ def layernorm_launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: flo
     y = torch.empty_like(x)
     rows, n = x.shape
     meta = {"BLOCK": triton.next_power_of_2(n), "COMPUTE": compute_type(x.dtype)}
+    meta["num_warps"] = row_warps(meta["BLOCK"])
     return Launch(layernorm_kernel, (rows,), (x, w, b, y, x.stride(0), n, eps), meta, "y_ptr", y)
 
 

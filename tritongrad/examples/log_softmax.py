@@ -7,7 +7,7 @@ import triton.language as tl
 
 import tritongrad
 
-from .launch import Launch, compute_type, itemsize, numel
+from .launch import Launch, compute_type, itemsize, numel, row_warps
 
 
 @triton.jit
@@ -26,6 +26,7 @@ def log_softmax_launch(x: torch.Tensor) -> Launch:
     y = torch.empty_like(x)
     rows, n = x.shape
     meta = {"BLOCK": triton.next_power_of_2(n), "COMPUTE": compute_type(x.dtype)}
+    meta["num_warps"] = row_warps(meta["BLOCK"])
     return Launch(log_softmax_kernel, (rows,), (x, y, x.stride(0), n), meta, "y_ptr", y)
 
 

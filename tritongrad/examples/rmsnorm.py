@@ -7,7 +7,7 @@ import triton.language as tl
 
 import tritongrad
 
-from .launch import Launch, compute_type, itemsize, numel
+from .launch import Launch, compute_type, itemsize, numel, row_warps
 
 
 @triton.jit
@@ -29,6 +29,7 @@ def rmsnorm_launch(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> Launc
     rows, n = x.shape
     args = (x, w, y, x.stride(0), n, eps)
     meta = {"BLOCK": triton.next_power_of_2(n), "COMPUTE": compute_type(x.dtype)}
+    meta["num_warps"] = row_warps(meta["BLOCK"])
     return Launch(rmsnorm_fwd, (rows,), args, meta, "y_ptr", y)
 
 
