@@ -83,6 +83,9 @@ def online_softmax(program: Program) -> Program:
             program.body[:] = trial
             program.names |= namer.taken
             program.temporaries |= {new for old, new in renamed.items() if old in program.temporaries}
+    for _, loop in _top_loops(program.body):  # unmarked: a copy of this body may be rewritten again
+        if hasattr(loop, VISIT):
+            delattr(loop, VISIT)
     return program
 
 
