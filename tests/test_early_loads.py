@@ -9,6 +9,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad.early_loads import issue_loads_early
+from tritongrad.reverse import MARKER, comment_marker
 from tritongrad.testing import assert_gradients_match, poison
 
 F64 = torch.float64
@@ -16,9 +17,8 @@ F64 = torch.float64
 
 def moved(src: str) -> list[str]:
     """The statements of ``src`` after the pass, comments dropped, as source lines."""
-    body = issue_loads_early(ast.parse(src).body, lambda text: ast.Expr(ast.Name("__tg_comment_0__", ast.Load())))
-    lines = ast.unparse(ast.Module(body, [])).splitlines()
-    return [line for line in lines if "__tg_comment_" not in line]
+    body = issue_loads_early(ast.parse(src).body, lambda text: comment_marker({}, text))
+    return [line for line in ast.unparse(ast.Module(body, [])).splitlines() if MARKER not in line]
 
 
 def test_a_load_moves_above_the_work_it_does_not_read():

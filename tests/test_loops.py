@@ -654,7 +654,7 @@ def offset_by_logsumexp(x_ptr, z_ptr, y_ptr, N, BLOCK: tl.constexpr):
 
 
 def test_a_later_loop_reading_an_online_loops_max_and_sum():
-    rows, n = 3, 48
+    rows, n = 3, 45  # partial blocks at both ends of the counting-down loop, and at the end of the other
     x, z = torch.randn(rows, n, dtype=DTYPE), torch.randn(rows, n, dtype=DTYPE)
     y = poison(torch.empty(rows, n, dtype=DTYPE))
     args, meta = (x, z, y, n), {"BLOCK": 16}

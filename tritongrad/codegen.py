@@ -25,7 +25,7 @@ from .ir import Program, target_of, tl_call
 from .operations import operation_of
 from .orient import orient_tiles
 from .peel import split_at_masks
-from .reverse import BackwardBody, comment_marker
+from .reverse import MARKER, BackwardBody, comment_marker
 
 HEADER = "import triton\nimport triton.language as tl\nimport tritongrad.language as tg\n"
 
@@ -175,7 +175,7 @@ def _insert_comments(src: str, comments: dict[str, str]) -> str:
         text = "".join(f"\n{m.group(2)}# {part}" for part in comments[m.group(3)].splitlines())
         return f"{m.group(1)}{gap}{text}"
 
-    pattern = re.compile(r"^(.*)\n( *)(__tg_comment_\d+__)$", flags=re.M)
+    pattern = re.compile(rf"^(.*)\n( *)({MARKER}\d+__)$", flags=re.M)
     while pattern.search(src):  # markers in a row: one substitution per pass
         src = pattern.sub(line, src)
     return src

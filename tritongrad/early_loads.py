@@ -17,6 +17,7 @@ import ast
 from collections.abc import Callable
 
 from .ir import tl_call
+from .reverse import is_comment_marker
 
 # calls that write memory or order it: nothing moves across them
 _WRITES = {"tl.store", "tl.debug_barrier", "tl.device_print", "tl.device_assert", "tg.add_later", "tg.tape_put",
@@ -37,7 +38,7 @@ def issue_loads_early(body: list[ast.stmt], comment: Callable[[str], ast.stmt]) 
             if isinstance(block, list) and block and not isinstance(stmt, ast.FunctionDef):
                 setattr(stmt, field, issue_loads_early(block, comment))
         at = _earliest(out, stmt) if _is_load(stmt) else len(out)
-        if any(not _is_marker(s) for s in out[at:]):
+        if any(not is_comment_marker(s) for s in out[at:]):
             out[at:at] = [stmt] if at and id(out[at - 1]) in moved else [comment(NOTE), stmt]
             out.append(comment(LEFT.format(stmt.targets[0].id)))  # where the sweep put it
             moved.add(id(stmt))
@@ -51,7 +52,7 @@ def _earliest(before: list[ast.stmt], load: ast.stmt) -> int:
     names = _names(load)
     for i in range(len(before) - 1, -1, -1):
         s = before[i]
-        if _is_marker(s):
+        if is_comment_marker(s):
             continue
         if _is_load(s) or not _pure(s) or _defines(s) & names or _defines(load) & _names(s):
             return i + 1
@@ -84,8 +85,3 @@ def _names(stmt: ast.stmt) -> set[str]:
 
 def _defines(stmt: ast.stmt) -> set[str]:
     return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-
-
-def _is_marker(stmt: ast.stmt) -> bool:
-    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Name)
-            and stmt.value.id.startswith("__tg_comment_"))

@@ -554,9 +554,8 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     prologue += hoisted
     prologue += [ast.Assign(targets=[ast.Name(s.accumulator, ast.Store())], value=instantiate(
         "tg.zeros_to_sum(d)", {"d": name_node(s.shadow)})) for s in sums]
-    span = f"range(0, {programs})" if every else f"range(tl.program_id({axis}), {programs}, tl.num_programs({axis}))"
-    if stages is not None:
-        span = f"tl.{span[:-1]}, num_stages={stages})"
+    bounds = f"0, {programs}" if every else f"tl.program_id({axis}), {programs}, tl.num_programs({axis})"
+    span = f"range({bounds})" if stages is None else f"tl.range({bounds}, num_stages={stages})"
     body = kept + sweep
     if guard is not None:
         before = needed_by(body, reads(guard.count) | {n for s in sums for n in (s.shadow, *names_in(s.mask))})

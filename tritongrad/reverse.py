@@ -94,11 +94,19 @@ def _drop_none_keywords(node: ast.AST) -> ast.AST:
     return node
 
 
+MARKER = "__tg_comment_"  # a comment's placeholder statement is this name, numbered
+
+
 def comment_marker(comments: dict[str, str], text: str) -> ast.Expr:
     """A statement codegen replaces by the comment ``text`` (kept in ``comments`` under its marker)."""
-    marker = f"__tg_comment_{len(comments)}__"
+    marker = f"{MARKER}{len(comments)}__"
     comments[marker] = text
     return ast.Expr(name_node(marker))
+
+
+def is_comment_marker(stmt: ast.stmt) -> bool:
+    """Whether ``stmt`` is a statement ``comment_marker`` made."""
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Name) and stmt.value.id.startswith(MARKER)
 
 
 class BackwardBuilder(LoopReversal, MemoryAdjoints):
@@ -209,7 +217,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         self.keep_finals(replay, self.out)
         body, extra = replay + self.out, []
         axis = next((c.axis for c in self.choices.values() if c.mode in PARTIALS), None)
-        prologue = None
+        prologue = stages = None
         if own:  # a kernel of its own for these inputs: the loop's iterations are programs (interchange.py)
             axis = self.choices[self.analysis.wrt[0]].axis
             self.out, guard, prologue = loop_to_grid(
@@ -225,8 +233,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
-                            self.written_inputs, self.tapes, self.later_adds, prologue,
-                            stages if axis is not None and not own else None)
+                            self.written_inputs, self.tapes, self.later_adds, prologue, stages)
 
     def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...]]]:
         """Adjoints whose primal's shape and dtype the source says: -> (zeros of the adjoint's shape and type,
