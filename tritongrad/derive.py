@@ -138,6 +138,75 @@ class Part:
 
 
 @dataclass(frozen=True)
+class PartialRows:
+    """An input a persistent kernel sums in partial rows: one float32 row per program (float64 for float64),
+    summed in a fixed order after the kernel into the input's gradient buffer."""
+
+    input: str
+    param: str  # the kernel's shadow parameter of the input: the rows, less their padding
+    programs: int
+    span: int  # the elements of the gradient buffer a row covers
+    dtype: Any
+    unfilled: bool  # every program stores its whole row (Prepared.covered_rows): no zero-fill
+    pad: int  # zeros on each side of a row (a checked backward looks for gradient there)
+    how: str  # how the rows reach the buffer: "into" (torch.sum's out=), "add" (to gradient there), "copy"
+
+    @staticmethod
+    def of(part: Part, p: str, programs: int, target: Any, covered: bool, written: bool, pad: int) -> PartialRows:
+        import torch
+
+        dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
+        how = "add" if written else "into" if target.dtype == dtype and target.is_contiguous() else "copy"
+        return PartialRows(p, part.shadows[p], programs, span_of(target), dtype, covered and not pad, pad, how)
+
+    @property
+    def width(self) -> int:
+        return self.span + 2 * self.pad
+
+    def allocate(self, args: dict[str, Any], device: Any) -> Any:
+        """The rows (with their padding), their view without it put in ``args``."""
+        fill = _empty_strided if self.unfilled else _zeros_strided
+        rows = fill((self.programs, self.width), (self.width, 1), dtype=self.dtype, device=device)
+        args[self.param] = rows[:, self.pad:] if self.pad else rows  # (slicing a tensor costs microseconds)
+        return rows
+
+    def sum(self, rows: Any, target: Any) -> None:
+        """The rows summed in order into ``target``: one kernel where the sum can be written straight into it."""
+        import torch
+
+        if self.pad:
+            rows = rows[:, self.pad:self.pad + self.span]
+        if self.how == "into":
+            torch.sum(rows, 0, out=target.view(-1))
+        elif self.how == "add":
+            target.add_(rows.sum(0).as_strided(target.size(), target.stride()))
+        else:
+            target.copy_(rows.sum(0).as_strided(target.size(), target.stride()))
+
+
+@dataclass(frozen=True)
+class Traced:
+    """One kernel launch of a backward as :meth:`BackwardKernel.launch` made it: kept by a replay to make
+    again with other tensors of the same layouts (replay.Launcher)."""
+
+    part: Part
+    grid: tuple[int, ...]
+    args: dict[str, Any]  # its arguments but its scratch (Part.scratch_args), the tensors among them
+    partials: tuple[PartialRows, ...]  # the partial rows it summed into (in ``args`` under their ``param``)
+
+    def launch(self, args: dict[str, Any], buffers: dict[str, Any], deterministic: bool) -> None:
+        """Launch again with ``args`` (tensors of the same layouts): partial rows, scratch and later adds made
+        and summed as :meth:`BackwardKernel._run_part` did."""
+        rows = [r.allocate(args, buffers[r.input].device) for r in self.partials]
+        part = self.part
+        part.scratch_args(args, self.grid)
+        part.kernel[self.grid](**args)
+        part.add_later(args, deterministic)
+        for r, found in zip(self.partials, rows, strict=True):
+            r.sum(found, buffers[r.input])
+
+
+@dataclass(frozen=True)
 class Variant:
     """The backward kernels compiled for one way of writing each input's gradient: one for all inputs, but
     for those given a kernel of their own (``interchange``)."""
@@ -455,14 +524,16 @@ class BackwardKernel:
 
     def launch(self, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
                buffers: dict[str, Any], prepared: Prepared, written: frozenset[str] = frozenset(),
-               pad: int = 0, saved: Any = None, setting: tuning.Setting | None = None) -> dict[str, tuple[Any, int]]:
+               pad: int = 0, saved: Any = None, setting: tuning.Setting | None = None,
+               trace: list | None = None) -> dict[str, tuple[Any, int]]:
         """Run the prepared variant (:meth:`prepare`). ``named``: the forward's arguments (and launch options);
         ``output_grads``: output -> its incoming gradient; ``buffers``: wrt input -> its gradient buffer
         (stored into or added to; an input summed in partial rows gets their sum, added if in ``written``).
         ``pad``: zeros around each partial row, to look for gradient outside the tensor (a checked backward).
         Launch settings are tuned on a GPU (tuning.py). ``saved``: the state tapes the forward kept
         (augment.SavedStates), for a variant prepared to read them. ``setting``: launch with this one, untimed
-        (a trial of tuning another config). Returns the partial rows: input -> (rows with their padding, pad)."""
+        (a trial of tuning another config). ``trace``: each kernel's launch is appended to it (:class:`Traced`).
+        Returns the partial rows: input -> (rows with their padding, pad)."""
         variant = prepared.variant
         tapes = saved if variant.reads_saved else None
         if self.in_place:
@@ -470,6 +541,8 @@ class BackwardKernel:
         # inputs no gradient reaches: zeroed (a stored one would be left unset)
         for p in variant.unwritten - written if variant.unwritten else ():
             buffers[p].zero_()
+            if trace is not None:
+                trace.append(None)  # not made again by a replay.Launcher
         if setting is not None:
             settings = (setting,) * len(variant.parts)
         else:
@@ -477,7 +550,7 @@ class BackwardKernel:
                 prepared.settings = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
             settings = prepared.settings
         return self._run(variant, grid, named, output_grads, buffers, settings, written, pad, tapes=tapes,
-                         covered=prepared.covered_rows)
+                         covered=prepared.covered_rows, trace=trace)
 
     def _tuned(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
                buffers: dict[str, Any], written: frozenset[str], tapes: Any = None) -> tuple[tuning.Setting, ...]:
@@ -501,7 +574,7 @@ class BackwardKernel:
     def _run(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
              buffers: dict[str, Any], settings: tuple[tuning.Setting, ...], written: frozenset[str], pad: int,
              reduce: bool = True, tapes: Any = None, only: int | None = None,
-             covered: frozenset[str] = frozenset()) -> dict:
+             covered: frozenset[str] = frozenset(), trace: list | None = None) -> dict:
         """One launch of each of the variant's kernels (``only``: of that one) with its setting; partial rows
         allocated (unfilled for ``covered`` inputs: Prepared.covered_rows), and summed into their targets
         (``reduce``: not in tuning's trials). ``tapes``: the state tapes the forward kept (augment.SavedStates),
@@ -522,47 +595,36 @@ class BackwardKernel:
                 args[part.stages] = setting.num_stages or 1
             if part.trips is not None:
                 self._run_interchanged(part, grid, args, buffers, written, reduce)
+                if trace is not None:
+                    trace.append(None)  # trip counts and exports made on each launch: not kept
             else:
-                rows.update(self._run_part(part, grid, args, buffers, setting, written, pad, reduce, covered))
+                rows.update(self._run_part(part, grid, args, buffers, setting, written, pad, reduce, covered, trace))
         return rows
 
     def _run_part(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
                   setting: tuning.Setting, written: frozenset[str], pad: int, reduce: bool,
-                  covered: frozenset[str] = frozenset()) -> dict:
+                  covered: frozenset[str] = frozenset(), trace: list | None = None) -> dict:
         """``covered``: inputs whose partial rows every program stores whole (left unfilled, but around a checked
         backward's padding)."""
-        import torch
-
-        rows = {}
+        partials = ()
         if part.axis is not None:  # persistent: a few programs along the axis, each with its partial rows
             axis = part.axis
             programs = _persistent_programs(grid[axis], next(iter(buffers.values())).device, setting.waves)
             args[part.programs] = grid[axis]
             grid = (*grid[:axis], programs, *grid[axis + 1:])
-            for p in part.rows:
-                target = buffers[p]
-                span = span_of(target)
-                dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
-                width = span + 2 * pad
-                fill = torch.empty_strided if p in covered and not pad else _zeros_strided
-                r = fill((programs, width), (width, 1), dtype=dtype, device=target.device)
-                rows[p] = (r, pad)
-                args[part.shadows[p]] = r[:, pad:] if pad else r  # (slicing a tensor costs microseconds)
-                args[part.rows[p]] = width
+            partials = tuple(PartialRows.of(part, p, programs, buffers[p], p in covered, p in written, pad)
+                             for p in part.rows)
+            args.update({part.rows[r.input]: r.width for r in partials})
+        rows = {r.input: r.allocate(args, buffers[r.input].device) for r in partials}
+        if trace is not None and reduce:
+            trace.append(Traced(part, grid, dict(args), partials))  # its scratch is made again
         part.scratch_args(args, grid)
         part.kernel[grid](**args)
         if reduce:
             part.add_later(args, self.deterministic)
-        for p, (r, _) in rows.items() if reduce else ():  # the rows summed in a fixed order
-            target = buffers[p]
-            r = r[:, pad:pad + span_of(target)] if pad else r
-            if p not in written and target.dtype == r.dtype and target.is_contiguous():
-                torch.sum(r, 0, out=target.view(-1))  # one kernel, not a sum and a copy
-            elif p in written:
-                target.add_(r.sum(0).as_strided(target.size(), target.stride()))
-            else:
-                target.copy_(r.sum(0).as_strided(target.size(), target.stride()))
-        return rows
+            for r in partials:
+                r.sum(rows[r.input], buffers[r.input])
+        return {p: (r, pad) for p, r in rows.items()}
 
     def _run_interchanged(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
                           written: frozenset[str], reduce: bool) -> None:
@@ -692,6 +754,12 @@ def _zeros_strided(size, stride, dtype, device):
     import torch
 
     return torch.empty_strided(size, stride, dtype=dtype, device=device).zero_()
+
+
+def _empty_strided(size, stride, dtype, device):
+    import torch
+
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
 def _reads_only(variant: Variant, tapes: tuple[Tape, ...]) -> bool:

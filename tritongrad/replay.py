@@ -23,7 +23,7 @@ import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -223,6 +223,7 @@ class Step:
     derived: dict = field(default_factory=dict)  # (grad, values of decisive constexprs) -> the derived kernel
     ready: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> Replay._ready's
     tiles: dict = field(default_factory=dict)  # the launch's non-tensor arguments -> the config chosen (Replay._tiles)
+    launchers: dict = field(default_factory=dict)  # the launch's non-tensor arguments -> its Launcher; False: none
 
     def derive(self, kernel: Any, named: dict[str, Any], deterministic: bool = False) -> Any:
         """The derived kernel of the specialization this launch runs. Looked up once per specialization:
@@ -360,6 +361,19 @@ class Replay:
         the one of its autotuner's configs under which the backward is fastest (tape.Tiles: timed once per
         shape). Returns the partial rows of inputs summed in them (checked backwards)."""
         launch = self.launches[step.launch.index]
+        keep = None  # unchecked: launched by the Launcher an earlier backward kept, or keep one
+        if guards is None:
+            try:
+                keep = (grad, self.deterministic, launch.args, tuple(launch.kwargs.items()), launch.grid,
+                        launch.saved is not None)
+                launcher = step.launchers.get(keep)
+            except TypeError:  # an unhashable argument
+                keep = launcher = None
+            if launcher:
+                launcher(saved, shadows, self._shadow)
+                return {}
+            if launcher is False:  # not to be kept (Launcher.of): not traced again
+                keep = None
         if launch.info.roles is None:
             raise _noted(launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)")
         # the forward's arguments and launch options, all passed by keyword
@@ -373,7 +387,7 @@ class Replay:
             if config:
                 args.update(config)
                 grid = tuple(launch.tiles.grid({**launch.info.defaults, **args}))
-        return self._launch(step, launch, args, grid, config, shadows, guards)
+        return self._launch(step, launch, args, grid, config, shadows, guards, keep=keep)
 
     def _tiles(self, step: Step, launch: Any, args: dict, shadows: dict) -> tuple:
         """The autotuner's config (keyword items) under which this step's backward runs fastest; () for the
@@ -403,19 +417,27 @@ class Replay:
         return found
 
     def _launch(self, step: Step, launch: Any, args: dict, grid: tuple, config: tuple, shadows: dict,
-                guards: dict | None, setting: Any = None) -> dict:
+                guards: dict | None, setting: Any = None, keep: tuple | None = None) -> dict:
         """The derived kernel's launch with the forward's arguments ``args`` (``config``: the autotuner's
         config replacing the recorded one, else ()). The first writer of a storage's gradient stores it (into
         a buffer left unfilled where its loads cover it, in the input's own dtype where nothing else adds to
-        it); later ones add to it (lowering.py)."""
+        it); later ones add to it (lowering.py). ``keep``: the launch's key in ``step.launchers``, where a
+        Launcher doing the same with the next backward's tensors is kept."""
         shadow_of = step.shadows
         output_grads = {p: self._shadow(shadows, shadow_of[p], guards) for p in step.outputs}
         written = frozenset(p for p in step.wrt if shadow_of[p].key in shadows)
         bwd, prepared, buffers_of = self._ready(step, launch, args, grid, written, config)
         buffers = {p: self._shadow(shadows, shadow, guards, fill, own) for p, shadow, fill, own in buffers_of}
         pad = GUARD[0] if guards is not None else 0
-        return bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,
-                          setting=setting)
+        trace = [] if keep is not None and not bwd.checks_contents else None
+        rows = bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,
+                          setting=setting, trace=trace)
+        if keep is not None:
+            if len(step.launchers) > 256:
+                step.launchers.clear()
+            step.launchers[keep] = trace is not None and Launcher.of(step, args, output_grads, buffers_of, buffers,
+                                                                      trace, self.deterministic) or False
+        return rows
 
     def _ready(self, step: Step, launch: Any, args: dict, grid: tuple, written: frozenset, config: tuple) -> tuple:
         """The derived kernel, its prepared variant and how each input's buffer is made: (input, shadow, zero-filled,
@@ -503,6 +525,65 @@ class Replay:
                 self._shadow(shadows, shadow).zero_()
             grads.append(g if g.dtype == v.dtype else g.to(v.dtype))
         return grads
+
+
+class Launcher:
+    """A step's backward as an unchecked replay launched it, to launch again with a later backward's tensors
+    (same plan, schedule and non-tensor arguments): saved tensors, output gradients and gradient buffers put
+    where that launch had its own. A repeated backward so skips deciding the derived kernel, its variant,
+    settings and arguments again (host-bound steps spent microseconds on each)."""
+
+    def __init__(self, replayed: tuple, outputs: tuple, buffers: tuple, launches: tuple, deterministic: bool):
+        self.replayed = replayed  # (parameter, saved slot or None, stand-in) as LaunchPlan.replayed
+        self.outputs = outputs  # (output, its Shadow)
+        self.buffers = buffers  # (input, Shadow, zero-filled, own dtype) as Replay._buffers
+        self.launches = launches  # (derive.Traced with its non-tensor arguments, (argument, source, name)...)
+        self.deterministic = deterministic
+
+    @staticmethod
+    def of(step: Step, named: dict, output_grads: dict, buffers_of: tuple, buffers: dict, traced: list,
+           deterministic: bool) -> Launcher | None:
+        """From the launches ``traced`` (derive.Traced) with these tensors; None where the launch did what is
+        not traced (an interchanged kernel, zeroing an unwritten gradient) or passed a tensor from elsewhere
+        (the state tapes its forward kept)."""
+        sources, alike = {}, {}  # id -> (source, name); id -> what makes the tensor the same one on every call
+        found = [(named[p], 0, p, ("saved", slot, stand_in)) for p, slot, stand_in in step.launch.replayed]
+        found += [(t, source, p, ("shadow", step.shadows[p])) for source, tensors in ((1, output_grads), (2, buffers))
+                  for p, t in tensors.items()]
+        for t, source, p, same in found:
+            if alike.setdefault(id(t), same) != same:  # one tensor by chance (the upstream gradient passed as an
+                return None  # input, or for two outputs): another call's may be two, and go to the wrong place
+            sources[id(t)] = (source, p)
+        launches = []
+        for t in traced:
+            if t is None:
+                return None
+            rows = {r.param for r in t.partials}
+            constant, wired = {}, []
+            for k, v in t.args.items():
+                if k in rows:
+                    continue
+                if isinstance(v, torch.Tensor):
+                    if id(v) not in sources:
+                        return None
+                    wired.append((k, *sources[id(v)]))
+                else:
+                    constant[k] = v
+            launches.append((replace(t, args=constant), tuple(wired)))  # holding no tensors
+        outputs = tuple((o, step.shadows[o]) for o in output_grads)
+        return Launcher(step.launch.replayed, outputs, buffers_of, tuple(launches), deterministic)
+
+    def __call__(self, saved: tuple, shadows: dict, shadow: Callable) -> None:
+        """Launch with ``saved`` tensors, making the shadows it writes in ``shadows`` (``shadow``: Replay._shadow),
+        in the order the traced launch made them."""
+        sources = ({p: saved[slot] if slot is not None else _stand_in(stand_in) for p, slot, stand_in in self.replayed},
+                   {o: shadow(shadows, s) for o, s in self.outputs},
+                   {p: shadow(shadows, s, None, fill, own) for p, s, fill, own in self.buffers})
+        for traced, wired in self.launches:
+            args = traced.args.copy()
+            for k, source, name in wired:
+                args[k] = sources[source][name]
+            traced.launch(args, sources[2], self.deterministic)
 
 
 def _noted(error: Exception, note: str) -> Exception:
