@@ -75,10 +75,10 @@ REPLAYED_IN_FULL = {"matmul", "flash_attention", "cross_entropy"}
 
 
 @pytest.mark.parametrize("example", examples.EXAMPLES.values(), ids=lambda e: e.name)
-def test_repeated_backwards_of_each_example(example, poisoned, kept):
+def test_repeated_backwards_of_each_example(example, poisoned, kept, device):
     dtype = F64 if F64 in example.dtypes else torch.float32
     size = example.sizes[-1]
-    counts = repeat(example.op, example.reference, lambda: example.make_inputs(size, dtype=dtype), kept)
+    counts = repeat(example.op, example.reference, lambda: example.make_inputs(size, device=device, dtype=dtype), kept)
     if example.name not in REPLAYED_IN_FULL:
         assert counts[-1] > 0 and counts[-2] == counts[-1]  # every launch of the last two backwards
 
@@ -86,7 +86,7 @@ def test_repeated_backwards_of_each_example(example, poisoned, kept):
 @tritongrad.op
 def windows_op(x, step: int, w: int):
     programs = (x.numel() - w) // step + 1
-    y = torch.empty(programs, dtype=x.dtype)
+    y = torch.empty(programs, dtype=x.dtype, device=x.device)
     windows[(programs,)](x, y, step, x.numel(), W=w)
     return y
 
