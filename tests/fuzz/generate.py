@@ -2270,17 +2270,26 @@ def _poisoned_empties():
         torch.empty_strided = empty
 
 
+def _fresh_outputs(mod) -> dict:
+    """The kernel's output buffers: zeros where it adds (atomics, early returns), else NaN-poisoned."""
+    import torch
+
+    from tritongrad.testing import poison
+
+    return {k: torch.zeros(s, dtype=torch.float64) if k in mod.ZEROED else poison(torch.empty(s, dtype=torch.float64))
+            for k, s in mod.OUTPUTS.items()}
+
+
 def _check_source(src: str) -> Outcome:
     import torch
 
     from tritongrad import NotDifferentiableError
-    from tritongrad.testing import backward_launch, poison
+    from tritongrad.testing import backward_launch
 
     try:
         mod = load_module(src)
         inputs = mod.make_inputs()
-        outputs = {k: torch.zeros(s, dtype=torch.float64) if k in mod.ZEROED
-                   else poison(torch.empty(s, dtype=torch.float64)) for k, s in mod.OUTPUTS.items()}
+        outputs = _fresh_outputs(mod)
         kwargs = {**inputs, **outputs, **mod.SIZES, **mod.META}
         mod.kernel[mod.GRID](**kwargs)
     except Exception as e:  # the generator wrote a kernel Triton does not run
@@ -2326,7 +2335,61 @@ def _check_source(src: str) -> Outcome:
             close(g, w, mod.TOL)
         except AssertionError as e:
             return Outcome("mismatch", f"d_{k}: {e}\ngot\n{g}\nwant\n{w}", src)
-    return _check_saved_state(mod, src, kwargs, outputs, d_out, wanted)
+    outcome = _check_saved_state(mod, src, kwargs, outputs, d_out, wanted)
+    return _check_op(mod, src, inputs) if outcome.status == "passed" else outcome
+
+
+OP_CALLS = 3  # the first backward checked, the second keeping its launches, the third launching what it kept
+
+
+def _check_op(mod, src: str, inputs: dict) -> Outcome:
+    """The kernel as a tritongrad.op (tape.py, replay.py), called OP_CALLS times with inputs and output gradients
+    scaled differently each time: each backward must give the mirror's gradients, the later ones made by the
+    launches an earlier one kept (replay.Launcher)."""
+    import torch
+
+    import tritongrad
+    from tritongrad import NotDifferentiableError
+    from tritongrad.errors import OpError
+
+    @tritongrad.op
+    def op(*tensors):
+        outs = _fresh_outputs(mod)
+        mod.kernel[mod.GRID](**dict(zip(inputs, tensors, strict=True)), **outs, **mod.SIZES, **mod.META)
+        return tuple(outs.values())
+
+    for call in range(OP_CALLS):
+        scaled = {k: v * (1.0 + 0.01 * call) if v.is_floating_point() else v for k, v in inputs.items()}
+        d_out = {k: g * (call + 1) for k, g in mod.make_output_grads().items()}
+        mirrored = {k: v.clone().requires_grad_() for k, v in scaled.items() if v.is_floating_point()}
+        want = mod.mirror(*(mirrored.get(k, v) for k, v in scaled.items()))
+        if not all(torch.isfinite(w).all() for w in want.values()):
+            continue  # the mirror's domain: not this scale
+        reached = [(w, d_out[k]) for k, w in want.items() if w.requires_grad]
+        wanted = dict.fromkeys(mirrored)
+        if reached:
+            grads = torch.autograd.grad([w for w, _ in reached], list(mirrored.values()), [g for _, g in reached],
+                                        allow_unused=True)
+            wanted = dict(zip(mirrored, grads, strict=True))
+        leaves = {k: v.clone().requires_grad_() if v.is_floating_point() else v for k, v in scaled.items()}
+        try:
+            outs = dict(zip(mod.OUTPUTS, op(*leaves.values()), strict=True))
+            reached = [(outs[k], d_out[k]) for k in want if outs[k].requires_grad]
+            if reached:
+                torch.autograd.backward([o for o, _ in reached], [g for _, g in reached])
+        except (NotDifferentiableError, OpError) as e:
+            return Outcome("refused", f"as an op: {first_line(e)}", src)
+        except Exception as e:
+            return Outcome("crashed", f"as an op, call {call + 1}: {first_line(e)}", src)
+        for k, w in wanted.items():
+            g = leaves[k].grad
+            g = g if g is not None else torch.zeros_like(scaled[k])
+            w = w if w is not None else torch.zeros_like(scaled[k])
+            try:
+                close(g, w, mod.TOL)
+            except AssertionError as e:
+                return Outcome("mismatch", f"d_{k} as an op, call {call + 1}: {e}\ngot\n{g}\nwant\n{w}", src)
+    return Outcome("passed", "", src)
 
 
 def _check_saved_state(mod, src: str, kwargs: dict, outputs: dict, d_out: dict, wanted: dict) -> Outcome:
