@@ -1,6 +1,6 @@
 """Host overhead of @tritongrad.op's own machinery, on the CPU: kernel launches are stubbed out.
 
-    python -m benchmarks.op_overhead_cpu
+    python -m benchmarks.op_overhead_cpu [EXAMPLE ...]
 
 The same comparison as ``benchmarks/op_overhead.py`` (seed 003's sin kernel, its derived
 backward, a hand-written ``torch.autograd.Function`` launching the same kernels), but
@@ -9,12 +9,14 @@ it. Both sides pay the same (stubbed) launches, so the difference is what the ta
 recording, ``Tape.close``, the autograd node, shadow memory and the backward's bookkeeping.
 
 A shared CPU is noisy: the two sides are timed in alternation, in short runs, and each
-figure is the fastest run's time per call.
+figure is the fastest run's time per call. With example names (``softmax rmsnorm``): each example's op
+(at 64x256, float32) forward and forward+backward, the backward's graph built anew each step as in training.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors: kernels are InterpretedFunctions (set before any is defined)
@@ -63,7 +65,31 @@ def fastest_backward_us(x: torch.Tensor, dy: torch.Tensor, *forwards) -> list[fl
     return best
 
 
+def examples_us(names: list[str]) -> None:
+    from tritongrad import examples
+
+    rows = []
+    for name in names:
+        example = examples.get(name)
+        inputs = [t.requires_grad_() if t.is_floating_point() else t for t in example.make_inputs((64, 256))]
+        first = example.op(*inputs)
+        outputs = list(first) if isinstance(first, (tuple, list)) else [first]
+        grads = [torch.randn_like(o) for o in outputs]
+
+        def step(op=example.op, inputs=inputs, grads=grads):
+            out = op(*inputs)
+            torch.autograd.backward(list(out) if isinstance(out, (tuple, list)) else [out], grads)
+
+        rows.append((name, *fastest_us(lambda op=example.op, inputs=inputs: op(*inputs), step)))
+    print("CPU, launches stubbed: host time per call of each example's op, microseconds (64x256 float32)")
+    print("| example | forward | forward + backward |\n| --- | --- | --- |")
+    for name, forward, both in rows:
+        print(f"| {name} | {forward:.1f} | {both:.1f} |")
+
+
 def main() -> None:
+    if len(sys.argv) > 1:
+        return examples_us(sys.argv[1:])
     x = torch.randn(N, requires_grad=True)
     dy = torch.randn(N)
     rows = []
