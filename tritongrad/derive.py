@@ -185,25 +185,27 @@ class PartialRows:
 
 
 @dataclass(frozen=True)
-class Traced:
-    """One kernel launch of a backward as :meth:`BackwardKernel.launch` made it: kept by a replay to make
-    again with other tensors of the same layouts (replay.Launcher)."""
+class PartLaunch:
+    """One kernel of a variant launched (:meth:`BackwardKernel._run_part`), and as a backward keeps it to launch
+    again with other tensors of the same layouts (replay.Launcher: ``args`` then holds no tensors)."""
 
     part: Part
     grid: tuple[int, ...]
-    args: dict[str, Any]  # its arguments but its scratch (Part.scratch_args), the tensors among them
-    partials: tuple[PartialRows, ...]  # the partial rows it summed into (in ``args`` under their ``param``)
+    args: dict[str, Any]  # its arguments but its partial rows and scratch (Part.scratch_args)
+    partials: tuple[PartialRows, ...]  # the partial rows it sums into its inputs' buffers
 
-    def launch(self, args: dict[str, Any], buffers: dict[str, Any], deterministic: bool) -> None:
-        """Launch again with ``args`` (tensors of the same layouts): partial rows, scratch and later adds made
-        and summed as :meth:`BackwardKernel._run_part` did."""
+    def launch(self, args: dict[str, Any], buffers: dict[str, Any], deterministic: bool, reduce: bool = True) -> list:
+        """Launch with ``args`` (its arguments but the partial rows and scratch, made here): ``reduce``: then its
+        later adds and partial rows summed into ``buffers`` (not in tuning's trials). Returns the partial rows."""
         rows = [r.allocate(args, buffers[r.input].device) for r in self.partials]
         part = self.part
         part.scratch_args(args, self.grid)
         part.kernel[self.grid](**args)
-        part.add_later(args, deterministic)
-        for r, found in zip(self.partials, rows, strict=True):
-            r.sum(found, buffers[r.input])
+        if reduce:
+            part.add_later(args, deterministic)
+            for r, found in zip(self.partials, rows, strict=True):
+                r.sum(found, buffers[r.input])
+        return rows
 
 
 @dataclass(frozen=True)
@@ -532,7 +534,7 @@ class BackwardKernel:
         ``pad``: zeros around each partial row, to look for gradient outside the tensor (a checked backward).
         Launch settings are tuned on a GPU (tuning.py). ``saved``: the state tapes the forward kept
         (augment.SavedStates), for a variant prepared to read them. ``setting``: launch with this one, untimed
-        (a trial of tuning another config). ``trace``: each kernel's launch is appended to it (:class:`Traced`).
+        (a trial of tuning another config). ``trace``: each kernel's launch is appended to it (:class:`PartLaunch`).
         Returns the partial rows: input -> (rows with their padding, pad)."""
         variant = prepared.variant
         tapes = saved if variant.reads_saved else None
@@ -615,16 +617,11 @@ class BackwardKernel:
             partials = tuple(PartialRows.of(part, p, programs, buffers[p], p in covered, p in written, pad)
                              for p in part.rows)
             args.update({part.rows[r.input]: r.width for r in partials})
-        rows = {r.input: r.allocate(args, buffers[r.input].device) for r in partials}
+        launch = PartLaunch(part, grid, args, partials)
         if trace is not None and reduce:
-            trace.append(Traced(part, grid, dict(args), partials))  # its scratch is made again
-        part.scratch_args(args, grid)
-        part.kernel[grid](**args)
-        if reduce:
-            part.add_later(args, self.deterministic)
-            for r in partials:
-                r.sum(rows[r.input], buffers[r.input])
-        return {p: (r, pad) for p, r in rows.items()}
+            trace.append(replace(launch, args=dict(args)))  # before its partial rows and scratch are made
+        rows = launch.launch(args, buffers, self.deterministic, reduce)
+        return {r.input: (found, pad) for r, found in zip(partials, rows, strict=True)}
 
     def _run_interchanged(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
                           written: frozenset[str], reduce: bool) -> None:

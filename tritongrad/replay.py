@@ -537,13 +537,13 @@ class Launcher:
         self.replayed = replayed  # (parameter, saved slot or None, stand-in) as LaunchPlan.replayed
         self.outputs = outputs  # (output, its Shadow)
         self.buffers = buffers  # (input, Shadow, zero-filled, own dtype) as Replay._buffers
-        self.launches = launches  # (derive.Traced with its non-tensor arguments, (argument, source, name)...)
+        self.launches = launches  # (derive.PartLaunch with its non-tensor arguments, (argument, source, name)...)
         self.deterministic = deterministic
 
     @staticmethod
     def of(step: Step, named: dict, output_grads: dict, buffers_of: tuple, buffers: dict, traced: list,
            deterministic: bool) -> Launcher | None:
-        """From the launches ``traced`` (derive.Traced) with these tensors; None where the launch did what is
+        """From the launches ``traced`` (derive.PartLaunch) with these tensors; None where the launch did what is
         not traced (an interchanged kernel, zeroing an unwritten gradient) or passed a tensor from elsewhere
         (the state tapes its forward kept)."""
         sources, alike = {}, {}  # id -> (source, name); id -> what makes the tensor the same one on every call
@@ -558,11 +558,8 @@ class Launcher:
         for t in traced:
             if t is None:
                 return None
-            rows = {r.param for r in t.partials}
             constant, wired = {}, []
             for k, v in t.args.items():
-                if k in rows:
-                    continue
                 if isinstance(v, torch.Tensor):
                     if id(v) not in sources:
                         return None
