@@ -49,12 +49,12 @@ def issue_loads_early(body: list[ast.stmt], comment: Callable[[str], ast.stmt]) 
 
 def _earliest(before: list[ast.stmt], load: ast.stmt) -> int:
     """The first position in ``before`` the load may move to: after the last statement it must follow."""
-    names = _names(load)
+    names, target = _names(load), _defines(load)
     for i in range(len(before) - 1, -1, -1):
         s = before[i]
         if is_comment_marker(s):
             continue
-        if _is_load(s) or not _pure(s) or _defines(s) & names or _defines(load) & _names(s):
+        if _is_load(s) or not _pure(s) or _defines(s) & names or target & _names(s):
             return i + 1
     return 0
 

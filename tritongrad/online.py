@@ -102,7 +102,9 @@ def _top_loops(body: list[ast.stmt]):
 def _find(body: list[ast.stmt], visit: int) -> tuple[list[ast.stmt], ast.For]:
     """The loop of this visit in ``body`` (a copy of the body the loop was visited in), and its block. (Not by
     its tag: a rewrite renaming what a later loop reads gives that loop a new tag.)"""
-    return next((block, loop) for block, loop in _top_loops(body) if getattr(loop, VISIT, None) == visit)
+    found = next(((block, loop) for block, loop in _top_loops(body) if getattr(loop, VISIT, None) == visit), None)
+    assert found is not None, "loop not found in the copy"  # (a StopIteration would read as a generator's end)
+    return found
 
 
 def _match(loop: ast.For):
