@@ -4,9 +4,11 @@ bf16, at 16384x16384 and 16384x4096.
 
     python3 benchmarks/softmax_rows_probe.py [VARIANT]
 
-VARIANT changes the derived source before it is compiled (to see what its arithmetic costs; ``no-exp`` computes a
-wrong gradient, to bound the exponential's share): ``derived`` (as built), ``reciprocal`` (the adjoints' divisions
-by the row's sum as products with its reciprocal), ``reciprocal-all`` (the replayed ``y`` too), ``no-exp``.
+VARIANT: ``derived`` (the kernel ``grad`` derives alone), ``kept`` (the one an op derives: its output saved, ``y``
+read back, stored_outputs.py); older ones changed the replaying source before it is compiled (to see what its
+arithmetic cost; ``no-exp`` computes a wrong gradient, to bound the exponential's share): ``reciprocal`` (the
+adjoints' divisions by the row's sum as products with its reciprocal), ``reciprocal-all`` (the replayed ``y``
+too), ``no-exp``. ``--dtype float32`` for float32 rows (bf16 by default).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tritongrad.examples import softmax
 
 REWRITES = {
     "derived": (),
+    "kept": (),
     "reciprocal": (("d_y / denominator", "d_y * (1.0 / denominator)"),
                    ("-d_y * y / denominator", "-d_y * y * (1.0 / denominator)")),
     "no-exp": (("tg.exp(z)", "z"),),
@@ -53,20 +56,25 @@ def main() -> None:
         return jit_source(src, name, scope)
 
     codegen.jit_source = rewritten
-    bwd = tritongrad.grad(softmax.softmax_kernel)
+    dtype = torch.float32 if "--dtype" in sys.argv and sys.argv[sys.argv.index("--dtype") + 1] == "float32" \
+        else torch.bfloat16
+    bwd = tritongrad.grad(softmax.softmax_kernel, kept_outputs=("y_ptr",) if variant == "kept" else ())
     for rows, cols in ((16384, 16384), (16384, 4096)):
-        x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-        y, dy, dx = torch.softmax(x.float(), -1).bfloat16(), torch.randn_like(x), torch.empty_like(x)
+        x = torch.randn(rows, cols, device="cuda", dtype=dtype)
+        y, dy, dx = torch.softmax(x.float(), -1).to(dtype), torch.randn_like(x), torch.empty_like(x)
         block = triton.next_power_of_2(cols)
         named = {"x_ptr": x, "y_ptr": y, "stride": cols, "n_cols": cols, "BLOCK": block, "COMPUTE": tl.float32}
         part = bwd.prepare(named, (rows,), frozenset(), frozenset()).variant.parts[0]
         args = {**named, part.shadows["y_ptr"]: dy, part.shadows["x_ptr"]: dx}
         for warps in (4, 8, 16, 32):
             derived, t = timed(part.kernel, (rows,), (), {**args, "num_warps": warps})
+            derived_dx = dx.clone()
             hand, t_hand = timed(backward_reading_y, (rows,), (y, dy, dx, cols, cols),
                                  {"BLOCK": block, "num_warps": warps})
-            print(f"{variant} {rows}x{cols} warps {warps:2d}: derived {t * 1e3:6.1f} µs ({derived.n_regs} registers, "
-                  f"{derived.n_spills} spilled) | reading y {t_hand * 1e3:6.1f} µs ({hand.n_regs} registers)")
+            differ = (derived_dx.float() - dx.float()).abs().max().item()
+            print(f"{variant} {dtype} {rows}x{cols} warps {warps:2d}: derived {t * 1e3:6.1f} µs ({derived.n_regs} "
+                  f"registers, {derived.n_spills} spilled) | reading y {t_hand * 1e3:6.1f} µs ({hand.n_regs} "
+                  f"registers) | largest difference {differ:.2e}")
 
 
 def timed(kernel, grid: tuple, args: tuple, kwargs: dict):

@@ -130,7 +130,7 @@ def test_gather_indices_carry_no_gradient():
 SOURCE_NAMES = {
     "sin": ["offsets", "mask", "x", "d_output", "d_x"],
     "rmsnorm": ["row", "cols", "rstd", "mean_square", "d_y", "d_rstd", "d_x", "d_w"],
-    "softmax": ["numerator", "denominator", "z", "d_numerator", "d_denominator", "d_z", "d_x"],
+    "softmax": ["z", "y", "d_y", "d_z", "d_x"],
     "softplus": ["x", "d_y", "d_x"],
     "swiglu": ["a", "b", "d_y", "d_a", "d_b"],
     "matvec": ["offs_m", "offs_n", "offs_w", "mask_w", "mask_x", "d_out", "d_w", "d_x"],

@@ -741,6 +741,8 @@ def _shape_of(stmt: ast.stmt, of) -> Shape:
         return x[:-1] + y[-1:]
     if kind in ("to", "cast", "cumsum", "cumprod"):
         return of(b["input"])
+    if kind == "softmax":
+        return of(b["x"])
     if kind in ("copy", "neg", "pos", "not_", "invert") or (
             kind in OPERATIONS and OPERATIONS[kind].elementwise):  # not a custom rule's: its helper may reduce
         return broadcast(*[of(a) for a in op.args if not isinstance(a, (ast.Tuple, ast.List))])

@@ -73,6 +73,7 @@ def show(args: argparse.Namespace) -> int:
     from .augment import augmented
     from .codegen import HEADER
     from .source import unwrap
+    from .stored_outputs import stored_values
 
     kernel = load_kernel(args.kernel)
     try:
@@ -85,6 +86,12 @@ def show(args: argparse.Namespace) -> int:
     notes = bwd.launch_notes()
     if notes:
         print("\n" + notes, end="")
+    readable = sorted({k.param for k in stored_values(bwd.program, bwd.analysis.stores).values()})
+    kept = grad(kernel, wrt=_names(args.wrt), outputs=_names(args.outputs), kept_outputs=readable) if readable \
+        else bwd
+    if kept.src != bwd.src:
+        print(f"\n\n# Through a tritongrad.op, which saves {', '.join(f'`{p}`' for p in readable)} for the backward, "
+              f"it reads back what the forward stored there (stored_outputs.py):\n\n{kept.src}", end="")
     found = augmented(unwrap(kernel), {})
     best = bwd.saved_lowering.best()
     if found is not None and bwd.saved_tapes() == found.tapes:

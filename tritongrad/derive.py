@@ -15,6 +15,7 @@ from typing import Any
 from . import codegen, tuning
 from .analysis import Analysis, analyze
 from .checks import Expr, LaunchCheck, LaunchValues
+from .composites import fuse_softmax
 from .errors import NotDifferentiableError
 from .frontend import normalize_kernel, normalize_tile_function
 from .interchange import NotInterchangeable
@@ -39,6 +40,7 @@ from .online import online_softmax
 from .reverse import build_backward
 from .source import Source, unwrap
 from .specialize import decisive, plain_value
+from .stored_outputs import StoredValue, stored_values
 
 CALLING_CONVENTION = """\
 Launch it with the forward's grid and the forward's arguments, followed by one
@@ -250,8 +252,9 @@ class BackwardKernel:
     """
 
     def __init__(self, forward: Any, program: Program, analysis: Analysis, loop_plans: dict[int, LoopPlan],
-                 lowering: Lowering, deterministic: bool):
+                 lowering: Lowering, deterministic: bool, read_back: dict[str, StoredValue] | None = None):
         self.forward = forward
+        self.read_back = read_back or {}  # values its replay may read from the outputs holding them
         self.program, self.analysis, self.loop_plans = program, analysis, loop_plans
         self.lowering = lowering
         self.deterministic = deterministic
@@ -274,6 +277,7 @@ class BackwardKernel:
         self.params = (*program.param_names(), *self.shadow_params.values())
         self.requested: tuple = (None, None)  # the wrt and outputs asked for (grad sets them)
         self.specialization: dict[str, Any] = {}  # values of the constexprs its source was specialized for
+        self.kept_outputs: tuple[str, ...] = ()  # as grad was given them
         if deterministic:
             self._refuse_atomics({p: c for p, c in best.choices})
 
@@ -366,7 +370,7 @@ class BackwardKernel:
             analysis = analysis.restricted(wrt)
             plans = classify_loops(analysis)
         name = self.name if wrt == self.wrt else f"{self.name}_{'_'.join(wrt)}"
-        backward = build_backward(analysis, plans, choices=choices, saved=saved)
+        backward = build_backward(analysis, plans, choices=choices, saved=saved, read_back=self.read_back)
         shadows = dict(zip(dict.fromkeys((*self.outputs, *wrt)), backward.shadow_params, strict=True))
         if wrt == self.wrt:
             self._shadow_params = shadows
@@ -430,7 +434,8 @@ class BackwardKernel:
         if values == self.specialization:
             return self
         wrt, outputs = self.requested
-        return grad(self.forward, wrt, outputs, deterministic=self.deterministic, constexprs=values)
+        return grad(self.forward, wrt, outputs, deterministic=self.deterministic, constexprs=values,
+                    kept_outputs=self.kept_outputs)
 
     def __getitem__(self, grid: Any):
         def run(*args: Any, **kwargs: Any) -> None:
@@ -841,7 +846,8 @@ def clear_cache() -> None:
 
 
 def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] | None = None, *,
-         deterministic: bool = False, constexprs: Mapping[str, Any] | None = None) -> BackwardKernel:
+         deterministic: bool = False, constexprs: Mapping[str, Any] | None = None,
+         kept_outputs: Sequence[str] = ()) -> BackwardKernel:
     """Derive the backward kernel of a ``@triton.jit`` kernel.
 
     ``wrt``: the pointer parameters to differentiate with respect to (default: every
@@ -852,15 +858,18 @@ def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] |
     ``constexprs``: values of constexpr parameters: the ``if`` branches they rule out are
     removed before anything is derived, as Triton compiles one kernel per value (a launch
     through the kernel's ``bwd[grid]``, ``gradients`` or ``tritongrad.op`` specializes by itself).
+    ``kept_outputs``: output parameters that hold, whenever the backward runs, what the forward launch stored
+    there (an op's tape saves them): values it stored after a reduction are read back rather than replayed
+    (stored_outputs.py).
     Raises :class:`NotDifferentiableError` for what cannot be handled.
     """
     jit_fn = unwrap(kernel)
     decisive = decisive_constexprs(jit_fn)
     values = {k: plain_value(constexprs[k]) for k in decisive if constexprs is not None and k in constexprs}
     key = (jit_fn.fn, tuple(wrt) if wrt is not None else None, tuple(outputs) if outputs is not None else None,
-           deterministic, tuple(sorted((k, hashable(v)) for k, v in values.items())))
+           deterministic, tuple(sorted((k, hashable(v)) for k, v in values.items())), tuple(sorted(kept_outputs)))
     try:
-        return _cached(key, lambda: _derive(jit_fn, key[1], key[2], deterministic, values))
+        return _cached(key, lambda: _derive(jit_fn, key[1], key[2], deterministic, values, key[5]))
     except NotDifferentiableError as e:
         missing = [k for k in decisive if k not in values]
         if missing:
@@ -889,12 +898,14 @@ def hashable(value: Any) -> Any:
         return repr(value)
 
 
-def _derive(jit_fn: Any, wrt, outputs, deterministic: bool, constexprs: dict[str, Any]) -> BackwardKernel:
-    program = online_softmax(normalize_kernel(jit_fn, constexprs))
+def _derive(jit_fn: Any, wrt, outputs, deterministic: bool, constexprs: dict[str, Any],
+            kept_outputs: tuple[str, ...] = ()) -> BackwardKernel:
+    program = fuse_softmax(online_softmax(normalize_kernel(jit_fn, constexprs)))
     analysis = analyze(program, wrt, outputs)
+    read_back = {v: k for v, k in stored_values(program, analysis.stores).items() if k.param in kept_outputs}
     bwd = BackwardKernel(jit_fn, program, analysis, classify_loops(analysis), plan_lowering(analysis),
-                         deterministic)
-    bwd.requested, bwd.specialization = (wrt, outputs), constexprs
+                         deterministic, read_back)
+    bwd.requested, bwd.specialization, bwd.kept_outputs = (wrt, outputs), constexprs, kept_outputs
     return bwd
 
 

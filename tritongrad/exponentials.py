@@ -12,7 +12,8 @@ does not where the value makes a decision (a comparison, a ``where``'s condition
 picks the elements equal to it, an address, a cast to an integer type): there the backward computes it
 as the forward does, so that a rounding does not send a gradient elsewhere. This pass rewrites
 ``tl.exp(x)`` as ``tg.exp(x)`` (language.py: base two in float32, ``tl.exp`` otherwise) where every use of
-its value, followed through the assignments it flows into, is one of those listed below.
+its value, followed through the assignments it flows into, is one of those listed below; and a softmax
+written out (composites.py: ``tg.softmax``) as ``tg.softmax_base_two`` on the same condition.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ _FLOWS: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
     **{f"tg.{f}": ((0,), ()) for f in ("to_float", "cast_grad", "widened", "stop_gradient", "zeros_grad",
                                         "cumsum_grad")},
     "tg.unbroadcast": ((0, 1), ()),
+    "tg.softmax": ((0,), ()),
+    "tg.softmax_grad": ((0, 1), ()),
     "tg.sum_grad": ((0, 1), ()),
     "tg.tape_put": ((2,), ()),
     "tg.tape_put_exactly": ((1,), ()),
@@ -55,7 +58,15 @@ def base_two_exponentials(body: list[ast.stmt]) -> list[ast.stmt]:
             if tl_call(node, "exp") is not None and len(node.args) == 1 and not node.keywords \
                     and not isinstance(node.args[0], ast.Constant) and _only_arithmetic(node, readers, parents):
                 node.func = ast.Attribute(value=ast.Name("tg", ast.Load()), attr="exp", ctx=ast.Load())
+            elif _is_tg_softmax(node) and _only_arithmetic(node, readers, parents):  # a softmax written out
+                node.func.attr = "softmax_base_two"
     return body
+
+
+def _is_tg_softmax(node: ast.AST) -> bool:
+    """``tg.softmax(z, axis)`` (composites.py)."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "softmax"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "tg")
 
 
 def _every_statement(body: list[ast.stmt]):

@@ -17,12 +17,12 @@ from triton.language.extra import libdevice
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
             "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad",
             "tape_row", "tape_put", "tape_put_exactly", "tape_get", "add_later", "program_index", "tile_offsets",
-            "stop_gradient", "to_float", "exp")
+            "stop_gradient", "to_float", "exp", "softmax", "softmax_base_two", "softmax_grad")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_put": ("tile_offsets",),
           "tape_put_exactly": ("tile_offsets",), "tape_get": ("tile_offsets",),
-          "add_later": ("program_index", "tile_offsets"), "unbroadcast": ("widened",)}
+          "add_later": ("program_index", "tile_offsets"), "unbroadcast": ("widened",), "softmax_base_two": ("exp",)}
 
 
 def __getattr__(name: str):
@@ -65,6 +65,27 @@ def _exp(x):
         return tl.exp2(x * 1.4426950408889634)
     else:
         return tl.exp(x)
+
+
+def _softmax(z, axis: tl.constexpr):
+    """``tl.exp(z) / tl.sum(tl.exp(z), axis)`` (composites.py: a softmax the kernel wrote out, replayed)."""
+    e = tl.exp(z)
+    return e / tl.sum(e, axis, keep_dims=True)
+
+
+def _softmax_base_two(z, axis: tl.constexpr):
+    """``softmax(z, axis)`` with the exponential as ``exp`` (above) computes it (exponentials.py)."""
+    e = exp(z)  # noqa: F821 (jitted lazily)
+    return e / tl.sum(e, axis, keep_dims=True)
+
+
+def _softmax_grad(g, y, axis: tl.constexpr):
+    """Adjoint of ``y = softmax(z)`` along ``axis`` (None: 0, as ``tl.softmax`` reads it): ``y * (g - sum(g * y))``,
+    from ``y`` alone."""
+    if axis is None:
+        return y * (g - tl.sum(g * y, 0, keep_dims=True))
+    else:
+        return y * (g - tl.sum(g * y, axis, keep_dims=True))
 
 
 def _to_float(x, dtype: tl.constexpr):

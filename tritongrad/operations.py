@@ -225,6 +225,9 @@ rule("cast", CAST, elementwise=False, input=_cast)
 # reductions: spread the gradient back; max/min share it evenly among ties, like torch.amax
 rule("sum", "input, axis=None, keep_dims=False, dtype=None", elementwise=False,
      input="tg.sum_grad(g, input, axis, keep_dims)")
+# tl.softmax, and a softmax written out (composites.py): the gradient from the output alone
+rule("softmax", "x, dim=None, *, keep_dims=None, ieee_rounding=False", elementwise=False,
+     x="tg.softmax_grad(g, out, dim)")
 rule("max", REDUCE, elementwise=False, input="tg.extremum_grad(g, input, out, axis, keep_dims)")
 rule("min", REDUCE, elementwise=False, input="tg.extremum_grad(g, input, out, axis, keep_dims)")
 # scans: a prefix sum's adjoint is the suffix sum of g; cumprod's is exact where x has zeros too
@@ -303,7 +306,7 @@ _also("truediv", unbounded_in="b")
 _also("log log2 sqrt sqrt_rn rsqrt fpow", unbounded_in="x")
 _also("pow", unbounded_in="a")
 _also("div_rn fdiv", unbounded_in="y")
-_also("exp exp2 sigmoid", finite_at_minus_inf=True)
+_also("exp exp2 sigmoid softmax", finite_at_minus_inf=True)
 
 
 def _divided(a: int, b: int) -> int:

@@ -87,6 +87,7 @@ class LaunchPlan:
     index: int
     views: dict[str, View]
     slots: dict[str, int | None] = field(default_factory=dict)
+    kept: frozenset[str] = frozenset()  # outputs saved for the backward to read back what it stored (stored_outputs.py)
 
     def __str__(self) -> str:
         return launch_name(self.index, self.info)
@@ -232,7 +233,7 @@ class Step:
         bwd = self.derived.get(key)
         if bwd is None:
             bwd = self.derived[key] = grad(kernel, self.wrt, self.outputs, constexprs=named,
-                                           deterministic=deterministic)
+                                           deterministic=deterministic, kept_outputs=tuple(self.launch.kept))
         return bwd
 
 

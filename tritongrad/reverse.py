@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,8 @@ from .analysis import INFINITE, MASKED, Analysis, padding_at_unbounded
 from .interchange import loop_to_grid, without_unused
 from .ir import (
     Namer,
+    Op,
+    Tag,
     arguments,
     child_blocks,
     copy_structured,
@@ -56,6 +59,7 @@ from .loops import LoopPlan, LoopReversal, merge_records
 from .lowering import ATOMIC, INTERCHANGE, PARTIALS, STORE, Choice, persistent
 from .memory import MemoryAdjoints
 from .operations import LOADS, STORES, instantiate, operation_of
+from .stored_outputs import StoredValue
 
 ASSERTS = ("static_assert", "device_assert")
 
@@ -114,9 +118,11 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
     replay of the forward values it reads in front of it."""
 
     def __init__(self, analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool,
-                 choices: dict[str, Choice] | None = None, saved: bool = False):
+                 choices: dict[str, Choice] | None = None, saved: bool = False,
+                 read_back: dict[str, StoredValue] | None = None):
         self.analysis = analysis
         self.saved = saved  # the forward kept the nonlinear loops' state tapes (augment.py)
+        self.read_back = read_back or {}  # values the replay may read from the outputs holding them (stored_outputs.py)
         self.program = analysis.program
         self.loop_plans = loop_plans
         self.tile = tile
@@ -418,6 +424,8 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         t = target_of(stmt)
         if op.kind in STORES:
             self.reverse_store(stmt)
+        elif t in self.analysis.stabilizers and op.kind not in ("max", "min"):
+            return  # a stabilizer in another shape: the max's comment says why it has no adjoint
         elif t in self.analysis.stabilizers:
             self.comment(f"grad of: {self.describe(stmt)}\n{t} is subtracted before exp and normalized away: "
                          "nothing depends on it, so its gradient is zero (stabilizers.py)")
@@ -525,12 +533,23 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         for s in statements(self.program.body):
             if op_of(s).kind in ASSERTS:
                 seeds |= reads(s)
-        return self.replay_block(self.program.body, self.closure(seeds, self.program.body), asserts=True)
+        body = self.program.body
+        needed = self.closure(seeds, body)
+        kept = {v: k for v, k in self.read_back.items() if v in needed and self.same_shape(v, _address(k))}
+        if kept:  # read back instead where that leaves no more loads to replay (stored_outputs.py)
+            instead = self.closure(seeds | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept))
+            if len(self._loads(instead)) + len(kept) <= len(self._loads(needed)):
+                return self.replay_block(body, instead, asserts=True, read_back=kept)
+        return self.replay_block(body, needed, asserts=True)
 
-    def closure(self, seeds: set[str], block: list[ast.stmt], also=()) -> set[str]:
+    def _loads(self, names: set[str]) -> list[str]:
+        return [n for n in names for d in self.defs.get(n, ()) if op_of(d).kind in LOADS]
+
+    def closure(self, seeds: set[str], block: list[ast.stmt], also=(), leaves=frozenset()) -> set[str]:
         """``seeds`` and every value of ``block`` they are computed from (through the tests and ranges
         around them in ``block`` too). Names from outside ``block`` (other than ``also``) are taken as
-        they are there; of ``also`` names, only their definitions inside ``block`` are followed."""
+        they are there; of ``also`` names, only their definitions inside ``block`` are followed; of
+        ``leaves``, none (read back: stored_outputs.py)."""
         needed: set[str] = set()
         work = list(seeds)
         while work:
@@ -538,7 +557,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
             if n in needed:
                 continue
             needed.add(n)
-            if not (n in also or self.within(n, block)):
+            if n in leaves or not (n in also or self.within(n, block)):
                 continue
             for d in self.defs.get(n, []):
                 if not self.block_within(self.stmt_block[id(d)], block):
@@ -557,10 +576,17 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         return False
 
     def replay_block(self, block: list[ast.stmt], needed: set[str], skip: set[int] = frozenset(),
-                     asserts: bool = False) -> list[ast.stmt]:
-        """The statements of ``block`` assigning ``needed`` names (stores dropped), shadows beside pointers."""
+                     asserts: bool = False, read_back: dict[str, StoredValue] | None = None) -> list[ast.stmt]:
+        """The statements of ``block`` assigning ``needed`` names (stores dropped), shadows beside pointers;
+        a ``read_back`` value is loaded where its store was instead of computed."""
         out: list[ast.stmt] = []
+        stored = {id(k.store): k for k in (read_back or {}).values()}
         for s in block:
+            if id(s) in stored:
+                kept = stored[id(s)]
+                out += [self.marker(f"`{kept.name}` read back from `{kept.param}`, where the forward stored it, "
+                                    "instead of replayed (stored_outputs.py)"), _read_back(kept)]
+                continue
             if is_structured(s):
                 inner = [self.replay_block(b, needed, skip, asserts) for b in child_blocks(s)]
                 if not any(inner):
@@ -576,7 +602,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                                                 orelse=inner[1]))
                 continue
             t = target_of(s)
-            if id(s) in skip or op_of(s).kind in STORES:
+            if id(s) in skip or op_of(s).kind in STORES or (read_back and t in read_back):
                 continue
             if (t is not None and t in needed) or (asserts and op_of(s).kind in ASSERTS):
                 out += self.with_shadow(copy.deepcopy(s))
@@ -604,11 +630,31 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         return node
 
 
+def _address(kept: StoredValue) -> str:
+    return arguments(kept.store)["pointer"].id
+
+
+def _read_back(kept: StoredValue) -> ast.stmt:
+    """``v = tg.widened(tl.load(<the store's address>, mask=<its mask>, other=<v there>))``."""
+    b = arguments(kept.store)
+    keywords = {}
+    if not is_none(b["mask"]):
+        other = repr(kept.other) if math.isfinite(kept.other) else f"{'-' if kept.other < 0 else ''}float('inf')"
+        keywords = {"mask": copy.deepcopy(b["mask"]), "other": ast.parse(other, mode="eval").body}
+    load = ast.Call(instantiate("tl.load", {}), [name_node(_address(kept))],
+                    [ast.keyword(k, v) for k, v in keywords.items()])
+    node = ast.Assign(targets=[ast.Name(kept.name, ast.Store())], value=instantiate("tg.widened(v)", {"v": load}))
+    node.tg = Tag(Op("load", [name_node(_address(kept))], keywords), kept.store.tg.origin, kept.store.tg.where)
+    return ast.fix_missing_locations(ast.copy_location(node, kept.store))
+
+
 def build_backward(analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool = False,
-                   choices: dict[str, Choice] | None = None, saved: bool = False) -> BackwardBody:
+                   choices: dict[str, Choice] | None = None, saved: bool = False,
+                   read_back: dict[str, StoredValue] | None = None) -> BackwardBody:
     """The backward body; ``choices``: how each input's gradient is written (lowering.py; default: atomically);
-    ``saved``: the nonlinear loops' state tapes come filled from the forward (augment.py)."""
+    ``saved``: the nonlinear loops' state tapes come filled from the forward (augment.py); ``read_back``: values
+    the replay reads from the outputs holding them (stored_outputs.py)."""
     for s in statements(analysis.program.body):  # memory operations' argument checks, before any output
         if operation_of(op_of(s)).memory is not None:
             arguments(s)
-    return BackwardBuilder(analysis, loop_plans, tile, choices, saved).run()
+    return BackwardBuilder(analysis, loop_plans, tile, choices, saved, read_back).run()

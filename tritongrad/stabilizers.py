@@ -69,7 +69,14 @@ def stabilizers(program: Program, active: set[str]) -> set[str]:
             except Changes:
                 continue
             found.add(t)
+    for stmt in _flat(program.body):  # its copies in another shape (`m[:, None]`) have no adjoint either
+        op = op_of(stmt)
+        if op.kind in _RESHAPES and op.args and isinstance(op.args[0], ast.Name) and op.args[0].id in found:
+            found.add(target_of(stmt))
     return found
+
+
+_RESHAPES = ("copy", "subscript", "expand_dims", "broadcast_to", "reshape", "view")
 
 
 def _flat(body: list[ast.stmt]):
@@ -228,6 +235,10 @@ def _rule(stmt: ast.stmt, kind_of, float_cast: bool = False):
     if kind in ("max", "min"):  # the extremum of values all moved alike moves alike
         if isinstance(a[0], Shift | Scale):
             return a[0]
+        raise Changes(stmt)
+    if kind == "softmax":  # exp(z + c) / sum(exp(z + c)) = exp(z) / sum(exp(z))
+        if isinstance(a[0], Shift):
+            return INVARIANT
         raise Changes(stmt)
     if kind == "sum":
         if isinstance(a[0], Scale):

@@ -37,6 +37,7 @@ from .frontend import normalize_kernel
 from .ir import loops, op_of
 from .operations import operation_of
 from .replay import LaunchPlan, Plan, Replay, View, launch_name, whole_storages
+from .stored_outputs import stored_values
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
@@ -129,6 +130,7 @@ class Roles:
     overwrites: frozenset[str]  # stored with something other than tl.atomic_add
     inputs: frozenset[str]  # differentiable inputs: loaded, not indices, never stored unless in place
     in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis.in_place_pointers)
+    read_back: frozenset[str] = frozenset()  # stored with a value the backward may read back (stored_outputs.py)
 
     @property
     def pointers(self) -> frozenset[str]:
@@ -188,7 +190,7 @@ def _analyse(kernel: Any) -> KernelInfo:
         in_place = frozenset(p for p in loads & stores if p not in a.index_pointers
                              and all(op_of(s).kind == "store" for s in a.stores[p]))
         roles = Roles(loads, stores, overwrites, frozenset((loads - stores | in_place) - set(a.index_pointers)),
-                      in_place)
+                      in_place, frozenset(k.param for k in stored_values(program, a.stores).values()) - loads)
     except Exception as e:  # e.g. a construct the core does not handle yet; raised if the launch needs a backward
         error = e
     interpreted = type(kernel).__name__ == "InterpretedFunction"
@@ -511,6 +513,7 @@ class Tape:
         slots: dict[int, int] = {}  # tensor position -> index in the saved tensors
         found: dict[int, None] = {}  # positions of the differentiable inputs, in order
         launches = []
+        params_of: dict[LaunchPlan, dict[str, int]] = {}  # per launch: tensor parameter -> position
         later = {(k, p): i for *_, earlier in patterns for k, p, i in earlier}  # reads a later launch overwrote
         for launch, (_, positions, names, snapshots, _) in zip(self.launches, patterns, strict=True):
             n = len(positions) - len(names)
@@ -518,6 +521,7 @@ class Tape:
             params = {p: i for p, i in named.items() if i is not None}  # tensor parameter -> position
             checked = LaunchPlan(launch.info, launch.index, {p: tensors.view(i) for p, i in params.items()})
             launches.append(checked)
+            params_of[checked] = params
             known = checked.info.roles is not None
             if known:
                 self._hazards(checked, read, written)
@@ -545,6 +549,13 @@ class Tape:
             if known:  # unknown roles: hazards are not checked (the launch fails if it needs a backward)
                 for p in loads - set(copies):  # (what an in-place launch read is in its copy)
                     read.setdefault(checked.views[p].key, []).append((checked, p, checked.views[p]))
+        for checked in launches:  # outputs whose values the backward reads back: saved, unless written again
+            for p in checked.params("read_back") if checked.info.roles is not None else ():
+                key = checked.views[p].key
+                if (written[key][-1][0] is checked and checked.slots.get(p) is None
+                        and checked.views[p].dtype.is_floating_point):  # (a float stored as an integer is not it)
+                    checked.slots[p] = slots.setdefault(params_of[checked][p], len(slots))
+                    checked.kept = checked.kept | {p}
         self._check_outputs(outputs, outs, arguments, tensors, written)
         if diff is None:
             diff = tuple(found)

@@ -1,0 +1,151 @@
+"""Values an op's backward may read back from the output the forward stored them in, instead of replaying them.
+
+A softmax's backward needs ``y`` (composites.py: ``dz = y * (dy - sum(dy * y))``); replayed, ``y`` costs the
+row's max, exponentials and sum before the backward's own reduction, and at 16384 columns a program per row
+cannot hide that work behind its loads. Read back, it is one load in place of the load of ``x`` (PyTorch's
+softmax saves its output for the same reason). A value qualifies where:
+
+- it is stored once, by a ``tl.store`` in the kernel's top-level block, into a pointer parameter stored
+  nowhere else, and nothing else reads it (so the backward needs it only for its own adjoint's rule);
+- it is computed through a reduction (an elementwise replay overlaps the loads: reading back would gain
+  nothing);
+- outside the store's mask its value is known (``outside``: a softmax of ``-inf`` padding is 0), so the
+  load's ``other`` makes every lane what the replay would have computed; an unmasked store has no such lanes.
+
+Reading back is the caller's promise that the parameter holds what this launch stored when the backward runs
+(``grad(..., kept_outputs=...)``): an op's tape saves those outputs for the backward (their version counters
+then refuse an in-place change before it) and keeps none that a later launch of the op writes again.
+A half-precision output is read back as stored, rounded, as PyTorch's and hand-written backwards read it.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from .ir import Program, arguments, canonical_atom, definitions, is_none, op_of, statements, target_of
+
+REDUCTIONS = frozenset({"sum", "max", "min", "softmax", "dot", "cumsum", "cumprod", "linear_scan", "argmax", "argmin",
+                        "xor_sum", "reduce"})
+
+
+@dataclass(frozen=True)
+class StoredValue:
+    """A value and the store that wrote it; ``other``: its value outside the store's mask (None: no mask)."""
+
+    name: str
+    param: str
+    store: ast.stmt
+    other: float | None
+
+
+def stored_values(program: Program, stores: dict[str, list[ast.stmt]]) -> dict[str, StoredValue]:
+    """The values of ``program`` that qualify, by name (``stores``: pointer parameter -> its stores)."""
+    defs = definitions(program.body)
+    uses = Counter(n.id for s in statements(program.body) for n in ast.walk(s)
+                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+    top = {id(s) for s in program.body}
+    found = {}
+    for param, written in stores.items():
+        if len(written) != 1 or op_of(written[0]).kind != "store" or id(written[0]) not in top:
+            continue
+        store = written[0]
+        b = arguments(store)
+        value = b["value"]
+        if not isinstance(value, ast.Name) or uses[value.id] != 1 or len(defs.get(value.id, ())) != 1:
+            continue
+        if id(defs[value.id][0]) not in top or not _reduces(value.id, defs):
+            continue
+        other = None
+        if not is_none(b["mask"]):
+            other = outside(value.id, canonical_atom(b["mask"], defs), defs)
+            if other is None:
+                continue
+        found[value.id] = StoredValue(value.id, param, store, other)
+    return found
+
+
+def _reduces(name: str, defs: dict) -> bool:
+    """Whether a reduction is among what ``name`` is computed from."""
+    seen, work = set(), [name]
+    while work:
+        n = work.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for d in defs.get(n, ()):
+            if isinstance(d, ast.Assign):
+                if op_of(d).kind in REDUCTIONS:
+                    return True
+                work += [a.id for a in ast.walk(d.value) if isinstance(a, ast.Name)]
+    return False
+
+
+def outside(name: str, mask: str, defs: dict, depth: int = 0) -> float | None:
+    """The value ``name`` holds in every lane the mask (canonical form ``mask``) leaves out, where the kernel
+    fixes it there: a load under that mask gives its ``other``, and what follows from it lane by lane. Values
+    not fixed there (a reduction's result, a parameter) are finite as far as the derivation can tell, as
+    analysis.padding takes them."""
+    found = defs.get(name, ())
+    if len(found) != 1 or depth > 64 or not isinstance(found[0], ast.Assign) or target_of(found[0]) != name:
+        return None
+    stmt, kind = found[0], op_of(found[0]).kind
+    if kind == "load":
+        b = arguments(stmt)
+        if is_none(b["mask"]) or canonical_atom(b["mask"], defs) != mask:
+            return None
+        return _constant(b.get("other"), defs)
+    args = [_of(a, mask, defs, depth) for a in op_of(stmt).args]
+    if kind in ("to", "cast", "copy", "pos") and args:
+        return args[0]
+    if kind == "neg":
+        return -args[0] if args[0] is not None else None
+    if kind in ("add", "sub"):
+        x, y = args[0], args[1]
+        y = -y if kind == "sub" and y is not None else y
+        if x is None or y is None:  # an infinity plus a finite value
+            known = x if y is None else y
+            return known if known is not None and math.isinf(known) else None
+        return None if math.isnan(x + y) else x + y
+    if kind in ("exp", "softmax"):  # a softmax's padding: exp(-inf) = 0
+        return 0.0 if args[0] == -math.inf else (math.exp(args[0]) if kind == "exp" and args[0] is not None
+                                                  and math.isfinite(args[0]) else None)
+    if kind in ("mul", "truediv"):
+        x, y = args[0], args[1]
+        if x == 0.0 and (y is None or math.isfinite(y)) and (kind == "mul" or y != 0.0):
+            return 0.0  # zero times (or over) a finite value
+        if kind == "mul" and y == 0.0 and (x is None or math.isfinite(x)):
+            return 0.0
+    return None
+
+
+def _of(atom: ast.expr, mask: str, defs: dict, depth: int) -> float | None:
+    if isinstance(atom, ast.Name):
+        return outside(atom.id, mask, defs, depth + 1)
+    return _constant(atom, defs)
+
+
+def _constant(atom: ast.expr | None, defs: dict) -> float | None:
+    """A literal's value (``-float("inf")`` included, through the names the frontend gave it), else None."""
+    if atom is None:
+        return None
+    if isinstance(atom, ast.Name):
+        found = defs.get(atom.id, ())
+        if len(found) == 1 and isinstance(found[0], ast.Assign) and op_of(found[0]).kind in ("neg", "pos", "copy"):
+            value = _constant(op_of(found[0]).args[0], defs)
+            return -value if value is not None and op_of(found[0]).kind == "neg" else value
+        return None
+    if isinstance(atom, ast.UnaryOp) and isinstance(atom.op, (ast.USub, ast.UAdd)):
+        value = _constant(atom.operand, defs)
+        return -value if value is not None and isinstance(atom.op, ast.USub) else value
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)) and not isinstance(atom.value, bool):
+        return float(atom.value)
+    if (isinstance(atom, ast.Call) and isinstance(atom.func, ast.Name) and atom.func.id == "float"
+            and len(atom.args) == 1 and isinstance(atom.args[0], ast.Constant)):
+        try:
+            return float(atom.args[0].value)
+        except (TypeError, ValueError):
+            return None
+    return None
