@@ -634,8 +634,11 @@ def infer_shapes(program: Program, tile: bool = False) -> dict[str, Shape]:
     def of(atom: ast.expr) -> Shape:
         if isinstance(atom, ast.Name):
             return shapes.get(atom.id)
-        if isinstance(atom, ast.Constant):
+        if isinstance(atom, ast.Constant) or (isinstance(atom, ast.Call) and isinstance(atom.func, ast.Name)
+                                              and atom.func.id == "float"):  # -float("inf")
             return ()
+        if isinstance(atom, ast.UnaryOp):
+            return of(atom.operand)
         return None
 
     # Triton keeps a loop-carried variable's type, and a runtime if's outputs have one type: their first

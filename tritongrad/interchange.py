@@ -213,9 +213,9 @@ def _rounded_to(name: str, body: list[ast.stmt], loaded: dict[str, str]) -> str 
         seen.add(current)
         uses = [n for n in everything if isinstance(n, ast.Name) and n.id == current and isinstance(n.ctx, ast.Load)]
         casts = [c for c in everything if _is_cast_of(c, current)]
-        passed = [s for s in flat if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
-                  and ast.unparse(s.value.func) in PASSING and s.value.args and _is_name(s.value.args[0], current)
-                  and not any(_is_name(a, current) for a in s.value.args[1:])]
+        passed = [s for s in flat if isinstance(s, ast.Assign) and (_is_name(s.value, current) or (  # a copy
+                  isinstance(s.value, ast.Call) and ast.unparse(s.value.func) in PASSING and s.value.args
+                  and _is_name(s.value.args[0], current) and not any(_is_name(a, current) for a in s.value.args[1:])))]
         if len(uses) != len(casts) + len(passed):
             return None
         for s in passed:

@@ -536,20 +536,32 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         body = self.program.body
         needed = self.closure(seeds, body)
         kept = {v: k for v, k in self.read_back.items() if v in needed and self.same_shape(v, _address(k))}
-        if kept:  # read back instead where that leaves no more loads to replay (stored_outputs.py)
+        if kept and self._fewer_loads(seeds | set(also), kept):
             instead = self.closure(seeds | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept))
-            if len(self._loads(instead)) + len(kept) <= len(self._loads(needed)):
-                return self.replay_block(body, instead, asserts=True, read_back=kept)
+            return self.replay_block(body, instead, asserts=True, read_back=kept)
         return self.replay_block(body, needed, asserts=True)
 
-    def _loads(self, names: set[str]) -> list[str]:
-        return [n for n in names for d in self.defs.get(n, ()) if op_of(d).kind in LOADS]
+    def _fewer_loads(self, seeds: set[str], kept: dict[str, StoredValue]) -> bool:
+        """Whether reading ``kept`` back leaves no more loads to issue than replaying them: counted over the
+        values read as values (a load the sweep reads only for its shape is compiled away either way)."""
+        shadow_of = {v: k for k, v in self.shadow.items()}
+        valued = {shadow_of.get(n, n) for s in statements(self.out) for n in value_reads(s)}
+        valued = {n for n in seeds if n in valued or n in self.read_back}  # (seeds: names from before the sweep)
+        body = self.program.body
 
-    def closure(self, seeds: set[str], block: list[ast.stmt], also=(), leaves=frozenset()) -> set[str]:
+        def loads(names: set[str]) -> int:
+            return sum(op_of(d).kind in LOADS for n in names for d in self.defs.get(n, ()))
+
+        replayed = self.closure(valued, body, reader=value_reads)
+        instead = self.closure(valued | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept),
+                               reader=value_reads)
+        return loads(instead) + len(kept) <= loads(replayed)
+
+    def closure(self, seeds: set[str], block: list[ast.stmt], also=(), leaves=frozenset(), reader=reads) -> set[str]:
         """``seeds`` and every value of ``block`` they are computed from (through the tests and ranges
-        around them in ``block`` too). Names from outside ``block`` (other than ``also``) are taken as
-        they are there; of ``also`` names, only their definitions inside ``block`` are followed; of
-        ``leaves``, none (read back: stored_outputs.py)."""
+        around them in ``block`` too; ``reader``: the names an expression reads). Names from outside
+        ``block`` (other than ``also``) are taken as they are there; of ``also`` names, only their
+        definitions inside ``block`` are followed; of ``leaves``, none (read back: stored_outputs.py)."""
         needed: set[str] = set()
         work = list(seeds)
         while work:
@@ -562,10 +574,10 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
             for d in self.defs.get(n, []):
                 if not self.block_within(self.stmt_block[id(d)], block):
                     continue
-                work += reads(d.value) if isinstance(d, ast.Assign) else reads(d.iter)
+                work += reader(d.value) if isinstance(d, ast.Assign) else reader(d.iter)
                 for outer in self.enclosing[id(d)]:
                     if self.block_within(self.stmt_block[id(outer)], block):
-                        work += [x for e in header(outer) for x in reads(e)]
+                        work += [x for e in header(outer) for x in reader(e)]
         return needed
 
     def block_within(self, b: int | None, block: list[ast.stmt]) -> bool:
@@ -628,6 +640,25 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         node = ast.Assign(targets=[ast.Name(self.shadow[t], ast.Store())], value=value)
         node.tg = stmt.tg
         return node
+
+
+# adjoint helpers that read an argument for its shape (or type) only, by position
+_SHAPE_ONLY = {"tg.unbroadcast": 1, "tg.sum_grad": 1, "tg.split_grad": 1, "tg.zeros_grad": 0, "tl.zeros_like": 0}
+
+
+def value_reads(node: ast.AST) -> set[str]:
+    """The names ``node`` reads for their values: not those only an adjoint helper's shape argument or a
+    ``.shape`` / ``.dtype`` reads."""
+    skip: set[int] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call) and ast.unparse(n.func) in _SHAPE_ONLY:
+            i = _SHAPE_ONLY[ast.unparse(n.func)]
+            if i < len(n.args):
+                skip |= {id(m) for m in ast.walk(n.args[i]) if isinstance(m, ast.Name)}
+        elif isinstance(n, ast.Attribute) and n.attr in ("shape", "dtype") and isinstance(n.value, ast.Name):
+            skip.add(id(n.value))
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and id(n) not in skip}
 
 
 def _address(kept: StoredValue) -> str:

@@ -85,7 +85,8 @@ def _reduces(name: str, defs: dict) -> bool:
 
 def outside(name: str, mask: str, defs: dict, depth: int = 0) -> float | None:
     """The value ``name`` holds in every lane the mask (canonical form ``mask``) leaves out, where the kernel
-    fixes it there: a load under that mask gives its ``other``, and what follows from it lane by lane. Values
+    fixes it there: a load under that mask gives its ``other`` (``tl.where`` on that mask its second value), and
+    what follows from it lane by lane. Values
     not fixed there (a reduction's result, a parameter) are finite as far as the derivation can tell, as
     analysis.padding takes them."""
     found = defs.get(name, ())
@@ -97,6 +98,9 @@ def outside(name: str, mask: str, defs: dict, depth: int = 0) -> float | None:
         if is_none(b["mask"]) or canonical_atom(b["mask"], defs) != mask:
             return None
         return _constant(b.get("other"), defs)
+    if kind == "where":  # outside the mask, `tl.where(mask, x, y)` is y
+        b = arguments(stmt)
+        return _of(b["y"], mask, defs, depth) if canonical_atom(b["condition"], defs) == mask else None
     args = [_of(a, mask, defs, depth) for a in op_of(stmt).args]
     if kind in ("to", "cast", "copy", "pos") and args:
         return args[0]

@@ -444,7 +444,7 @@ LINEAR = {"add", "sub", "branch"}  # carried updates that add to the state (the 
 # operation families, by weight; shrinking moves toward the front
 FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["reduce"] * 3 + ["shape"] * 2
             + ["where", "fma", "cast", "dot", "dot", "outer", "gather", "scalar", "iota", "softmax", "scan", "scan",
-               "join", "loop", "loop", "columns", "branch", "early_return", "multistore", "scatter"])
+               "join", "loop", "loop", "columns", "branch", "early_return", "multistore", "scatter", "softmax_out"])
 MAX_OPS = 12
 MAX_CONTROL = 2  # loops and branches per kernel (each costs the interpreter several plain nodes' time)
 CONTROL = ("loop", "columns", "branch")
@@ -1144,6 +1144,35 @@ class Gen:
             self.push(Node(out, n.lo, hi, "{self}_m + tl.log({self}_s)",
                            f"torch.logsumexp({{0}}, dim={axis}, keepdim=True)", (i,), "logsumexp", pre_tl=pre))
 
+    def op_softmax_out(self):
+        """A softmax of a value, stored as an output under the value's own mask and read by nothing else (an op's
+        backward reads it back instead of replaying it: stored_outputs.py); the value goes on as it was."""
+        d = self.d
+        ok = lambda k: bool(real(k)) and storable(k)  # noqa: E731
+        a = None
+        if d.pick([True, True, False]):  # mostly of a value loaded for it: the backward need not load it then
+            self.op_load()
+            a = len(self.p.nodes) - 1 if ok(self.kind_of(len(self.p.nodes) - 1)) else None
+        a = self.operand(ok) if a is None else a
+        if a is None:
+            return self.op_softmax()
+        kind = self.kind_of(a)
+        axis = d.pick([p for p, k in enumerate(kind) if k != "1"])
+        store, _, offset, mask, index = self.loop_output(kind)
+        kw = f"axis={axis}, keep_dims=True"
+        address = f"{store.name}_ptr" + (f" + {offset}" if offset else "")
+        pre_tl = (f"{{self}}_x = tl.where({mask}, {{0}}, -float('inf'))" if mask else "{self}_x = {0}",
+                  f"{{self}}_m = tl.max({{self}}_x, {kw})",
+                  "{self}_z = {self}_x - {self}_m",
+                  "{self}_e = tl.exp({self}_z)",
+                  f"{{self}}_s = tl.sum({{self}}_e, {kw})",
+                  "{self}_y = {self}_e / {self}_s",
+                  f"tl.store({address}, {{self}}_y" + (f", mask={mask})" if mask else ")"))
+        pre_th = (f"{store.name}[{index}] = torch.softmax({{0}}, dim={axis})",)
+        n = self.p.nodes[a]
+        self.push(Node(kind, n.lo, n.hi, "{0}", "{0}", (a,), "softmax_out", pre_tl=pre_tl, pre_th=pre_th,
+                       zero=n.zero, tied=n.tied))
+
     # -- loops and branches: nodes whose lines hold a whole `for` or `if` ------------------
 
     def shape_tl(self, kind) -> str:
@@ -1546,7 +1575,8 @@ class Gen:
         width = d.pick([2 * bc - 1, bc, 2 * bc + 3, 1, bc - 1])
         form = d.pick(["sum", "tile", "online", "none", "max"])
         update = d.pick(["add", "affine", "branch", "squash", "sub", "max", "overwrite", "gate", "feedback"])
-        uniform = form in ("online", "max") or update == "gate"
+        uniform = form in ("online", "max") or update in ("gate", "max")  # (a running maximum of tied sums: torch
+        # may round a sum that ties here to one that does not, and send its gradient the other way)
         inp = self.new_input("wide", (a.name,), "uniform" if uniform else self.dist(), steps=width)
         L, constexpr = self.count(width)
         BC = f"BC{len(self.p.meta)}" if d.pick([False, True]) else str(bc)  # a constexpr parameter, or literal

@@ -3,7 +3,9 @@
 The input loaded in the loop gets a kernel of its own reading the loop's final state from the forward, and
 the adjoint its iterations read (d_v2_h, computed from d_v3 = dy1 + ...) is computed by a prologue. The
 main kernel kept `d_v3 += ...` after dropping `d_v3 = ...` as unused: a crash (unbound name); dropping
-both, the sums the kernel stores were dropped too while the fix was made (zero gradient, caught here)."""
+both, the sums the kernel stores were dropped too while the fix was made (zero gradient, caught here).
+h3 multiplies (the shrunk kernel subtracted): so the backward reads the loop's final state, which a difference
+needs only for its shape, no longer replayed for that."""
 
 # ruff: noqa: E501, B007
 
@@ -29,7 +31,7 @@ def h1(a0, a1):
 
 @triton.jit
 def h3(a0, a1):
-    return a0 - a1
+    return a0 * a1
 
 
 @triton.jit
@@ -80,7 +82,7 @@ def mirror(x0, z1):
             u2_f = (torch.sigmoid(u2_x)).sum(dim=(0,), keepdim=True)
             u2_h = u2_h - u2_f
         u2 = u2_h
-        u3 = u0 - u2
+        u3 = u0 * u2
         u4 = torch.softmax(u1, dim=1)
         u5 = u3 + u4
         y0[m0:m1, k0:k1] = y0[m0:m1, k0:k1] + u5
