@@ -96,7 +96,7 @@ ROLES = {
     "transpose": (("x_ptr", "s_ptr"), ("y_ptr",)),
     "gelu": (("x_ptr",), ("y_ptr",)),
     "geglu": (("a_ptr", "b_ptr"), ("y_ptr",)),
-    "layernorm": (("x_ptr", "w_ptr", "b_ptr"), ("y_ptr",)),
+    "layernorm": (("x_ptr", "w_ptr", "b_ptr"), ("y_ptr", "mean_ptr", "rstd_ptr")),
     "add_rmsnorm": (("x_ptr", "r_ptr", "w_ptr"), ("y_ptr", "h_ptr")),
     "log_softmax": (("x_ptr",), ("y_ptr",)),
     "rotary": (("x_ptr", "cos_ptr", "sin_ptr"), ("out_ptr",)),

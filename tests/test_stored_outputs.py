@@ -276,3 +276,52 @@ def test_changing_an_output_read_back_before_the_backward_raises():
     y.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+def test_a_layer_norm_reads_its_mean_and_rstd_back(kept):
+    """The example stores each row's mean and rstd, as the Triton tutorial does: the op's backward reads them
+    back (no reduction replayed: rstd = 1 / sqrt(var + eps) is differentiated from rstd alone, composites.py)."""
+    from tritongrad.examples import layernorm
+
+    src = _code(tritongrad.grad(layernorm.layernorm_kernel, kept_outputs=("mean_ptr", "rstd_ptr")).src)
+    assert "tl.sum(x" not in src and "tl.sum(xc_times_xc" not in src and "tl.sqrt(" not in src, src
+    for _ in range(4):
+        x, w, b = (t.requires_grad_() for t in layernorm.make_inputs((R, C), dtype=torch.float64))
+        y = layernorm.layernorm(x, w, b)
+        g = torch.randn_like(y)
+        got = torch.autograd.grad(y, (x, w, b), g)
+        want = torch.autograd.grad(layernorm.reference(x, w, b), (x, w, b), g)
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+    assert {k for _, k in kept} == {("mean_ptr", "rstd_ptr")}
+    y = layernorm.layernorm(x, w, b)
+    y.add_(1.0)  # y is no rule's: not saved, so changing it in place is allowed, as with PyTorch's layer_norm
+    y.sum().backward()
+
+
+@triton.jit
+def row_statistics(x_ptr, y_ptr, mean_ptr, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * n + cols, mask=cols < n, other=0.0)
+    mean = tl.sum(x, axis=0) / n
+    tl.store(mean_ptr + row, mean)
+    tl.store(y_ptr + row * n + cols, (x - mean) * (x - mean), mask=cols < n)
+
+
+@pytest.mark.parametrize("stats", [torch.float64, torch.float16])
+def test_a_statistic_is_read_back_only_from_an_output_that_holds_it_exactly(stats, kept):
+    @tritongrad.op
+    def squared_deviation(x):
+        y = poison(torch.empty_like(x))
+        mean = torch.empty(R, dtype=stats)
+        row_statistics[(R,)](x, y, mean, C, BLOCK=BC)
+        return y
+
+    for _ in range(3):
+        x = (3 * torch.randn(R, C, dtype=torch.float64)).requires_grad_()
+        g = torch.randn(R, C, dtype=torch.float64)
+        (got,) = torch.autograd.grad(squared_deviation(x), x, g)
+        (want,) = torch.autograd.grad((x - x.mean(1, keepdim=True)) ** 2, x, g)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert kept == [(row_statistics, ("mean_ptr",) if stats == torch.float64 else ())]

@@ -1,5 +1,9 @@
-"""A softmax written out, ``e = tl.exp(z); s = tl.sum(e, axis); y = e / s``, read as the one operation it is.
+"""Operations written out in several steps, read as the one operation they are, so that their rule reads only
+their result: a softmax, ``e = tl.exp(z); s = tl.sum(e, axis); y = e / s``, and a reciprocal square root,
+``r = 1.0 / tl.sqrt(v)`` (a normalization's ``rstd``: its rule ``-0.5 * r ** 3`` needs neither the square root
+nor ``v``, the variance, a reduction the backward would replay).
 
+Softmax.
 Differentiated statement by statement, its backward needs ``e`` and ``s`` as well as ``y``: the exponential
 and the sum are replayed and each adjoint divides by ``s``. Read as ``y = tg.softmax(z, axis)``, its rule is
 ``dz = y * (dy - sum(dy * y))`` (operations.py), which reads ``y`` alone: what a hand-written backward does,
@@ -17,6 +21,7 @@ that runs is the user's.
 from __future__ import annotations
 
 import ast
+import copy
 from collections import Counter
 
 from .ir import (
@@ -35,8 +40,9 @@ from .ir import (
 )
 
 
-def fuse_softmax(program: Program) -> Program:
-    """The program with each written-out softmax (in any block) rewritten, in place, as ``tg.softmax``."""
+def fuse_composites(program: Program) -> Program:
+    """The program with each written-out softmax (in any block) rewritten, in place, as ``tg.softmax``, and each
+    reciprocal square root differentiated as ``tl.rsqrt``."""
     uses = Counter(n for s in statements(program.body) for n in _reads(s))
     uses.update(n for node in structured(program.body) for e in header(node) for n in reads(e))
     uses.update(n for r in program.returns or () for n in reads(r))
@@ -52,6 +58,15 @@ def _fuse_block(block: list[ast.stmt], uses: Counter, stored: set[str]) -> None:
             _fuse_block(inner, uses, stored)
     here = {target_of(s): s for s in block if not is_structured(s) and target_of(s) is not None}
     for div in list(block):
+        root = _reciprocal_root(div, here, uses)
+        if root is not None:  # `r = 1.0 / tl.sqrt(v)`, computed as written, differentiated as tl.rsqrt(v)
+            sqrt = here[op_of(div).args[1].id]
+            block.remove(sqrt)
+            node = ast.Assign(targets=[ast.Name(target_of(div), ast.Store())],
+                              value=ast.BinOp(copy.deepcopy(op_of(div).args[0]), ast.Div(), copy.deepcopy(sqrt.value)))
+            node.tg = Tag(Op("rsqrt", [root]), div.tg.origin, div.tg.where)
+            block[block.index(div)] = ast.fix_missing_locations(ast.copy_location(node, div))
+            continue
         found = _match(div, here, uses, stored)
         if found is None:
             continue
@@ -62,6 +77,18 @@ def _fuse_block(block: list[ast.stmt], uses: Counter, stored: set[str]) -> None:
                           value=ast.parse(f"tg.softmax({z.id}, {axis})", mode="eval").body)
         node.tg = Tag(Op("softmax", [z, ast.Constant(axis)]), div.tg.origin, div.tg.where)
         block[block.index(div)] = ast.fix_missing_locations(ast.copy_location(node, div))
+
+
+def _reciprocal_root(div: ast.stmt, here: dict[str, ast.stmt], uses: Counter) -> ast.Name | None:
+    """``v`` where ``div`` is ``1.0 / s`` of an ``s = tl.sqrt(v)`` nothing else reads, else None."""
+    if is_structured(div) or op_of(div).kind != "truediv":
+        return None
+    one, s = op_of(div).args
+    sqrt = here.get(s.id) if isinstance(s, ast.Name) and uses[s.id] == 1 else None
+    if _literal(one) != 1 or sqrt is None or op_of(sqrt).kind not in ("sqrt", "sqrt_rn"):
+        return None
+    root = op_of(sqrt).args[0]
+    return root if isinstance(root, ast.Name) else None
 
 
 def _match(div: ast.stmt, here: dict[str, ast.stmt], uses: Counter, stored: set[str]):

@@ -15,7 +15,7 @@ from typing import Any
 from . import codegen, tuning
 from .analysis import Analysis, analyze
 from .checks import Expr, LaunchCheck, LaunchValues
-from .composites import fuse_softmax
+from .composites import fuse_composites
 from .errors import NotDifferentiableError
 from .frontend import normalize_kernel, normalize_tile_function
 from .interchange import NotInterchangeable
@@ -900,7 +900,7 @@ def hashable(value: Any) -> Any:
 
 def _derive(jit_fn: Any, wrt, outputs, deterministic: bool, constexprs: dict[str, Any],
             kept_outputs: tuple[str, ...] = ()) -> BackwardKernel:
-    program = fuse_softmax(online_softmax(normalize_kernel(jit_fn, constexprs)))
+    program = fuse_composites(online_softmax(normalize_kernel(jit_fn, constexprs)))
     analysis = analyze(program, wrt, outputs)
     read_back = {v: k for v, k in stored_values(program, analysis.stores).items() if k.param in kept_outputs}
     bwd = BackwardKernel(jit_fn, program, analysis, classify_loops(analysis), plan_lowering(analysis),

@@ -233,7 +233,7 @@ class Step:
         bwd = self.derived.get(key)
         if bwd is None:
             bwd = self.derived[key] = grad(kernel, self.wrt, self.outputs, constexprs=named,
-                                           deterministic=deterministic, kept_outputs=tuple(self.launch.kept))
+                                           deterministic=deterministic, kept_outputs=tuple(sorted(self.launch.kept)))
         return bwd
 
 

@@ -535,7 +535,8 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                 seeds |= reads(s)
         body = self.program.body
         needed = self.closure(seeds, body)
-        kept = {v: k for v, k in self.read_back.items() if v in needed and self.same_shape(v, _address(k))}
+        kept = {v: k for v, k in self.read_back.items() if v in needed and self.same_shape(v, _address(k))
+                and self._moved_with(k) is not None}
         if kept and self._fewer_loads(seeds | set(also), kept):
             instead = self.closure(seeds | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept))
             return self.replay_block(body, instead, asserts=True, read_back=kept)
@@ -549,13 +550,38 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         valued = {n for n in seeds if n in valued or n in self.read_back}  # (seeds: names from before the sweep)
         body = self.program.body
 
+        def tiles(names) -> int:  # loads of tiles (a row's statistic, one value, costs next to nothing)
+            return sum(self.analysis.shapes.get(n) != () for n in names)
+
         def loads(names: set[str]) -> int:
-            return sum(op_of(d).kind in LOADS for n in names for d in self.defs.get(n, ()))
+            return tiles(n for n in names if any(op_of(d).kind in LOADS for d in self.defs.get(n, ())))
 
         replayed = self.closure(valued, body, reader=value_reads)
         instead = self.closure(valued | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept),
                                reader=value_reads)
-        return loads(instead) + len(kept) <= loads(replayed)
+        return loads(instead) + tiles(kept) <= loads(replayed)
+
+    def _moved_with(self, kept: StoredValue) -> list[ast.stmt] | None:
+        """The top-level statements between ``kept``'s definition and its store that compute the store's address
+        and mask: replayed with the read-back, where the value was defined. None where they read the value, or a
+        name defined in a nested block or more than once."""
+        body = self.program.body
+        at = {id(s): i for i, s in enumerate(body)}
+        start, end = at.get(id(self.defs[kept.name][0])), at.get(id(kept.store))
+        if start is None or end is None or end < start:
+            return None
+        b = arguments(kept.store)
+        work, moved = [*reads(b["pointer"]), *reads(b["mask"])], {}
+        while work:
+            found = self.defs.get(work.pop(), [])
+            if not found:
+                continue  # a parameter
+            if len(found) != 1 or id(found[0]) not in at or at[id(found[0])] == start:
+                return None
+            if at[id(found[0])] > start and id(found[0]) not in moved:
+                moved[id(found[0])] = found[0]
+                work += reads(found[0].value)
+        return sorted(moved.values(), key=lambda s: at[id(s)])
 
     def closure(self, seeds: set[str], block: list[ast.stmt], also=(), leaves=frozenset(), reader=reads) -> set[str]:
         """``seeds`` and every value of ``block`` they are computed from (through the tests and ranges
@@ -590,14 +616,22 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
     def replay_block(self, block: list[ast.stmt], needed: set[str], skip: set[int] = frozenset(),
                      asserts: bool = False, read_back: dict[str, StoredValue] | None = None) -> list[ast.stmt]:
         """The statements of ``block`` assigning ``needed`` names (stores dropped), shadows beside pointers;
-        a ``read_back`` value is loaded where its store was instead of computed."""
+        a ``read_back`` value is loaded where it was defined instead of computed, the statements computing its
+        store's address moved up with it."""
         out: list[ast.stmt] = []
-        stored = {id(k.store): k for k in (read_back or {}).values()}
+        moves = {v: self._moved_with(k) for v, k in (read_back or {}).items()}
+        moved = {id(m) for ms in moves.values() for m in ms}
         for s in block:
-            if id(s) in stored:
-                kept = stored[id(s)]
-                out += [self.marker(f"`{kept.name}` read back from `{kept.param}`, where the forward stored it, "
-                                    "instead of replayed (stored_outputs.py)"), _read_back(kept)]
+            t = target_of(s) if not is_structured(s) else None
+            if read_back and t in read_back:
+                kept = read_back[t]
+                out.append(self.marker(f"`{kept.name}` read back from `{kept.param}`, where the forward stored it, "
+                                       "instead of replayed (stored_outputs.py)"))
+                for m in moves[t]:
+                    out += self.with_shadow(copy.deepcopy(m))
+                out.append(_read_back(kept))
+                continue
+            if id(s) in moved:
                 continue
             if is_structured(s):
                 inner = [self.replay_block(b, needed, skip, asserts) for b in child_blocks(s)]
@@ -613,8 +647,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                     out.append(copy_structured(s, test=copy.deepcopy(s.test), body=inner[0] or [ast.Pass()],
                                                 orelse=inner[1]))
                 continue
-            t = target_of(s)
-            if id(s) in skip or op_of(s).kind in STORES or (read_back and t in read_back):
+            if id(s) in skip or op_of(s).kind in STORES:
                 continue
             if (t is not None and t in needed) or (asserts and op_of(s).kind in ASSERTS):
                 out += self.with_shadow(copy.deepcopy(s))

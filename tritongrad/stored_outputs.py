@@ -5,27 +5,31 @@ row's max, exponentials and sum before the backward's own reduction, and at 1638
 cannot hide that work behind its loads. Read back, it is one load in place of the load of ``x`` (PyTorch's
 softmax saves its output for the same reason). A value qualifies where:
 
-- it is stored once, by a ``tl.store`` in the kernel's top-level block, into a pointer parameter stored
-  nowhere else, and nothing else reads it (so the backward needs it only for its own adjoint's rule);
+- it is defined once and stored once, both in the kernel's top-level block, by a ``tl.store`` into a pointer
+  parameter stored nowhere else (the replay loads it where it was defined: the statements computing the
+  store's address move up with it);
 - it is computed through a reduction (an elementwise replay overlaps the loads: reading back would gain
-  nothing);
+  nothing), and some derivative rule reads it or a value computed from it (else the backward never needs it,
+  and saving the output would only refuse in-place changes PyTorch allows: a layer norm's ``y``);
 - outside the store's mask its value is known (``outside``: a softmax of ``-inf`` padding is 0), so the
   load's ``other`` makes every lane what the replay would have computed; an unmasked store has no such lanes.
 
 Reading back is the caller's promise that the parameter holds what this launch stored when the backward runs
 (``grad(..., kept_outputs=...)``): an op's tape saves those outputs for the backward (their version counters
 then refuse an in-place change before it) and keeps none that a later launch of the op writes again.
-A half-precision output is read back as stored, rounded, as PyTorch's and hand-written backwards read it.
+A half-precision output is read back as stored, rounded, only for a softmax (``StoredValue.rounds``: as
+PyTorch's and hand-written backwards read it); a statistic (a row's mean, its rstd) only from float32 or
+float64 outputs, where it is exact.
 """
 
 from __future__ import annotations
 
 import ast
 import math
-from collections import Counter
 from dataclasses import dataclass
 
-from .ir import Program, arguments, canonical_atom, definitions, is_none, op_of, statements, target_of
+from .ir import Program, arguments, canonical_atom, definitions, is_none, op_of, reads, statements, target_of
+from .operations import operation_of
 
 REDUCTIONS = frozenset({"sum", "max", "min", "softmax", "dot", "cumsum", "cumprod", "linear_scan", "argmax", "argmin",
                         "xor_sum", "reduce"})
@@ -39,13 +43,12 @@ class StoredValue:
     param: str
     store: ast.stmt
     other: float | None
+    rounds: bool = False  # a softmax: may be read back rounded to a half-precision output's type
 
 
 def stored_values(program: Program, stores: dict[str, list[ast.stmt]]) -> dict[str, StoredValue]:
     """The values of ``program`` that qualify, by name (``stores``: pointer parameter -> its stores)."""
     defs = definitions(program.body)
-    uses = Counter(n.id for s in statements(program.body) for n in ast.walk(s)
-                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
     top = {id(s) for s in program.body}
     found = {}
     for param, written in stores.items():
@@ -54,16 +57,16 @@ def stored_values(program: Program, stores: dict[str, list[ast.stmt]]) -> dict[s
         store = written[0]
         b = arguments(store)
         value = b["value"]
-        if not isinstance(value, ast.Name) or uses[value.id] != 1 or len(defs.get(value.id, ())) != 1:
+        if not isinstance(value, ast.Name) or len(defs.get(value.id, ())) != 1:
             continue
-        if id(defs[value.id][0]) not in top or not _reduces(value.id, defs):
+        if id(defs[value.id][0]) not in top or not _reduces(value.id, defs) or not _read_by_rules(value.id, program):
             continue
         other = None
         if not is_none(b["mask"]):
             other = outside(value.id, canonical_atom(b["mask"], defs), defs)
             if other is None:
                 continue
-        found[value.id] = StoredValue(value.id, param, store, other)
+        found[value.id] = StoredValue(value.id, param, store, other, op_of(defs[value.id][0]).kind == "softmax")
     return found
 
 
@@ -80,6 +83,28 @@ def _reduces(name: str, defs: dict) -> bool:
                 if op_of(d).kind in REDUCTIONS:
                     return True
                 work += [a.id for a in ast.walk(d.value) if isinstance(a, ast.Name)]
+    return False
+
+
+def _read_by_rules(name: str, program: Program) -> bool:
+    """Whether a derivative rule reads ``name`` or a value computed from it (as its result ``out`` or as an
+    operand), taking every operand to be active."""
+    downstream = {name}
+    for stmt in statements(program.body):
+        if target_of(stmt) is not None and reads(stmt.value) & downstream:
+            downstream.add(target_of(stmt))
+    for stmt in statements(program.body):
+        rule = operation_of(op_of(stmt))
+        if not rule.has_rule or not reads(stmt) & downstream | ({target_of(stmt)} & downstream):
+            continue
+        bound = arguments(stmt)
+        for template in rule.adjoints.values():
+            if callable(template):
+                return True  # (a rule built from literal arguments: taken to read everything)
+            read = reads(ast.parse(template, mode="eval"))
+            if ("out" in read and target_of(stmt) in downstream) or any(
+                    p in read and isinstance(a, ast.Name) and a.id in downstream for p, a in bound.items()):
+                return True
     return False
 
 

@@ -31,6 +31,7 @@ import torch
 
 from .analysis import pointers
 from .augment import SavedStates, keeping
+from .composites import fuse_composites
 from .derive import defaults_of
 from .errors import OpError
 from .frontend import normalize_kernel
@@ -130,7 +131,10 @@ class Roles:
     overwrites: frozenset[str]  # stored with something other than tl.atomic_add
     inputs: frozenset[str]  # differentiable inputs: loaded, not indices, never stored unless in place
     in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis.in_place_pointers)
-    read_back: frozenset[str] = frozenset()  # stored with a value the backward may read back (stored_outputs.py)
+    # stored with a value the backward may read back (stored_outputs.py): from any float output (a softmax's),
+    # or only where the output is float32 or float64 (a statistic, exact there)
+    read_back: frozenset[str] = frozenset()
+    read_back_exact: frozenset[str] = frozenset()
 
     @property
     def pointers(self) -> frozenset[str]:
@@ -189,8 +193,10 @@ def _analyse(kernel: Any) -> KernelInfo:
                                if any(operation_of(op_of(s)).memory != "accumulate" for s in ss))
         in_place = frozenset(p for p in loads & stores if p not in a.index_pointers
                              and all(op_of(s).kind == "store" for s in a.stores[p]))
+        kept = stored_values(fuse_composites(program), a.stores).values()  # (the stores stay as they are)
         roles = Roles(loads, stores, overwrites, frozenset((loads - stores | in_place) - set(a.index_pointers)),
-                      in_place, frozenset(k.param for k in stored_values(program, a.stores).values()) - loads)
+                      in_place, frozenset(k.param for k in kept if k.rounds) - loads,
+                      frozenset(k.param for k in kept if not k.rounds) - loads)
     except Exception as e:  # e.g. a construct the core does not handle yet; raised if the launch needs a backward
         error = e
     interpreted = type(kernel).__name__ == "InterpretedFunction"
@@ -264,6 +270,7 @@ class _Tensors:
 
 
 _CPU = torch.device("cpu")
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _Tensor = torch.Tensor  # a module global: read on every argument of every launch
 _ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)}  # dtype.itemsize is slow
 
@@ -550,10 +557,11 @@ class Tape:
                 for p in loads - set(copies):  # (what an in-place launch read is in its copy)
                     read.setdefault(checked.views[p].key, []).append((checked, p, checked.views[p]))
         for checked in launches:  # outputs whose values the backward reads back: saved, unless written again
-            for p in checked.params("read_back") if checked.info.roles is not None else ():
-                key = checked.views[p].key
+            roles = checked.info.roles
+            for p in (roles.read_back | roles.read_back_exact) & set(checked.views) if roles is not None else ():
+                key, dtype = checked.views[p].key, checked.views[p].dtype
                 if (written[key][-1][0] is checked and checked.slots.get(p) is None
-                        and checked.views[p].dtype.is_floating_point):  # (a float stored as an integer is not it)
+                        and dtype in ((torch.float32, torch.float64) if p in roles.read_back_exact else _FLOATS)):
                     checked.slots[p] = slots.setdefault(params_of[checked][p], len(slots))
                     checked.kept = checked.kept | {p}
         self._check_outputs(outputs, outs, arguments, tensors, written)

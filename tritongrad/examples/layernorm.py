@@ -1,5 +1,7 @@
 """LayerNorm over the last axis with a weight and a bias: ``y = (x - mean) / sqrt(var + eps) * w + b``.
-One program per row, the whole row in one block, in float32 (``COMPUTE``: float64 for float64 inputs)."""
+One program per row, the whole row in one block, in float32 (``COMPUTE``: float64 for float64 inputs); each
+row's mean and reciprocal standard deviation stored too, as the Triton tutorial's kernel stores them (an op's
+backward reads them back instead of computing them again: stored_outputs.py)."""
 
 import torch
 import triton
@@ -11,7 +13,8 @@ from .launch import Launch, compute_type, itemsize, numel, row_warps
 
 
 @triton.jit
-def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride, N, eps, BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
+def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, stride, N, eps, BLOCK: tl.constexpr,
+                     COMPUTE: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -22,6 +25,8 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride, N, eps, BLOCK: tl.const
     xc = tl.where(mask, x - mean, 0.0)  # the padding lanes must not add to the variance
     var = tl.sum(xc * xc, axis=0) / N
     rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
     y = xc * rstd * w + b
     tl.store(y_ptr + row * stride + cols, y, mask=mask)
 
@@ -30,9 +35,11 @@ def layernorm_launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: flo
     assert x.is_contiguous() and x.dim() == 2 and w.shape == b.shape == (x.shape[1],)
     y = torch.empty_like(x)
     rows, n = x.shape
+    stats = torch.float64 if x.dtype == torch.float64 else torch.float32  # in the type it computes in
+    mean, rstd = (torch.empty(rows, device=x.device, dtype=stats) for _ in range(2))
     meta = {"BLOCK": triton.next_power_of_2(n), "COMPUTE": compute_type(x.dtype)}
     meta["num_warps"] = row_warps(meta["BLOCK"])
-    return Launch(layernorm_kernel, (rows,), (x, w, b, y, x.stride(0), n, eps), meta, "y_ptr", y)
+    return Launch(layernorm_kernel, (rows,), (x, w, b, y, mean, rstd, x.stride(0), n, eps), meta, "y_ptr", y)
 
 
 @tritongrad.op("tritongrad_examples::layernorm")
