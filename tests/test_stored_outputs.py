@@ -278,7 +278,7 @@ def test_changing_an_output_read_back_before_the_backward_raises():
         y.sum().backward()
 
 
-def test_a_layer_norm_reads_its_mean_and_rstd_back(kept):
+def test_a_layer_norm_reads_its_mean_and_rstd_back(kept, device):
     """The example stores each row's mean and rstd, as the Triton tutorial does: the op's backward reads them
     back (no reduction replayed: rstd = 1 / sqrt(var + eps) is differentiated from rstd alone, composites.py)."""
     from tritongrad.examples import layernorm
@@ -286,7 +286,7 @@ def test_a_layer_norm_reads_its_mean_and_rstd_back(kept):
     src = _code(tritongrad.grad(layernorm.layernorm_kernel, kept_outputs=("mean_ptr", "rstd_ptr")).src)
     assert "tl.sum(x" not in src and "tl.sum(xc_times_xc" not in src and "tl.sqrt(" not in src, src
     for _ in range(4):
-        x, w, b = (t.requires_grad_() for t in layernorm.make_inputs((R, C), dtype=torch.float64))
+        x, w, b = (t.requires_grad_() for t in layernorm.make_inputs((R, C), device, torch.float64))
         y = layernorm.layernorm(x, w, b)
         g = torch.randn_like(y)
         got = torch.autograd.grad(y, (x, w, b), g)
