@@ -264,6 +264,29 @@ def canonical_atom(atom: ast.expr, defs: dict, depth: int = 0) -> str:
     return ast.unparse(Expand().visit(copy.deepcopy(found[0].value)))
 
 
+def literal_value(atom: ast.expr | None, defs: dict | None = None) -> float | None:
+    """A numeric literal's value (``float("inf")``, ``-1.5`` included; with ``defs``, through the names the
+    frontend gave such literals: ``neg_x = -float("inf")``), else None."""
+    if isinstance(atom, ast.Name) and defs is not None:
+        found = defs.get(atom.id, ())
+        if len(found) == 1 and isinstance(found[0], ast.Assign) and op_of(found[0]).kind in ("neg", "pos", "copy"):
+            value = literal_value(op_of(found[0]).args[0], defs)
+            return -value if value is not None and op_of(found[0]).kind == "neg" else value
+        return None
+    if isinstance(atom, ast.UnaryOp) and isinstance(atom.op, (ast.USub, ast.UAdd)):
+        value = literal_value(atom.operand, defs)
+        return -value if value is not None and isinstance(atom.op, ast.USub) else value
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)) and not isinstance(atom.value, bool):
+        return float(atom.value)
+    if (isinstance(atom, ast.Call) and isinstance(atom.func, ast.Name) and atom.func.id == "float"
+            and len(atom.args) == 1 and isinstance(atom.args[0], ast.Constant) and isinstance(atom.args[0].value, str)):
+        try:
+            return float(atom.args[0].value)
+        except ValueError:
+            return None
+    return None
+
+
 def structured(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     """Every ``if`` and ``for`` node, outer before inner."""
     for stmt in body:

@@ -26,7 +26,7 @@ import ast
 import math
 from dataclasses import dataclass
 
-from .ir import Program, arguments, child_blocks, is_structured, op_of, reads, target_of
+from .ir import Program, arguments, child_blocks, is_structured, literal_value, op_of, reads, target_of
 from .operations import operation_of
 
 INVARIANT = None
@@ -160,7 +160,7 @@ def _is_zeros(stmt: ast.stmt) -> bool:
     op = op_of(stmt)
     if op.kind == "full":
         value = op.kwargs.get("value", op.args[1] if len(op.args) > 1 else None)
-        return value is not None and _constant(value) == 0.0
+        return value is not None and literal_value(value) == 0.0
     return op.kind in ("zeros", "zeros_like")
 
 
@@ -192,7 +192,7 @@ def _rule(stmt: ast.stmt, kind_of, float_cast: bool = False):
         k = (x.k if x else 0.0) + (y.k if y else 0.0)
         product = INVARIANT if k == 0 else Scale((x or y).base, k)
         if "acc" in b and not _is_none(b["acc"]) and acc not in (product, ZERO) and not (
-                acc is INVARIANT and _constant(b["acc"]) == 0.0):
+                acc is INVARIANT and literal_value(b["acc"]) == 0.0):
             raise Changes(stmt)
         return product
     if kind in ("add", "mul") and ZERO in a[:2]:  # 0 + y = y, 0 * y = 0
@@ -213,7 +213,7 @@ def _rule(stmt: ast.stmt, kind_of, float_cast: bool = False):
     if kind in ("mul", "truediv"):
         x, y = a[0], a[1]
         if isinstance(x, Shift) or isinstance(y, Shift):
-            factor = _constant(op.args[1] if isinstance(x, Shift) else op.args[0])
+            factor = literal_value(op.args[1] if isinstance(x, Shift) else op.args[0])
             if kind == "mul" and (x is INVARIANT or y is INVARIANT) and factor is not None:
                 k = (x or y).k * factor
                 return INVARIANT if k == 0 else Shift(k)
@@ -262,7 +262,7 @@ def _merge(x, y, ax: ast.expr, ay: ast.expr, stmt: ast.stmt):
     if x == y:
         return x
     for moved, other in ((x, ay), (y, ax)):
-        value = _constant(other)
+        value = literal_value(other)
         if isinstance(moved, Shift) and value is not None and math.isinf(value):
             return moved
         if isinstance(moved, Scale) and value == 0.0:
@@ -273,15 +273,3 @@ def _merge(x, y, ax: ast.expr, ay: ast.expr, stmt: ast.stmt):
 def _is_none(atom: ast.expr) -> bool:
     return isinstance(atom, ast.Constant) and atom.value is None
 
-
-def _constant(atom: ast.expr) -> float | None:
-    """A numeric literal's value (``float('inf')`` and the like included), else None."""
-    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)) and not isinstance(atom.value, bool):
-        return float(atom.value)
-    if (isinstance(atom, ast.Call) and isinstance(atom.func, ast.Name) and atom.func.id == "float"
-            and len(atom.args) == 1 and isinstance(atom.args[0], ast.Constant) and isinstance(atom.args[0].value, str)):
-        try:
-            return float(atom.args[0].value)
-        except ValueError:
-            return None
-    return None

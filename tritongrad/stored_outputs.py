@@ -28,7 +28,18 @@ import ast
 import math
 from dataclasses import dataclass
 
-from .ir import Program, arguments, canonical_atom, definitions, is_none, op_of, reads, statements, target_of
+from .ir import (
+    Program,
+    arguments,
+    canonical_atom,
+    definitions,
+    is_none,
+    literal_value,
+    op_of,
+    reads,
+    statements,
+    target_of,
+)
 from .operations import operation_of
 
 REDUCTIONS = frozenset({"sum", "max", "min", "softmax", "dot", "cumsum", "cumprod", "linear_scan", "argmax", "argmin",
@@ -122,7 +133,7 @@ def outside(name: str, mask: str, defs: dict, depth: int = 0) -> float | None:
         b = arguments(stmt)
         if is_none(b["mask"]) or canonical_atom(b["mask"], defs) != mask:
             return None
-        return _constant(b.get("other"), defs)
+        return literal_value(b.get("other"), defs)
     if kind == "where":  # outside the mask, `tl.where(mask, x, y)` is y
         b = arguments(stmt)
         return _of(b["y"], mask, defs, depth) if canonical_atom(b["condition"], defs) == mask else None
@@ -153,28 +164,5 @@ def outside(name: str, mask: str, defs: dict, depth: int = 0) -> float | None:
 def _of(atom: ast.expr, mask: str, defs: dict, depth: int) -> float | None:
     if isinstance(atom, ast.Name):
         return outside(atom.id, mask, defs, depth + 1)
-    return _constant(atom, defs)
+    return literal_value(atom, defs)
 
-
-def _constant(atom: ast.expr | None, defs: dict) -> float | None:
-    """A literal's value (``-float("inf")`` included, through the names the frontend gave it), else None."""
-    if atom is None:
-        return None
-    if isinstance(atom, ast.Name):
-        found = defs.get(atom.id, ())
-        if len(found) == 1 and isinstance(found[0], ast.Assign) and op_of(found[0]).kind in ("neg", "pos", "copy"):
-            value = _constant(op_of(found[0]).args[0], defs)
-            return -value if value is not None and op_of(found[0]).kind == "neg" else value
-        return None
-    if isinstance(atom, ast.UnaryOp) and isinstance(atom.op, (ast.USub, ast.UAdd)):
-        value = _constant(atom.operand, defs)
-        return -value if value is not None and isinstance(atom.op, ast.USub) else value
-    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)) and not isinstance(atom.value, bool):
-        return float(atom.value)
-    if (isinstance(atom, ast.Call) and isinstance(atom.func, ast.Name) and atom.func.id == "float"
-            and len(atom.args) == 1 and isinstance(atom.args[0], ast.Constant)):
-        try:
-            return float(atom.args[0].value)
-        except (TypeError, ValueError):
-            return None
-    return None
