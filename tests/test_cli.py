@@ -29,8 +29,8 @@ def tritongrad_cli(*args: str, columns: int = 100) -> subprocess.CompletedProces
 
 @pytest.mark.parametrize(("args", "message"), [
     ([f"{RMSNORM}:rmsnorm_fwd", "--wrt", "x_ptr,w_pt"],
-     "error: `w_pt` is not a parameter of kernel `rmsnorm_fwd` (its parameters: x_ptr, w_ptr, y_ptr, stride, N, "
-     "eps, BLOCK, COMPUTE)"),
+     "error: `w_pt` is not a parameter of kernel `rmsnorm_fwd` (its parameters: x_ptr, w_ptr, y_ptr, rstd_ptr, stride, "
+     "N, eps, BLOCK, COMPUTE)"),
     ([f"{RMSNORM}:rmsnorm_fwd", "--outputs", "x_ptr"],
      "error: outputs names `x_ptr`, but kernel `rmsnorm_fwd` never stores through it"),
     ([f"{RMSNORM}:reference"],

@@ -85,7 +85,7 @@ ROLES = {
     "sin": (("x_ptr",), ("output_ptr",)),
     "softplus": (("x_ptr",), ("y_ptr",)),
     "swiglu": (("a_ptr", "b_ptr"), ("y_ptr",)),
-    "rmsnorm": (("x_ptr", "w_ptr"), ("y_ptr",)),
+    "rmsnorm": (("x_ptr", "w_ptr"), ("y_ptr", "rstd_ptr")),
     "softmax": (("x_ptr",), ("y_ptr",)),
     "cross_entropy": (("logits_ptr",), ("loss_ptr",)),
     "matmul": (("a_ptr", "b_ptr"), ("c_ptr",)),
@@ -261,12 +261,13 @@ def test_rmsnorm_raw_launch_convention(device):
     x, w = rmsnorm.make_inputs(device=device, dtype=DTYPE)
     y = poison(torch.empty_like(x))
     rows, n = x.shape
+    rstd = poison(torch.empty(rows, device=device, dtype=DTYPE))
     meta = {"BLOCK": 64, "COMPUTE": tl.float64}
-    rmsnorm.rmsnorm_fwd[(rows,)](x, w, y, x.stride(0), n, 1e-6, **meta)
-    d_y = torch.randn_like(y)
+    rmsnorm.rmsnorm_fwd[(rows,)](x, w, y, rstd, x.stride(0), n, 1e-6, **meta)
+    d_y, d_rstd = torch.randn_like(y), torch.zeros_like(rstd)  # (the rstd it stores gets no gradient here)
     d_x, d_w = torch.zeros_like(x), torch.zeros_like(w)
     bwd = tritongrad.grad(rmsnorm.rmsnorm_fwd)
-    bwd[(rows,)](x, w, y, x.stride(0), n, 1e-6, d_y, d_x, d_w, **meta)
+    bwd[(rows,)](x, w, y, rstd, x.stride(0), n, 1e-6, d_y, d_rstd, d_x, d_w, **meta)
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     want_x, want_w = torch.autograd.grad(rmsnorm.reference(xr, wr), (xr, wr), d_y)
     torch.testing.assert_close(d_x, want_x, **TOL)

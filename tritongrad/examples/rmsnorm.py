@@ -1,5 +1,6 @@
 """RMSNorm over the last axis: ``y = x / sqrt(mean(x**2) + eps) * w``. One program per row, the whole
-row in one block; computed in float32 (``COMPUTE``: float64 for float64 inputs), as production kernels do."""
+row in one block; computed in float32 (``COMPUTE``: float64 for float64 inputs), as production kernels do,
+each row's rstd stored as they store it (an op's backward reads it back: stored_outputs.py)."""
 
 import torch
 import triton
@@ -11,7 +12,8 @@ from .launch import Launch, compute_type, itemsize, numel, row_warps
 
 
 @triton.jit
-def rmsnorm_fwd(x_ptr, w_ptr, y_ptr, stride, N, eps, BLOCK: tl.constexpr, COMPUTE: tl.constexpr = tl.float32):
+def rmsnorm_fwd(x_ptr, w_ptr, y_ptr, rstd_ptr, stride, N, eps, BLOCK: tl.constexpr,
+                COMPUTE: tl.constexpr = tl.float32):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -19,6 +21,7 @@ def rmsnorm_fwd(x_ptr, w_ptr, y_ptr, stride, N, eps, BLOCK: tl.constexpr, COMPUT
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)  # the same weights in every program
     mean_square = tl.sum(x * x, axis=0) / N
     rstd = 1.0 / tl.sqrt(mean_square + eps)
+    tl.store(rstd_ptr + row, rstd)
     y = x * rstd * w
     tl.store(y_ptr + row * stride + cols, y, mask=mask)
 
@@ -27,7 +30,8 @@ def rmsnorm_launch(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> Launc
     assert x.is_contiguous() and x.dim() == 2 and w.shape == (x.shape[1],)
     y = torch.empty_like(x)
     rows, n = x.shape
-    args = (x, w, y, x.stride(0), n, eps)
+    rstd = torch.empty(rows, device=x.device, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+    args = (x, w, y, rstd, x.stride(0), n, eps)
     meta = {"BLOCK": triton.next_power_of_2(n), "COMPUTE": compute_type(x.dtype)}
     meta["num_warps"] = row_warps(meta["BLOCK"])
     return Launch(rmsnorm_fwd, (rows,), args, meta, "y_ptr", y)
