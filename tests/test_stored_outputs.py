@@ -325,3 +325,22 @@ def test_a_statistic_is_read_back_only_from_an_output_that_holds_it_exactly(stat
         (want,) = torch.autograd.grad((x - x.mean(1, keepdim=True)) ** 2, x, g)
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert kept == [(row_statistics, ("mean_ptr",) if stats == torch.float64 else ())]
+
+
+@pytest.mark.parametrize("example", ["layernorm", "softmax"])
+def test_a_compiled_op_reads_back_what_its_compiled_forward_saved(example, device, kept):
+    """Under torch.compile the forward saves the op's outputs and the buffers its launches were passed (the
+    layer norm's mean and rstd); the compiled backward reads them back from those."""
+    from tritongrad import examples
+
+    ex = examples.get(example)
+    compiled = torch.compile(lambda *args: ex.op(*args) * 2, fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        inputs = [t.requires_grad_() for t in ex.make_inputs((R, C), device, torch.float64)]
+        y = compiled(*inputs)
+        g = torch.randn_like(y)
+        got = torch.autograd.grad(y, inputs, g)
+        want = torch.autograd.grad(ex.reference(*inputs) * 2, inputs, g)
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+    assert kept and all(outputs for _, outputs in kept), kept
