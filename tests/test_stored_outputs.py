@@ -344,3 +344,39 @@ def test_a_compiled_op_reads_back_what_its_compiled_forward_saved(example, devic
         for a, e in zip(got, want, strict=True):
             torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
     assert kept and all(outputs for _, outputs in kept), kept
+
+
+@triton.jit
+def normalize_rows(x_ptr, y_ptr, mean_ptr, rstd_ptr, n, BLOCK: tl.constexpr):
+    """Both statistics stored at one offset computed after them: it moves up, once, with the first read back."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * n + cols, mask=cols < n, other=0.0)
+    mean = tl.sum(x, axis=0) / n
+    xc = tl.where(cols < n, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / n + 1e-5)
+    at = row * 1
+    tl.store(mean_ptr + at, mean)
+    tl.store(rstd_ptr + at, rstd)
+    tl.store(y_ptr + row * n + cols, xc * rstd, mask=cols < n)
+
+
+def test_statistics_stored_at_one_offset_are_read_back(kept, device):
+    src = _code(tritongrad.grad(normalize_rows, outputs=("y_ptr",), kept_outputs=("mean_ptr", "rstd_ptr")).src)
+    assert src.count("at = ") == 1 and "tl.sum(x" not in src, src
+
+    @tritongrad.op
+    def normalize(x):
+        y = poison(torch.empty_like(x))
+        mean, rstd = (torch.empty(R, dtype=x.dtype, device=device) for _ in range(2))
+        normalize_rows[(R,)](x, y, mean, rstd, C, BLOCK=BC)
+        return y
+
+    for _ in range(3):
+        x = (3 * torch.randn(R, C, dtype=torch.float64, device=device)).requires_grad_()
+        g = torch.randn(R, C, dtype=torch.float64, device=device)
+        (got,) = torch.autograd.grad(normalize(x), x, g)
+        want_y = torch.nn.functional.layer_norm(x, (C,), eps=1e-5)
+        (want,) = torch.autograd.grad(want_y, x, g)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert kept == [(normalize_rows, ("mean_ptr", "rstd_ptr"))]

@@ -620,7 +620,8 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         store's address moved up with it."""
         out: list[ast.stmt] = []
         moves = {v: self._moved_with(k) for v, k in (read_back or {}).items()}
-        moved = {id(m) for ms in moves.values() for m in ms}
+        moved = {id(m) for ms in moves.values() for m in ms}  # still to be emitted
+        moved_ever = set(moved)
         for s in block:
             t = target_of(s) if not is_structured(s) else None
             if read_back and t in read_back:
@@ -628,10 +629,12 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                 out.append(self.marker(f"`{kept.name}` read back from `{kept.param}`, where the forward stored it, "
                                        "instead of replayed (stored_outputs.py)"))
                 for m in moves[t]:
-                    out += self.with_shadow(copy.deepcopy(m))
+                    if id(m) in moved:  # (once, where the first value that needs it was defined)
+                        moved.discard(id(m))
+                        out += self.with_shadow(copy.deepcopy(m))
                 out.append(_read_back(kept))
                 continue
-            if id(s) in moved:
+            if id(s) in moved_ever:
                 continue
             if is_structured(s):
                 inner = [self.replay_block(b, needed, skip, asserts) for b in child_blocks(s)]
