@@ -26,7 +26,7 @@ import ast
 import math
 from dataclasses import dataclass
 
-from .ir import Program, arguments, child_blocks, is_structured, literal_value, op_of, reads, target_of
+from .ir import Program, arguments, child_blocks, is_none, is_structured, literal_value, op_of, reads, target_of
 from .operations import operation_of
 
 INVARIANT = None
@@ -186,12 +186,12 @@ def _rule(stmt: ast.stmt, kind_of, float_cast: bool = False):
     if kind == "dot":  # linear in each operand: scales multiply; the accumulator must scale as the product
         b = arguments(stmt)
         x, y = kind_of(b["input"]), kind_of(b["other"])
-        acc = kind_of(b["acc"]) if "acc" in b and not _is_none(b["acc"]) else INVARIANT
+        acc = kind_of(b["acc"]) if "acc" in b and not is_none(b["acc"]) else INVARIANT
         if ZERO in (x, y) or isinstance(x, Shift) or isinstance(y, Shift) or (x and y and x.base != y.base):
             raise Changes(stmt)
         k = (x.k if x else 0.0) + (y.k if y else 0.0)
         product = INVARIANT if k == 0 else Scale((x or y).base, k)
-        if "acc" in b and not _is_none(b["acc"]) and acc not in (product, ZERO) and not (
+        if "acc" in b and not is_none(b["acc"]) and acc not in (product, ZERO) and not (
                 acc is INVARIANT and literal_value(b["acc"]) == 0.0):
             raise Changes(stmt)
         return product
@@ -268,8 +268,4 @@ def _merge(x, y, ax: ast.expr, ay: ast.expr, stmt: ast.stmt):
         if isinstance(moved, Scale) and value == 0.0:
             return moved
     raise Changes(stmt)
-
-
-def _is_none(atom: ast.expr) -> bool:
-    return isinstance(atom, ast.Constant) and atom.value is None
 
