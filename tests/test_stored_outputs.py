@@ -309,8 +309,9 @@ def row_statistics(x_ptr, y_ptr, mean_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + row * n + cols, (x - mean) * (x - mean), mask=cols < n)
 
 
-@pytest.mark.parametrize("stats", [torch.float64, torch.float16])
+@pytest.mark.parametrize("stats", [torch.float64, torch.float32, torch.float16])
 def test_a_statistic_is_read_back_only_from_an_output_that_holds_it_exactly(stats, kept):
+    """A float64 row's mean kept in float64 is read back; in float32 or float16 it would be rounded: replayed."""
     @tritongrad.op
     def squared_deviation(x):
         y = poison(torch.empty_like(x))

@@ -558,10 +558,15 @@ class Tape:
                     read.setdefault(checked.views[p].key, []).append((checked, p, checked.views[p]))
         for checked in launches:  # outputs whose values the backward reads back: saved, unless written again
             roles = checked.info.roles
+            # a statistic only from an output at least as wide as float32 and as the floats the launch reads (the
+            # type it computes in, as far as the tape can tell: a float64 input's statistic in float32 is rounded)
+            widest = max([4, *(v.dtype.itemsize for p, v in checked.views.items()
+                               if p in roles.loads and v.dtype.is_floating_point)]) if roles is not None else 8
             for p in (roles.read_back | roles.read_back_exact) & set(checked.views) if roles is not None else ():
                 key, dtype = checked.views[p].key, checked.views[p].dtype
+                exact = dtype in (torch.float32, torch.float64) and dtype.itemsize >= widest
                 if (written[key][-1][0] is checked and checked.slots.get(p) is None
-                        and dtype in ((torch.float32, torch.float64) if p in roles.read_back_exact else _FLOATS)):
+                        and (exact if p in roles.read_back_exact else dtype in _FLOATS)):
                     checked.slots[p] = slots.setdefault(params_of[checked][p], len(slots))
                     checked.kept = checked.kept | {p}
         self._check_outputs(outputs, outs, arguments, tensors, written)
