@@ -110,9 +110,10 @@ def _read_by_rules(name: str, program: Program) -> bool:
             continue
         bound = arguments(stmt)
         for template in rule.adjoints.values():
-            if callable(template):
-                return True  # (a rule built from literal arguments: taken to read everything)
-            read = reads(ast.parse(template, mode="eval"))
+            try:
+                read = reads(ast.parse(template(bound) if callable(template) else template, mode="eval"))
+            except ValueError:
+                return True  # (a rule its arguments do not build: taken to read everything)
             if ("out" in read and target_of(stmt) in downstream) or any(
                     p in read and isinstance(a, ast.Name) and a.id in downstream for p, a in bound.items()):
                 return True
