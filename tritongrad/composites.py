@@ -27,15 +27,18 @@ from collections import Counter
 from .ir import (
     Op,
     Program,
-    Tag,
     arguments,
+    assign,
     child_blocks,
     header,
+    is_none,
     is_structured,
+    literal_value,
     op_of,
     reads,
     statements,
     structured,
+    tagged,
     target_of,
 )
 
@@ -62,10 +65,8 @@ def _fuse_block(block: list[ast.stmt], uses: Counter, stored: set[str]) -> None:
         if root is not None:  # `r = 1.0 / tl.sqrt(v)`, computed as written, differentiated as tl.rsqrt(v)
             sqrt = here[op_of(div).args[1].id]
             block.remove(sqrt)
-            node = ast.Assign(targets=[ast.Name(target_of(div), ast.Store())],
-                              value=ast.BinOp(copy.deepcopy(op_of(div).args[0]), ast.Div(), copy.deepcopy(sqrt.value)))
-            node.tg = Tag(Op("rsqrt", [root]), div.tg.origin, div.tg.where)
-            block[block.index(div)] = ast.fix_missing_locations(ast.copy_location(node, div))
+            value = ast.BinOp(copy.deepcopy(op_of(div).args[0]), ast.Div(), copy.deepcopy(sqrt.value))
+            block[block.index(div)] = tagged(assign(target_of(div), value), Op("rsqrt", [root]), div)
             continue
         found = _match(div, here, uses, stored)
         if found is None:
@@ -73,10 +74,8 @@ def _fuse_block(block: list[ast.stmt], uses: Counter, stored: set[str]) -> None:
         z, axis, gone = found
         for s in gone:
             block.remove(s)
-        node = ast.Assign(targets=[ast.Name(target_of(div), ast.Store())],
-                          value=ast.parse(f"tg.softmax({z.id}, {axis})", mode="eval").body)
-        node.tg = Tag(Op("softmax", [z, ast.Constant(axis)]), div.tg.origin, div.tg.where)
-        block[block.index(div)] = ast.fix_missing_locations(ast.copy_location(node, div))
+        value = ast.parse(f"tg.softmax({z.id}, {axis})", mode="eval").body
+        block[block.index(div)] = tagged(assign(target_of(div), value), Op("softmax", [z, ast.Constant(axis)]), div)
 
 
 def _reciprocal_root(div: ast.stmt, here: dict[str, ast.stmt], uses: Counter) -> ast.Name | None:
@@ -85,7 +84,7 @@ def _reciprocal_root(div: ast.stmt, here: dict[str, ast.stmt], uses: Counter) ->
         return None
     one, s = op_of(div).args
     sqrt = here.get(s.id) if isinstance(s, ast.Name) and uses[s.id] == 1 else None
-    if _literal(one) != 1 or sqrt is None or op_of(sqrt).kind not in ("sqrt", "sqrt_rn"):
+    if literal_value(one) != 1.0 or sqrt is None or op_of(sqrt).kind not in ("sqrt", "sqrt_rn"):
         return None
     root = op_of(sqrt).args[0]
     return root if isinstance(root, ast.Name) else None
@@ -116,7 +115,7 @@ def _match(div: ast.stmt, here: dict[str, ast.stmt], uses: Counter, stored: set[
         return None
     b = arguments(total)
     axis, keep = _literal(b["axis"]), _literal(b["keep_dims"])
-    if not isinstance(axis, int) or isinstance(axis, bool) or b["input"].id != e.id or not _is_none(b.get("dtype")):
+    if not isinstance(axis, int) or isinstance(axis, bool) or b["input"].id != e.id or not is_none(b["dtype"]):
         return None
     # the sum must broadcast back along the axis it reduced: kept, put back, or the first (broadcasting aligns
     # the trailing axes)
@@ -139,17 +138,13 @@ def _puts_back(stmt: ast.stmt, axis: int) -> bool:
         return False
     for i, entry in enumerate(entries):
         full = isinstance(entry, ast.Slice) and entry.lower is entry.upper is entry.step is None
-        if not (_is_none(entry) if i == axis else full):
+        if not (is_none(entry) if i == axis else full):
             return False
     return True
 
 
 def _literal(atom: ast.expr | None):
     return atom.value if isinstance(atom, ast.Constant) else None
-
-
-def _is_none(atom: ast.expr | None) -> bool:
-    return atom is None or (isinstance(atom, ast.Constant) and atom.value is None)
 
 
 def _reads(stmt: ast.stmt) -> list[str]:

@@ -152,6 +152,12 @@ def assign(name: str, value: ast.expr) -> ast.Assign:
     return ast.Assign(targets=[ast.Name(name, ast.Store())], value=value)
 
 
+def tagged(stmt: ast.stmt, op: Op, like: ast.stmt) -> ast.stmt:
+    """``stmt``, made by a pass in place of ``like``: tagged with ``op`` and ``like``'s lines, at its location."""
+    stmt.tg = Tag(op, like.tg.origin, like.tg.where)
+    return ast.fix_missing_locations(ast.copy_location(stmt, like))
+
+
 def where(stmt: ast.stmt) -> Origin:
     return stmt.tg.where
 

@@ -44,7 +44,6 @@ from .ir import (
     Namer,
     Op,
     Program,
-    Tag,
     arguments,
     child_blocks,
     is_structured,
@@ -52,6 +51,7 @@ from .ir import (
     op_of,
     reads,
     statements,
+    tagged,
     target_of,
     value_args,
 )
@@ -210,14 +210,14 @@ def _rewrite(trial: list[ast.stmt], block: list[ast.stmt], loop: ast.For, m: Car
     pre_body.append(last)
     pre_carried = [Carried(renamed[c], name_node(renamed[c]), name_node(renamed[c]), carried[c].source)
                    for c in carried if c in needed | {m.name}]
-    inits = [_tagged(ast.Assign([name_node(renamed[c], ast.Store())], copy.deepcopy(carried[c].init)),
+    inits = [tagged(ast.Assign([name_node(renamed[c], ast.Store())], copy.deepcopy(carried[c].init)),
                      Op("copy", [copy.deepcopy(carried[c].init)]), loop) for c in carried if c in needed | {m.name}]
     pre = ast.For(target=name_node(renamed[loop.target.id], ast.Store()), iter=copy.deepcopy(loop.iter),
                   body=pre_body, orelse=[])
     pre.tg = replace(loop.tg, carried=pre_carried)
     ast.copy_location(pre, loop)
     final = namer.fresh(f"{m.source or m.name}_final")
-    stop = _tagged(ast.Assign([name_node(final, ast.Store())], ast.Call(
+    stop = tagged(ast.Assign([name_node(final, ast.Store())], ast.Call(
         ast.Attribute(name_node("tg"), "stop_gradient", ast.Load()), [name_node(renamed[m.name])], [])),
         Op("stop_gradient", [name_node(renamed[m.name])]), loop)
     # the loop itself: m_new is the final max, the rescalings are gone, m is no longer carried
@@ -225,13 +225,13 @@ def _rewrite(trial: list[ast.stmt], block: list[ast.stmt], loop: ast.For, m: Car
     for s in body:
         t = target_of(s)
         if s is update:
-            s = _tagged(ast.Assign([name_node(m_new, ast.Store())], name_node(final)), Op("copy", [name_node(final)]),
+            s = tagged(ast.Assign([name_node(m_new, ast.Store())], name_node(final)), Op("copy", [name_node(final)]),
                         s)
         elif t in alphas or (t is not None and op_of(s).kind == "sub" and m.name in value_args(s)):
             continue  # m - m_new, its exp and broadcasts
         elif t in rescaled.values():
             x = next(n for n in value_args(s) if n not in alphas)
-            s = _tagged(ast.Assign([name_node(t, ast.Store())], name_node(x)), Op("copy", [name_node(x)]), s)
+            s = tagged(ast.Assign([name_node(t, ast.Store())], name_node(x)), Op("copy", [name_node(x)]), s)
         elif t == m.name:
             continue  # m = m_new
         new_body.append(s)
@@ -336,11 +336,6 @@ def _rename_in(node: ast.AST, renamed: dict[str, str]) -> None:
     for n in ast.walk(node):
         if isinstance(n, ast.Name) and n.id in renamed:
             n.id = renamed[n.id]
-
-
-def _tagged(stmt: ast.stmt, op: Op, like: ast.stmt) -> ast.stmt:
-    stmt.tg = Tag(op, like.tg.origin, like.tg.where)
-    return ast.fix_missing_locations(ast.copy_location(stmt, like))
 
 
 def _read_instead(block: list[ast.stmt], start: int, old: str, new: str) -> None:

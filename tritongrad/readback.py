@@ -13,7 +13,19 @@ from __future__ import annotations
 
 import ast
 
-from .ir import Op, Tag, arguments, block_positions, canonical_atom, definitions, is_none, op_of, statements, target_of
+from .ir import (
+    Op,
+    arguments,
+    assign,
+    block_positions,
+    canonical_atom,
+    definitions,
+    is_none,
+    op_of,
+    statements,
+    tagged,
+    target_of,
+)
 
 
 def forward_stored_values(body: list[ast.stmt], fresh) -> None:
@@ -53,15 +65,10 @@ def _forwarded(load: ast.stmt, store: ast.stmt, fresh) -> list[ast.stmt]:
         other = ast.Constant(0.0) if other is None or is_none(other) else other
         picked = fresh(f"{target}_stored")
         op = Op("where", [b["mask"], value, other], func=None)
-        out.append(_tagged(picked, ast.parse(f"tl.where({ast.unparse(b['mask'])}, {ast.unparse(value)}, "
-                                             f"{ast.unparse(other)})", mode="eval").body, op, load))
+        where = ast.parse(f"tl.where({ast.unparse(b['mask'])}, {ast.unparse(value)}, {ast.unparse(other)})",
+                          mode="eval").body
+        out.append(tagged(assign(picked, where), op, load))
         value = ast.Name(picked, ast.Load())
-    out.append(_tagged(target, ast.Call(ast.Attribute(value, "to", ast.Load()), [element], []),
-                       Op("to", [value, element]), load))
+    out.append(tagged(assign(target, ast.Call(ast.Attribute(value, "to", ast.Load()), [element], [])),
+                      Op("to", [value, element]), load))
     return out
-
-
-def _tagged(target: str, value: ast.expr, op: Op, like: ast.stmt) -> ast.Assign:
-    node = ast.Assign(targets=[ast.Name(target, ast.Store())], value=value)
-    node.tg = Tag(op, like.tg.origin, like.tg.where)
-    return ast.fix_missing_locations(ast.copy_location(node, like))

@@ -38,8 +38,8 @@ from .interchange import loop_to_grid, without_unused
 from .ir import (
     Namer,
     Op,
-    Tag,
     arguments,
+    assign,
     child_blocks,
     copy_structured,
     free_names,
@@ -52,6 +52,7 @@ from .ir import (
     reads,
     refuse,
     statements,
+    tagged,
     target_of,
     where,
 )
@@ -535,11 +536,12 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                 seeds |= reads(s)
         body = self.program.body
         needed = self.closure(seeds, body)
-        kept = {v: k for v, k in self.read_back.items() if v in needed and self.same_shape(v, _address(k))
-                and self._moved_with(k) is not None}
+        moves = {v: self._moved_with(k) for v, k in self.read_back.items()
+                 if v in needed and self.same_shape(v, _address(k))}
+        kept = {v: self.read_back[v] for v, moved in moves.items() if moved is not None}
         if kept and self._fewer_loads(seeds | set(also), kept):
             instead = self.closure(seeds | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept))
-            return self.replay_block(body, instead, asserts=True, read_back=kept)
+            return self.replay_block(body, instead, asserts=True, read_back={v: (k, moves[v]) for v, k in kept.items()})
         return self.replay_block(body, needed, asserts=True)
 
     def _fewer_loads(self, seeds: set[str], kept: dict[str, StoredValue]) -> bool:
@@ -614,21 +616,21 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         return False
 
     def replay_block(self, block: list[ast.stmt], needed: set[str], skip: set[int] = frozenset(),
-                     asserts: bool = False, read_back: dict[str, StoredValue] | None = None) -> list[ast.stmt]:
+                     asserts: bool = False, read_back: dict[str, tuple[StoredValue, list[ast.stmt]]] | None = None
+                     ) -> list[ast.stmt]:
         """The statements of ``block`` assigning ``needed`` names (stores dropped), shadows beside pointers;
         a ``read_back`` value is loaded where it was defined instead of computed, the statements computing its
-        store's address moved up with it."""
+        store's address (``_moved_with``) moved up with it."""
         out: list[ast.stmt] = []
-        moves = {v: self._moved_with(k) for v, k in (read_back or {}).items()}
-        moved = {id(m) for ms in moves.values() for m in ms}  # still to be emitted
+        moved = {id(m) for _, ms in (read_back or {}).values() for m in ms}  # still to be emitted
         moved_ever = set(moved)
         for s in block:
             t = target_of(s) if not is_structured(s) else None
             if read_back and t in read_back:
-                kept = read_back[t]
+                kept, moves = read_back[t]
                 out.append(self.marker(f"`{kept.name}` read back from `{kept.param}`, where the forward stored it, "
                                        "instead of replayed (stored_outputs.py)"))
-                for m in moves[t]:
+                for m in moves:
                     if id(m) in moved:  # (once, where the first value that needs it was defined)
                         moved.discard(id(m))
                         out += self.with_shadow(copy.deepcopy(m))
@@ -710,9 +712,8 @@ def _read_back(kept: StoredValue) -> ast.stmt:
         keywords = {"mask": copy.deepcopy(b["mask"]), "other": ast.parse(other, mode="eval").body}
     load = ast.Call(instantiate("tl.load", {}), [name_node(_address(kept))],
                     [ast.keyword(k, v) for k, v in keywords.items()])
-    node = ast.Assign(targets=[ast.Name(kept.name, ast.Store())], value=instantiate("tg.widened(v)", {"v": load}))
-    node.tg = Tag(Op("load", [name_node(_address(kept))], keywords), kept.store.tg.origin, kept.store.tg.where)
-    return ast.fix_missing_locations(ast.copy_location(node, kept.store))
+    return tagged(assign(kept.name, instantiate("tg.widened(v)", {"v": load})),
+                  Op("load", [name_node(_address(kept))], keywords), kept.store)
 
 
 def build_backward(analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool = False,

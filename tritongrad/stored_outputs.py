@@ -28,6 +28,7 @@ import ast
 import math
 from dataclasses import dataclass
 
+from .analysis import downstream
 from .ir import (
     Program,
     arguments,
@@ -100,13 +101,10 @@ def _reduces(name: str, defs: dict) -> bool:
 def _read_by_rules(name: str, program: Program) -> bool:
     """Whether a derivative rule reads ``name`` or a value computed from it (as its result ``out`` or as an
     operand), taking every operand to be active."""
-    downstream = {name}
-    for stmt in statements(program.body):
-        if target_of(stmt) is not None and reads(stmt.value) & downstream:
-            downstream.add(target_of(stmt))
+    computed = downstream(program.body, {name})
     for stmt in statements(program.body):
         rule = operation_of(op_of(stmt))
-        if not rule.has_rule or not reads(stmt) & downstream | ({target_of(stmt)} & downstream):
+        if not rule.has_rule or not reads(stmt) & computed | ({target_of(stmt)} & computed):
             continue
         bound = arguments(stmt)
         for template in rule.adjoints.values():
@@ -114,8 +112,8 @@ def _read_by_rules(name: str, program: Program) -> bool:
                 read = reads(ast.parse(template(bound) if callable(template) else template, mode="eval"))
             except ValueError:
                 return True  # (a rule its arguments do not build: taken to read everything)
-            if ("out" in read and target_of(stmt) in downstream) or any(
-                    p in read and isinstance(a, ast.Name) and a.id in downstream for p, a in bound.items()):
+            if ("out" in read and target_of(stmt) in computed) or any(
+                    p in read and isinstance(a, ast.Name) and a.id in computed for p, a in bound.items()):
                 return True
     return False
 
