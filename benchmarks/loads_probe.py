@@ -7,7 +7,9 @@ sources changed first:
 
 VARIANT: ``derived`` (as built), ``late`` (loads where the reverse sweep puts them: early_loads.py off),
 ``stagesN`` (the persistent loop over the forward's programs pipelined with N stages, whatever tuning picks:
-Triton reads the next rows while this one is computed). Prints the settings tuning chose.
+Triton reads the next rows while this one is computed), ``held`` / ``reloaded`` (a partial-rows loop's weight
+only held in registers across the loop, or only loaded for each row: tuning's ``held``, lowering.persistent).
+Prints the settings tuning chose.
 """
 
 from __future__ import annotations
@@ -33,8 +35,13 @@ def main() -> None:
             return jit_source(src, name, scope)
 
         codegen.jit_source = staged
+    elif variant in ("held", "reloaded"):
+        from tritongrad import tuning
+
+        candidates = tuning.candidates
+        tuning.candidates = lambda *a: [s for s in candidates(*a) if s.held == (variant == "held")]
     elif variant != "derived":
-        raise SystemExit(f"unknown variant {variant!r}: derived, late, stagesN")
+        raise SystemExit(f"unknown variant {variant!r}: derived, late, stagesN, held, reloaded")
     print(f"variant: {variant}")
     from benchmarks import profile_kernels
 

@@ -108,6 +108,29 @@ def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers(poison
     assert "d_w_sum += d_w.to(d_w_sum.dtype)" in src and "tl.store(d_w_ptr + cols, d_w_sum, mask=mask)" in src
 
 
+@pytest.mark.parametrize("held", [True, False])
+def test_a_persistent_kernel_holds_the_weight_across_its_loop_or_loads_it_for_each_row(held, poisoned_empty,
+                                                                                       monkeypatch):
+    """Whether the weight and bias are held in registers across the loop over rows is a launch setting (tuning's
+    ``held``): the gradients are the same either way."""
+    from tritongrad import tuning
+
+    monkeypatch.setattr(tuning, "DEFAULT", tuning.Setting(held=held))  # what an untuned launch runs with
+    monkeypatch.setattr(derive, "_persistent_programs", lambda programs, device, waves=1: 2)  # rows per program
+    rows, n = 7, 45
+    x, w, b = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64), torch.randn(n, dtype=F64)
+    y = poison(torch.empty(rows, n, dtype=F64))
+    args, kwargs = (x, w, b, y, n, n), {"BLOCK": 64}
+    norm_rows[(rows,)](*args, **kwargs)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    assert_gradients_match(norm_rows, (rows,), args, kwargs, y, norm_reference(*leaves), leaves,
+                           ["x_ptr", "w_ptr", "b_ptr"])
+    src = tritongrad.grad(norm_rows).src
+    held_before, loop = src.split("    for row in ")
+    assert "    if HELD:\n        w = tl.load(w_ptr + cols, mask=mask, other=0.0)" in held_before
+    assert "        if not HELD:\n            w = tl.load(w_ptr + cols, mask=mask, other=0.0)" in loop
+
+
 def test_partial_rows_of_a_weight_its_loads_do_not_cover_are_zero_filled(poisoned_empty):
     """A weight longer than the rows: the programs store only its first N elements of their partial rows."""
     rows, n = 9, 45

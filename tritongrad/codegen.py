@@ -148,8 +148,9 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     later = [n for adds in backward.later_adds for n in (adds.values, adds.offsets)]
     params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.extra_params,
                                         *tapes, *later)]
-    if backward.loop_stages is not None:
-        params.append(ast.arg(arg=backward.loop_stages, annotation=ast.parse("tl.constexpr", mode="eval").body))
+    for constexpr in (backward.loop_stages, backward.loop_held):
+        if constexpr is not None:
+            params.append(ast.arg(arg=constexpr, annotation=ast.parse("tl.constexpr", mode="eval").body))
     body: list[ast.stmt] = [ast.Expr(ast.Constant(docstring))] if docstring else []
     folded = fold_temporaries(transposed_products(backward.body), backward.foldable, backward.reassigned)
     comments = dict(backward.comments)  # peel.py adds its own

@@ -115,6 +115,7 @@ class Part:
     exports: Tape | None = None  # the prologue's values, allocated on each launch
     loops: bool = False  # its body has a loop (tuning also tries how many of its loads are in flight)
     stages: str | None = None  # persistent: the constexpr parameter of its loop's pipelining (setting.num_stages)
+    held: str | None = None  # persistent: the constexpr parameter holding its loads across the loop (setting.held)
     memo: dict = field(default_factory=dict, compare=False, repr=False)  # launch-time lookups, made once
 
     @property
@@ -406,7 +407,7 @@ class BackwardKernel:
                                        tuple(backward.later_adds), saved, prologue,
                                        backward.prologue.tape if prologue is not None else None,
                                        any(isinstance(n, ast.For) for n in ast.walk(ast.Module(backward.body, []))),
-                                       backward.loop_stages)
+                                       backward.loop_stages, backward.loop_held)
         return part
 
     # -- launching ---------------------------------------------------------------------------------
@@ -572,10 +573,12 @@ class BackwardKernel:
             touched = [buffers[p] for p, c in variant.choices if p in part.wrt and c.mode in (ADD, ATOMIC)]
 
             def trial(s: tuning.Setting, i: int = i) -> None:  # the trials add into ``touched``: restored after
-                self._run(variant, grid, named, output_grads, buffers, (s,) * len(variant.parts), written, 0,
-                          reduce=False, tapes=tapes, only=i)
+                rows = self._run(variant, grid, named, output_grads, buffers, (s,) * len(variant.parts), written, 0,
+                                 reduce=False, tapes=tapes, only=i)
+                for found, _ in rows.values():  # summing the partial rows is part of a setting's cost: more
+                    found.sum(0)  # programs, more rows (8 per multiprocessor at 16384 columns: 52 µs against 7)
 
-            settings.append(tuning.best((*key, i), part.persistent, trial, touched, part.loops))
+            settings.append(tuning.best((*key, i), part.persistent, trial, touched, part.loops, part.held is not None))
         return tuple(settings)
 
     def _run(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
@@ -600,6 +603,8 @@ class BackwardKernel:
                 args["num_stages"] = setting.num_stages
             if part.stages is not None:  # untuned: one stage, the least shared memory
                 args[part.stages] = setting.num_stages or 1
+            if part.held is not None:
+                args[part.held] = setting.held
             if part.trips is not None:
                 self._run_interchanged(part, grid, args, buffers, written, reduce)
                 if trace is not None:

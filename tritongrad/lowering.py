@@ -36,6 +36,7 @@ the launch's strides, sizes, grid and trip counts):
 from __future__ import annotations
 
 import ast
+import copy
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -69,6 +70,7 @@ from .ir import (
     statements,
     target_of,
     targets_of,
+    tl_call,
 )
 from .lanes import launch_coordinates, scalars_written_out
 from .operations import instantiate, operation_of
@@ -509,29 +511,39 @@ class PartialSum:
 
 def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, programs: str, rows: dict[str, str],
                sums: list[PartialSum], reassigned: set[str], params: set[str], namer: Namer,
-               every: bool = False, guard: Any = None, stages: str | None = None) -> list[ast.stmt]:
+               every: bool = False, guard: Any = None, stages: str | None = None,
+               held: str | None = None) -> list[ast.stmt]:
     """The backward body as a loop over the forward's programs along ``axis``: this program takes every
     ``tl.num_programs(axis)``-th of the forward's ``programs`` (``every``: all of them, the programs along
     ``axis`` being a loop's iterations: interchange.py). ``rows``: shadow parameter -> the parameter holding
     its partial rows' stride (each program writes its own row). Values that do not depend on the program (a
     weight's addresses and values) are computed once, before the loop; with ``every``, the sweep's too (the
     addresses the sums are stored at, after the loop). ``guard`` (interchange.Guard): the forward program's work
-    runs under it, but for what its trip count and the sums' addresses are computed from. ``stages`` (a constexpr
-    parameter): the loop is ``tl.range(..., num_stages=stages)``, whose loads Triton pipelines (it pipelines a
-    loop's loads that feed no ``tl.dot`` only when the loop asks): the next rows are read while this one is
-    computed (on an H200, a bf16 RMSNorm backward ran 1.35x faster with 3 stages than with 1)."""
+    runs under it, but for what its trip count and the sums' addresses are computed from.
+    ``stages`` (a constexpr parameter): the loop is ``tl.range(..., num_stages=stages)``, whose loads Triton
+    pipelines (it pipelines a loop's loads that feed no ``tl.dot`` only when the loop asks): the next rows are
+    read while this one is computed (on an H200, a bf16 RMSNorm backward ran 1.35x faster with 3 stages than 1).
+
+    ``held`` (a constexpr parameter): the loads computed once (a weight's values, and what is computed from them)
+    are so under ``if held:``, and loaded again for each row under ``if not held:`` (from cache), which tuning
+    chooses: held in registers across the loop beside the partial sums, a 16384-wide row's weight made a layer
+    norm backward spill (H200, bf16: 877 µs against 810 reloading it; benchmarks/layernorm_rows_probe.py), where
+    at 4096 holding it was the faster."""
     dependent = depends_on_program(replay + sweep, axis)
     local = set(params) | {target_of(s) for s in statements(replay + sweep) if target_of(s)}
     local |= {n.target.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[])) if isinstance(n, ast.For)}
     if every:  # a name is reassigned where it is assigned twice, also inside a branch (`d += ...` under an if)
         counts = Counter(t for s in statements(replay + sweep) for t in targets_of(s))
         reassigned = {n for n, c in counts.items() if c > 1}
-    hoisted, kept, known = [], [], set(params)
+    hoisted, kept, known, loaded = [], [], set(params), []
     for s in replay + (sweep if every else []):
         t = target_of(s)
         if (t is not None and t not in dependent and t not in reassigned and not is_structured(s)
                 and reads(s.value) & local <= known):
-            hoisted.append(s)
+            if held is not None and (_loads(s) or reads(s.value) & {target_of(u) for u in loaded}):
+                loaded.append(s)
+            else:
+                hoisted.append(s)
             known.add(t)
         else:
             kept.append(s)
@@ -548,10 +560,13 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
         kept.remove(starts[0])
     else:
         loop_var = namer.fresh(f"pid_{axis}")
-    _rewrite_program_queries(hoisted + kept + sweep, axis, loop_var, programs)  # hoisted: num_programs
+    _rewrite_program_queries(hoisted + loaded + kept + sweep, axis, loop_var, programs)  # hoisted: num_programs
     prologue = [ast.parse(f"{shadow} = {shadow} + tl.program_id({axis}).to(tl.int64) * {stride}").body[0]
                 for shadow, stride in rows.items()]
     prologue += hoisted
+    if loaded:  # held across the loop, or loaded for each row (tuning picks)
+        prologue.append(ast.If(test=name_node(held), body=loaded, orelse=[]))
+        kept.insert(0, ast.If(test=ast.UnaryOp(ast.Not(), name_node(held)), body=copy.deepcopy(loaded), orelse=[]))
     prologue += [ast.Assign(targets=[ast.Name(s.accumulator, ast.Store())], value=instantiate(
         "tg.zeros_to_sum(d)", {"d": name_node(s.shadow)})) for s in sums]
     bounds = f"0, {programs}" if every else f"tl.program_id({axis}), {programs}, tl.num_programs({axis})"
@@ -567,6 +582,10 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
                                   [name_node(s.shadow), name_node(s.accumulator)],
                                   [] if _is_none(s.mask) else [ast.keyword("mask", s.mask)])) for s in sums]
     return [*prologue, loop, *epilogue]
+
+
+def _loads(stmt: ast.stmt) -> bool:
+    return any(tl_call(node, "load") for node in ast.walk(stmt))
 
 
 def _is_none(atom: ast.expr) -> bool:

@@ -54,6 +54,7 @@ from .ir import (
     statements,
     tagged,
     target_of,
+    tl_call,
     where,
 )
 from .loops import LoopPlan, LoopReversal, merge_records
@@ -82,6 +83,7 @@ class BackwardBody:
     later_adds: list = field(default_factory=list)  # lowering.LaterAdds: parameters after the tapes'
     prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
     loop_stages: str | None = None  # a persistent variant's constexpr: its loop over the programs' stages in flight
+    loop_held: str | None = None  # and whether the loads before that loop are held across it (lowering.persistent)
 
 
 @dataclass
@@ -224,7 +226,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         self.keep_finals(replay, self.out)
         body, extra = replay + self.out, []
         axis = next((c.axis for c in self.choices.values() if c.mode in PARTIALS), None)
-        prologue = stages = None
+        prologue = stages = held = None
         if own:  # a kernel of its own for these inputs: the loop's iterations are programs (interchange.py)
             axis = self.choices[self.analysis.wrt[0]].axis
             self.out, guard, prologue = loop_to_grid(
@@ -236,11 +238,17 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
             body, extra = self.persistent(replay, axis, reassigned, every=True, guard=guard)
         elif axis is not None:
             stages = self.namer.fresh("STAGES")
-            body, extra = self.persistent(replay, axis, reassigned, stages=stages)
+            # whether what it loads once is held across the loop is tuned, but for a loop with products: their
+            # operands are tiles of the kernel's blocks, held as a hand-written kernel holds them (orient.py reads
+            # their single definitions)
+            held = None if any(tl_call(n, "dot") for n in ast.walk(ast.Module(body, []))) else self.namer.fresh("HELD")
+            body, extra = self.persistent(replay, axis, reassigned, stages=stages, held=held)
+            if held is not None and held not in reads(ast.Module(body, [])):  # nothing loaded before the loop
+                held = None
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
-                            self.written_inputs, self.tapes, self.later_adds, prologue, stages)
+                            self.written_inputs, self.tapes, self.later_adds, prologue, stages, held)
 
     def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...]]]:
         """Adjoints whose primal's shape and dtype the source says: -> (zeros of the adjoint's shape and type,
@@ -261,10 +269,11 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                 if target_of(s) and len(self.defs.get(target_of(s), ())) == 1}
 
     def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False,
-                   guard: Any = None, stages: str | None = None) -> tuple[list[ast.stmt], list[str]]:
+                   guard: Any = None, stages: str | None = None, held: str | None = None
+                   ) -> tuple[list[ast.stmt], list[str]]:
         """The body as a loop over the forward's programs along ``axis`` (lowering.persistent), and the
         parameters that adds: the forward's program count, and each partial row's stride (``stages``: the
-        constexpr parameter of the loop's pipelining)."""
+        constexpr parameter of the loop's pipelining; ``held``: whether loads are held across it)."""
         programs = self.namer.fresh("programs")
         partial = [p for p, c in self.choices.items() if c.mode in PARTIALS]
         rows = {self.shadow[p]: self.namer.fresh(f"{self.shadow[p]}_rows") for p in partial}
@@ -274,12 +283,17 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                                f"all of the forward's programs along axis {axis},\nsumming the gradient of {names} "
                                "in registers: the loop interchange of a hand-written backward")
         else:
-            note = self.marker(f"one program per group of the forward's programs along axis {axis}: each sums the "
-                               f"gradient of {names} over its programs\n(in its own partial row, reduced in order "
-                               "after the kernel), and the rest as the forward's program would")
+            note = (f"one program per group of the forward's programs along axis {axis}: each sums the gradient of "
+                    f"{names} over its programs\n(in its own partial row, reduced in order after the kernel), and the "
+                    "rest as the forward's program would")
         params = {*self.program.param_names(), *self.shadow_params, programs, *rows.values()}
         body = persistent(replay, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer,
-                          every, guard, stages)
+                          every, guard, stages, held)
+        if not every:
+            if held in reads(ast.Module(body, [])):
+                note += (f";\nwhat it loads once is held in registers across the loop under `{held}`, else loaded "
+                         "again for each row (tuning picks)")
+            note = self.marker(note)
         loop = next(i for i, s in enumerate(body) if isinstance(s, ast.For))
         return [*body[:loop], note, *body[loop:]], [programs, *rows.values()]
 

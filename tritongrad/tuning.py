@@ -40,11 +40,13 @@ STAGES = (1, 2, 3, 4)
 class Setting:
     """How to launch a derived kernel: ``num_warps`` (None: the forward's), for a persistent one how many
     programs per multiprocessor, and for one with a loop its ``num_stages`` (None: the forward's; a persistent
-    kernel's loop over its rows: 1)."""
+    kernel's loop over its rows: 1); ``held``: a persistent kernel holds the values it loads once (a weight) in
+    registers across its loop, else loads them for each row (lowering.persistent)."""
 
     num_warps: int | None = None
     waves: int = 1
     num_stages: int | None = None
+    held: bool = True
 
 
 DEFAULT = Setting()
@@ -79,18 +81,19 @@ def enabled(device: Any) -> bool:
     return not torch.cuda.is_current_stream_capturing()
 
 
-def candidates(persistent: bool, pipelined: bool = False) -> list[Setting]:
-    if persistent:  # how many programs share a multiprocessor, and how many rows each has in flight
-        return [Setting(w, v, n) for w in WARPS for v in WAVES for n in STAGES]
+def candidates(persistent: bool, pipelined: bool = False, holds: bool = False) -> list[Setting]:
+    if persistent:  # how many programs share a multiprocessor, how many rows each has in flight, what it holds
+        return [Setting(w, v, n, h) for w in WARPS for v in WAVES for n in STAGES
+                for h in ((True, False) if holds else (True,))]
     if pipelined:  # a loop: the tile's warps and the loads in flight
         return [Setting(w, 1, n) for w in WARPS for n in STAGES]
     return [Setting(w) for w in WARPS]
 
 
 def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched: Sequence[Any],
-         pipelined: bool = False) -> Setting:
+         pipelined: bool = False, holds: bool = False) -> Setting:
     """The fastest setting for ``key``, timing ``trial`` under each candidate on first use. ``touched``:
-    tensors a trial adds into (restored afterwards)."""
+    tensors a trial adds into (restored afterwards). ``holds``: the kernel may hold loads across its loop."""
     with _lock:
         found = _best.get(key)
     if found is not None:
@@ -98,7 +101,7 @@ def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched
     touched = [_memory_of(t) for t in touched]  # (an expanded tensor cannot be copied into: its memory can)
     saved = [t.clone() for t in touched]
     try:
-        return _fastest(_best, key, candidates(persistent, pipelined), lambda s: lambda: trial(s), DEFAULT)
+        return _fastest(_best, key, candidates(persistent, pipelined, holds), lambda s: lambda: trial(s), DEFAULT)
     finally:
         for t, s in zip(touched, saved, strict=True):
             t.copy_(s)
