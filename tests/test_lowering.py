@@ -86,12 +86,8 @@ def choices_of(kernel, grid, args, kwargs, **grad_kwargs):
     return {p: (c.mode, c.covers) for p, c in bwd.choose(named, grid).items()}
 
 
-def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers(poisoned_empty, monkeypatch):
-    """The weight's and bias's loads cover them: each program stores its whole partial row (left unfilled)."""
-    monkeypatch.setenv("TRITONGRAD_TUNE", "0")  # (a tuner's trials reset their buffers: not the launch's own)
-    filled = []
-    monkeypatch.setattr(derive, "_zeros_strided", lambda *a, **k: filled.append(a))
-    rows, n = 9, 45
+def check_norm_rows(rows: int, n: int) -> tuple[tuple, dict]:
+    """norm_rows's gradients against autograd on fresh float64 rows of n columns; its launch's arguments."""
     x, w, b = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64), torch.randn(n, dtype=F64)
     y = poison(torch.empty(rows, n, dtype=F64))
     args, kwargs = (x, w, b, y, n, n), {"BLOCK": 64}
@@ -99,6 +95,16 @@ def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers(poison
     leaves = [t.clone().requires_grad_() for t in (x, w, b)]
     assert_gradients_match(norm_rows, (rows,), args, kwargs, y, norm_reference(*leaves), leaves,
                            ["x_ptr", "w_ptr", "b_ptr"])
+    return args, kwargs
+
+
+def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers(poisoned_empty, monkeypatch):
+    """The weight's and bias's loads cover them: each program stores its whole partial row (left unfilled)."""
+    monkeypatch.setenv("TRITONGRAD_TUNE", "0")  # (a tuner's trials reset their buffers: not the launch's own)
+    filled = []
+    monkeypatch.setattr(derive, "_zeros_strided", lambda *a, **k: filled.append(a))
+    rows, n = 9, 45
+    args, kwargs = check_norm_rows(rows, n)
     assert choices_of(norm_rows, (rows,), args, kwargs) == {
         "x_ptr": (STORE, True), "w_ptr": (REGISTERS, True), "b_ptr": (REGISTERS, True)}
     assert filled == []  # neither the gradients nor the partial rows are zero-filled
@@ -117,14 +123,7 @@ def test_a_persistent_kernel_holds_the_weight_across_its_loop_or_loads_it_for_ea
 
     monkeypatch.setattr(tuning, "DEFAULT", tuning.Setting(held=held))  # what an untuned launch runs with
     monkeypatch.setattr(derive, "_persistent_programs", lambda programs, device, waves=1: 2)  # rows per program
-    rows, n = 7, 45
-    x, w, b = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64), torch.randn(n, dtype=F64)
-    y = poison(torch.empty(rows, n, dtype=F64))
-    args, kwargs = (x, w, b, y, n, n), {"BLOCK": 64}
-    norm_rows[(rows,)](*args, **kwargs)
-    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-    assert_gradients_match(norm_rows, (rows,), args, kwargs, y, norm_reference(*leaves), leaves,
-                           ["x_ptr", "w_ptr", "b_ptr"])
+    check_norm_rows(7, 45)
     src = tritongrad.grad(norm_rows).src
     held_before, loop = src.split("    for row in ")
     assert "    if HELD:\n        w = tl.load(w_ptr + cols, mask=mask, other=0.0)" in held_before
