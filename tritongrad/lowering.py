@@ -528,20 +528,24 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     are so under ``if held:``, and loaded again for each row under ``if not held:`` (from cache), which tuning
     chooses: held in registers across the loop beside the partial sums, a 16384-wide row's weight made a layer
     norm backward spill (H200, bf16: 877 µs against 810 reloading it; benchmarks/layernorm_rows_probe.py), where
-    at 4096 holding it was the faster."""
+    at 4096 holding it was the faster. Not for a loop with products: their operands stay held."""
     dependent = depends_on_program(replay + sweep, axis)
     local = set(params) | {target_of(s) for s in statements(replay + sweep) if target_of(s)}
     local |= {n.target.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[])) if isinstance(n, ast.For)}
     if every:  # a name is reassigned where it is assigned twice, also inside a branch (`d += ...` under an if)
         counts = Counter(t for s in statements(replay + sweep) for t in targets_of(s))
         reassigned = {n for n, c in counts.items() if c > 1}
-    hoisted, kept, known, loaded = [], [], set(params), []
+    if held is not None and any(tl_call(n, "dot") for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[]))):
+        held = None  # a loop with products holds their operands, tiles of the kernel's blocks, as a hand-written
+        # kernel does (and orient.py reads their single definitions)
+    hoisted, kept, known, loaded, loaded_names = [], [], set(params), [], set()
     for s in replay + (sweep if every else []):
         t = target_of(s)
         if (t is not None and t not in dependent and t not in reassigned and not is_structured(s)
                 and reads(s.value) & local <= known):
-            if held is not None and (_loads(s) or reads(s.value) & {target_of(u) for u in loaded}):
+            if held is not None and (_loads(s) or reads(s.value) & loaded_names):
                 loaded.append(s)
+                loaded_names.add(t)
             else:
                 hoisted.append(s)
             known.add(t)

@@ -54,7 +54,6 @@ from .ir import (
     statements,
     tagged,
     target_of,
-    tl_call,
     where,
 )
 from .loops import LoopPlan, LoopReversal, merge_records
@@ -235,16 +234,10 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                 {k.index for k in self.analysis.program_trips}, self.adjoint_likes(), self.loaded_from())
             replay = without_unused(replay, set().union(*[reads(s) for s in self.out], reads(guard.count) if guard
                                                         else set()))  # what only the prologue's values needed
-            body, extra = self.persistent(replay, axis, reassigned, every=True, guard=guard)
+            body, extra, _ = self.persistent(replay, axis, reassigned, every=True, guard=guard)
         elif axis is not None:
             stages = self.namer.fresh("STAGES")
-            # whether what it loads once is held across the loop is tuned, but for a loop with products: their
-            # operands are tiles of the kernel's blocks, held as a hand-written kernel holds them (orient.py reads
-            # their single definitions)
-            held = None if any(tl_call(n, "dot") for n in ast.walk(ast.Module(body, []))) else self.namer.fresh("HELD")
-            body, extra = self.persistent(replay, axis, reassigned, stages=stages, held=held)
-            if held is not None and held not in reads(ast.Module(body, [])):  # nothing loaded before the loop
-                held = None
+            body, extra, held = self.persistent(replay, axis, reassigned, stages=stages, held=self.namer.fresh("HELD"))
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
@@ -270,10 +263,11 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
 
     def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False,
                    guard: Any = None, stages: str | None = None, held: str | None = None
-                   ) -> tuple[list[ast.stmt], list[str]]:
-        """The body as a loop over the forward's programs along ``axis`` (lowering.persistent), and the
-        parameters that adds: the forward's program count, and each partial row's stride (``stages``: the
-        constexpr parameter of the loop's pipelining; ``held``: whether loads are held across it)."""
+                   ) -> tuple[list[ast.stmt], list[str], str | None]:
+        """The body as a loop over the forward's programs along ``axis`` (lowering.persistent), the parameters
+        that adds: the forward's program count, and each partial row's stride (``stages``: the constexpr parameter
+        of the loop's pipelining), and ``held`` where the body reads it (the constexpr holding its once-loaded
+        values across the loop), else None."""
         programs = self.namer.fresh("programs")
         partial = [p for p, c in self.choices.items() if c.mode in PARTIALS]
         rows = {self.shadow[p]: self.namer.fresh(f"{self.shadow[p]}_rows") for p in partial}
@@ -289,13 +283,15 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         params = {*self.program.param_names(), *self.shadow_params, programs, *rows.values()}
         body = persistent(replay, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer,
                           every, guard, stages, held)
+        if held is not None and held not in reads(ast.Module(body, [])):  # nothing loaded before the loop
+            held = None
         if not every:
-            if held in reads(ast.Module(body, [])):
+            if held is not None:
                 note += (f";\nwhat it loads once is held in registers across the loop under `{held}`, else loaded "
                          "again for each row (tuning picks)")
             note = self.marker(note)
         loop = next(i for i, s in enumerate(body) if isinstance(s, ast.For))
-        return [*body[:loop], note, *body[loop:]], [programs, *rows.values()]
+        return [*body[:loop], note, *body[loop:]], [programs, *rows.values()], held
 
     def describe(self, stmt: ast.stmt) -> str:
         """The forward line a statement comes from; inside an inlined helper, its own line and the call."""
