@@ -123,7 +123,11 @@ def test_a_persistent_kernel_holds_the_weight_across_its_loop_or_loads_it_for_ea
 
     monkeypatch.setattr(tuning, "DEFAULT", tuning.Setting(held=held))  # what an untuned launch runs with
     monkeypatch.setattr(derive, "_persistent_programs", lambda programs, device, waves=1: 2)  # rows per program
-    check_norm_rows(7, 45)
+    launched, launch = [], derive.PartLaunch.launch
+    monkeypatch.setattr(derive.PartLaunch, "launch", lambda self, args, *a, **k: (
+        launched.append(args.get(self.part.held)), launch(self, args, *a, **k))[1])
+    check_norm_rows(7 if held else 13, 45)  # (a launch of its own: a prepared launch keeps its first settings)
+    assert launched and set(launched) == {held}  # the backward ran with that setting
     src = tritongrad.grad(norm_rows).src
     held_before, loop = src.split("    for row in ")
     assert "    if HELD:\n        w = tl.load(w_ptr + cols, mask=mask, other=0.0)" in held_before
