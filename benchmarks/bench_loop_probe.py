@@ -15,6 +15,7 @@ import torch
 import triton.testing
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.host_gpu_split import training_step
 from tritongrad import bench, examples
 
 STEPS = 40
@@ -38,19 +39,6 @@ def timed_loop(step, clear: torch.Tensor | None) -> tuple[float, float]:
     return times[len(times) // 2], host
 
 
-def training_step(fn, leaves: list, grads: list):
-    """One forward+backward, the leaves' gradients reset to None first (as do_bench's grad_to_none)."""
-    tensors = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-
-    def step():
-        for t in tensors:
-            t.grad = None
-        outs = fn(*leaves)
-        torch.autograd.backward(list(outs) if isinstance(outs, tuple) else [outs], grads)
-
-    return step
-
-
 def main() -> None:
     name, size, dtype_name = sys.argv[1], bench.parse_size(sys.argv[2]), sys.argv[3]
     example = examples.get(name)
@@ -59,12 +47,7 @@ def main() -> None:
     for impl in bench.implementations(example, sys.argv[4:] or ["tritongrad", "liger"], dtype_name):
         if impl.make is None:
             continue
-        fn = impl.make()
-        leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
-                  for t in master]
-        outs = fn(*leaves)
-        grads = [torch.randn_like(o) for o in (outs if isinstance(outs, tuple) else (outs,))]
-        step = training_step(fn, leaves, grads)
+        step = training_step(impl.make(), master)
         for _ in range(20):
             step()
         cleared, cleared_host = timed_loop(step, clear)

@@ -17,17 +17,26 @@ from tritongrad import bench, examples
 STEPS = 50
 
 
-def split(fn, leaves, grads):
-    """(host µs, GPU µs, do_bench µs) per forward+backward step, .grad reset to None as do_bench does."""
+def training_step(fn, master: list):
+    """One forward+backward of ``fn`` on fresh leaves copied from ``master`` with random output gradients, the
+    leaves' .grad reset to None first (as do_bench's grad_to_none)."""
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
+              for t in master]
+    outs = fn(*leaves)
+    grads = [torch.randn_like(o) for o in (outs if isinstance(outs, tuple) else (outs,))]
     tensors = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
 
     def step():
         for t in tensors:
             t.grad = None
         outs = fn(*leaves)
-        outs = list(outs) if isinstance(outs, tuple) else [outs]
-        torch.autograd.backward(outs, grads[:len(outs)])
+        torch.autograd.backward(list(outs) if isinstance(outs, tuple) else [outs], grads)
 
+    return step
+
+
+def split(step):
+    """(host µs, GPU µs, do_bench µs) per forward+backward step."""
     for _ in range(10):
         step()
     torch.cuda.synchronize()
@@ -63,12 +72,7 @@ def main() -> None:
         if impl.make is None:
             print(f"{impl.name:12} unavailable: {impl.note}")
             continue
-        fn = impl.make()
-        leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
-                  for t in master]
-        outs = fn(*leaves)
-        grads = [torch.randn_like(o) for o in (outs if isinstance(outs, tuple) else (outs,))]
-        host, gpu, bench_us = split(fn, leaves, grads)
+        host, gpu, bench_us = split(training_step(impl.make(), master))
         print(f"{impl.name:12} {host:8.1f} {gpu:8.1f} {bench_us:9.1f}" + ("   host-bound" if host > gpu else ""))
 
 
