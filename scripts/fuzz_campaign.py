@@ -87,12 +87,18 @@ def main(argv=None) -> int:
     ap.add_argument("--transpose-every-group", action="store_true",
                     help="derived kernels compute every group of tiles orient.py can transpose transposed (the "
                          "rewrite tested on every kernel, not only where it pays)")
+    ap.add_argument("--reload-once-loaded", action="store_true",
+                    help="untuned launches of persistent kernels load their once-loaded values (a weight) again for "
+                         "each row (HELD False; held by default, as tuning's untuned setting)")
     args = ap.parse_args(argv)
     global AVOID
     AVOID = tuple(G.KNOWN_BUGS) if args.avoid_known else ()
     if args.transpose_every_group:  # before the workers fork
         from tritongrad import codegen, orient
         codegen.orient_tiles = functools.partial(orient.orient_tiles, every=True)
+    if args.reload_once_loaded:
+        from tritongrad import tuning
+        tuning.DEFAULT = tuning.Setting(held=False)
 
     if args.only is not None:
         program, _ = G.random_program(kernel_seed(args.seed, args.only), AVOID)
