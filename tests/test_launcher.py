@@ -11,7 +11,7 @@ import triton.language as tl
 from test_lowering import norm_rows, norm_twice, scale_kernel, two_readers, windows
 
 import tritongrad
-from tritongrad import examples, replay
+from tritongrad import examples, relaunch, replay
 
 F64 = torch.float64
 CALLS = 4  # checked, kept, launched again twice
@@ -189,6 +189,32 @@ def test_a_kept_launch_holds_no_tensors(monkeypatch):
     for launcher in made:
         for traced, _ in launcher.launches:
             assert not any(isinstance(v, torch.Tensor) for v in traced.args.values())
+
+
+@pytest.mark.gpu
+def test_kept_launches_call_the_compiled_kernel_per_alignment_of_their_tensors(monkeypatch):
+    """On a GPU a kept launch calls its compiled kernel's launcher directly (relaunch.py), the compiled kernel
+    kept per the 16-byte alignment of its tensors: an upstream gradient at an address 8 bytes past one is
+    another specialization, launched by Triton first, then directly too. Every gradient against the exact one."""
+    if not relaunch.supported():
+        pytest.skip("this Triton's launch is not the one relaunch.py repeats")
+    made = []
+    real = replay.Launcher.of
+    monkeypatch.setattr(replay.Launcher, "of", staticmethod(lambda *a: made.append(real(*a)) or made[-1]))
+    direct = []
+    real_call = relaunch.Relauncher.__call__
+    monkeypatch.setattr(relaunch.Relauncher, "__call__",
+                        lambda self, args: direct.append(len(self.compiled)) or real_call(self, args))
+    scaled, x = scaled_op(), torch.randn(29, dtype=F64, requires_grad=True)
+    for offset in (0, 0, 0, 0, 1, 1, 0):
+        x.grad = None
+        upstream = torch.randn(29 + offset, dtype=F64)[offset:]
+        assert (upstream.data_ptr() % 16 == 0) == (offset == 0)
+        scaled(x, 3.0).backward(upstream)
+        torch.testing.assert_close(x.grad, 3.0 * upstream, rtol=0, atol=0)
+    relauncher = made[0].launches[0][0].relauncher
+    assert relauncher.direct and len(relauncher.compiled) == 2
+    assert direct == [0, 1, 1, 2, 2]  # kept compiled kernels when launched: none, one aligned, then both
 
 
 @triton.jit

@@ -196,6 +196,7 @@ class PartLaunch:
     grid: tuple[int, ...]
     args: dict[str, Any]  # its arguments but its partial rows and scratch (Part.scratch_args)
     partials: tuple[PartialRows, ...]  # the partial rows it sums into its inputs' buffers
+    relauncher: Any = field(default=None, compare=False)  # relaunch.Relauncher, where kept by a backward
 
     def launch(self, args: dict[str, Any], buffers: dict[str, Any], deterministic: bool, reduce: bool = True) -> list:
         """Launch with ``args`` (its arguments but the partial rows and scratch, made here): ``reduce``: then its
@@ -203,7 +204,10 @@ class PartLaunch:
         rows = [r.allocate(args, buffers[r.input].device) for r in self.partials]
         part = self.part
         part.scratch_args(args, self.grid)
-        part.kernel[self.grid](**args)
+        if self.relauncher is not None:
+            self.relauncher(args)
+        else:
+            part.kernel[self.grid](**args)
         if reduce:
             part.add_later(args, deterministic)
             for r, found in zip(self.partials, rows, strict=True):

@@ -32,6 +32,7 @@ from . import tuning
 from .derive import decisive_constexprs, grad, hashable, shadow_dtype
 from .errors import NotDifferentiableError, OpError
 from .lowering import ATOMIC, PARTIALS
+from .relaunch import Relauncher
 
 GUARD = (1024, 1 << 20)  # zeros on each side of a shadow in a checked backward: its own size, within these bounds
 
@@ -567,7 +568,8 @@ class Launcher:
                     wired.append((k, *sources[id(v)]))
                 else:
                     constant[k] = v
-            launches.append((replace(t, args=constant), tuple(wired)))  # holding no tensors
+            # holding no tensors; launched past Triton's argument binding (relaunch.py)
+            launches.append((replace(t, args=constant, relauncher=Relauncher(t.part.kernel, t.grid)), tuple(wired)))
         outputs = tuple((o, step.shadows[o]) for o in output_grads)
         return Launcher(step.launch.replayed, outputs, buffers_of, tuple(launches), deterministic)
 

@@ -1,0 +1,99 @@
+"""Launching a derived kernel again without Triton's per-call argument binding.
+
+``kernel[grid](**args)`` binds and specializes every argument on each call: on an H200's host, 27 µs for
+an 18-argument backward kernel, of which its compiled launcher takes 11 (benchmarks/host_parts.py). A
+backward that ``replay.Launcher`` launches again has the same non-tensor arguments and grid every time;
+only its tensors change, and of a tensor Triton specializes on one property, whether its address is a
+multiple of 16 (its dtype and the rest of its layout are the plan's). So a :class:`Relauncher` keeps the
+compiled kernel per those properties (and the current device) and calls its launcher directly, as Triton's
+own ``run`` ends. The first launch of each key, and every launch where Triton's internals are not the ones
+this was written against (another version, the interpreter), go through ``kernel[grid]``.
+``TRITONGRAD_DIRECT_LAUNCH=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from typing import Any
+
+ENV = "TRITONGRAD_DIRECT_LAUNCH"
+
+# the end of Triton's JITFunction.run that a direct launch repeats (whitespace removed)
+_LAUNCH = ("kernel.run(grid_0,grid_1,grid_2,stream,kernel.function,kernel.packed_metadata,launch_metadata,"
+           "knobs.runtime.launch_enter_hook,knobs.runtime.launch_exit_hook,*bound_args.values())")
+
+
+@functools.cache
+def supported() -> bool:
+    """Whether this Triton launches a compiled kernel as a direct launch does."""
+    if os.environ.get(ENV) == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:
+        from triton import knobs  # noqa: F401
+        from triton.runtime.jit import JITFunction
+
+        run = inspect.getsource(getattr(JITFunction.run, "__wrapped__", JITFunction.run))
+    except (ImportError, OSError, TypeError):
+        return False
+    return _LAUNCH in "".join(run.split())
+
+
+class Relauncher:
+    """One kernel launched on one grid with the same non-tensor arguments: its compiled kernels by the
+    launch's device and the 16-byte alignment of each tensor argument."""
+
+    __slots__ = ("kernel", "grid", "names", "tensors", "compiled", "direct")
+
+    def __init__(self, kernel: Any, grid: tuple[int, ...]):
+        self.kernel, self.grid = kernel, grid
+        self.names: tuple[str, ...] = tuple(getattr(kernel, "arg_names", ()))  # Triton's bound order
+        self.tensors: tuple[int, ...] | None = None  # positions of tensor arguments, once seen
+        self.compiled: dict[tuple, Any] = {}
+        self.direct = supported() and not getattr(kernel, "pre_run_hooks", True)
+
+    def __call__(self, args: dict[str, Any]) -> None:
+        if not self.direct:
+            self.kernel[self.grid](**args)
+            return
+        from triton import knobs
+        from triton.runtime import driver
+
+        values = [args[n] for n in self.names]
+        device = driver.active.get_current_device()
+        tensors = self.tensors
+        if tensors is None:
+            tensors = self.tensors = tuple(i for i, v in enumerate(values) if hasattr(v, "data_ptr"))
+        key = (device, *[values[i].data_ptr() % 16 == 0 for i in tensors])
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            self._first(args, values, key, device)
+            return
+        stream = driver.active.get_current_stream(device)
+        grid = self.grid
+        runtime = knobs.runtime
+        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                     compiled.function, compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
+                     runtime.launch_enter_hook, runtime.launch_exit_hook, *values)
+
+    def _first(self, args: dict[str, Any], values: list, key: tuple, device: int) -> None:
+        """Triton's launch; its compiled kernel kept for ``key`` where Triton binds exactly ``values``."""
+        compiled = self.kernel[self.grid](**args)
+        if not hasattr(compiled, "run"):  # not launched (a dry run)
+            return
+        try:
+            bound = list(self.kernel.device_caches[device][4](**args)[0].values())
+        except Exception:  # not the binder this was written against: Triton's launch from now on
+            self.direct = False
+            return
+        if len(bound) != len(values) or not all(map(_same, bound, values)):
+            self.direct = False
+            return
+        if len(self.compiled) > 16:  # alignments are few; a bound on what a kernel keeps
+            self.compiled.clear()
+        self.compiled[key] = compiled
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or not hasattr(a, "data_ptr") and not hasattr(b, "data_ptr") and a == b
