@@ -9,11 +9,13 @@ tape's backward, the derived kernel's launch alone); Liger-Kernel's and a triton
 kernel beside them.
 """
 
+import os
 import sys
 import time
 
 import torch
 
+import tritongrad
 from tritongrad import bench, examples, relaunch
 
 LOOPS, CALLS = 9, 500
@@ -122,6 +124,21 @@ def _floor(leaves: list):
     return Floor.apply
 
 
+def through_triton_rows(op, leaves: list) -> list:
+    """The op's host function as a bare op with its launches made again directly (relaunch.py) and, in the same
+    process, as another bare op with every launch through Triton's ``kernel[grid]``."""
+    host_function = op.__wrapped__
+    rows = impl_rows("bare op, launches made again directly", tritongrad.op(host_function), leaves)[0]
+    os.environ[relaunch.ENV] = "0"
+    relaunch.supported.cache_clear()
+    try:
+        rows += impl_rows("bare op, every launch through Triton", tritongrad.op(host_function), leaves)[0]
+    finally:
+        del os.environ[relaunch.ENV]
+        relaunch.supported.cache_clear()
+    return rows
+
+
 def main() -> None:
     name = sys.argv[1]
     size = bench.parse_size(sys.argv[2] if len(sys.argv) > 2 else "64x4096")
@@ -139,6 +156,7 @@ def main() -> None:
         rows += found
         if impl.name == "tritongrad":
             rows += tritongrad_rows(example, fn, leaves, grads)
+            rows += through_triton_rows(fn, leaves)
     floor = _floor(leaves)
     rows += impl_rows("autograd floor (a Function: empty_like forward, precomputed gradients)", floor, leaves)[0]
     rows.append(("torch.empty_like (one allocation)", host_us(lambda: torch.empty_like(master[0]))))

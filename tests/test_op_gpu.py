@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad import replay, tuning
+from tritongrad import relaunch, replay, tuning
 from tritongrad import tape as tapes
 
 pytestmark = pytest.mark.gpu
@@ -262,6 +262,34 @@ def test_no_host_sync_on_repeated_calls():
         y.backward(torch.ones_like(y))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_forward_launches_made_again_call_their_compiled_kernels(monkeypatch):
+    """An op's forward launch with arguments recorded before calls its compiled kernel directly (relaunch.py),
+    kept per the alignment of its tensors: a view 4 bytes past an aligned address is another compiled kernel,
+    another size another launcher. Outputs and gradients as PyTorch's on each call."""
+    if not relaunch.supported():
+        pytest.skip("this Triton's launch is not the one relaunch.py repeats")
+    op = tritongrad.op(chain_body)  # launchers of its own sizes: other tests launch chain at 1000
+    direct = []
+    real = relaunch.Relauncher.__call__
+    monkeypatch.setattr(relaunch.Relauncher, "__call__",
+                        lambda self, *a: direct.append(self.kernel) or real(self, *a))
+    before = set(tapes._relaunchers)
+    for n, offset in [(1001, 0)] * 3 + [(1001, 1)] * 2 + [(777, 0)] * 2:
+        base, w = rand(n + offset), rand(n)
+        x = base[offset:]  # not cloned: its address is the point
+        assert (x.data_ptr() % 16 == 0) == (offset == 0)
+        upstream = torch.randn(n, device="cuda")
+        got = op(x, w)
+        got.backward(upstream)
+        want, want_grads = grads_of(chain_ref, x, w, upstream=upstream)
+        torch.testing.assert_close(got.detach(), want)
+        torch.testing.assert_close(base.grad[offset:], want_grads[0])
+        torch.testing.assert_close(w.grad, want_grads[1])
+    assert direct.count(mul_kernel) == 7
+    kept = [r for k, r in tapes._relaunchers.items() if k not in before and r.kernel is mul_kernel]
+    assert sorted(len(r.compiled) for r in kept) == [1, 2] and all(r.direct for r in kept)
 
 
 def test_cpu_tensors_are_refused_outside_the_interpreter():

@@ -16,12 +16,14 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+from collections.abc import Callable
 from typing import Any
 
 ENV = "TRITONGRAD_DIRECT_LAUNCH"
 
 # the end of Triton's JITFunction.run that a direct launch repeats (whitespace removed)
-_LAUNCH = ("kernel.run(grid_0,grid_1,grid_2,stream,kernel.function,kernel.packed_metadata,launch_metadata,"
+_LAUNCH = ("launch_metadata=kernel.launch_metadata(grid,stream,*bound_args.values())",
+           "kernel.run(grid_0,grid_1,grid_2,stream,kernel.function,kernel.packed_metadata,launch_metadata,"
            "knobs.runtime.launch_enter_hook,knobs.runtime.launch_exit_hook,*bound_args.values())")
 
 
@@ -37,7 +39,8 @@ def supported() -> bool:
         run = inspect.getsource(getattr(JITFunction.run, "__wrapped__", JITFunction.run))
     except (ImportError, OSError, TypeError):
         return False
-    return _LAUNCH in "".join(run.split())
+    run = "".join(run.split())
+    return all(line in run for line in _LAUNCH)
 
 
 class Relauncher:
@@ -53,10 +56,12 @@ class Relauncher:
         self.compiled: dict[tuple, Any] = {}
         self.direct = supported() and not getattr(kernel, "pre_run_hooks", True)
 
-    def __call__(self, args: dict[str, Any]) -> None:
+    def __call__(self, args: dict[str, Any], triton_launch: Callable[[], Any] | None = None) -> Any:
+        """Launch with ``args`` (every parameter by name, and launch options); ``triton_launch``: the same launch
+        through Triton, returning its compiled kernel (by default ``kernel[grid](**args)``). Returns the compiled
+        kernel, as Triton's launch does."""
         if not self.direct:
-            self.kernel[self.grid](**args)
-            return
+            return self._triton(args, triton_launch)
         from triton import knobs
         from triton.runtime import driver
 
@@ -68,31 +73,40 @@ class Relauncher:
         key = (device, *[values[i].data_ptr() % 16 == 0 for i in tensors])
         compiled = self.compiled.get(key)
         if compiled is None:
-            self._first(args, values, key, device)
-            return
+            return self._first(args, values, key, device, triton_launch)
         stream = driver.active.get_current_stream(device)
         grid = self.grid
         runtime = knobs.runtime
         compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
                      compiled.function, compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
                      runtime.launch_enter_hook, runtime.launch_exit_hook, *values)
+        return compiled
 
-    def _first(self, args: dict[str, Any], values: list, key: tuple, device: int) -> None:
-        """Triton's launch; its compiled kernel kept for ``key`` where Triton binds exactly ``values``."""
-        compiled = self.kernel[self.grid](**args)
+    def _triton(self, args: dict[str, Any], triton_launch: Callable[[], Any] | None) -> Any:
+        return triton_launch() if triton_launch is not None else self.kernel[self.grid](**args)
+
+    def _first(self, args: dict[str, Any], values: list, key: tuple, device: int,
+               triton_launch: Callable[[], Any] | None) -> Any:
+        """Triton's launch; its compiled kernel kept for ``key`` where Triton binds exactly ``values`` and the
+        kernel reads no global values (Triton checks on each launch that they have not changed)."""
+        compiled = self._triton(args, triton_launch)
         if not hasattr(compiled, "run"):  # not launched (a dry run)
-            return
+            return compiled
+        if getattr(self.kernel, "used_global_vals", None):
+            self.direct = False
+            return compiled
         try:
             bound = list(self.kernel.device_caches[device][4](**args)[0].values())
         except Exception:  # not the binder this was written against: Triton's launch from now on
             self.direct = False
-            return
+            return compiled
         if len(bound) != len(values) or not all(map(_same, bound, values)):
             self.direct = False
-            return
+            return compiled
         if len(self.compiled) > 16:  # alignments are few; a bound on what a kernel keeps
             self.compiled.clear()
         self.compiled[key] = compiled
+        return compiled
 
 
 def _same(a: Any, b: Any) -> bool:

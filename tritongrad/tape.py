@@ -13,7 +13,8 @@ strides, offset, device, ``requires_grad`` and which others share its storage. E
 call reduces those to a key (storages numbered in order of appearance, not by address);
 the first call with a key runs the checks and lays out the backward (a ``replay.Plan``),
 later calls with that key reuse it. The hot path reads tensor metadata only: no AST work
-and nothing that waits for the device. The backward itself is replay.py's.
+and nothing that waits for the device; on a GPU a launch made before with the same recorded
+arguments calls its compiled kernel directly (relaunch.py). The backward itself is replay.py's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 
+from . import relaunch
 from .analysis import pointers
 from .augment import SavedStates, keeping
 from .composites import fuse_composites
@@ -167,6 +169,7 @@ class KernelInfo:
 
 _infos: dict[Any, KernelInfo] = {}
 _infos_lock = threading.Lock()
+_relaunchers: dict[tuple, Any] = {}  # a forward launch's recorded arguments -> its relaunch.Relauncher
 _pointers_checked: set[tuple] = set()  # launch patterns (see RecordedLaunch) passing tensors to every pointer
 
 
@@ -410,7 +413,29 @@ class Tape:
             if found is not None:
                 augmented_kernel, extra, launch.saved = found
                 return run(augmented_kernel, *args, grid=grid, warmup=warmup, **kwargs, **extra)
+        if relaunch.supported():
+            return self._relaunch(run, kernel, launch, args, kwargs)
         return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+
+    def _relaunch(self, run: Callable, kernel: Any, launch: RecordedLaunch, args: tuple, kwargs: dict) -> Any:
+        """The launch through the kernel's ``relaunch.Relauncher`` for its recorded arguments: the non-tensor
+        values (and their types), the tensors' positions and dtypes and the grid, all of what Triton specializes
+        on but the tensors' alignment, which the Relauncher keys its compiled kernels on."""
+        pattern, described = self.patterns[-1], self.tensors.described
+        grid = launch.grid
+        try:
+            key = (id(kernel), grid, pattern[1], pattern[2], launch.args, tuple(map(type, launch.args)),
+                   tuple(launch.kwargs.values()), tuple(map(type, launch.kwargs.values())),
+                   tuple([described[i][1] for i in pattern[1] if i is not None]))
+            relauncher = _relaunchers.get(key)
+        except TypeError:  # an unhashable argument
+            return run(kernel, *args, grid=grid, warmup=False, **kwargs)
+        if relauncher is None or relauncher.kernel is not kernel:
+            if len(_relaunchers) > 4096:  # bounded: a call site has few kinds of launch
+                _relaunchers.clear()
+            relauncher = _relaunchers[key] = relaunch.Relauncher(kernel, grid)
+        named = {**launch.info.defaults, **dict(zip(launch.info.params, args, strict=False)), **kwargs}
+        return relauncher(named, lambda: run(kernel, *args, grid=grid, warmup=False, **kwargs))
 
     def _snapshots(self, info: KernelInfo, args: tuple, kwargs: dict) -> tuple[tuple[str, int], ...]:
         """Copies of the tensors a launch updates in place, taken before it runs: its backward replays against
