@@ -63,10 +63,9 @@ class Relauncher:
         if not self.direct:
             return self._triton(args, triton_launch)
         from triton import knobs
-        from triton.runtime import driver
 
         values = [args[n] for n in self.names]
-        device = driver.active.get_current_device()
+        device = current_device()
         tensors = self.tensors
         if tensors is None:
             tensors = self.tensors = tuple(i for i, v in enumerate(values) if hasattr(v, "data_ptr"))
@@ -74,7 +73,7 @@ class Relauncher:
         compiled = self.compiled.get(key)
         if compiled is None:
             return self._first(args, values, key, device, triton_launch)
-        stream = driver.active.get_current_stream(device)
+        stream = current_stream(device)
         grid = self.grid
         runtime = knobs.runtime
         compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
@@ -107,6 +106,19 @@ class Relauncher:
             self.compiled.clear()
         self.compiled[key] = compiled
         return compiled
+
+
+def current_device() -> int:
+    """The device Triton launches on (its current one)."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_device()
+
+
+def current_stream(device: int) -> Any:
+    from triton.runtime import driver
+
+    return driver.active.get_current_stream(device)
 
 
 def _same(a: Any, b: Any) -> bool:
