@@ -48,6 +48,7 @@ class Kernel:
 def direct(monkeypatch):
     """Relaunch as on a GPU whose Triton launches as relaunch.py expects."""
     monkeypatch.setattr(relaunch, "supported", lambda: True)
+    monkeypatch.setattr(relaunch, "_jit_function", lambda kernel: True)
     monkeypatch.setattr(relaunch, "current_device", lambda: 0)
     monkeypatch.setattr(relaunch, "current_stream", lambda device: "stream")
 
@@ -116,3 +117,33 @@ def test_turned_off_every_launch_is_tritons(turned_off):
     relauncher(arguments())
     relauncher(arguments())
     assert len(kernel.launched) == 2 and not relauncher.direct
+
+
+def test_only_values_a_key_can_compare_are_kept():
+    import triton.language as tl
+
+    assert relaunch.plain_values((1, 2.5, True, None, "x", tl.float32, tl.constexpr(4)))
+    assert not relaunch.plain_values((1, object()))
+
+
+def test_an_ops_forward_launches_go_through_their_relaunchers(monkeypatch):
+    """The tape's path on a GPU (Tape._relaunch), taken here with the interpreter's kernels (which Relaunchers
+    launch through Triton): each forward launch keyed on its recorded arguments, outputs and gradients exact."""
+    from tritongrad import examples
+    from tritongrad import tape as tapes
+
+    monkeypatch.setattr(relaunch, "supported", lambda: True)
+    example = examples.get("rmsnorm")
+    before = set(tapes._relaunchers)
+    for rows in (7, 7, 5):
+        x, w = (t.double().requires_grad_() for t in example.make_inputs((rows, 45)))
+        xr, wr = (t.detach().clone().requires_grad_() for t in (x, w))
+        y, want = example.op(x, w), example.reference(xr, wr)
+        torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+        upstream = torch.randn_like(want)
+        y.backward(upstream)
+        want.backward(upstream)
+        torch.testing.assert_close(x.grad, xr.grad, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(w.grad, wr.grad, rtol=1e-12, atol=1e-12)
+    made = [r for k, r in tapes._relaunchers.items() if k not in before]
+    assert len(made) == 2 and all(r.kernel is example.module.rmsnorm_fwd and not r.direct for r in made)

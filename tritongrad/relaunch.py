@@ -54,7 +54,7 @@ class Relauncher:
         self.names: tuple[str, ...] = tuple(getattr(kernel, "arg_names", ()))  # Triton's bound order
         self.tensors: tuple[int, ...] | None = None  # positions of tensor arguments, once seen
         self.compiled: dict[tuple, Any] = {}
-        self.direct = supported() and not getattr(kernel, "pre_run_hooks", True)
+        self.direct = supported() and _jit_function(kernel) and not kernel.pre_run_hooks
 
     def __call__(self, args: dict[str, Any], triton_launch: Callable[[], Any] | None = None) -> Any:
         """Launch with ``args`` (every parameter by name, and launch options); ``triton_launch``: the same launch
@@ -106,6 +106,21 @@ class Relauncher:
             self.compiled.clear()
         self.compiled[key] = compiled
         return compiled
+
+
+def _jit_function(kernel: Any) -> bool:
+    """Whether the kernel is compiled by the ``JITFunction.run`` checked in ``supported`` (not interpreted)."""
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(kernel, JITFunction)
+
+
+def plain_values(values: tuple) -> bool:
+    """Whether non-tensor launch arguments are values a key can compare (numbers, strings, None, Triton's dtypes and
+    constexprs), not objects compared by identity."""
+    import triton.language as tl
+
+    return all(v is None or isinstance(v, (int, float, str, tl.dtype, tl.constexpr)) for v in values)
 
 
 def current_device() -> int:

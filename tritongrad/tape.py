@@ -431,6 +431,8 @@ class Tape:
         except TypeError:  # an unhashable argument
             return run(kernel, *args, grid=grid, warmup=False, **kwargs)
         if relauncher is None or relauncher.kernel is not kernel:
+            if not relaunch.plain_values((*launch.args, *launch.kwargs.values())):  # compared by identity: another
+                return run(kernel, *args, grid=grid, warmup=False, **kwargs)  # object on each call, never seen again
             if len(_relaunchers) > 4096:  # bounded: a call site has few kinds of launch
                 _relaunchers.clear()
             relauncher = _relaunchers[key] = relaunch.Relauncher(kernel, grid)
