@@ -126,9 +126,10 @@ def test_only_values_a_key_can_compare_are_kept():
     assert not relaunch.plain_values((1, object()))
 
 
-def test_an_ops_forward_launches_go_through_their_relaunchers(monkeypatch):
-    """The tape's path on a GPU (Tape._relaunch), taken here with the interpreter's kernels (which Relaunchers
-    launch through Triton): each forward launch keyed on its recorded arguments, outputs and gradients exact."""
+def test_an_ops_forward_launches_go_through_their_relaunchers(monkeypatch, device):
+    """The tape's path on a GPU (Tape._relaunch), taken on a CPU too with the interpreter's kernels (which
+    Relaunchers launch through Triton): each forward launch keyed on its recorded arguments, outputs and gradients
+    exact."""
     from tritongrad import examples
     from tritongrad import tape as tapes
 
@@ -136,7 +137,7 @@ def test_an_ops_forward_launches_go_through_their_relaunchers(monkeypatch):
     example = examples.get("rmsnorm")
     before = set(tapes._relaunchers)
     for rows in (7, 7, 5):
-        x, w = (t.double().requires_grad_() for t in example.make_inputs((rows, 45)))
+        x, w = (t.double().requires_grad_() for t in example.make_inputs((rows, 45), device=device))
         xr, wr = (t.detach().clone().requires_grad_() for t in (x, w))
         y, want = example.op(x, w), example.reference(xr, wr)
         torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
@@ -146,4 +147,5 @@ def test_an_ops_forward_launches_go_through_their_relaunchers(monkeypatch):
         torch.testing.assert_close(x.grad, xr.grad, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(w.grad, wr.grad, rtol=1e-12, atol=1e-12)
     made = [r for k, r in tapes._relaunchers.items() if k not in before]
-    assert len(made) == 2 and all(r.kernel is example.module.rmsnorm_fwd and not r.direct for r in made)
+    compiled = device == "cuda"  # a JITFunction, launched directly from its second call
+    assert len(made) == 2 and all(r.kernel is example.module.rmsnorm_fwd and r.direct == compiled for r in made)
