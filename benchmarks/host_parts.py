@@ -14,6 +14,7 @@ import sys
 import time
 
 import torch
+from host_gpu_split import training_step
 
 import tritongrad
 from tritongrad import bench, examples, relaunch
@@ -35,26 +36,14 @@ def host_us(fn) -> float:
     return best
 
 
-def fwd_bwd(fn, leaves, grads):
-    """A forward+backward, the leaves' .grad reset to None first (as do_bench's grad_to_none)."""
-    tensors = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-
-    def step():
-        for t in tensors:
-            t.grad = None
-        outs = fn(*leaves)
-        torch.autograd.backward(list(outs) if isinstance(outs, tuple) else [outs], grads)
-    return step
-
-
-def impl_rows(name: str, fn, leaves: list) -> tuple[list, list]:
-    """An implementation's forward, forward+backward and backward rows, and the output gradients used."""
-    outs = fn(*leaves)
-    grads = [torch.randn_like(o) for o in (outs if isinstance(outs, tuple) else (outs,))]
+def impl_rows(name: str, fn, master: list) -> tuple[list, list, list]:
+    """An implementation's forward, forward+backward and backward rows, and the leaves and output gradients used."""
+    step = training_step(fn, master)
+    leaves = step.leaves
     fwd = host_us(lambda: fn(*leaves))
-    both = host_us(fwd_bwd(fn, leaves, grads))
+    both = host_us(step)
     return [(f"{name}: forward", fwd), (f"{name}: forward+backward", both),
-            (f"{name}: backward (difference)", both - fwd)], grads
+            (f"{name}: backward (difference)", both - fwd)], leaves, step.grads
 
 
 def tritongrad_rows(example, fn, leaves: list, grads: list) -> list:
@@ -110,7 +99,7 @@ def tritongrad_rows(example, fn, leaves: list, grads: list) -> list:
 
 def _floor(leaves: list):
     """An autograd.Function that launches nothing: what autograd itself costs a step."""
-    found = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in leaves]
+    found = [torch.randn_like(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else None for t in leaves]
 
     class Floor(torch.autograd.Function):
         @staticmethod
@@ -124,15 +113,15 @@ def _floor(leaves: list):
     return Floor.apply
 
 
-def through_triton_rows(op, leaves: list) -> list:
+def through_triton_rows(op, master: list) -> list:
     """The op's host function as a bare op with its launches made again directly (relaunch.py) and, in the same
     process, as another bare op with every launch through Triton's ``kernel[grid]``."""
     host_function = op.__wrapped__
-    rows = impl_rows("bare op, launches made again directly", tritongrad.op(host_function), leaves)[0]
+    rows = impl_rows("bare op, launches made again directly", tritongrad.op(host_function), master)[0]
     os.environ[relaunch.ENV] = "0"
     relaunch.supported.cache_clear()
     try:
-        rows += impl_rows("bare op, every launch through Triton", tritongrad.op(host_function), leaves)[0]
+        rows += impl_rows("bare op, every launch through Triton", tritongrad.op(host_function), master)[0]
     finally:
         del os.environ[relaunch.ENV]
         relaunch.supported.cache_clear()
@@ -145,20 +134,18 @@ def main() -> None:
     dtype_name = sys.argv[3] if len(sys.argv) > 3 else "bfloat16"
     example = examples.get(name)
     master = example.make_inputs(size, device="cuda", dtype=getattr(torch, dtype_name))
-    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
-              for t in master]
     rows = []
     for impl in bench.implementations(example, ["tritongrad", "liger-fwd", "liger", "compile"], dtype_name):
         if impl.make is None:
             continue
         fn = impl.make()
-        found, grads = impl_rows(impl.name, fn, leaves)
+        found, leaves, grads = impl_rows(impl.name, fn, master)
         rows += found
         if impl.name == "tritongrad":
             rows += tritongrad_rows(example, fn, leaves, grads)
-            rows += through_triton_rows(fn, leaves)
-    floor = _floor(leaves)
-    rows += impl_rows("autograd floor (a Function: empty_like forward, precomputed gradients)", floor, leaves)[0]
+            rows += through_triton_rows(fn, master)
+    floor = _floor(master)
+    rows += impl_rows("autograd floor (a Function: empty_like forward, precomputed gradients)", floor, master)[0]
     rows.append(("torch.empty_like (one allocation)", host_us(lambda: torch.empty_like(master[0]))))
     print(f"{name} {'x'.join(map(str, size))} {dtype_name}: host µs per call ({torch.cuda.get_device_name()}; "
           f"kept backward launches {'direct' if relaunch.supported() else 'through Triton'}: relaunch.py)")
