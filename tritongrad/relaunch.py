@@ -1,14 +1,14 @@
-"""Launching a derived kernel again without Triton's per-call argument binding.
+"""Launching a kernel again without Triton's per-call argument binding.
 
-``kernel[grid](**args)`` binds and specializes every argument on each call: on an H200's host, 27 µs for
-an 18-argument backward kernel, of which its compiled launcher takes 11 (benchmarks/host_parts.py). A
-backward that ``replay.Launcher`` launches again has the same non-tensor arguments and grid every time;
-only its tensors change, and of a tensor Triton specializes on one property, whether its address is a
-multiple of 16 (its dtype and the rest of its layout are the plan's). So a :class:`Relauncher` keeps the
-compiled kernel per those properties (and the current device) and calls its launcher directly, as Triton's
-own ``run`` ends. The first launch of each key, and every launch where Triton's internals are not the ones
-this was written against (another version, the interpreter), go through ``kernel[grid]``.
-``TRITONGRAD_DIRECT_LAUNCH=0`` turns it off.
+``kernel[grid](**args)`` binds and specializes every argument on each call: on an H200's host 19-37 µs for an
+18-argument backward kernel, of which its compiled launcher takes 6-11 (benchmarks/host_parts.py). A launch
+made again with the same non-tensor arguments and grid (a backward's kernels, which ``replay.Launcher`` keeps;
+an op's forward launches, which the tape keys on their recorded arguments) changes only its tensors, and of a
+tensor whose dtype is fixed Triton specializes on one property: whether its address is a multiple of 16. So a
+:class:`Relauncher` keeps the compiled kernel per those properties (and the current device) and calls its
+launcher directly, as Triton's own ``run`` ends. The first launch of each key, and every launch where Triton's
+internals are not the ones this was written against (another version, the interpreter's kernels), go through
+Triton. ``TRITONGRAD_DIRECT_LAUNCH=0`` turns it off.
 """
 
 from __future__ import annotations
