@@ -61,6 +61,7 @@ from .ir import (
     arguments,
     child_blocks,
     definitions,
+    is_none,
     is_structured,
     name_node,
     names_in,
@@ -584,16 +585,12 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
                    body=body or [ast.Pass()], orelse=[])
     epilogue = [ast.Expr(ast.Call(ast.parse("tl.store", mode="eval").body,
                                   [name_node(s.shadow), name_node(s.accumulator)],
-                                  [] if _is_none(s.mask) else [ast.keyword("mask", s.mask)])) for s in sums]
+                                  [] if is_none(s.mask) else [ast.keyword("mask", s.mask)])) for s in sums]
     return [*prologue, loop, *epilogue]
 
 
 def _loads(stmt: ast.stmt) -> bool:
     return any(tl_call(node, "load") for node in ast.walk(stmt))
-
-
-def _is_none(atom: ast.expr) -> bool:
-    return isinstance(atom, ast.Constant) and atom.value is None
 
 
 def _program_id(stmt: ast.stmt) -> int | None:
