@@ -19,6 +19,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import triton.language as tl
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+
+try:
+    from triton import knobs
+except ImportError:  # an older Triton, whose run launches otherwise: nothing is launched directly
+    knobs = None
+
 ENV = "TRITONGRAD_DIRECT_LAUNCH"
 
 # the end of Triton's JITFunction.run that a direct launch repeats (whitespace removed)
@@ -30,14 +39,11 @@ _LAUNCH = ("launch_metadata=kernel.launch_metadata(grid,stream,*bound_args.value
 @functools.cache
 def supported() -> bool:
     """Whether this Triton launches a compiled kernel as a direct launch does."""
-    if os.environ.get(ENV) == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+    if os.environ.get(ENV) == "0" or os.environ.get("TRITON_INTERPRET") == "1" or knobs is None:
         return False
     try:
-        from triton import knobs  # noqa: F401
-        from triton.runtime.jit import JITFunction
-
         run = inspect.getsource(getattr(JITFunction.run, "__wrapped__", JITFunction.run))
-    except (ImportError, OSError, TypeError):
+    except (OSError, TypeError):
         return False
     run = "".join(run.split())
     return all(line in run for line in _LAUNCH)
@@ -62,8 +68,6 @@ class Relauncher:
         kernel, as Triton's launch does."""
         if not self.direct:
             return self._triton(args, triton_launch)
-        from triton import knobs
-
         values = [args[n] for n in self.names]
         device = current_device()
         tensors = self.tensors
@@ -110,29 +114,21 @@ class Relauncher:
 
 def _jit_function(kernel: Any) -> bool:
     """Whether the kernel is compiled by the ``JITFunction.run`` checked in ``supported`` (not interpreted)."""
-    from triton.runtime.jit import JITFunction
-
     return isinstance(kernel, JITFunction)
 
 
 def plain_values(values: tuple) -> bool:
     """Whether non-tensor launch arguments are values a key can compare (numbers, strings, None, Triton's dtypes and
     constexprs), not objects compared by identity."""
-    import triton.language as tl
-
     return all(v is None or isinstance(v, (int, float, str, tl.dtype, tl.constexpr)) for v in values)
 
 
 def current_device() -> int:
     """The device Triton launches on (its current one)."""
-    from triton.runtime import driver
-
     return driver.active.get_current_device()
 
 
 def current_stream(device: int) -> Any:
-    from triton.runtime import driver
-
     return driver.active.get_current_stream(device)
 
 

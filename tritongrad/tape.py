@@ -423,21 +423,25 @@ class Tape:
         on but the tensors' alignment, which the Relauncher keys its compiled kernels on."""
         pattern, described = self.patterns[-1], self.tensors.described
         grid = launch.grid
+
+        def through_triton() -> Any:
+            return run(kernel, *args, grid=grid, warmup=False, **kwargs)
+
         try:
             key = (id(kernel), grid, pattern[1], pattern[2], launch.args, tuple(map(type, launch.args)),
                    tuple(launch.kwargs.values()), tuple(map(type, launch.kwargs.values())),
                    tuple([described[i][1] for i in pattern[1] if i is not None]))
             relauncher = _relaunchers.get(key)
         except TypeError:  # an unhashable argument
-            return run(kernel, *args, grid=grid, warmup=False, **kwargs)
+            return through_triton()
         if relauncher is None or relauncher.kernel is not kernel:
             if not relaunch.plain_values((*launch.args, *launch.kwargs.values())):  # compared by identity: another
-                return run(kernel, *args, grid=grid, warmup=False, **kwargs)  # object on each call, never seen again
+                return through_triton()  # object on each call, never seen again
             if len(_relaunchers) > 4096:  # bounded: a call site has few kinds of launch
                 _relaunchers.clear()
             relauncher = _relaunchers[key] = relaunch.Relauncher(kernel, grid)
         named = {**launch.info.defaults, **dict(zip(launch.info.params, args, strict=False)), **kwargs}
-        return relauncher(named, lambda: run(kernel, *args, grid=grid, warmup=False, **kwargs))
+        return relauncher(named, through_triton)
 
     def _snapshots(self, info: KernelInfo, args: tuple, kwargs: dict) -> tuple[tuple[str, int], ...]:
         """Copies of the tensors a launch updates in place, taken before it runs: its backward replays against
