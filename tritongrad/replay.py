@@ -267,12 +267,15 @@ _stand_ins: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
 def _stand_in(dtype_device: tuple[torch.dtype, torch.device]) -> torch.Tensor:
-    """A one-element tensor for a parameter a launch only writes: derived kernels drop the
-    forward's stores, so nothing reads or writes it (one per dtype and device, kept)."""
+    """A tensor for a parameter a launch only writes: derived kernels drop the forward's stores, so
+    nothing reads or writes it. Empty (Triton passes its null address) and kept, one per dtype and
+    device: holding no memory, it holds none of a CUDA graph's either when first made during a
+    capture or torch.compile's cudagraph warm-up (whose allocations are the graph's, and which
+    refuses a graph whose memory something else keeps)."""
     t = _stand_ins.get(dtype_device)
     if t is None:
         dtype, device = dtype_device
-        t = _stand_ins[dtype_device] = torch.empty(1, dtype=dtype, device=device)
+        t = _stand_ins[dtype_device] = torch.empty(0, dtype=dtype, device=device)
     return t
 
 
