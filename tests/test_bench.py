@@ -257,6 +257,37 @@ def test_command_line_recorded():
     args = _args("rmsnorm", "softmax", "--sizes", "16384x4096", "--mode", "bwd", "fwd+bwd", "--impl", "eager")
     assert bench.command_line(args) == ("tritongrad bench rmsnorm softmax --dtype bfloat16 --sizes 16384x4096 "
                                         "--mode bwd fwd+bwd --impl eager")
+    assert bench.command_line(_args("softmax", "--graphs")).endswith("--mode fwd+bwd --graphs")
+
+
+def test_graphs_run_is_labelled_apart(tmp_path, monkeypatch):
+    """--graphs rows (CUDA-graph replays) go to files, tables and summary sections of their own, beside eager ones;
+    the graph timer itself needs a GPU (test_op_gpu); here an injected timer stands in for it."""
+    monkeypatch.setattr(bench, "COPY_BYTES", 2**20)
+    example = FakeExample("fake", _swiglu_ref, _swiglu_ref, _swiglu_inputs, (64,), _swiglu_traffic)
+    for extra in ((), ("--graphs",)):
+        rc, _, out = _run(tmp_path, [example], "--dtype", "float32", "--mode", "bwd", "--impl", "eager", *extra)
+        assert rc == 0
+    assert "fake · float32 · bwd · CUDA graphs" in out and "CUDA-graph replays" in out
+    eager = bench.read_csv(tmp_path / "fake-float32-bwd.csv")
+    graphs = bench.read_csv(tmp_path / "fake-float32-bwd-graphs.csv")
+    assert {r["timing"] for r in eager} == {bench.EAGER} and {r["timing"] for r in graphs} == {bench.GRAPHS}
+    assert {r["command"] for r in graphs} == {"tritongrad bench fake --dtype float32 --mode bwd --impl eager --graphs"}
+    summary = (tmp_path / "summary.md").read_text()
+    assert "### bwd, float32\n" in summary and "### bwd, float32, CUDA graphs\n" in summary
+
+
+def test_csvs_without_a_timing_column_are_eager(tmp_path):
+    """CSVs written before the timing column was added still replot (as eager launches)."""
+    rows = _rows()
+    fields = [f for f in bench.FIELDS if f != "timing"]
+    (tmp_path / "fake-float32-bwd.csv").write_text(
+        ",".join(fields) + "\n" + "".join(",".join("" if r[f] is None else str(r[f]) for f in fields) + "\n"
+                                          for r in rows))
+    back = bench.read_folder(tmp_path)
+    assert len(back) == len(rows) and {r["timing"] for r in back} == {""}
+    assert "### bwd, float32\n" in bench.markdown(back)
+    assert bench.main(_args("--replot", str(tmp_path)), console=Console(file=io.StringIO())) == 0
 
 
 def _fake_liger(monkeypatch, **attributes):

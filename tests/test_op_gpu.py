@@ -161,7 +161,11 @@ def test_compiled_autotuned_named_op_falls_back_to_recomputing():
         torch.testing.assert_close(a, b)
 
 
-def test_compile_reduce_overhead_replays_cuda_graphs():
+def test_compile_reduce_overhead_replays_cuda_graphs(monkeypatch):
+    """Also where the op's first backward runs in cudagraph trees' warm-up, whose allocations are the graph's
+    memory: the tensor the backward keeps for a parameter launches only write holds none (cudagraph trees refuse
+    a graph whose memory something else holds)."""
+    monkeypatch.setattr(replay, "_stand_ins", {})
     x, w = rand(1000), rand(1000)
     g = torch.randn(1000, device="cuda")
     compiled = torch.compile(lambda x, w: named_chain(x, w).tanh(), mode="reduce-overhead", fullgraph=True)
@@ -171,6 +175,44 @@ def test_compile_reduce_overhead_replays_cuda_graphs():
         torch.testing.assert_close(got, want)
         for a, b in zip(got_grads, want_grads, strict=True):
             torch.testing.assert_close(a, b)
+
+
+def test_forward_and_backward_captured_in_a_cuda_graph():
+    """A training step through an op (rmsnorm: partial rows for the weight, launches made directly) captured in a
+    CUDA graph, as users capture whole steps: each replay on new values copied into the captured inputs gives
+    PyTorch's gradients. bench --graphs times such replays (graph_median, run here once on the same step)."""
+    from tritongrad import bench
+    from tritongrad.examples import rmsnorm
+
+    x, w = rand(1000, 333), rand(333)
+    upstream = torch.randn(1000, 333, device="cuda")
+
+    def step():
+        rmsnorm.rmsnorm(x, w).backward(upstream)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm: compiled, derived, the first (checked) backward
+        for _ in range(3):
+            x.grad = w.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = w.grad = None
+    replay._stand_ins.clear()  # made again while capturing
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    assert all(t.data_ptr() == 0 for t in replay._stand_ins.values())  # none of the graph's memory
+    for _ in range(3):
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x))
+            w.copy_(torch.randn_like(w))
+            upstream.copy_(torch.randn_like(upstream))
+        graph.replay()
+        _, want = grads_of(rmsnorm.reference, x.double(), w.double(), upstream=upstream.double())
+        for got, expected in zip((x.grad, w.grad), want, strict=True):  # w's: 1000 rows summed, in another order
+            torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+    assert bench.graph_median(step, [x, w]) > 0
 
 
 def test_opcheck():

@@ -1,7 +1,7 @@
 """``tritongrad bench``: time the examples' operators against PyTorch and Liger-Kernel on a GPU.
 
     tritongrad bench rmsnorm softmax [--dtype bfloat16|float16|float32] [--sizes 4096x4096 ...]
-                     [--mode fwd|bwd|fwd+bwd ...] [--impl tritongrad eager ...] [--out DIR]
+                     [--mode fwd|bwd|fwd+bwd ...] [--impl tritongrad eager ...] [--graphs] [--out DIR]
     tritongrad bench --replot DIR        # PNGs and summary.md again from DIR's CSVs (no GPU needed)
 
 Implementations of one example, all measured in one run, one size after another:
@@ -24,6 +24,9 @@ floating-point inputs require grad, as in training); ``fwd+bwd`` the forward the
 ``traffic(size, dtype)`` (the fewest bytes the pass must move; fwd+bwd is the sum), TFLOP/s its
 ``flops(size)`` where it has one, and "% copy" is the share of the GPU's copy bandwidth measured at
 the start of the run (a 1 GiB device-to-device copy: bytes read plus written over its median time).
+With ``--graphs`` each pass is captured once in a CUDA graph and the graph's replays are timed: the
+GPU's time alone, the host's launches and autograd's bookkeeping left out (where every implementation's
+host takes longer than its GPU work, eager timings rank the hosts: both views together say which is which).
 
 Output: a progress bar, a table per example and mode in the terminal, and under ``--out``
 (default ``./bench-results``): ``EXAMPLE-DTYPE-MODE.csv`` with every number and the device, versions
@@ -55,11 +58,14 @@ COPY_BYTES = 2**30  # the copy-bandwidth probe: this many bytes copied device to
 # (a sanity check of adapters and kernels, not an accuracy test: `tritongrad check` is that)
 FORWARD_TOLERANCE = {"bfloat16": 5e-2, "float16": 5e-2, "float32": 1e-2}
 
-FIELDS = ("example", "size", "impl", "mode", "dtype", "ms", "gbps", "copy_pct", "tflops", "vs_best",
+FIELDS = ("example", "size", "impl", "mode", "dtype", "timing", "ms", "gbps", "copy_pct", "tflops", "vs_best",
           "fwd_ms", "fwd_bwd_ms", "bwd_ms", "bytes", "flop", "note",
           "device", "copy_gbps", "torch", "triton", "tritongrad", "liger", "command")
 NUMERIC = {"ms", "gbps", "copy_pct", "tflops", "vs_best", "fwd_ms", "fwd_bwd_ms", "bwd_ms", "bytes", "flop",
            "copy_gbps"}
+
+OPTIONAL = {"timing"}  # fields CSVs written before them lack
+EAGER, GRAPHS = "eager launches", "CUDA graphs"  # the timings: each call launched by the host, or graph replays
 
 NO_GPU = ("tritongrad bench: no CUDA GPU here (bench times kernels on one); "
           "`tritongrad bench --replot DIR` redraws plots and tables from CSVs without one")
@@ -159,6 +165,32 @@ def do_bench_median(fn: Callable[[], Any], grad_to_none: list | None) -> float:
 
     return triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, grad_to_none=grad_to_none,
                                    return_mode="median")
+
+
+def graph_median(fn: Callable[[], Any], grad_to_none: list | None) -> float:
+    """The ``--graphs`` timer: ``fn`` captured once in a CUDA graph, its replays timed by do_bench (median, ms).
+    Warmed up first on a side stream, as capturing requires (compiling, autotuning, an op's first backward,
+    which checks its gradients and waits for the device); gradients start as None, so that the captured
+    backward stores them rather than adding to them (as do_bench's grad_to_none does for eager launches)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            for t in grad_to_none or ():
+                t.grad = None
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in grad_to_none or ():
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+        return do_bench_median(graph.replay, None)
+    finally:
+        graph.reset()  # its memory back before the next implementation's
 
 
 def copy_bandwidth(timer: Callable, device: str, nbytes: int | None = None) -> float:
@@ -418,6 +450,8 @@ def read_csv(path: Path) -> list[dict]:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     for row in rows:
+        for key in OPTIONAL:
+            row.setdefault(key, "")
         for key in NUMERIC:
             value = row.get(key)
             row[key] = float(value) if value not in (None, "") else None
@@ -430,13 +464,13 @@ def read_folder(folder: Path) -> list[dict]:
     for file in sorted(Path(folder).glob("*.csv")):
         with open(file, newline="") as f:
             header = next(csv.reader(f), [])
-        if set(FIELDS) <= set(header):
+        if set(FIELDS) - OPTIONAL <= set(header):
             rows.extend(read_csv(file))
     return rows
 
 
-def stem(example: str, dtype_name: str, mode: str) -> str:
-    return f"{example}-{dtype_name}-{mode}"
+def stem(example: str, dtype_name: str, mode: str, timing: str | None = None) -> str:
+    return f"{example}-{dtype_name}-{mode}" + ("-graphs" if timing == GRAPHS else "")
 
 
 def _fmt(value, spec: str) -> str:
@@ -448,10 +482,11 @@ def _impl_order(rows: list[dict]) -> list[str]:
     return [i for i in IMPLS if i in seen] + [i for i in seen if i not in IMPLS]
 
 
-def _caption(mode: str) -> str:
+def _caption(mode: str, timing: str | None = None) -> str:
     what = {"fwd": "forward (autograd recording)", "fwd+bwd": "forward + backward",
             "bwd": "backward = median(fwd+bwd) - median(fwd)"}[mode]
-    return f"{what}; ms: do_bench median; vs best: ms / the fastest other implementation's (above 1: slower)"
+    how = "do_bench median of CUDA-graph replays (GPU time)" if timing == GRAPHS else "do_bench median"
+    return f"{what}; ms: {how}; vs best: ms / the fastest other implementation's (above 1: slower)"
 
 
 def rich_table(rows: list[dict]):
@@ -460,7 +495,9 @@ def rich_table(rows: list[dict]):
 
     first = rows[0]
     with_flops = any(r["tflops"] is not None for r in rows)
-    table = Table(title=f"{first['example']} · {first['dtype']} · {first['mode']}", caption=_caption(first["mode"]))
+    title = f"{first['example']} · {first['dtype']} · {first['mode']}"
+    title += " · CUDA graphs" if first["timing"] == GRAPHS else ""
+    table = Table(title=title, caption=_caption(first["mode"], first["timing"]))
     for column in ("size", "impl", "ms", "GB/s", "% copy", *(["TFLOP/s"] if with_flops else []), "vs best", "note"):
         table.add_column(column, justify="left" if column in ("size", "impl", "note") else "right")
     sizes = list(dict.fromkeys(r["size"] for r in rows))
@@ -485,15 +522,15 @@ def markdown(rows: list[dict]) -> str:
     command(s), GPU and versions, a summary (ms per implementation and % of copy bandwidth), then one
     detailed table per example."""
     out = []
-    groups = list(dict.fromkeys((r["dtype"], r["mode"]) for r in rows))
-    for dtype_name, mode in groups:
-        group = [r for r in rows if (r["dtype"], r["mode"]) == (dtype_name, mode)]
-        out.append(f"### {mode}, {dtype_name}\n")
+    groups = list(dict.fromkeys((r["dtype"], r["mode"], r.get("timing") or EAGER) for r in rows))
+    for dtype_name, mode, timing in groups:
+        group = [r for r in rows if (r["dtype"], r["mode"], r.get("timing") or EAGER) == (dtype_name, mode, timing)]
+        out.append(f"### {mode}, {dtype_name}" + (f", {timing}" if timing == GRAPHS else "") + "\n")
         for command in dict.fromkeys(r["command"] for r in group if r.get("command")):
             out.append(f"    {command}\n")
         for env in dict.fromkeys(_environment(r) for r in group):
             out.append(env + "\n")
-        out.append(f"{_caption(mode)}.\n")
+        out.append(f"{_caption(mode, timing)}.\n")
         impls = _impl_order(group)
         out.append("| example | size | " + " | ".join(impls) + " |")
         out.append("| --- | --- | " + " | ".join("---" for _ in impls) + " |")
@@ -509,7 +546,7 @@ def markdown(rows: list[dict]) -> str:
         for example in dict.fromkeys(r["example"] for r in group):
             ex_rows = [r for r in group if r["example"] == example]
             with_flops = any(r["tflops"] is not None for r in ex_rows)
-            out.append(f"#### {example}, {mode}, {dtype_name}\n")
+            out.append(f"#### {example}, {mode}, {dtype_name}" + (f", {timing}" if timing == GRAPHS else "") + "\n")
             head = ["size", "impl", "ms", "GB/s", "% copy", *(["TFLOP/s"] if with_flops else []), "vs best", "note"]
             out.append("| " + " | ".join(head) + " |")
             out.append("| " + " | ".join("---" for _ in head) + " |")
@@ -607,8 +644,8 @@ def replot(folder: Path, console=None) -> int:
         print(f"tritongrad bench: no benchmark CSVs in {folder}", file=sys.stderr)
         return 2
     plotted = 0
-    for key in dict.fromkeys((r["example"], r["dtype"], r["mode"]) for r in rows):
-        group = [r for r in rows if (r["example"], r["dtype"], r["mode"]) == key]
+    for key in dict.fromkeys((r["example"], r["dtype"], r["mode"], r["timing"]) for r in rows):
+        group = [r for r in rows if (r["example"], r["dtype"], r["mode"], r["timing"]) == key]
         plotted += write_plot(group, Path(folder) / f"{stem(*key)}.png")
     (Path(folder) / "summary.md").write_text(markdown(rows))
     if plotted:
@@ -629,6 +666,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", nargs="+", default=["fwd+bwd"], choices=MODES,
                    help="what to time; bwd = median(fwd+bwd) - median(fwd) (default: fwd+bwd)")
     p.add_argument("--impl", nargs="+", choices=IMPLS, help=f"implementations (default: {' '.join(IMPLS)})")
+    p.add_argument("--graphs", action="store_true",
+                   help="time CUDA-graph replays of each pass (the GPU's time, without the host's launches)")
     p.add_argument("--out", default="bench-results", help="folder for the CSVs, PNGs and summary.md")
     p.add_argument("--replot", metavar="DIR", help="only redraw the PNGs and summary.md from DIR's CSVs")
 
@@ -640,6 +679,8 @@ def command_line(args: argparse.Namespace) -> str:
     words += ["--mode", *args.mode]
     if args.impl:
         words += ["--impl", *args.impl]
+    if getattr(args, "graphs", False):
+        words.append("--graphs")
     return shlex.join(words)
 
 
@@ -726,11 +767,14 @@ def main(args: argparse.Namespace, *, registry=None, device: str | None = None, 
             print(f"tritongrad bench: {example.name} has no BENCH_SIZES; pass --sizes", file=sys.stderr)
             return 2
         plan.append((example, sizes, implementations(example, args.impl, args.dtype)))
-    timer = timer or do_bench_median
+    eager_timer = timer or do_bench_median
+    timer = timer or (graph_median if args.graphs else do_bench_median)
     args.mode = list(dict.fromkeys(args.mode))
     out = Path(args.out)
-    meta = {**environment(device), "command": command_line(args)}
-    meta["copy_gbps"] = copy_bandwidth(timer, device)
+    meta = {**environment(device), "command": command_line(args), "timing": GRAPHS if args.graphs else EAGER}
+    # launched eagerly under --graphs too: a captured copy is a graph's memcpy node, run by a copy engine (on an
+    # H200 2755 GB/s, against 4248 by the kernel an eager copy launches)
+    meta["copy_gbps"] = copy_bandwidth(eager_timer, device)
     console.print(f"[bold]tritongrad bench[/bold]: {meta['device']}, torch {meta['torch']}, triton {meta['triton']}, "
                   f"{args.dtype}; copy bandwidth {meta['copy_gbps']:.0f} GB/s "
                   "(1 GiB device to device, bytes read + written)")
@@ -751,7 +795,7 @@ def main(args: argparse.Namespace, *, registry=None, device: str | None = None, 
                                  traffic=getattr(example, "traffic", None), flops=getattr(example, "flops", None),
                                  meta=meta)
                 progress.console.print(rich_table(rows))
-                name = stem(example.name, args.dtype, mode)
+                name = stem(example.name, args.dtype, mode, meta["timing"])
                 write_csv(rows, out / f"{name}.csv")
                 written.append(f"{name}.csv")
                 try:

@@ -3,7 +3,7 @@
     tritongrad show FILE.py:KERNEL [--wrt a,b] [--outputs y]
     tritongrad check EXAMPLE... | FILE.py:OP [--dtype D...] [--sizes S...]
     tritongrad demo
-    tritongrad bench EXAMPLE... [--dtype D] [--sizes S...] [--mode M...] [--impl I...] [--out DIR]
+    tritongrad bench EXAMPLE... [--dtype D] [--sizes S...] [--mode M...] [--impl I...] [--graphs] [--out DIR]
 
 Without a GPU, show and demo switch Triton to its interpreter (CPU tensors) before any
 kernel is defined. A mistake on the command line (a file, kernel or parameter that is not
