@@ -679,7 +679,7 @@ def command_line(args: argparse.Namespace) -> str:
     words += ["--mode", *args.mode]
     if args.impl:
         words += ["--impl", *args.impl]
-    if getattr(args, "graphs", False):
+    if args.graphs:
         words.append("--graphs")
     return shlex.join(words)
 
