@@ -43,7 +43,7 @@ import triton.language as tl
 from . import language as tg
 from .checks import Expr, LaunchValues
 from .codegen import jit_source
-from .loops import Tape
+from .loops import Tape, tape_row
 from .source import Source
 
 SHARE = 0.25  # the state tapes a forward keeps may take this share of the bytes of the launch's tensors
@@ -178,9 +178,10 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
         params[tape.slots] = f"tritongrad_slots_{k}"
         for j, (param, _) in enumerate(tape.states):
             params[param] = f"tritongrad_tape_{k}_{j}"
-        before = [f"{row[s]} = tritongrad_tg.tape_row({params[p]}, {s}, {params[tape.slots]}, "
+        dtypes = tape.dtypes or (None,) * len(tape.states)
+        before = [f"{row[s]} = tritongrad_tg.{tape_row(dtype)}({params[p]}, {s}, {params[tape.slots]}, "
                   "tritongrad_tg.program_index())"
-                  for (p, _), s in zip(tape.states, tape.sources, strict=True)]
+                  for (p, _), s, dtype in zip(tape.states, tape.sources, dtypes, strict=True)]
         before.append(f"{slot} = tritongrad_tl.full((), 0, tritongrad_tl.int32)")  # a constexpr 0 cannot be carried
         puts = [f"tritongrad_tg.tape_put({row[s]}, {slot}, {s}, True)" for s in tape.sources]
         block = _block_of(parents[id(loop)], loop)

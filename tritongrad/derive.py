@@ -20,6 +20,7 @@ from .errors import NotDifferentiableError
 from .frontend import normalize_kernel, normalize_tile_function
 from .interchange import NotInterchangeable
 from .ir import Program
+from .launch_facts import LaunchFacts, Layout, buffer_facts, overlap
 from .loops import LoopPlan, Tape, classify_loops, tape_budget
 from .lowering import (
     ADD,
@@ -85,7 +86,14 @@ class Prepared:
 
     choices: dict[str, Choice]
     variant: Variant  # reading the state tapes the forward kept (augment.py) where its parts are ``saved``
+    shared: frozenset[str] = frozenset()  # inputs whose buffers overlap another's (launch_facts.py): written after
+    # the kernels (partial rows, kernels of their own) or into buffers of their own (``private``)
     settings: tuple[tuning.Setting, ...] | None = None
+
+    @functools.cached_property
+    def private(self) -> tuple[str, ...]:
+        """Inputs stored into buffers of their own, added to theirs after the kernels (in this order)."""
+        return tuple(p for p, c in self.choices.items() if c.private)
 
     @functools.cached_property
     def covered_rows(self) -> frozenset[str]:
@@ -451,8 +459,11 @@ class BackwardKernel:
             sizes = _sizes(grid(named) if callable(grid) else grid)
             output_grads = {p: named.pop(self.shadow_params[p]) for p in self.outputs}
             buffers = {p: output_grads[p] if p in output_grads else named.pop(self.shadow_params[p]) for p in self.wrt}
+            self.check_buffers(named, output_grads, buffers)
+            self.check_default_wrt(named)
             written = frozenset(self.wrt)
-            prepared = self.prepare(named, sizes, written, aliased(buffers))
+            shared, self_overlapping = buffer_facts({p: buffers[p] for p in self.wrt if p not in self.in_place})
+            prepared = self.prepare(named, sizes, written, shared, self_overlapping)
             self.launch(sizes, named, output_grads, buffers, prepared, written)
 
         return run
@@ -471,7 +482,9 @@ class BackwardKernel:
         if specialized is not self:
             return specialized.gradients(grid, named, output_grads, saved)
         sizes = _sizes(grid(named) if callable(grid) else grid)
-        prepared = self.prepare(named, sizes, aliased=aliased({p: named[p] for p in self.wrt}), saved=saved)
+        self.check_buffers(named, output_grads)
+        self.check_default_wrt(named)
+        prepared = self.prepare(named, sizes, saved=saved)  # a buffer of its own per input: none is shared
         grads = {}
         for p in self.in_place:  # one buffer: the new values' gradient in, the old values' out
             x = named[p]
@@ -487,18 +500,84 @@ class BackwardKernel:
         self.launch(sizes, named, output_grads, grads, prepared, saved=saved)
         return grads
 
+    def check_buffers(self, named: dict[str, Any], output_grads: dict[str, Any],
+                      buffers: dict[str, Any] | None = None) -> None:
+        """Refuse a direct launch whose gradient buffers the kernel could not address as its calling convention
+        says (each with its primal's sizes and strides, on its device: else it writes outside them), that
+        writes an input's gradient where it reads an output's, or whose forward read an input where it wrote
+        an output (the backward replays the forward's loads: they would read what it stored). An op's backward
+        makes its buffers itself, and its tape refuses such forwards."""
+        given = [(o, g, "output") for o, g in output_grads.items()] + [
+            (p, b, "input") for p, b in (buffers or {}).items() if p not in self.in_place]
+        for name, g, role in given:
+            x = named.get(name)
+            if not hasattr(x, "stride"):
+                continue
+            shadow = self.shadow_params.get(name, f"d_{name}")
+            if not hasattr(g, "stride"):
+                raise TypeError(f"{self.name}: `{shadow}` (the gradient of the {role} `{name}`) must be a tensor, "
+                                f"got {type(g).__name__}")
+            if tuple(g.shape) != tuple(x.shape) or (g.stride() != x.stride() and g.numel() > 1) \
+                    or g.device != x.device:
+                raise ValueError(f"{self.name}: `{shadow}` must have `{name}`'s sizes {tuple(x.shape)} and strides "
+                                 f"{x.stride()} on {x.device} (the kernel addresses it as it addresses `{name}`); got "
+                                 f"sizes {tuple(g.shape)}, strides {g.stride()} on {g.device}")
+            if not g.dtype.is_floating_point:
+                raise TypeError(f"{self.name}: `{shadow}` must be a floating-point tensor, got {g.dtype}")
+        layouts = {("d", name): Layout.of(g) for name, g, _ in given if hasattr(g, "data_ptr")}
+        layouts.update({("x", p): Layout.of(named[p]) for p in (*self.wrt, *self.outputs)
+                        if hasattr(named.get(p), "data_ptr")})
+        for p in (buffers or {}):
+            for o in output_grads:
+                if p not in self.in_place and ("d", p) in layouts and ("d", o) in layouts \
+                        and overlap(layouts[("d", p)], layouts[("d", o)]):
+                    raise ValueError(f"{self.name}: the gradient buffer of `{p}` overlaps the gradient of the output "
+                                     f"`{o}`: the kernel would write one where it reads the other; pass separate "
+                                     "tensors")
+        for p in self.wrt:
+            for o in self.outputs:
+                if p != o and p not in self.in_place and ("x", p) in layouts and ("x", o) in layouts \
+                        and overlap(layouts[("x", p)], layouts[("x", o)]):
+                    raise NotDifferentiableError(
+                        f"`{p}` and the output `{o}` share memory: the forward stored over what it read, and the "
+                        "backward, which replays the forward's loads, would read what it stored",
+                        file=self.forward.fn.__code__.co_filename, line=self.forward.fn.__code__.co_firstlineno,
+                        hint="pass an output that does not overlap the inputs (or update the input in place: load "
+                             "and store it through one parameter)")
+
+    def check_default_wrt(self, named: dict[str, Any]) -> None:
+        """Refuse a direct launch that passes a floating-point tensor to a pointer the default ``wrt`` leaves out
+        because its values also make addresses (``j = tl.argmax(x); tl.load(x_ptr + j)``): derivation could not
+        tell it from an index tensor, and its gradient would be silently missing. (An op sees the tensor's dtype
+        and differentiates it.)"""
+        if self.requested[0] is not None:
+            return
+        for p in sorted(set(self.analysis.index_pointers) - set(self.wrt) - set(self.analysis.stores)):
+            t = named.get(p)
+            if getattr(t, "dtype", None) is not None and t.dtype.is_floating_point:
+                load = self.analysis.loads[p][0].tg.where
+                raise NotDifferentiableError(
+                    f"a {t.dtype} tensor passed to `{p}`, whose loaded values also make addresses: the default wrt "
+                    "(derived without the tensors' dtypes) leaves it out as an index tensor",
+                    file=load.file, line=load.line, source_line=load.text,
+                    hint=f"name it: tritongrad.grad(kernel, wrt={(*self.wrt, p)!r}) "
+                         "gives its gradient (zero where it only makes addresses); a tritongrad.op does so itself")
+
     def choose(self, named: dict[str, Any], grid: tuple[int, ...], written: frozenset[str] = frozenset(),
-               aliased: frozenset[str] = frozenset()) -> dict[str, Choice]:
+               shared: frozenset[str] = frozenset()) -> dict[str, Choice]:
         """How each input's gradient is written for this launch (see :meth:`prepare`)."""
-        return self.prepare(named, grid, written, aliased).choices
+        return self.prepare(named, grid, written, shared).choices
 
     def prepare(self, named: dict[str, Any], grid: tuple[int, ...], written: frozenset[str] = frozenset(),
-                aliased: frozenset[str] = frozenset(), saved: Any = None) -> Prepared:
+                shared: frozenset[str] = frozenset(), self_overlapping: frozenset[str] | None = None,
+                saved: Any = None) -> Prepared:
         """Check the launch (grid, store conditions, dtypes), choose how each input's gradient is written
-        and get the variant for that; cached per arguments the choice depends on. ``written``: inputs whose
-        buffers already hold gradient to add to; ``aliased``: inputs whose buffers share memory with
-        another input's; ``saved``: the state tapes the forward kept (augment.SavedStates), read by the variant
-        where it needs no others."""
+        and get the variant for that; cached per arguments the choice depends on. The gradient buffers'
+        facts (launch_facts.py): ``written``: inputs whose buffers already hold gradient to add to; ``shared``:
+        inputs whose buffers overlap another input's; ``self_overlapping``: inputs whose buffers reach one
+        element from several positions (None: those whose tensors do, the calling convention's buffers having
+        their inputs' layouts). ``saved``: the state tapes the forward kept (augment.SavedStates), read by the
+        variant where it needs no others."""
         written = written | self.in_place  # its buffer holds the new values' gradient
         self.check_grid(grid)
         self.check_arguments(named, grid)
@@ -507,21 +586,26 @@ class BackwardKernel:
             if dtype is not None and not dtype.is_floating_point:
                 raise TypeError(f"{self.name}: wrt names `{name}`, but the tensor passed there is {dtype}; "
                                 "only floating-point inputs have gradients")
-        key = (grid, written, aliased, saved is not None, *[_describe(named.get(n)) for n in self._chosen_names])
+        if self_overlapping is None:
+            self_overlapping = buffer_facts({p: named.get(p) for p in self.wrt if p not in self.in_place})[1]
+        shared = shared - self.in_place
+        key = (grid, written, shared, self_overlapping, saved is not None,
+               *[_describe(named.get(n)) for n in self._chosen_names])
         prepared = self._chosen.get(key)
         if prepared is None:
             device = next((t.device for p in self.wrt if hasattr(t := named.get(p), "device")), None)
             lowering = self.saved_lowering if saved is not None else self.lowering
-            choices = lowering.choose(LaunchValues(named, grid), written, aliased, _multiprocessors(device),
-                                      row_budget=tape_budget(device), deterministic=self.deterministic)
+            facts = LaunchFacts(LaunchValues(named, grid), written, shared, self_overlapping,
+                                _multiprocessors(device), tape_budget(device))
+            choices = lowering.choose(facts, deterministic=self.deterministic)
             if self.deterministic:
-                self._refuse_atomics(choices)
+                self._refuse_atomics(choices, self_overlapping)
             variant = self.variant(choices, saved=saved is not None)
             if saved is not None and not _reads_only(variant, saved.tapes):
-                return self.prepare(named, grid, written, aliased)
+                return self.prepare(named, grid, written, shared, self_overlapping)
             if len(self._chosen) > 4096:
                 self._chosen.clear()
-            prepared = self._chosen[key] = Prepared(choices, variant)
+            prepared = self._chosen[key] = Prepared(choices, variant, shared)
         return prepared
 
     @functools.cached_property
@@ -550,6 +634,18 @@ class BackwardKernel:
         tapes = saved if variant.reads_saved else None
         if self.in_place:
             written = written | self.in_place
+        if prepared.shared:  # overlapping another input's buffer: added after the kernels (partial rows, own kernels)
+            written = written | prepared.shared
+        own, guarded = {}, {}
+        for p in prepared.private:  # stored into buffers of their own (float32 for half types), added after; in a
+            b = buffers[p]  # checked backward with ``pad`` zeros around, returned with the partial rows to look at
+            fill = _empty_strided if prepared.choices[p].covers and not pad else _zeros_strided
+            flat = fill((1, span_of(b) + 2 * pad), (1, 1), dtype=shadow_dtype(b.dtype), device=b.device)
+            own[p] = flat.as_strided(b.size(), b.stride(), flat.storage_offset() + pad)
+            if pad:
+                guarded[p] = (flat, pad)
+        if own:
+            real, buffers = buffers, {**buffers, **own}
         # inputs no gradient reaches: zeroed (a stored one would be left unset)
         for p in variant.unwritten - written if variant.unwritten else ():
             buffers[p].zero_()
@@ -561,8 +657,13 @@ class BackwardKernel:
             if prepared.settings is None:
                 prepared.settings = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
             settings = prepared.settings
-        return self._run(variant, grid, named, output_grads, buffers, settings, written, pad, tapes=tapes,
+        rows = self._run(variant, grid, named, output_grads, buffers, settings, written, pad, tapes=tapes,
                          covered=prepared.covered_rows, trace=trace)
+        for p, b in own.items():  # in a fixed order: deterministic
+            real[p].add_(b)
+        if own and trace is not None:
+            trace.append(None)  # buffers of its own, made on each launch: not kept (replay.Launcher)
+        return {**rows, **guarded}
 
     def _tuned(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
                buffers: dict[str, Any], written: frozenset[str], tapes: Any = None) -> tuple[tuning.Setting, ...]:
@@ -666,14 +767,16 @@ class BackwardKernel:
         for p, buffer in own.items() if reduce else ():
             buffers[p].add_(buffer)
 
-    def _refuse_atomics(self, choices: dict[str, Choice]) -> None:
+    def _refuse_atomics(self, choices: dict[str, Choice], self_overlapping: frozenset[str] = frozenset()) -> None:
         for p, c in choices.items():
             if c.mode == ATOMIC:
                 load = self.analysis.loads[p][0]
                 where = load.tg.where
+                why = ("the tensor passed reaches one element from several positions (expanded, stride 0)"
+                       if p in self_overlapping else self.lowering.inputs[p].why
+                       or "this launch does not keep its addresses apart")
                 raise NotDifferentiableError(
-                    f"`{p}` with deterministic=True: its gradient can only be added atomically here "
-                    f"({self.lowering.inputs[p].why or 'this launch does not keep its addresses apart'})",
+                    f"`{p}` with deterministic=True: its gradient can only be added atomically here ({why})",
                     file=where.file, line=where.line, source_line=where.text,
                     hint="atomic additions land in a different order on each run; drop deterministic=True, or "
                          "load each element of the input once per launch")
@@ -744,12 +847,6 @@ class BackwardKernel:
 
     def __repr__(self) -> str:
         return f"BackwardKernel({self.name}, wrt={self.wrt}, outputs={self.outputs})"
-
-
-def aliased(tensors: dict[str, Any]) -> frozenset[str]:
-    """The names of tensors that share a storage with another one of them."""
-    storages = [t.untyped_storage().data_ptr() for t in tensors.values()]
-    return frozenset(name for name, s in zip(tensors, storages, strict=True) if storages.count(s) > 1)
 
 
 def _device_of(args: dict[str, Any]) -> Any:

@@ -27,3 +27,10 @@ class NotDifferentiableError(Exception):
 
 class OpError(RuntimeError):
     """A tritongrad.op was used in a way its backward cannot honour."""
+
+
+def noted(error: Exception, note: str) -> Exception:
+    """``error`` with ``note`` added once (PEP 678), for re-raising where the context is known."""
+    if note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
+    return error

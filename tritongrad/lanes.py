@@ -173,8 +173,8 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dic
     to decide, or a loop's trip count is not known). ``extra``: more coordinates, ``(name, coefficient,
     extent)``."""
     keys = [k for k, _ in form.terms if not (isinstance(k, Lane) and shape[k.axis] == "1")]
-    if len(keys) < 2 and not extra:
-        return None
+    if len(keys) < 2 and not extra and not any(form.coefficients[k][1] for k in keys):
+        return None  # (one coordinate with a stride the launch gives: 0 would write one element from all)
     condition = _apart(form, shape, bounds, trips, extra)
     return None if condition is None else LaunchCheck(condition, construct, hint, where)
 

@@ -16,8 +16,8 @@ from triton.language.extra import libdevice
 
 _HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
             "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad",
-            "tape_row", "tape_put", "tape_put_exactly", "tape_get", "add_later", "program_index", "tile_offsets",
-            "stop_gradient", "to_float", "exp", "softmax", "softmax_base_two", "softmax_grad")
+            "tape_row", "tape_row_wide", "tape_put", "tape_put_exactly", "tape_get", "add_later", "program_index",
+            "tile_offsets", "stop_gradient", "to_float", "exp", "softmax", "softmax_base_two", "softmax_grad")
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
 _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_put": ("tile_offsets",),
@@ -25,9 +25,13 @@ _CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",),
           "add_later": ("program_index", "tile_offsets"), "unbroadcast": ("widened",), "softmax_base_two": ("exp",)}
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
+
+
 def __getattr__(name: str):
     if name == "DESCRIPTOR_ATOMICS":  # tensor descriptors' atomic_add: compiled kernels have it, the interpreter not
-        return tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on"))
+        return tl.constexpr(not _interpreting())
     if name not in _HELPERS:
         raise AttributeError(f"module 'tritongrad.language' has no attribute '{name}'")
     if name == "linear_scan_grad":
@@ -35,7 +39,10 @@ def __getattr__(name: str):
             globals()[combine] = triton.jit(globals()[f"_{combine}"])
     for helper in _CALLS.get(name, ()):  # helpers it calls are jitted first
         __getattr__(helper)
-    kernel = triton.jit(globals()[f"_{name}"])
+    # (tape_get: Triton's interpreter lets a loop's state widen, so there it returns values as kept; decided when
+    # first used, after the command line has chosen the interpreter)
+    found = "_tape_get_as_kept" if name == "tape_get" and _interpreting() else f"_{name}"
+    kernel = triton.jit(globals()[found])
     globals()[name] = kernel
     return kernel
 
@@ -193,6 +200,13 @@ def _tape_row(tape, like, slots, program):
     return tape.to(tl.pointer_type(like.dtype)) + program.to(tl.int64) * slots * like.numel
 
 
+def _tape_row_wide(tape, like, slots, program):
+    """A tape row as :func:`_tape_row`, of float64 values: for a state whose source does not say its type (a
+    literal such as ``m = -float("inf")`` may widen in the loop: the interpreter's float64 kernels); 8 bytes an
+    element, as its tape is sized (loops.Tape.state_bytes). Stored into exactly, read back in the reader's type."""
+    return tape.to(tl.pointer_type(tl.float64)) + program.to(tl.int64) * slots * like.numel
+
+
 def _tape_put(row, slot, x, mask):
     """Keep ``x`` in slot ``slot`` of a tape row (where ``mask``: a scalar)."""
     if mask:
@@ -207,7 +221,14 @@ def _tape_put_exactly(row, x, like):
 
 
 def _tape_get(row, slot, like):
-    """The value kept in slot ``slot`` of a tape row (``like``'s shape)."""
+    """The value kept in slot ``slot`` of a tape row (``like``'s shape), in ``like``'s type: the type a compiled loop
+    keeps its state in."""
+    return tl.load(row + slot * like.numel + tile_offsets(like)).to(like.dtype)  # noqa: F821 (jitted lazily)
+
+
+def _tape_get_as_kept(row, slot, like):
+    """:func:`_tape_get` in Triton's interpreter, which lets a loop's state widen (a literal ``0.0`` summing float64
+    values): the value as kept (a float64 tape row: tape_row_wide)."""
     return tl.load(row + slot * like.numel + tile_offsets(like))  # noqa: F821 (jitted lazily)
 
 

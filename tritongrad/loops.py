@@ -148,6 +148,12 @@ class Tape:
             return None
 
 
+def tape_row(dtype: str | None) -> str:
+    """The helper (language.py) that types a state's tape row: its own type where its source says it, else float64
+    (its value may widen in the loop: a literal ``0.0`` carrying float64 sums in the interpreter)."""
+    return "tape_row" if dtype is not None else "tape_row_wide"
+
+
 def _itemsize(dtype: str | None, launch: LaunchValues) -> int:
     """Bytes per element of a dtype as written: `tl.float32`, or a constexpr the launch gives (a triton or
     torch dtype); 8 where it is not known."""
@@ -425,7 +431,8 @@ class LoopReversal:
         if not self.saved:
             setup.append(assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)))
         setup += self.resets(node, state)
-        setup += [assign(rows[c.name], instantiate("tg.tape_row(tape, x, slots, tg.program_index())", {
+        setup += [assign(rows[c.name], instantiate(f"tg.{tape_row(self.dtype_as_written(c.name))}(tape, x, slots, "
+                                                   "tg.program_index())", {
             **names, "tape": name_node(params[c.name]), "x": name_node(c.name)})) for c in state]
         for s in setup:
             s.tape_setup = node.tg  # merge_records moves them with the recording loop
@@ -580,7 +587,7 @@ class LoopReversal:
             # the row of the forward's program (a backward looping over them says which: lowering.persistent)
             program.tg = Tag(Op("program_index", []), forward.tg.origin, forward.tg.where)
             read = [program]
-            read += [assign(rows[n], instantiate("tg.tape_row(tape, x, slots, program)", {
+            read += [assign(rows[n], instantiate(f"tg.{tape_row(self.dtype_as_written(n))}(tape, x, slots, program)", {
                 "tape": name_node(params[n]), "x": name_node(n), "slots": name_node(slots),
                 "program": name_node(program.targets[0].id)})) for n in kept]
             read += [assign(n, instantiate("tg.tape_get(row, 0, x)", {

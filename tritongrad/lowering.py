@@ -74,6 +74,7 @@ from .ir import (
     tl_call,
 )
 from .lanes import launch_coordinates, scalars_written_out
+from .launch_facts import LaunchFacts
 from .operations import instantiate, operation_of
 from .tuning import WAVES
 
@@ -136,31 +137,40 @@ class Choice:
     covers: bool = False  # store, registers: the load reaches every element (buffer, partial rows: no zero-fill)
     later: tuple[str, ...] = ()  # store, add: the input's other loads, added after the kernel (LaterAdds)
     fill: str = ""  # store covering the tensor: the load (by result) whose if's other branch stores zeros
+    private: bool = False  # store: into a buffer of its own, added to the input's after the kernels (its
+    # buffer overlaps another input's: launch_facts.py)
 
 
 @dataclass(frozen=True)
 class Lowering:
     inputs: dict[str, InputLowering]
 
-    def choose(self, launch: LaunchValues, written: frozenset[str] = frozenset(),
-               aliased: frozenset[str] = frozenset(), parallel: int = 1,
-               row_budget: int | None = None, deterministic: bool = False) -> dict[str, Choice]:
-        """Each input's choice for a launch. ``written``: inputs whose buffer already holds gradient to add
-        to; ``aliased``: inputs whose buffers share memory with another's (they add atomically: their loads
-        may reach one element from two programs). At most one persistent axis per launch: the first input's
-        that wants one. An input gets a kernel of its own where that has at least ``parallel`` programs (a
-        GPU's multiprocessors: a layer norm's bias over four column blocks would run four long programs), and
-        partial rows where they take at most ``row_budget`` bytes (:func:`rows_fit`). ``deterministic``: a
-        kernel of its own however few programs it has, rather than atomics."""
+    def choose(self, facts: LaunchFacts, deterministic: bool = False) -> dict[str, Choice]:
+        """Each input's choice for a launch, from its facts (launch_facts.py): the conditions of each strategy
+        evaluated on its scalars and grid; a buffer reaching one element from several positions (stride 0)
+        added atomically; one overlapping another input's stored into a buffer of its own (``private``) or, for
+        partial rows and kernels of their own, which write after the kernel, added there (the launcher treats
+        it as ``written``). At most one persistent axis per launch: the first input's that wants one. An input
+        gets a kernel of its own where that has at least ``facts.parallel`` programs (a GPU's multiprocessors: a
+        layer norm's bias over four column blocks would run four long programs), and partial rows where they
+        take at most ``facts.row_budget`` bytes (:func:`rows_fit`). ``deterministic``: a kernel of its own
+        however few programs it has, rather than atomics."""
+        launch, parallel = facts.values, facts.parallel
         choices: dict[str, Choice] = {}
         axis = None
         for param, lowering in self.inputs.items():
             if lowering.inactive:
                 choices[param] = Choice(NONE)
-            elif param in aliased:
+                continue
+            if param in facts.self_overlapping:
                 choices[param] = Choice(ATOMIC)
-            elif _holds(lowering.owned, launch):
-                if param in written:
+                continue
+            if _holds(lowering.owned, launch):
+                if param in facts.shared:  # another input's gradient lands in this memory too: a buffer of its own
+                    covers = _holds(lowering.covers, launch)
+                    choices[param] = Choice(STORE, covers=covers, later=lowering.later,
+                                            fill=lowering.fill if covers else "", private=True)
+                elif param in facts.written:
                     choices[param] = Choice(ADD, later=lowering.later)
                 else:
                     covers = _holds(lowering.covers, launch)
@@ -173,7 +183,7 @@ class Lowering:
                 choices[param] = Choice(INTERCHANGE, interchange[0], _holds(lowering.covers, launch))
                 continue
             shared = [a for a, c in lowering.shared.items() if axis in (None, a) and _holds(c, launch)
-                      and launch.programs(a) > 1 and rows_fit(launch, param, a, parallel, row_budget)]
+                      and launch.programs(a) > 1 and rows_fit(launch, param, a, parallel, facts.row_budget)]
             if shared:
                 axis = shared[0]
                 if axis in lowering.in_registers:  # each program stores its whole row once, after its loop
@@ -375,7 +385,8 @@ class _Context:
         found = launch_coordinates(form_of_terms(terms, len(shape)), shape, bounds, a.trips)
         if found is None:
             return InputLowering(param, why="a trip count or stride the launch cannot give")
-        apart = found.apart() if len(found.keys) > 1 else All()
+        apart = found.apart() if len(found.keys) > 1 or _runtime_stride(terms) else All()  # one coordinate: a
+        # stride the launch gives may be 0 (an expanded tensor's)
         present = {k.axis for k in terms if isinstance(k, ProgramId)}
         present |= {k.axis for k in terms if isinstance(k, ProgramDigit) and ProgramDigit(
             k.axis, k.divisor, not k.quotient) in terms}
@@ -395,7 +406,8 @@ class _Context:
             fill = target_of(stmt) if branched else ""
         lanes_only = launch_coordinates(form_of_terms({k: c for k, c in terms.items() if isinstance(k, Lane)},
                                                       len(shape)), shape, [], a.trips)
-        lanes_apart = lanes_only.apart() if lanes_only is not None and len(lanes_only.keys) > 1 else All()
+        lanes_apart = lanes_only.apart() if lanes_only is not None and (len(lanes_only.keys) > 1 or _runtime_stride(
+            {k: c for k, c in terms.items() if isinstance(k, Lane)})) else All()
         shared = {axis: written(All((lanes_apart, *[single[b] for b in absent if b != axis])))
                   for axis in absent if axis not in hidden and axis in self.used}
         in_registers = frozenset(axis for axis in shared if self._invariant(stmt, b, axis))
@@ -473,6 +485,11 @@ class _Context:
             if axis in self.axes_of.get(n, set()):
                 return False
         return True
+
+
+def _runtime_stride(terms: dict) -> bool:
+    """Whether a coordinate's stride is a value the launch gives (not a literal): 0 reaches one element."""
+    return any(symbols for _, symbols in terms.values())
 
 
 def _closure(names: list[str], defs: dict) -> set[str]:

@@ -77,8 +77,10 @@ def online_softmax(program: Program) -> Program:
             continue
         m, alphas, rescaled, base = found
         trial = copy.deepcopy(program.body)  # statements' tags are shared; only their ASTs are new
-        t_block, t_loop = _find(trial, visits)
-        renamed = _rewrite(trial, t_block, t_loop, m, alphas, rescaled, base, namer)
+        copied = _find(trial, visits)
+        if copied is None:  # (a copy keeps the mark: not expected) the loop stays as written: a state tape
+            continue
+        renamed = _rewrite(trial, *copied, m, alphas, rescaled, base, namer)
         if renamed is not None:
             program.body[:] = trial
             program.names |= namer.taken
@@ -99,12 +101,10 @@ def _top_loops(body: list[ast.stmt]):
                 yield from _top_loops(block)
 
 
-def _find(body: list[ast.stmt], visit: int) -> tuple[list[ast.stmt], ast.For]:
+def _find(body: list[ast.stmt], visit: int) -> tuple[list[ast.stmt], ast.For] | None:
     """The loop of this visit in ``body`` (a copy of the body the loop was visited in), and its block. (Not by
     its tag: a rewrite renaming what a later loop reads gives that loop a new tag.)"""
-    found = next(((block, loop) for block, loop in _top_loops(body) if getattr(loop, VISIT, None) == visit), None)
-    assert found is not None, "loop not found in the copy"  # (a StopIteration would read as a generator's end)
-    return found
+    return next(((block, loop) for block, loop in _top_loops(body) if getattr(loop, VISIT, None) == visit), None)
 
 
 def _match(loop: ast.For):

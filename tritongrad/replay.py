@@ -30,7 +30,8 @@ import torch
 
 from . import tuning
 from .derive import decisive_constexprs, grad, hashable, shadow_dtype
-from .errors import NotDifferentiableError, OpError
+from .errors import NotDifferentiableError, OpError, noted
+from .launch_facts import Layout, buffer_facts, self_overlapping
 from .lowering import ATOMIC, PARTIALS
 from .relaunch import Relauncher
 
@@ -125,11 +126,12 @@ class Plan:
     storages: dict[int, tuple[torch.dtype, int, int]]  # storage key -> (dtype, lo, hi) of its shadow
     whole: frozenset[int]  # storages seen through one contiguous view only: the shadow is that view
     constants: tuple[int, ...]  # the outputs that are not floating point (not differentiable)
+    unread: tuple[str, ...] = ()  # the op's arguments that require grad but no launch reads (tape.Tape.close)
     # derived from the above:
     buffers: dict[int, tuple] = field(init=False)  # storage key -> (shape, dtype, device) of its shadow
     input_shadows: tuple[Shadow | None, ...] = field(init=False)  # per input; None: no gradient
     plain_inputs: bool = field(init=False)  # whether each input's gradient is its shadow buffer (_input_grads)
-    outputs: tuple[tuple | None, ...] = field(init=False)  # per output: (Shadow, reusable, size, dtype)
+    outputs: tuple[tuple | None, ...] = field(init=False)  # per output: (Shadow, reusable, size, dtype, overlapping)
     schedules: dict[tuple, tuple] = field(init=False, default_factory=dict)  # see steps
     checked: set[tuple] = field(init=False, default_factory=set)  # schedules checked for stray gradients
 
@@ -140,7 +142,8 @@ class Plan:
         self.plain_inputs = len(set(keys)) == len(keys) and all(
             v.key in self.whole and shadow_dtype(v.dtype) == v.dtype for v in self.input_views if v.key in keys)
         reusable = _reusable_outputs(self.launches, self.output_views, self.input_views, self.whole)
-        self.outputs = tuple((self.shadow(v), r, v.size, v.dtype) if v.key in self.storages else None
+        self.outputs = tuple((self.shadow(v), r, v.size, v.dtype, self_overlapping(Layout.of(v)))
+                             if v.key in self.storages else None
                              for v, r in zip(self.output_views, reusable, strict=True))
 
     def _buffer(self, key: int) -> tuple:
@@ -192,9 +195,9 @@ class Plan:
                 shadowed.update(launch.views[p].key for p in (*wrt, *outputs))
         writers = Counter(step.shadows[p].key for step in steps for p in step.wrt)
         for step in steps:
-            keys = [step.shadows[p].key for p in step.wrt]
             step.sole = frozenset(p for p in step.wrt if writers[step.shadows[p].key] == 1)
-            step.aliased = frozenset(p for p, key in zip(step.wrt, keys, strict=True) if keys.count(key) > 1)
+            # the shadows lie as the views do: overlapping views, overlapping gradient buffers
+            step.shared, step.self_overlapping = buffer_facts({p: step.launch.views[p] for p in step.wrt})
         return tuple(steps)
 
     def carries(self, launch: LaunchPlan, p: str) -> bool:
@@ -221,7 +224,8 @@ class Step:
     outputs: tuple[str, ...]
     shadows: dict[str, Shadow]  # of wrt and outputs
     sole: frozenset[str] = frozenset()  # wrt inputs whose storage's gradient no other step of the schedule writes
-    aliased: frozenset[str] = frozenset()  # wrt inputs sharing a storage with another of this step's
+    shared: frozenset[str] = frozenset()  # wrt inputs whose views overlap another of this step's (launch_facts.py)
+    self_overlapping: frozenset[str] = frozenset()  # wrt inputs whose views reach one element twice (stride 0)
     derived: dict = field(default_factory=dict)  # (grad, values of decisive constexprs) -> the derived kernel
     ready: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> Replay._ready's
     tiles: dict = field(default_factory=dict)  # the launch's non-tensor arguments -> the config chosen (Replay._tiles)
@@ -313,9 +317,11 @@ class Replay:
         for output, g in zip(plan.outputs, grads, strict=True):
             if output is None or g is None:
                 continue
-            shadow, reusable, size, dtype = output
+            shadow, reusable, size, dtype, overlapping = output
             if reusable and g.is_contiguous() and g.shape == size and g.dtype == dtype:
                 shadows[shadow.key] = g  # derived kernels only read it: no zero-filled copy
+            elif overlapping:  # an expanded output (`y.expand(...)`): each element gets its positions' sum
+                _scatter_add(self._shadow(shadows, shadow, guards), g)
             else:
                 self._shadow(shadows, shadow, guards).add_(g)
         for step in steps:
@@ -380,7 +386,7 @@ class Replay:
             if launcher is False:  # not to be kept (Launcher.of): not traced again
                 keep = None
         if launch.info.roles is None:
-            raise _noted(launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)")
+            raise noted(launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)")
         # the forward's arguments and launch options, all passed by keyword
         args = dict(zip(launch.info.params, launch.args, strict=False))
         args.update(launch.kwargs)
@@ -462,8 +468,8 @@ class Replay:
         try:
             bwd = step.derive(launch.kernel, args, self.deterministic)
         except NotDifferentiableError as e:
-            raise _noted(e, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)") from None
-        prepared = bwd.prepare(args, grid, written, step.aliased, launch.saved)
+            raise noted(e, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)") from None
+        prepared = bwd.prepare(args, grid, written, step.shared, step.self_overlapping, launch.saved)
         found = (bwd, prepared, self._buffers(step, prepared))
         if key is not None:
             if len(step.ready) > 256:
@@ -473,12 +479,13 @@ class Replay:
 
     @staticmethod
     def _buffers(step: Step, prepared: Any) -> tuple[tuple[str, Shadow, bool, bool], ...]:
-        """Per input: its shadow; zero-filled unless the kernel writes every element of the view; in the input's
-        own dtype where it is the only gradient the storage gets (no other step writes it, no atomics)."""
+        """Per input: its shadow; zero-filled unless the kernel writes every element of the view (and no other
+        input's gradient is added there: ``shared``); in the input's own dtype where it is the only gradient the
+        storage gets (no other step writes it, no atomics)."""
         found = []
         for p in step.wrt:
             c = prepared.choices[p]
-            sets_all = c.covers or c.mode in PARTIALS
+            sets_all = (c.covers or c.mode in PARTIALS) and p not in step.shared
             found.append((p, step.shadows[p], not sets_all, p in step.sole and c.mode != ATOMIC))
         return tuple(found)
 
@@ -589,14 +596,15 @@ class Launcher:
             traced.launch(args, sources[2], self.deterministic)
 
 
-def _noted(error: Exception, note: str) -> Exception:
-    if note not in getattr(error, "__notes__", ()):
-        error.add_note(note)
-    return error
-
-
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _scatter_add(view: torch.Tensor, g: torch.Tensor) -> None:
+    """``view += g`` where positions of ``view`` share elements: each element gets the sum of its positions'."""
+    flat = view.as_strided((view.untyped_storage().nbytes() // view.element_size(),), (1,), 0)
+    index = torch.arange(flat.numel(), device=view.device).as_strided(view.shape, view.stride(), view.storage_offset())
+    flat.index_add_(0, index.reshape(-1), g.reshape(-1).to(view.dtype))
 
 
 def _first_cover(v: View, lo: int) -> torch.Tensor:

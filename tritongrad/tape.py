@@ -35,7 +35,7 @@ from .analysis import pointers
 from .augment import SavedStates, keeping
 from .composites import fuse_composites
 from .derive import defaults_of
-from .errors import OpError
+from .errors import NotDifferentiableError, OpError, noted
 from .frontend import normalize_kernel
 from .ir import loops, op_of
 from .operations import operation_of
@@ -131,7 +131,7 @@ class Roles:
     loads: frozenset[str]  # every loaded pointer parameter (index pointers too)
     stores: frozenset[str]  # every stored or atomically updated one
     overwrites: frozenset[str]  # stored with something other than tl.atomic_add
-    inputs: frozenset[str]  # differentiable inputs: loaded, not indices, never stored unless in place
+    inputs: frozenset[str]  # differentiable inputs: loaded, never stored unless in place (floats among them)
     in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis.in_place_pointers)
     # stored with a value the backward may read back (stored_outputs.py): from any float output (a softmax's),
     # or only where the output is float32 or float64 (a statistic, exact there)
@@ -197,11 +197,18 @@ def _analyse(kernel: Any) -> KernelInfo:
         in_place = frozenset(p for p in loads & stores if p not in a.index_pointers
                              and all(op_of(s).kind == "store" for s in a.stores[p]))
         kept = stored_values(fuse_composites(program), a.stores).values()  # (the stores stay as they are)
-        roles = Roles(loads, stores, overwrites, frozenset((loads - stores | in_place) - set(a.index_pointers)),
+        # (a pointer whose values also make addresses is an input too where a float tensor is passed there: a
+        # gather's adjoint reaches it (`x[argmax(x)]`); an integer one has no gradient: Plan.carries)
+        roles = Roles(loads, stores, overwrites, frozenset(loads - stores | in_place),
                       in_place, frozenset(k.param for k in kept if k.rounds) - loads,
                       frozenset(k.param for k in kept if not k.rounds) - loads)
-    except Exception as e:  # e.g. a construct the core does not handle yet; raised if the launch needs a backward
-        error = e
+    except NotDifferentiableError as e:  # a construct the core does not handle yet: raised if the launch needs a
+        error = e  # backward (Tape._plan: when a tensor it is passed requires grad)
+    except Exception as e:  # the analysis itself failed: said as plainly
+        error = NotDifferentiableError(f"kernel `{kernel.fn.__name__}`: tritongrad cannot read what it does with its "
+                                       f"arguments ({type(e).__name__}: {e})", file=kernel.fn.__code__.co_filename,
+                                       line=kernel.fn.__code__.co_firstlineno)
+        error.__cause__ = e
     interpreted = type(kernel).__name__ == "InterpretedFunction"
     params = tuple(sig.parameters)
     return KernelInfo(kernel.fn.__name__, params, defaults, interpreted, roles, error,
@@ -563,6 +570,9 @@ class Tape:
             known = checked.info.roles is not None
             if known:
                 self._hazards(checked, read, written)
+            elif any(tensors.requires_grad(i) for i in params.values()):  # (what it reads and writes is unknown)
+                raise noted(launch.info.error, f"(needed to differentiate {checked} of tritongrad.op "
+                             f"`{self.name}`: a tensor it is passed requires grad)")
             loads, stores = set(checked.params("loads")), set(checked.params("stores"))
             copies = dict(snapshots)  # in place: the launch read the copy taken before it ran
             copies.update({p: i for (k, p), i in later.items() if k == launch.index})  # before a later one did
@@ -610,8 +620,11 @@ class Tape:
         views = [v for launch in launches for v in launch.views.values()] + output_views + input_views
         storages = self._storages(views)
         constants = tuple(i for i, v in enumerate(output_views) if not v.dtype.is_floating_point)
+        loaded = [launch.views[p] for launch in launches for p in launch.params("loads")]
+        unread = tuple(name for name, i in arguments.items() if tensors.requires_grad(i)
+                       and not any(tensors.view(i).overlaps(v) for v in loaded))
         return Plan(tuple(launches), tuple(slots), diff, tuple(input_views), tuple(output_views), storages,
-                    whole_storages(storages, views), constants)
+                    whole_storages(storages, views), constants, unread)
 
     def _hazards(self, launch: LaunchPlan, read: dict, written: dict) -> None:
         """Refuse what replaying the launches against final memory would get wrong."""

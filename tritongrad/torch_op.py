@@ -90,6 +90,7 @@ from typing import Any
 import torch
 
 from . import tape as tapes
+from .errors import OpError
 from .segments import Segments
 from .tape import Tape
 
@@ -155,6 +156,7 @@ def _taped(fn: Any, name: str, plans: dict, arguments, deterministic: bool, name
                     segments.disarm()
                     raise
                 if segments.finish(result):
+                    _check_reached(name, arguments(args, kwargs), _as_tuple(result))
                     return result
             finally:
                 tapes._current.reset(token)
@@ -163,12 +165,65 @@ def _taped(fn: Any, name: str, plans: dict, arguments, deterministic: bool, name
         outputs = tuple(result) if several else (result,)
         diff = [t for t in arguments(args, kwargs).values() if _differentiable(t)] if named else None
         inputs = tape.close(outputs, args, kwargs, arguments, diff_inputs=diff)
+        if named:
+            _refuse_unread(name, tape.plan.unread)
         if not inputs:
+            _check_reached(name, arguments(args, kwargs), outputs)
             return result
         outputs = function.apply(tape, outputs, *inputs)
+        if tape.plan.unread:
+            _check_reached(name, arguments(args, kwargs), outputs, tape.plan.unread)
         return outputs if several else outputs[0]
 
     return call
+
+
+def _refuse_unread(name: str, unread: tuple[str, ...]) -> None:
+    """A named op's arguments that require grad must be read by its launches (its autograd formula covers them)."""
+    if unread:
+        raise OpError(_UNREAD.format(name=name, arg=unread[0]))
+
+
+def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, candidates: tuple | None = None) -> None:
+    """Refuse a call whose outputs are cut off from an argument that requires grad (of ``candidates``: those no
+    launch reads; None: every one): autograd must lead from the outputs back to it, else its gradient would be
+    silently missing (a tensor whose address the kernel reads from a pointer table or a host descriptor)."""
+    waiting = [(k, t) for k, t in named.items() if _differentiable(t) and (candidates is None or k in candidates)]
+    if not waiting:
+        return
+    reached = _autograd_ancestors([o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad])
+    for k, t in waiting:
+        if (t.grad_fn if t.grad_fn is not None else _accumulator(t)) not in reached:
+            raise OpError(_UNREAD.format(name=name, arg=k))
+
+
+_UNREAD = ("tritongrad.op `{name}`: the argument `{arg}` requires grad, but no kernel launch reads it as a tensor "
+           "argument (is its address in a pointer table, or in a TensorDescriptor made on the host?): tritongrad "
+           "cannot see such reads, and its gradient would be silently missing. Pass the tensor itself to the kernel "
+           "(descriptors made in the kernel with tl.make_tensor_descriptor are differentiated), or detach it if the "
+           "op does not use it")
+
+
+def _autograd_ancestors(tensors: list) -> set:
+    """The autograd nodes the tensors' values come from (their graph, walked back to its leaves)."""
+    seen: set = set()
+    stack = [t.grad_fn for t in tensors if t.grad_fn is not None]
+    stack += [a for t in tensors if (a := _accumulator(t)) is not None]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        stack += [n for n, _ in node.next_functions if n is not None]
+    return seen
+
+
+def _accumulator(t: torch.Tensor) -> Any:
+    """A leaf's AccumulateGrad node (None where it is no leaf requiring grad)."""
+    if not t.requires_grad or t.grad_fn is not None:
+        return None
+    with torch.enable_grad():
+        return t.view_as(t).grad_fn.next_functions[0][0]
 
 
 class _TapeFunction(torch.autograd.Function):
@@ -185,7 +240,7 @@ class _TapeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         result = ctx.tape.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[2:])
-        return (None, None, *_once(ctx.tape.name, result))
+        return (None, None, *_once(ctx.tape.name, result, (*ctx.saved_tensors, *grads)))
 
 
 class _SegmentFunction(torch.autograd.Function):
@@ -207,23 +262,43 @@ class _SegmentFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         result = ctx.tape.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[2 + ctx.count:])
-        return (None, None, *[None] * ctx.count, *_once(ctx.tape.name, result))
+        return (None, None, *[None] * ctx.count, *_once(ctx.tape.name, result, (*ctx.saved_tensors, *grads)))
 
 
 def _camel(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_")) or "Op"
 
 
-def _once(name: str, grads: list) -> tuple:
-    """With create_graph=True, gradients that raise a clear error when differentiated again."""
+def _once(name: str, grads: list, read: tuple) -> tuple:
+    """With create_graph=True, gradients that raise a clear error when differentiated again: connected to what the
+    backward read (the saved inputs, the incoming gradients), so that a second backward reaches the error rather
+    than finding no path and giving zero."""
     if not torch.is_grad_enabled():
         return tuple(grads)
-    err = torch._C._functions.DelayedError(
-        f"tritongrad.op `{name}`: double backward is not supported (the derived backward kernels are "
-        "not themselves differentiable)".encode(), len(grads))
-    fakes = [g.detach().requires_grad_() if g is not None else None for g in grads]
-    out = err(*fakes)
-    return out if isinstance(out, tuple) else (out,)
+    anchors = [t for t in read if isinstance(t, torch.Tensor) and t.requires_grad]
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not anchors or not present:
+        return tuple(grads)
+    found = _NotTwice.apply(name, len(present), *[grads[i] for i in present], *anchors)
+    out = list(grads)
+    for i, g in zip(present, found, strict=True):
+        out[i] = g
+    return tuple(out)
+
+
+class _NotTwice(torch.autograd.Function):
+    """The gradients a backward computed, as the outputs of a node whose own backward raises (double backward)."""
+
+    @staticmethod
+    def forward(ctx, name, count, *tensors):
+        ctx.name = name
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise OpError(f"tritongrad.op `{ctx.name}`: double backward is not supported (the derived backward kernels "
+                      "are not themselves differentiated); differentiate once, or compute the second derivative "
+                      "another way")
 
 
 def _as_tuple(result: Any) -> tuple:
@@ -354,6 +429,7 @@ def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool,
             with tape.recording():
                 result = fn(*args, **kwargs)
             tape.close(_as_tuple(result), args, kwargs, arguments, diff_inputs=diff)
+            _refuse_unread(name, tape.plan.unread)
         finally:
             _stash.reset(token)
         stash.append(tape)
@@ -498,7 +574,7 @@ def _saving_autograd(saved_backward: Any, name: str, count: int):
         for i, need in zip(ctx.positions, needs, strict=True):
             if need:
                 result[i] = next(found)
-        return _once(name, result)
+        return _once(name, result, (*tensors, *grads))
 
     return setup_context, backward
 
@@ -536,7 +612,7 @@ def _autograd(backward_op: Any, name: str):
             for i, need in zip(ctx.positions, needs, strict=True):
                 if need:
                     result[i] = next(found)
-        return _once(name, result)
+        return _once(name, result, (*ctx.saved_tensors, *grads))
 
     return setup_context, backward
 
