@@ -1,7 +1,7 @@
 """A long differential-fuzzing campaign (issue 5): random kernels, derived gradients against PyTorch.
 
     python scripts/fuzz_campaign.py --kernels 10000 --seed S [--jobs 2] [--shrink DIR] [--avoid-known] \
-        [--transpose-every-group]
+        [--transpose-every-group] [--strided] [--bindings B]
 
 Kernel i of seed S is ``tests/fuzz/generate.py``'s ``random_program`` of ``S * 1_000_003 + i``,
 so any one can be replayed alone (``--only I``). Prints the counts: generated, passed,
@@ -9,7 +9,10 @@ refused with NotDifferentiableError (by construct), mismatched, crashed, and inv
 kernel the generator got wrong: it must stay 0). With ``--shrink DIR`` the first failure
 of each kind is shrunk and written to DIR as a regression test module. ``--transpose-every-group``
 has the derived kernels compute every group of tiles orient.py can transpose transposed, whether or
-not it pays.
+not it pays. ``--bindings B`` calls each kernel that passes with B bindings of memory besides its own (one tensor for
+two inputs, overlapping and packed views, expanded, transposed, sliced and interleaved views, outputs packed into one
+buffer, every other one deterministic: tests/fuzz/bindings.py; 2 by default), counted as kernel-and-binding cases;
+``--strided`` spells tile loads with the launch's strides, so that the views that change a layout apply.
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ def kernel_seed(seed: int, i: int) -> int:
 
 
 AVOID: tuple[str, ...] = ()
+STRIDED = False
 
 
-def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str]]:
+def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str], list[tuple[str, str]]]:
     seed, i = args
-    program, _ = G.random_program(kernel_seed(seed, i), AVOID)
+    program, _ = G.random_program(kernel_seed(seed, i), AVOID, STRIDED)
     outcome = G.check(program)
-    return i, outcome.status, outcome.detail, program.labels()
+    return i, outcome.status, outcome.detail, program.labels(), [(o.status, o.detail) for o in outcome.bindings]
 
 
 def signature(status: str, detail: str) -> str:
@@ -59,14 +63,14 @@ def shrink_failure(seed: int, i: int, status: str, detail: str, out_dir: str) ->
 
     def failing(cand: list[int]) -> bool:
         try:
-            outcome = G.check(G.replay(cand, AVOID))
+            outcome = G.check(G.replay(cand, AVOID, STRIDED))
         except Exception:  # noqa: BLE001 - a generator error is not the failure we shrink
             return False
         return outcome.status == status and (status == "mismatch"
                                              or signature(outcome.status, outcome.detail) == sig)
 
     small = G.shrink(choices, failing)
-    outcome = G.check(G.replay(small, AVOID))
+    outcome = G.check(G.replay(small, AVOID, STRIDED))
     name = f"{status}_{seed}_{i}"
     path = os.path.join(out_dir, f"test_{name}.py")
     with open(path, "w") as f:
@@ -90,9 +94,14 @@ def main(argv=None) -> int:
     ap.add_argument("--reload-once-loaded", action="store_true",
                     help="untuned launches of persistent kernels load their once-loaded values (a weight) again for "
                          "each row (HELD False; held by default, as tuning's untuned setting)")
+    ap.add_argument("--bindings", type=int, default=G.BINDINGS,
+                    help="bindings of memory each passing kernel is also called with (tests/fuzz/bindings.py)")
+    ap.add_argument("--strided", action="store_true", help="tile loads at the strides the launch passes")
     args = ap.parse_args(argv)
-    global AVOID
+    global AVOID, STRIDED
     AVOID = tuple(G.KNOWN_BUGS) if args.avoid_known else ()
+    STRIDED = args.strided
+    G.BINDINGS = args.bindings
     if args.transpose_every_group:  # before the workers fork
         from tritongrad import codegen, orient
         codegen.orient_tiles = functools.partial(orient.orient_tiles, every=True)
@@ -101,13 +110,16 @@ def main(argv=None) -> int:
         tuning.DEFAULT = tuning.Setting(held=False)
 
     if args.only is not None:
-        program, _ = G.random_program(kernel_seed(args.seed, args.only), AVOID)
+        program, _ = G.random_program(kernel_seed(args.seed, args.only), AVOID, STRIDED)
         outcome = G.check(program)
         print(outcome.report())
         return 0 if outcome.status in ("passed", "refused") else 1
 
     counts: collections.Counter[str] = collections.Counter()
+    cases: collections.Counter[str] = collections.Counter()  # kernel-and-binding cases (a kernel's own call too)
+    bound: collections.Counter[str] = collections.Counter()  # the bindings tried, by kind
     refused: collections.Counter[str] = collections.Counter()
+    refused_bound: collections.Counter[str] = collections.Counter()  # why bindings were refused
     coverage: collections.Counter[str] = collections.Counter()
     failures: dict[str, list[tuple[int, str, str]]] = collections.defaultdict(list)
     start = time.time()
@@ -117,15 +129,24 @@ def main(argv=None) -> int:
         results = pool.imap_unordered(run_one, jobs, chunksize=8)
     else:
         pool, results = None, map(run_one, jobs)
-    for n, (i, status, detail, labels) in enumerate(results, 1):
+    for n, (i, status, detail, labels, bindings) in enumerate(results, 1):
         counts[status] += 1
+        cases[status if not bindings or status in FAILING else "passed"] += 1
+        for b_status, b_detail in bindings:
+            cases[b_status] += 1
+            if b_status == "refused":
+                refused_bound[re.sub(r"\[binding: [^]]*\] ", "", b_detail).splitlines()[0][:160]] += 1
+            elif b_status in FAILING:
+                failures[signature(b_status, b_detail)].append((i, b_status, b_detail))
+            bound[b_detail.split("[binding: ", 1)[-1].split(" ", 1)[0] + (" det" if "deterministic" in b_detail
+                                                                          else "")] += 1
         coverage.update(set(labels))
         if status == "refused":
             refused[detail] += 1
         elif status in FAILING:
             failures[signature(status, detail)].append((i, status, detail))
         if n % 500 == 0:
-            print(f"[{n}/{args.kernels}, {time.time() - start:.0f}s] {dict(counts)}", flush=True)
+            print(f"[{n}/{args.kernels}, {time.time() - start:.0f}s] {dict(counts)} cases {dict(cases)}", flush=True)
     if pool is not None:
         pool.close()
 
@@ -133,8 +154,12 @@ def main(argv=None) -> int:
     print(f"  generated   {args.kernels}")
     for status in ("passed", "refused", "mismatch", "crashed", "invalid"):
         print(f"  {status:11s} {counts[status]}")
+    print(f"  kernel-and-binding cases {sum(cases.values())}: " + ", ".join(f"{k} {v}" for k, v in cases.items()))
+    print("  bindings tried: " + ", ".join(f"{k} {v}" for k, v in sorted(bound.items())))
     for construct, k in refused.most_common():
         print(f"    refused {k:5d}  {construct}")
+    for construct, k in refused_bound.most_common():
+        print(f"    binding refused {k:5d}  {construct}")
     for sig, items in sorted(failures.items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(items):5d}  {sig}")
         for i, _, detail in items[: args.show]:

@@ -20,7 +20,7 @@ from .errors import NotDifferentiableError
 from .frontend import normalize_kernel, normalize_tile_function
 from .interchange import NotInterchangeable
 from .ir import Program
-from .launch_facts import LaunchFacts, Layout, buffer_facts, overlap
+from .launch_facts import FACTS, LaunchFacts, Layout, buffer_facts, overlap
 from .loops import LoopPlan, Tape, classify_loops, tape_budget
 from .lowering import (
     ADD,
@@ -840,6 +840,10 @@ class BackwardKernel:
             lines.append("# How each input's gradient is written, decided on each launch's arguments:")
             lines += [f"#   {lowering.describe()}" for lowering in self.lowering.inputs.values()]
             lines += [f"#   {p}: no kernel of its own: {why}" for p, why in self.not_interchanged.items()]
+        if self.lowering.inputs:
+            lines.append("# Checked on each launch's gradient buffers, from their addresses, sizes and strides "
+                         "(launch_facts.py):")
+            lines += [f"#   {fact}" for fact in FACTS]
         if self.launch_checks:
             lines.append("# Checked on each launch's arguments (a launch where one fails is refused):")
             lines += [f"#   {check}" for check in self.launch_checks]

@@ -162,9 +162,14 @@ def _dense(terms: list[tuple[int, int]]) -> bool:
 
 def self_overlapping(layout: Layout) -> bool:
     """Whether two positions of one layout reach one element (an expanded, stride-0 tensor)."""
-    if layout.empty:
+    return _self_overlapping(layout.size, layout.stride)
+
+
+@functools.lru_cache(maxsize=4096)
+def _self_overlapping(size: tuple, stride: tuple) -> bool:
+    if 0 in size:
         return False
-    coordinates = [(s, n) for n, s in zip(layout.size, layout.stride, strict=True) if n > 1]
+    coordinates = [(s, n) for n, s in zip(size, stride, strict=True) if n > 1]
     if apart(coordinates, []):
         return False
     if math.prod(n for _, n in coordinates) <= 1 << 16:  # small: count the distinct addresses
@@ -197,10 +202,14 @@ class LaunchFacts:
 def buffer_facts(buffers: Mapping[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
     """``(shared, self_overlapping)`` of gradient buffers (tensors or replay Views) by input name."""
     layouts = {p: Layout.of(t) for p, t in buffers.items() if t is not None and _is_memory(t)}
+    spans = {p: layout.span for p, layout in layouts.items()}
     names = list(layouts)
-    shared = {x for i, p in enumerate(names) for q in names[i + 1:] if overlap(layouts[p], layouts[q])
-              for x in (p, q)}
-    return frozenset(shared), frozenset(p for p, lay in layouts.items() if self_overlapping(lay))
+    shared = set()
+    for i, p in enumerate(names):
+        for q in names[i + 1:]:  # distinct allocations: their spans are apart, decided here
+            if spans[p][0] < spans[q][1] and spans[q][0] < spans[p][1] and overlap(layouts[p], layouts[q]):
+                shared |= {p, q}
+    return frozenset(shared), frozenset(p for p, lay in layouts.items() if _self_overlapping(lay.size, lay.stride))
 
 
 def _is_memory(t: Any) -> bool:

@@ -256,6 +256,9 @@ class Program:
     expect: str = ""  # stores that collide (by construction): the backward must refuse, naming this
     stopped: bool = False  # a constexpr `if F: return` with F true: stores after it never run
     helper_params: str = "a"  # "a": a0, a1, ...; "clash": names the kernel and the derivative rules use
+    strided: bool = False  # tile inputs are loaded at strides the launch passes (`x0_s0`, `x0_s1`): bindings.py
+    # may then bind them to expanded, transposed, sliced or interleaved views
+    contiguous: set[str] = field(default_factory=set)  # inputs also addressed as contiguous (a table's rows)
 
     def __repr__(self) -> str:  # hypothesis prints this; the source comes with the failure
         return f"Program({len(self.dims)}-D, {len(self.nodes)} nodes, seed={self.seed})"
@@ -457,10 +460,10 @@ KNOWN_BUGS: dict[str, str] = {}
 
 
 class Gen:
-    def __init__(self, draw: Draw, avoid: Sequence[str] = ()):
+    def __init__(self, draw: Draw, avoid: Sequence[str] = (), strided: bool = False):
         self.d = draw
         self.avoid = frozenset(avoid)
-        self.p = Program(dims=self.frame())
+        self.p = Program(dims=self.frame(), strided=strided)
 
     # -- frame and inputs ------------------------------------------------------------------
 
@@ -642,21 +645,22 @@ class Gen:
             inp = self.new_input("tile", d.pick(options), self.dist())
         other = d.pick(OTHERS)
         dims = [self.p.dim(n) for n in inp.dims]
+        s0, s1 = self.strides(inp)
         if len(dims) == 2:
             a, b = dims
             if d.pick([False, True]):  # transposed: a tile of kind (b, a)
                 kind = (b.name, a.name)
-                terms = [inp.ptr, f"{a.idx}[None, :] * {b.SIZE}", f"{b.idx}[:, None]"]
+                terms = [inp.ptr, f"{a.idx}[None, :]{s0}", f"{b.idx}[:, None]{s1}"]
                 th = f"{inp.name}[{a.lo}:{a.hi}, {b.lo}:{b.hi}].T"
             else:
                 kind = (a.name, b.name)
-                terms = [inp.ptr, f"{a.idx}[:, None] * {b.SIZE}", f"{b.idx}[None, :]"]
+                terms = [inp.ptr, f"{a.idx}[:, None]{s0}", f"{b.idx}[None, :]{s1}"]
                 th = f"{inp.name}[{a.lo}:{a.hi}, {b.lo}:{b.hi}]"
         else:
             (a,) = dims
             layout = d.pick(["", "[:, None]", "[None, :]"])
             kind = {"": (a.name,), "[:, None]": (a.name, "1"), "[None, :]": ("1", a.name)}[layout]
-            terms = [inp.ptr, f"{a.idx}{layout}"]
+            terms = [inp.ptr, f"{a.idx}{layout}{s0}"]
             th = f"{inp.name}[{a.lo}:{a.hi}]{layout}"
         mask = self.mask_for(kind)
         lo, hi = hull(-INPUT_BOUND, INPUT_BOUND, other)
@@ -737,6 +741,7 @@ class Gen:
         rows_of = [x for x in self.p.inputs if x.role == "tile" and len(x.dims) == 2 and x.dims[1] != a.name]
         if rows_of and d.pick([False, False, True]):  # rows of a tile input the kernel also loads directly
             x = d.pick(rows_of)
+            self.p.contiguous.add(x.name)  # its rows read at a contiguous layout's strides
             vocab = self.p.dim(x.dims[0]).size
             idx = next((i for i in indices if i.vocab == vocab), None) or \
                 self.new_input("index", (a.name,), "index", vocab=vocab)
@@ -1253,6 +1258,13 @@ class Gen:
         tl = f"tl.load({address}, mask={mask}, other={fmt(other)})" if mask else f"tl.load({address})"
         return tl, f"{inp.name}[{', '.join([th_index] + [f'{self.p.dim(k).lo}:{self.p.dim(k).hi}' for k in inp.dims])}]"
 
+    def strides(self, inp: Input) -> tuple[str, str]:
+        """A tile input's strides in an address (`` * x0_s0``): the tensor's own where the launch passes them
+        (Program.strided), else a contiguous layout's."""
+        if self.p.strided:
+            return f" * {inp.name}_s0", f" * {inp.name}_s1"
+        return (f" * {self.p.dim(inp.dims[-1]).SIZE}" if len(inp.dims) == 2 else ""), ""
+
     def plain_load(self, kind) -> tuple[str, str, float, float, tuple] | None:
         """A load of a tile input of ``kind`` (one of the frame's), or None."""
         if list(kind) not in [self.real_dims()] + [[x] for x in self.real_dims()]:
@@ -1260,8 +1272,8 @@ class Gen:
         tiles = [x for x in self.p.inputs if x.role == "tile" and x.dims == tuple(kind)]
         inp = self.d.pick(tiles) if tiles and self.d.pick([False, True]) else self.new_input("tile", kind, self.dist())
         dims = [self.p.dim(k) for k in kind]
-        offs = (f"{dims[0].idx}[:, None] * {dims[1].SIZE} + {dims[1].idx}[None, :]" if len(dims) == 2
-                else dims[0].idx)
+        s0, s1 = self.strides(inp)
+        offs = f"{dims[0].idx}[:, None]{s0} + {dims[1].idx}[None, :]{s1}" if len(dims) == 2 else f"{dims[0].idx}{s0}"
         other = self.d.pick(OTHERS)
         th = f"{inp.name}[{', '.join(f'{x.lo}:{x.hi}' for x in dims)}]"
         return (f"tl.load({inp.ptr} + {offs}, mask={self.mask_for(kind)}, other={fmt(other)})", th,
@@ -1934,21 +1946,26 @@ class Gen:
                        pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=n.zero, tied=n.tied))
 
 
-def generate(draw: Draw, avoid: Sequence[str] = ()) -> Program:
-    return Gen(draw, avoid).run()
+def generate(draw: Draw, avoid: Sequence[str] = (), strided: bool = False) -> Program:
+    return Gen(draw, avoid, strided).run()
 
 
-def programs(avoid: Sequence[str] = ()):
-    """The hypothesis strategy of programs (steering around the constructs in ``avoid``)."""
+def programs(avoid: Sequence[str] = (), strided: bool | None = None):
+    """The hypothesis strategy of programs (steering around the constructs in ``avoid``; ``strided``: tile inputs
+    loaded at strides the launch passes, so that bindings.py can bind them to views; None: either, drawn)."""
     from hypothesis import strategies as st
 
-    return st.composite(lambda draw: generate(HypothesisDraw(draw), avoid))()
+    def program(draw):
+        return generate(HypothesisDraw(draw), avoid, draw(st.booleans()) if strided is None else strided)
+
+    return st.composite(program)()
 
 
-def random_program(seed: int, avoid: Sequence[str] = ()) -> tuple[Program, list[int]]:
-    """A program from a seed, and the choices that built it (for ``ReplayDraw``)."""
+def random_program(seed: int, avoid: Sequence[str] = (), strided: bool = False) -> tuple[Program, list[int]]:
+    """A program from a seed, and the choices that built it (for ``ReplayDraw``). ``strided`` makes no choices:
+    a seed gives the same kernel either way, its tile loads spelled with the launch's strides or a layout's."""
     draw = RandomDraw(random.Random(seed))
-    return generate(draw, avoid), draw.choices
+    return generate(draw, avoid, strided), draw.choices
 
 
 # ------------------------------------------------------------------------------------------
@@ -2054,6 +2071,10 @@ def render(p: Program) -> str:
     out += [f"GRID = {p.grid}", f"SIZES = {literal(args)}", f"META = {literal(blocks)}",
             f"OUTPUTS = {literal(outputs)}", f"ZEROED = {{{zeroed}}}  # atomic outputs start at 0, others at NaN",
             f"TOL = {p.tol}", f"SEED = {p.seed}"]
+    if p.strided:
+        out += [f"STRIDES = {literal(strides_of(p))}  # contiguous strides (bindings.py passes its views)",
+                f"STRIDED = {sorted(x.ptr for x in p.inputs if x.role == 'tile' and x.name not in p.contiguous)!r}"
+                "  # inputs read only at the strides passed"]
     if p.expect:
         out += [f"EXPECT = {p.expect!r}  # stores that collide: the backward must refuse"]
     out += [f"{k} = tl.constexpr({fmt(v)})" for k, v in p.constexprs.items()] + ["", ""]
@@ -2139,7 +2160,8 @@ def render(p: Program) -> str:
         prologue += [f"{d.idx} = {start}tl.arange(0, {d.BLOCK})", f"{d.mask} = {d.idx} < {d.SIZE}"]
     if len(p.dims) == 2:
         prologue.append("mask = mm[:, None] & mk[None, :]")
-    params = [x.ptr for x in p.inputs] + [f"{s.name}_ptr" for s in p.stores] + list(args) + \
+    strides = strides_of(p)
+    params = [x.ptr for x in p.inputs] + [f"{s.name}_ptr" for s in p.stores] + list(args) + list(strides) + \
         [f"{b}: tl.constexpr" for b in blocks]
     for fn, combine in (("sum", "a + b"), ("max", "tl.maximum(a, b)"), ("min", "tl.minimum(a, b)")):
         if any(f"_fuzz_{fn}" in line for line in body + helpers):
@@ -2204,6 +2226,20 @@ def render(p: Program) -> str:
     return "\n".join(out)
 
 
+def strides_of(p: Program) -> dict[str, int]:
+    """Per tile input loaded at the launch's strides (Program.strided), its parameters with a contiguous layout's."""
+    if not p.strided:
+        return {}
+    found = {}
+    for x in p.inputs:
+        if x.role == "tile":
+            shape = input_shape(p, x)
+            found[f"{x.name}_s0"] = shape[1] if len(shape) == 2 else 1
+            if len(shape) == 2:
+                found[f"{x.name}_s1"] = 1
+    return found
+
+
 def input_shape(p: Program, x: Input) -> tuple[int, ...]:
     if x.role == "tile":
         return tuple(p.dim(k).size for k in x.dims)
@@ -2231,6 +2267,7 @@ class Outcome:
     status: str  # "passed" | "refused" | "mismatch" | "crashed" | "invalid" (the generator's fault)
     detail: str = ""
     source: str = ""
+    bindings: list = field(default_factory=list)  # the kernel under other bindings of memory (bindings.py)
 
     def report(self) -> str:
         return f"{self.status}: {self.detail}\n\n----- kernel module -----\n{self.source}"
@@ -2320,7 +2357,7 @@ def _check_source(src: str) -> Outcome:
         mod = load_module(src)
         inputs = mod.make_inputs()
         outputs = _fresh_outputs(mod)
-        kwargs = {**inputs, **outputs, **mod.SIZES, **mod.META}
+        kwargs = {**inputs, **outputs, **mod.SIZES, **getattr(mod, "STRIDES", {}), **mod.META}
         mod.kernel[mod.GRID](**kwargs)
     except Exception as e:  # the generator wrote a kernel Triton does not run
         return Outcome("invalid", "forward: " + first_line(e), src)
@@ -2366,9 +2403,19 @@ def _check_source(src: str) -> Outcome:
         except AssertionError as e:
             return Outcome("mismatch", f"d_{k}: {e}\ngot\n{g}\nwant\n{w}", src)
     outcome = _check_saved_state(mod, src, kwargs, outputs, d_out, wanted)
-    return _check_op(mod, src, inputs) if outcome.status == "passed" else outcome
+    if outcome.status == "passed":
+        outcome = _check_op(mod, src, inputs)
+    if outcome.status == "passed" and BINDINGS:  # the same kernel called with other bindings of memory
+        from .bindings import check_bindings
+
+        cases = check_bindings(mod, src, BINDINGS)
+        failed = [o for o in cases if o.status not in ("passed", "refused")]
+        outcome = failed[0] if failed else outcome
+        outcome.bindings = cases
+    return outcome
 
 
+BINDINGS = 2  # bindings of memory each kernel passing its own check is also called with (bindings.py)
 OP_CALLS = 3  # the first backward checked, the second keeping its launches, the third launching what it kept
 
 
@@ -2385,7 +2432,8 @@ def _check_op(mod, src: str, inputs: dict) -> Outcome:
     @tritongrad.op
     def op(*tensors):
         outs = _fresh_outputs(mod)
-        mod.kernel[mod.GRID](**dict(zip(inputs, tensors, strict=True)), **outs, **mod.SIZES, **mod.META)
+        mod.kernel[mod.GRID](**dict(zip(inputs, tensors, strict=True)), **outs, **mod.SIZES,
+                             **getattr(mod, "STRIDES", {}), **mod.META)
         return tuple(outs.values())
 
     for call in range(OP_CALLS):
@@ -2493,8 +2541,8 @@ def shrink(choices: list[int], failing: Callable[[list[int]], bool], budget: int
     return best
 
 
-def replay(choices: Sequence[int], avoid: Sequence[str] = ()) -> Program:
-    return generate(ReplayDraw(choices), avoid)
+def replay(choices: Sequence[int], avoid: Sequence[str] = (), strided: bool = False) -> Program:
+    return generate(ReplayDraw(choices), avoid, strided)
 
 
 def regression_source(src: str, name: str, reason: str) -> str:
@@ -2507,7 +2555,7 @@ def test_{name}():
     inputs = make_inputs()
     outputs = {{k: torch.zeros(s, dtype=torch.float64) if k in ZEROED else poison(torch.empty(s, dtype=torch.float64))
                for k, s in OUTPUTS.items()}}
-    kwargs = {{**inputs, **outputs, **SIZES, **META}}
+    kwargs = {{**inputs, **outputs, **SIZES, **globals().get("STRIDES", {{}}), **META}}
     kernel[GRID](**kwargs)
     leaves = {{k: v.clone().requires_grad_() for k, v in inputs.items() if v.is_floating_point()}}
     want = mirror(*(leaves.get(k, v) for k, v in inputs.items()))
