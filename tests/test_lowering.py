@@ -122,6 +122,7 @@ def test_a_persistent_kernel_holds_the_weight_across_its_loop_or_loads_it_for_ea
     from tritongrad import tuning
 
     monkeypatch.setattr(tuning, "DEFAULT", tuning.Setting(held=held))  # what an untuned launch runs with
+    monkeypatch.setenv("TRITONGRAD_TUNE", "0")  # (on a GPU tuning's trials would launch both settings)
     monkeypatch.setattr(derive, "_persistent_programs", lambda programs, device, waves=1: 2)  # rows per program
     launched, launch = [], derive.PartLaunch.launch
     monkeypatch.setattr(derive.PartLaunch, "launch", lambda self, args, *a, **k: (

@@ -813,6 +813,12 @@ class BackwardKernel:
         for check in self.launch_checks:
             if cached and check.condition.cacheable:  # (checks reading tensor contents run every time)
                 continue
+            if not check.condition.cacheable and capturing():
+                raise NotDifferentiableError(
+                    f"{check.construct}: checked on each launch by reading the index tensors, which a CUDA graph "
+                    "being captured cannot do (it would wait for the GPU), nor could it check a replay's indices",
+                    file=check.where.file, line=check.where.line, source_line=check.where.text,
+                    hint="run this op's backward outside CUDA graphs (torch.compile without mode=\"reduce-overhead\")")
             construct = check.failure(launch)
             if construct is not None:
                 raise NotDifferentiableError(construct, file=check.where.file, line=check.where.line,
@@ -851,6 +857,13 @@ class BackwardKernel:
 
     def __repr__(self) -> str:
         return f"BackwardKernel({self.name}, wrt={self.wrt}, outputs={self.outputs})"
+
+
+def capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _device_of(args: dict[str, Any]) -> Any:

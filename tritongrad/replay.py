@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from . import tuning
-from .derive import decisive_constexprs, grad, hashable, shadow_dtype
+from .derive import capturing, decisive_constexprs, grad, hashable, shadow_dtype
 from .errors import NotDifferentiableError, OpError, noted
 from .launch_facts import Layout, buffer_facts, self_overlapping
 from .lowering import ATOMIC, PARTIALS
@@ -312,7 +312,7 @@ class Replay:
         steps = plan.steps(*schedule)
         # the first backward of a schedule surrounds its shadows with zeros and looks for gradient where no
         # tensor lies (_check_strays); not while a CUDA graph is captured, where it could not wait for the device
-        guards = None if schedule in plan.checked or _capturing() else {}
+        guards = None if schedule in plan.checked or capturing() else {}
         shadows: dict[int, torch.Tensor] = {}
         for output, g in zip(plan.outputs, grads, strict=True):
             if output is None or g is None:
@@ -594,10 +594,6 @@ class Launcher:
             for k, source, name in wired:
                 args[k] = sources[source][name]
             traced.launch(args, sources[2], self.deterministic)
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _scatter_add(view: torch.Tensor, g: torch.Tensor) -> None:

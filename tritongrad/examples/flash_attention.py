@@ -6,6 +6,7 @@ need not be multiples of the blocks. The derived backward says in its source how
 """
 
 import math
+import struct
 
 import torch
 import triton
@@ -77,8 +78,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 
 def softmax_scale(d: int) -> float:
-    """1 / sqrt(d), rounded to float32: a compiled kernel receives a Python float as float32."""
-    return torch.tensor(1.0 / math.sqrt(d), dtype=torch.float32).item()
+    """1 / sqrt(d), rounded to float32: a compiled kernel receives a Python float as float32. (Rounded on the host:
+    a tensor made for it would be made on the default device, and reading it back would wait for the GPU, which a
+    CUDA graph being captured refuses.)"""
+    return struct.unpack("f", struct.pack("f", 1.0 / math.sqrt(d)))[0]
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
