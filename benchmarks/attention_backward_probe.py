@@ -216,7 +216,7 @@ class Forced:
 
 
 def run(variant: str) -> dict:
-    from tritongrad import codegen
+    from tritongrad.codegen import generate as codegen
     from tritongrad.examples import flash_attention as fa
 
     plan = VARIANTS[variant]

@@ -14,8 +14,9 @@ import time
 import torch
 
 from benchmarks.host_anatomy import HandWritten
-from tritongrad import derive, replay
 from tritongrad.examples import softmax
+from tritongrad.ops import backward as replay
+from tritongrad.runtime import derive
 
 CALLS = 300
 

@@ -16,7 +16,8 @@ import triton.testing
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.host_gpu_split import training_step
-from tritongrad import bench, examples
+from tritongrad import examples
+from tritongrad.tools import bench
 
 STEPS = 40
 

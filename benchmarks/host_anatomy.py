@@ -15,8 +15,8 @@ import time
 import torch
 import triton.language as tl
 
-from tritongrad import replay
 from tritongrad.examples import flash_attention, softmax
+from tritongrad.ops import backward as replay
 
 CALLS = 300
 

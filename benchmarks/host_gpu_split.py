@@ -12,7 +12,8 @@ import time
 import torch
 import triton.testing
 
-from tritongrad import bench, examples
+from tritongrad import examples
+from tritongrad.tools import bench
 
 STEPS = 50
 

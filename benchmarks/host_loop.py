@@ -14,7 +14,8 @@ import time
 import torch
 from host_gpu_split import training_step
 
-from tritongrad import bench, examples
+from tritongrad import examples
+from tritongrad.tools import bench
 
 
 def main() -> None:

@@ -17,7 +17,9 @@ import torch
 from host_gpu_split import training_step
 
 import tritongrad
-from tritongrad import bench, examples, relaunch
+from tritongrad import examples
+from tritongrad.runtime import relaunch
+from tritongrad.tools import bench
 
 LOOPS, CALLS = 9, 500
 

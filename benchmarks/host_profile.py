@@ -14,7 +14,8 @@ import time
 import torch
 
 import tritongrad
-from tritongrad import bench, examples
+from tritongrad import examples
+from tritongrad.tools import bench
 
 name, size, dtype = sys.argv[1], bench.parse_size(sys.argv[2]), getattr(torch, sys.argv[3])
 example = examples.get(name)

@@ -13,7 +13,11 @@ from collections import defaultdict
 import torch
 import triton
 
-from tritongrad import bench, derive, examples, replay, tape
+from tritongrad import examples
+from tritongrad.ops import backward as replay
+from tritongrad.ops import tape
+from tritongrad.runtime import derive
+from tritongrad.tools import bench
 
 STEPS = 200
 spent: dict[str, float] = defaultdict(float)

@@ -21,7 +21,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 import tritongrad
-from tritongrad import codegen
+from tritongrad.codegen import generate as codegen
 from tritongrad.examples import layernorm
 
 INDEPENDENT = (

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import sys
 
-from tritongrad import codegen
+from tritongrad.codegen import generate as codegen
 
 PERSISTENT = re.compile(r"num_stages=STAGES\)")
 
@@ -36,7 +36,7 @@ def main() -> None:
 
         codegen.jit_source = staged
     elif variant in ("held", "reloaded"):
-        from tritongrad import tuning
+        from tritongrad.runtime import tuning
 
         candidates = tuning.candidates
         tuning.candidates = lambda *a: [s for s in candidates(*a) if s.held == (variant == "held")]
@@ -46,7 +46,7 @@ def main() -> None:
     from benchmarks import profile_kernels
 
     profile_kernels.main()
-    from tritongrad import tuning
+    from tritongrad.runtime import tuning
 
     for key, setting in tuning._best.items():  # the tuned settings, per derived kernel and shape
         print(f"tuned: {setting}  grid {key[3]}")

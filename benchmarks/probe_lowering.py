@@ -137,7 +137,7 @@ def profile():
 
 def debug():
     """How often tuning runs, what it chose, and a backward timed with events (rmsnorm, bf16)."""
-    from tritongrad import tuning
+    from tritongrad.runtime import tuning
 
     calls = []
     real = tuning.best

@@ -13,7 +13,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tritongrad import bench
+from tritongrad.tools import bench
 
 STEPS = 10  # profiled forward+backward steps, after as many warm-up steps
 

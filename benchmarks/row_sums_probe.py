@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongrad.relaunch import Relauncher
+from tritongrad.runtime.relaunch import Relauncher
 
 
 @triton.jit

@@ -9,7 +9,8 @@ import traceback
 
 import torch
 
-from tritongrad import bench, examples
+from tritongrad import examples
+from tritongrad.tools import bench
 
 name, size, dtype = sys.argv[1], bench.parse_size(sys.argv[2]), getattr(torch, sys.argv[3])
 example = examples.get(name)

@@ -13,7 +13,7 @@ import torch
 import triton
 
 from benchmarks.probe_lowering import CASES, inputs
-from tritongrad import derive
+from tritongrad.runtime import derive
 
 
 def capture(name, dtype):

@@ -103,10 +103,11 @@ def main(argv=None) -> int:
     STRIDED = args.strided
     G.BINDINGS = args.bindings
     if args.transpose_every_group:  # before the workers fork
-        from tritongrad import codegen, orient
+        from tritongrad.codegen import generate as codegen
+        from tritongrad.codegen import orient
         codegen.orient_tiles = functools.partial(orient.orient_tiles, every=True)
     if args.reload_once_loaded:
-        from tritongrad import tuning
+        from tritongrad.runtime import tuning
         tuning.DEFAULT = tuning.Setting(held=False)
 
     if args.only is not None:

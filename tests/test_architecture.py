@@ -1,5 +1,6 @@
-"""The package's shape: its modules import each other without cycles, and the IR and the table of
-operations have one home each (docs/architecture.md)."""
+"""The package's shape: its subpackages are the pipeline's stages, each importing only stages below it; its
+modules import each other without cycles; none is over 500 lines; the IR and the table of operations have one
+home each (docs/architecture.md)."""
 
 import ast
 import importlib
@@ -8,25 +9,52 @@ from pathlib import Path
 import tritongrad
 
 PACKAGE = Path(tritongrad.__file__).parent
+# the stages, lowest first: a module may import its own stage and those before it
+STAGES = ("core", "frontend", "analysis", "writes", "reverse", "codegen", "runtime", "ops", "tools", "examples")
+MAX_LINES = 500
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imports(path: Path) -> set[str]:
-    """The package's modules a module imports, at module level or inside functions."""
+    """The package's modules a module imports, at module level or inside functions (dotted, from the package)."""
+    here = _module(path).split(".") if path.name == "__init__.py" else _module(path).split(".")[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = here[:len(here) - (node.level - 1)] if node.level > 1 else here
+            target = [*base, *node.module.split(".")] if node.module else base
             if node.module:
-                found.add(node.module.split(".")[0])
+                found.add(".".join(target))
             else:
-                found |= {a.name for a in node.names}
+                found |= {".".join([*target, a.name]) for a in node.names}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tritongrad."):
-            found.add(node.module.split(".")[1])
+            found.add(node.module.removeprefix("tritongrad."))
     return found
 
 
 def _graph() -> dict[str, set[str]]:
-    modules = {p.stem: p for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    return {name: _imports(path) & set(modules) for name, path in modules.items()}
+    modules = {_module(p): p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and "examples" not in p.parts}
+    return {name: {m for m in _imports(path) if m in modules} for name, path in modules.items()}
+
+
+def _stage(module: str) -> int:
+    return len(STAGES) if module == "__main__" else STAGES.index(module.split(".")[0])
+
+
+def test_the_stages_import_only_the_stages_below_them():
+    for module, imported in _graph().items():
+        for other in imported:
+            assert _stage(other) <= _stage(module), f"{module} ({module.split('.')[0]}) imports {other}, a later stage"
+
+
+def test_every_module_belongs_to_a_stage():
+    loose = [p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")]
+    assert not loose, f"modules outside the stages' subpackages: {loose}"
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(STAGES)
 
 
 def test_the_module_imports_are_acyclic():
@@ -46,31 +74,36 @@ def test_the_module_imports_are_acyclic():
         visit(module, [])
 
 
+def test_no_module_is_over_500_lines():
+    long = {_module(p): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
 def test_the_ir_and_the_operation_facts_have_one_home():
     defined: dict[str, list[str]] = {}
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
-                defined.setdefault(node.name, []).append(path.stem)
+                defined.setdefault(node.name, []).append(_module(path))
     for name in ("Op", "Origin", "Program", "Carried", "Tag", "op_of", "target_of", "arguments", "statements"):
-        assert defined.get(name) == ["ir"], (name, defined.get(name))
+        assert defined.get(name) == ["core.ir"], (name, defined.get(name))
     for name in ("Operation", "Signature", "operation_of"):
-        assert defined.get(name) == ["operations"], (name, defined.get(name))
+        assert defined.get(name) == ["core.operations"], (name, defined.get(name))
 
 
 def test_the_readme_lists_the_operation_table_as_it_is():
-    from tritongrad.operations import markdown_table
+    from tritongrad.core.operations import markdown_table
 
     readme = (PACKAGE.parent / "README.md").read_text()
     begin, end = "<!-- operations:begin -->\n", "<!-- operations:end -->"
     assert readme[readme.index(begin) + len(begin):readme.index(end)] == markdown_table(), (
-        "README.md's operation table is stale: paste `python -m tritongrad.operations` between its markers")
+        "README.md's operation table is stale: paste `python -m tritongrad.core.operations` between its markers")
 
 
 def test_no_module_shares_a_name_with_an_export():
     """Importing a submodule sets it as an attribute of the package: a module named like an export
     (``tritongrad.op``) would replace the exported function once something imports the module directly."""
-    modules = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if p.is_dir()}
+    modules = {p.stem for p in PACKAGE.rglob("*.py")} | {p.name for p in PACKAGE.rglob("*") if p.is_dir()}
     assert not modules & set(tritongrad.__all__)
     importlib.import_module("tritongrad.examples.linear")  # imports the op's module directly
     assert callable(tritongrad.op) and callable(tritongrad.override)

@@ -13,9 +13,9 @@ import triton.language as tl
 from conftest import DEVICE
 
 import tritongrad
-from tritongrad import augment, derive
 from tritongrad.examples import cross_entropy as ce
-from tritongrad.testing import backward_launch, forward_keeping_state, poison
+from tritongrad.runtime import augment, derive
+from tritongrad.tools.testing import backward_launch, forward_keeping_state, poison
 
 F64 = torch.float64
 TOL = {"rtol": 1e-10, "atol": 1e-10}

@@ -14,7 +14,7 @@ import triton.language as tl
 from rich.console import Console
 
 import tritongrad
-from tritongrad import bench, cli
+from tritongrad.tools import bench, cli
 
 META = {"device": "Fake GPU", "torch": "2.0", "triton": "3.0", "tritongrad": "0.1.0", "liger": "",
         "copy_gbps": 3000.0, "command": "tritongrad bench fake --dtype float32 --mode bwd"}

@@ -14,12 +14,12 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.errors import OpError
+from tritongrad.core.errors import OpError
 from tritongrad.examples import get
 from tritongrad.examples.layernorm import layernorm_launch
 from tritongrad.examples.rmsnorm import rmsnorm_launch
-from tritongrad.launch_facts import Layout, buffer_facts, overlap, self_overlapping
-from tritongrad.testing import backward_launch
+from tritongrad.tools.testing import backward_launch
+from tritongrad.writes.launch_facts import Layout, buffer_facts, overlap, self_overlapping
 
 D = torch.float64
 

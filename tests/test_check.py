@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from tritongrad import cli
-from tritongrad.check import Row, Subject, check
+from tritongrad.tools import cli
+from tritongrad.tools.check import Row, Subject, check
 
 WRONG = str(Path(__file__).parent / "data" / "wrong_op.py")
 

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.testing import assert_gradients_match, backward_launch, poison
+from tritongrad.tools.testing import assert_gradients_match, backward_launch, poison
 
 ROOT = Path(__file__).resolve().parents[1]
 RMSNORM = "tritongrad/examples/rmsnorm.py"

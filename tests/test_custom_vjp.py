@@ -10,7 +10,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.testing import backward_launch, poison
+from tritongrad.tools.testing import backward_launch, poison
 
 DTYPE = torch.float64
 TOL = {"rtol": 1e-10, "atol": 1e-10}
@@ -52,10 +52,10 @@ def run(kernel, x, others, reference, names, **meta):
 
 
 def test_a_helper_without_a_rule_is_refused_until_it_has_a_custom_one():
-    from tritongrad.operations import CUSTOM
+    from tritongrad.core.operations import CUSTOM
 
     CUSTOM.pop(frac.fn, None)
-    tritongrad.derive.clear_cache()
+    tritongrad.runtime.derive.clear_cache()
     with pytest.raises(NotDifferentiableError, match="`%`"):
         tritongrad.grad(uses_frac)
     tritongrad.custom_vjp(frac, frac_grad)

@@ -15,7 +15,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.testing import assert_gradients_match, backward_launch, poison
+from tritongrad.tools.testing import assert_gradients_match, backward_launch, poison
 
 pytestmark = pytest.mark.skipif(not hasattr(tl, "make_tensor_descriptor"),
                                 reason="this Triton has no tl.make_tensor_descriptor")

@@ -8,9 +8,9 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.early_loads import issue_loads_early
-from tritongrad.reverse import MARKER, comment_marker
-from tritongrad.testing import assert_gradients_match, poison
+from tritongrad.codegen.early_loads import issue_loads_early
+from tritongrad.reverse.sweep import MARKER, comment_marker
+from tritongrad.tools.testing import assert_gradients_match, poison
 
 F64 = torch.float64
 

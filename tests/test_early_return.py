@@ -12,7 +12,7 @@ from test_refusals import marked_line
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.testing import assert_gradients_match, poison
+from tritongrad.tools.testing import assert_gradients_match, poison
 
 IGNORE = -100
 

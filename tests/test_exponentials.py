@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.exponentials import base_two_exponentials
-from tritongrad.testing import assert_gradients_match, poison
+from tritongrad.codegen.exponentials import base_two_exponentials
+from tritongrad.tools.testing import assert_gradients_match, poison
 
 
 @triton.jit

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.testing import backward_launch, poison
+from tritongrad.tools.testing import backward_launch, poison
 
 
 def assert_close(got, want, tol=1e-10):

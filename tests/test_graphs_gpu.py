@@ -5,8 +5,8 @@ same step under ``torch.compile(mode="reduce-overhead")``, which captures graphs
 import pytest
 import torch
 
-from tritongrad import replay
 from tritongrad.examples import EXAMPLES
+from tritongrad.ops import backward as replay
 
 pytestmark = pytest.mark.gpu
 

@@ -12,8 +12,8 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.tape import OpError
-from tritongrad.testing import backward_launch, poison
+from tritongrad.ops.tape import OpError
+from tritongrad.tools.testing import backward_launch, poison
 
 
 @triton.jit

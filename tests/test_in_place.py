@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.errors import OpError
+from tritongrad.core.errors import OpError
 
 DTYPE = torch.float64
 

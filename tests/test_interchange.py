@@ -8,8 +8,8 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad import derive
-from tritongrad.lowering import INTERCHANGE, STORE
+from tritongrad.runtime import derive
+from tritongrad.writes.lowering import INTERCHANGE, STORE
 
 F64 = torch.float64
 
@@ -74,7 +74,7 @@ def one_multiprocessor(monkeypatch):
     """These matrices are small: on a GPU their few tiles would not fill its multiprocessors, and the
     lowering would keep atomics (rightly). Count one, as the interpreter does, to run the kernels of
     their own there too."""
-    monkeypatch.setattr(derive, "_multiprocessors", lambda device: 1)
+    monkeypatch.setattr(derive, "multiprocessors", lambda device: 1)
 
 
 def _matmul_grads(a, b, block=16):
@@ -304,6 +304,6 @@ def test_a_loop_that_stops_at_the_programs_own_block(poisoned_empty):
 def test_a_prologue_value_is_kept_in_the_one_type_its_uses_round_it_to(body, rounded):
     import ast
 
-    from tritongrad.interchange import _rounded_to
+    from tritongrad.reverse.interchange import _rounded_to
 
     assert _rounded_to("x", ast.parse(body).body, {"v": "v_ptr"}) == rounded

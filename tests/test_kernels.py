@@ -2,7 +2,7 @@
 
 Every example through ``tritongrad check`` at each of its sizes (float64: the interpreter computes
 it exactly as numpy does, tl.dot included; sizes are not multiples of the blocks), and single
-launches through ``tritongrad.testing`` with NaN-poisoned outputs, so a missed element fails.
+launches through ``tritongrad.tools.testing`` with NaN-poisoned outputs, so a missed element fails.
 """
 
 import inspect
@@ -15,10 +15,10 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import examples
-from tritongrad.check import Subject, check_size
+from tritongrad.core.source import unwrap
 from tritongrad.examples import gather, matmul, matvec, rmsnorm, softmax, softplus
-from tritongrad.source import unwrap
-from tritongrad.testing import backward_launch, poison
+from tritongrad.tools.check import Subject, check_size
+from tritongrad.tools.testing import backward_launch, poison
 
 DTYPE = torch.float64
 TOL = {"rtol": 1e-10, "atol": 1e-10}

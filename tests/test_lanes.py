@@ -6,7 +6,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritongrad.checks import apart
+from tritongrad.analysis.conditions import apart
 
 coordinates = st.lists(st.tuples(st.integers(-12, 12), st.integers(1, 5)), min_size=1, max_size=4)
 
@@ -52,7 +52,7 @@ def test_apart_takes_row_major_tiles_with_ragged_masks():
 
 def test_a_launch_check_is_data_that_reads_and_evaluates_on_the_launch():
     import tritongrad
-    from tritongrad.checks import LaunchValues
+    from tritongrad.analysis.conditions import LaunchValues
     from tritongrad.examples import rmsnorm
 
     (check,) = tritongrad.grad(rmsnorm.rmsnorm_fwd).launch_checks
@@ -96,7 +96,7 @@ def elements(dims) -> set:
 @settings(max_examples=600, deadline=None, derandomize=True)
 @given(boxes())
 def test_covers_is_never_wrong(box):
-    from tritongrad.checks import covers
+    from tritongrad.analysis.conditions import covers
 
     coords, bounds, dims = box
     if covers(coords, bounds, dims):
@@ -104,7 +104,7 @@ def test_covers_is_never_wrong(box):
 
 
 def test_covers_a_ragged_1d_launch_and_rows_with_a_masked_tail():
-    from tritongrad.checks import covers
+    from tritongrad.analysis.conditions import covers
 
     assert covers([(1, 64), (64, 4)], [((0, 1), 199)], [(1, 200)])  # 4 programs of 64 lanes over 200 elements
     assert not covers([(1, 64), (64, 3)], [((0, 1), 199)], [(1, 200)])  # too few programs
@@ -135,7 +135,7 @@ def test_store_ranges_hold_every_address_a_program_writes(store):
     its range, and a program said to store nothing writes nothing."""
     import torch
 
-    from tritongrad.checks import Apart, Expr, LaunchValues, StoreRange
+    from tritongrad.analysis.conditions import Apart, Expr, LaunchValues, StoreRange
 
     programs, coords, bounds, base = store
     values = {"base": torch.tensor(base), **{f"L{i}": torch.tensor(limits) for i, (_, limits) in enumerate(bounds)}}

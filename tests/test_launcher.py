@@ -11,7 +11,9 @@ import triton.language as tl
 from test_lowering import norm_rows, norm_twice, scale_kernel, two_readers, windows
 
 import tritongrad
-from tritongrad import examples, relaunch, replay
+from tritongrad import examples
+from tritongrad.ops import backward as replay
+from tritongrad.runtime import relaunch
 
 F64 = torch.float64
 CALLS = 4  # checked, kept, launched again twice

@@ -8,7 +8,7 @@ import triton.language as tl
 from triton.language.extra import libdevice  # the module path of Triton 3.6 and newer
 
 import tritongrad
-from tritongrad.testing import backward_launch, poison
+from tritongrad.tools.testing import backward_launch, poison
 
 
 @triton.jit

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.testing import assert_gradients_match, backward_launch, poison
+from tritongrad.tools.testing import assert_gradients_match, backward_launch, poison
 
 DTYPE = torch.float64
 TOL = {"rtol": 1e-10, "atol": 1e-10}
@@ -370,7 +370,7 @@ def test_online_softmax_becomes_a_max_pass_and_linear_sums():
 def test_online_softmax_whose_max_is_stored_keeps_its_state_on_a_tape(budget, monkeypatch):
     # a budget of one byte leaves one slot per program: every reverse iteration re-runs those before it
     if budget is not None:
-        monkeypatch.setattr(tritongrad.loops, "TAPE_BUDGET", budget)
+        monkeypatch.setattr(tritongrad.reverse.loops, "TAPE_BUDGET", budget)
     args, meta = softmax_weighted_inputs(KEEP_MAX=True)
     x, v, y, m = args[:4]
     online_softmax_variants[(x.shape[0],)](*args, **meta)
@@ -418,8 +418,8 @@ def test_an_online_softmax_the_rewrite_cannot_prove_keeps_its_state_on_a_tape(fl
 
 
 def test_tape_slots_are_sized_by_the_trip_count_and_the_budget(monkeypatch):
-    from tritongrad.checks import Expr, LaunchValues
-    from tritongrad.loops import Tape
+    from tritongrad.analysis.conditions import Expr, LaunchValues
+    from tritongrad.reverse.loops import Tape
 
     tape = Tape("k_slots", (("l_tape", ()), ("acc_tape", ("BD",))), Expr("trips", (
         Expr.const(0), Expr.name("N"), Expr.name("BLOCK"))))
@@ -428,8 +428,8 @@ def test_tape_slots_are_sized_by_the_trip_count_and_the_budget(monkeypatch):
     assert args["k_slots"] == 3  # one per iteration
     assert args["l_tape"].numel() == 4 * 3 * 8 and args["acc_tape"].numel() == 4 * 3 * 8 * 8
     unknown = Tape("k_slots", (("l_tape", ()),), None)
-    assert unknown.allocate(launch, 4, "cpu")["k_slots"] == tritongrad.loops.MAX_SLOTS
-    monkeypatch.setattr(tritongrad.loops, "TAPE_BUDGET", 4 * 9 * 8 * 2)  # two slots' worth for 4 programs
+    assert unknown.allocate(launch, 4, "cpu")["k_slots"] == tritongrad.reverse.loops.MAX_SLOTS
+    monkeypatch.setattr(tritongrad.reverse.loops, "TAPE_BUDGET", 4 * 9 * 8 * 2)  # two slots' worth for 4 programs
     assert tape.allocate(launch, 4, "cpu")["k_slots"] == 2
 
 

@@ -8,9 +8,10 @@ import triton.language as tl
 from fuzz.bounds import checked  # every address inside the launch's tensors (the interpreter's accesses)
 
 import tritongrad
-from tritongrad import NotDifferentiableError, derive
-from tritongrad.lowering import ADD, ATOMIC, REGISTERS, ROW, STORE
-from tritongrad.testing import assert_gradients_match, bind_launch, poison
+from tritongrad import NotDifferentiableError
+from tritongrad.runtime import derive
+from tritongrad.tools.testing import assert_gradients_match, bind_launch, poison
+from tritongrad.writes.lowering import ADD, ATOMIC, REGISTERS, ROW, STORE
 
 F64 = torch.float64
 
@@ -119,7 +120,7 @@ def test_a_persistent_kernel_holds_the_weight_across_its_loop_or_loads_it_for_ea
                                                                                        monkeypatch):
     """Whether the weight and bias are held in registers across the loop over rows is a launch setting (tuning's
     ``held``): the gradients are the same either way."""
-    from tritongrad import tuning
+    from tritongrad.runtime import tuning
 
     monkeypatch.setattr(tuning, "DEFAULT", tuning.Setting(held=held))  # what an untuned launch runs with
     monkeypatch.setenv("TRITONGRAD_TUNE", "0")  # (on a GPU tuning's trials would launch both settings)
@@ -240,7 +241,7 @@ def test_deterministic_gradients_are_identical_bit_for_bit():
     x, w, b = torch.randn(rows, n, dtype=torch.float32), torch.randn(n), torch.randn(n)
     y = torch.empty(rows, n)
     args, kwargs = (x, w, b, y, n, n), {"BLOCK": 64}
-    from tritongrad.testing import backward_launch
+    from tritongrad.tools.testing import backward_launch
 
     g = torch.randn(rows, n)
     runs = [backward_launch(norm_rows, (rows,), args, kwargs, {"y_ptr": g}, deterministic=True) for _ in range(3)]
@@ -286,7 +287,7 @@ def two_readers(x):
 
 
 def test_two_launches_writing_one_storage_store_then_add(monkeypatch):
-    from tritongrad import derive
+    from tritongrad.runtime import derive
 
     seen = []
     real = derive.BackwardKernel.launch
@@ -443,7 +444,7 @@ def test_an_input_loaded_again_by_index_is_stored_and_the_index_load_added_after
 def test_later_adds_are_deterministic():
     rows = 9
     args, kwargs, y, _, _ = _logsumexp_minus_target_launch(rows)
-    from tritongrad.testing import backward_launch
+    from tritongrad.tools.testing import backward_launch
 
     g = torch.randn(rows, dtype=F64)
     runs = [backward_launch(logsumexp_minus_target, (rows,), args, kwargs, {"y_ptr": g}, deterministic=True)
@@ -607,7 +608,7 @@ def test_later_adds_alone_get_a_zero_filled_buffer(poisoned_empty):
 def test_partial_rows_over_their_budget_are_added_atomically_instead(monkeypatch):
     """Rows as long as the tensor per persistent program (an attention's keys) past the memory budget: the
     launch adds atomically rather than allocate them (or overflow their 32-bit offsets)."""
-    from tritongrad import derive
+    from tritongrad.runtime import derive
 
     rows, n = 7, 70
     x, w = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64)

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.testing import assert_gradients_match, poison
+from tritongrad.tools.testing import assert_gradients_match, poison
 
 DTYPE = torch.float64
 

@@ -17,10 +17,11 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad import derive, replay
-from tritongrad import tape as tapes
 from tritongrad.examples import EXAMPLES
-from tritongrad.tape import OpError
+from tritongrad.ops import backward as replay
+from tritongrad.ops import tape as tapes
+from tritongrad.ops.tape import OpError
+from tritongrad.runtime import derive
 
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 

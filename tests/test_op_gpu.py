@@ -11,8 +11,9 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad import relaunch, replay, tuning
-from tritongrad import tape as tapes
+from tritongrad.ops import backward as replay
+from tritongrad.ops import tape as tapes
+from tritongrad.runtime import relaunch, tuning
 
 pytestmark = pytest.mark.gpu
 
@@ -181,8 +182,8 @@ def test_forward_and_backward_captured_in_a_cuda_graph():
     """A training step through an op (rmsnorm: partial rows for the weight, launches made directly) captured in a
     CUDA graph, as users capture whole steps: each replay on new values copied into the captured inputs gives
     PyTorch's gradients. bench --graphs times such replays (graph_median, run here once on the same step)."""
-    from tritongrad import bench
     from tritongrad.examples import rmsnorm
+    from tritongrad.tools import bench
 
     x, w = rand(1000, 333), rand(333)
     upstream = torch.randn(1000, 333, device="cuda")

@@ -11,10 +11,10 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad import language as tg
-from tritongrad.codegen import jit_source
-from tritongrad.orient import orient_tiles
-from tritongrad.testing import assert_gradients_match, poison
+from tritongrad.codegen.generate import jit_source
+from tritongrad.codegen.orient import orient_tiles
+from tritongrad.core import language as tg
+from tritongrad.tools.testing import assert_gradients_match, poison
 
 F64 = torch.float64
 

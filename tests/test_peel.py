@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.peel import split_at_masks
-from tritongrad.testing import assert_gradients_match, poison
+from tritongrad.codegen.peel import split_at_masks
+from tritongrad.tools.testing import assert_gradients_match, poison
 
 F64 = torch.float64
 

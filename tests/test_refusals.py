@@ -12,7 +12,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.testing import backward_launch
+from tritongrad.tools.testing import backward_launch
 
 
 def marked_line(kernel) -> int:

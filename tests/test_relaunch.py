@@ -6,7 +6,7 @@ bound order; a kernel whose binder binds other values, or that reads global valu
 import pytest
 import torch
 
-from tritongrad import relaunch
+from tritongrad.runtime import relaunch
 
 
 class Compiled:
@@ -131,7 +131,7 @@ def test_an_ops_forward_launches_go_through_their_relaunchers(monkeypatch, devic
     Relaunchers launch through Triton): each forward launch keyed on its recorded arguments, outputs and gradients
     exact."""
     from tritongrad import examples
-    from tritongrad import tape as tapes
+    from tritongrad.ops import tape as tapes
 
     monkeypatch.setattr(relaunch, "supported", lambda: True)
     example = examples.get("rmsnorm")

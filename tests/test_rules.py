@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tritongrad
-from tritongrad.testing import backward_launch, poison
+from tritongrad.tools.testing import backward_launch, poison
 
 R, C = 5, 11  # tile sizes, masked inside blocks of 8 x 16
 RB, CB = 8, 16
@@ -225,7 +225,7 @@ def test_max_ties_share_the_gradient_evenly(kernels):
 
 
 def test_every_rule_has_a_test():
-    from tritongrad.operations import OPERATIONS
+    from tritongrad.core.operations import OPERATIONS
 
     RULES = {k for k, o in OPERATIONS.items() if o.has_rule}
 
@@ -254,7 +254,7 @@ def test_integer_math_a_launch_check_redoes_agrees_with_the_kernel():
     import triton
     import triton.language as tl
 
-    from tritongrad.operations import OPERATIONS
+    from tritongrad.core.operations import OPERATIONS
 
     @triton.jit
     def divide(out, a, b):

@@ -9,7 +9,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.testing import assert_gradients_match, poison
+from tritongrad.tools.testing import assert_gradients_match, poison
 
 DTYPE = torch.float64
 TOL = {"rtol": 1e-10, "atol": 1e-10}

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.errors import OpError
+from tritongrad.core.errors import OpError
 from tritongrad.examples.cross_entropy import IGNORE_INDEX, cross_entropy_launch
 
 DTYPE = torch.float64

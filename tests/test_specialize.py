@@ -9,7 +9,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.testing import backward_launch, poison
+from tritongrad.tools.testing import backward_launch, poison
 
 NONE, SUM, MEAN = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # globals a kernel reads are constexprs
 BLOCK = 64

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.testing import assert_gradients_match, poison
+from tritongrad.tools.testing import assert_gradients_match, poison
 
 ROWS, N, BLOCK = 6, 45, 64
 

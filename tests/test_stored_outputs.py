@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.testing import assert_gradients_match, poison
+from tritongrad.tools.testing import assert_gradients_match, poison
 
 R, C, BR, BC = 5, 37, 8, 64
 
@@ -112,13 +112,13 @@ def test_a_written_out_softmax_is_differentiated_as_one(name):
 def kept(monkeypatch):
     """The kernels an op's backward derived, with the outputs it was told hold the forward's values."""
     found = []
-    grad = tritongrad.derive.grad
+    grad = tritongrad.runtime.derive.grad
 
     def spy(kernel, *args, **kwargs):
         found.append((kernel, tuple(kwargs.get("kept_outputs", ()))))
         return grad(kernel, *args, **kwargs)
 
-    monkeypatch.setattr(tritongrad.replay, "grad", spy)
+    monkeypatch.setattr(tritongrad.ops.backward, "grad", spy)
     return found
 
 

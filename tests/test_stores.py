@@ -15,7 +15,7 @@ from test_refusals import marked_line
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.testing import assert_gradients_match, backward_launch, poison
+from tritongrad.tools.testing import assert_gradients_match, backward_launch, poison
 
 # -- several stores to one output ------------------------------------------------------------------------
 

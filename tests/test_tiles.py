@@ -11,10 +11,10 @@ import torch
 import triton
 
 import tritongrad
-from tritongrad import derive, tuning
-from tritongrad import tape as tapes
 from tritongrad.examples import matmul
 from tritongrad.examples.launch import compute_type
+from tritongrad.ops import tape as tapes
+from tritongrad.runtime import derive, tuning
 
 # the forward's (the first) has the largest tiles: another's grid has more programs
 CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}),

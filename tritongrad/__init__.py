@@ -11,13 +11,13 @@ import triton: the command line chooses Triton's interpreter (no GPU) first.
 import importlib
 
 _EXPORTS = {
-    "BackwardKernel": "derive",
-    "custom_vjp": "custom",
-    "grad": "derive",
-    "vjp": "derive",
-    "NotDifferentiableError": "errors",
-    "op": "torch_op",
-    "override": "aten_override",
+    "BackwardKernel": "runtime.derive",
+    "custom_vjp": "runtime.custom",
+    "grad": "runtime.derive",
+    "vjp": "runtime.derive",
+    "NotDifferentiableError": "core.errors",
+    "op": "ops.torch_op",
+    "override": "ops.aten_override",
 }
 
 __all__ = sorted(_EXPORTS)

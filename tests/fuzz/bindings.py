@@ -103,7 +103,7 @@ def outputs_for(mod, packed: bool) -> dict:
     """Fresh output buffers (zeros where the kernel adds, else NaN), or views of one buffer side by side."""
     import torch
 
-    from tritongrad.testing import poison
+    from tritongrad.tools.testing import poison
 
     if not packed:
         return {k: torch.zeros(s, dtype=torch.float64) if k in mod.ZEROED else
@@ -155,8 +155,8 @@ def check_binding(mod, src: str, binding: Binding):
 
     import tritongrad
     from tritongrad import NotDifferentiableError
-    from tritongrad.errors import OpError
-    from tritongrad.testing import backward_launch
+    from tritongrad.core.errors import OpError
+    from tritongrad.tools.testing import backward_launch
 
     from .generate import Outcome, close, first_line
 

@@ -2341,7 +2341,7 @@ def _fresh_outputs(mod) -> dict:
     """The kernel's output buffers: zeros where it adds (atomics, early returns), else NaN-poisoned."""
     import torch
 
-    from tritongrad.testing import poison
+    from tritongrad.tools.testing import poison
 
     return {k: torch.zeros(s, dtype=torch.float64) if k in mod.ZEROED else poison(torch.empty(s, dtype=torch.float64))
             for k, s in mod.OUTPUTS.items()}
@@ -2351,7 +2351,7 @@ def _check_source(src: str) -> Outcome:
     import torch
 
     from tritongrad import NotDifferentiableError
-    from tritongrad.testing import backward_launch
+    from tritongrad.tools.testing import backward_launch
 
     try:
         mod = load_module(src)
@@ -2427,7 +2427,7 @@ def _check_op(mod, src: str, inputs: dict) -> Outcome:
 
     import tritongrad
     from tritongrad import NotDifferentiableError
-    from tritongrad.errors import OpError
+    from tritongrad.core.errors import OpError
 
     @tritongrad.op
     def op(*tensors):
@@ -2475,8 +2475,8 @@ def _check_saved_state(mod, src: str, kwargs: dict, outputs: dict, d_out: dict, 
     the backward), it must write what the kernel writes, and the backward reading its tapes the same gradients."""
     import torch
 
-    from tritongrad import augment
-    from tritongrad.testing import backward_launch, forward_keeping_state, poison
+    from tritongrad.runtime import augment
+    from tritongrad.tools.testing import backward_launch, forward_keeping_state, poison
 
     again = {k: torch.zeros_like(v) if k in mod.ZEROED else poison(torch.empty_like(v)) for k, v in outputs.items()}
     share, augment.SHARE = augment.SHARE, float("inf")  # small tensors: keep the tapes whatever their size
@@ -2570,7 +2570,7 @@ def test_{name}():
         torch.testing.assert_close(got[k], w, rtol=TOL, atol=TOL * max(1.0, w.abs().max().item()))
 '''
     return (head + "# ruff: noqa: E501\n\nimport pytest\nimport torch\n" + rest.replace(
-        "import triton.language as tl\n", "import triton.language as tl\n\nfrom tritongrad.testing import "
+        "import triton.language as tl\n", "import triton.language as tl\n\nfrom tritongrad.tools.testing import "
         "backward_launch, poison\n", 1) + test)
 
 

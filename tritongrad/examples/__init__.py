@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from triton.runtime.jit import KernelInterface
 
-from ..source import unwrap
+from ..core.source import unwrap
 from .launch import Launch
 
 NAMES = ("sin", "softplus", "gelu", "swiglu", "geglu", "rmsnorm", "layernorm", "add_rmsnorm", "softmax",

@@ -9,7 +9,7 @@ import torch
 import triton
 from torch import nn
 
-from ..torch_op import op
+from ..ops.torch_op import op
 from . import matvec
 from .matvec import BS, fwd_kernel
 

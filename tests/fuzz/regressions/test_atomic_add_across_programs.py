@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongrad.testing import backward_launch, poison
+from tritongrad.tools.testing import backward_launch, poison
 
 GRID = (2,)
 SIZES = {"N": 31}

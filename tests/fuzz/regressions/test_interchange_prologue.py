@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongrad.testing import backward_launch, forward_keeping_state, poison
+from tritongrad.tools.testing import backward_launch, forward_keeping_state, poison
 
 GRID = (3,)
 SIZES = {"M": 6, "K": 2, "T0": 3}

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongrad.testing import backward_launch, forward_keeping_state, poison
+from tritongrad.tools.testing import backward_launch, forward_keeping_state, poison
 
 GRID = (2, 2)
 SIZES = {"M": 16, "K": 6}

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongrad.testing import backward_launch, poison
+from tritongrad.tools.testing import backward_launch, poison
 
 M, K, BM, BK = 3, 5, 4, 8
 

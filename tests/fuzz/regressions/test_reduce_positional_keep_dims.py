@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongrad.testing import backward_launch, poison
+from tritongrad.tools.testing import backward_launch, poison
 
 GRID = (2, 2)
 SIZES = {"M": 15, "K": 31}

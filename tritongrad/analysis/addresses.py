@@ -1,0 +1,719 @@
+"""Addresses as affine forms in the coordinates of a lane, a program and the loops around it.
+
+An integer (or pointer) tile's value is read as ``sum(c_i * lane_i) + sum(c_p * program_id(p))
++ sum(c_l * i_l) + const``, where ``lane_i`` is the lane's index along axis ``i`` of the tile
+(what ``tl.arange`` gives, spread by ``[:, None]``), ``i_l`` the index of a loop around it
+(times its step; a carried ``ptrs += BLOCK`` counts as one too), and a program id may also
+appear through its digits (``pid // H`` and ``pid % H``, as attention kernels split batch and
+head). A coefficient is an integer times runtime or compile-time scalars (``BLOCK``,
+``stride``). A lane index through anything but ``+ - *`` and shape operations (``offs // 2``,
+``tl.where``) makes the form non-affine: no proof of anything. Other operations on program ids
+(a swizzled matmul order) only lose their coordinate.
+
+lanes.py reads store addresses with these forms (may two lanes write one element?); a mask's
+``e < B`` conjuncts bound the coordinates (``mask_bounds``). What a form leaves out, the part
+of a value that depends on no coordinate (``half`` in ``out + half + cols``), is its offset
+(``address_offsets``): a polynomial in scalar names, so two stores at one output can be told
+apart (``out + cols`` and ``out + half + cols`` differ by ``half``).
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+from dataclasses import dataclass
+
+from ..core.ir import arguments, definitions, loops, op_of, range_bounds, statements, target_of
+from ..core.operations import operation_of
+from .conditions import UNKNOWN_TRIP, Expr
+
+Coefficient = tuple[int, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Lane:
+    """The lane's index along axis ``axis`` of the tile (what ``tl.arange`` gives, spread by ``[:, None]``)."""
+
+    axis: int
+
+    @property
+    def sort_key(self) -> tuple:
+        return ("lane", self.axis)
+
+    def __str__(self) -> str:
+        return f"lane axis {self.axis}"
+
+
+@dataclass(frozen=True)
+class ProgramId:
+    """``tl.program_id(axis)``."""
+
+    axis: int
+
+    @property
+    def sort_key(self) -> tuple:
+        return ("pid", self.axis)
+
+    def __str__(self) -> str:
+        return f"tl.program_id({self.axis})"
+
+
+@dataclass(frozen=True)
+class ProgramDigit:
+    """A digit of a program id: ``tl.program_id(axis) // divisor`` (the quotient) or ``% divisor``."""
+
+    axis: int
+    divisor: str
+    quotient: bool
+
+    @property
+    def sort_key(self) -> tuple:
+        return (f"pid{'//' if self.quotient else '%'}{self.divisor}", self.axis)
+
+    def __str__(self) -> str:
+        return f"tl.program_id({self.axis}) {'//' if self.quotient else '%'} {self.divisor}"
+
+
+@dataclass(frozen=True)
+class LoopIndex:
+    """The iteration of the loop over ``index`` (its index, or carried state advanced by it)."""
+
+    index: str
+
+    @property
+    def sort_key(self) -> tuple:
+        return (f"loop:{self.index}", 0)
+
+    def __str__(self) -> str:
+        return f"the loop over `{self.index}`"
+
+
+@dataclass(frozen=True)
+class Digit:
+    """A digit of a tile of indices: ``x // divisor`` (the quotient) or ``x % divisor``, where ``x`` (the
+    dividend, a form in lane and other coordinates, starting at 0) counts up from zero. Together the two
+    digits stand for ``x`` itself (``n = offs // HW`` and ``hw = offs % HW`` split a flat index into an
+    NCHW tensor's batch and pixel); alone, one folds lanes together."""
+
+    dividend: Form
+    divisor: str
+    quotient: bool
+
+    @property
+    def sort_key(self) -> tuple:
+        return (f"digit{'//' if self.quotient else '%'}{self.divisor}", hash(self.dividend))
+
+    @property
+    def partner(self) -> Digit:
+        return Digit(self.dividend, self.divisor, not self.quotient)
+
+    def __str__(self) -> str:
+        x = " + ".join(f"{_coefficient_text(c)}{k}" for k, c in self.dividend.terms)
+        return f"({x}) {'//' if self.quotient else '%'} {self.divisor}"
+
+
+def _coefficient_text(c: Coefficient) -> str:
+    n, symbols = c
+    factors = ([str(n)] if n != 1 or not symbols else []) + list(symbols)
+    return "" if factors == ["1"] else " * ".join(factors) + " * "
+
+
+Coordinate = Lane | ProgramId | ProgramDigit | LoopIndex | Digit
+
+
+@dataclass(frozen=True)
+class Form:
+    """An integer tile's value as coefficients of coordinates (lane axes, program ids and their digits,
+    loop iterations); ``rank`` is the tile's. ``affine=False``: a lane index went through an operation
+    that may fold lanes together."""
+
+    terms: tuple[tuple[Coordinate, Coefficient], ...]
+    rank: int
+    affine: bool = True
+
+    @property
+    def coefficients(self) -> dict[Coordinate, Coefficient]:
+        return dict(self.terms)
+
+
+SCALAR = Form((), 0)
+
+
+def form_of_terms(terms: dict, rank: int, affine: bool = True) -> Form:
+    kept = {k: c for k, c in terms.items() if c[0] != 0}
+    return Form(tuple(sorted(kept.items(), key=lambda kc: kc[0].sort_key)), rank, affine)
+
+
+def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
+                params: frozenset[str] = frozenset(), program_trips: dict[LoopIndex, Expr] | None = None
+                ) -> dict[str, Form]:
+    """The form of every integer or pointer name computed from lane indices, program ids or loop indices.
+
+    A loop's index is a coordinate (:class:`LoopIndex`) whose coefficient is the range's step; so is a
+    carried variable advanced by a loop-invariant amount each iteration (``ptrs += BLOCK``): its form is
+    its initial value's plus the loop coordinate times that amount. A range whose bounds move with the
+    program ids alike (``range(pid * R, pid * R + R)``) also gives its index their coordinates, so programs
+    that run different iterations are told apart. ``trips`` receives each loop coordinate's trip count as
+    an expression over the kernel's parameters (for the launch checks); ``program_trips`` those that also
+    depend on the program ids (a causal attention's loop stops at its query block), as expressions over
+    the parameters and ``Expr("program_id", (axis,))`` (interchange.py gives such a loop's iterations to
+    the grid: the launch takes the most any program runs)."""
+    forms: dict[str, Form] = {}
+    pinned: dict[str, tuple[ast.expr, LoopIndex, Coefficient]] = {}  # carried name -> (init, loop, step)
+    in_loop: set[int] = set()  # the carried names' definitions inside their loops: replaced by the above
+    starts: dict[str, Form] = {}  # forms of carried names' definitions before their loops
+    defs = definitions(body)
+    for node in loops(body):
+        key = LoopIndex(node.target.id)
+        forms[node.target.id] = form_of_terms({key: _range_step(node)}, 0)
+        if trips is not None:
+            trips[key] = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node)))
+            if not trips[key].names() <= params:  # a count the launch cannot read (loaded): taken as huge,
+                trips[key] = Expr.const(UNKNOWN_TRIP)  # which apart() accepts only where it cannot matter
+        for c in node.tg.carried:
+            step = _advance(c, node, forms)
+            if step is not None:
+                pinned[c.name] = (c.init, key, step)
+                in_loop |= {id(s) for s in statements(node.body) if target_of(s) == c.name}
+    loop_indices = dict(forms)
+    for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
+        previous, forms = forms, dict(loop_indices)
+        seen = collections.ChainMap(forms, previous)  # this pass's forms, the last pass's for names not yet met
+        for node in loops(body):
+            moved = _moving_range(node.iter, previous)
+            if moved is not None:
+                index = loop_indices[node.target.id]
+                forms[node.target.id] = form_of_terms({**moved.coefficients, **index.coefficients}, 0)
+        for name, (init, key, step) in pinned.items():
+            start = starts.get(name) if isinstance(init, ast.Name) and init.id == name else (
+                seen.get(init.id) if isinstance(init, ast.Name) else None)
+            start = start or form_of_terms({}, 0)
+            forms[name] = form_of_terms({**start.coefficients, key: step}, start.rank, start.affine)
+        defined: set[str] = set()
+        for s in statements(body):
+            t = target_of(s)
+            if t is None or id(s) in in_loop:
+                continue
+            if t in pinned:
+                starts[t] = _form_of(s, seen, shapes, defs) or form_of_terms({}, 0)
+                continue
+            new = _form_of(s, seen, shapes, defs)
+            old = forms.get(t) if t in defined else None
+            if old is not None and new is not None and old != new:
+                new = Form(old.terms, old.rank, False)  # two definitions disagree: no proof
+            defined.add(t)
+            if new is not None:
+                forms[t] = new
+    ids = {n for n, ds in defs.items() if any(not isinstance(d, ast.For) and op_of(d).kind == "program_id" for d in ds)}
+
+    def no_program(name: str) -> Expr | None:
+        return Expr.const(0) if name in ids else None
+
+    def program(name: str) -> Expr | None:
+        found = [d for d in defs.get(name, []) if name in ids and not isinstance(d, ast.For)]
+        axis = (op_of(found[0]).args or [None])[0] if len(found) == 1 else None
+        ok = isinstance(axis, ast.Constant) and isinstance(axis.value, int)
+        return Expr("program_id", (axis.value,)) if ok else None
+
+    if trips is not None:
+        for node in loops(body):
+            if _moving_range(node.iter, forms) is not None:  # its count: the bounds' difference, programs aside
+                count = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node))).substitute(no_program)
+                trips[LoopIndex(node.target.id)] = count if count.names() <= params else Expr.const(UNKNOWN_TRIP)
+            elif program_trips is not None and trips[LoopIndex(node.target.id)] == Expr.const(UNKNOWN_TRIP):
+                count = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node))).substitute(program)
+                if count.names() <= params:
+                    program_trips[LoopIndex(node.target.id)] = count
+    return forms
+
+
+def _moving_range(call: ast.Call, forms: dict[str, Form]) -> Form | None:
+    """The program-id part of a range's start when its stop has the same (``range(pid * R, pid * R + R)``)."""
+    if len(call.args) < 2 or any(k.arg in ("start", "stop") for k in call.keywords):
+        return None
+    start, stop = (forms.get(a.id) if isinstance(a, ast.Name) else None for a in call.args[:2])
+    if start is None or stop is None or not start.terms or start.terms != stop.terms or not start.affine or not (
+            stop.affine) or any(not isinstance(k, ProgramId) for k, _ in start.terms):
+        return None
+    return start
+
+
+def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0) -> Expr:
+    """A scalar as an expression over the kernel's parameters and the grid where it is integer math on
+    them (``tl.cdiv(K, BLOCK)``, ``R - 1``, ``tl.num_programs(1)``), for launch checks; else its name."""
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, int):
+        return Expr.const(atom.value)
+    if not isinstance(atom, ast.Name):
+        return Expr.of_text(ast.unparse(atom))
+    found = [d for d in defs.get(atom.id, []) if not isinstance(d, ast.For)]
+    if depth < 8 and len(found) == 1:
+        op = op_of(found[0])
+        if operation_of(op).on_host is not None or op.kind == "minimum":
+            kind = "min" if op.kind == "minimum" else op.kind
+            return Expr(kind, tuple(scalar_expr(a, defs, depth + 1) for a in op.args))
+        if op.kind == "num_programs":
+            axis = (op.args or [op.kwargs.get("axis")])[0]
+            if isinstance(axis, ast.Constant) and isinstance(axis.value, int):
+                return Expr("grid", (axis.value,))
+    return Expr.name(atom.id)
+
+
+def _range_step(node: ast.For) -> Coefficient:
+    _, _, step = range_bounds(node)
+    if isinstance(step, ast.Constant) and isinstance(step.value, int):
+        return (step.value, ())
+    return (1, (ast.unparse(step),))
+
+
+def _advance(carried, node: ast.For, forms) -> Coefficient | None:
+    """The amount a carried variable grows by each iteration (``c_next = c + amount``), if loop-invariant."""
+    if not isinstance(carried.next, ast.Name):
+        return None
+    defs = [s for s in statements(node.body) if target_of(s) == carried.next.id]
+    if len(defs) != 1 or op_of(defs[0]).kind != "add":
+        return None
+    a, b = op_of(defs[0]).args[:2]
+    other = b if isinstance(a, ast.Name) and a.id == carried.name else a if (
+        isinstance(b, ast.Name) and b.id == carried.name) else None
+    if other is None or (isinstance(other, ast.Name) and other.id in forms):
+        return None
+    if isinstance(other, ast.Name) and not _invariant_in(other.id, node):
+        return None  # computed in the loop from what changes between iterations
+    return _product(other, forms, node)
+
+
+def _product(atom: ast.expr, forms: dict, node: ast.For, depth: int = 0) -> Coefficient | None:
+    """A scalar as an integer times names, through the products the loop's body computes it by
+    (``BLOCK_K_times_stride_ak = BLOCK_K * stride_ak`` is ``(1, (BLOCK_K, stride_ak))``)."""
+    if isinstance(atom, ast.Name) and depth < 8:
+        inside = [s for s in node.body if target_of(s) == atom.id]
+        if len(inside) == 1 and op_of(inside[0]).kind == "mul":
+            factors = [_product(a, forms, node, depth + 1) for a in op_of(inside[0]).args[:2]]
+            if None not in factors:
+                (n1, s1), (n2, s2) = factors
+                return (n1 * n2, tuple(sorted(s1 + s2)))
+    return _scalar(atom, forms)
+
+
+def _invariant_in(name: str, node: ast.For, depth: int = 0) -> bool:
+    """Whether ``name`` has one value in every iteration of the loop: assigned outside it, or in its body
+    (not in a branch) by integer arithmetic on such values (``BLOCK_K * stride_ak``, hoisted there)."""
+    if name == node.target.id:
+        return False
+    inside = [s for s in statements(node.body) if target_of(s) == name]
+    if not inside:
+        return True
+    if depth > 8 or len(inside) != 1 or not any(s is inside[0] for s in node.body):
+        return False
+    op = op_of(inside[0])
+    return operation_of(op).on_host is not None and all(
+        _invariant_in(a.id, node, depth + 1) for a in op.args if isinstance(a, ast.Name))
+
+
+def _rank(atom: ast.expr, shapes: dict) -> int | None:
+    if isinstance(atom, ast.Name):
+        shape = shapes.get(atom.id)
+        return len(shape) if shape is not None else None
+    return 0
+
+
+def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict, defs: dict | None = None) -> Form | None:
+    """The statement's form, or None when it computes from no lane index or program id."""
+    op = op_of(stmt)
+    kind = op.kind
+    if kind == "arange":
+        return form_of_terms({Lane(0): (1, ())}, 1)
+    if kind == "program_id":
+        axis = op.args[0] if op.args else op.kwargs.get("axis")
+        if isinstance(axis, ast.Constant) and isinstance(axis.value, int):
+            return form_of_terms({ProgramId(axis.value): (1, ())}, 0)
+        return None
+    inputs = [forms.get(a.id) if isinstance(a, ast.Name) else None for a in op.args]
+    if not any(inputs):
+        return None
+    rank = _rank(ast.Name(stmt.targets[0].id), shapes)
+    if rank is None or not all(f.affine for f in inputs if f):
+        return _opaque(inputs, rank)
+    lanes = operation_of(op).lanes
+    if lanes == "same":
+        return inputs[0]
+    if kind in ("floordiv", "mod") and inputs[1] is None and len(inputs[0].terms) == 1 and all(
+            isinstance(k, ProgramId) and c == (1, ()) for k, c in inputs[0].terms):
+        # a digit of a program id (`pid // H`, `pid % H`): both together keep programs apart
+        (pid, _), = inputs[0].terms
+        return form_of_terms({ProgramDigit(pid.axis, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
+    if kind in ("floordiv", "mod") and inputs[1] is None and _scalar(op.args[1], forms) is not None and any(
+            isinstance(k, Lane) for k, _ in inputs[0].terms) and defs is not None and starts_at_zero(op.args[0], defs):
+        # a digit of a tile of indices counting from zero (`offs // HW`, `offs % HW`)
+        dividend = _shift(inputs[0], rank)
+        return form_of_terms({Digit(dividend, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
+    if kind in ("add", "sub"):
+        return _add(inputs, rank, negate=kind == "sub")
+    if kind == "neg":
+        return _scale(inputs[0], (-1, ()))
+    if kind == "mul":
+        a, b = op.args[:2]
+        fa, fb = inputs[:2]
+        if fa is not None and fb is not None:
+            return _opaque(inputs, rank)
+        form, scalar = (fa, b) if fa is not None else (fb, a)
+        factor = _scalar(scalar, forms)
+        if factor is None or _rank(scalar, shapes) not in (0, None):
+            return _opaque(inputs, rank)
+        return _shift(_scale(form, factor), rank)
+    if lanes == "moved":
+        return _reshaped(kind, op, inputs[0], rank, arguments(stmt))
+    return _opaque(inputs, rank)
+
+
+def _opaque(inputs: list[Form | None], rank: int | None) -> Form:
+    """A value computed from the inputs by an operation that may fold lanes together; program ids
+    through it are dropped (``pid // H`` is common and harmless), lane indices make it non-affine."""
+    lanes = any(isinstance(k, Lane) for f in inputs if f for k, _ in f.terms) or any(
+        f is not None and not f.affine for f in inputs)
+    return form_of_terms({}, rank or 0, affine=not lanes)
+
+
+def _scalar(atom: ast.expr, forms: dict) -> Coefficient | None:
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, int) and not isinstance(atom.value, bool):
+        return (atom.value, ())
+    if isinstance(atom, ast.Name) and atom.id not in forms:
+        return (1, (atom.id,))
+    if isinstance(atom, ast.Name) and not forms[atom.id].terms and forms[atom.id].affine:
+        return (1, (atom.id,))  # a scalar computed from program ids through // or %: opaque, lane-free
+    return None
+
+
+def _scale(form: Form, factor: Coefficient) -> Form:
+    n, symbols = factor
+    return form_of_terms({k: (c * n, tuple(sorted(s + symbols))) for k, (c, s) in form.terms}, form.rank, form.affine)
+
+
+def _shift(form: Form, rank: int) -> Form:
+    """``form`` broadcast to ``rank`` dimensions (new leading axes)."""
+    d = rank - form.rank
+    if d < 0:
+        return Form(form.terms, rank, False)
+    if d == 0:
+        return form
+    return _moved(form, lambda a: a + d, rank)
+
+
+def _moved(form: Form, axis_of, rank: int) -> Form:
+    """``form`` with its lane axes (those digits are taken of too) moved to ``axis_of(axis)`` in a tile of ``rank``."""
+    def move(key):
+        if isinstance(key, Lane):
+            return Lane(axis_of(key.axis))
+        if isinstance(key, Digit):
+            return Digit(_moved(key.dividend, axis_of, rank), key.divisor, key.quotient)
+        return key
+
+    return form_of_terms({move(k): c for k, c in form.terms}, rank, form.affine)
+
+
+def _add(inputs: list[Form | None], rank: int, negate: bool) -> Form:
+    total: dict = {}
+    for i, form in enumerate(inputs[:2]):
+        if form is None:
+            continue
+        form = _shift(form, rank)
+        for key, (c, s) in form.terms:
+            c = -c if negate and i == 1 else c
+            if key in total:
+                c0, s0 = total[key]
+                if s0 != s:
+                    return Form(tuple(total.items()), rank, False)
+                c = c0 + c
+            total[key] = (c, s)
+    return form_of_terms(total, rank, all(f.affine for f in inputs if f))
+
+
+def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
+    if kind == "subscript":
+        index = op.kwargs["index"]
+        parts = index.elts if isinstance(index, ast.Tuple) else [index]
+        kept = [i for i, p in enumerate(parts) if not (isinstance(p, ast.Constant) and p.value is None)]
+        # the axes the index names, then those after it (`x[None]` keeps x's axes after the new one)
+        return _moved(form, lambda a: kept[a] if a < len(kept) else len(parts) + a - len(kept), rank)
+    if kind == "expand_dims":
+        axis = bound.get("axis")
+        if not (isinstance(axis, ast.Constant) and isinstance(axis.value, int)):
+            return Form(form.terms, rank, False)
+        at = axis.value % rank
+        return _moved(form, lambda a: a + (a >= at), rank)
+    if kind == "broadcast_to":
+        return _moved(form, lambda a: a + rank - form.rank, rank)
+    dims = bound.get("dims")  # trans / permute
+    elts = dims.elts if isinstance(dims, (ast.Tuple, ast.List)) else []
+    if len(elts) == 1 and isinstance(elts[0], (ast.Tuple, ast.List)):
+        elts = elts[0].elts
+    order = [e.value for e in elts if isinstance(e, ast.Constant)] or list(range(rank))[::-1]
+    if len(order) != rank:
+        return Form(form.terms, rank, False)
+    return _moved(form, order.index, rank)
+
+
+def form_program_axes(form: Form | None) -> set[int]:
+    """The program axes whose ids a form keeps as coordinates (themselves, their digits, or in a digit's index)."""
+    axes: set[int] = set()
+    for key, _ in form.terms if form is not None else ():
+        if isinstance(key, (ProgramId, ProgramDigit)):
+            axes.add(key.axis)
+        elif isinstance(key, Digit):
+            axes |= form_program_axes(key.dividend)
+    return axes
+
+
+def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) -> dict[int, tuple[LoopIndex, ...]]:
+    """For each flat statement, the coordinates of the loops around it."""
+    found = {}
+    for stmt in body:
+        if isinstance(stmt, ast.For):
+            found.update(enclosing_loops(stmt.body, (*around, LoopIndex(stmt.target.id))))
+        elif isinstance(stmt, ast.If):
+            for block in (stmt.body, stmt.orelse):
+                found.update(enclosing_loops(block, around))
+        else:
+            found[id(stmt)] = around
+    return found
+
+
+def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict, exact: bool = False,
+                loaded: bool = False) -> list[tuple[Form, Expr]] | None:
+    """The conjuncts ``e < B`` (``e <= B``, ``B > e``) of a mask where ``e`` is exactly a sum of coordinates
+    (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1)``. With ``exact``, None
+    unless the mask is nothing but such conjuncts (no mask: none). With ``loaded``, ``B`` may also be a
+    scalar computed from loaded data (``end - start``), which only a check reading the loaded values can
+    evaluate."""
+    unknown = None if exact else []
+    if isinstance(mask, ast.Constant) and mask.value is None:
+        return []
+    if not isinstance(mask, ast.Name) or len(defs.get(mask.id, [])) != 1 or not hasattr(defs[mask.id][0], "tg"):
+        return unknown
+    stmt = defs[mask.id][0]
+    op = op_of(stmt)
+    rank = _rank(mask, shapes)
+    if rank is None:
+        return unknown
+    lanes = operation_of(op).lanes
+    if op.kind == "and_" or lanes is not None:
+        parts = op.args[:2] if op.kind == "and_" else op.args[:1]
+        found = []
+        for part in parts:
+            bounds = mask_bounds(part, forms, defs, shapes, exact, loaded)
+            if bounds is None:
+                return None
+            for form, limit in bounds:
+                if lanes == "moved":
+                    form = _reshaped(op.kind, op, form, rank, arguments(stmt))
+                found.append((_shift(form, rank), limit))
+        return found
+    if op.kind not in ("lt", "le", "gt", "ge"):
+        return unknown
+    e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
+    if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs)):
+        return unknown
+    form = forms[e.id]
+    moved = _moved_term(bound, forms, defs)
+    if moved is not None:  # `offs_k < K - k * BLOCK_K` reads `offs_k + k * BLOCK_K < K`
+        term, bound = moved
+        form = _add([form, term], max(form.rank, term.rank), negate=False)
+    lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and (
+        bound.id not in forms or (loaded and not _varies(bound.id, forms))))
+    if not lane_free or not form.affine:
+        return unknown
+    limit = _atom_expr(bound)
+    return [(form, limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
+
+
+def _moved_term(bound: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[Form, ast.expr] | None:
+    """For a bound ``B - t`` (``t`` a sum of coordinates from zero, ``B`` a scalar): ``(t's form, B)``."""
+    if not isinstance(bound, ast.Name) or bound.id not in forms or len(defs.get(bound.id, [])) != 1:
+        return None
+    (stmt,) = defs[bound.id]
+    if not hasattr(stmt, "tg") or op_of(stmt).kind != "sub":
+        return None
+    b, t = op_of(stmt).args[:2]
+    if not (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs)):
+        return None
+    if not (isinstance(b, ast.Constant) or (isinstance(b, ast.Name) and b.id not in forms)):
+        return None
+    return forms[t.id], b
+
+
+def _atom_expr(atom: ast.expr) -> Expr:
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)):
+        return Expr.const(atom.value)
+    return Expr.of_text(ast.unparse(atom))
+
+
+def starts_at_zero(atom: ast.expr, defs: dict) -> bool:
+    """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids (a
+    carried ``cols += BLOCK`` too: its steps are the loop's coordinate)."""
+    if isinstance(atom, ast.Constant):
+        return atom.value == 0
+    if not isinstance(atom, ast.Name):
+        return False
+    headers = [d for d in defs.get(atom.id, []) if isinstance(d, ast.For)]
+    if headers:  # a loop's index: from a range starting at 0
+        start = range_bounds(headers[0])[0]
+        return len(headers) == 1 and isinstance(start, ast.Constant) and start.value == 0
+    own = [d for d in defs.get(atom.id, []) if not (op_of(d).kind == "add" and any(
+        isinstance(a, ast.Name) and a.id == atom.id for a in op_of(d).args[:2]))]  # not `cols = cols + BLOCK`
+    if len(own) != 1:
+        return False
+    op = op_of(own[0])
+    if op.kind == "arange":
+        return isinstance(op.args[0], ast.Constant) and op.args[0].value == 0
+    if op.kind == "program_id":
+        return True
+    if op.kind == "add":
+        return all(starts_at_zero(a, defs) for a in op.args[:2])
+    if op.kind == "mul":
+        return any(starts_at_zero(a, defs) for a in op.args[:2])
+    if operation_of(op).lanes == "same" or op.kind in ("subscript", "expand_dims", "broadcast_to"):
+        return starts_at_zero(op.args[0], defs)
+    return False
+
+
+def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
+    """The form of a descriptor block's addresses: along each dimension, its offset's coordinates plus
+    the lane index, times that dimension's stride (a symbol of its own, so dimensions stay apart)."""
+    terms: dict = {}
+    rank = len(offsets)
+    for d, offset in enumerate(offsets):
+        stride = f"<stride {d}>"
+        form = forms.get(offset.id) if isinstance(offset, ast.Name) else None
+        if form is not None and not form.affine:
+            return Form((), rank, False)
+        for key, (c, s) in (form.terms if form else ()):
+            if key in terms:
+                return Form((), rank, False)
+            terms[key] = (c, tuple(sorted((*s, stride))))
+        terms[Lane(d)] = (1, (stride,))
+    return form_of_terms(terms, rank)
+
+
+
+
+# -- offsets: the part of a value that depends on no coordinate ---------------------------------------------
+
+Poly = tuple[tuple[tuple[str, ...], int], ...]  # sum of integer * product of names, sorted; () is 0
+ZERO: Poly = ()
+
+
+def poly(terms: dict[tuple[str, ...], int]) -> Poly:
+    return tuple(sorted((k, c) for k, c in terms.items() if c != 0))
+
+
+def poly_add(a: Poly, b: Poly, sign: int = 1) -> Poly:
+    total = dict(a)
+    for k, c in b:
+        total[k] = total.get(k, 0) + sign * c
+    return poly(total)
+
+
+def poly_mul(a: Poly, b: Poly) -> Poly:
+    total: dict[tuple[str, ...], int] = {}
+    for ka, ca in a:
+        for kb, cb in b:
+            k = tuple(sorted(ka + kb))
+            total[k] = total.get(k, 0) + ca * cb
+    return poly(total)
+
+
+def poly_expr(p: Poly) -> Expr:
+    """The polynomial as an expression for launch checks."""
+    out = None
+    for names, c in p:
+        term = Expr.const(c)
+        for n in names:
+            term = term * Expr.name(n)
+        out = term if out is None else out + term
+    return out if out is not None else Expr.const(0)
+
+
+def offset_of(name: str, offsets: dict[str, Poly | None], forms: dict[str, Form]) -> Poly | None:
+    """A name's offset (``address_offsets``); a parameter or scalar defined by no + - * is itself."""
+    return _poly_of(ast.Name(name), offsets, forms)
+
+
+def canonical(p: Poly, defs: dict[str, list[ast.stmt]]) -> tuple:
+    """``p`` with each name written over the kernel's parameters (``scalar_expr``), so that scalars computed
+    twice alike (``tl.num_programs(1)`` in two places) compare equal."""
+    terms: dict = {}
+    for names, c in p:
+        key = tuple(sorted(str(scalar_expr(ast.Name(n), defs)) for n in names))
+        terms[key] = terms.get(key, 0) + c
+    return tuple(sorted((k, c) for k, c in terms.items() if c))
+
+
+def address_offsets(body: list[ast.stmt], forms: dict[str, Form]) -> dict[str, Poly | None]:
+    """Each integer or pointer name's offset: the part of its value that depends on no coordinate (lane,
+    program id, loop iteration), as a polynomial in scalar names (parameters, and what the kernel computes
+    from them in ways other than ``+ - *``, such as ``half = D // 2``); None where it is not known (an
+    operation that is not affine, definitions that disagree)."""
+    indices: dict[str, Poly | None] = {}
+    pinned = {}  # carried names advanced by a fixed amount each iteration: their initial value's offset
+    for node in loops(body):
+        indices[node.target.id] = _poly_of(range_bounds(node)[0], {}, forms)
+        for c in node.tg.carried:
+            if c.name in forms and any(isinstance(k, LoopIndex) and k.index == node.target.id
+                                       for k, _ in forms[c.name].terms):
+                pinned[c.name] = c.init
+    offsets: dict[str, Poly | None] = dict(indices)
+    for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
+        previous, offsets = offsets, dict(indices)
+        seen = collections.ChainMap(offsets, previous)  # this pass's offsets, the last pass's for names not yet met
+        defined: set[str] = set()
+        for stmt in statements(body):
+            t = target_of(stmt)
+            if t is None:
+                continue
+            new = _poly_of(pinned[t], seen, forms) if t in pinned else _offset_of(stmt, seen, forms)
+            if t in defined and offsets[t] != new:
+                new = None  # two definitions disagree
+            defined.add(t)
+            offsets[t] = new
+    return offsets
+
+
+def _varies(name: str, forms: dict) -> bool:
+    """Whether a name's value depends on coordinates (a scalar computed from program ids by an operation
+    that loses their coordinate, or loaded, counts as a scalar: a name of its own)."""
+    return name in forms and (bool(forms[name].terms) or not forms[name].affine)
+
+
+def _poly_of(atom: ast.expr, offsets: dict, forms: dict) -> Poly | None:
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, int) and not isinstance(atom.value, bool):
+        return poly({(): atom.value})
+    if isinstance(atom, ast.Name):
+        if atom.id in offsets:
+            return offsets[atom.id]
+        return None if _varies(atom.id, forms) else poly({(atom.id,): 1})
+    return None
+
+
+def _offset_of(stmt: ast.stmt, offsets: dict, forms: dict) -> Poly | None:
+    op = op_of(stmt)
+    t = target_of(stmt)
+    kind = op.kind
+    if kind == "arange":
+        return _poly_of(op.args[0], offsets, forms)
+    if kind == "program_id":
+        return ZERO
+    args = [_poly_of(a, offsets, forms) for a in op.args[:2]]
+    if kind in ("add", "sub") and len(args) == 2 and None not in args:
+        return poly_add(args[0], args[1], -1 if kind == "sub" else 1)
+    if kind == "mul" and len(args) == 2 and None not in args:
+        if all(isinstance(a, ast.Name) and _varies(a.id, forms) for a in op.args[:2]):
+            return None
+        return poly_mul(args[0], args[1])
+    if kind == "neg" and args and args[0] is not None:
+        return poly_add(ZERO, args[0], -1)
+    if operation_of(op).lanes is not None and args and args[0] is not None:
+        return args[0]  # a copy, cast or shape operation
+    if kind in ("floordiv", "mod") and _varies(t, forms) and all(
+            isinstance(k, (ProgramDigit, Digit)) for k, _ in forms[t].terms):
+        return ZERO  # a digit: a coordinate of its own
+    return None if _varies(t, forms) else poly({(t,): 1})  # a scalar not made by + - * of others: itself

@@ -1,0 +1,41 @@
+"""What a device gives the passes that size work for it: its multiprocessors and memory, asked of CUDA once per device
+(each ask costs ~30 µs of host time, and launches need them on every backward). In Triton's interpreter or without a
+device, kernels are not compiled for one: no multiprocessors."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+
+def cuda_properties(device: Any) -> Any:
+    """A CUDA device's properties (multiprocessors, memory)."""
+    import torch
+
+    index = device.index if isinstance(device, torch.device) else device
+    return _properties(torch.cuda.current_device() if index is None else index)
+
+
+@functools.cache
+def _properties(index: int) -> Any:
+    import torch
+
+    return torch.cuda.get_device_properties(index)
+
+
+def compiled_multiprocessors(device: Any) -> int:
+    """A GPU's multiprocessors where kernels are compiled for it; 0 in Triton's interpreter or without a device."""
+    count = _multiprocessors.get(device)
+    if count is None:
+        compiled = device is not None and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+        count = _multiprocessors[device] = cuda_properties(device).multi_processor_count if compiled else 0
+    return count
+
+
+def multiprocessors(device: Any) -> int:
+    """How many programs fill the device: its multiprocessors on a GPU, one in Triton's interpreter."""
+    return compiled_multiprocessors(device) or 1
+
+
+_multiprocessors: dict[Any, int] = {}

@@ -1,0 +1,309 @@
+"""Triton helpers that derived kernels call (imported there as ``tg``).
+
+Each one is an adjoint whose shape logic depends on compile-time shapes or dtypes,
+so it is written once here rather than spelled out in every derived kernel.
+
+They become ``@triton.jit`` functions on first use, not at import: whether Triton
+runs kernels through its interpreter is fixed when a kernel is defined, and
+``tritongrad demo`` decides that after importing the package.
+"""
+
+import os
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
+            "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad",
+            "tape_row", "tape_row_wide", "tape_put", "tape_put_exactly", "tape_get", "add_later", "program_index",
+            "tile_offsets", "stop_gradient", "to_float", "exp", "softmax", "softmax_base_two", "softmax_grad")
+# combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
+_COMBINES = ("suffix_combine", "exclusive_combine")
+_CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_put": ("tile_offsets",),
+          "tape_put_exactly": ("tile_offsets",), "tape_get": ("tile_offsets",),
+          "add_later": ("program_index", "tile_offsets"), "unbroadcast": ("widened",), "softmax_base_two": ("exp",)}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
+
+
+def __getattr__(name: str):
+    if name == "DESCRIPTOR_ATOMICS":  # tensor descriptors' atomic_add: compiled kernels have it, the interpreter not
+        return tl.constexpr(not _interpreting())
+    if name not in _HELPERS:
+        raise AttributeError(f"module 'tritongrad.core.language' has no attribute '{name}'")
+    if name == "linear_scan_grad":
+        for combine in _COMBINES:
+            globals()[combine] = triton.jit(globals()[f"_{combine}"])
+    for helper in _CALLS.get(name, ()):  # helpers it calls are jitted first
+        __getattr__(helper)
+    # (tape_get: Triton's interpreter lets a loop's state widen, so there it returns values as kept; decided when
+    # first used, after the command line has chosen the interpreter)
+    found = "_tape_get_as_kept" if name == "tape_get" and _interpreting() else f"_{name}"
+    kernel = triton.jit(globals()[found])
+    globals()[name] = kernel
+    return kernel
+
+
+def _unbroadcast(g, ref):
+    """Sum ``g`` over the axes ``ref`` was broadcast along, giving it ``ref``'s shape (in float32 at least: a
+    half-precision ``g`` is a prologue's value kept rounded, interchange.py)."""
+    for _ in tl.static_range(len(g.shape) - len(ref.shape)):
+        g = tl.sum(widened(g), 0)  # noqa: F821 (jitted lazily)
+    for i in tl.static_range(len(ref.shape)):
+        if ref.shape[i] == 1:
+            if g.shape[i] != 1:
+                g = tl.sum(widened(g), i, keep_dims=True)  # noqa: F821 (jitted lazily)
+    return g
+
+
+def _stop_gradient(x):
+    """``x``, whose gradient is not needed (online.py: the final max an online softmax's outputs do not depend
+    on)."""
+    return x
+
+
+def _exp(x):
+    """``tl.exp(x)``, in float32 as ``tl.exp2(x * log2 e)``: one ``ex2.approx.ftz`` where ``tl.exp`` also
+    keeps subnormal results (exponentials.py says where a derived kernel may use it)."""
+    if x.dtype == tl.float32:
+        return tl.exp2(x * 1.4426950408889634)
+    else:
+        return tl.exp(x)
+
+
+def _softmax(z, axis: tl.constexpr):
+    """``tl.exp(z) / tl.sum(tl.exp(z), axis)`` (composites.py: a softmax the kernel wrote out, replayed)."""
+    e = tl.exp(z)
+    return e / tl.sum(e, axis, keep_dims=True)
+
+
+def _softmax_base_two(z, axis: tl.constexpr):
+    """``softmax(z, axis)`` with the exponential as ``exp`` (above) computes it (exponentials.py)."""
+    e = exp(z)  # noqa: F821 (jitted lazily)
+    return e / tl.sum(e, axis, keep_dims=True)
+
+
+def _softmax_grad(g, y, axis: tl.constexpr):
+    """Adjoint of ``y = softmax(z)`` along ``axis`` (None: 0, as ``tl.softmax`` reads it): ``y * (g - sum(g * y))``,
+    from ``y`` alone."""
+    if axis is None:
+        return y * (g - tl.sum(g * y, 0, keep_dims=True))
+    else:
+        return y * (g - tl.sum(g * y, axis, keep_dims=True))
+
+
+def _to_float(x, dtype: tl.constexpr):
+    """``x.to(dtype)``, for a cast that must be to a float type (online.py: a rescaling commutes with it)."""
+    tl.static_assert(tl.zeros((1,), tl.int8).to(dtype).dtype.is_floating(),
+                     "tritongrad: an online softmax's rescaled values are cast to a type that is not a float type")
+    return x.to(dtype)
+
+
+def _sum_grad(g, x, axis: tl.constexpr, keep_dims: tl.constexpr):
+    """Adjoint of ``tl.sum(x, axis)``: every summed element gets the sum's gradient."""
+    if axis is not None:
+        if not keep_dims:
+            g = tl.expand_dims(g, axis)
+    else:
+        if len(g.shape) > 0:  # kept dims: (1, 1) from tl.sum, (1,) from tl.reduce, which flattens first
+            g = tl.sum(tl.reshape(g, (1,)), 0)
+    return tl.broadcast_to(g, x.shape)
+
+
+def _extremum_grad(g, x, out, axis: tl.constexpr, keep_dims: tl.constexpr):
+    """Adjoint of ``tl.max`` / ``tl.min``: the gradient is shared evenly among the ties."""
+    if axis is not None:
+        if not keep_dims:
+            g = tl.expand_dims(g, axis)
+            out = tl.expand_dims(out, axis)
+    hit = x == out
+    count = tl.sum(hit.to(tl.float32), axis, keep_dims=True)
+    return tl.where(hit, g / count, 0.0)
+
+
+def _cast_grad(g, dtype):
+    """Adjoint of a cast to ``dtype``, a type known only at compile time (possibly a constexpr, whose
+    attributes not every Triton reads through: a one-element probe cast gives a plain type)."""
+    if tl.zeros((1,), tl.int8).to(dtype).dtype.is_floating():
+        return g
+    else:
+        return tl.zeros_like(g)
+
+
+def _zeros_grad(x):
+    """A zero adjoint for ``x``, started before a branch or loop that adds to it: x's shape, and
+    float32 for half-precision x (adjoints accumulate in float32 or wider)."""
+    if x.dtype.primitive_bitwidth < 32:
+        return tl.zeros(x.shape, tl.float32)
+    else:
+        return tl.zeros(x.shape, x.dtype)
+
+
+def _zeros_to_sum(shadow):
+    """Zeros to sum a load's adjoint in over a persistent program's rows, shaped as the ``shadow`` pointer
+    tile: in float32 for a half-precision buffer (its sum is rounded once, when it is stored)."""
+    if shadow.dtype.element_ty.primitive_bitwidth < 32:
+        return tl.zeros(shadow.shape, tl.float32)
+    else:
+        return tl.zeros(shadow.shape, shadow.dtype.element_ty)
+
+
+def _widened(x):
+    """``x`` in float32 when it is a half type (an output's gradient read from memory), so that the adjoints
+    computed from it are float32 or wider, as a hand-written backward computes them."""
+    if x.dtype.primitive_bitwidth < 32:
+        return x.to(tl.float32)
+    else:
+        return x
+
+
+def _trip_count(start, stop, step):
+    """How many iterations ``range(start, stop, step)`` runs (none when it is empty), for either sign of step."""
+    if step < 0:
+        n = tl.cdiv(start - stop, -step)
+    else:
+        n = tl.cdiv(stop - start, step)
+    return n
+
+
+def _program_index(axis: tl.constexpr = -1, pid=0, programs=1):
+    """This program's place in the whole grid, counted along axis 0 first (its slot in per-program buffers).
+    With ``axis``: the place of the forward's program ``pid`` along it, of ``programs`` (a backward that loops
+    over the forward's programs along that axis)."""
+    p0, p1, p2 = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n0, n1 = tl.num_programs(0), tl.num_programs(1)
+    if axis == 0:
+        p0, n0 = pid, programs
+    elif axis == 1:
+        p1, n1 = pid, programs
+    elif axis == 2:
+        p2 = pid
+    return p0 + n0 * (p1 + n1 * p2)
+
+
+def _tile_offsets(x):
+    """Each element's offset in ``x`` stored densely, row after row (rank 0 to 2)."""
+    if len(x.shape) == 0:
+        return 0
+    elif len(x.shape) == 1:
+        return tl.arange(0, x.shape[0])
+    else:
+        return tl.arange(0, x.shape[0])[:, None] * x.shape[1] + tl.arange(0, x.shape[1])[None, :]
+
+
+def _tape_row(tape, like, slots, program):
+    """Row ``program`` (a place in the grid: program_index) of a loop's state tape (``tape``: raw bytes):
+    ``slots`` values of ``like``'s shape and dtype, one program after another along the whole grid."""
+    return tape.to(tl.pointer_type(like.dtype)) + program.to(tl.int64) * slots * like.numel
+
+
+def _tape_row_wide(tape, like, slots, program):
+    """A tape row as :func:`_tape_row`, of the widest type of ``like``'s kind (float64, int64): for a state whose
+    source does not say its type (a literal such as ``m = -float("inf")`` may widen in the loop: the interpreter's
+    float64 kernels); 8 bytes an element, as its tape is sized (loops.Tape.state_bytes). Stored into exactly, read
+    back in the reader's type."""
+    if like.dtype.is_floating():
+        return tape.to(tl.pointer_type(tl.float64)) + program.to(tl.int64) * slots * like.numel
+    else:
+        return tape.to(tl.pointer_type(tl.int64)) + program.to(tl.int64) * slots * like.numel
+
+
+def _tape_put(row, slot, x, mask):
+    """Keep ``x`` in slot ``slot`` of a tape row (where ``mask``: a scalar)."""
+    if mask:
+        tl.store(row + slot * x.numel + tile_offsets(x), x)  # noqa: F821 (jitted lazily)
+
+
+def _tape_put_exactly(row, x, like):
+    """Keep ``x`` in the one slot of a tape row its reader reads as ``like`` (an interchange's prologue: a
+    value of another type than the reader expects refuses to compile rather than be rounded)."""
+    tl.static_assert(x.dtype == like.dtype, "tritongrad: a prologue's value has another type than its reader's")
+    tl.store(row + tile_offsets(x), x)  # noqa: F821 (jitted lazily)
+
+
+def _tape_get(row, slot, like):
+    """The value kept in slot ``slot`` of a tape row (``like``'s shape), in ``like``'s type: the type a compiled loop
+    keeps its state in."""
+    return tl.load(row + slot * like.numel + tile_offsets(like)).to(like.dtype)  # noqa: F821 (jitted lazily)
+
+
+def _tape_get_as_kept(row, slot, like):
+    """:func:`_tape_get` in Triton's interpreter, which lets a loop's state widen (a literal ``0.0`` summing float64
+    values): the value as kept (a float64 tape row: tape_row_wide)."""
+    return tl.load(row + slot * like.numel + tile_offsets(like))  # noqa: F821 (jitted lazily)
+
+
+def _add_later(values, offsets, base, at, g, mask):
+    """Keep a load's adjoint ``g`` and its addresses ``at`` (as element offsets from ``base``, the gradient
+    buffer's first element) in this program's slots of ``values`` and ``offsets``: the BackwardKernel adds
+    them to the gradient after the kernel (lowering.LaterAdds). Lanes ``mask`` leaves out keep zero."""
+    slots = program_index().to(tl.int64) * g.numel + tile_offsets(g)  # noqa: F821 (jitted lazily)
+    offset = (tl.cast(at, tl.int64) - tl.cast(base, tl.int64)) // (base.dtype.element_ty.primitive_bitwidth // 8)
+    tl.store(values + slots, tl.where(mask, g, 0.0))
+    tl.store(offsets + slots, tl.where(mask, offset, 0))
+
+
+def _cumsum_grad(g, axis: tl.constexpr, reverse: tl.constexpr):
+    """Adjoint of ``tl.cumsum``: each element gets the sum of the gradients of the sums it is in."""
+    return tl.cumsum(g, axis, reverse=not reverse)
+
+
+def _cumprod_grad(g, x, out, axis: tl.constexpr, reverse: tl.constexpr):
+    """Adjoint of ``tl.cumprod``, exact where ``x`` has zeros: dividing by ``x`` serves the nonzero
+    elements; a zero gets the products of the other factors, which vanish past a second zero."""
+    zero = x == 0
+    nonzero = tl.where(zero, 1.0, x)
+    others = tl.cumprod(nonzero, axis, reverse=reverse)  # the products without the zeros
+    zeros = tl.cumsum(zero.to(tl.int32), axis, reverse=reverse)  # how many zeros each product has
+    through = tl.cumsum(g * out, axis, reverse=not reverse)
+    at_zero = tl.cumsum(tl.where(zeros == 1, g * others, 0.0), axis, reverse=not reverse)
+    return tl.where(zero, at_zero, through / nonzero)
+
+
+def _linear_scan_grad(g_prod, g_h, a, b, prod, h, axis: tl.constexpr, reverse: tl.constexpr):
+    """Adjoint of ``prod, h = tl.associative_scan((a, b), axis, combine, reverse)`` for the combine of a
+    first-order linear recurrence: ``h_t = a_t h_{t-1} + b_t`` (from ``h_{-1} = 0``), ``prod_t = a_0 ... a_t``
+    (t counting in the scan's direction). With ``lam_t = g_h_t + a_{t+1} lam_{t+1}`` (a scan the other way):
+    ``d b_t = lam_t`` and ``d a_t = lam_t h_{t-1}`` plus the cumulative product's adjoint. Both shifted terms
+    come from scans of their own (no division, exact where a is zero)."""
+    g = g_h
+    ac = a.to(g.dtype)
+    bc = b.to(g.dtype)
+    ones = tl.full(ac.shape, 1, g.dtype)
+    lam = tl.associative_scan((ac, ones, g), axis, suffix_combine, reverse=not reverse)[2]  # noqa: F821 (jitted lazily)
+    h_prev = tl.associative_scan((ac, ones, bc, tl.zeros_like(bc)), axis, exclusive_combine,  # noqa: F821
+                                  reverse=reverse)[3]
+    d_a = lam * h_prev + cumprod_grad(  # noqa: F821
+        g_prod.to(g.dtype), ac, prod.to(g.dtype), axis, reverse)
+    return d_a, lam
+
+
+def _suffix_combine(f1, q1, v1, f2, q2, v2):
+    """Segments of ``lam_t = g_t + a_{t+1} lam_{t+1}`` scanned from the end: (first a, product of the
+    others, value). The first argument is the segment nearer the end."""
+    return f2, q2 * f1 * q1, v2 + q2 * f1 * v1
+
+
+def _exclusive_combine(p1, r1, h1, e1, p2, r2, h2, e2):
+    """Segments of ``h = a h + b``: (product of the a's, product without the last, h at the end, h before
+    the last step), so that ``e`` is the scan's value one step back."""
+    return p1 * p2, p1 * r2, h1 * p2 + h2, h1 * r2 + e2
+
+
+def _split_grad(g, x, half: tl.constexpr):
+    """Adjoint of one operand of ``tl.join(a, b)``: its half of ``g``, summed back to its shape."""
+    lo, hi = tl.split(g)
+    if half == 0:
+        d = lo
+    else:
+        d = hi
+    return unbroadcast(d, x)  # noqa: F821 (jitted lazily)
+
+
+def _pow_grad(g, x, y):
+    """Adjoint of libdevice's ``pow(x, y)`` for ``x``: ``g * y * x ** (y - 1)``, zero where ``y`` is zero
+    (as torch has it, also at ``x = 0``)."""
+    return tl.where(y == 0.0, 0.0, g * y * libdevice.pow(x, y - 1.0))

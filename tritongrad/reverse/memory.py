@@ -1,0 +1,173 @@
+"""Adjoints of memory operations: a load's adjoint reaches the input's shadow, a store's reads the output's.
+
+- a store of an output: the adjoint of the stored value is loaded from the output's
+  shadow with the store's mask (masked-off lanes read zero); for a tensor updated in place
+  (analysis.in_place_pointers) the shadow is then zeroed there, the loads' adjoints adding the
+  gradient of the values the store overwrote;
+- a load of a ``wrt`` input: its adjoint is written as lowering.py chose for the input
+  (the kernel variant being built): stored, added without atomics, summed into a
+  per-program partial (in registers or a row; a kernel of its own sums in registers too), kept
+  per program to be added after the kernel (an input's other loads, beside the one stored), or
+  added atomically; where the load's ``other`` has a gradient, the adjoint of the lanes its mask
+  leaves out goes to ``other``;
+- tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
+  ``desc.load``'s adds ``d_desc.atomic_add(offsets, g)`` where descriptors can add.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+
+from ..core.ir import arguments, is_none, name_node, op_of, refuse, stored_value, target_of, where
+from ..core.operations import instantiate, operation_of
+from ..frontend.blockptr import block_addresses, block_mask
+from ..writes.lowering import ADD, ATOMIC, INTERCHANGE, REGISTERS, ROW, STORE, LaterAdds
+from .persistent import PartialSum
+
+# The memory order of the adjoints' atomic adds: nothing in a backward kernel reads what they sum (the next
+# kernel or the host does), so they need none; Triton's default, acq_rel, fences every add (2.6x slower
+# on attention's dQ added from its dK/dV kernel, benchmarks/RESULTS.md).
+RELAXED = "relaxed"
+
+
+def _call(function: str, *args: ast.expr, **keywords: ast.expr) -> ast.Expr:
+    """``function(*args, **keywords)`` as a statement."""
+    return ast.Expr(ast.Call(instantiate(function, {}), [copy.deepcopy(a) for a in args],
+                             [ast.keyword(k, copy.deepcopy(v)) for k, v in keywords.items()]))
+
+
+class MemoryAdjoints:
+    """The memory half of :class:`reverse.BackwardBuilder`."""
+
+    def reverse_load(self, stmt: ast.stmt, t: str) -> None:
+        self.reverse_load_other(stmt)
+        b = arguments(stmt)
+        if self.analysis.pointer_base[b["pointer"].id] not in self.analysis.wrt:  # active through `other` only
+            return
+        shadow, g = name_node(self.shadow_name(b["pointer"].id)), name_node(self.g_of(stmt))
+        param = self.analysis.pointer_base[b["pointer"].id]
+        later = target_of(stmt) in self.choices[param].later
+        if not later:  # (where only later adds write, the stored load's adjoint is zero: the buffer is zero-filled)
+            self.written_inputs.add(param)
+        if op_of(stmt).kind == "desc_load":
+            self.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
+            return
+        masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
+        mode = self.choices[param].mode
+        if mode in (STORE, ADD) and later:
+            self.add_later(stmt, param, shadow, g)
+        elif mode == INTERCHANGE:  # the addresses and mask named, to be stored at after the loop (interchange.py)
+            at = self.namer.fresh(f"{self.adjoint[target_of(stmt)]}_to")
+            self.emit(ast.Assign(targets=[ast.Name(at, ast.Store())], value=copy.deepcopy(shadow)))
+            shadow, mask = name_node(at), b["mask"]
+            if not is_none(mask):
+                mask = name_node(self.namer.fresh(f"{at}_mask"))  # d_a_to, d_a_to_mask
+                self.emit(ast.Assign(targets=[ast.Name(mask.id, ast.Store())], value=copy.deepcopy(b["mask"])))
+            total = self.partial_sum(stmt, shadow.id, mask)
+            self.emit(ast.AugAssign(target=ast.Name(total, ast.Store()), op=ast.Add(),
+                                    value=instantiate("g.to(s.dtype)", {"g": g, "s": name_node(total)})))
+        elif mode == REGISTERS:  # summed over this program's rows; stored once after them (persistent.py)
+            total = self.partial_sum(stmt, shadow.id, b["mask"])  # in its rows' dtype: one type across the loop
+            self.emit(ast.AugAssign(target=ast.Name(total, ast.Store()), op=ast.Add(),
+                                    value=instantiate("g.to(s.dtype)", {"g": g, "s": name_node(total)})))
+        elif mode == STORE:
+            self.emit(_call("tl.store", shadow, g, **masked))
+        elif mode in (ADD, ROW):  # no other program or lane touches these addresses: no atomics needed
+            self.emit(_call("tl.store", shadow, ast.BinOp(_call("tl.load", shadow, **masked).value, ast.Add(), g),
+                            **masked))
+        else:
+            assert mode == ATOMIC
+            self.emit(_call("tl.atomic_add", shadow, g, **masked, sem=ast.Constant(RELAXED)))
+
+    def add_later(self, stmt: ast.stmt, param: str, shadow: ast.Name, g: ast.Name) -> None:
+        """Keep the load's adjoint and addresses in this program's slots: added after the kernel, when the
+        input's stored load has written its gradient (lowering.LaterAdds)."""
+        adjoint = self.adjoint[target_of(stmt)]
+        later = LaterAdds(param, self.namer.fresh(f"{adjoint}_later"), self.namer.fresh(f"{adjoint}_later_at"),
+                          self.analysis.shapes[target_of(stmt)])
+        self.later_adds.append(later)
+        mask = arguments(stmt)["mask"]
+        self.emit(ast.Expr(instantiate("tg.add_later(values, offsets, base, at, g, mask)", {
+            "values": name_node(later.values), "offsets": name_node(later.offsets),
+            "base": name_node(self.shadow_name(param)), "at": shadow, "g": g,
+            "mask": ast.Constant(True) if is_none(mask) else mask})))
+
+    def partial_sum(self, stmt: ast.stmt, shadow: str, mask: ast.expr) -> str:
+        """The register accumulator of a load's adjoint over the rows of a persistent program."""
+        total = self.namer.fresh(f"{self.adjoint[target_of(stmt)]}_sum")
+        self.partial_sums.append(PartialSum(total, shadow, copy.deepcopy(mask)))
+        return total
+
+    def reverse_load_other(self, stmt: ast.stmt) -> None:
+        """``tl.load(p, mask=m, other=v)`` is ``v`` in the lanes ``m`` leaves out: when ``v`` has a gradient,
+        those lanes' adjoints are its (``tl.where(m, 0.0, g)``, summed back to ``v``'s shape)."""
+        b = arguments(stmt)
+        other, mask = b.get("other"), b.get("mask")
+        if other is None or mask is None or is_none(mask) or not self.analysis.is_active(other):
+            return
+        g = name_node(self.g_of(stmt))
+        contribution = instantiate("tl.where(m, 0.0, g)", {"m": copy.deepcopy(mask), "g": g})
+        if not self.same_shape(other.id, target_of(stmt)):
+            contribution = instantiate("tg.unbroadcast(c, x)", {"c": contribution, "x": other})
+        self.accumulate(other.id, contribution)
+
+    def descriptor_accumulate(self, stmt: ast.stmt, shadow: ast.Name, offsets: ast.expr, g: ast.Name) -> ast.If:
+        """``d_desc.atomic_add(offsets, g)``; where descriptors cannot add (float64 shadows, Triton's
+        interpreter: decided when the kernel compiles), pointer atomics on the block's addresses, the
+        elements outside the tensor masked."""
+        make = self.descriptor_definition(stmt, arguments(stmt)["pointer"].id)
+        b = arguments(make)
+        sizes, strides, block = (b[k].elts for k in ("shape", "strides", "block_shape"))
+        indices = [f"({ast.unparse(o)} + tl.arange(0, {ast.unparse(n)}))" for o, n in zip(offsets.elts, block,
+                                                                                          strict=True)]
+        base = ast.unparse(name_node(self.shadow_name(b["base"].id)))
+        text = (f"if tg.DESCRIPTOR_ATOMICS and {shadow.id}.dtype != tl.float64:\n"
+                f"    {shadow.id}.atomic_add({ast.unparse(offsets)}, {g.id}.to({shadow.id}.dtype))\n"
+                f"else:\n"
+                f"    tl.atomic_add({block_addresses(base, indices, [ast.unparse(s) for s in strides])}, {g.id}, "
+                f"mask={block_mask(indices, [ast.unparse(s) for s in sizes])}, sem='{RELAXED}')")
+        return ast.parse(text).body[0]
+
+    def descriptor_definition(self, stmt: ast.stmt, name: str) -> ast.stmt:
+        """The ``tl.make_tensor_descriptor`` statement a descriptor comes from (through copies)."""
+        defs = self.defs.get(name, [])
+        kinds = {op_of(d).kind for d in defs}
+        if kinds == {"make_tensor_descriptor"} and len({ast.dump(d.value) for d in defs}) == 1:
+            return defs[0]
+        if kinds == {"copy"} and len({ast.unparse(op_of(d).args[0]) for d in defs}) == 1:
+            return self.descriptor_definition(stmt, op_of(defs[0]).args[0].id)
+        raise refuse(where(stmt), f"a load through the descriptor `{name}`, which has several definitions",
+                     "make each tensor descriptor once, with one name")
+
+    def reverse_store(self, stmt: ast.stmt) -> None:
+        op = op_of(stmt)
+        b = arguments(stmt)
+        base = self.analysis.pointer_base[b["pointer"].id]
+        if base not in self.analysis.outputs:
+            return
+        value = stored_value(stmt)
+        if not self.analysis.is_active(value):
+            return
+        if operation_of(op).memory not in ("store", "accumulate"):
+            raise refuse(where(stmt), f"`{op.kind}` of a differentiated value",
+                         "only tl.store and tl.atomic_add outputs can be differentiated")
+        self.comment_for(stmt)
+        address = b["pointer"].id
+        shadow = name_node(self.shadow_name(address))
+        if op.kind.startswith("desc_"):  # out-of-bounds elements read as zero, as the forward dropped them
+            incoming = instantiate("d.load(offsets)", {"d": shadow, "offsets": b["offsets"]})
+        else:
+            keywords = []
+            if not is_none(b["mask"]):
+                keywords = [ast.keyword("mask", copy.deepcopy(b["mask"])), ast.keyword("other", ast.Constant(0.0))]
+            incoming = ast.Call(instantiate("tl.load", {}), [shadow], keywords)
+        incoming = instantiate("tg.widened(g)", {"g": incoming})  # adjoints in float32 or wider
+        if not self.same_shape(value.id, address):
+            incoming = instantiate("tg.unbroadcast(c, x)", {"c": incoming, "x": value})
+        self.accumulate(value.id, incoming)
+        if base in self.analysis.in_place:  # the values it overwrote get their gradient here from the loads only
+            masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
+            self.emit(_call("tl.store", shadow, ast.Constant(0.0), **masked))
+            self.emit(_call("tl.debug_barrier"))  # read and zeroed by every thread before the loads' adjoints add
+

@@ -1,0 +1,739 @@
+"""Forward replay + reverse sweep: the body of the backward kernel.
+
+The backward kernel re-runs the forward (its stores left out), computing each shadow
+pointer beside the pointer it mirrors (``d_x_ptrs = d_x_ptr + offs`` beside
+``x_ptrs = x_ptr + offs``), then walks the statements backwards emitting each active
+statement's adjoint under a ``# grad of: <forward line>`` comment:
+
+- an operation: its rule from the table in ``operations.py``, per differentiated argument;
+- a load or a store: ``memory.py`` (through the shadows).
+
+Replayed statements that the sweep does not need are dropped, so the printed kernel
+shows only what the backward computes.
+
+Control flow (loops are reversed as ``loops.py`` plans them):
+
+- an ``if`` is replayed (so its merged values exist), and its adjoint is an ``if`` on
+  the same condition: the branch the forward took recomputes its own values (they
+  are not visible after a Triton ``if``), then runs its adjoints. Adjoints of values
+  from before the ``if`` start at zero before it, so both branches leave them with
+  one type;
+- a ``for`` is reversed by a loop over the same iterations: each iteration recomputes
+  its values, resets and advances its index and pointer state as the forward did, and
+  runs its adjoints; a linear accumulator's partial sums all share the adjoint of its
+  final value. Adjoints of values from before the loop start at zero before it and
+  are carried through it.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..analysis.analyze import INFINITE, MASKED, Analysis, padding_at_unbounded
+from ..analysis.stored_outputs import StoredValue
+from ..core.ir import (
+    Namer,
+    Op,
+    arguments,
+    assign,
+    child_blocks,
+    copy_structured,
+    free_names,
+    header,
+    is_none,
+    is_structured,
+    name_node,
+    names_in,
+    op_of,
+    reads,
+    refuse,
+    statements,
+    tagged,
+    target_of,
+    where,
+)
+from ..core.operations import LOADS, STORES, instantiate, operation_of
+from ..writes.lowering import ATOMIC, INTERCHANGE, PARTIALS, STORE, Choice
+from .interchange import loop_to_grid, without_unused
+from .loops import LoopPlan, LoopReversal, merge_records
+from .memory import MemoryAdjoints
+from .persistent import persistent
+
+ASSERTS = ("static_assert", "device_assert")
+
+
+@dataclass
+class BackwardBody:
+    """The backward body, before code generation."""
+
+    body: list[ast.stmt]
+    comments: dict[str, str]  # marker name -> comment text
+    shadow_params: list[str]  # d_<output>..., d_<wrt>... (a tensor updated in place: one, with its outputs)
+    cotangent_params: list[str]  # tile functions: one per returned value
+    returns: list[ast.expr] | None  # tile functions: the wrt gradients
+    foldable: set[str]  # temporaries with no adjoint: codegen writes them back into their uses
+    reassigned: set[str]  # merge and loop-carried variables (and their shadows): never folded into a use
+    extra_params: list[str] = field(default_factory=list)  # after the shadows: a persistent variant's counts
+    written_inputs: set[str] = field(default_factory=set)  # wrt inputs whose loads' adjoints it writes
+    tapes: list = field(default_factory=list)  # loops.Tape: parameters after the extra ones, sized at launch
+    later_adds: list = field(default_factory=list)  # lowering.LaterAdds: parameters after the tapes'
+    prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
+    loop_stages: str | None = None  # a persistent variant's constexpr: its loop over the programs' stages in flight
+    loop_held: str | None = None  # and whether the loads before that loop are held across it (persistent.py)
+
+
+@dataclass
+class Scope:
+    """A block of the forward being reversed; ``pre`` collects what must run before its reversal."""
+
+    block: int  # id() of the forward block
+    pre: list[ast.stmt]
+
+
+def _drop_none_keywords(node: ast.AST) -> ast.AST:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            n.keywords = [k for k in n.keywords if not (isinstance(k.value, ast.Constant) and k.value.value is None)]
+    return node
+
+
+MARKER = "__tg_comment_"  # a comment's placeholder statement is this name, numbered
+
+
+def comment_marker(comments: dict[str, str], text: str) -> ast.Expr:
+    """A statement codegen replaces by the comment ``text`` (kept in ``comments`` under its marker)."""
+    marker = f"{MARKER}{len(comments)}__"
+    comments[marker] = text
+    return ast.Expr(name_node(marker))
+
+
+def is_comment_marker(stmt: ast.stmt) -> bool:
+    """Whether ``stmt`` is a statement ``comment_marker`` made."""
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Name) and stmt.value.id.startswith(MARKER)
+
+
+class BackwardBuilder(LoopReversal, MemoryAdjoints):
+    """Writes the backward body: the sweep first (adjoints, statement by statement, backwards), then the
+    replay of the forward values it reads in front of it."""
+
+    def __init__(self, analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool,
+                 choices: dict[str, Choice] | None = None, saved: bool = False,
+                 read_back: dict[str, StoredValue] | None = None):
+        self.analysis = analysis
+        self.saved = saved  # the forward kept the nonlinear loops' state tapes (augment.py)
+        self.read_back = read_back or {}  # values the replay may read from the outputs holding them (stored_outputs.py)
+        self.program = analysis.program
+        self.loop_plans = loop_plans
+        self.tile = tile
+        self.choices = choices or {p: Choice(ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
+        self.tapes: list = []  # loops.Tape: the state tapes of nonlinear loops (written by loops.py)
+        self.partial_sums: list = []  # persistent.PartialSum: inputs summed in registers (written by memory.py)
+        self.later_adds: list = []  # lowering.LaterAdds: loads' adjoints added after the kernel (memory.py)
+        self.written_inputs: set[str] = set()  # wrt inputs whose loads' adjoints were written (memory.py)
+        self.namer = Namer(self.program.names)
+        self.adjoint: dict[str, str] = {}  # primal name -> name of its adjoint
+        self.shadow: dict[str, str] = {}  # pointer name -> name of its shadow
+        self.comments: dict[str, str] = {}
+        self.out: list[ast.stmt] = []  # the block of the sweep being written
+        self.last_comment: dict[int, str] = {}  # id(block) -> its last comment
+        params = self.program.param_names()
+        self.namer.taken |= set(params)
+        self.defs = analysis.defs
+        self.root = id(self.program.body)
+        self.home: dict[str, int] = {}  # name -> id of the block it belongs to (where its value is visible)
+        self.parent: dict[int, int | None] = {}  # block -> enclosing block
+        self.enclosing: dict[int, list[ast.stmt]] = {}  # id(statement) -> the if/for nodes around it
+        self.stmt_block: dict[int, int] = {}  # id(statement) -> id of the block it is in
+        self._index(self.program.body, None, [])
+        self.scopes = [Scope(self.root, [])]
+        self.suppressed: set[str] = set()  # partial sums of linear accumulators: they share its adjoint
+        self.g_override: dict[int, str] = {}  # id(update of nonlinear loop state) -> the adjoint it receives
+        self.items: dict[str, dict[int, str]] = {}  # tuple of an operation's results -> index -> its item's name
+        for s in statements(self.program.body):
+            if op_of(s).kind == "item":
+                results, index = op_of(s).args
+                self.items.setdefault(results.id, {})[index.value] = target_of(s)
+        mirrored = list(dict.fromkeys([*analysis.outputs, *analysis.wrt])) if not tile else []  # in place: once
+        self.shadow_params = [self.shadow_name(p) for p in mirrored]
+
+    def _index(self, block: list[ast.stmt], parent: int | None, enclosing: list[ast.stmt]) -> None:
+        self.parent[id(block)] = parent
+        for s in block:
+            self.enclosing[id(s)] = enclosing
+            self.stmt_block[id(s)] = id(block)
+            if isinstance(s, ast.If):
+                for m in s.tg.merges:  # assigned in the branches, visible after the if
+                    self.home.setdefault(m, id(block))
+            if isinstance(s, ast.For):
+                self.home[s.target.id] = id(s.body)
+            t = target_of(s)
+            if t is not None:
+                self.home.setdefault(t, id(block))
+            for b in child_blocks(s):
+                self._index(b, id(block), [*enclosing, s])
+
+    def within(self, name: str, block: list[ast.stmt]) -> bool:
+        """Whether ``name`` is a value of ``block`` (or of a block nested in it)."""
+        return self.block_within(self.home.get(name, self.root), block)
+
+    def shadow_name(self, pointer: str) -> str:
+        """The shadow of a pointer; the pointers it is computed from get theirs too."""
+        if pointer not in self.shadow:
+            self.shadow[pointer] = self.namer.fresh(f"d_{pointer}")
+            base = self.analysis.pointer_base.get(pointer, pointer)
+            for d in self.defs.get(pointer, []):
+                if target_of(d) is not None:
+                    for n in self.pointer_operands(d, base):
+                        self.shadow_name(n)
+        return self.shadow[pointer]
+
+    def adjoint_name(self, name: str) -> str:
+        if name not in self.adjoint:
+            self.adjoint[name] = self.namer.fresh(f"d_{name}")
+        return self.adjoint[name]
+
+    # -- the sweep ------------------------------------------------------------------------
+
+    def run(self) -> BackwardBody:
+        cotangents: list[str] = []
+        returns = None
+        if self.tile:
+            returned = self.program.returns
+            for i, r in enumerate(returned):
+                user_named = isinstance(r, ast.Name) and r.id not in self.program.temporaries
+                cot = self.namer.fresh(f"d_{r.id}" if user_named else "d_out" if len(returned) == 1 else f"d_out{i}")
+                cotangents.append(cot)
+                if isinstance(r, ast.Name) and r.id in self.analysis.active:
+                    if r.id in self.adjoint:
+                        self.accumulate(r.id, name_node(cot))
+                    else:
+                        self.adjoint[r.id] = cot  # the cotangent parameter is the adjoint
+        self.reverse_block(self.program.body)
+        if self.tile:
+            zeros = "tl.zeros_like(x).to(tl.float32)"
+            returns = [name_node(self.adjoint[w]) if w in self.adjoint else instantiate(zeros, {"x": name_node(w)})
+                       for w in self.analysis.wrt]
+        reassigned = {n for n, ds in self.defs.items() if len(ds) > 1}
+        reassigned |= {self.shadow[n] for n in reassigned if n in self.shadow}
+        own = any(c.mode == INTERCHANGE for c in self.choices.values())  # (its sums are stored at sweep values)
+        epilogue = {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))} if not own else set()
+        replay = self.replay(epilogue)
+        merge_records(replay, self.out)
+        self.keep_finals(replay, self.out)
+        body, extra = replay + self.out, []
+        axis = next((c.axis for c in self.choices.values() if c.mode in PARTIALS), None)
+        prologue = stages = held = None
+        if own:  # a kernel of its own for these inputs: the loop's iterations are programs (interchange.py)
+            axis = self.choices[self.analysis.wrt[0]].axis
+            self.out, guard, prologue = loop_to_grid(
+                replay, self.out, [s.accumulator for s in self.partial_sums], axis, self.comments, self.namer,
+                {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))},
+                {k.index for k in self.analysis.program_trips}, self.adjoint_likes(), self.loaded_from())
+            replay = without_unused(replay, set().union(*[reads(s) for s in self.out], reads(guard.count) if guard
+                                                        else set()))  # what only the prologue's values needed
+            body, extra, _ = self.persistent(replay, axis, reassigned, every=True, guard=guard)
+        elif axis is not None:
+            stages = self.namer.fresh("STAGES")
+            body, extra, held = self.persistent(replay, axis, reassigned, stages=stages, held=self.namer.fresh("HELD"))
+        temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
+        foldable = {t for t in temporaries if t not in self.analysis.active}
+        return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
+                            self.written_inputs, self.tapes, self.later_adds, prologue, stages, held)
+
+    def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...]]]:
+        """Adjoints whose primal's shape and dtype the source says: -> (zeros of the adjoint's shape and type,
+        the shape as written), for an interchange's prologue (interchange.Prologue)."""
+        likes = {}
+        for primal, adjoint in self.adjoint.items():
+            shape, dtype = self.analysis.shapes.get(primal), self.dtype_as_written(primal)
+            if shape is not None and dtype is not None:
+                extents = "".join(f"{e}, " for e in shape)
+                likes[adjoint] = (ast.parse(f"tg.zeros_grad(tl.zeros(({extents}), {dtype}))", mode="eval").body,
+                                  tuple(shape))
+        return likes
+
+    def loaded_from(self) -> dict[str, str]:
+        """Names the kernel loads once, from one pointer parameter -> that parameter (their type is its element
+        type: an interchange's prologue spells a type with it)."""
+        return {target_of(s): param for param, loads in self.analysis.loads.items() for s in loads
+                if target_of(s) and len(self.defs.get(target_of(s), ())) == 1}
+
+    def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False,
+                   guard: Any = None, stages: str | None = None, held: str | None = None
+                   ) -> tuple[list[ast.stmt], list[str], str | None]:
+        """The body as a loop over the forward's programs along ``axis`` (persistent.py), the parameters
+        that adds: the forward's program count, and each partial row's stride (``stages``: the constexpr parameter
+        of the loop's pipelining), and ``held`` where the body reads it (the constexpr holding its once-loaded
+        values across the loop), else None."""
+        programs = self.namer.fresh("programs")
+        partial = [p for p, c in self.choices.items() if c.mode in PARTIALS]
+        rows = {self.shadow[p]: self.namer.fresh(f"{self.shadow[p]}_rows") for p in partial}
+        names = ", ".join(p for p, c in self.choices.items() if c.mode in (*PARTIALS, INTERCHANGE))
+        if every:
+            note = self.marker(f"each program takes one iteration of the loop (tl.program_id({axis})) and loops over "
+                               f"all of the forward's programs along axis {axis},\nsumming the gradient of {names} "
+                               "in registers: the loop interchange of a hand-written backward")
+        else:
+            note = (f"one program per group of the forward's programs along axis {axis}: each sums the gradient of "
+                    f"{names} over its programs\n(in its own partial row, reduced in order after the kernel), and the "
+                    "rest as the forward's program would")
+        params = {*self.program.param_names(), *self.shadow_params, programs, *rows.values()}
+        body = persistent(replay, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer,
+                          every, guard, stages, held)
+        if held is not None and held not in reads(ast.Module(body, [])):  # nothing loaded before the loop
+            held = None
+        if not every:
+            if held is not None:
+                note += (f";\nwhat it loads once is held in registers across the loop under `{held}`, else loaded "
+                         "again for each row (tuning picks)")
+            note = self.marker(note)
+        loop = next(i for i, s in enumerate(body) if isinstance(s, ast.For))
+        return [*body[:loop], note, *body[loop:]], [programs, *rows.values()], held
+
+    def describe(self, stmt: ast.stmt) -> str:
+        """The forward line a statement comes from; inside an inlined helper, its own line and the call."""
+        origin, inner = stmt.tg.origin, stmt.tg.where
+        if inner.line == origin.line and inner.file == origin.file:
+            return origin.text
+        return f"{inner.text}  (in {inner.function}, from: {origin.text})"
+
+    def comment_for(self, stmt: ast.stmt) -> None:
+        """``# grad of: <line>``."""
+        self.comment(f"grad of: {self.describe(stmt)}")
+
+    def comment(self, text: str) -> None:
+        if self.last_comment.get(id(self.out)) == text:
+            return  # the adjoints of one forward line share its comment
+        self.last_comment[id(self.out)] = text
+        self.out.append(self.marker(text))
+
+    def marker(self, text: str) -> ast.Expr:
+        return comment_marker(self.comments, text)
+
+    def emit(self, stmt: ast.stmt) -> None:
+        self.out.append(stmt)
+        if is_structured(stmt):  # what follows a loop or branch gets its own comment
+            self.last_comment.pop(id(self.out), None)
+
+    def written(self, block: list[ast.stmt], write) -> list[ast.stmt]:
+        """Run ``write`` with the sweep going into ``block``."""
+        saved, self.out = self.out, block
+        try:
+            write()
+        finally:
+            self.out = saved
+        return block
+
+    def accumulate(self, name: str, contribution: ast.expr) -> None:
+        """``d_name = contribution`` the first time, ``d_name += contribution`` after.
+
+        Inside a branch or loop, the adjoint of a value from outside it starts at zero
+        before the outermost such construct, so it is carried through with one type.
+        """
+        if name in self.suppressed:
+            return
+        if name in self.adjoint:
+            node = ast.AugAssign(target=ast.Name(self.adjoint[name], ast.Store()), op=ast.Add(), value=contribution)
+        else:
+            scope = self.scope_before(name)
+            d = self.adjoint_name(name)
+            if scope is None:
+                node = ast.Assign(targets=[ast.Name(d, ast.Store())], value=contribution)
+            else:
+                scope.pre.append(ast.Assign(targets=[ast.Name(d, ast.Store())],
+                                            value=instantiate("tg.zeros_grad(x)", {"x": name_node(name)})))
+                node = ast.AugAssign(target=ast.Name(d, ast.Store()), op=ast.Add(), value=contribution)
+        self.emit(_drop_none_keywords(node))
+
+    def scope_before(self, name: str) -> Scope | None:
+        """The construct being reversed that ``name`` comes from outside of, outermost first (None: local)."""
+        home = self.home.get(name, self.root)
+        for i in range(len(self.scopes) - 1, -1, -1):
+            if self.scopes[i].block == home:
+                return self.scopes[i + 1] if i + 1 < len(self.scopes) else None
+        raise AssertionError(f"`{name}` is not visible here")
+
+    # -- control flow ---------------------------------------------------------------------
+
+    def reverse_block(self, block: list[ast.stmt]) -> None:
+        for stmt in reversed(block):
+            if isinstance(stmt, ast.For):
+                self.reverse_for(stmt)
+            elif isinstance(stmt, ast.If):
+                self.reverse_if(stmt)
+            else:
+                self.reverse_statement(stmt)
+
+    def reverse_nested(self, block: list[ast.stmt], pre: list[ast.stmt]) -> list[ast.stmt]:
+        self.scopes.append(Scope(id(block), pre))
+        try:
+            return self.written([], lambda: self.reverse_block(block))
+        finally:
+            self.scopes.pop()
+
+    def reverse_if(self, node: ast.If) -> None:
+        pre: list[ast.stmt] = []
+        blocks = (node.body, node.orelse)
+        sweeps = [self.reverse_nested(block, pre) for block in blocks]
+        if not any(sweeps):
+            return
+        bodies = [self.recompute(block, sweep) + sweep for block, sweep in zip(blocks, sweeps, strict=True)]
+        for c in self.choices.values():
+            if c.mode == STORE and c.fill:
+                for i, block in enumerate(blocks):
+                    load = next((s for s in statements(block) if target_of(s) == c.fill
+                                 and op_of(s).kind in LOADS), None)
+                    if load is not None:
+                        bodies[1 - i] += self.zero_stores(block, load)
+        self.comment(f"grad of: {self.describe(node)}  (the branch taken recomputes its values, then its adjoints)")
+        for p in pre:
+            self.emit(p)
+        self.emit(copy_structured(node, test=copy.deepcopy(node.test), body=bodies[0] or [ast.Pass()],
+                                   orelse=bodies[1]))
+
+    def zero_stores(self, block: list[ast.stmt], load: ast.stmt) -> list[ast.stmt]:
+        """Zeros stored at the addresses ``load`` reads in ``block`` (lowering's ``fill``: the branch it is in
+        computes them, for the programs that take the other branch; the loops around it repeated)."""
+        b = arguments(load)
+        masked = {} if is_none(b["mask"]) else {"mask": copy.deepcopy(b["mask"])}
+        inner: list[ast.stmt] = [ast.Expr(ast.Call(instantiate("tl.store", {}), [
+            name_node(self.shadow_name(b["pointer"].id)), ast.Constant(0.0)],
+            [ast.keyword(k, v) for k, v in masked.items()]))]
+        for s in block:
+            if s is load:
+                return self.recompute(block, inner) + inner
+            if isinstance(s, ast.For) and any(x is load for x in statements(s.body)):
+                loop = copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
+                                       body=self.zero_stores(s.body, load))
+                return self.recompute(block, [loop]) + [loop]
+        raise AssertionError("the load is not in the block")
+
+    def with_shadow(self, stmt: ast.stmt) -> list[ast.stmt]:
+        t = target_of(stmt)
+        return [stmt, self.shadow_statement(stmt, t)] if t in self.shadow else [stmt]
+
+    def needed(self, block: list[ast.stmt], sweep: list[ast.stmt], also=(), follow=()) -> set[str]:
+        """Values of ``block`` (and names in ``also``) that ``sweep`` reads, directly or through a shadow,
+        and what they are computed from in ``block`` (through the definitions of ``follow`` names too)."""
+        shadow_of = {v: k for k, v in self.shadow.items()}
+        seeds = set()
+        for n in free_names(sweep):
+            n = shadow_of.get(n, n)
+            if n in also or self.within(n, block):
+                seeds.add(n)
+        return self.closure(seeds, block, follow)
+
+    def recompute(self, block: list[ast.stmt], sweep: list[ast.stmt]) -> list[ast.stmt]:
+        """The statements of ``block`` that compute what ``sweep`` reads."""
+        return self.replay_block(block, self.needed(block, sweep))
+
+    def reverse_statement(self, stmt: ast.stmt) -> None:
+        op = op_of(stmt)
+        t = target_of(stmt)
+        if op.kind in STORES:
+            self.reverse_store(stmt)
+        elif t in self.analysis.stabilizers and op.kind not in ("max", "min"):
+            return  # a stabilizer in another shape: the max's comment says why it has no adjoint
+        elif t in self.analysis.stabilizers:
+            self.comment(f"grad of: {self.describe(stmt)}\n{t} is subtracted before exp and normalized away: "
+                         "nothing depends on it, so its gradient is zero (stabilizers.py)")
+        elif op.kind == "item":
+            return  # its adjoint is read by the operation whose result it is
+        elif operation_of(op).results > 1 and t in self.analysis.active:
+            self.reverse_multi(stmt, t)
+        elif t is not None and t in self.analysis.active and self.g_of(stmt) is not None and self.contributes(stmt):
+            if not stmt.tg.join:  # a join's copy goes under its if's or loop's comment
+                self.comment_for(stmt)
+            if op.kind in LOADS:
+                self.reverse_load(stmt, t)
+            else:
+                self.reverse_operation(stmt, t)
+
+    def g_of(self, stmt: ast.stmt) -> str | None:
+        """The adjoint of the statement's result, if any reached it."""
+        return self.g_override.get(id(stmt)) or self.adjoint.get(target_of(stmt))
+
+    def contributes(self, stmt: ast.stmt) -> bool:
+        """Whether reversing the statement adds to any adjoint (a partial sum adds nothing to the next)."""
+        op = op_of(stmt)
+        if op.kind in LOADS:
+            return True
+        rule, active = operation_of(op), self.analysis.is_active
+        return rule.has_rule and any(p in rule.adjoints and active(arg) and arg.id not in self.suppressed
+                                     for p, arg in arguments(stmt).items())
+
+    def reverse_operation(self, stmt: ast.stmt, t: str) -> None:
+        op = op_of(stmt)
+        rule = operation_of(op)
+        bound = arguments(stmt)
+        env = {**bound, "g": name_node(self.g_of(stmt)), "out": name_node(t)}
+        for param, arg in bound.items():
+            if param not in rule.adjoints or not self.analysis.is_active(arg):
+                continue
+            template = rule.adjoints[param]
+            if callable(template):
+                try:
+                    template = template(bound)
+                except ValueError as e:
+                    raise refuse(where(stmt), f"`{op.kind}` with arguments that are not literal constants",
+                                 "pass dimensions as literal integers") from e
+            contribution = instantiate(template, env)
+            if self.reads_infinite_padding(stmt, contribution):  # 0 * inf in a lane a mask left out: 0
+                contribution = instantiate("tl.where(g == 0.0, 0.0, c)", {"g": env["g"], "c": contribution})
+            sig = rule.signature  # a one-operand elementwise operation keeps its operand's shape
+            unary = len(sig.positional) == 1 and not sig.keyword and sig.vararg is None
+            if rule.elementwise and not unary and not self.same_shape(arg.id, t):
+                contribution = instantiate("tg.unbroadcast(c, x)", {"c": contribution, "x": arg})
+            self.accumulate(arg.id, contribution)
+
+    def reads_infinite_padding(self, stmt: ast.stmt, contribution: ast.expr) -> bool:
+        """Whether an elementwise adjoint reads a value that may be infinite in lanes a load's mask left
+        out, or divides by a masked-off value (log's ``g / x``), where its ``g`` is zero."""
+        rule, padding = operation_of(op_of(stmt)), self.analysis.padding
+        if not (rule.elementwise or rule.lanes == "same"):
+            return False
+        return (any(INFINITE in padding.get(n, ()) for n in reads(contribution))
+                or MASKED in padding_at_unbounded(stmt, padding))
+
+    def reverse_multi(self, stmt: ast.stmt, t: str) -> None:
+        """An operation with several results: its rule reads each result's adjoint as ``g0``, ``g1``...
+        (zeros for a result that has none); a tuple argument gets a tuple of adjoints."""
+        op = op_of(stmt)
+        rule = operation_of(op)
+        bound = arguments(stmt)
+        items = self.items.get(t, {})
+        if not any(n in self.adjoint for n in items.values()):
+            return
+        self.comment_for(stmt)
+        env = {**bound, "out": name_node(t)}
+        for i in range(rule.results):
+            n = items.get(i)
+            env[f"g{i}"] = (name_node(self.adjoint[n]) if n in self.adjoint
+                            else instantiate(f"tl.zeros_like(out[{i}])", {"out": name_node(t)}))
+        for param, arg in bound.items():
+            elements = arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]
+            if param not in rule.adjoints or not any(self.analysis.is_active(e) for e in elements):
+                continue
+            template = rule.adjoints[param]
+            contribution = instantiate(template(bound) if callable(template) else template, env)
+            if elements[0] is arg:
+                self.accumulate(arg.id, contribution)
+                continue
+            d = self.namer.fresh(f"d_{t}")
+            self.emit(ast.Assign(targets=[ast.Name(d, ast.Store())], value=contribution))
+            for i, e in enumerate(elements):
+                if self.analysis.is_active(e):
+                    self.accumulate(e.id, instantiate(f"d[{i}]", {"d": name_node(d)}))
+
+    def same_shape(self, a: str, b: str) -> bool:
+        sa, sb = self.analysis.shapes.get(a), self.analysis.shapes.get(b)
+        return sa is not None and sa == sb
+
+    # -- the replay -----------------------------------------------------------------------
+
+    def replay(self, also: set[str] = frozenset()) -> list[ast.stmt]:
+        """The forward's statements the sweep (and the names ``also``) need, each shadow pointer beside its
+        pointer."""
+        shadow_of = {v: k for k, v in self.shadow.items()}
+        seeds = {shadow_of.get(n, n) for n in free_names(self.out) | set(also)}
+        if self.tile:
+            seeds |= {n for r in self.program.returns for n in names_in(r)}
+        for s in statements(self.program.body):
+            if op_of(s).kind in ASSERTS:
+                seeds |= reads(s)
+        body = self.program.body
+        needed = self.closure(seeds, body)
+        moves = {v: self._moved_with(k) for v, k in self.read_back.items()
+                 if v in needed and self.same_shape(v, _address(k))}
+        kept = {v: self.read_back[v] for v, moved in moves.items() if moved is not None}
+        if kept and self._fewer_loads(seeds | set(also), kept):
+            instead = self.closure(seeds | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept))
+            return self.replay_block(body, instead, asserts=True, read_back={v: (k, moves[v]) for v, k in kept.items()})
+        return self.replay_block(body, needed, asserts=True)
+
+    def _fewer_loads(self, seeds: set[str], kept: dict[str, StoredValue]) -> bool:
+        """Whether reading ``kept`` back leaves no more loads to issue than replaying them: counted over the
+        values read as values (a load the sweep reads only for its shape is compiled away either way)."""
+        shadow_of = {v: k for k, v in self.shadow.items()}
+        valued = {shadow_of.get(n, n) for s in statements(self.out) for n in value_reads(s)}
+        valued = {n for n in seeds if n in valued or n in self.read_back}  # (seeds: names from before the sweep)
+        body = self.program.body
+
+        def tiles(names) -> int:  # loads of tiles (a row's statistic, one value, costs next to nothing)
+            return sum(self.analysis.shapes.get(n) != () for n in names)
+
+        def loads(names: set[str]) -> int:
+            return tiles(n for n in names if any(op_of(d).kind in LOADS for d in self.defs.get(n, ())))
+
+        replayed = self.closure(valued, body, reader=value_reads)
+        instead = self.closure(valued | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept),
+                               reader=value_reads)
+        return loads(instead) + tiles(kept) <= loads(replayed)
+
+    def _moved_with(self, kept: StoredValue) -> list[ast.stmt] | None:
+        """The top-level statements between ``kept``'s definition and its store that compute the store's address
+        and mask: replayed with the read-back, where the value was defined. None where they read the value, or a
+        name defined in a nested block or more than once."""
+        body = self.program.body
+        at = {id(s): i for i, s in enumerate(body)}
+        start, end = at.get(id(self.defs[kept.name][0])), at.get(id(kept.store))
+        if start is None or end is None or end < start:
+            return None
+        b = arguments(kept.store)
+        work, moved = [*reads(b["pointer"]), *reads(b["mask"])], {}
+        while work:
+            found = self.defs.get(work.pop(), [])
+            if not found:
+                continue  # a parameter
+            if len(found) != 1 or id(found[0]) not in at or at[id(found[0])] == start:
+                return None
+            if at[id(found[0])] > start and id(found[0]) not in moved:
+                moved[id(found[0])] = found[0]
+                work += reads(found[0].value)
+        return sorted(moved.values(), key=lambda s: at[id(s)])
+
+    def closure(self, seeds: set[str], block: list[ast.stmt], also=(), leaves=frozenset(), reader=reads) -> set[str]:
+        """``seeds`` and every value of ``block`` they are computed from (through the tests and ranges
+        around them in ``block`` too; ``reader``: the names an expression reads). Names from outside
+        ``block`` (other than ``also``) are taken as they are there; of ``also`` names, only their
+        definitions inside ``block`` are followed; of ``leaves``, none (read back: stored_outputs.py)."""
+        needed: set[str] = set()
+        work = list(seeds)
+        while work:
+            n = work.pop()
+            if n in needed:
+                continue
+            needed.add(n)
+            if n in leaves or not (n in also or self.within(n, block)):
+                continue
+            for d in self.defs.get(n, []):
+                if not self.block_within(self.stmt_block[id(d)], block):
+                    continue
+                work += reader(d.value) if isinstance(d, ast.Assign) else reader(d.iter)
+                for outer in self.enclosing[id(d)]:
+                    if self.block_within(self.stmt_block[id(outer)], block):
+                        work += [x for e in header(outer) for x in reader(e)]
+        return needed
+
+    def block_within(self, b: int | None, block: list[ast.stmt]) -> bool:
+        while b is not None:
+            if b == id(block):
+                return True
+            b = self.parent[b]
+        return False
+
+    def replay_block(self, block: list[ast.stmt], needed: set[str], skip: set[int] = frozenset(),
+                     asserts: bool = False, read_back: dict[str, tuple[StoredValue, list[ast.stmt]]] | None = None
+                     ) -> list[ast.stmt]:
+        """The statements of ``block`` assigning ``needed`` names (stores dropped), shadows beside pointers;
+        a ``read_back`` value is loaded where it was defined instead of computed, the statements computing its
+        store's address (``_moved_with``) moved up with it."""
+        out: list[ast.stmt] = []
+        moved = {id(m) for _, ms in (read_back or {}).values() for m in ms}  # still to be emitted
+        moved_ever = set(moved)
+        for s in block:
+            t = target_of(s) if not is_structured(s) else None
+            if read_back and t in read_back:
+                kept, moves = read_back[t]
+                out.append(self.marker(f"`{kept.name}` read back from `{kept.param}`, where the forward stored it, "
+                                       "instead of replayed (stored_outputs.py)"))
+                for m in moves:
+                    if id(m) in moved:  # (once, where the first value that needs it was defined)
+                        moved.discard(id(m))
+                        out += self.with_shadow(copy.deepcopy(m))
+                out.append(_read_back(kept))
+                continue
+            if id(s) in moved_ever:
+                continue
+            if is_structured(s):
+                inner = [self.replay_block(b, needed, skip, asserts) for b in child_blocks(s)]
+                if not any(inner):
+                    continue
+                if isinstance(s, ast.For):
+                    replay = copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
+                                             body=inner[0])
+                    if not any(isinstance(e, ast.For) for e in self.enclosing[id(s)]):
+                        replay.replay_of = s  # its values after it may be kept by the forward (keep_finals)
+                    out.append(replay)
+                else:
+                    out.append(copy_structured(s, test=copy.deepcopy(s.test), body=inner[0] or [ast.Pass()],
+                                                orelse=inner[1]))
+                continue
+            if id(s) in skip or op_of(s).kind in STORES:
+                continue
+            if (t is not None and t in needed) or (asserts and op_of(s).kind in ASSERTS):
+                out += self.with_shadow(copy.deepcopy(s))
+        return out
+
+    def pointer_operands(self, stmt: ast.stmt, base: str) -> list[str]:
+        op = op_of(stmt)
+        positions = operation_of(op).pointer_args or (0,)
+        return [op.args[i].id for i in positions if i < len(op.args) and isinstance(op.args[i], ast.Name)
+                and self.analysis.pointer_base.get(op.args[i].id) == base]
+
+    def shadow_statement(self, stmt: ast.stmt, t: str) -> ast.stmt:
+        """``d_p = d_base + offs`` for ``p = base + offs``."""
+        base = self.analysis.pointer_base[t]
+        renames = {n: name_node(self.shadow[n]) for n in self.pointer_operands(stmt, base)}
+        value = copy.deepcopy(stmt.value)
+
+        class Sub(ast.NodeTransformer):
+            def visit_Name(self, n: ast.Name) -> ast.expr:
+                return copy.deepcopy(renames[n.id]) if n.id in renames else n
+
+        value = Sub().visit(value)
+        node = ast.Assign(targets=[ast.Name(self.shadow[t], ast.Store())], value=value)
+        node.tg = stmt.tg
+        return node
+
+
+# adjoint helpers that read an argument for its shape (or type) only, by position
+_SHAPE_ONLY = {"tg.unbroadcast": 1, "tg.sum_grad": 1, "tg.split_grad": 1, "tg.zeros_grad": 0, "tl.zeros_like": 0}
+
+
+def value_reads(node: ast.AST) -> set[str]:
+    """The names ``node`` reads for their values: not those only an adjoint helper's shape argument or a
+    ``.shape`` / ``.dtype`` reads."""
+    skip: set[int] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call) and ast.unparse(n.func) in _SHAPE_ONLY:
+            i = _SHAPE_ONLY[ast.unparse(n.func)]
+            if i < len(n.args):
+                skip |= {id(m) for m in ast.walk(n.args[i]) if isinstance(m, ast.Name)}
+        elif isinstance(n, ast.Attribute) and n.attr in ("shape", "dtype") and isinstance(n.value, ast.Name):
+            skip.add(id(n.value))
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and id(n) not in skip}
+
+
+def _address(kept: StoredValue) -> str:
+    return arguments(kept.store)["pointer"].id
+
+
+def _read_back(kept: StoredValue) -> ast.stmt:
+    """``v = tg.widened(tl.load(<the store's address>, mask=<its mask>, other=<v there>))``."""
+    b = arguments(kept.store)
+    keywords = {}
+    if not is_none(b["mask"]):
+        other = repr(kept.other) if math.isfinite(kept.other) else f"{'-' if kept.other < 0 else ''}float('inf')"
+        keywords = {"mask": copy.deepcopy(b["mask"]), "other": ast.parse(other, mode="eval").body}
+    load = ast.Call(instantiate("tl.load", {}), [name_node(_address(kept))],
+                    [ast.keyword(k, v) for k, v in keywords.items()])
+    return tagged(assign(kept.name, instantiate("tg.widened(v)", {"v": load})),
+                  Op("load", [name_node(_address(kept))], keywords), kept.store)
+
+
+def build_backward(analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool = False,
+                   choices: dict[str, Choice] | None = None, saved: bool = False,
+                   read_back: dict[str, StoredValue] | None = None) -> BackwardBody:
+    """The backward body; ``choices``: how each input's gradient is written (lowering.py; default: atomically);
+    ``saved``: the nonlinear loops' state tapes come filled from the forward (augment.py); ``read_back``: values
+    the replay reads from the outputs holding them (stored_outputs.py)."""
+    for s in statements(analysis.program.body):  # memory operations' argument checks, before any output
+        if operation_of(op_of(s)).memory is not None:
+            arguments(s)
+    return BackwardBuilder(analysis, loop_plans, tile, choices, saved, read_back).run()

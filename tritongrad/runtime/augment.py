@@ -1,0 +1,240 @@
+"""The augmented forward: the user's kernel as written, also keeping its nonlinear loops' states for the backward.
+
+A derived backward reverses a loop with nonlinear carried state (an online log-sum-exp's running max and sum)
+from a tape of that state at the start of each iteration (loops.py). Recorded by the backward, the tape costs a
+pass over the loop before the reverse one: a cross-entropy's backward reads its logits twice. So where an op's
+forward launches such a kernel, it launches this one instead: the user's function (its own source, recompiled),
+with, around each loop the backward tapes,
+
+    tritongrad_row_0 = tg.tape_row(tritongrad_tape_0, m, tritongrad_slots_0, tg.program_index())  # before
+    tritongrad_slot_0 = tl.full((), 0, tl.int32)
+    for ...:
+        tg.tape_put(tritongrad_row_0, tritongrad_slot_0, m, True)              # the state each iteration starts from
+        tritongrad_slot_0 += 1
+        <the body as written>
+    tg.tape_put(tritongrad_row_0, tritongrad_slot_0, m, True)                  # and the state after the loop
+
+and the backward's variant that reads those tapes (``BackwardKernel.prepare(saved=...)``; ``loops.SAVED``)
+replays neither the loop nor its recording pass. The tapes live from the forward to the backward: they are kept
+only where they take at most ``SHARE`` of the bytes of the launch's tensors (a running max and sum per row, not an
+attention accumulator per iteration; a loop's final state, one slot per program, at most ``FINALS_SHARE``: an
+attention accumulator after the loop is as big as the output), for loops the user wrote in the kernel itself
+outside any other loop, and where the launch gives the loops' trip counts. Anything else launches the user's kernel
+unchanged, and the backward records its tapes itself (``TRITONGRAD_SAVE_STATE=0`` does that always). The augmented
+kernel is a plain ``triton.jit`` of the function: the user's jit options (``do_not_specialize``, ``debug``) are not
+carried.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import functools
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ..analysis.conditions import Expr, LaunchValues
+from ..codegen.generate import jit_source
+from ..core import language as tg
+from ..core.source import Source
+from ..reverse.loops import Tape, tape_row
+
+SHARE = 0.25  # the state tapes a forward keeps may take this share of the bytes of the launch's tensors
+FINALS_SHARE = 1.0  # and its loops' final states (one slot per program, not per iteration) this share
+ENABLED = os.environ.get("TRITONGRAD_SAVE_STATE", "1") != "0"
+
+
+@dataclass(frozen=True)
+class SavedStates:
+    """The state tapes one forward launch kept: for which tapes (the backward checks it reads the same ones), and
+    the backward kernel's arguments for them (tape buffers and slot counts, by the backward's parameter names)."""
+
+    tapes: tuple[Tape, ...]
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Augmented:
+    """A kernel's augmented forward: ``kernel`` takes the forward's parameters, then ``params``: per backward
+    tape parameter (tape buffers, slot counts), the augmented kernel's own name for it."""
+
+    kernel: Any
+    tapes: tuple[Tape, ...]
+    params: dict[str, str]
+    src: str
+    layouts: dict[tuple, tuple | None] = field(default_factory=dict)  # launch scalars -> the tapes' layout
+
+    def arguments(self, named: dict[str, Any], grid: tuple[int, ...]) -> SavedStates | None:
+        """Fresh tapes for a launch, or None where its trip counts are not known or the tapes would be too big."""
+        key = (grid, *[named.get(n) for n in self._reads])
+        try:
+            layout = self.layouts.get(key, False)
+        except TypeError:  # an unhashable argument: sized afresh
+            layout = key = None
+        if layout is False or key is None:
+            layout = self._layout(named, grid)
+            if key is not None and len(self.layouts) < 256:
+                self.layouts[key] = layout
+        if layout is None:
+            return None
+        (states, finals), views, slots = layout
+        tensors = [v for v in named.values() if isinstance(v, torch.Tensor)]
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        if not tensors or states > SHARE * size or finals > FINALS_SHARE * size:
+            return None
+        buffer = torch.empty(states + finals, dtype=torch.uint8, device=tensors[0].device)
+        return SavedStates(self.tapes, {**{p: buffer[a:b] for p, a, b in views}, **slots})
+
+    @functools.cached_property
+    def _reads(self) -> tuple[str, ...]:
+        """The launch's arguments the tapes' sizes depend on (trip counts, tile shapes)."""
+        names = set()
+        for tape in self.tapes:
+            names |= tape.trips.names() if tape.trips is not None else set()
+            names |= {n for _, shape in tape.states for extent in shape for n in Expr.of_text(extent).names()}
+            names |= {d for d in tape.dtypes if d is not None and not d.startswith("tl.")}
+        return tuple(sorted(names))
+
+    def _layout(self, named: dict[str, Any], grid: tuple[int, ...]) -> tuple | None:
+        """((bytes of state tapes, of finals), (parameter, first byte, end) per tape buffer, slot count per tape)
+        for a launch; None where a trip count is not known. Buffers are 8-byte aligned slices of one allocation."""
+        launch, programs = LaunchValues(named, grid), math.prod(grid)
+        views, slots, at, finals = [], {}, 0, 0
+        for tape in self.tapes:
+            trips = 0 if tape.final else tape.known_trips(launch)
+            if trips is None:
+                return None
+            slots[tape.slots] = trips + 1
+            for param, size in tape.state_bytes(launch).items():
+                n = max(8, -(-programs * (trips + 1) * size // 8) * 8)
+                views.append((param, at, at + n))
+                at += n
+                finals += n if tape.final else 0
+        return (at - finals, finals), tuple(views), slots
+
+    def launch_args(self, saved: SavedStates) -> dict[str, Any]:
+        """The augmented kernel's arguments for the tapes, by its own parameter names."""
+        return {self.params[k]: v for k, v in saved.args.items() if k in self.params}
+
+
+def keeping(jit_fn: Any, named: dict[str, Any], grid: tuple[int, ...]
+            ) -> tuple[Any, dict[str, Any], SavedStates] | None:
+    """For a launch (its arguments by parameter name, its grid): the augmented kernel, its extra arguments and
+    the tapes they are, where its backward can read state tapes the forward keeps; else None."""
+    found = augmented(jit_fn, named)
+    saved = found.arguments(named, grid) if found is not None else None
+    return None if saved is None else (found.kernel, found.launch_args(saved), saved)
+
+
+_augmented: dict[tuple, Augmented | None] = {}
+_lock = threading.Lock()
+
+
+def augmented(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
+    """The augmented forward of the kernel specialization a launch runs (cached), or None where its backward
+    keeps no state tape the forward could keep instead."""
+    from .derive import decisive_constexprs, hashable
+
+    if not ENABLED:
+        return None
+    key = (jit_fn.fn, type(jit_fn), *[hashable(named.get(k)) for k in decisive_constexprs(jit_fn)])
+    if key in _augmented:
+        return _augmented[key]
+    try:
+        found = _build(jit_fn, named)
+    except Exception:  # what cannot be differentiated says so in the backward, where it is needed
+        found = None
+    with _lock:
+        _augmented[key] = found
+    return found
+
+
+def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
+    from .derive import grad
+
+    bwd = grad(jit_fn, constexprs=named)
+    tapes = bwd.saved_tapes()
+    if not any(tape.states for tape in tapes):
+        return None
+    source = Source.of(jit_fn)
+    fn = copy.deepcopy(source.tree)
+    parents = {id(c): p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
+    params: dict[str, str] = {}
+    for k, tape in enumerate(tapes):
+        if not tape.states:  # nothing the backward reads from it: its slot count only
+            continue
+        loop = _loop_of(fn, parents, source, tape)
+        if loop is None:
+            return None
+        row = {s: f"tritongrad_row_{k}_{j}" for j, s in enumerate(tape.sources)}
+        slot = f"tritongrad_slot_{k}"
+        params[tape.slots] = f"tritongrad_slots_{k}"
+        for j, (param, _) in enumerate(tape.states):
+            params[param] = f"tritongrad_tape_{k}_{j}"
+        dtypes = tape.dtypes or (None,) * len(tape.states)
+        before = [f"{row[s]} = tritongrad_tg.{tape_row(dtype)}({params[p]}, {s}, {params[tape.slots]}, "
+                  "tritongrad_tg.program_index())"
+                  for (p, _), s, dtype in zip(tape.states, tape.sources, dtypes, strict=True)]
+        before.append(f"{slot} = tritongrad_tl.full((), 0, tritongrad_tl.int32)")  # a constexpr 0 cannot be carried
+        puts = [f"tritongrad_tg.tape_put({row[s]}, {slot}, {s}, True)" for s in tape.sources]
+        block = _block_of(parents[id(loop)], loop)
+        at = block.index(loop)
+        block[at:at + 1] = [*_parse(before), loop, *_parse(puts)]
+        if not tape.final:  # a state tape: also the state each iteration starts from
+            loop.body[:0] = _parse([*puts, f"{slot} += 1"])
+    fn.name = f"{source.name}_augmented"
+    fn.decorator_list = []
+    defaulted = bool(fn.args.defaults)
+    for p in params.values():
+        fn.args.args.append(ast.arg(arg=p))
+        if defaulted:  # after defaulted parameters Python wants defaults; every launch passes these
+            fn.args.defaults.append(ast.Constant(None))
+    src = f"@triton.jit\n{ast.unparse(ast.fix_missing_locations(fn))}\n"
+    scope = {**source.scope, "triton": triton, "tritongrad_tg": tg, "tritongrad_tl": tl}  # the kernel's own scope
+    return Augmented(jit_source(src, fn.name, scope), tapes, params, src)
+
+
+def _loop_of(fn: ast.FunctionDef, parents: dict[int, ast.AST], source: Source, tape: Tape) -> ast.For | None:
+    """The user's ``for`` a tape is for: written in the kernel itself (not an inlined helper), outside any other
+    loop, its states the user's names assigned in its body."""
+    where = tape.loop
+    if where is None or where.file != source.file or where.function != source.name:
+        return None
+    line = where.line - source.first_line + 1
+    found = [n for n in ast.walk(fn) if isinstance(n, ast.For) and n.lineno == line]
+    if len(found) != 1:
+        return None
+    loop = found[0]
+    node = parents.get(id(loop))
+    while node is not None and node is not fn:
+        if isinstance(node, (ast.For, ast.While, ast.FunctionDef, ast.Lambda)):
+            return None
+        node = parents.get(id(node))
+    assigned = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    if not all(s.isidentifier() and s in assigned for s in tape.sources):
+        return None
+    return loop
+
+
+def _block_of(parent: ast.AST, node: ast.stmt) -> list[ast.stmt]:
+    for name in ("body", "orelse"):
+        block = getattr(parent, name, None)
+        if isinstance(block, list) and any(s is node for s in block):
+            return block
+    raise ValueError("statement not found in its parent")
+
+
+def _parse(lines: list[str]) -> list[ast.stmt]:
+    return ast.parse("\n".join(lines)).body
+
+
+def clear_cache() -> None:
+    with _lock:
+        _augmented.clear()

@@ -1,0 +1,165 @@
+"""``tritongrad check``: an operator's forward and gradients against its plain-PyTorch reference.
+
+    tritongrad check rmsnorm softmax [--dtype float64 ...] [--sizes 7x45 ...]
+    tritongrad check path/to/file.py:my_op            # the file also defines reference, make_inputs
+
+For each size: fresh random inputs (``make_inputs``), the op's outputs against the reference's
+computed in float64 from the same inputs, then the gradients of every floating-point input for a
+random gradient of every output, each error the largest absolute difference over the largest
+magnitude expected. On a CPU the kernels run in Triton's interpreter, in float64 where the example
+takes it; on a GPU, in bfloat16 and float32.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# largest error relative to the expected tensor's largest magnitude (float32 on a GPU: tl.dot is tf32)
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 5e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What is checked: an op, its reference and input maker, the sizes and dtypes it takes."""
+
+    name: str
+    op: Callable
+    reference: Callable
+    make_inputs: Callable
+    sizes: tuple
+    dtypes: tuple = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One output or gradient at one size: its errors, or what went wrong."""
+
+    subject: str
+    size: object
+    dtype: torch.dtype
+    tensor: str  # "out", "out[1]", "d_x"...
+    abs_error: float = float("nan")
+    rel_error: float = float("nan")
+    error: str = ""  # an exception instead of numbers
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.rel_error <= TOLERANCE[self.dtype]
+
+
+def _flatten(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _errors(got: torch.Tensor | None, want: torch.Tensor | None) -> tuple[float, float]:
+    """(max |got - want|, that over max |want|); inf where a tensor is missing, misshapen or not finite."""
+    if got is None and want is None:
+        return 0.0, 0.0
+    if got is None or want is None or got.shape != want.shape or not torch.isfinite(got).all():
+        return float("inf"), float("inf")
+    diff = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
+    scale = want.double().abs().max().item() if want.numel() else 0.0
+    return diff, diff / max(scale, 1e-30)
+
+
+def check_size(subject: Subject, size, device: str, dtype: torch.dtype, seed: int = 0) -> list[Row]:
+    """The op against its reference at one size (the reference in float64 from the same inputs)."""
+    torch.manual_seed(seed)
+    inputs = subject.make_inputs(size, device=device, dtype=dtype)
+    names = list(inspect.signature(subject.reference).parameters)
+
+    def leaves(wide: bool) -> list:
+        return [t.detach().to(torch.float64 if wide else t.dtype).requires_grad_()
+                if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+
+    ours, theirs = leaves(wide=False), leaves(wide=True)
+    got, want = _flatten(subject.op(*ours)), _flatten(subject.reference(*theirs))
+    if len(got) != len(want):
+        return [Row(subject.name, size, dtype, "out", error=f"{len(got)} outputs, the reference has {len(want)}")]
+    label = (lambda i: "out") if len(got) == 1 else (lambda i: f"out[{i}]")
+    rows = [Row(subject.name, size, dtype, label(i), *_errors(g, w))
+            for i, (g, w) in enumerate(zip(got, want, strict=True))]
+
+    differentiable = [i for i, w in enumerate(want) if isinstance(w, torch.Tensor) and w.requires_grad]
+    torch.manual_seed(seed + 1)
+    upstream = [torch.randn_like(want[i]) for i in differentiable]
+    wrt = [i for i, t in enumerate(theirs) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not differentiable or not wrt:
+        return rows
+    expected = torch.autograd.grad([want[i] for i in differentiable], [theirs[i] for i in wrt], upstream,
+                                   allow_unused=True)
+    upstream_ours = [g.to(got[i].dtype) for g, i in zip(upstream, differentiable, strict=True)]
+    derived = torch.autograd.grad([got[i] for i in differentiable], [ours[i] for i in wrt], upstream_ours,
+                                  allow_unused=True)
+    for i, d, e in zip(wrt, derived, expected, strict=True):
+        name = names[i] if i < len(names) else str(i)
+        rows.append(Row(subject.name, size, dtype, f"d_{name}", *_errors(d, e)))
+    return rows
+
+
+def check(subject: Subject, device: str, dtypes: Sequence[torch.dtype], sizes: Sequence | None = None) -> list[Row]:
+    """Every size in every dtype the subject takes; an exception becomes a failing row."""
+    rows = []
+    for dtype in dtypes:
+        if dtype not in subject.dtypes:
+            continue
+        for size in sizes or subject.sizes:
+            try:
+                rows += check_size(subject, size, device, dtype)
+            except Exception as e:  # report it with the rest, fail at the end
+                first = (str(e).strip().splitlines() or [""])[0]
+                rows.append(Row(subject.name, size, dtype, "-", error=f"{type(e).__name__}: {first}"[:200]))
+    return rows
+
+
+def default_dtypes(device: str) -> tuple[torch.dtype, ...]:
+    return (torch.float64,) if device == "cpu" else (torch.bfloat16, torch.float32)
+
+
+def table(rows: list[Row], title: str = "Forward and gradients against the PyTorch reference"):
+    from rich.table import Table
+
+    from .bench import format_size
+
+    t = Table(title=title)
+    for column in ("op", "size", "dtype", "tensor", "max abs error", "max rel error", "tolerance", "result"):
+        t.add_column(column, overflow="fold")
+    for r in rows:
+        numbers = ([f"{r.abs_error:.1e}", f"{r.rel_error:.1e}"] if not r.error else [r.error, "-"])
+        t.add_row(r.subject, format_size(r.size), str(r.dtype).removeprefix("torch."), r.tensor, *numbers,
+                  f"{TOLERANCE[r.dtype]:.0e}", "[green]ok" if r.ok else "[red]FAIL")
+    return t
+
+
+def load_subject(spec: str):
+    """An example's name, or ``FILE.py:OP`` whose file also defines ``reference`` and ``make_inputs``
+    (and ``SIZES``, or pass --sizes): what `check` checks (SystemExit with one line if not)."""
+    if ":" not in spec:
+        from .. import examples
+
+        try:
+            e = examples.get(spec)
+        except KeyError as error:
+            raise SystemExit(f"error: {error.args[0]}") from None
+        return Subject(e.name, e.op, e.reference, e.make_inputs, e.sizes, e.dtypes)
+    from ..core.source import import_file
+
+    path, _, name = spec.rpartition(":")
+    file = Path(path).resolve()
+    if not file.exists():
+        raise SystemExit(f"error: no such file: {path}")
+    try:
+        module = import_file(file)
+    except Exception as e:
+        raise SystemExit(f"error: importing {path} failed: {type(e).__name__}: {e}") from None
+    missing = [n for n in (name, "reference", "make_inputs") if not callable(getattr(module, n, None))]
+    if missing:
+        raise SystemExit(f"error: {path} defines no {', '.join(f'`{n}`' for n in missing)} (check needs the op, "
+                         "`reference` with the same signature and `make_inputs(size, device, dtype)`)")
+    return Subject(name, getattr(module, name), module.reference, module.make_inputs,
+                   tuple(getattr(module, "SIZES", ())), tuple(getattr(module, "DTYPES", Subject.dtypes)))
