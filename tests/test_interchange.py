@@ -9,7 +9,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad.runtime import derive
-from tritongrad.writes.lowering import INTERCHANGE, STORE
+from tritongrad.writes.strategies import Mode
 
 F64 = torch.float64
 
@@ -98,7 +98,7 @@ def test_matmul_inputs_get_kernels_of_their_own(transpose_a, transpose_b, poison
     a = torch.randn(K, M, dtype=F64).t() if transpose_a else torch.randn(M, K, dtype=F64)
     b = torch.randn(N, K, dtype=F64).t() if transpose_b else torch.randn(K, N, dtype=F64)
     bwd, choices, grads, g = _matmul_grads(a, b)
-    assert {c.mode for c in choices.values()} == {INTERCHANGE} and all(c.covers for c in choices.values())
+    assert {c.mode for c in choices.values()} == {Mode.INTERCHANGE} and all(c.covers for c in choices.values())
     leaves = [a.clone().requires_grad_(), b.clone().requires_grad_()]
     (leaves[0] @ leaves[1]).backward(g)
     torch.testing.assert_close(grads["a_ptr"], leaves[0].grad)
@@ -107,7 +107,7 @@ def test_matmul_inputs_get_kernels_of_their_own(transpose_a, transpose_b, poison
 
 def test_the_derived_kernels_read_as_a_hand_written_matmul_backward():
     bwd = tritongrad.grad(matmul_k_loop)
-    parts = bwd.variant(bwd.lowering.best()).parts
+    parts = bwd.variant(bwd.writes.best()).parts
     assert [p.wrt for p in parts] == [("a_ptr",), ("b_ptr",)]
     for part, axis in zip(parts, (1, 0), strict=True):
         assert "atomic_add" not in part.src and "for k in" not in part.src  # no forward loop replayed
@@ -119,7 +119,7 @@ def test_the_derived_kernels_read_as_a_hand_written_matmul_backward():
 def test_one_program_along_the_axis_stores_directly(poisoned_empty):
     a, b = torch.randn(45, 70, dtype=F64), torch.randn(70, 9, dtype=F64)  # one program along N
     _, choices, grads, g = _matmul_grads(a, b)
-    assert choices["a_ptr"].mode == STORE and choices["b_ptr"].mode == INTERCHANGE
+    assert choices["a_ptr"].mode == Mode.STORE and choices["b_ptr"].mode == Mode.INTERCHANGE
     torch.testing.assert_close(grads["a_ptr"], g @ b.t())
     torch.testing.assert_close(grads["b_ptr"], a.t() @ g)
 
@@ -133,7 +133,7 @@ def test_a_transposed_tile_and_a_stepped_range(poisoned_empty):
     matmul_bt[grid](**args)
     g = torch.randn(M, N, dtype=F64)
     bwd = tritongrad.grad(matmul_bt)
-    assert {c.mode for c in bwd.choose(args, grid).values()} == {INTERCHANGE}
+    assert {c.mode for c in bwd.choose(args, grid).values()} == {Mode.INTERCHANGE}
     grads = bwd.gradients(grid, args, {"c_ptr": g})
     torch.testing.assert_close(grads["a_ptr"], g @ b)
     torch.testing.assert_close(grads["b_ptr"], g.t() @ a)
@@ -147,7 +147,7 @@ def test_iterations_that_depend_on_each_other_keep_their_lowering():
     args = dict(a_ptr=a, b_ptr=b, c_ptr=c, M=M, N=N, K=K, BLOCK=block)
     decaying_matmul[grid](**args)
     bwd = tritongrad.grad(decaying_matmul)
-    assert INTERCHANGE not in {c.mode for c in bwd.choose(args, grid).values()}
+    assert Mode.INTERCHANGE not in {c.mode for c in bwd.choose(args, grid).values()}
     assert "no kernel of its own" in bwd.launch_notes()
     g = torch.randn(M, N, dtype=F64)
     grads = bwd.gradients(grid, args, {"c_ptr": g})
@@ -212,7 +212,7 @@ def test_a_range_stepped_by_keyword_runs_its_own_trip_count(poisoned_empty):
     torch.testing.assert_close(y, want.detach())
     g = torch.randn(columns, M, dtype=F64)
     bwd = tritongrad.grad(every_other_row)
-    assert bwd.choose(args, grid)["z_ptr"].mode == INTERCHANGE
+    assert bwd.choose(args, grid)["z_ptr"].mode == Mode.INTERCHANGE
     got = bwd.gradients(grid, args, {"y_ptr": g})["z_ptr"]
     torch.testing.assert_close(got, torch.autograd.grad(want, leaf, g)[0])
 
@@ -241,7 +241,7 @@ def test_num_programs_of_the_interchanged_axis_is_the_forwards(poisoned_empty):
     numbered_by_program_count[grid](**args)
     g = torch.randn_like(y)
     bwd = tritongrad.grad(numbered_by_program_count)
-    assert bwd.choose(args, grid)["z_ptr"].mode == INTERCHANGE
+    assert bwd.choose(args, grid)["z_ptr"].mode == Mode.INTERCHANGE
     got = bwd.gradients(grid, args, {"y_ptr": g})["z_ptr"]
     tiles = g.view(grid[0], columns, block) * torch.arange(1, columns + 1, dtype=F64)[:, None]
     want = tiles.sum(1).reshape(-1)[:M].expand(R, M)  # every row of z gets each column's scaled gradient
@@ -278,7 +278,7 @@ def test_a_loop_that_stops_at_the_programs_own_block(poisoned_empty):
     want = leaves[0] * torch.cumsum(leaves[1], 0)
     torch.testing.assert_close(y, want.detach())
     bwd = tritongrad.grad(causal_prefix)
-    assert bwd.choose(args, grid)["w_ptr"].mode == INTERCHANGE
+    assert bwd.choose(args, grid)["w_ptr"].mode == Mode.INTERCHANGE
     (part,) = [p for p in bwd.variant(bwd.choose(args, grid)).parts if p.wrt == ("w_ptr",)]
     assert "if start_iteration < start_trips:" in part.src and "atomic" not in part.src
     g = torch.randn(N, dtype=F64)

@@ -72,7 +72,7 @@ def test_layer_norm_three_loops():
 
 def test_loop_strategies_are_named_in_the_source():
     bwd = tritongrad.grad(layer_norm_fwd)
-    src = bwd.variant(bwd.lowering.best()).parts[0].src  # (the bias may get a kernel of its own: interchange.py)
+    src = bwd.variant(bwd.writes.best()).parts[0].src  # (the bias may get a kernel of its own: interchange.py)
     assert "# loop over off: _mean is accumulated linearly" in src
     assert "# loop over off_1: _var is accumulated linearly" in src
     assert "# loop over off_2: no state is carried between iterations" in src

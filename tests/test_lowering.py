@@ -1,4 +1,4 @@
-"""How each input's gradient reaches memory (lowering.py, issue 10), one kernel per strategy, each checked
+"""How each input's gradient reaches memory (writes/strategies.py, issue 10), one kernel per strategy, each checked
 against PyTorch autograd on a plain-PyTorch reference (float64, sizes that are not powers of two)."""
 
 import pytest
@@ -11,7 +11,7 @@ import tritongrad
 from tritongrad import NotDifferentiableError
 from tritongrad.runtime import derive
 from tritongrad.tools.testing import assert_gradients_match, bind_launch, poison
-from tritongrad.writes.lowering import ADD, ATOMIC, REGISTERS, ROW, STORE
+from tritongrad.writes.strategies import Mode
 
 F64 = torch.float64
 
@@ -107,7 +107,7 @@ def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers(poison
     rows, n = 9, 45
     args, kwargs = check_norm_rows(rows, n)
     assert choices_of(norm_rows, (rows,), args, kwargs) == {
-        "x_ptr": (STORE, True), "w_ptr": (REGISTERS, True), "b_ptr": (REGISTERS, True)}
+        "x_ptr": (Mode.STORE, True), "w_ptr": (Mode.REGISTERS, True), "b_ptr": (Mode.REGISTERS, True)}
     assert filled == []  # neither the gradients nor the partial rows are zero-filled
     src = tritongrad.grad(norm_rows).src
     assert "atomic" not in src.split('"""')[2]  # no atomics in the kernel's body
@@ -145,7 +145,7 @@ def test_partial_rows_of_a_weight_its_loads_do_not_cover_are_zero_filled(poisone
     norm_rows[(rows,)](*args, **kwargs)
     leaves = [t.clone().requires_grad_() for t in (x, w, b)]
     want = norm_reference(leaves[0], leaves[1][:n], leaves[2])
-    assert choices_of(norm_rows, (rows,), args, kwargs)["w_ptr"] == (REGISTERS, False)
+    assert choices_of(norm_rows, (rows,), args, kwargs)["w_ptr"] == (Mode.REGISTERS, False)
     assert_gradients_match(norm_rows, (rows,), args, kwargs, y, want, leaves, ["x_ptr", "w_ptr", "b_ptr"])
 
 
@@ -153,7 +153,7 @@ def test_one_program_along_the_weights_axis_stores_it():
     n = 45
     x, w, b = torch.randn(1, n, dtype=F64), torch.randn(n, dtype=F64), torch.randn(n, dtype=F64)
     args, kwargs = (x, w, b, torch.empty(1, n, dtype=F64), n, n), {"BLOCK": 64}
-    assert choices_of(norm_rows, (1,), args, kwargs)["w_ptr"] == (STORE, True)
+    assert choices_of(norm_rows, (1,), args, kwargs)["w_ptr"] == (Mode.STORE, True)
 
 
 def test_a_weight_loaded_in_a_loop_is_summed_in_a_float32_row_per_program():
@@ -165,7 +165,7 @@ def test_a_weight_loaded_in_a_loop_is_summed_in_a_float32_row_per_program():
     xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
     want = xl * torch.rsqrt(xl.pow(2).mean(1, keepdim=True) + 1e-6) * wl
     assert_gradients_match(norm_columns_looped, (rows,), args, kwargs, y, want, [xl, wl], ["x_ptr", "w_ptr"])
-    assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == ROW
+    assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == Mode.ROW
 
 
 @pytest.mark.parametrize("step", [12, 5])
@@ -179,7 +179,7 @@ def test_windows_apart_are_stored_overlapping_ones_added_atomically(step):
     want = (xl.unfold(0, w, step) ** 2).sum(1)
     assert_gradients_match(windows, (programs,), (x, y, step, n), {"W": w}, y, want, [xl], ["x_ptr"])
     mode, _ = choices_of(windows, (programs,), (x, y, step, n), {"W": w})["x_ptr"]
-    assert mode == (STORE if step >= w else ATOMIC)
+    assert mode == (Mode.STORE if step >= w else Mode.ATOMIC)
 
 
 @triton.jit
@@ -203,7 +203,8 @@ def test_a_row_stride_shorter_than_the_row_is_decided_at_launch(overlap):
     leaf = base.clone().requires_grad_()
     want = torch.exp(leaf.as_strided((rows, n), (stride, 1)))
     assert_gradients_match(exp_rows, (rows,), args, kwargs, y, want, [leaf], ["x_ptr"])
-    assert choices_of(exp_rows, (rows,), args, kwargs)["x_ptr"] == ((ATOMIC, False) if overlap else (STORE, True))
+    want_choice = (Mode.ATOMIC, False) if overlap else (Mode.STORE, True)
+    assert choices_of(exp_rows, (rows,), args, kwargs)["x_ptr"] == want_choice
 
 
 def test_a_gather_with_repeats_is_added_atomically_and_refused_when_deterministic():
@@ -215,7 +216,7 @@ def test_a_gather_with_repeats_is_added_atomically_and_refused_when_deterministi
     gather_rows[(rows,)](*args, **kwargs)
     leaf = table.clone().requires_grad_()
     assert_gradients_match(gather_rows, (rows,), args, kwargs, y, torch.sin(leaf[idx]), [leaf], ["table_ptr"])
-    assert choices_of(gather_rows, (rows,), args, kwargs)["table_ptr"][0] == ATOMIC
+    assert choices_of(gather_rows, (rows,), args, kwargs)["table_ptr"][0] == Mode.ATOMIC
     assert "sem='relaxed')" in tritongrad.grad(gather_rows).src  # (nothing in the kernel reads the sums)
     with pytest.raises(NotDifferentiableError, match=r"`table_ptr` with deterministic=True: its gradient can only "
                                                      r"be added atomically here \(its addresses are computed from "
@@ -229,11 +230,11 @@ def test_loads_that_do_not_cover_the_tensor_keep_the_zero_fill():
     y = poison(torch.empty(rows, half, dtype=F64))
     args, kwargs = (x, y, n, half), {"BLOCK": 32}
     head[(rows,)](*args, **kwargs)
-    assert choices_of(head, (rows,), args, kwargs)["x_ptr"] == (STORE, False)
+    assert choices_of(head, (rows,), args, kwargs)["x_ptr"] == (Mode.STORE, False)
     leaf = x.clone().requires_grad_()
     assert_gradients_match(head, (rows,), args, kwargs, y, torch.exp(leaf[:, :half]), [leaf], ["x_ptr"])
     whole = torch.randn(rows, half, dtype=F64)  # rows of exactly HALF columns: covered
-    assert choices_of(head, (rows,), (whole, y, half, half), kwargs)["x_ptr"] == (STORE, True)
+    assert choices_of(head, (rows,), (whole, y, half, half), kwargs)["x_ptr"] == (Mode.STORE, True)
 
 
 def test_deterministic_gradients_are_identical_bit_for_bit():
@@ -265,7 +266,7 @@ def test_the_adding_contract_of_a_launch_with_buffers():
     for got, s, ref in zip(buffers, start, want, strict=True):
         torch.testing.assert_close(got, s + ref, rtol=1e-12, atol=1e-12)
     named = bind_launch(norm_rows, (x, w, b, y, n, n), {"BLOCK": 64})
-    assert bwd.choose(named, (rows,), written=frozenset(bwd.wrt))["x_ptr"].mode == ADD
+    assert bwd.choose(named, (rows,), written=frozenset(bwd.wrt))["x_ptr"].mode == Mode.ADD
 
 
 @triton.jit
@@ -303,7 +304,7 @@ def test_two_launches_writing_one_storage_store_then_add(monkeypatch):
     ga, gb = torch.randn_like(a), torch.randn_like(b)
     torch.autograd.backward([a, b], [ga, gb])
     torch.testing.assert_close(x.grad, 2.0 * ga + 3.0 * gb, rtol=1e-12, atol=1e-12)
-    assert seen == [(STORE, False), (ADD, True)]
+    assert seen == [(Mode.STORE, False), (Mode.ADD, True)]
 
 
 @tritongrad.op
@@ -352,7 +353,7 @@ def test_partial_rows_are_summed_into_the_gradient_in_its_dtype_or_added_to_it(d
         torch.autograd.backward([want], [g.to(F64)])
         for got, ref in ((leaves[0], wide[0]), (leaves[2], wide[2]), (leaves[3], wide[3])):
             torch.testing.assert_close(got.grad.to(F64), ref.grad, **tol)
-        assert seen == [(REGISTERS, torch.float16, False)]
+        assert seen == [(Mode.REGISTERS, torch.float16, False)]
         return
     outs = norm_twice(*leaves)
     wants = (norm_reference(wide[0], *wide[2:]), norm_reference(wide[1], *wide[2:]))
@@ -363,7 +364,7 @@ def test_partial_rows_are_summed_into_the_gradient_in_its_dtype_or_added_to_it(d
     torch.autograd.backward(list(wants), [g.to(F64) for g in grads])
     for got, ref in zip(leaves, wide, strict=True):
         torch.testing.assert_close(got.grad.to(F64), ref.grad, **tol)
-    assert seen == [(REGISTERS, dtype, False), (REGISTERS, dtype, True)]  # the later launch's backward first
+    assert seen == [(Mode.REGISTERS, dtype, False), (Mode.REGISTERS, dtype, True)]  # the later launch's backward first
 
 
 @tritongrad.op(deterministic=True)
@@ -431,7 +432,7 @@ def test_an_input_loaded_again_by_index_is_stored_and_the_index_load_added_after
     args, kwargs, y, want, leaf = _logsumexp_minus_target_launch(rows)
     with checked():
         assert_gradients_match(logsumexp_minus_target, (rows,), args, kwargs, y, want, [leaf], ["x_ptr"])
-    assert choices_of(logsumexp_minus_target, (rows,), args, kwargs)["x_ptr"] == (STORE, True)
+    assert choices_of(logsumexp_minus_target, (rows,), args, kwargs)["x_ptr"] == (Mode.STORE, True)
     body = tritongrad.grad(logsumexp_minus_target).src.split('"""')[2]
     assert "atomic" not in body
     assert ("    if target < 0:\n"  # rows that return store zeros where the others store gradient: no zero-fill
@@ -472,7 +473,7 @@ def test_later_adds_reach_other_programs_elements_after_every_store(poisoned_emp
     rows_times_neighbours[(rows,)](*args, **kwargs)
     leaf = x.clone().requires_grad_()
     want = leaf * leaf.roll(-1, 0)[:, :1] + leaf[:, :3].sum(1, keepdim=True)
-    assert choices_of(rows_times_neighbours, (rows,), args, kwargs)["x_ptr"] == (STORE, True)  # no zero-fill
+    assert choices_of(rows_times_neighbours, (rows,), args, kwargs)["x_ptr"] == (Mode.STORE, True)  # no zero-fill
     assert_gradients_match(rows_times_neighbours, (rows,), args, kwargs, y, want, [leaf], ["x_ptr"])
 
 
@@ -496,7 +497,7 @@ def test_later_adds_give_way_to_a_persistent_kernel(poisoned_empty):
     leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
     want = leaves[0] * leaves[1] + leaves[0][:, :1]
     assert choices_of(scaled_rows_plus_first, (rows,), args, kwargs) == {
-        "x_ptr": (ATOMIC, False), "w_ptr": (REGISTERS, True)}
+        "x_ptr": (Mode.ATOMIC, False), "w_ptr": (Mode.REGISTERS, True)}
     assert_gradients_match(scaled_rows_plus_first, (rows,), args, kwargs, y, want, leaves, ["x_ptr", "w_ptr"])
 
 
@@ -521,7 +522,7 @@ def test_a_returning_branch_stores_zeros_only_where_the_loads_cover_the_tensor(s
     grid = (rows + spare,)
     args, kwargs = (x, y, rows, n), {"BLOCK": 64}
     guarded_rows[grid](*args, **kwargs)
-    assert choices_of(guarded_rows, grid, args, kwargs)["x_ptr"] == (STORE, spare == 0)
+    assert choices_of(guarded_rows, grid, args, kwargs)["x_ptr"] == (Mode.STORE, spare == 0)
     leaf = x.clone().requires_grad_()
     with checked():
         assert_gradients_match(guarded_rows, grid, args, kwargs, y, torch.exp(leaf), [leaf], ["x_ptr"])
@@ -549,7 +550,7 @@ def test_a_weight_read_past_a_returning_branch_is_summed_in_zero_filled_rows(spa
     grid = (rows + spare,)
     args, kwargs = (x, w, y, rows, n), {"BLOCK": 64}
     guarded_scaled_rows[grid](*args, **kwargs)
-    assert choices_of(guarded_scaled_rows, grid, args, kwargs)["w_ptr"] == (ROW, False)
+    assert choices_of(guarded_scaled_rows, grid, args, kwargs)["w_ptr"] == (Mode.ROW, False)
     leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
     with checked():
         assert_gradients_match(guarded_scaled_rows, grid, args, kwargs, y, leaves[0] * leaves[1], leaves,
@@ -574,7 +575,7 @@ def test_num_programs_in_a_persistent_kernel_is_the_forwards(poisoned_empty):
     y = poison(torch.empty(rows, n, dtype=F64))
     args, kwargs = (x, w, y, n), {"BLOCK": 64}
     rows_reversed_by_count[(rows,)](*args, **kwargs)
-    assert choices_of(rows_reversed_by_count, (rows,), args, kwargs)["w_ptr"] == (REGISTERS, True)
+    assert choices_of(rows_reversed_by_count, (rows,), args, kwargs)["w_ptr"] == (Mode.REGISTERS, True)
     leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
     want = (leaves[0] * leaves[1]).flip(0)
     assert_gradients_match(rows_reversed_by_count, (rows,), args, kwargs, y, want, leaves, ["x_ptr", "w_ptr"])
@@ -617,10 +618,10 @@ def test_partial_rows_over_their_budget_are_added_atomically_instead(monkeypatch
     norm_columns_looped[(rows,)](*args, **kwargs)
     tritongrad.grad(norm_columns_looped)._chosen.clear()  # choices are kept per launch (the budget is fixed)
     monkeypatch.setattr(derive, "tape_budget", lambda device: 7 * n * 8 - 1)  # a byte less than 7 rows take
-    assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == ATOMIC
+    assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == Mode.ATOMIC
     xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
     want = xl * torch.rsqrt(xl.pow(2).mean(1, keepdim=True) + 1e-6) * wl
     assert_gradients_match(norm_columns_looped, (rows,), args, kwargs, y, want, [xl, wl], ["x_ptr", "w_ptr"])
     tritongrad.grad(norm_columns_looped)._chosen.clear()
     monkeypatch.setattr(derive, "tape_budget", lambda device: 7 * n * 8)
-    assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == ROW
+    assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == Mode.ROW

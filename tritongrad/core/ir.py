@@ -206,6 +206,12 @@ def name_node(id: str, ctx: ast.expr_context | None = None) -> ast.Name:
     return ast.Name(id, ctx or ast.Load())
 
 
+def call_statement(function: str, *args: ast.expr, **keywords: ast.expr) -> ast.Expr:
+    """``function(*args, **keywords)`` as a statement (copies of the arguments)."""
+    return ast.Expr(ast.Call(ast.parse(function, mode="eval").body, [copy.deepcopy(a) for a in args],
+                             [ast.keyword(k, copy.deepcopy(v)) for k, v in keywords.items()]))
+
+
 def tl_call(e: ast.AST, function: str) -> ast.Call | None:
     """``e`` if it is a call ``tl.<function>(...)``, else None."""
     if (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == function

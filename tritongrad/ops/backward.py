@@ -33,7 +33,6 @@ from ..runtime import tuning
 from ..runtime.derive import capturing, decisive_constexprs, grad, hashable, shadow_dtype
 from ..runtime.relaunch import Relauncher
 from ..writes.launch_facts import Layout, buffer_facts, self_overlapping
-from ..writes.lowering import ATOMIC, PARTIALS
 
 GUARD = (1024, 1 << 20)  # zeros on each side of a shadow in a checked backward: its own size, within these bounds
 
@@ -485,8 +484,8 @@ class Replay:
         found = []
         for p in step.wrt:
             c = prepared.choices[p]
-            sets_all = (c.covers or c.mode in PARTIALS) and p not in step.shared
-            found.append((p, step.shadows[p], not sets_all, p in step.sole and c.mode != ATOMIC))
+            sets_all = c.strategy.unfilled(c) and p not in step.shared
+            found.append((p, step.shadows[p], not sets_all, p in step.sole and c.strategy.in_input_dtype()))
         return tuple(found)
 
     def _shadow(self, shadows: dict, shadow: Shadow, guards: dict | None = None, fill: bool = True,

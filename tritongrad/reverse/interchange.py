@@ -12,7 +12,7 @@ all of the forward's programs along ``axis``, summing the adjoint in registers.
 Legal when each iteration's adjoint needs nothing from the others: the loop carries only values
 advanced by a loop-invariant amount (pointers, offsets), its adjoint flows nowhere after the loop,
 and nothing outside it has an effect (each program runs that part once per iteration it owns).
-Otherwise :class:`NotInterchangeable` says why, and the input keeps another lowering.
+Otherwise :class:`NotInterchangeable` says why, and the input keeps another write strategy.
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ def _itemsize(dtype: str | None, launch: LaunchValues) -> int:
 
 
 def tape_budget(device) -> int:
-    """The bytes a launch's tapes (and a persistent backward's partial rows: lowering.rows_fit) may take on
+    """The bytes a launch's tapes (and a persistent backward's partial rows: strategies.rows_fit) may take on
     ``device``."""
     import torch
 

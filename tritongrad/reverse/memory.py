@@ -4,11 +4,9 @@
   shadow with the store's mask (masked-off lanes read zero); for a tensor updated in place
   (analysis.in_place_pointers) the shadow is then zeroed there, the loads' adjoints adding the
   gradient of the values the store overwrote;
-- a load of a ``wrt`` input: its adjoint is written as lowering.py chose for the input
-  (the kernel variant being built): stored, added without atomics, summed into a
-  per-program partial (in registers or a row; a kernel of its own sums in registers too), kept
-  per program to be added after the kernel (an input's other loads, beside the one stored), or
-  added atomically; where the load's ``other`` has a gradient, the adjoint of the lanes its mask
+- a load of a ``wrt`` input: its adjoint is written by the strategy chosen for the input (the kernel
+  variant being built: writes/strategies.py emits it, calling back into the sweep for the names and
+  partial sums it needs); where the load's ``other`` has a gradient, the adjoint of the lanes its mask
   leaves out goes to ``other``;
 - tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
   ``desc.load``'s adds ``d_desc.atomic_add(offsets, g)`` where descriptors can add.
@@ -19,22 +17,11 @@ from __future__ import annotations
 import ast
 import copy
 
-from ..core.ir import arguments, is_none, name_node, op_of, refuse, stored_value, target_of, where
+from ..core.ir import arguments, call_statement, is_none, name_node, op_of, refuse, stored_value, target_of, where
 from ..core.operations import instantiate, operation_of
 from ..frontend.blockptr import block_addresses, block_mask
-from ..writes.lowering import ADD, ATOMIC, INTERCHANGE, REGISTERS, ROW, STORE, LaterAdds
+from ..writes.strategies import RELAXED, LaterAdds
 from .persistent import PartialSum
-
-# The memory order of the adjoints' atomic adds: nothing in a backward kernel reads what they sum (the next
-# kernel or the host does), so they need none; Triton's default, acq_rel, fences every add (2.6x slower
-# on attention's dQ added from its dK/dV kernel, benchmarks/RESULTS.md).
-RELAXED = "relaxed"
-
-
-def _call(function: str, *args: ast.expr, **keywords: ast.expr) -> ast.Expr:
-    """``function(*args, **keywords)`` as a statement."""
-    return ast.Expr(ast.Call(instantiate(function, {}), [copy.deepcopy(a) for a in args],
-                             [ast.keyword(k, copy.deepcopy(v)) for k, v in keywords.items()]))
 
 
 class MemoryAdjoints:
@@ -47,42 +34,27 @@ class MemoryAdjoints:
             return
         shadow, g = name_node(self.shadow_name(b["pointer"].id)), name_node(self.g_of(stmt))
         param = self.analysis.pointer_base[b["pointer"].id]
-        later = target_of(stmt) in self.choices[param].later
+        choice = self.choices[param]
+        later = target_of(stmt) in choice.later
         if not later:  # (where only later adds write, the stored load's adjoint is zero: the buffer is zero-filled)
             self.written_inputs.add(param)
         if op_of(stmt).kind == "desc_load":
             self.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
             return
-        masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
-        mode = self.choices[param].mode
-        if mode in (STORE, ADD) and later:
-            self.add_later(stmt, param, shadow, g)
-        elif mode == INTERCHANGE:  # the addresses and mask named, to be stored at after the loop (interchange.py)
-            at = self.namer.fresh(f"{self.adjoint[target_of(stmt)]}_to")
-            self.emit(ast.Assign(targets=[ast.Name(at, ast.Store())], value=copy.deepcopy(shadow)))
-            shadow, mask = name_node(at), b["mask"]
-            if not is_none(mask):
-                mask = name_node(self.namer.fresh(f"{at}_mask"))  # d_a_to, d_a_to_mask
-                self.emit(ast.Assign(targets=[ast.Name(mask.id, ast.Store())], value=copy.deepcopy(b["mask"])))
-            total = self.partial_sum(stmt, shadow.id, mask)
-            self.emit(ast.AugAssign(target=ast.Name(total, ast.Store()), op=ast.Add(),
-                                    value=instantiate("g.to(s.dtype)", {"g": g, "s": name_node(total)})))
-        elif mode == REGISTERS:  # summed over this program's rows; stored once after them (persistent.py)
-            total = self.partial_sum(stmt, shadow.id, b["mask"])  # in its rows' dtype: one type across the loop
-            self.emit(ast.AugAssign(target=ast.Name(total, ast.Store()), op=ast.Add(),
-                                    value=instantiate("g.to(s.dtype)", {"g": g, "s": name_node(total)})))
-        elif mode == STORE:
-            self.emit(_call("tl.store", shadow, g, **masked))
-        elif mode in (ADD, ROW):  # no other program or lane touches these addresses: no atomics needed
-            self.emit(_call("tl.store", shadow, ast.BinOp(_call("tl.load", shadow, **masked).value, ast.Add(), g),
-                            **masked))
-        else:
-            assert mode == ATOMIC
-            self.emit(_call("tl.atomic_add", shadow, g, **masked, sem=ast.Constant(RELAXED)))
+        choice.strategy.emit(self, stmt, param, shadow, g, b["mask"], later)
+
+    def adjoint_of(self, stmt: ast.stmt) -> str:
+        return self.adjoint[target_of(stmt)]
+
+    def named(self, base: str, value: ast.expr) -> ast.Name:
+        """``<fresh name from base> = value``, emitted; the name."""
+        name = self.namer.fresh(base)
+        self.emit(ast.Assign(targets=[ast.Name(name, ast.Store())], value=copy.deepcopy(value)))
+        return name_node(name)
 
     def add_later(self, stmt: ast.stmt, param: str, shadow: ast.Name, g: ast.Name) -> None:
         """Keep the load's adjoint and addresses in this program's slots: added after the kernel, when the
-        input's stored load has written its gradient (lowering.LaterAdds)."""
+        input's stored load has written its gradient (strategies.LaterAdds)."""
         adjoint = self.adjoint[target_of(stmt)]
         later = LaterAdds(param, self.namer.fresh(f"{adjoint}_later"), self.namer.fresh(f"{adjoint}_later_at"),
                           self.analysis.shapes[target_of(stmt)])
@@ -168,6 +140,7 @@ class MemoryAdjoints:
         self.accumulate(value.id, incoming)
         if base in self.analysis.in_place:  # the values it overwrote get their gradient here from the loads only
             masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
-            self.emit(_call("tl.store", shadow, ast.Constant(0.0), **masked))
-            self.emit(_call("tl.debug_barrier"))  # read and zeroed by every thread before the loads' adjoints add
+            self.emit(call_statement("tl.store", shadow, ast.Constant(0.0), **masked))
+            self.emit(call_statement("tl.debug_barrier"))  # read and zeroed by every thread before the loads'
+            # adjoints add
 

@@ -1,6 +1,6 @@
 """The persistent wrap: a backward body as a loop over the forward's programs along an axis, each program of the
 backward summing the gradients of the inputs those programs share (a weight) in registers or in a partial row of its
-own (writes/lowering.py chooses where; the rows are summed after the kernel), or, for a kernel of an input's own
+own (writes/strategies.py chooses where; the rows are summed after the kernel), or, for a kernel of an input's own
 (interchange.py), looping over all of them."""
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ from ..core.ir import (
     where,
 )
 from ..core.operations import LOADS, STORES, instantiate, operation_of
-from ..writes.lowering import ATOMIC, INTERCHANGE, PARTIALS, STORE, Choice
+from ..writes.strategies import Choice, Mode
 from .interchange import loop_to_grid, without_unused
 from .loops import LoopPlan, LoopReversal, merge_records
 from .memory import MemoryAdjoints
@@ -80,7 +80,7 @@ class BackwardBody:
     extra_params: list[str] = field(default_factory=list)  # after the shadows: a persistent variant's counts
     written_inputs: set[str] = field(default_factory=set)  # wrt inputs whose loads' adjoints it writes
     tapes: list = field(default_factory=list)  # loops.Tape: parameters after the extra ones, sized at launch
-    later_adds: list = field(default_factory=list)  # lowering.LaterAdds: parameters after the tapes'
+    later_adds: list = field(default_factory=list)  # strategies.LaterAdds: parameters after the tapes'
     prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
     loop_stages: str | None = None  # a persistent variant's constexpr: its loop over the programs' stages in flight
     loop_held: str | None = None  # and whether the loads before that loop are held across it (persistent.py)
@@ -129,10 +129,10 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         self.program = analysis.program
         self.loop_plans = loop_plans
         self.tile = tile
-        self.choices = choices or {p: Choice(ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
+        self.choices = choices or {p: Choice(Mode.ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
         self.tapes: list = []  # loops.Tape: the state tapes of nonlinear loops (written by loops.py)
         self.partial_sums: list = []  # persistent.PartialSum: inputs summed in registers (written by memory.py)
-        self.later_adds: list = []  # lowering.LaterAdds: loads' adjoints added after the kernel (memory.py)
+        self.later_adds: list = []  # strategies.LaterAdds: loads' adjoints added after the kernel (memory.py)
         self.written_inputs: set[str] = set()  # wrt inputs whose loads' adjoints were written (memory.py)
         self.namer = Namer(self.program.names)
         self.adjoint: dict[str, str] = {}  # primal name -> name of its adjoint
@@ -219,13 +219,13 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                        for w in self.analysis.wrt]
         reassigned = {n for n, ds in self.defs.items() if len(ds) > 1}
         reassigned |= {self.shadow[n] for n in reassigned if n in self.shadow}
-        own = any(c.mode == INTERCHANGE for c in self.choices.values())  # (its sums are stored at sweep values)
+        own = any(c.strategy.own_kernel for c in self.choices.values())  # (its sums are stored at sweep values)
         epilogue = {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))} if not own else set()
         replay = self.replay(epilogue)
         merge_records(replay, self.out)
         self.keep_finals(replay, self.out)
         body, extra = replay + self.out, []
-        axis = next((c.axis for c in self.choices.values() if c.mode in PARTIALS), None)
+        axis = next((c.axis for c in self.choices.values() if c.strategy.partial_rows), None)
         prologue = stages = held = None
         if own:  # a kernel of its own for these inputs: the loop's iterations are programs (interchange.py)
             axis = self.choices[self.analysis.wrt[0]].axis
@@ -270,9 +270,9 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         of the loop's pipelining), and ``held`` where the body reads it (the constexpr holding its once-loaded
         values across the loop), else None."""
         programs = self.namer.fresh("programs")
-        partial = [p for p, c in self.choices.items() if c.mode in PARTIALS]
+        partial = [p for p, c in self.choices.items() if c.strategy.partial_rows]
         rows = {self.shadow[p]: self.namer.fresh(f"{self.shadow[p]}_rows") for p in partial}
-        names = ", ".join(p for p, c in self.choices.items() if c.mode in (*PARTIALS, INTERCHANGE))
+        names = ", ".join(p for p, c in self.choices.items() if c.strategy.partial_rows or c.strategy.own_kernel)
         if every:
             note = self.marker(f"each program takes one iteration of the loop (tl.program_id({axis})) and loops over "
                                f"all of the forward's programs along axis {axis},\nsumming the gradient of {names} "
@@ -383,7 +383,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
             return
         bodies = [self.recompute(block, sweep) + sweep for block, sweep in zip(blocks, sweeps, strict=True)]
         for c in self.choices.values():
-            if c.mode == STORE and c.fill:
+            if c.mode == Mode.STORE and c.fill:
                 for i, block in enumerate(blocks):
                     load = next((s for s in statements(block) if target_of(s) == c.fill
                                  and op_of(s).kind in LOADS), None)
@@ -396,7 +396,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
                                    orelse=bodies[1]))
 
     def zero_stores(self, block: list[ast.stmt], load: ast.stmt) -> list[ast.stmt]:
-        """Zeros stored at the addresses ``load`` reads in ``block`` (lowering's ``fill``: the branch it is in
+        """Zeros stored at the addresses ``load`` reads in ``block`` (the store strategy's ``fill``: the branch it is in
         computes them, for the programs that take the other branch; the loops around it repeated)."""
         b = arguments(load)
         masked = {} if is_none(b["mask"]) else {"mask": copy.deepcopy(b["mask"])}
@@ -730,7 +730,7 @@ def _read_back(kept: StoredValue) -> ast.stmt:
 def build_backward(analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool = False,
                    choices: dict[str, Choice] | None = None, saved: bool = False,
                    read_back: dict[str, StoredValue] | None = None) -> BackwardBody:
-    """The backward body; ``choices``: how each input's gradient is written (lowering.py; default: atomically);
+    """The backward body; ``choices``: how each input's gradient is written (writes/strategies.py; default: atomically);
     ``saved``: the nonlinear loops' state tapes come filled from the forward (augment.py); ``read_back``: values
     the replay reads from the outputs holding them (stored_outputs.py)."""
     for s in statements(analysis.program.body):  # memory operations' argument checks, before any output

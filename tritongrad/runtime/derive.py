@@ -26,22 +26,9 @@ from ..frontend.specialize import decisive, plain_value
 from ..reverse.interchange import NotInterchangeable
 from ..reverse.loops import LoopPlan, Tape, classify_loops, tape_budget
 from ..reverse.sweep import build_backward
+from ..writes.input_facts import WritePlan, plan_writes
 from ..writes.launch_facts import FACTS, LaunchFacts, Layout, buffer_facts, overlap
-from ..writes.lowering import (
-    ADD,
-    ATOMIC,
-    INTERCHANGE,
-    NONE,
-    PARTIALS,
-    REGISTERS,
-    STORE,
-    Choice,
-    LaterAdds,
-    Lowering,
-    most_trips,
-    plan_lowering,
-    span_of,
-)
+from ..writes.strategies import Choice, LaterAdds, Mode, most_trips, span_of
 from . import tuning
 
 CALLING_CONVENTION = """\
@@ -49,22 +36,11 @@ Launch it with the forward's grid and the forward's arguments, followed by one
 shadow per output (d_<output>: the gradient of the loss with respect to that output,
 read only) and one per wrt input (d_<input>: a buffer with the input's shape and
 strides), as tritongrad's BackwardKernel does: it picks, on each launch, how each
-input's gradient is written (see lowering.py)."""
+input's gradient is written (see writes/strategies.py)."""
 
 LATER = "its other loads' adjoints kept per program and added after the kernel"
 IN_PLACE = ("updated in place, as the forward updates it: the gradient of the values it gets on entry, of the "
             "values it held on exit (zeroed where stored, the loads' gradient added)")
-WRITES = {
-    STORE: "stored: each element is written once (the buffer needs no zero-fill where the loads cover it)",
-    ADD: "added without atomics: each element is read and written by one lane of one program",
-    "registers": "summed over each program's rows in registers; one partial row per program (not zero-filled "
-                 "where the loads cover the tensor), summed after",
-    "row": "summed into one float32 partial row per program, the rows summed after the kernel",
-    INTERCHANGE: "summed in registers by a kernel of its own, one program per iteration of the loop around its "
-                 "load, each looping over the forward's programs along an axis; stored once",
-    ATOMIC: "added atomically into a zero-filled buffer (float32 for half-precision inputs)",
-    NONE: "zero: its value reaches no output (the buffer is zero-filled, nothing written)",
-}
 
 
 def shadow_dtype(dtype: Any) -> Any:
@@ -100,7 +76,7 @@ class Prepared:
     def covered_rows(self) -> frozenset[str]:
         """Inputs summed in registers whose loads cover the tensor: each program stores its whole partial row
         (a launch's choice: the variant's code is the same either way)."""
-        return frozenset(p for p, c in self.choices.items() if c.mode == REGISTERS and c.covers)
+        return frozenset(p for p, c in self.choices.items() if c.mode == Mode.REGISTERS and c.covers)
 
 
 @dataclass(frozen=True)
@@ -262,15 +238,15 @@ class BackwardKernel:
     to add to). :meth:`gradients` allocates the input gradients itself and returns them:
     the fast path, where a gradient each element of which is written once is stored in the
     input's dtype without a zero-fill. How each input's gradient is written is decided on
-    each launch (lowering.py); ``src`` is the kernel where every condition holds.
+    each launch (writes/strategies.py); ``src`` is the kernel where every condition holds.
     """
 
     def __init__(self, forward: Any, program: Program, analysis: Analysis, loop_plans: dict[int, LoopPlan],
-                 lowering: Lowering, deterministic: bool, read_back: dict[str, StoredValue] | None = None):
+                 writes: WritePlan, deterministic: bool, read_back: dict[str, StoredValue] | None = None):
         self.forward = forward
         self.read_back = read_back or {}  # values its replay may read from the outputs holding them
         self.program, self.analysis, self.loop_plans = program, analysis, loop_plans
-        self.lowering = lowering
+        self.writes = writes
         self.deterministic = deterministic
         self.wrt, self.outputs = analysis.wrt, analysis.outputs
         self.in_place = analysis.in_place  # inputs updated in place: their shadow is the output's too
@@ -283,11 +259,11 @@ class BackwardKernel:
         self._chosen: dict[tuple, dict[str, Choice]] = {}  # (grid, arguments, written) -> choices
         self._most_trips: dict[tuple, int] = {}  # (part, grid, arguments) -> the programs of an interchanged kernel
         self.not_interchanged: dict[str, str] = {}  # input -> why it cannot have a kernel of its own
-        self.saved_lowering = lowering  # for a launch whose forward kept its loops' states (augment.py)
+        self.saved_writes = writes  # for a launch whose forward kept its loops' states (augment.py)
         self._keep_feasible_interchanges()
-        best = self.variant(self.lowering.best())  # derived now, so that what cannot be differentiated says so now
+        best = self.variant(self.writes.best())  # derived now, so that what cannot be differentiated says so now
         if not any(part.wrt == self.wrt for part in best.parts):  # the calling convention's shadow names
-            self.variant({p: Choice(ATOMIC) for p in self.wrt})
+            self.variant({p: Choice(Mode.ATOMIC) for p in self.wrt})
         self.params = (*program.param_names(), *self.shadow_params.values())
         self.requested: tuple = (None, None)  # the wrt and outputs asked for (grad sets them)
         self.specialization: dict[str, Any] = {}  # values of the constexprs its source was specialized for
@@ -297,19 +273,19 @@ class BackwardKernel:
 
     def _keep_feasible_interchanges(self) -> None:
         """Drop the interchanges whose backward body cannot give its loop to the grid (interchange.py); keep
-        in ``saved_lowering`` those it can give where it reads the loops' states the forward kept (an attention
+        in ``saved_writes`` those it can give where it reads the loops' states the forward kept (an attention
         backward's: without them, it replays the forward's loop in every program)."""
-        for param, lowering in self.lowering.inputs.items():
-            for axis in list(lowering.interchange):
+        for param, facts in self.writes.inputs.items():
+            for axis in list(facts.interchange):
                 try:
-                    self._part({param: Choice(INTERCHANGE, axis)})
+                    self._part({param: Choice(Mode.INTERCHANGE, axis)})
                 except NotInterchangeable as e:
                     self.not_interchanged[param] = str(e)
-                    self.lowering = self.lowering.without_interchange(param)
+                    self.writes = self.writes.without_interchange(param)
                     try:
-                        self._part({param: Choice(INTERCHANGE, axis)}, saved=True)
+                        self._part({param: Choice(Mode.INTERCHANGE, axis)}, saved=True)
                     except NotInterchangeable:
-                        self.saved_lowering = self.saved_lowering.without_interchange(param)
+                        self.saved_writes = self.saved_writes.without_interchange(param)
                     else:
                         self.not_interchanged[param] += " (it has one where an op's forward keeps that loop's state)"
                     break
@@ -323,11 +299,11 @@ class BackwardKernel:
     @property
     def src(self) -> str:
         """The kernel where every launch condition holds (what ``tritongrad show`` prints)."""
-        return self.variant(self.lowering.best()).src
+        return self.variant(self.writes.best()).src
 
     @property
     def kernel(self) -> Any:
-        return self.variant(self.lowering.best()).kernel
+        return self.variant(self.writes.best()).kernel
 
     @property
     def shadow_params(self) -> dict[str, str]:
@@ -349,7 +325,7 @@ class BackwardKernel:
         """The tapes a forward keeps for the variant a typical launch reads them with (augment.py): each of its
         kernels' (state tapes, loops' finals), once; none where a kernel runs other programs than the forward's
         (persistent; an interchanged one reads the forward's finals by the forward's program it loops over)."""
-        parts = self.variant(self.saved_lowering.best(), saved=True).parts
+        parts = self.variant(self.saved_writes.best(), saved=True).parts
         if any(part.persistent for part in parts):
             return ()
         kept: dict[tuple, Tape] = {}
@@ -358,12 +334,12 @@ class BackwardKernel:
         return tuple(kept.values())
 
     def _build(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
-        own = [p for p, c in choices.items() if c.mode == INTERCHANGE]
+        own = [p for p, c in choices.items() if c.strategy.own_kernel]
         rest = {p: c for p, c in choices.items() if p not in own}
-        parts = [self._part(rest, saved)] if not own or any(c.mode != NONE for c in rest.values()) else []
+        parts = [self._part(rest, saved)] if not own or any(c.mode != Mode.NONE for c in rest.values()) else []
         by_loop: dict[tuple, dict[str, Choice]] = {}  # inputs whose iterations are the same: one kernel (dK, dV)
         for p in own:
-            by_loop.setdefault((choices[p].axis, self.saved_lowering.inputs[p].trips), {})[p] = choices[p]
+            by_loop.setdefault((choices[p].axis, self.saved_writes.inputs[p].trips), {})[p] = choices[p]
         for group in by_loop.values():
             try:
                 parts.append(self._part(group, saved))
@@ -388,8 +364,9 @@ class BackwardKernel:
         shadows = dict(zip(dict.fromkeys((*self.outputs, *wrt)), backward.shadow_params, strict=True))
         if wrt == self.wrt:
             self._shadow_params = shadows
-        writes = "".join(f"\n  d_{p}: {IN_PLACE if p in analysis.in_place else WRITES[c.mode]}"
-                         + (f"; {LATER} ({', '.join(c.later)})" if c.later and c.mode in (STORE, ADD) else "")
+        writes = "".join(f"\n  d_{p}: {IN_PLACE if p in analysis.in_place else c.strategy.describes}"
+                         + (f"; {LATER} ({', '.join(c.later)})" if c.later and c.mode in (Mode.STORE, Mode.ADD)
+                            else "")
                          for p, c in choices.items())
         doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
                f"wrt: {', '.join(wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
@@ -411,9 +388,9 @@ class BackwardKernel:
         programs, rows = None, {}
         if backward.extra_params:
             programs, *strides = backward.extra_params
-            rows = dict(zip([p for p, c in choices.items() if c.mode in PARTIALS], strides, strict=True))
-        axis = next((c.axis for c in choices.values() if c.mode in (*PARTIALS, INTERCHANGE)), None)
-        trips = next((self.saved_lowering.inputs[p].trips for p, c in choices.items() if c.mode == INTERCHANGE),
+            rows = dict(zip([p for p, c in choices.items() if c.strategy.partial_rows], strides, strict=True))
+        axis = next((c.axis for c in choices.values() if c.strategy.partial_rows or c.strategy.own_kernel), None)
+        trips = next((self.saved_writes.inputs[p].trips for p, c in choices.items() if c.strategy.own_kernel),
                      None)
         part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
                                        frozenset(backward.written_inputs), tuple(backward.tapes),
@@ -473,7 +450,7 @@ class BackwardKernel:
                   ) -> dict[str, Any]:
         """The gradients of the ``wrt`` inputs of the forward launch ``named`` (its arguments by parameter
         name) given the gradients of its outputs (tensors with the outputs' shapes and strides): each
-        allocated as its lowering needs (empty where it is stored everywhere) in the input's dtype, or
+        allocated as its write strategy needs (empty where it is stored everywhere) in the input's dtype, or
         float32 for half-precision inputs added atomically. ``saved``: the state tapes the launch's augmented
         forward kept (augment.py)."""
         import torch
@@ -495,8 +472,8 @@ class BackwardKernel:
             if p in self.in_place:
                 continue
             x, c = named[p], prepared.choices[p]
-            fill = torch.empty_strided if (c.covers or c.mode in PARTIALS) and c.mode != NONE else _zeros_strided
-            dtype = x.dtype if c.mode != ATOMIC else shadow_dtype(x.dtype)
+            fill = torch.empty_strided if c.strategy.unfilled(c) else _zeros_strided
+            dtype = x.dtype if c.strategy.in_input_dtype() else shadow_dtype(x.dtype)
             grads[p] = fill(x.size(), x.stride(), dtype=dtype, device=x.device)
         self.launch(sizes, named, output_grads, grads, prepared, saved=saved)
         return grads
@@ -595,11 +572,11 @@ class BackwardKernel:
         prepared = self._chosen.get(key)
         if prepared is None:
             device = next((t.device for p in self.wrt if hasattr(t := named.get(p), "device")), None)
-            lowering = self.saved_lowering if saved is not None else self.lowering
+            writes = self.saved_writes if saved is not None else self.writes
             parallel = multiprocessors(device)
             facts = LaunchFacts(LaunchValues(named, grid), written, shared, self_overlapping, parallel,
                                 tape_budget(device), max(tuning.WAVES) * parallel)
-            choices = lowering.choose(facts, deterministic=self.deterministic)
+            choices = writes.choose(facts, deterministic=self.deterministic)
             if self.deterministic:
                 self._refuse_atomics(choices, self_overlapping)
             variant = self.variant(choices, saved=saved is not None)
@@ -612,11 +589,11 @@ class BackwardKernel:
 
     @functools.cached_property
     def _chosen_names(self) -> tuple[str, ...]:
-        """The arguments the lowering's conditions read, and the inputs and outputs (their dtypes and layouts
+        """The arguments the write strategies' conditions read, and the inputs and outputs (their dtypes and layouts
         decide the tuned launch setting)."""
         names = {*self.wrt, *self.outputs}
-        for lowering in self.lowering.inputs.values():
-            for c in (lowering.owned, lowering.covers, *lowering.shared.values(), *lowering.interchange.values()):
+        for facts in self.writes.inputs.values():
+            for c in (facts.owned, facts.covers, *facts.shared.values(), *facts.interchange.values()):
                 names |= c.names() if c is not None else set()
         return tuple(sorted(names & set(self.params)))
 
@@ -677,7 +654,7 @@ class BackwardKernel:
         key = (id(self), variant.choices, bool(tapes), grid, tuning.describe({**named, **output_grads, **buffers}))
         settings = []
         for i, part in enumerate(variant.parts):
-            touched = [buffers[p] for p, c in variant.choices if p in part.wrt and c.mode in (ADD, ATOMIC)]
+            touched = [buffers[p] for p, c in variant.choices if p in part.wrt and c.strategy.adds_in_kernel]
 
             def trial(s: tuning.Setting, i: int = i) -> None:  # the trials add into ``touched``: restored after
                 rows = self._run(variant, grid, named, output_grads, buffers, (s,) * len(variant.parts), written, 0,
@@ -771,11 +748,11 @@ class BackwardKernel:
 
     def _refuse_atomics(self, choices: dict[str, Choice], self_overlapping: frozenset[str] = frozenset()) -> None:
         for p, c in choices.items():
-            if c.mode == ATOMIC:
+            if c.mode == Mode.ATOMIC:
                 load = self.analysis.loads[p][0]
                 where = load.tg.where
                 why = ("the tensor passed reaches one element from several positions (expanded, stride 0)"
-                       if p in self_overlapping else self.lowering.inputs[p].why
+                       if p in self_overlapping else self.writes.inputs[p].why
                        or "this launch does not keep its addresses apart")
                 raise NotDifferentiableError(
                     f"`{p}` with deterministic=True: its gradient can only be added atomically here ({why})",
@@ -844,11 +821,11 @@ class BackwardKernel:
     def launch_notes(self) -> str:
         """What is decided on each launch's arguments, as comment lines (``tritongrad show`` prints them)."""
         lines = []
-        if self.lowering.inputs:
+        if self.writes.inputs:
             lines.append("# How each input's gradient is written, decided on each launch's arguments:")
-            lines += [f"#   {lowering.describe()}" for lowering in self.lowering.inputs.values()]
+            lines += [f"#   {facts.describe()}" for facts in self.writes.inputs.values()]
             lines += [f"#   {p}: no kernel of its own: {why}" for p, why in self.not_interchanged.items()]
-        if self.lowering.inputs:
+        if self.writes.inputs:
             lines.append("# Checked on each launch's gradient buffers, from their addresses, sizes and strides "
                          "(launch_facts.py):")
             lines += [f"#   {fact}" for fact in FACTS]
@@ -916,7 +893,8 @@ def _tape_args(part: Part, saved: Any) -> dict[str, Any]:
 
 
 def _describe(value: Any) -> Any:
-    """What the lowering's conditions and tuning read of an argument: its value, or a tensor's layout and dtype."""
+    """What the write strategies' conditions and tuning read of an argument: its value, or a tensor's layout and
+    dtype."""
     shape = getattr(value, "shape", None)
     if shape is not None and hasattr(value, "stride"):
         return (tuple(shape), value.stride(), value.dtype)
@@ -1009,7 +987,7 @@ def _derive(jit_fn: Any, wrt, outputs, deterministic: bool, constexprs: dict[str
     program = fuse_composites(online_softmax(normalize_kernel(jit_fn, constexprs)))
     analysis = analyze(program, wrt, outputs)
     read_back = {v: k for v, k in stored_values(program, analysis.stores).items() if k.param in kept_outputs}
-    bwd = BackwardKernel(jit_fn, program, analysis, classify_loops(analysis), plan_lowering(analysis),
+    bwd = BackwardKernel(jit_fn, program, analysis, classify_loops(analysis), plan_writes(analysis),
                          deterministic, read_back)
     bwd.requested, bwd.specialization, bwd.kept_outputs = (wrt, outputs), constexprs, kept_outputs
     return bwd

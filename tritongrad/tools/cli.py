@@ -93,7 +93,7 @@ def show(args: argparse.Namespace) -> int:
         print(f"\n\n# Through a tritongrad.op, which saves {', '.join(f'`{p}`' for p in readable)} for the backward, "
               f"it reads back what the forward stored there (stored_outputs.py):\n\n{kept.src}", end="")
     found = augmented(unwrap(kernel), {})
-    best = bwd.saved_lowering.best()
+    best = bwd.saved_writes.best()
     if found is not None and bwd.saved_tapes() == found.tapes:
         print(f"\n\n# Through a tritongrad.op, the forward keeps what the backward reads of its loops (augment.py): it "
               f"launches\n\n{found.src}\n# and the backward reads them:\n\n{bwd.variant(best, saved=True).src}", end="")

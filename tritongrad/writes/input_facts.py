@@ -1,43 +1,18 @@
-"""How each differentiated input's gradient reaches memory: the seam between the reverse sweep and memory.
+"""What can be shown about each differentiated input's loads: the facts the write strategies (strategies.py) need.
 
-The adjoint of a load is a scatter into the input's shadow. Per ``wrt`` input, the best of these
-that can be shown right is used (at derivation where it is certain, at launch where it depends on
-the launch's strides, sizes, grid and trip counts):
-
-- ``store``: each address the input's load reads is reached once in the whole launch (its lanes,
-  programs and loop iterations apart, as lanes.py shows for stores). The adjoint is a plain
-  ``tl.store`` in the input's dtype: no atomics, no float32 buffer, no cast pass; and where the load
-  reaches every element of the tensor (``covers``), no zero-fill either. When an earlier writer in
-  the backward already put gradient there (another launch of an op, or a caller's buffer), it is
-  ``add``: load, add, store, still without atomics.
-- ``partials``: every program along a grid axis reads the same addresses (a weight, a bias). The
-  backward runs persistently along that axis: each program loops over the forward's programs,
-  accumulating the input's adjoint in registers (``registers``: where its addresses and mask do not
-  move) or in its own float32 row (``row``), and a fixed-order sum reduces the rows afterwards
-  (deterministic, as hand-written norm backwards do).
-- ``interchange``: every program along a grid axis reads the same addresses, but a loop moves them (a
-  matmul's ``A[m, k]`` under ``for k``, read by every program along ``n``). The input gets a kernel of its
-  own whose programs along that axis are the loop's iterations, each looping over the forward's programs
-  along the axis and storing its tile once (interchange.py): the loop interchange of a hand-written
-  matmul or attention backward.
-- ``store`` with *later adds*: an input loaded by several statements, one of them owned as above (a
-  cross-entropy's row, read block by block) and the others outside loops (its target's logit). The
-  owned load's adjoint is stored; each other load's is kept, with its addresses, in a small buffer of
-  its own per program and added after the kernel (:class:`LaterAdds`): wherever those addresses point,
-  the stores are done by then.
-- ``atomic``: anything else (gathers, overlapping windows, several loads of one input in loops):
-  ``tl.atomic_add`` into a zero-filled float32 buffer.
-- ``none``: the input's value does not reach an output: its gradient is zero.
-
-:class:`Lowering` holds, per input, the conditions each strategy needs (``checks.py`` data);
-``choose`` evaluates them on a launch; ``persistent`` rewrites a backward body for partial rows.
+The adjoint of a load is a scatter into the input's shadow. Per ``wrt`` input, :func:`plan_writes` reads the load's
+address as an affine form (analysis/addresses.py) and keeps, as conditions on a launch's scalars and grid
+(analysis/conditions.py data), whether its addresses are apart across lanes, programs and iterations (``owned``),
+cover the tensor (``covers``), are shared by the programs along a grid axis (``shared``: partial rows, summed in
+registers where they do not move), or shared along an axis but moved by a loop (``interchange``: a kernel of its
+own), or why none of these can be shown. :class:`WritePlan` holds them for every input; its ``choose`` takes, per
+launch, the first strategy whose facts hold (strategies.choose).
 """
 
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ..analysis.addresses import (
     Lane,
@@ -50,7 +25,7 @@ from ..analysis.addresses import (
     starts_at_zero,
 )
 from ..analysis.analyze import Analysis, loaded_values, program_axes
-from ..analysis.conditions import UNKNOWN_TRIP, All, AtMost, Condition, Covers, Expr, LaunchValues
+from ..analysis.conditions import UNKNOWN_TRIP, All, AtMost, Condition, Covers, Expr
 from ..analysis.lanes import launch_coordinates, scalars_written_out
 from ..core.ir import (
     arguments,
@@ -64,15 +39,13 @@ from ..core.ir import (
 )
 from ..core.operations import operation_of
 from .launch_facts import LaunchFacts
+from .strategies import Choice, choose
 
-ATOMIC, STORE, ADD, REGISTERS, ROW, NONE = "atomic", "store", "add", "registers", "row", "none"
-INTERCHANGE = "interchange"
-PARTIALS = (REGISTERS, ROW)
 AXES = (0, 1, 2)
 
 
 @dataclass(frozen=True)
-class InputLowering:
+class InputFacts:
     """What can be shown about one ``wrt`` input's load, for choosing how its adjoint is written."""
 
     param: str
@@ -116,192 +89,29 @@ class InputLowering:
 
 
 @dataclass(frozen=True)
-class Choice:
-    """How one launch writes one input's gradient."""
+class WritePlan:
+    """What can be shown about each ``wrt`` input's loads (:class:`InputFacts`), and the strategies chosen from it."""
 
-    mode: str  # STORE / ADD / REGISTERS / ROW / INTERCHANGE / ATOMIC
-    axis: int | None = None  # partials: the persistent axis; interchange: the axis the loop's iterations take
-    covers: bool = False  # store, registers: the load reaches every element (buffer, partial rows: no zero-fill)
-    later: tuple[str, ...] = ()  # store, add: the input's other loads, added after the kernel (LaterAdds)
-    fill: str = ""  # store covering the tensor: the load (by result) whose if's other branch stores zeros
-    private: bool = False  # store: into a buffer of its own, added to the input's after the kernels (its
-    # buffer overlaps another input's: launch_facts.py)
-
-
-@dataclass(frozen=True)
-class Lowering:
-    inputs: dict[str, InputLowering]
+    inputs: dict[str, InputFacts]
 
     def choose(self, facts: LaunchFacts, deterministic: bool = False) -> dict[str, Choice]:
-        """Each input's choice for a launch, from its facts (launch_facts.py): the conditions of each strategy
-        evaluated on its scalars and grid; a buffer reaching one element from several positions (stride 0)
-        added atomically; one overlapping another input's stored into a buffer of its own (``private``) or, for
-        partial rows and kernels of their own, which write after the kernel, added there (the launcher treats
-        it as ``written``). At most one persistent axis per launch: the first input's that wants one. An input
-        gets a kernel of its own where that has at least ``facts.parallel`` programs (a GPU's multiprocessors: a
-        layer norm's bias over four column blocks would run four long programs), and partial rows where they
-        take at most ``facts.row_budget`` bytes (:func:`rows_fit`). ``deterministic``: a kernel of its own
-        however few programs it has, rather than atomics."""
-        launch, parallel = facts.values, facts.parallel
-        choices: dict[str, Choice] = {}
-        axis = None
-        for param, lowering in self.inputs.items():
-            if lowering.inactive:
-                choices[param] = Choice(NONE)
-                continue
-            if param in facts.self_overlapping:
-                choices[param] = Choice(ATOMIC)
-                continue
-            if _holds(lowering.owned, launch):
-                if param in facts.shared:  # another input's gradient lands in this memory too: a buffer of its own
-                    covers = _holds(lowering.covers, launch)
-                    choices[param] = Choice(STORE, covers=covers, later=lowering.later,
-                                            fill=lowering.fill if covers else "", private=True)
-                elif param in facts.written:
-                    choices[param] = Choice(ADD, later=lowering.later)
-                else:
-                    covers = _holds(lowering.covers, launch)
-                    choices[param] = Choice(STORE, covers=covers, later=lowering.later,
-                                            fill=lowering.fill if covers else "")
-                continue
-            interchange = [a for a, c in lowering.interchange.items() if _holds(c, launch) and launch.programs(a) > 1
-                           and (deterministic or _programs(launch, a, lowering.trips) >= parallel)]
-            if interchange:
-                choices[param] = Choice(INTERCHANGE, interchange[0], _holds(lowering.covers, launch))
-                continue
-            shared = [a for a, c in lowering.shared.items() if axis in (None, a) and _holds(c, launch)
-                      and launch.programs(a) > 1 and rows_fit(launch, param, a, facts)]
-            if shared:
-                axis = shared[0]
-                if axis in lowering.in_registers:  # each program stores its whole row once, after its loop
-                    choices[param] = Choice(REGISTERS, axis, covers=_holds(lowering.covers, launch))
-                else:
-                    choices[param] = Choice(ROW, axis)
-                continue
-            choices[param] = Choice(ATOMIC)
-        return _without_later_adds(choices, axis)
-
-    def without_interchange(self, param: str) -> Lowering:
-        """The same, with ``param``'s gradient never given a kernel of its own (its body cannot be)."""
-        inputs = dict(self.inputs)
-        inputs[param] = replace(inputs[param], interchange={}, trips=None)
-        return Lowering(inputs)
+        """Each input's strategy on a launch (strategies.choose). ``deterministic``: a kernel of its own however
+        few programs it has, rather than atomics."""
+        return choose(self.inputs, facts, deterministic)
 
     def best(self) -> dict[str, Choice]:
         """What a typical launch gets (several programs along each axis the kernel reads): the kernel
         ``tritongrad show`` prints."""
-        choices, axis = {}, None
-        for param, lowering in self.inputs.items():
-            if lowering.inactive:
-                choices[param] = Choice(NONE)
-            elif lowering.interchange:
-                choices[param] = Choice(INTERCHANGE, min(lowering.interchange), lowering.covers is not None)
-            elif lowering.shared and (axis is None or axis in lowering.shared):
-                axis = axis if axis is not None else min(lowering.shared)
-                in_registers = axis in lowering.in_registers
-                choices[param] = Choice(REGISTERS if in_registers else ROW, axis,
-                                        covers=in_registers and lowering.covers is not None)
-            elif lowering.owned is not None:
-                choices[param] = Choice(STORE, covers=lowering.covers is not None, later=lowering.later,
-                                        fill=lowering.fill)
-            else:
-                choices[param] = Choice(ATOMIC)
-        return _without_later_adds(choices, axis)
+        return choose(self.inputs, None)
+
+    def without_interchange(self, param: str) -> WritePlan:
+        """The same, with ``param``'s gradient never given a kernel of its own (its body cannot be)."""
+        inputs = dict(self.inputs)
+        inputs[param] = replace(inputs[param], interchange={}, trips=None)
+        return WritePlan(inputs)
 
 
-def rows_fit(launch: LaunchValues, param: str, axis: int, facts: LaunchFacts) -> bool:
-    """Whether ``param``'s partial rows along ``axis`` take at most ``facts.row_budget`` bytes: a row as long as the
-    tensor's span per persistent program (at most ``facts.persistent_programs``). A weight's rows are small; an
-    attention's keys, read by every query block, would take that many copies of all heads' keys."""
-    tensor = launch.arguments.get(param)
-    if facts.row_budget is None or not hasattr(tensor, "stride"):
-        return True
-    programs = min(launch.programs(axis), facts.persistent_programs)
-    return programs * span_of(tensor) * (8 if tensor.element_size() == 8 else 4) <= facts.row_budget
-
-
-def span_of(t: Any) -> int:
-    """How many elements from a tensor's first one its last one lies (its shadow's partial row length)."""
-    if t.numel() == 0:
-        return 1
-    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-
-
-def _without_later_adds(choices: dict[str, Choice], axis: int | None) -> dict[str, Choice]:
-    """A persistent kernel (partial rows along ``axis``) runs other programs than the forward's, whose slots
-    later adds keep: an input with later adds is added atomically there."""
-    if axis is None:
-        return choices
-    return {p: Choice(ATOMIC) if c.later and c.mode in (STORE, ADD) else c for p, c in choices.items()}
-
-
-@dataclass(frozen=True)
-class LaterAdds:
-    """A load whose adjoint is added after the kernel (an input's other loads, beside the one stored): each
-    program keeps the adjoint of its lanes with their addresses' offsets from the gradient's first element
-    (tg.add_later), zero where it did not run the load; the BackwardKernel then adds them in."""
-
-    param: str  # the wrt input
-    values: str  # the kernel's parameter: a slot per program and lane, in the gradient's type (index_add_ adds
-    # in it: the kernel's store rounds as a cast before it would)
-    offsets: str  # the kernel's parameter: the lanes' element offsets (int64)
-    shape: tuple[str, ...]  # the load's tile, as written
-
-    def allocate(self, launch: LaunchValues, programs: int, target) -> dict[str, object]:
-        import torch
-
-        n = max(1, programs * launch.numel(self.shape))
-        both = torch.zeros(n * (8 + target.element_size()), dtype=torch.uint8, device=target.device)  # one fill
-        return {self.offsets: both[:8 * n].view(torch.int64), self.values: both[8 * n:].view(target.dtype)}
-
-    def add(self, args: dict, target, span: int, deterministic: bool) -> None:
-        """Add the kept adjoints into ``target`` (``span`` elements from its first one to its last)."""
-        import torch
-
-        flat = target.as_strided((span,), (1,))
-        values, offsets = args[self.values], args[self.offsets]
-        if deterministic and target.is_cuda and not torch.are_deterministic_algorithms_enabled():
-            torch.use_deterministic_algorithms(True)  # index_add_ on CUDA adds in a fixed order then
-            try:
-                flat.index_add_(0, offsets, values)
-            finally:
-                torch.use_deterministic_algorithms(False)
-        else:
-            flat.index_add_(0, offsets, values)
-
-
-def most_trips(trips: Expr, launch: LaunchValues, axis: int) -> int:
-    """The most iterations any of the forward's programs along ``axis`` runs: the programs an input's own kernel
-    runs along it (a count that reads the program id, a causal attention's, is evaluated for each)."""
-    if not trips.program_axes():
-        return trips.evaluate(launch)
-    return max((trips.evaluate(replace(launch, program=(axis, p))) for p in range(launch.programs(axis))), default=0)
-
-
-def _programs(launch: LaunchValues, axis: int, trips: Expr) -> int:
-    """How many programs an input's own kernel runs: the grid with the loop's iterations along ``axis``."""
-    try:
-        count = most_trips(trips, launch, axis)
-    except Exception:
-        return 0
-    for a, n in enumerate(launch.grid or ()):
-        count *= n if a != axis else 1
-    return count
-
-
-def _holds(condition: Condition | None, launch: LaunchValues) -> bool:
-    """A condition that cannot be evaluated (a value the launch does not give) counts as false: the safe way."""
-    if condition is None:
-        return False
-    try:
-        return condition.holds(launch)
-    except Exception:
-        return False
-
-
-# -- what can be shown about each input ---------------------------------------------------------------
-
-def plan_lowering(a: Analysis) -> Lowering:
+def plan_writes(a: Analysis) -> WritePlan:
     """Per ``wrt`` input, the conditions of each strategy (static facts and launch conditions)."""
     body = a.program.body
     used = {program_axis(s) for s in statements(body)} - {None}
@@ -310,11 +120,11 @@ def plan_lowering(a: Analysis) -> Lowering:
     inputs = {p: context.input(p) for p in a.wrt}
     for p in a.in_place:  # its shadow holds the new values' gradient: written where loaded, no partial rows
         if inputs[p].later:  # (zeroed and refilled where stored: one load, one place)
-            inputs[p] = InputLowering(p, why="it is loaded by several statements")
+            inputs[p] = InputFacts(p, why="it is loaded by several statements")
         inputs[p] = replace(inputs[p], covers=None, shared={}, in_registers=frozenset())
     if a.in_place:  # one kernel: every input's adjoint reads the new values' gradient before it is replaced
         inputs = {p: replace(lowering, interchange={}, trips=None) for p, lowering in inputs.items()}
-    return Lowering(inputs)
+    return WritePlan(inputs)
 
 
 @dataclass
@@ -328,11 +138,11 @@ class _Context:
     used: set  # the program axes the kernel reads
     iteration_axes: dict  # name -> the axes its value depends on in one iteration (not how many iterations run)
 
-    def input(self, param: str) -> InputLowering:
+    def input(self, param: str) -> InputFacts:
         a = self.a
         loads = [s for s in a.loads.get(param, []) if target_of(s) in a.active]
         if not loads:
-            return InputLowering(param, inactive=True)
+            return InputFacts(param, inactive=True)
         if len(loads) == 1:
             return self.load(param, loads[0])
         in_loops = [s for s in loads if any(isinstance(n, ast.For) for n in self.nested[id(s)])]
@@ -343,35 +153,35 @@ class _Context:
                 if owned.owned is not None and all(self._addable_later(s) for s in later):
                     return replace(owned, shared={}, in_registers=frozenset(), interchange={}, trips=None,
                                    later=tuple(target_of(s) for s in later))
-        return InputLowering(param, why="it is loaded by several statements")
+        return InputFacts(param, why="it is loaded by several statements")
 
     def _addable_later(self, stmt: ast.stmt) -> bool:
         """Whether a load outside loops can keep its adjoint per program (a pointer load of rank 2 at most)."""
         shape = self.a.shapes.get(target_of(stmt))
         return shape is not None and len(shape) <= 2 and not operation_of(op_of(stmt)).descriptor
 
-    def load(self, param: str, stmt: ast.stmt) -> InputLowering:
+    def load(self, param: str, stmt: ast.stmt) -> InputFacts:
         """What can be shown about ``param`` loaded by ``stmt`` alone."""
         a = self.a
         if operation_of(op_of(stmt)).descriptor:
-            return InputLowering(param, why="a tensor descriptor's load")
+            return InputFacts(param, why="a tensor descriptor's load")
         b = arguments(stmt)
         pointer = b["pointer"].id
         shape = a.shapes.get(pointer)
         form = a.forms.get(pointer)
         if shape is None or (form is not None and not form.affine):
-            return InputLowering(param, why="its lanes' addresses are not an affine form")
+            return InputFacts(param, why="its lanes' addresses are not an affine form")
         if any(n in self.loaded for n in _closure([pointer], self.defs)):
-            return InputLowering(param, why="its addresses are computed from loaded data")
+            return InputFacts(param, why="its addresses are computed from loaded data")
         terms = dict(form.terms) if form is not None else {}
         around = self.around[id(stmt)]
         terms = {k: c for k, c in terms.items() if not isinstance(k, LoopIndex) or k in around}
         if any(extent != "1" and Lane(axis) not in terms for axis, extent in enumerate(shape)):
-            return InputLowering(param, why="lanes along an axis of its tile read the same element")
+            return InputFacts(param, why="lanes along an axis of its tile read the same element")
         bounds = mask_bounds(b["mask"], a.forms, self.defs, a.shapes) or []
         found = launch_coordinates(form_of_terms(terms, len(shape)), shape, bounds, a.trips)
         if found is None:
-            return InputLowering(param, why="a trip count or stride the launch cannot give")
+            return InputFacts(param, why="a trip count or stride the launch cannot give")
         apart = found.apart() if len(found.keys) > 1 or _runtime_stride(terms) else All()  # one coordinate: a
         # stride the launch gives may be 0 (an expanded tensor's)
         present = {k.axis for k in terms if isinstance(k, ProgramId)}
@@ -411,7 +221,7 @@ class _Context:
                 interchange = {axis: written(All((apart, *[single[b] for b in absent if b != axis])))
                                for axis in axes}
         why = "" if owned is not None else "its address repeats across the iterations of a loop around it"
-        return InputLowering(param, owned, covers, shared, in_registers, why, written(apart), interchange=interchange,
+        return InputFacts(param, owned, covers, shared, in_registers, why, written(apart), interchange=interchange,
                              trips=trips if interchange else None, fill=fill)
 
     def _fillable(self, stmt: ast.stmt, b: dict) -> bool:
