@@ -26,25 +26,28 @@ from .expressions import name_node, rename_globals
 class ControlFlowFlattener:
     """The ``if`` / ``for`` half of :class:`frontend.Normalizer`."""
 
+    def __init__(self, normalizer):
+        self.normalizer = normalizer  # the Normalizer whose blocks this flattens if and for into
+
     def lift_returns(self, body: list[ast.stmt], value: bool) -> tuple[list[ast.stmt], ast.Return | None]:
         """The function body being flattened, its early returns made structural (see ``lift_returns``)."""
-        return lift_returns(body, value, self.refuse)
+        return lift_returns(body, value, self.normalizer.refuse)
 
     def nested_block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
         """Flatten ``stmts`` into a block of their own (a branch or a loop body)."""
-        saved, self.out = self.out, []
+        saved, self.normalizer.out = self.normalizer.out, []
         try:
-            self.block(stmts)
-            return self.out
+            self.normalizer.block(stmts)
+            return self.normalizer.out
         finally:
-            self.out = saved
+            self.normalizer.out = saved
 
     def if_statement(self, stmt: ast.If) -> None:
         """``if`` / ``elif`` / ``else``: each branch a block; a variable either assigns gets a merge name,
         assigned at the end of both branches (Triton's rule for a runtime ``if``)."""
-        test = self.atom(stmt.test, stmt)
-        static = self.is_constexpr(test)
-        frame = self.frame
+        test = self.normalizer.expressions.atom(stmt.test, stmt)
+        static = self.normalizer.is_constexpr(test)
+        frame = self.normalizer.frame
         env, gone = dict(frame.env), dict(frame.gone)
         branches = []
         for body in (stmt.body, stmt.orelse):
@@ -56,7 +59,7 @@ class ControlFlowFlattener:
             n not in env or _differs(b[1].get(n), env[n]) for b in branches)]
         keep = getattr(stmt, "tg_keep", None)  # an `if` lift_returns made: only what it returns is read after it
         if keep is not None:
-            line = self.origin(stmt).line
+            line = self.normalizer.origin(stmt).line
             for name in names:
                 if name not in keep:
                     frame.gone[name] = f"it is assigned after the early return on line {line}"
@@ -67,7 +70,7 @@ class ControlFlowFlattener:
                 frame.env[name] = values[0]
                 continue
             if None in values and not static:
-                line = self.origin(stmt).line
+                line = self.normalizer.origin(stmt).line
                 frame.gone[name] = (f"it is assigned in only one branch of the `if` on line {line}, and Triton "
                                     "keeps a value after a runtime `if` only when both branches assign it")
                 continue
@@ -76,46 +79,47 @@ class ControlFlowFlattener:
             own = [v is not None and _assigned_at_top(block, v) for block, v in zip(blocks, values, strict=True)]
             merged = next((v.id for v, ok in zip(values, own, strict=True) if ok), None)
             if merged is None:
-                merged = self.new_version(name)
+                merged = self.normalizer.new_version(name)
             frame.env[name] = name_node(merged)
             for block, value, ok in zip(blocks, values, own, strict=True):
                 if ok:
                     _rename(block, value.id, merged)
                 elif value is not None:
-                    self.out, saved = block, self.out
-                    self._finish(ast.Assign(targets=[name_node(merged, ast.Store())], value=value), Op("copy", [value]),
-                                 stmt, join=True)
-                    self.out = saved
-            if all(self.is_constexpr(v) for v in values if v is not None):
-                self.constexprs.add(merged)
+                    self.normalizer.out, saved = block, self.normalizer.out
+                    self.normalizer.finish(ast.Assign(targets=[name_node(merged, ast.Store())], value=value),
+                                           Op("copy", [value]), stmt, join=True)
+                    self.normalizer.out = saved
+            if all(self.normalizer.is_constexpr(v) for v in values if v is not None):
+                self.normalizer.constexprs.add(merged)
             merges.append(merged)
         for name in frame.env:
             frame.gone.pop(name, None)
         node = ast.If(test=test, body=branches[0][0], orelse=branches[1][0])
-        self._finish(node, Op("if", [test]), stmt, merges=merges, static=static)
+        self.normalizer.finish(node, Op("if", [test]), stmt, merges=merges, static=static)
 
     def for_loop(self, stmt: ast.For) -> None:
         """``for`` over ``range`` / ``tl.range`` / ``tl.static_range``. A variable the body assigns that has
         a value before the loop is carried: a copy gives it its initial value before the loop, another its
         next value at the end of the body; names first assigned in the body do not outlive the loop."""
         if stmt.orelse:
-            raise self.refuse(stmt, "a `for ... else`", "Triton loops have no `else`; put it after the loop")
+            raise self.normalizer.refuse(stmt, "a `for ... else`", "Triton loops have no `else`; put it after the loop")
         if not isinstance(stmt.target, ast.Name):
-            raise self.refuse(stmt, "a `for` loop with a tuple target", "loop over one index: `for i in range(n)`")
+            raise self.normalizer.refuse(stmt, "a `for` loop with a tuple target",
+                                         "loop over one index: `for i in range(n)`")
         iterator = stmt.iter
-        obj = self.resolve(iterator.func) if isinstance(iterator, ast.Call) else None
+        obj = self.normalizer.expressions.resolve(iterator.func) if isinstance(iterator, ast.Call) else None
         if obj is not builtins.range and triton_language_name(obj) not in ("range", "static_range"):
-            raise self.refuse(stmt, f"a `for` loop over `{ast.unparse(iterator)}`",
+            raise self.normalizer.refuse(stmt, f"a `for` loop over `{ast.unparse(iterator)}`",
                               "loop over range(...), tl.range(...) or tl.static_range(...)")
         if any(isinstance(a, ast.Starred) for a in iterator.args) or any(k.arg is None for k in iterator.keywords):
-            raise self.refuse(stmt, "a loop range with *args or **kwargs", "pass the bounds explicitly")
-        args = [self.atom(a, stmt) for a in iterator.args]
-        kwargs = {k.arg: self.atom(k.value, stmt) for k in iterator.keywords}
+            raise self.normalizer.refuse(stmt, "a loop range with *args or **kwargs", "pass the bounds explicitly")
+        args = [self.normalizer.expressions.atom(a, stmt) for a in iterator.args]
+        kwargs = {k.arg: self.normalizer.expressions.atom(k.value, stmt) for k in iterator.keywords}
         if obj is not builtins.range:
-            self._import_globals(iterator.func)
-        callee = rename_globals(iterator.func, self.frame, self)
+            self.normalizer.expressions._import_globals(iterator.func)
+        callee = rename_globals(iterator.func, self.normalizer.frame)
         static = triton_language_name(obj) == "static_range"
-        frame = self.frame
+        frame = self.normalizer.frame
         target = stmt.target.id
         assigned = _assigned_names(stmt.body)
         carried = []
@@ -124,32 +128,32 @@ class ControlFlowFlattener:
                 init = frame.env[name]
                 phi = self._reusable_init(init)  # `acc = tl.zeros(...)` is the carried variable itself
                 if phi is None:
-                    phi = self.new_version(name)
-                    self._finish(ast.Assign(targets=[name_node(phi, ast.Store())], value=init), Op("copy", [init]),
-                                 stmt)
+                    phi = self.normalizer.new_version(name)
+                    self.normalizer.finish(ast.Assign(targets=[name_node(phi, ast.Store())], value=init),
+                                           Op("copy", [init]), stmt)
                 carried.append((name, phi, init))
         outside = dict(frame.env)
-        index = self.new_version(target)
+        index = self.normalizer.new_version(target)
         if static:
-            self.constexprs.add(index)
-        self.out, saved = [], self.out
-        self.block(stmt.body)
+            self.normalizer.constexprs.add(index)
+        self.normalizer.out, saved = [], self.normalizer.out
+        self.normalizer.block(stmt.body)
         records = []
         for name, phi, init in carried:
             nxt = frame.env[name]
             if not _differs(nxt, name_node(phi)):
                 continue
-            last = _last_assignment(self.out, nxt)
+            last = _last_assignment(self.normalizer.out, nxt)
             if last is not None and not operation_of(last.tg.op).reads_result and not _reads(
-                    self.out[self.out.index(last) + 1:], {nxt.id, phi}):
+                    self.normalizer.out[self.normalizer.out.index(last) + 1:], {nxt.id, phi}):
                 last.targets[0].id = phi  # `acc = acc + x` updates it in place: no copy
             else:
-                self._finish(ast.Assign(targets=[name_node(phi, ast.Store())], value=nxt), Op("copy", [nxt]), stmt,
-                             join=True)
+                self.normalizer.finish(ast.Assign(targets=[name_node(phi, ast.Store())], value=nxt), Op("copy", [nxt]),
+                                       stmt, join=True)
             records.append(Carried(phi, init, name_node(phi) if last is not None and last.targets[0].id == phi else nxt,
                                    name))
-        body, self.out = self.out, saved
-        line = self.origin(stmt).line
+        body, self.normalizer.out = self.normalizer.out, saved
+        line = self.normalizer.origin(stmt).line
         for name in set(frame.env) - set(outside) | {target}:
             frame.gone[name] = (f"it is assigned inside the loop on line {line}, and Triton keeps after a loop "
                                 "only the variables that had a value before it")
@@ -157,7 +161,7 @@ class ControlFlowFlattener:
         frame.env.pop(target, None)
         loop = ast.For(target=name_node(index, ast.Store()), iter=ast.Call(func=callee, args=args, keywords=[
             ast.keyword(arg=k, value=v) for k, v in kwargs.items()]), body=body, orelse=[])
-        self._finish(loop, Op("for", args, kwargs, obj), stmt, carried=records, static=static)
+        self.normalizer.finish(loop, Op("for", args, kwargs, obj), stmt, carried=records, static=static)
 
     def _reusable_init(self, init: ast.expr) -> str | None:
         """The name of a loop's initial value, when the loop can carry that variable itself: assigned at
@@ -165,9 +169,9 @@ class ControlFlowFlattener:
         its result (which the loop overwrites), not a load."""
         if not isinstance(init, ast.Name):
             return None
-        stmt = _last_assignment(self.out, init)
+        stmt = _last_assignment(self.normalizer.out, init)
         if stmt is None or operation_of(stmt.tg.op).reads_result or stmt.tg.op.kind in LOADS or _reads(
-                self.out[self.out.index(stmt) + 1:], {init.id}):
+                self.normalizer.out[self.normalizer.out.index(stmt) + 1:], {init.id}):
             return None  # (a load stays apart: its value types the adjoint without replaying the loop)
         return init.id
 

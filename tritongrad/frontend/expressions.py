@@ -51,15 +51,18 @@ class Frame:
 class ExpressionFlattener:
     """The expression half of :class:`frontend.Normalizer`."""
 
+    def __init__(self, normalizer):
+        self.normalizer = normalizer  # the Normalizer whose statements this flattens expressions for
+
     def atom(self, node: ast.expr, stmt: ast.stmt) -> ast.expr:
         """Flatten ``node`` and return a name, constant or metadata expression for it."""
         result = self.expr(node, stmt)
         if isinstance(result, _Deferred):
-            ssa = self.namer.fresh(result.hint)
-            self.temporaries.add(ssa)
-            self.defined.add(ssa)
+            ssa = self.normalizer.namer.fresh(result.hint)
+            self.normalizer.temporaries.add(ssa)
+            self.normalizer.defined.add(ssa)
             new = ast.Assign(targets=[ast.Name(ssa, ast.Store())], value=result.node)
-            self._finish(new, result.op, stmt)
+            self.normalizer.finish(new, result.op, stmt)
             return ast.Name(ssa, ast.Load())
         if isinstance(result, list):
             return ast.Tuple(elts=result, ctx=ast.Load())
@@ -70,10 +73,10 @@ class ExpressionFlattener:
         if isinstance(node, ast.Constant):
             return node
         if isinstance(node, ast.Name):
-            if node.id in self.frame.env:
-                return copy.deepcopy(self.frame.env[node.id])
-            if node.id in self.frame.gone:
-                raise self.refuse(stmt, f"using `{node.id}` here: {self.frame.gone[node.id]}",
+            if node.id in self.normalizer.frame.env:
+                return copy.deepcopy(self.normalizer.frame.env[node.id])
+            if node.id in self.normalizer.frame.gone:
+                raise self.normalizer.refuse(stmt, f"using `{node.id}` here: {self.normalizer.frame.gone[node.id]}",
                                   f"give `{node.id}` a value before the `if` or loop that assigns it")
             return self.global_name(node)
         if isinstance(node, (ast.Tuple, ast.List)):
@@ -94,7 +97,7 @@ class ExpressionFlattener:
             return _Deferred(ast.UnaryOp(op=node.op, operand=a), Op(kind, [a]), f"{kind}_{_label(a) or 'x'}")
         if isinstance(node, ast.Compare):
             if len(node.ops) != 1:
-                raise self.refuse(stmt, "a chained comparison", "split it: `(a < b) & (b < c)`")
+                raise self.normalizer.refuse(stmt, "a chained comparison", "split it: `(a < b) & (b < c)`")
             kind = CMPOPS[type(node.ops[0])]
             a, b = self.atom(node.left, stmt), self.atom(node.comparators[0], stmt)
             hint = "_".join(x for x in (_label(a), kind, _label(b)) if x)
@@ -113,31 +116,31 @@ class ExpressionFlattener:
             return self.call(node, stmt)
         if isinstance(node, ast.JoinedStr):
             return node
-        raise self.refuse(stmt, f"the expression `{ast.unparse(node)}`",
+        raise self.normalizer.refuse(stmt, f"the expression `{ast.unparse(node)}`",
                           "use Triton operations on names and constants")
 
     def global_name(self, node: ast.Name) -> ast.expr:
         """A name not bound locally: look it up where the function was defined."""
-        frame = self.frame
+        frame = self.normalizer.frame
         if not frame.inlined:
             return ast.Name(node.id, ast.Load())
         scope = frame.fn.scope
         if node.id in scope:
             obj = scope[node.id]
-            if node.id in self.scope and self.scope[node.id] is not obj:
-                alias = self.namer.fresh(node.id)
-                self.scope[alias] = obj
+            if node.id in self.normalizer.scope and self.normalizer.scope[node.id] is not obj:
+                alias = self.normalizer.namer.fresh(node.id)
+                self.normalizer.scope[alias] = obj
                 frame.env[node.id] = name_node(alias)  # later uses in this helper use the alias too
                 return name_node(alias)
-            self.scope[node.id] = obj
+            self.normalizer.scope[node.id] = obj
         return ast.Name(node.id, ast.Load())
 
     def resolve(self, node: ast.expr) -> Any:
         """The Python object an expression names (``tl.exp``, a helper), or LOCAL."""
         if isinstance(node, ast.Name):
-            if node.id in self.frame.env:
+            if node.id in self.normalizer.frame.env:
                 return LOCAL
-            scope = self.frame.fn.scope
+            scope = self.normalizer.frame.fn.scope
             if node.id in scope:
                 return scope[node.id]
             return getattr(builtins, node.id, LOCAL)
@@ -152,14 +155,14 @@ class ExpressionFlattener:
         obj = self.resolve(node)
         if obj is not LOCAL:  # `tl.float32`, a module-level constexpr...
             self._import_globals(node)
-            return rename_globals(node, self.frame, self)
+            return rename_globals(node, self.normalizer.frame)
         if node.attr == "T":
             x = self.atom(node.value, stmt)
             return _Deferred(ast.Attribute(value=x, attr="T", ctx=ast.Load()), Op("trans", [x]), f"{_label(x)}_T")
         if node.attr in METADATA_ATTRS or _is_metadata(node.value):
             value = self.atom(node.value, stmt)
             return ast.Attribute(value=value, attr=node.attr, ctx=ast.Load())
-        raise self.refuse(stmt, f"the attribute `{ast.unparse(node)}`",
+        raise self.normalizer.refuse(stmt, f"the attribute `{ast.unparse(node)}`",
                           "only metadata (`.dtype`, `.shape`) and `.T` of a tensor are known")
 
     def _import_globals(self, node: ast.expr) -> None:
@@ -179,38 +182,38 @@ class ExpressionFlattener:
             ok = (isinstance(p, ast.Constant) and p.value is None) or (
                 isinstance(p, ast.Slice) and p.lower is None and p.upper is None and p.step is None)
             if not ok:
-                raise self.refuse(stmt, f"the subscript `{ast.unparse(node)}`",
+                raise self.normalizer.refuse(stmt, f"the subscript `{ast.unparse(node)}`",
                                   "only `None` and `:` are valid tensor subscripts in Triton")
         new = ast.Subscript(value=x, slice=index, ctx=ast.Load())
         return _Deferred(new, Op("subscript", [x], {"index": index}), f"{_label(x) or 'x'}_b")
 
     def call(self, node: ast.Call, stmt: ast.stmt) -> Any:
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
-            raise self.refuse(stmt, "a call with *args or **kwargs", "pass arguments explicitly")
+            raise self.normalizer.refuse(stmt, "a call with *args or **kwargs", "pass arguments explicitly")
         func = node.func
         obj = self.resolve(func)
         if obj is LOCAL:
             if isinstance(func, ast.Attribute):  # a tensor method: x.to(...), x.sum(0)
                 receiver = self.atom(func.value, stmt)
-                if isinstance(receiver, ast.Name) and receiver.id in self.descriptors:
+                if isinstance(receiver, ast.Name) and receiver.id in self.normalizer.descriptors:
                     return self.descriptor_method(func, receiver, node, stmt)
                 if func.attr in ("load", "store", "atomic_add", "gather", "scatter"):
-                    raise self.refuse(stmt, f"`{ast.unparse(func)}(...)`, a tensor descriptor's {func.attr} through "
-                                      "a descriptor made outside the kernel",
+                    raise self.normalizer.refuse(stmt, f"`{ast.unparse(func)}(...)`, a tensor descriptor's {func.attr} "
+                                                 "through a descriptor made outside the kernel",
                                       "pass the tensor and build its descriptor in the kernel with "
                                       "`tl.make_tensor_descriptor(x_ptr, shape, strides, block_shape)`")
                 return self.build_call(func.attr, ast.Attribute(value=receiver, attr=func.attr, ctx=ast.Load()),
                                        [receiver], node, stmt, method=True)
-            raise self.refuse(stmt, f"a call to the local value `{ast.unparse(func)}`",
+            raise self.normalizer.refuse(stmt, f"a call to the local value `{ast.unparse(func)}`",
                               "call @triton.jit helpers and Triton functions by their global name")
         if is_jit(obj) and obj.fn in CUSTOM:  # a helper with a hand-written rule: called, not inlined
             _, alias, backward = CUSTOM[obj.fn]
-            if self.scope.setdefault(alias, backward) is not backward:
-                raise self.refuse(stmt, f"the call to `{ast.unparse(func)}`: its custom rule's backward "
+            if self.normalizer.scope.setdefault(alias, backward) is not backward:
+                raise self.normalizer.refuse(stmt, f"the call to `{ast.unparse(func)}`: its custom rule's backward "
                                   f"`{alias}` is another object in this kernel's module",
                                   "give the backward a name the kernel's module does not use otherwise")
             self._import_globals(func)
-            callee = rename_globals(func, self.frame, self)
+            callee = rename_globals(func, self.normalizer.frame)
             return self.build_call("custom", callee, [], node, stmt, func_obj=obj)
         name = triton_language_name(obj, func)
         if name == "reduce":
@@ -218,8 +221,8 @@ class ExpressionFlattener:
         if name == "associative_scan":
             return self.scan(node, stmt, obj)
         if name in ("make_block_ptr", "advance"):  # left over by blockptr.py only when it could not run
-            raise self.refuse(stmt, f"`tl.{name}` here", "assign block pointers to names, then load, store and "
-                              "advance them")
+            raise self.normalizer.refuse(stmt, f"`tl.{name}` here", "assign block pointers to names, then load, store "
+                                         "and advance them")
         if name == "pow":  # libdevice's pow(x, y), apart from the `**` operator
             name = "fpow"
         if name is None and is_jit(obj):
@@ -230,7 +233,7 @@ class ExpressionFlattener:
             keywords = [ast.keyword(arg=k.arg, value=self.atom(k.value, stmt)) for k in node.keywords]
             return ast.Call(func=node.func, args=args, keywords=keywords)
         self._import_globals(func)
-        callee = rename_globals(func, self.frame, self)
+        callee = rename_globals(func, self.normalizer.frame)
         if name is None:
             name = "call"
         return self.build_call(name, callee, [], node, stmt, func_obj=obj)
@@ -240,7 +243,7 @@ class ExpressionFlattener:
         descriptor made in the kernel: memory operations whose shadow goes through a descriptor too."""
         kind = DESCRIPTOR_METHODS.get(func.attr)
         if kind is None:
-            raise self.refuse(stmt, f"a tensor descriptor's `{func.attr}`",
+            raise self.normalizer.refuse(stmt, f"a tensor descriptor's `{func.attr}`",
                               "differentiable descriptor accesses are load, store and atomic_add")
         method = ast.Attribute(value=desc, attr=func.attr, ctx=ast.Load())
         return self.build_call(kind, method, [desc], node, stmt, method=True)
@@ -249,11 +252,12 @@ class ExpressionFlattener:
         """``tl.reduce(x, axis, combine)``: differentiated as tl.sum / tl.max / tl.min when ``combine``
         is one of those (``a + b``, ``tl.maximum(a, b)``, ``tl.minimum(a, b)``); else left without a rule."""
         self._import_globals(node.func)
-        d = self.build_call("reduce", rename_globals(node.func, self.frame, self), [], node, stmt, func_obj=obj)
+        d = self.build_call("reduce", rename_globals(node.func, self.normalizer.frame), [], node, stmt, func_obj=obj)
         try:
             bound = REDUCE_SIGNATURE.bind(d.op.args, d.op.kwargs)
         except TypeError as e:
-            raise self.refuse(stmt, f"the call to `tl.reduce`: {e}", "check the arguments against Triton's") from e
+            raise self.normalizer.refuse(stmt, f"the call to `tl.reduce`: {e}",
+                                         "check the arguments against Triton's") from e
         combine = bound["combine_fn"]
         kind = _combine_kind(self.resolve(combine) if isinstance(combine, ast.Name) else None)
         if kind is not None:  # op.func stays tl.reduce: with axis=None it flattens first (shapes differ)
@@ -266,7 +270,7 @@ class ExpressionFlattener:
         + b_t, with the products of the a's); of one tensor combined by ``a + b``, a ``cumsum``. Any other
         combine function has no rule."""
         self._import_globals(node.func)
-        d = self.build_call("associative_scan", rename_globals(node.func, self.frame, self), [], node, stmt,
+        d = self.build_call("associative_scan", rename_globals(node.func, self.normalizer.frame), [], node, stmt,
                             func_obj=obj)
         args, kwargs = d.op.args, d.op.kwargs
         combine = args[2] if len(args) > 2 else kwargs.get("combine_fn")
@@ -295,8 +299,8 @@ class ExpressionFlattener:
 
     def inline(self, helper: Any, node: ast.Call, stmt: ast.stmt) -> Any:
         """Inline a call to a @triton.jit helper; returns its result atom(s)."""
-        if self.inline_depth > 32:
-            raise self.refuse(stmt, "recursion through @triton.jit helpers",
+        if self.normalizer.inline_depth > 32:
+            raise self.normalizer.refuse(stmt, "recursion through @triton.jit helpers",
                               "helpers are inlined, so they cannot recurse")
         fn = Source.of(helper)
         fdef = rewrite_block_pointers(fn.tree, fn.scope, fn.origin)
@@ -306,27 +310,29 @@ class ExpressionFlattener:
         try:
             bound = inspect.signature(helper.fn).bind(*args, **kwargs)
         except TypeError as e:
-            raise self.refuse(stmt, f"the call to `{fn.name}`: {e}", "match the helper's signature") from e
+            raise self.normalizer.refuse(stmt, f"the call to `{fn.name}`: {e}", "match the helper's signature") from e
         bound.apply_defaults()
-        frame = Frame(fn, {}, inlined=True, call_origin=self.frame.call_origin or self.origin(stmt))
+        call_origin = self.normalizer.frame.call_origin or self.normalizer.origin(stmt)
+        frame = Frame(fn, {}, inlined=True, call_origin=call_origin)
         assigned = {t.id for n in ast.walk(fdef) for t in ast.walk(n)
                     if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
-        self.frames.append(frame)
-        self.inline_depth += 1
+        self.normalizer.frames.append(frame)
+        self.normalizer.inline_depth += 1
         try:
             for p in sig_params:
                 v = bound.arguments[p]
                 v = v if isinstance(v, ast.AST) else ast.Constant(v)
                 if p in assigned:  # the helper rebinds it: start from a copy
-                    ssa = self.new_version(p)
-                    self._finish(ast.Assign(targets=[name_node(ssa, ast.Store())], value=v), Op("copy", [v]), fdef)
+                    ssa = self.normalizer.new_version(p)
+                    self.normalizer.finish(ast.Assign(targets=[name_node(ssa, ast.Store())], value=v), Op("copy", [v]),
+                                           fdef)
                 else:  # substitute the argument itself
                     frame.env[p] = v
             body = list(fdef.body)
             while body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 body.pop(0)
-            body, ret = self.lift_returns(body, True)
-            self.block(body)
+            body, ret = self.normalizer.control.lift_returns(body, True)
+            self.normalizer.block(body)
             if ret is None or ret.value is None:
                 return ast.Constant(None)
             value = ret.value
@@ -334,8 +340,8 @@ class ExpressionFlattener:
                 return [self.atom(e, ret) for e in value.elts]
             return self.atom(value, ret)
         finally:
-            self.inline_depth -= 1
-            self.frames.pop()
+            self.normalizer.inline_depth -= 1
+            self.normalizer.frames.pop()
 
 
 REDUCE_SIGNATURE = Signature.parse("input, axis, combine_fn, keep_dims=False")
@@ -367,7 +373,7 @@ def _is_metadata(node: ast.expr) -> bool:
         isinstance(node, ast.Subscript) and _is_metadata(node.value))
 
 
-def rename_globals(node: ast.expr, frame: Frame, norm: Any) -> ast.expr:
+def rename_globals(node: ast.expr, frame: Frame) -> ast.expr:
     """Copy of ``node`` with local names mapped to their SSA names, globals to their aliases."""
 
     class Rename(ast.NodeTransformer):

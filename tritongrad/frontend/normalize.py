@@ -38,7 +38,7 @@ from .forwarding import forward_stored_values
 from .specialize import specialize
 
 
-class Normalizer(ExpressionFlattener, ControlFlowFlattener):
+class Normalizer:
     """Flattens a kernel, inlining helpers, into a :class:`Program`."""
 
     def __init__(self, root: Source, constexprs: Mapping[str, Any] | None = None):
@@ -57,6 +57,8 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
         self.inline_depth = 0
         self.constexprs = {a.arg for a in self.tree.args.args if _is_constexpr_annotation(a.annotation)}
         self.descriptors: set[str] = set()  # SSA names of tensor descriptors made in the kernel
+        self.expressions = ExpressionFlattener(self)  # expressions flattened into named atoms (expressions.py)
+        self.control = ControlFlowFlattener(self)  # if and for kept as blocks (controlflow.py)
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -78,7 +80,7 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
         self.frames.append(frame)
         body = list(fdef.body)
         returns = None
-        body, ret = self.lift_returns(body, tile)
+        body, ret = self.control.lift_returns(body, tile)
         if tile:
             if ret is None or ret.value is None:
                 raise refuse(origin, f"tile function `{fdef.name}` without a final `return`",
@@ -86,7 +88,7 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
             self.block(body)
             value = ret.value
             elts = value.elts if isinstance(value, ast.Tuple) else [value]
-            returns = [self.atom(e, ret) for e in elts]
+            returns = [self.expressions.atom(e, ret) for e in elts]
         else:
             self.block(body)
             forward_stored_values(self.out, self._temporary)  # a load of what the lane stored: that value
@@ -135,7 +137,7 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
         elif isinstance(stmt, ast.Expr):
             if isinstance(stmt.value, ast.Constant):  # docstring
                 return
-            value = self.expr(stmt.value, stmt, top=True)
+            value = self.expressions.expr(stmt.value, stmt, top=True)
             if isinstance(value, _Deferred):
                 self.emit_expr(value, stmt)
         elif isinstance(stmt, ast.Pass):
@@ -143,9 +145,9 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
         elif isinstance(stmt, ast.Return):  # (lift_returns leaves none: a helper's made assignments)
             raise self.refuse(stmt, "a `return` here", "return at the end of the function or of an `if` branch")
         elif isinstance(stmt, ast.For):
-            self.for_loop(stmt)
+            self.control.for_loop(stmt)
         elif isinstance(stmt, ast.If):
-            self.if_statement(stmt)
+            self.control.if_statement(stmt)
         elif isinstance(stmt, ast.While):
             # its trip count is decided inside the loop, so the reverse sweep cannot replay it
             # iteration by iteration without a tape of every iteration's state
@@ -172,7 +174,7 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
 
     def assign(self, target: ast.expr, value: ast.expr, stmt: ast.stmt) -> None:
         if isinstance(target, ast.Name):
-            result = self.expr(value, stmt, top=True)
+            result = self.expressions.expr(value, stmt, top=True)
             if isinstance(result, _Deferred):
                 self.emit_assign(target.id, result, stmt)
             elif isinstance(result, list):
@@ -187,9 +189,9 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
                 if len(value.elts) != len(target.elts):
                     raise self.refuse(stmt, "a tuple assignment whose sides differ in length",
                                       "give each name one value")
-                values = [self.atom(v, stmt) for v in value.elts]  # evaluate all before binding
+                values = [self.expressions.atom(v, stmt) for v in value.elts]  # evaluate all before binding
             else:
-                result = self.expr(value, stmt, top=True)
+                result = self.expressions.expr(value, stmt, top=True)
                 if isinstance(result, _Deferred):  # an operation with several results: `a, b = tl.split(x)`
                     result = self.unpack(result, len(target.elts), stmt)
                 if not isinstance(result, list) or len(result) != len(target.elts):
@@ -216,7 +218,7 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
             raise self.refuse(stmt, f"unpacking the results of `{kind}`", hint)
         results = self.namer.fresh(RESULT_NAMES.get(d.op.kind, "results"))
         self.defined.add(results)
-        self._finish(ast.Assign(targets=[name_node(results, ast.Store())], value=d.node), d.op, stmt)
+        self.finish(ast.Assign(targets=[name_node(results, ast.Store())], value=d.node), d.op, stmt)
         atoms = []
         for i in range(count):
             index = ast.Constant(i)
@@ -229,7 +231,7 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
         """``name = atom`` where atom is already a name or constant: a plain copy."""
         ssa = self.new_version(name)
         node = ast.Assign(targets=[ast.Name(ssa, ast.Store())], value=atom)
-        self._finish(node, Op("copy", [atom]), stmt)
+        self.finish(node, Op("copy", [atom]), stmt)
 
     def new_version(self, name: str) -> str:
         """The SSA name for a new assignment to ``name``: itself the first time, then ``name_1``..."""
@@ -243,13 +245,13 @@ class Normalizer(ExpressionFlattener, ControlFlowFlattener):
     def emit_assign(self, name: str, d: _Deferred, stmt: ast.stmt) -> str:
         ssa = self.new_version(name)
         node = ast.Assign(targets=[ast.Name(ssa, ast.Store())], value=d.node)
-        self._finish(node, d.op, stmt)
+        self.finish(node, d.op, stmt)
         return ssa
 
     def emit_expr(self, d: _Deferred, stmt: ast.stmt) -> None:
-        self._finish(ast.Expr(value=d.node), d.op, stmt)
+        self.finish(ast.Expr(value=d.node), d.op, stmt)
 
-    def _finish(self, node: ast.stmt, op: Op, stmt: ast.stmt, **tag) -> None:
+    def finish(self, node: ast.stmt, op: Op, stmt: ast.stmt, **tag) -> None:
         """Tag a flattened statement (see ir.Tag) and append it to the block being written."""
         if isinstance(node, ast.Assign) and operation_of(op).constexpr and all(
                 self.is_constexpr(a) for a in [*op.args, *op.kwargs.values()]):

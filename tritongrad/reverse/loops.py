@@ -340,44 +340,47 @@ def _strategy(node: ast.For, plan: LoopPlan) -> str:
 
 
 class LoopReversal:
-    """The loop half of :class:`reverse.BackwardBuilder`: a ``for`` reversed as its plan says."""
+    """A ``for`` reversed as its plan says, written into a :class:`sweep.BackwardBuilder`'s sweep."""
+
+    def __init__(self, builder):
+        self.builder = builder  # the sweep this writes loops into (sweep.BackwardBuilder)
 
     def reverse_for(self, node: ast.For) -> None:
-        plan = self.loop_plans[id(node)]
+        plan = self.builder.loop_plans[id(node)]
         for name, chain in plan.accumulators.items():  # every partial sum shares the final value's adjoint
             self.ensure_adjoint(node, name)
             for n in chain:
-                self.adjoint[n] = self.adjoint[name]
-            self.suppressed |= chain
+                self.builder.adjoint[n] = self.builder.adjoint[name]
+            self.builder.suppressed |= chain
         carried = {c.name: c for c in node.tg.carried}
         updates = [s for s in node.body if target_of(s) in carried]  # the statements that end the body
         incoming = {}
         for name in plan.nonlinear:  # the adjoint of the state after the iteration being reversed
-            incoming[name] = self.namer.fresh(f"{self.ensure_adjoint(node, name)}_next")
+            incoming[name] = self.builder.namer.fresh(f"{self.ensure_adjoint(node, name)}_next")
             for s in updates:
                 if target_of(s) == name:
-                    self.g_override[id(s)] = incoming[name]
+                    self.builder.g_override[id(s)] = incoming[name]
         pre: list[ast.stmt] = []
-        sweep = self.reverse_nested(node.body, pre)
+        sweep = self.builder.reverse_nested(node.body, pre)
         if not sweep:
             return
         # the state's updates are followed only when the reverse loop advances the state itself
-        needed = self.needed(node.body, sweep, carried, follow=() if plan.nonlinear else carried)
+        needed = self.builder.needed(node.body, sweep, carried, follow=() if plan.nonlinear else carried)
         if not plan.nonlinear:
-            self.comment(plan.comment)
+            self.builder.comment(plan.comment)
             for p in pre:
-                self.emit(p)
+                self.builder.emit(p)
             self.recomputing_loop(node, plan, sweep, needed, updates)
             return
         carried = {c.name: c for c in node.tg.carried}
-        rebuilt = self.closure({n for n in carried if n in needed}, node.body, carried)
+        rebuilt = self.builder.closure({n for n in carried if n in needed}, node.body, carried)
         state = [carried[n] for n in carried if n in rebuilt]
         self.check_state(node, plan, state)
         untaped = self.untaped(state)
-        self.comment(plan.comment + "\n" + (REBUILT.format(untaped) if untaped is not None else SAVED if self.saved
-                                             else TAPED))
+        how = REBUILT.format(untaped) if untaped is not None else SAVED if self.builder.saved else TAPED
+        self.builder.comment(plan.comment + "\n" + how)
         for p in pre:
-            self.emit(p)
+            self.builder.emit(p)
         if untaped is None:
             self.taped_loop(node, sweep, needed, updates, incoming, rebuilt, state)
         else:
@@ -388,24 +391,24 @@ class LoopReversal:
         carried = {c.name: c for c in node.tg.carried}
         state = [carried[n] for n in carried if n in needed]
         self.check_state(node, plan, state)
-        body = self.replay_block(node.body, needed, skip={id(s) for s in updates})
+        body = self.builder.replay_block(node.body, needed, skip={id(s) for s in updates})
         body += sweep
         for s in updates:
             if target_of(s) in needed:
-                body += self.with_shadow(copy.deepcopy(s))
+                body += self.builder.with_shadow(copy.deepcopy(s))
         for s in self.resets(node, state):
-            self.emit(s)
-        self.emit(copy_structured(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
+            self.builder.emit(s)
+        self.builder.emit(copy_structured(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
                                    body=body))
 
     def untaped(self, state) -> str | None:
         """Why the carried state cannot be kept on a tape (None: it can): a pointer, or a tile of rank above 2."""
-        if self.tile:
+        if self.builder.tile:
             return "a tile function's vector-Jacobian product has no memory of its own"
         for c in state:
-            if c.name in self.analysis.pointer_base:
+            if c.name in self.builder.analysis.pointer_base:
                 return f"{c.source} is a pointer"
-            shape = self.analysis.shapes.get(c.name)
+            shape = self.builder.analysis.shapes.get(c.name)
             if shape is None or len(shape) > 2:
                 return f"{c.source}'s shape is not known" if shape is None else f"{c.source} has rank {len(shape)}"
         return None
@@ -413,22 +416,23 @@ class LoopReversal:
     def taped_loop(self, node: ast.For, sweep, needed, updates, incoming, rebuilt, state) -> None:
         """The iterations in reverse order, each starting from the state a first pass kept on a tape (a
         checkpoint every ``every`` iterations, and the iterations since re-run, where the tape has fewer slots
-        than the loop has iterations). Where the forward kept the tape (``self.saved``: augment.py), a slot per
+        than the loop has iterations). Where the forward kept the tape (``self.builder.saved``: augment.py), a slot per
         iteration and one for the state after the loop, there is no first pass."""
         index = node.target.id
         start, _, step = range_bounds(node)
-        trips, back, now, i, every, slots, slot = (self.namer.fresh(f"{index}_{w}") for w in (
+        trips, back, now, i, every, slots, slot = (self.builder.namer.fresh(f"{index}_{w}") for w in (
             "trips", "back", "now", "i", "every", "slots", "slot"))
-        params = {c.name: self.namer.fresh(f"{c.name}_tape") for c in state}
-        rows = {c.name: self.namer.fresh(f"{c.name}_tape_row") for c in state}
-        self.tapes.append(Tape(slots, tuple((params[c.name], self.analysis.shapes[c.name]) for c in state),
-                               self._known_trips(node), node.tg.where, tuple(c.source for c in state),
-                               dtypes=tuple(self.dtype_as_written(c.name) for c in state)))
+        params = {c.name: self.builder.namer.fresh(f"{c.name}_tape") for c in state}
+        rows = {c.name: self.builder.namer.fresh(f"{c.name}_tape_row") for c in state}
+        shapes = self.builder.analysis.shapes
+        self.builder.tapes.append(Tape(slots, tuple((params[c.name], shapes[c.name]) for c in state),
+                                       self._known_trips(node), node.tg.where, tuple(c.source for c in state),
+                                       dtypes=tuple(self.dtype_as_written(c.name) for c in state)))
         names = {"start": start, "step": step, "every": name_node(every), "slots": name_node(slots),
                  "trips": name_node(trips), "i": name_node(i), "back": name_node(back), "slot": name_node(slot),
                  "index": name_node(index)}
         setup = [assign(trips, self.trip_count(node))]
-        if not self.saved:
+        if not self.builder.saved:
             setup.append(assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)))
         setup += self.resets(node, state)
         setup += [assign(rows[c.name], instantiate(f"tg.{tape_row(self.dtype_as_written(c.name))}(tape, x, slots, "
@@ -436,14 +440,14 @@ class LoopReversal:
             **names, "tape": name_node(params[c.name]), "x": name_node(c.name)})) for c in state]
         for s in setup:
             s.tape_setup = node.tg  # merge_records moves them with the recording loop
-            self.emit(s)
+            self.builder.emit(s)
         gets = "tg.tape_get(row, slot, x)"
-        if self.saved:  # the state after the loop, for what follows it (merge_records: in place of its replay)
+        if self.builder.saved:  # the state after the loop, for what follows it (merge_records: in place of its replay)
             for c in state:
                 final = assign(c.name, instantiate(gets, {
                     "row": name_node(rows[c.name]), "slot": name_node(trips), "x": name_node(c.name)}))
                 final.tape_final = node.tg
-                self.emit(final)
+                self.builder.emit(final)
         else:
             counted = "index" if _is_one(step) and _is_zero(start) else "index - start" if _is_one(step) else \
                 "(index - start) // step"
@@ -451,26 +455,26 @@ class LoopReversal:
             record += [ast.Expr(instantiate("tg.tape_put(row, i // every, x, i % every == 0)", {
                 **names, "row": name_node(rows[c.name]), "x": name_node(c.name)})) for c in state]
             puts = len(record)  # the iteration's number and its tape_puts, before the replayed body
-            record += self.replay_block(node.body, rebuilt)
+            record += self.builder.replay_block(node.body, rebuilt)
             recording = copy_structured(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
                                         body=record)
             recording.tape_puts = puts  # merge_records reads it
-            self.emit(recording)
+            self.builder.emit(recording)
         body = [assign(i, instantiate("trips - 1 - back", names))]
-        if not self.saved:
+        if not self.builder.saved:
             body.append(assign(slot, instantiate("i // every", names)))
         body += [assign(c.name, instantiate(gets, {
-            **names, "row": name_node(rows[c.name]), "slot": name_node(i if self.saved else slot),
+            **names, "row": name_node(rows[c.name]), "slot": name_node(i if self.builder.saved else slot),
             "x": name_node(c.name)})) for c in state]
-        if not self.saved:
-            replay = self.replay_block(node.body, rebuilt)
+        if not self.builder.saved:
+            replay = self.builder.replay_block(node.body, rebuilt)
             since = instantiate("start + slot * every * step", names)
             body += self.partial_replay(node, replay, since, instantiate("start + i * step", names))
         body.append(assign(index, instantiate("start + i * step", names)))
         self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
 
     def _known_trips(self, node: ast.For) -> Expr | None:
-        trips = self.analysis.trips.get(LoopIndex(node.target.id))
+        trips = self.builder.analysis.trips.get(LoopIndex(node.target.id))
         return None if trips is None or trips == Expr.const(UNKNOWN_TRIP) else trips
 
     def trip_count(self, node: ast.For) -> ast.expr:
@@ -499,7 +503,7 @@ class LoopReversal:
         from is collected afresh."""
         out = []
         for name, d_next in incoming.items():
-            d = self.adjoint[name]
+            d = self.builder.adjoint[name]
             out.append(assign(d_next, name_node(d)))
             out.append(assign(d, instantiate("tl.zeros_like(d)", {"d": name_node(d)})))
         return out
@@ -509,12 +513,13 @@ class LoopReversal:
         re-running the iterations before it from the loop's entry (quadratic in the trip count)."""
         index = node.target.id
         start, _, step = range_bounds(node)
-        trips, back, now = (self.namer.fresh(f"{index}_{w}") for w in ("trips", "back", "now"))
+        trips, back, now = (self.builder.namer.fresh(f"{index}_{w}") for w in ("trips", "back", "now"))
         bounds = {"start": start, "step": step, "trips": name_node(trips), "back": name_node(back)}
-        self.emit(assign(trips, self.trip_count(node)))
+        self.builder.emit(assign(trips, self.trip_count(node)))
         body: list[ast.stmt] = [assign(now, instantiate("start + (trips - 1 - back) * step", bounds))]
         body += self.resets(node, state)
-        body += self.partial_replay(node, self.replay_block(node.body, rebuilt), copy.deepcopy(start), name_node(now))
+        replayed = self.builder.replay_block(node.body, rebuilt)
+        body += self.partial_replay(node, replayed, copy.deepcopy(start), name_node(now))
         body.append(assign(index, name_node(now)))
         self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
 
@@ -522,24 +527,24 @@ class LoopReversal:
         """The reverse loop ``for back in range(trips)``: ``body`` (the iteration's state and index), then
         the adjoints carried in, the iteration's values and its sweep."""
         body += self.next_adjoints(incoming)
-        body += self.replay_block(node.body, needed, skip={id(s) for s in updates})
+        body += self.builder.replay_block(node.body, needed, skip={id(s) for s in updates})
         body += sweep
         func = "tl.static_range" if node.tg.static else "range"
         loop = ast.For(target=ast.Name(back, ast.Store()), iter=instantiate(f"{func}(trips)", {"trips": name_node(
             trips)}), body=body, orelse=[])
-        self.emit(ast.copy_location(loop, node))
+        self.builder.emit(ast.copy_location(loop, node))
 
     def ensure_adjoint(self, node: ast.For, name: str) -> str:
         """The adjoint of a loop's carried variable before its reversal (zero when nothing reached it)."""
-        if name not in self.adjoint:
-            self.adjoint[name] = self.adjoint_name(name)
+        if name not in self.builder.adjoint:
+            self.builder.adjoint[name] = self.builder.adjoint_name(name)
             like = name_node(name)
             init = next(c.init for c in node.tg.carried if c.name == name)
             if isinstance(init, ast.Name) and init.id != name:  # its type without replaying the loop
                 like = copy.deepcopy(init)
-            self.emit(ast.Assign(targets=[ast.Name(self.adjoint[name], ast.Store())],
+            self.builder.emit(ast.Assign(targets=[ast.Name(self.builder.adjoint[name], ast.Store())],
                                  value=instantiate("tg.zeros_grad(x)", {"x": like})))
-        return self.adjoint[name]
+        return self.builder.adjoint[name]
 
     def check_state(self, node: ast.For, plan, state) -> None:
         for c in state:
@@ -552,19 +557,19 @@ class LoopReversal:
         out = []
         for c in state:
             if isinstance(c.init, ast.Name) and c.init.id == c.name:  # assigned before the loop: again
-                reset = copy.deepcopy(next(d for d in self.defs[c.name] if not self.inside(d, node)))
+                reset = copy.deepcopy(next(d for d in self.builder.defs[c.name] if not self.inside(d, node)))
             else:
                 reset = ast.Assign(targets=[ast.Name(c.name, ast.Store())], value=copy.deepcopy(c.init))
                 reset.tg = Tag(Op("copy", [c.init]), node.tg.origin, node.tg.where)
-            out += self.with_shadow(reset)
+            out += self.builder.with_shadow(reset)
         return out
 
     def keep_finals(self, *segments: list[ast.stmt]) -> None:
         """Where the backward replays a loop (not nested in another, its state not taped) for the values it
         leaves, the forward can keep those instead (augment.py: a tape of one slot, ``Tape.final``): the variant
-        built for the forward's tapes (``self.saved``) reads them in place of the replay, and lists them among
+        built for the forward's tapes (``self.builder.saved``) reads them in place of the replay, and lists them among
         its tapes (``BackwardKernel.saved_tapes`` tells the forward). ``segments``: consecutive parts of the body."""
-        if not self.saved:
+        if not self.builder.saved:
             return
         replays = [(block, s) for segment in segments for block, s in _replayed_loops(segment)]
         for block, replay in replays:
@@ -572,18 +577,19 @@ class LoopReversal:
             carried = {c.name: c for c in forward.tg.carried}
             read_after = set().union(*(_reads_outside(segment, replay) for segment in segments))
             kept = [n for n in carried if n in read_after and n in {target_of(s) for s in statements(replay.body)}]
-            shapes = [self.analysis.shapes.get(n) for n in kept]
-            if (not kept or self.loop_plans[id(forward)].nonlinear or self.tile
-                    or any(n in self.analysis.pointer_base for n in kept)
+            shapes = [self.builder.analysis.shapes.get(n) for n in kept]
+            if (not kept or self.builder.loop_plans[id(forward)].nonlinear or self.builder.tile
+                    or any(n in self.builder.analysis.pointer_base for n in kept)
                     or any(shape is None or len(shape) > 2 for shape in shapes)):
                 continue
-            slots = self.namer.fresh(f"{forward.target.id}_final_slots")
-            params = {n: self.namer.fresh(f"{n}_final") for n in kept}
-            self.tapes.append(Tape(slots, tuple((params[n], shape) for n, shape in zip(kept, shapes, strict=True)),
-                                   None, forward.tg.where, tuple(carried[n].source for n in kept), final=True,
-                                   dtypes=tuple(self.dtype_as_written(n) for n in kept)))
-            rows = {n: self.namer.fresh(f"{n}_final_row") for n in kept}
-            program = assign(self.namer.fresh("program"), instantiate("tg.program_index()", {}))
+            slots = self.builder.namer.fresh(f"{forward.target.id}_final_slots")
+            params = {n: self.builder.namer.fresh(f"{n}_final") for n in kept}
+            states = tuple((params[n], shape) for n, shape in zip(kept, shapes, strict=True))
+            sources = tuple(carried[n].source for n in kept)
+            self.builder.tapes.append(Tape(slots, states, None, forward.tg.where, sources, final=True,
+                                           dtypes=tuple(self.dtype_as_written(n) for n in kept)))
+            rows = {n: self.builder.namer.fresh(f"{n}_final_row") for n in kept}
+            program = assign(self.builder.namer.fresh("program"), instantiate("tg.program_index()", {}))
             # the row of the forward's program (a backward looping over them says which: persistent.py)
             program.tg = Tag(Op("program_index", []), forward.tg.origin, forward.tg.where)
             read = [program]
@@ -599,9 +605,9 @@ class LoopReversal:
         """The dtype a loop's carried value is created with before the loop (a carried value keeps its type),
         as written: ``tl.zeros([BM], dtype=COMPUTE)`` gives ``COMPUTE``; followed through copies."""
         seen = set()
-        while name not in seen and self.analysis.defs.get(name):
+        while name not in seen and self.builder.analysis.defs.get(name):
             seen.add(name)
-            first = self.analysis.defs[name][0]
+            first = self.builder.analysis.defs[name][0]
             op = op_of(first)
             if op.kind in ("zeros", "full"):  # zeros(shape, dtype), full(shape, value, dtype)
                 at = 1 if op.kind == "zeros" else 2
@@ -613,7 +619,7 @@ class LoopReversal:
         return None
 
     def inside(self, stmt: ast.stmt, node: ast.stmt) -> bool:
-        return any(e is node for e in self.enclosing[id(stmt)])
+        return any(e is node for e in self.builder.enclosing[id(stmt)])
 
 
 TAPED = ("A first pass keeps the state at the start of each iteration on a tape (every k-th where the tape\n"

@@ -25,50 +25,59 @@ from .persistent import PartialSum
 
 
 class MemoryAdjoints:
-    """The memory half of :class:`reverse.BackwardBuilder`."""
+    """Loads' and stores' adjoints, written into a :class:`sweep.BackwardBuilder`'s sweep; what a strategy's code
+    needs of the sweep (strategies.Sweep)."""
+
+    def __init__(self, builder):
+        self.builder = builder  # the sweep this writes memory adjoints into (sweep.BackwardBuilder)
+
+    def emit(self, stmt: ast.stmt) -> None:  # (strategies.Sweep: what a strategy's code is emitted through)
+        self.builder.emit(stmt)
 
     def reverse_load(self, stmt: ast.stmt, t: str) -> None:
         self.reverse_load_other(stmt)
         b = arguments(stmt)
-        if self.analysis.pointer_base[b["pointer"].id] not in self.analysis.wrt:  # active through `other` only
+        analysis = self.builder.analysis
+        if analysis.pointer_base[b["pointer"].id] not in analysis.wrt:  # active through `other` only
             return
-        shadow, g = name_node(self.shadow_name(b["pointer"].id)), name_node(self.g_of(stmt))
-        param = self.analysis.pointer_base[b["pointer"].id]
-        choice = self.choices[param]
+        shadow, g = name_node(self.builder.shadow_name(b["pointer"].id)), name_node(self.builder.g_of(stmt))
+        param = self.builder.analysis.pointer_base[b["pointer"].id]
+        choice = self.builder.choices[param]
         later = target_of(stmt) in choice.later
         if not later:  # (where only later adds write, the stored load's adjoint is zero: the buffer is zero-filled)
-            self.written_inputs.add(param)
+            self.builder.written_inputs.add(param)
         if op_of(stmt).kind == "desc_load":
-            self.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
+            self.builder.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
             return
         choice.strategy.emit(self, stmt, param, shadow, g, b["mask"], later)
 
     def adjoint_of(self, stmt: ast.stmt) -> str:
-        return self.adjoint[target_of(stmt)]
+        return self.builder.adjoint[target_of(stmt)]
 
     def named(self, base: str, value: ast.expr) -> ast.Name:
         """``<fresh name from base> = value``, emitted; the name."""
-        name = self.namer.fresh(base)
-        self.emit(ast.Assign(targets=[ast.Name(name, ast.Store())], value=copy.deepcopy(value)))
+        name = self.builder.namer.fresh(base)
+        self.builder.emit(ast.Assign(targets=[ast.Name(name, ast.Store())], value=copy.deepcopy(value)))
         return name_node(name)
 
     def add_later(self, stmt: ast.stmt, param: str, shadow: ast.Name, g: ast.Name) -> None:
         """Keep the load's adjoint and addresses in this program's slots: added after the kernel, when the
         input's stored load has written its gradient (strategies.LaterAdds)."""
-        adjoint = self.adjoint[target_of(stmt)]
-        later = LaterAdds(param, self.namer.fresh(f"{adjoint}_later"), self.namer.fresh(f"{adjoint}_later_at"),
-                          self.analysis.shapes[target_of(stmt)])
-        self.later_adds.append(later)
+        adjoint = self.builder.adjoint[target_of(stmt)]
+        fresh = self.builder.namer.fresh
+        later = LaterAdds(param, fresh(f"{adjoint}_later"), fresh(f"{adjoint}_later_at"),
+                          self.builder.analysis.shapes[target_of(stmt)])
+        self.builder.later_adds.append(later)
         mask = arguments(stmt)["mask"]
-        self.emit(ast.Expr(instantiate("tg.add_later(values, offsets, base, at, g, mask)", {
+        self.builder.emit(ast.Expr(instantiate("tg.add_later(values, offsets, base, at, g, mask)", {
             "values": name_node(later.values), "offsets": name_node(later.offsets),
-            "base": name_node(self.shadow_name(param)), "at": shadow, "g": g,
+            "base": name_node(self.builder.shadow_name(param)), "at": shadow, "g": g,
             "mask": ast.Constant(True) if is_none(mask) else mask})))
 
     def partial_sum(self, stmt: ast.stmt, shadow: str, mask: ast.expr) -> str:
         """The register accumulator of a load's adjoint over the rows of a persistent program."""
-        total = self.namer.fresh(f"{self.adjoint[target_of(stmt)]}_sum")
-        self.partial_sums.append(PartialSum(total, shadow, copy.deepcopy(mask)))
+        total = self.builder.namer.fresh(f"{self.builder.adjoint[target_of(stmt)]}_sum")
+        self.builder.partial_sums.append(PartialSum(total, shadow, copy.deepcopy(mask)))
         return total
 
     def reverse_load_other(self, stmt: ast.stmt) -> None:
@@ -76,13 +85,13 @@ class MemoryAdjoints:
         those lanes' adjoints are its (``tl.where(m, 0.0, g)``, summed back to ``v``'s shape)."""
         b = arguments(stmt)
         other, mask = b.get("other"), b.get("mask")
-        if other is None or mask is None or is_none(mask) or not self.analysis.is_active(other):
+        if other is None or mask is None or is_none(mask) or not self.builder.analysis.is_active(other):
             return
-        g = name_node(self.g_of(stmt))
+        g = name_node(self.builder.g_of(stmt))
         contribution = instantiate("tl.where(m, 0.0, g)", {"m": copy.deepcopy(mask), "g": g})
-        if not self.same_shape(other.id, target_of(stmt)):
+        if not self.builder.same_shape(other.id, target_of(stmt)):
             contribution = instantiate("tg.unbroadcast(c, x)", {"c": contribution, "x": other})
-        self.accumulate(other.id, contribution)
+        self.builder.accumulate(other.id, contribution)
 
     def descriptor_accumulate(self, stmt: ast.stmt, shadow: ast.Name, offsets: ast.expr, g: ast.Name) -> ast.If:
         """``d_desc.atomic_add(offsets, g)``; where descriptors cannot add (float64 shadows, Triton's
@@ -93,7 +102,7 @@ class MemoryAdjoints:
         sizes, strides, block = (b[k].elts for k in ("shape", "strides", "block_shape"))
         indices = [f"({ast.unparse(o)} + tl.arange(0, {ast.unparse(n)}))" for o, n in zip(offsets.elts, block,
                                                                                           strict=True)]
-        base = ast.unparse(name_node(self.shadow_name(b["base"].id)))
+        base = ast.unparse(name_node(self.builder.shadow_name(b["base"].id)))
         text = (f"if tg.DESCRIPTOR_ATOMICS and {shadow.id}.dtype != tl.float64:\n"
                 f"    {shadow.id}.atomic_add({ast.unparse(offsets)}, {g.id}.to({shadow.id}.dtype))\n"
                 f"else:\n"
@@ -103,7 +112,7 @@ class MemoryAdjoints:
 
     def descriptor_definition(self, stmt: ast.stmt, name: str) -> ast.stmt:
         """The ``tl.make_tensor_descriptor`` statement a descriptor comes from (through copies)."""
-        defs = self.defs.get(name, [])
+        defs = self.builder.defs.get(name, [])
         kinds = {op_of(d).kind for d in defs}
         if kinds == {"make_tensor_descriptor"} and len({ast.dump(d.value) for d in defs}) == 1:
             return defs[0]
@@ -115,18 +124,18 @@ class MemoryAdjoints:
     def reverse_store(self, stmt: ast.stmt) -> None:
         op = op_of(stmt)
         b = arguments(stmt)
-        base = self.analysis.pointer_base[b["pointer"].id]
-        if base not in self.analysis.outputs:
+        base = self.builder.analysis.pointer_base[b["pointer"].id]
+        if base not in self.builder.analysis.outputs:
             return
         value = stored_value(stmt)
-        if not self.analysis.is_active(value):
+        if not self.builder.analysis.is_active(value):
             return
         if operation_of(op).memory not in ("store", "accumulate"):
             raise refuse(where(stmt), f"`{op.kind}` of a differentiated value",
                          "only tl.store and tl.atomic_add outputs can be differentiated")
-        self.comment_for(stmt)
+        self.builder.comment_for(stmt)
         address = b["pointer"].id
-        shadow = name_node(self.shadow_name(address))
+        shadow = name_node(self.builder.shadow_name(address))
         if op.kind.startswith("desc_"):  # out-of-bounds elements read as zero, as the forward dropped them
             incoming = instantiate("d.load(offsets)", {"d": shadow, "offsets": b["offsets"]})
         else:
@@ -135,12 +144,13 @@ class MemoryAdjoints:
                 keywords = [ast.keyword("mask", copy.deepcopy(b["mask"])), ast.keyword("other", ast.Constant(0.0))]
             incoming = ast.Call(instantiate("tl.load", {}), [shadow], keywords)
         incoming = instantiate("tg.widened(g)", {"g": incoming})  # adjoints in float32 or wider
-        if not self.same_shape(value.id, address):
+        if not self.builder.same_shape(value.id, address):
             incoming = instantiate("tg.unbroadcast(c, x)", {"c": incoming, "x": value})
-        self.accumulate(value.id, incoming)
-        if base in self.analysis.in_place:  # the values it overwrote get their gradient here from the loads only
+        self.builder.accumulate(value.id, incoming)
+        if base in self.builder.analysis.in_place:  # the values it overwrote get their gradient here from the loads
+            # only
             masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
-            self.emit(call_statement("tl.store", shadow, ast.Constant(0.0), **masked))
-            self.emit(call_statement("tl.debug_barrier"))  # read and zeroed by every thread before the loads'
+            self.builder.emit(call_statement("tl.store", shadow, ast.Constant(0.0), **masked))
+            self.builder.emit(call_statement("tl.debug_barrier"))  # read and zeroed by every thread before the loads'
             # adjoints add
 

@@ -116,7 +116,7 @@ def is_comment_marker(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Name) and stmt.value.id.startswith(MARKER)
 
 
-class BackwardBuilder(LoopReversal, MemoryAdjoints):
+class BackwardBuilder:
     """Writes the backward body: the sweep first (adjoints, statement by statement, backwards), then the
     replay of the forward values it reads in front of it."""
 
@@ -157,6 +157,8 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
             if op_of(s).kind == "item":
                 results, index = op_of(s).args
                 self.items.setdefault(results.id, {})[index.value] = target_of(s)
+        self.loops = LoopReversal(self)  # loops reversed as their plans say (loops.py)
+        self.memory = MemoryAdjoints(self)  # loads' and stores' adjoints (memory.py)
         mirrored = list(dict.fromkeys([*analysis.outputs, *analysis.wrt])) if not tile else []  # in place: once
         self.shadow_params = [self.shadow_name(p) for p in mirrored]
 
@@ -223,7 +225,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         epilogue = {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))} if not own else set()
         replay = self.replay(epilogue)
         merge_records(replay, self.out)
-        self.keep_finals(replay, self.out)
+        self.loops.keep_finals(replay, self.out)
         body, extra = replay + self.out, []
         axis = next((c.axis for c in self.choices.values() if c.strategy.partial_rows), None)
         prologue = stages = held = None
@@ -249,7 +251,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         the shape as written), for an interchange's prologue (interchange.Prologue)."""
         likes = {}
         for primal, adjoint in self.adjoint.items():
-            shape, dtype = self.analysis.shapes.get(primal), self.dtype_as_written(primal)
+            shape, dtype = self.analysis.shapes.get(primal), self.loops.dtype_as_written(primal)
             if shape is not None and dtype is not None:
                 extents = "".join(f"{e}, " for e in shape)
                 likes[adjoint] = (ast.parse(f"tg.zeros_grad(tl.zeros(({extents}), {dtype}))", mode="eval").body,
@@ -362,7 +364,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
     def reverse_block(self, block: list[ast.stmt]) -> None:
         for stmt in reversed(block):
             if isinstance(stmt, ast.For):
-                self.reverse_for(stmt)
+                self.loops.reverse_for(stmt)
             elif isinstance(stmt, ast.If):
                 self.reverse_if(stmt)
             else:
@@ -435,7 +437,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
         op = op_of(stmt)
         t = target_of(stmt)
         if op.kind in STORES:
-            self.reverse_store(stmt)
+            self.memory.reverse_store(stmt)
         elif t in self.analysis.stabilizers and op.kind not in ("max", "min"):
             return  # a stabilizer in another shape: the max's comment says why it has no adjoint
         elif t in self.analysis.stabilizers:
@@ -449,7 +451,7 @@ class BackwardBuilder(LoopReversal, MemoryAdjoints):
             if not stmt.tg.join:  # a join's copy goes under its if's or loop's comment
                 self.comment_for(stmt)
             if op.kind in LOADS:
-                self.reverse_load(stmt, t)
+                self.memory.reverse_load(stmt, t)
             else:
                 self.reverse_operation(stmt, t)
 
