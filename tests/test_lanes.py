@@ -135,7 +135,8 @@ def test_store_ranges_hold_every_address_a_program_writes(store):
     its range, and a program said to store nothing writes nothing."""
     import torch
 
-    from tritongrad.analysis.conditions import Apart, Expr, LaunchValues, StoreRange
+    from tritongrad.analysis.conditions import Apart, Expr, LaunchValues
+    from tritongrad.analysis.index_ranges import StoreRange
 
     programs, coords, bounds, base = store
     values = {"base": torch.tensor(base), **{f"L{i}": torch.tensor(limits) for i, (_, limits) in enumerate(bounds)}}

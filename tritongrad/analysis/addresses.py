@@ -23,7 +23,7 @@ import ast
 import collections
 from dataclasses import dataclass
 
-from ..core.ir import arguments, definitions, loops, op_of, range_bounds, statements, target_of
+from ..core.ir import arguments, axis_of, definitions, loops, op_of, range_bounds, statements, target_of
 from ..core.operations import operation_of
 from .conditions import UNKNOWN_TRIP, Expr
 
@@ -251,10 +251,8 @@ def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0)
         if operation_of(op).on_host is not None or op.kind == "minimum":
             kind = "min" if op.kind == "minimum" else op.kind
             return Expr(kind, tuple(scalar_expr(a, defs, depth + 1) for a in op.args))
-        if op.kind == "num_programs":
-            axis = (op.args or [op.kwargs.get("axis")])[0]
-            if isinstance(axis, ast.Constant) and isinstance(axis.value, int):
-                return Expr("grid", (axis.value,))
+        if op.kind == "num_programs" and axis_of(op) is not None:
+            return Expr("grid", (axis_of(op),))
     return Expr.name(atom.id)
 
 
@@ -324,10 +322,8 @@ def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict, defs: dict | 
     if kind == "arange":
         return form_of_terms({Lane(0): (1, ())}, 1)
     if kind == "program_id":
-        axis = op.args[0] if op.args else op.kwargs.get("axis")
-        if isinstance(axis, ast.Constant) and isinstance(axis.value, int):
-            return form_of_terms({ProgramId(axis.value): (1, ())}, 0)
-        return None
+        axis = axis_of(op)
+        return form_of_terms({ProgramId(axis): (1, ())}, 0) if axis is not None else None
     inputs = [forms.get(a.id) if isinstance(a, ast.Name) else None for a in op.args]
     if not any(inputs):
         return None

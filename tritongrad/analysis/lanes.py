@@ -51,7 +51,8 @@ from .addresses import (
     poly_expr,
     scalar_expr,
 )
-from .conditions import Apart, AtLeast, Condition, Expr, IndexRead, LaunchCheck, RangesApart, StoreRange, decided_now
+from .conditions import Apart, AtLeast, Condition, Expr, LaunchCheck, decided_now
+from .index_ranges import IndexRead, RangesApart, StoreRange
 
 
 def with_scalars_written_out(check: LaunchCheck, body: list[ast.stmt]) -> LaunchCheck:

@@ -41,7 +41,7 @@ from ..core.ir import (
     target_of,
 )
 from ..core.operations import operation_of
-from .analyze import downstream
+from .flow import downstream
 
 REDUCTIONS = frozenset({"sum", "max", "min", "softmax", "dot", "cumsum", "cumprod", "linear_scan", "argmax", "argmin",
                         "xor_sum", "reduce"})

@@ -392,6 +392,12 @@ def copy_structured(node: ast.stmt, **fields: Any) -> ast.stmt:
     return ast.copy_location(new, node)
 
 
+def axis_of(op: Op) -> int | None:
+    """The grid axis a ``tl.program_id`` / ``tl.num_programs`` operation names (None: not a literal)."""
+    axis = op.args[0] if op.args else op.kwargs.get("axis")
+    return axis.value if isinstance(axis, ast.Constant) and isinstance(axis.value, int) else None
+
+
 def program_axis(stmt: ast.stmt) -> int | None:
     """The axis of a ``tl.program_id`` statement (-1: an unknown axis, or ``tg.program_index()``: all of them)."""
     tag = getattr(stmt, "tg", None)
@@ -399,5 +405,5 @@ def program_axis(stmt: ast.stmt) -> int | None:
         return None
     if tag.op.kind == "program_index":
         return -1
-    axis = tag.op.args[0] if tag.op.args else tag.op.kwargs.get("axis")
-    return axis.value if isinstance(axis, ast.Constant) else -1
+    axis = axis_of(tag.op)
+    return -1 if axis is None else axis

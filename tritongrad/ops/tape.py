@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from ..analysis.analyze import pointers
 from ..analysis.composites import fuse_composites
+from ..analysis.pointers import pointers
 from ..analysis.stored_outputs import stored_values
 from ..core.errors import NotDifferentiableError, OpError, noted
 from ..core.ir import loops, op_of

@@ -15,6 +15,7 @@ from ..core.ir import (
     Namer,
     Op,
     Tag,
+    axis_of,
     is_none,
     is_structured,
     name_node,
@@ -157,7 +158,7 @@ def _rewrite_program_queries(body: list[ast.stmt], axis: int, loop_var: str, pro
         elif program_axis(s) == axis:  # a tensor, as tl.program_id's is (the interpreter's loop gives an int)
             s.value = instantiate("tl.cast(i, tl.int32)", {"i": name_node(loop_var)})
             s.tg = Tag(Op("cast", [name_node(loop_var), s.value.args[1]]), tag.origin, tag.where)
-        elif tag.op.kind == "num_programs" and _axis_of(tag.op) == axis:
+        elif tag.op.kind == "num_programs" and axis_of(tag.op) == axis:
             s.value = name_node(programs)
             s.tg = Tag(_copy_op(programs), tag.origin, tag.where)
 
@@ -166,11 +167,6 @@ def _used_as_tensor(name: str, body: list[ast.stmt]) -> bool:
     """Whether a method or attribute of ``name`` is used (``row.to(tl.int64)``)."""
     return any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == name
                for s in body for n in ast.walk(s))
-
-
-def _axis_of(op) -> int | None:
-    axis = op.args[0] if op.args else op.kwargs.get("axis")
-    return axis.value if isinstance(axis, ast.Constant) else None
 
 
 def _copy_op(name: str) -> Op:

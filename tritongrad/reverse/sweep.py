@@ -33,7 +33,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..analysis.analyze import INFINITE, MASKED, Analysis, padding_at_unbounded
+from ..analysis.analyze import Analysis
+from ..analysis.flow import INFINITE, MASKED, padding_at_unbounded
 from ..analysis.stored_outputs import StoredValue
 from ..core.ir import (
     Namer,

@@ -24,8 +24,9 @@ from ..analysis.addresses import (
     mask_bounds,
     starts_at_zero,
 )
-from ..analysis.analyze import Analysis, loaded_values, program_axes
+from ..analysis.analyze import Analysis
 from ..analysis.conditions import UNKNOWN_TRIP, All, AtMost, Condition, Covers, Expr
+from ..analysis.flow import loaded_values, program_axes
 from ..analysis.lanes import launch_coordinates, scalars_written_out
 from ..core.ir import (
     arguments,

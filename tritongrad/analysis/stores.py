@@ -1,0 +1,138 @@
+"""Whether each output's stores keep their lanes, programs, iterations and several stores apart (lanes.py over
+addresses.py's forms): refused where they certainly meet, launch checks where the launch decides, and a store
+whose address lost a program id as a coordinate refused."""
+
+from __future__ import annotations
+
+import ast
+
+from ..core.ir import (
+    address_names,
+    arguments,
+    child_blocks,
+    definitions,
+    op_of,
+    refuse,
+    where,
+)
+from .addresses import (
+    address_offsets,
+    descriptor_form,
+    enclosing_loops,
+    form_program_axes,
+    mask_bounds,
+    offset_of,
+)
+from .flow import loaded_values, program_axes
+from .lanes import (
+    StoreSite,
+    check_data_stores,
+    check_store,
+    check_stores_apart,
+    index_reads,
+)
+
+
+def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips, pointer_base
+                        ) -> dict[str, set[int]]:
+    """Refuse stores whose adjoint would be wrong; return the program axes each output's addresses use.
+
+    A store's adjoint hands the output's gradient to the stored value. That is right only
+    when no other store overwrites the element: so each store's lanes write distinct elements,
+    several stores to one output (unless in exclusive branches of an ``if``) write disjoint
+    addresses, and stores at addresses computed from loaded indices (a scatter) have programs
+    whose ranges are apart on the indices each launch passes (lanes.py). Stores repeating an
+    address across loop iterations are refused in loops.py. Whether programs overwrite each
+    other's elements depends on the grid, checked at launch (derive.py).
+    """
+    loaded = loaded_values(body)
+    axes_of = program_axes(body)
+    paths = _branch_paths(body)
+    around = enclosing_loops(body)
+    defs = definitions(body)
+    offsets = address_offsets(body, forms)
+    reads = None  # scalars loaded from index tensors (lanes.index_reads), where a scatter needs them
+    store_axes = {}
+    for output in outputs:
+        plain = [s for s in stores.get(output, []) if op_of(s).kind in ("store", "desc_store")]
+        if plain and len(plain) < len(stores[output]):
+            raise refuse(where(plain[0]), f"`{output}` both stored and accumulated atomically",
+                         "write each output either with tl.store or with tl.atomic_add")
+        sites, data = {}, []
+        kept: dict[int, set[int]] = {}  # store -> the program axes its address keeps as coordinates
+        for s in plain:
+            if any(n in loaded for n in address_names(s)):  # a scatter: checked on the loaded indices
+                form = forms.get(arguments(s)["pointer"].id)
+                if op_of(s).kind != "store" or (form is not None and not form.affine):
+                    raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
+                                 "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
+                address = arguments(s)["pointer"].id
+                bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes, loaded=True)
+                data.append(StoreSite(s, forms.get(address), offset_of(address, offsets, forms), shapes.get(address),
+                                      around[id(s)], tuple(bounds)))
+            if op_of(s).kind == "store":
+                address = arguments(s)["pointer"].id
+                bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes)
+                sites[id(s)] = StoreSite(s, forms.get(address), offset_of(address, offsets, forms), shapes.get(address),
+                                         around[id(s)], tuple(bounds))
+                launch_checks += check_store(s, forms.get(address), output, shapes.get(address), around[id(s)],
+                                             bounds, trips)
+                kept[id(s)] = form_program_axes(forms.get(address))
+            else:  # a descriptor's block: its lanes are apart, its offsets may not be
+                form = descriptor_form(arguments(s)["offsets"].elts, forms)
+                launch_checks += check_store(s, form, output, shapes.get(arguments(s)["pointer"].id), around[id(s)],
+                                             trips=trips)
+                kept[id(s)] = form_program_axes(form)
+        for i, second in enumerate(plain):  # stores that may both run: at disjoint addresses
+            for first in plain[:i]:
+                if _exclusive(paths[id(first)], paths[id(second)]):
+                    continue
+                if id(first) not in sites or id(second) not in sites:
+                    raise refuse(where(second), f"a second tl.store to `{output}`",
+                                 "store each output once: compute the final value first, or store different outputs")
+                launch_checks += check_stores_apart(sites[id(first)], sites[id(second)], output, trips,
+                                                    frozenset(loaded), defs)
+        if data:
+            if reads is None:
+                reads = index_reads(body, forms, offsets, shapes, pointer_base, loaded)
+            (check,) = check_data_stores(data, output, reads, loaded, trips)
+            launch_checks.append(check)
+            for site in data:  # programs along its axis are checked apart on the indices
+                kept[id(site.stmt)].add(check.condition.axis)
+        for s in plain:
+            _refuse_lost_program_ids(s, output, set().union(*[axes_of.get(n, set()) for n in address_names(s)]),
+                                     kept[id(s)])
+        if plain:  # tl.atomic_add outputs accumulate: programs may share elements
+            store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
+    return store_axes
+
+
+def _refuse_lost_program_ids(stmt: ast.stmt, output: str, used: set[int], kept: set[int]) -> None:
+    """A store address computed from a program id by an operation that loses its coordinate (``tl.minimum(pid,
+    n)``, ``tl.where``, a loop whose range depends on it other than by moving both bounds alike) may send two
+    programs to one element: the checks see no program coordinate there to keep them apart."""
+    lost = sorted(used - kept)
+    if lost:
+        raise refuse(where(stmt), f"a tl.store to `{output}` whose address uses tl.program_id({lost[0]}) through an "
+                     "operation that may send two programs to one element",
+                     "build addresses from program ids with + and *, or with both `pid // n` and `pid % n`")
+
+
+def _branch_paths(body: list[ast.stmt], path: tuple = ()) -> dict[int, tuple]:
+    """For each flat statement, the (if node, branch) pairs it sits under."""
+    paths = {}
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            for branch, block in enumerate(child_blocks(stmt)):
+                paths.update(_branch_paths(block, (*path, (id(stmt), branch))))
+        elif isinstance(stmt, ast.For):
+            paths.update(_branch_paths(stmt.body, path))
+        else:
+            paths[id(stmt)] = path
+    return paths
+
+
+def _exclusive(a: tuple, b: tuple) -> bool:
+    """Whether two statements sit in different branches of one ``if``: never both run."""
+    branch_of = dict(a)
+    return any(node in branch_of and branch_of[node] != branch for node, branch in b)
