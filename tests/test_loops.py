@@ -370,7 +370,7 @@ def test_online_softmax_becomes_a_max_pass_and_linear_sums():
 def test_online_softmax_whose_max_is_stored_keeps_its_state_on_a_tape(budget, monkeypatch):
     # a budget of one byte leaves one slot per program: every reverse iteration re-runs those before it
     if budget is not None:
-        monkeypatch.setattr(tritongrad.reverse.loops, "TAPE_BUDGET", budget)
+        monkeypatch.setattr(tritongrad.reverse.state_tape, "TAPE_BUDGET", budget)
     args, meta = softmax_weighted_inputs(KEEP_MAX=True)
     x, v, y, m = args[:4]
     online_softmax_variants[(x.shape[0],)](*args, **meta)
@@ -419,17 +419,17 @@ def test_an_online_softmax_the_rewrite_cannot_prove_keeps_its_state_on_a_tape(fl
 
 def test_tape_slots_are_sized_by_the_trip_count_and_the_budget(monkeypatch):
     from tritongrad.analysis.conditions import Expr, LaunchValues
-    from tritongrad.reverse.loops import Tape
+    from tritongrad.reverse.state_tape import StateTape
 
-    tape = Tape("k_slots", (("l_tape", ()), ("acc_tape", ("BD",))), Expr("trips", (
+    tape = StateTape("k_slots", (("l_tape", ()), ("acc_tape", ("BD",))), Expr("trips", (
         Expr.const(0), Expr.name("N"), Expr.name("BLOCK"))))
     launch = LaunchValues({"N": 45, "BLOCK": 16, "BD": 8}, (4,))
     args = tape.allocate(launch, 4, "cpu")
     assert args["k_slots"] == 3  # one per iteration
     assert args["l_tape"].numel() == 4 * 3 * 8 and args["acc_tape"].numel() == 4 * 3 * 8 * 8
-    unknown = Tape("k_slots", (("l_tape", ()),), None)
-    assert unknown.allocate(launch, 4, "cpu")["k_slots"] == tritongrad.reverse.loops.MAX_SLOTS
-    monkeypatch.setattr(tritongrad.reverse.loops, "TAPE_BUDGET", 4 * 9 * 8 * 2)  # two slots' worth for 4 programs
+    unknown = StateTape("k_slots", (("l_tape", ()),), None)
+    assert unknown.allocate(launch, 4, "cpu")["k_slots"] == tritongrad.reverse.state_tape.MAX_SLOTS
+    monkeypatch.setattr(tritongrad.reverse.state_tape, "TAPE_BUDGET", 4 * 9 * 8 * 2)  # two slots' worth for 4 programs
     assert tape.allocate(launch, 4, "cpu")["k_slots"] == 2
 
 

@@ -21,127 +21,11 @@ from __future__ import annotations
 
 import ast
 import collections
-from dataclasses import dataclass
 
 from ..core.ir import arguments, axis_of, definitions, loops, op_of, range_bounds, statements, target_of
 from ..core.operations import operation_of
 from .conditions import UNKNOWN_TRIP, Expr
-
-Coefficient = tuple[int, tuple[str, ...]]
-
-
-@dataclass(frozen=True)
-class Lane:
-    """The lane's index along axis ``axis`` of the tile (what ``tl.arange`` gives, spread by ``[:, None]``)."""
-
-    axis: int
-
-    @property
-    def sort_key(self) -> tuple:
-        return ("lane", self.axis)
-
-    def __str__(self) -> str:
-        return f"lane axis {self.axis}"
-
-
-@dataclass(frozen=True)
-class ProgramId:
-    """``tl.program_id(axis)``."""
-
-    axis: int
-
-    @property
-    def sort_key(self) -> tuple:
-        return ("pid", self.axis)
-
-    def __str__(self) -> str:
-        return f"tl.program_id({self.axis})"
-
-
-@dataclass(frozen=True)
-class ProgramDigit:
-    """A digit of a program id: ``tl.program_id(axis) // divisor`` (the quotient) or ``% divisor``."""
-
-    axis: int
-    divisor: str
-    quotient: bool
-
-    @property
-    def sort_key(self) -> tuple:
-        return (f"pid{'//' if self.quotient else '%'}{self.divisor}", self.axis)
-
-    def __str__(self) -> str:
-        return f"tl.program_id({self.axis}) {'//' if self.quotient else '%'} {self.divisor}"
-
-
-@dataclass(frozen=True)
-class LoopIndex:
-    """The iteration of the loop over ``index`` (its index, or carried state advanced by it)."""
-
-    index: str
-
-    @property
-    def sort_key(self) -> tuple:
-        return (f"loop:{self.index}", 0)
-
-    def __str__(self) -> str:
-        return f"the loop over `{self.index}`"
-
-
-@dataclass(frozen=True)
-class Digit:
-    """A digit of a tile of indices: ``x // divisor`` (the quotient) or ``x % divisor``, where ``x`` (the
-    dividend, a form in lane and other coordinates, starting at 0) counts up from zero. Together the two
-    digits stand for ``x`` itself (``n = offs // HW`` and ``hw = offs % HW`` split a flat index into an
-    NCHW tensor's batch and pixel); alone, one folds lanes together."""
-
-    dividend: Form
-    divisor: str
-    quotient: bool
-
-    @property
-    def sort_key(self) -> tuple:
-        return (f"digit{'//' if self.quotient else '%'}{self.divisor}", hash(self.dividend))
-
-    @property
-    def partner(self) -> Digit:
-        return Digit(self.dividend, self.divisor, not self.quotient)
-
-    def __str__(self) -> str:
-        x = " + ".join(f"{_coefficient_text(c)}{k}" for k, c in self.dividend.terms)
-        return f"({x}) {'//' if self.quotient else '%'} {self.divisor}"
-
-
-def _coefficient_text(c: Coefficient) -> str:
-    n, symbols = c
-    factors = ([str(n)] if n != 1 or not symbols else []) + list(symbols)
-    return "" if factors == ["1"] else " * ".join(factors) + " * "
-
-
-Coordinate = Lane | ProgramId | ProgramDigit | LoopIndex | Digit
-
-
-@dataclass(frozen=True)
-class Form:
-    """An integer tile's value as coefficients of coordinates (lane axes, program ids and their digits,
-    loop iterations); ``rank`` is the tile's. ``affine=False``: a lane index went through an operation
-    that may fold lanes together."""
-
-    terms: tuple[tuple[Coordinate, Coefficient], ...]
-    rank: int
-    affine: bool = True
-
-    @property
-    def coefficients(self) -> dict[Coordinate, Coefficient]:
-        return dict(self.terms)
-
-
-SCALAR = Form((), 0)
-
-
-def form_of_terms(terms: dict, rank: int, affine: bool = True) -> Form:
-    kept = {k: c for k, c in terms.items() if c[0] != 0}
-    return Form(tuple(sorted(kept.items(), key=lambda kc: kc[0].sort_key)), rank, affine)
+from .forms import Coefficient, Digit, Form, Lane, LoopIndex, ProgramDigit, ProgramId, form_of_terms, varies
 
 
 def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
@@ -449,17 +333,6 @@ def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
     return _moved(form, order.index, rank)
 
 
-def form_program_axes(form: Form | None) -> set[int]:
-    """The program axes whose ids a form keeps as coordinates (themselves, their digits, or in a digit's index)."""
-    axes: set[int] = set()
-    for key, _ in form.terms if form is not None else ():
-        if isinstance(key, (ProgramId, ProgramDigit)):
-            axes.add(key.axis)
-        elif isinstance(key, Digit):
-            axes |= form_program_axes(key.dividend)
-    return axes
-
-
 def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) -> dict[int, tuple[LoopIndex, ...]]:
     """For each flat statement, the coordinates of the loops around it."""
     found = {}
@@ -515,7 +388,7 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
         term, bound = moved
         form = _add([form, term], max(form.rank, term.rank), negate=False)
     lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and (
-        bound.id not in forms or (loaded and not _varies(bound.id, forms))))
+        bound.id not in forms or (loaded and not varies(bound.id, forms))))
     if not lane_free or not form.affine:
         return unknown
     limit = _atom_expr(bound)
@@ -590,126 +463,7 @@ def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
     return form_of_terms(terms, rank)
 
 
-
-
 # -- offsets: the part of a value that depends on no coordinate ---------------------------------------------
 
-Poly = tuple[tuple[tuple[str, ...], int], ...]  # sum of integer * product of names, sorted; () is 0
-ZERO: Poly = ()
 
 
-def poly(terms: dict[tuple[str, ...], int]) -> Poly:
-    return tuple(sorted((k, c) for k, c in terms.items() if c != 0))
-
-
-def poly_add(a: Poly, b: Poly, sign: int = 1) -> Poly:
-    total = dict(a)
-    for k, c in b:
-        total[k] = total.get(k, 0) + sign * c
-    return poly(total)
-
-
-def poly_mul(a: Poly, b: Poly) -> Poly:
-    total: dict[tuple[str, ...], int] = {}
-    for ka, ca in a:
-        for kb, cb in b:
-            k = tuple(sorted(ka + kb))
-            total[k] = total.get(k, 0) + ca * cb
-    return poly(total)
-
-
-def poly_expr(p: Poly) -> Expr:
-    """The polynomial as an expression for launch checks."""
-    out = None
-    for names, c in p:
-        term = Expr.const(c)
-        for n in names:
-            term = term * Expr.name(n)
-        out = term if out is None else out + term
-    return out if out is not None else Expr.const(0)
-
-
-def offset_of(name: str, offsets: dict[str, Poly | None], forms: dict[str, Form]) -> Poly | None:
-    """A name's offset (``address_offsets``); a parameter or scalar defined by no + - * is itself."""
-    return _poly_of(ast.Name(name), offsets, forms)
-
-
-def canonical(p: Poly, defs: dict[str, list[ast.stmt]]) -> tuple:
-    """``p`` with each name written over the kernel's parameters (``scalar_expr``), so that scalars computed
-    twice alike (``tl.num_programs(1)`` in two places) compare equal."""
-    terms: dict = {}
-    for names, c in p:
-        key = tuple(sorted(str(scalar_expr(ast.Name(n), defs)) for n in names))
-        terms[key] = terms.get(key, 0) + c
-    return tuple(sorted((k, c) for k, c in terms.items() if c))
-
-
-def address_offsets(body: list[ast.stmt], forms: dict[str, Form]) -> dict[str, Poly | None]:
-    """Each integer or pointer name's offset: the part of its value that depends on no coordinate (lane,
-    program id, loop iteration), as a polynomial in scalar names (parameters, and what the kernel computes
-    from them in ways other than ``+ - *``, such as ``half = D // 2``); None where it is not known (an
-    operation that is not affine, definitions that disagree)."""
-    indices: dict[str, Poly | None] = {}
-    pinned = {}  # carried names advanced by a fixed amount each iteration: their initial value's offset
-    for node in loops(body):
-        indices[node.target.id] = _poly_of(range_bounds(node)[0], {}, forms)
-        for c in node.tg.carried:
-            if c.name in forms and any(isinstance(k, LoopIndex) and k.index == node.target.id
-                                       for k, _ in forms[c.name].terms):
-                pinned[c.name] = c.init
-    offsets: dict[str, Poly | None] = dict(indices)
-    for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
-        previous, offsets = offsets, dict(indices)
-        seen = collections.ChainMap(offsets, previous)  # this pass's offsets, the last pass's for names not yet met
-        defined: set[str] = set()
-        for stmt in statements(body):
-            t = target_of(stmt)
-            if t is None:
-                continue
-            new = _poly_of(pinned[t], seen, forms) if t in pinned else _offset_of(stmt, seen, forms)
-            if t in defined and offsets[t] != new:
-                new = None  # two definitions disagree
-            defined.add(t)
-            offsets[t] = new
-    return offsets
-
-
-def _varies(name: str, forms: dict) -> bool:
-    """Whether a name's value depends on coordinates (a scalar computed from program ids by an operation
-    that loses their coordinate, or loaded, counts as a scalar: a name of its own)."""
-    return name in forms and (bool(forms[name].terms) or not forms[name].affine)
-
-
-def _poly_of(atom: ast.expr, offsets: dict, forms: dict) -> Poly | None:
-    if isinstance(atom, ast.Constant) and isinstance(atom.value, int) and not isinstance(atom.value, bool):
-        return poly({(): atom.value})
-    if isinstance(atom, ast.Name):
-        if atom.id in offsets:
-            return offsets[atom.id]
-        return None if _varies(atom.id, forms) else poly({(atom.id,): 1})
-    return None
-
-
-def _offset_of(stmt: ast.stmt, offsets: dict, forms: dict) -> Poly | None:
-    op = op_of(stmt)
-    t = target_of(stmt)
-    kind = op.kind
-    if kind == "arange":
-        return _poly_of(op.args[0], offsets, forms)
-    if kind == "program_id":
-        return ZERO
-    args = [_poly_of(a, offsets, forms) for a in op.args[:2]]
-    if kind in ("add", "sub") and len(args) == 2 and None not in args:
-        return poly_add(args[0], args[1], -1 if kind == "sub" else 1)
-    if kind == "mul" and len(args) == 2 and None not in args:
-        if all(isinstance(a, ast.Name) and _varies(a.id, forms) for a in op.args[:2]):
-            return None
-        return poly_mul(args[0], args[1])
-    if kind == "neg" and args and args[0] is not None:
-        return poly_add(ZERO, args[0], -1)
-    if operation_of(op).lanes is not None and args and args[0] is not None:
-        return args[0]  # a copy, cast or shape operation
-    if kind in ("floordiv", "mod") and _varies(t, forms) and all(
-            isinstance(k, (ProgramDigit, Digit)) for k, _ in forms[t].terms):
-        return ZERO  # a digit: a coordinate of its own
-    return None if _varies(t, forms) else poly({(t,): 1})  # a scalar not made by + - * of others: itself

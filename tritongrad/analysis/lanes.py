@@ -33,26 +33,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..core.ir import arguments, definitions, is_none, op_of, refuse, statements, target_of, where
-from .addresses import (
-    ZERO,
-    Coefficient,
-    Coordinate,
-    Digit,
-    Form,
-    Lane,
-    LoopIndex,
-    Poly,
-    ProgramDigit,
-    ProgramId,
-    canonical,
-    form_of_terms,
-    poly,
-    poly_add,
-    poly_expr,
-    scalar_expr,
-)
+from .addresses import scalar_expr
 from .conditions import Apart, AtLeast, Condition, Expr, LaunchCheck, decided_now
+from .forms import Coefficient, Coordinate, Digit, Form, Lane, LoopIndex, ProgramDigit, ProgramId, form_of_terms
 from .index_ranges import IndexRead, RangesApart, StoreRange
+from .offsets import ZERO, Poly, canonical, poly, poly_add, poly_expr
 
 
 def with_scalars_written_out(check: LaunchCheck, body: list[ast.stmt]) -> LaunchCheck:

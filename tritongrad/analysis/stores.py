@@ -15,15 +15,9 @@ from ..core.ir import (
     refuse,
     where,
 )
-from .addresses import (
-    address_offsets,
-    descriptor_form,
-    enclosing_loops,
-    form_program_axes,
-    mask_bounds,
-    offset_of,
-)
+from .addresses import descriptor_form, enclosing_loops, mask_bounds
 from .flow import loaded_values, program_axes
+from .forms import form_program_axes
 from .lanes import (
     StoreSite,
     check_data_stores,
@@ -31,6 +25,7 @@ from .lanes import (
     check_stores_apart,
     index_reads,
 )
+from .offsets import address_offsets, offset_of
 
 
 def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips, pointer_base

@@ -203,8 +203,8 @@ def _tape_row(tape, like, slots, program):
 def _tape_row_wide(tape, like, slots, program):
     """A tape row as :func:`_tape_row`, of the widest type of ``like``'s kind (float64, int64): for a state whose
     source does not say its type (a literal such as ``m = -float("inf")`` may widen in the loop: the interpreter's
-    float64 kernels); 8 bytes an element, as its tape is sized (loops.Tape.state_bytes). Stored into exactly, read
-    back in the reader's type."""
+    float64 kernels); 8 bytes an element, as its tape is sized (state_tape.StateTape.state_bytes). Stored into
+    exactly, read back in the reader's type."""
     if like.dtype.is_floating():
         return tape.to(tl.pointer_type(tl.float64)) + program.to(tl.int64) * slots * like.numel
     else:

@@ -37,7 +37,7 @@ from ..core.ir import (
     targets_of,
 )
 from ..core.operations import instantiate
-from .loops import Tape
+from .state_tape import StateTape
 
 
 class NotInterchangeable(Exception):
@@ -61,7 +61,7 @@ class Prologue:
     sums of dO * o (FlashAttention-2's preprocessing kernel)."""
 
     body: list[ast.stmt]
-    tape: Tape
+    tape: StateTape
     rounded: dict[str, str]  # values kept in the one type their readers round them to -> that type
 
 
@@ -163,7 +163,7 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
         if rounded[n] is not None:
             likes[n] = (instantiate(f"tl.zeros(({''.join(f'{e}, ' for e in likes[n][1])}), {rounded[n]})", {}),
                         likes[n][1])
-    tape = Tape(slots, tuple((params[n], likes[n][1]) for n in found), None, None, tuple(found), final=True)
+    tape = StateTape(slots, tuple((params[n], likes[n][1]) for n in found), None, None, tuple(found), final=True)
     rows = {n: namer.fresh(f"{n}_row") for n in found}
 
     def row(n: str, program: str) -> ast.Assign:

@@ -17,7 +17,7 @@ is *nonlinear*: its adjoint changes from one iteration to the one before, so the
 reverse loop must run the iterations backwards, and it needs the variable's value at
 the start of each. A *state tape* keeps it: a pass over the iterations first writes the
 carried state at the start of each to global scratch memory (the backward kernel's
-``<state>_tape`` parameters, allocated at launch: :class:`Tape`), and each reverse
+``<state>_tape`` parameters, allocated at launch: :class:`StateTape`), and each reverse
 iteration reads it back. Where the tape would exceed its memory budget (a large state,
 an attention accumulator, over many programs), it keeps every ``k``-th iteration's state
 (checkpoints), and a reverse iteration re-runs at most ``k - 1`` iterations from its
@@ -30,313 +30,27 @@ from __future__ import annotations
 
 import ast
 import copy
-import os
-from dataclasses import dataclass, field, replace
 
-from ..analysis.addresses import LoopIndex
-from ..analysis.analyze import Analysis
-from ..analysis.conditions import UNKNOWN_TRIP, Expr, LaunchValues
-from ..core.device import cuda_properties
+from ..analysis.conditions import UNKNOWN_TRIP, Expr
+from ..analysis.forms import LoopIndex
 from ..core.ir import (
     Op,
-    Origin,
     Tag,
-    address_names,
-    arguments,
     assign,
     child_blocks,
     copy_structured,
-    header,
     is_structured,
-    loops,
     name_node,
     op_of,
     range_bounds,
     reads,
     refuse,
     statements,
-    structured,
     target_of,
-    value_args,
     where,
 )
-from ..core.operations import OPERATIONS, instantiate
-
-
-@dataclass
-class LoopPlan:
-    node: ast.For
-    accumulators: dict[str, set[str]] = field(default_factory=dict)  # carried name -> its chain of partial sums
-    recomputed: list[str] = field(default_factory=list)  # carried names re-run in the reverse loop
-    nonlinear: list[str] = field(default_factory=list)  # carried names whose adjoint changes every iteration
-    why: str = ""  # what makes the first of them nonlinear
-    comment: str = ""
-
-
-TAPE_BUDGET = int(os.environ.get("TRITONGRAD_TAPE_BUDGET", 4 << 30))  # bytes a launch's state tapes may take
-TAPE_SHARE = 16  # and at most this share of the device's memory (1/16)
-MAX_SLOTS = 4096  # slots per program where the trip count is not known at launch
-
-
-@dataclass(frozen=True)
-class Tape:
-    """A nonlinear loop's state tape: the backward kernel's parameters for it, and how a launch sizes it."""
-
-    slots: str  # the parameter: how many states each program keeps
-    states: tuple[tuple[str, tuple[str, ...]], ...]  # (its tape parameter, the state's shape as written)
-    trips: Expr | None  # the loop's trip count, where the launch gives it
-    loop: Origin | None = None  # the ``for`` in the user's code (augment.py finds it there)
-    sources: tuple[str, ...] = ()  # each state's name in the user's code
-    final: bool = False  # the state after the loop only, one slot (kept by the forward: LoopReversal.keep_finals)
-    dtypes: tuple[str | None, ...] = ()  # each state's dtype as its source creates it (`COMPUTE`, `tl.float32`)
-
-    @property
-    def key(self) -> tuple:
-        """Which loop's tape it is, whatever a kernel names its parameters (each kernel of a variant names its own)."""
-        return self.loop, self.final, self.trips
-
-    def held(self) -> dict[str, tuple]:
-        """Each state it holds, by the user's name: (its tape parameter, shape, dtype)."""
-        dtypes = self.dtypes or (None,) * len(self.states)
-        return {source: (param, shape, dtype)
-                for source, (param, shape), dtype in zip(self.sources, self.states, dtypes, strict=True)}
-
-    def holds(self, other: Tape) -> bool:
-        """Whether it holds every state ``other`` does, of the same loop, shape and type."""
-        mine = {k: v[1:] for k, v in self.held().items()}
-        return self.key == other.key and all(mine.get(k) == v[1:] for k, v in other.held().items())
-
-    def joined(self, other: Tape) -> Tape:
-        """One tape of the loop with the states of both (``other``'s parameters renamed where they clash)."""
-        held = self.held()
-        taken = {param for param, _, _ in held.values()}
-        for source, (param, shape, dtype) in other.held().items():
-            if source not in held:
-                while param in taken:
-                    param += "_"
-                taken.add(param)
-                held[source] = (param, shape, dtype)
-        return replace(self, states=tuple((p, shape) for p, shape, _ in held.values()), sources=tuple(held),
-                       dtypes=tuple(d for _, _, d in held.values()))
-
-    def allocate(self, launch: LaunchValues, programs: int, device) -> dict[str, object]:
-        """The tape's arguments for a launch of ``programs`` programs: a slot per iteration where that fits
-        the budget, else as many as fit (checkpoints). Raw bytes, as many per element as the state's type has."""
-        import torch
-
-        sizes = self.state_bytes(launch)
-        per_slot = max(1, sum(sizes.values()))
-        trips = 1 if self.final else self.known_trips(launch)
-        budget = tape_budget(device)
-        slots = max(1, min(trips if trips is not None else MAX_SLOTS, budget // (per_slot * max(programs, 1))))
-        args = {param: torch.empty(max(1, programs * slots * n), dtype=torch.uint8, device=device)
-                for param, n in sizes.items()}
-        args[self.slots] = slots
-        return args
-
-    def state_bytes(self, launch: LaunchValues) -> dict[str, int]:
-        """Per tape parameter, the bytes of one slot of its state on a launch: 8 per element (the widest
-        type) where the source does not say the state's type."""
-        dtypes = self.dtypes or (None,) * len(self.states)
-        return {param: launch.numel(shape) * _itemsize(dtype, launch)
-                for (param, shape), dtype in zip(self.states, dtypes, strict=True)}
-
-    def known_trips(self, launch: LaunchValues) -> int | None:
-        try:
-            return max(0, int(self.trips.evaluate(launch))) if self.trips is not None else None
-        except Exception:
-            return None
-
-
-def tape_row(dtype: str | None) -> str:
-    """The helper (language.py) that types a state's tape row: its own type where its source says it, else float64
-    (its value may widen in the loop: a literal ``0.0`` carrying float64 sums in the interpreter)."""
-    return "tape_row" if dtype is not None else "tape_row_wide"
-
-
-def _itemsize(dtype: str | None, launch: LaunchValues) -> int:
-    """Bytes per element of a dtype as written: `tl.float32`, or a constexpr the launch gives (a triton or
-    torch dtype); 8 where it is not known."""
-    import triton.language as tl
-
-    if dtype is None:
-        return 8
-    value = getattr(tl, dtype[3:], None) if dtype.startswith("tl.") else launch.arguments.get(dtype)
-    bits = getattr(value, "primitive_bitwidth", None)
-    if isinstance(bits, int) and bits >= 8:
-        return bits // 8
-    size = getattr(value, "itemsize", None)
-    return size if isinstance(size, int) and size > 0 else 8
-
-
-def tape_budget(device) -> int:
-    """The bytes a launch's tapes (and a persistent backward's partial rows: strategies.rows_fit) may take on
-    ``device``."""
-    import torch
-
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cuda":
-        return min(TAPE_BUDGET, cuda_properties(device).total_memory // TAPE_SHARE)
-    return min(TAPE_BUDGET, 256 << 20)
-
-
-class NotLinear(Exception):
-    def __init__(self, stmt: ast.stmt | None, why: str):
-        super().__init__(why)
-        self.stmt, self.why = stmt, why
-
-
-def classify_loops(a: Analysis) -> dict[int, LoopPlan]:
-    """Each loop's plan, by ``id`` of its ``for`` node."""
-    plans: dict[int, LoopPlan] = {}
-    for node in reversed(loops(a.program.body)):  # inner loops first: an outer chain may run through them
-        plans[id(node)] = _classify(a, node, plans)
-    return plans
-
-
-def _classify(a: Analysis, node: ast.For, plans: dict[int, LoopPlan]) -> LoopPlan:
-    plan = LoopPlan(node)
-    _check_stores_follow_the_loop(a, node)
-    active = [c for c in node.tg.carried if c.name in a.active]
-    state = _depends_on(node, {c.name for c in active})
-    for c in node.tg.carried:
-        if c.name not in a.active:
-            plan.recomputed.append(c.name)
-            continue
-        try:
-            plan.accumulators[c.name] = _linear_chain(a, node, c, state, plans)
-        except NotLinear as e:
-            plan.nonlinear.append(c.name)
-            if not plan.why:
-                culprit = f" in `{where(e.stmt).text}`" if e.stmt is not None else ""
-                plan.why = f"{c.source}: {e.why}{culprit}"
-    plan.comment = _comment(node, plan)
-    return plan
-
-
-def _check_stores_follow_the_loop(a: Analysis, node: ast.For) -> None:
-    """A store to an output inside the loop must move with the iterations: one that writes the same
-    addresses twice keeps only the last value, and the gradient belongs to that value alone. The
-    address must be an affine form (addresses.py) in the loop index, or in carried state advanced by a fixed
-    amount each iteration; lanes.py has checked that its stride keeps iterations apart."""
-    roots = {node.target.id, *(c.name for c in node.tg.carried)}
-    coordinate = LoopIndex(node.target.id)
-    for s in statements(node.body):
-        if op_of(s).kind not in ("store", "desc_store"):
-            continue
-        if a.pointer_base.get(arguments(s)["pointer"].id) not in a.outputs:
-            continue
-        addresses = address_names(s)
-        if not any(coordinate in a.forms[n].coefficients for n in addresses if n in a.forms):
-            what = ("at addresses that may repeat between iterations"
-                    if any(n in _depends_on(node, roots) for n in addresses)
-                    else "to the same addresses in every iteration")
-            raise refuse(where(s), f"a tl.store inside the loop over `{node.target.id}` {what} "
-                         "(only the last value stays)",
-                         "store after the loop, or offset the address by the loop index times a stride")
-
-
-def _depends_on(node: ast.For, roots: set[str], through: set[str] | None = None) -> set[str]:
-    """Names in the loop whose values depend on ``roots`` (through the operations ``through``, or any
-    operation and the tests of branches)."""
-    found = set(roots)
-    changed = True
-    while changed:
-        changed = False
-        for s in statements(node.body):
-            t = target_of(s)
-            if t is None or t in found or (through is not None and op_of(s).kind not in through):
-                continue
-            if any(n in found for n in value_args(s)):
-                found.add(t)
-                changed = True
-        for inner in structured(node.body):  # values assigned under a test that depends on them
-            if through is None and isinstance(inner, ast.If) and reads(inner.test) & found:
-                for s in statements([inner]):
-                    t = target_of(s)
-                    if t is not None and t not in found:
-                        found.add(t)
-                        changed = True
-    return found
-
-
-def _linear_chain(a: Analysis, node: ast.For, c, state: set[str], plans: dict[int, LoopPlan]) -> set[str]:
-    """The names holding ``c`` plus partial sums, if ``c`` is a linear accumulator; else NotLinear."""
-    chain = {c.name}
-
-    def walk(block: list[ast.stmt]) -> None:
-        for s in block:
-            for e in header(s):
-                if reads(e) & chain:
-                    raise NotLinear(s, "a branch or loop bound reads it")
-            if isinstance(s, ast.For):
-                inner = plans[id(s)]
-                for ic in s.tg.carried:  # an inner loop adds to it: fine if linear there too
-                    if ic.name in chain:
-                        if ic.name not in inner.accumulators:
-                            raise NotLinear(s, "an inner loop carries it nonlinearly")
-                        chain.update(inner.accumulators[ic.name])
-                walk(s.body)
-            elif isinstance(s, ast.If):
-                walk(s.body)
-                walk(s.orelse)
-                for m in s.tg.merges:  # both branches must hand on a partial sum, or neither
-                    defs = a.defs[m]
-                    sums = [any(n in chain for n in value_args(d)) for d in defs]
-                    if any(sums) and not all(sums):
-                        raise NotLinear(defs[0], "one branch of an `if` replaces it")
-            else:
-                step(s)
-
-    def step(s: ast.stmt) -> None:
-        used = [n for n in value_args(s) if n in chain]
-        kind, t = op_of(s).kind, target_of(s)
-        if not used:
-            if t in chain:  # `acc = f(i)`: the carried value is replaced, not added to
-                raise NotLinear(s, "it is overwritten")
-            return
-        added = kind in ("copy", "add") or (kind == "sub" and _is(arguments(s)["a"], chain)) or (
-            kind == "dot" and _is(arguments(s)["acc"], chain)) or (
-            kind in ("to", "cast") and OPERATIONS[kind].adjoints["input"](arguments(s)) == "g")  # to a float type
-        if t is None or len(used) > 1 or not added:
-            raise NotLinear(s, "it is used other than by adding to it")
-        if any(x in state for x in value_args(s) if x not in chain):
-            raise NotLinear(s, "what is added to it reads a loop-carried value")
-        chain.add(t)
-
-    walk(node.body)
-    if not _is(c.next, chain):
-        raise NotLinear(None, "its next value is not itself plus something")
-    return chain
-
-
-def _is(atom: ast.expr | None, names: set[str]) -> bool:
-    return isinstance(atom, ast.Name) and atom.id in names
-
-
-def _comment(node: ast.For, plan: LoopPlan) -> str:
-    note = f"{node.tg.note}.\n" if node.tg.note else ""
-    return note + _strategy(node, plan)
-
-
-def _strategy(node: ast.For, plan: LoopPlan) -> str:
-    index = node.target.id
-    parts = []
-    if plan.accumulators:
-        names = ", ".join(c.source for c in node.tg.carried if c.name in plan.accumulators)
-        verb, adjoint = ("is", "its adjoint is") if len(plan.accumulators) == 1 else ("are", "their adjoints are")
-        parts.append(f"{names} {verb} accumulated linearly, so {adjoint} the same in every iteration")
-    if plan.recomputed:
-        names = ", ".join(c.source for c in node.tg.carried if c.name in plan.recomputed)
-        parts.append(f"{names} {'is' if len(plan.recomputed) == 1 else 'are'} updated as in the forward")
-    if not parts and not plan.nonlinear:
-        parts.append("no state is carried between iterations")
-    if plan.nonlinear:
-        names = ", ".join(c.source for c in node.tg.carried if c.name in plan.nonlinear)
-        parts.insert(0, f"{names} {'is' if len(plan.nonlinear) == 1 else 'are'} carried nonlinearly ({plan.why})")
-        return f"loop over {index}: {'; '.join(parts)}."
-    return (f"loop over {index}: {'; '.join(parts)}.\n"
-            "The reverse loop runs the same iterations, each recomputed before its adjoints.")
+from ..core.operations import instantiate
+from .state_tape import StateTape, tape_row
 
 
 class LoopReversal:
@@ -373,7 +87,7 @@ class LoopReversal:
             self.recomputing_loop(node, plan, sweep, needed, updates)
             return
         carried = {c.name: c for c in node.tg.carried}
-        rebuilt = self.builder.closure({n for n in carried if n in needed}, node.body, carried)
+        rebuilt = self.builder.forward.closure({n for n in carried if n in needed}, node.body, carried)
         state = [carried[n] for n in carried if n in rebuilt]
         self.check_state(node, plan, state)
         untaped = self.untaped(state)
@@ -391,7 +105,7 @@ class LoopReversal:
         carried = {c.name: c for c in node.tg.carried}
         state = [carried[n] for n in carried if n in needed]
         self.check_state(node, plan, state)
-        body = self.builder.replay_block(node.body, needed, skip={id(s) for s in updates})
+        body = self.builder.forward.block(node.body, needed, skip={id(s) for s in updates})
         body += sweep
         for s in updates:
             if target_of(s) in needed:
@@ -425,7 +139,7 @@ class LoopReversal:
         params = {c.name: self.builder.namer.fresh(f"{c.name}_tape") for c in state}
         rows = {c.name: self.builder.namer.fresh(f"{c.name}_tape_row") for c in state}
         shapes = self.builder.analysis.shapes
-        self.builder.tapes.append(Tape(slots, tuple((params[c.name], shapes[c.name]) for c in state),
+        self.builder.tapes.append(StateTape(slots, tuple((params[c.name], shapes[c.name]) for c in state),
                                        self._known_trips(node), node.tg.where, tuple(c.source for c in state),
                                        dtypes=tuple(self.dtype_as_written(c.name) for c in state)))
         names = {"start": start, "step": step, "every": name_node(every), "slots": name_node(slots),
@@ -455,7 +169,7 @@ class LoopReversal:
             record += [ast.Expr(instantiate("tg.tape_put(row, i // every, x, i % every == 0)", {
                 **names, "row": name_node(rows[c.name]), "x": name_node(c.name)})) for c in state]
             puts = len(record)  # the iteration's number and its tape_puts, before the replayed body
-            record += self.builder.replay_block(node.body, rebuilt)
+            record += self.builder.forward.block(node.body, rebuilt)
             recording = copy_structured(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
                                         body=record)
             recording.tape_puts = puts  # merge_records reads it
@@ -467,7 +181,7 @@ class LoopReversal:
             **names, "row": name_node(rows[c.name]), "slot": name_node(i if self.builder.saved else slot),
             "x": name_node(c.name)})) for c in state]
         if not self.builder.saved:
-            replay = self.builder.replay_block(node.body, rebuilt)
+            replay = self.builder.forward.block(node.body, rebuilt)
             since = instantiate("start + slot * every * step", names)
             body += self.partial_replay(node, replay, since, instantiate("start + i * step", names))
         body.append(assign(index, instantiate("start + i * step", names)))
@@ -518,7 +232,7 @@ class LoopReversal:
         self.builder.emit(assign(trips, self.trip_count(node)))
         body: list[ast.stmt] = [assign(now, instantiate("start + (trips - 1 - back) * step", bounds))]
         body += self.resets(node, state)
-        replayed = self.builder.replay_block(node.body, rebuilt)
+        replayed = self.builder.forward.block(node.body, rebuilt)
         body += self.partial_replay(node, replayed, copy.deepcopy(start), name_node(now))
         body.append(assign(index, name_node(now)))
         self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
@@ -527,7 +241,7 @@ class LoopReversal:
         """The reverse loop ``for back in range(trips)``: ``body`` (the iteration's state and index), then
         the adjoints carried in, the iteration's values and its sweep."""
         body += self.next_adjoints(incoming)
-        body += self.builder.replay_block(node.body, needed, skip={id(s) for s in updates})
+        body += self.builder.forward.block(node.body, needed, skip={id(s) for s in updates})
         body += sweep
         func = "tl.static_range" if node.tg.static else "range"
         loop = ast.For(target=ast.Name(back, ast.Store()), iter=instantiate(f"{func}(trips)", {"trips": name_node(
@@ -566,7 +280,7 @@ class LoopReversal:
 
     def keep_finals(self, *segments: list[ast.stmt]) -> None:
         """Where the backward replays a loop (not nested in another, its state not taped) for the values it
-        leaves, the forward can keep those instead (augment.py: a tape of one slot, ``Tape.final``): the variant
+        leaves, the forward can keep those instead (augment.py: a tape of one slot, ``StateTape.final``): the variant
         built for the forward's tapes (``self.builder.saved``) reads them in place of the replay, and lists them among
         its tapes (``BackwardKernel.saved_tapes`` tells the forward). ``segments``: consecutive parts of the body."""
         if not self.builder.saved:
@@ -586,7 +300,7 @@ class LoopReversal:
             params = {n: self.builder.namer.fresh(f"{n}_final") for n in kept}
             states = tuple((params[n], shape) for n, shape in zip(kept, shapes, strict=True))
             sources = tuple(carried[n].source for n in kept)
-            self.builder.tapes.append(Tape(slots, states, None, forward.tg.where, sources, final=True,
+            self.builder.tapes.append(StateTape(slots, states, None, forward.tg.where, sources, final=True,
                                            dtypes=tuple(self.dtype_as_written(n) for n in kept)))
             rows = {n: self.builder.namer.fresh(f"{n}_final_row") for n in kept}
             program = assign(self.builder.namer.fresh("program"), instantiate("tg.program_index()", {}))
@@ -698,8 +412,6 @@ def _reads_outside(block: list[ast.stmt], skipped: ast.stmt) -> set[str]:
         else:
             found |= reads(s)
     return found
-
-
 
 
 def _is_zero(start: ast.expr) -> bool:

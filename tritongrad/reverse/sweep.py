@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,13 +37,10 @@ from ..analysis.flow import INFINITE, MASKED, padding_at_unbounded
 from ..analysis.stored_outputs import StoredValue
 from ..core.ir import (
     Namer,
-    Op,
     arguments,
-    assign,
     child_blocks,
     copy_structured,
     free_names,
-    header,
     is_none,
     is_structured,
     name_node,
@@ -53,18 +49,17 @@ from ..core.ir import (
     reads,
     refuse,
     statements,
-    tagged,
     target_of,
     where,
 )
 from ..core.operations import LOADS, STORES, instantiate, operation_of
 from ..writes.strategies import Choice, Mode
 from .interchange import loop_to_grid, without_unused
-from .loops import LoopPlan, LoopReversal, merge_records
+from .loop_plans import LoopPlan
+from .loops import LoopReversal, merge_records
 from .memory import MemoryAdjoints
 from .persistent import persistent
-
-ASSERTS = ("static_assert", "device_assert")
+from .recompute import Recompute
 
 
 @dataclass
@@ -80,7 +75,7 @@ class BackwardBody:
     reassigned: set[str]  # merge and loop-carried variables (and their shadows): never folded into a use
     extra_params: list[str] = field(default_factory=list)  # after the shadows: a persistent variant's counts
     written_inputs: set[str] = field(default_factory=set)  # wrt inputs whose loads' adjoints it writes
-    tapes: list = field(default_factory=list)  # loops.Tape: parameters after the extra ones, sized at launch
+    tapes: list = field(default_factory=list)  # state_tape.StateTape: parameters after the extra ones, sized at launch
     later_adds: list = field(default_factory=list)  # strategies.LaterAdds: parameters after the tapes'
     prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
     loop_stages: str | None = None  # a persistent variant's constexpr: its loop over the programs' stages in flight
@@ -131,7 +126,7 @@ class BackwardBuilder:
         self.loop_plans = loop_plans
         self.tile = tile
         self.choices = choices or {p: Choice(Mode.ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
-        self.tapes: list = []  # loops.Tape: the state tapes of nonlinear loops (written by loops.py)
+        self.tapes: list = []  # state_tape.StateTape: the state tapes of nonlinear loops (written by loops.py)
         self.partial_sums: list = []  # persistent.PartialSum: inputs summed in registers (written by memory.py)
         self.later_adds: list = []  # strategies.LaterAdds: loads' adjoints added after the kernel (memory.py)
         self.written_inputs: set[str] = set()  # wrt inputs whose loads' adjoints were written (memory.py)
@@ -158,6 +153,7 @@ class BackwardBuilder:
             if op_of(s).kind == "item":
                 results, index = op_of(s).args
                 self.items.setdefault(results.id, {})[index.value] = target_of(s)
+        self.forward = Recompute(self)  # the forward's values the sweep reads, recomputed (recompute.py)
         self.loops = LoopReversal(self)  # loops reversed as their plans say (loops.py)
         self.memory = MemoryAdjoints(self)  # loads' and stores' adjoints (memory.py)
         mirrored = list(dict.fromkeys([*analysis.outputs, *analysis.wrt])) if not tile else []  # in place: once
@@ -190,7 +186,7 @@ class BackwardBuilder:
             base = self.analysis.pointer_base.get(pointer, pointer)
             for d in self.defs.get(pointer, []):
                 if target_of(d) is not None:
-                    for n in self.pointer_operands(d, base):
+                    for n in self.forward.pointer_operands(d, base):
                         self.shadow_name(n)
         return self.shadow[pointer]
 
@@ -224,7 +220,7 @@ class BackwardBuilder:
         reassigned |= {self.shadow[n] for n in reassigned if n in self.shadow}
         own = any(c.strategy.own_kernel for c in self.choices.values())  # (its sums are stored at sweep values)
         epilogue = {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))} if not own else set()
-        replay = self.replay(epilogue)
+        replay = self.forward.statements(epilogue)
         merge_records(replay, self.out)
         self.loops.keep_finals(replay, self.out)
         body, extra = replay + self.out, []
@@ -417,7 +413,7 @@ class BackwardBuilder:
 
     def with_shadow(self, stmt: ast.stmt) -> list[ast.stmt]:
         t = target_of(stmt)
-        return [stmt, self.shadow_statement(stmt, t)] if t in self.shadow else [stmt]
+        return [stmt, self.forward.shadow_statement(stmt, t)] if t in self.shadow else [stmt]
 
     def needed(self, block: list[ast.stmt], sweep: list[ast.stmt], also=(), follow=()) -> set[str]:
         """Values of ``block`` (and names in ``also``) that ``sweep`` reads, directly or through a shadow,
@@ -428,11 +424,11 @@ class BackwardBuilder:
             n = shadow_of.get(n, n)
             if n in also or self.within(n, block):
                 seeds.add(n)
-        return self.closure(seeds, block, follow)
+        return self.forward.closure(seeds, block, follow)
 
     def recompute(self, block: list[ast.stmt], sweep: list[ast.stmt]) -> list[ast.stmt]:
         """The statements of ``block`` that compute what ``sweep`` reads."""
-        return self.replay_block(block, self.needed(block, sweep))
+        return self.forward.block(block, self.needed(block, sweep))
 
     def reverse_statement(self, stmt: ast.stmt) -> None:
         op = op_of(stmt)
@@ -536,92 +532,6 @@ class BackwardBuilder:
         sa, sb = self.analysis.shapes.get(a), self.analysis.shapes.get(b)
         return sa is not None and sa == sb
 
-    # -- the replay -----------------------------------------------------------------------
-
-    def replay(self, also: set[str] = frozenset()) -> list[ast.stmt]:
-        """The forward's statements the sweep (and the names ``also``) need, each shadow pointer beside its
-        pointer."""
-        shadow_of = {v: k for k, v in self.shadow.items()}
-        seeds = {shadow_of.get(n, n) for n in free_names(self.out) | set(also)}
-        if self.tile:
-            seeds |= {n for r in self.program.returns for n in names_in(r)}
-        for s in statements(self.program.body):
-            if op_of(s).kind in ASSERTS:
-                seeds |= reads(s)
-        body = self.program.body
-        needed = self.closure(seeds, body)
-        moves = {v: self._moved_with(k) for v, k in self.read_back.items()
-                 if v in needed and self.same_shape(v, _address(k))}
-        kept = {v: self.read_back[v] for v, moved in moves.items() if moved is not None}
-        if kept and self._fewer_loads(seeds | set(also), kept):
-            instead = self.closure(seeds | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept))
-            return self.replay_block(body, instead, asserts=True, read_back={v: (k, moves[v]) for v, k in kept.items()})
-        return self.replay_block(body, needed, asserts=True)
-
-    def _fewer_loads(self, seeds: set[str], kept: dict[str, StoredValue]) -> bool:
-        """Whether reading ``kept`` back leaves no more loads to issue than replaying them: counted over the
-        values read as values (a load the sweep reads only for its shape is compiled away either way)."""
-        shadow_of = {v: k for k, v in self.shadow.items()}
-        valued = {shadow_of.get(n, n) for s in statements(self.out) for n in value_reads(s)}
-        valued = {n for n in seeds if n in valued or n in self.read_back}  # (seeds: names from before the sweep)
-        body = self.program.body
-
-        def tiles(names) -> int:  # loads of tiles (a row's statistic, one value, costs next to nothing)
-            return sum(self.analysis.shapes.get(n) != () for n in names)
-
-        def loads(names: set[str]) -> int:
-            return tiles(n for n in names if any(op_of(d).kind in LOADS for d in self.defs.get(n, ())))
-
-        replayed = self.closure(valued, body, reader=value_reads)
-        instead = self.closure(valued | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept),
-                               reader=value_reads)
-        return loads(instead) + tiles(kept) <= loads(replayed)
-
-    def _moved_with(self, kept: StoredValue) -> list[ast.stmt] | None:
-        """The top-level statements between ``kept``'s definition and its store that compute the store's address
-        and mask: replayed with the read-back, where the value was defined. None where they read the value, or a
-        name defined in a nested block or more than once."""
-        body = self.program.body
-        at = {id(s): i for i, s in enumerate(body)}
-        start, end = at.get(id(self.defs[kept.name][0])), at.get(id(kept.store))
-        if start is None or end is None or end < start:
-            return None
-        b = arguments(kept.store)
-        work, moved = [*reads(b["pointer"]), *reads(b["mask"])], {}
-        while work:
-            found = self.defs.get(work.pop(), [])
-            if not found:
-                continue  # a parameter
-            if len(found) != 1 or id(found[0]) not in at or at[id(found[0])] == start:
-                return None
-            if at[id(found[0])] > start and id(found[0]) not in moved:
-                moved[id(found[0])] = found[0]
-                work += reads(found[0].value)
-        return sorted(moved.values(), key=lambda s: at[id(s)])
-
-    def closure(self, seeds: set[str], block: list[ast.stmt], also=(), leaves=frozenset(), reader=reads) -> set[str]:
-        """``seeds`` and every value of ``block`` they are computed from (through the tests and ranges
-        around them in ``block`` too; ``reader``: the names an expression reads). Names from outside
-        ``block`` (other than ``also``) are taken as they are there; of ``also`` names, only their
-        definitions inside ``block`` are followed; of ``leaves``, none (read back: stored_outputs.py)."""
-        needed: set[str] = set()
-        work = list(seeds)
-        while work:
-            n = work.pop()
-            if n in needed:
-                continue
-            needed.add(n)
-            if n in leaves or not (n in also or self.within(n, block)):
-                continue
-            for d in self.defs.get(n, []):
-                if not self.block_within(self.stmt_block[id(d)], block):
-                    continue
-                work += reader(d.value) if isinstance(d, ast.Assign) else reader(d.iter)
-                for outer in self.enclosing[id(d)]:
-                    if self.block_within(self.stmt_block[id(outer)], block):
-                        work += [x for e in header(outer) for x in reader(e)]
-        return needed
-
     def block_within(self, b: int | None, block: list[ast.stmt]) -> bool:
         while b is not None:
             if b == id(block):
@@ -629,105 +539,7 @@ class BackwardBuilder:
             b = self.parent[b]
         return False
 
-    def replay_block(self, block: list[ast.stmt], needed: set[str], skip: set[int] = frozenset(),
-                     asserts: bool = False, read_back: dict[str, tuple[StoredValue, list[ast.stmt]]] | None = None
-                     ) -> list[ast.stmt]:
-        """The statements of ``block`` assigning ``needed`` names (stores dropped), shadows beside pointers;
-        a ``read_back`` value is loaded where it was defined instead of computed, the statements computing its
-        store's address (``_moved_with``) moved up with it."""
-        out: list[ast.stmt] = []
-        moved = {id(m) for _, ms in (read_back or {}).values() for m in ms}  # still to be emitted
-        moved_ever = set(moved)
-        for s in block:
-            t = target_of(s) if not is_structured(s) else None
-            if read_back and t in read_back:
-                kept, moves = read_back[t]
-                out.append(self.marker(f"`{kept.name}` read back from `{kept.param}`, where the forward stored it, "
-                                       "instead of replayed (stored_outputs.py)"))
-                for m in moves:
-                    if id(m) in moved:  # (once, where the first value that needs it was defined)
-                        moved.discard(id(m))
-                        out += self.with_shadow(copy.deepcopy(m))
-                out.append(_read_back(kept))
-                continue
-            if id(s) in moved_ever:
-                continue
-            if is_structured(s):
-                inner = [self.replay_block(b, needed, skip, asserts) for b in child_blocks(s)]
-                if not any(inner):
-                    continue
-                if isinstance(s, ast.For):
-                    replay = copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
-                                             body=inner[0])
-                    if not any(isinstance(e, ast.For) for e in self.enclosing[id(s)]):
-                        replay.replay_of = s  # its values after it may be kept by the forward (keep_finals)
-                    out.append(replay)
-                else:
-                    out.append(copy_structured(s, test=copy.deepcopy(s.test), body=inner[0] or [ast.Pass()],
-                                                orelse=inner[1]))
-                continue
-            if id(s) in skip or op_of(s).kind in STORES:
-                continue
-            if (t is not None and t in needed) or (asserts and op_of(s).kind in ASSERTS):
-                out += self.with_shadow(copy.deepcopy(s))
-        return out
-
-    def pointer_operands(self, stmt: ast.stmt, base: str) -> list[str]:
-        op = op_of(stmt)
-        positions = operation_of(op).pointer_args or (0,)
-        return [op.args[i].id for i in positions if i < len(op.args) and isinstance(op.args[i], ast.Name)
-                and self.analysis.pointer_base.get(op.args[i].id) == base]
-
-    def shadow_statement(self, stmt: ast.stmt, t: str) -> ast.stmt:
-        """``d_p = d_base + offs`` for ``p = base + offs``."""
-        base = self.analysis.pointer_base[t]
-        renames = {n: name_node(self.shadow[n]) for n in self.pointer_operands(stmt, base)}
-        value = copy.deepcopy(stmt.value)
-
-        class Sub(ast.NodeTransformer):
-            def visit_Name(self, n: ast.Name) -> ast.expr:
-                return copy.deepcopy(renames[n.id]) if n.id in renames else n
-
-        value = Sub().visit(value)
-        node = ast.Assign(targets=[ast.Name(self.shadow[t], ast.Store())], value=value)
-        node.tg = stmt.tg
-        return node
-
-
 # adjoint helpers that read an argument for its shape (or type) only, by position
-_SHAPE_ONLY = {"tg.unbroadcast": 1, "tg.sum_grad": 1, "tg.split_grad": 1, "tg.zeros_grad": 0, "tl.zeros_like": 0}
-
-
-def value_reads(node: ast.AST) -> set[str]:
-    """The names ``node`` reads for their values: not those only an adjoint helper's shape argument or a
-    ``.shape`` / ``.dtype`` reads."""
-    skip: set[int] = set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Call) and ast.unparse(n.func) in _SHAPE_ONLY:
-            i = _SHAPE_ONLY[ast.unparse(n.func)]
-            if i < len(n.args):
-                skip |= {id(m) for m in ast.walk(n.args[i]) if isinstance(m, ast.Name)}
-        elif isinstance(n, ast.Attribute) and n.attr in ("shape", "dtype") and isinstance(n.value, ast.Name):
-            skip.add(id(n.value))
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-            and id(n) not in skip}
-
-
-def _address(kept: StoredValue) -> str:
-    return arguments(kept.store)["pointer"].id
-
-
-def _read_back(kept: StoredValue) -> ast.stmt:
-    """``v = tg.widened(tl.load(<the store's address>, mask=<its mask>, other=<v there>))``."""
-    b = arguments(kept.store)
-    keywords = {}
-    if not is_none(b["mask"]):
-        other = repr(kept.other) if math.isfinite(kept.other) else f"{'-' if kept.other < 0 else ''}float('inf')"
-        keywords = {"mask": copy.deepcopy(b["mask"]), "other": ast.parse(other, mode="eval").body}
-    load = ast.Call(instantiate("tl.load", {}), [name_node(_address(kept))],
-                    [ast.keyword(k, v) for k, v in keywords.items()])
-    return tagged(assign(kept.name, instantiate("tg.widened(v)", {"v": load})),
-                  Op("load", [name_node(_address(kept))], keywords), kept.store)
 
 
 def build_backward(analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool = False,

@@ -44,7 +44,7 @@ from ..analysis.conditions import Expr, LaunchValues
 from ..codegen.generate import jit_source
 from ..core import language as tg
 from ..core.source import Source
-from ..reverse.loops import Tape, tape_row
+from ..reverse.state_tape import StateTape, tape_row
 
 SHARE = 0.25  # the state tapes a forward keeps may take this share of the bytes of the launch's tensors
 FINALS_SHARE = 1.0  # and its loops' final states (one slot per program, not per iteration) this share
@@ -56,7 +56,7 @@ class SavedStates:
     """The state tapes one forward launch kept: for which tapes (the backward checks it reads the same ones), and
     the backward kernel's arguments for them (tape buffers and slot counts, by the backward's parameter names)."""
 
-    tapes: tuple[Tape, ...]
+    tapes: tuple[StateTape, ...]
     args: dict[str, Any]
 
 
@@ -66,7 +66,7 @@ class Augmented:
     tape parameter (tape buffers, slot counts), the augmented kernel's own name for it."""
 
     kernel: Any
-    tapes: tuple[Tape, ...]
+    tapes: tuple[StateTape, ...]
     params: dict[str, str]
     src: str
     layouts: dict[tuple, tuple | None] = field(default_factory=dict)  # launch scalars -> the tapes' layout
@@ -201,7 +201,7 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
     return Augmented(jit_source(src, fn.name, scope), tapes, params, src)
 
 
-def _loop_of(fn: ast.FunctionDef, parents: dict[int, ast.AST], source: Source, tape: Tape) -> ast.For | None:
+def _loop_of(fn: ast.FunctionDef, parents: dict[int, ast.AST], source: Source, tape: StateTape) -> ast.For | None:
     """The user's ``for`` a tape is for: written in the kernel itself (not an inlined helper), outside any other
     loop, its states the user's names assigned in its body."""
     where = tape.loop

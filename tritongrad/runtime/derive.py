@@ -24,7 +24,8 @@ from ..core.source import Source, unwrap
 from ..frontend.normalize import normalize_kernel, normalize_tile_function
 from ..frontend.specialize import decisive, plain_value
 from ..reverse.interchange import NotInterchangeable
-from ..reverse.loops import LoopPlan, Tape, classify_loops, tape_budget
+from ..reverse.loop_plans import LoopPlan, classify_loops
+from ..reverse.state_tape import StateTape, tape_budget
 from ..reverse.sweep import build_backward
 from ..writes.input_facts import WritePlan, plan_writes
 from ..writes.launch_facts import FACTS, LaunchFacts, Layout, buffer_facts, overlap
@@ -93,11 +94,11 @@ class Part:
     axis: int | None
     trips: Expr | None  # interchanged: the programs along ``axis`` (the trip count of the loop it takes)
     written: frozenset[str]  # inputs whose gradient it writes
-    tapes: tuple[Tape, ...] = ()  # nonlinear loops' state tapes, allocated on each launch
+    tapes: tuple[StateTape, ...] = ()  # nonlinear loops' state tapes, allocated on each launch
     later_adds: tuple[LaterAdds, ...] = ()  # loads whose adjoints are added after the kernel
     saved: bool = False  # its tapes come filled from the forward (augment.py), not allocated
     prologue: Any = None  # interchanged: the kernel computing per forward program values first (on its grid)
-    exports: Tape | None = None  # the prologue's values, allocated on each launch
+    exports: StateTape | None = None  # the prologue's values, allocated on each launch
     loops: bool = False  # its body has a loop (tuning also tries how many of its loads are in flight)
     stages: str | None = None  # persistent: the constexpr parameter of its loop's pipelining (setting.num_stages)
     held: str | None = None  # persistent: the constexpr parameter holding its loads across the loop (setting.held)
@@ -321,14 +322,14 @@ class BackwardKernel:
                 found = self._variants[(key, saved)] = self._build(dict(key), saved)
         return found
 
-    def saved_tapes(self) -> tuple[Tape, ...]:
+    def saved_tapes(self) -> tuple[StateTape, ...]:
         """The tapes a forward keeps for the variant a typical launch reads them with (augment.py): each of its
         kernels' (state tapes, loops' finals), once; none where a kernel runs other programs than the forward's
         (persistent; an interchanged one reads the forward's finals by the forward's program it loops over)."""
         parts = self.variant(self.saved_writes.best(), saved=True).parts
         if any(part.persistent for part in parts):
             return ()
-        kept: dict[tuple, Tape] = {}
+        kept: dict[tuple, StateTape] = {}
         for tape in (tape for part in parts for tape in part.tapes):
             kept[tape.key] = kept[tape.key].joined(tape) if tape.key in kept else tape
         return tuple(kept.values())
@@ -866,7 +867,7 @@ def _empty_strided(size, stride, dtype, device):
     return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
-def _reads_only(variant: Variant, tapes: tuple[Tape, ...]) -> bool:
+def _reads_only(variant: Variant, tapes: tuple[StateTape, ...]) -> bool:
     """Whether the tapes a variant's kernels read are among those a forward kept, by the forward's programs."""
     kept = {tape.key: tape for tape in tapes}
     if variant.persistent:

@@ -14,19 +14,11 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field, replace
 
-from ..analysis.addresses import (
-    Lane,
-    LoopIndex,
-    ProgramDigit,
-    ProgramId,
-    enclosing_loops,
-    form_of_terms,
-    mask_bounds,
-    starts_at_zero,
-)
+from ..analysis.addresses import enclosing_loops, mask_bounds, starts_at_zero
 from ..analysis.analyze import Analysis
 from ..analysis.conditions import UNKNOWN_TRIP, All, AtMost, Condition, Covers, Expr
 from ..analysis.flow import loaded_values, program_axes
+from ..analysis.forms import Lane, LoopIndex, ProgramDigit, ProgramId, form_of_terms
 from ..analysis.lanes import launch_coordinates, scalars_written_out
 from ..core.ir import (
     arguments,
