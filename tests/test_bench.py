@@ -14,7 +14,7 @@ import triton.language as tl
 from rich.console import Console
 
 import tritongrad
-from tritongrad.tools import bench, cli
+from tritongrad.tools import bench, cli, sizes
 
 META = {"device": "Fake GPU", "torch": "2.0", "triton": "3.0", "tritongrad": "0.1.0", "liger": "",
         "copy_gbps": 3000.0, "command": "tritongrad bench fake --dtype float32 --mode bwd"}
@@ -219,11 +219,11 @@ def test_plot_axis_from_sizes():
 
 
 def test_sizes_parse():
-    assert bench.parse_size("4096") == 4096
-    assert bench.parse_size("16384x4096") == (16384, 4096)
-    assert bench.format_size((16384, 4096)) == "16384x4096" and bench.format_size(4096) == "4096"
+    assert sizes.parse_size("4096") == 4096
+    assert sizes.parse_size("16384x4096") == (16384, 4096)
+    assert sizes.format_size((16384, 4096)) == "16384x4096" and sizes.format_size(4096) == "4096"
     with pytest.raises(argparse.ArgumentTypeError):
-        bench.parse_size("big")
+        sizes.parse_size("big")
 
 
 def test_cli_without_gpu(monkeypatch, capsys):

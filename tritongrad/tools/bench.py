@@ -49,6 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .check import flatten
+from .sizes import format_size, parse_size
+
 IMPLS = ("tritongrad", "liger-fwd", "liger", "compile", "eager")
 MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = ("bfloat16", "float16", "float32")
@@ -208,10 +211,6 @@ class Mismatch(Exception):
     pass
 
 
-def _flatten(out) -> list:
-    return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
 def _short(e: BaseException) -> str:
     import torch
 
@@ -309,9 +308,9 @@ def measure_size(example, size, impls: list[Impl], *, dtype_name: str, device: s
     timings = [Timing(size, impl.name, note=impl.note) for impl in impls]
     try:
         torch.manual_seed(0)
-        master = tuple(_flatten(example.make_inputs(size, device=device, dtype=dtype)))
+        master = tuple(flatten(example.make_inputs(size, device=device, dtype=dtype)))
         with torch.no_grad():
-            want = _flatten(example.reference(*master))
+            want = flatten(example.reference(*master))
         torch.manual_seed(1)
         grads_master = [torch.randn_like(w) if isinstance(w, torch.Tensor) and w.is_floating_point() else None
                         for w in want]
@@ -345,7 +344,7 @@ def _time_one(impl: Impl, timing: Timing, master: tuple, want: list, grads_maste
     leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
               for t in master]
     grads = [g.clone() if g is not None else None for g in grads_master]
-    out = _flatten(fn(*leaves))  # warms up (compiles) and checks the forward
+    out = flatten(fn(*leaves))  # warms up (compiles) and checks the forward
     if impl.name != "eager" and (why := forward_mismatch(out, want, dtype_name)):
         raise Mismatch(why)
     targets = [i for i, o in enumerate(out) if grads[i] is not None and isinstance(o, torch.Tensor) and o.requires_grad]
@@ -358,7 +357,7 @@ def _time_one(impl: Impl, timing: Timing, master: tuple, want: list, grads_maste
             raise Mismatch("no output carries a gradient")
 
         def step():
-            outs = _flatten(fn(*leaves))
+            outs = flatten(fn(*leaves))
             torch.autograd.backward([outs[i] for i in targets], [grads[i] for i in targets])
 
         timing.fwd_bwd = timer(step, tensors)
@@ -372,22 +371,6 @@ def _empty_cache(device: str) -> None:
 
 
 # --------------------------------------------------------------------------- rows, CSV, tables, plots
-
-def format_size(size) -> str:
-    if isinstance(size, (tuple, list)):
-        return "x".join(str(s) for s in size)
-    return str(size)
-
-
-def parse_size(text: str):
-    """'4096' -> 4096; '16384x4096' -> (16384, 4096)."""
-    parts = text.lower().split("x")
-    try:
-        numbers = tuple(int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a size is N or AxB (integers), not {text!r}") from None
-    return numbers[0] if len(numbers) == 1 else numbers
-
 
 def _pass_amount(table: dict | None, mode: str) -> float | None:
     if not table:
