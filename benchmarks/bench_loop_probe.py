@@ -17,7 +17,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.host_gpu_split import training_step
 from tritongrad import examples
-from tritongrad.tools import bench
+from tritongrad.tools.bench.competitors import implementations
+from tritongrad.tools.sizes import parse_size
 
 STEPS = 40
 
@@ -41,11 +42,11 @@ def timed_loop(step, clear: torch.Tensor | None) -> tuple[float, float]:
 
 
 def main() -> None:
-    name, size, dtype_name = sys.argv[1], bench.parse_size(sys.argv[2]), sys.argv[3]
+    name, size, dtype_name = sys.argv[1], parse_size(sys.argv[2]), sys.argv[3]
     example = examples.get(name)
     master = example.make_inputs(size, device="cuda", dtype=getattr(torch, dtype_name))
     clear = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
-    for impl in bench.implementations(example, sys.argv[4:] or ["tritongrad", "liger"], dtype_name):
+    for impl in implementations(example, sys.argv[4:] or ["tritongrad", "liger"], dtype_name):
         if impl.make is None:
             continue
         step = training_step(impl.make(), master)

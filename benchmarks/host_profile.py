@@ -15,9 +15,10 @@ import torch
 
 import tritongrad
 from tritongrad import examples
-from tritongrad.tools import bench
+from tritongrad.tools.bench.competitors import implementations
+from tritongrad.tools.sizes import parse_size
 
-name, size, dtype = sys.argv[1], bench.parse_size(sys.argv[2]), getattr(torch, sys.argv[3])
+name, size, dtype = sys.argv[1], parse_size(sys.argv[2]), getattr(torch, sys.argv[3])
 example = examples.get(name)
 inputs = [t.requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
           for t in example.make_inputs(size, device="cuda", dtype=dtype)]
@@ -31,7 +32,7 @@ def step(op=example.op):
 
 
 bare = tritongrad.op(example.op.__wrapped__)
-others = [(i.name, i.make()) for i in bench.implementations(example, ["liger", "eager"], sys.argv[3]) if i.make]
+others = [(i.name, i.make()) for i in implementations(example, ["liger", "eager"], sys.argv[3]) if i.make]
 for label, op in (("named op", example.op), ("bare op", bare), ("named op", example.op), *others):
     for _ in range(20):
         step(op)

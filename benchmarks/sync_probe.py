@@ -10,9 +10,9 @@ import traceback
 import torch
 
 from tritongrad import examples
-from tritongrad.tools import bench
+from tritongrad.tools.sizes import parse_size
 
-name, size, dtype = sys.argv[1], bench.parse_size(sys.argv[2]), getattr(torch, sys.argv[3])
+name, size, dtype = sys.argv[1], parse_size(sys.argv[2]), getattr(torch, sys.argv[3])
 example = examples.get(name)
 inputs = [t.requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
           for t in example.make_inputs(size, device="cuda", dtype=dtype)]
