@@ -13,7 +13,8 @@ import torch
 import triton.testing
 
 from tritongrad import examples
-from tritongrad.tools import bench
+from tritongrad.tools.bench.competitors import implementations
+from tritongrad.tools.sizes import parse_size
 
 STEPS = 50
 
@@ -64,13 +65,13 @@ def split(step):
 
 
 def main() -> None:
-    name, size, dtype_name = sys.argv[1], bench.parse_size(sys.argv[2]), sys.argv[3]
+    name, size, dtype_name = sys.argv[1], parse_size(sys.argv[2]), sys.argv[3]
     requested = sys.argv[4:] or ["tritongrad", "liger", "compile"]
     example = examples.get(name)
     master = example.make_inputs(size, device="cuda", dtype=getattr(torch, dtype_name))
     print(f"{name} {sys.argv[2]} {dtype_name}: µs per forward+backward step (median of 5 runs of {STEPS})")
     print(f"{'impl':12} {'host':>8} {'gpu':>8} {'do_bench':>9}")
-    for impl in bench.implementations(example, requested, dtype_name):
+    for impl in implementations(example, requested, dtype_name):
         if impl.make is None:
             print(f"{impl.name:12} unavailable: {impl.note}")
             continue

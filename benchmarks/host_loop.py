@@ -15,14 +15,15 @@ import torch
 from host_gpu_split import training_step
 
 from tritongrad import examples
-from tritongrad.tools import bench
+from tritongrad.tools.bench.competitors import implementations
+from tritongrad.tools.sizes import parse_size
 
 
 def main() -> None:
     name, size, dtype_name, impl_name, seconds = sys.argv[1:6]
     example = examples.get(name)
-    master = example.make_inputs(bench.parse_size(size), device="cuda", dtype=getattr(torch, dtype_name))
-    impl = next(i for i in bench.implementations(example, [impl_name], dtype_name))
+    master = example.make_inputs(parse_size(size), device="cuda", dtype=getattr(torch, dtype_name))
+    impl = next(i for i in implementations(example, [impl_name], dtype_name))
     step = training_step(impl.make(), master)
     for _ in range(30):
         step()

@@ -19,7 +19,8 @@ from host_gpu_split import training_step
 import tritongrad
 from tritongrad import examples
 from tritongrad.runtime import relaunch
-from tritongrad.tools import bench
+from tritongrad.tools.bench.competitors import implementations
+from tritongrad.tools.sizes import parse_size
 
 LOOPS, CALLS = 9, 500
 
@@ -132,12 +133,12 @@ def through_triton_rows(op, master: list) -> list:
 
 def main() -> None:
     name = sys.argv[1]
-    size = bench.parse_size(sys.argv[2] if len(sys.argv) > 2 else "64x4096")
+    size = parse_size(sys.argv[2] if len(sys.argv) > 2 else "64x4096")
     dtype_name = sys.argv[3] if len(sys.argv) > 3 else "bfloat16"
     example = examples.get(name)
     master = example.make_inputs(size, device="cuda", dtype=getattr(torch, dtype_name))
     rows = []
-    for impl in bench.implementations(example, ["tritongrad", "liger-fwd", "liger", "compile"], dtype_name):
+    for impl in implementations(example, ["tritongrad", "liger-fwd", "liger", "compile"], dtype_name):
         if impl.make is None:
             continue
         fn = impl.make()

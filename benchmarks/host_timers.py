@@ -17,7 +17,7 @@ from tritongrad import examples
 from tritongrad.ops import backward as replay
 from tritongrad.ops import tape
 from tritongrad.runtime import derive
-from tritongrad.tools import bench
+from tritongrad.tools.sizes import parse_size
 
 STEPS = 200
 spent: dict[str, float] = defaultdict(float)
@@ -38,7 +38,7 @@ def timed(owner, attribute: str, label: str) -> None:
 
 
 def main() -> None:
-    name, size, dtype_name = sys.argv[1], bench.parse_size(sys.argv[2]), sys.argv[3]
+    name, size, dtype_name = sys.argv[1], parse_size(sys.argv[2]), sys.argv[3]
     example = examples.get(name)
     inputs = [t.requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
               for t in example.make_inputs(size, device="cuda", dtype=getattr(torch, dtype_name))]

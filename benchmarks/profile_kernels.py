@@ -13,7 +13,10 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tritongrad.tools import bench
+from tritongrad.tools.bench import DTYPES, resolve
+from tritongrad.tools.bench.competitors import implementations
+from tritongrad.tools.bench.measure import measure_size
+from tritongrad.tools.sizes import parse_size
 
 STEPS = 10  # profiled forward+backward steps, after as many warm-up steps
 
@@ -39,11 +42,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("examples", nargs="+")
     p.add_argument("--size", default="16384x4096")
-    p.add_argument("--dtype", default="bfloat16", choices=bench.DTYPES)
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     p.add_argument("--impl", nargs="*", help="implementations (default: all the example has)")
     args = p.parse_args()
-    size = bench.parse_size(args.size)
-    current = {}  # the example and implementation being measured (bench.measure_size's `started`)
+    size = parse_size(args.size)
+    current = {}  # the example and implementation being measured (measure_size's `started`)
 
     def profiled(fn, grad_to_none):
         def step():  # as do_bench times it: gradients start at None (else autograd adds into the last step's)
@@ -59,11 +62,11 @@ def main() -> None:
         print(f"  {total:9.1f} µs  GPU time per step")
         return total / 1e3
 
-    for example in bench.resolve(args.examples):
-        impls = bench.implementations(example, args.impl, args.dtype)
+    for example in resolve(args.examples):
+        impls = implementations(example, args.impl, args.dtype)
         current["example"] = example.name
-        bench.measure_size(example, size, impls, dtype_name=args.dtype, device="cuda", modes=["fwd+bwd"],
-                           timer=profiled, started=lambda impl: current.update(impl=impl))
+        measure_size(example, size, impls, dtype_name=args.dtype, device="cuda", modes=["fwd+bwd"],
+                     timer=profiled, started=lambda impl: current.update(impl=impl))
 
 
 if __name__ == "__main__":

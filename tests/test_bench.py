@@ -14,7 +14,8 @@ import triton.language as tl
 from rich.console import Console
 
 import tritongrad
-from tritongrad.tools import bench, cli
+from tritongrad.tools import bench, cli, sizes
+from tritongrad.tools.bench import competitors, measure, plot, report
 
 META = {"device": "Fake GPU", "torch": "2.0", "triton": "3.0", "tritongrad": "0.1.0", "liger": "",
         "copy_gbps": 3000.0, "command": "tritongrad bench fake --dtype float32 --mode bwd"}
@@ -103,21 +104,22 @@ class FakeTimer:
 
 
 def _timings():
-    return [bench.Timing(1024, "tritongrad", fwd=0.2, fwd_bwd=0.7), bench.Timing(1024, "eager", fwd=0.1, fwd_bwd=0.5),
-            bench.Timing(1024, "liger", note="liger_kernel is not installed"),
-            bench.Timing(4096, "tritongrad", fwd=0.4, fwd_bwd=1.0), bench.Timing(4096, "eager", fwd=0.5, fwd_bwd=1.5),
-            bench.Timing(4096, "liger", note="liger_kernel is not installed")]
+    Timing = measure.Timing
+    return [Timing(1024, "tritongrad", fwd=0.2, fwd_bwd=0.7), Timing(1024, "eager", fwd=0.1, fwd_bwd=0.5),
+            Timing(1024, "liger", note="liger_kernel is not installed"),
+            Timing(4096, "tritongrad", fwd=0.4, fwd_bwd=1.0), Timing(4096, "eager", fwd=0.5, fwd_bwd=1.5),
+            Timing(4096, "liger", note="liger_kernel is not installed")]
 
 
 def _rows(mode="bwd"):
-    return bench.make_rows("fake", _timings(), mode=mode, dtype_name="float32", traffic=_swiglu_traffic, flops=None,
+    return report.make_rows("fake", _timings(), mode=mode, dtype_name="float32", traffic=_swiglu_traffic, flops=None,
                            meta=META)
 
 
 def test_backward_is_fwd_bwd_minus_fwd():
-    assert bench.backward_ms(0.2, 0.7) == pytest.approx(0.5)
-    assert bench.backward_ms(None, 0.7) is None and bench.backward_ms(0.2, None) is None
-    t = bench.Timing(1024, "eager", fwd=0.1, fwd_bwd=0.5)
+    assert measure.backward_ms(0.2, 0.7) == pytest.approx(0.5)
+    assert measure.backward_ms(None, 0.7) is None and measure.backward_ms(0.2, None) is None
+    t = measure.Timing(1024, "eager", fwd=0.1, fwd_bwd=0.5)
     assert (t.ms("fwd"), t.ms("fwd+bwd"), t.ms("bwd")) == (0.1, 0.5, pytest.approx(0.4))
 
 
@@ -140,25 +142,25 @@ def test_rows_throughput_and_ratios():
 
 def test_csv_round_trip(tmp_path):
     rows = _rows()
-    bench.write_csv(rows, tmp_path / "fake-float32-bwd.csv")
+    report.write_csv(rows, tmp_path / "fake-float32-bwd.csv")
     text = (tmp_path / "fake-float32-bwd.csv").read_text()
-    assert text.splitlines()[0] == ",".join(bench.FIELDS)
-    back = bench.read_csv(tmp_path / "fake-float32-bwd.csv")
+    assert text.splitlines()[0] == ",".join(report.FIELDS)
+    back = report.read_csv(tmp_path / "fake-float32-bwd.csv")
     assert len(back) == len(rows)
     for got, want in zip(back, rows, strict=True):
-        for key in bench.FIELDS:
-            if key in bench.NUMERIC and want[key] is not None:
+        for key in report.FIELDS:
+            if key in report.NUMERIC and want[key] is not None:
                 assert got[key] == pytest.approx(want[key])
             else:
                 assert got[key] == ("" if want[key] is None else str(want[key])) or got[key] == want[key]
     assert {r["device"] for r in back} == {"Fake GPU"} and {r["mode"] for r in back} == {"bwd"}
-    assert bench.read_folder(tmp_path) == back
+    assert report.read_folder(tmp_path) == back
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")  # not a benchmark CSV: ignored
-    assert bench.read_folder(tmp_path) == back
+    assert report.read_folder(tmp_path) == back
 
 
 def test_markdown_tables():
-    text = bench.markdown(_rows("bwd") + _rows("fwd+bwd"))
+    text = report.markdown(_rows("bwd") + _rows("fwd+bwd"))
     assert "### bwd, float32" in text and "### fwd+bwd, float32" in text
     assert "    tritongrad bench fake --dtype float32 --mode bwd" in text
     assert "Fake GPU, torch 2.0, triton 3.0, tritongrad 0.1.0; copy bandwidth 3000 GB/s" in text
@@ -173,7 +175,7 @@ def test_markdown_tables():
 
 def test_rich_table_renders():
     console = Console(file=io.StringIO(), width=160)
-    console.print(bench.rich_table(_rows()))
+    console.print(report.rich_table(_rows()))
     out = console.file.getvalue()
     assert "fake · float32 · bwd" in out and "liger_kernel is not installed" in out and "0.500" in out
 
@@ -183,7 +185,7 @@ def test_plot_png(tmp_path):
     from PIL import Image
 
     path = tmp_path / "fake-float32-bwd.png"
-    assert bench.write_plot(_rows(), path)
+    assert plot.write_plot(_rows(), path)
     image = Image.open(path)
     assert image.size[0] > 300 and image.size[1] > 200
     colors = image.convert("RGB").getcolors(maxcolors=1 << 20)
@@ -191,8 +193,8 @@ def test_plot_png(tmp_path):
 
 
 def test_replot_from_csv(tmp_path):
-    bench.write_csv(_rows("bwd"), tmp_path / "fake-float32-bwd.csv")
-    bench.write_csv(_rows("fwd+bwd"), tmp_path / "fake-float32-fwd+bwd.csv")
+    report.write_csv(_rows("bwd"), tmp_path / "fake-float32-bwd.csv")
+    report.write_csv(_rows("fwd+bwd"), tmp_path / "fake-float32-fwd+bwd.csv")
     console = Console(file=io.StringIO())
     assert bench.main(_args("--replot", str(tmp_path)), console=console) == 0
     summary = (tmp_path / "summary.md").read_text()
@@ -208,22 +210,22 @@ def test_replot_from_csv(tmp_path):
 
 
 def test_plot_axis_from_sizes():
-    assert bench._size_axis(["1024", "4096", "65536"]) == ([1024.0, 4096.0, 65536.0], "size", True)
-    xs, label, log = bench._size_axis(["16384x1024", "16384x4096", "16384x16384"])
+    assert plot._size_axis(["1024", "4096", "65536"]) == ([1024.0, 4096.0, 65536.0], "size", True)
+    xs, label, log = plot._size_axis(["16384x1024", "16384x4096", "16384x16384"])
     assert xs == [1024.0, 4096.0, 16384.0] and label == "16384xN" and log
-    xs, label, _ = bench._size_axis(["8x1024", "16x4096"])
+    xs, label, _ = plot._size_axis(["8x1024", "16x4096"])
     assert xs == [8192.0, 65536.0] and label == "elements"
-    assert bench._size_axis(["small", "large"]) == ([0, 1], "size", False)
+    assert plot._size_axis(["small", "large"]) == ([0, 1], "size", False)
     # attention's sizes, causal and not (a trailing 0): no element counts to place them by
-    assert bench._size_axis(["16x4096x64", "16x4096x64x0"]) == ([0, 1], "size", False)
+    assert plot._size_axis(["16x4096x64", "16x4096x64x0"]) == ([0, 1], "size", False)
 
 
 def test_sizes_parse():
-    assert bench.parse_size("4096") == 4096
-    assert bench.parse_size("16384x4096") == (16384, 4096)
-    assert bench.format_size((16384, 4096)) == "16384x4096" and bench.format_size(4096) == "4096"
+    assert sizes.parse_size("4096") == 4096
+    assert sizes.parse_size("16384x4096") == (16384, 4096)
+    assert sizes.format_size((16384, 4096)) == "16384x4096" and sizes.format_size(4096) == "4096"
     with pytest.raises(argparse.ArgumentTypeError):
-        bench.parse_size("big")
+        sizes.parse_size("big")
 
 
 def test_cli_without_gpu(monkeypatch, capsys):
@@ -263,15 +265,15 @@ def test_command_line_recorded():
 def test_graphs_run_is_labelled_apart(tmp_path, monkeypatch):
     """--graphs rows (CUDA-graph replays) go to files, tables and summary sections of their own, beside eager ones;
     the graph timer itself needs a GPU (test_op_gpu); here an injected timer stands in for it."""
-    monkeypatch.setattr(bench, "COPY_BYTES", 2**20)
+    monkeypatch.setattr(measure, "COPY_BYTES", 2**20)
     example = FakeExample("fake", _swiglu_ref, _swiglu_ref, _swiglu_inputs, (64,), _swiglu_traffic)
     for extra in ((), ("--graphs",)):
         rc, _, out = _run(tmp_path, [example], "--dtype", "float32", "--mode", "bwd", "--impl", "eager", *extra)
         assert rc == 0
     assert "fake · float32 · bwd · CUDA graphs" in out and "CUDA-graph replays" in out
-    eager = bench.read_csv(tmp_path / "fake-float32-bwd.csv")
-    graphs = bench.read_csv(tmp_path / "fake-float32-bwd-graphs.csv")
-    assert {r["timing"] for r in eager} == {bench.EAGER} and {r["timing"] for r in graphs} == {bench.GRAPHS}
+    eager = report.read_csv(tmp_path / "fake-float32-bwd.csv")
+    graphs = report.read_csv(tmp_path / "fake-float32-bwd-graphs.csv")
+    assert {r["timing"] for r in eager} == {report.EAGER} and {r["timing"] for r in graphs} == {report.GRAPHS}
     assert {r["command"] for r in graphs} == {"tritongrad bench fake --dtype float32 --mode bwd --impl eager --graphs"}
     summary = (tmp_path / "summary.md").read_text()
     assert "### bwd, float32\n" in summary and "### bwd, float32, CUDA graphs\n" in summary
@@ -280,13 +282,13 @@ def test_graphs_run_is_labelled_apart(tmp_path, monkeypatch):
 def test_csvs_without_a_timing_column_are_eager(tmp_path):
     """CSVs written before the timing column was added still replot (as eager launches)."""
     rows = _rows()
-    fields = [f for f in bench.FIELDS if f != "timing"]
+    fields = [f for f in report.FIELDS if f != "timing"]
     (tmp_path / "fake-float32-bwd.csv").write_text(
         ",".join(fields) + "\n" + "".join(",".join("" if r[f] is None else str(r[f]) for f in fields) + "\n"
                                           for r in rows))
-    back = bench.read_folder(tmp_path)
+    back = report.read_folder(tmp_path)
     assert len(back) == len(rows) and {r["timing"] for r in back} == {""}
-    assert "### bwd, float32\n" in bench.markdown(back)
+    assert "### bwd, float32\n" in report.markdown(back)
     assert bench.main(_args("--replot", str(tmp_path)), console=Console(file=io.StringIO())) == 0
 
 
@@ -311,35 +313,35 @@ def _fake_liger(monkeypatch, **attributes):
 
 def test_liger_adapters_are_import_guarded(monkeypatch):
     monkeypatch.setitem(sys.modules, "liger_kernel", None)  # not installed: importing it raises ImportError
-    for table in (bench.LIGER, bench.LIGER_FWD):
+    for table in (competitors.LIGER, competitors.LIGER_FWD):
         for name in table:
-            assert bench.liger_adapter(table, name) == (None, "liger_kernel is not installed")
-    assert bench.liger_adapter(bench.LIGER, "matmul") == (None, "Liger-Kernel has no counterpart of matmul")
-    impls = bench.implementations(FakeExample("rmsnorm", None, None, None, (), None), None, "float32")
+            assert competitors.liger_adapter(table, name) == (None, "liger_kernel is not installed")
+    assert competitors.liger_adapter(competitors.LIGER, "matmul") == (None, "Liger-Kernel has no counterpart of matmul")
+    impls = competitors.implementations(FakeExample("rmsnorm", None, None, None, (), None), None, "float32")
     assert [(i.name, i.make is None, i.note) for i in impls] == [
         ("tritongrad", False, ""), ("liger-fwd", True, "liger_kernel is not installed"),
         ("liger", True, "liger_kernel is not installed"), ("compile", False, ""), ("eager", False, "")]
-    assert [i.name for i in bench.implementations(FakeExample("sin", None, None, None, (), None), None, "float32")] \
-        == ["tritongrad", "compile", "eager"]
+    sin = FakeExample("sin", None, None, None, (), None)
+    assert [i.name for i in competitors.implementations(sin, None, "float32")] == ["tritongrad", "compile", "eager"]
 
 
 def test_liger_adapter_calls_with_reference_signature(monkeypatch):
     calls = _fake_liger(monkeypatch, rms_norm="LigerRMSNormFunction")
-    fn, note = bench.liger_adapter(bench.LIGER, "rmsnorm")
+    fn, note = competitors.liger_adapter(competitors.LIGER, "rmsnorm")
     assert note == "" and fn(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0]
     assert calls[-1][2] == 1e-6
     fn(torch.ones(2), torch.ones(2), 1e-5)
     assert calls[-1][2] == 1e-5
-    fn, note = bench.liger_adapter(bench.LIGER, "softmax")  # the module lacks LigerSoftmaxFunction
+    fn, note = competitors.liger_adapter(competitors.LIGER, "softmax")  # the module lacks LigerSoftmaxFunction
     assert fn is None and "has no liger_kernel.ops.softmax.LigerSoftmaxFunction" in note
-    assert bench.liger_adapter(bench.LIGER, "rms-norm")[1] == ""  # other spellings of a name
+    assert competitors.liger_adapter(competitors.LIGER, "rms-norm")[1] == ""  # other spellings of a name
 
 
 def test_real_liger_has_every_adapted_function():
     pytest.importorskip("liger_kernel")
-    for table in (bench.LIGER, bench.LIGER_FWD):
+    for table in (competitors.LIGER, competitors.LIGER_FWD):
         for name in table:
-            fn, note = bench.liger_adapter(table, name)
+            fn, note = competitors.liger_adapter(table, name)
             assert fn is not None, note
 
 
@@ -352,7 +354,7 @@ def _run(tmp_path, examples, *argv):
 
 
 def test_run_on_cpu_with_fake_timer(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "COPY_BYTES", 2**20)
+    monkeypatch.setattr(measure, "COPY_BYTES", 2**20)
 
     def flaky(a, b):
         if a.shape[0] > 100:
@@ -366,7 +368,7 @@ def test_run_on_cpu_with_fake_timer(tmp_path, monkeypatch):
     assert timer.calls[0] == "copy" and "copy bandwidth 4 GB/s" in out  # 2 MiB over 0.5 ms
     # each implementation: its forward, then forward + backward (which left gradients on every input)
     assert timer.calls[1:] == ["fwd", "fwd+bwd"] * 3
-    rows = bench.read_csv(tmp_path / "fake-float32-bwd.csv")
+    rows = report.read_csv(tmp_path / "fake-float32-bwd.csv")
     by = {(r["size"], r["impl"]): r for r in rows}
     assert by["64", "eager"]["ms"] == pytest.approx(3.0)  # 5.0 - 2.0
     assert by["64", "tritongrad"]["gbps"] == pytest.approx(5 * 64 * 4 / 3e-3 / 1e9)
@@ -374,7 +376,7 @@ def test_run_on_cpu_with_fake_timer(tmp_path, monkeypatch):
     assert by["200", "eager"]["ms"] == pytest.approx(3.0) and by["200", "eager"]["vs_best"] is None
     assert {r["device"] for r in rows} == {"cpu"} and {r["command"] for r in rows} == {
         "tritongrad bench fake --dtype float32 --mode bwd fwd+bwd --impl tritongrad eager"}
-    assert bench.read_csv(tmp_path / "fake-float32-fwd+bwd.csv")[0]["ms"] == 5.0
+    assert report.read_csv(tmp_path / "fake-float32-fwd+bwd.csv")[0]["ms"] == 5.0
     assert "### bwd, float32" in (tmp_path / "summary.md").read_text()
     assert "fake · float32 · bwd" in out and "fake · float32 · fwd+bwd" in out
     try:
@@ -386,25 +388,25 @@ def test_run_on_cpu_with_fake_timer(tmp_path, monkeypatch):
 
 
 def test_run_marks_wrong_and_unsupported_implementations(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "COPY_BYTES", 2**20)
+    monkeypatch.setattr(measure, "COPY_BYTES", 2**20)
     wrong = FakeExample("wrong", _wrong, _swiglu_ref, _swiglu_inputs, (64,), _swiglu_traffic)
     half_less = FakeExample("nohalf", _swiglu_ref, _swiglu_ref, _swiglu_inputs, (64,), _swiglu_traffic,
                             dtypes=(torch.float32,))
     rc, timer, out = _run(tmp_path, [wrong, half_less], "--dtype", "bfloat16", "--mode", "fwd",
                           "--impl", "tritongrad", "eager")
     assert rc == 0
-    wrong_rows = {r["impl"]: r for r in bench.read_csv(tmp_path / "wrong-bfloat16-fwd.csv")}
+    wrong_rows = {r["impl"]: r for r in report.read_csv(tmp_path / "wrong-bfloat16-fwd.csv")}
     assert wrong_rows["tritongrad"]["ms"] is None
     assert wrong_rows["tritongrad"]["note"].startswith("forward differs from eager")
     assert wrong_rows["eager"]["ms"] == 2.0
-    nohalf = {r["impl"]: r for r in bench.read_csv(tmp_path / "nohalf-bfloat16-fwd.csv")}
+    nohalf = {r["impl"]: r for r in report.read_csv(tmp_path / "nohalf-bfloat16-fwd.csv")}
     assert nohalf["tritongrad"]["note"] == "the example supports float32" and nohalf["eager"]["ms"] == 2.0
     assert timer.calls == ["copy", "fwd", "fwd"]  # only the implementations that can run were timed
 
 
 def test_run_with_a_derived_backward(tmp_path, monkeypatch):
     """The tritongrad implementation is an @tritongrad.op (under the interpreter without a GPU)."""
-    monkeypatch.setattr(bench, "COPY_BYTES", 2**20)
+    monkeypatch.setattr(measure, "COPY_BYTES", 2**20)
     example = FakeExample("swiglu", _swiglu_op, _swiglu_ref, _swiglu_inputs, (100,), _swiglu_traffic)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     timer = FakeTimer()
@@ -412,7 +414,7 @@ def test_run_with_a_derived_backward(tmp_path, monkeypatch):
                  "--impl", "tritongrad", "eager")
     assert bench.main(args, registry=_registry(example), device=device, timer=timer,
                       console=Console(file=io.StringIO())) == 0
-    rows = {r["impl"]: r for r in bench.read_csv(tmp_path / "swiglu-float32-bwd.csv")}
+    rows = {r["impl"]: r for r in report.read_csv(tmp_path / "swiglu-float32-bwd.csv")}
     assert rows["tritongrad"]["note"] == "" and rows["tritongrad"]["ms"] == pytest.approx(3.0)
     assert timer.calls == ["copy", "fwd", "fwd+bwd", "fwd", "fwd+bwd"]
 
@@ -427,7 +429,7 @@ def test_liger_fwd_is_wrapped_as_an_op(monkeypatch):
                         raising=False)
     wrapped = []
     monkeypatch.setattr(tritongrad, "op", lambda fn: wrapped.append(fn) or fn)
-    impls = bench.implementations(FakeExample("rmsnorm", None, None, None, (), None), ["liger-fwd"], "float32")
+    impls = competitors.implementations(FakeExample("rmsnorm", None, None, None, (), None), ["liger-fwd"], "float32")
     assert len(wrapped) == 1 and impls[0].make is not None
     assert impls[0].make()(torch.full((2,), 3.0), torch.full((2,), 2.0)).tolist() == [6.0, 6.0]
 
@@ -436,7 +438,7 @@ def test_real_liger_softmax_both_ways(tmp_path, monkeypatch):
     """With Liger-Kernel installed: its softmax launcher under @tritongrad.op (derived backward) and its
     autograd.Function, timed beside eager (the interpreter runs Liger's kernels without a GPU)."""
     pytest.importorskip("liger_kernel.ops.softmax")
-    monkeypatch.setattr(bench, "COPY_BYTES", 2**20)
+    monkeypatch.setattr(measure, "COPY_BYTES", 2**20)
 
     def inputs(size, device="cpu", dtype=torch.float32):
         return (torch.randn(size, device=device, dtype=dtype),)
@@ -448,6 +450,6 @@ def test_real_liger_softmax_both_ways(tmp_path, monkeypatch):
                  "--impl", "liger-fwd", "liger", "eager")
     assert bench.main(args, registry=_registry(example), device=device, timer=timer,
                       console=Console(file=io.StringIO())) == 0
-    rows = {r["impl"]: r for r in bench.read_csv(tmp_path / "softmax-float32-bwd.csv")}
+    rows = {r["impl"]: r for r in report.read_csv(tmp_path / "softmax-float32-bwd.csv")}
     assert all(r["note"] == "" and r["ms"] == pytest.approx(3.0) for r in rows.values()), rows
     assert rows["liger"]["liger"]  # its version is recorded

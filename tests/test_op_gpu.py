@@ -183,7 +183,7 @@ def test_forward_and_backward_captured_in_a_cuda_graph():
     CUDA graph, as users capture whole steps: each replay on new values copied into the captured inputs gives
     PyTorch's gradients. bench --graphs times such replays (graph_median, run here once on the same step)."""
     from tritongrad.examples import rmsnorm
-    from tritongrad.tools import bench
+    from tritongrad.tools.bench import measure
 
     x, w = rand(1000, 333), rand(333)
     upstream = torch.randn(1000, 333, device="cuda")
@@ -213,7 +213,7 @@ def test_forward_and_backward_captured_in_a_cuda_graph():
         _, want = grads_of(rmsnorm.reference, x.double(), w.double(), upstream=upstream.double())
         for got, expected in zip((x.grad, w.grad), want, strict=True):  # w's: 1000 rows summed, in another order
             torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
-    assert bench.graph_median(step, [x, w]) > 0
+    assert measure.graph_median(step, [x, w]) > 0
 
 
 def test_opcheck():

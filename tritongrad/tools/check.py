@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from .sizes import format_size
+
 # largest error relative to the expected tensor's largest magnitude (float32 on a GPU: tl.dot is tf32)
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 5e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
@@ -52,7 +54,8 @@ class Row:
         return not self.error and self.rel_error <= TOLERANCE[self.dtype]
 
 
-def _flatten(out) -> list:
+def flatten(out) -> list:
+    """An op's or a reference's result as a list of outputs (one output is returned bare)."""
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
@@ -78,7 +81,7 @@ def check_size(subject: Subject, size, device: str, dtype: torch.dtype, seed: in
                 if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
 
     ours, theirs = leaves(wide=False), leaves(wide=True)
-    got, want = _flatten(subject.op(*ours)), _flatten(subject.reference(*theirs))
+    got, want = flatten(subject.op(*ours)), flatten(subject.reference(*theirs))
     if len(got) != len(want):
         return [Row(subject.name, size, dtype, "out", error=f"{len(got)} outputs, the reference has {len(want)}")]
     label = (lambda i: "out") if len(got) == 1 else (lambda i: f"out[{i}]")
@@ -123,8 +126,6 @@ def default_dtypes(device: str) -> tuple[torch.dtype, ...]:
 
 def table(rows: list[Row], title: str = "Forward and gradients against the PyTorch reference"):
     from rich.table import Table
-
-    from .bench import format_size
 
     t = Table(title=title)
     for column in ("op", "size", "dtype", "tensor", "max abs error", "max rel error", "tolerance", "result"):

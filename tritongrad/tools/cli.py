@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("subjects", nargs="+", metavar="EXAMPLE|FILE.py:OP")
     p.add_argument("--dtype", nargs="+", choices=("float64", "float32", "bfloat16", "float16"),
                    help="default: float64 on a CPU, bfloat16 and float32 on a GPU")
-    from .bench import parse_size
+    from .sizes import parse_size
 
     p.add_argument("--sizes", nargs="+", type=parse_size, help="N or AxB...; default: the example's SIZES")
     p.set_defaults(func=check)
