@@ -71,7 +71,7 @@ def main() -> None:
             (replay.Replay, "run", "Replay.run (backward)"), (replay.Replay, "_shadow", "Replay._shadow"),
             (derive.BackwardKernel, "launch", "BackwardKernel.launch"),
             (derive.BackwardKernel, "_run_part", "BackwardKernel._run_part"),
-            (replay.Replay, "_input_grads", "_input_grads"), (derive, "_persistent_programs", "_persistent_programs"),
+            (replay.Replay, "_input_grads", "_input_grads"), (derive, "persistent_programs", "persistent_programs"),
             (derive.Part, "scratch_args", "Part.scratch_args"), (derive.Part, "add_later", "Part.add_later"),
             (torch, "zeros", "torch.zeros"), (torch, "empty", "torch.empty"), (torch.Tensor, "sum", "Tensor.sum"),
             (torch.Tensor, "copy_", "Tensor.copy_"), (torch.Tensor, "add_", "Tensor.add_"),

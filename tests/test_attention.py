@@ -12,7 +12,7 @@ import torch
 import tritongrad
 from tritongrad.examples import cross_entropy, flash_attention
 from tritongrad.reverse import interchange
-from tritongrad.runtime import derive, tuning
+from tritongrad.runtime import derive, launching, tuning
 from tritongrad.tools.testing import backward_launch, forward_keeping_state, poison
 
 DTYPE = torch.float64
@@ -121,9 +121,9 @@ def test_each_kernel_of_a_variant_is_tuned_on_its_own(monkeypatch):
     monkeypatch.setattr(derive, "multiprocessors", lambda device: 1)
     monkeypatch.setattr(tuning, "enabled", lambda device: True)
     ran, timed = [], []
-    for method in ("_run_part", "_run_interchanged"):
-        real = getattr(derive.BackwardKernel, method)
-        monkeypatch.setattr(derive.BackwardKernel, method, lambda self, part, grid, args, *a, real=real, **k: (
+    for method in ("run_part", "run_interchanged"):
+        real = getattr(launching.Launches, method)
+        monkeypatch.setattr(launching.Launches, method, lambda self, part, grid, args, *a, real=real, **k: (
             ran.append((part.wrt, args.get("num_stages"))), real(self, part, grid, args, *a, **k))[1])
 
     def best(key, persistent, trial, touched, pipelined, holds):

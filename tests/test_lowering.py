@@ -9,7 +9,7 @@ from fuzz.bounds import checked  # every address inside the launch's tensors (th
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.runtime import derive
+from tritongrad.runtime import derive, launching, variants
 from tritongrad.tools.testing import assert_gradients_match, bind_launch, poison
 from tritongrad.writes.strategies import Mode
 
@@ -103,7 +103,8 @@ def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers(poison
     """The weight's and bias's loads cover them: each program stores its whole partial row (left unfilled)."""
     monkeypatch.setenv("TRITONGRAD_TUNE", "0")  # (a tuner's trials reset their buffers: not the launch's own)
     filled = []
-    monkeypatch.setattr(derive, "_zeros_strided", lambda *a, **k: filled.append(a))
+    for module in (derive, variants, launching):  # (every place a buffer is made)
+        monkeypatch.setattr(module, "zeros_strided", lambda *a, **k: filled.append(a))
     rows, n = 9, 45
     args, kwargs = check_norm_rows(rows, n)
     assert choices_of(norm_rows, (rows,), args, kwargs) == {
@@ -124,9 +125,9 @@ def test_a_persistent_kernel_holds_the_weight_across_its_loop_or_loads_it_for_ea
 
     monkeypatch.setattr(tuning, "DEFAULT", tuning.Setting(held=held))  # what an untuned launch runs with
     monkeypatch.setenv("TRITONGRAD_TUNE", "0")  # (on a GPU tuning's trials would launch both settings)
-    monkeypatch.setattr(derive, "_persistent_programs", lambda programs, device, waves=1: 2)  # rows per program
-    launched, launch = [], derive.PartLaunch.launch
-    monkeypatch.setattr(derive.PartLaunch, "launch", lambda self, args, *a, **k: (
+    monkeypatch.setattr(launching, "persistent_programs", lambda programs, device, waves=1: 2)  # rows per program
+    launched, launch = [], variants.PartLaunch.launch
+    monkeypatch.setattr(variants.PartLaunch, "launch", lambda self, args, *a, **k: (
         launched.append(args.get(self.part.held)), launch(self, args, *a, **k))[1])
     check_norm_rows(7 if held else 13, 45)  # (a launch of its own: a prepared launch keeps its first settings)
     assert launched and set(launched) == {held}  # the backward ran with that setting

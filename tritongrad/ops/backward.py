@@ -30,8 +30,9 @@ import torch
 
 from ..core.errors import NotDifferentiableError, OpError, noted
 from ..runtime import tuning
-from ..runtime.derive import capturing, decisive_constexprs, grad, hashable, shadow_dtype
+from ..runtime.derive import capturing, decisive_constexprs, grad, hashable
 from ..runtime.relaunch import Relauncher
+from ..runtime.variants import shadow_dtype
 from ..writes.launch_facts import Layout, buffer_facts, self_overlapping
 
 GUARD = (1024, 1 << 20)  # zeros on each side of a shadow in a checked backward: its own size, within these bounds

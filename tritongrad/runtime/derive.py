@@ -5,19 +5,18 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import math
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from ..analysis.analyze import Analysis, analyze
 from ..analysis.composites import fuse_composites
-from ..analysis.conditions import Expr, LaunchCheck, LaunchValues
+from ..analysis.conditions import LaunchCheck, LaunchValues
 from ..analysis.online import online_softmax
 from ..analysis.stored_outputs import StoredValue, stored_values
 from ..codegen import generate as codegen
-from ..core.device import compiled_multiprocessors, multiprocessors
+from ..core.device import multiprocessors
 from ..core.errors import NotDifferentiableError
 from ..core.ir import Program
 from ..core.source import Source, unwrap
@@ -29,8 +28,10 @@ from ..reverse.state_tape import StateTape, tape_budget
 from ..reverse.sweep import build_backward
 from ..writes.input_facts import WritePlan, plan_writes
 from ..writes.launch_facts import FACTS, LaunchFacts, Layout, buffer_facts, overlap
-from ..writes.strategies import Choice, LaterAdds, Mode, most_trips, span_of
+from ..writes.strategies import Choice, Mode
 from . import tuning
+from .launching import Launches
+from .variants import Part, Prepared, Variant, reads_only, shadow_dtype, zeros_strided
 
 CALLING_CONVENTION = """\
 Launch it with the forward's grid and the forward's arguments, followed by one
@@ -44,189 +45,10 @@ IN_PLACE = ("updated in place, as the forward updates it: the gradient of the va
             "values it held on exit (zeroed where stored, the loads' gradient added)")
 
 
-def shadow_dtype(dtype: Any) -> Any:
-    """The dtype of a gradient buffer for a primal of ``dtype``: float32 for half types."""
-    import torch
-
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def defaults_of(jit_fn: Any) -> dict[str, Any]:
     """A kernel's parameters that have defaults, with them."""
     sig = inspect.signature(jit_fn.fn)
     return {k: p.default for k, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
-
-
-@dataclass(eq=False)
-class Prepared:
-    """What launches with the same arguments share: how each input's gradient is written, the compiled
-    variant for that, and its kernels' tuned launch settings (one per part) once the first launch has timed them."""
-
-    choices: dict[str, Choice]
-    variant: Variant  # reading the state tapes the forward kept (augment.py) where its parts are ``saved``
-    shared: frozenset[str] = frozenset()  # inputs whose buffers overlap another's (launch_facts.py): written after
-    # the kernels (partial rows, kernels of their own) or into buffers of their own (``private``)
-    settings: tuple[tuning.Setting, ...] | None = None
-
-    @functools.cached_property
-    def private(self) -> tuple[str, ...]:
-        """Inputs stored into buffers of their own, added to theirs after the kernels (in this order)."""
-        return tuple(p for p, c in self.choices.items() if c.private)
-
-    @functools.cached_property
-    def covered_rows(self) -> frozenset[str]:
-        """Inputs summed in registers whose loads cover the tensor: each program stores its whole partial row
-        (a launch's choice: the variant's code is the same either way)."""
-        return frozenset(p for p, c in self.choices.items() if c.mode == Mode.REGISTERS and c.covers)
-
-
-@dataclass(frozen=True)
-class Part:
-    """One kernel of a variant: the gradients of ``wrt``, launched with the forward's grid, except along
-    ``axis`` (a persistent kernel: a few programs per multiprocessor; an interchanged one: ``trips``)."""
-
-    wrt: tuple[str, ...]
-    src: str
-    kernel: Any
-    shadows: dict[str, str]  # output or input -> its shadow parameter in this kernel
-    programs: str | None  # persistent or interchanged: the parameter holding the forward's program count
-    rows: dict[str, str]  # partial inputs -> the parameter holding their partial rows' stride
-    axis: int | None
-    trips: Expr | None  # interchanged: the programs along ``axis`` (the trip count of the loop it takes)
-    written: frozenset[str]  # inputs whose gradient it writes
-    tapes: tuple[StateTape, ...] = ()  # nonlinear loops' state tapes, allocated on each launch
-    later_adds: tuple[LaterAdds, ...] = ()  # loads whose adjoints are added after the kernel
-    saved: bool = False  # its tapes come filled from the forward (augment.py), not allocated
-    prologue: Any = None  # interchanged: the kernel computing per forward program values first (on its grid)
-    exports: StateTape | None = None  # the prologue's values, allocated on each launch
-    loops: bool = False  # its body has a loop (tuning also tries how many of its loads are in flight)
-    stages: str | None = None  # persistent: the constexpr parameter of its loop's pipelining (setting.num_stages)
-    held: str | None = None  # persistent: the constexpr parameter holding its loads across the loop (setting.held)
-    memo: dict = field(default_factory=dict, compare=False, repr=False)  # launch-time lookups, made once
-
-    @property
-    def persistent(self) -> bool:
-        """A few programs per multiprocessor along ``axis`` (tuning tries several counts)."""
-        return self.axis is not None and self.trips is None
-
-    def scratch_args(self, args: dict[str, Any], grid: tuple[int, ...]) -> None:
-        """The kernel's scratch buffers for a launch on ``grid`` (state tapes, later adds), added to ``args``."""
-        if not self.later_adds and (self.saved or not self.tapes):
-            return
-        programs, device = math.prod(grid), _device_of(args)
-        for tape in self.tapes if not self.saved else ():
-            args.update(tape.allocate(LaunchValues(args, grid), programs, device))
-        for later in self.later_adds:
-            args.update(later.allocate(LaunchValues(args, grid), programs, args[self.shadows[later.param]]))
-
-    def add_later(self, args: dict[str, Any], deterministic: bool) -> None:
-        """After the kernel: its later loads' adjoints added into their inputs' gradients."""
-        for later in self.later_adds:
-            target = args[self.shadows[later.param]]
-            later.add(args, target, span_of(target), deterministic)
-
-
-@dataclass(frozen=True)
-class PartialRows:
-    """An input a persistent kernel sums in partial rows: one float32 row per program (float64 for float64),
-    summed in a fixed order after the kernel into the input's gradient buffer."""
-
-    input: str
-    param: str  # the kernel's shadow parameter of the input: the rows, less their padding
-    programs: int
-    span: int  # the elements of the gradient buffer a row covers
-    dtype: Any
-    unfilled: bool  # every program stores its whole row (Prepared.covered_rows): no zero-fill
-    pad: int  # zeros on each side of a row (a checked backward looks for gradient there)
-    how: str  # how the rows reach the buffer: "into" (torch.sum's out=), "add" (to gradient there), "copy"
-
-    @staticmethod
-    def of(part: Part, p: str, programs: int, target: Any, covered: bool, written: bool, pad: int) -> PartialRows:
-        import torch
-
-        dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
-        how = "add" if written else "into" if target.dtype == dtype and target.is_contiguous() else "copy"
-        return PartialRows(p, part.shadows[p], programs, span_of(target), dtype, covered and not pad, pad, how)
-
-    @property
-    def width(self) -> int:
-        return self.span + 2 * self.pad
-
-    def allocate(self, args: dict[str, Any], device: Any) -> Any:
-        """The rows (with their padding), their view without it put in ``args``."""
-        fill = _empty_strided if self.unfilled else _zeros_strided
-        rows = fill((self.programs, self.width), (self.width, 1), dtype=self.dtype, device=device)
-        args[self.param] = rows[:, self.pad:] if self.pad else rows  # (slicing a tensor costs microseconds)
-        return rows
-
-    def sum(self, rows: Any, target: Any) -> None:
-        """The rows summed in order into ``target``: one kernel where the sum can be written straight into it."""
-        import torch
-
-        if self.pad:
-            rows = rows[:, self.pad:self.pad + self.span]
-        if self.how == "into":
-            torch.sum(rows, 0, out=target.view(-1))
-        elif self.how == "add":
-            target.add_(rows.sum(0).as_strided(target.size(), target.stride()))
-        else:
-            target.copy_(rows.sum(0).as_strided(target.size(), target.stride()))
-
-
-@dataclass(frozen=True)
-class PartLaunch:
-    """One kernel of a variant launched (:meth:`BackwardKernel._run_part`), and as a backward keeps it to launch
-    again with other tensors of the same layouts (replay.Launcher: ``args`` then holds no tensors)."""
-
-    part: Part
-    grid: tuple[int, ...]
-    args: dict[str, Any]  # its arguments but its partial rows and scratch (Part.scratch_args)
-    partials: tuple[PartialRows, ...]  # the partial rows it sums into its inputs' buffers
-    relauncher: Any = field(default=None, compare=False)  # relaunch.Relauncher, where kept by a backward
-
-    def launch(self, args: dict[str, Any], buffers: dict[str, Any], deterministic: bool, reduce: bool = True) -> list:
-        """Launch with ``args`` (its arguments but the partial rows and scratch, made here): ``reduce``: then its
-        later adds and partial rows summed into ``buffers`` (not in tuning's trials). Returns the partial rows."""
-        rows = [r.allocate(args, buffers[r.input].device) for r in self.partials]
-        part = self.part
-        part.scratch_args(args, self.grid)
-        if self.relauncher is not None:
-            self.relauncher(args)
-        else:
-            part.kernel[self.grid](**args)
-        if reduce:
-            part.add_later(args, deterministic)
-            for r, found in zip(self.partials, rows, strict=True):
-                r.sum(found, buffers[r.input])
-        return rows
-
-
-@dataclass(frozen=True)
-class Variant:
-    """The backward kernels compiled for one way of writing each input's gradient: one for all inputs, but
-    for those given a kernel of their own (``interchange``)."""
-
-    choices: tuple[tuple[str, Choice], ...]  # wrt input -> how its gradient is written
-    parts: tuple[Part, ...]
-    unwritten: frozenset[str]  # inputs no kernel writes anything for: their buffers are zero-filled
-
-    @property
-    def src(self) -> str:
-        return "\n\n".join(part.src for part in self.parts)
-
-    @functools.cached_property
-    def reads_saved(self) -> bool:
-        """Whether a kernel reads the state tapes the forward kept."""
-        return any(part.saved for part in self.parts)
-
-    @property
-    def kernel(self) -> Any:
-        return self.parts[0].kernel
-
-    @property
-    def persistent(self) -> bool:
-        """Whether a kernel runs a few programs per multiprocessor (tuning tries several counts)."""
-        return any(part.persistent for part in self.parts)
 
 
 class BackwardKernel:
@@ -256,6 +78,7 @@ class BackwardKernel:
         self._variants: dict[tuple, Variant] = {}
         self._parts: dict[tuple, Part] = {}
         self._variants_lock = threading.Lock()
+        self.launches = Launches(self)  # its variants' kernels launched (launching.py)
         self._checked: set = set()  # (grid, argument values) the launch checks passed for
         self._chosen: dict[tuple, dict[str, Choice]] = {}  # (grid, arguments, written) -> choices
         self._most_trips: dict[tuple, int] = {}  # (part, grid, arguments) -> the programs of an interchanged kernel
@@ -473,7 +296,7 @@ class BackwardKernel:
             if p in self.in_place:
                 continue
             x, c = named[p], prepared.choices[p]
-            fill = torch.empty_strided if c.strategy.unfilled(c) else _zeros_strided
+            fill = torch.empty_strided if c.strategy.unfilled(c) else zeros_strided
             dtype = x.dtype if c.strategy.in_input_dtype() else shadow_dtype(x.dtype)
             grads[p] = fill(x.size(), x.stride(), dtype=dtype, device=x.device)
         self.launch(sizes, named, output_grads, grads, prepared, saved=saved)
@@ -581,12 +404,19 @@ class BackwardKernel:
             if self.deterministic:
                 self._refuse_atomics(choices, self_overlapping)
             variant = self.variant(choices, saved=saved is not None)
-            if saved is not None and not _reads_only(variant, saved.tapes):
+            if saved is not None and not reads_only(variant, saved.tapes):
                 return self.prepare(named, grid, written, shared, self_overlapping)
             if len(self._chosen) > 4096:
                 self._chosen.clear()
             prepared = self._chosen[key] = Prepared(choices, variant, shared)
         return prepared
+
+    def launch(self, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
+               buffers: dict[str, Any], prepared: Prepared, written: frozenset[str] = frozenset(),
+               pad: int = 0, saved: Any = None, setting: Any = None, trace: list | None = None
+               ) -> dict[str, tuple[Any, int]]:
+        """Run a prepared variant (:meth:`prepare`): launching.Launches.launch says how."""
+        return self.launches.launch(grid, named, output_grads, buffers, prepared, written, pad, saved, setting, trace)
 
     @functools.cached_property
     def _chosen_names(self) -> tuple[str, ...]:
@@ -597,155 +427,6 @@ class BackwardKernel:
             for c in (facts.owned, facts.covers, *facts.shared.values(), *facts.interchange.values()):
                 names |= c.names() if c is not None else set()
         return tuple(sorted(names & set(self.params)))
-
-    def launch(self, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
-               buffers: dict[str, Any], prepared: Prepared, written: frozenset[str] = frozenset(),
-               pad: int = 0, saved: Any = None, setting: tuning.Setting | None = None,
-               trace: list | None = None) -> dict[str, tuple[Any, int]]:
-        """Run the prepared variant (:meth:`prepare`). ``named``: the forward's arguments (and launch options);
-        ``output_grads``: output -> its incoming gradient; ``buffers``: wrt input -> its gradient buffer
-        (stored into or added to; an input summed in partial rows gets their sum, added if in ``written``).
-        ``pad``: zeros around each partial row, to look for gradient outside the tensor (a checked backward).
-        Launch settings are tuned on a GPU (tuning.py). ``saved``: the state tapes the forward kept
-        (augment.SavedStates), for a variant prepared to read them. ``setting``: launch with this one, untimed
-        (a trial of tuning another config). ``trace``: each kernel's launch is appended to it (:class:`PartLaunch`).
-        Returns the partial rows: input -> (rows with their padding, pad)."""
-        variant = prepared.variant
-        tapes = saved if variant.reads_saved else None
-        if self.in_place:
-            written = written | self.in_place
-        if prepared.shared:  # overlapping another input's buffer: added after the kernels (partial rows, own kernels)
-            written = written | prepared.shared
-        own, guarded = {}, {}
-        for p in prepared.private:  # stored into buffers of their own (float32 for half types), added after; in a
-            b = buffers[p]  # checked backward with ``pad`` zeros around, returned with the partial rows to look at
-            fill = _empty_strided if prepared.choices[p].covers and not pad else _zeros_strided
-            flat = fill((1, span_of(b) + 2 * pad), (1, 1), dtype=shadow_dtype(b.dtype), device=b.device)
-            own[p] = flat.as_strided(b.size(), b.stride(), flat.storage_offset() + pad)
-            if pad:
-                guarded[p] = (flat, pad)
-        if own:
-            real, buffers = buffers, {**buffers, **own}
-        # inputs no gradient reaches: zeroed (a stored one would be left unset)
-        for p in variant.unwritten - written if variant.unwritten else ():
-            buffers[p].zero_()
-            if trace is not None:
-                trace.append(None)  # not made again by a replay.Launcher
-        if setting is not None:
-            settings = (setting,) * len(variant.parts)
-        else:
-            if prepared.settings is None:
-                prepared.settings = self._tuned(variant, grid, named, output_grads, buffers, written, tapes)
-            settings = prepared.settings
-        rows = self._run(variant, grid, named, output_grads, buffers, settings, written, pad, tapes=tapes,
-                         covered=prepared.covered_rows, trace=trace)
-        for p, b in own.items():  # in a fixed order: deterministic
-            real[p].add_(b)
-        if own and trace is not None:
-            trace.append(None)  # buffers of its own, made on each launch: not kept (replay.Launcher)
-        return {**rows, **guarded}
-
-    def _tuned(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
-               buffers: dict[str, Any], written: frozenset[str], tapes: Any = None) -> tuple[tuning.Setting, ...]:
-        """The launch setting of each of a prepared launch's kernels: timed on a GPU (tuning.py), each kernel
-        alone (a dQ and a dK/dV kernel of attention rarely want the same warps), else the forward's."""
-        device = next((t.device for t in buffers.values()), None)
-        if self.deterministic or not tuning.enabled(device):
-            return (tuning.DEFAULT,) * len(variant.parts)
-        key = (id(self), variant.choices, bool(tapes), grid, tuning.describe({**named, **output_grads, **buffers}))
-        settings = []
-        for i, part in enumerate(variant.parts):
-            touched = [buffers[p] for p, c in variant.choices if p in part.wrt and c.strategy.adds_in_kernel]
-
-            def trial(s: tuning.Setting, i: int = i) -> None:  # the trials add into ``touched``: restored after
-                rows = self._run(variant, grid, named, output_grads, buffers, (s,) * len(variant.parts), written, 0,
-                                 reduce=False, tapes=tapes, only=i)
-                for found, _ in rows.values():  # summing the partial rows is part of a setting's cost: more
-                    found.sum(0)  # programs, more rows (8 per multiprocessor at 16384 columns: 52 µs against 7)
-
-            settings.append(tuning.best((*key, i), part.persistent, trial, touched, part.loops, part.held is not None))
-        return tuple(settings)
-
-    def _run(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
-             buffers: dict[str, Any], settings: tuple[tuning.Setting, ...], written: frozenset[str], pad: int,
-             reduce: bool = True, tapes: Any = None, only: int | None = None,
-             covered: frozenset[str] = frozenset(), trace: list | None = None) -> dict:
-        """One launch of each of the variant's kernels (``only``: of that one) with its setting; partial rows
-        allocated (unfilled for ``covered`` inputs: Prepared.covered_rows), and summed into their targets
-        (``reduce``: not in tuning's trials). ``tapes``: the state tapes the forward kept (augment.SavedStates),
-        for the kernels that read them."""
-        rows = {}
-        for i, (part, setting) in enumerate(zip(variant.parts, settings, strict=True)):
-            if only is not None and i != only:
-                continue
-            args = {**named, **{part.shadows[o]: g for o, g in output_grads.items()}}
-            args.update({part.shadows[p]: buffers[p] for p in part.wrt})
-            if part.saved:
-                args.update(_tape_args(part, tapes))
-            if setting.num_warps is not None:
-                args["num_warps"] = setting.num_warps
-            if setting.num_stages is not None:
-                args["num_stages"] = setting.num_stages
-            if part.stages is not None:  # untuned: one stage, the least shared memory
-                args[part.stages] = setting.num_stages or 1
-            if part.held is not None:
-                args[part.held] = setting.held
-            if part.trips is not None:
-                self._run_interchanged(part, grid, args, buffers, written, reduce)
-                if trace is not None:
-                    trace.append(None)  # trip counts and exports made on each launch: not kept
-            else:
-                rows.update(self._run_part(part, grid, args, buffers, setting, written, pad, reduce, covered, trace))
-        return rows
-
-    def _run_part(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
-                  setting: tuning.Setting, written: frozenset[str], pad: int, reduce: bool,
-                  covered: frozenset[str] = frozenset(), trace: list | None = None) -> dict:
-        """``covered``: inputs whose partial rows every program stores whole (left unfilled, but around a checked
-        backward's padding)."""
-        partials = ()
-        if part.axis is not None:  # persistent: a few programs along the axis, each with its partial rows
-            axis = part.axis
-            programs = _persistent_programs(grid[axis], next(iter(buffers.values())).device, setting.waves)
-            args[part.programs] = grid[axis]
-            grid = (*grid[:axis], programs, *grid[axis + 1:])
-            partials = tuple(PartialRows.of(part, p, programs, buffers[p], p in covered, p in written, pad)
-                             for p in part.rows)
-            args.update({part.rows[r.input]: r.width for r in partials})
-        launch = PartLaunch(part, grid, args, partials)
-        if trace is not None and reduce:
-            trace.append(replace(launch, args=dict(args)))  # before its partial rows and scratch are made
-        rows = launch.launch(args, buffers, self.deterministic, reduce)
-        return {r.input: (found, pad) for r, found in zip(partials, rows, strict=True)}
-
-    def _run_interchanged(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
-                          written: frozenset[str], reduce: bool) -> None:
-        """Inputs' own kernel: one program per iteration of their loop along the axis, each storing its sums.
-        Into buffers of their own where gradient is already there to add to."""
-        import torch
-
-        axis = part.axis
-        names = part.memo.get("trips")
-        if names is None:
-            names = part.memo["trips"] = sorted(part.trips.names())
-        key = (id(part), grid, *[args.get(n) for n in names])
-        trips = self._most_trips.get(key)
-        if trips is None:
-            if len(self._most_trips) > 4096:
-                self._most_trips.clear()
-            trips = self._most_trips[key] = int(most_trips(part.trips, LaunchValues(args, grid), axis))
-        args[part.programs] = grid[axis]
-        forward, grid = grid, (*grid[:axis], trips, *grid[axis + 1:])
-        own = {p: torch.zeros_like(buffers[p]) for p in part.wrt if p in written}
-        args.update({part.shadows[p]: buffer for p, buffer in own.items()})
-        if part.prologue is not None and min(forward) > 0:  # on the forward's grid, before the kernel reading it
-            args.update(part.exports.allocate(LaunchValues(args, forward), math.prod(forward), _device_of(args)))
-            part.prologue[forward](**{k: v for k, v in args.items() if k in part.prologue.arg_names})
-        if min(grid) > 0:
-            part.scratch_args(args, grid)
-            part.kernel[grid](**args)
-        for p, buffer in own.items() if reduce else ():
-            buffers[p].add_(buffer)
 
     def _refuse_atomics(self, choices: dict[str, Choice], self_overlapping: frozenset[str] = frozenset()) -> None:
         for p, c in choices.items():
@@ -846,51 +527,8 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _device_of(args: dict[str, Any]) -> Any:
-    """The device of a launch's first tensor argument."""
-    return next((v.device for v in args.values() if hasattr(v, "device") and hasattr(v, "data_ptr")), None)
-
-
 def _sizes(grid: Any) -> tuple[int, ...]:
     return tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
-
-
-def _zeros_strided(size, stride, dtype, device):
-    import torch
-
-    return torch.empty_strided(size, stride, dtype=dtype, device=device).zero_()
-
-
-def _empty_strided(size, stride, dtype, device):
-    import torch
-
-    return torch.empty_strided(size, stride, dtype=dtype, device=device)
-
-
-def _reads_only(variant: Variant, tapes: tuple[StateTape, ...]) -> bool:
-    """Whether the tapes a variant's kernels read are among those a forward kept, by the forward's programs."""
-    kept = {tape.key: tape for tape in tapes}
-    if variant.persistent:
-        return False  # a persistent kernel's programs are not the forward's (its state tapes' rows)
-    return all(tape.key in kept and kept[tape.key].holds(tape)
-               for part in variant.parts if part.saved for tape in part.tapes)
-
-
-def _tape_args(part: Part, saved: Any) -> dict[str, Any]:
-    """A kernel's arguments for the tapes it reads: the forward's (augment.SavedStates), by its own parameter
-    names (each kernel of a variant names them itself)."""
-    key = ("tapes", *[tape.key for tape in saved.tapes])
-    names = part.memo.get(key)
-    if names is None:
-        kept = {tape.key: tape for tape in saved.tapes}
-        names = []
-        for tape in part.tapes:
-            there = kept[tape.key]
-            names.append((tape.slots, there.slots))
-            held = there.held()
-            names += [(param, held[source][0]) for source, (param, _, _) in tape.held().items()]
-        names = part.memo[key] = tuple(names)
-    return {mine: saved.args[theirs] for mine, theirs in names}
 
 
 def _describe(value: Any) -> Any:
@@ -900,13 +538,6 @@ def _describe(value: Any) -> Any:
     if shape is not None and hasattr(value, "stride"):
         return (tuple(shape), value.stride(), value.dtype)
     return value
-
-
-def _persistent_programs(programs: int, device: Any, waves: int = 1) -> int:
-    """How many programs a persistent backward runs along its axis: ``waves`` per multiprocessor on a GPU
-    (each keeps a partial row); a few in Triton's interpreter, so that each program loops over several."""
-    count = compiled_multiprocessors(device)
-    return max(1, min(programs, waves * count if count else 3))
 
 
 _cache: dict[tuple, tuple[Any, Any]] = {}

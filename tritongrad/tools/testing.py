@@ -17,7 +17,8 @@ import torch
 from ..core.source import unwrap
 from ..ops.tape import kernel_info
 from ..runtime.augment import SavedStates, keeping
-from ..runtime.derive import grad, shadow_dtype
+from ..runtime.derive import grad
+from ..runtime.variants import shadow_dtype
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:
