@@ -15,7 +15,7 @@ import torch
 
 from benchmarks.host_anatomy import HandWritten
 from tritongrad.examples import softmax
-from tritongrad.ops import backward as replay
+from tritongrad.ops import backward as op_backward
 from tritongrad.runtime import derive
 
 CALLS = 300
@@ -72,7 +72,7 @@ def main() -> None:
     # inside tritongrad's backward: the replay, and the launch of the derived kernel
     spent = {"replay": 0.0, "launch": 0.0}
     captured = {}
-    run, launch_run = replay.Replay.run, derive.BackwardKernel._run_part
+    run, launch_run = op_backward.OpBackward.run, derive.BackwardKernel._run_part
 
     def timed_replay(self, *args, **kwargs):
         start = time.perf_counter()
@@ -89,12 +89,12 @@ def main() -> None:
             spent["launch"] += time.perf_counter() - start
             captured.update(kernel=part.kernel, grid=grid, kwargs=dict(args))
 
-    replay.Replay.run, derive.BackwardKernel._run_part = timed_replay, timed_launch
+    op_backward.OpBackward.run, derive.BackwardKernel._run_part = timed_replay, timed_launch
     spent.update(replay=0.0, launch=0.0)
     backward_us(softmax.softmax, x, g)  # 5 x CALLS backwards
-    replay.Replay.run, derive.BackwardKernel._run_part = run, launch_run
+    op_backward.OpBackward.run, derive.BackwardKernel._run_part = run, launch_run
     n = 5 * CALLS
-    print(f"  in the backward: Replay.run {spent['replay'] / n * 1e6:.1f} µs, of it the launch of the derived "
+    print(f"  in the backward: OpBackward.run {spent['replay'] / n * 1e6:.1f} µs, of it the launch of the derived "
           f"kernel (BackwardKernel._run_part) {spent['launch'] / n * 1e6:.1f}")
 
     kernel, kwargs, grid = captured["kernel"], captured["kwargs"], captured["grid"]

@@ -14,8 +14,8 @@ import torch
 import triton
 
 from tritongrad import examples
-from tritongrad.ops import backward as replay
 from tritongrad.ops import tape
+from tritongrad.ops.backward import OpBackward
 from tritongrad.runtime import derive
 from tritongrad.tools import bench
 
@@ -68,14 +68,14 @@ def main() -> None:
     for owner, attribute, label in (
             (tape.Tape, "record", "tape.record"),
             (tape.Tape, "close", "tape.close"), (triton.runtime.jit.JITFunction, "run", "JITFunction.run"),
-            (replay.Replay, "run", "Replay.run (backward)"), (replay.Replay, "_shadow", "Replay._shadow"),
+            (OpBackward, "run", "OpBackward.run (backward)"), (OpBackward, "_shadow", "OpBackward._shadow"),
             (derive.BackwardKernel, "launch", "BackwardKernel.launch"),
             (derive.BackwardKernel, "_run_part", "BackwardKernel._run_part"),
-            (replay.Replay, "_input_grads", "_input_grads"), (derive, "_persistent_programs", "_persistent_programs"),
+            (OpBackward, "_input_grads", "_input_grads"), (derive, "_persistent_programs", "_persistent_programs"),
             (derive.Part, "scratch_args", "Part.scratch_args"), (derive.Part, "add_later", "Part.add_later"),
             (torch, "zeros", "torch.zeros"), (torch, "empty", "torch.empty"), (torch.Tensor, "sum", "Tensor.sum"),
             (torch.Tensor, "copy_", "Tensor.copy_"), (torch.Tensor, "add_", "Tensor.add_"),
-            (replay.Replay, "_replay", "Replay._replay"), (replay.Replay, "_launch", "Replay._launch"),
+            (OpBackward, "_run_step", "OpBackward._run_step"), (OpBackward, "_launch", "OpBackward._launch"),
             (derive.BackwardKernel, "_run_interchanged", "BackwardKernel._run_interchanged")):
         if hasattr(owner, attribute):
             timed(owner, attribute, label)

@@ -18,8 +18,9 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad.examples import EXAMPLES
-from tritongrad.ops import backward as replay
+from tritongrad.ops import backward as op_backward
 from tritongrad.ops import tape as tapes
+from tritongrad.ops.backward import OpBackward
 from tritongrad.ops.tape import OpError
 from tritongrad.runtime import derive
 
@@ -203,8 +204,8 @@ class _Spy:
 def derived(monkeypatch):
     """The backward kernels the tape launches, in order."""
     calls = []
-    real = replay.grad
-    monkeypatch.setattr(replay, "grad", lambda *args, **kwargs: _Spy(real(*args, **kwargs), calls))
+    real = op_backward.grad
+    monkeypatch.setattr(op_backward, "grad", lambda *args, **kwargs: _Spy(real(*args, **kwargs), calls))
     return calls
 
 
@@ -759,8 +760,8 @@ def test_stray_gradients_are_looked_for_in_the_first_backward_of_a_layout_only(m
         return chain.__wrapped__(x, w)
 
     checks = []
-    real = replay.Replay._check_strays
-    monkeypatch.setattr(replay.Replay, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
+    real = OpBackward._check_strays
+    monkeypatch.setattr(OpBackward, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
     x, w = rand(61), rand(61)
     inputs = check(chain_once, chain_ref, x, w)
     assert len(checks) == 2 and inputs[0].grad._base is None  # one per launch replayed; not views of padded buffers

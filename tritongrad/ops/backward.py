@@ -11,7 +11,7 @@ whose storages matter (see ``Plan.steps``). Half-precision tensors get float32 s
 cast once at the end. A derived kernel adds each load's gradient at the load's address,
 so a launch that read outside the elements of a tensor it was passed would put gradient
 where no tensor lies: the first backward of each plan and schedule surrounds the shadows
-with zeros and refuses that (``Replay._check_strays``).
+with zeros and refuses that (``OpBackward._check_strays``).
 
 A :class:`Plan` is what every call of one kind shares (tape.py makes it once per kind):
 the checked launches, the tensors to save, and the shadow layout.
@@ -226,8 +226,9 @@ class Step:
     shared: frozenset[str] = frozenset()  # wrt inputs whose views overlap another of this step's (launch_facts.py)
     self_overlapping: frozenset[str] = frozenset()  # wrt inputs whose views reach one element twice (stride 0)
     derived: dict = field(default_factory=dict)  # (grad, values of decisive constexprs) -> the derived kernel
-    ready: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> Replay._ready's
-    tiles: dict = field(default_factory=dict)  # the launch's non-tensor arguments -> the config chosen (Replay._tiles)
+    ready: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> OpBackward._ready's
+    # the launch's non-tensor arguments -> the config chosen (OpBackward._tiles)
+    tiles: dict = field(default_factory=dict)
     launchers: dict = field(default_factory=dict)  # the launch's non-tensor arguments -> its Launcher; False: none
 
     def derive(self, kernel: Any, named: dict[str, Any], deterministic: bool = False) -> Any:
@@ -282,10 +283,10 @@ def _stand_in(dtype_device: tuple[torch.dtype, torch.device]) -> torch.Tensor:
     return t
 
 
-# -- the tape --------------------------------------------------------------------------------------
+# -- one backward ---------------------------------------------------------------------------------
 
 
-class Replay:
+class OpBackward:
     """One backward of an op: its plan, the recorded launches' non-tensor arguments, the op's name."""
 
     def __init__(self, name: str, plan: Plan, launches: Sequence[Any], deterministic: bool = False):
@@ -297,7 +298,7 @@ class Replay:
     def run(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
         """Gradients of the differentiated inputs (None where not needed or not reached).
 
-        Runs with grad mode off: the replay is not itself differentiated (under
+        Runs with grad mode off: the backward is not itself differentiated (under
         ``create_graph=True`` too).
         """
         if torch.is_grad_enabled():  # torch.no_grad costs microseconds: entered only when needed
@@ -324,7 +325,7 @@ class Replay:
             else:
                 self._shadow(shadows, shadow, guards).add_(g)
         for step in steps:
-            rows = self._replay(step, saved, shadows, guards)
+            rows = self._run_step(step, saved, shadows, guards)
             if guards is not None:
                 self._check_strays(step, guards, rows)
         result = self._input_grads(shadows, needs)
@@ -366,7 +367,7 @@ class Replay:
                                  "strides and counts the host function passes with that tensor (does it assume "
                                  "contiguous memory?)")
 
-    def _replay(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> dict:
+    def _run_step(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> dict:
         """Launch one step's derived kernel, under the forward's config or, for an autotuned launch on a GPU,
         the one of its autotuner's configs under which the backward is fastest (tape.Tiles: timed once per
         shape). Returns the partial rows of inputs summed in them (checked backwards)."""
@@ -539,7 +540,7 @@ class Replay:
 
 
 class Launcher:
-    """A step's backward as an unchecked replay launched it, to launch again with a later backward's tensors
+    """A step's backward as an unchecked backward launched it, to launch again with a later backward's tensors
     (same plan, schedule and non-tensor arguments): saved tensors, output gradients and gradient buffers put
     where that launch had its own. A repeated backward so skips deciding the derived kernel, its variant,
     settings and arguments again (host-bound steps spent microseconds on each)."""
@@ -547,7 +548,7 @@ class Launcher:
     def __init__(self, replayed: tuple, outputs: tuple, buffers: tuple, launches: tuple, deterministic: bool):
         self.replayed = replayed  # (parameter, saved slot or None, stand-in) as LaunchPlan.replayed
         self.outputs = outputs  # (output, its Shadow)
-        self.buffers = buffers  # (input, Shadow, zero-filled, own dtype) as Replay._buffers
+        self.buffers = buffers  # (input, Shadow, zero-filled, own dtype) as OpBackward._buffers
         self.launches = launches  # (derive.PartLaunch with its non-tensor arguments, (argument, source, name)...)
         self.deterministic = deterministic
 
@@ -583,7 +584,7 @@ class Launcher:
         return Launcher(step.launch.replayed, outputs, buffers_of, tuple(launches), deterministic)
 
     def __call__(self, saved: tuple, shadows: dict, shadow: Callable) -> None:
-        """Launch with ``saved`` tensors, making the shadows it writes in ``shadows`` (``shadow``: Replay._shadow),
+        """Launch with ``saved`` tensors, making the shadows it writes in ``shadows`` (``shadow``: OpBackward._shadow),
         in the order the traced launch made them."""
         sources = ({p: saved[slot] if slot is not None else _stand_in(stand_in) for p, slot, stand_in in self.replayed},
                    {o: shadow(shadows, s) for o, s in self.outputs},

@@ -40,7 +40,7 @@ from ..frontend.normalize import normalize_kernel
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
 from ..runtime.derive import defaults_of
-from .backward import LaunchPlan, Plan, Replay, View, launch_name, whole_storages
+from .backward import LaunchPlan, OpBackward, Plan, View, launch_name, whole_storages
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
@@ -698,7 +698,7 @@ class Tape:
         """Gradients of the differentiated inputs (None where not needed or not reached): replay.py."""
         token = _current.set(None)  # derived kernels are not recorded, even inside another op's forward
         try:
-            return Replay(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
+            return OpBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
         finally:
             _current.reset(token)
 
