@@ -11,10 +11,10 @@ Plans: the checks ``Tape.close`` makes and the shadow layout depend only on whic
 kernels were launched, how their arguments were passed, and each tensor's dtype, sizes,
 strides, offset, device, ``requires_grad`` and which others share its storage. Each
 call reduces those to a key (storages numbered in order of appearance, not by address);
-the first call with a key runs the checks and lays out the backward (a ``replay.Plan``),
+the first call with a key runs the checks and lays out the backward (a ``shadows.Plan``),
 later calls with that key reuse it. The hot path reads tensor metadata only: no AST work
 and nothing that waits for the device; on a GPU a launch made before with the same recorded
-arguments calls its compiled kernel directly (relaunch.py). The backward itself is replay.py's.
+arguments calls its compiled kernel directly (relaunch.py). The backward itself is backward.py's.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from ..frontend.normalize import normalize_kernel
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
 from ..runtime.derive import defaults_of
-from .backward import LaunchPlan, OpBackward, Plan, View, launch_name, whole_storages
+from .backward import OpBackward
+from .shadows import LaunchPlan, Plan, View, launch_name, whole_storages
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
@@ -695,7 +696,7 @@ class Tape:
     # -- backward -----------------------------------------------------------------------------------
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        """Gradients of the differentiated inputs (None where not needed or not reached): replay.py."""
+        """Gradients of the differentiated inputs (None where not needed or not reached): backward.py."""
         token = _current.set(None)  # derived kernels are not recorded, even inside another op's forward
         try:
             return OpBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
