@@ -19,6 +19,7 @@ import triton.language as tl
 import tritongrad
 from tritongrad.examples import EXAMPLES
 from tritongrad.ops import backward as op_backward
+from tritongrad.ops import kernel_roles
 from tritongrad.ops import tape as tapes
 from tritongrad.ops.backward import OpBackward
 from tritongrad.ops.tape import OpError
@@ -397,7 +398,7 @@ def test_repeated_calls_do_no_ast_work(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("AST work on a repeated call")
 
-    monkeypatch.setattr(tapes, "_analyse", fail)
+    monkeypatch.setattr(kernel_roles, "_analyse", fail)
     monkeypatch.setattr(derive, "_derive", fail)
     chain(x, w).sum().backward()
 
@@ -553,8 +554,8 @@ def test_tensors_on_different_devices_are_refused():
 
 
 def test_cpu_tensor_outside_the_interpreter_is_refused(monkeypatch):
-    info = tapes.kernel_info(mul_kernel)  # on a GPU machine the kernel is compiled already
-    monkeypatch.setitem(tapes._infos, mul_kernel.fn, dataclasses.replace(info, interpreted=False))
+    info = kernel_roles.kernel_info(mul_kernel)  # on a GPU machine the kernel is compiled already
+    monkeypatch.setitem(kernel_roles.kernel_infos, mul_kernel.fn, dataclasses.replace(info, interpreted=False))
     x, w = (torch.randn(50, dtype=torch.float64, device="cpu", requires_grad=True) for _ in range(2))
     with pytest.raises(OpError, match=r"launch #1 \(`mul_kernel`\) passes a CPU tensor to `a_ptr`"):
         mul(x, w)

@@ -73,7 +73,7 @@ def launch_name(index: int, info: Any) -> str:
 class LaunchPlan:
     """A launch's tensor parameters: where each lives, and its saved-tensor slot (None: written only)."""
 
-    info: Any  # tape.KernelInfo
+    info: Any  # kernel_roles.KernelInfo
     index: int
     views: dict[str, View]
     slots: dict[str, int | None] = field(default_factory=dict)

@@ -22,25 +22,17 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import inspect
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..analysis.composites import fuse_composites
-from ..analysis.pointers import pointers
-from ..analysis.stored_outputs import stored_values
-from ..core.errors import NotDifferentiableError, OpError, noted
-from ..core.ir import loops, op_of
-from ..core.operations import operation_of
-from ..frontend.normalize import normalize_kernel
+from ..core.errors import OpError, noted
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
-from ..runtime.derive import defaults_of
 from .backward import OpBackward
+from .kernel_roles import KernelInfo, kernel_info, kernel_infos
 from .shadows import LaunchPlan, Plan, View, launch_name, whole_storages
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
@@ -49,6 +41,8 @@ _current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape"
 _autotuned: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_autotuned", default=None)
 
 MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest ones
+_relaunchers: dict[tuple, Any] = {}  # a forward launch's recorded arguments -> its relaunch.Relauncher
+_pointers_checked: set[tuple] = set()  # launch patterns (see RecordedLaunch) passing tensors to every pointer
 
 
 def active() -> bool:
@@ -122,99 +116,6 @@ def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) 
                       f"@tritongrad.op(\"{launches.name}\", opaque=True)") from e
     finally:
         _current.reset(token)
-
-
-# -- what a kernel does with its pointer parameters ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Roles:
-    loads: frozenset[str]  # every loaded pointer parameter (index pointers too)
-    stores: frozenset[str]  # every stored or atomically updated one
-    overwrites: frozenset[str]  # stored with something other than tl.atomic_add
-    inputs: frozenset[str]  # differentiable inputs: loaded, never stored unless in place (floats among them)
-    in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis.in_place_pointers)
-    # stored with a value the backward may read back (stored_outputs.py): from any float output (a softmax's),
-    # or only where the output is float32 or float64 (a statistic, exact there)
-    read_back: frozenset[str] = frozenset()
-    read_back_exact: frozenset[str] = frozenset()
-
-    @property
-    def pointers(self) -> frozenset[str]:
-        return self.loads | self.stores
-
-
-@dataclass(frozen=True)
-class KernelInfo:
-    name: str
-    params: tuple[str, ...]
-    defaults: dict[str, Any]
-    interpreted: bool
-    roles: Roles | None  # None: the kernel could not be analysed (``error`` says why)
-    error: Exception | None
-    keywords: frozenset[str] = frozenset()  # keyword arguments that are parameters (the rest are launch options)
-    pointers: frozenset[str] = frozenset()  # pointer parameters, where the roles are known
-    loops: bool = True  # whether it has a loop (only then may its forward keep state for the backward: augment.py)
-
-    def named_arguments(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A launch's arguments by parameter name, and its launch options (num_warps, ...)."""
-        named = dict(zip(self.params, args, strict=False))
-        options = {}
-        for k, v in kwargs.items():
-            if k in self.keywords:
-                named[k] = v
-            else:
-                options[k] = v
-        return named, options
-
-
-_infos: dict[Any, KernelInfo] = {}
-_infos_lock = threading.Lock()
-_relaunchers: dict[tuple, Any] = {}  # a forward launch's recorded arguments -> its relaunch.Relauncher
-_pointers_checked: set[tuple] = set()  # launch patterns (see RecordedLaunch) passing tensors to every pointer
-
-
-def kernel_info(kernel: Any) -> KernelInfo:
-    """Cached per kernel: its parameters and roles (the only AST work, once per kernel)."""
-    info = _infos.get(kernel.fn)
-    if info is None:
-        info = _analyse(kernel)
-        with _infos_lock:
-            _infos[kernel.fn] = info
-    return info
-
-
-def _analyse(kernel: Any) -> KernelInfo:
-    sig = inspect.signature(kernel.fn)
-    defaults = defaults_of(kernel)
-    roles, error, has_loops = None, None, True
-    try:
-        program = normalize_kernel(kernel)  # every specialization together
-        has_loops = bool(loops(program.body))
-        a = pointers(program)
-        loads, stores = frozenset(a.loads), frozenset(a.stores)
-        overwrites = frozenset(p for p, ss in a.stores.items()
-                               if any(operation_of(op_of(s)).memory != "accumulate" for s in ss))
-        in_place = frozenset(p for p in loads & stores if p not in a.index_pointers
-                             and all(op_of(s).kind == "store" for s in a.stores[p]))
-        kept = stored_values(fuse_composites(program), a.stores).values()  # (the stores stay as they are)
-        # (a pointer whose values also make addresses is an input too where a float tensor is passed there: a
-        # gather's adjoint reaches it (`x[argmax(x)]`); an integer one has no gradient: Plan.carries)
-        roles = Roles(loads, stores, overwrites, frozenset(loads - stores | in_place),
-                      in_place, frozenset(k.param for k in kept if k.rounds) - loads,
-                      frozenset(k.param for k in kept if not k.rounds) - loads)
-    except NotDifferentiableError as e:  # a construct the core does not handle yet: raised if the launch needs a
-        error = e  # backward (Tape._plan: when a tensor it is passed requires grad)
-    except Exception as e:  # the analysis itself failed: said as plainly
-        error = NotDifferentiableError(f"kernel `{kernel.fn.__name__}`: tritongrad cannot read what it does with its "
-                                       f"arguments ({type(e).__name__}: {e})", file=kernel.fn.__code__.co_filename,
-                                       line=kernel.fn.__code__.co_firstlineno)
-        error.__cause__ = e
-    interpreted = type(kernel).__name__ == "InterpretedFunction"
-    params = tuple(sig.parameters)
-    return KernelInfo(kernel.fn.__name__, params, defaults, interpreted, roles, error,
-                      keywords=frozenset(params) | frozenset(defaults),
-                      pointers=roles.pointers if roles is not None else frozenset(), loops=has_loops)
 
 
 # -- storage views ---------------------------------------------------------------------------------
@@ -387,7 +288,7 @@ class Tape:
     # -- forward ------------------------------------------------------------------------------------
 
     def record(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> None:
-        info = _infos.get(kernel.fn) or kernel_info(kernel)
+        info = kernel_infos.get(kernel.fn) or kernel_info(kernel)
         tensors, index = self.tensors, len(self.launches)
         positions, kept = tensors.take((*args, *kwargs.values()) if kwargs else args)
         snapshots = self._snapshots(info, args, kwargs) if info.roles is not None and info.roles.in_place else ()
