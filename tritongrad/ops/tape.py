@@ -1,11 +1,8 @@
 """The tape: what an op's forward launched, checked once per kind of call.
 
-Recording: Triton's launch entry points are patched once (``install``). Outside an op
-the current tape is ``None`` and a launch pays one ContextVar read. Inside an op each
-launch of a ``@triton.jit`` kernel (compiled or interpreted) is recorded at the
-innermost ``run``, after ``@triton.autotune`` and ``@triton.heuristics`` have added
-their constexprs, so the backward replays the forward with the config the autotuner
-chose. Autotuner benchmarking runs are not recorded.
+Recording: inside an op, each launch reaches the current tape (``current_tape``) through the
+hooks on Triton's launch entry points (hooks.py), which ``Tape.launch`` records and runs: as its
+augmented forward where the backward reads the state that keeps (augment.py), else as it is.
 
 Plans: the checks ``Tape.close`` makes and the shadow layout depend only on which
 kernels were launched, how their arguments were passed, and each tensor's dtype, sizes,
@@ -19,7 +16,6 @@ arguments calls its compiled kernel directly (relaunch.py). The backward itself 
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 from collections.abc import Callable, Sequence
@@ -35,87 +31,15 @@ from .backward import OpBackward
 from .kernel_roles import KernelInfo, kernel_info, kernel_infos
 from .shadows import LaunchPlan, Plan, View, launch_name, whole_storages
 
-DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
-_current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
+# the Tape recording launches (None outside an op; hooks.py's DRY or Launches while a named op's host function
+# runs without a tape)
+current_tape: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
 # the autotuner whose chosen config is being launched inside an op, with its arguments (Tiles.of)
-_autotuned: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_autotuned", default=None)
+current_autotuner: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_autotuned", default=None)
 
 MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest ones
 _relaunchers: dict[tuple, Any] = {}  # a forward launch's recorded arguments -> its relaunch.Relauncher
 _pointers_checked: set[tuple] = set()  # launch patterns (see RecordedLaunch) passing tensors to every pointer
-
-
-def active() -> bool:
-    """Whether launches are being recorded (or skipped) by an enclosing op."""
-    return _current.get() is not None
-
-
-@contextlib.contextmanager
-def dry_run():
-    """Run a host function without launching anything (fake-tensor shape inference)."""
-    token = _current.set(DRY)
-    try:
-        yield
-    finally:
-        _current.reset(token)
-
-
-class Launches:
-    """The current "tape" while a named op's host function runs under ``collecting``: its launches,
-    each ``(kernel, grid, args, kwargs)``, and the tensors they were passed (by identity, in order of
-    first appearance). ``mode``: "wrap" issues each launch as ``torch.library.wrap_triton(kernel)[grid]``
-    (what torch.compile traces inside a triton_op), "run" launches it, "skip" does not (the launches'
-    arguments are all that is wanted). ``tuned``: an autotuner was launched (in "skip" mode the config
-    it would choose, which the backward needs, is unknown)."""
-
-    def __init__(self, mode: str, name: str = ""):
-        self.mode, self.name = mode, name  # name: the op's, for errors
-        self.calls: list[tuple] = []
-        self.tensors: dict[int, torch.Tensor] = {}
-        self.tuned = False
-
-    def add(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> None:
-        self.calls.append((kernel, grid, args, kwargs))
-        for v in (*args, *kwargs.values()):
-            if isinstance(v, torch.Tensor):
-                self.tensors.setdefault(id(v), v)
-
-    def intermediates(self, args: Sequence, outputs: Sequence) -> list[torch.Tensor]:
-        """The tensors launches were passed that are neither the op's arguments nor its outputs."""
-        known = {id(v) for v in (*args, *outputs)}
-        return [t for i, t in self.tensors.items() if i not in known]
-
-
-@contextlib.contextmanager
-def collecting(mode: str, name: str = ""):
-    """``with collecting("wrap" | "run" | "skip", op_name) as launches:`` (see ``Launches``)."""
-    launches = Launches(mode, name)
-    token = _current.set(launches)
-    try:
-        yield launches
-    finally:
-        _current.reset(token)
-
-
-def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) -> Any:
-    """A launch issued through wrap_triton (the outermost kernel object: an autotuner is traced as
-    one, so Inductor tunes it). What wrap_triton refuses (``num_ctas`` at the launch, an autotuner's
-    pre_hook, nested autotuners) is named with the way out: an opaque op."""
-    from torch.library import wrap_triton
-
-    kwargs = dict(kwargs)
-    grid = kwargs.pop("grid")
-    kwargs.pop("warmup", None)
-    token = _current.set(None)  # wrap_triton's own launch is not intercepted again
-    try:
-        return wrap_triton(kernel)[grid](*args, **kwargs)
-    except (RuntimeError, NotImplementedError) as e:
-        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "?")
-        raise OpError(f"tritongrad.op `{launches.name}`: torch.compile cannot trace the launch of `{name}` through "
-                      f"torch.library.wrap_triton ({e}); register the op with "
-                      f"@tritongrad.op(\"{launches.name}\", opaque=True)") from e
-    finally:
-        _current.reset(token)
 
 
 # -- storage views ---------------------------------------------------------------------------------
@@ -276,11 +200,11 @@ class Tape:
         return self
 
     def __enter__(self) -> Tape:  # methods, not a generator-based context manager: on every call's path
-        self._token = _current.set(self)
+        self._token = current_tape.set(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _current.reset(self._token)
+        current_tape.reset(self._token)
 
     def error(self, message: str) -> OpError:
         return OpError(f"tritongrad.op `{self.name}`: {message}")
@@ -307,7 +231,7 @@ class Tape:
             if positions[n:].count(None) != len(kwargs):  # kwargs is a dict of our own (**kwargs): kept
                 kwargs = dict(zip(kwargs, kept[n:], strict=True))  # unless it holds tensors
             kept = kept[:n]
-        tiles = Tiles.of(_autotuned.get(), kernel)
+        tiles = Tiles.of(current_autotuner.get(), kernel)
         self.launches.append(RecordedLaunch(kernel, info, index, tuple(grid), kept, kwargs, tiles))
         self.patterns.append(pattern)
 
@@ -598,99 +522,8 @@ class Tape:
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
         """Gradients of the differentiated inputs (None where not needed or not reached): backward.py."""
-        token = _current.set(None)  # derived kernels are not recorded, even inside another op's forward
+        token = current_tape.set(None)  # derived kernels are not recorded, even inside another op's forward
         try:
             return OpBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
         finally:
-            _current.reset(token)
-
-
-# -- the launch hooks ------------------------------------------------------------------------------
-
-_installed = False
-
-
-def install() -> None:
-    """Patch Triton's launch entry points, once per process."""
-    global _installed
-    if _installed:
-        return
-    from triton.runtime.autotuner import Autotuner
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    for cls in (JITFunction, InterpretedFunction):
-        cls.run = _recorded(cls.run)
-    Autotuner.run = _autotuner_hooked(Autotuner.run)
-    if hasattr(Autotuner, "_bench"):
-        Autotuner._bench = _unrecorded(Autotuner._bench)
-    _installed = True
-
-
-def _recorded(run):
-    def recorded_run(self, *args, grid, warmup, **kwargs):
-        tape = _current.get()
-        if tape is None or warmup:
-            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-        if tape is DRY:
-            return None
-        if type(tape) is Launches:
-            tape.add(self, grid, args, kwargs)
-            if tape.mode == "wrap":
-                return _wrapped_launch(tape, self, args, {**kwargs, "grid": grid})
-            return run(self, *args, grid=grid, warmup=warmup, **kwargs) if tape.mode == "run" else None
-        boundary = tape.boundary
-        if boundary is None:
-            return tape.launch(run, self, grid, args, kwargs, warmup)
-        with torch._C.DisableTorchFunction():  # a bare op's watch (segments.py) is not for the launch itself
-            result = tape.launch(run, self, grid, args, kwargs, warmup)
-            boundary.launched()
-        return result
-
-    recorded_run.__wrapped__ = run
-    return recorded_run
-
-
-def _autotuner_hooked(run):
-    def autotuner_run(self, *args, **kwargs):
-        current = _current.get()
-        if current is DRY:  # no benchmarking on fake tensors
-            return None
-        if type(current) is Launches and not kwargs.get("warmup"):
-            current.tuned = True
-            passed = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
-            current.add(self, kwargs.get("grid"), args, passed)
-            if current.mode == "wrap":
-                return _wrapped_launch(current, self, args, kwargs)
-            if current.mode == "skip":
-                return None
-            token = _current.set(None)  # "run": its inner launch is not collected again
-            try:
-                return run(self, *args, **kwargs)
-            finally:
-                _current.reset(token)
-        if type(current) is not Tape or kwargs.get("warmup"):
-            return run(self, *args, **kwargs)
-        token = _autotuned.set((self, args, kwargs))  # the recorded launch keeps its other configs
-        try:
-            if current.boundary is not None:  # a bare op's watch: not for the tuning runs
-                with torch._C.DisableTorchFunction():
-                    return run(self, *args, **kwargs)
-            return run(self, *args, **kwargs)
-        finally:
-            _autotuned.reset(token)
-
-    autotuner_run.__wrapped__ = run
-    return autotuner_run
-
-
-def _unrecorded(bench):
-    def bench_unrecorded(self, *args, **kwargs):
-        token = _current.set(None)  # the autotuner's timing runs are not part of the op
-        try:
-            return bench(self, *args, **kwargs)
-        finally:
-            _current.reset(token)
-
-    bench_unrecorded.__wrapped__ = bench
-    return bench_unrecorded
+            current_tape.reset(token)

@@ -53,7 +53,7 @@ Bare and named ops:
 
   - ``ns::name``: a ``torch.library.triton_op``. While torch.compile traces it, each launch
     ``kernel[grid](...)`` of the host function is issued as ``wrap_triton(kernel)[grid](...)``
-    (``tape.collecting("wrap")``), so Inductor sees the kernels (an autotuner as one, tuned by
+    (``hooks.collecting("wrap")``), so Inductor sees the kernels (an autotuner as one, tuned by
     Inductor). Called through ``torch.ops`` without a tape, its backward is ``ns::name_backward``,
     which re-runs the forward launches first (as activation checkpointing would).
   - ``ns::name_saving``: what a compiled graph calls: the same forward, returning its outputs and
@@ -90,9 +90,9 @@ from typing import Any
 import torch
 
 from ..core.errors import OpError
-from . import tape as tapes
+from . import hooks
 from .segments import Segments
-from .tape import Tape
+from .tape import Tape, current_tape
 
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
 
@@ -117,12 +117,12 @@ def op(fn: Any = None, /, *, deterministic: bool = False, opaque: bool | None = 
 
 
 def _bare(fn: Any, deterministic: bool = False) -> Any:
-    tapes.install()
+    hooks.install()
     taped = _taped(fn, fn.__qualname__, {}, _arguments_of(fn), deterministic)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if not torch.is_grad_enabled() or tapes.active():  # inference, or inside another op's tape
+        if not torch.is_grad_enabled() or hooks.active():  # inference, or inside another op's tape
             return fn(*args, **kwargs)
         return taped(*args, **kwargs)
 
@@ -148,7 +148,7 @@ def _taped(fn: Any, name: str, plans: dict, arguments, deterministic: bool, name
                 result = fn(*args, **kwargs)
         else:  # PyTorch operations on what launches wrote make segments (segments.py)
             segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node)
-            token = tapes._current.set(segments.tape)
+            token = current_tape.set(segments.tape)
             try:
                 try:
                     result = fn(*args, **kwargs)
@@ -159,7 +159,7 @@ def _taped(fn: Any, name: str, plans: dict, arguments, deterministic: bool, name
                     _check_reached(name, arguments(args, kwargs), _as_tuple(result))
                     return result
             finally:
-                tapes._current.reset(token)
+                current_tape.reset(token)
             tape = segments.tape
         several = isinstance(result, (tuple, list))
         outputs = tuple(result) if several else (result,)
@@ -338,7 +338,7 @@ def _legacy() -> bool:
 
 
 def _named(fn: Any, name: str, deterministic: bool = False, opaque: bool = True) -> Any:
-    tapes.install()
+    hooks.install()
     arguments = _arguments_of(fn)
     plans = {}  # shared by the eager forward's tapes and the backwards' (see tritongrad.ops.tape)
     protos = _prototypes(fn)
@@ -372,7 +372,7 @@ def _named(fn: Any, name: str, deterministic: bool = False, opaque: bool = True)
             return tuple(found[:protos.outputs]) if several else found[0]
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        if tapes.active():  # inside another op: its tape records these launches
+        if hooks.active():  # inside another op: its tape records these launches
             return fn(*args, **kwargs)
         if _plain_eager(args, kwargs):  # what the dispatcher would do, without its cost
             return taped(*args, **kwargs)
@@ -414,7 +414,7 @@ def _register(name: str, proto: Any, impl: Any, fake: Any, opaque: bool) -> Any:
 def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool, traced: bool = False):
     def impl(*args, **kwargs):
         if traced and _wrap_triton_enabled():  # torch.compile tracing the triton_op: launches via wrap_triton
-            with tapes.collecting("wrap", name):
+            with hooks.collecting("wrap", name):
                 return fn(*args, **kwargs)
         stash = _stash.get()
         if stash is None:  # no eager caller waiting for a tape: compiled code, no grad, direct torch.ops calls
@@ -451,7 +451,7 @@ def _differentiable(t: torch.Tensor) -> bool:
 
 def _fake(fn: Any):
     def fake(*args, **kwargs):
-        with tapes.dry_run():
+        with hooks.dry_run():
             return fn(*args, **kwargs)
 
     return fake
@@ -491,7 +491,7 @@ def _saving_impl(fn: Any, name: str, traced: bool):
     """The op's outputs, then the buffers its launches pass between them (``Launches.intermediates``,
     whole tensors only), so that a compiled graph saves them rather than re-running the launches."""
     def impl(*args):
-        with tapes.collecting("wrap" if traced and _wrap_triton_enabled() else "run", name) as launches:
+        with hooks.collecting("wrap" if traced and _wrap_triton_enabled() else "run", name) as launches:
             outputs = _as_tuple(fn(*args))
         return [*outputs, *_whole(launches.intermediates(args, outputs))]
 
@@ -500,7 +500,7 @@ def _saving_impl(fn: Any, name: str, traced: bool):
 
 def _saving_fake(fn: Any):
     def fake(*args):
-        with tapes.collecting("skip") as launches:
+        with hooks.collecting("skip") as launches:
             outputs = _as_tuple(fn(*args))
         return [*outputs, *_whole(launches.intermediates(args, outputs))]
 
@@ -520,7 +520,7 @@ def _saved_backward(fn: Any, name: str, arguments, plans: dict, deterministic: b
 
     def backward(*args):
         *inputs, saved, grads, needs = args
-        with tapes.collecting("skip") as launches:
+        with hooks.collecting("skip") as launches:
             fresh = _as_tuple(fn(*inputs))
         saved = [t.detach() for t in saved]  # an eager caller's outputs require grad; kernels wrote them
         swaps = _swaps(launches, inputs, fresh, saved)
@@ -535,7 +535,7 @@ def _saved_backward(fn: Any, name: str, arguments, plans: dict, deterministic: b
     return backward
 
 
-def _swaps(launches: tapes.Launches, inputs: list, fresh: tuple, saved: list) -> dict | None:
+def _swaps(launches: hooks.Launches, inputs: list, fresh: tuple, saved: list) -> dict | None:
     """id(fresh tensor) -> the saved one in its place, or None where they cannot be matched."""
     buffers = launches.intermediates(inputs, fresh)
     ours = [*fresh, *buffers]
