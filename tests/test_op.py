@@ -17,12 +17,11 @@ import triton
 import triton.language as tl
 
 import tritongrad
+from tritongrad.core.errors import OpError
 from tritongrad.examples import EXAMPLES
 from tritongrad.ops import backward as op_backward
-from tritongrad.ops import hooks, kernel_roles
-from tritongrad.ops import tape as tapes
+from tritongrad.ops import hooks, kernel_roles, planning
 from tritongrad.ops.backward import OpBackward
-from tritongrad.ops.tape import OpError
 from tritongrad.runtime import derive
 
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
@@ -743,8 +742,8 @@ def test_expanded_input_gets_its_gradient_once():
 
 def test_repeated_calls_reuse_the_plan(monkeypatch):
     planned = []
-    real = tapes.Tape._plan
-    monkeypatch.setattr(tapes.Tape, "_plan", lambda self, *a: planned.append(1) or real(self, *a))
+    real = planning.Planner.plan
+    monkeypatch.setattr(planning.Planner, "plan", lambda self, *a: planned.append(1) or real(self, *a))
     x, w = rand(61), rand(61)
     check(chain, chain_ref, x, w)
     n = len(planned)

@@ -96,7 +96,7 @@ def _analyse(kernel: Any) -> KernelInfo:
                       in_place, frozenset(k.param for k in kept if k.rounds) - loads,
                       frozenset(k.param for k in kept if not k.rounds) - loads)
     except NotDifferentiableError as e:  # a construct the core does not handle yet: raised if the launch needs a
-        error = e  # backward (Tape._plan: when a tensor it is passed requires grad)
+        error = e  # backward (planning.Planner.plan: when a tensor it is passed requires grad)
     except Exception as e:  # the analysis itself failed: said as plainly
         error = NotDifferentiableError(f"kernel `{kernel.fn.__name__}`: tritongrad cannot read what it does with its "
                                        f"arguments ({type(e).__name__}: {e})", file=kernel.fn.__code__.co_filename,

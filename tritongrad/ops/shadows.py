@@ -7,7 +7,7 @@ view's sizes, strides and offset (a :class:`Shadow`). So aliasing views share gr
 buffer one launch writes and a later one reads carries the gradient from the later launch's
 backward into the earlier one's. Half-precision tensors get float32 shadows, cast once at the end.
 
-A :class:`Plan` is what every call of one kind shares (tape.py makes it once per kind):
+A :class:`Plan` is what every call of one kind shares (planning.py makes it once per kind):
 the checked launches (:class:`LaunchPlan`), the tensors to save, and the shadow layout; and per
 schedule (the inputs needing gradients, the outputs given gradients) the steps a backward runs
 (:class:`Step`), newest launch first (backward.py runs them).
@@ -30,7 +30,7 @@ from ..writes.launch_facts import Layout, buffer_facts, self_overlapping
 class View:
     """Where a tensor lives: storage key (0: no storage), dtype, sizes, strides, offset (in elements).
 
-    Storage keys number the storages of one call in order of appearance (``_Tensors``), so
+    Storage keys number the storages of one call in order of appearance (``CallTensors``), so
     views of calls with the same key compare alike.
     """
 
@@ -103,7 +103,7 @@ class LaunchPlan:
 class Plan:
     """What every call with one key shares: its checked launches and the layout of its backward.
 
-    Tensors are named by their position among the call's distinct tensors (``_Tensors``).
+    Tensors are named by their position among the call's distinct tensors (``CallTensors``).
     """
 
     launches: tuple[LaunchPlan, ...]
@@ -114,7 +114,7 @@ class Plan:
     storages: dict[int, tuple[torch.dtype, int, int]]  # storage key -> (dtype, lo, hi) of its shadow
     whole: frozenset[int]  # storages seen through one contiguous view only: the shadow is that view
     constants: tuple[int, ...]  # the outputs that are not floating point (not differentiable)
-    unread: tuple[str, ...] = ()  # the op's arguments that require grad but no launch reads (tape.Tape.close)
+    unread: tuple[str, ...] = ()  # the op's arguments that require grad but no launch reads (planning.py)
     # derived from the above:
     buffers: dict[int, tuple] = field(init=False)  # storage key -> (shape, dtype, device) of its shadow
     input_shadows: tuple[Shadow | None, ...] = field(init=False)  # per input; None: no gradient
