@@ -21,7 +21,7 @@ import triton.language as tl
 
 import tritongrad
 
-OPAQUE_ENV = "TRITONGRAD_OPAQUE_OPS"  # (tritongrad.ops.torch_op.OPAQUE_ENV)
+OPAQUE_ENV = "TRITONGRAD_OPAQUE_OPS"  # (tritongrad.ops.library.OPAQUE_ENV)
 
 
 @triton.jit
