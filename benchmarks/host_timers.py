@@ -14,9 +14,9 @@ import torch
 import triton
 
 from tritongrad import examples
-from tritongrad.ops import backward as replay
 from tritongrad.ops import tape
-from tritongrad.runtime import derive
+from tritongrad.ops.backward import OpBackward
+from tritongrad.runtime import derive, launching, variants
 from tritongrad.tools.sizes import parse_size
 
 STEPS = 200
@@ -68,15 +68,15 @@ def main() -> None:
     for owner, attribute, label in (
             (tape.Tape, "record", "tape.record"),
             (tape.Tape, "close", "tape.close"), (triton.runtime.jit.JITFunction, "run", "JITFunction.run"),
-            (replay.Replay, "run", "Replay.run (backward)"), (replay.Replay, "_shadow", "Replay._shadow"),
+            (OpBackward, "run", "OpBackward.run (backward)"), (OpBackward, "_shadow", "OpBackward._shadow"),
             (derive.BackwardKernel, "launch", "BackwardKernel.launch"),
-            (derive.BackwardKernel, "_run_part", "BackwardKernel._run_part"),
-            (replay.Replay, "_input_grads", "_input_grads"), (derive, "persistent_programs", "persistent_programs"),
-            (derive.Part, "scratch_args", "Part.scratch_args"), (derive.Part, "add_later", "Part.add_later"),
+            (launching.Launches, "run_part", "Launches.run_part"),
+            (OpBackward, "_input_grads", "_input_grads"), (launching, "persistent_programs", "persistent_programs"),
+            (variants.Part, "scratch_args", "Part.scratch_args"), (variants.Part, "add_later", "Part.add_later"),
             (torch, "zeros", "torch.zeros"), (torch, "empty", "torch.empty"), (torch.Tensor, "sum", "Tensor.sum"),
             (torch.Tensor, "copy_", "Tensor.copy_"), (torch.Tensor, "add_", "Tensor.add_"),
-            (replay.Replay, "_replay", "Replay._replay"), (replay.Replay, "_launch", "Replay._launch"),
-            (derive.BackwardKernel, "_run_interchanged", "BackwardKernel._run_interchanged")):
+            (OpBackward, "_run_step", "OpBackward._run_step"), (OpBackward, "_launch", "OpBackward._launch"),
+            (launching.Launches, "run_interchanged", "Launches.run_interchanged")):
         if hasattr(owner, attribute):
             timed(owner, attribute, label)
     torch.cuda.synchronize()

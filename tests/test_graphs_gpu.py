@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tritongrad.examples import EXAMPLES
-from tritongrad.ops import backward as replay
+from tritongrad.ops import shadows
 
 pytestmark = pytest.mark.gpu
 
@@ -62,7 +62,7 @@ def test_a_step_captured_in_a_cuda_graph_replays_as_eager(name):
     torch.cuda.current_stream().wait_stream(side)
     for t in _leaves(args):
         t.grad = None
-    replay._stand_ins.clear()  # made again while capturing: they must hold none of the graph's memory
+    shadows._stand_ins.clear()  # made again while capturing: they must hold none of the graph's memory
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()

@@ -12,7 +12,7 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.ops.tape import OpError
+from tritongrad.core.errors import OpError
 from tritongrad.tools.testing import backward_launch, poison
 
 

@@ -1,4 +1,4 @@
-"""Repeated backwards (replay.Launcher): the first backward of a layout is checked, the second keeps each
+"""Repeated backwards (launcher.Launcher): the first backward of a layout is checked, the second keeps each
 step's launch as it made it, and later ones make that launch again with their own tensors. Each call here
 has fresh random inputs and upstream gradients, poisoned unfilled buffers, and is compared with PyTorch
 autograd on the plain-PyTorch reference: the kept launch must give what the full replay gives, for every
@@ -12,7 +12,7 @@ from test_lowering import norm_rows, norm_twice, scale_kernel, two_readers, wind
 
 import tritongrad
 from tritongrad import examples
-from tritongrad.ops import backward as replay
+from tritongrad.ops.launcher import Launcher
 from tritongrad.runtime import relaunch
 
 F64 = torch.float64
@@ -36,8 +36,8 @@ def poisoned(monkeypatch):
 def kept(monkeypatch):
     """The launches made by a Launcher, counted."""
     count = []
-    real = replay.Launcher.__call__
-    monkeypatch.setattr(replay.Launcher, "__call__", lambda self, *a: count.append(1) or real(self, *a))
+    real = Launcher.__call__
+    monkeypatch.setattr(Launcher, "__call__", lambda self, *a: count.append(1) or real(self, *a))
     return count
 
 
@@ -182,8 +182,8 @@ def test_a_launch_with_new_non_tensor_arguments_is_replayed_in_full(kept):
 def test_a_kept_launch_holds_no_tensors(monkeypatch):
     """A plan outlives its calls: what it keeps must not keep their tensors (saved inputs, gradients) alive."""
     made = []
-    real = replay.Launcher.of
-    monkeypatch.setattr(replay.Launcher, "of", staticmethod(lambda *a: made.append(real(*a)) or made[-1]))
+    real = Launcher.of
+    monkeypatch.setattr(Launcher, "of", staticmethod(lambda *a: made.append(real(*a)) or made[-1]))
     scaled, x = scaled_op(), torch.randn(29, dtype=F64, requires_grad=True)
     for _ in range(2):
         scaled(x, 7.0).backward(torch.randn(29, dtype=F64))
@@ -201,8 +201,8 @@ def test_kept_launches_call_the_compiled_kernel_per_alignment_of_their_tensors(m
     if not relaunch.supported():
         pytest.skip("this Triton's launch is not the one relaunch.py repeats")
     made = []
-    real = replay.Launcher.of
-    monkeypatch.setattr(replay.Launcher, "of", staticmethod(lambda *a: made.append(real(*a)) or made[-1]))
+    real = Launcher.of
+    monkeypatch.setattr(Launcher, "of", staticmethod(lambda *a: made.append(real(*a)) or made[-1]))
     direct = []  # per launch of the derived kernel: how many compiled kernels its Relauncher kept before it
     real_call = relaunch.Relauncher.__call__
 

@@ -17,10 +17,11 @@ import triton
 import triton.language as tl
 
 import tritongrad
+from tritongrad.core.errors import OpError
 from tritongrad.examples import EXAMPLES
-from tritongrad.ops import backward as replay
-from tritongrad.ops import tape as tapes
-from tritongrad.ops.tape import OpError
+from tritongrad.ops import backward as op_backward
+from tritongrad.ops import hooks, kernel_roles, planning
+from tritongrad.ops.backward import OpBackward
 from tritongrad.runtime import derive
 
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
@@ -203,8 +204,8 @@ class _Spy:
 def derived(monkeypatch):
     """The backward kernels the tape launches, in order."""
     calls = []
-    real = replay.grad
-    monkeypatch.setattr(replay, "grad", lambda *args, **kwargs: _Spy(real(*args, **kwargs), calls))
+    real = op_backward.grad
+    monkeypatch.setattr(op_backward, "grad", lambda *args, **kwargs: _Spy(real(*args, **kwargs), calls))
     return calls
 
 
@@ -396,7 +397,7 @@ def test_repeated_calls_do_no_ast_work(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("AST work on a repeated call")
 
-    monkeypatch.setattr(tapes, "_analyse", fail)
+    monkeypatch.setattr(kernel_roles, "_analyse", fail)
     monkeypatch.setattr(derive, "_derive", fail)
     chain(x, w).sum().backward()
 
@@ -406,7 +407,7 @@ def test_launches_outside_ops_are_not_recorded():
     y = torch.empty_like(x)
     exp_kernel[grid(100)](x, y, 100, BLOCK=BLOCK)
     assert_close(y, x.exp())
-    assert not tapes.active()
+    assert not hooks.active()
 
 
 @pytest.mark.parametrize("example", EXAMPLES.values(), ids=lambda e: e.name)
@@ -552,8 +553,8 @@ def test_tensors_on_different_devices_are_refused():
 
 
 def test_cpu_tensor_outside_the_interpreter_is_refused(monkeypatch):
-    info = tapes.kernel_info(mul_kernel)  # on a GPU machine the kernel is compiled already
-    monkeypatch.setitem(tapes._infos, mul_kernel.fn, dataclasses.replace(info, interpreted=False))
+    info = kernel_roles.kernel_info(mul_kernel)  # on a GPU machine the kernel is compiled already
+    monkeypatch.setitem(kernel_roles.kernel_infos, mul_kernel.fn, dataclasses.replace(info, interpreted=False))
     x, w = (torch.randn(50, dtype=torch.float64, device="cpu", requires_grad=True) for _ in range(2))
     with pytest.raises(OpError, match=r"launch #1 \(`mul_kernel`\) passes a CPU tensor to `a_ptr`"):
         mul(x, w)
@@ -741,8 +742,8 @@ def test_expanded_input_gets_its_gradient_once():
 
 def test_repeated_calls_reuse_the_plan(monkeypatch):
     planned = []
-    real = tapes.Tape._plan
-    monkeypatch.setattr(tapes.Tape, "_plan", lambda self, *a: planned.append(1) or real(self, *a))
+    real = planning.Planner.plan
+    monkeypatch.setattr(planning.Planner, "plan", lambda self, *a: planned.append(1) or real(self, *a))
     x, w = rand(61), rand(61)
     check(chain, chain_ref, x, w)
     n = len(planned)
@@ -759,8 +760,8 @@ def test_stray_gradients_are_looked_for_in_the_first_backward_of_a_layout_only(m
         return chain.__wrapped__(x, w)
 
     checks = []
-    real = replay.Replay._check_strays
-    monkeypatch.setattr(replay.Replay, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
+    real = OpBackward._check_strays
+    monkeypatch.setattr(OpBackward, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
     x, w = rand(61), rand(61)
     inputs = check(chain_once, chain_ref, x, w)
     assert len(checks) == 2 and inputs[0].grad._base is None  # one per launch replayed; not views of padded buffers

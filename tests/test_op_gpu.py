@@ -11,7 +11,9 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.ops import backward as replay
+from tritongrad.core.errors import OpError
+from tritongrad.ops import backward as op_backward
+from tritongrad.ops import shadows
 from tritongrad.ops import tape as tapes
 from tritongrad.runtime import relaunch, tuning
 
@@ -166,7 +168,7 @@ def test_compile_reduce_overhead_replays_cuda_graphs(monkeypatch):
     """Also where the op's first backward runs in cudagraph trees' warm-up, whose allocations are the graph's
     memory: the tensor the backward keeps for a parameter launches only write holds none (cudagraph trees refuse
     a graph whose memory something else holds)."""
-    monkeypatch.setattr(replay, "_stand_ins", {})
+    monkeypatch.setattr(shadows, "_stand_ins", {})
     x, w = rand(1000), rand(1000)
     g = torch.randn(1000, device="cuda")
     compiled = torch.compile(lambda x, w: named_chain(x, w).tanh(), mode="reduce-overhead", fullgraph=True)
@@ -199,11 +201,12 @@ def test_forward_and_backward_captured_in_a_cuda_graph():
             step()
     torch.cuda.current_stream().wait_stream(side)
     x.grad = w.grad = None
-    replay._stand_ins.clear()  # made again while capturing
+    shadows._stand_ins.clear()  # made again while capturing
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    assert replay._stand_ins and all(t.data_ptr() == 0 for t in replay._stand_ins.values())  # none of its memory
+    stand_ins = shadows._stand_ins
+    assert stand_ins and all(t.data_ptr() == 0 for t in stand_ins.values())  # none of its memory
     for _ in range(3):
         with torch.no_grad():
             x.copy_(torch.randn_like(x))
@@ -258,7 +261,7 @@ def test_bfloat16_inputs_accumulate_in_float32():
 
 def test_multi_config_autotune_backward_runs_under_one_of_its_configs_with_its_grid(monkeypatch):
     launched = []
-    real = replay.grad
+    real = op_backward.grad
 
     def spy(*args, **kwargs):
         bwd = real(*args, **kwargs)
@@ -273,7 +276,7 @@ def test_multi_config_autotune_backward_runs_under_one_of_its_configs_with_its_g
 
         return Spy()
 
-    monkeypatch.setattr(replay, "grad", spy)
+    monkeypatch.setattr(op_backward, "grad", spy)
     monkeypatch.setattr(tuning, "_configs", {})
 
     @tritongrad.op
@@ -339,7 +342,7 @@ def test_cpu_tensors_are_refused_outside_the_interpreter():
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("kernels are interpreted")
     x, w = (torch.randn(100, device="cpu", requires_grad=True) for _ in range(2))
-    with pytest.raises(tapes.OpError, match="passes a CPU tensor"):
+    with pytest.raises(OpError, match="passes a CPU tensor"):
         chain(x, w)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .torch_op import _bare
+from .torch_op import bare_op
 
 _alive: set[override] = set()  # permanent overrides: a Library unregisters itself when collected
 
@@ -60,7 +60,7 @@ class override:
 
 
 def _differentiable(fn: Any) -> Any:
-    op_fn = _bare(fn)
+    op_fn = bare_op(fn)
 
     def autograd_kernel(*args, **kwargs):
         # the Autograd key is dispatched whether or not anything requires grad: skip the tape when nothing does

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .tape import Tape, _current
+from .tape import Tape, current_tape
 
 _Tensor = torch.Tensor
 # calls that read no values: they neither need a history nor close a segment
@@ -69,7 +69,7 @@ class Segments(TorchFunctionMode):
         tape.boundary = self
         return tape
 
-    # -- called by tape.py's launch hook, with torch function handling off ------------------------------
+    # -- called by hooks.py's launch hook, with torch function handling off -----------------------------
 
     def launched(self) -> None:
         """After each launch: note what it wrote; the first one arms the watch."""
@@ -120,7 +120,7 @@ class Segments(TorchFunctionMode):
         """Make the current segment an autograd node; later launches record on a new tape."""
         tape, written = self.tape, list(self.written.values())
         self.tape, self.written, self.pending = self._new_tape(), {}, set()
-        _current.set(self.tape)
+        current_tape.set(self.tape)
         self.closed += 1
         bases = list({id(b): b for b in (t if t._base is None else t._base for t in written)}.values())
         inputs = tape.close(tuple(bases), self.args, self.kwargs, self.arguments)

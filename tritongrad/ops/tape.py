@@ -1,288 +1,48 @@
 """The tape: what an op's forward launched, checked once per kind of call.
 
-Recording: Triton's launch entry points are patched once (``install``). Outside an op
-the current tape is ``None`` and a launch pays one ContextVar read. Inside an op each
-launch of a ``@triton.jit`` kernel (compiled or interpreted) is recorded at the
-innermost ``run``, after ``@triton.autotune`` and ``@triton.heuristics`` have added
-their constexprs, so the backward replays the forward with the config the autotuner
-chose. Autotuner benchmarking runs are not recorded.
+Recording: inside an op, each launch reaches the current tape (``current_tape``) through the
+hooks on Triton's launch entry points (hooks.py), which ``Tape.launch`` records and runs: as its
+augmented forward where the backward reads the state that keeps (augment.py), else as it is.
 
 Plans: the checks ``Tape.close`` makes and the shadow layout depend only on which
 kernels were launched, how their arguments were passed, and each tensor's dtype, sizes,
 strides, offset, device, ``requires_grad`` and which others share its storage. Each
-call reduces those to a key (storages numbered in order of appearance, not by address);
-the first call with a key runs the checks and lays out the backward (a ``replay.Plan``),
-later calls with that key reuse it. The hot path reads tensor metadata only: no AST work
-and nothing that waits for the device; on a GPU a launch made before with the same recorded
-arguments calls its compiled kernel directly (relaunch.py). The backward itself is replay.py's.
+call reduces those to a key (storages numbered in order of appearance, not by address:
+``CallTensors``); the first call with a key runs the checks and lays out the backward
+(planning.py: a ``shadows.Plan``), later calls with that key reuse it. The hot path reads
+tensor metadata only: no AST work and nothing that waits for the device; on a GPU a launch
+made before with the same recorded arguments calls its compiled kernel directly (relaunch.py).
+The backward itself is backward.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
-import inspect
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..analysis.composites import fuse_composites
-from ..analysis.pointers import pointers
-from ..analysis.stored_outputs import stored_values
-from ..core.errors import NotDifferentiableError, OpError, noted
-from ..core.ir import loops, op_of
-from ..core.operations import operation_of
-from ..frontend.normalize import normalize_kernel
+from ..core.errors import OpError
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
-from ..runtime.derive import defaults_of
-from .backward import LaunchPlan, Plan, Replay, View, launch_name, whole_storages
+from .backward import OpBackward
+from .call_tensors import CallTensors
+from .kernel_roles import KernelInfo, kernel_info, kernel_infos
+from .planning import Planner
+from .shadows import Plan, launch_name
 
-DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
-_current: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
+# the Tape recording launches (None outside an op; hooks.py's DRY or Launches while a named op's host function
+# runs without a tape)
+current_tape: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
 # the autotuner whose chosen config is being launched inside an op, with its arguments (Tiles.of)
-_autotuned: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_autotuned", default=None)
+current_autotuner: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_autotuned", default=None)
 
 MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest ones
-
-
-def active() -> bool:
-    """Whether launches are being recorded (or skipped) by an enclosing op."""
-    return _current.get() is not None
-
-
-@contextlib.contextmanager
-def dry_run():
-    """Run a host function without launching anything (fake-tensor shape inference)."""
-    token = _current.set(DRY)
-    try:
-        yield
-    finally:
-        _current.reset(token)
-
-
-class Launches:
-    """The current "tape" while a named op's host function runs under ``collecting``: its launches,
-    each ``(kernel, grid, args, kwargs)``, and the tensors they were passed (by identity, in order of
-    first appearance). ``mode``: "wrap" issues each launch as ``torch.library.wrap_triton(kernel)[grid]``
-    (what torch.compile traces inside a triton_op), "run" launches it, "skip" does not (the launches'
-    arguments are all that is wanted). ``tuned``: an autotuner was launched (in "skip" mode the config
-    it would choose, which the backward needs, is unknown)."""
-
-    def __init__(self, mode: str, name: str = ""):
-        self.mode, self.name = mode, name  # name: the op's, for errors
-        self.calls: list[tuple] = []
-        self.tensors: dict[int, torch.Tensor] = {}
-        self.tuned = False
-
-    def add(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> None:
-        self.calls.append((kernel, grid, args, kwargs))
-        for v in (*args, *kwargs.values()):
-            if isinstance(v, torch.Tensor):
-                self.tensors.setdefault(id(v), v)
-
-    def intermediates(self, args: Sequence, outputs: Sequence) -> list[torch.Tensor]:
-        """The tensors launches were passed that are neither the op's arguments nor its outputs."""
-        known = {id(v) for v in (*args, *outputs)}
-        return [t for i, t in self.tensors.items() if i not in known]
-
-
-@contextlib.contextmanager
-def collecting(mode: str, name: str = ""):
-    """``with collecting("wrap" | "run" | "skip", op_name) as launches:`` (see ``Launches``)."""
-    launches = Launches(mode, name)
-    token = _current.set(launches)
-    try:
-        yield launches
-    finally:
-        _current.reset(token)
-
-
-def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) -> Any:
-    """A launch issued through wrap_triton (the outermost kernel object: an autotuner is traced as
-    one, so Inductor tunes it). What wrap_triton refuses (``num_ctas`` at the launch, an autotuner's
-    pre_hook, nested autotuners) is named with the way out: an opaque op."""
-    from torch.library import wrap_triton
-
-    kwargs = dict(kwargs)
-    grid = kwargs.pop("grid")
-    kwargs.pop("warmup", None)
-    token = _current.set(None)  # wrap_triton's own launch is not intercepted again
-    try:
-        return wrap_triton(kernel)[grid](*args, **kwargs)
-    except (RuntimeError, NotImplementedError) as e:
-        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "?")
-        raise OpError(f"tritongrad.op `{launches.name}`: torch.compile cannot trace the launch of `{name}` through "
-                      f"torch.library.wrap_triton ({e}); register the op with "
-                      f"@tritongrad.op(\"{launches.name}\", opaque=True)") from e
-    finally:
-        _current.reset(token)
-
-
-# -- what a kernel does with its pointer parameters ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Roles:
-    loads: frozenset[str]  # every loaded pointer parameter (index pointers too)
-    stores: frozenset[str]  # every stored or atomically updated one
-    overwrites: frozenset[str]  # stored with something other than tl.atomic_add
-    inputs: frozenset[str]  # differentiable inputs: loaded, never stored unless in place (floats among them)
-    in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis.in_place_pointers)
-    # stored with a value the backward may read back (stored_outputs.py): from any float output (a softmax's),
-    # or only where the output is float32 or float64 (a statistic, exact there)
-    read_back: frozenset[str] = frozenset()
-    read_back_exact: frozenset[str] = frozenset()
-
-    @property
-    def pointers(self) -> frozenset[str]:
-        return self.loads | self.stores
-
-
-@dataclass(frozen=True)
-class KernelInfo:
-    name: str
-    params: tuple[str, ...]
-    defaults: dict[str, Any]
-    interpreted: bool
-    roles: Roles | None  # None: the kernel could not be analysed (``error`` says why)
-    error: Exception | None
-    keywords: frozenset[str] = frozenset()  # keyword arguments that are parameters (the rest are launch options)
-    pointers: frozenset[str] = frozenset()  # pointer parameters, where the roles are known
-    loops: bool = True  # whether it has a loop (only then may its forward keep state for the backward: augment.py)
-
-    def named_arguments(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A launch's arguments by parameter name, and its launch options (num_warps, ...)."""
-        named = dict(zip(self.params, args, strict=False))
-        options = {}
-        for k, v in kwargs.items():
-            if k in self.keywords:
-                named[k] = v
-            else:
-                options[k] = v
-        return named, options
-
-
-_infos: dict[Any, KernelInfo] = {}
-_infos_lock = threading.Lock()
 _relaunchers: dict[tuple, Any] = {}  # a forward launch's recorded arguments -> its relaunch.Relauncher
 _pointers_checked: set[tuple] = set()  # launch patterns (see RecordedLaunch) passing tensors to every pointer
-
-
-def kernel_info(kernel: Any) -> KernelInfo:
-    """Cached per kernel: its parameters and roles (the only AST work, once per kernel)."""
-    info = _infos.get(kernel.fn)
-    if info is None:
-        info = _analyse(kernel)
-        with _infos_lock:
-            _infos[kernel.fn] = info
-    return info
-
-
-def _analyse(kernel: Any) -> KernelInfo:
-    sig = inspect.signature(kernel.fn)
-    defaults = defaults_of(kernel)
-    roles, error, has_loops = None, None, True
-    try:
-        program = normalize_kernel(kernel)  # every specialization together
-        has_loops = bool(loops(program.body))
-        a = pointers(program)
-        loads, stores = frozenset(a.loads), frozenset(a.stores)
-        overwrites = frozenset(p for p, ss in a.stores.items()
-                               if any(operation_of(op_of(s)).memory != "accumulate" for s in ss))
-        in_place = frozenset(p for p in loads & stores if p not in a.index_pointers
-                             and all(op_of(s).kind == "store" for s in a.stores[p]))
-        kept = stored_values(fuse_composites(program), a.stores).values()  # (the stores stay as they are)
-        # (a pointer whose values also make addresses is an input too where a float tensor is passed there: a
-        # gather's adjoint reaches it (`x[argmax(x)]`); an integer one has no gradient: Plan.carries)
-        roles = Roles(loads, stores, overwrites, frozenset(loads - stores | in_place),
-                      in_place, frozenset(k.param for k in kept if k.rounds) - loads,
-                      frozenset(k.param for k in kept if not k.rounds) - loads)
-    except NotDifferentiableError as e:  # a construct the core does not handle yet: raised if the launch needs a
-        error = e  # backward (Tape._plan: when a tensor it is passed requires grad)
-    except Exception as e:  # the analysis itself failed: said as plainly
-        error = NotDifferentiableError(f"kernel `{kernel.fn.__name__}`: tritongrad cannot read what it does with its "
-                                       f"arguments ({type(e).__name__}: {e})", file=kernel.fn.__code__.co_filename,
-                                       line=kernel.fn.__code__.co_firstlineno)
-        error.__cause__ = e
-    interpreted = type(kernel).__name__ == "InterpretedFunction"
-    params = tuple(sig.parameters)
-    return KernelInfo(kernel.fn.__name__, params, defaults, interpreted, roles, error,
-                      keywords=frozenset(params) | frozenset(defaults),
-                      pointers=roles.pointers if roles is not None else frozenset(), loops=has_loops)
-
-
-# -- storage views ---------------------------------------------------------------------------------
-
-
-
-class _Tensors:
-    """The distinct tensors of one call (by identity), each described by what the checks read.
-
-    ``device``: the first tensor's; ``mixed``: whether some other tensor is elsewhere.
-    """
-
-    __slots__ = ("tensors", "index", "described", "storages", "device", "on_cpu", "mixed")
-
-    def __init__(self):
-        self.tensors: list[torch.Tensor] = []
-        self.index: dict[int, int] = {}  # id(tensor) -> position in tensors
-        self.described: list[tuple] = []  # per tensor: (storage key, dtype, size, stride, offset, device, grad)
-        self.storages: dict[int, int] = {}  # storage address -> key (1, 2, ... in order of appearance)
-        self.device, self.on_cpu, self.mixed = None, False, False  # on_cpu: device.type is slow to read
-
-    def take(self, values: tuple) -> tuple[tuple, tuple]:
-        """Each value's position among the call's tensors (None for a value that is not a tensor),
-        and the values with tensors replaced by None. New tensors are described.
-
-        One loop with everything inlined: this runs on every argument of every launch.
-        """
-        index, tensors, described, storages = self.index, self.tensors, self.described, self.storages
-        positions, kept = [], []
-        for v in values:
-            if not isinstance(v, _Tensor):
-                positions.append(None)
-                kept.append(v)
-                continue
-            i = index.get(id(v))
-            if i is None:
-                i = index[id(v)] = len(tensors)
-                tensors.append(v)
-                dtype, size, offset, device, address = v.dtype, v.shape, v.storage_offset(), v.device, v.data_ptr()
-                # the storage's address (the view's, less its offset: untyped_storage() makes an object);
-                # a tensor without elements aliases nothing; storages are numbered, not named by address,
-                # so that the description is the same on every call with the same layout
-                key = storages.setdefault(address - offset * (_ITEMSIZE.get(dtype) or dtype.itemsize),
-                                          len(storages) + 1) if address and 0 not in size else 0
-                described.append((key, dtype, size, v.stride(), offset, device, v.requires_grad))
-                if device != self.device:
-                    self._another_device(device)
-            positions.append(i)
-            kept.append(None)
-        return tuple(positions), tuple(kept)
-
-    def _another_device(self, device: torch.device) -> None:
-        if self.device is None:
-            self.device, self.on_cpu = device, device == _CPU
-        else:
-            self.mixed = True
-
-    def view(self, i: int) -> View:
-        key, dtype, size, stride, offset, device, _ = self.described[i]
-        return View(key, dtype, tuple(size), stride, offset, device)
-
-    def requires_grad(self, i: int) -> bool:
-        return self.described[i][6]
-
-
-_CPU = torch.device("cpu")
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_Tensor = torch.Tensor  # a module global: read on every argument of every launch
-_ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)}  # dtype.itemsize is slow
 
 
 # -- launches --------------------------------------------------------------------------------------
@@ -367,18 +127,18 @@ class Tape:
         self.plans = {} if plans is None else plans
         self.launches: list[RecordedLaunch] = []
         self.patterns: list[tuple] = []  # per launch: what the plan's key takes from it (see RecordedLaunch)
-        self.tensors: _Tensors | None = _Tensors()  # until closed: the tensors launches were passed
+        self.tensors: CallTensors | None = CallTensors()  # until closed: the tensors launches were passed
 
     def recording(self) -> Tape:
         """``with tape.recording():`` records the launches in the block."""
         return self
 
     def __enter__(self) -> Tape:  # methods, not a generator-based context manager: on every call's path
-        self._token = _current.set(self)
+        self._token = current_tape.set(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _current.reset(self._token)
+        current_tape.reset(self._token)
 
     def error(self, message: str) -> OpError:
         return OpError(f"tritongrad.op `{self.name}`: {message}")
@@ -386,7 +146,7 @@ class Tape:
     # -- forward ------------------------------------------------------------------------------------
 
     def record(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> None:
-        info = _infos.get(kernel.fn) or kernel_info(kernel)
+        info = kernel_infos.get(kernel.fn) or kernel_info(kernel)
         tensors, index = self.tensors, len(self.launches)
         positions, kept = tensors.take((*args, *kwargs.values()) if kwargs else args)
         snapshots = self._snapshots(info, args, kwargs) if info.roles is not None and info.roles.in_place else ()
@@ -405,7 +165,7 @@ class Tape:
             if positions[n:].count(None) != len(kwargs):  # kwargs is a dict of our own (**kwargs): kept
                 kwargs = dict(zip(kwargs, kept[n:], strict=True))  # unless it holds tensors
             kept = kept[:n]
-        tiles = Tiles.of(_autotuned.get(), kernel)
+        tiles = Tiles.of(current_autotuner.get(), kernel)
         self.launches.append(RecordedLaunch(kernel, info, index, tuple(grid), kept, kwargs, tiles))
         self.patterns.append(pattern)
 
@@ -540,7 +300,7 @@ class Tape:
         plan = self.plans.get(key)
         if plan is None:  # a new kind of call: check it (raises) and lay out its backward
             arguments = {name: tensors.index[id(t)] for name, t in tensor_arguments(args, kwargs).items()}
-            plan = self._plan(key, tensors, outputs, arguments)
+            plan = Planner(self.name, self.launches, self.boundary is not None).plan(key, tensors, outputs, arguments)
             if len(self.plans) >= MAX_PLANS:
                 self.plans.pop(next(iter(self.plans), None), None)
             self.plans[key] = plan
@@ -548,247 +308,12 @@ class Tape:
         self.saved = [found[i] for i in plan.saved]
         return [found[i] for i in plan.inputs] if diff_inputs is None else diff_inputs
 
-    def _plan(self, key: tuple, tensors: _Tensors, outputs: tuple, arguments: dict[str, int]) -> Plan:
-        """Check a call whose key is new, and lay out its backward. ``arguments``: the op's
-        tensor arguments by name, as positions among the call's tensors."""
-        patterns, n_outputs, passed, _, diff, _ = key
-        outs = passed[:n_outputs]
-        read: dict[int, list[tuple[LaunchPlan, str, View]]] = {}  # storage key -> reads so far
-        written: dict[int, list[tuple[LaunchPlan, str, View]]] = {}  # storage key -> writes so far
-        slots: dict[int, int] = {}  # tensor position -> index in the saved tensors
-        found: dict[int, None] = {}  # positions of the differentiable inputs, in order
-        launches = []
-        params_of: dict[LaunchPlan, dict[str, int]] = {}  # per launch: tensor parameter -> position
-        later = {(k, p): i for *_, earlier in patterns for k, p, i in earlier}  # reads a later launch overwrote
-        for launch, (_, positions, names, snapshots, _) in zip(self.launches, patterns, strict=True):
-            n = len(positions) - len(names)
-            named, _ = launch.info.named_arguments(positions[:n], dict(zip(names, positions[n:], strict=True)))
-            params = {p: i for p, i in named.items() if i is not None}  # tensor parameter -> position
-            checked = LaunchPlan(launch.info, launch.index, {p: tensors.view(i) for p, i in params.items()})
-            launches.append(checked)
-            params_of[checked] = params
-            known = checked.info.roles is not None
-            if known:
-                self._hazards(checked, read, written)
-            elif any(tensors.requires_grad(i) for i in params.values()):  # (what it reads and writes is unknown)
-                raise noted(launch.info.error, f"(needed to differentiate {checked} of tritongrad.op "
-                             f"`{self.name}`: a tensor it is passed requires grad)")
-            loads, stores = set(checked.params("loads")), set(checked.params("stores"))
-            copies = dict(snapshots)  # in place: the launch read the copy taken before it ran
-            copies.update({p: i for (k, p), i in later.items() if k == launch.index})  # before a later one did
-            for p, i in params.items():
-                if known and p in stores and tensors.requires_grad(i) and not (p in copies and self.boundary):
-                    raise self.error(f"{checked} writes to `{p}`, a tensor that requires grad (an input of the op?); "
-                                     "kernels of an op may write only to buffers the op allocates"
-                                     + (" (a bare @tritongrad.op may update such a tensor in place)" if p in copies
-                                        else ""))
-                if p in copies:
-                    checked.slots[p] = slots.setdefault(copies[p], len(slots))
-                    if diff is None and tensors.requires_grad(i) and checked.views[p].dtype.is_floating_point:
-                        found.setdefault(i)
-                    continue
-                if p in loads:
-                    slots.setdefault(i, len(slots))
-                    if diff is None and tensors.requires_grad(i) and checked.views[p].dtype.is_floating_point:
-                        found.setdefault(i)
-                checked.slots[p] = slots.get(i)  # saved slot, or None: written only, never read back
-            for p in stores:
-                written.setdefault(checked.views[p].key, []).append((checked, p, checked.views[p]))
-            if known:  # unknown roles: hazards are not checked (the launch fails if it needs a backward)
-                for p in loads - set(copies):  # (what an in-place launch read is in its copy)
-                    read.setdefault(checked.views[p].key, []).append((checked, p, checked.views[p]))
-        for checked in launches:  # outputs whose values the backward reads back: saved, unless written again
-            roles = checked.info.roles
-            # a statistic only from an output at least as wide as float32 and as the floats the launch reads (the
-            # type it computes in, as far as the tape can tell: a float64 input's statistic in float32 is rounded)
-            widest = max([4, *(v.dtype.itemsize for p, v in checked.views.items()
-                               if p in roles.loads and v.dtype.is_floating_point)]) if roles is not None else 8
-            for p in (roles.read_back | roles.read_back_exact) & set(checked.views) if roles is not None else ():
-                key, dtype = checked.views[p].key, checked.views[p].dtype
-                exact = dtype in (torch.float32, torch.float64) and dtype.itemsize >= widest
-                if (written[key][-1][0] is checked and checked.slots.get(p) is None
-                        and (exact if p in roles.read_back_exact else dtype in _FLOATS)):
-                    checked.slots[p] = slots.setdefault(params_of[checked][p], len(slots))
-                    checked.kept = checked.kept | {p}
-        self._check_outputs(outputs, outs, arguments, tensors, written)
-        if diff is None:
-            diff = tuple(found)
-        else:
-            self._check_origins(launches, tuple(arguments.values()), tensors, written)
-        input_views = [tensors.view(i) for i in diff]
-        output_views = [tensors.view(i) for i in outs]
-        views = [v for launch in launches for v in launch.views.values()] + output_views + input_views
-        storages = self._storages(views)
-        constants = tuple(i for i, v in enumerate(output_views) if not v.dtype.is_floating_point)
-        loaded = [launch.views[p] for launch in launches for p in launch.params("loads")]
-        unread = tuple(name for name, i in arguments.items() if tensors.requires_grad(i)
-                       and not any(tensors.view(i).overlaps(v) for v in loaded))
-        return Plan(tuple(launches), tuple(slots), diff, tuple(input_views), tuple(output_views), storages,
-                    whole_storages(storages, views), constants, unread)
-
-    def _hazards(self, launch: LaunchPlan, read: dict, written: dict) -> None:
-        """Refuse what replaying the launches against final memory would get wrong."""
-        for p in launch.params("stores"):
-            v = launch.views[p]
-            for q in launch.params("loads"):
-                if q != p and launch.views[q].overlaps(v):
-                    raise self._hazard(launch, q, "reads", launch, p)
-            for other, q, u in read.get(v.key, ()):
-                if u.overlaps(v):
-                    raise self._hazard(other, q, "reads", launch, p)
-            if p in launch.info.roles.overwrites and p not in launch.info.roles.in_place:  # (tl.atomic_add onto
-                # earlier results accumulates; an in-place update reads them, and its backward passes their gradient)
-                for other, q, u in written.get(v.key, ()):
-                    if u.overlaps(v):
-                        raise self._hazard(other, q, "writes", launch, p)
-
-    def _hazard(self, first: LaunchPlan, p: str, verb: str, second: LaunchPlan, q: str) -> OpError:
-        why = ("the backward replays each launch against memory as the op left it, so it would read the new values"
-               if verb == "reads" else f"the backward of {first} would take the gradient of what {second} wrote")
-        return self.error(f"{second} overwrites `{q}`, memory that {first} {verb} through `{p}`: {why}. Write to a "
-                          "fresh buffer instead")
-
-    def _check_outputs(self, outputs: tuple, outs: tuple, arguments: dict[str, int], tensors: _Tensors,
-                       written: dict) -> None:
-        for i, (out, position) in enumerate(zip(outputs, outs, strict=True)):
-            if position is None:
-                raise self.error(f"output #{i} is a {type(out).__name__}; an op returns tensors")
-            v = tensors.view(position)
-            for name, arg in arguments.items():  # (a bare op's segments may update an argument in place: dirty)
-                if v.key and v.key == tensors.view(arg).key and self.boundary is None:
-                    raise self.error(f"output #{i} shares memory with the argument `{name}` (it is that argument "
-                                     "or a view of it); an op must return tensors it allocates")
-            if v.key and v.key not in written:
-                raise self.error(f"output #{i} was not written by any kernel launch of the op (made by a PyTorch "
-                                 "operation?); a named op's autograd formula covers its kernels only: compute it "
-                                 "with a kernel, or outside the op (a bare @tritongrad.op takes PyTorch operations "
-                                 "on its launches' results)")
-
-    def _check_origins(self, launches: list[LaunchPlan], args: tuple, tensors: _Tensors, written: dict) -> None:
-        """Named ops run below autograd: a tensor made from the inputs by PyTorch inside would be a silent constant."""
-        known = {tensors.view(i).key for i in args} | set(written)
-        for launch in launches:
-            for p in launch.params("inputs"):
-                v = launch.views[p]
-                if v.key and v.key not in known and v.dtype.is_floating_point:
-                    raise self.error(
-                        f"{launch} reads `{p}`, a tensor that is neither an argument of the op nor written by an "
-                        "earlier launch (made by a PyTorch operation, e.g. .contiguous()?). A named op cannot see "
-                        "such operations; do them outside the op, or pass the tensor in as an argument")
-
-    def _storages(self, views: list[View]) -> dict[int, tuple[torch.dtype, int, int]]:
-        """Storage key -> (dtype, lo, hi): the float storages and the element spans their shadows cover."""
-        spans: dict[int, tuple[torch.dtype, int, int]] = {}
-        for v in views:
-            if not v.key or not v.dtype.is_floating_point:
-                continue
-            lo, hi = v.span
-            if v.key in spans:
-                dtype, a, b = spans[v.key]
-                if dtype != v.dtype:
-                    raise self.error(f"tensors of dtypes {dtype} and {v.dtype} share memory; their gradients "
-                                     "cannot share a shadow")
-                lo, hi = min(lo, a), max(hi, b)
-            spans[v.key] = (v.dtype, lo, hi)
-        return spans
-
     # -- backward -----------------------------------------------------------------------------------
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        """Gradients of the differentiated inputs (None where not needed or not reached): replay.py."""
-        token = _current.set(None)  # derived kernels are not recorded, even inside another op's forward
+        """Gradients of the differentiated inputs (None where not needed or not reached): backward.py."""
+        token = current_tape.set(None)  # derived kernels are not recorded, even inside another op's forward
         try:
-            return Replay(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
+            return OpBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
         finally:
-            _current.reset(token)
-
-
-# -- the launch hooks ------------------------------------------------------------------------------
-
-_installed = False
-
-
-def install() -> None:
-    """Patch Triton's launch entry points, once per process."""
-    global _installed
-    if _installed:
-        return
-    from triton.runtime.autotuner import Autotuner
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    for cls in (JITFunction, InterpretedFunction):
-        cls.run = _recorded(cls.run)
-    Autotuner.run = _autotuner_hooked(Autotuner.run)
-    if hasattr(Autotuner, "_bench"):
-        Autotuner._bench = _unrecorded(Autotuner._bench)
-    _installed = True
-
-
-def _recorded(run):
-    def recorded_run(self, *args, grid, warmup, **kwargs):
-        tape = _current.get()
-        if tape is None or warmup:
-            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-        if tape is DRY:
-            return None
-        if type(tape) is Launches:
-            tape.add(self, grid, args, kwargs)
-            if tape.mode == "wrap":
-                return _wrapped_launch(tape, self, args, {**kwargs, "grid": grid})
-            return run(self, *args, grid=grid, warmup=warmup, **kwargs) if tape.mode == "run" else None
-        boundary = tape.boundary
-        if boundary is None:
-            return tape.launch(run, self, grid, args, kwargs, warmup)
-        with torch._C.DisableTorchFunction():  # a bare op's watch (segments.py) is not for the launch itself
-            result = tape.launch(run, self, grid, args, kwargs, warmup)
-            boundary.launched()
-        return result
-
-    recorded_run.__wrapped__ = run
-    return recorded_run
-
-
-def _autotuner_hooked(run):
-    def autotuner_run(self, *args, **kwargs):
-        current = _current.get()
-        if current is DRY:  # no benchmarking on fake tensors
-            return None
-        if type(current) is Launches and not kwargs.get("warmup"):
-            current.tuned = True
-            passed = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
-            current.add(self, kwargs.get("grid"), args, passed)
-            if current.mode == "wrap":
-                return _wrapped_launch(current, self, args, kwargs)
-            if current.mode == "skip":
-                return None
-            token = _current.set(None)  # "run": its inner launch is not collected again
-            try:
-                return run(self, *args, **kwargs)
-            finally:
-                _current.reset(token)
-        if type(current) is not Tape or kwargs.get("warmup"):
-            return run(self, *args, **kwargs)
-        token = _autotuned.set((self, args, kwargs))  # the recorded launch keeps its other configs
-        try:
-            if current.boundary is not None:  # a bare op's watch: not for the tuning runs
-                with torch._C.DisableTorchFunction():
-                    return run(self, *args, **kwargs)
-            return run(self, *args, **kwargs)
-        finally:
-            _autotuned.reset(token)
-
-    autotuner_run.__wrapped__ = run
-    return autotuner_run
-
-
-def _unrecorded(bench):
-    def bench_unrecorded(self, *args, **kwargs):
-        token = _current.set(None)  # the autotuner's timing runs are not part of the op
-        try:
-            return bench(self, *args, **kwargs)
-        finally:
-            _current.reset(token)
-
-    bench_unrecorded.__wrapped__ = bench
-    return bench_unrecorded
+            current_tape.reset(token)

@@ -1,0 +1,216 @@
+"""An op's call as autograd nodes: the host function runs with its launches on a tape (or, for a bare op
+that mixes in PyTorch operations, a tape per segment: segments.py), and its outputs come out of an
+``autograd.Function`` whose backward is the tape's (backward.py). A bare op always takes this path; a named op
+called eagerly on plain tensors takes it too (library.py). Also the checks that no argument requiring grad is
+cut off from the outputs, and gradients that refuse a second differentiation.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from ..core.errors import OpError
+from .segments import Segments
+from .tape import Tape, current_tape
+
+
+def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False) -> Any:
+    """``fn`` with its launches recorded on a tape and its outputs made the outputs of an
+    ``autograd.Function`` whose backward replays the tape; ``plans`` are shared by the op's calls
+    (see tritongrad.ops.tape). ``named``: as a registered op sees it, the differentiable inputs are the
+    op's own tensor arguments (a launch reading a tensor PyTorch made inside is refused, as it is
+    when the op is compiled)."""
+    function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
+    segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
+
+    def segment_node(tape: Tape, written: list, inputs: list) -> None:
+        segment.apply(tape, len(written), *written, *inputs)
+
+    def call(*args, **kwargs):
+        if named:
+            tape = Tape(name, plans, deterministic)
+            with tape:  # records the launches
+                result = fn(*args, **kwargs)
+        else:  # PyTorch operations on what launches wrote make segments (segments.py)
+            segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node)
+            token = current_tape.set(segments.tape)
+            try:
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException:
+                    segments.disarm()
+                    raise
+                if segments.finish(result):
+                    _check_reached(name, arguments(args, kwargs), as_tuple(result))
+                    return result
+            finally:
+                current_tape.reset(token)
+            tape = segments.tape
+        several = isinstance(result, (tuple, list))
+        outputs = tuple(result) if several else (result,)
+        diff = [t for t in arguments(args, kwargs).values() if differentiable(t)] if named else None
+        inputs = tape.close(outputs, args, kwargs, arguments, diff_inputs=diff)
+        if named:
+            refuse_unread(name, tape.plan.unread)
+        if not inputs:
+            _check_reached(name, arguments(args, kwargs), outputs)
+            return result
+        outputs = function.apply(tape, outputs, *inputs)
+        if tape.plan.unread:
+            _check_reached(name, arguments(args, kwargs), outputs, tape.plan.unread)
+        return outputs if several else outputs[0]
+
+    return call
+
+
+def refuse_unread(name: str, unread: tuple[str, ...]) -> None:
+    """A named op's arguments that require grad must be read by its launches (its autograd formula covers them)."""
+    if unread:
+        raise OpError(_UNREAD.format(name=name, arg=unread[0]))
+
+
+def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, candidates: tuple | None = None) -> None:
+    """Refuse a call whose outputs are cut off from an argument that requires grad (of ``candidates``: those no
+    launch reads; None: every one): autograd must lead from the outputs back to it, else its gradient would be
+    silently missing (a tensor whose address the kernel reads from a pointer table or a host descriptor)."""
+    waiting = [(k, t) for k, t in named.items() if differentiable(t) and (candidates is None or k in candidates)]
+    if not waiting:
+        return
+    reached = _autograd_ancestors([o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad])
+    for k, t in waiting:
+        if (t.grad_fn if t.grad_fn is not None else _accumulator(t)) not in reached:
+            raise OpError(_UNREAD.format(name=name, arg=k))
+
+
+_UNREAD = ("tritongrad.op `{name}`: the argument `{arg}` requires grad, but no kernel launch reads it as a tensor "
+           "argument (is its address in a pointer table, or in a TensorDescriptor made on the host?): tritongrad "
+           "cannot see such reads, and its gradient would be silently missing. Pass the tensor itself to the kernel "
+           "(descriptors made in the kernel with tl.make_tensor_descriptor are differentiated), or detach it if the "
+           "op does not use it")
+
+
+def _autograd_ancestors(tensors: list) -> set:
+    """The autograd nodes the tensors' values come from (their graph, walked back to its leaves)."""
+    seen: set = set()
+    stack = [t.grad_fn for t in tensors if t.grad_fn is not None]
+    stack += [a for t in tensors if (a := _accumulator(t)) is not None]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        stack += [n for n, _ in node.next_functions if n is not None]
+    return seen
+
+
+def _accumulator(t: torch.Tensor) -> Any:
+    """A leaf's AccumulateGrad node (None where it is no leaf requiring grad)."""
+    if not t.requires_grad or t.grad_fn is not None:
+        return None
+    with torch.enable_grad():
+        return t.view_as(t).grad_fn.next_functions[0][0]
+
+
+class _TapeFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tape, outputs, *inputs):
+        ctx.tape = tape
+        ctx.save_for_backward(*tape.saved)  # version counters: in-place changes before backward raise
+        tape.saved = None  # the tape keeps no tensors: outputs would otherwise hold themselves alive
+        ctx.set_materialize_grads(False)
+        if tape.plan.constants:
+            ctx.mark_non_differentiable(*[outputs[i] for i in tape.plan.constants])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        result = ctx.tape.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[2:])
+        return (None, None, *differentiable_once(ctx.tape.name, result, (*ctx.saved_tensors, *grads)))
+
+
+class _SegmentFunction(torch.autograd.Function):
+    """A segment of a host function's launches as one autograd node (segments.py): the buffers they wrote,
+    passed in, come out marked dirty, so the tensors the host function holds carry the history."""
+
+    @staticmethod
+    def forward(ctx, tape, count, *tensors):
+        written = tensors[:count]
+        ctx.tape, ctx.count = tape, count
+        ctx.save_for_backward(*tape.saved)
+        tape.saved = None
+        ctx.set_materialize_grads(False)
+        ctx.mark_dirty(*written)
+        if tape.plan.constants:
+            ctx.mark_non_differentiable(*[written[i] for i in tape.plan.constants])
+        return written
+
+    @staticmethod
+    def backward(ctx, *grads):
+        result = ctx.tape.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[2 + ctx.count:])
+        return (None, None, *[None] * ctx.count,
+                *differentiable_once(ctx.tape.name, result, (*ctx.saved_tensors, *grads)))
+
+
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_")) or "Op"
+
+
+def differentiable_once(name: str, grads: list, read: tuple) -> tuple:
+    """With create_graph=True, gradients that raise a clear error when differentiated again: connected to what the
+    backward read (the saved inputs, the incoming gradients), so that a second backward reaches the error rather
+    than finding no path and giving zero."""
+    if not torch.is_grad_enabled():
+        return tuple(grads)
+    anchors = [t for t in read if isinstance(t, torch.Tensor) and t.requires_grad]
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not anchors or not present:
+        return tuple(grads)
+    found = _NotTwice.apply(name, len(present), *[grads[i] for i in present], *anchors)
+    out = list(grads)
+    for i, g in zip(present, found, strict=True):
+        out[i] = g
+    return tuple(out)
+
+
+class _NotTwice(torch.autograd.Function):
+    """The gradients a backward computed, as the outputs of a node whose own backward raises (double backward)."""
+
+    @staticmethod
+    def forward(ctx, name, count, *tensors):
+        ctx.name = name
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise OpError(f"tritongrad.op `{ctx.name}`: double backward is not supported (the derived backward kernels "
+                      "are not themselves differentiated); differentiate once, or compute the second derivative "
+                      "another way")
+
+
+def as_tuple(result: Any) -> tuple:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def arguments_of(fn: Any):
+    """A function from a call's arguments to its tensor arguments by parameter name (used to
+    check a new kind of call, and by named ops)."""
+    sig = inspect.signature(fn)
+    kinds = [p.kind for p in sig.parameters.values()]
+    # the usual call, positional arguments only, named without Signature.bind (microseconds on every call)
+    positional = [p.name for p in sig.parameters.values()] if all(
+        k == inspect.Parameter.POSITIONAL_OR_KEYWORD for k in kinds) else None
+
+    def arguments(args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+        if positional is not None and not kwargs and len(args) <= len(positional):
+            return {k: v for k, v in zip(positional, args, strict=False) if isinstance(v, torch.Tensor)}
+        bound = sig.bind(*args, **kwargs)
+        return {k: v for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
+
+    return arguments
+
+
+def differentiable(t: torch.Tensor) -> bool:
+    return t.requires_grad and t.is_floating_point()

@@ -1,0 +1,187 @@
+"""Triton's launch entry points, patched once (``install``), and where each launch goes.
+
+Outside an op the current tape is ``None`` and a launch pays one ContextVar read. Inside an op
+each launch of a ``@triton.jit`` kernel (compiled or interpreted) is recorded on the current
+``tape.Tape`` at the innermost ``run``, after ``@triton.autotune`` and ``@triton.heuristics``
+have added their constexprs, so the backward replays the forward with the config the autotuner
+chose. Autotuner benchmarking runs are not recorded. While a named op's host function runs without
+a tape its launches are gathered (``collecting``: issued through ``wrap_triton``, run, or skipped),
+and while fake tensors infer its shapes they are skipped (``dry_run``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..core.errors import OpError
+from .tape import Tape, current_autotuner, current_tape
+
+DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
+
+
+def active() -> bool:
+    """Whether launches are being recorded (or skipped) by an enclosing op."""
+    return current_tape.get() is not None
+
+
+@contextlib.contextmanager
+def dry_run():
+    """Run a host function without launching anything (fake-tensor shape inference)."""
+    token = current_tape.set(DRY)
+    try:
+        yield
+    finally:
+        current_tape.reset(token)
+
+
+class Launches:
+    """The current "tape" while a named op's host function runs under ``collecting``: its launches,
+    each ``(kernel, grid, args, kwargs)``, and the tensors they were passed (by identity, in order of
+    first appearance). ``mode``: "wrap" issues each launch as ``torch.library.wrap_triton(kernel)[grid]``
+    (what torch.compile traces inside a triton_op), "run" launches it, "skip" does not (the launches'
+    arguments are all that is wanted). ``tuned``: an autotuner was launched (in "skip" mode the config
+    it would choose, which the backward needs, is unknown)."""
+
+    def __init__(self, mode: str, name: str = ""):
+        self.mode, self.name = mode, name  # name: the op's, for errors
+        self.calls: list[tuple] = []
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.tuned = False
+
+    def add(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> None:
+        self.calls.append((kernel, grid, args, kwargs))
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, torch.Tensor):
+                self.tensors.setdefault(id(v), v)
+
+    def intermediates(self, args: Sequence, outputs: Sequence) -> list[torch.Tensor]:
+        """The tensors launches were passed that are neither the op's arguments nor its outputs."""
+        known = {id(v) for v in (*args, *outputs)}
+        return [t for i, t in self.tensors.items() if i not in known]
+
+
+@contextlib.contextmanager
+def collecting(mode: str, name: str = ""):
+    """``with collecting("wrap" | "run" | "skip", op_name) as launches:`` (see ``Launches``)."""
+    launches = Launches(mode, name)
+    token = current_tape.set(launches)
+    try:
+        yield launches
+    finally:
+        current_tape.reset(token)
+
+
+def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) -> Any:
+    """A launch issued through wrap_triton (the outermost kernel object: an autotuner is traced as
+    one, so Inductor tunes it). What wrap_triton refuses (``num_ctas`` at the launch, an autotuner's
+    pre_hook, nested autotuners) is named with the way out: an opaque op."""
+    from torch.library import wrap_triton
+
+    kwargs = dict(kwargs)
+    grid = kwargs.pop("grid")
+    kwargs.pop("warmup", None)
+    token = current_tape.set(None)  # wrap_triton's own launch is not intercepted again
+    try:
+        return wrap_triton(kernel)[grid](*args, **kwargs)
+    except (RuntimeError, NotImplementedError) as e:
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "?")
+        raise OpError(f"tritongrad.op `{launches.name}`: torch.compile cannot trace the launch of `{name}` through "
+                      f"torch.library.wrap_triton ({e}); register the op with "
+                      f"@tritongrad.op(\"{launches.name}\", opaque=True)") from e
+    finally:
+        current_tape.reset(token)
+
+
+# -- the launch hooks ------------------------------------------------------------------------------
+
+_installed = False
+
+
+def install() -> None:
+    """Patch Triton's launch entry points, once per process."""
+    global _installed
+    if _installed:
+        return
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for cls in (JITFunction, InterpretedFunction):
+        cls.run = _recorded(cls.run)
+    Autotuner.run = _autotuner_hooked(Autotuner.run)
+    if hasattr(Autotuner, "_bench"):
+        Autotuner._bench = _unrecorded(Autotuner._bench)
+    _installed = True
+
+
+def _recorded(run):
+    def recorded_run(self, *args, grid, warmup, **kwargs):
+        tape = current_tape.get()
+        if tape is None or warmup:
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if tape is DRY:
+            return None
+        if type(tape) is Launches:
+            tape.add(self, grid, args, kwargs)
+            if tape.mode == "wrap":
+                return _wrapped_launch(tape, self, args, {**kwargs, "grid": grid})
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs) if tape.mode == "run" else None
+        boundary = tape.boundary
+        if boundary is None:
+            return tape.launch(run, self, grid, args, kwargs, warmup)
+        with torch._C.DisableTorchFunction():  # a bare op's watch (segments.py) is not for the launch itself
+            result = tape.launch(run, self, grid, args, kwargs, warmup)
+            boundary.launched()
+        return result
+
+    recorded_run.__wrapped__ = run
+    return recorded_run
+
+
+def _autotuner_hooked(run):
+    def autotuner_run(self, *args, **kwargs):
+        current = current_tape.get()
+        if current is DRY:  # no benchmarking on fake tensors
+            return None
+        if type(current) is Launches and not kwargs.get("warmup"):
+            current.tuned = True
+            passed = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+            current.add(self, kwargs.get("grid"), args, passed)
+            if current.mode == "wrap":
+                return _wrapped_launch(current, self, args, kwargs)
+            if current.mode == "skip":
+                return None
+            token = current_tape.set(None)  # "run": its inner launch is not collected again
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                current_tape.reset(token)
+        if type(current) is not Tape or kwargs.get("warmup"):
+            return run(self, *args, **kwargs)
+        token = current_autotuner.set((self, args, kwargs))  # the recorded launch keeps its other configs
+        try:
+            if current.boundary is not None:  # a bare op's watch: not for the tuning runs
+                with torch._C.DisableTorchFunction():
+                    return run(self, *args, **kwargs)
+            return run(self, *args, **kwargs)
+        finally:
+            current_autotuner.reset(token)
+
+    autotuner_run.__wrapped__ = run
+    return autotuner_run
+
+
+def _unrecorded(bench):
+    def bench_unrecorded(self, *args, **kwargs):
+        token = current_tape.set(None)  # the autotuner's timing runs are not part of the op
+        try:
+            return bench(self, *args, **kwargs)
+        finally:
+            current_tape.reset(token)
+
+    bench_unrecorded.__wrapped__ = bench
+    return bench_unrecorded

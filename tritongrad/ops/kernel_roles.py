@@ -1,0 +1,109 @@
+"""What a kernel does with its pointer parameters (``Roles``), and the rest of what an op reads of a kernel
+(``KernelInfo``: its parameters, defaults, whether it is interpreted, whether it has a loop), worked out once per
+kernel (``kernel_info``: the only AST work an op does; a kernel the analysis cannot read gets ``roles=None`` and
+the error, raised only where a launch of it needs a backward).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..analysis.composites import fuse_composites
+from ..analysis.pointers import pointers
+from ..analysis.stored_outputs import stored_values
+from ..core.errors import NotDifferentiableError
+from ..core.ir import loops, op_of
+from ..core.operations import operation_of
+from ..frontend.normalize import normalize_kernel
+from ..runtime.derive import defaults_of
+
+
+@dataclass(frozen=True)
+class Roles:
+    loads: frozenset[str]  # every loaded pointer parameter (index pointers too)
+    stores: frozenset[str]  # every stored or atomically updated one
+    overwrites: frozenset[str]  # stored with something other than tl.atomic_add
+    inputs: frozenset[str]  # differentiable inputs: loaded, never stored unless in place (floats among them)
+    in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis.in_place_pointers)
+    # stored with a value the backward may read back (stored_outputs.py): from any float output (a softmax's),
+    # or only where the output is float32 or float64 (a statistic, exact there)
+    read_back: frozenset[str] = frozenset()
+    read_back_exact: frozenset[str] = frozenset()
+
+    @property
+    def pointers(self) -> frozenset[str]:
+        return self.loads | self.stores
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    name: str
+    params: tuple[str, ...]
+    defaults: dict[str, Any]
+    interpreted: bool
+    roles: Roles | None  # None: the kernel could not be analysed (``error`` says why)
+    error: Exception | None
+    keywords: frozenset[str] = frozenset()  # keyword arguments that are parameters (the rest are launch options)
+    pointers: frozenset[str] = frozenset()  # pointer parameters, where the roles are known
+    loops: bool = True  # whether it has a loop (only then may its forward keep state for the backward: augment.py)
+
+    def named_arguments(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A launch's arguments by parameter name, and its launch options (num_warps, ...)."""
+        named = dict(zip(self.params, args, strict=False))
+        options = {}
+        for k, v in kwargs.items():
+            if k in self.keywords:
+                named[k] = v
+            else:
+                options[k] = v
+        return named, options
+
+
+kernel_infos: dict[Any, KernelInfo] = {}  # kernel function -> its KernelInfo (kernel_info)
+_infos_lock = threading.Lock()
+
+
+def kernel_info(kernel: Any) -> KernelInfo:
+    """Cached per kernel: its parameters and roles (the only AST work, once per kernel)."""
+    info = kernel_infos.get(kernel.fn)
+    if info is None:
+        info = _analyse(kernel)
+        with _infos_lock:
+            kernel_infos[kernel.fn] = info
+    return info
+
+
+def _analyse(kernel: Any) -> KernelInfo:
+    sig = inspect.signature(kernel.fn)
+    defaults = defaults_of(kernel)
+    roles, error, has_loops = None, None, True
+    try:
+        program = normalize_kernel(kernel)  # every specialization together
+        has_loops = bool(loops(program.body))
+        a = pointers(program)
+        loads, stores = frozenset(a.loads), frozenset(a.stores)
+        overwrites = frozenset(p for p, ss in a.stores.items()
+                               if any(operation_of(op_of(s)).memory != "accumulate" for s in ss))
+        in_place = frozenset(p for p in loads & stores if p not in a.index_pointers
+                             and all(op_of(s).kind == "store" for s in a.stores[p]))
+        kept = stored_values(fuse_composites(program), a.stores).values()  # (the stores stay as they are)
+        # (a pointer whose values also make addresses is an input too where a float tensor is passed there: a
+        # gather's adjoint reaches it (`x[argmax(x)]`); an integer one has no gradient: Plan.carries)
+        roles = Roles(loads, stores, overwrites, frozenset(loads - stores | in_place),
+                      in_place, frozenset(k.param for k in kept if k.rounds) - loads,
+                      frozenset(k.param for k in kept if not k.rounds) - loads)
+    except NotDifferentiableError as e:  # a construct the core does not handle yet: raised if the launch needs a
+        error = e  # backward (planning.Planner.plan: when a tensor it is passed requires grad)
+    except Exception as e:  # the analysis itself failed: said as plainly
+        error = NotDifferentiableError(f"kernel `{kernel.fn.__name__}`: tritongrad cannot read what it does with its "
+                                       f"arguments ({type(e).__name__}: {e})", file=kernel.fn.__code__.co_filename,
+                                       line=kernel.fn.__code__.co_firstlineno)
+        error.__cause__ = e
+    interpreted = type(kernel).__name__ == "InterpretedFunction"
+    params = tuple(sig.parameters)
+    return KernelInfo(kernel.fn.__name__, params, defaults, interpreted, roles, error,
+                      keywords=frozenset(params) | frozenset(defaults),
+                      pointers=roles.pointers if roles is not None else frozenset(), loops=has_loops)

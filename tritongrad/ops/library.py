@@ -1,0 +1,376 @@
+"""Named ops: ``@tritongrad.op("ns::name")`` registered with ``torch.library`` (see torch_op.py's docstring).
+
+``ns::name`` is a ``triton_op`` (its launches issued through ``wrap_triton`` while torch.compile traces it) or,
+opaque, a ``custom_op``, with an autograd formula whose backward replays the eager forward's tape or, without
+one, re-runs the forward launches (``ns::name_backward``); ``ns::name_saving`` and ``ns::name_saved_backward`` are
+what torch.compile calls, so that the compiled backward runs derived kernels on saved buffers. The schemas
+come from the host function's annotations (``_prototypes``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import os
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import hooks
+from .autograd_function import arguments_of, as_tuple, differentiable, differentiable_once, refuse_unread, taped_call
+from .tape import Tape
+
+_stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
+
+
+OPAQUE_ENV = "TRITONGRAD_OPAQUE_OPS"  # "1": every named op is registered opaque (see op's docstring)
+
+
+def opaque_default() -> bool:
+    """Whether named ops are registered opaque unless told otherwise: under Triton's interpreter
+    (its kernels are not ``JITFunction``s, which ``wrap_triton`` needs) or with ``TRITONGRAD_OPAQUE_OPS=1``."""
+    return os.environ.get("TRITON_INTERPRET") == "1" or _legacy()
+
+
+def _legacy() -> bool:
+    """``TRITONGRAD_OPAQUE_OPS=1``: named ops as before triton_op (opaque, the compiled backward recomputing)."""
+    return os.environ.get(OPAQUE_ENV) == "1"
+
+
+def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = True) -> Any:
+    """``@op("ns::name")``: the ops registered (see the module docstring), and the function that calls them (or,
+    eagerly on plain tensors, takes the bare op's path: ``_plain_eager``)."""
+    hooks.install()
+    arguments = arguments_of(fn)
+    plans = {}  # shared by the eager forward's tapes and the backwards' (see tritongrad.ops.tape)
+    protos = _prototypes(fn)
+    forward = _register(name, protos.forward, _named_impl(fn, name, arguments, plans, deterministic, not opaque),
+                        _fake(fn), opaque)
+    backward_op = torch.library.custom_op(name + "_backward", mutates_args=(), schema=torch.library.infer_schema(
+        protos.backward, mutates_args=()))(_recompute_backward(fn, name, arguments, plans, deterministic))
+    backward_op.register_fake(_fake_backward)
+    setup_context, backward = _autograd(backward_op, name)
+    forward.register_autograd(backward, setup_context=setup_context)
+    saving = None
+    if not _legacy():  # what torch.compile calls: the forward also returns what its backward reads
+        saving = _register(name + "_saving", protos.saving, _saving_impl(fn, name, not opaque), _saving_fake(fn),
+                           opaque)
+        saved_backward = torch.library.custom_op(
+            name + "_saved_backward", mutates_args=(),
+            schema=torch.library.infer_schema(protos.saved_backward, mutates_args=()))(
+            _saved_backward(fn, name, arguments, plans, deterministic))
+        saved_backward.register_fake(_fake_saved_backward)
+        setup_context, backward = _saving_autograd(saved_backward, name, protos.outputs)
+        saving.register_autograd(backward, setup_context=setup_context)
+    several = protos.outputs > 1 or _several(protos.forward)
+    taped = taped_call(fn, name, plans, arguments, deterministic, named=True)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            if saving is None or not torch.is_grad_enabled():
+                return forward(*args, **kwargs)
+            found = saving(*args, **kwargs)
+            return tuple(found[:protos.outputs]) if several else found[0]
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        if hooks.active():  # inside another op: its tape records these launches
+            return fn(*args, **kwargs)
+        if _plain_eager(args, kwargs):  # what the dispatcher would do, without its cost
+            return taped(*args, **kwargs)
+        token = _stash.set([])  # the forward leaves its tape here for setup_context
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            _stash.reset(token)
+
+    call.op, call.backward_op, call.saving_op, call.opaque = forward, backward_op, saving, opaque  # torch.library ops
+    return call
+
+
+def _plain_eager(args: tuple, kwargs: dict) -> bool:
+    """An eager call the bare op's ``autograd.Function`` can take in place of the registered op: plain
+    tensors, no dispatch mode (fake tensors, FLOP counters), no functorch transform, no profiler (whose
+    trace names the op). It saves the dispatcher's ~100 us per forward+backward (benchmarks/RESULTS.md)."""
+    if torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active() \
+            or torch.autograd._profiler_enabled():
+        return False
+    return all(type(v) in _PLAIN for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _register(name: str, proto: Any, impl: Any, fake: Any, opaque: bool) -> Any:
+    """A ``custom_op`` with a fake implementation (opaque), or a ``triton_op``: then the fake implementation
+    and the decomposition torch.compile traces are ``impl`` itself, its launches issued through wrap_triton."""
+    if opaque:
+        op = torch.library.custom_op(name, mutates_args=(), schema=torch.library.infer_schema(proto, mutates_args=()))
+        op = op(impl)
+        op.register_fake(fake)
+        return op
+    impl.__signature__ = inspect.signature(proto)  # triton_op infers the schema from it
+    return torch.library.triton_op(name, impl, mutates_args=())
+
+
+def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool, traced: bool = False):
+    def impl(*args, **kwargs):
+        if traced and _wrap_triton_enabled():  # torch.compile tracing the triton_op: launches via wrap_triton
+            with hooks.collecting("wrap", name):
+                return fn(*args, **kwargs)
+        stash = _stash.get()
+        if stash is None:  # no eager caller waiting for a tape: compiled code, no grad, direct torch.ops calls
+            return fn(*args, **kwargs)
+        bound = arguments(args, kwargs)
+        diff = [t for t in bound.values() if differentiable(t)]
+        if not diff:
+            return fn(*args, **kwargs)
+        token = _stash.set(None)  # ops inside fn do not take the stash
+        try:
+            tape = Tape(name, plans, deterministic)
+            with tape.recording():
+                result = fn(*args, **kwargs)
+            tape.close(as_tuple(result), args, kwargs, arguments, diff_inputs=diff)
+            refuse_unread(name, tape.plan.unread)
+        finally:
+            _stash.reset(token)
+        stash.append(tape)
+        return result
+
+    return impl
+
+
+def _wrap_triton_enabled() -> bool:
+    """False while a triton_op runs on real tensors (torch disables wrap_triton there)."""
+    from torch._library.triton import is_wrap_triton_enabled
+
+    return is_wrap_triton_enabled()
+
+
+def _fake(fn: Any):
+    def fake(*args, **kwargs):
+        with hooks.dry_run():
+            return fn(*args, **kwargs)
+
+    return fake
+
+
+def _fake_backward(*args):
+    *inputs, _grads, needs = args
+    tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
+    return [torch.empty_like(t) for t, need in zip(tensors, needs, strict=True) if need]
+
+
+def _recompute_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
+    def backward(*args):
+        *inputs, grads, needs = args
+        tape = Tape(name, plans, deterministic)
+        with tape.recording():
+            outputs = as_tuple(fn(*inputs))
+        return _gradients(tape, outputs, inputs, arguments, grads, needs)
+
+    return backward
+
+
+def _gradients(tape: Tape, outputs: tuple, inputs: list, arguments, grads: list, needs: list) -> list:
+    """The needed inputs' gradients from a recorded forward (zeros where none reaches)."""
+    diff = [t for t, need in zip(arguments(tuple(inputs), {}).values(), needs, strict=True) if need]
+    tape.close(outputs, tuple(inputs), {}, arguments, diff_inputs=diff)
+    saved, tape.saved = tuple(tape.saved), None
+    result = tape.backward(saved, tuple(grads), [True] * len(diff))
+    return [torch.zeros_like(t) if g is None else torch.empty_like(t).copy_(g) for t, g in zip(diff, result,
+                                                                                               strict=True)]
+
+
+# -- what torch.compile calls: a forward that returns what its backward reads ----------------------
+
+
+def _saving_impl(fn: Any, name: str, traced: bool):
+    """The op's outputs, then the buffers its launches pass between them (``Launches.intermediates``,
+    whole tensors only), so that a compiled graph saves them rather than re-running the launches."""
+    def impl(*args):
+        with hooks.collecting("wrap" if traced and _wrap_triton_enabled() else "run", name) as launches:
+            outputs = as_tuple(fn(*args))
+        return [*outputs, *_whole(launches.intermediates(args, outputs))]
+
+    return impl
+
+
+def _saving_fake(fn: Any):
+    def fake(*args):
+        with hooks.collecting("skip") as launches:
+            outputs = as_tuple(fn(*args))
+        return [*outputs, *_whole(launches.intermediates(args, outputs))]
+
+    return fake
+
+
+def _whole(tensors: list) -> list:
+    return [t for t in tensors if t._base is None]
+
+
+def _saved_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
+    """The backward from the saving forward's outputs and buffers: the host function is run again with its
+    launches skipped (for their arguments), its fresh buffers swapped for the saved ones, and the launches
+    recorded on a tape as in eager mode. Where the buffers cannot be matched (an autotuned launch, whose
+    config is unknown here; a buffer that is a view of another tensor) the launches are re-run instead."""
+    recompute = _recompute_backward(fn, name, arguments, plans, deterministic)
+
+    def backward(*args):
+        *inputs, saved, grads, needs = args
+        with hooks.collecting("skip") as launches:
+            fresh = as_tuple(fn(*inputs))
+        saved = [t.detach() for t in saved]  # an eager caller's outputs require grad; kernels wrote them
+        swaps = _swaps(launches, inputs, fresh, saved)
+        if swaps is None:
+            return recompute(*inputs, grads, needs)
+        swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        tape = Tape(name, plans, deterministic)
+        for kernel, grid, a, kw in launches.calls:
+            tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
+        return _gradients(tape, tuple(saved[:len(fresh)]), inputs, arguments, grads, needs)
+
+    return backward
+
+
+def _swaps(launches: hooks.Launches, inputs: list, fresh: tuple, saved: list) -> dict | None:
+    """id(fresh tensor) -> the saved one in its place, or None where they cannot be matched."""
+    buffers = launches.intermediates(inputs, fresh)
+    ours = [*fresh, *buffers]
+    if launches.tuned or len(ours) != len(saved) or len(_whole(buffers)) != len(buffers):
+        return None
+    if any((a.shape, a.stride(), a.dtype) != (b.shape, b.stride(), b.dtype) for a, b in zip(ours, saved, strict=True)):
+        return None
+    return {id(a): b for a, b in zip(ours, saved, strict=True)}
+
+
+def _fake_saved_backward(*args):
+    *inputs, _saved, grads, needs = args
+    return _fake_backward(*inputs, grads, needs)
+
+
+def _saving_autograd(saved_backward: Any, name: str, count: int):
+    def setup_context(ctx, inputs, output):
+        ctx.positions = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)]
+        ctx.others = [None if isinstance(a, torch.Tensor) else a for a in inputs]
+        ctx.save_for_backward(*[inputs[i] for i in ctx.positions], *output)
+        ctx.mark_non_differentiable(*output[count:])  # the buffers
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, *grads):
+        if len(grads) == 1 and isinstance(grads[0], (list, tuple)):
+            grads = grads[0]
+        needs = [ctx.needs_input_grad[i] for i in ctx.positions]
+        result = [None] * len(ctx.needs_input_grad)
+        if not any(needs):
+            return tuple(result)
+        tensors = ctx.saved_tensors
+        args = list(ctx.others)
+        for i, t in zip(ctx.positions, tensors, strict=False):
+            args[i] = t
+        found = iter(saved_backward(*args, list(tensors[len(ctx.positions):]), list(grads[:count]), needs))
+        for i, need in zip(ctx.positions, needs, strict=True):
+            if need:
+                result[i] = next(found)
+        return differentiable_once(name, result, (*tensors, *grads))
+
+    return setup_context, backward
+
+
+def _autograd(backward_op: Any, name: str):
+    def setup_context(ctx, inputs, output):
+        stash = _stash.get()
+        ctx.tape = stash.pop() if stash else None
+        ctx.positions = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)]
+        if ctx.tape is not None:
+            ctx.save_for_backward(*ctx.tape.saved)
+            ctx.tape.saved = None
+            ctx.diff = [differentiable(inputs[i]) for i in ctx.positions]  # as the forward chose them
+            ctx.set_materialize_grads(False)
+        else:
+            ctx.others = [None if isinstance(a, torch.Tensor) else a for a in inputs]
+            ctx.save_for_backward(*[inputs[i] for i in ctx.positions])
+
+    def backward(ctx, *grads):
+        needs = [ctx.needs_input_grad[i] for i in ctx.positions]
+        result = [None] * len(ctx.needs_input_grad)
+        if not any(needs):
+            return tuple(result)
+        if ctx.tape is not None:
+            tape_needs = [need for need, diff in zip(needs, ctx.diff, strict=True) if diff]
+            found = iter(ctx.tape.backward(ctx.saved_tensors, grads, tape_needs))
+            for i, diff in zip(ctx.positions, ctx.diff, strict=True):
+                if diff:
+                    result[i] = next(found)
+        else:
+            args = list(ctx.others)
+            for i, t in zip(ctx.positions, ctx.saved_tensors, strict=True):
+                args[i] = t
+            found = iter(backward_op(*args, list(grads), needs))
+            for i, need in zip(ctx.positions, needs, strict=True):
+                if need:
+                    result[i] = next(found)
+        return differentiable_once(name, result, (*ctx.saved_tensors, *grads))
+
+    return setup_context, backward
+
+
+_DEFAULT_TYPES = {bool: bool, int: int, float: float, str: str}
+
+
+@dataclass(frozen=True)
+class _Prototypes:
+    """Stand-in functions whose annotated signatures give the schemas of an op's forward, its recomputing
+    backward, its saving forward (outputs and buffers in one list) and that one's backward; ``outputs``:
+    how many tensors the op returns."""
+
+    forward: Any
+    backward: Any
+    saving: Any
+    saved_backward: Any
+    outputs: int
+
+
+def _several(proto: Any) -> bool:
+    return typing.get_origin(inspect.signature(proto).return_annotation) in (tuple, list)
+
+
+def _prototypes(fn: Any) -> _Prototypes:
+    sig = inspect.signature(fn, eval_str=True)
+    params = []
+    for p in sig.parameters.values():
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            raise TypeError(f"tritongrad.op: named ops take positional parameters; `{p.name}` of `{fn.__name__}` "
+                            "is not one")
+        ann = p.annotation
+        if ann is inspect.Parameter.empty:
+            if p.default is inspect.Parameter.empty:
+                ann = torch.Tensor
+            elif p.default is None:
+                ann = typing.Optional[torch.Tensor]  # noqa: UP045 (infer_schema wants typing.Optional)
+            else:
+                ann = _DEFAULT_TYPES.get(type(p.default))
+                if ann is None:
+                    raise TypeError(f"tritongrad.op: annotate the parameter `{p.name}` of `{fn.__name__}`")
+        params.append(p.replace(annotation=ann))
+    ret = torch.Tensor if sig.return_annotation is inspect.Signature.empty else sig.return_annotation
+
+    def stand_in(parameters: list, returns: Any) -> Any:
+        def proto():
+            pass
+
+        proto.__signature__ = inspect.Signature(parameters, return_annotation=returns)
+        return proto
+
+    plain = [p.replace(default=inspect.Parameter.empty, kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params]
+    extra = [inspect.Parameter("tg_grads", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               annotation=list[typing.Optional[torch.Tensor]]),  # noqa: UP045
+             inspect.Parameter("tg_needs", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=list[bool])]
+    saved = inspect.Parameter("tg_saved", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=list[torch.Tensor])
+    outputs = len(typing.get_args(ret)) if typing.get_origin(ret) in (tuple, list) else 1
+    return _Prototypes(stand_in(params, ret), stand_in([*plain, *extra], list[torch.Tensor]),
+                       stand_in(params, list[torch.Tensor]), stand_in([*plain, saved, *extra], list[torch.Tensor]),
+                       outputs)
