@@ -12,7 +12,7 @@ import torch
 import tritongrad
 from tritongrad.examples import cross_entropy, flash_attention
 from tritongrad.reverse import interchange
-from tritongrad.runtime import derive, launching, tuning
+from tritongrad.runtime import backward_kernel, derive, launching, tuning
 from tritongrad.tools.testing import backward_launch, forward_keeping_state, poison
 
 DTYPE = torch.float64
@@ -43,7 +43,7 @@ def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_final
     are key blocks, each looping over the query blocks (FlashAttention-2's backward, with its preprocessing
     kernel: interchange.Prologue); causal: the query blocks
     whose loop stops before the key block skip it. Without them (the backward alone) one kernel, as before."""
-    monkeypatch.setattr(derive, "multiprocessors", lambda device: 1)  # a few key blocks: kernels of their own
+    monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)  # a few key blocks: kernels of their own
     launched = []
     real = derive.BackwardKernel.launch
     monkeypatch.setattr(derive.BackwardKernel, "launch", lambda self, grid, named, og, buffers, prepared, *a, **k: (
@@ -85,7 +85,7 @@ def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_final
 def test_do_over_l_kept_rounded_gives_the_same_bits(monkeypatch):
     """In float16 (the interpreter has no bf16), the prologue keeps dO / l as v's type: the gradients are bit for
     bit those of the backward keeping it in float32 (both of its uses round it to v's type first)."""
-    monkeypatch.setattr(derive, "multiprocessors", lambda device: 1)
+    monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
     monkeypatch.setenv("TRITONGRAD_TUNE", "0")  # (compiled, a tuner may give either other warps: another sum order)
     q, k, v = (torch.randn(2, 45, 16, dtype=torch.float16) for _ in range(3))
     launch = flash_attention.flash_attention_launch(q, k, v, True)
@@ -118,7 +118,7 @@ def test_do_over_l_kept_rounded_gives_the_same_bits(monkeypatch):
 def test_each_kernel_of_a_variant_is_tuned_on_its_own(monkeypatch):
     """The dQ kernel and the dK/dV kernel get a launch setting each, timed with only their own kernel
     launched (tuning.best is given one trial per kernel); the gradients under those settings are right."""
-    monkeypatch.setattr(derive, "multiprocessors", lambda device: 1)
+    monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
     monkeypatch.setattr(tuning, "enabled", lambda device: True)
     ran, timed = [], []
     for method in ("run_part", "run_interchanged"):

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
-from tritongrad.runtime import derive
+from tritongrad.runtime import backward_kernel
 from tritongrad.writes.strategies import Mode
 
 F64 = torch.float64
@@ -74,7 +74,7 @@ def one_multiprocessor(monkeypatch):
     """These matrices are small: on a GPU their few tiles would not fill its multiprocessors, and the
     lowering would keep atomics (rightly). Count one, as the interpreter does, to run the kernels of
     their own there too."""
-    monkeypatch.setattr(derive, "multiprocessors", lambda device: 1)
+    monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
 
 
 def _matmul_grads(a, b, block=16):

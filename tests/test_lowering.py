@@ -9,7 +9,7 @@ from fuzz.bounds import checked  # every address inside the launch's tensors (th
 
 import tritongrad
 from tritongrad import NotDifferentiableError
-from tritongrad.runtime import derive, launching, variants
+from tritongrad.runtime import backward_kernel, derive, launching, variants
 from tritongrad.tools.testing import assert_gradients_match, bind_launch, poison
 from tritongrad.writes.strategies import Mode
 
@@ -103,7 +103,7 @@ def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers(poison
     """The weight's and bias's loads cover them: each program stores its whole partial row (left unfilled)."""
     monkeypatch.setenv("TRITONGRAD_TUNE", "0")  # (a tuner's trials reset their buffers: not the launch's own)
     filled = []
-    for module in (derive, variants, launching):  # (every place a buffer is made)
+    for module in (backward_kernel, variants, launching):  # (every place a buffer is made)
         monkeypatch.setattr(module, "zeros_strided", lambda *a, **k: filled.append(a))
     rows, n = 9, 45
     args, kwargs = check_norm_rows(rows, n)
@@ -610,7 +610,7 @@ def test_later_adds_alone_get_a_zero_filled_buffer(poisoned_empty):
 def test_partial_rows_over_their_budget_are_added_atomically_instead(monkeypatch):
     """Rows as long as the tensor per persistent program (an attention's keys) past the memory budget: the
     launch adds atomically rather than allocate them (or overflow their 32-bit offsets)."""
-    from tritongrad.runtime import derive
+    from tritongrad.runtime import backward_kernel
 
     rows, n = 7, 70
     x, w = torch.randn(rows, n, dtype=F64), torch.randn(n, dtype=F64)
@@ -618,11 +618,11 @@ def test_partial_rows_over_their_budget_are_added_atomically_instead(monkeypatch
     args, kwargs = (x, w, y, n, n), {"BLOCK": 32}
     norm_columns_looped[(rows,)](*args, **kwargs)
     tritongrad.grad(norm_columns_looped)._chosen.clear()  # choices are kept per launch (the budget is fixed)
-    monkeypatch.setattr(derive, "tape_budget", lambda device: 7 * n * 8 - 1)  # a byte less than 7 rows take
+    monkeypatch.setattr(backward_kernel, "tape_budget", lambda device: 7 * n * 8 - 1)  # a byte less than 7 rows take
     assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == Mode.ATOMIC
     xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
     want = xl * torch.rsqrt(xl.pow(2).mean(1, keepdim=True) + 1e-6) * wl
     assert_gradients_match(norm_columns_looped, (rows,), args, kwargs, y, want, [xl, wl], ["x_ptr", "w_ptr"])
     tritongrad.grad(norm_columns_looped)._chosen.clear()
-    monkeypatch.setattr(derive, "tape_budget", lambda device: 7 * n * 8)
+    monkeypatch.setattr(backward_kernel, "tape_budget", lambda device: 7 * n * 8)
     assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == Mode.ROW

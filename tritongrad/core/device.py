@@ -39,3 +39,10 @@ def multiprocessors(device: Any) -> int:
 
 
 _multiprocessors: dict[Any, int] = {}
+
+
+def capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

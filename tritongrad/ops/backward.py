@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 
+from ..core.device import capturing
 from ..core.errors import NotDifferentiableError, OpError, noted
 from ..runtime import tuning
-from ..runtime.derive import capturing, decisive_constexprs, grad, hashable
+from ..runtime.backward_kernel import decisive_constexprs, hashable
+from ..runtime.derive import grad
 from ..runtime.variants import shadow_dtype
 from .launcher import Launcher
 from .shadows import Plan, Shadow, Step, View, stand_in_tensor
@@ -180,7 +182,7 @@ class OpBackward:
         bwd, prepared, buffers_of = self._ready(step, launch, args, grid, written, config)
         buffers = {p: self._shadow(shadows, shadow, guards, fill, own) for p, shadow, fill, own in buffers_of}
         pad = GUARD[0] if guards is not None else 0
-        trace = [] if keep is not None and not bwd.checks_contents else None
+        trace = [] if keep is not None and not bwd.checks.reads_contents else None
         rows = bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,
                           setting=setting, trace=trace)
         if keep is not None:
@@ -202,8 +204,8 @@ class OpBackward:
         except TypeError:  # an unhashable argument
             key = found = None
         if found is not None:
-            if found[0].checks_contents:
-                found[0].check_arguments(args, grid)
+            if found[0].checks.reads_contents:
+                found[0].checks.arguments(args, grid)
             return found
         try:
             bwd = _derived_kernel(step, launch.kernel, args, self.deterministic)

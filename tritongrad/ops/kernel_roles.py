@@ -18,7 +18,7 @@ from ..core.errors import NotDifferentiableError
 from ..core.ir import loops, op_of
 from ..core.operations import operation_of
 from ..frontend.normalize import normalize_kernel
-from ..runtime.derive import defaults_of
+from ..runtime.backward_kernel import defaults_of
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..runtime.derive import shadow_dtype
+from ..runtime.variants import shadow_dtype
 from ..writes.launch_facts import Layout, buffer_facts, self_overlapping
 
 

@@ -2,7 +2,7 @@
 
 Shrunk from `scripts/fuzz_campaign.py` (generate.py). Every program adds its block's maximum
 into y0[0]; the gradient of each program's contribution is d_y0[0], well defined, and the derived
-kernel computes it (checked with BackwardKernel.check_grid skipped), but the launch-time guard
+kernel computes it (checked with LaunchChecks.grid skipped), but the launch-time guard
 refuses the grid as if the programs overwrote each other.
 """
 
