@@ -107,3 +107,26 @@ def test_no_module_shares_a_name_with_an_export():
     assert not modules & set(tritongrad.__all__)
     importlib.import_module("tritongrad.examples.linear")  # imports the op's module directly
     assert callable(tritongrad.op) and callable(tritongrad.override)
+
+
+def test_every_operation_has_a_shape_rule_or_is_unknown_on_purpose():
+    from tritongrad.analysis.shapes import SHAPES, UNKNOWN
+    from tritongrad.core.operations import OPERATIONS
+
+    unplaced = {kind for kind, operation in OPERATIONS.items()
+                if kind not in SHAPES and kind not in UNKNOWN and not operation.elementwise}
+    assert not unplaced, f"add these kinds to analysis/shapes.py's SHAPES (or UNKNOWN): {sorted(unplaced)}"
+    assert not (set(SHAPES) | UNKNOWN) - set(OPERATIONS) - {"subscript"}, "shape rules for kinds that do not exist"
+
+
+def test_every_tg_helper_has_its_facts_in_the_table():
+    """The passes over a derived kernel know a ``tg`` helper only by its HELPERS entry (core/language.py)."""
+    from tritongrad.core import language
+
+    tree = ast.parse(Path(language.__file__).read_text())
+    defined = {n.name[1:] for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("_")
+               and not n.name.startswith("__")}
+    variants = {"interpreting", "tape_get_as_kept", *language._COMBINES}  # not helpers: used by the ones listed
+    assert defined - variants == set(language.HELPERS)
+    for name, helper in language.HELPERS.items():
+        assert set(helper.calls) <= set(language.HELPERS), name

@@ -85,7 +85,7 @@ def test_dropout_mask_is_regenerated_identically():
 def reads_back_its_output(x_ptr, y_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     tl.store(y_ptr + offs, tl.load(x_ptr + offs) * 2.0)
-    z = tl.load(y_ptr + offs)  # what it stored: forwarded (readback.py)
+    z = tl.load(y_ptr + offs)  # what it stored: forwarded (frontend/forwarding.py)
     tl.store(y_ptr + BLOCK + offs, z)
 
 

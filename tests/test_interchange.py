@@ -1,6 +1,6 @@
 """Re-parallelized adjoints (interchange.py, issue 12): an input every program along a grid axis reads,
 at addresses a loop moves, gets a kernel of its own whose programs are the loop's iterations. Each test
-against PyTorch autograd in float64 with ragged sizes; buffers the lowering leaves unfilled are poisoned."""
+against PyTorch autograd in float64 with ragged sizes; buffers the write strategy leaves unfilled are poisoned."""
 
 import pytest
 import torch
@@ -72,7 +72,7 @@ def decaying_matmul(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK: tl.constexpr):
 @pytest.fixture(autouse=True)
 def one_multiprocessor(monkeypatch):
     """These matrices are small: on a GPU their few tiles would not fill its multiprocessors, and the
-    lowering would keep atomics (rightly). Count one, as the interpreter does, to run the kernels of
+    strategy choice would keep atomics (rightly). Count one, as the interpreter does, to run the kernels of
     their own there too."""
     monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
 

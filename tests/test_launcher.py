@@ -8,7 +8,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from test_lowering import norm_rows, norm_twice, scale_kernel, two_readers, windows
+from test_strategies import norm_rows, norm_twice, scale_kernel, two_readers, windows
 
 import tritongrad
 from tritongrad import examples
@@ -103,7 +103,7 @@ def test_repeated_backwards_of_windows(step, poisoned, kept):
 
 
 def test_repeated_backwards_of_two_launches_storing_then_adding(poisoned, kept):
-    op = tritongrad.op(two_readers.__wrapped__)  # plans of its own: test_lowering spies on two_readers' replays
+    op = tritongrad.op(two_readers.__wrapped__)  # plans of its own: test_strategies spies on two_readers' replays
     counts = repeat(op, lambda x: (2.0 * x, 3.0 * x), lambda: (torch.randn(77, dtype=F64),), kept)
     assert counts[-2:] == [2, 2]
 

@@ -8,7 +8,7 @@ arguments (no generated source, nothing ``eval``-ed). It prints as it reads, for
 - :class:`Apart`: ``sum(c_i * x_i)`` over ``0 <= x_i < extent_i`` takes each value once
   (lanes, programs and iterations of a store reach distinct elements; see lanes.py).
 - :class:`AtLeast`, :class:`AtMost`: one expression is at least another, at most a number.
-- :class:`Covers`: a store's addresses are exactly a tensor's elements (lowering.py: an input's
+- :class:`Covers`: a store's addresses are exactly a tensor's elements (writes/strategies.py: an input's
   gradient may then be stored, not added, into a buffer left unfilled).
 - :class:`All`: every one of several conditions.
 - index_ranges.RangesApart: stores whose addresses come from loaded indices (``dst = tl.load(perm +

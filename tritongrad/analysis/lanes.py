@@ -17,7 +17,7 @@ is refused when its addresses
 
 Integer coefficients are checked against the block's extent where it is a number.
 What depends on runtime strides, block sizes and the grid (``rows[:, None] * stride +
-cols[None, :]``) becomes a launch check (checks.py): at each launch, ``apart`` takes the
+cols[None, :]``) becomes a launch check (analysis/conditions.py): at each launch, ``apart`` takes the
 coordinates in order of stride and requires each to step over all the smaller ones can
 span, the mask's bounds included (``cols < N`` limits the columns of a ragged block), so a
 transposed tensor passed as rows is refused rather than differentiated wrongly. Stores in

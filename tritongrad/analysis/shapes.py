@@ -80,67 +80,103 @@ def broadcast(*shapes: Shape) -> Shape:
 
 def _shape_of(stmt: ast.stmt, of) -> Shape:
     op = op_of(stmt)
-    kind = op.kind
-    b = arguments(stmt)
-    if kind in ("program_id", "num_programs", "cdiv"):
-        return ()
-    if kind == "arange":
-        start, end = op.args[0], op.args[1]
-        if isinstance(start, ast.Constant) and start.value == 0:
-            return (ast.unparse(end),)
-        return (f"{ast.unparse(end)} - {ast.unparse(start)}",)
-    if kind in ("zeros", "full"):
-        return _dims(op.args[0] if op.args else op.kwargs.get("shape"))
-    if kind in LOADS:
-        return of(b["pointer"])
-    if kind == "make_tensor_descriptor":
-        return _dims(b["block_shape"])
-    if kind == "subscript":
-        x = of(b["input"])
-        index = op.kwargs["index"]
-        parts = index.elts if isinstance(index, ast.Tuple) else [index]
-        if x is None:
-            return None
-        out, i = [], 0
-        for p in parts:
-            if isinstance(p, ast.Constant):
-                out.append("1")
-            else:
-                out.append(x[i])
-                i += 1
-        return tuple(out) + x[i:]
-    if kind == "expand_dims":
-        x, axis = of(b["input"]), ast.literal_eval(b["axis"])
-        axes = axis if isinstance(axis, (tuple, list)) else (axis,)
-        out = list(x)
-        for a in axes:
-            out.insert(a if a >= 0 else len(out) + 1 + a, "1")
-        return tuple(out)
-    if kind in ("reshape", "view", "broadcast_to"):
-        return _dims(b["shape"])
-    if kind in ("trans", "permute"):
-        x = of(b["input"])
-        dims = b["dims"].elts if isinstance(b["dims"], ast.Tuple) else []
-        if len(dims) == 1 and isinstance(dims[0], (ast.Tuple, ast.List)):
-            dims = dims[0].elts
-        order = [ast.literal_eval(d) for d in dims] or list(reversed(range(len(x))))
-        return tuple(x[i] for i in order)
-    if kind in ("sum", "max", "min", "argmax", "argmin"):
-        x, axis = of(op.args[0]), ast.literal_eval(b.get("axis", ast.Constant(None)))
-        keep = ast.literal_eval(b.get("keep_dims", ast.Constant(False)))
-        if axis is None:  # tl.reduce flattens first; tl.sum and friends keep the rank
-            flattened = triton_language_name(op.func, None) == "reduce"
-            return (("1",) if flattened else tuple("1" for _ in x)) if keep else ()
-        axis = axis % len(x)
-        return tuple("1" if i == axis else d for i, d in enumerate(x)) if keep else x[:axis] + x[axis + 1:]
-    if kind == "dot":
-        x, y = of(b["input"]), of(b["other"])
-        return x[:-1] + y[-1:]
-    if kind in ("to", "cast", "cumsum", "cumprod"):
-        return of(b["input"])
-    if kind == "softmax":
-        return of(b["x"])
-    if kind in ("copy", "neg", "pos", "not_", "invert") or (
-            kind in OPERATIONS and OPERATIONS[kind].elementwise):  # not a custom rule's: its helper may reduce
-        return broadcast(*[of(a) for a in op.args if not isinstance(a, (ast.Tuple, ast.List))])
-    return None
+    rule = SHAPES.get(op.kind)
+    if rule is None:
+        elementwise = op.kind in OPERATIONS and OPERATIONS[op.kind].elementwise  # (not a custom rule's: its helper
+        return _broadcast_operands(op, arguments(stmt), of) if elementwise else None  # may reduce)
+    return rule(op, arguments(stmt), of)
+
+
+# -- the table: per operation kind, its result's shape from its arguments' (``op``: the Op, ``b``: its arguments by
+# parameter name, ``of``: an argument's shape). A kind without an entry: its operands broadcast together if it is
+# elementwise, else unknown (``UNKNOWN`` lists those on purpose; tests/test_architecture.py checks every kind is
+# in one or the other).
+
+def _scalar(op, b, of) -> Shape:
+    return ()
+
+
+def _arange(op, b, of) -> Shape:
+    start, end = op.args[0], op.args[1]
+    if isinstance(start, ast.Constant) and start.value == 0:
+        return (ast.unparse(end),)
+    return (f"{ast.unparse(end)} - {ast.unparse(start)}",)
+
+
+def _filled(op, b, of) -> Shape:
+    return _dims(op.args[0] if op.args else op.kwargs.get("shape"))
+
+
+def _subscript(op, b, of) -> Shape:
+    x = of(b["input"])
+    index = op.kwargs["index"]
+    parts = index.elts if isinstance(index, ast.Tuple) else [index]
+    if x is None:
+        return None
+    out, i = [], 0
+    for p in parts:
+        if isinstance(p, ast.Constant):
+            out.append("1")
+        else:
+            out.append(x[i])
+            i += 1
+    return tuple(out) + x[i:]
+
+
+def _expand_dims(op, b, of) -> Shape:
+    x, axis = of(b["input"]), ast.literal_eval(b["axis"])
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    out = list(x)
+    for a in axes:
+        out.insert(a if a >= 0 else len(out) + 1 + a, "1")
+    return tuple(out)
+
+
+def _permuted(op, b, of) -> Shape:
+    x = of(b["input"])
+    dims = b["dims"].elts if isinstance(b["dims"], ast.Tuple) else []
+    if len(dims) == 1 and isinstance(dims[0], (ast.Tuple, ast.List)):
+        dims = dims[0].elts
+    order = [ast.literal_eval(d) for d in dims] or list(reversed(range(len(x))))
+    return tuple(x[i] for i in order)
+
+
+def _reduced(op, b, of) -> Shape:
+    x, axis = of(op.args[0]), ast.literal_eval(b.get("axis", ast.Constant(None)))
+    keep = ast.literal_eval(b.get("keep_dims", ast.Constant(False)))
+    if axis is None:  # tl.reduce flattens first; tl.sum and friends keep the rank
+        flattened = triton_language_name(op.func, None) == "reduce"
+        return (("1",) if flattened else tuple("1" for _ in x)) if keep else ()
+    axis = axis % len(x)
+    return tuple("1" if i == axis else d for i, d in enumerate(x)) if keep else x[:axis] + x[axis + 1:]
+
+
+def _broadcast_operands(op, b, of) -> Shape:
+    return broadcast(*[of(a) for a in op.args if not isinstance(a, (ast.Tuple, ast.List))])
+
+
+SHAPES: dict = {
+    **dict.fromkeys(("program_id", "num_programs", "cdiv"), _scalar),
+    "arange": _arange,
+    **dict.fromkeys(("zeros", "full"), _filled),
+    **dict.fromkeys(LOADS, lambda op, b, of: of(b["pointer"])),
+    "make_tensor_descriptor": lambda op, b, of: _dims(b["block_shape"]),
+    "subscript": _subscript,
+    "expand_dims": _expand_dims,
+    **dict.fromkeys(("reshape", "view", "broadcast_to"), lambda op, b, of: _dims(b["shape"])),
+    **dict.fromkeys(("trans", "permute"), _permuted),
+    **dict.fromkeys(("sum", "max", "min", "argmax", "argmin"), _reduced),
+    "dot": lambda op, b, of: of(b["input"])[:-1] + of(b["other"])[-1:],
+    **dict.fromkeys(("to", "cast", "cumsum", "cumprod"), lambda op, b, of: of(b["input"])),
+    "softmax": lambda op, b, of: of(b["x"]),
+    **dict.fromkeys(("copy", "neg", "pos", "not_", "invert"), _broadcast_operands),
+}
+# kinds whose result's shape is not read (several results, memory effects, constants of no tile, refused
+# operations): their shape is unknown, which is always safe
+UNKNOWN = frozenset({
+    "item", "linear_scan", "split", "join", "zeros_like", "rand", "randn", "randint", "rand4x", "randn4x",
+    "randint4x", "umulhi", "multiple_of", "max_contiguous", "max_constancy", "floor", "ceil", "static_assert",
+    "device_assert", "static_print", "device_print", "debug_barrier", "print", "store", "atomic_add", "atomic_max",
+    "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg", "atomic_cas", "desc_store",
+    "desc_atomic_add", "is_", "is_not", "in_", "not_in", "boolop", "ifexp",
+})

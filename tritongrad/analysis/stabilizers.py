@@ -26,7 +26,18 @@ import ast
 import math
 from dataclasses import dataclass
 
-from ..core.ir import Program, arguments, child_blocks, is_none, is_structured, literal_value, op_of, reads, target_of
+from ..core.ir import (
+    Program,
+    arguments,
+    child_blocks,
+    is_none,
+    is_structured,
+    literal_value,
+    op_of,
+    reads,
+    statements,
+    target_of,
+)
 from ..core.operations import operation_of
 
 INVARIANT = None
@@ -59,7 +70,7 @@ class Changes(Exception):
 def stabilizers(program: Program, active: set[str]) -> set[str]:
     """The active results of ``tl.max`` reductions whose perturbation leaves everything observable unchanged."""
     found = set()
-    for stmt in _flat(program.body):
+    for stmt in statements(program.body):
         t = target_of(stmt)
         if t in active and op_of(stmt).kind == "max":
             try:
@@ -69,7 +80,7 @@ def stabilizers(program: Program, active: set[str]) -> set[str]:
             except Changes:
                 continue
             found.add(t)
-    for stmt in _flat(program.body):  # its copies in another shape (`m[:, None]`) have no adjoint either
+    for stmt in statements(program.body):  # its copies in another shape (`m[:, None]`) have no adjoint either
         op = op_of(stmt)
         if op.kind in _RESHAPES and op.args and isinstance(op.args[0], ast.Name) and op.args[0].id in found:
             found.add(target_of(stmt))
@@ -79,15 +90,6 @@ def stabilizers(program: Program, active: set[str]) -> set[str]:
 _RESHAPES = ("copy", "subscript", "expand_dims", "broadcast_to", "reshape", "view")
 
 
-def _flat(body: list[ast.stmt]):
-    for s in body:
-        if is_structured(s):
-            for block in child_blocks(s):
-                yield from _flat(block)
-        else:
-            yield s
-
-
 def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = frozenset()) -> dict[str, object]:
     """How each value moves with ``m``; raises Changes where moving ``m`` changes something observable.
 
@@ -95,7 +97,7 @@ def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = fr
     first as ``ZERO``, it then scales as its next value came out, which the loop is visited again to confirm.
     ``guarded``: ids of casts compiled with a check that their type is a float type (online.py)."""
     kinds: dict[str, object] = {m: Shift(1.0)}  # name -> how it moves (every definition must agree)
-    zeros = {target_of(s) for s in _flat(body) if _is_zeros(s)}
+    zeros = {target_of(s) for s in statements(body) if _is_zeros(s)}
 
     def kind_of(atom: ast.expr):
         if isinstance(atom, ast.Name):

@@ -16,13 +16,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 
+from ..core.calls import pure
 from ..core.ir import tl_call
 from ..reverse.sweep import is_comment_marker
-
-# calls that write memory or order it: nothing moves across them
-_WRITES = {"tl.store", "tl.debug_barrier", "tl.device_print", "tl.device_assert", "tg.add_later", "tg.tape_put",
-           "tg.tape_put_exactly"}
-_METHODS = {"to", "reshape", "trans", "broadcast_to", "expand_dims", "permute", "view"}  # pure tensor methods
 
 NOTE = "loaded ahead of its first use: its latency overlaps the work in between (early_loads.py)"
 LEFT = "`{}`: loaded above, ahead of its first use"
@@ -66,17 +62,10 @@ def _is_load(stmt: ast.stmt) -> bool:
 
 
 def _pure(stmt: ast.stmt) -> bool:
-    """A plain statement whose calls are all known and write no memory."""
+    """A plain statement whose calls are all pure (core/calls.py: nothing written or ordered)."""
     if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Pass)):
         return False
-    for n in ast.walk(stmt):
-        if isinstance(n, ast.Call):
-            f = n.func
-            known = (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in ("tl", "tg")
-                     and f"{f.value.id}.{f.attr}" not in _WRITES and not f.attr.startswith("atomic_"))
-            if not known and not (isinstance(f, ast.Attribute) and f.attr in _METHODS):
-                return False
-    return True
+    return all(pure(n) for n in ast.walk(stmt) if isinstance(n, ast.Call))
 
 
 def _names(stmt: ast.stmt) -> set[str]:

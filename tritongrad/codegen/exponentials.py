@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import ast
 
-from ..core.ir import header, tl_call
+from ..core.ir import every_statement, header, tl_call
+from ..core.language import HELPERS
 
 # call -> the argument positions (and keywords) whose value may flow on through it: arithmetic, shape moves,
-# smooth functions, the adjoint helpers; the stores of gradients end the flow
+# smooth functions, the adjoint helpers (HELPERS' flows); the stores of gradients end the flow
 _FLOWS: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
     **{f"tl.{f}": ((0,), ()) for f in ("exp", "exp2", "log", "log2", "sqrt", "sqrt_rn", "rsqrt", "sin", "cos",
                                         "sigmoid", "erf", "trans", "reshape", "view", "broadcast_to",
@@ -33,14 +34,7 @@ _FLOWS: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
     "tl.where": ((1, 2), ("x", "y")),
     "tl.store": ((1,), ("value",)),
     "tl.atomic_add": ((1,), ("val",)),
-    **{f"tg.{f}": ((0,), ()) for f in ("to_float", "cast_grad", "widened", "stop_gradient", "zeros_grad",
-                                        "cumsum_grad")},
-    "tg.unbroadcast": ((0, 1), ()),
-    "tg.softmax": ((0,), ()),
-    "tg.softmax_grad": ((0, 1), ()),
-    "tg.sum_grad": ((0, 1), ()),
-    "tg.tape_put": ((2,), ()),
-    "tg.tape_put_exactly": ((1,), ()),
+    **{f"tg.{name}": (helper.flows, ()) for name, helper in HELPERS.items() if helper.flows},
 }
 _ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd)
 
@@ -49,11 +43,11 @@ def base_two_exponentials(body: list[ast.stmt]) -> list[ast.stmt]:
     """``body`` with each ``tl.exp(x)`` whose value only arithmetic reads written ``tg.exp(x)`` (in place)."""
     parents = {id(c): p for p in ast.walk(ast.Module(body, [])) for c in ast.iter_child_nodes(p)}
     readers: dict[str, list[ast.stmt]] = {}
-    for stmt in _every_statement(body):
+    for stmt in every_statement(body):
         for node in _own_nodes(stmt):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 readers.setdefault(node.id, []).append(stmt)
-    for stmt in _every_statement(body):
+    for stmt in every_statement(body):
         for node in _own_nodes(stmt):
             if tl_call(node, "exp") is not None and len(node.args) == 1 and not node.keywords \
                     and not isinstance(node.args[0], ast.Constant) and _only_arithmetic(node, readers, parents):
@@ -67,14 +61,6 @@ def _is_tg_softmax(node: ast.AST) -> bool:
     """``tg.softmax(z, axis)`` (composites.py)."""
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "softmax"
             and isinstance(node.func.value, ast.Name) and node.func.value.id == "tg")
-
-
-def _every_statement(body: list[ast.stmt]):
-    """Every statement of ``body``, loops and branches (their headers) and what they hold."""
-    for stmt in body:
-        yield stmt
-        for block in (getattr(stmt, "body", []), getattr(stmt, "orelse", [])):
-            yield from _every_statement(block)
 
 
 def _own_nodes(stmt: ast.stmt) -> list[ast.AST]:

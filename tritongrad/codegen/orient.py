@@ -28,13 +28,18 @@ import copy
 import textwrap
 from collections.abc import Callable
 
-from ..core.ir import is_none, name_node, reads, tl_call
-from ..core.operations import OPERATIONS
-
-# tg helpers elementwise in their first argument (the others are types)
-_ELEMENTWISE_HELPERS = ("to_float", "cast_grad", "widened", "stop_gradient")
-# reductions whose axis can move to the other one
-_REDUCTIONS = ("sum", "max", "min")
+from ..core.calls import shape_only, value_reads
+from ..core.ir import every_statement, name_node, reads, tl_call
+from .tiles import (
+    TileFacts,
+    elementwise_in_all,
+    helper_named,
+    is_method_to,
+    plain_trans,
+    reduction_axis,
+    swapped_row,
+    target_name,
+)
 
 
 class _Unknown(Exception):
@@ -47,9 +52,9 @@ def orient_tiles(body: list[ast.stmt], params: list[str], comment: Callable[[str
     ``params``: the kernel's parameters (scalars and pointers); ``comment(text)``: a statement codegen prints
     as a comment, put before the first transposed definition; ``every``: transpose every group the pass can,
     whatever it costs (tests: the rewrite on every kernel, not only where it pays)."""
-    if not every and not any(_plain_trans(tl_call(n, "trans")) for n in ast.walk(ast.Module(body, []))):
+    if not every and not any(plain_trans(tl_call(n, "trans")) for n in ast.walk(ast.Module(body, []))):
         return body  # nothing transposed: nothing to save
-    facts = _Facts(body, params)
+    facts = TileFacts(body, params)
     costly = _costly_reads(body, facts)
     if not costly and not every:
         return body
@@ -72,139 +77,18 @@ def orient_tiles(body: list[ast.stmt], params: list[str], comment: Callable[[str
     return _with_comment(out, chosen, comment(text))
 
 
-class _Facts:
-    """What the pass knows of a body: each name's rank, definitions, and whether a product computed it."""
-
-    def __init__(self, body: list[ast.stmt], params: list[str]):
-        self.ranks: dict[str, int | None] = {p: 0 for p in params}
-        self.defs: dict[str, list[ast.stmt]] = {}
-        self.order: dict[str, int] = {}
-        self.pinned: set[str] = set()  # defined otherwise than by `name = ...` / `name op= ...`
-        flat = list(_flat(body))
-        for stmt in flat:
-            if isinstance(stmt, ast.For):
-                self.ranks[stmt.target.id] = 0
-                self.pinned.add(stmt.target.id)
-            elif isinstance(stmt, (ast.Assign, ast.AugAssign)) and _target(stmt) is not None:
-                self.defs.setdefault(_target(stmt), []).append(stmt)
-                self.order.setdefault(_target(stmt), len(self.order))
-            elif isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-                self.pinned |= {n.id for n in ast.walk(stmt)
-                                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        self._infer_ranks()
-        self.dotted = self._dotted()
-        self.live = _live(flat, self.defs)
-        self.unit: dict[str, int] = {}  # tiles with an axis of one element: name -> that axis
-        for _ in range(2):
-            for name, defs in self.defs.items():
-                axes = {self.unit_axis(d.value) for d in defs if self.ranks.get(name) == 2}
-                if len(axes) == 1 and None not in axes:
-                    self.unit[name] = axes.pop()
-
-    def unit_axis(self, e: ast.expr) -> int | None:
-        """The axis of one element of the tile ``e`` (``x[:, None]``: 1), where known."""
-        if isinstance(e, ast.Name):
-            return self.unit.get(e.id)
-        if isinstance(e, ast.Subscript):
-            index = _swapped_row(e, self)
-            return None if index is None else int(is_none(index.elts[0]))
-        if isinstance(e, ast.Call) and _reduction_axis(e, keep_dims=True) is not None and self.rank(e.args[0]) == 2:
-            return _reduction_axis(e, keep_dims=True)
-        if isinstance(e, ast.Call) and any(_tg_call(e, f) for f in ("unbroadcast", "zeros_grad")):
-            return self.unit_axis(e.args[-1])
-        operands = _elementwise_operands(e)
-        if operands is None:
-            return None
-        ranks = [self.rank(o) for o in operands]
-        if None in ranks:
-            return None
-        axes = {self.unit_axis(o) if r == 2 else 0 for o, r in zip(operands, ranks, strict=True) if r > 0}
-        return axes.pop() if len(axes) == 1 else None
-
-    def costly(self, e: ast.expr) -> bool:
-        """``e`` is ``tl.trans`` of a product-derived tile with no axis of one element."""
-        if not _plain_trans(tl_call(e, "trans")):
-            return False
-        x = e.args[0]
-        return self.unit_axis(x) is None and bool(_has_dot(x) or _value_reads(x) & self.dotted)
-
-    def _infer_ranks(self) -> None:
-        """Each defined name's rank: the one its assignments agree on (updates ``x op= y`` no wider), None
-        where they do not or one is unknown. Iterated to a fixed point: a definition that reads a name with
-        no rank yet (a loop-carried name read before its update) waits for a later round."""
-        while True:
-            changed = False
-            for name, defs in self.defs.items():
-                pending = set(self.defs) - set(self.ranks)
-                seen = []
-                for d in defs:
-                    try:
-                        seen.append((_rank(d.value, self.ranks, pending), isinstance(d, ast.AugAssign)))
-                    except _Pending:
-                        continue
-                assigned = {r for r, update in seen if not update}
-                if not assigned:
-                    continue
-                rank = assigned.pop() if len(assigned) == 1 else None
-                if rank is not None and any(r is None or r > rank for r, update in seen if update):
-                    rank = None
-                if self.ranks.get(name, "unset") != rank and self.ranks.get(name, 0) is not None:
-                    self.ranks[name] = rank if name not in self.ranks else None
-                    changed = True
-            if not changed:
-                break
-        for name in self.defs:
-            self.ranks.setdefault(name, None)
-
-    def rank(self, e: ast.expr) -> int | None:
-        return _rank(e, self.ranks)
-
-    def is_tile(self, name: str) -> bool:
-        return self.ranks.get(name) == 2 and name not in self.pinned and name in self.defs
-
-    def _dotted(self) -> set[str]:
-        """Names a product computed (a ``tl.dot`` in what their values are computed from)."""
-        dotted: set[str] = set()
-        while True:
-            more = {n for n, defs in self.defs.items() if n not in dotted
-                    and any(_has_dot(d.value) or _value_reads(d.value) & dotted for d in defs)}
-            if not more:
-                return dotted
-            dotted |= more
-
-    def groups(self) -> list[set[str]]:
-        """The tiles, grouped with those they are elementwise in."""
-        parent = {n: n for n in self.defs if self.is_tile(n)}
-
-        def find(n: str) -> str:
-            while parent[n] != n:
-                parent[n] = parent[parent[n]]
-                n = parent[n]
-            return n
-
-        for name in parent:
-            for d in self.defs[name]:
-                for other in _elementwise_names(d.value, self.ranks):
-                    if other in parent:
-                        parent[find(other)] = find(name)
-        groups: dict[str, set[str]] = {}
-        for name in parent:
-            groups.setdefault(find(name), set()).add(name)
-        return sorted(groups.values(), key=lambda g: min(self.order[n] for n in g))
-
-
 class _Rewriter:
     """Writes a body with the names in ``flipped`` holding their transposes, and counts the transposes of
     product-derived tiles left in statements whose values are used."""
 
-    def __init__(self, facts: _Facts, flipped: set[str]):
+    def __init__(self, facts: TileFacts, flipped: set[str]):
         self.facts, self.flipped = facts, flipped
 
     def cost(self, body: list[ast.stmt]) -> int:
         """How many transposes of product-derived tiles the rewritten body computes."""
         out, count = self.body(body), 0
-        for stmt in _flat(out):
-            if isinstance(stmt, (ast.Assign, ast.AugAssign)) and _target(stmt) not in self.facts.live:
+        for stmt in every_statement(out):
+            if isinstance(stmt, (ast.Assign, ast.AugAssign)) and target_name(stmt) not in self.facts.live:
                 continue  # dead: Triton drops it
             for e in ([stmt.test] if isinstance(stmt, ast.If) else [stmt.iter] if isinstance(stmt, ast.For)
                       else [stmt.value] if getattr(stmt, "value", None) is not None else []):
@@ -220,7 +104,7 @@ class _Rewriter:
             elif isinstance(stmt, ast.For):
                 stmt.iter, stmt.body = self.keep(stmt.iter), self.body(stmt.body)
             elif isinstance(stmt, (ast.Assign, ast.AugAssign)):
-                name = _target(stmt)
+                name = target_name(stmt)
                 stmt.value = self.flip(stmt.value) if name in self.flipped else self.keep(stmt.value)
             elif isinstance(stmt, (ast.Expr, ast.Return)) and stmt.value is not None:
                 stmt.value = self.keep(stmt.value)
@@ -232,7 +116,7 @@ class _Rewriter:
         transpose)."""
         if isinstance(e, ast.Name) and e.id not in self.flipped and len(self.facts.defs.get(e.id, [])) == 1:
             inner = tl_call(self.facts.defs[e.id][0].value, "trans")
-            if (_plain_trans(inner) and isinstance(inner.args[0], ast.Name) and inner.args[0].id not in self.flipped
+            if (plain_trans(inner) and isinstance(inner.args[0], ast.Name) and inner.args[0].id not in self.flipped
                     and _fixed(inner.args[0].id, self.facts)):
                 return name_node(inner.args[0].id)
         return _trans(e)
@@ -250,16 +134,16 @@ class _Rewriter:
         if isinstance(e, ast.Attribute) and e.attr == "shape":
             return ast.Attribute(self.keep(e.value), "shape", ast.Load())
         call = e if isinstance(e, ast.Call) else None
-        if _plain_trans(tl_call(e, "trans")) and self.facts.rank(call.args[0]) == 2:
+        if plain_trans(tl_call(e, "trans")) and self.facts.rank(call.args[0]) == 2:
             return self.flip(call.args[0])
         if (tl_call(e, "reshape") or tl_call(e, "view")) and call.args and isinstance(call.args[0], ast.Name) \
                 and call.args[0].id in self.flipped and self.facts.unit_axis(call.args[0]) is not None:
             # an axis of one element: the transpose has its elements in the same order
             return _with_args(call, [call.args[0], *map(self.keep, call.args[1:])],
                               {k.arg: self.keep(k.value) for k in call.keywords})
-        if call is not None and _reduction_axis(call) is not None and self.facts.rank(call.args[0]) == 2 \
+        if call is not None and reduction_axis(call) is not None and self.facts.rank(call.args[0]) == 2 \
                 and isinstance(call.args[0], ast.Name) and call.args[0].id in self.flipped:
-            other = ast.Constant(1 - _reduction_axis(call))
+            other = ast.Constant(1 - reduction_axis(call))
             return _with_args(call, [self.flip(call.args[0])], {"axis": other})
         return _map_children(e, self.keep)
 
@@ -273,7 +157,7 @@ class _Rewriter:
         if isinstance(e, ast.Name):
             return e if e.id in self.flipped else self.transposed(e)
         if isinstance(e, ast.Subscript):
-            index = _swapped_row(e, self.facts)
+            index = swapped_row(e, self.facts)
             if index is not None:
                 return ast.Subscript(self.keep(e.value), index, ast.Load())
         elif isinstance(e, (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp)):
@@ -295,7 +179,7 @@ class _Rewriter:
 
     def flip_call(self, e: ast.Call) -> ast.expr | None:
         f = e.func
-        if _is_method_to(e):
+        if is_method_to(e):
             return ast.Call(ast.Attribute(self.flip(f.value), "to", ast.Load()),
                             [self.keep(a) for a in e.args],
                             [ast.keyword(k.arg, self.keep(k.value)) for k in e.keywords])
@@ -308,13 +192,13 @@ class _Rewriter:
                 return None
             acc = {k.arg: self.flip(k.value) for k in e.keywords if k.arg == "acc"}
             return _with_args(e, [self.flip(b), self.flip(a)], acc)
-        if module == "tl" and fn == "trans" and _plain_trans(e):
+        if module == "tl" and fn == "trans" and plain_trans(e):
             return self.keep(e.args[0])
-        if (module == "tl" and fn == "cast" or module == "tg" and fn in _ELEMENTWISE_HELPERS) and e.args:
+        if (module == "tl" and fn == "cast" or module == "tg" and helper_named(fn).elementwise) and e.args:
             rest = [self.keep(a) for a in e.args[1:]]  # types
             return _with_args(e, [self.flip(e.args[0]), *rest],
                               {k.arg: self.keep(k.value) for k in e.keywords})
-        if module == "tl" and _elementwise(fn):
+        if module == "tl" and elementwise_in_all(fn):
             args = [self.operand(a) for a in e.args]
             return _with_args(e, args, {k.arg: self.operand(k.value) for k in e.keywords})
         if module == "tg" and fn == "unbroadcast" and len(e.args) == 2 and self.facts.rank(e.args[0]) == 2:
@@ -342,75 +226,10 @@ class _Rewriter:
 
 
 _DOT_KEYWORDS = ("acc", "input_precision", "allow_tf32", "max_num_imprecise_acc", "out_dtype")
-# helpers' arguments read for their shape (and type) only, by position
-_SHAPE_ARGS = {"unbroadcast": {1}, "sum_grad": {1}, "zeros_grad": {0}, "zeros_to_sum": {0}}
-
-
-def _shape_args(call: ast.Call) -> set[int]:
-    f = call.func
-    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "tg":
-        return _SHAPE_ARGS.get(f.attr, set())
-    return set()
-
-
-def _reduction_axis(call: ast.Call, keep_dims: bool = False) -> int | None:
-    """The axis (0 or 1) of ``tl.sum(x, axis)`` and the like, with kept dims or without, else None."""
-    if not any(tl_call(call, fn) for fn in _REDUCTIONS) or len(call.args) > 2:
-        return None
-    named = {k.arg: k.value for k in call.keywords}
-    kept = isinstance(named.get("keep_dims"), ast.Constant) and named["keep_dims"].value is True
-    if set(named) - {"axis", "keep_dims"} or kept != keep_dims or "keep_dims" in named and not (
-            isinstance(named["keep_dims"], ast.Constant) and isinstance(named["keep_dims"].value, bool)):
-        return None
-    axis = call.args[1] if len(call.args) == 2 else named.get("axis")
-    if isinstance(axis, ast.Constant) and axis.value in (0, 1, -1, -2):
-        return axis.value % 2
-    return None
-
-
-def _tg_call(e: ast.AST, function: str) -> ast.Call | None:
-    """``e`` if it is a call ``tg.<function>(...)``, else None."""
-    if (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == function
-            and isinstance(e.func.value, ast.Name) and e.func.value.id == "tg"):
-        return e
-    return None
-
-
-def _elementwise_operands(e: ast.expr) -> list[ast.expr] | None:
-    """The operands of an elementwise operation (an operator, an elementwise ``tl`` function, a cast), else
-    None."""
-    if isinstance(e, (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp)):
-        return [c for c in ast.iter_child_nodes(e) if isinstance(c, ast.expr)]
-    if not isinstance(e, ast.Call):
-        return None
-    if _is_method_to(e):
-        return [e.func.value]
-    if any(tl_call(e, "cast") or _tg_call(e, f) for f in _ELEMENTWISE_HELPERS) and e.args:
-        return [e.args[0]]
-    f = e.func
-    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "tl" and _elementwise(f.attr):
-        return [*e.args, *(k.value for k in e.keywords)]
-    return None
-
-
-def _elementwise(fn: str) -> bool:
-    """``tl.<fn>`` is elementwise in all its arguments (``broadcast_to``'s shape is not an operand)."""
-    return fn in OPERATIONS and OPERATIONS[fn].elementwise and fn != "broadcast_to"
-
-
-def _is_method_to(call: ast.Call) -> bool:
-    """``x.to(dtype)``."""
-    f = call.func
-    return isinstance(f, ast.Attribute) and f.attr == "to" and not (isinstance(f.value, ast.Name)
-                                                                     and f.value.id in ("tl", "tg"))
 
 
 def _is_false(e: ast.expr) -> bool:
     return isinstance(e, ast.Constant) and e.value is False
-
-
-def _plain_trans(call: ast.Call | None) -> bool:
-    return call is not None and len(call.args) == 1 and not call.keywords
 
 
 def _trans(e: ast.expr) -> ast.Call:
@@ -420,21 +239,6 @@ def _trans(e: ast.expr) -> ast.Call:
 def _column(e: ast.expr) -> ast.Subscript:
     """``e[:, None]``."""
     return ast.Subscript(e, ast.Tuple([ast.Slice(), ast.Constant(None)], ast.Load()), ast.Load())
-
-
-def _swapped_row(e: ast.Subscript, facts: _Facts) -> ast.Tuple | None:
-    """For ``x[None, :]`` of a 1-D ``x`` the index ``[:, None]``, and the other way round, else None."""
-    index = e.slice
-    if facts.rank(e.value) != 1 or not isinstance(index, ast.Tuple) or len(index.elts) != 2:
-        return None
-    kinds = ["new" if is_none(i) else "all" if _is_full(i) else "?" for i in index.elts]
-    if sorted(kinds) != ["all", "new"]:
-        return None
-    return ast.Tuple(index.elts[::-1], ast.Load())
-
-
-def _is_full(e: ast.expr) -> bool:
-    return isinstance(e, ast.Slice) and e.lower is None and e.upper is None and e.step is None
 
 
 def _with_args(call: ast.Call, args: list[ast.expr], keywords: dict[str, ast.expr]) -> ast.Call:
@@ -459,127 +263,44 @@ def _keyword(v, f):
     return v
 
 
-def _fixed(name: str, facts: _Facts) -> bool:
+def _fixed(name: str, facts: TileFacts) -> bool:
     """Assigned once (or a parameter): the same value wherever it is read."""
     return name not in facts.pinned and len(facts.defs.get(name, [])) <= 1
 
 
 # -- what the pass reads ---------------------------------------------------------------------------------
 
-def _flat(body: list[ast.stmt]):
-    for stmt in body:
-        yield stmt
-        for block in (getattr(stmt, "body", None), getattr(stmt, "orelse", None)):
-            if isinstance(block, list):
-                yield from _flat(block)
 
-
-def _target(stmt: ast.stmt) -> str | None:
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-        return stmt.targets[0].id
-    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
-        return stmt.target.id
-    return None
-
-
-def _value_reads(e: ast.AST) -> set[str]:
-    """Names whose values ``e`` reads: not those it reads only for a shape or a type."""
-    if isinstance(e, ast.Attribute) and e.attr in ("dtype", "shape"):
-        return set()
-    if isinstance(e, ast.Name):
-        return {e.id} if isinstance(e.ctx, ast.Load) else set()
-    if isinstance(e, ast.Call):
-        shaped = _shape_args(e)
-        found = _value_reads(e.func)
-        for i, a in enumerate(e.args):
-            if i not in shaped:
-                found |= _value_reads(a)
-        for k in e.keywords:
-            found |= _value_reads(k.value)
-        return found
-    found = set()
-    for child in ast.iter_child_nodes(e):
-        found |= _value_reads(child)
-    return found
-
-
-def _has_dot(e: ast.AST) -> bool:
-    return any(tl_call(n, "dot") for n in ast.walk(e))
-
-
-def _transposes(e: ast.AST, facts: _Facts) -> int:
+def _transposes(e: ast.AST, facts: TileFacts) -> int:
     """How many costly ``tl.trans`` ``e`` computes (not those read for a shape or type)."""
     if isinstance(e, ast.Attribute) and e.attr in ("dtype", "shape"):
         return 0
     if isinstance(e, ast.Call):
-        shaped = _shape_args(e)
+        shaped = set(shape_only(e))
         children = [e.func, *(a for i, a in enumerate(e.args) if i not in shaped), *(k.value for k in e.keywords)]
         return int(facts.costly(e)) + sum(_transposes(c, facts) for c in children)
     return sum(_transposes(c, facts) for c in ast.iter_child_nodes(e))
 
 
-def _costly_reads(body: list[ast.stmt], facts: _Facts) -> set[str]:
+def _costly_reads(body: list[ast.stmt], facts: TileFacts) -> set[str]:
     """Names read inside a ``tl.trans`` of a product-derived value in a statement whose value is used."""
     found = set()
-    for stmt in _flat(body):
-        if isinstance(stmt, (ast.Assign, ast.AugAssign)) and _target(stmt) not in facts.live:
+    for stmt in every_statement(body):
+        if isinstance(stmt, (ast.Assign, ast.AugAssign)) and target_name(stmt) not in facts.live:
             continue
         if isinstance(stmt, (ast.If, ast.For)):
             continue
         for node in ast.walk(stmt):
             if facts.costly(node):
-                found |= _value_reads(node)
+                found |= value_reads(node)
     return found
-
-
-def _live(flat: list[ast.stmt], defs: dict[str, list[ast.stmt]]) -> set[str]:
-    """Names whose values reach something the kernel does (a store, a branch, a loop's range, a call's
-    effect): a value read only for its shape or type, or by nothing, is dead (Triton drops it)."""
-    live: set[str] = set()
-    for stmt in flat:
-        if isinstance(stmt, ast.If):
-            live |= _value_reads(stmt.test)
-        elif isinstance(stmt, ast.For):
-            live |= _value_reads(stmt.iter)
-        elif isinstance(stmt, (ast.Assign, ast.AugAssign)) and _target(stmt) is not None:
-            if any(isinstance(n, ast.Call) and not _pure(n) for n in ast.walk(stmt.value)):
-                live |= _value_reads(stmt.value) | {_target(stmt)}
-        else:
-            live |= _value_reads(stmt)
-    work = list(live)
-    while work:
-        for d in defs.get(work.pop(), []):
-            for n in _value_reads(d.value) - live:
-                live.add(n)
-                work.append(n)
-    return live
-
-
-def _pure(call: ast.Call) -> bool:
-    f = call.func
-    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "tl":
-        op = OPERATIONS.get(f.attr)
-        return op is None or op.memory in (None, "load")
-    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "tg":
-        return not f.attr.startswith(("tape_put", "add_later"))
-    return True
-
-
-def _elementwise_names(e: ast.expr, ranks: dict[str, int | None]) -> set[str]:
-    """Tiles ``e`` is elementwise in: reached through operators, elementwise calls and the adjoint helpers
-    that give a tile the shape of another."""
-    if isinstance(e, ast.Name):
-        return {e.id} if ranks.get(e.id) == 2 else set()
-    operands = _elementwise_operands(e)
-    if operands is None and any(_tg_call(e, f) for f in ("unbroadcast", "sum_grad", "extremum_grad", "zeros_grad")):
-        operands = e.args[:2]
-    return set().union(*(_elementwise_names(o, ranks) for o in operands or []))
 
 
 def _with_comment(body: list[ast.stmt], flipped: set[str], marker: ast.stmt) -> list[ast.stmt]:
     """``body`` with ``marker`` before the statement holding the first definition of a flipped name."""
     for i, stmt in enumerate(body):
-        if any(isinstance(s, (ast.Assign, ast.AugAssign)) and _target(s) in flipped for s in _flat([stmt])):
+        if any(isinstance(s, (ast.Assign, ast.AugAssign)) and target_name(s) in flipped
+               for s in every_statement([stmt])):
             if isinstance(stmt, (ast.Assign, ast.AugAssign)):
                 return [*body[:i], marker, *body[i:]]
             stmt = copy.copy(stmt)
@@ -592,90 +313,4 @@ def _with_comment(body: list[ast.stmt], flipped: set[str], marker: ast.stmt) -> 
 
 # -- ranks ---------------------------------------------------------------------------------------------------
 
-_KEEP_RANK_HELPERS = ("cast_grad", "widened", "stop_gradient", "to_float", "zeros_grad", "zeros_to_sum")
 
-
-class _Pending(Exception):
-    """A name read before any of its definitions has a rank."""
-
-
-def _rank(e: ast.expr, ranks: dict[str, int | None], pending: set[str] = frozenset()) -> int | None:
-    """How many dimensions ``e`` has (0: a scalar), or None where that is not known. Raises _Pending where
-    it reads a name in ``pending``."""
-    def of(x):
-        return _rank(x, ranks, pending)
-
-    def widest(items):
-        found = [of(x) for x in items]
-        return None if any(r is None for r in found) else max(found, default=0)
-
-    if isinstance(e, ast.Name):
-        if e.id in pending:
-            raise _Pending(e.id)
-        return ranks.get(e.id)
-    if isinstance(e, ast.Constant):
-        return 0
-    if isinstance(e, (ast.BinOp, ast.Compare, ast.BoolOp, ast.UnaryOp)):
-        return widest([c for c in ast.iter_child_nodes(e) if isinstance(c, ast.expr)])
-    if isinstance(e, ast.Subscript):
-        index = e.slice.elts if isinstance(e.slice, ast.Tuple) else [e.slice]
-        inner = of(e.value)
-        if inner is None or not all(is_none(i) or _is_full(i) for i in index):
-            return None
-        full = sum(1 for i in index if _is_full(i))
-        return inner + len(index) - full if full <= inner else None
-    if not isinstance(e, ast.Call):
-        return None
-    f = e.func
-    if isinstance(f, ast.Name) and f.id in ("float", "int") and all(isinstance(a, ast.Constant) for a in e.args):
-        return 0
-    if not isinstance(f, ast.Attribute):
-        return None
-    if _is_method_to(e):
-        return of(f.value)
-    if not isinstance(f.value, ast.Name):
-        return None
-    module, fn, args = f.value.id, f.attr, e.args
-    named = {k.arg: k.value for k in e.keywords}
-    if module == "tl":
-        if fn in ("program_id", "num_programs"):
-            return 0
-        if fn == "arange":
-            return 1
-        if fn in ("zeros", "full", "reshape", "view", "broadcast_to"):
-            at = 0 if fn in ("zeros", "full") else 1
-            shape = args[at] if len(args) > at else named.get("shape")  # (a shape in several arguments: unknown)
-            if isinstance(shape, (ast.List, ast.Tuple)):
-                return len(shape.elts)
-            if isinstance(shape, ast.Attribute) and shape.attr == "shape":  # x.shape
-                return of(shape.value)
-            return None
-        if fn == "load":
-            return of(args[0]) if args else None
-        if fn == "dot":
-            ranks_ = {of(a) for a in args[:2]}
-            return ranks_.pop() if len(ranks_) == 1 and len(args) >= 2 else None
-        if fn in ("trans", "cast"):
-            return of(args[0]) if args and (fn == "cast" or _plain_trans(e)) else None
-        if fn in _REDUCTIONS:
-            keep = named.get("keep_dims", ast.Constant(False))
-            if (not args or len(args) > 2 or set(named) - {"axis", "keep_dims", "dtype"}
-                    or not (isinstance(keep, ast.Constant) and isinstance(keep.value, bool))):
-                return None  # keep_dims (or indices) given by position or not a literal: not followed
-            inner, axis = of(args[0]), args[1] if len(args) > 1 else named.get("axis")
-            if inner is None or keep.value:
-                return inner
-            return 0 if axis is None or is_none(axis) else inner - 1
-        if _elementwise(fn):
-            return widest([*args, *named.values()])
-        return None
-    if module == "tg":
-        if fn in ("trip_count", "program_index"):
-            return 0
-        if fn in _KEEP_RANK_HELPERS:
-            return of(args[0]) if args else None
-        if fn in ("unbroadcast", "sum_grad", "extremum_grad"):
-            return of(args[1]) if len(args) > 1 else None
-        if fn == "tape_get":
-            return of(args[2]) if len(args) > 2 else None
-    return None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import copy
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,6 +248,14 @@ def statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield stmt
 
 
+def every_statement(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement, in program order: loops and branches (their headers) and what they hold."""
+    for stmt in body:
+        yield stmt
+        for block in (getattr(stmt, "body", []), getattr(stmt, "orelse", [])):
+            yield from every_statement(block)
+
+
 def block_positions(body: list[ast.stmt]) -> dict[int, tuple[list, int]]:
     """id(statement) -> (the block holding it, its index there), for every flat statement."""
     found = {}
@@ -359,6 +367,19 @@ def definitions(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     for node in loops(body):
         defs.setdefault(node.target.id, []).append(node)
     return defs
+
+
+def computed_from(names: Iterable[str], defs: dict[str, list[ast.stmt]]) -> set[str]:
+    """``names`` and every name they are computed from through ``defs`` (a loop's index: through its range)."""
+    found: set[str] = set()
+    work = list(names)
+    while work:
+        n = work.pop()
+        if n not in found:
+            found.add(n)
+            for d in defs.get(n, []):
+                work += reads(d.iter if isinstance(d, ast.For) else d.value)
+    return found
 
 
 def free_names(block: list[ast.stmt]) -> set[str]:

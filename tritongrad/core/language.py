@@ -8,21 +8,71 @@ runs kernels through its interpreter is fixed when a kernel is defined, and
 ``tritongrad demo`` decides that after importing the package.
 """
 
+import ast
 import os
+from dataclasses import dataclass
 
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-_HELPERS = ("unbroadcast", "sum_grad", "extremum_grad", "cast_grad", "zeros_grad", "widened", "trip_count",
-            "zeros_to_sum", "cumsum_grad", "cumprod_grad", "linear_scan_grad", "split_grad", "pow_grad",
-            "tape_row", "tape_row_wide", "tape_put", "tape_put_exactly", "tape_get", "add_later", "program_index",
-            "tile_offsets", "stop_gradient", "to_float", "exp", "softmax", "softmax_base_two", "softmax_grad")
+
+@dataclass(frozen=True)
+class Helper:
+    """What the passes over a derived kernel (codegen/, reverse/recompute.py, reverse/interchange.py) know of a
+    ``tg`` helper: one entry of :data:`HELPERS` per helper below, nothing assumed of one without."""
+
+    calls: tuple[str, ...] = ()  # helpers it calls (jitted before it)
+    shape_only: tuple[int, ...] = ()  # arguments it reads for their shape and type only, by position
+    flows: tuple[int, ...] = ()  # arguments whose values flow on through it (into its result or memory)
+    writes: bool = False  # writes memory: nothing moves across it, it is not pure
+    elementwise: bool = False  # its result is elementwise in its first argument
+    rank_like: int | None = None  # the argument whose rank its result has (-1: a scalar)
+    shaped_like: bool = False  # an adjoint helper giving a tile the shape of another: elementwise in both
+    costly: bool = False  # a reduction or a read of memory: worth computing once where it can be
+
+
+HELPERS: dict[str, Helper] = {
+    "unbroadcast": Helper(calls=("widened",), shape_only=(1,), flows=(0, 1), rank_like=1, shaped_like=True,
+                          costly=True),
+    "sum_grad": Helper(shape_only=(1,), flows=(0, 1), rank_like=1, shaped_like=True, costly=True),
+    "extremum_grad": Helper(rank_like=1, shaped_like=True),
+    "cast_grad": Helper(flows=(0,), elementwise=True, rank_like=0),
+    "zeros_grad": Helper(shape_only=(0,), flows=(0,), rank_like=0, shaped_like=True),
+    "widened": Helper(flows=(0,), elementwise=True, rank_like=0),
+    "trip_count": Helper(rank_like=-1),
+    "zeros_to_sum": Helper(shape_only=(0,), rank_like=0),
+    "cumsum_grad": Helper(flows=(0,)),
+    "cumprod_grad": Helper(),
+    "linear_scan_grad": Helper(calls=("cumprod_grad",)),
+    "split_grad": Helper(calls=("unbroadcast",), shape_only=(1,)),
+    "pow_grad": Helper(),
+    "tape_row": Helper(),
+    "tape_row_wide": Helper(),
+    "tape_put": Helper(calls=("tile_offsets",), flows=(2,), writes=True),
+    "tape_put_exactly": Helper(calls=("tile_offsets",), flows=(1,), writes=True),
+    "tape_get": Helper(calls=("tile_offsets",), rank_like=2, costly=True),
+    "add_later": Helper(calls=("program_index", "tile_offsets"), writes=True),
+    "program_index": Helper(rank_like=-1),
+    "tile_offsets": Helper(),
+    "stop_gradient": Helper(flows=(0,), elementwise=True, rank_like=0),
+    "to_float": Helper(flows=(0,), elementwise=True, rank_like=0),
+    "exp": Helper(),
+    "softmax": Helper(flows=(0,)),
+    "softmax_base_two": Helper(calls=("exp",)),
+    "softmax_grad": Helper(flows=(0, 1)),
+}
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _COMBINES = ("suffix_combine", "exclusive_combine")
-_CALLS = {"linear_scan_grad": ("cumprod_grad",), "split_grad": ("unbroadcast",), "tape_put": ("tile_offsets",),
-          "tape_put_exactly": ("tile_offsets",), "tape_get": ("tile_offsets",),
-          "add_later": ("program_index", "tile_offsets"), "unbroadcast": ("widened",), "softmax_base_two": ("exp",)}
+
+
+def helper_of(call: ast.AST) -> Helper | None:
+    """The entry of a ``tg.<helper>(...)`` call (None: not a call of a helper)."""
+    f = getattr(call, "func", None)
+    if isinstance(call, ast.Call) and isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+            and f.value.id == "tg":
+        return HELPERS.get(f.attr)
+    return None
 
 
 def _interpreting() -> bool:
@@ -32,12 +82,12 @@ def _interpreting() -> bool:
 def __getattr__(name: str):
     if name == "DESCRIPTOR_ATOMICS":  # tensor descriptors' atomic_add: compiled kernels have it, the interpreter not
         return tl.constexpr(not _interpreting())
-    if name not in _HELPERS:
+    if name not in HELPERS:
         raise AttributeError(f"module 'tritongrad.core.language' has no attribute '{name}'")
     if name == "linear_scan_grad":
         for combine in _COMBINES:
             globals()[combine] = triton.jit(globals()[f"_{combine}"])
-    for helper in _CALLS.get(name, ()):  # helpers it calls are jitted first
+    for helper in HELPERS[name].calls:  # helpers it calls are jitted first
         __getattr__(helper)
     # (tape_get: Triton's interpreter lets a loop's state widen, so there it returns values as kept; decided when
     # first used, after the command line has chosen the interpreter)
@@ -239,7 +289,7 @@ def _tape_get_as_kept(row, slot, like):
 def _add_later(values, offsets, base, at, g, mask):
     """Keep a load's adjoint ``g`` and its addresses ``at`` (as element offsets from ``base``, the gradient
     buffer's first element) in this program's slots of ``values`` and ``offsets``: the BackwardKernel adds
-    them to the gradient after the kernel (lowering.LaterAdds). Lanes ``mask`` leaves out keep zero."""
+    them to the gradient after the kernel (strategies.LaterAdds). Lanes ``mask`` leaves out keep zero."""
     slots = program_index().to(tl.int64) * g.numel + tile_offsets(g)  # noqa: F821 (jitted lazily)
     offset = (tl.cast(at, tl.int64) - tl.cast(base, tl.int64)) // (base.dtype.element_ty.primitive_bitwidth // 8)
     tl.store(values + slots, tl.where(mask, g, 0.0))

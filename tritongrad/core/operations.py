@@ -13,10 +13,11 @@ result, and the parameter names), and the facts other passes ask about it:
 | ``lanes`` | addresses.py | ``"same"``: keeps its operand's lane coordinates; ``"moved"``: moves them to other axes |
 | ``foldable`` | codegen | cheap and pure: written back into its uses in the printed kernel |
 | ``constexpr`` | frontend | a compile-time constant when its operands are |
-| ``on_host`` | checks.py | the same operation on Python integers, for conditions checked at launch |
+| ``on_host`` | analysis/conditions.py | the same operation on Python integers, for conditions checked at launch |
 | ``memory`` | everyone | ``"load"``, ``"store"``, ``"accumulate"`` (atomic add), ``"atomic"`` (other atomics) |
 | ``unbounded_in`` | analysis, reverse | the operand where a finite value may give infinity (log 0, 1/0) |
 | ``finite_at_minus_inf`` | analysis | finite where its operand is -inf (a softmax's -inf padding is 0 after exp) |
+| ``shape_only`` | codegen, reverse | arguments read for their shape and type only (``zeros_like``) |
 
 Adding an operation is one entry here (and a ``tg`` helper in language.py where its
 template needs one), plus a test.
@@ -108,6 +109,7 @@ class Operation:
     descriptor: bool = False
     unbounded_in: str | None = None
     finite_at_minus_inf: bool = False
+    shape_only: tuple[int, ...] = ()  # arguments read for their shape and type only (`tl.zeros_like(x)`)
 
     @property
     def has_rule(self) -> bool:
@@ -307,6 +309,7 @@ _also("log log2 sqrt sqrt_rn rsqrt fpow", unbounded_in="x")
 _also("pow", unbounded_in="a")
 _also("div_rn fdiv", unbounded_in="y")
 _also("exp exp2 sigmoid softmax", finite_at_minus_inf=True)
+_also("zeros_like", shape_only=(0,))
 
 
 def _divided(a: int, b: int) -> int:
@@ -375,7 +378,7 @@ def markdown_table() -> str:
     no_gradient = ", ".join(f"`{k}`" for k, o in OPERATIONS.items() if o.no_gradient)
     rows.append(f"| no gradient | {no_gradient} |")
     memory = ", ".join(f"`{k}`" for k, o in OPERATIONS.items() if o.memory is not None)
-    rows.append(f"| memory (lowering.py, memory.py) | {memory} |")
+    rows.append(f"| memory (writes/strategies.py, reverse/memory.py) | {memory} |")
     return "\n".join(rows) + "\n"
 
 

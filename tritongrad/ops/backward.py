@@ -174,7 +174,7 @@ class OpBackward:
         """The derived kernel's launch with the forward's arguments ``args`` (``config``: the autotuner's
         config replacing the recorded one, else ()). The first writer of a storage's gradient stores it (into
         a buffer left unfilled where its loads cover it, in the input's own dtype where nothing else adds to
-        it); later ones add to it (lowering.py). ``keep``: the launch's key in ``step.launchers``, where a
+        it); later ones add to it (writes/strategies.py). ``keep``: the launch's key in ``step.launchers``, where a
         Launcher doing the same with the next backward's tensors is kept."""
         shadow_of = step.shadows
         output_grads = {p: self._shadow(shadows, shadow_of[p], guards) for p in step.outputs}

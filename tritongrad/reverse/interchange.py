@@ -27,6 +27,7 @@ from ..core.ir import (
     Op,
     Tag,
     assign,
+    computed_from,
     is_structured,
     name_node,
     needed_by,
@@ -36,6 +37,7 @@ from ..core.ir import (
     target_of,
     targets_of,
 )
+from ..core.language import HELPERS
 from ..core.operations import instantiate
 from .state_tape import StateTape
 
@@ -101,7 +103,8 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
         raise NotInterchangeable(f"`{sorted(carried - set(steps))[0] if carried - set(steps) else 'a value'}` "
                                  "is carried from one iteration to the next other than by a fixed step")
     invariant = _invariant(body, assigned)
-    needed = _closure({n for sign, inc in steps.values() for n in reads(inc)}, body)
+    defs = {target_of(s): [s] for s in body if target_of(s) is not None}
+    needed = computed_from({n for sign, inc in steps.values() for n in reads(inc)}, defs) & set(defs)
     if not needed <= invariant:
         raise NotInterchangeable("a carried value's step changes from one iteration to the next")
     moved = [s for s in body if target_of(s) in needed]
@@ -133,7 +136,9 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
     return without_unused([*before, *head, *rest, *sweep[at + 1:]], keep), guard, prologue
 
 
-COSTLY = ("tl.sum", "tl.max", "tl.min", "tl.reduce", "tg.unbroadcast", "tg.sum_grad", "tg.tape_get", "tl.dot")
+# reductions and reads of memory: worth computing once per forward program
+COSTLY = ("tl.sum", "tl.max", "tl.min", "tl.reduce", "tl.dot",
+          *(f"tg.{name}" for name, helper in HELPERS.items() if helper.costly))
 
 
 def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[ast.stmt],
@@ -328,19 +333,6 @@ def _invariant(body: list[ast.stmt], assigned: set[str]) -> set[str]:
         if t is not None and isinstance(s, ast.Assign) and reads(s.value) & assigned <= invariant:
             invariant.add(t)
     return invariant
-
-
-def _closure(names: set[str], body: list[ast.stmt]) -> set[str]:
-    """``names`` assigned in the body, and the body's names they are computed from."""
-    defs = {target_of(s): s for s in body if target_of(s) is not None}
-    found: set[str] = set()
-    work = [n for n in names if n in defs]
-    while work:
-        n = work.pop()
-        if n not in found:
-            found.add(n)
-            work += [m for m in reads(defs[n].value) if m in defs]
-    return found
 
 
 def _rename(stmt: ast.stmt, renamed: dict[str, str]) -> ast.stmt:

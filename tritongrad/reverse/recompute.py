@@ -7,6 +7,7 @@ import copy
 import math
 
 from ..analysis.stored_outputs import StoredValue
+from ..core.calls import value_reads
 from ..core.ir import (
     Op,
     arguments,
@@ -28,7 +29,6 @@ from ..core.ir import (
 from ..core.operations import LOADS, STORES, instantiate, operation_of
 
 ASSERTS = ("static_assert", "device_assert")
-_SHAPE_ONLY = {"tg.unbroadcast": 1, "tg.sum_grad": 1, "tg.split_grad": 1, "tg.zeros_grad": 0, "tl.zeros_like": 0}
 
 
 
@@ -187,21 +187,6 @@ class Recompute:
         node = ast.Assign(targets=[ast.Name(self.builder.shadow[t], ast.Store())], value=value)
         node.tg = stmt.tg
         return node
-
-
-def value_reads(node: ast.AST) -> set[str]:
-    """The names ``node`` reads for their values: not those only an adjoint helper's shape argument or a
-    ``.shape`` / ``.dtype`` reads."""
-    skip: set[int] = set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Call) and ast.unparse(n.func) in _SHAPE_ONLY:
-            i = _SHAPE_ONLY[ast.unparse(n.func)]
-            if i < len(n.args):
-                skip |= {id(m) for m in ast.walk(n.args[i]) if isinstance(m, ast.Name)}
-        elif isinstance(n, ast.Attribute) and n.attr in ("shape", "dtype") and isinstance(n.value, ast.Name):
-            skip.add(id(n.value))
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-            and id(n) not in skip}
 
 
 def _address(kept: StoredValue) -> str:

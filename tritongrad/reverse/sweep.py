@@ -5,7 +5,7 @@ pointer beside the pointer it mirrors (``d_x_ptrs = d_x_ptr + offs`` beside
 ``x_ptrs = x_ptr + offs``), then walks the statements backwards emitting each active
 statement's adjoint under a ``# grad of: <forward line>`` comment:
 
-- an operation: its rule from the table in ``operations.py``, per differentiated argument;
+- an operation: its rule from the table in ``core/operations.py``, per differentiated argument (``rules.py``);
 - a load or a store: ``memory.py`` (through the shadows).
 
 Replayed statements that the sweep does not need are dropped, so the printed kernel
@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.analyze import Analysis
-from ..analysis.flow import INFINITE, MASKED, padding_at_unbounded
 from ..analysis.stored_outputs import StoredValue
 from ..core.ir import (
     Namer,
@@ -47,10 +46,8 @@ from ..core.ir import (
     names_in,
     op_of,
     reads,
-    refuse,
     statements,
     target_of,
-    where,
 )
 from ..core.operations import LOADS, STORES, instantiate, operation_of
 from ..writes.strategies import Choice, Mode
@@ -60,6 +57,7 @@ from .loops import LoopReversal, merge_records
 from .memory import MemoryAdjoints
 from .persistent import persistent
 from .recompute import Recompute
+from .rules import OperationAdjoints
 
 
 @dataclass
@@ -156,6 +154,7 @@ class BackwardBuilder:
         self.forward = Recompute(self)  # the forward's values the sweep reads, recomputed (recompute.py)
         self.loops = LoopReversal(self)  # loops reversed as their plans say (loops.py)
         self.memory = MemoryAdjoints(self)  # loads' and stores' adjoints (memory.py)
+        self.rules = OperationAdjoints(self)  # the other operations' adjoints, from their rules (rules.py)
         mirrored = list(dict.fromkeys([*analysis.outputs, *analysis.wrt])) if not tile else []  # in place: once
         self.shadow_params = [self.shadow_name(p) for p in mirrored]
 
@@ -443,14 +442,14 @@ class BackwardBuilder:
         elif op.kind == "item":
             return  # its adjoint is read by the operation whose result it is
         elif operation_of(op).results > 1 and t in self.analysis.active:
-            self.reverse_multi(stmt, t)
+            self.rules.reverse_multi(stmt, t)
         elif t is not None and t in self.analysis.active and self.g_of(stmt) is not None and self.contributes(stmt):
             if not stmt.tg.join:  # a join's copy goes under its if's or loop's comment
                 self.comment_for(stmt)
             if op.kind in LOADS:
                 self.memory.reverse_load(stmt, t)
             else:
-                self.reverse_operation(stmt, t)
+                self.rules.reverse(stmt, t)
 
     def g_of(self, stmt: ast.stmt) -> str | None:
         """The adjoint of the statement's result, if any reached it."""
@@ -465,69 +464,6 @@ class BackwardBuilder:
         return rule.has_rule and any(p in rule.adjoints and active(arg) and arg.id not in self.suppressed
                                      for p, arg in arguments(stmt).items())
 
-    def reverse_operation(self, stmt: ast.stmt, t: str) -> None:
-        op = op_of(stmt)
-        rule = operation_of(op)
-        bound = arguments(stmt)
-        env = {**bound, "g": name_node(self.g_of(stmt)), "out": name_node(t)}
-        for param, arg in bound.items():
-            if param not in rule.adjoints or not self.analysis.is_active(arg):
-                continue
-            template = rule.adjoints[param]
-            if callable(template):
-                try:
-                    template = template(bound)
-                except ValueError as e:
-                    raise refuse(where(stmt), f"`{op.kind}` with arguments that are not literal constants",
-                                 "pass dimensions as literal integers") from e
-            contribution = instantiate(template, env)
-            if self.reads_infinite_padding(stmt, contribution):  # 0 * inf in a lane a mask left out: 0
-                contribution = instantiate("tl.where(g == 0.0, 0.0, c)", {"g": env["g"], "c": contribution})
-            sig = rule.signature  # a one-operand elementwise operation keeps its operand's shape
-            unary = len(sig.positional) == 1 and not sig.keyword and sig.vararg is None
-            if rule.elementwise and not unary and not self.same_shape(arg.id, t):
-                contribution = instantiate("tg.unbroadcast(c, x)", {"c": contribution, "x": arg})
-            self.accumulate(arg.id, contribution)
-
-    def reads_infinite_padding(self, stmt: ast.stmt, contribution: ast.expr) -> bool:
-        """Whether an elementwise adjoint reads a value that may be infinite in lanes a load's mask left
-        out, or divides by a masked-off value (log's ``g / x``), where its ``g`` is zero."""
-        rule, padding = operation_of(op_of(stmt)), self.analysis.padding
-        if not (rule.elementwise or rule.lanes == "same"):
-            return False
-        return (any(INFINITE in padding.get(n, ()) for n in reads(contribution))
-                or MASKED in padding_at_unbounded(stmt, padding))
-
-    def reverse_multi(self, stmt: ast.stmt, t: str) -> None:
-        """An operation with several results: its rule reads each result's adjoint as ``g0``, ``g1``...
-        (zeros for a result that has none); a tuple argument gets a tuple of adjoints."""
-        op = op_of(stmt)
-        rule = operation_of(op)
-        bound = arguments(stmt)
-        items = self.items.get(t, {})
-        if not any(n in self.adjoint for n in items.values()):
-            return
-        self.comment_for(stmt)
-        env = {**bound, "out": name_node(t)}
-        for i in range(rule.results):
-            n = items.get(i)
-            env[f"g{i}"] = (name_node(self.adjoint[n]) if n in self.adjoint
-                            else instantiate(f"tl.zeros_like(out[{i}])", {"out": name_node(t)}))
-        for param, arg in bound.items():
-            elements = arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]
-            if param not in rule.adjoints or not any(self.analysis.is_active(e) for e in elements):
-                continue
-            template = rule.adjoints[param]
-            contribution = instantiate(template(bound) if callable(template) else template, env)
-            if elements[0] is arg:
-                self.accumulate(arg.id, contribution)
-                continue
-            d = self.namer.fresh(f"d_{t}")
-            self.emit(ast.Assign(targets=[ast.Name(d, ast.Store())], value=contribution))
-            for i, e in enumerate(elements):
-                if self.analysis.is_active(e):
-                    self.accumulate(e.id, instantiate(f"d[{i}]", {"d": name_node(d)}))
-
     def same_shape(self, a: str, b: str) -> bool:
         sa, sb = self.analysis.shapes.get(a), self.analysis.shapes.get(b)
         return sa is not None and sa == sb
@@ -538,8 +474,6 @@ class BackwardBuilder:
                 return True
             b = self.parent[b]
         return False
-
-# adjoint helpers that read an argument for its shape (or type) only, by position
 
 
 def build_backward(analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool = False,

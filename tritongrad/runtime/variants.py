@@ -141,7 +141,7 @@ class PartialRows:
 @dataclass(frozen=True)
 class PartLaunch:
     """One kernel of a variant launched (:meth:`BackwardKernel._run_part`), and as a backward keeps it to launch
-    again with other tensors of the same layouts (replay.Launcher: ``args`` then holds no tensors)."""
+    again with other tensors of the same layouts (ops/launcher.Launcher: ``args`` then holds no tensors)."""
 
     part: Part
     grid: tuple[int, ...]

@@ -63,7 +63,7 @@ def backward_launch(kernel: Any, grid: Any, args: Sequence[Any], kwargs: Mapping
 
     ``grads`` maps each output pointer parameter to the gradient of the loss with
     respect to the tensor passed there. Returns the gradients of the ``wrt`` tensors,
-    each in its tensor's dtype (BackwardKernel.gradients: written as the lowering chose).
+    each in its tensor's dtype (BackwardKernel.gradients: written as its write strategy chose).
     ``saved``: the tapes ``forward_keeping_state`` kept for this launch.
     """
     named = bind_launch(kernel, args, kwargs)

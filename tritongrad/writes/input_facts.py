@@ -23,10 +23,10 @@ from ..analysis.lanes import launch_coordinates, scalars_written_out
 from ..core.ir import (
     arguments,
     child_blocks,
+    computed_from,
     definitions,
     op_of,
     program_axis,
-    reads,
     statements,
     target_of,
 )
@@ -116,7 +116,7 @@ def plan_writes(a: Analysis) -> WritePlan:
             inputs[p] = InputFacts(p, why="it is loaded by several statements")
         inputs[p] = replace(inputs[p], covers=None, shared={}, in_registers=frozenset())
     if a.in_place:  # one kernel: every input's adjoint reads the new values' gradient before it is replaced
-        inputs = {p: replace(lowering, interchange={}, trips=None) for p, lowering in inputs.items()}
+        inputs = {p: replace(facts, interchange={}, trips=None) for p, facts in inputs.items()}
     return WritePlan(inputs)
 
 
@@ -164,7 +164,7 @@ class _Context:
         form = a.forms.get(pointer)
         if shape is None or (form is not None and not form.affine):
             return InputFacts(param, why="its lanes' addresses are not an affine form")
-        if any(n in self.loaded for n in _closure([pointer], self.defs)):
+        if any(n in self.loaded for n in computed_from([pointer], self.defs)):
             return InputFacts(param, why="its addresses are computed from loaded data")
         terms = dict(form.terms) if form is not None else {}
         around = self.around[id(stmt)]
@@ -229,7 +229,7 @@ class _Context:
         if not (isinstance(nested[0], ast.If) and not self.nested[id(nested[0])]
                 and all(isinstance(n, ast.For) for n in nested[1:])):
             return False
-        for name in _closure([n.id for n in (b["pointer"], b["mask"]) if isinstance(n, ast.Name)], self.defs):
+        for name in computed_from([n.id for n in (b["pointer"], b["mask"]) if isinstance(n, ast.Name)], self.defs):
             defs = self.defs.get(name, [])
             if len(defs) > 1:
                 return False
@@ -267,7 +267,7 @@ class _Context:
         loop along ``axis``: at the kernel's top level, from top-level values independent of the axis."""
         if self.nested[id(stmt)]:
             return False
-        names = _closure([n.id for n in (b["pointer"], b["mask"]) if isinstance(n, ast.Name)], self.defs)
+        names = computed_from([n.id for n in (b["pointer"], b["mask"]) if isinstance(n, ast.Name)], self.defs)
         for n in names:
             for d in self.defs.get(n, []):
                 if isinstance(d, ast.For) or self.nested.get(id(d)):
@@ -280,20 +280,6 @@ class _Context:
 def _runtime_stride(terms: dict) -> bool:
     """Whether a coordinate's stride is a value the launch gives (not a literal): 0 reaches one element."""
     return any(symbols for _, symbols in terms.values())
-
-
-def _closure(names: list[str], defs: dict) -> set[str]:
-    """The names and everything they are computed from."""
-    seen: set[str] = set()
-    work = list(names)
-    while work:
-        n = work.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        for d in defs.get(n, []):
-            work += list(reads(d.value) if isinstance(d, ast.Assign) else reads(d.iter))
-    return seen
 
 
 def _nesting(body: list[ast.stmt], around: tuple = ()) -> dict[int, tuple]:

@@ -1,8 +1,8 @@
 """What a launch's memory gives the write strategies: the facts ``Lowering.choose`` reads.
 
-A write strategy (lowering.py) is a contract with two halves: the code it emits, and the facts
+A write strategy (strategies.py) is a contract with two halves: the code it emits, and the facts
 about the launch it needs. Facts about the kernel's addresses (lanes, programs and iterations apart,
-the tensor covered) are conditions on the launch's scalars (checks.py); the facts here are about the
+the tensor covered) are conditions on the launch's scalars (analysis/conditions.py); the facts here are about the
 gradient buffers themselves, read off their data pointers, sizes and strides:
 
 - ``written``: a buffer already holds gradient (a later writer of one storage in an op, a caller's
@@ -183,7 +183,7 @@ def _self_overlapping(size: tuple, stride: tuple) -> bool:
 @dataclass(frozen=True)
 class LaunchFacts:
     """Everything a launch gives the choice of write strategy: its scalars and grid (``values``, which the
-    lowering's conditions read), its gradient buffers' facts (see the module's docstring), how many
+    write strategies' conditions read), its gradient buffers' facts (see the module's docstring), how many
     programs fill the device (``parallel``), how many bytes partial rows may take (``row_budget``) and how many
     programs a persistent kernel may run along an axis (``persistent_programs``: each keeps a partial row)."""
 

@@ -3,7 +3,7 @@
 The input loaded in the static loop gets a kernel of its own where the backward reads the loop's final
 state from the forward (no replay of the loop beside it). The column indices the loop advances are reset in
 the sweep, so the address the sums are stored at was computed inside the loop over the forward's programs and
-read after it: a crash. Such an input keeps its other lowering now (partial rows: the forward keeps nothing).
+read after it: a crash. Such an input keeps its other write strategy now (partial rows: the forward keeps nothing).
 """
 
 # ruff: noqa: E501, B007
