@@ -42,7 +42,7 @@ from .flow import load_other, padding
 from .lanes import (
     with_scalars_written_out,
 )
-from .pointers import in_place_pointers, pointers
+from .pointers import Pointers, in_place_pointers, pointers
 from .shapes import Shape, infer_shapes
 from .stabilizers import stabilizers
 from .stores import check_output_stores
@@ -94,8 +94,8 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         outputs = ()
         in_place = frozenset()
     else:
-        in_place = in_place_pointers(program, loads, stores, index_pointers)
-        wrt, outputs = _choose_wrt_outputs(program, params, wrt, outputs, loads, stores, index_pointers, in_place)
+        in_place = in_place_pointers(program, found)
+        wrt, outputs = _choose_wrt_outputs(program, params, wrt, outputs, found)
 
     active = _activity(program, defs, wrt, outputs, pointer_base, tile)
     stable = stabilizers(program, active)  # a max subtracted before exp and normalized away: no adjoint
@@ -114,13 +114,13 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     return analysis
 
 
-def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, loads, stores,
-                        index_pointers, in_place: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    origin = program.origin
+def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, found: Pointers
+                        ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    origin, loads, stores, in_place = program.origin, found.loads, found.stores, found.in_place
     if outputs is None:
         outputs = tuple(p for p in params if p in stores)
     if wrt is None:
-        wrt = tuple(p for p in params if p in loads and (p not in stores or p in in_place) and p not in index_pointers)
+        wrt = tuple(p for p in params if p in found.default_wrt)
     wrt, outputs = tuple(wrt), tuple(outputs)
     for name in (*wrt, *outputs):
         if name not in params:

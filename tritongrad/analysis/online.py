@@ -59,7 +59,6 @@ from ..core.operations import operation_of
 from .stabilizers import INVARIANT, ZERO, Changes, Scale, follow
 
 VISIT = "online_visit"  # the attribute numbering the loops online_softmax has looked at
-BROADCASTS = ("subscript", "expand_dims", "broadcast_to", "reshape", "view")
 NOTE = ("online softmax: the running max {m} only stabilizes (nothing stored depends on it), so a pass of\n"
         "its own computes its final value first, and {sums} {verb} summed with that, without rescaling")
 
@@ -180,7 +179,7 @@ def _factor_family(alpha: str, users: dict[str, list[ast.stmt]], top: dict[str, 
     while work:
         for s in users.get(work.pop(), []):
             t = target_of(s)
-            if op_of(s).kind in BROADCASTS and t in top and t not in family:
+            if operation_of(op_of(s)).reshapes and t in top and t not in family:
                 family.add(t)
                 work.append(t)
     return family

@@ -35,6 +35,32 @@ class Pointers:
     stores: dict[str, list[ast.stmt]]  # pointer parameter -> its store / atomic statements
     index_pointers: set[str]  # pointer parameters whose loaded values are used as indices
 
+    # -- the parameters' roles: defined here once, for derivation (analyze.py) and for ops (ops/kernel_roles.py)
+
+    @property
+    def overwrites(self) -> frozenset[str]:
+        """Stored with something other than ``tl.atomic_add``."""
+        return frozenset(p for p, ss in self.stores.items()
+                         if any(operation_of(op_of(s)).memory != "accumulate" for s in ss))
+
+    @property
+    def in_place(self) -> frozenset[str]:
+        """Updated in place: loaded, overwritten with ``tl.store`` only, not indices. Derivation accepts them
+        where each load is followed by a store of its address and mask (``in_place_pointers``: else it refuses)."""
+        return frozenset(p for p in set(self.loads) & set(self.stores) if p not in self.index_pointers
+                         and all(op_of(s).kind == "store" for s in self.stores[p]))
+
+    @property
+    def inputs(self) -> frozenset[str]:
+        """What may have a gradient: loaded and never stored unless updated in place (index pointers included: a
+        float tensor passed there has one, ``x[argmax(x)]``)."""
+        return frozenset(set(self.loads) - set(self.stores)) | self.in_place
+
+    @property
+    def default_wrt(self) -> frozenset[str]:
+        """What derivation differentiates unless told: the inputs that are not indices (it sees no dtypes)."""
+        return self.inputs - self.index_pointers
+
 
 def pointers(program: Program) -> Pointers:
     """The pointer facts of a kernel (all the tape needs to know of its launches' roles)."""
@@ -141,8 +167,9 @@ def _feeds_addresses(body: list[ast.stmt], defs: dict[str, ast.stmt], loops: lis
     return seen
 
 
-def in_place_pointers(program: Program, loads: dict, stores: dict, index_pointers: set) -> frozenset[str]:
-    """The pointer parameters a kernel updates in place (loads and stores through them), each checked.
+def in_place_pointers(program: Program, found: Pointers) -> frozenset[str]:
+    """The pointer parameters a kernel updates in place (``found.in_place``), each checked; any other pointer both
+    loaded and stored refused.
 
     Accepted: each load of the pointer is followed, in the same block, by a ``tl.store`` to the same
     address under the same mask. The stores write distinct elements (checked as for any output: lanes,
@@ -151,7 +178,7 @@ def in_place_pointers(program: Program, loads: dict, stores: dict, index_pointer
     stores set new ones. The derived kernel reads the new values' gradient at each store and sets it to
     zero there, and the loads' adjoints add the old values' gradient to the same memory (memory.py).
     """
-    found = set()
+    loads, stores, index_pointers = found.loads, found.stores, found.index_pointers
     place = block_positions(program.body)
     defs = definitions(program.body)
     for name in sorted(set(loads) & set(stores)):
@@ -173,5 +200,5 @@ def in_place_pointers(program: Program, loads: dict, stores: dict, index_pointer
                              "update in place only what each lane loads (load, compute, then store to the same "
                              "address with the same mask), read back only what the same lane stored before (the "
                              "same address and mask, in the same block), or write to another tensor")
-        found.add(name)
-    return frozenset(found)
+    assert found.in_place == set(loads) & set(stores)  # (the rest refused above)
+    return found.in_place

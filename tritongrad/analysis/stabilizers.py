@@ -82,12 +82,11 @@ def stabilizers(program: Program, active: set[str]) -> set[str]:
             found.add(t)
     for stmt in statements(program.body):  # its copies in another shape (`m[:, None]`) have no adjoint either
         op = op_of(stmt)
-        if op.kind in _RESHAPES and op.args and isinstance(op.args[0], ast.Name) and op.args[0].id in found:
+        if (op.kind == "copy" or operation_of(op).reshapes) and op.args and isinstance(op.args[0], ast.Name) \
+                and op.args[0].id in found:
             found.add(target_of(stmt))
     return found
 
-
-_RESHAPES = ("copy", "subscript", "expand_dims", "broadcast_to", "reshape", "view")
 
 
 def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = frozenset()) -> dict[str, object]:

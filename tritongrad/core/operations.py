@@ -6,7 +6,7 @@ result, and the parameter names), and the facts other passes ask about it:
 
 | field | who asks | meaning |
 | --- | --- | --- |
-| ``adjoints`` | reverse.py | the derivative rule (None: none; ``no_gradient``: none needed) |
+| ``adjoints`` | reverse/rules.py | the derivative rule (None: none; ``no_gradient``: none needed) |
 | ``elementwise`` | analysis, reverse | operands broadcast together to the result's shape (adjoints are summed back) |
 | ``results`` | frontend, reverse | several results, unpacked into ``item`` s (``a, b = tl.split(x)``) |
 | ``pointer_args`` | analysis, reverse | argument positions a pointer passes through to the result |
@@ -18,6 +18,10 @@ result, and the parameter names), and the facts other passes ask about it:
 | ``unbounded_in`` | analysis, reverse | the operand where a finite value may give infinity (log 0, 1/0) |
 | ``finite_at_minus_inf`` | analysis | finite where its operand is -inf (a softmax's -inf padding is 0 after exp) |
 | ``shape_only`` | codegen, reverse | arguments read for their shape and type only (``zeros_like``) |
+| ``reshapes`` | analysis | its first operand's values in another shape (``x[:, None]``, ``tl.reshape``) |
+
+Other tables keyed by kind: a result's shape (analysis/shapes.py's ``SHAPES``); what the passes know of a ``tg``
+helper (language.py's ``HELPERS``).
 
 Adding an operation is one entry here (and a ``tg`` helper in language.py where its
 template needs one), plus a test.
@@ -110,6 +114,7 @@ class Operation:
     unbounded_in: str | None = None
     finite_at_minus_inf: bool = False
     shape_only: tuple[int, ...] = ()  # arguments read for their shape and type only (`tl.zeros_like(x)`)
+    reshapes: bool = False  # its result is its first operand's values in order, in another shape (`x[:, None]`)
 
     @property
     def has_rule(self) -> bool:
@@ -310,6 +315,7 @@ _also("pow", unbounded_in="a")
 _also("div_rn fdiv", unbounded_in="y")
 _also("exp exp2 sigmoid softmax", finite_at_minus_inf=True)
 _also("zeros_like", shape_only=(0,))
+_also("subscript expand_dims broadcast_to reshape view", reshapes=True)
 
 
 def _divided(a: int, b: int) -> int:

@@ -186,8 +186,6 @@ class OpBackward:
         rows = bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,
                           setting=setting, trace=trace)
         if keep is not None:
-            if len(step.launchers) > 256:
-                step.launchers.clear()
             step.launchers[keep] = trace is not None and Launcher.of(step, args, output_grads, buffers_of, buffers,
                                                                       trace, self.deterministic) or False
         return rows
@@ -214,8 +212,6 @@ class OpBackward:
         prepared = bwd.prepare(args, grid, written, step.shared, step.self_overlapping, launch.saved)
         found = (bwd, prepared, self._buffers(step, prepared))
         if key is not None:
-            if len(step.ready) > 256:
-                step.ready.clear()
             step.ready[key] = found
         return found
 

@@ -15,19 +15,21 @@ from ..analysis.composites import fuse_composites
 from ..analysis.pointers import pointers
 from ..analysis.stored_outputs import stored_values
 from ..core.errors import NotDifferentiableError
-from ..core.ir import loops, op_of
-from ..core.operations import operation_of
+from ..core.ir import loops
 from ..frontend.normalize import normalize_kernel
 from ..runtime.backward_kernel import defaults_of
 
 
 @dataclass(frozen=True)
 class Roles:
+    """A kernel's pointer parameters by role, as analysis/pointers.py's ``Pointers`` defines them (the one
+    definition derivation uses too), with what an op may read back from its outputs."""
+
     loads: frozenset[str]  # every loaded pointer parameter (index pointers too)
     stores: frozenset[str]  # every stored or atomically updated one
     overwrites: frozenset[str]  # stored with something other than tl.atomic_add
     inputs: frozenset[str]  # differentiable inputs: loaded, never stored unless in place (floats among them)
-    in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis.in_place_pointers)
+    in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis/pointers.py)
     # stored with a value the backward may read back (stored_outputs.py): from any float output (a softmax's),
     # or only where the output is float32 or float64 (a statistic, exact there)
     read_back: frozenset[str] = frozenset()
@@ -84,16 +86,12 @@ def _analyse(kernel: Any) -> KernelInfo:
         program = normalize_kernel(kernel)  # every specialization together
         has_loops = bool(loops(program.body))
         a = pointers(program)
-        loads, stores = frozenset(a.loads), frozenset(a.stores)
-        overwrites = frozenset(p for p, ss in a.stores.items()
-                               if any(operation_of(op_of(s)).memory != "accumulate" for s in ss))
-        in_place = frozenset(p for p in loads & stores if p not in a.index_pointers
-                             and all(op_of(s).kind == "store" for s in a.stores[p]))
+        loads = frozenset(a.loads)
         kept = stored_values(fuse_composites(program), a.stores).values()  # (the stores stay as they are)
-        # (a pointer whose values also make addresses is an input too where a float tensor is passed there: a
-        # gather's adjoint reaches it (`x[argmax(x)]`); an integer one has no gradient: Plan.carries)
-        roles = Roles(loads, stores, overwrites, frozenset(loads - stores | in_place),
-                      in_place, frozenset(k.param for k in kept if k.rounds) - loads,
+        # (an index pointer is an input where a float tensor is passed there; an integer one has no gradient:
+        # Plan.carries)
+        roles = Roles(loads, frozenset(a.stores), a.overwrites, a.inputs, a.in_place,
+                      frozenset(k.param for k in kept if k.rounds) - loads,
                       frozenset(k.param for k in kept if not k.rounds) - loads)
     except NotDifferentiableError as e:  # a construct the core does not handle yet: raised if the launch needs a
         error = e  # backward (planning.Planner.plan: when a tensor it is passed requires grad)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..core.bounded import Bounded
 from ..runtime.variants import shadow_dtype
 from ..writes.launch_facts import Layout, buffer_facts, self_overlapping
 
@@ -216,10 +217,12 @@ class Step:
     self_overlapping: frozenset[str] = frozenset()  # wrt inputs whose views reach one element twice (stride 0)
     # (grad, values of decisive constexprs) -> the derived kernel (backward._derived_kernel)
     derived: dict = field(default_factory=dict)
-    ready: dict = field(default_factory=dict)  # the launch's non-tensor arguments, ... -> OpBackward._ready's
+    # the launch's non-tensor arguments, ... -> OpBackward._ready's
+    ready: dict = field(default_factory=lambda: Bounded(256))
     # the launch's non-tensor arguments -> the config chosen (OpBackward._tiles)
     tiles: dict = field(default_factory=dict)
-    launchers: dict = field(default_factory=dict)  # the launch's non-tensor arguments -> its Launcher; False: none
+    # the launch's non-tensor arguments -> its Launcher; False: none
+    launchers: dict = field(default_factory=lambda: Bounded(256))
 
 
 def whole_storages(storages: dict, views: list[View]) -> frozenset[int]:

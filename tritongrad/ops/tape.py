@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..core.bounded import Bounded
 from ..core.errors import OpError
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
@@ -41,8 +42,10 @@ current_tape: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_t
 current_autotuner: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_autotuned", default=None)
 
 MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest ones
-_relaunchers: dict[tuple, Any] = {}  # a forward launch's recorded arguments -> its relaunch.Relauncher
-_pointers_checked: set[tuple] = set()  # launch patterns (see RecordedLaunch) passing tensors to every pointer
+# a forward launch's recorded arguments -> its relaunch.Relauncher (a call site has few kinds of launch)
+_relaunchers: dict[tuple, Any] = Bounded()
+# launch patterns (see RecordedLaunch) passing tensors to every pointer (few per call site)
+_pointers_checked = Bounded()
 
 
 # -- launches --------------------------------------------------------------------------------------
@@ -155,8 +158,6 @@ class Tape:
         if tensors.mixed or (tensors.on_cpu and not info.interpreted):
             self._check_devices(index, info, args, kwargs)
         if pattern not in _pointers_checked and self._check_pointers(index, info, args, kwargs, positions):
-            if len(_pointers_checked) > 4096:  # bounded: patterns are few per call site
-                _pointers_checked.clear()
             _pointers_checked.add(pattern)
         if callable(grid):
             grid = grid({**info.defaults, **info.named_arguments(args, kwargs)[0]})
@@ -204,8 +205,6 @@ class Tape:
         if relauncher is None or relauncher.kernel is not kernel:
             if not relaunch.plain_values((*launch.args, *launch.kwargs.values())):  # compared by identity: another
                 return through_triton()  # object on each call, never seen again
-            if len(_relaunchers) > 4096:  # bounded: a call site has few kinds of launch
-                _relaunchers.clear()
             relauncher = _relaunchers[key] = relaunch.Relauncher(kernel, grid)
         named = {**launch.info.defaults, **dict(zip(launch.info.params, args, strict=False)), **kwargs}
         return relauncher(named, through_triton)

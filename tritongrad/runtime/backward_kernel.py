@@ -15,6 +15,7 @@ from ..analysis.analyze import Analysis
 from ..analysis.conditions import LaunchCheck, LaunchValues
 from ..analysis.stored_outputs import StoredValue
 from ..codegen import generate as codegen
+from ..core.bounded import Bounded
 from ..core.device import multiprocessors
 from ..core.ir import Program
 from ..core.source import Source
@@ -81,8 +82,9 @@ class BackwardKernel:
         self._variants_lock = threading.Lock()
         self.launches = Launches(self)  # its variants' kernels launched (launching.py)
         self.checks = LaunchChecks(self)  # what each launch is checked for (launch_checks.py)
-        self._chosen: dict[tuple, dict[str, Choice]] = {}  # (grid, arguments, written) -> choices
-        self._most_trips: dict[tuple, int] = {}  # (part, grid, arguments) -> the programs of an interchanged kernel
+        self._chosen: dict[tuple, Prepared] = Bounded()  # (grid, arguments, written) -> choices
+        # (part, grid, arguments) -> the programs of an interchanged kernel
+        self._most_trips: dict[tuple, int] = Bounded()
         self.not_interchanged: dict[str, str] = {}  # input -> why it cannot have a kernel of its own
         self.saved_writes = writes  # for a launch whose forward kept its loops' states (augment.py)
         self._keep_feasible_interchanges()
@@ -343,8 +345,6 @@ class BackwardKernel:
             variant = self.variant(choices, saved=saved is not None)
             if saved is not None and not reads_only(variant, saved.tapes):
                 return self.prepare(named, grid, written, shared, self_overlapping)
-            if len(self._chosen) > 4096:
-                self._chosen.clear()
             prepared = self._chosen[key] = Prepared(choices, variant, shared)
         return prepared
 

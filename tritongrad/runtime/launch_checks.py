@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 from ..analysis.conditions import LaunchValues
+from ..core.bounded import Bounded
 from ..core.device import capturing
 from ..core.errors import NotDifferentiableError
 from ..writes.launch_facts import Layout, overlap
@@ -19,7 +20,7 @@ class LaunchChecks:
 
     def __init__(self, kernel):
         self.kernel = kernel  # the backward_kernel.BackwardKernel
-        self.passed: set = set()  # (grid, argument values) the launch checks passed for
+        self.passed = Bounded()  # (grid, argument values) the launch checks passed for
 
     def buffers(self, named: dict[str, Any], output_grads: dict[str, Any],
                       buffers: dict[str, Any] | None = None) -> None:
@@ -143,8 +144,6 @@ class LaunchChecks:
                 raise NotDifferentiableError(construct, file=check.where.file, line=check.where.line,
                                              hint=check.hint, source_line=check.where.text)
         if key is not None:
-            if len(self.passed) > 4096:
-                self.passed.clear()
             self.passed.add(key)
 
     @functools.cached_property

@@ -165,8 +165,6 @@ class Launches:
         key = (id(part), grid, *[args.get(n) for n in names])
         trips = self.kernel._most_trips.get(key)
         if trips is None:
-            if len(self.kernel._most_trips) > 4096:
-                self.kernel._most_trips.clear()
             trips = self.kernel._most_trips[key] = int(most_trips(part.trips, LaunchValues(args, grid), axis))
         args[part.programs] = grid[axis]
         forward, grid = grid, (*grid[:axis], trips, *grid[axis + 1:])

@@ -23,6 +23,8 @@ import triton.language as tl
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
+from ..core.bounded import Bounded
+
 try:
     from triton import knobs
 except ImportError:  # an older Triton, whose run launches otherwise: nothing is launched directly
@@ -59,7 +61,7 @@ class Relauncher:
         self.kernel, self.grid = kernel, grid
         self.names: tuple[str, ...] = tuple(getattr(kernel, "arg_names", ()))  # Triton's bound order
         self.tensors: tuple[int, ...] | None = None  # positions of tensor arguments, once seen
-        self.compiled: dict[tuple, Any] = {}
+        self.compiled: dict[tuple, Any] = Bounded(16)  # alignments are few; a bound on what a kernel keeps
         self.direct = supported() and _jit_function(kernel) and not kernel.pre_run_hooks
 
     def __call__(self, args: dict[str, Any], triton_launch: Callable[[], Any] | None = None) -> Any:
@@ -106,8 +108,6 @@ class Relauncher:
         if len(bound) != len(values) or not all(map(_same, bound, values)):
             self.direct = False
             return compiled
-        if len(self.compiled) > 16:  # alignments are few; a bound on what a kernel keeps
-            self.compiled.clear()
         self.compiled[key] = compiled
         return compiled
 
