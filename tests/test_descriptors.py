@@ -24,13 +24,6 @@ DTYPE = torch.float64
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 
 
-@pytest.fixture(autouse=True)
-def descriptor_scratch():
-    """Descriptors made in a kernel need global scratch memory on a GPU."""
-    if torch.cuda.is_available():
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-
-
 def check(kernel, grid, args, meta, out, want, leaves, names, tol=TOL, forward=True):
     if forward:
         kernel[grid](*args, **meta)

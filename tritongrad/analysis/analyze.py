@@ -8,7 +8,7 @@
   reaches an output (useful); only active values get adjoints;
 - shapes, symbolically (``("BLOCK", "1")``), to leave out the ``unbroadcast`` of an
   operand whose shape is provably the result's;
-- loops: which reversal strategy each one gets (``loops.py``).
+- loops: which reversal strategy each one gets (reverse/loop_plans.py).
 
 Merge and loop-carried variables are assigned more than once (see ``ir.py``), so
 ``defs`` maps a name to all its definitions, and the flow facts are fixpoints.

@@ -7,7 +7,7 @@ Softmax.
 Differentiated statement by statement, its backward needs ``e`` and ``s`` as well as ``y``: the exponential
 and the sum are replayed and each adjoint divides by ``s``. Read as ``y = tg.softmax(z, axis)``, its rule is
 ``dz = y * (dy - sum(dy * y))`` (operations.py), which reads ``y`` alone: what a hand-written backward does,
-and what lets an op's backward read ``y`` back from where the forward stored it (outputs.py) instead of
+and what lets an op's backward read ``y`` back from where the forward stored it (stored_outputs.py) instead of
 replaying the row's max, exponentials and sum.
 
 Matched in one block, where ``e`` is read only by the sum and the division and the sum only by the division

@@ -23,7 +23,7 @@ span, the mask's bounds included (``cols < N`` limits the columns of a ragged bl
 transposed tensor passed as rows is refused rather than differentiated wrongly. Stores in
 loops are checked without the launch (their strides against the lanes' statically).
 Operations on program ids other than their digits (a swizzled matmul order) only lose
-their coordinate here; the grid check at launch (derive.py) still sees them.
+their coordinate here; the grid check at launch (runtime/launch_checks.py) still sees them.
 """
 
 from __future__ import annotations

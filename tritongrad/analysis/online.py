@@ -130,7 +130,7 @@ def _match(loop: ast.For):
             if s is update:
                 continue
             b = op_of(s)
-            if not (b.kind == "sub" and _names(b.args) == [c.name, m_new] and target_of(s) in top):
+            if not (b.kind == "sub" and _atom_names(b.args) == [c.name, m_new] and target_of(s) in top):
                 ok = False
                 break
             for e in users.get(target_of(s), []):
@@ -145,7 +145,7 @@ def _match(loop: ast.For):
             for s in users.get(a, []):
                 if target_of(s) in alphas:
                     continue
-                args = _names(op_of(s).args)
+                args = _atom_names(op_of(s).args)
                 others = [n for n in args if n not in alphas]
                 if (op_of(s).kind != "mul" or len(others) != 1 or others[0] not in carried or others[0] in factors
                         or target_of(s) not in top):
@@ -169,7 +169,7 @@ def _max_update(c: Carried, body: list[ast.stmt]) -> ast.stmt | None:
     s = next((s for s in body if target_of(s) == source), None)
     if s is None or op_of(s).kind != "maximum":
         return None
-    args = _names(op_of(s).args)
+    args = _atom_names(op_of(s).args)
     return s if len(args) == 2 and args.count(c.name) == 1 else None
 
 
@@ -185,7 +185,7 @@ def _factor_family(alpha: str, users: dict[str, list[ast.stmt]], top: dict[str, 
     return family
 
 
-def _names(atoms: list[ast.expr]) -> list[str]:
+def _atom_names(atoms: list[ast.expr]) -> list[str]:
     return [a.id for a in atoms if isinstance(a, ast.Name)] if all(isinstance(a, ast.Name) for a in atoms) else []
 
 

@@ -75,7 +75,7 @@ def stabilizers(program: Program, active: set[str]) -> set[str]:
         if t in active and op_of(stmt).kind == "max":
             try:
                 moved = follow(program.body, t)
-                if any(moved.get(n) is not INVARIANT for r in program.returns or () for n in _names(r)):
+                if any(moved.get(n) is not INVARIANT for r in program.returns or () for n in _all_names(r)):
                     raise Changes(stmt)  # a tile function's result
             except Changes:
                 continue
@@ -101,7 +101,7 @@ def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = fr
     def kind_of(atom: ast.expr):
         if isinstance(atom, ast.Name):
             return kinds.get(atom.id, INVARIANT)
-        if any(kinds.get(n, INVARIANT) is not INVARIANT for n in _names(atom)):  # a tuple holding a moved value
+        if any(kinds.get(n, INVARIANT) is not INVARIANT for n in _all_names(atom)):  # a tuple holding a moved value
             raise Changes(atom)
         return INVARIANT
 
@@ -165,7 +165,7 @@ def _is_zeros(stmt: ast.stmt) -> bool:
     return op.kind in ("zeros", "zeros_like")
 
 
-def _names(atom: ast.expr) -> set[str]:
+def _all_names(atom: ast.expr) -> set[str]:
     return {n.id for n in ast.walk(atom) if isinstance(n, ast.Name)}
 
 

@@ -38,7 +38,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
     addresses, and stores at addresses computed from loaded indices (a scatter) have programs
     whose ranges are apart on the indices each launch passes (lanes.py). Stores repeating an
     address across loop iterations are refused in loops.py. Whether programs overwrite each
-    other's elements depends on the grid, checked at launch (derive.py).
+    other's elements depends on the grid, checked at launch (runtime/launch_checks.py).
     """
     loaded = loaded_values(body)
     axes_of = program_axes(body)

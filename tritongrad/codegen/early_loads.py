@@ -45,12 +45,12 @@ def issue_loads_early(body: list[ast.stmt], comment: Callable[[str], ast.stmt]) 
 
 def _earliest(before: list[ast.stmt], load: ast.stmt) -> int:
     """The first position in ``before`` the load may move to: after the last statement it must follow."""
-    names, target = _names(load), _defines(load)
+    names, target = _every_name(load), _defines(load)
     for i in range(len(before) - 1, -1, -1):
         s = before[i]
         if is_comment_marker(s):
             continue
-        if _is_load(s) or not _pure(s) or _defines(s) & names or target & _names(s):
+        if _is_load(s) or not _pure(s) or _defines(s) & names or target & _every_name(s):
             return i + 1
     return 0
 
@@ -68,7 +68,7 @@ def _pure(stmt: ast.stmt) -> bool:
     return all(pure(n) for n in ast.walk(stmt) if isinstance(n, ast.Call))
 
 
-def _names(stmt: ast.stmt) -> set[str]:
+def _every_name(stmt: ast.stmt) -> set[str]:
     return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
 
 

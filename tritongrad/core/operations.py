@@ -256,7 +256,7 @@ rule("permute", "input, *dims", elementwise=False, input=_inverse_permutation)
 # Operations with several results, unpacked (`a, b = tl.split(x)`): the tuple of results is `out`, and
 # each result `out[i]` is an `item` of it, with its own adjoint `gi` (zeros when it has none). A tuple
 # argument (the scan's `(a, b)`) gets a tuple of adjoints, one per element.
-rule("item", "input, index", elementwise=False, input="g")  # read by its operation's adjoint (reverse.py)
+rule("item", "input, index", elementwise=False, input="g")  # read by its operation's adjoint (reverse/rules.py)
 # h_t = a_t h_{t-1} + b_t and the products of the a's: the adjoint is a scan the other way
 rule("linear_scan", "input, axis, combine_fn, reverse=False", elementwise=False, input=_linear_scan)
 rule("split", "a", elementwise=False, a="tl.join(g0, g1)")

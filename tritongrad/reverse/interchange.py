@@ -4,7 +4,7 @@ A tiled matmul's program ``(m, n)`` loops over ``k``, loading ``A[m, k]``. Every
 ``n`` reads the same tiles of ``A``, so ``dA[m, k]`` is a sum over ``n``. A hand-written backward
 gives ``dA`` a kernel of its own whose program ``(m, k)`` loops over ``n`` and stores its tile once,
 instead of adding from every ``(m, n)`` with atomics. :func:`loop_to_grid` does that to a derived
-backward body (one input's gradient only, reverse.py): the reverse loop around the input's adjoint
+backward body (one input's gradient only, sweep.py): the reverse loop around the input's adjoint
 runs one iteration per program (``k = start + tl.program_id(axis) * step``, each carried pointer
 advanced to that iteration in closed form), and persistent.py then loops every program over
 all of the forward's programs along ``axis``, summing the adjoint in registers.

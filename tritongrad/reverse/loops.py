@@ -390,7 +390,7 @@ def merge_records(*segments: list[ast.stmt]) -> None:
 
 
 def _replayed_loops(block: list[ast.stmt]):
-    """(block, loop) for each replay of a forward loop (``replay_of``: reverse.py marks them) in ``block``."""
+    """(block, loop) for each replay of a forward loop (``replay_of``: sweep.py marks them) in ``block``."""
     for s in block:
         if isinstance(s, ast.For) and getattr(s, "replay_of", None) is not None:
             yield block, s

@@ -63,7 +63,7 @@ def _defined_in(obj, file: Path, unwrap) -> bool:
         return False
 
 
-def _names(text: str | None) -> tuple[str, ...] | None:
+def _name_list(text: str | None) -> tuple[str, ...] | None:
     return tuple(x.strip() for x in text.split(",") if x.strip()) if text else None
 
 
@@ -77,7 +77,7 @@ def show(args: argparse.Namespace) -> int:
 
     kernel = load_kernel(args.kernel)
     try:
-        bwd = grad(kernel, wrt=_names(args.wrt), outputs=_names(args.outputs))
+        bwd = grad(kernel, wrt=_name_list(args.wrt), outputs=_name_list(args.outputs))
     except (NotDifferentiableError, ValueError) as e:  # ValueError: --wrt / --outputs naming no such pointer
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -87,7 +87,7 @@ def show(args: argparse.Namespace) -> int:
     if notes:
         print("\n" + notes, end="")
     readable = sorted({k.param for k in stored_values(bwd.program, bwd.analysis.stores).values()})
-    kept = grad(kernel, wrt=_names(args.wrt), outputs=_names(args.outputs), kept_outputs=readable) if readable \
+    kept = grad(kernel, wrt=_name_list(args.wrt), outputs=_name_list(args.outputs), kept_outputs=readable) if readable \
         else bwd
     if kept.src != bwd.src:
         print(f"\n\n# Through a tritongrad.op, which saves {', '.join(f'`{p}`' for p in readable)} for the backward, "

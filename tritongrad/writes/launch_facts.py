@@ -1,4 +1,4 @@
-"""What a launch's memory gives the write strategies: the facts ``Lowering.choose`` reads.
+"""What a launch's memory gives the write strategies: the facts ``strategies.choose`` reads.
 
 A write strategy (strategies.py) is a contract with two halves: the code it emits, and the facts
 about the launch it needs. Facts about the kernel's addresses (lanes, programs and iterations apart,
