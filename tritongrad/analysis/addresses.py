@@ -440,6 +440,8 @@ def starts_at_zero(atom: ast.expr, defs: dict) -> bool:
         return all(starts_at_zero(a, defs) for a in op.args[:2])
     if op.kind == "mul":
         return any(starts_at_zero(a, defs) for a in op.args[:2])
+    if op.kind in ("floordiv", "mod"):  # a digit of a split (`pid // n`, `pid % n`): from 0 where its index is
+        return starts_at_zero(op.args[0], defs)
     if operation_of(op).lanes == "same" or op.kind in ("subscript", "expand_dims", "broadcast_to"):
         return starts_at_zero(op.args[0], defs)
     return False
