@@ -64,3 +64,68 @@ def test_a_row_major_matmul_with_ragged_tiles_gets_pytorchs_gradients(m, k, n, p
     want = torch.autograd.grad(a @ b, (a, b), g)
     for x, y in zip(got, want, strict=True):
         torch.testing.assert_close(x, y)
+
+
+@triton.jit
+def persistent_softmax(out_ptr, in_ptr, in_row_stride, out_row_stride, n_rows, n_cols, BLOCK: tl.constexpr,
+                       STAGES: tl.constexpr):
+    # a grid-stride loop: each program takes every num_programs-th row, starting from its own
+    first = tl.program_id(0)
+    step = tl.num_programs(0)
+    for row in tl.range(first, n_rows, step, num_stages=STAGES):
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(in_ptr + row * in_row_stride + cols, mask=mask, other=-float("inf"))
+        shifted = x - tl.max(x, axis=0)
+        e = tl.exp(shifted)
+        tl.store(out_ptr + row * out_row_stride + cols, e / tl.sum(e, axis=0), mask=mask)
+
+
+@triton.jit
+def strided_by_argument(out_ptr, in_ptr, n_rows, n_cols, PROGRAMS, BLOCK: tl.constexpr):
+    # the step a launch argument the host sets to the grid (a kernel launched on as many programs as SMs)
+    for row in range(tl.program_id(0), n_rows, PROGRAMS):
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(in_ptr + row * n_cols + cols, mask=mask, other=0.0)
+        tl.store(out_ptr + row * n_cols + cols, x * x, mask=mask)
+
+
+@tritongrad.op
+def softmax_rows(x, programs: int, rows: int):
+    """The tutorial's launch: fewer programs than rows, each looping; ``rows`` of ``x``'s rows only."""
+    y = torch.zeros_like(x)
+    persistent_softmax[(programs, 1, 1)](y, x, x.stride(0), y.stride(0), rows, x.shape[1],
+                                         BLOCK=triton.next_power_of_2(x.shape[1]), STAGES=2)
+    return y
+
+
+@tritongrad.op
+def squares(x, programs: int, step: int):
+    y = torch.empty_like(x)
+    strided_by_argument[(programs,)](y, x, x.shape[0], x.shape[1], step, BLOCK=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+@pytest.mark.parametrize("shape, programs, rows", [((13, 37), 4, 13), ((3, 5), 4, 3), ((16, 9), 4, 13),
+                                                    ((7, 20), 1, 7)],
+                         ids=["fewer programs", "more programs than rows", "rows left out", "one program"])
+def test_a_persistent_softmax_gets_pytorchs_gradients(shape, programs, rows, poisoned_empty):
+    """Rows the loop never reaches (``rows`` < the tensor's) get zero gradient: a grid-stride loop's trip count
+    is program 0's, a bound, so the loads are not taken to cover the tensor."""
+    x = torch.randn(*shape, dtype=D, device=DEVICE, requires_grad=True)
+    y = softmax_rows(x, programs, rows)
+    want = torch.cat([torch.softmax(x[:rows], -1), torch.zeros_like(x[rows:])])
+    torch.testing.assert_close(y, want.detach())
+    g = torch.randn_like(y)
+    (got,) = torch.autograd.grad(y, (x,), g)
+    (expected,) = torch.autograd.grad(want, (x,), g)
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_loop_strided_by_a_launch_argument_is_checked_against_the_grid():
+    x = torch.randn(11, 6, dtype=D, device=DEVICE, requires_grad=True)
+    (got,) = torch.autograd.grad(squares(x, 3, 3).sum(), (x,))
+    torch.testing.assert_close(got, 2 * x.detach())
+    with pytest.raises(tritongrad.NotDifferentiableError, match="two lanes or programs reach one element"):
+        squares(x, 4, 3).sum().backward()  # four programs stepping by three: rows 3, 6, 9 written twice

@@ -29,8 +29,8 @@ from .forms import Coefficient, Digit, Form, Lane, LoopIndex, ProgramDigit, Prog
 
 
 def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
-                params: frozenset[str] = frozenset(), program_trips: dict[LoopIndex, Expr] | None = None
-                ) -> dict[str, Form]:
+                params: frozenset[str] = frozenset(), program_trips: dict[LoopIndex, Expr] | None = None,
+                bounded_trips: set[LoopIndex] | None = None) -> dict[str, Form]:
     """The form of every integer or pointer name computed from lane indices, program ids or loop indices.
 
     A loop's index is a coordinate (:class:`LoopIndex`) whose coefficient is the range's step; so is a
@@ -41,7 +41,10 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
     an expression over the kernel's parameters (for the launch checks); ``program_trips`` those that also
     depend on the program ids (a causal attention's loop stops at its query block), as expressions over
     the parameters and ``Expr("program_id", (axis,))`` (interchange.py gives such a loop's iterations to
-    the grid: the launch takes the most any program runs)."""
+    the grid: the launch takes the most any program runs). A grid-stride loop (``range(pid, n, step)``) gives its
+    index the start's program coordinates too; its ``trips`` entry is the most any program runs (program 0's), a
+    bound, not each program's count: ``bounded_trips`` receives its coordinate (so no check takes the bound for
+    the iterations every program runs: the loads cover the tensor)."""
     forms: dict[str, Form] = {}
     pinned: dict[str, tuple[ast.expr, LoopIndex, Coefficient]] = {}  # carried name -> (init, loop, step)
     in_loop: set[int] = set()  # the carried names' definitions inside their loops: replaced by the above
@@ -64,7 +67,7 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
         previous, forms = forms, dict(loop_indices)
         seen = collections.ChainMap(forms, previous)  # this pass's forms, the last pass's for names not yet met
         for node in loops(body):
-            moved = _moving_range(node.iter, previous)
+            moved = _moving_range(node.iter, previous) or _program_strided_range(node, previous)
             if moved is not None:
                 index = loop_indices[node.target.id]
                 forms[node.target.id] = form_of_terms({**moved.coefficients, **index.coefficients}, 0)
@@ -101,7 +104,11 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
 
     if trips is not None:
         for node in loops(body):
-            if _moving_range(node.iter, forms) is not None:  # its count: the bounds' difference, programs aside
+            strided = _moving_range(node.iter, forms) is None and _program_strided_range(node, forms) is not None
+            if strided and bounded_trips is not None:
+                bounded_trips.add(LoopIndex(node.target.id))
+            if _moving_range(node.iter, forms) or strided:  # its count: the most any program runs (the bounds'
+                # difference, programs aside)
                 count = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node))).substitute(no_program)
                 trips[LoopIndex(node.target.id)] = count if count.names() <= params else Expr.const(UNKNOWN_TRIP)
             elif program_trips is not None and trips[LoopIndex(node.target.id)] == Expr.const(UNKNOWN_TRIP):
@@ -120,6 +127,21 @@ def _moving_range(call: ast.Call, forms: dict[str, Form]) -> Form | None:
             stop.affine) or any(not isinstance(k, ProgramId) for k, _ in start.terms):
         return None
     return start
+
+
+def _program_strided_range(node: ast.For, forms: dict[str, Form]) -> Form | None:
+    """The program-id part of a range's start where only the start moves with the program ids, each by a positive
+    literal (``range(pid, n, tl.num_programs(0))``: a grid-stride loop, each program taking every step-th row from
+    its own). Program 0 runs the most iterations: its count bounds every program's."""
+    start, stop, step = range_bounds(node)
+    found = forms.get(start.id) if isinstance(start, ast.Name) else None
+    if found is None or not found.terms or not found.affine or any(
+            not isinstance(k, ProgramId) or not (isinstance(c[0], int) and c[0] > 0 and not c[1])
+            for k, c in found.terms):
+        return None
+    if any(isinstance(a, ast.Name) and a.id in forms and forms[a.id].terms for a in (stop, step)):
+        return None  # the stop or step moves too
+    return found
 
 
 def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0) -> Expr:

@@ -65,6 +65,7 @@ class Analysis:
     launch_checks: list = field(default_factory=list)  # checks.LaunchCheck: conditions on a launch's arguments
     trips: dict = field(default_factory=dict)  # loop coordinate -> its trip count (addresses.address_forms)
     program_trips: dict = field(default_factory=dict)  # loop coordinate -> its count where program ids decide it
+    bounded_trips: set = field(default_factory=set)  # loop coordinates whose `trips` bounds each program's count
     stabilizers: set[str] = field(default_factory=set)  # maxima whose adjoint is exactly zero (stabilizers.py)
     padding: dict[str, set[str]] = field(default_factory=dict)  # name -> MASKED, INFINITE (see `padding`)
     in_place: frozenset[str] = frozenset()  # differentiated pointers updated in place (in_place_pointers)
@@ -107,7 +108,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis.padding = padding(program.body)
     if not tile:
         analysis.forms = address_forms(program.body, analysis.shapes, analysis.trips, frozenset(params),
-                                       analysis.program_trips)
+                                       analysis.program_trips, analysis.bounded_trips)
         analysis.store_axes = check_output_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
                                                   analysis.launch_checks, analysis.trips, pointer_base)
         analysis.launch_checks = [with_scalars_written_out(c, program.body) for c in analysis.launch_checks]

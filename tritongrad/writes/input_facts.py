@@ -191,6 +191,7 @@ class _Context:
         exact = mask_bounds(b["mask"], a.forms, self.defs, a.shapes, exact=True)
         branched = any(isinstance(n, ast.If) for n in self.nested[id(stmt)])
         if (owned is not None and exact is not None and found.exact and self._starts_at_zero(pointer, param)
+                and not set(found.keys) & a.bounded_trips  # (a grid-stride loop's count is a bound, not exact)
                 and (not branched or self._fillable(stmt, b))):
             covers = written(Covers(found.coordinates, found.bounds, param))
             fill = target_of(stmt) if branched else ""
