@@ -129,3 +129,36 @@ def test_a_loop_strided_by_a_launch_argument_is_checked_against_the_grid():
     torch.testing.assert_close(got, 2 * x.detach())
     with pytest.raises(tritongrad.NotDifferentiableError, match="two lanes or programs reach one element"):
         squares(x, 4, 3).sum().backward()  # four programs stepping by three: rows 3, 6, 9 written twice
+
+
+@triton.jit
+def persistent_log_softmax(out_ptr, in_ptr, temperature_ptr, weight_ptr, n_rows, n_cols, BLOCK: tl.constexpr):
+    # a learned temperature and a per-column weight, loaded once per program before its loop over rows
+    t = tl.load(temperature_ptr)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    w = tl.load(weight_ptr + cols, mask=mask, other=1.0)
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        x = tl.load(in_ptr + row * n_cols + cols, mask=mask, other=-float("inf")) * w / t
+        z = x - tl.max(x, axis=0)
+        tl.store(out_ptr + row * n_cols + cols, z - tl.log(tl.sum(tl.exp(z), axis=0)), mask=mask)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_persistent_log_softmax_with_a_learned_temperature_gets_pytorchs_gradients(deterministic):
+    @tritongrad.op(deterministic=deterministic)
+    def log_softmax(x, t, w, programs: int):
+        y = torch.empty_like(x)
+        persistent_log_softmax[(programs,)](y, x, t, w, x.shape[0], x.shape[1],
+                                            BLOCK=triton.next_power_of_2(x.shape[1]))
+        return y
+
+    x = torch.randn(13, 37, dtype=D, device=DEVICE, requires_grad=True)
+    t = (torch.rand(1, dtype=D, device=DEVICE) + 0.5).requires_grad_()
+    w = torch.randn(37, dtype=D, device=DEVICE, requires_grad=True)
+    y = log_softmax(x, t, w, 4)
+    want = torch.log_softmax(x * w / t, -1)
+    torch.testing.assert_close(y, want.detach())
+    g = torch.randn_like(y)
+    for a, b in zip(torch.autograd.grad(y, (x, t, w), g), torch.autograd.grad(want, (x, t, w), g), strict=True):
+        torch.testing.assert_close(a, b)
