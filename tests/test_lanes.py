@@ -52,7 +52,7 @@ def test_apart_takes_row_major_tiles_with_ragged_masks():
 
 def test_a_launch_check_is_data_that_reads_and_evaluates_on_the_launch():
     import tritongrad
-    from tritongrad.analysis.conditions import LaunchValues
+    from tritongrad.analysis.launch_values import LaunchValues
     from tritongrad.examples import rmsnorm
 
     (check,) = tritongrad.grad(rmsnorm.rmsnorm_fwd).launch_checks
@@ -135,8 +135,9 @@ def test_store_ranges_hold_every_address_a_program_writes(store):
     its range, and a program said to store nothing writes nothing."""
     import torch
 
-    from tritongrad.analysis.conditions import Apart, Expr, LaunchValues
+    from tritongrad.analysis.conditions import Apart
     from tritongrad.analysis.index_ranges import StoreRange
+    from tritongrad.analysis.launch_values import Expr, LaunchValues
 
     programs, coords, bounds, base = store
     values = {"base": torch.tensor(base), **{f"L{i}": torch.tensor(limits) for i, (_, limits) in enumerate(bounds)}}

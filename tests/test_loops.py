@@ -418,7 +418,7 @@ def test_an_online_softmax_the_rewrite_cannot_prove_keeps_its_state_on_a_tape(fl
 
 
 def test_tape_slots_are_sized_by_the_trip_count_and_the_budget(monkeypatch):
-    from tritongrad.analysis.conditions import Expr, LaunchValues
+    from tritongrad.analysis.launch_values import Expr, LaunchValues
     from tritongrad.reverse.state_tape import StateTape
 
     tape = StateTape("k_slots", (("l_tape", ()), ("acc_tape", ("BD",))), Expr("trips", (

@@ -471,7 +471,7 @@ def rows_clamped(x_ptr, y_ptr, LAST, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + pid * BLOCK + offs)
-    row = tl.minimum(pid, LAST)  # programs past LAST share its row
+    row = tl.minimum(pid, LAST)  # programs past LAST share its row: a launch with such programs is
     tl.store(y_ptr + row * BLOCK + offs, x * 2.0)  # refused
 
 
@@ -484,7 +484,19 @@ def rows_from_a_range_of_the_program(x_ptr, y_ptr, BLOCK: tl.constexpr):
         tl.store(y_ptr + i * BLOCK + offs, x * 2.0)  # refused
 
 
-@pytest.mark.parametrize("kernel", [rows_clamped, rows_from_a_range_of_the_program])
+def test_a_row_the_programs_compute_is_checked_over_the_grid_at_launch():
+    """``tl.minimum(pid, LAST)`` is a value each program computes (a swizzle): evaluated over the grid at each
+    launch (issue 38; refused at derivation before), where two programs computing one row are refused by name."""
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.zeros(5, 4, dtype=torch.float64)
+    d_y = torch.randn_like(y)
+    got = backward_launch(rows_clamped, (5,), (x, y, 4), {"BLOCK": 4}, {"y_ptr": d_y})
+    torch.testing.assert_close(got["x_ptr"], 2.0 * d_y)
+    with pytest.raises(NotDifferentiableError, match=r"programs \(2, 0, 0\) and \(3, 0, 0\) compute the same") as info:
+        backward_launch(rows_clamped, (5,), (x, y, 2), {"BLOCK": 4}, {"y_ptr": d_y})
+    assert info.value.line == marked_line(rows_clamped)
+
+
+@pytest.mark.parametrize("kernel", [rows_from_a_range_of_the_program])
 def test_an_address_that_loses_the_program_id_is_refused(kernel):
     with pytest.raises(NotDifferentiableError, match="through an operation that may send two programs to one element") \
             as info:

@@ -162,3 +162,92 @@ def test_a_persistent_log_softmax_with_a_learned_temperature_gets_pytorchs_gradi
     g = torch.randn_like(y)
     for a, b in zip(torch.autograd.grad(y, (x, t, w), g), torch.autograd.grad(want, (x, t, w), g), strict=True):
         torch.testing.assert_close(a, b)
+
+
+@triton.jit
+def leaky_relu(x):
+    return tl.where(x >= 0, x, 0.01 * x)
+
+
+@triton.jit
+def grouped_matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   ACTIVATION: tl.constexpr):
+    # tiles visited in groups of GROUP_M rows of tiles (better reuse of B in L2): the program -> tile map goes
+    # through //, % and min, a swizzle no sum of program ids spells
+    pid = tl.program_id(axis=0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * tiles_n
+    group = pid // in_group
+    first_m = group * GROUP_M
+    group_rows = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % in_group) % group_rows)
+    pid_n = (pid % in_group) // group_rows
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak
+    b_ptrs = b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=ks[None, :] < K - k * BLOCK_K, other=0.0)
+        b = tl.load(b_ptrs, mask=ks[:, None] < K - k * BLOCK_K, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    if ACTIVATION == "leaky_relu":
+        acc = leaky_relu(acc)
+    out_rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + stride_cm * out_rows[:, None] + stride_cn * out_cols[None, :]
+    tl.store(c_ptrs, acc, mask=(out_rows[:, None] < M) & (out_cols[None, :] < N))
+
+
+def _grouped(a, b, activation, group_m, grid=None):
+    M, K = a.shape
+    _, N = b.shape
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    grid = grid or (lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),))
+    grouped_matmul[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
+                         c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=group_m, ACTIVATION=activation)
+    return c
+
+
+@pytest.mark.parametrize("activation", ["", "leaky_relu"])
+@pytest.mark.parametrize("m, k, n, group_m", [(70, 20, 37, 2), (40, 30, 48, 3), (33, 9, 16, 8)])
+def test_a_matmul_with_grouped_ordering_gets_pytorchs_gradients(m, k, n, group_m, activation, poisoned_empty):
+    """The swizzle's program -> tile map is evaluated over the whole grid at launch: distinct programs keep
+    distinct tiles (issue 38: refused at derivation before)."""
+    op = tritongrad.op(lambda a, b: _grouped(a, b, activation, group_m))
+    a = torch.randn(m, k, dtype=D, device=DEVICE, requires_grad=True)
+    b = torch.randn(k, n, dtype=D, device=DEVICE, requires_grad=True)
+    c = op(a, b)
+    want = a @ b
+    if activation:
+        want = torch.where(want >= 0, want, 0.01 * want)
+    torch.testing.assert_close(c, want.detach())
+    g = torch.randn_like(c)
+    for x, y in zip(torch.autograd.grad(c, (a, b), g), torch.autograd.grad(want, (a, b), g), strict=True):
+        torch.testing.assert_close(x, y)
+
+
+@triton.jit
+def clamped_rows(x_ptr, y_ptr, LAST, BLOCK: tl.constexpr):
+    row = min(tl.program_id(0), LAST)  # programs past LAST all write row LAST
+    cols = tl.arange(0, BLOCK)
+    tl.store(y_ptr + row * BLOCK + cols, tl.load(x_ptr + tl.program_id(0) * BLOCK + cols) * 2.0)
+
+
+def test_a_swizzle_that_sends_two_programs_to_one_tile_is_refused_at_the_launch():
+    def launch(x, programs, last):
+        y = torch.zeros(((last + 1) * 4,), dtype=x.dtype, device=x.device)
+        clamped_rows[(programs,)](x, y, last, BLOCK=4)
+        return y
+
+    op = tritongrad.op(launch)
+    x = torch.randn(20, dtype=D, device=DEVICE, requires_grad=True)
+    (got,) = torch.autograd.grad(op(x, 5, 4).sum(), (x,))  # each program its own row: fine
+    torch.testing.assert_close(got, torch.full_like(x, 2.0))
+    with pytest.raises(tritongrad.NotDifferentiableError, match="compute the same"):
+        op(x, 5, 2).sum().backward()

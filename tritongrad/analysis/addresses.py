@@ -24,8 +24,22 @@ import collections
 
 from ..core.ir import arguments, axis_of, definitions, loops, op_of, range_bounds, statements, target_of
 from ..core.operations import operation_of
-from .conditions import UNKNOWN_TRIP, Expr
-from .forms import Coefficient, Digit, Form, Lane, LoopIndex, ProgramDigit, ProgramId, form_of_terms, varies
+from .flow import program_axes
+from .forms import (
+    Coefficient,
+    Digit,
+    Form,
+    Lane,
+    LoopIndex,
+    ProgramDigit,
+    ProgramId,
+    ProgramValue,
+    form_of_terms,
+    form_program_axes,
+    varies,
+)
+from .launch_values import UNKNOWN_TRIP, Expr
+from .scalars import program_expr, scalar_expr
 
 
 def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
@@ -50,6 +64,7 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
     in_loop: set[int] = set()  # the carried names' definitions inside their loops: replaced by the above
     starts: dict[str, Form] = {}  # forms of carried names' definitions before their loops
     defs = definitions(body)
+    axes_of = program_axes(body)
     for node in loops(body):
         key = LoopIndex(node.target.id)
         forms[node.target.id] = form_of_terms({key: _range_step(node)}, 0)
@@ -84,7 +99,7 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
             if t in pinned:
                 starts[t] = _form_of(s, seen, shapes, defs) or form_of_terms({}, 0)
                 continue
-            new = _form_of(s, seen, shapes, defs)
+            new = _program_value(t, _form_of(s, seen, shapes, defs), axes_of.get(t, set()), shapes, defs, params)
             old = forms.get(t) if t in defined else None
             if old is not None and new is not None and old != new:
                 new = Form(old.terms, old.rank, False)  # two definitions disagree: no proof
@@ -118,6 +133,17 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
     return forms
 
 
+def _program_value(name: str, form: Form | None, axes: set[int], shapes: dict, defs: dict,
+                   params: frozenset[str]) -> Form | None:
+    """``form``, or for a scalar computed from the program ids by integer math that loses them as coordinates (a
+    swizzle: ``pid_n = (pid % in_group) // group_size``, ``min(...)``), the coordinate of its own that its value
+    over the grid gives (forms.ProgramValue), where that value is integer math on the ids and parameters."""
+    if not axes or (form is not None and axes <= form_program_axes(form)) or _rank(ast.Name(name), shapes) != 0:
+        return form
+    value = program_expr(name, defs, params)
+    return form if value is None else form_of_terms({ProgramValue(name, value): (1, ())}, 0)
+
+
 def _moving_range(call: ast.Call, forms: dict[str, Form]) -> Form | None:
     """The program-id part of a range's start when its stop has the same (``range(pid * R, pid * R + R)``)."""
     if len(call.args) < 2 or any(k.arg in ("start", "stop") for k in call.keywords):
@@ -142,24 +168,6 @@ def _program_strided_range(node: ast.For, forms: dict[str, Form]) -> Form | None
     if any(isinstance(a, ast.Name) and a.id in forms and forms[a.id].terms for a in (stop, step)):
         return None  # the stop or step moves too
     return found
-
-
-def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0) -> Expr:
-    """A scalar as an expression over the kernel's parameters and the grid where it is integer math on
-    them (``tl.cdiv(K, BLOCK)``, ``R - 1``, ``tl.num_programs(1)``), for launch checks; else its name."""
-    if isinstance(atom, ast.Constant) and isinstance(atom.value, int):
-        return Expr.const(atom.value)
-    if not isinstance(atom, ast.Name):
-        return Expr.of_text(ast.unparse(atom))
-    found = [d for d in defs.get(atom.id, []) if not isinstance(d, ast.For)]
-    if depth < 8 and len(found) == 1:
-        op = op_of(found[0])
-        if operation_of(op).on_host is not None or op.kind == "minimum":
-            kind = "min" if op.kind == "minimum" else op.kind
-            return Expr(kind, tuple(scalar_expr(a, defs, depth + 1) for a in op.args))
-        if op.kind == "num_programs" and axis_of(op) is not None:
-            return Expr("grid", (axis_of(op),))
-    return Expr.name(atom.id)
 
 
 def _range_step(node: ast.For) -> Coefficient:
@@ -488,6 +496,5 @@ def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
 
 
 # -- offsets: the part of a value that depends on no coordinate ---------------------------------------------
-
 
 

@@ -1,6 +1,6 @@
 """Conditions on a launch's arguments: what derivation could not decide, as data the launcher evaluates.
 
-A condition is built at derivation from integer expressions (:class:`Expr`) over the
+A condition is built at derivation from integer expressions (launch_values.Expr) over the
 kernel's parameters, the grid and loop trip counts, and evaluated on each launch's
 arguments (no generated source, nothing ``eval``-ed). It prints as it reads, for
 ``tritongrad show``.
@@ -11,208 +11,25 @@ arguments (no generated source, nothing ``eval``-ed). It prints as it reads, for
 - :class:`Covers`: a store's addresses are exactly a tensor's elements (writes/strategies.py: an input's
   gradient may then be stored, not added, into a buffer left unfilled).
 - :class:`All`: every one of several conditions.
+- :class:`ProgramsApart`: distinct programs compute distinct values of a swizzle (``pid_m``, ``pid_n`` of a
+  grouped ordering), none negative: evaluated over the whole grid, so those values may be coordinates of Apart.
 - index_ranges.RangesApart: stores whose addresses come from loaded indices (``dst = tl.load(perm +
   row)``, ``start = tl.load(cu_seqlens + pid)``): each program's range of addresses, read off the
   index tensors the launch passes, is apart from every other program's. It reads tensor contents,
   so it runs on every launch (on the device: a strided view of the indices, a sort, one sync).
 
-Apart, AtLeast and AtMost read only scalars and the grid: the launcher caches their verdict per
+Apart, AtLeast, AtMost and ProgramsApart read only scalars and the grid: the launcher caches their verdict per
 launch shape (``cacheable``); Covers (a tensor's layout) and RangesApart (its contents) are not.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..core.ir import Origin
-from ..core.operations import OPERATIONS
-
-UNKNOWN_TRIP = 1 << 40  # a trip count the launch cannot read: taken as huge (apart() accepts it only where harmless)
-
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//"}
-
-
-class Unreadable(Exception):
-    """A value the launch cannot give (a local of the kernel, a loaded trip count)."""
-
-
-@dataclass(frozen=True)
-class LaunchValues:
-    """What a launch gives a condition: the kernel's arguments by name and the grid."""
-
-    arguments: Mapping[str, Any]
-    grid: tuple[int, ...] | None  # None: not known (at derivation)
-    program: tuple[int, int] | None = None  # (axis, id): the one program an expression is evaluated for
-
-    def program_id(self, axis: int) -> int:
-        if self.program is None or self.program[0] != axis:
-            raise Unreadable(f"program_id({axis})")
-        return self.program[1]
-
-    def value(self, name: str) -> Any:
-        if name not in self.arguments:
-            raise Unreadable(name)
-        return self.arguments[name]
-
-    def programs(self, axis: int) -> int:
-        if self.grid is None:
-            raise Unreadable(f"num_programs({axis})")
-        return (*self.grid, 1, 1, 1)[axis]
-
-    def numel(self, shape: tuple[str, ...]) -> int:
-        """How many elements a tile of ``shape`` (its extents as written) has on this launch."""
-        n = 1
-        for extent in shape:
-            n *= int(Expr.of_text(extent).evaluate(self))
-        return n
-
-
-@dataclass(frozen=True)
-class Expr:
-    """An integer expression: ``Expr("name", ("N",))``, ``Expr("const", (3,))``, ``Expr("grid", (0,))``,
-    ``Expr("trips", (start, stop, step))``, ``Expr("min" | "abs", ...)``, or an operation kind whose
-    ``on_host`` computes it (``Expr("mul", (a, b))``, ``Expr("cdiv", (a, b))``)."""
-
-    op: str
-    args: tuple = ()
-
-    # -- building --------------------------------------------------------------------------------
-
-    @staticmethod
-    def name(id: str) -> Expr:
-        return Expr("name", (id,))
-
-    @staticmethod
-    def const(value: int) -> Expr:
-        return Expr("const", (value,))
-
-    def __add__(self, other: Expr) -> Expr:
-        return Expr("add", (self, other))
-
-    def __sub__(self, other: Expr) -> Expr:
-        return Expr("sub", (self, other))
-
-    def __mul__(self, other: Expr) -> Expr:
-        return Expr("mul", (self, other))
-
-    @staticmethod
-    @functools.lru_cache(maxsize=1024)  # read on every launch (tape sizes): parsed once
-    def of_text(text: str) -> Expr:
-        """An expression written as Python (a tile's dimension: ``BLOCK``, ``2 * BLOCK``, ``min(B, N)``)."""
-        try:
-            return _from_ast(ast.parse(text, mode="eval").body)
-        except (SyntaxError, ValueError):
-            return Expr("unknown", (text,))
-
-    # -- reading ---------------------------------------------------------------------------------
-
-    def evaluate(self, launch: LaunchValues) -> int:
-        op, args = self.op, self.args
-        if op == "const":
-            return args[0]
-        if op == "name":
-            return launch.value(args[0])
-        if op == "grid":
-            return launch.programs(args[0])
-        if op == "program_id":
-            return launch.program_id(args[0])
-        if op == "unknown":
-            raise Unreadable(args[0])
-        values = [a.evaluate(launch) for a in args]
-        if op == "trips":
-            return len(range(*values))
-        if op == "min":
-            return _minimum(values)
-        if op == "abs":
-            return abs(values[0])
-        return OPERATIONS[op].on_host(*values)
-
-    def program_axes(self) -> set[int]:
-        """The axes whose program id it reads (a count that differs from program to program)."""
-        if self.op == "program_id":
-            return {self.args[0]}
-        return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
-
-    def names(self) -> set[str]:
-        if self.op == "name":
-            return {self.args[0]}
-        return set().union(*[a.names() for a in self.args if isinstance(a, Expr)])
-
-    def substitute(self, replace: Callable[[str], Expr | None]) -> Expr:
-        """The expression with names replaced where ``replace`` gives an expression for them."""
-        if self.op == "name":
-            return replace(self.args[0]) or self
-        return Expr(self.op, tuple(a.substitute(replace) if isinstance(a, Expr) else a for a in self.args))
-
-    def simplified(self) -> Expr:
-        """The same value, written shorter: ``1 * stride`` is ``stride``, ``abs(1)`` is ``1``."""
-        args = tuple(a.simplified() if isinstance(a, Expr) else a for a in self.args)
-        if self.op == "mul":
-            factors = [a for a in args if a != Expr.const(1)]
-            if len(factors) < 2:
-                return factors[0] if factors else Expr.const(1)
-            return Expr("mul", tuple(factors))
-        if self.op == "abs" and args[0].op == "const":
-            return Expr.const(abs(args[0].args[0]))
-        return Expr(self.op, args)
-
-    def __str__(self) -> str:
-        return self.simplified()._text()
-
-    def _text(self) -> str:
-        op, args = self.op, self.args
-        if op in ("name", "unknown"):
-            return args[0]
-        if op == "const":
-            return str(args[0])
-        if op == "grid":
-            return f"num_programs({args[0]})"
-        if op == "program_id":
-            return f"program_id({args[0]})"
-        if op == "copy":
-            return args[0]._text()
-        if op == "neg":
-            return f"-{_operand(args[0])}"
-        if op in _INFIX:
-            return f" {_INFIX[op]} ".join(_operand(a) for a in args)
-        if op == "trips":
-            return f"len(range({', '.join(a._text() for a in args)}))"
-        return f"{op}({', '.join(a._text() for a in args)})"
-
-
-def _minimum(values: list) -> Any:
-    """``min`` of integers, or elementwise of integers and tensors (one value per program)."""
-    tensors = [v for v in values if hasattr(v, "clamp")]
-    if not tensors:
-        return min(values)
-    out = tensors[0]
-    for v in values:
-        out = out.clamp(max=v) if not hasattr(v, "clamp") else out.minimum(v)
-    return out
-
-
-def _operand(e: Expr) -> str:
-    return f"({e._text()})" if e.op in _INFIX else e._text()
-
-
-def _from_ast(node: ast.expr) -> Expr:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return Expr.const(node.value)
-    if isinstance(node, ast.Name):
-        return Expr.name(node.id)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return Expr("neg", (_from_ast(node.operand),))
-    if isinstance(node, ast.BinOp):
-        kind = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.FloorDiv: "floordiv"}.get(type(node.op))
-        if kind is not None:
-            return Expr(kind, (_from_ast(node.left), _from_ast(node.right)))
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "abs"):
-        return Expr(node.func.id, tuple(_from_ast(a) for a in node.args))
-    raise ValueError(ast.unparse(node))
+from .launch_values import Expr, LaunchValues, Unreadable
 
 
 @dataclass(frozen=True)
@@ -370,6 +187,54 @@ class All:
         return " and ".join(f"({c})" for c in self.conditions) if self.conditions else "always"
 
 
+@dataclass(frozen=True)
+class ProgramsApart:
+    """Distinct programs of the grid give distinct tuples of ``values`` (the program coordinates of an address,
+    each an expression over the program ids), none negative: what lets ``Apart`` take a value a program computes
+    (a swizzle: forms.ProgramValue) for a coordinate. Evaluated over the whole grid on the host (up to
+    MAX_PROGRAMS programs: a larger grid cannot be read, so it does not hold)."""
+
+    values: tuple[Expr, ...]
+    names_of: tuple[str, ...] = ()
+
+    cacheable = True  # reads scalars and the grid only
+
+    def holds(self, launch: LaunchValues) -> bool:
+        return self.violation(launch) is None
+
+    def violation(self, launch: LaunchValues) -> str | None:
+        import torch
+
+        try:
+            every = launch.over_the_grid()
+        except Unreadable as e:  # a grid too large to read program by program: not shown
+            return f"{e} cannot be read program by program"
+        ids = torch.stack(every.every_program, 1)
+        names = self.names_of or tuple(str(v) for v in self.values)
+        columns = []
+        for name, value in zip(names, self.values, strict=True):
+            v = value.evaluate(every)
+            v = v.to(torch.int64) if isinstance(v, torch.Tensor) else torch.full((len(ids),), int(v))
+            if bool((v < 0).any()):
+                return f"program {tuple(ids[int((v < 0).nonzero()[0])].tolist())} has {name} < 0"
+            columns.append(v)
+        rows = torch.stack(columns, 1)
+        _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
+        if bool((counts > 1).any()):
+            first, second = (inverse == int((counts > 1).nonzero()[0])).nonzero()[:2, 0].tolist()
+            return (f"programs {tuple(ids[first].tolist())} and {tuple(ids[second].tolist())} compute the same "
+                    f"{', '.join(names)}: {tuple(rows[first].tolist())}")
+        return None
+
+    def names(self) -> set[str]:
+        return set().union(*[v.names() for v in self.values])
+
+    def substitute(self, replace: Callable[[str], Expr | None]) -> ProgramsApart:
+        return ProgramsApart(tuple(v.substitute(replace) for v in self.values), self.names_of)
+
+    def __str__(self) -> str:
+        names = self.names_of or tuple(str(v) for v in self.values)
+        return f"each program has its own {', '.join(names)} (none negative), over the whole grid"
 
 
 class Condition(Protocol):

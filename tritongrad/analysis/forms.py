@@ -1,9 +1,12 @@
-"""Affine forms of integer and pointer tiles: coordinates (a lane axis, a program id or its digits, a loop's
-iterations, the digits of a split index) with coefficients that are integers times scalar names."""
+"""Affine forms of integer and pointer tiles: coordinates (a lane axis, a program id or its digits, a value each
+program computes from its ids, a loop's iterations, the digits of a split index) with coefficients that are
+integers times scalar names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .launch_values import Expr
 
 Coefficient = tuple[int, tuple[str, ...]]
 
@@ -53,6 +56,28 @@ class ProgramDigit:
 
 
 @dataclass(frozen=True)
+class ProgramValue:
+    """A scalar each program computes from its ids by integer math that is no sum of coordinates: a swizzle
+    (``pid_m = first + (pid % in_group) % group_size``, ``min``, ``%`` of a sum). ``value``: it over the program
+    ids, the grid and the kernel's parameters, evaluated over the whole grid at launch (conditions.ProgramsApart:
+    distinct programs keep distinct coordinates, none negative)."""
+
+    name: str  # the kernel's name for it
+    value: Expr
+
+    @property
+    def sort_key(self) -> tuple:
+        return (f"program value:{self.name}", 0)
+
+    @property
+    def axes(self) -> set[int]:
+        return self.value.program_axes()
+
+    def __str__(self) -> str:
+        return f"`{self.name}` (from the program ids)"
+
+
+@dataclass(frozen=True)
 class LoopIndex:
     """The iteration of the loop over ``index`` (its index, or carried state advanced by it)."""
 
@@ -96,7 +121,7 @@ def _coefficient_text(c: Coefficient) -> str:
     return "" if factors == ["1"] else " * ".join(factors) + " * "
 
 
-Coordinate = Lane | ProgramId | ProgramDigit | LoopIndex | Digit
+Coordinate = Lane | ProgramId | ProgramDigit | ProgramValue | LoopIndex | Digit
 
 
 @dataclass(frozen=True)
@@ -128,6 +153,8 @@ def form_program_axes(form: Form | None) -> set[int]:
     for key, _ in form.terms if form is not None else ():
         if isinstance(key, (ProgramId, ProgramDigit)):
             axes.add(key.axis)
+        elif isinstance(key, ProgramValue):
+            axes |= key.axes
         elif isinstance(key, Digit):
             axes |= form_program_axes(key.dividend)
     return axes

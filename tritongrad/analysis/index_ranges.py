@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .conditions import Apart, Expr, LaunchValues, Unreadable, apart
+from .conditions import Apart, apart
+from .launch_values import Expr, LaunchValues, Unreadable
 
 
 @dataclass(frozen=True)

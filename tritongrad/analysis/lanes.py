@@ -33,11 +33,23 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..core.ir import arguments, definitions, is_none, op_of, refuse, statements, target_of, where
-from .addresses import scalar_expr
-from .conditions import Apart, AtLeast, Condition, Expr, LaunchCheck, decided_now
-from .forms import Coefficient, Coordinate, Digit, Form, Lane, LoopIndex, ProgramDigit, ProgramId, form_of_terms
+from .conditions import All, Apart, AtLeast, Condition, LaunchCheck, ProgramsApart, decided_now
+from .forms import (
+    Coefficient,
+    Coordinate,
+    Digit,
+    Form,
+    Lane,
+    LoopIndex,
+    ProgramDigit,
+    ProgramId,
+    ProgramValue,
+    form_of_terms,
+)
 from .index_ranges import IndexRead, RangesApart, StoreRange
+from .launch_values import Expr
 from .offsets import ZERO, Poly, canonical, poly, poly_add, poly_expr
+from .scalars import scalar_expr
 
 
 def with_scalars_written_out(check: LaunchCheck, body: list[ast.stmt]) -> LaunchCheck:
@@ -81,6 +93,8 @@ def _extent(key: Coordinate, shape, trips: dict[LoopIndex, Expr], bounds=()) -> 
         if limits:
             top = limits[0] if top is None else Expr("min", (top, limits[0]))
         return None if top is None else Expr("floordiv", (top, divisor)) + Expr.const(1)
+    if isinstance(key, ProgramValue):  # (none negative: ProgramsApart)
+        return Expr("most", (key.value,))
     grid = Expr("grid", (key.axis,))
     if isinstance(key, ProgramId):
         return grid
@@ -123,8 +137,33 @@ class LaunchCoordinates:
     bounds: tuple[tuple[tuple[int, ...], Expr, tuple[Expr, ...]], ...]
     exact: bool
 
-    def apart(self) -> Apart:
-        return Apart(self.coordinates, self.bounds, tuple(str(k) for k in self.keys))
+    def apart(self, extra: tuple[tuple[str, Expr, Expr], ...] = ()) -> Apart | All:
+        """Distinct elements for distinct coordinates (and ``extra`` ones, ``(name, coefficient, extent)``); where
+        a coordinate is a value programs compute, distinct programs with distinct such values too."""
+        apart = Apart(self.coordinates + tuple((c, e) for _, c, e in extra), self.bounds,
+                      (*(str(k) for k in self.keys), *(name for name, _, _ in extra)))
+        programs = programs_apart(self.keys)
+        return apart if programs is None else All((apart, programs))
+
+
+def programs_apart(keys) -> ProgramsApart | None:
+    """Where an address's coordinates include values programs compute (forms.ProgramValue): that distinct programs
+    have distinct program coordinates, none negative (None: no such value, the coordinates are the ids)."""
+    if not any(isinstance(k, ProgramValue) for k in keys):
+        return None
+    values, names = [], []
+    for k in keys:
+        if isinstance(k, ProgramValue):
+            values.append(k.value)
+        elif isinstance(k, ProgramId):
+            values.append(Expr("program_id", (k.axis,)))
+        elif isinstance(k, ProgramDigit):
+            values.append(Expr("floordiv" if k.quotient else "mod",
+                               (Expr("program_id", (k.axis,)), Expr.of_text(k.divisor))))
+        else:
+            continue
+        names.append(str(k))
+    return ProgramsApart(tuple(values), tuple(names))
 
 
 def launch_coordinates(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr]
@@ -166,14 +205,11 @@ def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dic
 
 
 def _apart(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr],
-           extra: tuple[tuple[str, Expr, Expr], ...] = ()) -> Apart | None:
+           extra: tuple[tuple[str, Expr, Expr], ...] = ()) -> Apart | All | None:
     """The address's coordinates (and ``extra`` ones) with their extents and the mask's bounds (None: a loop's
     trip count is not known, or the strides are a descriptor's)."""
     found = launch_coordinates(form, shape, bounds, trips)
-    if found is None:
-        return None
-    return Apart(found.coordinates + tuple((c, e) for _, c, e in extra), found.bounds,
-                 (*(str(k) for k in found.keys), *(name for name, _, _ in extra)))
+    return None if found is None else found.apart(extra)
 
 
 def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: tuple[LoopIndex, ...] = (),
@@ -212,7 +248,8 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
             raise refuse(where(stmt), f"{what}: the address does not change along axis {axis} of the tile", hint)
     for key in terms:
         if isinstance(key, ProgramDigit) and key.quotient and ProgramId(key.axis) not in terms and (
-                ProgramDigit(key.axis, key.divisor, False) not in terms):
+                ProgramDigit(key.axis, key.divisor, False) not in terms) and not any(
+                isinstance(k, ProgramValue) and key.axis in k.axes for k in terms):  # (else: ProgramsApart)
             axis, divisor = key.axis, key.divisor
             raise refuse(where(stmt), f"a tl.store to `{output}` at addresses using tl.program_id({axis}) "
                          f"only through `// {divisor}`: programs with the same quotient write the same elements",
@@ -239,6 +276,8 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
         raise refuse(where(stmt), f"{what}: {deferred[0]}", hint)
     if at_launch is not None and deferred:
         at_launch = dataclasses.replace(at_launch, fallback=f"{what}: {deferred[0]}")
+    if at_launch is not None and any(isinstance(k, ProgramValue) for k in terms):  # a grid too large to read
+        at_launch = dataclasses.replace(at_launch, fallback=at_launch.fallback or at_launch.construct)
     split = _digit_checks(stmt, digits, shape, bounds, trips or {}, what, hint)
     if at_launch is not None:  # exact about extents (a grid of one program, one iteration): it decides
         if digits:  # digits' extents assume a dividend that counts from zero: refuse what cannot be read
@@ -427,6 +466,8 @@ def check_data_stores(sites: list[StoreSite], output: str, reads: dict[str, tupl
         apart = _apart(rest, site.shape, list(site.bounds), trips)
         if apart is None:
             raise refuse(where(site.stmt), f"{what}: a loop's trip count is not known", hint)
+        if not isinstance(apart, Apart):  # (its ranges are read per program, not over a swizzle's values)
+            raise refuse(where(site.stmt), f"{what}: and at a value computed from the program ids", hint)
         stride = _coefficient(form.coefficients[pid]) if pid in form.coefficients else Expr.const(0)
         ranges.append(StoreRange(poly_expr(base), stride, apart, _one_index(base, loaded)))
     condition = RangesApart(output, axis, tuple(reads[n][0] for n in sorted(reads) if reads[n][1] in (axis, None)),

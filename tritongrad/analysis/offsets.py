@@ -8,9 +8,9 @@ import collections
 
 from ..core.ir import loops, op_of, range_bounds, statements, target_of
 from ..core.operations import operation_of
-from .addresses import scalar_expr
-from .conditions import Expr
-from .forms import Digit, Form, LoopIndex, ProgramDigit, varies
+from .forms import Digit, Form, LoopIndex, ProgramDigit, ProgramValue, varies
+from .launch_values import Expr
+from .scalars import scalar_expr
 
 Poly = tuple[tuple[tuple[str, ...], int], ...]  # sum of integer * product of names, sorted; () is 0
 ZERO: Poly = ()
@@ -124,4 +124,6 @@ def _offset_of(stmt: ast.stmt, offsets: dict, forms: dict) -> Poly | None:
     if kind in ("floordiv", "mod") and varies(t, forms) and all(
             isinstance(k, (ProgramDigit, Digit)) for k, _ in forms[t].terms):
         return ZERO  # a digit: a coordinate of its own
+    if varies(t, forms) and [type(k) for k, _ in forms[t].terms] == [ProgramValue]:
+        return ZERO  # a value the programs compute: a coordinate of its own
     return None if varies(t, forms) else poly({(t,): 1})  # a scalar not made by + - * of others: itself

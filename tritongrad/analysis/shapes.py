@@ -7,6 +7,7 @@ import ast
 
 from ..core.errors import NotDifferentiableError
 from ..core.ir import (
+    SCALAR_BUILTINS,
     Program,
     arguments,
     op_of,
@@ -33,6 +34,9 @@ def infer_shapes(program: Program, tile: bool = False) -> dict[str, Shape]:
             return ()
         if isinstance(atom, ast.UnaryOp):
             return of(atom.operand)
+        if isinstance(atom, ast.Call) and isinstance(atom.func, ast.Name) and atom.func.id in SCALAR_BUILTINS:
+            shapes_of = [of(a) for a in atom.args]  # `min(a, b)` of scalars
+            return () if all(s == () for s in shapes_of) else None
         return None
 
     # Triton keeps a loop-carried variable's type, and a runtime if's outputs have one type: their first

@@ -175,12 +175,17 @@ def arguments(stmt: ast.stmt) -> dict[str, ast.expr]:
                      "check the arguments against Triton's signature") from e
 
 
+SCALAR_BUILTINS = ("min", "max", "abs")  # Python's, on scalars: the frontend keeps such a call as an atom
+
+
 def names_in(atom: ast.expr) -> list[str]:
     """Names whose values an argument uses (not metadata such as ``x.shape``)."""
     if isinstance(atom, ast.Name):
         return [atom.id]
     if isinstance(atom, (ast.Tuple, ast.List)):
         return [n for e in atom.elts for n in names_in(e)]
+    if isinstance(atom, ast.Call) and isinstance(atom.func, ast.Name) and atom.func.id in SCALAR_BUILTINS:
+        return [n for e in atom.args for n in names_in(e)]  # `min(a, b)` of scalars, kept inline
     return []
 
 

@@ -321,7 +321,7 @@ _also("subscript expand_dims broadcast_to reshape view", reshapes=True)
 def _divided(a: int, b: int) -> int:
     """``a // b`` as a kernel computes it on integers: the quotient truncated toward zero (C's), not floored."""
     q = abs(a) // abs(b)
-    return q if (a < 0) == (b < 0) else -q
+    return (2 * ((a < 0) == (b < 0)) - 1) * q  # (integers, or tensors of one value per program)
 
 
 # integer scalar math a launch check can redo on the launch's arguments (runtime integers: C's division)

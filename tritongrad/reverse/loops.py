@@ -31,8 +31,8 @@ from __future__ import annotations
 import ast
 import copy
 
-from ..analysis.conditions import UNKNOWN_TRIP, Expr
 from ..analysis.forms import LoopIndex
+from ..analysis.launch_values import UNKNOWN_TRIP, Expr
 from ..core.ir import (
     Op,
     Tag,

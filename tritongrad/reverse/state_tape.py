@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from ..analysis.conditions import Expr, LaunchValues
+from ..analysis.launch_values import Expr, LaunchValues
 from ..core.device import cuda_properties
 from ..core.ir import (
     Origin,

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..analysis.conditions import Expr, LaunchValues
+from ..analysis.launch_values import Expr, LaunchValues
 from ..codegen.generate import jit_source
 from ..core import language as tg
 from ..core.source import Source

@@ -12,7 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 from ..analysis.analyze import Analysis
-from ..analysis.conditions import LaunchCheck, LaunchValues
+from ..analysis.conditions import LaunchCheck
+from ..analysis.launch_values import LaunchValues
 from ..analysis.stored_outputs import StoredValue
 from ..codegen import generate as codegen
 from ..core.bounded import Bounded

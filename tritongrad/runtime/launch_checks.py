@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..analysis.conditions import LaunchValues
+from ..analysis.launch_values import LaunchValues
 from ..core.bounded import Bounded
 from ..core.device import capturing
 from ..core.errors import NotDifferentiableError

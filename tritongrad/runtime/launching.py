@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from ..analysis.conditions import LaunchValues
+from ..analysis.launch_values import LaunchValues
 from ..writes.strategies import most_trips, span_of
 from . import tuning
 from .variants import (

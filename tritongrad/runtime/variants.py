@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..analysis.conditions import Expr, LaunchValues
+from ..analysis.launch_values import Expr, LaunchValues
 from ..core.device import compiled_multiprocessors
 from ..reverse.state_tape import StateTape
 from ..writes.strategies import Choice, LaterAdds, Mode, span_of

@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..analysis.conditions import LaunchValues, apart
+from ..analysis.conditions import apart
+from ..analysis.launch_values import LaunchValues
 
 BUDGET = 4096  # search steps per overlap question before it answers "may overlap"
 

@@ -35,7 +35,8 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ..analysis.conditions import Condition, Expr, LaunchValues
+from ..analysis.conditions import Condition
+from ..analysis.launch_values import Expr, LaunchValues
 from ..core.ir import call_statement, is_none, name_node
 from ..core.operations import instantiate
 from .launch_facts import LaunchFacts
