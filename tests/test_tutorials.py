@@ -251,3 +251,95 @@ def test_a_swizzle_that_sends_two_programs_to_one_tile_is_refused_at_the_launch(
     torch.testing.assert_close(got, torch.full_like(x, 2.0))
     with pytest.raises(tritongrad.NotDifferentiableError, match="compute the same"):
         op(x, 5, 2).sum().backward()
+
+
+NONE = tl.constexpr(0)
+
+
+@triton.jit
+def kl_divergence(y_ptr, target_ptr, loss_ptr, n_cols, eps, BLOCK: tl.constexpr, REDUCTION: tl.constexpr):
+    # one kernel for every reduction mode: per element, or summed per row (a constexpr chooses the store, and the
+    # pointer's advance through a conditional expression)
+    pid = tl.program_id(0)
+    y_ptr += pid * n_cols
+    target_ptr += pid * n_cols
+    loss_ptr += pid * n_cols if REDUCTION == NONE else pid
+    row_sum = 0.0
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        y = tl.load(y_ptr + cols, mask=mask, other=0.0)
+        t = tl.load(target_ptr + cols, mask=mask, other=0.0)
+        loss = t * (tl.log(tl.maximum(t, eps)) - y)
+        if REDUCTION == NONE:
+            tl.store(loss_ptr + cols, loss, mask=mask)
+        else:
+            row_sum += tl.sum(loss, axis=0)
+    if REDUCTION != NONE:
+        tl.store(loss_ptr, row_sum)
+
+
+@triton.jit
+def kl_divergence_runtime_mode(y_ptr, target_ptr, loss_ptr, n_cols, eps, reduction, BLOCK: tl.constexpr):
+    # the mode a runtime argument: two stores to one output at addresses that meet, never both at one launch
+    pid = tl.program_id(0)
+    row_sum = 0.0
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        y = tl.load(y_ptr + pid * n_cols + cols, mask=mask, other=0.0)
+        t = tl.load(target_ptr + pid * n_cols + cols, mask=mask, other=0.0)
+        loss = t * (tl.log(tl.maximum(t, eps)) - y)
+        if reduction == 0:
+            tl.store(loss_ptr + pid * n_cols + cols, loss, mask=mask)
+        else:
+            row_sum += tl.sum(loss, axis=0)
+    if reduction >= 1:
+        tl.store(loss_ptr + pid, row_sum)
+
+
+@pytest.mark.parametrize("runtime", [False, True], ids=["constexpr mode", "runtime mode"])
+@pytest.mark.parametrize("reduction", [0, 1])
+def test_a_kl_divergence_with_a_store_per_mode_gets_pytorchs_gradients(reduction, runtime, poisoned_empty):
+    @tritongrad.op
+    def kl(y, target, reduction: int):
+        rows, cols = y.shape
+        loss = torch.empty((rows, cols) if reduction == 0 else (rows,), dtype=y.dtype, device=y.device)
+        if runtime:
+            kl_divergence_runtime_mode[(rows,)](y, target, loss, cols, 1e-10, reduction, BLOCK=16)
+        else:
+            kl_divergence[(rows,)](y, target, loss, cols, 1e-10, BLOCK=16, REDUCTION=reduction)
+        return loss
+
+    y = torch.randn(5, 37, dtype=D, device=DEVICE).log_softmax(-1).requires_grad_()
+    target = torch.randn(5, 37, dtype=D, device=DEVICE).softmax(-1)
+    loss = kl(y, target, reduction)
+    want = target * (target.clamp_min(1e-10).log() - y)
+    want = want if reduction == 0 else want.sum(-1)
+    torch.testing.assert_close(loss, want.detach())
+    g = torch.randn_like(loss)
+    torch.testing.assert_close(torch.autograd.grad(loss, (y,), g)[0], torch.autograd.grad(want, (y,), g)[0])
+
+
+@triton.jit
+def two_modes_that_overlap(x_ptr, y_ptr, mode, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + cols)
+    if mode >= 1:
+        tl.store(y_ptr + cols, x * 2.0)
+    if mode >= 2:
+        tl.store(y_ptr + (BLOCK - 1 - cols), x * 3.0)  # (reversed: the two stores meet)
+
+
+def test_stores_of_two_modes_that_both_run_at_a_launch_are_refused_there():
+    def launch(x, mode):
+        y = torch.zeros_like(x)
+        two_modes_that_overlap[(1,)](x, y, mode, BLOCK=8)
+        return y
+
+    op = tritongrad.op(launch)
+    x = torch.randn(8, dtype=D, device=DEVICE, requires_grad=True)
+    (got,) = torch.autograd.grad(op(x, 1).sum(), (x,))
+    torch.testing.assert_close(got, torch.full_like(x, 2.0))
+    with pytest.raises(tritongrad.NotDifferentiableError, match="both run at this launch"):
+        op(x, 2).sum().backward()

@@ -110,7 +110,8 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         analysis.forms = address_forms(program.body, analysis.shapes, analysis.trips, frozenset(params),
                                        analysis.program_trips, analysis.bounded_trips)
         analysis.store_axes = check_output_stores(program.body, outputs, stores, analysis.shapes, analysis.forms,
-                                                  analysis.launch_checks, analysis.trips, pointer_base)
+                                                  analysis.launch_checks, analysis.trips, pointer_base,
+                                                  frozenset(params))
         analysis.launch_checks = [with_scalars_written_out(c, program.body) for c in analysis.launch_checks]
     return analysis
 

@@ -13,7 +13,8 @@ from typing import Any
 from ..core.operations import OPERATIONS
 
 UNKNOWN_TRIP = 1 << 40  # a trip count the launch cannot read: taken as huge (apart() accepts it only where harmless)
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//"}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%",
+          "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
 class Unreadable(Exception):
@@ -185,6 +186,8 @@ class Expr:
             return args[0]._text()
         if op == "neg":
             return f"-{_operand(args[0])}"
+        if op == "not_":
+            return f"not {_operand(args[0])}"
         if op in _INFIX:
             return f" {_INFIX[op]} ".join(_operand(a) for a in args)
         if op == "trips":

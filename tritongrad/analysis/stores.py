@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 
+from ..core.errors import NotDifferentiableError
 from ..core.ir import (
     address_names,
     arguments,
@@ -13,9 +14,11 @@ from ..core.ir import (
     definitions,
     op_of,
     refuse,
+    structured,
     where,
 )
 from .addresses import descriptor_form, enclosing_loops, mask_bounds
+from .conditions import AtMost, LaunchCheck
 from .flow import loaded_values, program_axes
 from .forms import form_program_axes
 from .lanes import (
@@ -25,11 +28,13 @@ from .lanes import (
     check_stores_apart,
     index_reads,
 )
+from .launch_values import Expr
 from .offsets import address_offsets, offset_of
+from .scalars import scalar_expr
 
 
-def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips, pointer_base
-                        ) -> dict[str, set[int]]:
+def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips, pointer_base,
+                        params: frozenset[str] = frozenset()) -> dict[str, set[int]]:
     """Refuse stores whose adjoint would be wrong; return the program axes each output's addresses use.
 
     A store's adjoint hands the output's gradient to the stored value. That is right only
@@ -43,6 +48,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
     loaded = loaded_values(body)
     axes_of = program_axes(body)
     paths = _branch_paths(body)
+    ifs = {id(n): n for n in structured(body) if isinstance(n, ast.If)}
     around = enclosing_loops(body)
     defs = definitions(body)
     offsets = address_offsets(body, forms)
@@ -85,8 +91,17 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
                 if id(first) not in sites or id(second) not in sites:
                     raise refuse(where(second), f"a second tl.store to `{output}`",
                                  "store each output once: compute the final value first, or store different outputs")
-                launch_checks += check_stores_apart(sites[id(first)], sites[id(second)], output, trips,
-                                                    frozenset(loaded), defs)
+                try:
+                    launch_checks += check_stores_apart(sites[id(first)], sites[id(second)], output, trips,
+                                                        frozenset(loaded), defs)
+                except NotDifferentiableError:
+                    modes = _never_both(paths[id(first)], paths[id(second)], ifs, defs, params)
+                    if modes is None:
+                        raise
+                    construct = (f"a second tl.store to `{output}` (the other on line {where(first).line}): both "
+                                 "run at this launch, at addresses that may meet")
+                    launch_checks.append(LaunchCheck(modes, construct, "store each output once per launch mode",
+                                                     where(second), fallback=construct))
         if data:
             if reads is None:
                 reads = index_reads(body, forms, offsets, shapes, pointer_base, loaded)
@@ -125,6 +140,30 @@ def _branch_paths(body: list[ast.stmt], path: tuple = ()) -> dict[int, tuple]:
         else:
             paths[id(stmt)] = path
     return paths
+
+
+def _never_both(a: tuple, b: tuple, ifs: dict[int, ast.If], defs: dict, params: frozenset[str]) -> AtMost | None:
+    """Where two statements sit under ``if``s on launch scalars alone (a mode: ``if reduction == 0`` in a loop,
+    ``if reduction != 0`` after it), the condition that a launch takes at most one of their paths (None: a test
+    reads a program id, a loaded value or a local, which programs or iterations may take differently)."""
+    if not a and not b:  # neither under an `if`: both always run
+        return None
+    taken = []
+    for node, branch in (*a, *b):
+        test = scalar_expr(ifs[node].test, defs)
+        if not _launch_scalar(test, params):
+            return None
+        taken.append(test if branch == 0 else Expr("not_", (test,)))
+    both = taken[0]
+    for t in taken[1:]:
+        both = Expr("mul", (both, t))
+    return AtMost(both, 0)
+
+
+def _launch_scalar(e: Expr, params: frozenset[str]) -> bool:
+    """An expression over the kernel's parameters alone (no program id, loaded value or local)."""
+    return e.op != "unknown" and not e.program_axes() and e.names() <= params and all(
+        _launch_scalar(x, params) for x in e.args if isinstance(x, Expr))
 
 
 def _exclusive(a: tuple, b: tuple) -> bool:

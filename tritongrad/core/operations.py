@@ -333,6 +333,14 @@ _also("neg", on_host=operator.neg)
 _also("copy", on_host=lambda a: a)
 _also("cdiv", on_host=lambda a, b: _divided(a + b - 1, b))  # tl.cdiv is (a + b - 1) // b
 _also("mod", on_host=lambda a, b: a - b * _divided(a, b))  # the dividend's sign
+# comparisons of launch scalars: which branches a launch takes (analysis/stores.py: stores in exclusive modes)
+_also("eq", on_host=operator.eq)
+_also("ne", on_host=operator.ne)
+_also("lt", on_host=operator.lt)
+_also("le", on_host=operator.le)
+_also("gt", on_host=operator.gt)
+_also("ge", on_host=operator.ge)
+_also("not_", on_host=operator.not_)
 
 
 # Hand-written rules for @triton.jit helpers (tritongrad.custom_vjp): the helper's Python function ->

@@ -1,4 +1,5 @@
-"""Derivation per constexpr specialization: an ``if`` on ``tl.constexpr`` parameters keeps only the branch taken.
+"""Derivation per constexpr specialization: an ``if`` (or a conditional expression) on ``tl.constexpr`` parameters
+keeps only the branch taken.
 
 Triton compiles one kernel per value of its constexpr parameters and drops the branches
 those values rule out; a kernel written for several modes (``if reduction == NONE:
@@ -66,7 +67,13 @@ def specialize(fdef: ast.FunctionDef, scope: dict[str, Any], values: Mapping[str
             out.append(s)
         return out
 
+    class Choose(ast.NodeTransformer):  # a conditional expression on constexprs: the value taken
+        def visit_IfExp(self, node: ast.IfExp) -> ast.expr:
+            taken = decided(node.test)
+            return self.generic_visit(node) if taken is None else self.visit(node.body if taken else node.orelse)
+
     fdef.body = block(fdef.body) or [ast.Pass()]
+    fdef.body = [Choose().visit(s) for s in fdef.body]
     return fdef
 
 
