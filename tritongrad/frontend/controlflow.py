@@ -44,7 +44,12 @@ class ControlFlowFlattener:
 
     def if_statement(self, stmt: ast.If) -> None:
         """``if`` / ``elif`` / ``else``: each branch a block; a variable either assigns gets a merge name,
-        assigned at the end of both branches (Triton's rule for a runtime ``if``)."""
+        assigned at the end of both branches (Triton's rule for a runtime ``if``). An ``isinstance`` test is
+        decided here, as Triton decides it when it compiles: only the branch taken is flattened."""
+        decided = self._isinstance_test(stmt.test, stmt)
+        if decided is not None:
+            self.normalizer.block(stmt.body if decided else stmt.orelse)
+            return
         test = self.normalizer.expressions.atom(stmt.test, stmt)
         static = self.normalizer.is_constexpr(test)
         frame = self.normalizer.frame
@@ -97,6 +102,21 @@ class ControlFlowFlattener:
         node = ast.If(test=test, body=branches[0][0], orelse=branches[1][0])
         self.normalizer.finish(node, Op("if", [test]), stmt, merges=merges, static=static)
 
+    def _isinstance_test(self, test: ast.expr, stmt: ast.stmt) -> bool | None:
+        """``isinstance(x, tl.tensor_descriptor)`` (the tutorials' host-or-device descriptor helper): whether ``x``
+        is a descriptor here; None for any other test."""
+        expressions = self.normalizer.expressions
+        if not (isinstance(test, ast.Call) and len(test.args) == 2 and not test.keywords
+                and expressions.resolve(test.func) is builtins.isinstance):
+            return None
+        kind = expressions.resolve(test.args[1])
+        if getattr(kind, "__name__", None) not in ("tensor_descriptor", "tensor_descriptor_base"):
+            raise self.normalizer.refuse(stmt, f"the test `{ast.unparse(test)}`",
+                                         "the `isinstance` test tritongrad decides as Triton does is on "
+                                         "`tl.tensor_descriptor`; test a constexpr flag otherwise")
+        value = expressions.atom(test.args[0], stmt)
+        return isinstance(value, ast.Name) and value.id in self.normalizer.descriptors
+
     def for_loop(self, stmt: ast.For) -> None:
         """``for`` over ``range`` / ``tl.range`` / ``tl.static_range``. A variable the body assigns that has
         a value before the loop is carried: a copy gives it its initial value before the loop, another its
@@ -114,7 +134,8 @@ class ControlFlowFlattener:
         if any(isinstance(a, ast.Starred) for a in iterator.args) or any(k.arg is None for k in iterator.keywords):
             raise self.normalizer.refuse(stmt, "a loop range with *args or **kwargs", "pass the bounds explicitly")
         args = [self.normalizer.expressions.atom(a, stmt) for a in iterator.args]
-        kwargs = {k.arg: self.normalizer.expressions.atom(k.value, stmt) for k in iterator.keywords}
+        kwargs = {k.arg: self.normalizer.expressions.atom(k.value, stmt) for k in iterator.keywords
+                  if k.arg not in SCHEDULING_HINTS}
         if obj is not builtins.range:
             self.normalizer.expressions._import_globals(iterator.func)
         callee = rename_globals(iterator.func, self.normalizer.frame)
@@ -174,6 +195,12 @@ class ControlFlowFlattener:
                 self.normalizer.out[self.normalizer.out.index(stmt) + 1:], {init.id}):
             return None  # (a load stays apart: its value types the adjoint without replaying the loop)
         return init.id
+
+
+# tl.range options that schedule the forward's own loop (warp specialization, flattening a nest): annotations with
+# no meaning to the loops derived from it, which are scheduled by their own options (num_stages stays)
+SCHEDULING_HINTS = frozenset({"warp_specialize", "flatten", "loop_unroll_factor", "disallow_acc_multi_buffer",
+                              "disable_licm"})
 
 
 def _differs(a: ast.expr | None, b: ast.expr | None) -> bool:

@@ -31,6 +31,7 @@ from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
 from .backward import OpBackward
 from .call_tensors import CallTensors
+from .host_descriptors import descriptor_view, has_host_descriptors
 from .kernel_roles import KernelInfo, kernel_info, kernel_infos
 from .planning import Planner
 from .shadows import Plan, launch_name
@@ -172,7 +173,12 @@ class Tape:
 
     def launch(self, run: Callable, kernel: Any, grid: Any, args: tuple, kwargs: dict, warmup: bool) -> Any:
         """Record a launch and run it: as its augmented forward where the backward can read the state tapes
-        that keeps (augment.py; the tapes stay with the recorded launch), else as it is."""
+        that keeps (augment.py; the tapes stay with the recorded launch), else as it is. A launch with host
+        tensor descriptors is recorded as its kernel's descriptor view's (host_descriptors.py)."""
+        as_launched = None
+        if has_host_descriptors(args, kwargs):
+            as_launched = (kernel, args, kwargs)
+            kernel, args, kwargs = descriptor_view(kernel, args, kwargs)
         self.record(kernel, grid, args, kwargs)
         launch = self.launches[-1]
         if launch.info.roles is not None and launch.info.loops:
@@ -181,6 +187,9 @@ class Tape:
             if found is not None:
                 augmented_kernel, extra, launch.saved = found
                 return run(augmented_kernel, *args, grid=grid, warmup=warmup, **kwargs, **extra)
+        if as_launched is not None:
+            kernel, args, kwargs = as_launched
+            return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
         if relaunch.supported():
             return self._relaunch(run, kernel, launch, args, kwargs)
         return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)

@@ -1,0 +1,188 @@
+"""The fused-attention forward as Triton's tutorial writes it (issue 38): descriptors made on the host
+(`TensorDescriptor`) or in the kernel, chosen by an `isinstance(x, tl.tensor_descriptor)` helper that Triton
+decides at compile time; the causal mask split into an off-band and an on-band stage; a `tl.range` carrying a
+`warp_specialize` option; K read transposed through its descriptor. Wrapped with `tritongrad.op` around
+launch code in the tutorial's style and checked in float64 against PyTorch autograd with a head count and a
+sequence length that are not powers of two."""
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import DEVICE
+
+import tritongrad
+from tritongrad import NotDifferentiableError
+
+pytestmark = pytest.mark.skipif(not hasattr(tl, "make_tensor_descriptor"),
+                                reason="this Triton has no tl.make_tensor_descriptor")
+
+LOG2E = 1.44269504  # the kernel's own rounding of 1 / ln 2, which the reference's scale folds in
+
+
+@triton.jit
+def as_descriptor(ptr_or_desc, shape, strides, block_shape):
+    # host descriptors pass through; a tensor gets its descriptor made here
+    if isinstance(ptr_or_desc, tl.tensor_descriptor):
+        return ptr_or_desc
+    else:
+        return tl.make_tensor_descriptor(ptr_or_desc, shape, strides, block_shape)
+
+
+@triton.jit
+def attend_stage(acc, row_sum, row_max, q, k_desc, v_desc, first_row, block_start, scale, rows, cols,
+                 SEQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr,
+                 WS: tl.constexpr, VALUES: tl.constexpr):
+    # stage 1: the key blocks left of the diagonal; stage 2: the diagonal block, masked; 3: every block
+    if STAGE == 1:
+        lo, hi = 0, block_start * BLOCK_M
+    elif STAGE == 2:
+        lo, hi = block_start * BLOCK_M, (block_start + 1) * BLOCK_M
+        lo = tl.multiple_of(lo, BLOCK_M)
+    else:
+        lo, hi = 0, SEQ
+    key_row = first_row + lo
+    for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+        start = tl.multiple_of(start, BLOCK_N)
+        k_t = k_desc.load([key_row, 0]).T
+        s = tl.dot(q, k_t)
+        if STAGE == 2:
+            keep = rows[:, None] >= (start + cols[None, :])
+            s = s * scale + tl.where(keep, 0, -1.0e6)
+            new_max = tl.maximum(row_max, tl.max(s, 1))
+            s -= new_max[:, None]
+        else:
+            new_max = tl.maximum(row_max, tl.max(s, 1) * scale)
+            s = s * scale - new_max[:, None]
+        p = tl.math.exp2(s)
+        shrink = tl.math.exp2(row_max - new_max)
+        row_sum = row_sum * shrink + tl.sum(p, 1)
+        acc = acc * shrink[:, None]
+        v = v_desc.load([key_row, 0])
+        acc = tl.dot(p.to(VALUES), v, acc)
+        row_max = new_max
+        key_row += BLOCK_N
+    return acc, row_sum, row_max
+
+
+@triton.jit
+def attention_forward(sm_scale, M, Z, H, desc_q, desc_k, desc_v, desc_o, SEQ, HEAD_DIM: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr, warp_specialize: tl.constexpr,
+                      VALUES: tl.constexpr, ACC: tl.constexpr):
+    tl.static_assert(BLOCK_N <= HEAD_DIM)
+    block_start = tl.program_id(0)
+    head = tl.program_id(1)
+    batch_of = head // H
+    head_of = head % H
+    total_rows = Z * H * SEQ
+    desc_q = as_descriptor(desc_q, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
+    desc_k = as_descriptor(desc_k, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+    desc_v = as_descriptor(desc_v, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+    desc_o = as_descriptor(desc_o, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
+    first_row = batch_of * (SEQ * H) + head_of * SEQ
+    q_row = first_row + block_start * BLOCK_M
+    rows = block_start * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_max = tl.zeros([BLOCK_M], dtype=ACC) - float("inf")
+    row_sum = tl.zeros([BLOCK_M], dtype=ACC) + 1.0
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=ACC)
+    scale = sm_scale
+    scale *= 1.44269504
+    q = desc_q.load([q_row, 0])
+    if STAGE & 1:
+        acc, row_sum, row_max = attend_stage(acc, row_sum, row_max, q, desc_k, desc_v, first_row, block_start,
+                                             scale, rows, cols, SEQ, BLOCK_M, BLOCK_N, 4 - STAGE, warp_specialize,
+                                             VALUES)
+    if STAGE & 2:
+        acc, row_sum, row_max = attend_stage(acc, row_sum, row_max, q, desc_k, desc_v, first_row, block_start,
+                                             scale, rows, cols, SEQ, BLOCK_M, BLOCK_N, 2, warp_specialize, VALUES)
+    row_max += tl.math.log2(row_sum)
+    acc = acc / row_sum[:, None]
+    tl.store(M + head * SEQ + rows, row_max)
+    desc_o.store([q_row, 0], acc.to(VALUES))
+
+
+BLOCK = 16
+
+
+def launch(q, k, v, causal, sm_scale, host, warp_specialize):
+    """The tutorial's host code: descriptors over the (Z * H * SEQ, HEAD_DIM) rows on the host, or the tensors
+    themselves for the kernel to describe."""
+    z, h, seq, head_dim = q.shape
+    o = torch.full_like(q, float("nan"))
+    m = torch.full((z, h, seq), float("nan"), device=q.device, dtype=q.dtype)
+    rows = z * h * seq
+    if host:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        q_, k_, v_, o_ = (TensorDescriptor(t, shape=[rows, head_dim], strides=[head_dim, 1],
+                                           block_shape=[BLOCK, head_dim]) for t in (q, k, v, o))
+    else:
+        q_, k_, v_, o_ = q, k, v, o
+    grid = (triton.cdiv(seq, BLOCK), z * h, 1)
+    attention_forward[grid](sm_scale, m, z, h, q_, k_, v_, o_, seq, HEAD_DIM=head_dim, BLOCK_M=BLOCK,
+                            BLOCK_N=BLOCK, STAGE=3 if causal else 1, warp_specialize=warp_specialize,
+                            VALUES=tl.float64, ACC=tl.float64)  # (the tutorial: float16, float32)
+    return o
+
+
+@tritongrad.op
+def attention(q, k, v, causal: bool, sm_scale: float, host: bool, warp_specialize: bool):
+    return launch(q, k, v, causal, sm_scale, host, warp_specialize)
+
+
+def reference(q, k, v, causal, sm_scale):
+    # the kernel's scale is float32 (a float argument), times its float32 LOG2E, for exp2
+    scale = (torch.tensor(sm_scale, dtype=torch.float32) * torch.tensor(LOG2E, dtype=torch.float32)).item()
+    s = q @ k.transpose(-1, -2) * (scale * math.log(2))
+    if causal:
+        n = q.shape[2]
+        s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _have_host_descriptors():
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("host, warp_specialize", [(False, False), (True, False), (True, True)])
+def test_the_tutorials_attention_forward_gets_pytorchs_gradients(causal, host, warp_specialize):
+    if host and not _have_host_descriptors():
+        pytest.skip("this Triton has no triton.tools.tensor_descriptor")
+    g = torch.Generator().manual_seed(38)
+    q, k, v = (torch.randn(2, 3, 48, 16, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_()
+               for _ in range(3))
+    o = attention(q, k, v, causal, 0.4, host, warp_specialize)
+    want = reference(q, k, v, causal, 0.4)
+    torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
+    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64).to(DEVICE)
+    got = torch.autograd.grad(o, (q, k, v), d_o)
+    expected = torch.autograd.grad(want, (q, k, v), d_o)
+    for name, a, b in zip("qkv", got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+
+
+def test_loop_scheduling_options_do_not_reach_the_derived_loops():
+    """`warp_specialize` schedules the forward's loop: the loops derived from it schedule themselves."""
+    bwd = tritongrad.grad(attention_forward, constexprs={"STAGE": 3, "warp_specialize": True})
+    assert "tl.range(" in bwd.src and "warp_specialize=" not in bwd.src
+
+
+@triton.jit
+def copies_if_a_tensor(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    if isinstance(x_ptr, tl.tensor):
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs))
+
+
+def test_an_isinstance_test_on_another_type_is_refused_by_name():
+    with pytest.raises(NotDifferentiableError, match=r"isinstance\(x_ptr, tl.tensor\)") as e:
+        tritongrad.grad(copies_if_a_tensor)
+    assert "tl.tensor_descriptor" in str(e.value)
