@@ -46,3 +46,23 @@ def capturing() -> bool:
     import torch
 
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def ensure_allocator() -> None:
+    """Kernels that make tensor descriptors need Triton's global scratch allocator (``triton.set_allocator``). One
+    set in the forward's context is not seen where autograd runs the backward (a thread of its own on a GPU):
+    where none is set there, scratch memory comes from torch's caching allocator."""
+    try:
+        from triton.runtime import _allocation
+    except ImportError:  # a Triton without one
+        return
+    current = getattr(_allocation, "_allocator", None)
+    if current is not None and type(current.get()).__name__ == "NullAllocator":
+        _allocation.set_allocator(_torch_scratch) if hasattr(_allocation, "set_allocator") else current.set(
+            _torch_scratch)
+
+
+def _torch_scratch(size: int, alignment: int, stream: Any) -> Any:
+    import torch
+
+    return torch.empty(size, dtype=torch.int8, device="cuda")

@@ -21,6 +21,7 @@ from ..core.ir import Carried, Op
 from ..core.operations import LOADS, operation_of
 from ..core.source import triton_language_name
 from .expressions import name_node, rename_globals
+from .specialize import plain_value
 
 
 class ControlFlowFlattener:
@@ -47,6 +48,8 @@ class ControlFlowFlattener:
         assigned at the end of both branches (Triton's rule for a runtime ``if``). An ``isinstance`` test is
         decided here, as Triton decides it when it compiles: only the branch taken is flattened."""
         decided = self._isinstance_test(stmt.test, stmt)
+        if decided is None:
+            decided = self._known_test(stmt.test)
         if decided is not None:
             self.normalizer.block(stmt.body if decided else stmt.orelse)
             return
@@ -101,6 +104,23 @@ class ControlFlowFlattener:
             frame.gone.pop(name, None)
         node = ast.If(test=test, body=branches[0][0], orelse=branches[1][0])
         self.normalizer.finish(node, Op("if", [test]), stmt, merges=merges, static=static)
+
+    def _known_test(self, test: ast.expr) -> bool | None:
+        """A test on values known at derivation (a helper's ``if`` on a constexpr the kernel passes it, a
+        specialized one): its truth, as Triton takes it when it compiles; None where something is unknown."""
+        frame, values = self.normalizer.frame, {}
+        for node in ast.walk(test):
+            if isinstance(node, ast.Name) and node.id not in values:
+                atom = frame.env.get(node.id, node)
+                known, value = self.normalizer.known_value(atom)
+                if not known:
+                    return None
+                values[node.id] = value
+        try:
+            return bool(plain_value(eval(compile(ast.Expression(test), "<test>", "eval"),
+                                         {"__builtins__": builtins}, values)))
+        except Exception:  # something only Triton can evaluate: the `if` stays
+            return None
 
     def _isinstance_test(self, test: ast.expr, stmt: ast.stmt) -> bool | None:
         """``isinstance(x, tl.tensor_descriptor)`` (the tutorials' host-or-device descriptor helper): whether ``x``

@@ -200,8 +200,10 @@ class ExpressionFlattener:
                 if func.attr in ("load", "store", "atomic_add", "gather", "scatter"):
                     raise self.normalizer.refuse(stmt, f"`{ast.unparse(func)}(...)`, a tensor descriptor's {func.attr} "
                                                  "through a descriptor made outside the kernel",
-                                      "pass the tensor and build its descriptor in the kernel with "
-                                      "`tl.make_tensor_descriptor(x_ptr, shape, strides, block_shape)`")
+                                      "launch the kernel inside a tritongrad.op, which reads the host "
+                                      "descriptors a launch passes; or pass the tensor and build its descriptor in "
+                                      "the kernel with `tl.make_tensor_descriptor(x_ptr, shape, strides, "
+                                      "block_shape)`")
                 return self.build_call(func.attr, ast.Attribute(value=receiver, attr=func.attr, ctx=ast.Load()),
                                        [receiver], node, stmt, method=True)
             raise self.normalizer.refuse(stmt, f"a call to the local value `{ast.unparse(func)}`",

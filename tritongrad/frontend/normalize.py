@@ -33,9 +33,9 @@ from ..core.operations import operation_of
 from ..core.source import Source
 from .blockptr import rewrite_block_pointers
 from .controlflow import ControlFlowFlattener
-from .expressions import ExpressionFlattener, Frame, _Deferred, _is_metadata, name_node
+from .expressions import LOCAL, ExpressionFlattener, Frame, _Deferred, _is_metadata, name_node
 from .forwarding import forward_stored_values
-from .specialize import specialize
+from .specialize import plain_value, specialize
 
 
 class Normalizer:
@@ -57,6 +57,8 @@ class Normalizer:
         self.inline_depth = 0
         self.constexprs = {a.arg for a in self.tree.args.args if _is_constexpr_annotation(a.annotation)}
         self.descriptors: set[str] = set()  # SSA names of tensor descriptors made in the kernel
+        # values known at derivation: the specialization's constexprs, and copies of them or of globals
+        self.known: dict[str, Any] = {k: plain_value(v) for k, v in (constexprs or {}).items()}
         self.expressions = ExpressionFlattener(self)  # expressions flattened into named atoms (expressions.py)
         self.control = ControlFlowFlattener(self)  # if and for kept as blocks (controlflow.py)
 
@@ -232,6 +234,22 @@ class Normalizer:
         ssa = self.new_version(name)
         node = ast.Assign(targets=[ast.Name(ssa, ast.Store())], value=atom)
         self.finish(node, Op("copy", [atom]), stmt)
+        known, value = self.known_value(atom)
+        if known:
+            self.known[ssa] = value
+
+    def known_value(self, atom: ast.expr) -> tuple[bool, Any]:
+        """(True, the value) of an atom known at derivation: a constant, a copy of a specialized constexpr, a
+        global (``tl.float16``); else (False, None)."""
+        if isinstance(atom, ast.Constant):
+            return True, atom.value
+        if isinstance(atom, ast.Name) and atom.id in self.known:
+            return True, self.known[atom.id]
+        if isinstance(atom, (ast.Name, ast.Attribute)) and not (isinstance(atom, ast.Name) and atom.id in self.defined):
+            obj = self.expressions.resolve(atom)
+            if obj is not LOCAL:
+                return True, plain_value(obj)
+        return False, None
 
     def new_version(self, name: str) -> str:
         """The SSA name for a new assignment to ``name``: itself the first time, then ``name_1``..."""

@@ -19,18 +19,69 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.source import Source, is_jit
+
 
 def constexpr_params(fdef: ast.FunctionDef) -> list[str]:
     return [a.arg for a in fdef.args.args
             if a.annotation is not None and ast.unparse(a.annotation).split(".")[-1] == "constexpr"]
 
 
-def decisive(fdef: ast.FunctionDef) -> tuple[str, ...]:
-    """The constexpr parameters an ``if`` test or conditional expression of the function reads."""
+def decisive(fdef: ast.FunctionDef, scope: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The constexpr parameters an ``if`` test or conditional expression of the function reads, directly, through
+    the kernel's own assignments, or through the arguments it passes to a ``@triton.jit`` helper whose tests
+    read them (``scope``: the function's globals, where its helpers are found)."""
     params = set(constexpr_params(fdef))
+    return tuple(sorted(params & _tested(fdef, scope or {}, set())))
+
+
+def _tested(fdef: ast.FunctionDef, scope: Mapping[str, Any], seen: set) -> set[str]:
+    """The names a function's tests read, closed over its assignments and the helpers it calls."""
     tests = [n.test for n in ast.walk(fdef) if isinstance(n, (ast.If, ast.IfExp))]
     read = {n.id for t in tests for n in ast.walk(t) if isinstance(n, ast.Name)}
-    return tuple(sorted(params & read))
+    for call in (n for n in ast.walk(fdef) if isinstance(n, ast.Call)):
+        helper = _helper(call.func, scope)
+        if helper is None or helper.fn in seen:
+            continue
+        seen.add(helper.fn)
+        try:
+            source = Source.of(helper)
+        except Exception:  # (its own derivation says why)
+            continue
+        hparams = [a.arg for a in source.tree.args.args]
+        inner = _tested(source.tree, source.scope, seen)
+        passed = [*zip(hparams, call.args, strict=False), *((k.arg, k.value) for k in call.keywords)]
+        read |= {n.id for p, arg in passed if p in inner for n in ast.walk(arg) if isinstance(n, ast.Name)}
+    assigned: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(fdef):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        assigned.setdefault(n.id, []).append(node.value)
+    work = list(read)
+    while work:  # a local a test reads is decided by what it is assigned from
+        for value in assigned.get(work.pop(), ()):
+            for n in ast.walk(value):
+                if isinstance(n, ast.Name) and n.id not in read:
+                    read.add(n.id)
+                    work.append(n.id)
+    return read
+
+
+def _helper(func: ast.expr, scope: Mapping[str, Any]) -> Any:
+    """The ``@triton.jit`` function a call names, or None."""
+    parts = []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if not isinstance(func, ast.Name) or func.id not in scope:
+        return None
+    obj = scope[func.id]
+    for attr in reversed(parts):
+        obj = getattr(obj, attr, None)
+    return obj if is_jit(obj) else None
 
 
 def specialize(fdef: ast.FunctionDef, scope: dict[str, Any], values: Mapping[str, Any]) -> ast.FunctionDef:

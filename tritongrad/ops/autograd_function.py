@@ -86,10 +86,9 @@ def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, ca
 
 
 _UNREAD = ("tritongrad.op `{name}`: the argument `{arg}` requires grad, but no kernel launch reads it as a tensor "
-           "argument (is its address in a pointer table, or in a TensorDescriptor made on the host?): tritongrad "
+           "argument (is its address in a pointer table, or in a structure of the op's own?): tritongrad "
            "cannot see such reads, and its gradient would be silently missing. Pass the tensor itself to the kernel "
-           "(descriptors made in the kernel with tl.make_tensor_descriptor are differentiated), or detach it if the "
-           "op does not use it")
+           "(or a TensorDescriptor over it: descriptors are differentiated), or detach it if the op does not use it")
 
 
 def _autograd_ancestors(tensors: list) -> set:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..core.device import capturing
+from ..core.device import capturing, ensure_allocator
 from ..core.errors import NotDifferentiableError, OpError, noted
 from ..runtime import tuning
 from ..runtime.backward_kernel import decisive_constexprs, hashable
@@ -43,6 +43,7 @@ class OpBackward:
         Runs with grad mode off: the backward is not itself differentiated (under
         ``create_graph=True`` too).
         """
+        ensure_allocator()  # (autograd's thread has not seen an allocator the forward's context set)
         if torch.is_grad_enabled():  # torch.no_grad costs microseconds: entered only when needed
             with torch.no_grad():
                 return self._backward(saved, grads, needs)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..core.bounded import Bounded
+from ..core.device import ensure_allocator
 from ..core.errors import OpError
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
@@ -186,6 +187,8 @@ class Tape:
             found = keeping(kernel, named, launch.grid)
             if found is not None:
                 augmented_kernel, extra, launch.saved = found
+                if as_launched is not None:  # (the view makes its descriptors in the kernel)
+                    ensure_allocator()
                 return run(augmented_kernel, *args, grid=grid, warmup=warmup, **kwargs, **extra)
         if as_launched is not None:
             kernel, args, kwargs = as_launched

@@ -403,7 +403,8 @@ def decisive_constexprs(jit_fn: Any) -> tuple[str, ...]:
     """The constexpr parameters whose values decide an ``if`` of the kernel (specialize.py)."""
     found = _decisive.get(jit_fn.fn)
     if found is None:
-        found = _decisive[jit_fn.fn] = decisive(Source.of(jit_fn).tree)
+        source = Source.of(jit_fn)
+        found = _decisive[jit_fn.fn] = decisive(source.tree, source.scope)
     return found
 
 
