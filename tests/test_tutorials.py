@@ -349,3 +349,88 @@ def test_stores_of_two_modes_that_both_run_at_a_launch_are_refused_there():
     torch.testing.assert_close(got, torch.full_like(x, 2.0))
     with pytest.raises(tritongrad.NotDifferentiableError, match="both run at this launch"):
         op(x, 2).sum().backward()
+
+
+@triton.jit
+def layer_norm_forward(X, Y, W, B, Mean, Rstd, stride, N, eps, BLOCK_SIZE: tl.constexpr):
+    # the tutorial's shape: row pointers advanced in place, the mean, the variance and the output each in a loop of
+    # their own over the row, the mean and 1/std stored beside the output
+    row = tl.program_id(0)
+    Y += row * stride
+    X += row * stride
+    mean = 0
+    partial_sums = tl.zeros([BLOCK_SIZE], dtype=X.dtype.element_ty)
+    for off in range(0, N, BLOCK_SIZE):
+        cols = off + tl.arange(0, BLOCK_SIZE)
+        partial_sums += tl.load(X + cols, mask=cols < N, other=0.)
+    mean = tl.sum(partial_sums, axis=0) / N
+    partial_squares = tl.zeros([BLOCK_SIZE], dtype=X.dtype.element_ty)
+    for off in range(0, N, BLOCK_SIZE):
+        cols = off + tl.arange(0, BLOCK_SIZE)
+        x = tl.load(X + cols, mask=cols < N, other=0.)
+        x = tl.where(cols < N, x - mean, 0.)
+        partial_squares += x * x
+    rstd = 1 / tl.sqrt(tl.sum(partial_squares, axis=0) / N + eps)
+    tl.store(Mean + row, mean)
+    tl.store(Rstd + row, rstd)
+    for off in range(0, N, BLOCK_SIZE):
+        cols = off + tl.arange(0, BLOCK_SIZE)
+        mask = cols < N
+        w = tl.load(W + cols, mask=mask)
+        b = tl.load(B + cols, mask=mask)
+        x = tl.load(X + cols, mask=mask, other=0.)
+        tl.store(Y + cols, (x - mean) * rstd * w + b, mask=mask)
+
+
+@tritongrad.op
+def tutorial_layer_norm(x, weight, bias, eps: float):
+    y = torch.empty_like(x)
+    x_arg = x.reshape(-1, x.shape[-1])
+    m, n = x_arg.shape
+    mean = torch.empty((m,), dtype=x.dtype, device=x.device)
+    rstd = torch.empty((m,), dtype=x.dtype, device=x.device)
+    layer_norm_forward[(m,)](x_arg, y, weight, bias, mean, rstd, x_arg.stride(0), n, eps, BLOCK_SIZE=16)
+    return y
+
+
+def test_the_tutorials_layer_norm_forward_gets_pytorchs_gradients(poisoned_empty):
+    x = torch.randn(3, 7, 37, dtype=D, device=DEVICE, requires_grad=True)
+    w = torch.randn(37, dtype=D, device=DEVICE, requires_grad=True)
+    b = torch.randn(37, dtype=D, device=DEVICE, requires_grad=True)
+    y = tutorial_layer_norm(x, w, b, 1e-5)
+    want = torch.nn.functional.layer_norm(x, (37,), w, b, 1e-5)
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(y)
+    for name, got, expected in zip("xwb", torch.autograd.grad(y, (x, w, b), g),
+                                   torch.autograd.grad(want, (x, w, b), g), strict=True):
+        torch.testing.assert_close(got, expected, msg=f"d{name}")
+
+
+@triton.jit
+def seeded_dropout(x_ptr, output_ptr, n_elements, p, seed, BLOCK_SIZE: tl.constexpr):
+    # the low-memory dropout: the mask is never stored, but made again from the seed and each element's offset
+    offsets = tl.program_id(axis=0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    keep = tl.rand(seed, offsets) > p
+    tl.store(output_ptr + offsets, tl.where(keep, x / (1 - p), 0.0), mask=mask)
+
+
+@tritongrad.op
+def dropout(x, p: float, seed: int):
+    out = torch.empty_like(x)
+    n = x.numel()
+    seeded_dropout[(triton.cdiv(n, 16),)](x, out, n, p, seed, BLOCK_SIZE=16)
+    return out
+
+
+def test_the_tutorials_seeded_dropout_gets_the_gradient_of_the_mask_it_drew(poisoned_empty):
+    x = torch.randn(101, dtype=D, device=DEVICE, requires_grad=True)
+    out = dropout(x, 0.25, 1234)
+    kept = out.detach() != 0
+    assert 0.5 < kept.double().mean() < 0.95  # (a mask was drawn; each element kept with probability 3/4)
+    torch.testing.assert_close(out, torch.where(kept, x.detach() / 0.75, 0.0))
+    g = torch.randn_like(out)
+    (got,) = torch.autograd.grad(out, x, g)
+    torch.testing.assert_close(got, torch.where(kept, g / 0.75, 0.0))
+    torch.testing.assert_close(dropout(x, 0.25, 1234), out)  # the same seed, the same mask
