@@ -434,3 +434,91 @@ def test_the_tutorials_seeded_dropout_gets_the_gradient_of_the_mask_it_drew(pois
     (got,) = torch.autograd.grad(out, x, g)
     torch.testing.assert_close(got, torch.where(kept, g / 0.75, 0.0))
     torch.testing.assert_close(dropout(x, 0.25, 1234), out)  # the same seed, the same mask
+
+
+@triton.jit
+def conv1x1_nchw(x_ptr, w_ptr, y_ptr, NB, C, K, H, W, BLOCK: tl.constexpr, BC: tl.constexpr):
+    # an im2col-style 1x1 convolution: each lane a pixel of the flattened (n, h, w) index, split with // and %
+    # into the NCHW output's batch, row and column; a program per block of pixels and output channel
+    pid = tl.program_id(0)
+    k = tl.program_id(1)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    n = offs // (H * W)
+    hw = offs % (H * W)
+    h = hw // W
+    w = hw % W
+    cs = tl.arange(0, BC)
+    in_range = offs < NB * H * W
+    x = tl.load(x_ptr + n[:, None] * (C * H * W) + cs[None, :] * (H * W) + (h * W + w)[:, None],
+                mask=in_range[:, None] & (cs < C)[None, :], other=0.0)
+    weights = tl.load(w_ptr + k * C + cs, mask=cs < C, other=0.0)
+    tl.store(y_ptr + n * (K * H * W) + k * (H * W) + h * W + w, tl.sum(x * weights[None, :], axis=1), mask=in_range)
+
+
+@tritongrad.op
+def conv1x1(x, weight):
+    nb, c, h, w = x.shape
+    k = weight.shape[0]
+    y = torch.empty((nb, k, h, w), dtype=x.dtype, device=x.device)
+    conv1x1_nchw[(triton.cdiv(nb * h * w, 16), k)](x, weight, y, nb, c, k, h, w, BLOCK=16, BC=8)
+    return y
+
+
+def test_a_convolution_storing_nchw_from_split_lane_indices_gets_pytorchs_gradients(poisoned_empty):
+    """A lane index split into (n, h, w) by // and %, and the pixel digit split again: each digit with its own
+    stride (issue 38: refused before, as if the pixel digit folded lanes)."""
+    x = torch.randn(2, 5, 3, 7, dtype=D, device=DEVICE, requires_grad=True)
+    weight = torch.randn(4, 5, dtype=D, device=DEVICE, requires_grad=True)
+    y = conv1x1(x, weight)
+    want = torch.einsum("nchw,kc->nkhw", x, weight)
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(y)
+    for got, expected in zip(torch.autograd.grad(y, (x, weight), g), torch.autograd.grad(want, (x, weight), g),
+                             strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+@triton.jit
+def pixels_to_rows(x_ptr, y_ptr, NB, H, W, row_stride, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n = offs // (H * W)
+    hw = offs % (H * W)
+    x = tl.load(x_ptr + offs, mask=offs < NB * H * W)
+    tl.store(y_ptr + n * (H * row_stride) + (hw // W) * row_stride + hw % W, x * 2.0, mask=offs < NB * H * W)
+
+
+@tritongrad.op
+def spaced_rows(x, row_stride: int):
+    nb, h, w = x.shape
+    y = torch.zeros(nb * h * row_stride + w, dtype=x.dtype, device=x.device)
+    pixels_to_rows[(triton.cdiv(x.numel(), 16),)](x, y, nb, h, w, row_stride, BLOCK=16)
+    return y
+
+
+def test_split_lane_indices_are_checked_apart_with_the_launchs_strides():
+    x = torch.randn(2, 3, 5, dtype=D, device=DEVICE, requires_grad=True)
+    for row_stride in (5, 7):
+        y = spaced_rows(x, row_stride)
+        g = torch.randn_like(y)
+        (got,) = torch.autograd.grad(y, x, g)
+        at = (torch.arange(2, device=DEVICE)[:, None, None] * 3 * row_stride
+              + torch.arange(3, device=DEVICE)[None, :, None] * row_stride + torch.arange(5, device=DEVICE))
+        torch.testing.assert_close(got, 2 * g[at])
+    y = spaced_rows(x, 4)  # rows of 5 pixels 4 apart: a row's last pixel is the next row's first
+    with pytest.raises(tritongrad.NotDifferentiableError, match="two lanes or programs reach one element"):
+        y.backward(torch.ones_like(y))
+
+
+@triton.jit
+def digit_of_a_digit_alone(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    r = offs % 4
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(y_ptr + (offs // 4) * 4 + r + 2 * (r // 2), x, mask=offs < n)  # lanes 2 and 4 both write element 4
+
+
+def test_a_digit_split_again_without_its_partner_is_refused():
+    """`(offs % 4) // 2` alone folds lanes: it was taken as a constant (the address then seemed to keep lanes apart)
+    and the derived backward gave two lanes the gradient of one element."""
+    with pytest.raises(tritongrad.NotDifferentiableError, match=r"\(\(lane axis 0\) % 4\) // 2` without the other"):
+        tritongrad.grad(digit_of_a_digit_alone)

@@ -39,7 +39,7 @@ from .forms import (
     varies,
 )
 from .launch_values import UNKNOWN_TRIP, Expr
-from .scalars import program_expr, scalar_expr
+from .scalars import divisor_text, program_expr, scalar_expr, starts_at_zero
 
 
 def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
@@ -253,10 +253,11 @@ def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict, defs: dict | 
         (pid, _), = inputs[0].terms
         return form_of_terms({ProgramDigit(pid.axis, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
     if kind in ("floordiv", "mod") and inputs[1] is None and _scalar(op.args[1], forms) is not None and any(
-            isinstance(k, Lane) for k, _ in inputs[0].terms) and defs is not None and starts_at_zero(op.args[0], defs):
-        # a digit of a tile of indices counting from zero (`offs // HW`, `offs % HW`)
+            isinstance(k, (Lane, Digit)) for k, _ in inputs[0].terms) and defs is not None and starts_at_zero(
+            op.args[0], defs):
+        # a digit of a tile of indices counting from zero (`offs // HW`, `offs % HW`; of a digit: `hw // W`)
         dividend = _shift(inputs[0], rank)
-        return form_of_terms({Digit(dividend, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
+        return form_of_terms({Digit(dividend, divisor_text(op.args[1], defs), kind == "floordiv"): (1, ())}, rank)
     if kind in ("add", "sub"):
         return _add(inputs, rank, negate=kind == "sub")
     if kind == "neg":
@@ -278,8 +279,9 @@ def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict, defs: dict | 
 
 def _opaque(inputs: list[Form | None], rank: int | None) -> Form:
     """A value computed from the inputs by an operation that may fold lanes together; program ids
-    through it are dropped (``pid // H`` is common and harmless), lane indices make it non-affine."""
-    lanes = any(isinstance(k, Lane) for f in inputs if f for k, _ in f.terms) or any(
+    through it are dropped (``pid // H`` is common and harmless), lane indices make it non-affine, a digit of
+    them too (``(offs % HW) // 2`` folds lanes: dropped, two lanes would seem one element apart)."""
+    lanes = any(isinstance(k, (Lane, Digit)) for f in inputs if f for k, _ in f.terms) or any(
         f is not None and not f.affine for f in inputs)
     return form_of_terms({}, rank or 0, affine=not lanes)
 
@@ -444,37 +446,6 @@ def _atom_expr(atom: ast.expr) -> Expr:
     if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)):
         return Expr.const(atom.value)
     return Expr.of_text(ast.unparse(atom))
-
-
-def starts_at_zero(atom: ast.expr, defs: dict) -> bool:
-    """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids (a
-    carried ``cols += BLOCK`` too: its steps are the loop's coordinate)."""
-    if isinstance(atom, ast.Constant):
-        return atom.value == 0
-    if not isinstance(atom, ast.Name):
-        return False
-    headers = [d for d in defs.get(atom.id, []) if isinstance(d, ast.For)]
-    if headers:  # a loop's index: from a range starting at 0
-        start = range_bounds(headers[0])[0]
-        return len(headers) == 1 and isinstance(start, ast.Constant) and start.value == 0
-    own = [d for d in defs.get(atom.id, []) if not (op_of(d).kind == "add" and any(
-        isinstance(a, ast.Name) and a.id == atom.id for a in op_of(d).args[:2]))]  # not `cols = cols + BLOCK`
-    if len(own) != 1:
-        return False
-    op = op_of(own[0])
-    if op.kind == "arange":
-        return isinstance(op.args[0], ast.Constant) and op.args[0].value == 0
-    if op.kind == "program_id":
-        return True
-    if op.kind == "add":
-        return all(starts_at_zero(a, defs) for a in op.args[:2])
-    if op.kind == "mul":
-        return any(starts_at_zero(a, defs) for a in op.args[:2])
-    if op.kind in ("floordiv", "mod"):  # a digit of a split (`pid // n`, `pid % n`): from 0 where its index is
-        return starts_at_zero(op.args[0], defs)
-    if operation_of(op).lanes == "same" or op.kind in ("subscript", "expand_dims", "broadcast_to"):
-        return starts_at_zero(op.args[0], defs)
-    return False
 
 
 def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:

@@ -112,7 +112,8 @@ class Digit:
 
     def __str__(self) -> str:
         x = " + ".join(f"{_coefficient_text(c)}{k}" for k, c in self.dividend.terms)
-        return f"({x}) {'//' if self.quotient else '%'} {self.divisor}"
+        divisor = self.divisor if self.divisor.isidentifier() or self.divisor.isdigit() else f"({self.divisor})"
+        return f"({x}) {'//' if self.quotient else '%'} {divisor}"
 
 
 def _coefficient_text(c: Coefficient) -> str:
@@ -164,3 +165,18 @@ def varies(name: str, forms: dict) -> bool:
     """Whether a name's value depends on coordinates (a scalar computed from program ids by an operation
     that loses their coordinate, or loaded, counts as a scalar: a name of its own)."""
     return name in forms and (bool(forms[name].terms) or not forms[name].affine)
+
+
+def present_digit(digit: Digit, terms) -> bool:
+    """Whether an address holds a digit: itself, or split again into both of its own digits (``hw = offs % HW``
+    read as ``hw // W`` and ``hw % W``, an NCHW store's row and column)."""
+    if digit in terms:
+        return True
+    return any(isinstance(k, Digit) and k.dividend.terms == ((digit, (1, ())),) and present_digit(k.partner, terms)
+               for k in terms)
+
+
+def lane_axes(form: Form) -> set[int]:
+    """The tile axes a form's coordinates move along, through digits of digits."""
+    return {k.axis for k, _ in form.terms if isinstance(k, Lane)} | {
+        a for k, _ in form.terms if isinstance(k, Digit) for a in lane_axes(k.dividend)}

@@ -45,6 +45,8 @@ from .forms import (
     ProgramId,
     ProgramValue,
     form_of_terms,
+    lane_axes,
+    present_digit,
 )
 from .index_ranges import IndexRead, RangesApart, StoreRange
 from .launch_values import Expr
@@ -237,12 +239,11 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
     terms = form.coefficients
     digits = [k for k in terms if isinstance(k, Digit)]
     for key in digits:
-        if key.partner not in terms:
+        if not present_digit(key.partner, terms):
             raise refuse(where(stmt), f"{what}: the address uses a lane index through `//`, `%` or another "
                          f"operation that may fold lanes together (`{key}` without the other digit)",
                          f"{hint}; or split an index into both `x // d` and `x % d`, each with its own stride")
-    covered = {k.axis for k in terms if isinstance(k, Lane)}
-    covered |= {k.axis for d in digits for k, _ in d.dividend.terms if isinstance(k, Lane)}
+    covered = {k.axis for k in terms if isinstance(k, Lane)} | {a for d in digits for a in lane_axes(d.dividend)}
     for axis, extent in enumerate(shape):
         if extent != "1" and axis not in covered:
             raise refuse(where(stmt), f"{what}: the address does not change along axis {axis} of the tile", hint)

@@ -195,6 +195,15 @@ def in_place_pointers(program: Program, found: Pointers) -> frozenset[str]:
             later = [t for t in stores[name] if place[id(t)][0] is block and place[id(t)][1] > i]
             if not any((canonical_atom(arguments(t)["pointer"], defs), canonical_atom(arguments(t)["mask"], defs))
                        == (address, mask) for t in later):
+                before = sorted(where(t).line for t in stores[name]
+                                if where(t).line < where(s).line and place[id(t)][0] is not block)
+                if before:  # it reads back what an earlier loop overwrote (a chunked add + norm's second loop)
+                    raise refuse(where(s), f"a load from `{name}` after the store to it on line {before[-1]}: it "
+                                 f"reads back values the kernel wrote over `{name}`'s own, and its backward would "
+                                 "need both the values it was given and the ones it stored",
+                                 "read back in the same loop, right after the store (the same address and mask), or "
+                                 "keep the values in registers between the loops, or store them to another tensor "
+                                 f"and copy that into `{name}` after the kernel")
                 raise refuse(where(s), f"a load from `{name}`, which the kernel also stores to, where no store "
                              "of the same address and mask follows it in the same block",
                              "update in place only what each lane loads (load, compute, then store to the same "

@@ -1,11 +1,13 @@
 """A kernel's integer scalars as expressions a launch evaluates: ``scalar_expr`` (integer math on the parameters and the
-grid), ``program_expr`` (also on the program ids: a value each program computes, a swizzle's)."""
+grid), ``program_expr`` (also on the program ids: a value each program computes, a swizzle's), ``divisor_text`` (an
+index split's divisor); and ``starts_at_zero``, whether an integer tile counts from zero (what makes a split's digits
+stand for the index)."""
 
 from __future__ import annotations
 
 import ast
 
-from ..core.ir import axis_of, op_of
+from ..core.ir import axis_of, canonical_atom, op_of, range_bounds
 from ..core.operations import operation_of
 from .launch_values import Expr
 
@@ -51,3 +53,42 @@ def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0)
         if op.kind == "num_programs" and axis_of(op) is not None:
             return Expr("grid", (axis_of(op),))
     return Expr.name(atom.id)
+
+
+def starts_at_zero(atom: ast.expr, defs: dict) -> bool:
+    """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids (a
+    carried ``cols += BLOCK`` too: its steps are the loop's coordinate)."""
+    if isinstance(atom, ast.Constant):
+        return atom.value == 0
+    if not isinstance(atom, ast.Name):
+        return False
+    headers = [d for d in defs.get(atom.id, []) if isinstance(d, ast.For)]
+    if headers:  # a loop's index: from a range starting at 0
+        start = range_bounds(headers[0])[0]
+        return len(headers) == 1 and isinstance(start, ast.Constant) and start.value == 0
+    own = [d for d in defs.get(atom.id, []) if not (op_of(d).kind == "add" and any(
+        isinstance(a, ast.Name) and a.id == atom.id for a in op_of(d).args[:2]))]  # not `cols = cols + BLOCK`
+    if len(own) != 1:
+        return False
+    op = op_of(own[0])
+    if op.kind == "arange":
+        return isinstance(op.args[0], ast.Constant) and op.args[0].value == 0
+    if op.kind == "program_id":
+        return True
+    if op.kind == "add":
+        return all(starts_at_zero(a, defs) for a in op.args[:2])
+    if op.kind == "mul":
+        return any(starts_at_zero(a, defs) for a in op.args[:2])
+    if op.kind in ("floordiv", "mod"):  # a digit of a split (`pid // n`, `pid % n`): from 0 where its index is
+        return starts_at_zero(op.args[0], defs)
+    if operation_of(op).lanes == "same" or op.kind in ("subscript", "expand_dims", "broadcast_to"):
+        return starts_at_zero(op.args[0], defs)
+    return False
+
+
+def divisor_text(atom: ast.expr, defs: dict) -> str:
+    """A digit's divisor, written out through its definitions where that reads as integer math on the launch's
+    values (``H * W``: two temporaries computing it give one divisor, so ``offs // HW`` and ``offs % HW`` are
+    partners), else as spelled."""
+    text = canonical_atom(atom, defs) if isinstance(atom, ast.Name) else ast.unparse(atom)
+    return text if Expr.of_text(text).op != "unknown" else ast.unparse(atom)

@@ -14,13 +14,14 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field, replace
 
-from ..analysis.addresses import enclosing_loops, mask_bounds, starts_at_zero
+from ..analysis.addresses import enclosing_loops, mask_bounds
 from ..analysis.analyze import Analysis
 from ..analysis.conditions import All, AtMost, Condition, Covers
 from ..analysis.flow import loaded_values, program_axes
 from ..analysis.forms import Lane, LoopIndex, ProgramDigit, ProgramId, form_of_terms
 from ..analysis.lanes import launch_coordinates, scalars_written_out
 from ..analysis.launch_values import UNKNOWN_TRIP, Expr
+from ..analysis.scalars import starts_at_zero
 from ..core.ir import (
     arguments,
     child_blocks,
