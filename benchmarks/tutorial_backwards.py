@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -95,6 +97,39 @@ def attention_cases(tutorial, dtype):
                    lambda d=d: inputs(4, 16, 4096, d), None)
 
 
+@triton.jit
+def persistent_softmax(out_ptr, in_ptr, in_row_stride, out_row_stride, n_rows, n_cols, BLOCK: tl.constexpr,
+                       STAGES: tl.constexpr):
+    # the fused-softmax tutorial's kernel shape: a grid-stride loop over rows
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=STAGES):
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(in_ptr + row * in_row_stride + cols, mask=cols < n_cols, other=-float("inf"))
+        z = x - tl.max(x, axis=0)
+        e = tl.exp(z)
+        tl.store(out_ptr + row * out_row_stride + cols, e / tl.sum(e, axis=0), mask=cols < n_cols)
+
+
+def softmax_cases(dtype):
+    """Issue 38, item 1: the backward keeps the forward's grid, so the same kernel launched persistent (a few
+    programs per multiprocessor, as the tutorial sizes it) and one program per row measures what persistence
+    gives the derived backward."""
+
+    @tritongrad.op
+    def derived(x, programs: int):
+        y = torch.empty_like(x)
+        persistent_softmax[(programs,)](y, x, x.stride(0), y.stride(0), x.shape[0], x.shape[1],
+                                        BLOCK=triton.next_power_of_2(x.shape[1]), STAGES=2)
+        return y
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m, n in [(16384, 1024), (16384, 4096)]:
+        impls = {"derived": lambda x, m=m: derived(x, min(m, 4 * sms)),  # persistent
+                 "tutorial": lambda x, m=m: derived(x, m),  # (the column "tutorial": one program per row)
+                 "torch": lambda x: torch.softmax(x, -1)}
+        yield (f"softmax {m}x{n}: persistent (derived) / a program per row (tutorial column)", impls,
+               lambda m=m, n=n: [torch.randn(m, n, device="cuda").to(dtype)], None)
+
+
 def check(impls, make_inputs) -> dict[str, float]:
     """Each implementation's gradients against float32 PyTorch's (max |error| / max |reference|)."""
     base = make_inputs()
@@ -128,7 +163,7 @@ def time_backward(fn, make_inputs, timer) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tutorials", type=Path, default=Path(".tutorials"))
-    p.add_argument("--only", nargs="*", default=["layernorm", "attention"])
+    p.add_argument("--only", nargs="*", default=["layernorm", "attention", "softmax"])
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     rows = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
@@ -138,6 +173,8 @@ def main() -> None:
     groups = []
     if "layernorm" in args.only:
         groups.append((load(args.tutorials, "layer_norm"), layer_norm_cases, (torch.bfloat16, torch.float16)))
+    if "softmax" in args.only:
+        groups.append((None, lambda _, dtype: softmax_cases(dtype), (torch.bfloat16,)))
     if "attention" in args.only:
         groups.append((load(args.tutorials, "fused_attention"), attention_cases, (torch.float16,)))
     for module, cases, dtypes in groups:
