@@ -522,3 +522,45 @@ def test_a_digit_split_again_without_its_partner_is_refused():
     and the derived backward gave two lanes the gradient of one element."""
     with pytest.raises(tritongrad.NotDifferentiableError, match=r"\(\(lane axis 0\) % 4\) // 2` without the other"):
         tritongrad.grad(digit_of_a_digit_alone)
+
+
+@triton.jit
+def varlen_softmax_kernel(x_ptr, y_ptr, cu_seqlens, BLOCK: tl.constexpr):
+    # one program per sequence of a packed batch, its bounds read from cu_seqlens; the mask spelled on the address
+    seq = tl.program_id(0)
+    start = tl.load(cu_seqlens + seq)
+    end = tl.load(cu_seqlens + seq + 1)
+    cols = tl.arange(0, BLOCK)
+    mask = start + cols < end
+    x = tl.load(x_ptr + start + cols, mask=mask, other=-float("inf"))
+    e = tl.exp(x - tl.max(x, 0))
+    tl.store(y_ptr + start + cols, e / tl.sum(e, 0), mask=mask)
+
+
+@tritongrad.op
+def varlen_softmax(x, cu_seqlens):
+    y = torch.empty_like(x)
+    varlen_softmax_kernel[(cu_seqlens.numel() - 1,)](x, y, cu_seqlens, BLOCK=16)
+    return y
+
+
+@pytest.mark.parametrize("lengths", [[3, 5, 0, 4], [3, 0, 0, 7], [4, 2, 6]])
+def test_a_varlen_softmax_masked_on_its_address_gets_pytorchs_gradients(lengths, poisoned_empty):
+    """`start + cols < end` bounds each program's stores to its own sequence (issue 38: refused at launch before,
+    "programs 2 and 3 write one element", as if every program wrote a whole block from its start); an empty
+    sequence writes nothing."""
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    x = torch.randn(int(cu[-1]), dtype=D, device=DEVICE, requires_grad=True)
+    y = varlen_softmax(x, cu)
+    want = torch.cat([torch.softmax(part, 0) for part in torch.split(x, lengths)])
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(want, x, g)[0])
+
+
+def test_sequences_whose_bounds_overlap_are_refused_at_the_launch():
+    cu = torch.tensor([0, 5, 3, 9], dtype=torch.int32, device=DEVICE)  # the third sequence starts inside the first
+    x = torch.randn(9, dtype=D, device=DEVICE, requires_grad=True)
+    y = varlen_softmax(x, cu)
+    with pytest.raises(tritongrad.NotDifferentiableError, match="programs 0 and 2"):
+        y.backward(torch.ones_like(y))

@@ -412,8 +412,12 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
     if op.kind not in ("lt", "le", "gt", "ge"):
         return unknown
     e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
+    offset = None
     if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs)):
-        return unknown
+        split = _scalar_offset(e, forms, defs)  # `start + cols < end` reads `cols < end - start`
+        if split is None:
+            return unknown
+        e, offset = split
     form = forms[e.id]
     moved = _moved_term(bound, forms, defs)
     if moved is not None:  # `offs_k < K - k * BLOCK_K` reads `offs_k + k * BLOCK_K < K`
@@ -423,8 +427,25 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
         bound.id not in forms or (loaded and not varies(bound.id, forms))))
     if not lane_free or not form.affine:
         return unknown
-    limit = _atom_expr(bound)
+    if offset is not None and not (isinstance(offset, ast.Constant) or offset.id not in forms or (
+            loaded and not varies(offset.id, forms))):
+        return unknown
+    limit = _atom_expr(bound) if offset is None else _atom_expr(bound) - _atom_expr(offset)
     return [(form, limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
+
+
+def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[ast.Name, ast.expr] | None:
+    """For ``e = s + t`` (``t`` a sum of coordinates from zero, ``s`` a scalar no coordinate moves): ``(t, s)``."""
+    if not isinstance(e, ast.Name) or len(defs.get(e.id, [])) != 1 or not hasattr(defs[e.id][0], "tg"):
+        return None
+    op = op_of(defs[e.id][0])
+    if op.kind != "add":
+        return None
+    for t, s in (op.args[:2], op.args[1::-1]):
+        if (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs)
+                and (isinstance(s, ast.Constant) or (isinstance(s, ast.Name) and not varies(s.id, forms)))):
+            return t, s
+    return None
 
 
 def _moved_term(bound: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[Form, ast.expr] | None:
