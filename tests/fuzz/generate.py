@@ -55,6 +55,11 @@
   loaded per program says (a permutation: ``(rn + (dst - pid) * BN)``; or a start offset per
   program), the output holding whole blocks and zero-filled; or two programs given one
   destination, which must be refused at launch;
+- *stores at split lane indices* (``op_lane_split``): a value stored at an address that splits each lane's flat
+  index (programs' offsets included) into two or three coordinates with ``//`` and ``%`` (chained, ``hw = f %
+  (H * W); h = hw // W``, or each at once), extents literal, runtime or constexpr, multiplying to the flat range
+  or a little less (``f < total`` masking the rest), stored in a layout that permutes the coordinates (an im2col
+  convolution storing NCHW); or with the outermost stride one short, two lanes colliding, which must be refused;
 - *stores* into one or two outputs: disjoint across programs, or ``tl.atomic_add`` into
   shared elements; of the value's shape or of one it broadcasts to (plus an output for each
   loop or branch value nothing else uses, mostly);
@@ -96,6 +101,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import itertools
 import math
 import os
 import random
@@ -495,8 +501,9 @@ LINEAR = {"add", "sub", "branch"}  # carried updates that add to the state (the 
 # operation families, by weight; shrinking moves toward the front
 FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["reduce"] * 3 + ["shape"] * 2
             + ["where", "fma", "cast", "dot", "dot", "outer", "gather", "scalar", "iota", "softmax", "scan", "scan",
-               "join", "loop", "loop", "columns", "branch", "early_return", "multistore", "scatter", "softmax_out"])
-FOCUS = ("persistent", "swizzle")  # families a campaign may make frequent (Gen's focus)
+               "join", "loop", "loop", "columns", "branch", "early_return", "multistore", "scatter", "softmax_out",
+               "lane_split"])
+FOCUS = ("persistent", "swizzle", "lane_split")  # families a campaign may make frequent (Gen's focus)
 MAX_OPS = 12
 MAX_CONTROL = 2  # loops and branches per kernel (each costs the interpreter several plain nodes' time)
 CONTROL = ("loop", "columns", "branch")
@@ -515,7 +522,7 @@ class Gen:
         self.focus = frozenset(focus)
         unknown = self.focus - set(FOCUS)
         assert not unknown, f"unknown families {sorted(unknown)} (known: {', '.join(FOCUS)})"
-        self.families = FAMILIES
+        self.families = FAMILIES + ["lane_split"] * 8 * ("lane_split" in self.focus)
         self.p = Program(dims=[], strided=strided)
         self.frame()
 
@@ -2126,6 +2133,96 @@ class Gen:
         self.push(Node(kind, n.lo, n.hi, "{0}", "{0}", (a,), f"scatter_{how}" + ("_collide" if collide else ""),
                        pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=n.zero, tied=n.tied))
 
+
+    def op_lane_split(self):
+        """A value stored at an address that splits each lane's flat index (over the whole tensor, the programs'
+        offsets included) into several coordinates with ``//`` and ``%``, each scaled by its stride in a layout
+        that permutes them (an im2col convolution storing NCHW from a flat index: ``n = offs // (H * W); hw = offs
+        % (H * W); h = hw // W; w = hw % W``); the extents multiply to the flat range or a little less (its
+        last lanes then masked off: ``offs < total``). Sometimes the outermost stride is one short, so two lanes
+        collide, which the backward must refuse."""
+        d = self.d
+        a = self.operand(lambda k: bool(k) and "1" not in k and storable(k))
+        if a is None:
+            return self.op_multistore()
+        kind = self.kind_of(a)
+        dims = [self.p.dim(k) for k in kind]
+        total = math.prod(x.size for x in dims)
+        inner: list[int] = []
+        for _ in range(d.pick([1, 1, 2])):  # the coordinates after the first
+            e = d.pick([3, 2, 4, 5])
+            if math.prod(inner) * e * 2 <= total:
+                inner.append(e)
+        if not inner:
+            return self.op_multistore()
+        extents = [total // math.prod(inner), *inner]
+        covered = math.prod(extents)  # <= total: the flat indices stored
+        spelled = [self.count(e)[0] for e in extents]
+        rank = len(extents)
+        # the flat index of each lane, row-major over the value's axes
+        if len(dims) == 1:
+            flat_tl, flat_th = dims[0].idx, f"torch.arange({dims[0].lo}, {dims[0].hi})"
+        else:
+            flat_tl = f"{dims[0].idx}[:, None] * {dims[1].SIZE} + {dims[1].idx}[None, :]"
+            flat_th = (f"torch.arange({dims[0].lo}, {dims[0].hi})[:, None] * {dims[1].size} + "
+                       f"torch.arange({dims[1].lo}, {dims[1].hi})[None, :]")
+
+        def product(names):
+            return " * ".join(names) if names else "1"
+
+        pre_tl = [f"{{self}}_f = {flat_tl}"]
+        pre_th = [f"{{self}}_f = {flat_th}"]
+        if d.pick([False, True]):  # chained: c0 = f // (e1 * e2); r0 = f % (e1 * e2); c1 = r0 // e2; c2 = r0 % e2
+            rest = "{self}_f"
+            for j in range(rank - 1):
+                after = product(spelled[j + 1:])
+                after = f"({after})" if j < rank - 2 else after
+                pre_tl.append(f"{{self}}_c{j} = {rest} // {after}")
+                if j < rank - 2:
+                    pre_tl.append(f"{{self}}_r{j} = {rest} % {after}")
+                    rest = f"{{self}}_r{j}"
+                else:
+                    pre_tl.append(f"{{self}}_c{j + 1} = {rest} % {after}")
+        else:  # each coordinate at once: (f // stride) % extent
+            for j in range(rank):
+                c = f"{{self}}_f // ({product(spelled[j + 1:])})" if j < rank - 1 else "{self}_f"
+                pre_tl.append(f"{{self}}_c{j} = " + (f"({c}) % {spelled[j]}" if j else c))
+        coords_tl = [f"{{self}}_c{j}" for j in range(rank)]
+        for j in range(rank):
+            after = math.prod(extents[j + 1:])
+            pre_th.append(f"{{self}}_c{j} = {{self}}_f // {after}" + (f" % {extents[j]}" if j else ""))
+        orders = [o for o in itertools.permutations(range(rank)) if list(o) != list(range(rank))]
+        order = d.pick(orders + [tuple(range(rank))] * (d.pick([False] * 5 + [True])))
+        collide = (extents[order[0]] >= 2 and math.prod(extents[o] for o in order[1:]) >= 2 and not self.p.returns
+                   and d.pick([False] * 5 + [True]))
+        # the output: a slot per program along the grid axes the value does not tile, then the permuted layout
+        uncovered = [g for g in self.p.grid_dims if g.name not in kind]
+        layout = [extents[o] for o in order]
+        shape = [g.programs for g in uncovered] + layout
+        terms, index = [], []
+        for pos, g in enumerate(uncovered):
+            stride = " * ".join([self.p.nprog(h.axis) for h in uncovered[pos + 1:]] + spelled)
+            terms.append(f"pid_{g.axis} * {stride}")
+            index.append(f"pid_{g.axis}")
+        for pos, o in enumerate(order):
+            after = [spelled[q] for q in order[pos + 1:]]
+            stride = product(after)
+            if pos == 0 and collide:
+                stride = f"({stride} - 1)"
+            terms.append(coords_tl[o] + (f" * {stride}" if after else ""))
+            index.append(f"{{self}}_c{o}[{{self}}_k]")
+        mask = self.mask_for(kind)
+        if covered < total:
+            mask = f"({mask}) & ({{self}}_f < {product(spelled)})" if mask else f"{{self}}_f < {product(spelled)}"
+        store = Store(len(self.p.nodes), f"y{len(self.p.stores)}", kind, inside=True, shape=tuple(shape))
+        self.p.stores.append(store)
+        if collide and not self.p.stopped:
+            self.p.expect = "tl.store"
+        pre_tl.append(f"tl.store({store.name}_ptr + {' + '.join(terms)}, {{0}}" + (f", mask={mask})" if mask else ")"))
+        pre_th += [f"{{self}}_k = {{self}}_f < {covered}", f"{store.name}[{', '.join(index)}] = {{0}}[{{self}}_k]"]
+        n = self.p.nodes[a]
+        self.push(Node(kind, n.lo, n.hi, "{0}", "{0}", (a,), f"lane_split_{rank}" + ("_collide" if collide else ""),
+                       pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=n.zero, tied=n.tied))
 
 
 def generate(draw: Draw, avoid: Sequence[str] = (), strided: bool = False, focus: Sequence[str] = ()) -> Program:
