@@ -2137,10 +2137,10 @@ class Gen:
     def op_lane_split(self):
         """A value stored at an address that splits each lane's flat index (over the whole tensor, the programs'
         offsets included) into several coordinates with ``//`` and ``%``, each scaled by its stride in a layout
-        that permutes them (an im2col convolution storing NCHW from a flat index: ``n = offs // (H * W); hw = offs
-        % (H * W); h = hw // W; w = hw % W``); the extents multiply to the flat range or a little less (its
-        last lanes then masked off: ``offs < total``). Sometimes the outermost stride is one short, so two lanes
-        collide, which the backward must refuse."""
+        that permutes them (an im2col convolution storing NCHW from a flat index: ``n = offs // (H * W);
+        hw = offs % (H * W); h = hw // W; w = hw % W``); the extents multiply to the flat range (mostly, where
+        small ones divide it) or a little less (its last lanes then masked off: ``offs < total``). Sometimes the
+        outermost stride is one short, so two lanes collide, which the backward must refuse."""
         d = self.d
         a = self.operand(lambda k: bool(k) and "1" not in k and storable(k))
         if a is None:
@@ -2149,9 +2149,12 @@ class Gen:
         dims = [self.p.dim(k) for k in kind]
         total = math.prod(x.size for x in dims)
         inner: list[int] = []
+        exact = d.pick([True, True, False])  # extents that divide the flat range where they can (no tail masked)
         for _ in range(d.pick([1, 1, 2])):  # the coordinates after the first
-            e = d.pick([3, 2, 4, 5])
-            if math.prod(inner) * e * 2 <= total:
+            fits = [e for e in (3, 2, 4, 5) if math.prod(inner) * e * 2 <= total]
+            divide = [e for e in fits if (total // math.prod(inner)) % e == 0]
+            e = d.pick((divide if exact else []) or fits or [2])
+            if e in fits:
                 inner.append(e)
         if not inner:
             return self.op_multistore()
