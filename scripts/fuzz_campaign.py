@@ -68,6 +68,15 @@ def families_of(labels: list[str]) -> list[str]:
     return sorted(found)
 
 
+def blurred(detail: str) -> str:
+    """A refusal's first line with its names (outputs, values), line numbers and other numbers blurred, so that
+    refusals of one kind count together."""
+    line = detail.splitlines()[0] if detail else ""
+    line = re.sub(r"\b(d_)?[a-z]\d+(_[a-z0-9]+)*\b", "<name>", line)
+    line = re.sub(r"\(`[^`]*(`[^`]*`[^`]*)*` without the other digit\)", "(`<digit>` without the other digit)", line)
+    return re.sub(r"\d+", "#", line)[:240]
+
+
 def signature(status: str, detail: str) -> str:
     """Failures of one kind: the status and the first line of the detail, numbers and names blurred."""
     line = detail.splitlines()[0] if detail else ""
@@ -170,7 +179,7 @@ def main(argv=None) -> int:
         for family in families_of(labels):
             by_family[family][status] += 1
             if status == "refused":
-                by_family[family]["refused: " + detail.splitlines()[0][:160]] += 1
+                by_family[family]["refused: " + blurred(detail)] += 1
         if status == "refused":
             refused[detail] += 1
         elif status in FAILING:
