@@ -1,7 +1,7 @@
 """A long differential-fuzzing campaign (issue 5): random kernels, derived gradients against PyTorch.
 
     python scripts/fuzz_campaign.py --kernels 10000 --seed S [--jobs 2] [--shrink DIR] [--avoid-known] \
-        [--transpose-every-group] [--strided] [--bindings B]
+        [--transpose-every-group] [--strided] [--bindings B] [--families persistent,swizzle,lane_split]
 
 Kernel i of seed S is ``tests/fuzz/generate.py``'s ``random_program`` of ``S * 1_000_003 + i``,
 so any one can be replayed alone (``--only I``). Prints the counts: generated, passed,
@@ -13,6 +13,12 @@ not it pays. ``--bindings B`` calls each kernel that passes with B bindings of m
 two inputs, overlapping and packed views, expanded, transposed, sliced and interleaved views, outputs packed into one
 buffer, every other one deterministic: tests/fuzz/bindings.py; 2 by default), counted as kernel-and-binding cases;
 ``--strided`` spells tile loads with the launch's strides, so that the views that change a layout apply.
+``--families F,G`` makes the named families of ``generate.FOCUS`` frequent (``persistent``: grid-stride loops over
+fewer programs than tiles; ``swizzle``: tile coordinates permuted from the program id, grouped ordering on a flattened
+grid; ``lane_split``: stores at flat lane indices split by ``//`` and ``%`` into a permuted layout): they are drawn in
+most kernels instead of a few percent, and the kernels differ from the plain campaign's of the same seed (replay
+and ``--only`` need the same flag). Each run prints the outcomes of the kernels of each of these families, refusals
+by message.
 """
 
 from __future__ import annotations
@@ -41,13 +47,34 @@ def kernel_seed(seed: int, i: int) -> int:
 
 AVOID: tuple[str, ...] = ()
 STRIDED = False
+FOCUS: tuple[str, ...] = ()
 
 
 def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str], list[tuple[str, str]]]:
     seed, i = args
-    program, _ = G.random_program(kernel_seed(seed, i), AVOID, STRIDED)
+    program, _ = G.random_program(kernel_seed(seed, i), AVOID, STRIDED, FOCUS)
     outcome = G.check(program)
     return i, outcome.status, outcome.detail, program.labels(), [(o.status, o.detail) for o in outcome.bindings]
+
+
+def families_of(labels: list[str]) -> list[str]:
+    """The families of generate.FOCUS a kernel has (by its labels), colliding variants apart."""
+    found = set()
+    for label in labels:
+        for part in label.split("+"):
+            family = next((f for f in G.FOCUS if part.startswith(f)), None)
+            if family:
+                found.add(family + ("_collide" if "collide" in label else ""))
+    return sorted(found)
+
+
+def blurred(detail: str) -> str:
+    """A refusal's first line with its names (outputs, values), line numbers and other numbers blurred, so that
+    refusals of one kind count together."""
+    line = detail.splitlines()[0] if detail else ""
+    line = re.sub(r"\b(d_)?[a-z]\d+(_[a-z0-9]+)*\b", "<name>", line)
+    line = re.sub(r"\(`[^`]*(`[^`]*`[^`]*)*` without the other digit\)", "(`<digit>` without the other digit)", line)
+    return re.sub(r"\d+", "#", line)[:240]
 
 
 def signature(status: str, detail: str) -> str:
@@ -58,19 +85,19 @@ def signature(status: str, detail: str) -> str:
 
 
 def shrink_failure(seed: int, i: int, status: str, detail: str, out_dir: str) -> str:
-    _, choices = G.random_program(kernel_seed(seed, i), AVOID)
+    _, choices = G.random_program(kernel_seed(seed, i), AVOID, STRIDED, FOCUS)
     sig = signature(status, detail)
 
     def failing(cand: list[int]) -> bool:
         try:
-            outcome = G.check(G.replay(cand, AVOID, STRIDED))
+            outcome = G.check(G.replay(cand, AVOID, STRIDED, FOCUS))
         except Exception:  # noqa: BLE001 - a generator error is not the failure we shrink
             return False
         return outcome.status == status and (status == "mismatch"
                                              or signature(outcome.status, outcome.detail) == sig)
 
     small = G.shrink(choices, failing)
-    outcome = G.check(G.replay(small, AVOID, STRIDED))
+    outcome = G.check(G.replay(small, AVOID, STRIDED, FOCUS))
     name = f"{status}_{seed}_{i}"
     path = os.path.join(out_dir, f"test_{name}.py")
     with open(path, "w") as f:
@@ -97,10 +124,16 @@ def main(argv=None) -> int:
     ap.add_argument("--bindings", type=int, default=G.BINDINGS,
                     help="bindings of memory each passing kernel is also called with (tests/fuzz/bindings.py)")
     ap.add_argument("--strided", action="store_true", help="tile loads at the strides the launch passes")
+    ap.add_argument("--families", default="", help="comma-separated families of generate.FOCUS made frequent "
+                    f"({', '.join(G.FOCUS)})")
     args = ap.parse_args(argv)
-    global AVOID, STRIDED
+    global AVOID, STRIDED, FOCUS
     AVOID = tuple(G.KNOWN_BUGS) if args.avoid_known else ()
     STRIDED = args.strided
+    FOCUS = tuple(f for f in args.families.split(",") if f)
+    unknown = set(FOCUS) - set(G.FOCUS)
+    if unknown:
+        ap.error(f"unknown families {sorted(unknown)} (known: {', '.join(G.FOCUS)})")
     G.BINDINGS = args.bindings
     if args.transpose_every_group:  # before the workers fork
         from tritongrad.codegen import generate as codegen
@@ -111,7 +144,7 @@ def main(argv=None) -> int:
         tuning.DEFAULT = tuning.Setting(held=False)
 
     if args.only is not None:
-        program, _ = G.random_program(kernel_seed(args.seed, args.only), AVOID, STRIDED)
+        program, _ = G.random_program(kernel_seed(args.seed, args.only), AVOID, STRIDED, FOCUS)
         outcome = G.check(program)
         print(outcome.report())
         return 0 if outcome.status in ("passed", "refused") else 1
@@ -122,6 +155,7 @@ def main(argv=None) -> int:
     refused: collections.Counter[str] = collections.Counter()
     refused_bound: collections.Counter[str] = collections.Counter()  # why bindings were refused
     coverage: collections.Counter[str] = collections.Counter()
+    by_family: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)  # FOCUS families
     failures: dict[str, list[tuple[int, str, str]]] = collections.defaultdict(list)
     start = time.time()
     jobs = [(args.seed, i) for i in range(args.kernels)]
@@ -142,6 +176,10 @@ def main(argv=None) -> int:
             bound[b_detail.split("[binding: ", 1)[-1].split(" ", 1)[0] + (" det" if "deterministic" in b_detail
                                                                           else "")] += 1
         coverage.update(set(labels))
+        for family in families_of(labels):
+            by_family[family][status] += 1
+            if status == "refused":
+                by_family[family]["refused: " + blurred(detail)] += 1
         if status == "refused":
             refused[detail] += 1
         elif status in FAILING:
@@ -165,6 +203,13 @@ def main(argv=None) -> int:
         print(f"  {len(items):5d}  {sig}")
         for i, _, detail in items[: args.show]:
             print(f"         kernel {i}: {detail.splitlines()[0][:200] if detail else ''}")
+    for family in sorted(by_family):
+        found = by_family[family]
+        print(f"  family {family}: {sum(found[k] for k in ('passed', 'refused', 'mismatch', 'crashed', 'invalid'))} "
+              "kernels, " + ", ".join(f"{k} {found[k]}" for k in ("passed", "refused", "mismatch", "crashed",
+                                                                    "invalid") if found[k]))
+        for why, k in sorted(((w, k) for w, k in found.items() if w.startswith("refused: ")), key=lambda wk: -wk[1]):
+            print(f"    {k:5d}  {why}")
     print("  coverage (kernels using each construct): " +
           ", ".join(f"{k} {v}" for k, v in sorted(coverage.items(), key=lambda kv: -kv[1])))
     if args.shrink and failures:

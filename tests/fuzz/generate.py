@@ -55,9 +55,25 @@
   loaded per program says (a permutation: ``(rn + (dst - pid) * BN)``; or a start offset per
   program), the output holding whole blocks and zero-filled; or two programs given one
   destination, which must be refused at launch;
+- *stores at split lane indices* (``op_lane_split``): a value stored at an address that splits each lane's flat
+  index (programs' offsets included) into two or three coordinates with ``//`` and ``%`` (chained, ``hw = f %
+  (H * W); h = hw // W``, or each at once), extents literal, runtime or constexpr, multiplying to the flat range
+  or a little less (``f < total`` masking the rest), stored in a layout that permutes the coordinates (an im2col
+  convolution storing NCHW); or with the outermost stride one short, two lanes colliding, which must be refused;
 - *stores* into one or two outputs: disjoint across programs, or ``tl.atomic_add`` into
   shared elements; of the value's shape or of one it broadcasts to (plus an output for each
-  loop or branch value nothing else uses, mostly).
+  loop or branch value nothing else uses, mostly);
+- *launches* other than a program per tile (:class:`Launch`, drawn for a few percent of the kernels with a grid):
+  a persistent kernel, fewer programs launched than tiles, the whole body in a grid-stride loop over one launch
+  axis's tiles (``for pid_0 in range(tl.program_id(0), G, tl.num_programs(0))``, ``tl.range`` with or without
+  ``num_stages=2``, the start or step named, or the step an argument ``NPROG`` the host sets to the grid; ``G``
+  literal, runtime, constexpr or ``tl.cdiv(N, BN)``; no early returns then); and/or a swizzle computing the tile
+  coordinates from the program id: ``(pid * A) % G`` with A coprime with G, ``G - 1 - pid``, or for both grid
+  axes of a 2-D frame on one flattened launch axis, row-major, column-major or grouped ordering (the matmul
+  tutorial's, with builtin ``min`` or ``tl.minimum``). Expected refusals: a step one below the grid
+  (``tl.num_programs(0) - 1``, or ``NPROG`` one less than the grid), ``pid // 2`` on a doubled grid, a multiplier
+  sharing a factor with G: two programs reach one tile. The mirror is unchanged (it visits every tile); stores'
+  slots and per-program loads index by the tile (``Program.nprog``).
 
 Inputs are uniform in [-2, 2] or multiples of 0.5 there (so maxima, ``maximum`` and
 comparisons tie). ``draw`` is a :class:`Draw`: :class:`HypothesisDraw` (``programs()``, a
@@ -72,6 +88,8 @@ float32 casts). A kernel whose stores collide by construction (``EXPECT`` in its
 refused, at derivation or at launch: that is its pass ("refused", the detail saying "colliding by
 construction"); accepting it is a mismatch. ``regression_source`` turns a module into a regression test.
 
+``focus`` (``Gen``, ``random_program``, ``replay``; campaigns' ``--families``) makes families of ``FOCUS`` frequent.
+
 Extending: add a family to ``FAMILIES`` and a ``Gen.op_*`` method producing nodes; a node's
 template may span several lines (``pre_tl``/``pre_th``, indented as needed, their names built
 on ``{self}``), as loops and branches do; a store a node's own lines make is a ``Store`` with
@@ -83,6 +101,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import itertools
 import math
 import os
 import random
@@ -240,6 +259,25 @@ class Range:
 
 
 @dataclass
+class Launch:
+    """Programs that do not map one to one onto the tiles of the grid axes (issue 38): a persistent kernel's
+    grid-stride loop over the tiles of one launch axis (fewer programs launched than tiles), and/or a swizzle
+    computing the tile coordinates from the program id (a permutation; ``flat``: the two tile axes of a 2-D
+    frame on one launch axis, ordered row-major, column-major or in groups). Its lines are written when drawn;
+    the mirror is unchanged (it visits every tile)."""
+
+    axis: int  # the launch axis (flat: 0)
+    flat: bool  # the frame's two grid axes on one launch axis
+    counts: dict[int, str]  # grid axis -> its tile count spelled in the kernel (what tl.num_programs would be)
+    head: list[str]  # lines before the loop, after the other grid axes' program ids
+    loop: str  # the grid-stride loop's header ("for ... :") or ""
+    body: list[str]  # the swizzle: lines computing pid_<axis> (each iteration's, in a loop)
+    programs: int  # programs launched along the launch axis
+    collide: bool = False  # two programs (or iterations) reach one tile: the backward must refuse
+    label: str = ""
+
+
+@dataclass
 class Program:
     dims: list[Dim]
     inputs: list[Input] = field(default_factory=list)
@@ -259,6 +297,7 @@ class Program:
     strided: bool = False  # tile inputs are loaded at strides the launch passes (`x0_s0`, `x0_s1`): bindings.py
     # may then bind them to expanded, transposed, sliced or interleaved views
     contiguous: set[str] = field(default_factory=set)  # inputs also addressed as contiguous (a table's rows)
+    launch: Launch | None = None  # persistent loops and swizzles over the grid (None: one program per tile)
 
     def __repr__(self) -> str:  # hypothesis prints this; the source comes with the failure
         return f"Program({len(self.dims)}-D, {len(self.nodes)} nodes, seed={self.seed})"
@@ -275,11 +314,26 @@ class Program:
     def grid(self) -> tuple[int, ...]:
         return tuple(d.programs for d in self.grid_dims) or (1,)
 
+    @property
+    def launch_grid(self) -> tuple[int, ...]:
+        """The grid launched: ``grid`` (the tiles) unless a Launch maps programs onto tiles otherwise."""
+        if self.launch is None:
+            return self.grid
+        if self.launch.flat:
+            return (self.launch.programs,)
+        return tuple(self.launch.programs if g.axis == self.launch.axis else g.programs for g in self.grid_dims)
+
+    def nprog(self, axis: int) -> str:
+        """Grid axis ``axis``'s tile count, spelled in the kernel: ``tl.num_programs`` unless a Launch changes it."""
+        if self.launch is not None and axis in self.launch.counts:
+            return self.launch.counts[axis]
+        return f"tl.num_programs({axis})"
+
     def dim(self, name: str) -> Dim:
         return next(d for d in self.dims if d.name == name)
 
     def labels(self) -> list[str]:
-        return [n.label for n in self.nodes]
+        return [n.label for n in self.nodes] + ([self.launch.label] if self.launch else [])
 
 
 # ------------------------------------------------------------------------------------------
@@ -447,7 +501,9 @@ LINEAR = {"add", "sub", "branch"}  # carried updates that add to the state (the 
 # operation families, by weight; shrinking moves toward the front
 FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["reduce"] * 3 + ["shape"] * 2
             + ["where", "fma", "cast", "dot", "dot", "outer", "gather", "scalar", "iota", "softmax", "scan", "scan",
-               "join", "loop", "loop", "columns", "branch", "early_return", "multistore", "scatter", "softmax_out"])
+               "join", "loop", "loop", "columns", "branch", "early_return", "multistore", "scatter", "softmax_out",
+               "lane_split"])
+FOCUS = ("persistent", "swizzle", "lane_split")  # families a campaign may make frequent (Gen's focus)
 MAX_OPS = 12
 MAX_CONTROL = 2  # loops and branches per kernel (each costs the interpreter several plain nodes' time)
 CONTROL = ("loop", "columns", "branch")
@@ -460,15 +516,23 @@ KNOWN_BUGS: dict[str, str] = {}
 
 
 class Gen:
-    def __init__(self, draw: Draw, avoid: Sequence[str] = (), strided: bool = False):
+    def __init__(self, draw: Draw, avoid: Sequence[str] = (), strided: bool = False, focus: Sequence[str] = ()):
         self.d = draw
         self.avoid = frozenset(avoid)
-        self.p = Program(dims=self.frame(), strided=strided)
+        self.focus = frozenset(focus)
+        unknown = self.focus - set(FOCUS)
+        assert not unknown, f"unknown families {sorted(unknown)} (known: {', '.join(FOCUS)})"
+        self.families = FAMILIES + ["lane_split"] * 8 * ("lane_split" in self.focus)
+        self.p = Program(dims=[], strided=strided)
+        self.frame()
 
     # -- frame and inputs ------------------------------------------------------------------
 
-    def frame(self) -> list[Dim]:
+    def frame(self) -> None:
         d = self.d
+        # persistent loops and swizzles (issue 38): rare, unless focused on
+        persistent = d.pick([False] * 11 + [True] if "persistent" not in self.focus else [False, True, True])
+        swizzle = d.pick([False] * 11 + [True] if "swizzle" not in self.focus else [False, True, True])
         dims = []
         if d.pick([False, True]):  # 2-D: rows m, columns k
             specs = [("m", [8, 16, 4, 2]), ("k", [16, 8, 4, 32])]
@@ -477,13 +541,131 @@ class Gen:
         axis = 0
         for name, blocks in specs:
             block = d.pick(blocks)
-            programs = d.pick([2, 3, 2, 1, 0])  # 0: one block covers the axis, no program id
+            # 0: one block covers the axis, no program id (more tiles for a persistent loop or a swizzle)
+            programs = d.pick([2, 3, 2, 1, 0] if not (persistent or swizzle) else [3, 4, 2, 1, 0])
             full = block * max(programs, 1)
             lo = full - block + 1
             size = d.pick(list(range(full - 1, lo - 1, -1)) + [full]) if full > 1 else 1
             dims.append(Dim(name, block, size, axis if programs else None))
             axis += bool(programs)
-        return dims
+        self.p.dims = dims
+        if self.p.grid_dims and (persistent or swizzle):
+            self.p.launch = self.launch(persistent, swizzle)
+
+    def tiles(self, g: Dim) -> str:
+        """Grid axis ``g``'s tile count spelled: a literal, a runtime or constexpr argument, or tl.cdiv."""
+        if self.d.pick([False, False, True]):
+            return f"tl.cdiv({g.SIZE}, {g.BLOCK})"
+        return self.count(g.programs)[0]
+
+    def launch(self, persistent: bool, swizzle: bool) -> Launch:
+        """A Launch: a grid-stride loop over one launch axis's tiles (``for pid_0 in range(tl.program_id(0), G,
+        tl.num_programs(0))``, ``tl.range`` with ``num_stages``, or the step an argument the host sets to the grid),
+        and/or a swizzle: ``(pid * A) % G`` (A coprime with G), ``G - 1 - pid``; for two grid axes on one launch
+        axis, row-major, column-major or grouped ordering (Triton's matmul tutorial, builtin ``min`` or
+        ``tl.minimum``). Sometimes two programs reach one tile, which the backward must refuse: a step below the
+        grid (``tl.num_programs(0) - 1``, an argument one less than the grid), ``pid // 2`` on a doubled grid, a
+        multiplier sharing a factor with G."""
+        d = self.d
+        gd = self.p.grid_dims
+        flat = swizzle and len(gd) == 2 and d.pick([False, True])
+        axes = gd if flat else [d.pick(gd)]
+        axis = axes[0].axis
+        counts: dict[int, str] = {}
+        head: list[str] = []
+        for g in axes:
+            spelled = self.tiles(g)
+            if flat or d.pick([False, True]):  # named, as the tutorials do
+                head.append(f"num_pid_{g.name} = {spelled}")
+                spelled = f"num_pid_{g.name}"
+            counts[g.axis] = spelled
+        tiles = math.prod(g.programs for g in axes)
+        order = ""
+        if swizzle:
+            order = d.pick(["rows", "columns", "grouped", "grouped"] if flat else ["mul", "reverse", "mul"])
+        collisions = ["step"] * persistent + ["half"] * swizzle + ["shared"] * (swizzle and order == "mul"
+                                                                                and tiles >= 2)
+        collide = d.pick([False] * 5 + [True]) and bool(collisions)
+        how = d.pick(collisions) if collide else ""
+        if how == "step" and tiles < 2:
+            how, collide = "", False
+        ids = tiles * (2 if how == "half" else 1)  # the program ids the tiles are computed from
+        total = " * ".join(counts[g.axis] for g in axes)
+        total = f"2 * {total}" if how == "half" else total
+        label = []
+        body: list[str] = []
+        loop = ""
+        programs = ids
+        if persistent:
+            if how == "step":  # programs one more than the step: program `step` starts on program 0's second tile
+                programs = d.pick(list(range(2, ids + 1)))
+            else:
+                programs = d.pick(list(range(1, ids)) + [ids, ids + 1]) if ids > 1 else d.pick([1, 2])
+            start = f"tl.program_id({axis})"
+            if d.pick([False, True]):
+                head.append(f"start_pid = {start}")
+                start = "start_pid"
+            spelling = d.pick(["num_programs", "named", "argument"])
+            if spelling == "argument":  # a launch argument the host sets to the grid
+                self.p.ints["NPROG"] = programs - (how == "step")
+                step = "NPROG"
+            else:
+                step = f"tl.num_programs({axis})" + (" - 1" if how == "step" else "")
+                if spelling == "named":
+                    head.append(f"step = {step}")
+                    step = "step"
+            var = "tile_id" if order else f"pid_{axis}"
+            fn = d.pick(["range", "tl.range", "tl.range_stages"])
+            stages = ", num_stages=2" if fn == "tl.range_stages" else ""
+            loop = f"for {var} in {fn.replace('_stages', '')}({start}, {total}, {step}{stages}):"
+            label.append(f"persistent_{fn.replace('.', '_')}_{spelling}")
+            src = var
+        else:
+            src = f"tl.program_id({axis})"
+            if flat or d.pick([False, True]):
+                head.append(f"pid = {src}")
+                src = "pid"
+        if swizzle:
+            lines = head if not persistent else body
+            if flat:
+                if how == "half":
+                    lines.append(f"pid_pair = {src} // 2")
+                    src = "pid_pair"
+                (m, k) = axes
+                gm, gk = counts[m.axis], counts[k.axis]
+                if order == "rows":
+                    lines += [f"pid_{m.axis} = {src} // {gk}", f"pid_{k.axis} = {src} % {gk}"]
+                elif order == "columns":
+                    lines += [f"pid_{m.axis} = {src} % {gm}", f"pid_{k.axis} = {src} // {gm}"]
+                else:
+                    group, _ = self.count(d.pick([2, 1, 3, 4]))
+                    fn = d.pick(["min", "tl.minimum"])
+                    lines += [f"num_pid_in_group = {group} * {gk}",
+                              f"group_id = {src} // num_pid_in_group",
+                              f"first_pid_m = group_id * {group}",
+                              f"group_size_m = {fn}({gm} - first_pid_m, {group})",
+                              f"pid_{m.axis} = first_pid_m + (({src} % num_pid_in_group) % group_size_m)",
+                              f"pid_{k.axis} = ({src} % num_pid_in_group) // group_size_m"]
+                    order = f"grouped_{fn.replace('tl.', '')}"
+            elif how == "half":
+                lines.append(f"pid_{axis} = {src} // 2")
+                order = "half"
+            elif order == "mul":
+                g = counts[axis]
+                coprime = [a for a in (3, 5, 7, 2, 4) if math.gcd(a, tiles) == 1]
+                shared = [a for a in (2, 3, 4, 6) if math.gcd(a, tiles) > 1] + [tiles]
+                factor = d.pick(shared if how == "shared" else coprime)
+                lines.append(f"pid_{axis} = ({src} * {factor}) % {g}")
+            else:
+                lines.append(f"pid_{axis} = {counts[axis]} - 1 - {src}")
+            label.append(f"swizzle_{'flat_' if flat else ''}{order}")
+        elif not persistent:
+            raise AssertionError("a Launch persists or swizzles")
+        if persistent and not swizzle and src != f"pid_{axis}":
+            raise AssertionError(src)
+        if collide:
+            label.append(f"collide_{how}")
+        return Launch(axis, flat, counts, head, loop, body, programs, collide, "+".join(label))
 
     def new_input(self, role, dims=(), dist="uniform", **kw) -> Input:
         prefix = {"tile": "x" if len(dims) == 2 else "w", "scalar": "s", "table": "t", "index": "i", "stack": "z",
@@ -579,7 +761,7 @@ class Gen:
         self.p.helper_params = d.pick(["a", "a", "clash"])
         self.op_load(first=True)
         for _ in range(d.int(1, MAX_OPS)):
-            family = d.pick(FAMILIES)
+            family = d.pick(self.families)
             if family in CONTROL and sum(n.pre_tl != () and n.label.startswith(("loop_", "cols_", "branch_"))
                                          for n in self.p.nodes) >= MAX_CONTROL:
                 family = "binary"
@@ -618,6 +800,10 @@ class Gen:
             pool = unused if unused and d.pick([True, True, True, False]) else cands or [len(self.p.nodes) - 1]
             node = d.recent(pool)
             self.p.stores.append(self.store(node, name))
+        if self.p.launch is not None and self.p.launch.collide:  # two programs compute one tile: a plain store
+            if all(s.atomic for s in self.p.stores if not s.inside):  # of it collides (atomic adds would not)
+                self.p.stores[-1].atomic = False
+            self.p.expect = self.p.expect or "two programs reach one tile"
         return self.p
 
     def store(self, node: int, name: str) -> Store:
@@ -719,7 +905,7 @@ class Gen:
             inp = self.new_input("scalar", (), self.dist(), per_program=d.pick([False, True]))
         if inp.per_program:
             gd = self.p.grid_dims
-            tl_pid = " + ".join([f"pid_{g.axis} * tl.num_programs({h.axis})" for g in gd[:-1] for h in gd[1:]]
+            tl_pid = " + ".join([f"pid_{g.axis} * {self.p.nprog(h.axis)}" for g in gd[:-1] for h in gd[1:]]
                                 + [f"pid_{gd[-1].axis}"]) if gd else "0"
             th_pid = " + ".join([f"pid_{g.axis} * {h.programs}" for g in gd[:-1] for h in gd[1:]]
                                 + [f"pid_{gd[-1].axis}"]) if gd else "0"
@@ -1741,7 +1927,7 @@ class Gen:
         gd = self.p.grid_dims
         if not gd:
             return "0", "0"
-        tl = " + ".join([f"pid_{g.axis} * tl.num_programs({h.axis})" for g in gd[:-1] for h in gd[1:]]
+        tl = " + ".join([f"pid_{g.axis} * {self.p.nprog(h.axis)}" for g in gd[:-1] for h in gd[1:]]
                         + [f"pid_{gd[-1].axis}"])
         th = " + ".join([f"pid_{g.axis} * {h.programs}" for g in gd[:-1] for h in gd[1:]] + [f"pid_{gd[-1].axis}"])
         return tl, th
@@ -1854,6 +2040,8 @@ class Gen:
         d = self.d
         if sum(n.label.startswith("return_") for n in self.p.nodes) >= 2:
             return self.op_binary()
+        if self.p.launch is not None and (self.p.launch.loop or self.p.launch.collide):
+            return self.op_binary()  # a return would end the program's loop over its tiles (or a collision)
         a = self.operand()
         args = [a]
         how = d.pick(["loaded", "pid", "computed", "constexpr"])
@@ -1946,26 +2134,123 @@ class Gen:
                        pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=n.zero, tied=n.tied))
 
 
-def generate(draw: Draw, avoid: Sequence[str] = (), strided: bool = False) -> Program:
-    return Gen(draw, avoid, strided).run()
+    def op_lane_split(self):
+        """A value stored at an address that splits each lane's flat index (over the whole tensor, the programs'
+        offsets included) into several coordinates with ``//`` and ``%``, each scaled by its stride in a layout
+        that permutes them (an im2col convolution storing NCHW from a flat index: ``n = offs // (H * W);
+        hw = offs % (H * W); h = hw // W; w = hw % W``); the extents multiply to the flat range (mostly, where
+        small ones divide it) or a little less (its last lanes then masked off: ``offs < total``). Sometimes the
+        outermost stride is one short, so two lanes collide, which the backward must refuse."""
+        d = self.d
+        a = self.operand(lambda k: bool(k) and "1" not in k and storable(k))
+        if a is None:
+            return self.op_multistore()
+        kind = self.kind_of(a)
+        dims = [self.p.dim(k) for k in kind]
+        total = math.prod(x.size for x in dims)
+        inner: list[int] = []
+        exact = d.pick([True, True, False])  # extents that divide the flat range where they can (no tail masked)
+        for _ in range(d.pick([1, 1, 2])):  # the coordinates after the first
+            fits = [e for e in (3, 2, 4, 5) if math.prod(inner) * e * 2 <= total]
+            divide = [e for e in fits if (total // math.prod(inner)) % e == 0]
+            e = d.pick((divide if exact else []) or fits or [2])
+            if e in fits:
+                inner.append(e)
+        if not inner:
+            return self.op_multistore()
+        extents = [total // math.prod(inner), *inner]
+        covered = math.prod(extents)  # <= total: the flat indices stored
+        spelled = [self.count(e)[0] for e in extents]
+        rank = len(extents)
+        # the flat index of each lane, row-major over the value's axes
+        if len(dims) == 1:
+            flat_tl, flat_th = dims[0].idx, f"torch.arange({dims[0].lo}, {dims[0].hi})"
+        else:
+            flat_tl = f"{dims[0].idx}[:, None] * {dims[1].SIZE} + {dims[1].idx}[None, :]"
+            flat_th = (f"torch.arange({dims[0].lo}, {dims[0].hi})[:, None] * {dims[1].size} + "
+                       f"torch.arange({dims[1].lo}, {dims[1].hi})[None, :]")
+
+        def product(names):
+            return " * ".join(names) if names else "1"
+
+        pre_tl = [f"{{self}}_f = {flat_tl}"]
+        pre_th = [f"{{self}}_f = {flat_th}"]
+        if d.pick([False, True]):  # chained: c0 = f // (e1 * e2); r0 = f % (e1 * e2); c1 = r0 // e2; c2 = r0 % e2
+            rest = "{self}_f"
+            for j in range(rank - 1):
+                after = product(spelled[j + 1:])
+                after = f"({after})" if j < rank - 2 else after
+                pre_tl.append(f"{{self}}_c{j} = {rest} // {after}")
+                if j < rank - 2:
+                    pre_tl.append(f"{{self}}_r{j} = {rest} % {after}")
+                    rest = f"{{self}}_r{j}"
+                else:
+                    pre_tl.append(f"{{self}}_c{j + 1} = {rest} % {after}")
+        else:  # each coordinate at once: (f // stride) % extent
+            for j in range(rank):
+                c = f"{{self}}_f // ({product(spelled[j + 1:])})" if j < rank - 1 else "{self}_f"
+                pre_tl.append(f"{{self}}_c{j} = " + (f"({c}) % {spelled[j]}" if j else c))
+        coords_tl = [f"{{self}}_c{j}" for j in range(rank)]
+        for j in range(rank):
+            after = math.prod(extents[j + 1:])
+            pre_th.append(f"{{self}}_c{j} = {{self}}_f // {after}" + (f" % {extents[j]}" if j else ""))
+        orders = [o for o in itertools.permutations(range(rank)) if list(o) != list(range(rank))]
+        order = d.pick(orders + [tuple(range(rank))] * (d.pick([False] * 5 + [True])))
+        collide = (extents[order[0]] >= 2 and math.prod(extents[o] for o in order[1:]) >= 2 and not self.p.returns
+                   and d.pick([False] * 5 + [True]))
+        # the output: a slot per program along the grid axes the value does not tile, then the permuted layout
+        uncovered = [g for g in self.p.grid_dims if g.name not in kind]
+        layout = [extents[o] for o in order]
+        shape = [g.programs for g in uncovered] + layout
+        terms, index = [], []
+        for pos, g in enumerate(uncovered):
+            stride = " * ".join([self.p.nprog(h.axis) for h in uncovered[pos + 1:]] + spelled)
+            terms.append(f"pid_{g.axis} * {stride}")
+            index.append(f"pid_{g.axis}")
+        for pos, o in enumerate(order):
+            after = [spelled[q] for q in order[pos + 1:]]
+            stride = product(after)
+            if pos == 0 and collide:
+                stride = f"({stride} - 1)"
+            terms.append(coords_tl[o] + (f" * {stride}" if after else ""))
+            index.append(f"{{self}}_c{o}[{{self}}_k]")
+        mask = self.mask_for(kind)
+        if covered < total:
+            mask = f"({mask}) & ({{self}}_f < {product(spelled)})" if mask else f"{{self}}_f < {product(spelled)}"
+        store = Store(len(self.p.nodes), f"y{len(self.p.stores)}", kind, inside=True, shape=tuple(shape))
+        self.p.stores.append(store)
+        if collide and not self.p.stopped:
+            self.p.expect = "tl.store"
+        pre_tl.append(f"tl.store({store.name}_ptr + {' + '.join(terms)}, {{0}}" + (f", mask={mask})" if mask else ")"))
+        pre_th += [f"{{self}}_k = {{self}}_f < {covered}", f"{store.name}[{', '.join(index)}] = {{0}}[{{self}}_k]"]
+        n = self.p.nodes[a]
+        self.push(Node(kind, n.lo, n.hi, "{0}", "{0}", (a,), f"lane_split_{rank}" + ("_collide" if collide else ""),
+                       pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=n.zero, tied=n.tied))
 
 
-def programs(avoid: Sequence[str] = (), strided: bool | None = None):
+def generate(draw: Draw, avoid: Sequence[str] = (), strided: bool = False, focus: Sequence[str] = ()) -> Program:
+    return Gen(draw, avoid, strided, focus).run()
+
+
+def programs(avoid: Sequence[str] = (), strided: bool | None = None, focus: Sequence[str] = ()):
     """The hypothesis strategy of programs (steering around the constructs in ``avoid``; ``strided``: tile inputs
-    loaded at strides the launch passes, so that bindings.py can bind them to views; None: either, drawn)."""
+    loaded at strides the launch passes, so that bindings.py can bind them to views; None: either, drawn;
+    ``focus``: families of FOCUS made frequent)."""
     from hypothesis import strategies as st
 
     def program(draw):
-        return generate(HypothesisDraw(draw), avoid, draw(st.booleans()) if strided is None else strided)
+        return generate(HypothesisDraw(draw), avoid, draw(st.booleans()) if strided is None else strided, focus)
 
     return st.composite(program)()
 
 
-def random_program(seed: int, avoid: Sequence[str] = (), strided: bool = False) -> tuple[Program, list[int]]:
+def random_program(seed: int, avoid: Sequence[str] = (), strided: bool = False,
+                   focus: Sequence[str] = ()) -> tuple[Program, list[int]]:
     """A program from a seed, and the choices that built it (for ``ReplayDraw``). ``strided`` makes no choices:
-    a seed gives the same kernel either way, its tile loads spelled with the launch's strides or a layout's."""
+    a seed gives the same kernel either way, its tile loads spelled with the launch's strides or a layout's.
+    ``focus`` (families of FOCUS made frequent) changes the choices' meaning: replay with the same."""
     draw = RandomDraw(random.Random(seed))
-    return generate(draw, avoid, strided), draw.choices
+    return generate(draw, avoid, strided, focus), draw.choices
 
 
 # ------------------------------------------------------------------------------------------
@@ -1979,7 +2264,7 @@ def output_layout(p: Program, kind, atomic=False) -> tuple[list[int], str, str |
     add has the programs add into one."""
     uncovered = [g for g in p.grid_dims if g.name not in kind and not atomic]
     shape: list[int] = [g.programs for g in uncovered] + [p.dim(k).size if k != "1" else 1 for k in kind]
-    sym: list[str | None] = [f"tl.num_programs({g.axis})" for g in uncovered] + \
+    sym: list[str | None] = [p.nprog(g.axis) for g in uncovered] + \
         [p.dim(k).SIZE if k != "1" else None for k in kind]
     terms, index = [], []
     for pos, g in enumerate(uncovered):
@@ -2005,8 +2290,8 @@ def scatter_layout(p: Program, kind, g: Dim, how: str) -> tuple[list[int], str, 
     uncovered = [h for h in p.grid_dims if h.name not in kind]
     shape = [h.programs for h in uncovered] + [
         1 if k == "1" else g.programs * g.block if k == g.name else p.dim(k).size for k in kind]
-    sym = [f"tl.num_programs({h.axis})" for h in uncovered] + [
-        None if k == "1" else f"(tl.num_programs({g.axis}) * {g.BLOCK})" if k == g.name else p.dim(k).SIZE
+    sym = [p.nprog(h.axis) for h in uncovered] + [
+        None if k == "1" else f"({p.nprog(g.axis)} * {g.BLOCK})" if k == g.name else p.dim(k).SIZE
         for k in kind]
     terms, index = [], []
     for pos, h in enumerate(uncovered):
@@ -2068,7 +2353,7 @@ def render(p: Program) -> str:
 
     outputs = {f"{s.name}_ptr": tuple(shapes[s.name]) for s in p.stores}
     zeroed = ", ".join(f'"{s.name}_ptr"' for s in p.stores if s.atomic or s.zeroed or p.returns)
-    out += [f"GRID = {p.grid}", f"SIZES = {literal(args)}", f"META = {literal(blocks)}",
+    out += [f"GRID = {p.launch_grid}", f"SIZES = {literal(args)}", f"META = {literal(blocks)}",
             f"OUTPUTS = {literal(outputs)}", f"ZEROED = {{{zeroed}}}  # atomic outputs start at 0, others at NaN",
             f"TOL = {p.tol}", f"SEED = {p.seed}"]
     if p.strided:
@@ -2154,12 +2439,20 @@ def render(p: Program) -> str:
         fn = "tl.atomic_add" if s.atomic else "tl.store"
         body.append(f"{fn}({ptr}, {kname[s.node]}" + (f", mask={mask})" if mask else ")"))
 
-    prologue = [f"pid_{g.axis} = tl.program_id({g.axis})" for g in p.grid_dims]
+    launch = p.launch
+    prologue = [f"pid_{g.axis} = tl.program_id({g.axis})" for g in p.grid_dims
+                if launch is None or not (launch.flat or g.axis == launch.axis)]
+    tiles = []  # the tile's lines: in a persistent kernel, each iteration's
+    if launch is not None:
+        prologue += launch.head
+        if launch.loop:
+            prologue.append(launch.loop)
+        tiles += launch.body
     for d in p.dims:
         start = f"pid_{d.axis} * {d.BLOCK} + " if d.axis is not None else ""
-        prologue += [f"{d.idx} = {start}tl.arange(0, {d.BLOCK})", f"{d.mask} = {d.idx} < {d.SIZE}"]
+        tiles += [f"{d.idx} = {start}tl.arange(0, {d.BLOCK})", f"{d.mask} = {d.idx} < {d.SIZE}"]
     if len(p.dims) == 2:
-        prologue.append("mask = mm[:, None] & mk[None, :]")
+        tiles.append("mask = mm[:, None] & mk[None, :]")
     strides = strides_of(p)
     params = [x.ptr for x in p.inputs] + [f"{s.name}_ptr" for s in p.stores] + list(args) + list(strides) + \
         [f"{b}: tl.constexpr" for b in blocks]
@@ -2167,7 +2460,9 @@ def render(p: Program) -> str:
         if any(f"_fuzz_{fn}" in line for line in body + helpers):
             helpers += ["@triton.jit", f"def _fuzz_{fn}(a, b):", f"    return {combine}", "", ""]
     out += helpers
-    out += ["@triton.jit", f"def kernel({', '.join(params)}):"] + [f"    {line}" for line in prologue + body]
+    inner = "        " if launch is not None and launch.loop else "    "
+    out += ["@triton.jit", f"def kernel({', '.join(params)}):"] + [f"    {line}" for line in prologue] + \
+        [f"{inner}{line}" for line in tiles + body]
 
     # mirror
     mir = [f"{s.name} = torch.zeros({tuple(shapes[s.name])}, dtype=torch.float64)" for s in p.stores]
@@ -2541,8 +2836,9 @@ def shrink(choices: list[int], failing: Callable[[list[int]], bool], budget: int
     return best
 
 
-def replay(choices: Sequence[int], avoid: Sequence[str] = (), strided: bool = False) -> Program:
-    return generate(ReplayDraw(choices), avoid, strided)
+def replay(choices: Sequence[int], avoid: Sequence[str] = (), strided: bool = False,
+           focus: Sequence[str] = ()) -> Program:
+    return generate(ReplayDraw(choices), avoid, strided, focus)
 
 
 def regression_source(src: str, name: str, reason: str) -> str:

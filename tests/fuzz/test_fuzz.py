@@ -18,7 +18,7 @@ import triton.language as tl
 from hypothesis import HealthCheck, event, given, settings
 
 from .bounds import checked
-from .generate import KNOWN_BUGS, check, programs, random_program, render, replay
+from .generate import FOCUS, KNOWN_BUGS, check, programs, random_program, render, replay
 
 EXAMPLES = 160  # with BINDINGS bindings each (the campaigns in docs/guarantees.md run thousands)
 
@@ -39,6 +39,8 @@ def test_seeded_programs_replay_from_their_choices():
     for seed in range(20):
         program, choices = random_program(seed)
         assert render(replay(choices)) == render(program)
+        program, choices = random_program(seed, focus=FOCUS)  # campaigns' --families
+        assert render(replay(choices, focus=FOCUS)) == render(program)
 
 
 @triton.jit
