@@ -8,7 +8,8 @@ A refusal (NotDifferentiableError) is acceptable; a wrong value, a crash, or a k
 generator got wrong is not. On failure hypothesis shrinks the kernel and the message holds its
 whole module source.
 
-Long runs: ``python scripts/fuzz_campaign.py --kernels 10000 --seed S --strided --bindings 4``.
+Long runs: ``python scripts/fuzz_campaign.py --kernels 10000 --seed S --strided --bindings 4``; persistent
+loops, swizzled program ids and lane splits (issue 38) made frequent: ``--families persistent,swizzle,lane_split``.
 """
 
 import pytest
