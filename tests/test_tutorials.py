@@ -564,3 +564,43 @@ def test_sequences_whose_bounds_overlap_are_refused_at_the_launch():
     y = varlen_softmax(x, cu)
     with pytest.raises(tritongrad.NotDifferentiableError, match="programs 0 and 2"):
         y.backward(torch.ones_like(y))
+
+
+@triton.jit
+def scaled_row_tiles(x_ptr, w_ptr, z_ptr, y_ptr, M, K, BM: tl.constexpr, BK: tl.constexpr, TILES_M: tl.constexpr):
+    # row tiles in a grid-stride loop, column tiles on the grid's second axis: one scale and shift per row tile,
+    # read by every column tile
+    col_tile = tl.program_id(1)
+    for row_tile in range(tl.program_id(0), TILES_M, tl.num_programs(0)):
+        rm = row_tile * BM + tl.arange(0, BM)
+        rk = col_tile * BK + tl.arange(0, BK)
+        mask = (rm[:, None] < M) & (rk[None, :] < K)
+        x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=mask, other=0.0)
+        tl.store(y_ptr + rm[:, None] * K + rk[None, :], x * tl.load(w_ptr + row_tile) + tl.load(z_ptr + row_tile),
+                 mask=mask)
+
+
+@tritongrad.op
+def scale_row_tiles(x, w, z, programs: int):
+    y = torch.empty_like(x)
+    scaled_row_tiles[(programs, triton.cdiv(x.shape[1], 8))](x, w, z, y, x.shape[0], x.shape[1], BM=8, BK=8,
+                                                            TILES_M=triton.cdiv(x.shape[0], 8))
+    return y
+
+
+@pytest.mark.parametrize("programs", [2, 3, 4])
+def test_a_grid_stride_loop_with_a_ragged_last_round_gets_pytorchs_gradients(programs):
+    """3 row tiles over 2 programs: program 1 runs one iteration fewer than program 0. The scale's and shift's own
+    kernel (one program per iteration) took program 0's count for every program: a phantom iteration stored 0
+    into the element after the shift (found by the fuzzer's persistent family, seed 3903)."""
+    x = torch.randn(23, 18, dtype=D, device=DEVICE, requires_grad=True)
+    packed = torch.randn(7, dtype=D, device=DEVICE, requires_grad=True)
+    w, z = packed[:3], packed[3:6]  # z's neighbour is the packed tensor's last element
+    y = scale_row_tiles(x, w, z, programs)
+    rows = torch.arange(23, device=DEVICE) // 8
+    want = x * w[rows, None] + z[rows, None]
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(y)
+    for got, expected in zip(torch.autograd.grad(y, (x, packed), g), torch.autograd.grad(want, (x, packed), g),
+                             strict=True):
+        torch.testing.assert_close(got, expected)

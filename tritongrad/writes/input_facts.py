@@ -206,7 +206,9 @@ class _Context:
         in_registers = frozenset(axis for axis in shared if self._invariant(stmt, b, axis))
         interchange, trips = {}, None
         in_one_loop = [isinstance(n, ast.For) for n in self.nested[id(stmt)]] == [True]
-        if in_one_loop and around[0] in terms:
+        # (not a grid-stride loop: its `trips` is program 0's, and another program's last iteration would be a
+        # phantom, past the loop's end, storing into the element after its range)
+        if in_one_loop and around[0] in terms and around[0] not in a.bounded_trips:
             trips = a.trips.get(around[0])
             if trips == Expr.const(UNKNOWN_TRIP):  # which iterations run may depend on the program (causal)
                 trips = a.program_trips.get(around[0])
