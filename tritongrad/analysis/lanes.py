@@ -90,7 +90,7 @@ def _extent(key: Coordinate, shape, trips: dict[LoopIndex, Expr], bounds=()) -> 
         divisor = Expr.of_text(key.divisor)
         if not key.quotient:
             return divisor
-        top = _span(key.dividend, shape, trips)
+        top = _span(key.dividend, shape, trips, bounds)
         limits = [limit for form, limit in bounds if form == key.dividend]
         if limits:
             top = limits[0] if top is None else Expr("min", (top, limits[0]))
@@ -104,10 +104,19 @@ def _extent(key: Coordinate, shape, trips: dict[LoopIndex, Expr], bounds=()) -> 
     return Expr("cdiv", (grid, divisor)) if key.quotient else Expr("min", (divisor, grid))
 
 
-def _span(form: Form, shape, trips: dict[LoopIndex, Expr]) -> Expr | None:
-    """The largest value of a form whose coefficients are not negative (its coordinates all at their last)."""
-    total = None
-    for key, c in form.terms:
+def _span(form: Form, shape, trips: dict[LoopIndex, Expr], bounds=()) -> Expr | None:
+    """The largest value of a form whose coefficients are not negative (its coordinates all at their last), a part
+    a positive multiple of a mask's bounded sum (``rm * K`` under ``rm < M``) at most that multiple of the bound."""
+    terms, total = dict(form.terms), None
+    for bound_form, limit in bounds:
+        keys = [k for k, _ in bound_form.terms]
+        ratios = {_ratio(terms[k], c) if k in terms and c[0] > 0 else None for k, c in bound_form.terms}
+        if keys and len(ratios) == 1 and None not in ratios and next(iter(ratios))[0] > 0:
+            part = _span(form_of_terms({k: terms.pop(k) for k in keys}, form.rank), shape, trips)
+            most = _coefficient(next(iter(ratios))) * limit
+            term = most if part is None else Expr("min", (part, most))
+            total = term if total is None else total + term
+    for key, c in terms.items():
         extent = _extent(key, shape, trips)
         if extent is None:
             return None
