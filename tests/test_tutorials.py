@@ -604,3 +604,34 @@ def test_a_grid_stride_loop_with_a_ragged_last_round_gets_pytorchs_gradients(pro
     for got, expected in zip(torch.autograd.grad(y, (x, packed), g), torch.autograd.grad(want, (x, packed), g),
                              strict=True):
         torch.testing.assert_close(got, expected)
+
+
+@triton.jit
+def pairs_to_halves(x_ptr, y_ptr, M, K, HALF, BM: tl.constexpr, BK: tl.constexpr):
+    # a ragged (BM, BK) tile of a row-major (M, K) tensor, its flat index split into pairs: the even elements to
+    # the first half of y, the odd ones to the second
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rk = tl.arange(0, BK)
+    mask = (rm[:, None] < M) & (rk[None, :] < K)
+    flat = rm[:, None] * K + rk[None, :]
+    x = tl.load(x_ptr + flat, mask=mask)
+    tl.store(y_ptr + (flat % 2) * HALF + flat // 2, x * 3.0, mask=mask)
+
+
+def test_a_split_of_a_ragged_tile_counts_only_the_lanes_that_store():
+    """14 x 3 in 16 x 8 tiles: the masked-off lanes' flat indices run past M * K; counted, the quotient seemed to
+    reach into the second half (refused at launch before)."""
+    x = torch.randn(14, 3, dtype=D, device=DEVICE, requires_grad=True)
+
+    @tritongrad.op
+    def halves(x):
+        y = torch.full((42,), float("nan"), dtype=x.dtype, device=x.device)
+        pairs_to_halves[(1,)](x, y, 14, 3, 21, BM=16, BK=8)
+        return y
+
+    y = halves(x)
+    flat = x.reshape(-1)
+    torch.testing.assert_close(y, torch.cat([flat[0::2], flat[1::2]]) * 3.0)
+    g = torch.randn_like(y)
+    (got,) = torch.autograd.grad(y, x, g)
+    torch.testing.assert_close(got.reshape(-1), torch.stack([g[:21], g[21:]], 1).reshape(-1) * 3.0)
