@@ -414,7 +414,7 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
     e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
     offset = None
     if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs)):
-        split = _scalar_offset(e, forms, defs)  # `start + cols < end` reads `cols < end - start`
+        split = _scalar_offset(e, forms, defs, loaded)  # `start + cols < end` reads `cols < end - start`
         if split is None:
             return unknown
         e, offset = split
@@ -427,15 +427,13 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
         bound.id not in forms or (loaded and not varies(bound.id, forms))))
     if not lane_free or not form.affine:
         return unknown
-    if offset is not None and not (isinstance(offset, ast.Constant) or offset.id not in forms or (
-            loaded and not varies(offset.id, forms))):
-        return unknown
     limit = _atom_expr(bound) if offset is None else _atom_expr(bound) - _atom_expr(offset)
     return [(form, limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
 
 
-def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[ast.Name, ast.expr] | None:
-    """For ``e = s + t`` (``t`` a sum of coordinates from zero, ``s`` a scalar no coordinate moves): ``(t, s)``."""
+def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict, loaded: bool) -> tuple[ast.Name, ast.expr] | None:
+    """For ``e = s + t`` (``t`` a sum of coordinates from zero, ``s`` a scalar: a constant, a parameter, or with
+    ``loaded`` one computed from loaded data that no coordinate moves): ``(t, s)``."""
     if not isinstance(e, ast.Name) or len(defs.get(e.id, [])) != 1 or not hasattr(defs[e.id][0], "tg"):
         return None
     op = op_of(defs[e.id][0])
@@ -443,7 +441,8 @@ def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[ast
         return None
     for t, s in (op.args[:2], op.args[1::-1]):
         if (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs)
-                and (isinstance(s, ast.Constant) or (isinstance(s, ast.Name) and not varies(s.id, forms)))):
+                and (isinstance(s, ast.Constant) or (isinstance(s, ast.Name) and (
+                    s.id not in forms or (loaded and not varies(s.id, forms)))))):
             return t, s
     return None
 

@@ -17,6 +17,16 @@ from .errors import NotDifferentiableError
 from .ir import Origin
 
 
+def append_parameters(fdef: ast.FunctionDef, names) -> None:
+    """Parameters added after a kernel's own (a derived forward's tapes, a descriptor's sizes): after defaulted
+    parameters Python wants defaults, so they get None there; every launch passes them."""
+    defaulted = bool(fdef.args.defaults)
+    for name in names:
+        fdef.args.args.append(ast.arg(arg=name))
+        if defaulted:
+            fdef.args.defaults.append(ast.Constant(None))
+
+
 def unwrap(kernel: Any) -> Any:
     """The jit function under ``@triton.autotune`` / ``@triton.heuristics`` wrappers."""
     seen = 0

@@ -21,7 +21,7 @@ from ..core.ir import Carried, Op
 from ..core.operations import LOADS, operation_of
 from ..core.source import triton_language_name
 from .expressions import name_node, rename_globals
-from .specialize import plain_value
+from .specialize import evaluate_test
 
 
 class ControlFlowFlattener:
@@ -116,11 +116,7 @@ class ControlFlowFlattener:
                 if not known:
                     return None
                 values[node.id] = value
-        try:
-            return bool(plain_value(eval(compile(ast.Expression(test), "<test>", "eval"),
-                                         {"__builtins__": builtins}, values)))
-        except Exception:  # something only Triton can evaluate: the `if` stays
-            return None
+        return evaluate_test(test, values)
 
     def _isinstance_test(self, test: ast.expr, stmt: ast.stmt) -> bool | None:
         """``isinstance(x, tl.tensor_descriptor)`` (the tutorials' host-or-device descriptor helper): whether ``x``

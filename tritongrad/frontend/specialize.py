@@ -98,11 +98,7 @@ def specialize(fdef: ast.FunctionDef, scope: dict[str, Any], values: Mapping[str
         names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
         if names & unknown:
             return None
-        try:
-            value = eval(compile(ast.Expression(test), "<specialize>", "eval"), {"__builtins__": builtins}, env)
-            return bool(plain_value(value))
-        except Exception:  # something only Triton knows (a dtype): left to the kernel
-            return None
+        return evaluate_test(test, env)
 
     def block(stmts: list[ast.stmt]) -> list[ast.stmt]:
         out = []
@@ -126,6 +122,16 @@ def specialize(fdef: ast.FunctionDef, scope: dict[str, Any], values: Mapping[str
     fdef.body = block(fdef.body) or [ast.Pass()]
     fdef.body = [Choose().visit(s) for s in fdef.body]
     return fdef
+
+
+def evaluate_test(test: ast.expr, values: Mapping[str, Any]) -> bool | None:
+    """An ``if`` test's truth from ``values`` of the names it reads, as Triton takes it when it compiles; None
+    where it reads something only Triton can evaluate (a dtype's property)."""
+    try:
+        return bool(plain_value(eval(compile(ast.Expression(test), "<test>", "eval"), {"__builtins__": builtins},
+                                     dict(values))))
+    except Exception:  # left to the kernel
+        return None
 
 
 def plain_value(value: Any) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 
 import triton.language as tl
 
-from ..core.source import Source
+from ..core.source import Source, append_parameters
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -74,17 +74,13 @@ def _view(kernel: Any, spec: tuple) -> Any:
         for node in ast.walk(statement):  # errors name the kernel's `def` line
             node.lineno, node.col_offset = tree.lineno, tree.col_offset
         preamble.append(statement)
-    defaulted = bool(tree.args.defaults)
-    for name in added:
-        tree.args.args.append(ast.arg(arg=name))
-        if defaulted:  # after defaulted parameters Python wants defaults; every launch passes these
-            tree.args.defaults.append(ast.Constant(None))
+    extra = None if tree.args.defaults else inspect.Parameter.empty  # (as append_parameters gives them)
+    append_parameters(tree, added)
     tree.body[:0] = preamble
     view = copy.copy(kernel)
     fn = kernel.fn
     view.fn = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     signature = inspect.signature(fn)
-    extra = inspect.Parameter.empty if not defaulted else None
     view.fn.__signature__ = signature.replace(parameters=[
         *signature.parameters.values(),
         *(inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=extra) for n in added)])

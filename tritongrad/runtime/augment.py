@@ -43,7 +43,7 @@ import triton.language as tl
 from ..analysis.launch_values import Expr, LaunchValues
 from ..codegen.generate import jit_source
 from ..core import language as tg
-from ..core.source import Source
+from ..core.source import Source, append_parameters
 from ..reverse.state_tape import StateTape, tape_row
 
 SHARE = 0.25  # the state tapes a forward keeps may take this share of the bytes of the launch's tensors
@@ -191,11 +191,7 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
             loop.body[:0] = _parse([*puts, f"{slot} += 1"])
     fn.name = f"{source.name}_augmented"
     fn.decorator_list = []
-    defaulted = bool(fn.args.defaults)
-    for p in params.values():
-        fn.args.args.append(ast.arg(arg=p))
-        if defaulted:  # after defaulted parameters Python wants defaults; every launch passes these
-            fn.args.defaults.append(ast.Constant(None))
+    append_parameters(fn, params.values())
     src = f"@triton.jit\n{ast.unparse(ast.fix_missing_locations(fn))}\n"
     scope = {**source.scope, "triton": triton, "tritongrad_tg": tg, "tritongrad_tl": tl}  # the kernel's own scope
     return Augmented(jit_source(src, fn.name, scope), tapes, params, src)
