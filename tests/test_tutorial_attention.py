@@ -188,3 +188,21 @@ def test_an_isinstance_test_on_another_type_is_refused_by_name():
     with pytest.raises(NotDifferentiableError, match=r"isinstance\(x_ptr, tl.tensor\)") as e:
         tritongrad.grad(copies_if_a_tensor)
     assert "tl.tensor_descriptor" in str(e.value)
+
+
+@pytest.mark.parametrize("host", [False, True])
+def test_one_tensor_for_keys_and_values_gets_both_gradients(host):
+    """K = V: two descriptors (made on the host, or in the kernel) over one tensor; its gradient is both sums."""
+    if host and not _have_host_descriptors():
+        pytest.skip("this Triton has no triton.tools.tensor_descriptor")
+    g = torch.Generator().manual_seed(39)
+    q, kv = (torch.randn(2, 3, 48, 16, generator=g, dtype=torch.float64, device="cpu").to(DEVICE).requires_grad_()
+             for _ in range(2))
+    for causal in (False, True):
+        o = attention(q, kv, kv, causal, 0.4, host, False)
+        want = reference(q, kv, kv, causal, 0.4)
+        torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
+        d_o = torch.randn(o.shape, generator=g, dtype=torch.float64, device="cpu").to(DEVICE)
+        for got, expected in zip(torch.autograd.grad(o, (q, kv), d_o), torch.autograd.grad(want, (q, kv), d_o),
+                                 strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
