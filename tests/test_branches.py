@@ -137,6 +137,32 @@ def test_constexpr_if_in_an_inlined_helper(scale):
 
 
 @triton.jit
+def _stage(x, y_ptr, offs, mask, STAGE: tl.constexpr):
+    if STAGE == 2:
+        tl.store(y_ptr + offs, x * x, mask=mask)
+    else:
+        tl.atomic_max(y_ptr + offs, x, mask=mask)  # no gradient: derivable only where decided away
+
+
+@triton.jit
+def stage_computed_from_a_constexpr(x_ptr, y_ptr, N, BLOCK: tl.constexpr, MODE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    _stage(tl.load(x_ptr + offs, mask=mask), y_ptr, offs, mask, 4 - MODE)  # the tutorial's `4 - STAGE`
+
+
+def test_a_helpers_test_on_arithmetic_of_a_constexpr_is_decided():
+    x, dy = torch.randn(N, dtype=DTYPE), torch.randn(N, dtype=DTYPE)
+    args, meta = (x, poison(torch.empty_like(x)), N), {"BLOCK": BLOCK, "MODE": 2}
+    stage_computed_from_a_constexpr[GRID](*args, **meta)
+    torch.testing.assert_close(args[1], x * x, **TOL)
+    got = backward_launch(stage_computed_from_a_constexpr, GRID, args, meta, {"y_ptr": dy})
+    torch.testing.assert_close(got["x_ptr"], 2 * x * dy, **TOL)
+    with pytest.raises(NotDifferentiableError, match="atomic_max"):
+        tritongrad.grad(stage_computed_from_a_constexpr, constexprs={"MODE": 1})
+
+
+@triton.jit
 def assigned_in_one_branch(x_ptr, s_ptr, y_ptr, N, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)

@@ -174,7 +174,8 @@ def test_the_tutorials_attention_forward_gets_pytorchs_gradients(causal, host, w
 def test_loop_scheduling_options_do_not_reach_the_derived_loops():
     """`warp_specialize` schedules the forward's loop: the loops derived from it schedule themselves."""
     bwd = tritongrad.grad(attention_forward, constexprs={"STAGE": 3, "warp_specialize": True})
-    assert "tl.range(" in bwd.src and "warp_specialize=" not in bwd.src
+    code = "\n".join(line.split("#")[0] for line in bwd.src.splitlines())  # (comments quote the source)
+    assert "tl.range(" in code and "warp_specialize=" not in code
 
 
 @triton.jit

@@ -27,9 +27,13 @@ one: the final max and sum, and one linear reverse loop (with finals kept by the
 
 Matched: a loop not nested in another, whose carried ``m`` is updated by ``maximum(m, x)`` with ``x`` computed
 from values that do not depend on the loop's nonlinear state, ``m``'s old value read only there and in
-``exp(m - m_new)`` (or ``exp2``), each such factor (or its broadcast) only multiplying a carried value that starts
-at zero. A cast on the rescaled path to a type the source does not spell is compiled with a check that it is a
-float type (``tg.to_float``): a rescaling commutes with float casts only.
+``exp(m - m_new)`` (or ``exp2``), each such factor (or its broadcast) only multiplying a carried value. A sum that
+does not start at zero (the tutorial's ``l_i = 1``; a second stage starting from the first's sums) starts from
+``s0 * exp(m0 - M)``, what the forward's rescalings make of it, kept as it is where ``M`` is -inf (no value was
+seen: the forward never rescaled it). A loop refused is tried again after another is rewritten: a causal
+attention's first stage is proven once its second no longer rescales by the first's max. A cast on the rescaled
+path to a type the source does not spell is compiled with a check that it is a float type (``tg.to_float``): a
+rescaling commutes with float casts only.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from ..core.ir import (
     Op,
     Program,
     arguments,
+    assign,
     child_blocks,
     is_structured,
     name_node,
@@ -53,10 +58,11 @@ from ..core.ir import (
     statements,
     tagged,
     target_of,
+    targets_of,
     value_args,
 )
 from ..core.operations import operation_of
-from .stabilizers import INVARIANT, ZERO, Changes, Scale, follow
+from .stabilizers import GUARD, INVARIANT, ZERO, Changes, Scale, _is_zeros, follow
 
 VISIT = "online_visit"  # the attribute numbering the loops online_softmax has looked at
 NOTE = ("online softmax: the running max {m} only stabilizes (nothing stored depends on it), so a pass of\n"
@@ -84,6 +90,9 @@ def online_softmax(program: Program) -> Program:
             program.body[:] = trial
             program.names |= namer.taken
             program.temporaries |= {new for old, new in renamed.items() if old in program.temporaries}
+            for _, other in _top_loops(program.body):  # a loop refused before may be proven now (the next
+                if hasattr(other, VISIT):              # stage of a causal attention, rewritten first)
+                    delattr(other, VISIT)
     for _, loop in _top_loops(program.body):  # unmarked: a copy of this body may be rewritten again
         if hasattr(loop, VISIT):
             delattr(loop, VISIT)
@@ -193,7 +202,7 @@ def _rewrite(trial: list[ast.stmt], block: list[ast.stmt], loop: ast.For, m: Car
              rescaled: dict[str, str], base: float, namer: Namer) -> dict[str, str] | None:
     """Rewrite the loop in ``block`` of ``trial`` (a copy of the program's body): the names the max pass gave
     the statements it copies, or None where the result is not proven to have the forward's gradient."""
-    body = loop.body
+    body = list(loop.body)  # (the loop's own list is rewritten below)
     update = _max_update(m, body)
     m_new = target_of(update)
     carried = {c.name: c for c in loop.tg.carried}
@@ -238,8 +247,12 @@ def _rewrite(trial: list[ast.stmt], block: list[ast.stmt], loop: ast.For, m: Car
     sums = [c.source for c in loop.tg.carried if c.name in rescaled]
     note = NOTE.format(m=m.source, sums=", ".join(sums), verb="is" if len(sums) == 1 else "are")
     loop.tg = replace(loop.tg, carried=[c for c in loop.tg.carried if c.name != m.name], note=note)
+    scaled = _scaled_starts(trial, block, body, loop, m, m_new, alphas, rescaled, final, namer)
+    if scaled is None:
+        return None
+    starts = scaled
     at = block.index(loop)
-    block[at:at] = [*inits, pre, stop]
+    block[at:at] = [*inits, pre, stop, *starts]
     _read_instead(block, block.index(loop) + 1, m.name, final)
     guarded = _guard_casts(trial, final)
     try:
@@ -252,6 +265,62 @@ def _rewrite(trial: list[ast.stmt], block: list[ast.stmt], loop: ast.For, m: Car
         if (moved != Scale(base, -1.0)) if c.name in rescaled else moved not in (INVARIANT, ZERO):
             return None
     return None if any(m.name in reads(s) for s in loop.body) else renamed
+
+
+def _scaled_starts(trial: list[ast.stmt], block: list[ast.stmt], body: list[ast.stmt], loop: ast.For, m: Carried,
+                   m_new: str, alphas: set[str], rescaled: dict[str, str], final: str, namer: Namer):
+    """Statements scaling each rescaled sum's start ``s0`` to the final max, ``s0 * exp(m0 - M)`` (the loop no
+    longer rescales it: a first stage's sum, or the tutorial's ``l_i = 1``), guarded: where
+    ``M`` is -inf (no iteration saw a finite value), ``m0`` is too and the start is kept, as the forward keeps
+    it (the guard is marked for follow). A start of zeros is left as it is. The sum's one definition before the
+    loop (in ``block``) is renamed: the scaled start takes its name. None where it has another."""
+    zeros = {target_of(s) for s in statements(trial) if _is_zeros(s)}
+    carried = {c.name: c for c in loop.tg.carried}
+    scaled = [c for c in rescaled if not (isinstance(carried[c].init, ast.Name) and carried[c].init.id in zeros)]
+    if not scaled:
+        return []
+    before = block[:block.index(loop)]
+    for c in scaled:
+        defs = [i for i, s in enumerate(before) if _defines(s, c)]
+        if len(defs) != 1 or is_structured(before[defs[0]]) or any(c in reads(s) for s in before[defs[0] + 1:]):
+            return None
+    start = namer.fresh(f"{m.source or m.name}_start")
+    out = [tagged(assign(start, copy.deepcopy(m.init)), Op("copy", [copy.deepcopy(m.init)]), loop)]
+    renamed = {m.name: start, m_new: final}
+    factors = [s for s in body if target_of(s) in alphas or (
+        target_of(s) is not None and op_of(s).kind == "sub" and m.name in value_args(s))]
+    renamed |= {target_of(s): namer.fresh(f"{target_of(s)}_start") for s in factors}
+    for s in factors:  # m0 - M, its exp (guarded) and broadcasts, as the loop computed them from m and m_new
+        new = _copy(s, renamed)
+        if op_of(s).kind in ("exp", "exp2"):
+            raw, picked = namer.fresh(f"{target_of(s)}_raw"), new.targets[0].id
+            new.targets[0].id = raw
+            empty = namer.fresh(f"{final}_empty")
+            inf = ast.parse("float('-inf')", mode="eval").body
+            out += [new, tagged(assign(empty, ast.Compare(name_node(final), [ast.Eq()], [copy.deepcopy(inf)])),
+                                Op("eq", [name_node(final), inf]), loop)]
+            new = tagged(assign(picked, ast.parse(f"tl.where({empty}, 1.0, {raw})", mode="eval").body),
+                         Op("where", [name_node(empty), ast.Constant(1.0), name_node(raw)]), loop)
+            setattr(new, GUARD, True)
+        out.append(new)
+    for c in scaled:  # s0 * factor, the factor broadcast as the loop's rescaling statement has it
+        factor = next(n for n in value_args(next(s for s in body if target_of(s) == rescaled[c])) if n in alphas)
+        unscaled = namer.fresh(f"{carried[c].source or c}_unscaled")
+        next(s for s in before if c in targets_of(s)).targets[0].id = unscaled
+        out.append(tagged(assign(c, ast.BinOp(name_node(unscaled), ast.Mult(), name_node(renamed[factor]))),
+                          Op("mul", [name_node(unscaled), name_node(renamed[factor])]), loop))
+        carried[c] = replace(carried[c], init=name_node(c))  # (assigned just before the loop)
+    loop.tg = replace(loop.tg, carried=list(carried.values()))
+    return out
+
+
+def _defines(stmt: ast.stmt, name: str) -> bool:
+    """Whether the statement assigns ``name`` (an ``if`` merging it, a loop carrying it included)."""
+    if isinstance(stmt, ast.If):
+        return name in stmt.tg.merges
+    if isinstance(stmt, ast.For):
+        return name in {c.name for c in stmt.tg.carried}
+    return name in targets_of(stmt)
 
 
 def _slice(body: list[ast.stmt], update: ast.stmt, m: str, carried: dict[str, Carried]):

@@ -41,6 +41,7 @@ from ..core.ir import (
 from ..core.operations import operation_of
 
 INVARIANT = None
+GUARD = "tg_guard"  # the attribute marking a guard (follow), kept by a statement's copies
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,15 @@ class Zero:
 
 
 ZERO = Zero()
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """Moved in a way the rules cannot follow: harmless until it reaches something observable (a max pass
+    computing the next loop's final max, read only through ``tg.stop_gradient``)."""
+
+
+UNKNOWN = Unknown()
 
 
 class Changes(Exception):
@@ -94,7 +104,11 @@ def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = fr
 
     A loop-carried value may move only as an accumulator that starts at zero (online.py's rewritten sums): visited
     first as ``ZERO``, it then scales as its next value came out, which the loop is visited again to confirm.
-    ``guarded``: ids of casts compiled with a check that their type is a float type (online.py)."""
+    A value the rules cannot follow is ``UNKNOWN``: a Change only where it is observed. ``tg.stop_gradient`` ends
+    a movement: what it stops has no adjoint, whatever moves it (online.py proves that of its final maxima).
+    ``guarded``: ids of casts compiled with a check that their type is a float type (online.py). A statement
+    marked ``GUARD`` is a ``tl.where(c, x, y)`` picking ``x`` only where ``y`` is undefined (``exp(-inf + inf)``):
+    it moves as ``y`` does (online.py's scaled starts)."""
     kinds: dict[str, object] = {m: Shift(1.0)}  # name -> how it moves (every definition must agree)
     zeros = {target_of(s) for s in statements(body) if _is_zeros(s)}
 
@@ -109,7 +123,7 @@ def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = fr
         carried = {c.name: c for c in loop.tg.carried}
         assumed = {n: ZERO if isinstance(c.init, ast.Name) and c.init.id in zeros else kinds.get(n, INVARIANT)
                    for n, c in carried.items()}
-        for _ in range(len(carried) + 2):
+        for _ in range(2 * len(carried) + 2):
             before = dict(kinds)
             kinds.update(assumed)
             visit(loop.body, carried_outside | set(carried))
@@ -118,9 +132,12 @@ def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = fr
                 return
             for n, kind in moved.items():  # a sum from zero scales as what is added to it
                 if kind != assumed[n]:
-                    if assumed[n] is not ZERO or not (kind is INVARIANT or isinstance(kind, Scale)):
+                    if kind is UNKNOWN:  # (checked where it is observed)
+                        assumed[n] = kind
+                    elif assumed[n] is not ZERO or not (kind is INVARIANT or isinstance(kind, Scale)):
                         raise Changes(loop)
-                    assumed[n] = kind
+                    else:
+                        assumed[n] = kind
             kinds.clear()
             kinds.update(before)
         raise Changes(loop)
@@ -139,12 +156,12 @@ def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = fr
                 continue
             op = op_of(s)
             moved = any(kind_of(a) is not INVARIANT for a in [*op.args, *op.kwargs.values()])
-            if moved and operation_of(op).memory is not None:  # stored, or part of an address or mask
+            if moved and (operation_of(op).memory is not None or op.kind == "call"):  # stored, an address, a mask
                 raise Changes(s)
             t = target_of(s)
             if t is None or t == m:
                 continue  # an assert or a print: nothing the gradient sees
-            new = _rule(s, kind_of, id(s) in guarded) if moved else INVARIANT
+            new = _moved(s, kind_of, id(s) in guarded, getattr(s, GUARD, False)) if moved else INVARIANT
             if t in carried:  # a carried value's update: its loop checks it against the assumption
                 kinds[t] = new
                 continue
@@ -154,6 +171,21 @@ def follow(body: list[ast.stmt], m: str, guarded: frozenset[int] | set[int] = fr
 
     visit(body, set())
     return kinds
+
+
+def _moved(stmt: ast.stmt, kind_of, float_cast: bool, guard: bool):
+    """How a flat, pure statement's result moves: UNKNOWN where the rules cannot say."""
+    op = op_of(stmt)
+    if op.kind == "stop_gradient":
+        return INVARIANT
+    if guard:
+        return kind_of(op.args[2])
+    if any(kind_of(a) is UNKNOWN for a in [*op.args, *op.kwargs.values()]):
+        return UNKNOWN
+    try:
+        return _rule(stmt, kind_of, float_cast)
+    except Changes:
+        return UNKNOWN
 
 
 def _is_zeros(stmt: ast.stmt) -> bool:

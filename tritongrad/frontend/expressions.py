@@ -63,6 +63,7 @@ class ExpressionFlattener:
             self.normalizer.defined.add(ssa)
             new = ast.Assign(targets=[ast.Name(ssa, ast.Store())], value=result.node)
             self.normalizer.finish(new, result.op, stmt)
+            self.normalizer.learn(ssa, result.op)
             return ast.Name(ssa, ast.Load())
         if isinstance(result, list):
             return ast.Tuple(elts=result, ctx=ast.Load())
