@@ -319,10 +319,22 @@ def scale(x_ptr, y_ptr, idx_ptr, n, BLOCK: tl.constexpr):
     (("z_ptr",), None, "not a parameter"),
     (("y_ptr",), None, "never loads"),
     (None, ("x_ptr",), "never stores"),
+    (("x_ptr", "x_ptr"), None, "^wrt names `x_ptr` twice$"),
+    (None, ("y_ptr", "y_ptr"), "^outputs names `y_ptr` twice$"),
+    (("n",), None, r"wrt names `n`, which kernel `scale` does not use as a pointer \(its pointer parameters: x_ptr, "
+                   r"y_ptr, idx_ptr\)"),
+    (None, "BLOCK", "outputs names `BLOCK`, which kernel `scale` does not use as a pointer"),
 ])
 def test_wrong_wrt_or_outputs_are_named(wrt, outputs, message):
     with pytest.raises(ValueError, match=message):
         tritongrad.grad(scale, wrt=wrt, outputs=outputs)
+
+
+def test_one_name_may_be_a_string():
+    assert tritongrad.grad(scale, wrt="x_ptr", outputs="y_ptr").wrt == ("x_ptr",)
+    assert tritongrad.grad(scale, wrt="x_ptr") is tritongrad.grad(scale, wrt=("x_ptr",))
+    with pytest.raises(TypeError, match="wrt names parameters by their names"):
+        tritongrad.grad(scale, wrt=(0,))
 
 
 def test_index_pointer_is_not_differentiated_by_default():
