@@ -67,11 +67,19 @@ class OpBackward:
                 _scatter_add(self._shadow(shadows, shadow, guards), g)
             else:
                 self._shadow(shadows, shadow, guards).add_(g)
+        # an empty output given a gradient, or a launch of no programs, passes none back: inputs get zeros there
+        empty = any(g is not None and 0 in v.size for v, g in zip(plan.output_views, grads, strict=True))
         for step in steps:
+            if 0 in self.launches[step.launch.index].grid:  # (it ran no program: its backward adds nothing)
+                empty = True
+                continue
             rows = self._run_step(step, saved, shadows, guards)
             if guards is not None:
                 self._check_strays(step, guards, rows)
         result = self._input_grads(shadows, needs)
+        if empty or not all(v.key for v in plan.input_views):  # (an input without elements: key 0, no shadow)
+            result = [torch.zeros(v.size, dtype=v.dtype, device=v.device) if g is None and need and (empty or not v.key)
+                      else g for v, g, need in zip(plan.input_views, result, needs, strict=True)]
         if guards is None:
             return result
         plan.checked.add(schedule)
