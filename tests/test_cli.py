@@ -64,6 +64,16 @@ def test_show_takes_a_bundled_examples_name(capsys):
     assert capsys.readouterr().out == by_name and _derived_rmsnorm() in by_name
 
 
+def test_show_prints_a_refusal_whole_with_exit_status_1(capsys):
+    from tritongrad.tools import cli
+
+    assert cli.main(["show", "tests/data/user_ops/softplus_kernels.py:atomic_max_kernel"]) == 1
+    err = capsys.readouterr().err
+    assert re.match(r"error: \S*softplus_kernels\.py:19: cannot differentiate `atomic_max` of a differentiated value\n"
+                    r"    tl\.atomic_max\(y_ptr \+ offs \* 0, .*\n  hint: only tl\.store and tl\.atomic_add outputs",
+                    err), err
+
+
 def test_a_users_module_imports_its_sibling_without_pythonpath():
     """The file's own folder is on the import path (tritongrad_cli's PYTHONPATH holds the repository only)."""
     result = tritongrad_cli("check", "tests/data/user_ops/my_ops.py:my_softplus")

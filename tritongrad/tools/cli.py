@@ -27,6 +27,13 @@ import argparse
 import os
 import sys
 
+EPILOG = """\
+Each command names what it acts on as a bundled example (rmsnorm) or FILE.py:NAME: a kernel
+for show; an op (a @tritongrad.op function) for check and bench, whose file defines
+make_inputs(size, device, dtype), and for check reference (the same computation in PyTorch).
+Exit status: 0 ok; 1 a check failed (show: the kernel cannot be differentiated); 2 a mistake
+in what was asked, said in one line on stderr."""
+
 
 def use_interpreter_without_gpu() -> str:
     """Pick the device; without CUDA, run kernels through Triton's interpreter."""
@@ -143,7 +150,8 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tritongrad", description="Reverse-mode AD of Triton kernels.")
+    parser = argparse.ArgumentParser(prog="tritongrad", description="Reverse-mode AD of Triton kernels.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("show", help="print the derived backward of an example's kernels or of FILE.py:KERNEL")
     p.add_argument("kernel", metavar="EXAMPLE|FILE.py:KERNEL")
