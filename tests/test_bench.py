@@ -6,6 +6,7 @@ import io
 import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -247,7 +248,8 @@ def test_unknown_example(monkeypatch, capsys):
     monkeypatch.setattr(bench, "_registry", lambda: registry)
     assert cli.main(["bench", "rmsnorm", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["tritongrad bench: unknown example 'nope' (examples: rmsnorm, softmax, cross_entropy)"]
+    assert err == ["tritongrad bench: unknown example 'nope' (examples: rmsnorm, softmax, cross_entropy; or name "
+                   "FILE.py:OP)"]
     assert [e.name for e in bench.resolve(["cross-entropy"], registry)] == ["cross_entropy"]
     assert cli.main(["bench"]) == 2
     capsys.readouterr()
@@ -317,11 +319,11 @@ def test_liger_adapters_are_import_guarded(monkeypatch):
         for name in table:
             assert competitors.liger_adapter(table, name) == (None, "liger_kernel is not installed")
     assert competitors.liger_adapter(competitors.LIGER, "matmul") == (None, "Liger-Kernel has no counterpart of matmul")
-    impls = competitors.implementations(FakeExample("rmsnorm", None, None, None, (), None), None, "float32")
+    impls = competitors.implementations(FakeExample("rmsnorm", None, _swiglu_ref, None, (), None), None, "float32")
     assert [(i.name, i.make is None, i.note) for i in impls] == [
         ("tritongrad", False, ""), ("liger-fwd", True, "liger_kernel is not installed"),
         ("liger", True, "liger_kernel is not installed"), ("compile", False, ""), ("eager", False, "")]
-    sin = FakeExample("sin", None, None, None, (), None)
+    sin = FakeExample("sin", None, _swiglu_ref, None, (), None)
     assert [i.name for i in competitors.implementations(sin, None, "float32")] == ["tritongrad", "compile", "eager"]
 
 
@@ -453,3 +455,72 @@ def test_real_liger_softmax_both_ways(tmp_path, monkeypatch):
     rows = {r["impl"]: r for r in report.read_csv(tmp_path / "softmax-float32-bwd.csv")}
     assert all(r["note"] == "" and r["ms"] == pytest.approx(3.0) for r in rows.values()), rows
     assert rows["liger"]["liger"]  # its version is recorded
+
+
+# -- a user's own op: FILE.py:OP ------------------------------------------------------------------------------------
+
+USER_OPS = Path(__file__).parent / "data" / "user_ops"
+MY_SOFTPLUS = f"{USER_OPS / 'my_ops.py'}:my_softplus"
+
+
+def test_a_users_op_is_resolved_from_its_file():
+    (subject,) = bench.resolve([MY_SOFTPLUS])
+    assert subject.name == "my_softplus" and subject.bench_sizes == (2**20,)
+    assert subject.traffic(100, torch.float32) == {"fwd": 800, "bwd": 1200}
+    # no Liger-Kernel rows unless asked for; no eager and compile rows without a reference
+    assert [i.name for i in competitors.implementations(subject, None, "float32")] == ["tritongrad", "compile", "eager"]
+    (bare,) = bench.resolve([f"{USER_OPS / 'no_reference.py'}:bare_softplus"])
+    assert bare.reference is None and bare.traffic is None
+    assert [i.name for i in competitors.implementations(bare, None, "float32")] == ["tritongrad"]
+    (eager,) = competitors.implementations(bare, ["eager"], "float32")
+    assert eager.make is None and eager.note == "bare_softplus has no `reference` beside it"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([str(USER_OPS / "my_ops.py")], "expected FILE.py:OP (or a bundled example's name), got "),
+    (["nothere.py:op"], "no such file: nothere.py"),
+    ([f"{USER_OPS / 'my_ops.py'}:softplus_kernel"], "is a Triton kernel; name the op that launches it"),
+    ([MY_SOFTPLUS, "--sizes", "3x4"], "my_softplus takes sizes of 1 number (such as 45, 130, 1048576), not 3x4"),
+    ([f"{USER_OPS / 'no_reference.py'}:bare_softplus"], "bare_softplus has no BENCH_SIZES; pass --sizes"),
+], ids=["no-op-name", "no-file", "a-kernel", "rank", "no-sizes"])
+def test_a_users_op_mistakes_are_one_line(argv, message, capsys):
+    assert bench.main(_args(*argv), device="cpu", timer=FakeTimer()) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tritongrad bench: ") and "\n" not in err and message in err, err
+
+
+def test_run_a_users_op(tmp_path, monkeypatch):
+    """bench FILE.py:OP: the module's make_inputs and traffic, and the rows, CSV, table and plot an example gets."""
+    monkeypatch.setattr(measure, "COPY_BYTES", 2**20)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    timer = FakeTimer()
+    console = Console(file=io.StringIO(), width=200)
+    args = _args(MY_SOFTPLUS, "--out", str(tmp_path), "--dtype", "float32", "--mode", "bwd", "--sizes", "100",
+                 "--impl", "tritongrad", "eager")
+    assert bench.main(args, device=device, timer=timer, console=console) == 0
+    assert timer.calls == ["copy", "fwd", "fwd+bwd", "fwd", "fwd+bwd"]
+    rows = {r["impl"]: r for r in report.read_csv(tmp_path / "my_softplus-float32-bwd.csv")}
+    assert set(rows) == {"tritongrad", "eager"} and all(list(r) == list(report.FIELDS) for r in rows.values())
+    ours = rows["tritongrad"]
+    assert ours["example"] == "my_softplus" and ours["note"] == "" and ours["ms"] == pytest.approx(3.0)
+    assert ours["bytes"] == 1200 and ours["gbps"] == pytest.approx(1200 / 3e-3 / 1e9)
+    assert ours["command"] == (f"tritongrad bench {MY_SOFTPLUS} --dtype float32 --sizes 100 --mode bwd --impl "
+                               "tritongrad eager")
+    assert "my_softplus · float32 · bwd" in console.file.getvalue()
+    assert "### bwd, float32" in (tmp_path / "summary.md").read_text()
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "my_softplus-float32-bwd.png").stat().st_size > 1000
+
+
+def test_run_an_op_without_reference_or_traffic(tmp_path, monkeypatch):
+    """Timed alone (nothing to compare its forward with); without traffic() its plot shows times."""
+    monkeypatch.setattr(measure, "COPY_BYTES", 2**20)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args = _args(f"{USER_OPS / 'no_reference.py'}:bare_softplus", "--out", str(tmp_path), "--dtype", "float32",
+                 "--mode", "fwd+bwd", "--sizes", "100")
+    assert bench.main(args, device=device, timer=FakeTimer(), console=Console(file=io.StringIO())) == 0
+    (row,) = report.read_csv(tmp_path / "bare_softplus-float32-fwd+bwd.csv")
+    assert row["impl"] == "tritongrad" and row["ms"] == 5.0 and row["gbps"] is None and row["note"] == ""

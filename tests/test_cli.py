@@ -1,4 +1,4 @@
-"""The command line and the testing helpers at their edges: a mistake is one line and exit status 1,
+"""The command line and the testing helpers at their edges: a mistake is one line and exit status 2,
 long lines wrap; ``backward_launch``'s default ``wrt`` is the launch's floating-point tensors."""
 
 import os
@@ -39,13 +39,45 @@ def tritongrad_cli(*args: str, columns: int = 100) -> subprocess.CompletedProces
                            "rmsnorm_fwd"),
     ([f"{RMSNORM}:rmsnorm_bwd"], f"error: {RMSNORM} defines no `rmsnorm_bwd`; its kernels: rmsnorm_fwd"),
     (["tritongrad/examples/nothere.py:k"], "error: no such file: tritongrad/examples/nothere.py"),
-    (["rmsnorm_fwd"], "error: expected FILE.py:KERNEL, got 'rmsnorm_fwd'"),
-], ids=["wrt-typo", "outputs-not-stored", "a-function", "a-module", "wrong-name", "no-file", "no-colon"])
-def test_show_mistakes_are_one_line_and_exit_status_1(args, message):
+    (["rmsnorm_fwd"], "error: no example `rmsnorm_fwd` (there are: sin, softplus, gelu, swiglu, geglu, rmsnorm, "
+                      "layernorm, add_rmsnorm, softmax, log_softmax, cross_entropy, rotary, matmul, flash_attention, "
+                      "fn1, linear, matvec, gather, transpose; or name FILE.py:KERNEL)"),
+    ([RMSNORM], f"error: expected FILE.py:KERNEL (or a bundled example's name), got '{RMSNORM}'"),
+    ([f"{RMSNORM}:rmsnorm_fwd", "--wrt", "x_ptr,x_ptr"], "error: wrt names `x_ptr` twice"),
+    ([f"{RMSNORM}:rmsnorm_fwd", "--wrt", "N"], "error: wrt names `N`, which kernel `rmsnorm_fwd` does not use as a "
+                                               "pointer (its pointer parameters: x_ptr, w_ptr, y_ptr, rstd_ptr)"),
+], ids=["wrt-typo", "outputs-not-stored", "a-function", "a-module", "wrong-name", "no-file", "no-example", "no-colon",
+        "wrt-twice", "wrt-not-a-pointer"])
+def test_show_mistakes_are_one_line_and_exit_status_2(args, message):
     result = tritongrad_cli("show", *args)
-    assert result.returncode == 1, result
+    assert result.returncode == 2, result
     assert result.stderr.strip() == message, result.stderr
     assert result.stdout == ""
+
+
+def test_show_takes_a_bundled_examples_name(capsys):
+    from tritongrad.tools import cli
+
+    assert cli.main(["show", "rmsnorm"]) == 0
+    by_name = capsys.readouterr().out
+    assert cli.main(["show", f"{RMSNORM}:rmsnorm_fwd"]) == 0
+    assert capsys.readouterr().out == by_name and _derived_rmsnorm() in by_name
+
+
+def test_show_prints_a_refusal_whole_with_exit_status_1(capsys):
+    from tritongrad.tools import cli
+
+    assert cli.main(["show", "tests/data/user_ops/softplus_kernels.py:atomic_max_kernel"]) == 1
+    err = capsys.readouterr().err
+    assert re.match(r"error: \S*softplus_kernels\.py:19: cannot differentiate `atomic_max` of a differentiated value\n"
+                    r"    tl\.atomic_max\(y_ptr \+ offs \* 0, .*\n  hint: only tl\.store and tl\.atomic_add outputs",
+                    err), err
+
+
+def test_a_users_module_imports_its_sibling_without_pythonpath():
+    """The file's own folder is on the import path (tritongrad_cli's PYTHONPATH holds the repository only)."""
+    result = tritongrad_cli("check", "tests/data/user_ops/my_ops.py:my_softplus")
+    assert result.returncode == 0 and "all 4 ok" in result.stdout, result.stdout + result.stderr
 
 
 def _derived_rmsnorm() -> str:

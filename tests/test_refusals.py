@@ -319,10 +319,22 @@ def scale(x_ptr, y_ptr, idx_ptr, n, BLOCK: tl.constexpr):
     (("z_ptr",), None, "not a parameter"),
     (("y_ptr",), None, "never loads"),
     (None, ("x_ptr",), "never stores"),
+    (("x_ptr", "x_ptr"), None, "^wrt names `x_ptr` twice$"),
+    (None, ("y_ptr", "y_ptr"), "^outputs names `y_ptr` twice$"),
+    (("n",), None, r"wrt names `n`, which kernel `scale` does not use as a pointer \(its pointer parameters: x_ptr, "
+                   r"y_ptr, idx_ptr\)"),
+    (None, "BLOCK", "outputs names `BLOCK`, which kernel `scale` does not use as a pointer"),
 ])
 def test_wrong_wrt_or_outputs_are_named(wrt, outputs, message):
     with pytest.raises(ValueError, match=message):
         tritongrad.grad(scale, wrt=wrt, outputs=outputs)
+
+
+def test_one_name_may_be_a_string():
+    assert tritongrad.grad(scale, wrt="x_ptr", outputs="y_ptr").wrt == ("x_ptr",)
+    assert tritongrad.grad(scale, wrt="x_ptr") is tritongrad.grad(scale, wrt=("x_ptr",))
+    with pytest.raises(TypeError, match="wrt names parameters by their names"):
+        tritongrad.grad(scale, wrt=(0,))
 
 
 def test_index_pointer_is_not_differentiated_by_default():
@@ -366,3 +378,115 @@ def test_a_single_program_may_store_where_a_second_would_overlap():
     d_y = torch.randn_like(y)
     got = backward_launch(program_plus_lane, (1,), (x, y), {"BLOCK": 8}, {"y_ptr": d_y})
     torch.testing.assert_close(got["x_ptr"], d_y)
+
+
+# -- an op refuses at its call, not at .backward() -----------------------------------------------------------------
+
+
+@triton.jit
+def running_max(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.atomic_max(y_ptr + offs * 0, tl.load(x_ptr + offs, mask=mask, other=0.0), mask=mask)  # refused
+
+
+@triton.jit
+def scatter_twice(x_ptr, idx_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    i = tl.load(idx_ptr + offs, mask=mask, other=0)
+    tl.store(y_ptr + i, tl.load(x_ptr + offs, mask=mask) * 2.0, mask=mask)  # refused
+
+
+@triton.jit
+def max_or_copy(x_ptr, y_ptr, n, MAX: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if MAX:
+        tl.atomic_max(y_ptr + offs * 0, x, mask=mask)  # refused
+    else:
+        tl.store(y_ptr + offs, x, mask=mask)
+
+
+@tritongrad.op
+def maximum(x):
+    y = torch.full((1,), float("-inf"), dtype=x.dtype, device=x.device)
+    running_max[(triton.cdiv(x.numel(), 32),)](x, y, x.numel(), BLOCK=32)
+    return y
+
+
+@tritongrad.op
+def scatter(x, idx):
+    y = torch.zeros_like(x)
+    scatter_twice[(triton.cdiv(x.numel(), 32),)](x, idx, y, x.numel(), BLOCK=32)
+    return y
+
+
+@tritongrad.op
+def max_or_copy_op(x, take_max: bool):
+    y = torch.full((x.numel(),), float("-inf"), dtype=x.dtype, device=x.device)
+    max_or_copy[(triton.cdiv(x.numel(), 32),)](x, y, x.numel(), MAX=take_max, BLOCK=32)
+    return y
+
+
+@pytest.fixture
+def derivations(monkeypatch):
+    """The kernels an op's calls and backwards derive (through ops/backward.py's grad)."""
+    found = []
+    real = tritongrad.ops.backward.grad
+
+    def spy(kernel, *args, **kwargs):
+        found.append(kernel.fn.__name__)
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(tritongrad.ops.backward, "grad", spy)
+    return found
+
+
+@pytest.mark.parametrize(("op", "kernel", "construct", "hint"), [
+    (maximum, running_max, "`atomic_max` of a differentiated value", "only tl.store and tl.atomic_add outputs"),
+    (scatter, scatter_twice, "a tl.store to `y_ptr` at addresses computed from loaded data", "use tl.atomic_add"),
+], ids=["atomic_max", "scatter"])
+def test_an_op_refuses_at_its_call_when_an_input_requires_grad(op, kernel, construct, hint, device, derivations):
+    x = torch.randn(45, dtype=torch.float64, device=device)
+    args = (torch.randperm(45, device=device),) if op is scatter else ()
+    for _ in range(2):  # the second call is refused from what the first derived
+        with pytest.raises(NotDifferentiableError) as info:
+            op(x.clone().requires_grad_(), *args)
+        e = info.value
+        assert (e.file, e.line) == (__file__, marked_line(kernel)) and construct in e.construct and hint in e.hint
+        assert f"needed to differentiate launch #1 (`{kernel.fn.__name__}`) of tritongrad.op" in e.__notes__[0]
+        assert len(e.__notes__) == 1
+    assert derivations == [kernel.fn.__name__]
+    op(x, *args)  # nothing requires grad: no backward, nothing derived
+    with torch.no_grad():
+        op(x.clone().requires_grad_(), *args)
+    assert derivations == [kernel.fn.__name__]
+
+
+def test_a_refusal_of_one_specialization_comes_at_its_call(device):
+    x = torch.randn(45, dtype=torch.float64, device=device, requires_grad=True)
+    max_or_copy_op(x, False).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x))
+    with pytest.raises(NotDifferentiableError, match="`atomic_max` of a differentiated value") as info:
+        max_or_copy_op(x, True)
+    assert info.value.line == marked_line(max_or_copy)
+
+
+def test_an_op_derives_once_at_its_first_call(device, derivations):
+    """The call derives what the backward launches: later calls and backwards derive nothing."""
+    @tritongrad.op
+    def copy(x):
+        y = torch.empty_like(x)
+        max_or_copy[(triton.cdiv(x.numel(), 32),)](x, y, x.numel(), MAX=False, BLOCK=32)
+        return y
+
+    x = torch.randn(45, dtype=torch.float64, device=device, requires_grad=True)
+    y = copy(x)
+    assert derivations == ["max_or_copy"]
+    for _ in range(2):
+        y.sum().backward()
+        y = copy(x)
+    assert derivations == ["max_or_copy"]
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))

@@ -393,9 +393,8 @@ def test_a_deterministic_op_gives_identical_bits_and_refuses_a_gather_by_name(de
         grads.append([t.grad for t in leaves])
     assert all(torch.equal(a, b) for run in grads[1:] for a, b in zip(run, grads[0], strict=True))
     table = torch.randn(5, 21, device=device, requires_grad=True)
-    y = deterministic_gather(torch.tensor([0, 3, 3, 1], device=device), table)
-    with pytest.raises(NotDifferentiableError, match="`table_ptr` with deterministic=True"):
-        y.sum().backward()
+    with pytest.raises(NotDifferentiableError, match="`table_ptr` with deterministic=True"):  # at the call
+        deterministic_gather(torch.tensor([0, 3, 3, 1], device=device), table)
 
 
 @triton.jit

@@ -128,12 +128,15 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, found
         if name not in params:
             raise ValueError(f"`{name}` is not a parameter of kernel `{program.name}` "
                              f"(its parameters: {', '.join(params)})")
-    for name in wrt:  # (a specialization may not load what another does: its gradient is zero)
-        if name not in loads and not program.specialized:
-            raise ValueError(f"wrt names `{name}`, but kernel `{program.name}` never loads through it")
-    for name in outputs:
-        if name not in stores and not program.specialized:
-            raise ValueError(f"outputs names `{name}`, but kernel `{program.name}` never stores through it")
+    pointers = [p for p in params if p in set(found.pointer_base.values())]
+    for what, names, used, verb in (("wrt", wrt, loads, "loads"), ("outputs", outputs, stores, "stores")):
+        for name in names:  # (a specialization may not load what another does: its gradient is zero)
+            if name in used or program.specialized:
+                continue
+            if name not in pointers:
+                raise ValueError(f"{what} names `{name}`, which kernel `{program.name}` does not use as a pointer "
+                                 f"(its pointer parameters: {', '.join(pointers)})")
+            raise ValueError(f"{what} names `{name}`, but kernel `{program.name}` never {verb} through it")
     for name in in_place:
         if name in wrt and name not in outputs:
             raise ValueError(f"wrt names `{name}`, which kernel `{program.name}` updates in place: name it in "

@@ -93,13 +93,15 @@ class Source:
 
 
 def import_file(file: Path):
-    """Import a file, under its package's dotted name when it is inside one (relative imports work)."""
+    """Import a file, under its package's dotted name when it is inside one (relative imports work). The folder
+    it is imported from goes first on the import path, as Python puts a script's: it may import its siblings."""
     parts, folder = [file.stem], file.parent
     while (folder / "__init__.py").exists():
         parts.insert(0, folder.name)
         folder = folder.parent
-    if len(parts) > 1:
+    if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
+    if len(parts) > 1:
         return importlib.import_module(".".join(parts))
     spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(spec)

@@ -7,7 +7,7 @@ import triton.language as tl
 
 import tritongrad
 
-from .launch import compute_type, itemsize, numel, row_warps
+from .launch import compute_type, itemsize, numel, row_block, row_warps
 
 
 @triton.jit
@@ -32,7 +32,7 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor,
     assert x.dim() == 2 and r.shape == x.shape and w.shape == (x.shape[1],)
     y, h = torch.empty_like(x), torch.empty_like(x)
     rows, n = x.shape
-    block = triton.next_power_of_2(n)
+    block = row_block(n)
     add_rmsnorm_kernel[(rows,)](x, r, w, y, h, x.stride(0), n, eps, BLOCK=block, COMPUTE=compute_type(x.dtype),
                                 num_warps=row_warps(block))
     return y, h

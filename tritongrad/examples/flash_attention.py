@@ -63,7 +63,7 @@ def flash_attention_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     """q, k, v: (batch, heads, N, D) or (heads, N, D), contiguous, one sequence length for all."""
     assert q.shape == k.shape == v.shape and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     n, d = q.shape[-2:]
-    heads = q.numel() // (n * d)
+    heads = math.prod(q.shape[:-2])
     o = torch.empty_like(q)
     bm, bn = blocks_for(n)
     args = (q, k, v, o, n, d, softmax_scale(d))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import triton
 import triton.language as tl
 
 
@@ -39,6 +40,12 @@ def numel(size: int | tuple[int, ...]) -> int:
 
 def itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def row_block(n: int) -> int:
+    """A block holding a row of ``n`` values: the next power of two, at least 1 (``triton.next_power_of_2(0)`` is 0,
+    and ``tl.arange(0, 0)`` does not compile: a row of no values, an empty tensor's, runs its masked lanes)."""
+    return triton.next_power_of_2(max(n, 1))
 
 
 def row_warps(block: int) -> int:

@@ -9,7 +9,7 @@ import triton.language as tl
 
 import tritongrad
 
-from .launch import Launch, compute_type, itemsize, numel, row_warps
+from .launch import Launch, compute_type, itemsize, numel, row_block, row_warps
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def layernorm_launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: flo
     rows, n = x.shape
     stats = torch.float64 if x.dtype == torch.float64 else torch.float32  # in the type it computes in
     mean, rstd = (torch.empty(rows, device=x.device, dtype=stats) for _ in range(2))
-    meta = {"BLOCK": triton.next_power_of_2(n), "COMPUTE": compute_type(x.dtype)}
+    meta = {"BLOCK": row_block(n), "COMPUTE": compute_type(x.dtype)}
     meta["num_warps"] = row_warps(meta["BLOCK"])
     return Launch(layernorm_kernel, (rows,), (x, w, b, y, mean, rstd, x.stride(0), n, eps), meta, "y_ptr", y)
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..ops.torch_op import op
 from . import matvec
+from .launch import row_block
 from .matvec import BS, fwd_kernel
 
 KERNELS = (fwd_kernel,)
@@ -22,7 +23,7 @@ def linear(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     w, x = w.contiguous(), x.contiguous()
     m, n = w.shape
     out = torch.empty(m, device=w.device, dtype=w.dtype)
-    fwd_kernel[(triton.cdiv(m, BS),)](w, x, out, m, n, bs=BS, bn=triton.next_power_of_2(n))
+    fwd_kernel[(triton.cdiv(m, BS),)](w, x, out, m, n, bs=BS, bn=row_block(n))
     return out
 
 

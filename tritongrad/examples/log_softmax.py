@@ -7,7 +7,7 @@ import triton.language as tl
 
 import tritongrad
 
-from .launch import Launch, compute_type, itemsize, numel, row_warps
+from .launch import Launch, compute_type, itemsize, numel, row_block, row_warps
 
 
 @triton.jit
@@ -25,7 +25,7 @@ def log_softmax_launch(x: torch.Tensor) -> Launch:
     assert x.is_contiguous() and x.dim() == 2
     y = torch.empty_like(x)
     rows, n = x.shape
-    meta = {"BLOCK": triton.next_power_of_2(n), "COMPUTE": compute_type(x.dtype)}
+    meta = {"BLOCK": row_block(n), "COMPUTE": compute_type(x.dtype)}
     meta["num_warps"] = row_warps(meta["BLOCK"])
     return Launch(log_softmax_kernel, (rows,), (x, y, x.stride(0), n), meta, "y_ptr", y)
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 import tritongrad
 
-from .launch import Launch, itemsize
+from .launch import Launch, itemsize, row_block
 
 BS = 16  # the seed's `threads`: rows (forward) or columns (backward) per program
 
@@ -94,7 +94,7 @@ def matvec_launch(w: torch.Tensor, x: torch.Tensor) -> Launch:
     m, n = w.shape
     out = torch.empty(m, device=w.device, dtype=w.dtype)
     args = (w, x, out, m, n)
-    return Launch(fwd_kernel, (triton.cdiv(m, BS),), args, {"bs": BS, "bn": triton.next_power_of_2(n)}, "out_ptr", out)
+    return Launch(fwd_kernel, (triton.cdiv(m, BS),), args, {"bs": BS, "bn": row_block(n)}, "out_ptr", out)
 
 
 @tritongrad.op("tritongrad_examples::matvec")
@@ -108,7 +108,7 @@ def matvec_backward(d: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> tuple[
     m, n = w.shape
     dx = torch.zeros_like(x)
     dw = torch.zeros_like(w)
-    bwd_kernel[(triton.cdiv(n, BS),)](d, w, x, dw, dx, m, n, bs=BS, bm=triton.next_power_of_2(m))
+    bwd_kernel[(triton.cdiv(n, BS),)](d, w, x, dw, dx, m, n, bs=BS, bm=row_block(m))
     return dw, dx
 
 

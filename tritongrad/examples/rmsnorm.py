@@ -8,7 +8,7 @@ import triton.language as tl
 
 import tritongrad
 
-from .launch import Launch, compute_type, itemsize, numel, row_warps
+from .launch import Launch, compute_type, itemsize, numel, row_block, row_warps
 
 
 @triton.jit
@@ -32,7 +32,7 @@ def rmsnorm_launch(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> Launc
     rows, n = x.shape
     rstd = torch.empty(rows, device=x.device, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
     args = (x, w, y, rstd, x.stride(0), n, eps)
-    meta = {"BLOCK": triton.next_power_of_2(n), "COMPUTE": compute_type(x.dtype)}
+    meta = {"BLOCK": row_block(n), "COMPUTE": compute_type(x.dtype)}
     meta["num_warps"] = row_warps(meta["BLOCK"])
     return Launch(rmsnorm_fwd, (rows,), args, meta, "y_ptr", y)
 

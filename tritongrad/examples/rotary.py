@@ -9,7 +9,7 @@ import triton.language as tl
 
 import tritongrad
 
-from .launch import compute_type, itemsize, numel
+from .launch import compute_type, itemsize, numel, row_block
 
 
 @triton.jit
@@ -32,7 +32,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     x = x.contiguous()
     out = torch.empty_like(x)
     s, d = x.shape[-2:]
-    rotary_kernel[(x.numel() // d,)](x, cos, sin, out, s, d, HALF=triton.next_power_of_2(d // 2),
+    rotary_kernel[(x.numel() // d if d else 0,)](x, cos, sin, out, s, d, HALF=row_block(d // 2),
                                      COMPUTE=compute_type(x.dtype))
     return out
 

@@ -7,7 +7,7 @@ import triton.language as tl
 
 import tritongrad
 
-from .launch import Launch, compute_type, itemsize, numel, row_warps
+from .launch import Launch, compute_type, itemsize, numel, row_block, row_warps
 
 
 @triton.jit
@@ -28,7 +28,7 @@ def softmax_launch(x: torch.Tensor) -> Launch:
     y = torch.empty_like(x)
     rows, n_cols = x.shape
     args = (x, y, x.stride(0), n_cols)
-    meta = {"BLOCK": triton.next_power_of_2(n_cols), "COMPUTE": compute_type(x.dtype)}
+    meta = {"BLOCK": row_block(n_cols), "COMPUTE": compute_type(x.dtype)}
     meta["num_warps"] = row_warps(meta["BLOCK"])
     return Launch(softmax_kernel, (rows,), args, meta, "y_ptr", y)
 

@@ -67,11 +67,19 @@ class OpBackward:
                 _scatter_add(self._shadow(shadows, shadow, guards), g)
             else:
                 self._shadow(shadows, shadow, guards).add_(g)
+        # an empty output given a gradient, or a launch of no programs, passes none back: inputs get zeros there
+        empty = any(g is not None and 0 in v.size for v, g in zip(plan.output_views, grads, strict=True))
         for step in steps:
+            if 0 in self.launches[step.launch.index].grid:  # (it ran no program: its backward adds nothing)
+                empty = True
+                continue
             rows = self._run_step(step, saved, shadows, guards)
             if guards is not None:
                 self._check_strays(step, guards, rows)
         result = self._input_grads(shadows, needs)
+        if empty or not all(v.key for v in plan.input_views):  # (an input without elements: key 0, no shadow)
+            result = [torch.zeros(v.size, dtype=v.dtype, device=v.device) if g is None and need and (empty or not v.key)
+                      else g for v, g, need in zip(plan.input_views, result, needs, strict=True)]
         if guards is None:
             return result
         plan.checked.add(schedule)
@@ -276,6 +284,43 @@ class OpBackward:
                 self._shadow(shadows, shadow).zero_()
             grads.append(g if g.dtype == v.dtype else g.to(v.dtype))
         return grads
+
+
+def derive_ahead(name: str, plan: Plan, launches: Sequence[Any], deterministic: bool = False) -> None:
+    """At an op's call, derive the backward kernels a backward of every input and every float output launches (the
+    steps' own, which it then launches), so that a kernel that cannot be differentiated is refused at the call, as
+    at ``.backward()``, rather than after the forward is done with. Once per plan and per value of the kernels'
+    decisive constexprs; refusals of a launch's values (strides, index contents) stay with the backward."""
+    if plan.ahead is None:
+        plan.ahead = {}  # decisive constexprs' values -> None, or the refusal
+        plan.decisive = any(decisive_constexprs(launches[launch.index].kernel) for launch in plan.launches)
+    key = tuple(tuple(hashable(_argument(launch, k)) for k in decisive_constexprs(launch.kernel))
+                for launch in launches) if plan.decisive else ()
+    if key in plan.ahead:
+        if plan.ahead[key] is not None:  # (refused before: not derived again)
+            raise plan.ahead[key].with_traceback(None)
+        return
+    every = (tuple(True for _ in plan.input_views), tuple(i not in plan.constants for i in range(len(plan.outputs))))
+    for step in plan.steps(*every):
+        launch = launches[step.launch.index]
+        if launch.info.roles is None or 0 in launch.grid:  # (refused when planned; no program: not launched)
+            continue
+        args = dict(zip(launch.info.params, launch.args, strict=False))
+        args.update(launch.kwargs)
+        try:
+            _derived_kernel(step, launch.kernel, args, deterministic)
+        except NotDifferentiableError as e:
+            plan.ahead[key] = noted(e, f"(needed to differentiate {launch} of tritongrad.op `{name}`)")
+            raise e.with_traceback(None) from None
+    plan.ahead[key] = None
+
+
+def _argument(launch: Any, param: str) -> Any:
+    """A recorded launch's argument for ``param`` (None where not passed), as ``_run_step`` reads it."""
+    if param in launch.kwargs:
+        return launch.kwargs[param]
+    i = launch.info.params.index(param)
+    return launch.args[i] if i < len(launch.args) else None
 
 
 def _derived_kernel(step: Step, kernel: Any, named: dict[str, Any], deterministic: bool = False) -> Any:

@@ -105,8 +105,8 @@ class Planner:
         storages = self._storages(views)
         constants = tuple(i for i, v in enumerate(output_views) if not v.dtype.is_floating_point)
         loaded = [launch.views[p] for launch in launches for p in launch.params("loads")]
-        unread = tuple(name for name, i in arguments.items() if tensors.requires_grad(i)
-                       and not any(tensors.view(i).overlaps(v) for v in loaded))
+        unread = tuple(name for name, i in arguments.items() if tensors.requires_grad(i) and tensors.view(i).key
+                       and not any(tensors.view(i).overlaps(v) for v in loaded))  # (key 0: no element to read)
         return Plan(tuple(launches), tuple(slots), diff, tuple(input_views), tuple(output_views), storages,
                     whole_storages(storages, views), constants, unread)
 

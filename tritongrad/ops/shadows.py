@@ -123,6 +123,8 @@ class Plan:
     outputs: tuple[tuple | None, ...] = field(init=False)  # per output: (Shadow, reusable, size, dtype, overlapping)
     schedules: dict[tuple, tuple] = field(init=False, default_factory=dict)  # see steps
     checked: set[tuple] = field(init=False, default_factory=set)  # schedules checked for stray gradients
+    ahead: dict | None = field(init=False, default=None)  # specializations derived at the call (backward.derive_ahead)
+    decisive: bool = field(init=False, default=False)  # whether a launch's kernel has decisive constexprs
 
     def __post_init__(self):
         self.buffers = {k: self._buffer(k) for k in self.storages}

@@ -30,7 +30,7 @@ from ..core.device import ensure_allocator
 from ..core.errors import OpError
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
-from .backward import OpBackward
+from .backward import OpBackward, derive_ahead
 from .call_tensors import CallTensors
 from .host_descriptors import descriptor_view, has_host_descriptors
 from .kernel_roles import KernelInfo, kernel_info, kernel_infos
@@ -317,7 +317,10 @@ class Tape:
             self.plans[key] = plan
         self.plan, found = plan, tensors.tensors
         self.saved = [found[i] for i in plan.saved]
-        return [found[i] for i in plan.inputs] if diff_inputs is None else diff_inputs
+        inputs = [found[i] for i in plan.inputs] if diff_inputs is None else diff_inputs
+        if inputs:  # a kernel that cannot be differentiated is refused here, at the op's call
+            derive_ahead(self.name, plan, self.launches, self.deterministic)
+        return inputs
 
     # -- backward -----------------------------------------------------------------------------------
 

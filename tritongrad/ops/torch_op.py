@@ -21,7 +21,16 @@ inputs that need gradients (built on first use, cached), and launched in reverse
 against shadow memory keyed by storage. A buffer one launch writes and a later one reads
 passes the gradient from the later launch's backward to the earlier one's. Only tensors
 kernels read (inputs and intermediate buffers) are saved for the backward; modifying one
-in place before the backward raises, as for any autograd node.
+in place before the backward raises, as for any autograd node. Empty tensors give zero
+gradients (a launch of no program is not replayed).
+
+Refusals come at the call: the first call of a kind with an input that requires grad derives the
+backward kernels already (those of a backward of every input and float output; once per kind of
+call and value of the kernels' decisive constexprs, and the backward launches them), so a kernel
+that cannot be differentiated is refused where the op is called, with the refusal's file, line
+and hint. Refusals that depend on a launch's values (strides, index contents) come at the first
+backward. An op whose kernels have no derivative, called on inputs that require grad for other
+reasons: call it under ``torch.no_grad()``.
 
 Autotuning: the backward of an autotuned (or heuristics-driven) launch is launched with
 the config that forward launch used: its constexprs, ``num_warps`` and ``num_stages``.
@@ -94,7 +103,7 @@ def op(fn: Any = None, /, *, deterministic: bool = False, opaque: bool | None = 
 
     ``@op`` or ``@op("namespace::name")``; see the module docstring. ``deterministic=True``:
     gradients bitwise identical from run to run (no atomic additions; a load whose gradient
-    could only be added atomically is refused at the backward, naming it). ``opaque`` (named
+    could only be added atomically is refused at the op's call, naming it). ``opaque`` (named
     ops): True registers a plain ``custom_op`` that torch.compile does not trace into; by
     default only under Triton's interpreter or with ``TRITONGRAD_OPAQUE_OPS=1``.
     """

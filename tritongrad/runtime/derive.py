@@ -58,13 +58,15 @@ def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] |
     ``kept_outputs``: output parameters that hold, whenever the backward runs, what the forward launch stored
     there (an op's tape saves them): values it stored after a reduction are read back rather than replayed
     (stored_outputs.py).
-    Raises :class:`NotDifferentiableError` for what cannot be handled.
+    One name may be given as a string (``wrt="x_ptr"``).
+    Raises :class:`NotDifferentiableError` for what cannot be handled, ValueError for ``wrt`` or ``outputs``
+    naming something twice or naming no pointer the kernel loads (stores) through.
     """
     jit_fn = unwrap(kernel)
     decisive = decisive_constexprs(jit_fn)
     values = {k: plain_value(constexprs[k]) for k in decisive if constexprs is not None and k in constexprs}
-    key = (jit_fn.fn, tuple(wrt) if wrt is not None else None, tuple(outputs) if outputs is not None else None,
-           deterministic, tuple(sorted((k, hashable(v)) for k, v in values.items())), tuple(sorted(kept_outputs)))
+    key = (jit_fn.fn, _names("wrt", wrt), _names("outputs", outputs), deterministic,
+           tuple(sorted((k, hashable(v)) for k, v in values.items())), tuple(sorted(kept_outputs)))
     try:
         return _cached(key, lambda: _derive(jit_fn, key[1], key[2], deterministic, values, key[5]))
     except NotDifferentiableError as e:
@@ -73,6 +75,19 @@ def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] |
             e.add_note(f"(derived for every value of its constexpr parameter(s) {', '.join(missing)}: the "
                        "backward of one specialization may differentiate: pass constexprs={...})")
         raise
+
+
+def _names(what: str, names: Sequence[str] | str | None) -> tuple[str, ...] | None:
+    """``wrt`` or ``outputs`` as a tuple of distinct names (a string is one name, not its characters)."""
+    if names is None:
+        return None
+    names = (names,) if isinstance(names, str) else tuple(names)
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise TypeError(f"{what} names parameters by their names (strings), not {type(name).__name__} {name!r}")
+        if name in names[:i]:
+            raise ValueError(f"{what} names `{name}` twice")
+    return names
 
 
 def _derive(jit_fn: Any, wrt, outputs, deterministic: bool, constexprs: dict[str, Any],

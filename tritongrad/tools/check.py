@@ -8,33 +8,28 @@ computed in float64 from the same inputs, then the gradients of every floating-p
 random gradient of every output, each error the largest absolute difference over the largest
 magnitude expected. On a CPU the kernels run in Triton's interpreter, in float64 where the example
 takes it; on a GPU, in bfloat16 and float32.
+
+What fails in the op is a failing row (its file and line where it raised in the op's file; a kernel that
+cannot be differentiated, its full refusal after the table); what fails in ``make_inputs`` or
+``reference`` is a mistake in what was asked (subjects.UsageError: exit status 2).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from ..core.errors import NotDifferentiableError
 from .sizes import format_size
+from .subjects import Subject, UsageError, load_subject, one_line, raised_at
 
 # largest error relative to the expected tensor's largest magnitude (float32 on a GPU: tl.dot is tf32)
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 5e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
-
-@dataclass(frozen=True)
-class Subject:
-    """What is checked: an op, its reference and input maker, the sizes and dtypes it takes."""
-
-    name: str
-    op: Callable
-    reference: Callable
-    make_inputs: Callable
-    sizes: tuple
-    dtypes: tuple = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+__all__ = ["Row", "Subject", "check", "check_size", "default_dtypes", "load_subject", "table"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +43,7 @@ class Row:
     abs_error: float = float("nan")
     rel_error: float = float("nan")
     error: str = ""  # an exception instead of numbers
+    detail: str = ""  # all it said, where its first line is not enough (a refusal's source line and hint)
 
     @property
     def ok(self) -> bool:
@@ -70,10 +66,14 @@ def _errors(got: torch.Tensor | None, want: torch.Tensor | None) -> tuple[float,
     return diff, diff / max(scale, 1e-30)
 
 
+def _shape(t) -> tuple | str:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def check_size(subject: Subject, size, device: str, dtype: torch.dtype, seed: int = 0) -> list[Row]:
     """The op against its reference at one size (the reference in float64 from the same inputs)."""
     torch.manual_seed(seed)
-    inputs = subject.make_inputs(size, device=device, dtype=dtype)
+    inputs = _users(subject, "make_inputs", size, size, device=device, dtype=dtype)
     names = list(inspect.signature(subject.reference).parameters)
 
     def leaves(wide: bool) -> list:
@@ -81,12 +81,17 @@ def check_size(subject: Subject, size, device: str, dtype: torch.dtype, seed: in
                 if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
 
     ours, theirs = leaves(wide=False), leaves(wide=True)
-    got, want = flatten(subject.op(*ours)), flatten(subject.reference(*theirs))
+    want = flatten(_users(subject, "reference", size, *theirs))
+    got = flatten(subject.op(*ours))
     if len(got) != len(want):
         return [Row(subject.name, size, dtype, "out", error=f"{len(got)} outputs, the reference has {len(want)}")]
     label = (lambda i: "out") if len(got) == 1 else (lambda i: f"out[{i}]")
     rows = [Row(subject.name, size, dtype, label(i), *_errors(g, w))
             for i, (g, w) in enumerate(zip(got, want, strict=True))]
+    shapes = [(i, _shape(g), _shape(w)) for i, (g, w) in enumerate(zip(got, want, strict=True))]
+    if any(g != w for _, g, w in shapes):  # (no gradient to compare either)
+        return [Row(subject.name, size, dtype, label(i), error=f"shape {g}, the reference's {w}")
+                for i, g, w in shapes if g != w]
 
     differentiable = [i for i, w in enumerate(want) if isinstance(w, torch.Tensor) and w.requires_grad]
     torch.manual_seed(seed + 1)
@@ -105,8 +110,19 @@ def check_size(subject: Subject, size, device: str, dtype: torch.dtype, seed: in
     return rows
 
 
+def _users(subject: Subject, what: str, size, *args, **kwargs):
+    """``subject.<what>(*args, **kwargs)``; its failure is a mistake in what was asked, not a failed check."""
+    try:
+        return getattr(subject, what)(*args, **kwargs)
+    except Exception as e:
+        at = raised_at(e, subject.file or None) or raised_at(e)
+        raise UsageError(f"{subject.name}: {what} failed at size {format_size(size)}"
+                         f"{f' ({at})' if at else ''}: {one_line(e)}") from None
+
+
 def check(subject: Subject, device: str, dtypes: Sequence[torch.dtype], sizes: Sequence | None = None) -> list[Row]:
-    """Every size in every dtype the subject takes; an exception becomes a failing row."""
+    """Every size in every dtype the subject takes; an exception in the op becomes a failing row (one in
+    ``make_inputs`` or ``reference`` raises UsageError)."""
     rows = []
     for dtype in dtypes:
         if dtype not in subject.dtypes:
@@ -114,9 +130,14 @@ def check(subject: Subject, device: str, dtypes: Sequence[torch.dtype], sizes: S
         for size in sizes or subject.sizes:
             try:
                 rows += check_size(subject, size, device, dtype)
+            except UsageError:
+                raise
+            except NotDifferentiableError as e:  # the refusal whole: its source line and hint
+                detail = "\n".join([str(e), *getattr(e, "__notes__", ())])
+                rows.append(Row(subject.name, size, dtype, "-", error=one_line(e)[:200], detail=detail))
             except Exception as e:  # report it with the rest, fail at the end
-                first = (str(e).strip().splitlines() or [""])[0]
-                rows.append(Row(subject.name, size, dtype, "-", error=f"{type(e).__name__}: {first}"[:200]))
+                at = raised_at(e, subject.file) if subject.file else ""
+                rows.append(Row(subject.name, size, dtype, "-", error=(one_line(e) + (f" ({at})" if at else ""))[:200]))
     return rows
 
 
@@ -126,41 +147,13 @@ def default_dtypes(device: str) -> tuple[torch.dtype, ...]:
 
 def table(rows: list[Row], title: str = "Forward and gradients against the PyTorch reference"):
     from rich.table import Table
+    from rich.text import Text  # (an error's brackets are not markup)
 
     t = Table(title=title)
     for column in ("op", "size", "dtype", "tensor", "max abs error", "max rel error", "tolerance", "result"):
         t.add_column(column, overflow="fold")
     for r in rows:
-        numbers = ([f"{r.abs_error:.1e}", f"{r.rel_error:.1e}"] if not r.error else [r.error, "-"])
+        numbers = [f"{r.abs_error:.1e}", f"{r.rel_error:.1e}"] if not r.error else [Text(r.error), "-"]
         t.add_row(r.subject, format_size(r.size), str(r.dtype).removeprefix("torch."), r.tensor, *numbers,
                   f"{TOLERANCE[r.dtype]:.0e}", "[green]ok" if r.ok else "[red]FAIL")
     return t
-
-
-def load_subject(spec: str):
-    """An example's name, or ``FILE.py:OP`` whose file also defines ``reference`` and ``make_inputs``
-    (and ``SIZES``, or pass --sizes): what `check` checks (SystemExit with one line if not)."""
-    if ":" not in spec:
-        from .. import examples
-
-        try:
-            e = examples.get(spec)
-        except KeyError as error:
-            raise SystemExit(f"error: {error.args[0]}") from None
-        return Subject(e.name, e.op, e.reference, e.make_inputs, e.sizes, e.dtypes)
-    from ..core.source import import_file
-
-    path, _, name = spec.rpartition(":")
-    file = Path(path).resolve()
-    if not file.exists():
-        raise SystemExit(f"error: no such file: {path}")
-    try:
-        module = import_file(file)
-    except Exception as e:
-        raise SystemExit(f"error: importing {path} failed: {type(e).__name__}: {e}") from None
-    missing = [n for n in (name, "reference", "make_inputs") if not callable(getattr(module, n, None))]
-    if missing:
-        raise SystemExit(f"error: {path} defines no {', '.join(f'`{n}`' for n in missing)} (check needs the op, "
-                         "`reference` with the same signature and `make_inputs(size, device, dtype)`)")
-    return Subject(name, getattr(module, name), module.reference, module.make_inputs,
-                   tuple(getattr(module, "SIZES", ())), tuple(getattr(module, "DTYPES", Subject.dtypes)))

@@ -1,13 +1,24 @@
-"""The ``tritongrad`` command: show a derived backward kernel, run the demo.
+"""The ``tritongrad`` command: show a derived backward kernel, check an op, run the demo, time ops.
 
-    tritongrad show FILE.py:KERNEL [--wrt a,b] [--outputs y]
-    tritongrad check EXAMPLE... | FILE.py:OP [--dtype D...] [--sizes S...]
+    tritongrad show EXAMPLE | FILE.py:KERNEL [--wrt a,b] [--outputs y]
+    tritongrad check EXAMPLE... | FILE.py:OP... [--dtype D...] [--sizes S...]
     tritongrad demo
-    tritongrad bench EXAMPLE... [--dtype D] [--sizes S...] [--mode M...] [--impl I...] [--graphs] [--out DIR]
+    tritongrad bench EXAMPLE... | FILE.py:OP... [--dtype D] [--sizes S...] [--mode M...] [--impl I...] [--graphs]
+                     [--out DIR]
 
-Without a GPU, show and demo switch Triton to its interpreter (CPU tensors) before any
-kernel is defined. A mistake on the command line (a file, kernel or parameter that is not
-there, something that is not a kernel) is one line on stderr and exit status 1.
+One grammar names what every command acts on: a bundled example's name (``rmsnorm``; for ``show``, the
+backward of the example's kernels) or ``FILE.py:NAME``, a kernel for ``show``, an op (a ``@tritongrad.op``
+function) for ``check`` and ``bench``. The file of an op also defines ``make_inputs(size, device, dtype)``, and
+for ``check`` ``reference`` (the same computation in PyTorch); it may define ``SIZES``, ``BENCH_SIZES``,
+``DTYPES``, and for ``bench`` ``traffic(size, dtype)`` (bytes one forward and one backward move:
+``{"fwd": ..., "bwd": ...}``) and ``flops(size)``, as the bundled examples do. The file's folder is put on the
+import path, as Python does for a script, so that it may import its siblings.
+
+Without a GPU, show, check and demo switch Triton to its interpreter (CPU tensors) before any
+kernel is defined. Exit status: 0 when all went well; 1 when a check failed (or, for show, the
+kernel cannot be differentiated: the refusal, with its source line and hint); 2 for a mistake in
+what was asked (a file, op, kernel, parameter or size that is not there or does not fit, a
+``make_inputs`` or ``reference`` that fails), said in one line on stderr.
 """
 
 from __future__ import annotations
@@ -15,7 +26,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
+
+EPILOG = """\
+Each command names what it acts on as a bundled example (rmsnorm) or FILE.py:NAME: a kernel
+for show; an op (a @tritongrad.op function) for check and bench, whose file defines
+make_inputs(size, device, dtype), and for check reference (the same computation in PyTorch).
+Exit status: 0 ok; 1 a check failed (show: the kernel cannot be differentiated); 2 a mistake
+in what was asked, said in one line on stderr."""
 
 
 def use_interpreter_without_gpu() -> str:
@@ -28,76 +45,64 @@ def use_interpreter_without_gpu() -> str:
     return "cpu"
 
 
-def load_kernel(spec: str):
-    """``path/to/file.py:kernel_name`` -> the kernel object defined there (SystemExit with one line if not)."""
-    from ..core.source import import_file, unwrap
-
-    path, _, name = spec.rpartition(":")
-    if not path or not name:
-        raise SystemExit(f"error: expected FILE.py:KERNEL, got {spec!r}")
-    file = Path(path).resolve()
-    if not file.exists():
-        raise SystemExit(f"error: no such file: {path}")
-    try:
-        module = import_file(file)
-    except Exception as e:  # the user's file: say what went wrong where, in one line
-        raise SystemExit(f"error: importing {path} failed: {type(e).__name__}: {e}") from None
-    kernels = [k for k, v in vars(module).items() if _defined_in(v, file, unwrap)]
-    listed = f"; its kernels: {', '.join(kernels)}" if kernels else "; it defines no @triton.jit kernel"
-    if not hasattr(module, name):
-        raise SystemExit(f"error: {path} defines no `{name}`{listed}")
-    kernel = getattr(module, name)
-    try:
-        unwrap(kernel)
-    except TypeError:
-        raise SystemExit(f"error: `{name}` in {path} is not a Triton kernel (it is a {type(kernel).__name__})"
-                         f"{listed}") from None
-    return kernel
-
-
-def _defined_in(obj, file: Path, unwrap) -> bool:
-    """Whether ``obj`` is a Triton kernel (jit function, autotuned or heuristics-driven) written in ``file``."""
-    try:
-        return Path(unwrap(obj).fn.__code__.co_filename).resolve() == file
-    except (TypeError, AttributeError):
-        return False
-
-
 def _name_list(text: str | None) -> tuple[str, ...] | None:
     return tuple(x.strip() for x in text.split(",") if x.strip()) if text else None
 
 
 def show(args: argparse.Namespace) -> int:
     use_interpreter_without_gpu()
-    from .. import NotDifferentiableError, grad
-    from ..analysis.stored_outputs import stored_values
+    from .. import NotDifferentiableError
     from ..codegen.generate import HEADER
+    from ..core.source import unwrap
+    from .subjects import UsageError, defined_at, load_kernels
+
+    try:
+        kernels = load_kernels(args.kernel)
+        wrt, outputs = _name_list(args.wrt), _name_list(args.outputs)
+        texts = [_shown_backward(kernel, wrt, outputs) for kernel in kernels]
+    except (UsageError, ValueError) as e:  # ValueError: --wrt / --outputs naming no such pointer
+        return usage_error(e)
+    except NotDifferentiableError as e:  # the refusal whole: where, what, and its hint
+        print("\n".join([f"error: {e}", *getattr(e, "__notes__", ())]), file=sys.stderr)
+        return 1
+    if len(kernels) > 1:  # (an example's kernels, each under its name)
+        texts = [f"# the backward of `{unwrap(k).fn.__name__}` ({defined_at(unwrap(k))})\n\n{t}"
+                 for k, t in zip(kernels, texts, strict=True)]
+    print(HEADER)
+    print("\n\n".join(texts), end="")
+    return 0
+
+
+def _shown_backward(kernel, wrt, outputs) -> str:
+    """A kernel's derived backward as ``show`` prints it, with the variants an op's backward launches."""
+    from .. import grad
+    from ..analysis.stored_outputs import stored_values
     from ..core.source import unwrap
     from ..runtime.augment import augmented
 
-    kernel = load_kernel(args.kernel)
-    try:
-        bwd = grad(kernel, wrt=_name_list(args.wrt), outputs=_name_list(args.outputs))
-    except (NotDifferentiableError, ValueError) as e:  # ValueError: --wrt / --outputs naming no such pointer
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(HEADER)
-    print(bwd.src, end="")
+    bwd = grad(kernel, wrt=wrt, outputs=outputs)
+    text = bwd.src
     notes = bwd.launch_notes()
     if notes:
-        print("\n" + notes, end="")
+        text += "\n" + notes
     readable = sorted({k.param for k in stored_values(bwd.program, bwd.analysis.stores).values()})
-    kept = grad(kernel, wrt=_name_list(args.wrt), outputs=_name_list(args.outputs), kept_outputs=readable) if readable \
-        else bwd
+    kept = grad(kernel, wrt=wrt, outputs=outputs, kept_outputs=readable) if readable else bwd
     if kept.src != bwd.src:
-        print(f"\n\n# Through a tritongrad.op, which saves {', '.join(f'`{p}`' for p in readable)} for the backward, "
-              f"it reads back what the forward stored there (stored_outputs.py):\n\n{kept.src}", end="")
+        text += (f"\n\n# Through a tritongrad.op, which saves {', '.join(f'`{p}`' for p in readable)} for the "
+                 f"backward, it reads back what the forward stored there (stored_outputs.py):\n\n{kept.src}")
     found = augmented(unwrap(kernel), {})
     best = bwd.saved_writes.best()
     if found is not None and bwd.saved_tapes() == found.tapes:
-        print(f"\n\n# Through a tritongrad.op, the forward keeps what the backward reads of its loops (augment.py): it "
-              f"launches\n\n{found.src}\n# and the backward reads them:\n\n{bwd.variant(best, saved=True).src}", end="")
-    return 0
+        text += (f"\n\n# Through a tritongrad.op, the forward keeps what the backward reads of its loops (augment.py): "
+                 f"it launches\n\n{found.src}\n# and the backward reads them:\n\n{bwd.variant(best, saved=True).src}")
+    return text
+
+
+def usage_error(error: Exception) -> int:
+    """A mistake in what was asked: one line on stderr, exit status 2 (as argparse's own)."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    print(message if message.startswith("error: ") else f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def check(args: argparse.Namespace) -> int:
@@ -106,25 +111,26 @@ def check(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from .check import check as run_check
-    from .check import default_dtypes, load_subject, table
+    from .check import default_dtypes, table
+    from .subjects import UsageError, check_sizes, load_subject
 
-    try:  # a mistake in what to check is a usage error: exit status 2, as argparse's (1: a check failed)
-        subjects = [load_subject(spec) for spec in args.subjects]
-    except SystemExit as e:
-        print(e, file=sys.stderr)
-        return 2
-    for s in subjects:
-        if not s.sizes and not args.sizes:
-            print(f"error: {s.name} has no SIZES; pass --sizes", file=sys.stderr)
-            return 2
     dtypes = tuple(getattr(torch, d) for d in args.dtype) if args.dtype else default_dtypes(device)
-    rows = [row for s in subjects for row in run_check(s, device, dtypes, args.sizes)]
+    try:
+        subjects = [load_subject(spec) for spec in args.subjects]
+        for s in subjects:
+            if not s.sizes and not args.sizes:
+                raise UsageError(f"{s.name} has no SIZES; pass --sizes")
+            check_sizes(s, args.sizes)
+        rows = [row for s in subjects for row in run_check(s, device, dtypes, args.sizes)]
+    except UsageError as e:
+        return usage_error(e)
     if not rows:
-        print(f"error: none of {', '.join(s.name for s in subjects)} takes "
-              f"{', '.join(str(d).removeprefix('torch.') for d in dtypes)}", file=sys.stderr)
-        return 2
+        return usage_error(UsageError(f"none of {', '.join(s.name for s in subjects)} takes "
+                                      f"{', '.join(str(d).removeprefix('torch.') for d in dtypes)}"))
     console = Console()
     console.print(table(rows))
+    for detail in dict.fromkeys(r.detail for r in rows if r.detail):  # refusals whole, once each
+        print(f"\n{detail}")
     failed = sum(not r.ok for r in rows)
     console.print(f"[red]{failed} of {len(rows)} failed" if failed else f"[green]all {len(rows)} ok")
     return 1 if failed else 0
@@ -144,25 +150,27 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tritongrad", description="Reverse-mode AD of Triton kernels.")
+    parser = argparse.ArgumentParser(prog="tritongrad", description="Reverse-mode AD of Triton kernels.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     commands = parser.add_subparsers(dest="command", required=True)
-    p = commands.add_parser("show", help="print the derived backward kernel of FILE.py:KERNEL")
-    p.add_argument("kernel", metavar="FILE.py:KERNEL")
+    p = commands.add_parser("show", help="print the derived backward of an example's kernels or of FILE.py:KERNEL")
+    p.add_argument("kernel", metavar="EXAMPLE|FILE.py:KERNEL")
     p.add_argument("--wrt", help="pointer parameters to differentiate, comma-separated")
     p.add_argument("--outputs", help="pointer parameters whose stores are differentiated, comma-separated")
     p.set_defaults(func=show)
-    p = commands.add_parser("check", help="an op's forward and gradients against its PyTorch reference")
+    p = commands.add_parser("check", help="an op's forward and gradients against its PyTorch reference (FILE.py "
+                            "also defines reference and make_inputs(size, device, dtype))")
     p.add_argument("subjects", nargs="+", metavar="EXAMPLE|FILE.py:OP")
     p.add_argument("--dtype", nargs="+", choices=("float64", "float32", "bfloat16", "float16"),
                    help="default: float64 on a CPU, bfloat16 and float32 on a GPU")
     from .sizes import parse_size
 
-    p.add_argument("--sizes", nargs="+", type=parse_size, help="N or AxB...; default: the example's SIZES")
+    p.add_argument("--sizes", nargs="+", type=parse_size, help="N or AxB...; default: the subject's SIZES")
     p.set_defaults(func=check)
     p = commands.add_parser("demo", help="derive, print and check the backward of the bundled examples")
     p.set_defaults(func=demo)
-    p = commands.add_parser("bench", help="time the examples against eager PyTorch, torch.compile and Liger-Kernel "
-                            "(GPU; --replot DIR redraws plots from CSVs anywhere)")
+    p = commands.add_parser("bench", help="time examples or FILE.py:OP against eager PyTorch, torch.compile and "
+                            "Liger-Kernel (GPU; --replot DIR redraws plots from CSVs anywhere)")
     from .bench import add_arguments
 
     add_arguments(p)

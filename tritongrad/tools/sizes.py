@@ -19,4 +19,6 @@ def parse_size(text: str):
         numbers = tuple(int(p) for p in parts)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a size is N or AxB (integers), not {text!r}") from None
+    if any(n < 0 for n in numbers):
+        raise argparse.ArgumentTypeError(f"a size is N or AxB (integers, none negative), not {text!r}")
     return numbers[0] if len(numbers) == 1 else numbers

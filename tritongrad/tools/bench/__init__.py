@@ -2,7 +2,16 @@
 
     tritongrad bench rmsnorm softmax [--dtype bfloat16|float16|float32] [--sizes 4096x4096 ...]
                      [--mode fwd|bwd|fwd+bwd ...] [--impl tritongrad eager ...] [--graphs] [--out DIR]
+    tritongrad bench my_ops.py:my_op --sizes 8192x4096   # your own op
     tritongrad bench --replot DIR        # PNGs and summary.md again from DIR's CSVs (no GPU needed)
+
+Your own op is named ``FILE.py:OP`` (the ``@tritongrad.op`` function); its file defines
+``make_inputs(size, device, dtype)`` as the examples do (tritongrad/examples/__init__.py), and may define
+``reference`` (the same computation in PyTorch: without it there are no eager and compile rows, and its
+forward is not compared), ``BENCH_SIZES`` (else pass ``--sizes``), ``DTYPES``, ``traffic(size, dtype)``
+(the bytes one forward and one backward move, ``{"fwd": ..., "bwd": ...}``: without it no GB/s) and
+``flops(size)``. Its table, CSV and plot are those of an example, named after the op; Liger-Kernel rows
+only where asked for with ``--impl``.
 
 Implementations of one example, all measured in one run, one size after another:
 
@@ -49,6 +58,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..sizes import format_size, parse_size
+from ..subjects import UsageError, check_sizes, load_subject
 from .competitors import IMPLS, implementations, installed_version
 from .measure import copy_bandwidth, do_bench_median, graph_median, measure_size, short_error
 from .plot import write_plot
@@ -84,7 +94,9 @@ def replot(folder: Path, console=None) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("examples", nargs="*", metavar="EXAMPLE", help="bundled examples to time")
+    p.add_argument("examples", nargs="*", metavar="EXAMPLE|FILE.py:OP",
+                   help="bundled examples, or your op: FILE.py:OP, whose file defines make_inputs(size, device, dtype) "
+                   "and may define reference, BENCH_SIZES, DTYPES, traffic(size, dtype) and flops(size)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="input dtype (default: bfloat16)")
     p.add_argument("--sizes", nargs="+", type=parse_size, metavar="SIZE",
                    help="sizes as N or AxB (default: each example's BENCH_SIZES)")
@@ -135,14 +147,23 @@ def _registry():
 
 
 def resolve(names: Sequence[str], registry=None) -> list:
-    """Examples by name; SystemExit with one line listing the valid names for an unknown one."""
-    registry = registry or _registry()
-    known = [e if isinstance(e, str) else e.name for e in registry.EXAMPLES]
+    """Examples by name, and ``FILE.py:OP`` (the op, its file's ``make_inputs``, and where defined its
+    ``reference``, ``BENCH_SIZES``, ``DTYPES``, ``traffic`` and ``flops``: subjects.load_subject); SystemExit with one
+    line for an unknown name (listing the valid ones) or a mistake in the file."""
     found = []
     for name in names:
+        if ":" in name or name.endswith(".py"):
+            try:
+                found.append(load_subject(name, reference=False))
+            except UsageError as e:
+                raise SystemExit(f"tritongrad bench: {e}") from None
+            continue
+        registry = registry or _registry()
+        known = [e if isinstance(e, str) else e.name for e in registry.EXAMPLES]
         spelled = name if name in known else name.replace("-", "_")
         if spelled not in known:
-            raise SystemExit(f"tritongrad bench: unknown example {name!r} (examples: {', '.join(known)})")
+            raise SystemExit(f"tritongrad bench: unknown example {name!r} (examples: {', '.join(known)}; "
+                             "or name FILE.py:OP)")
         found.append(registry.get(spelled))
     return found
 
@@ -181,6 +202,11 @@ def main(args: argparse.Namespace, *, registry=None, device: str | None = None, 
         sizes = list(args.sizes or getattr(example, "bench_sizes", None) or [])
         if not sizes:
             print(f"tritongrad bench: {example.name} has no BENCH_SIZES; pass --sizes", file=sys.stderr)
+            return 2
+        try:
+            check_sizes(example, sizes)
+        except UsageError as e:
+            print(f"tritongrad bench: {e}", file=sys.stderr)
             return 2
         plan.append((example, sizes, implementations(example, args.impl, args.dtype)))
     eager_timer = timer or do_bench_median

@@ -92,12 +92,17 @@ def implementations(example, requested: Sequence[str] | None, dtype_name: str) -
     """The implementations to time for an example (all of IMPLS by default; Liger's where it has the op)."""
     import torch
 
+    reference = getattr(example, "reference", None)
     names = list(requested) if requested else [
         i for i in IMPLS
-        if i not in ("liger", "liger-fwd") or _canonical(example.name) in (LIGER if i == "liger" else LIGER_FWD)]
+        if (i not in ("liger", "liger-fwd") or getattr(example, "bundled", True)
+            and _canonical(example.name) in (LIGER if i == "liger" else LIGER_FWD))
+        and (reference is not None or i not in ("compile", "eager"))]
     impls = []
     for name in names:
-        if name == "tritongrad":
+        if name in ("compile", "eager") and reference is None:
+            impls.append(Impl(name, None, f"{example.name} has no `reference` beside it"))
+        elif name == "tritongrad":
             dtypes = getattr(example, "dtypes", None)
             if dtypes and getattr(torch, dtype_name) not in dtypes:
                 supported = ", ".join(str(d).removeprefix("torch.") for d in dtypes)

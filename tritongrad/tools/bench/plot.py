@@ -1,4 +1,4 @@
-"""The PNG of a run: GB/s (or TFLOP/s) against size, a line per implementation, the copy bandwidth as a
+"""The PNG of a run: GB/s (or TFLOP/s, or ms) against size, a line per implementation, the copy bandwidth as a
 reference line; optional (matplotlib, ``pip install 'tritongrad[plot]'``): the CSV holds every number anyway."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def _size_axis(sizes: list[str]) -> tuple[list[float], str, bool]:
 
 
 def write_plot(rows: list[dict], path: Path) -> bool:
-    """A PNG of GB/s (TFLOP/s where the example counts FLOPs) against size, one line per
-    implementation, for one example, dtype and mode. False (nothing written) without matplotlib."""
+    """A PNG of GB/s (TFLOP/s where the example counts FLOPs; ms where it counts neither) against size, one line
+    per implementation, for one example, dtype and mode. False (nothing written) without matplotlib."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -40,6 +40,8 @@ def write_plot(rows: list[dict], path: Path) -> bool:
         return False
     first = rows[0]
     key, unit = ("tflops", "TFLOP/s") if any(r["tflops"] is not None for r in rows) else ("gbps", "GB/s")
+    if key == "gbps" and all(r["gbps"] is None for r in rows):  # an op without traffic(): its times (lower: better)
+        key, unit = "ms", "ms (lower is faster)"
     sizes = list(dict.fromkeys(r["size"] for r in rows))
     xs, xlabel, log = _size_axis(sizes)
     x_of = dict(zip(sizes, xs, strict=True))
