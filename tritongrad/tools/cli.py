@@ -18,6 +18,12 @@ import sys
 from pathlib import Path
 
 
+def _version() -> str:
+    from .. import __version__  # the one place it is written (pyproject.toml reads it too)
+
+    return __version__
+
+
 def use_interpreter_without_gpu() -> str:
     """Pick the device; without CUDA, run kernels through Triton's interpreter."""
     import torch
@@ -145,6 +151,7 @@ def bench(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tritongrad", description="Reverse-mode AD of Triton kernels.")
+    parser.add_argument("--version", action="version", version=f"tritongrad {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("show", help="print the derived backward kernel of FILE.py:KERNEL")
     p.add_argument("kernel", metavar="FILE.py:KERNEL")
