@@ -11,6 +11,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from rich.console import Console
 
 import tritongrad
 from tritongrad.tools.testing import assert_gradients_match, backward_launch, poison
@@ -86,15 +87,38 @@ def _derived_rmsnorm() -> str:
     return tritongrad.grad(rmsnorm.rmsnorm_fwd).src
 
 
-def test_demo_wraps_long_lines_rather_than_cutting_them():
+def test_demo_piped_keeps_source_lines_whole_and_table_cells_unbroken():
+    """`tritongrad demo | cat`: the kernels can be pasted, the table read; COLUMNS=70 is a narrow terminal's."""
     result = tritongrad_cli("demo", columns=70)
     assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
     assert "…" not in result.stdout
-    # the derived kernel's longest line (its signature) is all there, wrapped
-    flat = "".join(result.stdout.split())
-    signature = "".join(next(line for line in _derived_rmsnorm().splitlines() if line.startswith("def ")).split())
-    assert len(signature) > 70 and signature in flat
-    assert re.search(r"all \d+ ok", result.stdout)  # the check table, its cells folded rather than cut
+    derived = _derived_rmsnorm().splitlines()
+    assert max(map(len, derived)) > 160  # its signature: longer than any width it could be wrapped at
+    assert all(line in lines for line in derived if line.strip()), "a line of the derived kernel was wrapped"
+    from tritongrad.examples import NAMES
+
+    cells = {cell.strip() for line in lines if line.startswith("│") for cell in line.split("│")}
+    assert set(NAMES) <= cells, f"names broken across lines in the table: {set(NAMES) - cells}"
+    steps = [line.split(".")[0] for line in lines if re.match(r"\d+\. ", line)]
+    assert steps == ["1", "2", "3"], steps  # two kernels, then the check table (no GPU: no bench)
+    assert re.search(r"all \d+ ok", result.stdout)
+
+
+def test_demo_on_a_terminal_wraps_long_source_lines_rather_than_cutting_them():
+    import io
+
+    from tritongrad.tools.demo import print_source
+
+    line = "def kernel(" + ", ".join(f"argument_{i}" for i in range(12)) + "):"
+    screen = io.StringIO()
+    print_source(Console(file=screen, force_terminal=True, width=70, color_system=None), line)
+    shown = screen.getvalue()
+    assert "…" not in shown and len(shown.splitlines()) > 1
+    assert "".join(shown.split()) == "".join(line.split())
+    piped = io.StringIO()
+    print_source(Console(file=piped, width=70), line)
+    assert piped.getvalue() == line + "\n"
 
 
 # -- backward_launch: the default wrt is the launch's float tensors ---------------------------------

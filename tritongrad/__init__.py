@@ -21,7 +21,7 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it, `tritongrad --version` prints it
 
 
 def __getattr__(name: str):

@@ -35,6 +35,12 @@ Exit status: 0 ok; 1 a check failed (show: the kernel cannot be differentiated);
 in what was asked, said in one line on stderr."""
 
 
+def _version() -> str:
+    from .. import __version__  # the one place it is written (pyproject.toml reads it too)
+
+    return __version__
+
+
 def use_interpreter_without_gpu() -> str:
     """Pick the device; without CUDA, run kernels through Triton's interpreter."""
     import torch
@@ -152,6 +158,7 @@ def bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tritongrad", description="Reverse-mode AD of Triton kernels.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"tritongrad {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("show", help="print the derived backward of an example's kernels or of FILE.py:KERNEL")
     p.add_argument("kernel", metavar="EXAMPLE|FILE.py:KERNEL")
