@@ -105,6 +105,13 @@ def test_demo_piped_keeps_source_lines_whole_and_table_cells_unbroken():
     assert re.search(r"all \d+ ok", result.stdout)
 
 
+def test_check_piped_keeps_table_cells_unbroken():
+    result = tritongrad_cli("check", "cross_entropy", "--sizes", "3x45", columns=70)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = {cell.strip() for line in result.stdout.splitlines() if line.startswith("│") for cell in line.split("│")}
+    assert "cross_entropy" in cells, result.stdout
+
+
 def test_demo_on_a_terminal_wraps_long_source_lines_rather_than_cutting_them():
     import io
 

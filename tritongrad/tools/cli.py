@@ -114,10 +114,10 @@ def usage_error(error: Exception) -> int:
 def check(args: argparse.Namespace) -> int:
     device = use_interpreter_without_gpu()
     import torch
-    from rich.console import Console
 
     from .check import check as run_check
     from .check import default_dtypes, table
+    from .demo import console as wide_console
     from .subjects import UsageError, check_sizes, load_subject
 
     dtypes = tuple(getattr(torch, d) for d in args.dtype) if args.dtype else default_dtypes(device)
@@ -133,7 +133,7 @@ def check(args: argparse.Namespace) -> int:
     if not rows:
         return usage_error(UsageError(f"none of {', '.join(s.name for s in subjects)} takes "
                                       f"{', '.join(str(d).removeprefix('torch.') for d in dtypes)}"))
-    console = Console()
+    console = wide_console()  # (piped: wide enough that names are not folded)
     console.print(table(rows))
     for detail in dict.fromkeys(r.detail for r in rows if r.detail):  # refusals whole, once each
         print(f"\n{detail}")
