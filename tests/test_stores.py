@@ -496,12 +496,17 @@ def test_a_row_the_programs_compute_is_checked_over_the_grid_at_launch():
     assert info.value.line == marked_line(rows_clamped)
 
 
-@pytest.mark.parametrize("kernel", [rows_from_a_range_of_the_program])
-def test_an_address_that_loses_the_program_id_is_refused(kernel):
-    with pytest.raises(NotDifferentiableError, match="through an operation that may send two programs to one element") \
-            as info:
-        tritongrad.grad(kernel)
-    assert info.value.line == marked_line(kernel)
+def test_a_loop_whose_range_the_programs_compute_is_checked_per_program_and_iteration_at_launch():
+    """The row ``i`` each program's loop visits, evaluated over the grid and the iterations each program runs (the
+    index a persistent kernel swizzles): one program alone writes each row once; two write row 1 both."""
+    x, y = torch.randn(4, 4, dtype=torch.float64), poison(torch.empty(2, 4, dtype=torch.float64))
+    d_y = torch.randn_like(y)
+    got = backward_launch(rows_from_a_range_of_the_program, (1,), (x, y), {"BLOCK": 4}, {"y_ptr": d_y})
+    torch.testing.assert_close(got["x_ptr"][:2], 2.0 * d_y)
+    with pytest.raises(NotDifferentiableError, match=r"program \(0, 0, 0\) at i = 1 and program \(1, 0, 0\) at i = 1 "
+                       "compute the same") as info:
+        backward_launch(rows_from_a_range_of_the_program, (2,), (x, y), {"BLOCK": 4}, {"y_ptr": d_y})
+    assert info.value.line == marked_line(rows_from_a_range_of_the_program)
 
 
 @triton.jit

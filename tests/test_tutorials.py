@@ -239,6 +239,132 @@ def test_a_matmul_with_grouped_ordering_gets_pytorchs_gradients(m, k, n, group_m
 
 
 @triton.jit
+def tile_of(tile, in_group, tiles_m, GROUP_M: tl.constexpr):
+    # the grouped ordering, as the persistent tutorial factors it out: a tile number -> (tile row, tile column)
+    group = tile // in_group
+    first_m = group * GROUP_M
+    group_rows = min(tiles_m - first_m, GROUP_M)
+    return first_m + (tile % group_rows), (tile % in_group) // group_rows
+
+
+@triton.jit
+def persistent_matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      NUM_SMS: tl.constexpr, SUBTILE: tl.constexpr):
+    # NUM_SMS programs walk the tiles (tile = start, start + NUM_SMS, ...); the epilogue finds its tile again from a
+    # counter of its own, and with SUBTILE stores the tile's two column halves apart
+    start = tl.program_id(axis=0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles = tiles_m * tiles_n
+    tile_c = start - NUM_SMS
+    ks = tl.arange(0, BLOCK_K)
+    in_group = GROUP_M * tiles_n
+    for tile in tl.range(start, tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = tile_of(tile, in_group, tiles_m, GROUP_M)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows = tl.where(rows < M, rows, 0)  # ragged tiles read row 0 (stored nowhere)
+        cols = tl.where(cols < N, cols, 0)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+        for kk in range(k_tiles):
+            offs_k = kk * BLOCK_K + ks
+            a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak,
+                        mask=ks[None, :] < K - kk * BLOCK_K, other=0.0)
+            b = tl.load(b_ptr + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn,
+                        mask=ks[:, None] < K - kk * BLOCK_K, other=0.0)
+            acc = tl.dot(a, b, acc)
+        tile_c += NUM_SMS
+        pid_m, pid_n = tile_of(tile_c, in_group, tiles_m, GROUP_M)
+        out_rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        if SUBTILE:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
+            tl.store(c_ptr + stride_cm * out_rows[:, None] + stride_cn * out_cols[None, :], left,
+                     mask=(out_rows[:, None] < M) & (out_cols[None, :] < N))
+            out_cols = out_cols + BLOCK_N // 2
+            tl.store(c_ptr + stride_cm * out_rows[:, None] + stride_cn * out_cols[None, :], right,
+                     mask=(out_rows[:, None] < M) & (out_cols[None, :] < N))
+        else:
+            out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            tl.store(c_ptr + stride_cm * out_rows[:, None] + stride_cn * out_cols[None, :], acc,
+                     mask=(out_rows[:, None] < M) & (out_cols[None, :] < N))
+
+
+@tritongrad.op
+def persistent_mm(a, b, num_sms: int, subtile: bool, programs: int | None = None):
+    M, K = a.shape
+    _, N = b.shape
+    c = torch.full((M, N), float("nan"), device=a.device, dtype=a.dtype)
+    tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+    grid = (programs or min(num_sms, tiles),)  # the tutorial's: no more programs than tiles
+    persistent_matmul[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
+                            c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, NUM_SMS=num_sms,
+                            SUBTILE=subtile)
+    return c
+
+
+@pytest.mark.parametrize("subtile", [False, True])
+@pytest.mark.parametrize("m, k, n, num_sms", [(37, 45, 29, 3), (50, 20, 70, 4), (20, 9, 16, 1), (33, 17, 40, 64)])
+@float64_dots
+def test_the_persistent_matmul_gets_pytorchs_gradients(m, k, n, num_sms, subtile, poisoned_empty):
+    """Tiles walked by a grid-stride loop, swizzled by a helper from the loop's index and from a counter of the
+    epilogue's own: the tile map is evaluated per program and iteration at launch (issue 38, item 7)."""
+    a = torch.randn(m, k, dtype=D, device=DEVICE, requires_grad=True)
+    b = torch.randn(k, n, dtype=D, device=DEVICE, requires_grad=True)
+    c = persistent_mm(a, b, num_sms, subtile)
+    want = a @ b
+    torch.testing.assert_close(c, want.detach())
+    g = torch.randn_like(c)
+    for x, y in zip(torch.autograd.grad(c, (a, b), g), torch.autograd.grad(want, (a, b), g), strict=True):
+        torch.testing.assert_close(x, y)
+
+
+@float64_dots
+def test_a_persistent_matmul_launched_with_more_programs_than_its_step_is_refused_at_the_launch():
+    a = torch.randn(37, 20, dtype=D, device=DEVICE, requires_grad=True)
+    b = torch.randn(20, 29, dtype=D, device=DEVICE, requires_grad=True)
+    c = persistent_mm(a, b, 3, False, programs=5)  # programs 0 and 3 both take tile 3
+    with pytest.raises(tritongrad.NotDifferentiableError, match="compute the same"):
+        c.sum().backward()
+
+
+@triton.jit
+def halves(x_ptr, y_ptr, n, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+    # rows of n (their stride): a tile of 2 * BLOCK columns stored as two halves, the second SHIFT further on,
+    # each masked by the row's end (a ragged last tile would reach into the next row)
+    row = tl.program_id(0) * n
+    cols = tl.program_id(1) * 2 * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + row + cols, tl.load(x_ptr + row + cols, mask=cols < n) * 2.0, mask=cols < n)
+    right = tl.load(x_ptr + row + cols + BLOCK, mask=cols + BLOCK < n)
+    tl.store(y_ptr + row + cols + SHIFT, right * 3.0, mask=cols + SHIFT < n)
+
+
+@pytest.mark.parametrize("shift, apart", [(8, True), (7, False)])
+def test_halves_of_a_tile_stored_apart_are_told_apart_by_their_masks(shift, apart, poisoned_empty):
+    """The second half's mask is the first's moved by the shift: read as one bound over both stores (the
+    persistent tutorial's EPILOGUE_SUBTILE), so a ragged last tile is no overlap; a shift into the first half is."""
+    def launch(x):
+        y = torch.full_like(x, float("nan"))
+        halves[(x.shape[0], triton.cdiv(x.shape[1], 16))](x, y, x.shape[1], SHIFT=shift, BLOCK=8)
+        return y
+
+    x = torch.randn(3, 45, dtype=D, device=DEVICE, requires_grad=True)
+    y = tritongrad.op(launch)(x)
+    if not apart:
+        with pytest.raises(tritongrad.NotDifferentiableError, match="second tl.store"):
+            y.sum().backward()
+        return
+    want = torch.where(torch.arange(45, device=DEVICE) % 16 < 8, 2.0, 3.0).to(D)
+    torch.testing.assert_close(y, x.detach() * want)
+    g = torch.randn_like(y)
+    (got,) = torch.autograd.grad(y, (x,), g)
+    torch.testing.assert_close(got, g * want)
+
+
+@triton.jit
 def clamped_rows(x_ptr, y_ptr, LAST, BLOCK: tl.constexpr):
     row = min(tl.program_id(0), LAST)  # programs past LAST all write row LAST
     cols = tl.arange(0, BLOCK)

@@ -33,13 +33,11 @@ from .forms import (
     LoopIndex,
     ProgramDigit,
     ProgramId,
-    ProgramValue,
     form_of_terms,
-    form_program_axes,
     varies,
 )
 from .launch_values import UNKNOWN_TRIP, Expr
-from .scalars import divisor_text, program_expr, scalar_expr, starts_at_zero
+from .scalars import divisor_text, iteration_values, program_value, scalar_expr, starts_at_zero
 
 
 def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
@@ -78,6 +76,7 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
                 pinned[c.name] = (c.init, key, step)
                 in_loop |= {id(s) for s in statements(node.body) if target_of(s) == c.name}
     loop_indices = dict(forms)
+    iterating = iteration_values(body, defs, pinned, params)
     for _ in range(3):  # loop-carried names feed their own definitions: a few passes settle them
         previous, forms = forms, dict(loop_indices)
         seen = collections.ChainMap(forms, previous)  # this pass's forms, the last pass's for names not yet met
@@ -99,7 +98,8 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
             if t in pinned:
                 starts[t] = _form_of(s, seen, shapes, defs) or form_of_terms({}, 0)
                 continue
-            new = _program_value(t, _form_of(s, seen, shapes, defs), axes_of.get(t, set()), shapes, defs, params)
+            new = program_value(t, _form_of(s, seen, shapes, defs), axes_of.get(t, set()), _rank(ast.Name(t), shapes),
+                                defs, params, iterating)
             old = forms.get(t) if t in defined else None
             if old is not None and new is not None and old != new:
                 new = Form(old.terms, old.rank, False)  # two definitions disagree: no proof
@@ -131,17 +131,6 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
                 if count.names() <= params:
                     program_trips[LoopIndex(node.target.id)] = count
     return forms
-
-
-def _program_value(name: str, form: Form | None, axes: set[int], shapes: dict, defs: dict,
-                   params: frozenset[str]) -> Form | None:
-    """``form``, or for a scalar computed from the program ids by integer math that loses them as coordinates (a
-    swizzle: ``pid_n = (pid % in_group) // group_size``, ``min(...)``), the coordinate of its own that its value
-    over the grid gives (forms.ProgramValue), where that value is integer math on the ids and parameters."""
-    if not axes or (form is not None and axes <= form_program_axes(form)) or _rank(ast.Name(name), shapes) != 0:
-        return form
-    value = program_expr(name, defs, params)
-    return form if value is None else form_of_terms({ProgramValue(name, value): (1, ())}, 0)
 
 
 def _moving_range(call: ast.Call, forms: dict[str, Form]) -> Form | None:
@@ -413,7 +402,7 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
         return unknown
     e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
     offset = None
-    if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs)):
+    if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs, forms)):
         split = _scalar_offset(e, forms, defs, loaded)  # `start + cols < end` reads `cols < end - start`
         if split is None:
             return unknown
@@ -427,7 +416,8 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
         bound.id not in forms or (loaded and not varies(bound.id, forms))))
     if not lane_free or not form.affine:
         return unknown
-    limit = _atom_expr(bound) if offset is None else _atom_expr(bound) - _atom_expr(offset)
+    limit = _atom_expr(bound) if offset is None else _atom_expr(bound) - scalar_expr(offset, defs)  # (an offset
+    # the kernel computes, `BLOCK_N // 2`, through its definition)
     return [(form, limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
 
 
@@ -437,10 +427,13 @@ def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict, loaded: bool
     if not isinstance(e, ast.Name) or len(defs.get(e.id, [])) != 1 or not hasattr(defs[e.id][0], "tg"):
         return None
     op = op_of(defs[e.id][0])
+    if op.kind in ("subscript", "expand_dims", "broadcast_to") and e.id in forms:  # `(cols + half)[None, :]`:
+        inner = _scalar_offset(op.args[0], forms, defs, loaded)  # the same offset, its sum in this shape
+        return None if inner is None else (e, inner[1])
     if op.kind != "add":
         return None
     for t, s in (op.args[:2], op.args[1::-1]):
-        if (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs)
+        if (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs, forms)
                 and (isinstance(s, ast.Constant) or (isinstance(s, ast.Name) and (
                     s.id not in forms or (loaded and not varies(s.id, forms)))))):
             return t, s
@@ -455,7 +448,7 @@ def _moved_term(bound: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[Fo
     if not hasattr(stmt, "tg") or op_of(stmt).kind != "sub":
         return None
     b, t = op_of(stmt).args[:2]
-    if not (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs)):
+    if not (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs, forms)):
         return None
     if not (isinstance(b, ast.Constant) or (isinstance(b, ast.Name) and b.id not in forms)):
         return None

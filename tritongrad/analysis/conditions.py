@@ -191,8 +191,9 @@ class All:
 class ProgramsApart:
     """Distinct programs of the grid give distinct tuples of ``values`` (the program coordinates of an address,
     each an expression over the program ids), none negative: what lets ``Apart`` take a value a program computes
-    (a swizzle: forms.ProgramValue) for a coordinate. Evaluated over the whole grid on the host (up to
-    MAX_PROGRAMS programs: a larger grid cannot be read, so it does not hold)."""
+    (a swizzle: forms.ProgramValue) for a coordinate. Where a value reads a grid-stride loop's index (a persistent
+    kernel's tile), distinct iterations of one program too. Evaluated over the whole grid on the host (up to
+    MAX_PROGRAMS programs or iterations: a larger grid cannot be read, so it does not hold)."""
 
     values: tuple[Expr, ...]
     names_of: tuple[str, ...] = ()
@@ -206,24 +207,30 @@ class ProgramsApart:
         import torch
 
         try:
-            every = launch.over_the_grid()
+            every = launch.over_the_launch(Expr("tuple", self.values))
         except Unreadable as e:  # a grid too large to read program by program: not shown
             return f"{e} cannot be read program by program"
-        ids = torch.stack(every.every_program, 1)
+        ids = torch.stack(every.every_program, 1)  # one row per program (and iteration of a loop a value reads)
+        loops = every.every_index or {}
+
+        def program(row: int) -> str:
+            return f"program {tuple(ids[row].tolist())}" + "".join(f" at {k} = {int(v[row])}" for k, v in loops.items())
+
         names = self.names_of or tuple(str(v) for v in self.values)
         columns = []
         for name, value in zip(names, self.values, strict=True):
             v = value.evaluate(every)
             v = v.to(torch.int64) if isinstance(v, torch.Tensor) else torch.full((len(ids),), int(v))
             if bool((v < 0).any()):
-                return f"program {tuple(ids[int((v < 0).nonzero()[0])].tolist())} has {name} < 0"
+                return f"{program(int((v < 0).nonzero()[0]))} has {name} < 0"
             columns.append(v)
         rows = torch.stack(columns, 1)
         _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
         if bool((counts > 1).any()):
             first, second = (inverse == int((counts > 1).nonzero()[0])).nonzero()[:2, 0].tolist()
-            return (f"programs {tuple(ids[first].tolist())} and {tuple(ids[second].tolist())} compute the same "
-                    f"{', '.join(names)}: {tuple(rows[first].tolist())}")
+            both = (f"programs {tuple(ids[first].tolist())} and {tuple(ids[second].tolist())}" if not loops else
+                    f"{program(first)} and {program(second)}")
+            return f"{both} compute the same {', '.join(names)}: {tuple(rows[first].tolist())}"
         return None
 
     def names(self) -> set[str]:

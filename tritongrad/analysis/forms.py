@@ -73,6 +73,11 @@ class ProgramValue:
     def axes(self) -> set[int]:
         return self.value.program_axes()
 
+    @property
+    def loops(self) -> set[str]:
+        """The grid-stride loops whose index it reads (a persistent kernel's tile: a coordinate of the loop)."""
+        return {e.args[0] for e in self.value.loops()}
+
     def __str__(self) -> str:
         return f"`{self.name}` (from the program ids)"
 
@@ -114,6 +119,22 @@ class Digit:
         x = " + ".join(f"{_coefficient_text(c)}{k}" for k, c in self.dividend.terms)
         divisor = self.divisor if self.divisor.isidentifier() or self.divisor.isdigit() else f"({self.divisor})"
         return f"({x}) {'//' if self.quotient else '%'} {divisor}"
+
+
+def coefficient_expr(c: Coefficient) -> Expr:
+    """``n * s1 * s2``: an integer times scalar names."""
+    n, symbols = c
+    e = Expr.const(n)
+    for symbol in symbols:
+        e = e * Expr.name(symbol)
+    return e
+
+
+def moves_with(form: Form, loop: LoopIndex) -> bool:
+    """Whether the form takes the loop's iterations apart: the loop's coordinate, or a program value read from its
+    index (a persistent kernel's tile, ProgramsApart checks its values per iteration)."""
+    return loop in form.coefficients or any(isinstance(k, ProgramValue) and loop.index in k.loops
+                                            for k in form.coefficients)
 
 
 def _coefficient_text(c: Coefficient) -> str:

@@ -48,9 +48,10 @@ from .forms import (
     lane_axes,
     present_digit,
 )
+from .forms import coefficient_expr as _coefficient  # (read as a launch does)
 from .index_ranges import IndexRead, RangesApart, StoreRange
 from .launch_values import Expr
-from .offsets import ZERO, Poly, canonical, poly, poly_add, poly_expr
+from .offsets import Poly, poly, poly_add, poly_expr
 from .scalars import scalar_expr
 
 
@@ -69,15 +70,6 @@ def scalars_written_out(condition: Condition, body: list[ast.stmt]) -> Condition
         return None if e == Expr.name(name) else e
 
     return condition.substitute(expand)
-
-
-def _coefficient(c: Coefficient) -> Expr:
-    """``n * s1 * s2``: an integer times scalar names."""
-    n, symbols = c
-    e = Expr.const(n)
-    for symbol in symbols:
-        e = e * Expr.name(symbol)
-    return e
 
 
 def _extent(key: Coordinate, shape, trips: dict[LoopIndex, Expr], bounds=()) -> Expr | None:
@@ -189,21 +181,26 @@ def launch_coordinates(form: Form, shape, bounds: list[tuple[Form, Expr]], trips
     if None in extents.values():
         return None
     coordinates = tuple((_coefficient(terms[k]), extents[k]) for k in keys)
-    groups, exact = [], True
-    for mask_form, limit in bounds:
-        members = [k for k, _ in mask_form.terms]
-        ratios = {_ratio(terms[k], c) for k, c in mask_form.terms if k in terms}
-        if not members or not set(members) <= set(keys) or len(ratios) != 1 or None in ratios:
-            exact = False
-            continue
-        (ratio,) = ratios
-        indices = tuple(keys.index(k) for k in members)
-        groups.append((indices, Expr("abs", (_coefficient(ratio),)) * limit,
-                       tuple(_coefficient(c) for _, c in mask_form.terms)))
-    return LaunchCoordinates(tuple(keys), coordinates, tuple(groups), exact)
+    groups = [bound_group(form, keys, mask_form, limit) for mask_form, limit in bounds]
+    return LaunchCoordinates(tuple(keys), coordinates, tuple(g[:3] for g in groups if g is not None),
+                             None not in groups)
 
 
-def _launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr], construct: str,
+def bound_group(form: Form, keys, mask_form: Form, limit: Expr):
+    """A mask's bound ``mask_form <= limit`` on the address's coordinates ``keys``: ``(members by position, the
+    limit in address units, the mask's coefficients, the address's stride per unit of the mask's)``, or None
+    where the mask does not move along the address (a coordinate the address lacks, strides not in one ratio)."""
+    terms = form.coefficients
+    members = [k for k, _ in mask_form.terms]
+    ratios = {_ratio(terms[k], c) for k, c in mask_form.terms if k in terms}
+    if not members or not set(members) <= set(keys) or len(ratios) != 1 or None in ratios:
+        return None
+    ratio = _coefficient(next(iter(ratios)))
+    return (tuple(keys.index(k) for k in members), Expr("abs", (ratio,)) * limit,
+            tuple(_coefficient(c) for _, c in mask_form.terms), ratio)
+
+
+def launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr], construct: str,
                   hint: str, where, extra: tuple[tuple[str, Expr, Expr], ...] = ()) -> LaunchCheck | None:
     """``apart(...)`` over the address's coordinates with the launch's numbers (None when there is nothing
     to decide, or a loop's trip count is not known). ``extra``: more coordinates, ``(name, coefficient,
@@ -280,7 +277,7 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
             problem(f"{seen[size]} and {key} have the same stride", (seen[size], key))
         seen[size] = key
     checks = _check_extents(terms, shape, problem, bounded)
-    at_launch = _launch_check(form, shape, list(bounds), trips or {}, f"{what}: with this launch's strides, sizes "
+    at_launch = launch_check(form, shape, list(bounds), trips or {}, f"{what}: with this launch's strides, sizes "
                               "and grid, two lanes or programs reach one element", hint, where(stmt))
     if deferred and at_launch is None:
         raise refuse(where(stmt), f"{what}: {deferred[0]}", hint)
@@ -316,7 +313,7 @@ def _digit_checks(stmt: ast.stmt, digits: list[Digit], shape, bounds, trips, wha
                 construct = f"{what}: the digits of `{digit}`: {why}"
                 checks.append(LaunchCheck(condition, construct, hint, where(stmt), fallback=construct))
         construct = f"{what}: `{digit}` takes one value twice"
-        own = _launch_check(digit.dividend, shape, list(bounds), trips, construct, hint, where(stmt))
+        own = launch_check(digit.dividend, shape, list(bounds), trips, construct, hint, where(stmt))
         if own is not None:
             checks.append(dataclasses.replace(own, fallback=construct))
     return checks
@@ -341,47 +338,6 @@ class StoreSite:
             return form_of_terms({}, len(self.shape or ()))
         return form_of_terms({k: c for k, c in self.form.terms if not isinstance(k, LoopIndex) or k in self.around},
                              self.form.rank, self.form.affine)
-
-
-def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: dict[LoopIndex, Expr],
-                       loaded: frozenset[str] = frozenset(), defs: dict | None = None) -> list[LaunchCheck]:
-    """Two stores to one output that may both run: accepted when their addresses are the same form shifted
-    by a constant (``out + cols`` and ``out + half + cols``; ``stats + row * 3 + 1`` and ``+ 2``) and no
-    element is written by both: the two stores read as one with a coordinate more (which store, stride
-    the shift), whose lanes, programs and iterations must reach distinct elements. Decided now where
-    every number is known, else at each launch; refused where it cannot be shown."""
-    what = f"a second tl.store to `{output}` (the other on line {where(first.stmt).line})"
-    hint = ("store each output once, or store its parts at addresses that differ by a constant "
-            "(`out + cols` and `out + half + cols`, with `cols < half`)")
-    a, b = first.local_form, second.local_form
-    if not (a.affine and b.affine) or first.shape is None or second.shape is None:
-        raise refuse(where(second.stmt), f"{what}: their addresses cannot be read as affine forms", hint)
-    defs = defs or {}
-
-    def strides(form: Form) -> tuple:  # scalars computed twice alike compare equal
-        return tuple((k, canonical(poly({c[1]: c[0]}), defs)) for k, c in form.terms)
-
-    if strides(a) != strides(b) or tuple(first.shape) != tuple(second.shape):
-        raise refuse(where(second.stmt), f"{what}, whose addresses move differently along lanes, programs "
-                     "or loops", hint)
-    if first.offset is None or second.offset is None:
-        raise refuse(where(second.stmt), f"{what}: the constant parts of their addresses are not known", hint)
-    shift = poly_add(second.offset, first.offset, -1)
-    if {n for names, _ in shift for n in names} & loaded:
-        raise refuse(where(second.stmt), f"{what}: the shift between their addresses is computed from loaded "
-                     "data", hint)
-    if canonical(shift, defs) == ZERO:
-        raise refuse(where(second.stmt), f"{what} at the same addresses", hint)
-    construct = f"{what}: with this launch's sizes, both may write one element"
-    bounds = [x for x in first.bounds if x in second.bounds]
-    check = _launch_check(a, first.shape, bounds, trips, construct, hint, where(second.stmt),
-                          extra=(("which store", poly_expr(shift), Expr.const(2)),))
-    if check is None:
-        raise refuse(where(second.stmt), f"{what}: a loop's trip count is not known", hint)
-    verdict = decided_now(check.condition)
-    if verdict is False:
-        raise refuse(where(second.stmt), f"{what}: both write one element", hint)
-    return [] if verdict else [dataclasses.replace(check, fallback=construct)]
 
 
 def _check_extents(terms, shape, problem, bounded: set) -> list[LaunchCheck]:

@@ -29,6 +29,7 @@ class LaunchValues:
     grid: tuple[int, ...] | None  # None: not known (at derivation)
     program: tuple[int, int] | None = None  # (axis, id): the one program an expression is evaluated for
     every_program: tuple | None = None  # per axis, a tensor of every program's id along it (over_the_grid)
+    every_index: Mapping[str, Any] | None = None  # a grid-stride loop's index, per (program, iteration) pair
 
     def program_id(self, axis: int) -> Any:
         if self.every_program is not None:
@@ -41,6 +42,38 @@ class LaunchValues:
         """These values with an expression's program ids standing for every program of the grid at once: it
         evaluates to a tensor, one value per program (at most MAX_PROGRAMS of them)."""
         return LaunchValues(self.arguments, self.grid, every_program=_every_program(self.grid))
+
+    def over_the_iterations(self, loop: Expr) -> LaunchValues:
+        """These values over every (program, iteration) pair of a grid-stride loop (``loop``: its ``index``
+        expression), each program's ids repeated once per iteration it runs, and the loop's index for each."""
+        import torch
+
+        name, start, stop, step = loop.args
+        grid = self.over_the_grid()
+        first = start.evaluate(grid)
+        first = first if isinstance(first, torch.Tensor) else torch.full_like(grid.every_program[0], int(first))
+        end, stride = int(stop.evaluate(self)), int(step.evaluate(self))
+        if stride < 1:
+            raise Unreadable(f"a loop over `{name}` whose step is {stride}")
+        runs = max(0, -(-(end - int(first.min())) // stride))
+        if len(first) * runs > MAX_PROGRAMS:
+            raise Unreadable(f"more than {MAX_PROGRAMS} iterations of the loop over `{name}`")
+        index = first[:, None] + stride * torch.arange(runs, dtype=torch.int64)[None, :]
+        taken = index < end
+        ids = tuple(i[:, None].expand_as(index)[taken] for i in grid.every_program)
+        return LaunchValues(self.arguments, self.grid, every_program=ids, every_index={name: index[taken]})
+
+    def over_the_launch(self, e: Expr) -> LaunchValues:
+        """Over every program, or every (program, iteration) pair where ``e`` reads a grid-stride loop's index."""
+        loops = e.loops()
+        if len(loops) > 1:
+            raise Unreadable("the indices of two grid-stride loops")
+        return self.over_the_iterations(loops[0]) if loops else self.over_the_grid()
+
+    def index(self, name: str) -> Any:
+        if self.every_index is None or name not in self.every_index:
+            raise Unreadable(f"the index of the loop over `{name}`")
+        return self.every_index[name]
 
     def value(self, name: str) -> Any:
         if name not in self.arguments:
@@ -80,8 +113,10 @@ def _every_program(grid: tuple[int, ...] | None) -> tuple:
 class Expr:
     """An integer expression: ``Expr("name", ("N",))``, ``Expr("const", (3,))``, ``Expr("grid", (0,))``,
     ``Expr("trips", (start, stop, step))``, ``Expr("min" | "abs", ...)``, ``Expr("most", (e,))`` (one more than
-    the largest value ``e`` takes over the grid's programs: a program value's extent), or an operation kind whose
-    ``on_host`` computes it (``Expr("mul", (a, b))``, ``Expr("cdiv", (a, b))``)."""
+    the largest value ``e`` takes over the grid's programs: a program value's extent), ``Expr("index", (name,
+    start, stop, step))`` (a grid-stride loop's index: ``start`` over the program ids; evaluated over every
+    iteration a program runs), or an operation kind whose ``on_host`` computes it (``Expr("mul", (a, b))``,
+    ``Expr("cdiv", (a, b))``)."""
 
     op: str
     args: tuple = ()
@@ -129,8 +164,12 @@ class Expr:
         if op == "unknown":
             raise Unreadable(args[0])
         if op == "most":
-            values = args[0].evaluate(launch.over_the_grid())
-            return int(values.max()) + 1 if hasattr(values, "max") else values + 1
+            values = args[0].evaluate(launch.over_the_launch(args[0]))
+            if hasattr(values, "max"):
+                return int(values.max()) + 1 if values.numel() else 0
+            return values + 1
+        if op == "index":
+            return launch.index(args[0])
         values = [a.evaluate(launch) for a in args]
         if op == "trips":
             return len(range(*values))
@@ -145,6 +184,12 @@ class Expr:
         if self.op == "program_id":
             return {self.args[0]}
         return set().union(*[a.program_axes() for a in self.args if isinstance(a, Expr)])
+
+    def loops(self) -> list[Expr]:
+        """The grid-stride loops' ``index`` expressions it reads."""
+        if self.op == "index":
+            return [self]
+        return list(dict.fromkeys(loop for a in self.args if isinstance(a, Expr) for loop in a.loops()))
 
     def names(self) -> set[str]:
         if self.op == "name":
@@ -194,6 +239,8 @@ class Expr:
             return f"len(range({', '.join(a._text() for a in args)}))"
         if op == "most":
             return f"1 + max over the programs of {_operand(args[0])}"
+        if op == "index":
+            return args[0]
         return f"{op}({', '.join(a._text() for a in args)})"
 
 

@@ -1,24 +1,33 @@
 """A kernel's integer scalars as expressions a launch evaluates: ``scalar_expr`` (integer math on the parameters and the
-grid), ``program_expr`` (also on the program ids: a value each program computes, a swizzle's), ``divisor_text`` (an
+grid), ``program_expr`` (also on the program ids: a value each program computes, a swizzle's; ``iteration_values``:
+a loop's index and what it advances, for a persistent kernel's; ``program_value``: such a value as a coordinate of
+its own), ``divisor_text`` (an
 index split's divisor); and ``starts_at_zero``, whether an integer tile counts from zero (what makes a split's digits
 stand for the index)."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 
-from ..core.ir import axis_of, canonical_atom, op_of, range_bounds
+from ..core.ir import axis_of, canonical_atom, op_of, range_bounds, statements, value_args
 from ..core.operations import operation_of
+from .forms import Form, LoopIndex, ProgramValue, coefficient_expr, form_of_terms, form_program_axes
 from .launch_values import Expr
 
 
-def program_expr(name: str, defs: dict[str, list[ast.stmt]], params: frozenset[str]) -> Expr | None:
+def program_expr(name: str, defs: dict[str, list[ast.stmt]], params: frozenset[str],
+                 iterating: Mapping[str, Expr] | None = None) -> Expr | None:
     """A scalar as an expression over the program ids, the grid and the kernel's parameters (None: it reads
-    something else, a loaded value, a loop's index)."""
+    something else, a loaded value, a loop's index other than ``iterating``'s: a grid-stride loop's index, or state
+    it carries, as an expression over that index)."""
     ids = {n: axis_of(op_of(d)) for n, ds in defs.items() for d in ds
            if not isinstance(d, ast.For) and op_of(d).kind == "program_id" and len(ds) == 1}
+    iterating = iterating or {}
 
     def expand(n: str) -> Expr | None:
+        if n in iterating:
+            return iterating[n]
         if n in ids:
             return Expr("program_id", (ids[n],)) if ids[n] is not None else None
         found = scalar_expr(ast.Name(n), defs)
@@ -55,13 +64,17 @@ def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0)
     return Expr.name(atom.id)
 
 
-def starts_at_zero(atom: ast.expr, defs: dict) -> bool:
+def starts_at_zero(atom: ast.expr, defs: dict, forms: dict | None = None) -> bool:
     """Whether a coordinate sum has no constant part: built from ``tl.arange(0, ...)`` and program ids (a
-    carried ``cols += BLOCK`` too: its steps are the loop's coordinate)."""
+    carried ``cols += BLOCK`` too: its steps are the loop's coordinate), or (``forms``: addresses.py's) a value
+    programs compute that is a coordinate of its own, whole (forms.ProgramValue: none negative, at launch)."""
     if isinstance(atom, ast.Constant):
         return atom.value == 0
     if not isinstance(atom, ast.Name):
         return False
+    if forms is not None and atom.id in forms and [(type(k).__name__, c) for k, c in forms[atom.id].terms] == [
+            ("ProgramValue", (1, ()))]:
+        return True
     headers = [d for d in defs.get(atom.id, []) if isinstance(d, ast.For)]
     if headers:  # a loop's index: from a range starting at 0
         start = range_bounds(headers[0])[0]
@@ -76,13 +89,13 @@ def starts_at_zero(atom: ast.expr, defs: dict) -> bool:
     if op.kind == "program_id":
         return True
     if op.kind == "add":
-        return all(starts_at_zero(a, defs) for a in op.args[:2])
+        return all(starts_at_zero(a, defs, forms) for a in op.args[:2])
     if op.kind == "mul":
-        return any(starts_at_zero(a, defs) for a in op.args[:2])
+        return any(starts_at_zero(a, defs, forms) for a in op.args[:2])
     if op.kind in ("floordiv", "mod"):  # a digit of a split (`pid // n`, `pid % n`): from 0 where its index is
-        return starts_at_zero(op.args[0], defs)
+        return starts_at_zero(op.args[0], defs, forms)
     if operation_of(op).lanes == "same" or op.kind in ("subscript", "expand_dims", "broadcast_to"):
-        return starts_at_zero(op.args[0], defs)
+        return starts_at_zero(op.args[0], defs, forms)
     return False
 
 
@@ -92,3 +105,59 @@ def divisor_text(atom: ast.expr, defs: dict) -> str:
     partners), else as spelled."""
     text = canonical_atom(atom, defs) if isinstance(atom, ast.Name) else ast.unparse(atom)
     return text if Expr.of_text(text).op != "unknown" else ast.unparse(atom)
+
+
+def iteration_values(body: list[ast.stmt], defs: dict, pinned: dict, params: frozenset[str]) -> dict[str, Expr]:
+    """For each loop not inside another whose bounds a launch reads (the start may read the program ids: a
+    grid-stride loop), its index as an ``index`` expression (launch_values.Expr), and each carried value it
+    advances by a fixed amount as one over that index (``tile_c = start - P`` then ``tile_c += P``), where only
+    the loop reads that value (the loop's own names do not outlive it)."""
+    found: dict[str, Expr] = {}
+    for node in (s for s in body if isinstance(s, ast.For)):  # (a nested loop's bounds may read an outer index)
+        bounds = [program_expr(a.id, defs, params) if isinstance(a, ast.Name) else scalar_expr(a, defs)
+                  for a in range_bounds(node)]
+        if None in bounds or any(not b.names() <= params for b in bounds) or any(
+                b.program_axes() for b in bounds[1:]):
+            continue
+        start, _, step = bounds
+        index = Expr("index", (node.target.id, *bounds))
+        found[node.target.id] = index
+        inside = {id(s) for s in statements(node.body)}
+        for name, (init, key, advance) in pinned.items():
+            if key.index != node.target.id or any(name in value_args(s) and id(s) not in inside
+                                                  for s in statements(body)):
+                continue  # (read before or after the loop, where it holds its first or last value)
+            before = [d for d in defs.get(name, []) if not isinstance(d, ast.For) and id(d) not in inside]
+            first = (program_expr(init.id, defs, params) if isinstance(init, ast.Name) and init.id != name else
+                     _assigned_value(before[0], defs, params) if len(before) == 1 else None)
+            if first is not None:
+                found[name] = first + coefficient_expr(advance) * Expr("floordiv", (index - start, step))
+    return found
+
+
+def _assigned_value(stmt: ast.stmt, defs: dict, params: frozenset[str]) -> Expr | None:
+    """A scalar assignment's value over the program ids and parameters, or None."""
+    op = op_of(stmt)
+    if operation_of(op).on_host is None:
+        return None
+    args = [program_expr(a.id, defs, params) if isinstance(a, ast.Name) else scalar_expr(a, defs) for a in op.args]
+    return None if None in args else Expr(op.kind, tuple(args))
+
+
+def program_value(name: str, form: Form | None, axes: set[int], rank: int | None, defs: dict,
+                  params: frozenset[str], iterating: dict[str, Expr]) -> Form | None:
+    """``form``, or for a scalar computed from the program ids by integer math that loses them as coordinates (a
+    swizzle: ``pid_n = (pid % in_group) // group_size``, ``min(...)``), the coordinate of its own that its value
+    over the grid gives (forms.ProgramValue), where that value is integer math on the ids and parameters (and a
+    loop's index, ``iterating``: a persistent kernel's swizzled tile)."""
+    if not axes or (form is not None and axes <= form_program_axes(form)) or rank != 0:
+        return form
+    moved = {k: ProgramValue(k.index, iterating[k.index]) for k, _ in (form.terms if form is not None else ())
+             if isinstance(k, LoopIndex) and k.index in iterating}
+    if moved and form.affine:  # `i * BLOCK` over a range the programs compute: the index a value of its own
+        terms = {moved.get(k, k): c for k, c in form.terms}
+        indexed = form_of_terms(terms, form.rank, form.affine)
+        if axes <= form_program_axes(indexed):
+            return indexed
+    value = program_expr(name, defs, params, iterating)
+    return form if value is None else form_of_terms({ProgramValue(name, value): (1, ())}, 0)

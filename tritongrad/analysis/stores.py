@@ -5,6 +5,7 @@ whose address lost a program id as a coordinate refused."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 
 from ..core.errors import NotDifferentiableError
 from ..core.ir import (
@@ -18,18 +19,19 @@ from ..core.ir import (
     where,
 )
 from .addresses import descriptor_form, enclosing_loops, mask_bounds
-from .conditions import AtMost, LaunchCheck
+from .conditions import All, AtLeast, AtMost, LaunchCheck, decided_now
 from .flow import loaded_values, program_axes
-from .forms import form_program_axes
+from .forms import Form, LoopIndex, form_program_axes
 from .lanes import (
     StoreSite,
+    bound_group,
     check_data_stores,
     check_store,
-    check_stores_apart,
     index_reads,
+    launch_coordinates,
 )
 from .launch_values import Expr
-from .offsets import address_offsets, offset_of
+from .offsets import ZERO, address_offsets, canonical, offset_of, poly, poly_add, poly_expr
 from .scalars import scalar_expr
 
 
@@ -170,3 +172,60 @@ def _exclusive(a: tuple, b: tuple) -> bool:
     """Whether two statements sit in different branches of one ``if``: never both run."""
     branch_of = dict(a)
     return any(node in branch_of and branch_of[node] != branch for node, branch in b)
+
+
+def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: dict[LoopIndex, Expr],
+                       loaded: frozenset[str] = frozenset(), defs: dict | None = None) -> list[LaunchCheck]:
+    """Two stores to one output that may both run: accepted when their addresses are the same form shifted
+    by a constant (``out + cols`` and ``out + half + cols``; ``stats + row * 3 + 1`` and ``+ 2``) and no
+    element is written by both: the two stores read as one with a coordinate more (which store, stride
+    the shift), whose lanes, programs and iterations must reach distinct elements. A mask the shift moves
+    alike (``cols < N``, ``cols + half < N``: a tile stored in halves) bounds that coordinate too. Decided now
+    where every number is known, else at each launch; refused where it cannot be shown."""
+    what = f"a second tl.store to `{output}` (the other on line {where(first.stmt).line})"
+    hint = ("store each output once, or store its parts at addresses that differ by a constant "
+            "(`out + cols` and `out + half + cols`, with `cols < half`)")
+    a, b = first.local_form, second.local_form
+    if not (a.affine and b.affine) or first.shape is None or second.shape is None:
+        raise refuse(where(second.stmt), f"{what}: their addresses cannot be read as affine forms", hint)
+    defs = defs or {}
+
+    def strides(form: Form) -> tuple:  # scalars computed twice alike compare equal
+        return tuple((k, canonical(poly({c[1]: c[0]}), defs)) for k, c in form.terms)
+
+    if strides(a) != strides(b) or tuple(first.shape) != tuple(second.shape):
+        raise refuse(where(second.stmt), f"{what}, whose addresses move differently along lanes, programs "
+                     "or loops", hint)
+    if first.offset is None or second.offset is None:
+        raise refuse(where(second.stmt), f"{what}: the constant parts of their addresses are not known", hint)
+    shift = poly_add(second.offset, first.offset, -1)
+    if {n for names, _ in shift for n in names} & loaded:
+        raise refuse(where(second.stmt), f"{what}: the shift between their addresses is computed from loaded "
+                     "data", hint)
+    if canonical(shift, defs) == ZERO:
+        raise refuse(where(second.stmt), f"{what} at the same addresses", hint)
+    construct = f"{what}: with this launch's sizes, both may write one element"
+    common = [x for x in first.bounds if x in second.bounds]
+    found = launch_coordinates(a, first.shape, common, trips)
+    if found is None:
+        raise refuse(where(second.stmt), f"{what}: a loop's trip count is not known", hint)
+    which = poly_expr(shift)
+    groups, same_ratio = [], []
+    for form, limit in first.bounds:  # `x <= l1` and `x <= l2`: `x + which * (l1 - l2) <= l1` over both stores,
+        for other, other_limit in second.bounds:  # where the shift is the address's stride times l1 - l2
+            group = bound_group(a, found.keys, form, limit) if other == form and (form, limit) not in common else None
+            if group is not None:
+                members, most, coefficients, ratio = group
+                moved = limit - other_limit
+                groups.append(((*members, len(found.keys)), most, (*coefficients, moved)))
+                same_ratio += [AtLeast(which, ratio * moved), AtLeast(ratio * moved, which),
+                               AtLeast(moved, Expr.const(0))]
+    condition = found.apart((("which store", which, Expr.const(2)),))
+    if groups or same_ratio:
+        parts = list(condition.conditions) if isinstance(condition, All) else [condition]
+        parts[0] = dataclasses.replace(parts[0], bounds=parts[0].bounds + tuple(groups))
+        condition = All((*parts, *same_ratio))
+    verdict = decided_now(condition)
+    if verdict is False:
+        raise refuse(where(second.stmt), f"{what}: both write one element", hint)
+    return [] if verdict else [LaunchCheck(condition, construct, hint, where(second.stmt), fallback=construct)]

@@ -7,7 +7,7 @@ import ast
 from dataclasses import dataclass, field
 
 from ..analysis.analyze import Analysis
-from ..analysis.forms import LoopIndex
+from ..analysis.forms import LoopIndex, moves_with
 from ..core.ir import (
     address_names,
     arguments,
@@ -82,7 +82,7 @@ def _check_stores_follow_the_loop(a: Analysis, node: ast.For) -> None:
         if a.pointer_base.get(arguments(s)["pointer"].id) not in a.outputs:
             continue
         addresses = address_names(s)
-        if not any(coordinate in a.forms[n].coefficients for n in addresses if n in a.forms):
+        if not any(moves_with(a.forms[n], coordinate) for n in addresses if n in a.forms):
             what = ("at addresses that may repeat between iterations"
                     if any(n in _depends_on(node, roots) for n in addresses)
                     else "to the same addresses in every iteration")
