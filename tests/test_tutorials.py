@@ -332,6 +332,74 @@ def test_a_persistent_matmul_launched_with_more_programs_than_its_step_is_refuse
 
 
 @triton.jit
+def persistent_matmul_descriptors(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+                                  EPILOGUE_SUBTILE: tl.constexpr, SECOND_AT: tl.constexpr):
+    # the persistent tutorial's descriptor kernel: B given as (N, K), its tiles transposed for the dot; with
+    # EPILOGUE_SUBTILE the tile's two column halves are stored apart (the second at SECOND_AT columns on)
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
+                                       block_shape=[BLOCK_M, BLOCK_N if not EPILOGUE_SUBTILE else BLOCK_N // 2])
+    start = tl.program_id(axis=0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles = tiles_m * tiles_n
+    tile_c = start - NUM_SMS
+    in_group = GROUP_M * tiles_n
+    for tile in tl.range(start, tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = tile_of(tile, in_group, tiles_m, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+        for kk in range(tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([pid_m * BLOCK_M, kk * BLOCK_K])
+            b = b_desc.load([pid_n * BLOCK_N, kk * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        tile_c += NUM_SMS
+        pid_m, pid_n = tile_of(tile_c, in_group, tiles_m, GROUP_M)
+        if EPILOGUE_SUBTILE:
+            left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], left)
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + SECOND_AT], right)
+        else:
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc)
+
+
+@tritongrad.op
+def persistent_mm_descriptors(a, b_t, num_sms: int, subtile: bool, second_at: int = 8):
+    M, K = a.shape
+    N = b_t.shape[0]
+    c = torch.full((M, N), float("nan"), device=a.device, dtype=a.dtype)
+    grid = (min(num_sms, triton.cdiv(M, 16) * triton.cdiv(N, 16)),)
+    persistent_matmul_descriptors[grid](a, b_t, c, M, N, K, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2,
+                                        NUM_SMS=num_sms, EPILOGUE_SUBTILE=subtile, SECOND_AT=second_at)
+    return c
+
+
+@pytest.mark.skipif(not hasattr(tl, "make_tensor_descriptor"), reason="this Triton has no tl.make_tensor_descriptor")
+@pytest.mark.parametrize("subtile", [False, True])
+@float64_dots
+def test_the_persistent_matmul_through_descriptors_gets_pytorchs_gradients(subtile, poisoned_empty):
+    a = torch.randn(37, 48, dtype=D, device=DEVICE, requires_grad=True)
+    b_t = torch.randn(40, 48, dtype=D, device=DEVICE, requires_grad=True)
+    c = persistent_mm_descriptors(a, b_t, 3, subtile)
+    want = a @ b_t.T
+    torch.testing.assert_close(c, want.detach())
+    g = torch.randn_like(c)
+    for x, y in zip(torch.autograd.grad(c, (a, b_t), g), torch.autograd.grad(want, (a, b_t), g), strict=True):
+        torch.testing.assert_close(x, y)
+
+
+@pytest.mark.skipif(not hasattr(tl, "make_tensor_descriptor"), reason="this Triton has no tl.make_tensor_descriptor")
+@float64_dots
+def test_halves_stored_through_a_descriptor_into_each_other_are_refused():
+    a = torch.randn(37, 48, dtype=D, device=DEVICE, requires_grad=True)
+    b_t = torch.randn(40, 48, dtype=D, device=DEVICE, requires_grad=True)
+    c = persistent_mm_descriptors(a, b_t, 3, True, second_at=4)  # the right half over half the left (16-byte aligned)
+    with pytest.raises(tritongrad.NotDifferentiableError, match="second tl.store"):
+        c.sum().backward()
+
+
+@triton.jit
 def halves(x_ptr, y_ptr, n, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
     # rows of n (their stride): a tile of 2 * BLOCK columns stored as two halves, the second SHIFT further on,
     # each masked by the row's end (a ragged last tile would reach into the next row)

@@ -19,9 +19,9 @@ from ..core.ir import (
     where,
 )
 from .addresses import descriptor_form, enclosing_loops, mask_bounds
-from .conditions import All, AtLeast, AtMost, LaunchCheck, decided_now
+from .conditions import All, Apart, AtLeast, AtMost, LaunchCheck, decided_now
 from .flow import loaded_values, program_axes
-from .forms import Form, LoopIndex, form_program_axes
+from .forms import Form, Lane, LoopIndex, form_of_terms, form_program_axes
 from .lanes import (
     StoreSite,
     bound_group,
@@ -29,6 +29,7 @@ from .lanes import (
     check_store,
     index_reads,
     launch_coordinates,
+    programs_apart,
 )
 from .launch_values import Expr
 from .offsets import ZERO, address_offsets, canonical, offset_of, poly, poly_add, poly_expr
@@ -90,12 +91,14 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
             for first in plain[:i]:
                 if _exclusive(paths[id(first)], paths[id(second)]):
                     continue
-                if id(first) not in sites or id(second) not in sites:
+                both_blocks = op_of(first).kind == op_of(second).kind == "desc_store"
+                if not both_blocks and (id(first) not in sites or id(second) not in sites):
                     raise refuse(where(second), f"a second tl.store to `{output}`",
                                  "store each output once: compute the final value first, or store different outputs")
                 try:
-                    launch_checks += check_stores_apart(sites[id(first)], sites[id(second)], output, trips,
-                                                        frozenset(loaded), defs)
+                    launch_checks += (check_blocks_apart(first, second, output, forms, offsets, shapes, trips, defs)
+                                      if both_blocks else check_stores_apart(sites[id(first)], sites[id(second)],
+                                                                             output, trips, frozenset(loaded), defs))
                 except NotDifferentiableError:
                     modes = _never_both(paths[id(first)], paths[id(second)], ifs, defs, params)
                     if modes is None:
@@ -229,3 +232,54 @@ def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: 
     if verdict is False:
         raise refuse(where(second.stmt), f"{what}: both write one element", hint)
     return [] if verdict else [LaunchCheck(condition, construct, hint, where(second.stmt), fallback=construct)]
+
+
+def check_blocks_apart(first: ast.stmt, second: ast.stmt, output: str, forms: dict, offsets: dict, shapes: dict,
+                       trips: dict[LoopIndex, Expr], defs: dict) -> list[LaunchCheck]:
+    """Two stores of blocks through one descriptor (the persistent tutorial's EPILOGUE_SUBTILE: a tile's two halves
+    at ``[m, n]`` and ``[m, n + BLOCK_N // 2]``): accepted when their offsets are the same forms, one dimension's
+    shifted by a constant, and no element is written by both. A descriptor's dimensions do not wrap into each other
+    (it clips at its shape), so each dimension's coordinates (the offset's, the block's lanes, which store along the
+    shifted one) are weighted past the span of the dimensions after it, and the sum must take each value once."""
+    what = f"a second tl.store to `{output}` (the other on line {where(first).line})"
+    hint = "store each block once, or store its parts at offsets one part apart"
+    a, b = arguments(first), arguments(second)
+    shape = shapes.get(a["pointer"].id)
+    if ast.dump(a["pointer"]) != ast.dump(b["pointer"]) or shape is None:
+        raise refuse(where(second), f"{what} through another descriptor", hint)
+    dims = []
+    for d, (x, y) in enumerate(zip(a["offsets"].elts, b["offsets"].elts, strict=True)):
+        fx, fy = (forms.get(v.id, form_of_terms({}, 0)) if isinstance(v, ast.Name) else form_of_terms({}, 0)
+                  for v in (x, y))
+        ox, oy = (offset_of(v.id, offsets, forms) if isinstance(v, ast.Name) else None for v in (x, y))
+        if not (fx.affine and fx == fy) or ox is None or oy is None:
+            raise refuse(where(second), f"{what}, whose offsets move differently along lanes, programs or loops", hint)
+        found = launch_coordinates(form_of_terms({**fx.coefficients, Lane(0): (1, ())}, 1), (shape[d],), [], trips)
+        if found is None:
+            raise refuse(where(second), f"{what}: a loop's trip count is not known", hint)
+        dims.append((found, poly_add(oy, ox, -1)))
+    shifted = [d for d, (_, shift) in enumerate(dims) if canonical(shift, defs) != ZERO]
+    if len(shifted) != 1:
+        raise refuse(where(second), f"{what} at the same offsets" if not shifted else
+                     f"{what}, shifted along two dimensions", hint)
+    coordinates, keys, weight = [], [], Expr.const(1)
+    for d in reversed(range(len(dims))):
+        found, shift = dims[d]
+        mine = [(c * weight, e) for c, e in found.coordinates]
+        if d == shifted[0]:
+            mine.append((poly_expr(shift) * weight, Expr.const(2)))
+        coordinates += mine
+        keys += found.keys
+        span = Expr.const(0)
+        for c, e in mine:
+            span = span + Expr("abs", (c,)) * (e - Expr.const(1))
+        weight = span + weight  # (the next dimension steps over everything this one and the later ones span)
+    condition = Apart(tuple(coordinates))
+    programs = programs_apart(keys)
+    condition = All((condition, programs, AtLeast(poly_expr(dims[shifted[0]][1]), Expr.const(0)))) if programs else \
+        All((condition, AtLeast(poly_expr(dims[shifted[0]][1]), Expr.const(0))))
+    construct = f"{what}: with this launch's sizes, both may write one element"
+    verdict = decided_now(condition)
+    if verdict is False:
+        raise refuse(where(second), f"{what}: both write one element", hint)
+    return [] if verdict else [LaunchCheck(condition, construct, hint, where(second), fallback=construct)]
