@@ -524,3 +524,15 @@ def test_run_an_op_without_reference_or_traffic(tmp_path, monkeypatch):
     assert bench.main(args, device=device, timer=FakeTimer(), console=Console(file=io.StringIO())) == 0
     (row,) = report.read_csv(tmp_path / "bare_softplus-float32-fwd+bwd.csv")
     assert row["impl"] == "tritongrad" and row["ms"] == 5.0 and row["gbps"] is None and row["note"] == ""
+
+
+def test_a_compile_error_in_a_note_says_what_is_wrong():
+    """Triton's compile errors start `at L:C:` and end with the error: a note keeps both lines (found on the H100,
+    a user's bf16 `tl.exp`)."""
+    from tritongrad.tools.bench.measure import short_error
+
+    class CompilationError(Exception):
+        pass
+
+    error = CompilationError('at 5:40:\n    tl.store(y, tl.exp(x))\n        ^\nValueError("Expected dtype fp32, got bf16")')
+    assert short_error(error) == 'CompilationError: at 5:40: ValueError("Expected dtype fp32, got bf16")'

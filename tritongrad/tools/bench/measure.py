@@ -100,8 +100,9 @@ def short_error(e: BaseException) -> str:
         return "out of memory"
     if isinstance(e, Mismatch):
         return str(e)
-    first = (str(e).strip().splitlines() or [""])[0]
-    return f"{type(e).__name__}: {first}"[:300]
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
+    said = lines[0] if len(lines) == 1 or not lines[0].endswith(":") else f"{lines[0]} {lines[-1]}"  # Triton's
+    return f"{type(e).__name__}: {said}"[:300]  # compile errors: "at 5:40:", the source, then what is wrong
 
 
 def forward_mismatch(got: list, want: list, dtype_name: str) -> str | None:
