@@ -534,5 +534,6 @@ def test_a_compile_error_in_a_note_says_what_is_wrong():
     class CompilationError(Exception):
         pass
 
-    error = CompilationError('at 5:40:\n    tl.store(y, tl.exp(x))\n        ^\nValueError("Expected dtype fp32, got bf16")')
+    error = CompilationError('at 5:40:\n    tl.store(y, tl.exp(x))\n        ^\n'
+                             'ValueError("Expected dtype fp32, got bf16")')
     assert short_error(error) == 'CompilationError: at 5:40: ValueError("Expected dtype fp32, got bf16")'
