@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from tritongrad.tools.sizes import format_size, parse_size
 
     device = "cpu" if cpu or not torch.cuda.is_available() else "cuda"
-    if device == "cpu":
+    if args.stub:
         torch.set_num_threads(1)  # the clock is the process's CPU time: no idle intra-op threads spinning on it
         torch.set_flush_denormal(True)  # (stubbed kernels leave buffers unwritten: denormals would slow their sums)
     names = args.examples or list(examples.NAMES)

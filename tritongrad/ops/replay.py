@@ -55,7 +55,7 @@ class Expected:
     their types, and the recorded launch (tape.RecordedLaunch, holding no tensors) the backward reads."""
 
     __slots__ = ("kernel", "grid", "callable_grid", "count", "names", "tensors", "pick", "plain", "types", "values",
-                 "recorded", "key", "relauncher")
+                 "recorded", "key", "relauncher", "same")
 
     def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple):
         positions, self.names = pattern[1], pattern[2]
@@ -73,6 +73,8 @@ class Expected:
                     tuple(recorded.kwargs.values()), tuple(map(type, recorded.kwargs.values())),
                     tuple([described[i][1] for i in positions if i is not None]))
         self.relauncher = None
+        self.same = (self.kernel, self.grid, callable_grid, self.count, self.names, self.tensors, self.plain,
+                     self.types)  # what a launch is compared on
 
     def arguments(self, tensors: list) -> tuple[tuple, dict]:
         """The launch's arguments as passed, its tensors those of a call (by slot)."""
@@ -220,9 +222,9 @@ class FastTape:
             expected = self._choose(kernel, grid, args, kwargs)
         else:
             expected = replay.expected[i] if i < len(replay.expected) else None
-            if expected is not None and (expected.kernel is not kernel
-                                         or not self._matches(replay, expected, grid, args, kwargs)):
-                expected = None
+            if expected is None or expected.kernel is not kernel \
+                    or not self._matches(replay, expected, grid, args, kwargs):
+                expected = self._switch(kernel, grid, args, kwargs)
         if expected is None:
             return self._fall_back().launch(run, kernel, grid, args, kwargs, warmup)
         self.count = i + 1
@@ -240,6 +242,25 @@ class FastTape:
             self.tensors.clear()
             self.index.clear()
             self.storages.clear()
+        return None
+
+    def _switch(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Expected | None:
+        """Another of the op's replays whose launches so far are this one's (so are the call's tensors so far) and
+        whose next launch this is: an op whose kinds of call differ only in a later launch is not learnt anew on
+        each call."""
+        i, current, seen = self.count, self.replay, len(self.tensors)
+        for replay in self.replays.found:
+            if replay is current or len(replay.expected) <= i or replay.expected[i].kernel is not kernel \
+                    or replay.described[:seen] != current.described[:seen] \
+                    or any(a.same != b.same for a, b in zip(replay.expected[:i], current.expected[:i], strict=True)):
+                continue
+            index, storages = dict(self.index), dict(self.storages)
+            if self._matches(replay, replay.expected[i], grid, args, kwargs):
+                self.replay = replay
+                self.replays.used(replay)
+                return replay.expected[i]
+            del self.tensors[seen:]
+            self.index, self.storages = index, storages
         return None
 
     def _matches(self, replay: Replay, expected: Expected, grid: Any, args: tuple, kwargs: dict) -> bool:
@@ -297,11 +318,12 @@ class FastTape:
         tensors.append(v)
         return True
 
-    def _fall_back(self) -> LearningTape:
-        """A LearningTape in this one's place (the current tape from here on), with the launches so far (the
-        replay's, so their checks pass) recorded as a tape records them, without running them again."""
+    def _fall_back(self, running: bool = True) -> LearningTape:
+        """A LearningTape in this one's place (``running``: the current tape from here on), with the launches so far
+        (the replay's, so their checks pass) recorded as a tape records them, without running them again."""
         tape = self.fallen = LearningTape(self.replays)
-        current_tape.set(tape)  # (the call's token restores the tape before this one)
+        if running:
+            current_tape.set(tape)  # (the call's token restores the tape before this one)
         if self.count:
             token = current_autotuner.set(None)  # (none of them had an autotuner's configs)
             try:
@@ -321,7 +343,7 @@ class FastTape:
                 or len(outputs) + len(args) + len(kwargs) != len(replay.passed) \
                 or (tuple(kwargs) != replay.kwnames if kwargs else replay.kwnames) \
                 or not self._passed(replay, (*outputs, *args, *kwargs.values()) if kwargs else (*outputs, *args)):
-            self._fall_back()
+            self._fall_back(running=False)
             return None
         tensors = self.tensors
         self.plan, self.name = replay.plan, replay.name
