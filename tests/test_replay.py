@@ -291,7 +291,7 @@ def test_a_replayed_call_keeps_no_tensor_alive(replayed):
 
 
 def test_replays_can_be_turned_off(monkeypatch, replayed):
-    monkeypatch.setenv(replay.ENV, "0")
+    monkeypatch.setattr(replay, "ENABLED", False)
     softmax = examples.get("softmax")
     x = torch.randn(4, 300, dtype=F64)
     first = step(softmax.op, leaves((x,)))
@@ -308,3 +308,31 @@ def test_calls_holding_state_per_call_are_not_replayed(replayed):
     for _ in range(3):
         assert_same(step(ce.op, leaves(inputs)), first)
     assert replayed["forward"] == 0
+
+
+def test_direct_launches_pass_the_values_triton_binds(monkeypatch, replayed):
+    """Where a launch goes past Triton (on a GPU), a replay passes its Relauncher every parameter's value in Triton's
+    order, made from the launch's arguments (forward) or the kept launch's values (backward): the values its
+    arguments by name give. Relaunchers made direct here (the interpreter's kernels are not) refuse each direct
+    launch, so each goes on by name through Triton: the two lists compared, gradients exact."""
+    from tritongrad.runtime import relaunch
+
+    monkeypatch.setattr(relaunch, "supported", lambda: True)
+    monkeypatch.setattr(relaunch, "_jit_function", lambda kernel: True)
+    monkeypatch.setattr(relaunch, "current_device", lambda: 0)
+    given = []
+    monkeypatch.setattr(relaunch.Relauncher, "launch", lambda self, values: given.append((self, list(values))))
+    swiglu = examples.get("swiglu")
+    inputs = swiglu.make_inputs((7, 45), dtype=F64)  # (its own size: Relaunchers of its own)
+    first = step(swiglu.op, leaves(inputs))
+    assert_same(step(swiglu.op, leaves(inputs)), first)  # (its backward keeps the launch)
+    for _ in range(3):
+        given.clear()
+        assert_same(step(swiglu.op, leaves(inputs)), first)
+        pairs = [(given[i], given[i + 1]) for i in range(0, len(given), 2)]
+        assert len(pairs) == 2 and all(a[0] is b[0] for a, b in pairs)  # the forward's launch, the backward's
+        for (_, by_position), (_, by_name) in pairs:
+            assert len(by_position) == len(by_name)
+            assert all(a is b or not isinstance(a, torch.Tensor) and a == b for a, b in
+                       zip(by_position, by_name, strict=True))
+    assert replayed["backward"] >= 2

@@ -45,8 +45,7 @@ _Tensor = torch.Tensor
 _ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV) != "0"
+ENABLED = os.environ.get(ENV) != "0"  # (read once: os.environ costs microseconds on every call)
 
 
 class Expected:
@@ -55,7 +54,7 @@ class Expected:
     their types, and the recorded launch (tape.RecordedLaunch, holding no tensors) the backward reads."""
 
     __slots__ = ("kernel", "grid", "callable_grid", "count", "names", "tensors", "pick", "plain", "types", "values",
-                 "recorded", "key", "relauncher", "same")
+                 "recorded", "key", "relauncher", "same", "tail")
 
     def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple):
         positions, self.names = pattern[1], pattern[2]
@@ -75,6 +74,7 @@ class Expected:
         self.relauncher = None
         self.same = (self.kernel, self.grid, callable_grid, self.count, self.names, self.tensors, self.plain,
                      self.types)  # what a launch is compared on
+        self.tail = _tail(recorded.info, self.count, recorded.kwargs, any(k >= self.count for k, _ in self.tensors))
 
     def arguments(self, tensors: list) -> tuple[tuple, dict]:
         """The launch's arguments as passed, its tensors those of a call (by slot)."""
@@ -82,6 +82,15 @@ class Expected:
         for k, slot in self.tensors:
             values[k] = tensors[slot]
         return tuple(values[:self.count]), dict(zip(self.names, values[self.count:], strict=True))
+
+
+def _tail(info: Any, count: int, kwargs: dict, tensor_keywords: bool) -> tuple | None:
+    """The values of the parameters after the positional arguments, in order, as a launch passes them (keywords)
+    or leaves them (defaults): with the positional arguments, the values Triton binds (relaunch.Relauncher.launch).
+    None where a tensor is passed by keyword or a parameter has no value."""
+    missing = object()
+    tail = tuple(kwargs.get(p, info.defaults.get(p, missing)) for p in info.params[count:])
+    return None if tensor_keywords or any(v is missing for v in tail) else tail
 
 
 def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
@@ -106,8 +115,14 @@ class Replay:
         self.expected = tuple(Expected(r, p, c, described)
                               for r, p, c in zip(tape.launches, patterns, tape.callable_grids, strict=True))
         self.described = described
+        # per slot: what a new tensor there must have, read in one tuple (dtype, sizes, strides, offset, device,
+        # requires_grad), and its storage's number
+        self.tails = tuple((d[1], d[2], d[3], d[4], d[5], d[6]) for d in described)
+        self.keys = tuple(d[0] for d in described)
         self.n_outputs, self.passed, self.kwnames = n_outputs, passed, kwnames
-        self.inputs = diff if named else self.plan.inputs  # the tensors to differentiate, by slot
+        self.closing = (len(self.expected), n_outputs, len(passed))
+        inputs = diff if named else self.plan.inputs  # the tensors to differentiate, by slot
+        self.pick_inputs, self.pick_saved = _picker(list(inputs)), _picker(list(self.plan.saved))
         self.backwards: dict[tuple, Any] = {}  # schedule -> FastBackward, or False: never (its steps keep none)
 
     @staticmethod
@@ -150,7 +165,7 @@ class Replays:
         """Run the host function ``fn`` on a call's arguments: (None, the outputs of ``function``'s autograd node)
         where a replay ran it to the end; else (the tape its launches were recorded on, unclosed, and the host
         function's result), for the caller to close and make the node of (the tape learns a replay then)."""
-        if not self.found or not enabled():
+        if not self.found or not ENABLED:
             tape = LearningTape(self)
             with tape:
                 return tape, fn(*args, **kwargs)
@@ -172,7 +187,7 @@ class Replays:
         return fast.fallen, result
 
     def learn(self, tape: LearningTape) -> None:
-        replay = Replay.of(tape, self.named) if tape.key is not None and enabled() else None
+        replay = Replay.of(tape, self.named) if tape.key is not None and ENABLED else None
         if replay is not None:
             self.found.insert(0, replay)
             del self.found[MAX_REPLAYS:]
@@ -229,7 +244,14 @@ class FastTape:
             return self._fall_back().launch(run, kernel, grid, args, kwargs, warmup)
         self.count = i + 1
         if relaunch.supported():
-            return _relaunch(run, expected, args, kwargs)
+            relauncher = expected.relauncher or _relauncher(expected)
+            if expected.tail is not None:
+                compiled = relauncher.launch((*args, *expected.tail))
+                if compiled is not None:
+                    return compiled
+            info = expected.recorded.info
+            named = {**info.defaults, **dict(zip(info.params, args, strict=False)), **kwargs}
+            return relauncher(named, lambda: run(kernel, *args, grid=expected.grid, warmup=False, **kwargs))
         return run(kernel, *args, grid=grid, warmup=False, **kwargs)
 
     def _choose(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Expected | None:
@@ -237,7 +259,8 @@ class FastTape:
             expected = replay.expected[0]
             if expected.kernel is kernel and self._matches(replay, expected, grid, args, kwargs):
                 self.replay = replay
-                self.replays.used(replay)
+                if self.replays.found[0] is not replay:
+                    self.replays.used(replay)
                 return expected
             self.tensors.clear()
             self.index.clear()
@@ -279,8 +302,10 @@ class FastTape:
         plain = expected.pick(values)
         if tuple(map(type, plain)) != expected.types or plain != expected.plain:  # (types first: no tensor compared)
             return False
+        index = self.index
         for k, slot in expected.tensors:
-            if not self._tensor_at(replay, values[k], slot):
+            v = values[k]
+            if index.get(id(v)) != slot and not self._tensor_at(replay, v, slot):
                 return False
         if expected.callable_grid:
             if not callable(grid):
@@ -303,16 +328,16 @@ class FastTape:
         tensors = self.tensors
         if len(tensors) != slot or not isinstance(v, _Tensor):
             return False
-        key, dtype, size, stride, offset, device, requires_grad = replay.described[slot]
-        if v.dtype is not dtype or v.shape != size or v.storage_offset() != offset or v.stride() != stride \
-                or v.requires_grad is not requires_grad or v.device != device:
+        dtype, offset = v.dtype, v.storage_offset()
+        size = v.shape
+        if (dtype, size, v.stride(), offset, v.device, v.requires_grad) != replay.tails[slot]:
             return False
         address = v.data_ptr()
         if address and 0 not in size:
             storages = self.storages
-            if storages.setdefault(address - offset * _ITEMSIZE[dtype], len(storages) + 1) != key:
+            if storages.setdefault(address - offset * _ITEMSIZE[dtype], len(storages) + 1) != replay.keys[slot]:
                 return False
-        elif key:
+        elif replay.keys[slot]:
             return False
         self.index[id(v)] = slot
         tensors.append(v)
@@ -339,24 +364,24 @@ class FastTape:
         """The tensors to differentiate, once the op's outputs and arguments are found where the replay's were among
         the call's tensors (``saved``: those the backward reads); else None, having fallen back."""
         replay = self.replay
-        if replay is None or self.count != len(replay.expected) or len(outputs) != replay.n_outputs \
-                or len(outputs) + len(args) + len(kwargs) != len(replay.passed) \
+        if replay is None or (self.count, len(outputs), len(outputs) + len(args) + len(kwargs)) != replay.closing \
                 or (tuple(kwargs) != replay.kwnames if kwargs else replay.kwnames) \
                 or not self._passed(replay, (*outputs, *args, *kwargs.values()) if kwargs else (*outputs, *args)):
             self._fall_back(running=False)
             return None
         tensors = self.tensors
         self.plan, self.name = replay.plan, replay.name
-        self.saved = [tensors[i] for i in replay.plan.saved]
+        self.saved = replay.pick_saved(tensors)
         self.tensors = self.index = self.storages = None  # the node keeps only what it saves
-        return [tensors[i] for i in replay.inputs]
+        return replay.pick_inputs(tensors)
 
     def _passed(self, replay: Replay, values: tuple) -> bool:
+        index = self.index
         for v, slot in zip(values, replay.passed, strict=True):
             if slot is None:
                 if isinstance(v, _Tensor):
                     return False
-            elif not self._tensor_at(replay, v, slot):
+            elif index.get(id(v)) != slot and not self._tensor_at(replay, v, slot):
                 return False
         return True
 
@@ -364,14 +389,10 @@ class FastTape:
         return self.replay.backward(saved, grads, needs)
 
 
-def _relaunch(run: Callable, expected: Expected, args: tuple, kwargs: dict) -> Any:
-    """The launch through its Relauncher (Tape._relaunch's, found by the same key)."""
-    relauncher = expected.relauncher
-    if relauncher is None:
-        relauncher = _relaunchers.get(expected.key)
-        if relauncher is None or relauncher.kernel is not expected.kernel:
-            relauncher = _relaunchers[expected.key] = relaunch.Relauncher(expected.kernel, expected.grid)
-        expected.relauncher = relauncher
-    info = expected.recorded.info
-    named = {**info.defaults, **dict(zip(info.params, args, strict=False)), **kwargs}
-    return relauncher(named, lambda: run(expected.kernel, *args, grid=expected.grid, warmup=False, **kwargs))
+def _relauncher(expected: Expected) -> relaunch.Relauncher:
+    """The launch's Relauncher: Tape._relaunch's, found by the same key."""
+    relauncher = _relaunchers.get(expected.key)
+    if relauncher is None or relauncher.kernel is not expected.kernel:
+        relauncher = _relaunchers[expected.key] = relaunch.Relauncher(expected.kernel, expected.grid)
+    expected.relauncher = relauncher
+    return relauncher

@@ -29,8 +29,7 @@ class FastBackward:
             tuple((p, slot, None if slot is not None else stand_in) for p, slot, stand_in in launcher.replayed),
             tuple((o, _maker(plan, s, True, False)) for o, s in launcher.outputs),
             tuple((p, _maker(plan, s, fill, own)) for p, s, fill, own in launcher.buffers),
-            tuple((traced, wired, not traced.partials and not traced.part.later_adds
-                   and (traced.part.saved or not traced.part.tapes)) for traced, wired in launcher.launches))
+            tuple(_launch_of(traced, wired) for traced, wired in launcher.launches))
             for launcher in launchers)
         self.plain = plan.plain_inputs
         self.inputs = tuple(v.key for v in plan.input_views)
@@ -80,22 +79,60 @@ class FastBackward:
             else:
                 backward._shadow(shadows, shadow).add_(g)
         deterministic = backward.deterministic
-        for replayed, outputs, buffers, launches in self.steps:  # as launcher.Launcher.__call__
-            sources = ({p: saved[slot] if stand_in is None else stand_in_tensor(stand_in)
-                        for p, slot, stand_in in replayed},
-                       {o: _shadow(shadows, made) for o, made in outputs},
-                       {p: _shadow(shadows, made) for p, made in buffers})
-            for traced, wired, plain in launches:
+        for replayed, outputs, buffers, launches in self.steps:  # as launcher.Launcher.__call__ (loops, not
+            sources = ({}, {}, {})  # comprehensions: each of those is a call)
+            from_saved, from_outputs, from_buffers = sources
+            for p, slot, stand_in in replayed:
+                from_saved[p] = saved[slot] if stand_in is None else stand_in_tensor(stand_in)
+            for o, made in outputs:
+                from_outputs[o] = _shadow(shadows, made)
+            for p, made in buffers:
+                from_buffers[p] = _shadow(shadows, made)
+            for traced, wired, how, launcher, template, slots in launches:
+                if how == _VALUES and launcher.direct:  # every value Triton binds, in its order
+                    values = template.copy()
+                    for j, source, name in slots:
+                        values[j] = sources[source][name]
+                    if launcher.launch(values) is not None:
+                        continue
+                    how = _RELAUNCHER  # (its first launch of these alignments: through Triton)
                 args = traced.args.copy()
                 for k, source, name in wired:
                     args[k] = sources[source][name]
-                if plain:
-                    traced.relauncher(args)
+                if how == _KERNEL:
+                    launcher(**args)
+                elif how == _PART:
+                    traced.launch(args, from_buffers, deterministic)
                 else:
-                    traced.launch(args, sources[2], deterministic)
+                    launcher(args)
         if self.plain:  # OpBackward._input_grads: the shadows as they are
-            return [shadows.get(key) if need else None for key, need in zip(self.inputs, needs, strict=True)]
+            found = []
+            for key, need in zip(self.inputs, needs, strict=True):
+                found.append(shadows.get(key) if need else None)
+            return found
         return backward._input_grads(shadows, needs)
+
+
+_VALUES, _RELAUNCHER, _KERNEL, _PART = range(4)  # how _run launches a kept launch
+
+
+def _launch_of(traced: Any, wired: tuple) -> tuple:
+    """A kept launch (variants.PartLaunch) as _run launches it: (it, its wiring, how, the launcher, the values
+    Triton binds but its tensors', where those go). A launch with partial rows, scratch or later adds as
+    PartLaunch.launch makes them (_PART); else through its Relauncher, given every value in Triton's order where it
+    launches directly (_VALUES) or its arguments by name (_RELAUNCHER), or, where that would go through Triton
+    anyway (the interpreter), the kernel on its grid (_KERNEL)."""
+    part, relauncher = traced.part, traced.relauncher
+    if traced.partials or part.later_adds or (part.tapes and not part.saved):
+        return traced, wired, _PART, None, None, ()
+    if not relauncher.direct:  # (never direct again)
+        return traced, wired, _KERNEL, part.kernel[traced.grid], None, ()
+    names = {n: j for j, n in enumerate(relauncher.names)}
+    given = {k for k, _, _ in wired}
+    if not given <= names.keys() or any(n not in traced.args for n in relauncher.names if n not in given):
+        return traced, wired, _RELAUNCHER, relauncher, None, ()
+    template = [traced.args.get(n) for n in relauncher.names]
+    return traced, wired, _VALUES, relauncher, template, tuple((names[k], source, name) for k, source, name in wired)
 
 
 def _maker(plan: Plan, shadow: Shadow, fill: bool, own_dtype: bool) -> tuple:
