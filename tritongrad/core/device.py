@@ -48,13 +48,20 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+_allocation: Any = None  # triton.runtime._allocation once imported (False: this Triton has none)
+
+
 def ensure_allocator() -> None:
     """Kernels that make tensor descriptors need Triton's global scratch allocator (``triton.set_allocator``). One
     set in the forward's context is not seen where autograd runs the backward (a thread of its own on a GPU):
     where none is set there, scratch memory comes from torch's caching allocator."""
-    try:
-        from triton.runtime import _allocation
-    except ImportError:  # a Triton without one
+    global _allocation
+    if _allocation is None:  # (imported once: every backward asks)
+        try:
+            from triton.runtime import _allocation
+        except ImportError:  # a Triton without one
+            _allocation = False
+    if _allocation is False:
         return
     current = getattr(_allocation, "_allocator", None)
     if current is not None and type(current.get()).__name__ == "NullAllocator":

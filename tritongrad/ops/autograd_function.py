@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..core.errors import OpError
+from .replay import Replays
 from .segments import Segments
 from .tape import Tape, current_tape
 
@@ -25,15 +26,16 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
     when the op is compiled)."""
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
     segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
+    replays = Replays(name, plans, deterministic, named=True) if named else None  # calls made again (replay.py)
 
     def segment_node(tape: Tape, written: list, inputs: list) -> None:
         segment.apply(tape, len(written), *written, *inputs)
 
     def call(*args, **kwargs):
-        if named:
-            tape = Tape(name, plans, deterministic)
-            with tape:  # records the launches
-                result = fn(*args, **kwargs)
+        if named:  # its launches recorded on a tape, or replayed (replay.py)
+            tape, result = replays.call(fn, function, args, kwargs)
+            if tape is None:
+                return result
         else:  # PyTorch operations on what launches wrote make segments (segments.py)
             segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node)
             token = current_tape.set(segments.tape)
@@ -126,8 +128,9 @@ class _TapeFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        result = ctx.tape.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[2:])
-        return (None, None, *differentiable_once(ctx.tape.name, result, (*ctx.saved_tensors, *grads)))
+        saved = ctx.saved_tensors  # (unpacked on each read)
+        result = ctx.tape.backward(saved, grads, ctx.needs_input_grad[2:])
+        return (None, None, *differentiable_once(ctx.tape.name, result, (*saved, *grads)))
 
 
 class _SegmentFunction(torch.autograd.Function):

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..core.errors import OpError
-from .tape import Tape, current_autotuner, current_tape
+from .tape import current_autotuner, current_tape
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
 
@@ -160,7 +160,7 @@ def _autotuner_hooked(run):
                 return run(self, *args, **kwargs)
             finally:
                 current_tape.reset(token)
-        if type(current) is not Tape or kwargs.get("warmup"):
+        if current is None or type(current) is Launches or kwargs.get("warmup"):  # (a tape: Tape, replay.FastTape)
             return run(self, *args, **kwargs)
         token = current_autotuner.set((self, args, kwargs))  # the recorded launch keeps its other configs
         try:

@@ -21,7 +21,7 @@ import torch
 
 from . import hooks
 from .autograd_function import arguments_of, as_tuple, differentiable, differentiable_once, refuse_unread, taped_call
-from .tape import Tape
+from .tape import Tape, current_tape
 
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
 
@@ -77,7 +77,7 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
             return tuple(found[:protos.outputs]) if several else found[0]
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        if hooks.active():  # inside another op: its tape records these launches
+        if current_tape.get() is not None:  # inside another op (hooks.active): its tape records these launches
             return fn(*args, **kwargs)
         if _plain_eager(args, kwargs):  # what the dispatcher would do, without its cost
             return taped(*args, **kwargs)
@@ -98,7 +98,10 @@ def _plain_eager(args: tuple, kwargs: dict) -> bool:
     if torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active() \
             or torch.autograd._profiler_enabled():
         return False
-    return all(type(v) in _PLAIN for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+    for v in (*args, *kwargs.values()) if kwargs else args:  # (a loop, not all(...): on every call)
+        if isinstance(v, torch.Tensor) and type(v) not in _PLAIN:
+            return False
+    return True
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

@@ -123,6 +123,7 @@ class Tape:
     """
 
     plan: Plan | None = None  # set by close
+    key: tuple | None = None  # set by close: the call's key (replay.py learns a replay from it)
     boundary: Any = None  # a bare op's segments.Segments, told of each launch
     saved: list[torch.Tensor] | None = None  # set by close, taken by the autograd node
 
@@ -315,7 +316,7 @@ class Tape:
             if len(self.plans) >= MAX_PLANS:
                 self.plans.pop(next(iter(self.plans), None), None)
             self.plans[key] = plan
-        self.plan, found = plan, tensors.tensors
+        self.plan, self.key, found = plan, key, tensors.tensors
         self.saved = [found[i] for i in plan.saved]
         inputs = [found[i] for i in plan.inputs] if diff_inputs is None else diff_inputs
         if inputs:  # a kernel that cannot be differentiated is refused here, at the op's call

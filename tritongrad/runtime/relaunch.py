@@ -71,14 +71,24 @@ class Relauncher:
         if not self.direct:
             return self._triton(args, triton_launch)
         values = [args[n] for n in self.names]
+        compiled = self.launch(values)
+        if compiled is None:
+            return self._first(args, values, triton_launch)
+        return compiled
+
+    def launch(self, values: list | tuple) -> Any:
+        """The direct launch of ``values`` (every parameter's, in Triton's bound order: ``names``), returning the
+        compiled kernel; None where it cannot be (not ``direct``, or the first launch of its alignments: then
+        ``__call__`` launches it through Triton)."""
+        if not self.direct:
+            return None
         device = current_device()
         tensors = self.tensors
         if tensors is None:
             tensors = self.tensors = tuple(i for i, v in enumerate(values) if hasattr(v, "data_ptr"))
-        key = (device, *[values[i].data_ptr() % 16 == 0 for i in tensors])
-        compiled = self.compiled.get(key)
+        compiled = self.compiled.get((device, *[values[i].data_ptr() % 16 == 0 for i in tensors]))
         if compiled is None:
-            return self._first(args, values, key, device, triton_launch)
+            return None
         stream = current_stream(device)
         grid = self.grid
         runtime = knobs.runtime
@@ -90,10 +100,14 @@ class Relauncher:
     def _triton(self, args: dict[str, Any], triton_launch: Callable[[], Any] | None) -> Any:
         return triton_launch() if triton_launch is not None else self.kernel[self.grid](**args)
 
-    def _first(self, args: dict[str, Any], values: list, key: tuple, device: int,
-               triton_launch: Callable[[], Any] | None) -> Any:
-        """Triton's launch; its compiled kernel kept for ``key`` where Triton binds exactly ``values`` and the
-        kernel reads no global values (Triton checks on each launch that they have not changed)."""
+    def _first(self, args: dict[str, Any], values: list, triton_launch: Callable[[], Any] | None) -> Any:
+        """Triton's launch; its compiled kernel kept for the device and the alignments of ``values`` where Triton
+        binds exactly ``values`` and the kernel reads no global values (Triton checks on each launch that they have
+        not changed)."""
+        device = current_device()
+        if self.tensors is None:
+            self.tensors = tuple(i for i, v in enumerate(values) if hasattr(v, "data_ptr"))
+        key = (device, *[values[i].data_ptr() % 16 == 0 for i in self.tensors])
         compiled = self._triton(args, triton_launch)
         if not hasattr(compiled, "run"):  # not launched (a dry run)
             return compiled

@@ -1,0 +1,398 @@
+"""Calls made again: an op's later calls of a kind seen before compared with the first one's launches as they run,
+past the tape's recording, and their backward launched from what an earlier backward kept.
+
+A call of an op with a key seen before (tape.py) reuses its plan, but still records every launch and builds the
+key to find it: microseconds of Python per launch and per call that a hand-written ``autograd.Function`` does
+not spend. A :class:`Replay` is a kind of call, learnt from a call that made it (``Replays.learn``): per launch
+the kernel object, grid, every non-tensor argument with its type, where each tensor argument lies among the
+call's tensors, and the description of each tensor the key reads (storage numbered by first appearance, dtype,
+sizes, strides, offset, device, ``requires_grad``: ``CallTensors``), and where the op's outputs and arguments
+lie. A later call runs on a :class:`FastTape`: its first launch picks the op's replay whose first launch it is
+(the most recent first), and each launch is compared with the replay's as it comes, before it runs (the key's
+every part, and the values besides), then run (directly, as the tape runs it: relaunch.py); the outputs and
+arguments are compared when the host function returns, and the call's autograd node then takes the replay's
+plan. Aliasing is read from each tensor's address on every call, as the key reads it: a call passing one tensor
+twice where the replay's passed two is not the replay's. At the first difference the call goes on as any
+other: a ``LearningTape`` records the launches so far (the replay's, so their checks passed), without running
+them again, then the rest, and teaches the op a replay of this call when it closes.
+
+The backward (replay_backward.py): once the plan's backward for a schedule has kept a ``launcher.Launcher`` per
+step (from its second backward on: backward.py), a replay's backward launches them in order.
+
+Only calls whose launches hold nothing per call are replayed: no in-place snapshots or copies of overwritten
+reads, no state tapes kept by an augmented forward, no autotuner's configs, no host descriptors, every non-tensor
+launch argument a plain value (relaunch.plain_values); and named ops only (a bare op's host function may mix in
+PyTorch operations: segments.py). ``TRITONGRAD_REPLAY=0`` turns replays off.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..runtime import relaunch
+from . import backward as op_backward
+from .replay_backward import FastBackward
+from .tape import Tape, Tiles, _relaunchers, current_autotuner, current_tape
+
+ENV = "TRITONGRAD_REPLAY"
+MAX_REPLAYS = 16  # per op: kinds of call it is called with in turn (a model's layers of a few sizes)
+_Tensor = torch.Tensor
+_ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
+ENABLED = os.environ.get(ENV) != "0"  # (read once: os.environ costs microseconds on every call)
+
+
+class Expected:
+    """One launch of a replay: the kernel object and grid, the number of positional arguments and the keywords'
+    names, the positions of tensor arguments and their slots among the call's tensors, the other values and
+    their types, and the recorded launch (tape.RecordedLaunch, holding no tensors) the backward reads."""
+
+    __slots__ = ("kernel", "grid", "callable_grid", "count", "names", "tensors", "pick", "plain", "types", "values",
+                 "recorded", "key", "relauncher", "same", "tail")
+
+    def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple):
+        positions, self.names = pattern[1], pattern[2]
+        self.kernel, self.grid, self.recorded = recorded.kernel, recorded.grid, recorded
+        self.callable_grid = callable_grid
+        self.count = len(positions) - len(self.names)  # positional arguments
+        self.values = (*recorded.args, *recorded.kwargs.values())  # (None for a tensor)
+        self.tensors = tuple((k, slot) for k, slot in enumerate(positions) if slot is not None)
+        plain = [k for k, slot in enumerate(positions) if slot is None]
+        self.pick = _picker(plain)  # all values -> the non-tensor ones
+        self.plain = tuple(self.values[k] for k in plain)
+        self.types = tuple(map(type, self.plain))
+        # the forward Relauncher's key, as Tape._relaunch makes it (shared with the tape's launches)
+        self.key = (id(self.kernel), self.grid, positions, self.names, recorded.args, tuple(map(type, recorded.args)),
+                    tuple(recorded.kwargs.values()), tuple(map(type, recorded.kwargs.values())),
+                    tuple([described[i][1] for i in positions if i is not None]))
+        self.relauncher = None
+        self.same = (self.kernel, self.grid, callable_grid, self.count, self.names, self.tensors, self.plain,
+                     self.types)  # what a launch is compared on
+        self.tail = _tail(recorded.info, self.count, recorded.kwargs, any(k >= self.count for k, _ in self.tensors))
+
+    def arguments(self, tensors: list) -> tuple[tuple, dict]:
+        """The launch's arguments as passed, its tensors those of a call (by slot)."""
+        values = list(self.values)
+        for k, slot in self.tensors:
+            values[k] = tensors[slot]
+        return tuple(values[:self.count]), dict(zip(self.names, values[self.count:], strict=True))
+
+
+def _tail(info: Any, count: int, kwargs: dict, tensor_keywords: bool) -> tuple | None:
+    """The values of the parameters after the positional arguments, in order, as a launch passes them (keywords)
+    or leaves them (defaults): with the positional arguments, the values Triton binds (relaunch.Relauncher.launch).
+    None where a tensor is passed by keyword or a parameter has no value."""
+    missing = object()
+    tail = tuple(kwargs.get(p, info.defaults.get(p, missing)) for p in info.params[count:])
+    return None if tensor_keywords or any(v is missing for v in tail) else tail
+
+
+def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
+    """A function from a tuple to its items at ``positions``, as a tuple (itemgetter: in C)."""
+    if not positions:
+        return lambda values: ()
+    if len(positions) == 1:
+        get = operator.itemgetter(positions[0])
+        return lambda values: (get(values),)
+    return operator.itemgetter(*positions)
+
+
+class Replay:
+    """A kind of call learnt from a closed tape (see the module docstring): its launches (``Expected``), the
+    descriptions of its tensors, where the op's outputs and arguments lie among them, and its plan; its backwards
+    per schedule."""
+
+    def __init__(self, tape: LearningTape, named: bool):
+        patterns, n_outputs, passed, kwnames, diff, described = tape.key
+        self.name, self.deterministic, self.plan = tape.name, tape.deterministic, tape.plan
+        self.recorded = tape.launches  # shared by the replay's calls
+        self.expected = tuple(Expected(r, p, c, described)
+                              for r, p, c in zip(tape.launches, patterns, tape.callable_grids, strict=True))
+        self.described = described
+        # per slot: what a new tensor there must have, read in one tuple (dtype, sizes, strides, offset, device,
+        # requires_grad), and its storage's number
+        self.tails = tuple((d[1], d[2], d[3], d[4], d[5], d[6]) for d in described)
+        self.keys = tuple(d[0] for d in described)
+        self.n_outputs, self.passed, self.kwnames = n_outputs, passed, kwnames
+        self.closing = (len(self.expected), n_outputs, len(passed))
+        inputs = diff if named else self.plan.inputs  # the tensors to differentiate, by slot
+        self.pick_inputs, self.pick_saved = _picker(list(inputs)), _picker(list(self.plan.saved))
+        self.backwards: dict[tuple, Any] = {}  # schedule -> FastBackward, or False: never (its steps keep none)
+
+    @staticmethod
+    def of(tape: LearningTape, named: bool) -> Replay | None:
+        """The replay of a closed tape's call, or None where a call of its kind holds something per call."""
+        for launch, pattern in zip(tape.launches, tape.key[0], strict=True):
+            if pattern[3] or pattern[4] or launch.saved is not None or launch.tiles is not None:
+                return None
+            if not relaunch.plain_values((*launch.args, *launch.kwargs.values())):
+                return None
+        if tape.plan.unread or not tape.launches:
+            return None
+        return Replay(tape, named)
+
+    def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list:
+        """The gradients, as Tape.backward gives them: by the schedule's FastBackward once it has one."""
+        schedule = (tuple(needs), tuple([g is not None for g in grads]))
+        fast = self.backwards.get(schedule)
+        if fast and fast.grad is op_backward.grad:  # (tests spy on grad: a new one is a new backward)
+            return fast(saved, grads, needs)
+        token = current_tape.set(None)  # derived kernels are not recorded, even inside another op's forward
+        try:
+            result = op_backward.OpBackward(self.name, self.plan, self.recorded, self.deterministic).run(
+                saved, grads, needs)
+        finally:
+            current_tape.reset(token)
+        if fast is not False:
+            self.backwards[schedule] = FastBackward.of(self, schedule)
+        return result
+
+
+class Replays:
+    """An op's replays, the most recently used first."""
+
+    def __init__(self, name: str, plans: dict, deterministic: bool, named: bool):
+        self.name, self.plans, self.deterministic, self.named = name, plans, deterministic, named
+        self.found: list[Replay] = []
+
+    def call(self, fn: Callable, function: Any, args: tuple, kwargs: dict) -> tuple[Tape | None, Any]:
+        """Run the host function ``fn`` on a call's arguments: (None, the outputs of ``function``'s autograd node)
+        where a replay ran it to the end; else (the tape its launches were recorded on, unclosed, and the host
+        function's result), for the caller to close and make the node of (the tape learns a replay then)."""
+        if not self.found or not ENABLED:
+            tape = LearningTape(self)
+            with tape:
+                return tape, fn(*args, **kwargs)
+        fast = FastTape(self)
+        token = current_tape.set(fast)
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            current_tape.reset(token)
+        if fast.fallen is None:
+            several = isinstance(result, (tuple, list))
+            outputs = tuple(result) if several else (result,)
+            inputs = fast.close(outputs, args, kwargs)
+            if inputs is not None:
+                if not inputs:  # nothing to differentiate (the tape's caller returns it as it is)
+                    return None, result
+                outputs = function.apply(fast, outputs, *inputs)
+                return None, outputs if several else outputs[0]
+        return fast.fallen, result
+
+    def learn(self, tape: LearningTape) -> None:
+        replay = Replay.of(tape, self.named) if tape.key is not None and ENABLED else None
+        if replay is not None:
+            self.found.insert(0, replay)
+            del self.found[MAX_REPLAYS:]
+
+    def used(self, replay: Replay) -> None:
+        if self.found[0] is not replay:
+            self.found.remove(replay)
+            self.found.insert(0, replay)
+
+
+class LearningTape(Tape):
+    """A plain tape that, when it closes, teaches its op a replay of the call (``Replays.learn``)."""
+
+    def __init__(self, replays: Replays):
+        super().__init__(replays.name, replays.plans, replays.deterministic)
+        self.replays = replays
+        self.callable_grids: list[bool] = []  # per launch: whether its grid was a function
+
+    def record(self, kernel: Any, grid: Any, args: tuple, kwargs: dict, callable_grid: bool | None = None) -> None:
+        self.callable_grids.append(callable(grid) if callable_grid is None else callable_grid)
+        super().record(kernel, grid, args, kwargs)
+
+    def close(self, outputs: tuple, args: tuple, kwargs: dict, tensor_arguments: Callable[[tuple, dict], dict],
+              diff_inputs: list | None = None) -> list:
+        inputs = super().close(outputs, args, kwargs, tensor_arguments, diff_inputs)
+        self.replays.learn(self)
+        return inputs
+
+
+class FastTape:
+    """The current tape of a call that may be a replay's (see the module docstring): each launch compared with the
+    replay's and run; at the first difference a LearningTape (``fallen``) takes over. Then what the call's autograd
+    node keeps: the plan, the saved tensors (until the node takes them), the backward."""
+
+    __slots__ = ("replays", "replay", "count", "tensors", "index", "storages", "fallen", "saved", "plan", "name")
+    boundary = None  # (hooks.py: not a bare op's segment)
+
+    def __init__(self, replays: Replays):
+        self.replays, self.replay, self.count, self.fallen, self.saved = replays, None, 0, None, None
+        self.tensors: list[torch.Tensor] = []  # the call's distinct tensors, in order of first appearance
+        self.index: dict[int, int] = {}  # id(tensor) -> position in tensors
+        self.storages: dict[int, int] = {}  # storage address -> number, as CallTensors numbers them
+
+    def launch(self, run: Callable, kernel: Any, grid: Any, args: tuple, kwargs: dict, warmup: bool) -> Any:
+        replay, i = self.replay, self.count
+        if replay is None:  # the first launch: the replay whose first launch it is
+            expected = self._choose(kernel, grid, args, kwargs)
+        else:
+            expected = replay.expected[i] if i < len(replay.expected) else None
+            if expected is None or expected.kernel is not kernel \
+                    or not self._matches(replay, expected, grid, args, kwargs):
+                expected = self._switch(kernel, grid, args, kwargs)
+        if expected is None:
+            return self._fall_back().launch(run, kernel, grid, args, kwargs, warmup)
+        self.count = i + 1
+        if relaunch.supported():
+            relauncher = expected.relauncher or _relauncher(expected)
+            if expected.tail is not None:
+                compiled = relauncher.launch((*args, *expected.tail))
+                if compiled is not None:
+                    return compiled
+            info = expected.recorded.info
+            named = {**info.defaults, **dict(zip(info.params, args, strict=False)), **kwargs}
+            return relauncher(named, lambda: run(kernel, *args, grid=expected.grid, warmup=False, **kwargs))
+        return run(kernel, *args, grid=grid, warmup=False, **kwargs)
+
+    def _choose(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Expected | None:
+        for replay in self.replays.found:
+            expected = replay.expected[0]
+            if expected.kernel is kernel and self._matches(replay, expected, grid, args, kwargs):
+                self.replay = replay
+                if self.replays.found[0] is not replay:
+                    self.replays.used(replay)
+                return expected
+            self.tensors.clear()
+            self.index.clear()
+            self.storages.clear()
+        return None
+
+    def _switch(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Expected | None:
+        """Another of the op's replays whose launches so far are this one's (so are the call's tensors so far) and
+        whose next launch this is: an op whose kinds of call differ only in a later launch is not learnt anew on
+        each call."""
+        i, current, seen = self.count, self.replay, len(self.tensors)
+        for replay in self.replays.found:
+            if replay is current or len(replay.expected) <= i or replay.expected[i].kernel is not kernel \
+                    or replay.described[:seen] != current.described[:seen] \
+                    or any(a.same != b.same for a, b in zip(replay.expected[:i], current.expected[:i], strict=True)):
+                continue
+            index, storages = dict(self.index), dict(self.storages)
+            if self._matches(replay, replay.expected[i], grid, args, kwargs):
+                self.replay = replay
+                self.replays.used(replay)
+                return replay.expected[i]
+            del self.tensors[seen:]
+            self.index, self.storages = index, storages
+        return None
+
+    def _matches(self, replay: Replay, expected: Expected, grid: Any, args: tuple, kwargs: dict) -> bool:
+        """Whether a launch is the replay's: the same values of the same types but for its tensors, which lie as the
+        replay's did (their slots among the call's tensors, the new ones' descriptions), on the same grid."""
+        if len(args) != expected.count:
+            return False
+        if kwargs:
+            if tuple(kwargs) != expected.names:
+                return False
+            values = (*args, *kwargs.values())
+        elif expected.names:
+            return False
+        else:
+            values = args
+        plain = expected.pick(values)
+        if tuple(map(type, plain)) != expected.types or plain != expected.plain:  # (types first: no tensor compared)
+            return False
+        index = self.index
+        for k, slot in expected.tensors:
+            v = values[k]
+            if index.get(id(v)) != slot and not self._tensor_at(replay, v, slot):
+                return False
+        if expected.callable_grid:
+            if not callable(grid):
+                return False
+            info = expected.recorded.info
+            grid = grid({**info.defaults, **info.named_arguments(args, kwargs)[0]})
+        elif callable(grid):
+            return False
+        if (grid if type(grid) is tuple else tuple(grid)) != expected.grid:
+            return False
+        autotuned = current_autotuner.get()
+        return autotuned is None or Tiles.of(autotuned, expected.kernel) is None
+
+    def _tensor_at(self, replay: Replay, v: Any, slot: int) -> bool:
+        """Whether ``v`` is the call's tensor at ``slot``: the one seen there, or a new one described as the replay's
+        was (its storage numbered by first appearance, as CallTensors.take numbers it)."""
+        i = self.index.get(id(v))
+        if i is not None:
+            return i == slot
+        tensors = self.tensors
+        if len(tensors) != slot or not isinstance(v, _Tensor):
+            return False
+        dtype, offset = v.dtype, v.storage_offset()
+        size = v.shape
+        if (dtype, size, v.stride(), offset, v.device, v.requires_grad) != replay.tails[slot]:
+            return False
+        address = v.data_ptr()
+        if address and 0 not in size:
+            storages = self.storages
+            if storages.setdefault(address - offset * _ITEMSIZE[dtype], len(storages) + 1) != replay.keys[slot]:
+                return False
+        elif replay.keys[slot]:
+            return False
+        self.index[id(v)] = slot
+        tensors.append(v)
+        return True
+
+    def _fall_back(self, running: bool = True) -> LearningTape:
+        """A LearningTape in this one's place (``running``: the current tape from here on), with the launches so far
+        (the replay's, so their checks pass) recorded as a tape records them, without running them again."""
+        tape = self.fallen = LearningTape(self.replays)
+        if running:
+            current_tape.set(tape)  # (the call's token restores the tape before this one)
+        if self.count:
+            token = current_autotuner.set(None)  # (none of them had an autotuner's configs)
+            try:
+                for expected in self.replay.expected[:self.count]:
+                    args, kwargs = expected.arguments(self.tensors)
+                    tape.record(expected.kernel, expected.grid, args, kwargs, expected.callable_grid)
+            finally:
+                current_autotuner.reset(token)
+        self.tensors = self.index = self.storages = None
+        return tape
+
+    def close(self, outputs: tuple, args: tuple, kwargs: dict) -> list | None:
+        """The tensors to differentiate, once the op's outputs and arguments are found where the replay's were among
+        the call's tensors (``saved``: those the backward reads); else None, having fallen back."""
+        replay = self.replay
+        if replay is None or (self.count, len(outputs), len(outputs) + len(args) + len(kwargs)) != replay.closing \
+                or (tuple(kwargs) != replay.kwnames if kwargs else replay.kwnames) \
+                or not self._passed(replay, (*outputs, *args, *kwargs.values()) if kwargs else (*outputs, *args)):
+            self._fall_back(running=False)
+            return None
+        tensors = self.tensors
+        self.plan, self.name = replay.plan, replay.name
+        self.saved = replay.pick_saved(tensors)
+        self.tensors = self.index = self.storages = None  # the node keeps only what it saves
+        return replay.pick_inputs(tensors)
+
+    def _passed(self, replay: Replay, values: tuple) -> bool:
+        index = self.index
+        for v, slot in zip(values, replay.passed, strict=True):
+            if slot is None:
+                if isinstance(v, _Tensor):
+                    return False
+            elif index.get(id(v)) != slot and not self._tensor_at(replay, v, slot):
+                return False
+        return True
+
+    def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
+        return self.replay.backward(saved, grads, needs)
+
+
+def _relauncher(expected: Expected) -> relaunch.Relauncher:
+    """The launch's Relauncher: Tape._relaunch's, found by the same key."""
+    relauncher = _relaunchers.get(expected.key)
+    if relauncher is None or relauncher.kernel is not expected.kernel:
+        relauncher = _relaunchers[expected.key] = relaunch.Relauncher(expected.kernel, expected.grid)
+    expected.relauncher = relauncher
+    return relauncher
