@@ -27,6 +27,7 @@ PyTorch operations: segments.py). ``TRITONGRAD_REPLAY=0`` turns replays off.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ..core.device import ensure_allocator
 from ..runtime import relaunch
 from . import backward as op_backward
 from .replay_backward import FastBackward
@@ -42,6 +44,7 @@ from .tape import Tape, Tiles, _relaunchers, current_autotuner, current_tape
 ENV = "TRITONGRAD_REPLAY"
 MAX_REPLAYS = 16  # per op: kinds of call it is called with in turn (a model's layers of a few sizes)
 _Tensor = torch.Tensor
+_given = functools.partial(operator.is_not, None)  # (a gradient given: in C, on every backward)
 _ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
@@ -139,9 +142,12 @@ class Replay:
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list:
         """The gradients, as Tape.backward gives them: by the schedule's FastBackward once it has one."""
-        schedule = (tuple(needs), tuple([g is not None for g in grads]))
+        schedule = (tuple(needs), tuple(map(_given, grads)))
         fast = self.backwards.get(schedule)
         if fast and fast.grad is op_backward.grad:  # (tests spy on grad: a new one is a new backward)
+            if current_tape.get() is None and not torch.is_grad_enabled():  # (as FastBackward.__call__, inlined)
+                ensure_allocator()
+                return fast._run(saved, grads, needs)
             return fast(saved, grads, needs)
         token = current_tape.set(None)  # derived kernels are not recorded, even inside another op's forward
         try:
@@ -189,13 +195,12 @@ class Replays:
     def learn(self, tape: LearningTape) -> None:
         replay = Replay.of(tape, self.named) if tape.key is not None and ENABLED else None
         if replay is not None:
-            self.found.insert(0, replay)
-            del self.found[MAX_REPLAYS:]
+            self.found = [replay, *self.found[:MAX_REPLAYS - 1]]  # (a new list: other threads may be reading it)
 
     def used(self, replay: Replay) -> None:
-        if self.found[0] is not replay:
-            self.found.remove(replay)
-            self.found.insert(0, replay)
+        """The replay first from now on (another thread may have dropped it meanwhile)."""
+        found = [r for r in self.found if r is not replay]
+        self.found = [replay, *found[:MAX_REPLAYS - 1]]
 
 
 class LearningTape(Tape):
@@ -305,7 +310,8 @@ class FastTape:
         index = self.index
         for k, slot in expected.tensors:
             v = values[k]
-            if index.get(id(v)) != slot and not self._tensor_at(replay, v, slot):
+            i = index.get(id(v))
+            if i != slot and (i is not None or not self._new_tensor(replay, v, slot)):
                 return False
         if expected.callable_grid:
             if not callable(grid):
@@ -319,12 +325,9 @@ class FastTape:
         autotuned = current_autotuner.get()
         return autotuned is None or Tiles.of(autotuned, expected.kernel) is None
 
-    def _tensor_at(self, replay: Replay, v: Any, slot: int) -> bool:
-        """Whether ``v`` is the call's tensor at ``slot``: the one seen there, or a new one described as the replay's
-        was (its storage numbered by first appearance, as CallTensors.take numbers it)."""
-        i = self.index.get(id(v))
-        if i is not None:
-            return i == slot
+    def _new_tensor(self, replay: Replay, v: Any, slot: int) -> bool:
+        """Whether ``v``, a value not seen before in the call, is a tensor the replay's call had at ``slot``: the
+        next one, described as its was (its storage numbered by first appearance, as CallTensors.take numbers it)."""
         tensors = self.tensors
         if len(tensors) != slot or not isinstance(v, _Tensor):
             return False
@@ -381,8 +384,10 @@ class FastTape:
             if slot is None:
                 if isinstance(v, _Tensor):
                     return False
-            elif index.get(id(v)) != slot and not self._tensor_at(replay, v, slot):
-                return False
+            else:
+                i = index.get(id(v))
+                if i != slot and (i is not None or not self._new_tensor(replay, v, slot)):
+                    return False
         return True
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
