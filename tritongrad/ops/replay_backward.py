@@ -126,8 +126,14 @@ def _launch(traced: Any, wired: tuple, sources: dict, buffers: str, deterministi
     args.update({k: sources[source, name] for k, source, name in wired})
     by_name = "{" + ", ".join(f"{k!r}: {v}" for k, v in args.items()) + "}"
     part, relauncher = traced.part, traced.relauncher
-    if traced.partials or part.later_adds or (part.tapes and not part.saved):  # rows and scratch made there
+    if part.later_adds or (part.tapes and not part.saved):  # scratch made there
         return [f"    {bound(traced)}.launch({by_name}, {buffers}, {deterministic})"]
+    if traced.partials:  # PartLaunch.launch's, without scratch: its rows made, launched, summed into the buffers
+        lines = [f"    args = {by_name}"]
+        lines += [f"    rows{j} = {bound(r)}.allocate(args, {sources[2, r.input]}.device)"
+                  for j, r in enumerate(traced.partials)]
+        lines.append(f"    {bound(relauncher)}(args)")
+        return lines + [f"    {bound(r)}.sum(rows{j}, {sources[2, r.input]})" for j, r in enumerate(traced.partials)]
     if not relauncher.direct:  # (never direct again: the interpreter's kernels) as the Relauncher would launch it
         return [f"    {bound(part.kernel[traced.grid])}(**{by_name})"]
     name = bound(relauncher)
