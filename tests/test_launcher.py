@@ -13,7 +13,7 @@ from test_strategies import norm_rows, norm_twice, scale_kernel, two_readers, wi
 import tritongrad
 from tritongrad import examples
 from tritongrad.ops.launcher import Launcher
-from tritongrad.ops.replay_backward import FastBackward
+from tritongrad.ops.replay import Replay
 from tritongrad.runtime import relaunch
 
 F64 = torch.float64
@@ -35,13 +35,20 @@ def poisoned(monkeypatch):
 
 @pytest.fixture
 def kept(monkeypatch):
-    """The launches made by a Launcher, counted: each step of a replay's FastBackward (replay_backward.py) launches
-    what its step's Launcher would."""
+    """The launches made by a Launcher, counted: a replay's FastBackward (replay_backward.py) launches what each
+    step's Launcher would."""
     count = []
     real = Launcher.__call__
     monkeypatch.setattr(Launcher, "__call__", lambda self, *a: count.append(1) or real(self, *a))
-    fast = FastBackward._run
-    monkeypatch.setattr(FastBackward, "_run", lambda self, *a: count.extend([1] * len(self.steps)) or fast(self, *a))
+    backward = Replay.backward
+
+    def counted(self, saved, grads, needs):
+        schedule = (tuple(needs), tuple(g is not None for g in grads))
+        if self.backwards.get(schedule):  # a FastBackward: a kept launch per step
+            count.extend([1] * len(self.plan.steps(*schedule)))
+        return backward(self, saved, grads, needs)
+
+    monkeypatch.setattr(Replay, "backward", counted)
     return count
 
 

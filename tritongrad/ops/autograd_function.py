@@ -26,14 +26,14 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
     when the op is compiled)."""
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
     segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
-    replays = Replays(name, plans, deterministic, named=True) if named else None  # calls made again (replay.py)
+    replays = Replays(name, plans, deterministic, function) if named else None  # calls made again (replay.py)
 
     def segment_node(tape: Tape, written: list, inputs: list) -> None:
         segment.apply(tape, len(written), *written, *inputs)
 
     def call(*args, **kwargs):
         if named:  # its launches recorded on a tape, or replayed (replay.py)
-            tape, result = replays.call(fn, function, args, kwargs)
+            tape, result = replays.call(fn, args, kwargs)
             if tape is None:
                 return result
         else:  # PyTorch operations on what launches wrote make segments (segments.py)
@@ -130,6 +130,8 @@ class _TapeFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         saved = ctx.saved_tensors  # (unpacked on each read)
         result = ctx.tape.backward(saved, grads, ctx.needs_input_grad[2:])
+        if not torch.is_grad_enabled():  # (differentiable_once's test, before it builds its arguments)
+            return (None, None, *result)
         return (None, None, *differentiable_once(ctx.tape.name, result, (*saved, *grads)))
 
 

@@ -45,6 +45,7 @@ ENV = "TRITONGRAD_REPLAY"
 MAX_REPLAYS = 16  # per op: kinds of call it is called with in turn (a model's layers of a few sizes)
 _Tensor = torch.Tensor
 _given = functools.partial(operator.is_not, None)  # (a gradient given: in C, on every backward)
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 _ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
@@ -147,7 +148,7 @@ class Replay:
         if fast and fast.grad is op_backward.grad:  # (tests spy on grad: a new one is a new backward)
             if current_tape.get() is None and not torch.is_grad_enabled():  # (as FastBackward.__call__, inlined)
                 ensure_allocator()
-                return fast._run(saved, grads, needs)
+                return fast.run(saved, grads, needs)
             return fast(saved, grads, needs)
         token = current_tape.set(None)  # derived kernels are not recorded, even inside another op's forward
         try:
@@ -163,14 +164,16 @@ class Replay:
 class Replays:
     """An op's replays, the most recently used first."""
 
-    def __init__(self, name: str, plans: dict, deterministic: bool, named: bool):
+    def __init__(self, name: str, plans: dict, deterministic: bool, function: Any, named: bool = True):
         self.name, self.plans, self.deterministic, self.named = name, plans, deterministic, named
+        self.function = function  # the op's autograd.Function (autograd_function._TapeFunction)
+        self.apply = super(torch.autograd.Function, function).apply  # its apply, past Function.apply's Python
         self.found: list[Replay] = []
 
-    def call(self, fn: Callable, function: Any, args: tuple, kwargs: dict) -> tuple[Tape | None, Any]:
-        """Run the host function ``fn`` on a call's arguments: (None, the outputs of ``function``'s autograd node)
-        where a replay ran it to the end; else (the tape its launches were recorded on, unclosed, and the host
-        function's result), for the caller to close and make the node of (the tape learns a replay then)."""
+    def call(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[Tape | None, Any]:
+        """Run the host function ``fn`` on a call's arguments: (None, the outputs of the op's autograd node) where
+        a replay ran it to the end; else (the tape its launches were recorded on, unclosed, and the host function's
+        result), for the caller to close and make the node of (the tape learns a replay then)."""
         if not self.found or not ENABLED:
             tape = LearningTape(self)
             with tape:
@@ -188,7 +191,10 @@ class Replays:
             if inputs is not None:
                 if not inputs:  # nothing to differentiate (the tape's caller returns it as it is)
                     return None, result
-                outputs = function.apply(fast, outputs, *inputs)
+                if torch._C._are_functorch_transforms_active():
+                    outputs = self.function.apply(fast, outputs, *inputs)
+                else:  # what Function.apply does then (the Function defines no setup_context)
+                    outputs = self.apply(fast, outputs, *map(_unwrap_if_dead, inputs))
                 return None, outputs if several else outputs[0]
         return fast.fallen, result
 

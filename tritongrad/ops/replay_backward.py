@@ -1,8 +1,15 @@
 """A replay's backward for one schedule (replay.py): what each step's ``launcher.Launcher`` launches, launched
-newest first on the shadows as ``OpBackward`` launches it once its backwards are unchecked, without its layers:
-the step's Launcher, kept by an earlier backward of the plan for the replay's non-tensor arguments, found once;
-its shadows made from what the plan fixes (storage, shape, dtype, device, zero-filled or not); a kernel with no
-partial rows, scratch or later adds launched straight through its Relauncher."""
+newest first on the shadows as ``OpBackward`` launches it once its backwards are unchecked, without its layers.
+
+The steps' Launchers (kept by an earlier backward of the plan for the replay's non-tensor arguments) are found
+once, and the backward is written out as one Python function for the schedule (``FastBackward.src``): the
+schedule fixes which outputs have gradients and which inputs need them, the plan every shadow's storage, shape,
+dtype and device, each kept launch its values; what is left per call is the tensors. Each statement is what
+``OpBackward._backward`` and ``Launcher.__call__`` do on that path, in their order (the first maker of a storage's
+shadow decides whether it is zero-filled). A kept launch without partial rows, scratch or later adds goes through
+its Relauncher (every value Triton binds, where it launches directly) or, in the interpreter, to the kernel on its
+grid; one with them through ``PartLaunch.launch``. The function (~20 statements for a launch) replaces two loops
+over generic tuples and a dict per source per step: a few microseconds of a host-bound step."""
 
 from __future__ import annotations
 
@@ -19,20 +26,14 @@ from .tape import current_tape
 
 class FastBackward:
     """See the module docstring. ``grad``: backward.grad as it was when the Launchers were kept (tests spy on it:
-    another one is another backward)."""
+    another one is another backward). ``run(saved, grads, needs)``: the backward, grad mode off."""
 
-    def __init__(self, replay: Any, launchers: tuple):
-        plan = replay.plan
+    def __init__(self, replay: Any, schedule: tuple, launchers: tuple):
         self.grad = op_backward.grad
-        self.backward = op_backward.OpBackward(replay.name, plan, replay.recorded, replay.deterministic)
-        self.steps = tuple((
-            tuple((p, slot, None if slot is not None else stand_in) for p, slot, stand_in in launcher.replayed),
-            tuple((o, _maker(plan, s, True, False)) for o, s in launcher.outputs),
-            tuple((p, _maker(plan, s, fill, own)) for p, s, fill, own in launcher.buffers),
-            tuple(_launch_of(traced, wired) for traced, wired in launcher.launches))
-            for launcher in launchers)
-        self.plain = plan.plain_inputs
-        self.inputs = tuple(v.key for v in plan.input_views)
+        self.backward = op_backward.OpBackward(replay.name, replay.plan, replay.recorded, replay.deterministic)
+        self.src, namespace = _written(self.backward, schedule, launchers)
+        exec(compile(self.src, f"<tritongrad backward of {replay.name}>", "exec"), namespace)  # noqa: S102
+        self.run = namespace["run"]
 
     @staticmethod
     def of(replay: Any, schedule: tuple) -> FastBackward | None | bool:
@@ -50,7 +51,7 @@ class FastBackward:
             if not launcher:
                 return None if launcher is None else False
             launchers.append(launcher)
-        return FastBackward(replay, tuple(launchers))
+        return FastBackward(replay, schedule, tuple(launchers))
 
     def __call__(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list:
         token = current_tape.set(None) if current_tape.get() is not None else None  # (inside another op's forward)
@@ -58,81 +59,89 @@ class FastBackward:
             ensure_allocator()
             if torch.is_grad_enabled():  # create_graph=True: the backward is not itself differentiated
                 with torch.no_grad():
-                    return self._run(saved, grads, needs)
-            return self._run(saved, grads, needs)
+                    return self.run(saved, grads, needs)
+            return self.run(saved, grads, needs)
         finally:
             if token is not None:
                 current_tape.reset(token)
 
-    def _run(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list:
-        """OpBackward._backward's unchecked path, its steps' Launchers inlined."""
-        backward = self.backward
-        shadows: dict[int, torch.Tensor] = {}
-        for output, g in zip(backward.plan.outputs, grads, strict=True):
-            if output is None or g is None:
+
+def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dict]:
+    """The source of ``run(saved, grads, needs)`` for a schedule, and the namespace its names are bound in."""
+    plan: Plan = backward.plan
+    needs, present = schedule
+    namespace = {"_shadow": _shadow, "_scatter_add": op_backward._scatter_add, "backward": backward}
+
+    def bound(value: Any) -> str:
+        name = f"c{len(namespace)}"
+        namespace[name] = value
+        return name
+
+    lines = ["def run(saved, grads, needs):", "    shadows = {}"]
+    for i, (output, given) in enumerate(zip(plan.outputs, present, strict=True)):  # OpBackward._backward's
+        if output is None or not given:
+            continue
+        shadow, reusable, size, dtype, overlapping = output
+        indent = "    "
+        lines.append(f"    g{i} = grads[{i}]")
+        if reusable:
+            lines += [f"    if g{i}.dtype == {bound(dtype)} and g{i}.shape == {bound(size)} and g{i}.is_contiguous():",
+                      f"        shadows[{shadow.key}] = g{i}", "    else:"]
+            indent = "        "
+        made = f"backward._shadow(shadows, {bound(shadow)})"
+        lines.append(f"{indent}_scatter_add({made}, g{i})" if overlapping else f"{indent}{made}.add_(g{i})")
+    for s, launcher in enumerate(launchers):  # Launcher.__call__'s
+        sources: dict[tuple[int, str], str] = {}
+        for p, slot, stand_in in launcher.replayed:
+            sources[0, p] = name = f"s{s}_{len(sources)}"
+            value = f"saved[{slot}]" if slot is not None else bound(stand_in_tensor(stand_in))  # (empty: no memory)
+            lines.append(f"    {name} = {value}")
+        made = [(1, o, _maker(plan, shadow, True, False)) for o, shadow in launcher.outputs]
+        made += [(2, p, _maker(plan, shadow, fill, own)) for p, shadow, fill, own in launcher.buffers]
+        for source, p, maker in made:
+            sources[source, p] = name = f"s{s}_{len(sources)}"
+            key, view, shape, dtype, device, make = maker
+            if view is not None:
+                lines.append(f"    {name} = _shadow(shadows, {bound(maker)})")
                 continue
-            shadow, reusable, size, dtype, overlapping = output
-            if reusable and g.dtype == dtype and g.shape == size and g.is_contiguous():
-                shadows[shadow.key] = g  # derived kernels only read it
-            elif overlapping:
-                op_backward._scatter_add(backward._shadow(shadows, shadow), g)
-            else:
-                backward._shadow(shadows, shadow).add_(g)
-        deterministic = backward.deterministic
-        for replayed, outputs, buffers, launches in self.steps:  # as launcher.Launcher.__call__ (loops, not
-            sources = ({}, {}, {})  # comprehensions: each of those is a call)
-            from_saved, from_outputs, from_buffers = sources
-            for p, slot, stand_in in replayed:
-                from_saved[p] = saved[slot] if stand_in is None else stand_in_tensor(stand_in)
-            for o, made in outputs:
-                from_outputs[o] = _shadow(shadows, made)
-            for p, made in buffers:
-                from_buffers[p] = _shadow(shadows, made)
-            for traced, wired, how, launcher, template, slots in launches:
-                if how == _VALUES and launcher.direct:  # every value Triton binds, in its order
-                    values = template.copy()
-                    for j, source, name in slots:
-                        values[j] = sources[source][name]
-                    if launcher.launch(values) is not None:
-                        continue
-                    how = _RELAUNCHER  # (its first launch of these alignments: through Triton)
-                args = traced.args.copy()
-                for k, source, name in wired:
-                    args[k] = sources[source][name]
-                if how == _KERNEL:
-                    launcher(**args)
-                elif how == _PART:
-                    traced.launch(args, from_buffers, deterministic)
-                else:
-                    launcher(args)
-        if self.plain:  # OpBackward._input_grads: the shadows as they are
-            found = []
-            for key, need in zip(self.inputs, needs, strict=True):
-                found.append(shadows.get(key) if need else None)
-            return found
-        return backward._input_grads(shadows, needs)
+            lines += [f"    {name} = shadows.get({key})",  # _shadow, for the storage's own buffer
+                      f"    if {name} is None:",
+                      f"        {name} = shadows[{key}] = {bound(make)}({bound(shape)}, dtype={bound(dtype)}, "
+                      f"device={bound(device)})"]
+        buffers = "{" + ", ".join(f"{p!r}: {sources[2, p]}" for p, _, _, _ in launcher.buffers) + "}"
+        for traced, wired in launcher.launches:
+            lines += _launch(traced, wired, sources, buffers, backward.deterministic, bound)
+    if plan.plain_inputs:  # OpBackward._input_grads: the shadows as they are
+        found = [f"shadows.get({v.key})" if need else "None" for v, need in zip(plan.input_views, needs, strict=True)]
+        lines.append(f"    return [{', '.join(found)}]")
+    else:
+        lines.append("    return backward._input_grads(shadows, needs)")
+    return "\n".join(lines) + "\n", namespace
 
 
-_VALUES, _RELAUNCHER, _KERNEL, _PART = range(4)  # how _run launches a kept launch
-
-
-def _launch_of(traced: Any, wired: tuple) -> tuple:
-    """A kept launch (variants.PartLaunch) as _run launches it: (it, its wiring, how, the launcher, the values
-    Triton binds but its tensors', where those go). A launch with partial rows, scratch or later adds as
-    PartLaunch.launch makes them (_PART); else through its Relauncher, given every value in Triton's order where it
-    launches directly (_VALUES) or its arguments by name (_RELAUNCHER), or, where that would go through Triton
-    anyway (the interpreter), the kernel on its grid (_KERNEL)."""
+def _launch(traced: Any, wired: tuple, sources: dict, buffers: str, deterministic: bool, bound: Any) -> list[str]:
+    """The statements launching a kept launch (variants.PartLaunch) with its tensors from ``sources``: its arguments
+    as Launcher.__call__ makes them (the kept values, then the tensors)."""
+    args = {k: bound(v) for k, v in traced.args.items()}
+    args.update({k: sources[source, name] for k, source, name in wired})
+    by_name = "{" + ", ".join(f"{k!r}: {v}" for k, v in args.items()) + "}"
     part, relauncher = traced.part, traced.relauncher
-    if traced.partials or part.later_adds or (part.tapes and not part.saved):
-        return traced, wired, _PART, None, None, ()
-    if not relauncher.direct:  # (never direct again)
-        return traced, wired, _KERNEL, part.kernel[traced.grid], None, ()
-    names = {n: j for j, n in enumerate(relauncher.names)}
-    given = {k for k, _, _ in wired}
-    if not given <= names.keys() or any(n not in traced.args for n in relauncher.names if n not in given):
-        return traced, wired, _RELAUNCHER, relauncher, None, ()
-    template = [traced.args.get(n) for n in relauncher.names]
-    return traced, wired, _VALUES, relauncher, template, tuple((names[k], source, name) for k, source, name in wired)
+    if part.later_adds or (part.tapes and not part.saved):  # scratch made there
+        return [f"    {bound(traced)}.launch({by_name}, {buffers}, {deterministic})"]
+    if traced.partials:  # PartLaunch.launch's, without scratch: its rows made, launched, summed into the buffers
+        lines = [f"    args = {by_name}"]
+        lines += [f"    rows{j} = {bound(r)}.allocate(args, {sources[2, r.input]}.device)"
+                  for j, r in enumerate(traced.partials)]
+        lines.append(f"    {bound(relauncher)}(args)")
+        return lines + [f"    {bound(r)}.sum(rows{j}, {sources[2, r.input]})" for j, r in enumerate(traced.partials)]
+    if not relauncher.direct:  # (never direct again: the interpreter's kernels) as the Relauncher would launch it
+        return [f"    {bound(part.kernel[traced.grid])}(**{by_name})"]
+    name = bound(relauncher)
+    if not set(relauncher.names) <= args.keys():  # (a parameter left to its default: by name)
+        return [f"    {name}({by_name})"]
+    values = "[" + ", ".join(args[n] for n in relauncher.names) + "]"  # every value Triton binds, in its order
+    return [f"    if {name}.launch({values}) is None:",  # (its first launch of these alignments: through Triton)
+            f"        {name}({by_name})"]
 
 
 def _maker(plan: Plan, shadow: Shadow, fill: bool, own_dtype: bool) -> tuple:

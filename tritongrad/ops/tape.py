@@ -12,7 +12,8 @@ call reduces those to a key (storages numbered in order of appearance, not by ad
 (planning.py: a ``shadows.Plan``), later calls with that key reuse it. The hot path reads
 tensor metadata only: no AST work and nothing that waits for the device; on a GPU a launch
 made before with the same recorded arguments calls its compiled kernel directly (relaunch.py).
-The backward itself is backward.py's.
+The backward itself is backward.py's. A named op's later calls of a kind seen before skip the tape:
+replay.py compares their launches with the first call's as they run.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ made again with the same non-tensor arguments and grid (a backward's kernels, wh
 an op's forward launches, which the tape keys on their recorded arguments) changes only its tensors, and of a
 tensor whose dtype is fixed Triton specializes on one property: whether its address is a multiple of 16. So a
 :class:`Relauncher` keeps the compiled kernel per those properties (and the current device) and calls its
-launcher directly, as Triton's own ``run`` ends. The first launch of each key, and every launch where Triton's
+launcher directly, as Triton's own ``run`` ends; ``Relauncher.launch`` takes the values Triton binds as they are
+(ops/replay.py passes them without naming each). The first launch of each key, and every launch where Triton's
 internals are not the ones this was written against (another version, the interpreter's kernels), go through
 Triton. ``TRITONGRAD_DIRECT_LAUNCH=0`` turns it off.
 """
