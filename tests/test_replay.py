@@ -12,11 +12,15 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from conftest import DEVICE
 
 import tritongrad
 from tritongrad import examples
 from tritongrad.core.errors import OpError
 from tritongrad.ops import replay
+
+# (CPU tensors through the interpreter; on the GPU, test_op_gpu.py and test_graphs_gpu.py run with replays on)
+pytestmark = pytest.mark.skipif(DEVICE == "cuda", reason="written for CPU tensors in the interpreter")
 
 F64 = torch.float64
 
