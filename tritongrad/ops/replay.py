@@ -313,13 +313,7 @@ class FastTape:
         plain = expected.pick(values)
         if tuple(map(type, plain)) != expected.types or plain != expected.plain:  # (types first: no tensor compared)
             return False
-        index = self.index
-        for k, slot in expected.tensors:
-            v = values[k]
-            i = index.get(id(v))
-            if i != slot and (i is not None or not self._new_tensor(replay, v, slot)):
-                return False
-        if expected.callable_grid:
+        if expected.callable_grid:  # (the grid before the tensors: kinds of call often differ in it alone)
             if not callable(grid):
                 return False
             info = expected.recorded.info
@@ -328,6 +322,12 @@ class FastTape:
             return False
         if (grid if type(grid) is tuple else tuple(grid)) != expected.grid:
             return False
+        index = self.index
+        for k, slot in expected.tensors:
+            v = values[k]
+            i = index.get(id(v))
+            if i != slot and (i is not None or not self._new_tensor(replay, v, slot)):
+                return False
         autotuned = current_autotuner.get()
         return autotuned is None or Tiles.of(autotuned, expected.kernel) is None
 
