@@ -3,7 +3,13 @@ then a couple of steps timed. Under the interpreter its --smoke mode (tiny sizes
 
 import os
 
+import pytest
+import torch
+
 from benchmarks import host_step
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="the benchmark's smoke mode runs the interpreter on a CPU")
 
 EXAMPLES = ["softmax", "rmsnorm", "layernorm", "swiglu", "sin"]
 
