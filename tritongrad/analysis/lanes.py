@@ -140,10 +140,11 @@ class LaunchCoordinates:
     bounds: tuple[tuple[tuple[int, ...], Expr, tuple[Expr, ...]], ...]
     exact: bool
 
-    def apart(self, extra: tuple[tuple[str, Expr, Expr], ...] = ()) -> Apart | All:
-        """Distinct elements for distinct coordinates (and ``extra`` ones, ``(name, coefficient, extent)``); where
-        a coordinate is a value programs compute, distinct programs with distinct such values too."""
-        apart = Apart(self.coordinates + tuple((c, e) for _, c, e in extra), self.bounds,
+    def apart(self, extra: tuple[tuple[str, Expr, Expr], ...] = (), bounds: tuple = ()) -> Apart | All:
+        """Distinct elements for distinct coordinates (and ``extra`` ones, ``(name, coefficient, extent)``, with
+        ``bounds`` of masks over them too); where a coordinate is a value programs compute, distinct programs with
+        distinct such values too."""
+        apart = Apart(self.coordinates + tuple((c, e) for _, c, e in extra), self.bounds + tuple(bounds),
                       (*(str(k) for k in self.keys), *(name for name, _, _ in extra)))
         programs = programs_apart(self.keys)
         return apart if programs is None else All((apart, programs))

@@ -5,7 +5,6 @@ whose address lost a program id as a coordinate refused."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 
 from ..core.errors import NotDifferentiableError
 from ..core.ir import (
@@ -223,11 +222,9 @@ def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: 
                 groups.append(((*members, len(found.keys)), most, (*coefficients, moved)))
                 same_ratio += [AtLeast(which, ratio * moved), AtLeast(ratio * moved, which),
                                AtLeast(moved, Expr.const(0))]
-    condition = found.apart((("which store", which, Expr.const(2)),))
-    if groups or same_ratio:
-        parts = list(condition.conditions) if isinstance(condition, All) else [condition]
-        parts[0] = dataclasses.replace(parts[0], bounds=parts[0].bounds + tuple(groups))
-        condition = All((*parts, *same_ratio))
+    condition = found.apart((("which store", which, Expr.const(2)),), tuple(groups))
+    if same_ratio:
+        condition = All((condition, *same_ratio))
     verdict = decided_now(condition)
     if verdict is False:
         raise refuse(where(second.stmt), f"{what}: both write one element", hint)
@@ -274,10 +271,9 @@ def check_blocks_apart(first: ast.stmt, second: ast.stmt, output: str, forms: di
         for c, e in mine:
             span = span + Expr("abs", (c,)) * (e - Expr.const(1))
         weight = span + weight  # (the next dimension steps over everything this one and the later ones span)
-    condition = Apart(tuple(coordinates))
     programs = programs_apart(keys)
-    condition = All((condition, programs, AtLeast(poly_expr(dims[shifted[0]][1]), Expr.const(0)))) if programs else \
-        All((condition, AtLeast(poly_expr(dims[shifted[0]][1]), Expr.const(0))))
+    forward = AtLeast(poly_expr(dims[shifted[0]][1]), Expr.const(0))
+    condition = All((Apart(tuple(coordinates)), *([programs] if programs else []), forward))
     construct = f"{what}: with this launch's sizes, both may write one element"
     verdict = decided_now(condition)
     if verdict is False:
