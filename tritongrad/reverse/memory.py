@@ -17,11 +17,23 @@ from __future__ import annotations
 import ast
 import copy
 
-from ..core.ir import arguments, call_statement, is_none, name_node, op_of, refuse, stored_value, target_of, where
+from ..core.ir import (
+    arguments,
+    call_statement,
+    is_none,
+    name_node,
+    names_in,
+    op_of,
+    refuse,
+    stored_value,
+    target_of,
+    where,
+)
 from ..core.operations import instantiate, operation_of
 from ..frontend.blockptr import block_addresses, block_mask
 from ..writes.strategies import RELAXED, LaterAdds
 from .persistent import PartialSum
+from .rereads import Deferred, MergePoint, NotMergeable
 
 
 class MemoryAdjoints:
@@ -49,7 +61,28 @@ class MemoryAdjoints:
         if op_of(stmt).kind == "desc_load":
             self.builder.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
             return
+        if choice.rereads:
+            g = self.merged(stmt, param, choice.rereads, shadow, g)
+            if g is None:
+                return
         choice.strategy.emit(self, stmt, param, shadow, g, b["mask"], later)
+
+    def merged(self, stmt: ast.stmt, param: str, rereads: tuple[str, ...], shadow: ast.Name,
+               g: ast.Name) -> ast.Name | None:
+        """A load of an input read again at its address in sibling loops (rereads.py): a later one's adjoint is
+        not written here (None); the first's is named as the total the others' are added to."""
+        plan = next((p for p in self.builder.loop_plans.values() if any(t is stmt for t in p.node.body)), None)
+        if plan is None or plan.nonlinear:
+            raise NotMergeable(param, "a loop around its loads carries nonlinear state")
+        if target_of(stmt) in rereads:
+            names = frozenset({g.id, shadow.id, *names_in(arguments(stmt)["mask"])})
+            self.builder.deferred.append(Deferred(param, g.id, names))
+            return None
+        total = self.named(f"{g.id}_all", g)
+        deferred = [d for d in self.builder.deferred if d.param == param]
+        self.builder.deferred = [d for d in self.builder.deferred if d.param != param]
+        self.builder.merge_points.append(MergePoint(param, total.id, deferred))
+        return total
 
     def adjoint_of(self, stmt: ast.stmt) -> str:
         return self.builder.adjoint[target_of(stmt)]

@@ -57,6 +57,7 @@ from .loops import LoopReversal, merge_records
 from .memory import MemoryAdjoints
 from .persistent import persistent
 from .recompute import Recompute
+from .rereads import Deferred, MergePoint, NotMergeable, merge_rereads
 from .rules import OperationAdjoints
 
 
@@ -128,6 +129,8 @@ class BackwardBuilder:
         self.partial_sums: list = []  # persistent.PartialSum: inputs summed in registers (written by memory.py)
         self.later_adds: list = []  # strategies.LaterAdds: loads' adjoints added after the kernel (memory.py)
         self.written_inputs: set[str] = set()  # wrt inputs whose loads' adjoints were written (memory.py)
+        self.deferred: list[Deferred] = []  # later loads' adjoints to write with their first load's (rereads.py)
+        self.merge_points: list[MergePoint] = []  # first loads' writes, where those are added (rereads.py)
         self.namer = Namer(self.program.names)
         self.adjoint: dict[str, str] = {}  # primal name -> name of its adjoint
         self.shadow: dict[str, str] = {}  # pointer name -> name of its shadow
@@ -211,6 +214,13 @@ class BackwardBuilder:
                     else:
                         self.adjoint[r.id] = cot  # the cotangent parameter is the adjoint
         self.reverse_block(self.program.body)
+        copies = {}
+        if self.deferred:
+            raise NotMergeable(self.deferred[0].param, "its first load has no adjoint to write the others' with")
+        if self.merge_points:
+            protected = {n for s in self.partial_sums for n in (s.accumulator, s.shadow, *names_in(s.mask))}
+            copies = merge_rereads(self.out, self.merge_points, self.namer.fresh, self.marker, is_comment_marker,
+                                   protected)
         if self.tile:
             zeros = "tl.zeros_like(x).to(tl.float32)"
             returns = [name_node(self.adjoint[w]) if w in self.adjoint else instantiate(zeros, {"x": name_node(w)})
@@ -238,6 +248,7 @@ class BackwardBuilder:
             stages = self.namer.fresh("STAGES")
             body, extra, held = self.persistent(replay, axis, reassigned, stages=stages, held=self.namer.fresh("HELD"))
         temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
+        temporaries |= {copies[t] for t in temporaries if t in copies}  # (rereads.py's copies fold as they do)
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
                             self.written_inputs, self.tapes, self.later_adds, prologue, stages, held)

@@ -23,6 +23,7 @@ from ..core.source import Source
 from ..frontend.specialize import decisive, plain_value
 from ..reverse.interchange import NotInterchangeable
 from ..reverse.loop_plans import LoopPlan, classify_loops
+from ..reverse.rereads import NotMergeable
 from ..reverse.state_tape import StateTape, tape_budget
 from ..reverse.sweep import build_backward
 from ..writes.input_facts import WritePlan
@@ -88,6 +89,8 @@ class BackwardKernel:
         self._most_trips: dict[tuple, int] = Bounded()
         self.not_interchanged: dict[str, str] = {}  # input -> why it cannot have a kernel of its own
         self.saved_writes = writes  # for a launch whose forward kept its loops' states (augment.py)
+        self.not_merged: dict[str, str] = {}  # input -> why its loads in sibling loops are written apart
+        self._keep_feasible_rereads()
         self._keep_feasible_interchanges()
         best = self.variant(self.writes.best())  # derived now, so that what cannot be differentiated says so now
         if not any(part.wrt == self.wrt for part in best.parts):  # the calling convention's shadow names
@@ -99,6 +102,21 @@ class BackwardKernel:
         self.respecialize: Any = None  # constexpr values -> the backward kernel of that specialization (grad sets it)
         if deterministic:
             self.checks.refuse_atomics({p: c for p, c in best.choices})
+
+    def _keep_feasible_rereads(self) -> None:
+        """Write apart (atomically) the loads in sibling loops of an input whose backward cannot recompute their
+        adjoints in one loop (reverse/rereads.py): tried once with every input added atomically, as the
+        merge does not depend on how the others are written."""
+        for param, facts in self.writes.inputs.items():
+            if not facts.rereads:
+                continue
+            choices = {p: Choice(Mode.ATOMIC) for p in self.wrt}
+            try:
+                self._part({**choices, param: Choice(Mode.ATOMIC, rereads=facts.rereads)})
+            except NotMergeable as e:
+                self.not_merged[param] = e.why
+                self.writes = self.writes.without_rereads(param, e.why)
+                self.saved_writes = self.saved_writes.without_rereads(param, e.why)
 
     def _keep_feasible_interchanges(self) -> None:
         """Drop the interchanges whose backward body cannot give its loop to the grid (interchange.py); keep
@@ -142,7 +160,8 @@ class BackwardKernel:
     def variant(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
         """The kernels for these choices, derived and compiled on first use; ``saved``: the first kernel reads
         the state tapes the forward kept (augment.py) instead of recording them."""
-        key = tuple((p, Choice(c.mode, c.axis, later=c.later, fill=c.fill))  # a zero-fill is not code
+        key = tuple((p, Choice(c.mode, c.axis, later=c.later, fill=c.fill, rereads=c.rereads))  # a zero-fill is
+                    # not code
                     for p, c in choices.items())
         with self._variants_lock:
             found = self._variants.get((key, saved))

@@ -12,6 +12,7 @@ launch, the first strategy whose facts hold (strategies.choose).
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field, replace
 
 from ..analysis.addresses import enclosing_loops, mask_bounds
@@ -24,6 +25,7 @@ from ..analysis.launch_values import UNKNOWN_TRIP, Expr
 from ..analysis.scalars import starts_at_zero
 from ..core.ir import (
     arguments,
+    canonical_atom,
     child_blocks,
     computed_from,
     definitions,
@@ -55,6 +57,8 @@ class InputFacts:
     trips: Expr | None = None  # (interchange) the trip count of the loop around the load
     later: tuple[str, ...] = ()  # (with owned) the other loads' results, outside loops: added after the kernel
     fill: str = ""  # (with covers) the load's result, in a branch of an if: the other branch stores zeros there
+    rereads: tuple[str, ...] = ()  # the other loads' results, at this load's address in sibling loops over its
+    # range: their adjoints added to its own and written once (reverse/rereads.py)
 
     def describe(self) -> str:
         """What ``tritongrad show`` says of it."""
@@ -80,6 +84,10 @@ class InputFacts:
                          + (f"; the adjoints of its other loads ({', '.join(f'`{n}`' for n in self.later)}) "
                             "kept per program and added after the kernel" if self.later else ""))
         parts.append("else added atomically" + (f": {self.why}" if self.why and not parts else ""))
+        if self.rereads:
+            parts.append(f"its loads at the same addresses in sibling loops over the same range "
+                         f"({', '.join(f'`{n}`' for n in self.rereads)}) have their adjoints added to the first's and "
+                         "written with it, once")
         return f"{self.param}: " + "; ".join(parts)
 
 
@@ -98,6 +106,13 @@ class WritePlan:
         """What a typical launch gets (several programs along each axis the kernel reads): the kernel
         ``tritongrad show`` prints."""
         return choose(self.inputs, None)
+
+    def without_rereads(self, param: str, why: str) -> WritePlan:
+        """The same, with ``param``'s loads in sibling loops written apart (atomically): their adjoints cannot be
+        recomputed in one loop (``why``)."""
+        inputs = dict(self.inputs)
+        inputs[param] = InputFacts(param, why=f"it is loaded by several statements ({why})")
+        return WritePlan(inputs)
 
     def without_interchange(self, param: str) -> WritePlan:
         """The same, with ``param``'s gradient never given a kernel of its own (its body cannot be)."""
@@ -140,6 +155,10 @@ class _Context:
             return InputFacts(param, inactive=True)
         if len(loads) == 1:
             return self.load(param, loads[0])
+        first = self._rereads(loads)
+        if first is not None:  # one address in sibling loops over one range: one write (reverse/rereads.py)
+            return replace(self.load(param, first), shared={}, in_registers=frozenset(), interchange={}, trips=None,
+                           rereads=tuple(target_of(s) for s in loads if s is not first))
         in_loops = [s for s in loads if any(isinstance(n, ast.For) for n in self.nested[id(s)])]
         if len(in_loops) <= 1:  # the one in a loop (else any) stored, the others added later
             for stmt in in_loops or loads:
@@ -149,6 +168,45 @@ class _Context:
                     return replace(owned, shared={}, in_registers=frozenset(), interchange={}, trips=None,
                                    later=tuple(target_of(s) for s in later))
         return InputFacts(param, why="it is loaded by several statements")
+
+    def _rereads(self, loads: list[ast.stmt]) -> ast.stmt | None:
+        """The first of ``loads`` where each sits directly in the body of a loop of its own, the loops siblings in
+        one block over one range, and each reads the first's address under its mask, the loop index aside (the
+        tutorial layer norm's three passes over a row); else None. Not for an input updated in place (its shadow
+        is read and zeroed between the loops) nor a descriptor's loads."""
+        if self.a.in_place or any(operation_of(op_of(s)).descriptor for s in loads):
+            return None
+        nodes = []
+        for s in loads:
+            nested = self.nested[id(s)]
+            if not nested or not isinstance(nested[-1], ast.For) or not any(t is s for t in nested[-1].body):
+                return None
+            nodes.append(nested[-1])
+        if len({id(n) for n in nodes}) != len(nodes) or len({self.nested[id(n)] for n in nodes}) != 1:
+            return None
+        if len({ast.dump(n.iter) for n in nodes}) != 1 or not all(isinstance(n.target, ast.Name) for n in nodes):
+            return None
+
+        def text(s: ast.stmt, node: ast.For) -> tuple[str, str]:
+            b = arguments(s)
+            return tuple(re.sub(rf"\b{node.target.id}\b", "<index>", canonical_atom(b[k], self.defs))
+                         for k in ("pointer", "mask"))
+
+        if len({text(s, n) for s, n in zip(loads, nodes, strict=True)}) != 1:
+            return None
+        siblings = {id(n) for n in nodes}
+        block = next(b for b in self._blocks() if any(id(t) in siblings for t in b))
+        order = [id(t) for t in block if id(t) in siblings]
+        return loads[[id(n) for n in nodes].index(order[0])]
+
+    def _blocks(self) -> list[list[ast.stmt]]:
+        found, work = [], [self.a.program.body]
+        while work:
+            block = work.pop()
+            found.append(block)
+            for s in block:
+                work += child_blocks(s)
+        return found
 
     def _addable_later(self, stmt: ast.stmt) -> bool:
         """Whether a load outside loops can keep its adjoint per program (a pointer load of rank 2 at most)."""

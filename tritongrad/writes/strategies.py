@@ -71,6 +71,8 @@ class Choice:
     fill: str = ""  # store covering the tensor: the load (by result) whose if's other branch stores zeros
     private: bool = False  # store: into a buffer of its own, added to the input's after the kernels (its
     # buffer overlaps another input's: launch_facts.py)
+    rereads: tuple[str, ...] = ()  # store, add, atomic: its loads in sibling loops whose adjoints are added to
+    # the first load's and written with it (input_facts.py; reverse/rereads.py)
 
     @property
     def strategy(self) -> Strategy:
@@ -316,9 +318,14 @@ def choose(inputs: dict[str, Any], facts: LaunchFacts | None, deterministic: boo
             choices[param] = Choice(Mode.ATOMIC)
             continue
         choices[param] = next(c for s in STRATEGIES.values() if (c := s.choice(facts_of, param, choosing)))
-    if choosing.axis is None:
-        return choices
-    return {p: Choice(Mode.ATOMIC) if c.later and c.mode in (Mode.STORE, Mode.ADD) else c for p, c in choices.items()}
+    if choosing.axis is not None:
+        choices = {p: Choice(Mode.ATOMIC) if c.later and c.mode in (Mode.STORE, Mode.ADD) else c
+                   for p, c in choices.items()}
+    return {p: replace(c, rereads=inputs[p].rereads) if inputs[p].rereads and c.mode in REREADS else c
+            for p, c in choices.items()}
+
+
+REREADS = (Mode.STORE, Mode.ADD, Mode.ATOMIC)  # the strategies that write a load's adjoint where it is computed
 
 
 # -- what the strategies need of a launch -------------------------------------------------------------------
