@@ -165,6 +165,7 @@ def main() -> None:
     p.add_argument("--tutorials", type=Path, default=Path(".tutorials"))
     p.add_argument("--only", nargs="*", default=["layernorm", "attention", "softmax"])
     p.add_argument("--out", type=Path)
+    p.add_argument("--cases", help="only the cases whose name contains this text")
     args = p.parse_args()
     rows = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
             f"{importlib.import_module('triton').__version__}", "",
@@ -180,6 +181,8 @@ def main() -> None:
     for module, cases, dtypes in groups:
         for dtype in dtypes:
             for name, impls, make_inputs, _ in cases(module, dtype):
+                if args.cases and args.cases not in name:
+                    continue
                 try:
                     errors = check(impls, make_inputs)
                     times = {k: [time_backward(fn, make_inputs, t) for t in (do_bench_median, graph_median)]
