@@ -160,11 +160,35 @@ def time_backward(fn, make_inputs, timer) -> float:
     return backward_ms(timer(forward, leaves), timer(forward_backward, leaves))
 
 
+def profile_case(name: str, impls: dict, make_inputs) -> None:
+    """The GPU kernels of one fwd+bwd step of the derived and the tutorial implementation, longest first."""
+    from benchmarks.profile_kernels import kernel_table
+
+    for impl in ("derived", "tutorial"):
+        leaves = [t.requires_grad_() for t in make_inputs()]
+        out = impls[impl](*leaves)
+        g = torch.randn(out.shape, device=out.device, dtype=out.dtype)
+        del out
+
+        def step(fn=impls[impl], leaves=leaves, g=g):
+            for t in leaves:
+                t.grad = None
+            fn(*leaves).backward(g)
+
+        rows = kernel_table(step)
+        print(f"\n{name} · {impl} · GPU kernels per fwd+bwd step")
+        for kernel, calls, us in rows[:8]:
+            print(f"{us:9.1f} µs  x{calls:<4g} {kernel[:100]}")
+        print(f"{sum(r[2] for r in rows):9.1f} µs  in all", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tutorials", type=Path, default=Path(".tutorials"))
     p.add_argument("--only", nargs="*", default=["layernorm", "attention", "softmax"])
     p.add_argument("--out", type=Path)
+    p.add_argument("--profile", action="store_true", help="also each case's GPU kernels per fwd+bwd step "
+                   "(torch.profiler), derived and tutorial")
     p.add_argument("--cases", help="only the cases whose name contains this text")
     args = p.parse_args()
     rows = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
@@ -183,6 +207,8 @@ def main() -> None:
             for name, impls, make_inputs, _ in cases(module, dtype):
                 if args.cases and args.cases not in name:
                     continue
+                if args.profile:
+                    profile_case(name, impls, make_inputs)
                 try:
                     errors = check(impls, make_inputs)
                     times = {k: [time_backward(fn, make_inputs, t) for t in (do_bench_median, graph_median)]
