@@ -238,6 +238,23 @@ def test_reading_back_another_lanes_element_is_refused():
 
 
 @triton.jit
+def read_back_elsewhere_kernel(x_ptr, y_ptr, z_ptr, BLOCK: tl.constexpr):
+    """Stores y[3 i] and reads y[2 i + 1]: written out through their temporaries, `offs * (two + 1)` and
+    `offs * two + 1` must not read alike (they once compared equal as text, and the load was forwarded)."""
+    offs = tl.arange(0, BLOCK)
+    two = offs * 0 + 2
+    tl.store(y_ptr + offs * (two + 1), tl.load(x_ptr + offs) * 3.0)
+    y = tl.load(y_ptr + offs * two + 1)  # refused: not what this lane stored
+    tl.store(z_ptr + offs, y)
+
+
+def test_addresses_compare_with_their_precedence():
+    with pytest.raises(tritongrad.NotDifferentiableError, match="`y_ptr`") as e:
+        tritongrad.grad(read_back_elsewhere_kernel)
+    assert e.value.line == read_back_elsewhere_kernel.fn.__code__.co_firstlineno + 7
+
+
+@triton.jit
 def fused_add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, stride, n_cols, eps, BLOCK: tl.constexpr):
     """The residual stream's convention (vLLM, Liger): the sum x + r written back into x, its norm into y."""
     row = tl.program_id(0)
