@@ -186,6 +186,30 @@ def test_a_buffer_a_later_launch_overwrites_is_read_as_it_was(device):
     assert_grads(f(x, b.clone()), twin * b, [x], [twin])
 
 
+@triton.jit
+def double_and_clear_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """y = 2 x, and x cleared in place: a value without gradient stored over it."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, x * 2.0, mask=mask)
+    tl.store(x_ptr + offs, tl.zeros_like(x), mask=mask)
+
+
+def test_the_gradient_of_values_overwritten_by_a_constant_does_not_reach_the_old_ones(device):
+    """The store's adjoint zeroes the new values' gradient even where the stored value has none (it once left it
+    there, and the old values got it as theirs)."""
+    @tritongrad.op
+    def double_and_clear(x):
+        y = torch.empty_like(x)
+        double_and_clear_kernel[(triton.cdiv(x.numel(), 32),)](x, y, x.numel(), BLOCK=32)
+        return y, x
+
+    (x,) = leaves((70,), device=device)
+    twin = x.detach().clone().requires_grad_()
+    assert_grads(torch.cat(double_and_clear(x.clone())), torch.cat([twin * 2.0, twin * 0.0]), [x], [twin])
+
+
 # -- reading back what was stored ----------------------------------------------------------------------
 
 

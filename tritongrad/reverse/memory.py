@@ -129,6 +129,9 @@ class MemoryAdjoints:
             return
         value = stored_value(stmt)
         if not self.builder.analysis.is_active(value):
+            if base in self.builder.analysis.in_place:  # what it overwrote has no gradient from the new values
+                self.builder.comment_for(stmt)
+                self.zero_in_place(stmt)
             return
         if operation_of(op).memory not in ("store", "accumulate"):
             raise refuse(where(stmt), f"`{op.kind}` of a differentiated value",
@@ -148,9 +151,15 @@ class MemoryAdjoints:
             incoming = instantiate("tg.unbroadcast(c, x)", {"c": incoming, "x": value})
         self.builder.accumulate(value.id, incoming)
         if base in self.builder.analysis.in_place:  # the values it overwrote get their gradient here from the loads
-            # only
-            masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
-            self.builder.emit(call_statement("tl.store", shadow, ast.Constant(0.0), **masked))
-            self.builder.emit(call_statement("tl.debug_barrier"))  # read and zeroed by every thread before the loads'
-            # adjoints add
+            self.zero_in_place(stmt)  # only
+
+    def zero_in_place(self, stmt: ast.stmt) -> None:
+        """Zeros where a store overwrote an input updated in place: its shadow held the new values' gradient (read by
+        now), and the loads' adjoints add the gradient of the values it held before."""
+        b = arguments(stmt)
+        masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
+        self.builder.emit(call_statement("tl.store", name_node(self.builder.shadow_name(b["pointer"].id)),
+                                         ast.Constant(0.0), **masked))
+        self.builder.emit(call_statement("tl.debug_barrier"))  # read and zeroed by every thread before the loads'
+        # adjoints add
 
