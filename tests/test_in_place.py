@@ -317,6 +317,18 @@ def test_a_fused_add_and_norm_writing_the_sum_into_x_gets_pytorchs_gradients(dev
         torch.testing.assert_close(a, b, msg=f"d{name}")
 
 
+def test_a_fused_add_and_norm_where_only_the_norm_gets_a_gradient(device):
+    """The new x gets no gradient: the backward still passes x's through its shadow (zero there), as an output."""
+    x0, r = leaves((6, 37), (6, 37), device=device)
+    (w,) = leaves((37,), device=device)
+    y, _ = fused_add_rmsnorm(x0.clone(), r, w)
+    s = x0 + r
+    want = s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6) * w
+    g = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad(y, (x0, r, w), g), torch.autograd.grad(want, (x0, r, w), g), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 @triton.jit
 def chunked_add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, stride, n_cols, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0)

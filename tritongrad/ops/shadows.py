@@ -181,7 +181,8 @@ class Plan:
         for launch, wrt in zip(reversed(self.launches), reversed(wrts), strict=True):
             outputs = tuple(p for p in launch.params("stores") if launch.views[p].key in shadowed
                             and self.carries(launch, p))
-            if wrt and outputs:
+            if wrt and outputs:  # an input updated in place is an output too, its new values' gradient zero if none
+                outputs += tuple(p for p in wrt if p in launch.params("stores") and p not in outputs)
                 steps.append(Step(launch, wrt, outputs, {p: self.shadow(launch.views[p]) for p in (*wrt, *outputs)}))
                 shadowed.update(launch.views[p].key for p in (*wrt, *outputs))
         writers = Counter(step.shadows[p].key for step in steps for p in step.wrt)
