@@ -280,7 +280,12 @@ def canonical_atom(atom: ast.expr, defs: dict, renames: dict[str, str] | None = 
     the precedence of what it expands: ``a * (b + c)`` is not ``a * b + c``."""
     if not isinstance(atom, ast.Name):
         return ast.dump(atom)
-    return ast.unparse(_expanded(atom, defs, renames or {}, 0))
+    return ast.unparse(expanded(atom, defs, renames))
+
+
+def expanded(atom: ast.Name, defs: dict, renames: dict[str, str] | None = None) -> ast.expr:
+    """The tree ``canonical_atom`` writes out: its names are those that stay names (renamed)."""
+    return _expanded(atom, defs, renames or {}, 0)
 
 
 def _expanded(atom: ast.Name, defs: dict, renames: dict[str, str], depth: int) -> ast.expr:

@@ -7,7 +7,10 @@
 - a load of a ``wrt`` input: its adjoint is written by the strategy chosen for the input (the kernel
   variant being built: writes/strategies.py emits it, calling back into the sweep for the names and
   partial sums it needs); where the load's ``other`` has a gradient, the adjoint of the lanes its mask
-  leaves out goes to ``other``;
+  leaves out goes to ``other``. A reload (what the kernel stored over a tensor it updates in place, read
+  back in a later loop: analysis/in_place.py) adds its adjoint into the shadow, to the new values' gradient
+  there, without atomics (that lane of that program alone wrote the element), then a barrier: the store's
+  adjoint, reversed after it, reads the sum from other threads' lanes;
 - tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
   ``desc.load``'s adds ``d_desc.atomic_add(offsets, g)`` where descriptors can add.
 """
@@ -20,7 +23,7 @@ import copy
 from ..core.ir import arguments, call_statement, is_none, name_node, op_of, refuse, stored_value, target_of, where
 from ..core.operations import instantiate, operation_of
 from ..frontend.blockptr import block_addresses, block_mask
-from ..writes.strategies import RELAXED, LaterAdds
+from ..writes.strategies import RELAXED, Choice, LaterAdds, Mode
 from .persistent import PartialSum
 
 
@@ -48,6 +51,10 @@ class MemoryAdjoints:
             self.builder.written_inputs.add(param)
         if op_of(stmt).kind == "desc_load":
             self.builder.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
+            return
+        if target_of(stmt) in analysis.reloads:  # what it read back: added to the stored value's gradient there,
+            Choice(Mode.ADD).strategy.emit(self, stmt, param, shadow, g, b["mask"])  # which the store's adjoint
+            self.builder.emit(call_statement("tl.debug_barrier"))  # reads after every thread added
             return
         choice.strategy.emit(self, stmt, param, shadow, g, b["mask"], later)
 

@@ -135,7 +135,8 @@ class _Context:
 
     def input(self, param: str) -> InputFacts:
         a = self.a
-        loads = [s for s in a.loads.get(param, []) if target_of(s) in a.active]
+        loads = [s for s in a.loads.get(param, []) if target_of(s) in a.active
+                 and target_of(s) not in a.reloads]  # (a reload adds into the shadow: memory.py)
         if not loads:
             return InputFacts(param, inactive=True)
         if len(loads) == 1:
