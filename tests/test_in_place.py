@@ -489,6 +489,48 @@ def test_reading_back_inside_a_loop_over_rows(device):
     assert_all_grads(products(x.clone(), r, w), want, [x, r, w])
 
 
+@triton.jit
+def chunked_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, stride, n_cols, eps, HAS_RESIDUAL: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """As production kernels write it, a flag choosing whether the residual is added (and the sums stored over x)."""
+    row = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), dtype=x_ptr.dtype.element_ty)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        s = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            s += tl.load(r_ptr + row * stride + cols, mask=mask, other=0.0)
+            tl.store(x_ptr + row * stride + cols, s, mask=mask)
+        acc += s * s
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        s = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)  # the sums read back, or x
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        tl.store(y_ptr + row * stride + cols, s * rstd * w, mask=mask)
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_a_chunked_norm_whose_flag_decides_whether_it_stores_and_reads_back(device, residual):
+    """The op's roles see both branches (x may be read back); the launch's specialization decides: with the
+    residual, the backward takes x as the launch left it, without, x is only read."""
+    @tritongrad.op
+    def norm(x, r, w):
+        y = torch.empty_like(x)
+        chunked_rmsnorm_kernel[(x.shape[0],)](x, r, w, y, x.stride(0), x.shape[1], 1e-6, HAS_RESIDUAL=residual,
+                                              BLOCK=16)
+        return y, x
+
+    for _ in range(3):  # (the third backward launches what the second kept)
+        x, r = leaves((4, 37), (4, 37), device=device)
+        (w,) = leaves((37,), device=device)
+        assert_all_grads(norm(x.clone(), r, w), add_rmsnorm_reference(x, r if residual else 0.0 * r, w), [x, r, w])
+    assert ("x_ptr_stored" in tritongrad.grad(chunked_rmsnorm_kernel, constexprs={"HAS_RESIDUAL": residual}).params
+            ) == residual
+
+
 # -- what cannot be read back: refused, naming the lines -------------------------------------------------
 
 

@@ -34,7 +34,6 @@ import ast
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..core.errors import NotDifferentiableError
 from ..core.ir import (
     Program,
     arguments,
@@ -95,18 +94,13 @@ def in_place_pointers(program: Program, found: Pointers) -> InPlace:
 
 
 def reloaded(program: Program, found: Pointers) -> frozenset[str]:
-    """The pointers some load of which reads back what the kernel stored (what ``in_place_pointers`` would accept
-    as reloads, without refusing anything)."""
+    """The pointers updated in place some load of which may read back what the kernel stored: one after a store to
+    the pointer, that no store of its address follows in its block. What ``in_place_pointers`` accepts as reloads
+    in any specialization of ``program`` (a constexpr ``if`` decided only drops statements or merges a branch into
+    its block), or refuses: an op binds ``stored_param`` for them, and passes it where the derived kernel takes it."""
     reads = _Reads(program, found)
-    out = set()
-    for name in found.in_place:
-        for s in found.loads[name]:
-            try:
-                if reads.reading(name, s) is not None:
-                    out.add(name)
-            except NotDifferentiableError:
-                pass
-    return frozenset(out)
+    return frozenset(name for name in found.in_place for s in found.loads[name]
+                     if not reads.own(name, s) and reads.earlier(name, s))
 
 
 class _Reads:
@@ -142,10 +136,7 @@ class _Reads:
         if kinds != {"store"}:
             raise refuse(where(load), f"a load from `{name}`, which the kernel also updates with "
                          f"{', '.join(sorted(kinds - {'store'}))}", "update a tensor in place with tl.store only")
-        block, i = self.place[id(load)]
-        own = [t for t in stores if self.place[id(t)][0] == block and self.place[id(t)][1] > i
-               and self.key(t) == self.key(load)]
-        earlier = [t for t in stores if self.order[id(t)] < self.order[id(load)]]
+        own, earlier = self.own(name, load), self.earlier(name, load)
         why = {id(t): self.reads_back(t, load) for t in earlier}
         back = [t for t in earlier if why[id(t)] is None]
         if own:
@@ -177,6 +168,16 @@ class _Reads:
                          f"store to `{name}` last, after its values are read back; or store the later values to "
                          "another tensor")
         return back[-1]
+
+    def own(self, name: str, load: ast.stmt) -> list[ast.stmt]:
+        """The stores of ``load``'s address and mask that follow it in its block."""
+        block, i = self.place[id(load)]
+        return [t for t in self.found.stores[name] if self.place[id(t)][0] == block and self.place[id(t)][1] > i
+                and self.key(t) == self.key(load)]
+
+    def earlier(self, name: str, load: ast.stmt) -> list[ast.stmt]:
+        """The stores to ``name`` before ``load`` in program order."""
+        return [t for t in self.found.stores[name] if self.order[id(t)] < self.order[id(load)]]
 
     def reads_back(self, store: ast.stmt, load: ast.stmt) -> str | None:
         """Why ``load`` may read in some lane what ``store`` did not write there before it in this program (None: it
