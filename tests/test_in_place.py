@@ -648,3 +648,21 @@ def test_reading_back_through_a_name_assigned_more_than_once_is_refused():
     with pytest.raises(tritongrad.NotDifferentiableError, match="it reads `off`, assigned more than once") as e:
         tritongrad.grad(read_back_at_a_moving_offset_kernel)
     assert e.value.line == _line(read_back_at_a_moving_offset_kernel, "refused")
+
+
+@triton.jit
+def read_back_at_a_ticket_kernel(x_ptr, r_ptr, y_ptr, counter_ptr, n, BLOCK: tl.constexpr):
+    """Each loop takes its block's address from an atomic counter: the same text, another value each time."""
+    for start in range(0, n, BLOCK):
+        t = tl.atomic_add(counter_ptr, 1)
+        tl.store(x_ptr + t * BLOCK + tl.arange(0, BLOCK), tl.load(r_ptr + start + tl.arange(0, BLOCK)) * 2.0)
+    for start in range(0, n, BLOCK):
+        t = tl.atomic_add(counter_ptr, 1)
+        v = tl.load(x_ptr + t * BLOCK + tl.arange(0, BLOCK))  # refused: another ticket
+        tl.store(y_ptr + start + tl.arange(0, BLOCK), v)
+
+
+def test_reading_back_through_a_value_two_evaluations_may_give_differently_is_refused():
+    with pytest.raises(tritongrad.NotDifferentiableError, match="it reads `t`, which two evaluations may give") as e:
+        tritongrad.grad(read_back_at_a_ticket_kernel, wrt=("x_ptr", "r_ptr"), outputs=("x_ptr", "y_ptr"))
+    assert e.value.line == _line(read_back_at_a_ticket_kernel, "refused")

@@ -17,7 +17,9 @@ of its address follows is accepted where it reads, in each lane, what this progr
   through their definitions with the load's loop indices read as the store's (``canonical_atom``): the store ran in
   that lane and iteration before the load;
 - what those read that the kernel assigns are the indices of these loops or of loops around both (the same at the
-  store and at the load); a name assigned more than once (carried, merged) may have changed in between;
+  store and at the load), or pure values of them (alike as text, alike in value): a name assigned more than once
+  (carried, merged) may have changed in between, an atomic's result or a load from memory the kernel stores to
+  differ from one evaluation to the next;
 - no store to the pointer follows it in the kernel (refused as "changed again", though the stores' check would make
   such a store write elsewhere).
 
@@ -39,6 +41,7 @@ from ..core.ir import (
     arguments,
     canonical_atom,
     child_blocks,
+    computed_from,
     definitions,
     expanded,
     is_structured,
@@ -49,6 +52,7 @@ from ..core.ir import (
     target_of,
     where,
 )
+from ..core.operations import operation_of
 from .pointers import Pointers
 
 
@@ -203,13 +207,21 @@ class _Reads:
         indices = {n.target.id for n in (*outer, *inner) if isinstance(n, ast.For)}
         for stmt, nodes in ((store, outer), (load, inner)):
             ranges = [x for n in nodes if isinstance(n, ast.For) for x in range_bounds(n)]
-            for atom in (arguments(stmt)["pointer"], arguments(stmt)["mask"], *ranges):
-                if not isinstance(atom, ast.Name):
-                    continue
+            atoms = [a for a in (arguments(stmt)["pointer"], arguments(stmt)["mask"], *ranges)
+                     if isinstance(a, ast.Name)]
+            for atom in atoms:
                 for n in ast.walk(expanded(atom, self.defs)):
                     if isinstance(n, ast.Name) and n.id in self.defs and (n.id not in indices
                                                                           or len(self.defs[n.id]) != 1):
                         return f"it reads `{n.id}`, assigned more than once, which may change in between"
+            for n in computed_from([a.id for a in atoms], self.defs):  # alike as text, alike in value: pure
+                for d in self.defs.get(n, ()):
+                    if isinstance(d, ast.For):
+                        continue
+                    kind, memory = op_of(d).kind, operation_of(op_of(d)).memory
+                    if kind == "call" or (memory is not None and (kind != "load" or self.found.pointer_base.get(
+                            arguments(d)["pointer"].id) in self.found.stores)):
+                        return f"it reads `{n}`, which two evaluations may give different values"
         return None
 
     def bound(self, atom: ast.expr, renames: dict[str, str]) -> str:
