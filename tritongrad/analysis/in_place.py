@@ -79,6 +79,8 @@ def in_place_pointers(program: Program, found: Pointers) -> InPlace:
     """The pointer parameters a kernel updates in place (``found.in_place``), each load of them checked to be an
     update or a reload (see the module's docstring), and the reloads; any other pointer both loaded and stored
     refused."""
+    if not set(found.loads) & set(found.stores):
+        return InPlace()
     reads = _Reads(program, found)
     reloads = {}
     for name in sorted(set(found.loads) & set(found.stores)):
@@ -102,6 +104,8 @@ def reloaded(program: Program, found: Pointers) -> frozenset[str]:
     the pointer, that no store of its address follows in its block. What ``in_place_pointers`` accepts as reloads
     in any specialization of ``program`` (a constexpr ``if`` decided only drops statements or merges a branch into
     its block), or refuses: an op binds ``stored_param`` for them, and passes it where the derived kernel takes it."""
+    if not found.in_place:
+        return frozenset()
     reads = _Reads(program, found)
     return frozenset(name for name in found.in_place for s in found.loads[name]
                      if not reads.own(name, s) and reads.earlier(name, s))
