@@ -1,9 +1,11 @@
 """Kernels that update a tensor in place (issue 11 #5): each load is followed by a store to the same
-address under the same mask, as a rotary embedding applied to q and k in place is written. The derived
-kernel turns the new values' gradient into the old values' (analysis.in_place_pointers, memory.py); in an
-op, the tape copies what such a launch overwrites before it runs, and a bare op gives a tensor with a
-history that a launch updated the new history (segments.py). Checked in float64 against PyTorch autograd,
-sizes that are not powers of two, random upstream gradients."""
+address under the same mask, as a rotary embedding applied to q and k in place is written, or reads back
+in a later loop what the same lane stored (issue 38 #4: a chunked fused add + norm). The derived kernel
+turns the new values' gradient into the old values' (analysis/in_place.py, memory.py); in an op, the tape
+copies what such a launch overwrites before it runs (and what it read back, where a later launch
+overwrites it), and a bare op gives a tensor with a history that a launch updated the new history
+(segments.py). Checked in float64 against PyTorch autograd, sizes that are not powers of two, random
+upstream gradients."""
 
 import pytest
 import torch
@@ -186,6 +188,30 @@ def test_a_buffer_a_later_launch_overwrites_is_read_as_it_was(device):
     assert_grads(f(x, b.clone()), twin * b, [x], [twin])
 
 
+@triton.jit
+def double_and_clear_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """y = 2 x, and x cleared in place: a value without gradient stored over it."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, x * 2.0, mask=mask)
+    tl.store(x_ptr + offs, tl.zeros_like(x), mask=mask)
+
+
+def test_the_gradient_of_values_overwritten_by_a_constant_does_not_reach_the_old_ones(device):
+    """The store's adjoint zeroes the new values' gradient even where the stored value has none (it once left it
+    there, and the old values got it as theirs)."""
+    @tritongrad.op
+    def double_and_clear(x):
+        y = torch.empty_like(x)
+        double_and_clear_kernel[(triton.cdiv(x.numel(), 32),)](x, y, x.numel(), BLOCK=32)
+        return y, x
+
+    (x,) = leaves((70,), device=device)
+    twin = x.detach().clone().requires_grad_()
+    assert_grads(torch.cat(double_and_clear(x.clone())), torch.cat([twin * 2.0, twin * 0.0]), [x], [twin])
+
+
 # -- reading back what was stored ----------------------------------------------------------------------
 
 
@@ -238,6 +264,23 @@ def test_reading_back_another_lanes_element_is_refused():
 
 
 @triton.jit
+def read_back_elsewhere_kernel(x_ptr, y_ptr, z_ptr, BLOCK: tl.constexpr):
+    """Stores y[3 i] and reads y[2 i + 1]: written out through their temporaries, `offs * (two + 1)` and
+    `offs * two + 1` must not read alike (they once compared equal as text, and the load was forwarded)."""
+    offs = tl.arange(0, BLOCK)
+    two = offs * 0 + 2
+    tl.store(y_ptr + offs * (two + 1), tl.load(x_ptr + offs) * 3.0)
+    y = tl.load(y_ptr + offs * two + 1)  # refused: not what this lane stored
+    tl.store(z_ptr + offs, y)
+
+
+def test_addresses_compare_with_their_precedence():
+    with pytest.raises(tritongrad.NotDifferentiableError, match="`y_ptr`") as e:
+        tritongrad.grad(read_back_elsewhere_kernel)
+    assert e.value.line == read_back_elsewhere_kernel.fn.__code__.co_firstlineno + 7
+
+
+@triton.jit
 def fused_add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, stride, n_cols, eps, BLOCK: tl.constexpr):
     """The residual stream's convention (vLLM, Liger): the sum x + r written back into x, its norm into y."""
     row = tl.program_id(0)
@@ -276,10 +319,24 @@ def test_a_fused_add_and_norm_writing_the_sum_into_x_gets_pytorchs_gradients(dev
         torch.testing.assert_close(a, b, msg=f"d{name}")
 
 
+def test_a_fused_add_and_norm_where_only_the_norm_gets_a_gradient(device):
+    """The new x gets no gradient: the backward still passes x's through its shadow (zero there), as an output."""
+    x0, r = leaves((6, 37), (6, 37), device=device)
+    (w,) = leaves((37,), device=device)
+    y, _ = fused_add_rmsnorm(x0.clone(), r, w)
+    s = x0 + r
+    want = s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6) * w
+    g = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad(y, (x0, r, w), g), torch.autograd.grad(want, (x0, r, w), g), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 @triton.jit
 def chunked_add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, stride, n_cols, eps, BLOCK: tl.constexpr):
+    """The chunked add + norm (rows longer than one block): the second loop reads back the sums the first wrote
+    over x, each lane what it stored (analysis/in_place.py)."""
     row = tl.program_id(0)
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK,), dtype=x_ptr.dtype.element_ty)
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -291,15 +348,321 @@ def chunked_add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, stride, n_cols, eps, 
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
-        s = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)  # refused: reads back the first loop's sums
+        s = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)  # the sums, read back
         w = tl.load(w_ptr + cols, mask=mask, other=0.0)
         tl.store(y_ptr + row * stride + cols, s * rstd * w, mask=mask)
 
 
-def test_reading_back_in_another_loop_what_the_kernel_overwrote_is_refused_naming_the_store():
-    """The chunked add + norm (rows too long for one block): the second loop reads the sums the first wrote over x.
-    Not yet differentiated (the backward would need x's values before and after); refused naming both lines."""
-    read_back = r"a load from `x_ptr` after the store to it on line \d+"
-    with pytest.raises(tritongrad.NotDifferentiableError, match=read_back) as e:
-        tritongrad.grad(chunked_add_rmsnorm_kernel, wrt=("x_ptr", "r_ptr", "w_ptr"), outputs=("x_ptr", "y_ptr"))
-    assert "another tensor" in str(e.value)
+@tritongrad.op
+def chunked_add_rmsnorm(x, r, w):
+    y = torch.empty_like(x)
+    chunked_add_rmsnorm_kernel[(x.shape[0],)](x, r, w, y, x.stride(0), x.shape[1], 1e-6, BLOCK=16)
+    return y, x
+
+
+def add_rmsnorm_reference(x, r, w):
+    s = x + r
+    return s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6) * w, s
+
+
+def assert_all_grads(got, want, inputs, only=None):
+    """Outputs alike, and the inputs' gradients alike for random gradients of every output (``only``: of that one)."""
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    given = [torch.randn_like(t) if only is None or i == only else None for i, t in enumerate(want)]
+    picked = [i for i, g in enumerate(given) if g is not None]
+    grads = [torch.autograd.grad([outs[i] for i in picked], inputs, [given[i] for i in picked])
+             for outs in (got, want)]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("n_cols", [37, 100])
+@pytest.mark.parametrize("only", [None, 0], ids=["y-and-x", "only-y"])
+def test_a_chunked_add_and_norm_reading_back_its_sums_gets_pytorchs_gradients(device, n_cols, only):
+    """Rows of 37 and 100 columns in blocks of 16: the backward replays the first loop against x as it was given
+    (the tape's copy) and the second against x as the launch left it, and the second loop's gradient of the sums
+    reaches x, r and w through the first loop's store."""
+    for _ in range(3):  # fresh inputs; the third backward launches what the second kept (ops/launcher.py)
+        x, r = leaves((5, n_cols), (5, n_cols), device=device)
+        (w,) = leaves((n_cols,), device=device)
+        assert_all_grads(chunked_add_rmsnorm(x.clone(), r, w), add_rmsnorm_reference(x, r, w), [x, r, w], only)
+
+
+def test_a_chunked_add_and_norm_of_a_tensor_without_gradient(device):
+    """x needs no gradient, r and w do: the backward still passes the sums' gradient through x's shadow."""
+    x = torch.randn(4, 37, dtype=DTYPE, device=device)
+    r, w = leaves((4, 37), (37,), device=device)
+    assert_all_grads(chunked_add_rmsnorm(x.clone(), r, w), add_rmsnorm_reference(x, r, w), [r, w])
+
+
+def test_two_chunked_updates_of_one_tensor(device):
+    """The second launch overwrites what the first read back: the tape copies x as the first left it, before the
+    second runs."""
+    @tritongrad.op
+    def twice(x, r1, r2, w):
+        y1, y2 = torch.empty_like(x), torch.empty_like(x)
+        for r, y in ((r1, y1), (r2, y2)):
+            chunked_add_rmsnorm_kernel[(x.shape[0],)](x, r, w, y, x.stride(0), x.shape[1], 1e-6, BLOCK=16)
+        return y1, y2, x
+
+    x, r1, r2 = leaves((4, 37), (4, 37), (4, 37), device=device)
+    (w,) = leaves((37,), device=device)
+    y1, s1 = add_rmsnorm_reference(x, r1, w)
+    y2, s2 = add_rmsnorm_reference(s1, r2, w)
+    assert_all_grads(twice(x.clone(), r1, r2, w), (y1, y2, s2), [x, r1, r2, w])
+
+
+def test_changing_the_read_back_tensor_before_the_backward_is_refused_by_pytorch(device):
+    x, r = leaves((3, 37), (3, 37), device=device)
+    (w,) = leaves((37,), device=device)
+    y, s = chunked_add_rmsnorm(x.clone(), r, w)
+    s.mul_(2.0)  # what the backward reads back (saved, as the launch left it): its version counter says so
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y, x, torch.ones_like(y))
+
+
+def test_the_derived_kernel_of_a_chunked_add_and_norm(device):
+    """Derived directly: it takes `x_ptr_stored`, x as the launch left it, after the shadows (x_ptr: its values
+    before), and says so in its docstring."""
+    bwd = tritongrad.grad(chunked_add_rmsnorm_kernel)
+    assert bwd.wrt == ("x_ptr", "r_ptr", "w_ptr") and bwd.outputs == ("x_ptr", "y_ptr")
+    assert bwd.params[-5:] == ("d_x_ptr", "d_y_ptr", "d_r_ptr", "d_w_ptr", "x_ptr_stored")
+    assert bwd.stored_params == {"x_ptr": "x_ptr_stored"}
+    assert "Then `x_ptr_stored`: `x_ptr` as the forward launch left it" in bwd.src
+    assert "tl.load(x_ptr_stored + row * stride + cols_1, mask=mask_1, other=0.0)" in bwd.src
+    rows, n = 5, 37
+    x, r, w = (torch.randn(*shape, dtype=DTYPE, device=device) for shape in ((rows, n), (rows, n), (n,)))
+    new, y = x.clone(), torch.empty_like(x)
+    chunked_add_rmsnorm_kernel[(rows,)](new, r, w, y, n, n, 1e-6, BLOCK=16)
+    twins = [t.clone().requires_grad_() for t in (x, r, w)]
+    want_y, want_s = add_rmsnorm_reference(*twins)
+    gy, gs = torch.randn_like(y), torch.randn_like(new)
+    want = torch.autograd.grad((want_y, want_s), twins, (gy, gs))
+    named = dict(x_ptr=x.clone(), r_ptr=r, w_ptr=w, y_ptr=y, stride=n, n_cols=n, eps=1e-6, BLOCK=16, x_ptr_stored=new)
+    got = bwd.gradients((rows,), named, {"x_ptr": gs, "y_ptr": gy})
+    for p, b in zip(("x_ptr", "r_ptr", "w_ptr"), want, strict=True):
+        torch.testing.assert_close(got[p], b, rtol=1e-10, atol=1e-10)
+    dx, dr, dw = gs.clone(), torch.zeros_like(r), torch.zeros_like(w)  # d_x_ptr: the new values' gradient in
+    bwd[(rows,)](x.clone(), r, w, y, n, n, 1e-6, 16, dx, gy, dr, dw, new)
+    for a, b in zip((dx, dr, dw), want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="one tensor was passed to both"):
+        bwd.gradients((rows,), {**named, "x_ptr": new}, {"x_ptr": gs, "y_ptr": gy})
+    with pytest.raises(TypeError, match="pass a tensor to `x_ptr_stored`"):
+        bwd.gradients((rows,), {k: v for k, v in named.items() if k != "x_ptr_stored"}, {"x_ptr": gs, "y_ptr": gy})
+    with pytest.raises(ValueError, match="reads back on line .* name `x_ptr` in both wrt and outputs"):
+        tritongrad.grad(chunked_add_rmsnorm_kernel, wrt=("r_ptr", "w_ptr"), outputs=("x_ptr", "y_ptr"))
+
+
+@triton.jit
+def grid_stride_product_kernel(x_ptr, r_ptr, w_ptr, y_ptr, stride, n_rows, n_cols, BLOCK: tl.constexpr):
+    """Both loops inside a loop over rows (a program per few rows): x = x * r stored, read back row by row."""
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        acc = tl.zeros((BLOCK,), dtype=x_ptr.dtype.element_ty)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            a = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+            r = tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0)
+            tl.store(x_ptr + row * stride + cols, a * r, mask=mask)
+            acc += (a * r) * (a + r)
+        t = tl.sum(acc, axis=0)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            p = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)  # this row's products, read back
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+            tl.store(y_ptr + row * n_cols + cols, tl.sin(p) * w + t, mask=mask)
+
+
+def test_reading_back_inside_a_loop_over_rows(device):
+    @tritongrad.op
+    def products(x, r, w):
+        y = torch.empty_like(r)
+        grid_stride_product_kernel[(2,)](x, r, w, y, x.stride(0), r.shape[0], r.shape[1], BLOCK=16)
+        return y, x
+
+    x, r = leaves((5, 37), (5, 37), device=device)
+    (w,) = leaves((37,), device=device)
+    p = x * r
+    want = (torch.sin(p) * w + (p * (x + r)).sum(-1, keepdim=True), p)
+    assert_all_grads(products(x.clone(), r, w), want, [x, r, w])
+
+
+@triton.jit
+def chunked_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, stride, n_cols, eps, HAS_RESIDUAL: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """As production kernels write it, a flag choosing whether the residual is added (and the sums stored over x)."""
+    row = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), dtype=x_ptr.dtype.element_ty)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        s = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            s += tl.load(r_ptr + row * stride + cols, mask=mask, other=0.0)
+            tl.store(x_ptr + row * stride + cols, s, mask=mask)
+        acc += s * s
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        s = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)  # the sums read back, or x
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        tl.store(y_ptr + row * stride + cols, s * rstd * w, mask=mask)
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_a_chunked_norm_whose_flag_decides_whether_it_stores_and_reads_back(device, residual):
+    """The op's roles see both branches (x may be read back); the launch's specialization decides: with the
+    residual, the backward takes x as the launch left it, without, x is only read."""
+    @tritongrad.op
+    def norm(x, r, w):
+        y = torch.empty_like(x)
+        chunked_rmsnorm_kernel[(x.shape[0],)](x, r, w, y, x.stride(0), x.shape[1], 1e-6, HAS_RESIDUAL=residual,
+                                              BLOCK=16)
+        return y, x
+
+    for _ in range(3):  # (the third backward launches what the second kept)
+        x, r = leaves((4, 37), (4, 37), device=device)
+        (w,) = leaves((37,), device=device)
+        assert_all_grads(norm(x.clone(), r, w), add_rmsnorm_reference(x, r if residual else 0.0 * r, w), [x, r, w])
+    assert ("x_ptr_stored" in tritongrad.grad(chunked_rmsnorm_kernel, constexprs={"HAS_RESIDUAL": residual}).params
+            ) == residual
+
+
+# -- what cannot be read back: refused, naming the lines -------------------------------------------------
+
+
+@triton.jit
+def read_back_shifted_kernel(x_ptr, r_ptr, y_ptr, stride, n_cols, SHIFT_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """Reads back the element of the next lane (or of the next program's row): not what this lane stored."""
+    row = tl.program_id(0)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        s = tl.load(x_ptr + row * stride + cols, mask=mask) + tl.load(r_ptr + row * stride + cols, mask=mask)
+        tl.store(x_ptr + row * stride + cols, s, mask=mask)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols + 1 < n_cols
+        if SHIFT_ROW:
+            s = tl.load(x_ptr + (row + 1) * stride + cols, mask=mask)  # refused: another program's
+        else:
+            s = tl.load(x_ptr + row * stride + cols + 1, mask=mask)  # refused: another lane's
+        tl.store(y_ptr + row * stride + cols, s * 2.0, mask=mask)
+
+
+@triton.jit
+def read_first_block_after_the_loop_kernel(x_ptr, r_ptr, y_ptr, stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        s = tl.load(x_ptr + row * stride + cols, mask=mask) + tl.load(r_ptr + row * stride + cols, mask=mask)
+        tl.store(x_ptr + row * stride + cols, s, mask=mask)
+    cols = tl.arange(0, BLOCK)
+    first = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols)  # refused: not in a loop like the store's
+    tl.store(y_ptr + row * stride + cols, first * 2.0, mask=cols < n_cols)
+
+
+@triton.jit
+def read_back_then_store_again_kernel(x_ptr, r_ptr, y_ptr, stride, n_cols, LATER: tl.constexpr,
+                                      BLOCK: tl.constexpr):
+    """Reads back the sums, then stores over them again: in the same loop, or in a later one."""
+    row = tl.program_id(0)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        s = tl.load(x_ptr + row * stride + cols, mask=mask) + tl.load(r_ptr + row * stride + cols, mask=mask)
+        tl.store(x_ptr + row * stride + cols, s, mask=mask)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        s = tl.load(x_ptr + row * stride + cols, mask=mask)  # read back
+        tl.store(y_ptr + row * stride + cols, s * 2.0, mask=mask)
+        if not LATER:
+            tl.store(x_ptr + row * stride + cols, s * 3.0, mask=mask)  # x changed again
+    if LATER:
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            tl.store(x_ptr + row * stride + cols, tl.zeros((BLOCK,), dtype=tl.float64), mask=cols < n_cols)
+
+
+def _line(kernel, marker: str) -> int:
+    """The line of ``kernel`` whose text holds ``marker``."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(kernel.fn)
+    return first + next(i for i, text in enumerate(lines) if marker in text)
+
+
+@pytest.mark.parametrize("shift_row", [False, True], ids=["another-lane", "another-program"])
+def test_reading_back_another_lanes_or_programs_element_is_refused_naming_both_lines(shift_row):
+    marker = "another program's" if shift_row else "another lane's"
+    with pytest.raises(tritongrad.NotDifferentiableError, match=r"a load from `x_ptr` after the store to it on line "
+                       rf"{_line(read_back_shifted_kernel, 'tl.store(x_ptr')}.*its address or mask is not the "
+                       "store's") as e:
+        tritongrad.grad(read_back_shifted_kernel, constexprs={"SHIFT_ROW": shift_row})
+    assert e.value.line == _line(read_back_shifted_kernel, marker)
+    assert "in a loop over the same range as the store's" in e.value.hint and "another tensor" in e.value.hint
+
+
+def test_a_load_after_the_store_at_addresses_no_store_matches_is_refused():
+    with pytest.raises(tritongrad.NotDifferentiableError, match="not each directly in loops nested alike") as e:
+        tritongrad.grad(read_first_block_after_the_loop_kernel)
+    assert e.value.line == _line(read_first_block_after_the_loop_kernel, "refused")
+    assert f"on line {_line(read_first_block_after_the_loop_kernel, 'tl.store(x_ptr')}" in str(e.value)
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["same-loop", "later-loop"])
+def test_storing_again_over_what_was_read_back_is_refused(later):
+    kernel = read_back_then_store_again_kernel
+    first = _line(kernel, "tl.store(x_ptr + row * stride + cols, s, mask=mask)")
+    with pytest.raises(tritongrad.NotDifferentiableError) as e:
+        tritongrad.grad(kernel, constexprs={"LATER": later})
+    if later:  # the later store is named, with the load it follows
+        assert e.value.line == _line(kernel, "tl.zeros((BLOCK,)")
+        assert (f"a store to `x_ptr` after the load on line {_line(kernel, '# read back')} that reads back what line "
+                f"{first} stored: `x_ptr` changes again") in str(e.value)
+    else:
+        assert e.value.line == _line(kernel, "# read back")
+        assert (f"reads back what the store on line {first} wrote, then stored over again on line "
+                f"{_line(kernel, 'x changed again')}") in str(e.value)
+
+
+@triton.jit
+def read_back_at_a_moving_offset_kernel(x_ptr, r_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """The store's address moves with `off`, carried by its loop; the load reads `off` after that loop, where it
+    holds its last value: the same text, another address."""
+    off = tl.zeros((), dtype=tl.int32)
+    for start in range(0, n, BLOCK):
+        tl.store(x_ptr + off + tl.arange(0, BLOCK), tl.load(r_ptr + start + tl.arange(0, BLOCK)) * 2.0)
+        off += BLOCK
+    for start in range(0, n, BLOCK):
+        v = tl.load(x_ptr + off + tl.arange(0, BLOCK))  # refused: `off` moved on
+        tl.store(y_ptr + start + tl.arange(0, BLOCK), v)
+
+
+def test_reading_back_through_a_name_assigned_more_than_once_is_refused():
+    with pytest.raises(tritongrad.NotDifferentiableError, match="it reads `off`, assigned more than once") as e:
+        tritongrad.grad(read_back_at_a_moving_offset_kernel)
+    assert e.value.line == _line(read_back_at_a_moving_offset_kernel, "refused")
+
+
+@triton.jit
+def read_back_at_a_ticket_kernel(x_ptr, r_ptr, y_ptr, counter_ptr, n, BLOCK: tl.constexpr):
+    """Each loop takes its block's address from an atomic counter: the same text, another value each time."""
+    for start in range(0, n, BLOCK):
+        t = tl.atomic_add(counter_ptr, 1)
+        tl.store(x_ptr + t * BLOCK + tl.arange(0, BLOCK), tl.load(r_ptr + start + tl.arange(0, BLOCK)) * 2.0)
+    for start in range(0, n, BLOCK):
+        t = tl.atomic_add(counter_ptr, 1)
+        v = tl.load(x_ptr + t * BLOCK + tl.arange(0, BLOCK))  # refused: another ticket
+        tl.store(y_ptr + start + tl.arange(0, BLOCK), v)
+
+
+def test_reading_back_through_a_value_two_evaluations_may_give_differently_is_refused():
+    with pytest.raises(tritongrad.NotDifferentiableError, match="it reads `t`, which two evaluations may give") as e:
+        tritongrad.grad(read_back_at_a_ticket_kernel, wrt=("x_ptr", "r_ptr"), outputs=("x_ptr", "y_ptr"))
+    assert e.value.line == _line(read_back_at_a_ticket_kernel, "refused")

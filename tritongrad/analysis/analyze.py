@@ -39,10 +39,11 @@ from .addresses import (
     address_forms,
 )
 from .flow import load_other, padding
+from .in_place import InPlace, in_place_pointers
 from .lanes import (
     with_scalars_written_out,
 )
-from .pointers import Pointers, in_place_pointers, pointers
+from .pointers import Pointers, pointers
 from .shapes import Shape, infer_shapes
 from .stabilizers import stabilizers
 from .stores import check_output_stores
@@ -69,6 +70,8 @@ class Analysis:
     stabilizers: set[str] = field(default_factory=set)  # maxima whose adjoint is exactly zero (stabilizers.py)
     padding: dict[str, set[str]] = field(default_factory=dict)  # name -> MASKED, INFINITE (see `padding`)
     in_place: frozenset[str] = frozenset()  # differentiated pointers updated in place (in_place_pointers)
+    reloads: dict[str, str] = field(default_factory=dict)  # a load reading back what the kernel stored -> its pointer
+    stored_params: dict[str, str] = field(default_factory=dict)  # reloaded pointer -> its values after the launch
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -93,10 +96,11 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     if tile:
         wrt = tuple(wrt if wrt is not None else params)
         outputs = ()
-        in_place = frozenset()
+        place = InPlace()
     else:
-        in_place = in_place_pointers(program, found)
-        wrt, outputs = _choose_wrt_outputs(program, params, wrt, outputs, found)
+        place = in_place_pointers(program, found)
+        wrt, outputs = _choose_wrt_outputs(program, params, wrt, outputs, found, place)
+    in_place = place.pointers
 
     active = _activity(program, defs, wrt, outputs, pointer_base, tile)
     stable = stabilizers(program, active)  # a max subtracted before exp and normalized away: no adjoint
@@ -104,6 +108,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.stabilizers = stable
     analysis.in_place = frozenset(in_place & set(wrt))
+    analysis.reloads, analysis.stored_params = place.reloads, place.stored
     analysis.shapes = infer_shapes(program, tile)
     analysis.padding = padding(program.body)
     if not tile:
@@ -116,7 +121,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     return analysis
 
 
-def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, found: Pointers
+def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, found: Pointers, place: InPlace
                         ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     origin, loads, stores, in_place = program.origin, found.loads, found.stores, found.in_place
     if outputs is None:
@@ -141,6 +146,12 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, found
         if name in wrt and name not in outputs:
             raise ValueError(f"wrt names `{name}`, which kernel `{program.name}` updates in place: name it in "
                              "outputs too (the gradient of the values it held is that of the values it gets)")
+    for load, name in place.reloads.items():  # (its gradient reaches the store's value through the shadow)
+        if name not in wrt or name not in outputs:
+            line = next(where(s).line for s in found.loads[name] if target_of(s) == load)
+            raise ValueError(f"kernel `{program.name}` reads back on line {line} what it stored over `{name}`: name "
+                             f"`{name}` in both wrt and outputs (the gradient of what it reads back flows through "
+                             f"`{name}`'s shadow to the value stored there)")
     if not outputs:
         raise NotDifferentiableError(f"kernel `{program.name}`: it stores nothing", file=origin.file,
                                      line=origin.line, hint="a differentiable kernel stores its outputs")

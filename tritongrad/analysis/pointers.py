@@ -1,5 +1,6 @@
 """Which names are pointers and which parameter each comes from (an address traced back through the operations'
-``pointer_args``), which parameters are loaded, stored or hold indices, and which are updated in place."""
+``pointer_args``), which parameters are loaded, stored or hold indices, and which are updated in place (what each
+load of those reads: in_place.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from ..core.ir import (
     Program,
     address_names,
     arguments,
-    block_positions,
-    canonical_atom,
     definitions,
     loops,
     names_in,
@@ -46,7 +45,8 @@ class Pointers:
     @property
     def in_place(self) -> frozenset[str]:
         """Updated in place: loaded, overwritten with ``tl.store`` only, not indices. Derivation accepts them
-        where each load is followed by a store of its address and mask (``in_place_pointers``: else it refuses)."""
+        where each load is followed by a store of its address and mask, or reads back what the kernel stored
+        (in_place.py's ``in_place_pointers``: else it refuses)."""
         return frozenset(p for p in set(self.loads) & set(self.stores) if p not in self.index_pointers
                          and all(op_of(s).kind == "store" for s in self.stores[p]))
 
@@ -166,48 +166,3 @@ def _feeds_addresses(body: list[ast.stmt], defs: dict[str, ast.stmt], loops: lis
             work += value_args(d)
     return seen
 
-
-def in_place_pointers(program: Program, found: Pointers) -> frozenset[str]:
-    """The pointer parameters a kernel updates in place (``found.in_place``), each checked; any other pointer both
-    loaded and stored refused.
-
-    Accepted: each load of the pointer is followed, in the same block, by a ``tl.store`` to the same
-    address under the same mask. The stores write distinct elements (checked as for any output: lanes,
-    programs, iterations, and several stores apart), so every element a lane reads is written by that
-    later store alone, and read by no other lane: the loads see the values the kernel was given, the
-    stores set new ones. The derived kernel reads the new values' gradient at each store and sets it to
-    zero there, and the loads' adjoints add the old values' gradient to the same memory (memory.py).
-    """
-    loads, stores, index_pointers = found.loads, found.stores, found.index_pointers
-    place = block_positions(program.body)
-    defs = definitions(program.body)
-    for name in sorted(set(loads) & set(stores)):
-        for s in loads[name]:
-            if name in index_pointers:
-                raise refuse(where(s), f"a load of indices from `{name}`, which the kernel also stores to",
-                             "read indices and write results through different pointers")
-            kinds = {op_of(t).kind for t in stores[name]}
-            if kinds != {"store"}:
-                raise refuse(where(s), f"a load from `{name}`, which the kernel also updates with "
-                             f"{', '.join(sorted(kinds - {'store'}))}", "update a tensor in place with tl.store only")
-            block, i = place[id(s)]
-            address, mask = canonical_atom(arguments(s)["pointer"], defs), canonical_atom(arguments(s)["mask"], defs)
-            later = [t for t in stores[name] if place[id(t)][0] is block and place[id(t)][1] > i]
-            if not any((canonical_atom(arguments(t)["pointer"], defs), canonical_atom(arguments(t)["mask"], defs))
-                       == (address, mask) for t in later):
-                before = sorted(where(t).line for t in stores[name]
-                                if where(t).line < where(s).line and place[id(t)][0] is not block)
-                if before:  # it reads back what an earlier loop overwrote (a chunked add + norm's second loop)
-                    raise refuse(where(s), f"a load from `{name}` after the store to it on line {before[-1]}: it "
-                                 f"reads back values the kernel wrote over `{name}`'s own, and its backward would "
-                                 "need both the values it was given and the ones it stored",
-                                 "read back in the same loop, right after the store (the same address and mask), or "
-                                 "keep the values in registers between the loops, or store them to another tensor "
-                                 f"and copy that into `{name}` after the kernel")
-                raise refuse(where(s), f"a load from `{name}`, which the kernel also stores to, where no store "
-                             "of the same address and mask follows it in the same block",
-                             "update in place only what each lane loads (load, compute, then store to the same "
-                             "address with the same mask), read back only what the same lane stored before (the "
-                             "same address and mask, in the same block), or write to another tensor")
-    assert found.in_place == set(loads) & set(stores)  # (the rest refused above)
-    return found.in_place

@@ -146,8 +146,8 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     kept = [*backward.tapes, *([backward.prologue.tape] if backward.prologue is not None else [])]
     tapes = [n for tape in kept for n in (*(param for param, _ in tape.states), tape.slots)]
     later = [n for adds in backward.later_adds for n in (adds.values, adds.offsets)]
-    params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.extra_params,
-                                        *tapes, *later)]
+    params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.stored_params,
+                                        *backward.extra_params, *tapes, *later)]
     for constexpr in (backward.loop_stages, backward.loop_held):
         if constexpr is not None:
             params.append(ast.arg(arg=constexpr, annotation=ast.parse("tl.constexpr", mode="eval").body))

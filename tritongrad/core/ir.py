@@ -273,20 +273,31 @@ def block_positions(body: list[ast.stmt]) -> dict[int, tuple[list, int]]:
     return found
 
 
-def canonical_atom(atom: ast.expr, defs: dict, depth: int = 0) -> str:
+def canonical_atom(atom: ast.expr, defs: dict, renames: dict[str, str] | None = None) -> str:
     """An atom written out through its single definitions (so two temporaries computing one address compare
-    equal); names with several definitions (loop-carried, merged) or none (parameters) stay names."""
+    equal); names with several definitions (loop-carried, merged) or none (parameters, loop indices) stay names,
+    renamed as ``renames`` says (one loop's index read as another's). Written out as one tree, so the text keeps
+    the precedence of what it expands: ``a * (b + c)`` is not ``a * b + c``."""
     if not isinstance(atom, ast.Name):
         return ast.dump(atom)
+    return ast.unparse(expanded(atom, defs, renames))
+
+
+def expanded(atom: ast.Name, defs: dict, renames: dict[str, str] | None = None) -> ast.expr:
+    """The tree ``canonical_atom`` writes out: its names are those that stay names (renamed)."""
+    return _expanded(atom, defs, renames or {}, 0)
+
+
+def _expanded(atom: ast.Name, defs: dict, renames: dict[str, str], depth: int) -> ast.expr:
     found = defs.get(atom.id, [])
     if len(found) != 1 or depth > 64 or target_of(found[0]) != atom.id:
-        return atom.id
+        return ast.Name(renames.get(atom.id, atom.id), ast.Load())
 
     class Expand(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name) -> ast.AST:
-            return ast.Name(canonical_atom(node, defs, depth + 1), ast.Load())
+            return _expanded(node, defs, renames, depth + 1)
 
-    return ast.unparse(Expand().visit(copy.deepcopy(found[0].value)))
+    return Expand().visit(copy.deepcopy(found[0].value))
 
 
 def literal_value(atom: ast.expr | None, defs: dict | None = None) -> float | None:

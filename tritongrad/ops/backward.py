@@ -189,6 +189,9 @@ class OpBackward:
         output_grads = {p: self._shadow(shadows, shadow_of[p], guards) for p in step.outputs}
         written = frozenset(p for p in step.wrt if shadow_of[p].key in shadows)
         bwd, prepared, buffers_of = self._ready(step, launch, args, grid, written, config)
+        for n in step.launch.stored:  # (a specialization that reads nothing back takes no such tensor)
+            if n not in bwd.stored_params.values():
+                args.pop(n, None)
         buffers = {p: self._shadow(shadows, shadow, guards, fill, own) for p, shadow, fill, own in buffers_of}
         pad = GUARD[0] if guards is not None else 0
         trace = [] if keep is not None and not bwd.checks.reads_contents else None

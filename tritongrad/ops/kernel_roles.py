@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.composites import fuse_composites
+from ..analysis.in_place import reloaded
 from ..analysis.pointers import pointers
 from ..analysis.stored_outputs import stored_values
 from ..core.errors import NotDifferentiableError
@@ -30,6 +31,9 @@ class Roles:
     overwrites: frozenset[str]  # stored with something other than tl.atomic_add
     inputs: frozenset[str]  # differentiable inputs: loaded, never stored unless in place (floats among them)
     in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis/pointers.py)
+    # updated in place, and what it stored read back (analysis/in_place.py): its backward reads the tensor as the
+    # launch left it too (``stored_param``), and passes gradient through its shadow
+    reloaded: frozenset[str] = frozenset()
     # stored with a value the backward may read back (stored_outputs.py): from any float output (a softmax's),
     # or only where the output is float32 or float64 (a statistic, exact there)
     read_back: frozenset[str] = frozenset()
@@ -90,7 +94,7 @@ def _analyse(kernel: Any) -> KernelInfo:
         kept = stored_values(fuse_composites(program), a.stores).values()  # (the stores stay as they are)
         # (an index pointer is an input where a float tensor is passed there; an integer one has no gradient:
         # Plan.carries)
-        roles = Roles(loads, frozenset(a.stores), a.overwrites, a.inputs, a.in_place,
+        roles = Roles(loads, frozenset(a.stores), a.overwrites, a.inputs, a.in_place, reloaded(program, a),
                       frozenset(k.param for k in kept if k.rounds) - loads,
                       frozenset(k.param for k in kept if not k.rounds) - loads)
     except NotDifferentiableError as e:  # a construct the core does not handle yet: raised if the launch needs a

@@ -33,7 +33,8 @@ class Launcher:
         not traced (an interchanged kernel, zeroing an unwritten gradient) or passed a tensor from elsewhere
         (the state tapes its forward kept)."""
         sources, alike = {}, {}  # id -> (source, name); id -> what makes the tensor the same one on every call
-        found = [(named[p], 0, p, ("saved", slot, stand_in)) for p, slot, stand_in in step.launch.replayed]
+        found = [(named[p], 0, p, ("saved", slot, stand_in)) for p, slot, stand_in in step.launch.replayed
+                 if p in named]  # (a tensor read back where the derived kernel takes none: not passed)
         found += [(t, source, p, ("shadow", step.shadows[p])) for source, tensors in ((1, output_grads), (2, buffers))
                   for p, t in tensors.items()]
         for t, source, p, same in found:

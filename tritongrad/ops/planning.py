@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..analysis.in_place import stored_param
 from ..core.errors import OpError, noted
 from .call_tensors import CallTensors
 from .shadows import LaunchPlan, Plan, View, whole_storages
@@ -76,6 +77,11 @@ class Planner:
                     if diff is None and tensors.requires_grad(i) and checked.views[p].dtype.is_floating_point:
                         found.setdefault(i)
                 checked.slots[p] = slots.get(i)  # saved slot, or None: written only, never read back
+            for p in checked.params("reloaded") if known else ():  # read back what it stored: the tensor as it
+                name = stored_param(p, launch.info.params)  # left it, or the copy taken before a later launch wrote it
+                checked.stored[name] = slots.setdefault(later.get((launch.index, name), params[p]), len(slots))
+                if (launch.index, name) not in later:
+                    read.setdefault(checked.views[p].key, []).append((checked, name, checked.views[p]))
             for p in stores:
                 written.setdefault(checked.views[p].key, []).append((checked, p, checked.views[p]))
             if known:  # unknown roles: hazards are not checked (the launch fails if it needs a backward)

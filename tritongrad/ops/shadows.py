@@ -79,14 +79,18 @@ class LaunchPlan:
     views: dict[str, View]
     slots: dict[str, int | None] = field(default_factory=dict)
     kept: frozenset[str] = frozenset()  # outputs saved for the backward to read back what it stored (stored_outputs.py)
+    # the backward's parameter for a tensor it updated in place and read back, as it left it -> its saved slot
+    stored: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return launch_name(self.index, self.info)
 
     @functools.cached_property
     def replayed(self) -> tuple[tuple[str, int | None, tuple], ...]:
-        """Per tensor parameter: its saved slot, or (slot None) the dtype and device of a stand-in."""
-        return tuple((p, slot, (self.views[p].dtype, self.views[p].device)) for p, slot in self.slots.items())
+        """Per tensor parameter: its saved slot, or (slot None) the dtype and device of a stand-in; then per tensor it
+        updated in place and read back, its backward's parameter for it as it left it, and that saved slot."""
+        return (*((p, slot, (self.views[p].dtype, self.views[p].device)) for p, slot in self.slots.items()),
+                *((n, slot, None) for n, slot in self.stored.items()))
 
     def params(self, role: str) -> list[str]:
         """Tensor parameters in a role ("loads", "stores", "overwrites", "inputs"), in parameter order."""
@@ -172,6 +176,9 @@ class Plan:
         wrts = []
         for launch in self.launches:
             wrt = tuple(p for p in launch.params("inputs") if launch.views[p].key in varied and self.carries(launch, p))
+            if wrt and launch.info.roles is not None:  # read back what it stored: its gradient flows through the
+                wrt += tuple(p for p in launch.params("reloaded")  # shadow (an input and output of the step)
+                             if p not in wrt and self.carries(launch, p))
             wrts.append(wrt)
             if wrt:
                 varied.update(launch.views[p].key for p in launch.params("stores"))
@@ -181,7 +188,8 @@ class Plan:
         for launch, wrt in zip(reversed(self.launches), reversed(wrts), strict=True):
             outputs = tuple(p for p in launch.params("stores") if launch.views[p].key in shadowed
                             and self.carries(launch, p))
-            if wrt and outputs:
+            if wrt and outputs:  # an input updated in place is an output too, its new values' gradient zero if none
+                outputs += tuple(p for p in wrt if p in launch.params("stores") and p not in outputs)
                 steps.append(Step(launch, wrt, outputs, {p: self.shadow(launch.views[p]) for p in (*wrt, *outputs)}))
                 shadowed.update(launch.views[p].key for p in (*wrt, *outputs))
         writers = Counter(step.shadows[p].key for step in steps for p in step.wrt)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..analysis.in_place import stored_param
 from ..core.bounded import Bounded
 from ..core.device import ensure_allocator
 from ..core.errors import OpError
@@ -233,8 +234,9 @@ class Tape:
 
     def _save_overwritten(self, info: KernelInfo, positions: tuple, names: tuple) -> tuple[tuple[int, str, int], ...]:
         """Copies of what earlier launches read from memory this launch overwrites, taken before it runs: their
-        backwards replay against the values they read. Returns (launch index, parameter, the copy's position)
-        triples."""
+        backwards replay against the values they read (an in-place launch that read back what it stored: the
+        tensor as it left it, under its backward's parameter for that, analysis/in_place.py's ``stored_param``).
+        Returns (launch index, parameter, the copy's position) triples."""
         described, tensors = self.tensors.described, self.tensors.tensors
         written = {described[i][0] for p, i in _by_parameter(info, positions, names).items()
                    if i is not None and p in info.roles.overwrites}
@@ -248,9 +250,12 @@ class Tape:
             if roles is None:
                 continue
             for p, i in _by_parameter(launch.info, pattern[1], pattern[2]).items():
-                if (i is not None and p in roles.loads and p not in own and (launch.index, p) not in copied
-                        and described[i][0] in written):
+                if i is None or described[i][0] not in written:
+                    continue
+                if p in roles.loads and p not in own and (launch.index, p) not in copied:
                     found.append((launch.index, p, self._copy(tensors[i])))
+                if p in roles.reloaded and (launch.index, q := stored_param(p, launch.info.params)) not in copied:
+                    found.append((launch.index, q, self._copy(tensors[i])))
         return tuple(found)
 
     def _copy(self, v: torch.Tensor) -> int:

@@ -7,7 +7,10 @@
 - a load of a ``wrt`` input: its adjoint is written by the strategy chosen for the input (the kernel
   variant being built: writes/strategies.py emits it, calling back into the sweep for the names and
   partial sums it needs); where the load's ``other`` has a gradient, the adjoint of the lanes its mask
-  leaves out goes to ``other``;
+  leaves out goes to ``other``. A reload (what the kernel stored over a tensor it updates in place, read
+  back in a later loop: analysis/in_place.py) adds its adjoint into the shadow, to the new values' gradient
+  there, without atomics (that lane of that program alone wrote the element), then a barrier: the store's
+  adjoint, reversed after it, reads the sum from other threads' lanes;
 - tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
   ``desc.load``'s adds ``d_desc.atomic_add(offsets, g)`` where descriptors can add.
 """
@@ -31,7 +34,7 @@ from ..core.ir import (
 )
 from ..core.operations import instantiate, operation_of
 from ..frontend.blockptr import block_addresses, block_mask
-from ..writes.strategies import RELAXED, LaterAdds
+from ..writes.strategies import RELAXED, Choice, LaterAdds, Mode
 from .persistent import PartialSum
 from .rereads import Deferred, MergePoint, NotMergeable
 
@@ -60,6 +63,10 @@ class MemoryAdjoints:
             self.builder.written_inputs.add(param)
         if op_of(stmt).kind == "desc_load":
             self.builder.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
+            return
+        if target_of(stmt) in analysis.reloads:  # what it read back: added to the stored value's gradient there,
+            Choice(Mode.ADD).strategy.emit(self, stmt, param, shadow, g, b["mask"])  # which the store's adjoint
+            self.builder.emit(call_statement("tl.debug_barrier"))  # reads after every thread added
             return
         if choice.rereads:
             g = self.merged(stmt, param, choice.rereads, shadow, g)
@@ -162,6 +169,9 @@ class MemoryAdjoints:
             return
         value = stored_value(stmt)
         if not self.builder.analysis.is_active(value):
+            if base in self.builder.analysis.in_place:  # what it overwrote has no gradient from the new values
+                self.builder.comment_for(stmt)
+                self.zero_in_place(stmt)
             return
         if operation_of(op).memory not in ("store", "accumulate"):
             raise refuse(where(stmt), f"`{op.kind}` of a differentiated value",
@@ -181,9 +191,15 @@ class MemoryAdjoints:
             incoming = instantiate("tg.unbroadcast(c, x)", {"c": incoming, "x": value})
         self.builder.accumulate(value.id, incoming)
         if base in self.builder.analysis.in_place:  # the values it overwrote get their gradient here from the loads
-            # only
-            masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
-            self.builder.emit(call_statement("tl.store", shadow, ast.Constant(0.0), **masked))
-            self.builder.emit(call_statement("tl.debug_barrier"))  # read and zeroed by every thread before the loads'
-            # adjoints add
+            self.zero_in_place(stmt)  # only
+
+    def zero_in_place(self, stmt: ast.stmt) -> None:
+        """Zeros where a store overwrote an input updated in place: its shadow held the new values' gradient (read by
+        now), and the loads' adjoints add the gradient of the values it held before."""
+        b = arguments(stmt)
+        masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
+        self.builder.emit(call_statement("tl.store", name_node(self.builder.shadow_name(b["pointer"].id)),
+                                         ast.Constant(0.0), **masked))
+        self.builder.emit(call_statement("tl.debug_barrier"))  # read and zeroed by every thread before the loads'
+        # adjoints add
 

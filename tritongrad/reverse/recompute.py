@@ -39,11 +39,62 @@ class Recompute:
 
     def __init__(self, builder):
         self.builder = builder
+        # pointer -> its mirror into the values the launch left (`x_ptr_stored + offs` beside `x_ptr + offs`), for
+        # the pointers a reload's address is computed from (analysis/in_place.py)
+        self.stored: dict[str, str] = {}
+        for load in statements(builder.program.body):
+            if target_of(load) in builder.analysis.reloads:
+                self.stored_name(arguments(load)["pointer"].id)
+
+    def mirrored(self) -> dict[str, str]:
+        """Each shadow pointer and each mirror into the values the launch left -> the pointer it mirrors."""
+        return {v: k for mirror in (self.builder.shadow, self.stored) for k, v in mirror.items()}
+
+    def stored_name(self, pointer: str) -> str:
+        """A pointer's mirror into the values the launch left; the pointers it is computed from get theirs too."""
+        if pointer not in self.stored:
+            base = self.builder.analysis.pointer_base.get(pointer, pointer)
+            stored = self.builder.analysis.stored_params
+            self.stored[pointer] = stored[base] if pointer == base else self.builder.namer.fresh(f"{pointer}_stored")
+            for d in self.builder.defs.get(pointer, []):
+                if target_of(d) is not None:
+                    for n in self.pointer_operands(d, base):
+                        self.stored_name(n)
+        return self.stored[pointer]
+
+    def with_shadow(self, stmt: ast.stmt) -> list[ast.stmt]:
+        """A replayed statement, then its pointer's shadow and mirror (``d_p = d_x_ptr + offs``, ``p_stored =
+        x_ptr_stored + offs``); a reload instead loads from the values the launch left."""
+        t = target_of(stmt)
+        if t in self.builder.analysis.reloads:
+            return self.reloaded(stmt)
+        out = [stmt]
+        if t in self.builder.shadow:
+            out.append(self.shadow_statement(stmt, t))
+        if t in self.stored:
+            out.append(self.shadow_statement(stmt, t, self.stored))
+        return out
+
+    def reloaded(self, load: ast.stmt) -> list[ast.stmt]:
+        """A reload replayed: the same load from the tensor as the launch left it, which holds what it read (each
+        element stored once, before it, and never again: analysis/in_place.py)."""
+        param = self.builder.analysis.reloads[target_of(load)]
+        note = self.builder.marker(f"`{target_of(load)}`: what the forward stored over `{param}` and read back, "
+                                   f"from `{self.builder.analysis.stored_params[param]}` (`{param}` as the launch "
+                                   "left it)")
+        mirror = name_node(self.stored[arguments(load)["pointer"].id])
+        call = load.value
+        args = [mirror, *call.args[1:]] if call.args else []
+        keywords = [ast.keyword(k.arg, mirror) if k.arg == "pointer" else k for k in call.keywords]
+        op = op_of(load)
+        kwargs = {k: mirror if k == "pointer" else v for k, v in op.kwargs.items()}
+        return [note, tagged(assign(target_of(load), ast.Call(call.func, args, keywords)),
+                             Op(op.kind, [mirror, *op.args[1:]] if op.args else [], kwargs, op.func), load)]
 
     def statements(self, also: set[str] = frozenset()) -> list[ast.stmt]:
         """The forward's statements the sweep (and the names ``also``) need, each shadow pointer beside its
         pointer."""
-        shadow_of = {v: k for k, v in self.builder.shadow.items()}
+        shadow_of = self.mirrored()
         seeds = {shadow_of.get(n, n) for n in free_names(self.builder.out) | set(also)}
         if self.builder.tile:
             seeds |= {n for r in self.builder.program.returns for n in names_in(r)}
@@ -63,7 +114,7 @@ class Recompute:
     def fewer_loads(self, seeds: set[str], kept: dict[str, StoredValue]) -> bool:
         """Whether reading ``kept`` back leaves no more loads to issue than replaying them: counted over the
         values read as values (a load the sweep reads only for its shape is compiled away either way)."""
-        shadow_of = {v: k for k, v in self.builder.shadow.items()}
+        shadow_of = self.mirrored()
         valued = {shadow_of.get(n, n) for s in statements(self.builder.out) for n in value_reads(s)}
         valued = {n for n in seeds if n in valued or n in self.builder.read_back}  # (seeds: from before the sweep)
         body = self.builder.program.body
@@ -173,10 +224,11 @@ class Recompute:
         return [op.args[i].id for i in positions if i < len(op.args) and isinstance(op.args[i], ast.Name)
                 and self.builder.analysis.pointer_base.get(op.args[i].id) == base]
 
-    def shadow_statement(self, stmt: ast.stmt, t: str) -> ast.stmt:
-        """``d_p = d_base + offs`` for ``p = base + offs``."""
+    def shadow_statement(self, stmt: ast.stmt, t: str, mirror: dict[str, str] | None = None) -> ast.stmt:
+        """``d_p = d_base + offs`` for ``p = base + offs`` (``mirror``: pointer -> its mirror, else its shadow)."""
+        mirror = self.builder.shadow if mirror is None else mirror
         base = self.builder.analysis.pointer_base[t]
-        renames = {n: name_node(self.builder.shadow[n]) for n in self.pointer_operands(stmt, base)}
+        renames = {n: name_node(mirror[n]) for n in self.pointer_operands(stmt, base)}
         value = copy.deepcopy(stmt.value)
 
         class Sub(ast.NodeTransformer):
@@ -184,7 +236,7 @@ class Recompute:
                 return copy.deepcopy(renames[n.id]) if n.id in renames else n
 
         value = Sub().visit(value)
-        node = ast.Assign(targets=[ast.Name(self.builder.shadow[t], ast.Store())], value=value)
+        node = ast.Assign(targets=[ast.Name(mirror[t], ast.Store())], value=value)
         node.tg = stmt.tg
         return node
 

@@ -50,12 +50,15 @@ class MergePoint:
     writes: list[tuple[ast.For, frozenset[str]]] = field(default_factory=list)  # (found: each one's loop)
 
 
-def merge_rereads(out: list[ast.stmt], points: list[MergePoint], fresh, comment, is_comment,
-                  protected: set[str]) -> dict[str, str]:
+def merge_rereads(out: list[ast.stmt], unclaimed: list[Deferred], points: list[MergePoint], fresh, comment,
+                  is_comment, protected: set[str]) -> dict[str, str]:
     """Each point's deferred adjoints computed again in its loop and added to its total (see the module's doc).
-    ``fresh(base)``: a new name; ``comment(text)``: a comment statement; ``is_comment(stmt)``: whether it is one;
-    ``protected``: names read after the body is built. Returns the copies' names (name -> its copy's), so that
-    codegen folds a copied temporary as it folds the original."""
+    ``unclaimed``: deferred adjoints no first load took (none may be left); ``fresh(base)``: a new name;
+    ``comment(text)``: a comment statement; ``is_comment(stmt)``: whether it is one; ``protected``: names read after
+    the body is built. Returns the copies' names (name -> its copy's), so that codegen folds a copied temporary as
+    it folds the original."""
+    if unclaimed:
+        raise NotMergeable(unclaimed[0].param, "its first load has no adjoint to write the others' with")
     copies: dict[str, str] = {}
     for point in points:
         parent, first, at = _find_total(out, point)

@@ -57,7 +57,7 @@ from .loops import LoopReversal, merge_records
 from .memory import MemoryAdjoints
 from .persistent import persistent
 from .recompute import Recompute
-from .rereads import Deferred, MergePoint, NotMergeable, merge_rereads
+from .rereads import Deferred, MergePoint, merge_rereads
 from .rules import OperationAdjoints
 
 
@@ -79,6 +79,7 @@ class BackwardBody:
     prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
     loop_stages: str | None = None  # a persistent variant's constexpr: its loop over the programs' stages in flight
     loop_held: str | None = None  # and whether the loads before that loop are held across it (persistent.py)
+    stored_params: list[str] = field(default_factory=list)  # after the shadows: tensors as the launch left them
 
 
 @dataclass
@@ -138,7 +139,7 @@ class BackwardBuilder:
         self.out: list[ast.stmt] = []  # the block of the sweep being written
         self.last_comment: dict[int, str] = {}  # id(block) -> its last comment
         params = self.program.param_names()
-        self.namer.taken |= set(params)
+        self.namer.taken |= set(params) | set(analysis.stored_params.values())
         self.defs = analysis.defs
         self.root = id(self.program.body)
         self.home: dict[str, int] = {}  # name -> id of the block it belongs to (where its value is visible)
@@ -214,13 +215,9 @@ class BackwardBuilder:
                     else:
                         self.adjoint[r.id] = cot  # the cotangent parameter is the adjoint
         self.reverse_block(self.program.body)
-        copies = {}
-        if self.deferred:
-            raise NotMergeable(self.deferred[0].param, "its first load has no adjoint to write the others' with")
-        if self.merge_points:
-            protected = {n for s in self.partial_sums for n in (s.accumulator, s.shadow, *names_in(s.mask))}
-            copies = merge_rereads(self.out, self.merge_points, self.namer.fresh, self.marker, is_comment_marker,
-                                   protected)
+        copies = merge_rereads(self.out, self.deferred, self.merge_points, self.namer.fresh, self.marker,
+                               is_comment_marker, {n for s in self.partial_sums for n in (s.accumulator, s.shadow,
+                                                                                          *names_in(s.mask))})
         if self.tile:
             zeros = "tl.zeros_like(x).to(tl.float32)"
             returns = [name_node(self.adjoint[w]) if w in self.adjoint else instantiate(zeros, {"x": name_node(w)})
@@ -247,11 +244,13 @@ class BackwardBuilder:
         elif axis is not None:
             stages = self.namer.fresh("STAGES")
             body, extra, held = self.persistent(replay, axis, reassigned, stages=stages, held=self.namer.fresh("HELD"))
-        temporaries = self.program.temporaries | {self.shadow[t] for t in self.program.temporaries if t in self.shadow}
+        temporaries = self.program.temporaries | {mirror[t] for mirror in (self.shadow, self.forward.stored)
+                                                  for t in self.program.temporaries if t in mirror}
         temporaries |= {copies[t] for t in temporaries if t in copies}  # (rereads.py's copies fold as they do)
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
-                            self.written_inputs, self.tapes, self.later_adds, prologue, stages, held)
+                            self.written_inputs, self.tapes, self.later_adds, prologue, stages, held,
+                            list(self.analysis.stored_params.values()))
 
     def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...]]]:
         """Adjoints whose primal's shape and dtype the source says: -> (zeros of the adjoint's shape and type,
@@ -290,7 +289,8 @@ class BackwardBuilder:
             note = (f"one program per group of the forward's programs along axis {axis}: each sums the gradient of "
                     f"{names} over its programs\n(in its own partial row, reduced in order after the kernel), and the "
                     "rest as the forward's program would")
-        params = {*self.program.param_names(), *self.shadow_params, programs, *rows.values()}
+        params = {*self.program.param_names(), *self.shadow_params, *self.analysis.stored_params.values(), programs,
+                  *rows.values()}
         body = persistent(replay, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer,
                           every, guard, stages, held)
         if held is not None and held not in reads(ast.Module(body, [])):  # nothing loaded before the loop
@@ -422,13 +422,12 @@ class BackwardBuilder:
         raise AssertionError("the load is not in the block")
 
     def with_shadow(self, stmt: ast.stmt) -> list[ast.stmt]:
-        t = target_of(stmt)
-        return [stmt, self.forward.shadow_statement(stmt, t)] if t in self.shadow else [stmt]
+        return self.forward.with_shadow(stmt)
 
     def needed(self, block: list[ast.stmt], sweep: list[ast.stmt], also=(), follow=()) -> set[str]:
         """Values of ``block`` (and names in ``also``) that ``sweep`` reads, directly or through a shadow,
         and what they are computed from in ``block`` (through the definitions of ``follow`` names too)."""
-        shadow_of = {v: k for k, v in self.shadow.items()}
+        shadow_of = self.forward.mirrored()
         seeds = set()
         for n in free_names(sweep):
             n = shadow_of.get(n, n)

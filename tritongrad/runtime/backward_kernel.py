@@ -45,6 +45,10 @@ input's gradient is written (see writes/strategies.py)."""
 LATER = "its other loads' adjoints kept per program and added after the kernel"
 
 
+STORED = ("Then {stored}: `{param}` as the forward launch left it, whose new values the kernel read back\n"
+          "after storing them (`{param}` itself: its values before the launch).")
+
+
 IN_PLACE = ("updated in place, as the forward updates it: the gradient of the values it gets on entry, of the "
             "values it held on exit (zeroed where stored, the loads' gradient added)")
 
@@ -59,7 +63,9 @@ class BackwardKernel:
     """A derived backward kernel.
 
     ``params``: the forward's parameters, then ``d_<name>`` for each output, then for each
-    ``wrt`` input. ``bwd[grid](*forward_args, *output_grads, *input_grads)`` launches it
+    ``wrt`` input, then ``<name>_stored`` for each pointer whose stored values the kernel reads back
+    (``stored_params``: the tensor as the forward launch left it, the pointer itself bound to its values
+    before). ``bwd[grid](*forward_args, *output_grads, *input_grads)`` launches it
     with the forward's grid: output shadows hold the incoming gradients; the gradients are
     *added* to the input buffers (zero-fill them first, or pass buffers holding a gradient
     to add to). :meth:`gradients` allocates the input gradients itself and returns them:
@@ -77,6 +83,8 @@ class BackwardKernel:
         self.deterministic = deterministic
         self.wrt, self.outputs = analysis.wrt, analysis.outputs
         self.in_place = analysis.in_place  # inputs updated in place: their shadow is the output's too
+        # pointers whose values after the launch the replay reads (reloads) -> the parameter taking them
+        self.stored_params: dict[str, str] = dict(analysis.stored_params)
         self.store_axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
         self.launch_checks: tuple[LaunchCheck, ...] = tuple(analysis.launch_checks)
         self._variants: dict[tuple, Variant] = {}
@@ -95,7 +103,7 @@ class BackwardKernel:
         best = self.variant(self.writes.best())  # derived now, so that what cannot be differentiated says so now
         if not any(part.wrt == self.wrt for part in best.parts):  # the calling convention's shadow names
             self.variant({p: Choice(Mode.ATOMIC) for p in self.wrt})
-        self.params = (*program.param_names(), *self.shadow_params.values())
+        self.params = (*program.param_names(), *self.shadow_params.values(), *self.stored_params.values())
         self.requested: tuple = (None, None)  # the wrt and outputs asked for (grad sets them)
         self.specialization: dict[str, Any] = {}  # values of the constexprs its source was specialized for
         self.kept_outputs: tuple[str, ...] = ()  # as grad was given them
@@ -216,9 +224,10 @@ class BackwardKernel:
                          + (f"; {LATER} ({', '.join(c.later)})" if c.later and c.mode in (Mode.STORE, Mode.ADD)
                             else "")
                          for p, c in choices.items())
+        stored = "".join("\n" + STORED.format(stored=f"`{n}`", param=p) for p, n in analysis.stored_params.items())
         doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
                f"wrt: {', '.join(wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
-               f"{CALLING_CONVENTION}\nIn this variant:{writes or ' (no inputs)'}\n")
+               f"{CALLING_CONVENTION}{stored}\nIn this variant:{writes or ' (no inputs)'}\n")
         src = codegen.function_source(program, backward, name, doc.replace("\n", "\n    "), tile=False)
         kernel = codegen.compile_kernel(src, name, program)
         prologue = None

@@ -58,6 +58,11 @@ def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] |
     ``kept_outputs``: output parameters that hold, whenever the backward runs, what the forward launch stored
     there (an op's tape saves them): values it stored after a reduction are read back rather than replayed
     (stored_outputs.py).
+    A pointer the kernel updates in place (loaded, then stored at the same address) that ``wrt`` names is among
+    the ``outputs`` too: its shadow takes the new values' gradient in and gives the old values'. Where the kernel
+    reads back, in a later loop, what it stored there (analysis/in_place.py), the pointer is in both, and the
+    backward also takes the tensor as the forward launch left it, ``<pointer>_stored`` after the shadows
+    (``BackwardKernel.stored_params``; the pointer itself takes its values from before the launch).
     One name may be given as a string (``wrt="x_ptr"``).
     Raises :class:`NotDifferentiableError` for what cannot be handled, ValueError for ``wrt`` or ``outputs``
     naming something twice or naming no pointer the kernel loads (stores) through.

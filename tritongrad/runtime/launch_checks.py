@@ -47,6 +47,8 @@ class LaunchChecks:
                                  f"sizes {tuple(g.shape)}, strides {g.stride()} on {g.device}")
             if not g.dtype.is_floating_point:
                 raise TypeError(f"{k.name}: `{shadow}` must be a floating-point tensor, got {g.dtype}")
+        for p, n in k.stored_params.items():  # what it read back, from the tensor as the launch left it
+            self.stored(p, n, named.get(p), named.get(n))
         layouts = {("d", name): Layout.of(g) for name, g, _ in given if hasattr(g, "data_ptr")}
         layouts.update({("x", p): Layout.of(named[p]) for p in (*k.wrt, *k.outputs)
                         if hasattr(named.get(p), "data_ptr")})
@@ -67,6 +69,24 @@ class LaunchChecks:
                         file=k.forward.fn.__code__.co_filename, line=k.forward.fn.__code__.co_firstlineno,
                         hint="pass an output that does not overlap the inputs (or update the input in place: load "
                              "and store it through one parameter)")
+
+    def stored(self, p: str, n: str, x: Any, t: Any) -> None:
+        """Refuse a direct launch that does not pass ``n`` (``p`` as the forward launch left it) as a tensor laid out as
+        ``p``'s, or passes ``p`` itself there (``p`` takes the values the launch was given)."""
+        k = self.kernel
+        about = (f"`{n}` takes `{p}` as the forward launch left it (the kernel read back what it stored there), and "
+                 f"`{p}` its values before the launch, a copy taken before it ran")
+        if not hasattr(t, "stride"):
+            raise TypeError(f"{k.name}: {about}: pass a tensor to `{n}`, got {type(t).__name__}")
+        if not hasattr(x, "stride"):
+            return
+        if tuple(t.shape) != tuple(x.shape) or (t.stride() != x.stride() and t.numel() > 1) or t.device != x.device \
+                or t.dtype != x.dtype:
+            raise ValueError(f"{k.name}: {about}: it must have `{p}`'s sizes {tuple(x.shape)}, strides {x.stride()} "
+                             f"and dtype {x.dtype} on {x.device}; got {tuple(t.shape)}, {t.stride()}, {t.dtype} on "
+                             f"{t.device}")
+        if t.numel() and t.data_ptr() == x.data_ptr():
+            raise ValueError(f"{k.name}: {about}: one tensor was passed to both")
 
     def default_wrt(self, named: dict[str, Any]) -> None:
         """Refuse a direct launch that passes a floating-point tensor to a pointer the default ``wrt`` leaves out

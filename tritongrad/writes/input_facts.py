@@ -12,7 +12,6 @@ launch, the first strategy whose facts hold (strategies.choose).
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field, replace
 
 from ..analysis.addresses import enclosing_loops, mask_bounds
@@ -150,7 +149,8 @@ class _Context:
 
     def input(self, param: str) -> InputFacts:
         a = self.a
-        loads = [s for s in a.loads.get(param, []) if target_of(s) in a.active]
+        loads = [s for s in a.loads.get(param, []) if target_of(s) in a.active
+                 and target_of(s) not in a.reloads]  # (a reload adds into the shadow: memory.py)
         if not loads:
             return InputFacts(param, inactive=True)
         if len(loads) == 1:
@@ -187,9 +187,9 @@ class _Context:
         if len({ast.dump(n.iter) for n in nodes}) != 1 or not all(isinstance(n.target, ast.Name) for n in nodes):
             return None
 
-        def text(s: ast.stmt, node: ast.For) -> tuple[str, str]:
+        def text(s: ast.stmt, node: ast.For) -> tuple[str, str]:  # (each loop's index read as the first's)
             b = arguments(s)
-            return tuple(re.sub(rf"\b{node.target.id}\b", "<index>", canonical_atom(b[k], self.defs))
+            return tuple(canonical_atom(b[k], self.defs, {node.target.id: nodes[0].target.id})
                          for k in ("pointer", "mask"))
 
         if len({text(s, n) for s, n in zip(loads, nodes, strict=True)}) != 1:

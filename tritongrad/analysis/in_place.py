@@ -1,0 +1,232 @@
+"""Pointers a kernel updates in place, and what each of their loads reads: the values the kernel was given, or what
+it stored over them earlier (a reload).
+
+An update: a load followed, in its block, by a ``tl.store`` to the same address under the same mask (a rotary
+embedding applied in place; a fused add + norm writing the sum into x). The stores write distinct elements (checked
+as for any output: lanes, programs, iterations, and several stores apart, analysis/stores.py), so every element a
+lane reads is written by that later store alone, and read by no other lane: the load sees the value the kernel was
+given, the store sets a new one. The derived kernel reads the new values' gradient at each store and sets it to zero
+there, and the loads' adjoints add the old values' gradient to the same memory (reverse/memory.py).
+
+A reload: the chunked add + norm for rows longer than one block. A first loop loads x and r, stores s = x + r over
+x and sums s * s; a second loop, over the same range, loads s back from x and stores the norm. A load that no store
+of its address follows is accepted where it reads, in each lane, what this program's store wrote there earlier:
+
+- the store and the load are each directly in the body of a loop (or of loops nested alike), the outermost two in
+  one block, the store's first, their ranges alike and the load's address and mask the store's, written out
+  through their definitions with the load's loop indices read as the store's (``canonical_atom``): the store ran in
+  that lane and iteration before the load;
+- what those read that the kernel assigns are the indices of these loops or of loops around both (the same at the
+  store and at the load), or pure values of them (alike as text, alike in value): a name assigned more than once
+  (carried, merged) may have changed in between, an atomic's result or a load from memory the kernel stores to
+  differ from one evaluation to the next;
+- no store to the pointer follows it in the kernel (refused as "changed again", though the stores' check would make
+  such a store write elsewhere).
+
+Each element a reload reads was then written once, by that store: it holds at the launch's end what the reload read.
+The backward's replay loads it from the tensor as the launch left it, a parameter of its own (``stored_param``: the
+pointer parameter itself is bound to the values before the launch), and the reload's adjoint adds into the pointer's
+shadow, where the store's adjoint, reversed after it, reads it (reverse/memory.py). Same-block reloads never reach
+here: frontend/forwarding.py reads them as the stored value.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..core.ir import (
+    Program,
+    arguments,
+    canonical_atom,
+    child_blocks,
+    computed_from,
+    definitions,
+    expanded,
+    is_structured,
+    op_of,
+    range_bounds,
+    refuse,
+    statements,
+    target_of,
+    where,
+)
+from ..core.operations import operation_of
+from .pointers import Pointers
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """The pointers a kernel updates in place, its reloads, and the parameter each reloaded pointer's values after
+    the launch take in the backward."""
+
+    pointers: frozenset[str] = frozenset()
+    reloads: dict[str, str] = field(default_factory=dict)  # a reload's result -> the pointer it reads back
+    stored: dict[str, str] = field(default_factory=dict)  # a reloaded pointer -> stored_param(it)
+
+
+def stored_param(param: str, params: Sequence[str]) -> str:
+    """The backward's parameter for ``param``'s values as the forward launch left them: ``<param>_stored``
+    (underscores added while a parameter of the forward has that name)."""
+    name = f"{param}_stored"
+    while name in params:
+        name += "_"
+    return name
+
+
+def in_place_pointers(program: Program, found: Pointers) -> InPlace:
+    """The pointer parameters a kernel updates in place (``found.in_place``), each load of them checked to be an
+    update or a reload (see the module's docstring), and the reloads; any other pointer both loaded and stored
+    refused."""
+    if not set(found.loads) & set(found.stores):
+        return InPlace()
+    reads = _Reads(program, found)
+    reloads = {}
+    for name in sorted(set(found.loads) & set(found.stores)):
+        for s in found.loads[name]:
+            if reads.reading(name, s) is not None:
+                reloads[target_of(s)] = name
+    assert found.in_place == set(found.loads) & set(found.stores)  # (the rest refused above)
+    params = program.param_names()
+    stored = {p: stored_param(p, params) for p in sorted(set(reloads.values()))}
+    used = {n.id for n in ast.walk(ast.Module(program.body, [])) if isinstance(n, ast.Name)}
+    for load in (s for s in statements(program.body) if target_of(s) in reloads):
+        if stored[reloads[target_of(load)]] in used:
+            raise refuse(where(load), f"a load reading back what the kernel stored over `{reloads[target_of(load)]}`, "
+                         f"in a kernel that names a value `{stored[reloads[target_of(load)]]}`",
+                         "rename that value: its backward takes the tensor as the launch left it under that name")
+    return InPlace(found.in_place, reloads, stored)
+
+
+def reloaded(program: Program, found: Pointers) -> frozenset[str]:
+    """The pointers updated in place some load of which may read back what the kernel stored: one after a store to
+    the pointer, that no store of its address follows in its block. What ``in_place_pointers`` accepts as reloads
+    in any specialization of ``program`` (a constexpr ``if`` decided only drops statements or merges a branch into
+    its block), or refuses: an op binds ``stored_param`` for them, and passes it where the derived kernel takes it."""
+    if not found.in_place:
+        return frozenset()
+    reads = _Reads(program, found)
+    return frozenset(name for name in found.in_place for s in found.loads[name]
+                     if not reads.own(name, s) and reads.earlier(name, s))
+
+
+class _Reads:
+    """What the loads of a kernel's loaded and stored pointers read."""
+
+    def __init__(self, program: Program, found: Pointers):
+        self.found = found
+        self.defs = definitions(program.body)
+        self.order = {id(s): i for i, s in enumerate(statements(program.body))}
+        self.around: dict[int, list[ast.stmt]] = {}  # id(statement) -> the structured nodes around it, outermost first
+        self.place: dict[int, tuple[int, int]] = {}  # id(statement, flat or not) -> (id(its block), its index there)
+        self._index(program.body, [])
+
+    def _index(self, block: list[ast.stmt], around: list[ast.stmt]) -> None:
+        for i, s in enumerate(block):
+            self.place[id(s)], self.around[id(s)] = (id(block), i), around
+            if is_structured(s):
+                for b in child_blocks(s):
+                    self._index(b, [*around, s])
+
+    def key(self, stmt: ast.stmt, renames: dict[str, str] | None = None) -> tuple[str, str]:
+        b = arguments(stmt)
+        return canonical_atom(b["pointer"], self.defs, renames), canonical_atom(b["mask"], self.defs, renames)
+
+    def reading(self, name: str, load: ast.stmt) -> ast.stmt | None:
+        """None where a store of ``load``'s address and mask follows it in its block (it reads the value the kernel
+        was given); else the store whose value it reads back. Refused where neither holds."""
+        stores = self.found.stores[name]
+        if name in self.found.index_pointers:
+            raise refuse(where(load), f"a load of indices from `{name}`, which the kernel also stores to",
+                         "read indices and write results through different pointers")
+        kinds = {op_of(t).kind for t in stores}
+        if kinds != {"store"}:
+            raise refuse(where(load), f"a load from `{name}`, which the kernel also updates with "
+                         f"{', '.join(sorted(kinds - {'store'}))}", "update a tensor in place with tl.store only")
+        own, earlier = self.own(name, load), self.earlier(name, load)
+        why = {id(t): self.reads_back(t, load) for t in earlier}
+        back = [t for t in earlier if why[id(t)] is None]
+        if own:
+            if back:  # (the stores' check refuses two stores of one element too; this says why, first)
+                raise refuse(where(load), f"a load from `{name}` that reads back what the store on line "
+                             f"{where(back[-1]).line} wrote, then stored over again on line {where(own[0]).line}",
+                             f"store to `{name}` once, with its final values; keep the values between in registers "
+                             "or in another tensor")
+            return None
+        if not earlier:
+            raise refuse(where(load), f"a load from `{name}`, which the kernel also stores to, where no store "
+                         "of the same address and mask follows it in the same block",
+                         "update in place only what each lane loads (load, compute, then store to the same "
+                         "address with the same mask), read back only what the same lane stored before (the "
+                         "same address and mask), or write to another tensor")
+        if not back:
+            last = earlier[-1]
+            raise refuse(where(load), f"a load from `{name}` after the store to it on line {where(last).line}, which "
+                         f"may read what no store of this lane and program wrote ({why[id(last)]}): its backward "
+                         f"would need values of `{name}` the launch leaves nowhere",
+                         "read back only what the same lane stored: the same address and mask, right after the "
+                         "store in its block or in a loop over the same range as the store's; or keep the values in "
+                         f"registers, or store them to another tensor and copy that into `{name}` after the kernel")
+        later = [t for t in stores if self.order[id(t)] > self.order[id(load)]]
+        if later:
+            raise refuse(where(later[0]), f"a store to `{name}` after the load on line {where(load).line} that reads "
+                         f"back what line {where(back[-1]).line} stored: `{name}` changes again after it is read back, "
+                         "and the backward reads it back from the tensor as the launch leaves it",
+                         f"store to `{name}` last, after its values are read back; or store the later values to "
+                         "another tensor")
+        return back[-1]
+
+    def own(self, name: str, load: ast.stmt) -> list[ast.stmt]:
+        """The stores of ``load``'s address and mask that follow it in its block."""
+        block, i = self.place[id(load)]
+        return [t for t in self.found.stores[name] if self.place[id(t)][0] == block and self.place[id(t)][1] > i
+                and self.key(t) == self.key(load)]
+
+    def earlier(self, name: str, load: ast.stmt) -> list[ast.stmt]:
+        """The stores to ``name`` before ``load`` in program order."""
+        return [t for t in self.found.stores[name] if self.order[id(t)] < self.order[id(load)]]
+
+    def reads_back(self, store: ast.stmt, load: ast.stmt) -> str | None:
+        """Why ``load`` may read in some lane what ``store`` did not write there before it in this program (None: it
+        reads exactly what the store wrote, in each lane)."""
+        outer, inner = self.around[id(store)], self.around[id(load)]
+        common = 0
+        while common < min(len(outer), len(inner)) and outer[common] is inner[common]:
+            common += 1
+        mine, theirs = outer[common:], inner[common:]
+        if not mine and not theirs:  # one block: frontend/forwarding.py took it, were they alike
+            return "its address or mask is not the store's"
+        if not mine or len(mine) != len(theirs) or not all(isinstance(n, ast.For) for n in (*mine, *theirs)):
+            return "the store and the load are not each directly in loops nested alike, in one block"
+        if self.place[id(mine[0])][0] != self.place[id(theirs[0])][0]:
+            return "the store's loop and the load's are not in one block"
+        renames = {}
+        for a, b in zip(mine, theirs, strict=True):
+            renames[b.target.id] = a.target.id
+            if [self.bound(x, {}) for x in range_bounds(a)] != [self.bound(x, renames) for x in range_bounds(b)]:
+                return "the store's loop and the load's do not run over the same range"
+        if self.key(store) != self.key(load, renames):
+            return "its address or mask is not the store's"
+        indices = {n.target.id for n in (*outer, *inner) if isinstance(n, ast.For)}
+        for stmt, nodes in ((store, outer), (load, inner)):
+            ranges = [x for n in nodes if isinstance(n, ast.For) for x in range_bounds(n)]
+            atoms = [a for a in (arguments(stmt)["pointer"], arguments(stmt)["mask"], *ranges)
+                     if isinstance(a, ast.Name)]
+            for atom in atoms:
+                for n in ast.walk(expanded(atom, self.defs)):
+                    if isinstance(n, ast.Name) and n.id in self.defs and (n.id not in indices
+                                                                          or len(self.defs[n.id]) != 1):
+                        return f"it reads `{n.id}`, assigned more than once, which may change in between"
+            for n in computed_from([a.id for a in atoms], self.defs):  # alike as text, alike in value: pure
+                for d in self.defs.get(n, ()):
+                    if isinstance(d, ast.For):
+                        continue
+                    kind, memory = op_of(d).kind, operation_of(op_of(d)).memory
+                    if kind == "call" or (memory is not None and (kind != "load" or self.found.pointer_base.get(
+                            arguments(d)["pointer"].id) in self.found.stores)):
+                        return f"it reads `{n}`, which two evaluations may give different values"
+        return None
+
+    def bound(self, atom: ast.expr, renames: dict[str, str]) -> str:
+        return canonical_atom(atom, self.defs, renames) if isinstance(atom, ast.Name) else ast.dump(atom)
