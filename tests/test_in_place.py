@@ -666,3 +666,29 @@ def test_reading_back_through_a_value_two_evaluations_may_give_differently_is_re
     with pytest.raises(tritongrad.NotDifferentiableError, match="it reads `t`, which two evaluations may give") as e:
         tritongrad.grad(read_back_at_a_ticket_kernel, wrt=("x_ptr", "r_ptr"), outputs=("x_ptr", "y_ptr"))
     assert e.value.line == _line(read_back_at_a_ticket_kernel, "refused")
+
+
+@triton.jit
+def shared_counter_kernel(x_ptr, w_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    # every program updates the same elements of x in place (no program id in their address): a program may read
+    # another's new values, so the values the backward replays (x as it was) need not be those the forward used
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(x_ptr + offs, x + 1.0, mask=offs < n)
+    w = tl.load(w_ptr + pid * n + offs, mask=offs < n, other=0.0)
+    tl.store(y_ptr + pid * n + offs, x * w, mask=offs < n)
+
+
+def test_a_tensor_updated_in_place_by_every_program_is_refused_when_only_others_are_differentiated(device):
+    """x gets no gradient and is no output, yet the gradient of w reads x's values: its in-place stores must write
+    each element once, as an output's must."""
+    bwd = tritongrad.grad(shared_counter_kernel, wrt=("w_ptr",), outputs=("y_ptr",))
+    x = torch.randn(13, dtype=DTYPE, device=device)
+    w = torch.randn(3, 13, dtype=DTYPE, device=device)
+    d_y = torch.randn(3, 13, dtype=DTYPE, device=device)
+    with pytest.raises(tritongrad.NotDifferentiableError, match="x_ptr"):
+        bwd.gradients((3,), dict(x_ptr=x, w_ptr=w, y_ptr=torch.empty_like(w), n=13, BLOCK=16), {"y_ptr": d_y})
+    one = bwd.gradients((1,), dict(x_ptr=x, w_ptr=w[:1], y_ptr=torch.empty_like(w[:1]), n=13, BLOCK=16),
+                        {"y_ptr": d_y[:1]})  # one program: each element updated once
+    torch.testing.assert_close(one["w_ptr"], d_y[:1] * x)
