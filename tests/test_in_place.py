@@ -692,3 +692,22 @@ def test_a_tensor_updated_in_place_by_every_program_is_refused_when_only_others_
     one = bwd.gradients((1,), dict(x_ptr=x, w_ptr=w[:1], y_ptr=torch.empty_like(w[:1]), n=13, BLOCK=16),
                         {"y_ptr": d_y[:1]})  # one program: each element updated once
     torch.testing.assert_close(one["w_ptr"], d_y[:1] * x)
+
+
+@tritongrad.op("tgtest_in_place::chained")
+def named_chained(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = torch.empty_like(x)
+    square_kernel[(triton.cdiv(x.numel(), 64),)](x, h, x.numel(), BLOCK=64)
+    scale_rows_in_place(h, w)  # overwrites what it read: the saved h is the last launch's, not what this one read
+    scale_rows_in_place(h, w)
+    return h
+
+
+def test_a_compiled_named_op_updating_its_own_buffer_in_place():
+    """torch.compile saves the op's outputs and buffers as its launches left them; a launch that overwrote what it
+    (or an earlier one) read cannot replay against those, so the compiled backward runs the launches again."""
+    compiled = torch.compile(lambda x, w: named_chained(x, w).sin(), fullgraph=True, backend="aot_eager")
+    x, w = leaves((5, 37), (37,), device="cpu")
+    twins = [t.detach().clone().requires_grad_() for t in (x, w)]
+    want = (torch.tanh(torch.tanh(twins[0] ** 2) * twins[1]) * twins[1]).sin()
+    assert_grads(compiled(x, w), want, [x, w], twins)

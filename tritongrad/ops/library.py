@@ -21,6 +21,7 @@ import torch
 
 from . import hooks
 from .autograd_function import arguments_of, as_tuple, differentiable, differentiable_once, refuse_unread, taped_call
+from .kernel_roles import kernel_info
 from .tape import Tape, current_tape
 
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
@@ -245,9 +246,28 @@ def _swaps(launches: hooks.Launches, inputs: list, fresh: tuple, saved: list) ->
     ours = [*fresh, *buffers]
     if launches.tuned or len(ours) != len(saved) or len(_whole(buffers)) != len(buffers):
         return None
+    if _overwrites_what_was_read(launches.calls):
+        return None
     if any((a.shape, a.stride(), a.dtype) != (b.shape, b.stride(), b.dtype) for a, b in zip(ours, saved, strict=True)):
         return None
     return {id(a): b for a, b in zip(ours, saved, strict=True)}
+
+
+def _overwrites_what_was_read(calls: list) -> bool:
+    """Whether a launch overwrites memory that it or an earlier launch read (an update in place): the saved buffers
+    hold what the last launch left, not what each launch read, which its backward replays against."""
+    read: set[int] = set()
+    for kernel, _, args, kwargs in calls:
+        info = kernel_info(kernel)
+        if info.roles is None:
+            return True
+        named, _ = info.named_arguments(args, kwargs)
+        tensors = {p: v.untyped_storage().data_ptr() for p, v in named.items() if isinstance(v, torch.Tensor)}
+        loads = {tensors[p] for p in info.roles.loads if p in tensors}
+        if any(tensors[p] in read | loads for p in info.roles.overwrites if p in tensors):
+            return True
+        read |= loads
+    return False
 
 
 def _fake_saved_backward(*args):
