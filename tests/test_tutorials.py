@@ -526,6 +526,60 @@ def test_the_persistent_matmul_through_descriptors_gets_pytorchs_gradients_howev
 
 
 @triton.jit
+def walk_by_the_grid(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                     SHORT: tl.constexpr):
+    # the persistent walk stepping by the grid's size, tl.num_programs(0) written where it is used: in the loop's
+    # range and in the epilogue's counter (SHORT: the counter one program short of the loop's step)
+    start = tl.program_id(axis=0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * tiles_n
+    tile_c = start - (tl.num_programs(0) - SHORT)
+    for tile in tl.range(start, tiles_m * tiles_n, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = tile_of(tile, in_group, tiles_m, GROUP_M)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        x = tl.load(x_ptr + rows[:, None] * N + cols[None, :], mask=(rows[:, None] < M) & (cols[None, :] < N))
+        tile_c += tl.num_programs(0) - SHORT
+        pid_m, pid_n = tile_of(tile_c, in_group, tiles_m, GROUP_M)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(y_ptr + rows[:, None] * N + cols[None, :], tl.sin(x) * 2.0,
+                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def walked(programs, short=0):
+    @tritongrad.op
+    def walk(x):
+        y = torch.empty_like(x)
+        walk_by_the_grid[(programs,)](x, y, x.shape[0], x.shape[1], BLOCK_M=8, BLOCK_N=8, GROUP_M=2, SHORT=short)
+        return y
+
+    return walk
+
+
+@pytest.mark.parametrize("programs", [1, 3, 20, 25])
+def test_an_epilogue_counter_stepping_by_tl_num_programs_gets_pytorchs_gradients(programs, poisoned_empty):
+    """``tile_c += tl.num_programs(0)`` in the loop: the grid's size, the same in every iteration, so the counter
+    is the loop's index again (refused before, as if the tile reached the program id only through `//`, where
+    ``step = tl.num_programs(0)`` named before the loop passed). 20 tiles: one program, fewer, as many, more."""
+    x = randn(37, 29).requires_grad_()
+    y = walked(programs)(x)
+    torch.testing.assert_close(y, 2 * torch.sin(x.detach()))
+    g = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], 2 * torch.cos(x.detach()) * g)
+
+
+def test_an_epilogue_counter_one_program_short_of_the_loops_step_is_refused_where_a_program_walks_two_tiles():
+    x = randn(37, 29).requires_grad_()
+    y = walked(20, short=1)(x)  # every program one tile: the counter's first value is the tile
+    torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], 2 * torch.cos(x.detach()))
+    y = walked(3, short=1)(x)  # program 0's second tile is stored at tile 2, which program 2 stores too
+    with pytest.raises(tritongrad.NotDifferentiableError, match="compute the same"):
+        y.sum().backward()
+
+
+@triton.jit
 def halves_of_a_product(x_ptr, w_ptr, y_ptr, n, stride_xm, stride_xn, stride_wm, stride_wn, SHIFT: tl.constexpr,
                         BLOCK: tl.constexpr):
     # x * w over rows of n, read at the strides the launch passes: a tile of 2 * BLOCK columns stored as two halves
