@@ -1,7 +1,7 @@
 """A long differential-fuzzing campaign (issue 5): random kernels, derived gradients against PyTorch.
 
     python scripts/fuzz_campaign.py --kernels 10000 --seed S [--jobs 2] [--shrink DIR] [--avoid-known] \
-        [--transpose-every-group] [--strided] [--bindings B] [--families persistent,swizzle,lane_split]
+        [--transpose-every-group] [--strided] [--bindings B] [--families persistent,swizzle,lane_split,...]
 
 Kernel i of seed S is ``tests/fuzz/generate.py``'s ``random_program`` of ``S * 1_000_003 + i``,
 so any one can be replayed alone (``--only I``). Prints the counts: generated, passed,
@@ -15,10 +15,12 @@ buffer, every other one deterministic: tests/fuzz/bindings.py; 2 by default), co
 ``--strided`` spells tile loads with the launch's strides, so that the views that change a layout apply.
 ``--families F,G`` makes the named families of ``generate.FOCUS`` frequent (``persistent``: grid-stride loops over
 fewer programs than tiles; ``swizzle``: tile coordinates permuted from the program id, grouped ordering on a flattened
-grid; ``lane_split``: stores at flat lane indices split by ``//`` and ``%`` into a permuted layout): they are drawn in
-most kernels instead of a few percent, and the kernels differ from the plain campaign's of the same seed (replay
-and ``--only`` need the same flag). Each run prints the outcomes of the kernels of each of these families, refusals
-by message.
+grid; ``lane_split``: stores at flat lane indices split by ``//`` and ``%`` into a permuted layout;
+``grouped_persistent``: the persistent matmul tutorial's grid-stride loop over a 2-D frame's tiles in grouped order,
+the tile found again by the epilogue's own counter; ``halves``: a tile stored in two halves a constant apart, masks
+shifted alike): they are drawn in most kernels instead of a few percent, and the kernels differ from the plain
+campaign's of the same seed (replay and ``--only`` need the same flag). Each run prints the outcomes of the kernels
+of each of these families, refusals by message.
 """
 
 from __future__ import annotations

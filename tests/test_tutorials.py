@@ -432,6 +432,230 @@ def test_halves_of_a_tile_stored_apart_are_told_apart_by_their_masks(shift, apar
     torch.testing.assert_close(got, g * want)
 
 
+# -- the persistent matmul and tiles stored in halves, called as users call them: one tensor twice, views of one
+# storage, expanded and transposed operands, one program, more programs than tiles. Each leaf's gradient against
+# autograd on plain PyTorch through the same views, in float64.
+
+def assert_bound(op, reference, leaves, build):
+    """``op`` and ``reference`` on the tensors ``build`` makes of fresh copies of ``leaves``: the same value and the
+    same gradient of every leaf (autograd maps the views' gradients to their leaves)."""
+    ours = [x.detach().clone().requires_grad_() for x in leaves]
+    theirs = [x.detach().clone().requires_grad_() for x in leaves]
+    got, want = op(*build(*ours)), reference(*build(*theirs))
+    torch.testing.assert_close(got, want.detach())
+    g = torch.randn_like(want)
+    for name, x, y in zip("abcdef", torch.autograd.grad(got, ours, g), torch.autograd.grad(want, theirs, g),
+                          strict=False):
+        torch.testing.assert_close(x, y, msg=lambda m, name=name: f"leaf {name}: {m}")
+
+
+def randn(*shape):
+    return torch.randn(*shape, dtype=D, device=DEVICE)
+
+
+MATMUL_BINDINGS = {  # leaves, how the matmul's A and B are made from them (then the launch: NUM_SMS, programs)
+    "A @ A": (lambda: [randn(29, 29)], lambda a: (a, a), (3, None)),
+    "A @ A.T": (lambda: [randn(37, 20)], lambda a: (a, a.t()), (3, None)),
+    "two row slices of one buffer": (lambda: [randn(37 + 20, 20)], lambda base: (base[:37], base[37:]), (3, None)),
+    "two flat slices of one buffer": (lambda: [randn(37 * 20 + 20 * 29)],
+                                      lambda base: (base[:740].view(37, 20), base[740:].view(20, 29)), (3, None)),
+    "overlapping slices": (lambda: [randn(50, 20)], lambda base: (base[:37], base[30:]), (3, None)),
+    "interleaved views": (lambda: [randn(33, 33, 2)], lambda base: (base[..., 0], base[..., 1]), (3, None)),
+    "B expanded (stride 0)": (lambda: [randn(37, 20), randn(1, 29)], lambda a, v: (a, v.expand(20, 29)), (3, None)),
+    "A a column expanded": (lambda: [randn(37, 1), randn(20, 29)], lambda v, b: (v.expand(37, 20), b), (3, None)),
+    "A a row of B, expanded": (lambda: [randn(20, 20)], lambda b: (b[:1].expand(37, 20), b), (3, None)),
+    "A transposed": (lambda: [randn(20, 37), randn(20, 29)], lambda a_t, b: (a_t.t(), b), (3, None)),
+    "B a slice of a wider buffer": (lambda: [randn(37, 20), randn(22, 33)], lambda a, b: (a, b[1:21, 2:31]),
+                                    (3, None)),
+    "one program": (lambda: [randn(37, 20), randn(20, 29)], lambda a, b: (a, b), (1, None)),
+    "more programs than tiles": (lambda: [randn(37, 20), randn(20, 29)], lambda a, b: (a, b), (11, 11)),
+    "one program, A @ A.T": (lambda: [randn(37, 20)], lambda a: (a, a.t()), (1, None)),
+}
+
+
+@pytest.mark.parametrize("subtile", [False, True])
+@pytest.mark.parametrize("binding", list(MATMUL_BINDINGS))
+@float64_dots
+def test_the_persistent_matmul_gets_pytorchs_gradients_however_its_operands_are_bound(binding, subtile,
+                                                                                       poisoned_empty):
+    """One storage for A and B (written by both adjoints: each into a buffer of its own, added after), views that
+    overlap or interleave, stride 0 (atomic adds), strides the launch passes, a grid of one program and one of more
+    programs than tiles (those past the tiles run no iteration)."""
+    leaves, build, (num_sms, programs) = MATMUL_BINDINGS[binding]
+    assert_bound(lambda a, b: persistent_mm(a, b, num_sms, subtile, programs), lambda a, b: a @ b, leaves(), build)
+
+
+def _descriptor_launch(a, b_t, num_sms, subtile, programs=None):
+    M, K = a.shape
+    N = b_t.shape[0]
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    grid = (programs or min(num_sms, triton.cdiv(M, 16) * triton.cdiv(N, 16)),)
+    persistent_matmul_descriptors[grid](a, b_t, c, M, N, K, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2,
+                                        NUM_SMS=num_sms, EPILOGUE_SUBTILE=subtile, SECOND_AT=8)
+    return c
+
+
+@tritongrad.op
+def persistent_mm_any_layout(a, b_t, num_sms: int, subtile: bool, programs: int | None = None):
+    """The descriptors are made in the kernel with row-major strides: the launcher makes its operands contiguous,
+    as users do (a copy for a transposed or expanded operand, the tensor itself otherwise)."""
+    return _descriptor_launch(a.contiguous(), b_t.contiguous(), num_sms, subtile, programs)
+
+
+DESCRIPTOR_BINDINGS = {  # leaves, how A and B^T are made from them (N and K even: descriptors' 16-byte strides)
+    "A @ A.T (one tensor twice)": (lambda: [randn(38, 48)], lambda a: (a, a), (3, None)),
+    "two row slices of one buffer": (lambda: [randn(37 + 40, 48)], lambda base: (base[:37], base[37:]), (3, None)),
+    "overlapping slices": (lambda: [randn(41, 48)], lambda base: (base[:37], base[3:]), (3, None)),
+    "B^T expanded (stride 0)": (lambda: [randn(37, 48), randn(1, 48)], lambda a, v: (a, v.expand(40, 48)),
+                                (3, None)),
+    "A transposed": (lambda: [randn(48, 37), randn(40, 48)], lambda a_t, b: (a_t.t(), b), (3, None)),
+    "one program": (lambda: [randn(37, 48), randn(40, 48)], lambda a, b: (a, b), (1, None)),
+    "more programs than tiles": (lambda: [randn(37, 48), randn(40, 48)], lambda a, b: (a, b), (11, 11)),
+}
+
+
+@pytest.mark.skipif(not hasattr(tl, "make_tensor_descriptor"), reason="this Triton has no tl.make_tensor_descriptor")
+@pytest.mark.parametrize("subtile", [False, True])
+@pytest.mark.parametrize("binding", list(DESCRIPTOR_BINDINGS))
+@float64_dots
+def test_the_persistent_matmul_through_descriptors_gets_pytorchs_gradients_however_its_operands_are_bound(
+        binding, subtile, poisoned_empty):
+    leaves, build, (num_sms, programs) = DESCRIPTOR_BINDINGS[binding]
+    assert_bound(lambda a, b_t: persistent_mm_any_layout(a, b_t, num_sms, subtile, programs), lambda a, b_t: a @ b_t.T,
+                 leaves(), build)
+
+
+@triton.jit
+def walk_by_the_grid(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                     SHORT: tl.constexpr):
+    # the persistent walk stepping by the grid's size, tl.num_programs(0) written where it is used: in the loop's
+    # range and in the epilogue's counter (SHORT: the counter one program short of the loop's step)
+    start = tl.program_id(axis=0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * tiles_n
+    tile_c = start - (tl.num_programs(0) - SHORT)
+    for tile in tl.range(start, tiles_m * tiles_n, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = tile_of(tile, in_group, tiles_m, GROUP_M)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        x = tl.load(x_ptr + rows[:, None] * N + cols[None, :], mask=(rows[:, None] < M) & (cols[None, :] < N))
+        tile_c += tl.num_programs(0) - SHORT
+        pid_m, pid_n = tile_of(tile_c, in_group, tiles_m, GROUP_M)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(y_ptr + rows[:, None] * N + cols[None, :], tl.sin(x) * 2.0,
+                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def walked(programs, short=0):
+    @tritongrad.op
+    def walk(x):
+        y = torch.empty_like(x)
+        walk_by_the_grid[(programs,)](x, y, x.shape[0], x.shape[1], BLOCK_M=8, BLOCK_N=8, GROUP_M=2, SHORT=short)
+        return y
+
+    return walk
+
+
+@pytest.mark.parametrize("programs", [1, 3, 20, 25])
+def test_an_epilogue_counter_stepping_by_tl_num_programs_gets_pytorchs_gradients(programs, poisoned_empty):
+    """``tile_c += tl.num_programs(0)`` in the loop: the grid's size, the same in every iteration, so the counter
+    is the loop's index again (refused before, as if the tile reached the program id only through `//`, where
+    ``step = tl.num_programs(0)`` named before the loop passed). 20 tiles: one program, fewer, as many, more."""
+    x = randn(37, 29).requires_grad_()
+    y = walked(programs)(x)
+    torch.testing.assert_close(y, 2 * torch.sin(x.detach()))
+    g = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], 2 * torch.cos(x.detach()) * g)
+
+
+def test_an_epilogue_counter_one_program_short_of_the_loops_step_is_refused_where_a_program_walks_two_tiles():
+    x = randn(37, 29).requires_grad_()
+    y = walked(20, short=1)(x)  # every program one tile: the counter's first value is the tile
+    torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], 2 * torch.cos(x.detach()))
+    y = walked(3, short=1)(x)  # program 0's second tile is stored at tile 2, which program 2 stores too
+    with pytest.raises(tritongrad.NotDifferentiableError, match="compute the same"):
+        y.sum().backward()
+
+
+@triton.jit
+def halves_of_a_product(x_ptr, w_ptr, y_ptr, n, stride_xm, stride_xn, stride_wm, stride_wn, SHIFT: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    # x * w over rows of n, read at the strides the launch passes: a tile of 2 * BLOCK columns stored as two halves
+    # into a row-major y, the second (scaled by 3) SHIFT further on, each masked by the row's end
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * 2 * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=cols < n)
+    w = tl.load(w_ptr + row * stride_wm + cols * stride_wn, mask=cols < n)
+    tl.store(y_ptr + row * n + cols, x * w, mask=cols < n)
+    x = tl.load(x_ptr + row * stride_xm + (cols + BLOCK) * stride_xn, mask=cols + BLOCK < n)
+    w = tl.load(w_ptr + row * stride_wm + (cols + BLOCK) * stride_wn, mask=cols + BLOCK < n)
+    tl.store(y_ptr + row * n + cols + SHIFT, x * w * 3.0, mask=cols + SHIFT < n)
+
+
+def halved_product(shift=8, extra=0, deterministic=False):
+    """The op: a program per row and per 16 columns (``extra`` programs more along the columns, all masked off)."""
+    @tritongrad.op(deterministic=deterministic)
+    def product(x, w):
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        halves_of_a_product[(x.shape[0], triton.cdiv(x.shape[1], 16) + extra)](
+            x, w, y, x.shape[1], x.stride(0), x.stride(1), w.stride(0), w.stride(1), SHIFT=shift, BLOCK=8)
+        return y
+
+    return product
+
+
+def halved_reference(x, w):
+    return x * w * torch.where(torch.arange(x.shape[1], device=x.device) % 16 < 8, 1.0, 3.0).to(x.dtype)
+
+
+HALVES_BINDINGS = {  # leaves, how x and w are made from them, programs more than the columns need
+    "x * x": (lambda: [randn(3, 45)], lambda x: (x, x), 0),
+    "x * x.T": (lambda: [randn(20, 20)], lambda x: (x, x.t()), 0),
+    "two row slices of one buffer": (lambda: [randn(6, 45)], lambda base: (base[:3], base[3:]), 0),
+    "rows overlapping": (lambda: [randn(4, 45)], lambda base: (base[:3], base[1:]), 0),
+    "columns overlapping": (lambda: [randn(3, 50)], lambda base: (base[:, :45], base[:, 5:]), 0),
+    "interleaved views": (lambda: [randn(3, 45, 2)], lambda base: (base[..., 0], base[..., 1]), 0),
+    "w a row expanded (stride 0)": (lambda: [randn(3, 45), randn(1, 45)], lambda x, w: (x, w.expand(3, 45)), 0),
+    "w a column expanded": (lambda: [randn(3, 45), randn(3, 1)], lambda x, w: (x, w.expand(3, 45)), 0),
+    "w a row of x, expanded": (lambda: [randn(3, 45)], lambda x: (x, x[1:2].expand(3, 45)), 0),
+    "x transposed": (lambda: [randn(45, 3), randn(3, 45)], lambda x_t, w: (x_t.t(), w), 0),
+    "one program": (lambda: [randn(1, 13), randn(1, 13)], lambda x, w: (x, w), 0),
+    "more programs than tiles": (lambda: [randn(3, 45), randn(3, 45)], lambda x, w: (x, w), 2),
+}
+
+
+@pytest.mark.parametrize("binding, deterministic", [(b, d) for b in HALVES_BINDINGS for d in (False, True)
+                                                    if not (d and "expanded" in b)])
+def test_halves_of_a_tile_stored_apart_get_pytorchs_gradients_however_the_inputs_are_bound(binding, deterministic,
+                                                                                           poisoned_empty):
+    """The halves' stores checked apart whatever the loads read: one tensor twice, overlapping and interleaved
+    views, a transposed one, one program, programs past the columns; deterministic too, but for an expanded input,
+    which it refuses (below): only atomic adds could write its gradient."""
+    leaves, build, extra = HALVES_BINDINGS[binding]
+    assert_bound(halved_product(extra=extra, deterministic=deterministic), halved_reference, leaves(), build)
+
+
+@pytest.mark.parametrize("binding", [b for b in HALVES_BINDINGS if "expanded" in b])
+def test_an_expanded_input_of_the_halves_is_refused_with_deterministic(binding):
+    leaves, build, extra = HALVES_BINDINGS[binding]
+    x, w = build(*[t.requires_grad_() for t in leaves()])
+    with pytest.raises(tritongrad.NotDifferentiableError, match=r"`w_ptr` with deterministic=True: .*reaches one "
+                       r"element from several positions \(expanded, stride 0\)"):
+        halved_product(deterministic=True)(x, w).sum().backward()
+
+
+@pytest.mark.parametrize("shift", [7, 0, 16])
+def test_halves_stored_into_each_other_or_the_next_tile_are_refused_however_the_inputs_are_bound(shift):
+    """A shift into the first half, onto it, or onto the next tile's first half: both stores write one element.
+    Refused at the launch (or, onto it, at derivation) with one tensor twice as with two."""
+    same = randn(3, 45).requires_grad_()
+    for x, w in ((randn(3, 45).requires_grad_(), randn(3, 45).requires_grad_()), (same, same)):
+        with pytest.raises(tritongrad.NotDifferentiableError, match="second tl.store"):
+            halved_product(shift=shift)(x, w).sum().backward()
+
+
 @triton.jit
 def clamped_rows(x_ptr, y_ptr, LAST, BLOCK: tl.constexpr):
     row = min(tl.program_id(0), LAST)  # programs past LAST all write row LAST

@@ -60,6 +60,11 @@
   (H * W); h = hw // W``, or each at once), extents literal, runtime or constexpr, multiplying to the flat range
   or a little less (``f < total`` masking the rest), stored in a layout that permutes the coordinates (an im2col
   convolution storing NCHW); or with the outermost stride one short, two lanes colliding, which must be refused;
+- *a tile stored in halves* (``op_halves``, the persistent matmul tutorial's EPILOGUE_SUBTILE): a value split along
+  its last axis (or its first) by ``tl.split`` of a reshape and permute, the halves stored at ``h = pid * B +
+  tl.arange(0, B // 2)`` and at ``h + SHIFT`` (or a name for it), each masked by ``< SIZE`` at its own indices; the
+  shift half the block (literal, runtime, constexpr or ``B // 2``), or, to be refused, into the first half or onto
+  it (``0 <= SHIFT < B // 2``) or onto the next tile's first half (``SHIFT = B``);
 - *stores* into one or two outputs: disjoint across programs, or ``tl.atomic_add`` into
   shared elements; of the value's shape or of one it broadcasts to (plus an output for each
   loop or branch value nothing else uses, mostly);
@@ -73,7 +78,15 @@
   tutorial's, with builtin ``min`` or ``tl.minimum``). Expected refusals: a step one below the grid
   (``tl.num_programs(0) - 1``, or ``NPROG`` one less than the grid), ``pid // 2`` on a doubled grid, a multiplier
   sharing a factor with G: two programs reach one tile. The mirror is unchanged (it visits every tile); stores'
-  slots and per-program loads index by the tile (``Program.nprog``).
+  slots and per-program loads index by the tile (``Program.nprog``). The persistent matmul tutorial's walk
+  (``Gen.grouped_persistent``, family ``grouped_persistent``): ``NUM_SMS`` programs stepping through the flattened
+  tile index of a 2-D frame (``tl.range(start_pid, num_tiles, NUM_SMS, flatten=True)``, the step a constexpr, a
+  runtime argument or ``tl.num_programs(0)``), each tile found by grouped ordering along either axis, mostly in a
+  helper returning the pair, and found again before the last stores from the epilogue's own counter (``tile_id_c
+  += NUM_SMS``); the tutorial's ``min(NUM_SMS, tiles)`` programs, one, or more than the tiles. To be refused: more
+  programs than the step, the last group's column divided by ``GROUP`` instead of its height (colliding only where
+  that group is short and there are two tile columns: else the same map, a valid kernel), an epilogue counter one
+  step short of the loop's (where a program runs two iterations).
 
 Inputs are uniform in [-2, 2] or multiples of 0.5 there (so maxima, ``maximum`` and
 comparisons tie). ``draw`` is a :class:`Draw`: :class:`HypothesisDraw` (``programs()``, a
@@ -275,6 +288,9 @@ class Launch:
     programs: int  # programs launched along the launch axis
     collide: bool = False  # two programs (or iterations) reach one tile: the backward must refuse
     label: str = ""
+    helpers: list[str] = field(default_factory=list)  # @triton.jit functions the lines call (a tile's coordinates)
+    epilogue: list[str] = field(default_factory=list)  # lines before the last stores finding the tile again (then
+    # its indices and masks are computed again from the pid_<axis> they assign)
 
 
 @dataclass
@@ -502,8 +518,9 @@ LINEAR = {"add", "sub", "branch"}  # carried updates that add to the state (the 
 FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["reduce"] * 3 + ["shape"] * 2
             + ["where", "fma", "cast", "dot", "dot", "outer", "gather", "scalar", "iota", "softmax", "scan", "scan",
                "join", "loop", "loop", "columns", "branch", "early_return", "multistore", "scatter", "softmax_out",
-               "lane_split"])
-FOCUS = ("persistent", "swizzle", "lane_split")  # families a campaign may make frequent (Gen's focus)
+               "lane_split", "halves"])
+# families a campaign may make frequent (Gen's focus): launches (persistent, swizzle, grouped_persistent) or nodes
+FOCUS = ("persistent", "swizzle", "lane_split", "grouped_persistent", "halves")
 MAX_OPS = 12
 MAX_CONTROL = 2  # loops and branches per kernel (each costs the interpreter several plain nodes' time)
 CONTROL = ("loop", "columns", "branch")
@@ -522,7 +539,7 @@ class Gen:
         self.focus = frozenset(focus)
         unknown = self.focus - set(FOCUS)
         assert not unknown, f"unknown families {sorted(unknown)} (known: {', '.join(FOCUS)})"
-        self.families = FAMILIES + ["lane_split"] * 8 * ("lane_split" in self.focus)
+        self.families = FAMILIES + [f for f in ("lane_split", "halves") if f in self.focus] * 8
         self.p = Program(dims=[], strided=strided)
         self.frame()
 
@@ -533,8 +550,12 @@ class Gen:
         # persistent loops and swizzles (issue 38): rare, unless focused on
         persistent = d.pick([False] * 11 + [True] if "persistent" not in self.focus else [False, True, True])
         swizzle = d.pick([False] * 11 + [True] if "swizzle" not in self.focus else [False, True, True])
+        # the persistent matmul tutorial's walk (grouped ordering of a grid-stride loop's tile index): 2-D, both
+        # axes on the grid
+        grouped = d.pick([False] * 15 + [True] if "grouped_persistent" not in self.focus else [False, True, True])
+        persistent, swizzle = (False, False) if grouped else (persistent, swizzle)
         dims = []
-        if d.pick([False, True]):  # 2-D: rows m, columns k
+        if grouped or d.pick([False, True]):  # 2-D: rows m, columns k
             specs = [("m", [8, 16, 4, 2]), ("k", [16, 8, 4, 32])]
         else:
             specs = [("n", [16, 8, 4, 32])]
@@ -542,7 +563,8 @@ class Gen:
         for name, blocks in specs:
             block = d.pick(blocks)
             # 0: one block covers the axis, no program id (more tiles for a persistent loop or a swizzle)
-            programs = d.pick([2, 3, 2, 1, 0] if not (persistent or swizzle) else [3, 4, 2, 1, 0])
+            programs = d.pick([3, 4, 2, 1, 5] if grouped else [2, 3, 2, 1, 0] if not (persistent or swizzle)
+                              else [3, 4, 2, 1, 0])
             full = block * max(programs, 1)
             lo = full - block + 1
             size = d.pick(list(range(full - 1, lo - 1, -1)) + [full]) if full > 1 else 1
@@ -551,6 +573,8 @@ class Gen:
         self.p.dims = dims
         if self.p.grid_dims and (persistent or swizzle):
             self.p.launch = self.launch(persistent, swizzle)
+        if grouped:
+            self.p.launch = self.grouped_persistent()
 
     def tiles(self, g: Dim) -> str:
         """Grid axis ``g``'s tile count spelled: a literal, a runtime or constexpr argument, or tl.cdiv."""
@@ -666,6 +690,89 @@ class Gen:
         if collide:
             label.append(f"collide_{how}")
         return Launch(axis, flat, counts, head, loop, body, programs, collide, "+".join(label))
+
+    def grouped_persistent(self) -> Launch:
+        """The persistent matmul tutorial's walk over the tiles of both grid axes: ``NUM_SMS`` programs (a
+        constexpr; or a runtime argument, or ``tl.num_programs(0)``) step through the flattened tile index in a
+        grid-stride loop (``tl.range(start_pid, num_tiles, NUM_SMS, flatten=True)``, or ``range``, or with
+        ``num_stages``), each iteration's tile found by grouped ordering (``//``, ``%``, builtin ``min`` or
+        ``tl.minimum``; mostly in a helper returning the pair, as the tutorial's ``_compute_pid``; the row ``tile %
+        group_size_m`` as the tutorial spells it, or ``(tile % num_pid_in_group) % group_size_m``), along either
+        axis; and mostly, before the last stores, found again from a counter of the epilogue's own (``tile_id_c +=
+        NUM_SMS``). Programs: the tutorial's ``min(NUM_SMS, tiles)``, one, or more than the tiles (the rest run no
+        iteration). Sometimes two (program, iteration) pairs reach one tile, which the backward must refuse: more
+        programs than the step (``step``); the last group's column divided by ``GROUP`` rather than its own height
+        (``divisor``: only where the last group is short and there are two tile columns; else the map is the same
+        and the kernel valid); the epilogue's counter stepping by one less than the loop (``counter``: where a
+        program runs two iterations)."""
+        d = self.d
+        m, k = self.p.grid_dims
+        if d.pick([False, True]):  # the axis grouped (the tutorial's rows)
+            m, k = k, m
+        head = ["start_pid = tl.program_id(0)"]
+        counts: dict[int, str] = {}
+        for g in (m, k):
+            head.append(f"num_pid_{g.name} = {self.tiles(g)}")
+            counts[g.axis] = f"num_pid_{g.name}"
+        head.append(f"num_tiles = num_pid_{m.name} * num_pid_{k.name}")
+        tiles = m.programs * k.programs
+        group_size = d.pick([2, 3, 1, 4])
+        group, _ = self.count(group_size)
+        head.append(f"num_pid_in_group = {group} * num_pid_{k.name}")
+        how = d.pick([""] * 5 + ["step", "divisor", "counter"])
+        if how == "step" and tiles < 2:
+            how = ""
+        if how == "step":  # more programs than the step: program `step` starts on program 0's second tile
+            step = d.pick(list(range(1, tiles)))
+            programs = d.pick(list(range(step + 1, tiles + 2)))
+        else:  # the tutorial's min(NUM_SMS, tiles); or more programs than tiles (the rest run no iteration)
+            step = d.pick(list(range(1, tiles + 1)) + [tiles + 1, tiles + 3])
+            programs = step if step <= tiles or d.pick([False, True]) else tiles
+        collide = {"step": True, "divisor": m.programs % group_size != 0 and k.programs >= 2,
+                   "counter": step < tiles, "": False}[how]
+        spelling = d.pick(["constexpr", "constexpr", "runtime", "num_programs"])
+        if spelling == "constexpr":
+            self.p.meta["NUM_SMS"] = step
+            stride = "NUM_SMS"
+        elif spelling == "runtime":
+            self.p.ints["NPROG"] = step
+            stride = "NPROG"
+        else:
+            stride = "tl.num_programs(0)" + (f" - {programs - step}" if programs > step else
+                                             f" + {step - programs}" if programs < step else "")
+            stride = f"({stride})" if programs != step else stride
+        fn = d.pick(["tl.range_flatten", "tl.range", "range", "tl.range_stages"])
+        options = {"tl.range_flatten": ", flatten=True", "tl.range_stages": ", num_stages=2"}.get(fn, "")
+        loop = f"for tile_id in {fn.split('_')[0]}(start_pid, num_tiles, {stride}{options}):"
+        least = d.pick(["min", "tl.minimum"])
+        row = d.pick(["tile % group_size_m", "(tile % num_pid_in_group) % group_size_m"])
+        column = f"(tile % num_pid_in_group) // {'GROUP' if how == 'divisor' else 'group_size_m'}"
+        lines = ["group_id = tile // num_pid_in_group", "first_pid_m = group_id * GROUP",
+                 f"group_size_m = {least}(num_pid_m - first_pid_m, GROUP)",
+                 f"pid_m = first_pid_m + ({row})", f"pid_n = {column}"]
+        helpers: list[str] = []
+        in_helper = d.pick([True, True, False])
+        if in_helper:
+            helpers = ["@triton.jit", "def tile_of(tile, num_pid_in_group, num_pid_m, GROUP):",
+                       *[f"    {line}" for line in lines], "    return pid_m, pid_n", "", ""]
+
+        def find(tile: str) -> list[str]:  # pid_<m.axis>, pid_<k.axis> of a tile index
+            if in_helper:
+                return [f"pid_{m.axis}, pid_{k.axis} = tile_of({tile}, num_pid_in_group, num_pid_{m.name}, {group})"]
+            renamed = [re.sub(r"\btile\b", tile, line).replace("GROUP", group)
+                       .replace("num_pid_m", f"num_pid_{m.name}") for line in lines]
+            return renamed[:3] + [renamed[3].replace("pid_m =", f"pid_{m.axis} ="),
+                                  renamed[4].replace("pid_n =", f"pid_{k.axis} =")]
+
+        body = find("tile_id")
+        epilogue: list[str] = []
+        if how == "counter" or d.pick([True, True, False]):  # the tutorial's epilogue: a counter of its own
+            moved = f"({stride} - 1)" if how == "counter" else stride
+            head.append(f"tile_id_c = start_pid - {moved}")
+            epilogue = [f"tile_id_c += {moved}", *find("tile_id_c")]
+        label = (f"grouped_persistent_{fn.replace('.', '_')}_{spelling}" + "_helper" * in_helper
+                 + "_epilogue" * bool(epilogue) + ("+collide_" + how if collide else ""))
+        return Launch(0, True, counts, head, loop, body, programs, collide, label, helpers, epilogue)
 
     def new_input(self, role, dims=(), dist="uniform", **kw) -> Input:
         prefix = {"tile": "x" if len(dims) == 2 else "w", "scalar": "s", "table": "t", "index": "i", "stack": "z",
@@ -2228,6 +2335,63 @@ class Gen:
                        pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=n.zero, tied=n.tied))
 
 
+    def op_halves(self):
+        """A tile stored in two halves, as the persistent matmul tutorial's EPILOGUE_SUBTILE stores its
+        accumulator: the value split along its last axis (or, in 2-D, its first) by ``tl.split`` of a reshape and
+        permute, the first half stored at the half-tile's indices ``h = pid * B + tl.arange(0, B // 2)`` under
+        ``h < SIZE``, the second at the same address shifted by a constant (``h + SHIFT``, or a name for it), its
+        mask shifted alike. ``SHIFT`` half the block (literal, runtime, constexpr or ``B // 2``): the halves side by
+        side, the mirror's full store. Sometimes a shift into the first half or onto it (``overlap``: ``0 <= SHIFT <
+        B // 2``, element ``pid * B + SHIFT`` in range), or onto the next tile's first half (``next``: ``SHIFT = B``
+        with two tiles or more along the axis), which the backward must refuse."""
+        d = self.d
+        a = self.operand(lambda k: len(k) in (1, 2) and "1" not in k and storable(k))
+        if a is None:
+            return self.op_multistore()
+        kind = self.kind_of(a)
+        pos = len(kind) - 1 if len(kind) == 1 or d.pick([True, True, False]) else 0  # the axis split
+        x = self.p.dim(kind[pos])
+        half = x.block // 2
+        how = d.pick(["apart"] * 4 + ["overlap", "next"])
+        if how == "next" and (x.axis is None or x.programs < 2):
+            how = "overlap"
+        if self.p.returns:  # (programs that return store nothing: a collision is not certain)
+            how = "apart"
+        if how == "apart":
+            shift = d.pick([f"{x.BLOCK} // 2", None])
+            shift = shift or self.count(half)[0]
+        else:
+            shift, _ = self.count(x.block if how == "next" else d.pick(list(range(min(half, x.size)))))
+        store, _, offset, _, index = self.loop_output(kind)
+        start = f"pid_{x.axis} * {x.BLOCK} + " if x.axis is not None else ""
+        pre_tl = [f"{{self}}_h = {start}tl.arange(0, {x.BLOCK} // 2)"]
+        named = d.pick([False, True])  # the second half's indices named (the tutorial's `offs_cn + BLOCK_N // 2`)
+        second = "{self}_h2" if named else f"({{self}}_h + {shift})"
+        if named:
+            pre_tl.append(f"{{self}}_h2 = {{self}}_h + {shift}")
+        blocks = [self.p.dim(k).BLOCK for k in kind]
+        if len(kind) == 1:
+            halves = f"tl.reshape({{0}}, (2, {x.BLOCK} // 2))"
+            halves = d.pick([f"tl.permute({halves}, (1, 0))", f"tl.trans({halves})"])
+        elif pos == 1:
+            halves = f"tl.permute(tl.reshape({{0}}, ({blocks[0]}, 2, {x.BLOCK} // 2)), (0, 2, 1))"
+        else:
+            halves = f"tl.permute(tl.reshape({{0}}, (2, {x.BLOCK} // 2, {blocks[1]})), (1, 2, 0))"
+        pre_tl.append(f"{{self}}_left, {{self}}_right = tl.split({halves})")
+        for part, at in (("left", "{self}_h"), ("right", second)):
+            address = re.sub(rf"\b{x.idx}\b", at, offset)
+            masks = [(f"({at} < {x.SIZE})" if q == pos else self.p.dim(k).mask) + sub(len(kind), q)
+                     for q, k in enumerate(kind)]
+            pre_tl.append(f"tl.store({store.name}_ptr + {address}, {{self}}_{part}, mask={' & '.join(masks)})")
+        if how != "apart" and not self.p.stopped:  # (after a taken constexpr return they are never run)
+            self.p.expect = "tl.store"
+        n = self.p.nodes[a]
+        label = f"halves_{'rows' if pos == 0 and len(kind) == 2 else 'last'}" + ("" if how == "apart" else
+                                                                                f"_collide_{how}")
+        self.push(Node(kind, n.lo, n.hi, "{0}", "{0}", (a,), label, pre_tl=tuple(pre_tl),
+                       pre_th=(f"{store.name}[{index}] = {{0}}",), zero=n.zero, tied=n.tied))
+
+
 def generate(draw: Draw, avoid: Sequence[str] = (), strided: bool = False, focus: Sequence[str] = ()) -> Program:
     return Gen(draw, avoid, strided, focus).run()
 
@@ -2433,13 +2597,21 @@ def render(p: Program) -> str:
             body.append(f"{kname[i]} {n.aug}= {argn[1]}")
         else:
             body.append(f"{kname[i]} = {expr}")
+    launch = p.launch
+    indices = []  # each axis's indices and mask (in a persistent kernel, each iteration's)
+    for d in p.dims:
+        start = f"pid_{d.axis} * {d.BLOCK} + " if d.axis is not None else ""
+        indices += [f"{d.idx} = {start}tl.arange(0, {d.BLOCK})", f"{d.mask} = {d.idx} < {d.SIZE}"]
+    if len(p.dims) == 2:
+        indices.append("mask = mm[:, None] & mk[None, :]")
+    if launch is not None and launch.epilogue:  # the tile found again for the last stores
+        body += launch.epilogue + indices
     for s in [s for s in p.stores if not s.inside]:  # (a loop's own lines store the others)
         _, offset, mask, _ = layouts[s.name]
         ptr = f"{s.name}_ptr" + (f" + {offset}" if offset else "")
         fn = "tl.atomic_add" if s.atomic else "tl.store"
         body.append(f"{fn}({ptr}, {kname[s.node]}" + (f", mask={mask})" if mask else ")"))
 
-    launch = p.launch
     prologue = [f"pid_{g.axis} = tl.program_id({g.axis})" for g in p.grid_dims
                 if launch is None or not (launch.flat or g.axis == launch.axis)]
     tiles = []  # the tile's lines: in a persistent kernel, each iteration's
@@ -2448,11 +2620,8 @@ def render(p: Program) -> str:
         if launch.loop:
             prologue.append(launch.loop)
         tiles += launch.body
-    for d in p.dims:
-        start = f"pid_{d.axis} * {d.BLOCK} + " if d.axis is not None else ""
-        tiles += [f"{d.idx} = {start}tl.arange(0, {d.BLOCK})", f"{d.mask} = {d.idx} < {d.SIZE}"]
-    if len(p.dims) == 2:
-        tiles.append("mask = mm[:, None] & mk[None, :]")
+        helpers += launch.helpers
+    tiles += indices
     strides = strides_of(p)
     params = [x.ptr for x in p.inputs] + [f"{s.name}_ptr" for s in p.stores] + list(args) + list(strides) + \
         [f"{b}: tl.constexpr" for b in blocks]

@@ -9,7 +9,8 @@ generator got wrong is not. On failure hypothesis shrinks the kernel and the mes
 whole module source.
 
 Long runs: ``python scripts/fuzz_campaign.py --kernels 10000 --seed S --strided --bindings 4``; persistent
-loops, swizzled program ids and lane splits (issue 38) made frequent: ``--families persistent,swizzle,lane_split``.
+loops, swizzled program ids and lane splits (issue 38) made frequent: ``--families persistent,swizzle,lane_split``;
+the persistent matmul's grouped walk and tiles stored in halves: ``--families grouped_persistent,halves``.
 """
 
 import pytest
@@ -23,6 +24,7 @@ from .generate import FOCUS, KNOWN_BUGS, check, programs, random_program, render
 
 EXAMPLES = 160  # with BINDINGS bindings each (the campaigns in docs/guarantees.md run thousands): `pytest -m slow`
 QUICK = 30  # the default run's share: kernels of its own, a fifth of the time
+COPIED = 6  # and of the persistent matmul's walk and halves (generate.FOCUS's grouped_persistent, halves)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -46,6 +48,16 @@ test_derived_gradients_match_the_mirror = pytest.mark.slow(test_derived_gradient
 @given(programs(avoid=KNOWN_BUGS))
 def test_a_few_derived_gradients_match_the_mirror(program):
     """The default run's fuzzing: fewer kernels than the campaign above, drawn from another seed."""
+    test_derived_gradients_match_the_mirror.hypothesis.inner_test(program)
+
+
+@settings(max_examples=COPIED, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(programs(avoid=KNOWN_BUGS, focus=("grouped_persistent", "halves")))
+def test_a_few_kernels_walking_tiles_as_the_persistent_matmul_does_match_the_mirror(program):
+    """The default run's share of the issue-38 families the campaigns focus on (``--families
+    grouped_persistent,halves``): the persistent matmul's grouped walk with its epilogue's counter, tiles stored in
+    halves; passed or refused (those colliding by construction must be), under other bindings too."""
     test_derived_gradients_match_the_mirror.hypothesis.inner_test(program)
 
 

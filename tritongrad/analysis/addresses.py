@@ -198,7 +198,8 @@ def _product(atom: ast.expr, forms: dict, node: ast.For, depth: int = 0) -> Coef
 
 def _invariant_in(name: str, node: ast.For, depth: int = 0) -> bool:
     """Whether ``name`` has one value in every iteration of the loop: assigned outside it, or in its body
-    (not in a branch) by integer arithmetic on such values (``BLOCK_K * stride_ak``, hoisted there)."""
+    (not in a branch) by integer arithmetic on such values (``BLOCK_K * stride_ak``, hoisted there) or as the
+    grid's size (``tile_c += tl.num_programs(0)``)."""
     if name == node.target.id:
         return False
     inside = [s for s in statements(node.body) if target_of(s) == name]
@@ -207,6 +208,8 @@ def _invariant_in(name: str, node: ast.For, depth: int = 0) -> bool:
     if depth > 8 or len(inside) != 1 or not any(s is inside[0] for s in node.body):
         return False
     op = op_of(inside[0])
+    if op.kind == "num_programs":
+        return True
     return operation_of(op).on_host is not None and all(
         _invariant_in(a.id, node, depth + 1) for a in op.args if isinstance(a, ast.Name))
 
