@@ -703,11 +703,11 @@ def named_chained(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return h
 
 
-def test_a_compiled_named_op_updating_its_own_buffer_in_place():
+def test_a_compiled_named_op_updating_its_own_buffer_in_place(device):
     """torch.compile saves the op's outputs and buffers as its launches left them; a launch that overwrote what it
     (or an earlier one) read cannot replay against those, so the compiled backward runs the launches again."""
     compiled = torch.compile(lambda x, w: named_chained(x, w).sin(), fullgraph=True, backend="aot_eager")
-    x, w = leaves((5, 37), (37,), device="cpu")
+    x, w = leaves((5, 37), (37,), device=device)
     twins = [t.detach().clone().requires_grad_() for t in (x, w)]
     want = (torch.tanh(torch.tanh(twins[0] ** 2) * twins[1]) * twins[1]).sin()
     assert_grads(compiled(x, w), want, [x, w], twins)
