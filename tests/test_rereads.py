@@ -179,3 +179,27 @@ def test_loads_of_other_addresses_are_not_merged(poisoned_empty):
     torch.testing.assert_close(y, want)
     g = torch.randn_like(y)
     torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(want, x, g)[0])
+
+
+@triton.jit
+def rows_by_ticket(x_ptr, counter_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    # each loop reads the row its own ticket numbers: the two addresses read alike as text, not in value
+    first = tl.atomic_add(counter_ptr, 1)  # refused: the backward would need the ticket again
+    total = tl.zeros([BLOCK], dtype=tl.float64)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        total += tl.load(x_ptr + first * n + cols, mask=cols < n, other=0.0)
+    scale = tl.sum(total, axis=0)
+    second = tl.atomic_add(counter_ptr, 1)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + second * n + cols, mask=cols < n, other=0.0)
+        tl.store(y_ptr + cols, x * scale, mask=cols < n)
+
+
+def test_addresses_from_an_atomics_result_are_refused_naming_it():
+    """The backward cannot run an atomic again (it would change the counter and get another ticket): refused at
+    derivation, where the derived kernel read a name it never assigned (a NameError at the launch)."""
+    with pytest.raises(tritongrad.NotDifferentiableError, match="the result of `tl.atomic_add` .`first`.") as e:
+        tritongrad.grad(rows_by_ticket, wrt=("x_ptr",), outputs=("y_ptr",))
+    assert e.value.line == rows_by_ticket.fn.__code__.co_firstlineno + 3
