@@ -179,3 +179,124 @@ def test_loads_of_other_addresses_are_not_merged(poisoned_empty):
     torch.testing.assert_close(y, want)
     g = torch.randn_like(y)
     torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(want, x, g)[0])
+
+
+@triton.jit
+def rows_by_ticket(x_ptr, counter_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    # each loop reads the row its own ticket numbers: the two addresses read alike as text, not in value
+    first = tl.atomic_add(counter_ptr, 1)  # refused: the backward would need the ticket again
+    total = tl.zeros([BLOCK], dtype=tl.float64)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        total += tl.load(x_ptr + first * n + cols, mask=cols < n, other=0.0)
+    scale = tl.sum(total, axis=0)
+    second = tl.atomic_add(counter_ptr, 1)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + second * n + cols, mask=cols < n, other=0.0)
+        tl.store(y_ptr + cols, x * scale, mask=cols < n)
+
+
+def test_addresses_from_an_atomics_result_are_refused_naming_it():
+    """The backward cannot run an atomic again (it would change the counter and get another ticket): refused at
+    derivation, where the derived kernel read a name it never assigned (a NameError at the launch)."""
+    with pytest.raises(tritongrad.NotDifferentiableError, match="the result of `tl.atomic_add` .`first`.") as e:
+        tritongrad.grad(rows_by_ticket, wrt=("x_ptr",), outputs=("y_ptr",))
+    assert e.value.line == rows_by_ticket.fn.__code__.co_firstlineno + 3
+
+
+@triton.jit
+def add_then_layer_norm(x_ptr, r_ptr, y_ptr, stride_x, stride_r, n, eps, BLOCK: tl.constexpr):
+    # two inputs read by all three passes: two loads merged per input
+    row = tl.program_id(0)
+    total = tl.zeros([BLOCK], dtype=tl.float64)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        total += (tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0)
+                  + tl.load(r_ptr + row * stride_r + cols, mask=cols < n, other=0.0))
+    mean = tl.sum(total, axis=0) / n
+    squares = tl.zeros([BLOCK], dtype=tl.float64)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        s = (tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0)
+             + tl.load(r_ptr + row * stride_r + cols, mask=cols < n, other=0.0))
+        centred = tl.where(cols < n, s - mean, 0.0)
+        squares += centred * centred
+    rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / n + eps)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        s = (tl.load(x_ptr + row * stride_x + cols, mask=cols < n, other=0.0)
+             + tl.load(r_ptr + row * stride_r + cols, mask=cols < n, other=0.0))
+        tl.store(y_ptr + row * n + cols, (s - mean) * rstd, mask=cols < n)
+
+
+def add_then_norm(deterministic=False):
+    @tritongrad.op(deterministic=deterministic)
+    def op(x, r):
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        add_then_layer_norm[(x.shape[0],)](x, r, y, x.stride(0), r.stride(0), x.shape[1], 1e-5, BLOCK=16)
+        return y
+
+    return op
+
+
+@pytest.mark.parametrize("binding", ["apart", "r is x", "r a row of x", "x expanded", "deterministic"])
+def test_two_inputs_read_by_every_pass(binding, poisoned_empty):
+    """x and r each written once (two merge points), bound apart, to one tensor, r to one row of x expanded, x to
+    one row expanded (atomics), and deterministic (stores)."""
+    x = torch.randn(4, 37, dtype=D, device=DEVICE, requires_grad=True)
+    r = torch.randn(4, 37, dtype=D, device=DEVICE, requires_grad=True)
+    args, leaves = {"apart": ((x, r), (x, r)), "r is x": ((x, x), (x,)), "r a row of x": ((x, x[1:2].expand(4, 37)),
+                    (x,)), "x expanded": ((x[:1].expand(4, 37), r), (x, r)), "deterministic": ((x, r), (x, r))}[binding]
+    y = add_then_norm(binding == "deterministic")(*args)
+    want = torch.nn.functional.layer_norm(args[0] + args[1], (37,), eps=1e-5)
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(y)
+    for got, expected in zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(want, leaves, g), strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_deterministic_refuses_an_expanded_input_read_by_every_pass():
+    x = torch.randn(1, 37, dtype=D, device=DEVICE, requires_grad=True)
+    r = torch.randn(4, 37, dtype=D, device=DEVICE, requires_grad=True)
+    with pytest.raises(tritongrad.NotDifferentiableError, match="`x_ptr` with deterministic=True"):
+        y = add_then_norm(True)(x.expand(4, 37), r)
+        torch.autograd.grad(y, (x, r), torch.ones_like(y))
+
+
+@triton.jit
+def grid_stride_layer_norm(x_ptr, y_ptr, rows, n, eps, BLOCK: tl.constexpr):
+    # the three passes inside a loop over rows, a program per few rows: merged in the row loop's body
+    for row in tl.range(tl.program_id(0), rows, tl.num_programs(0)):
+        total = tl.zeros([BLOCK], dtype=tl.float64)
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            total += tl.load(x_ptr + row * n + cols, mask=cols < n, other=0.0)
+        mean = tl.sum(total, axis=0) / n
+        squares = tl.zeros([BLOCK], dtype=tl.float64)
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            centred = tl.where(cols < n, tl.load(x_ptr + row * n + cols, mask=cols < n, other=0.0) - mean, 0.0)
+            squares += centred * centred
+        rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / n + eps)
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + row * n + cols, mask=cols < n, other=0.0)
+            tl.store(y_ptr + row * n + cols, (x - mean) * rstd, mask=cols < n)
+
+
+@pytest.mark.parametrize("programs", [3, 1])
+def test_the_passes_inside_a_grid_stride_loop_over_rows(programs, poisoned_empty):
+    assert "recomputed here" in tritongrad.grad(grid_stride_layer_norm).src
+
+    @tritongrad.op
+    def op(x):
+        y = torch.empty_like(x)
+        grid_stride_layer_norm[(programs,)](x, y, x.shape[0], x.shape[1], 1e-5, BLOCK=16)
+        return y
+
+    x = torch.randn(7, 37, dtype=D, device=DEVICE, requires_grad=True)
+    y, want = op(x), torch.nn.functional.layer_norm(x, (37,), eps=1e-5)
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(want, x, g)[0])

@@ -22,9 +22,11 @@ from ..core.ir import (
     names_in,
     op_of,
     reads,
+    refuse,
     statements,
     tagged,
     target_of,
+    where,
 )
 from ..core.operations import LOADS, STORES, instantiate, operation_of
 
@@ -212,6 +214,12 @@ class Recompute:
                     out.append(copy_structured(s, test=copy.deepcopy(s.test), body=inner[0] or [ast.Pass()],
                                                 orelse=inner[1]))
                 continue
+            if op_of(s).kind in STORES and t is not None and t in needed:  # (not replayed: it writes memory)
+                raise refuse(where(s), f"the result of `tl.{op_of(s).kind}` (`{t}`), which the backward reads (an "
+                             "address, a mask or a value its adjoints need) and cannot compute again: running the "
+                             "atomic again would change the memory and give another result",
+                             "compute that value without an atomic (from tl.program_id, the loop indices, or a "
+                             "tensor loaded for it)")
             if id(s) in skip or op_of(s).kind in STORES:
                 continue
             if (t is not None and t in needed) or (asserts and op_of(s).kind in ASSERTS):
