@@ -921,27 +921,3 @@ def test_compiled_graph_traces_into_the_forward_kernels(tmp_path):
     assert ("tritongrad.op `tgtraced::ctas`: torch.compile cannot trace the launch of `sin_kernel` through "
             "torch.library.wrap_triton") in out.stdout
     assert '@tritongrad.op("tgtraced::ctas", opaque=True)' in out.stdout
-
-
-def test_a_first_backward_inside_a_cuda_graph_capture_is_refused(monkeypatch):
-    """An op's first backward of a kind is checked (gradient looked for outside the tensors passed), which needs
-    the device's results; inside a CUDA graph capture it cannot be, so it is refused rather than run unchecked."""
-    @tritongrad.op
-    def product(a, b):
-        out = torch.empty_like(a)
-        mul_kernel[grid(a.numel())](a, b, out, a.numel(), BLOCK=BLOCK)
-        return out
-
-    a, b = torch.randn(70, dtype=torch.float64, requires_grad=True), torch.randn(70, dtype=torch.float64)
-    monkeypatch.setattr(op_backward, "capturing", lambda: True)
-    with pytest.raises(OpError, match="CUDA graph"):
-        product(a, b).backward(torch.randn(70, dtype=torch.float64))
-    monkeypatch.setattr(op_backward, "capturing", lambda: False)
-    a.grad = None
-    g = torch.randn(70, dtype=torch.float64)
-    product(a, b).backward(g)  # checked once, then a capture may take it
-    torch.testing.assert_close(a.grad, g * b)
-    monkeypatch.setattr(op_backward, "capturing", lambda: True)
-    a.grad = None
-    product(a, b).backward(g)
-    torch.testing.assert_close(a.grad, g * b)

@@ -54,12 +54,8 @@ class OpBackward:
         schedule = (tuple(needs), tuple([g is not None for g in grads]))
         steps = plan.steps(*schedule)
         # the first backward of a schedule surrounds its shadows with zeros and looks for gradient where no
-        # tensor lies (_check_strays), which a CUDA graph capture cannot wait for: refused there, never unchecked
-        guards = None if schedule in plan.checked else {}
-        if guards is not None and capturing():
-            raise self.error("its first backward of this kind is checked (gradient looked for outside the tensors "
-                             "passed), which cannot run while a CUDA graph is captured: run one forward and backward "
-                             "before capturing (the warm-up torch.cuda.graph asks for)")
+        # tensor lies (_check_strays); not while a CUDA graph is captured, where it could not wait for the device
+        guards = None if schedule in plan.checked or capturing() else {}
         shadows: dict[int, torch.Tensor] = {}
         for output, g in zip(plan.outputs, grads, strict=True):
             if output is None or g is None:
