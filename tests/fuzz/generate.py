@@ -539,7 +539,10 @@ LINEAR = {"add", "sub", "branch"}  # carried updates that add to the state (the 
 FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["reduce"] * 3 + ["shape"] * 2
             + ["where", "fma", "cast", "dot", "dot", "outer", "gather", "scalar", "iota", "softmax", "scan", "scan",
                "join", "loop", "loop", "columns", "branch", "early_return", "multistore", "scatter", "softmax_out",
-               "lane_split", "halves", "rereads", "in_place"])
+               "lane_split", "halves"])
+# families drawn only in campaigns focused on them (their kernels cost the interpreter several plain kernels' time: the
+# default run's unfocused draws stay as they were; tests/fuzz/test_fuzz.py draws a few focused kernels of them)
+FOCUSED_ONLY = ["rereads", "in_place"]
 # families a campaign may make frequent (Gen's focus): launches (persistent, swizzle, grouped_persistent) or nodes
 FOCUS = ("persistent", "swizzle", "lane_split", "grouped_persistent", "halves", "rereads", "in_place")
 MAX_OPS = 12
@@ -561,7 +564,8 @@ class Gen:
         self.focus = frozenset(focus)
         unknown = self.focus - set(FOCUS)
         assert not unknown, f"unknown families {sorted(unknown)} (known: {', '.join(FOCUS)})"
-        self.families = FAMILIES + [f for f in ("lane_split", "halves", "rereads", "in_place") if f in self.focus] * 8
+        self.families = (FAMILIES + FOCUSED_ONLY * bool(self.focus & set(FOCUSED_ONLY))
+                         + [f for f in ("lane_split", "halves", "rereads", "in_place") if f in self.focus] * 8)
         self.p = Program(dims=[], strided=strided)
         self.frame()
 
