@@ -18,9 +18,13 @@ fewer programs than tiles; ``swizzle``: tile coordinates permuted from the progr
 grid; ``lane_split``: stores at flat lane indices split by ``//`` and ``%`` into a permuted layout;
 ``grouped_persistent``: the persistent matmul tutorial's grid-stride loop over a 2-D frame's tiles in grouped order,
 the tile found again by the epilogue's own counter; ``halves``: a tile stored in two halves a constant apart, masks
-shifted alike): they are drawn in most kernels instead of a few percent, and the kernels differ from the plain
-campaign's of the same seed (replay and ``--only`` need the same flag). Each run prints the outcomes of the kernels
-of each of these families, refusals by message.
+shifted alike; ``rereads``: an input loaded by 2 to 4 sibling loops over a row's column blocks, at one address or
+another; ``in_place``: an input updated in place by one such loop and read back by the later ones, or, to be refused,
+at a neighbour's element, stored over again or over another range): they are drawn in most kernels instead of a few
+percent, and the kernels differ from the plain campaign's of the same seed (replay and ``--only`` need the same flag).
+Each run prints the outcomes of the kernels of each of these families, refusals by message; the coverage counts
+``spy:rereads_merged`` (kernels whose backward wrote an input's loads in sibling loops once) and ``spy:rereads_apart``
+(written apart: reverse/rereads.py could not).
 """
 
 from __future__ import annotations
@@ -52,11 +56,33 @@ STRIDED = False
 FOCUS: tuple[str, ...] = ()
 
 
+SPIED: set[str] = set()  # what the derived kernels of the kernel being checked did (``spy_rereads``)
+
+
+def spy_rereads() -> None:
+    """Count the kernels whose derived backward wrote an input's loads in sibling loops once (reverse/rereads.py:
+    ``spy:rereads_merged``) and those whose backward wrote them apart (``spy:rereads_apart``), as coverage labels."""
+    from tritongrad.runtime import backward_kernel
+
+    keep = backward_kernel.BackwardKernel._keep_feasible_rereads
+
+    def spied(self) -> None:
+        keep(self)
+        if any(facts.rereads for facts in self.writes.inputs.values()):
+            SPIED.add("spy:rereads_merged")
+        if self.not_merged:
+            SPIED.add("spy:rereads_apart")
+
+    backward_kernel.BackwardKernel._keep_feasible_rereads = spied
+
+
 def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str], list[tuple[str, str]]]:
     seed, i = args
     program, _ = G.random_program(kernel_seed(seed, i), AVOID, STRIDED, FOCUS)
+    SPIED.clear()
     outcome = G.check(program)
-    return i, outcome.status, outcome.detail, program.labels(), [(o.status, o.detail) for o in outcome.bindings]
+    return (i, outcome.status, outcome.detail, program.labels() + sorted(SPIED),
+            [(o.status, o.detail) for o in outcome.bindings])
 
 
 def families_of(labels: list[str]) -> list[str]:
@@ -142,6 +168,7 @@ def main(argv=None) -> int:
         from tritongrad.codegen import generate as codegen
         from tritongrad.codegen import orient
         codegen.orient_tiles = functools.partial(orient.orient_tiles, every=True)
+    spy_rereads()
     if args.reload_once_loaded:
         from tritongrad.runtime import tuning
         tuning.DEFAULT = tuning.Setting(held=False)

@@ -792,3 +792,31 @@ def test_an_in_place_update_of_some_columns_of_a_buffer_returned_whole(device):
     twins = [t.detach().clone().requires_grad_() for t in (a, w)]
     want = torch.cat([twins[0][:, :2], torch.tanh(twins[0][:, 2:8]) * twins[1], twins[0][:, 8:]], dim=1)
     assert_grads(scale_columns(a, w), want, [a, w], twins)
+
+
+@triton.jit
+def flagged_update_kernel(x_ptr, y_ptr, n, STOP: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    if STOP:  # (the update and everything after it dropped by the specialization)
+        return
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(x_ptr + offs, 2.0 * x, mask=mask)
+    tl.store(y_ptr + offs, 3.0 * x, mask=mask)
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_an_in_place_tensor_a_specialization_leaves_alone_passes_its_gradient_through(device, stop):
+    """x named in both wrt and outputs, its update switched off by a constexpr: its values pass through the launch,
+    so the old values' gradient is the new values' (found by the fuzzer's in_place family, seed 4102 kernel 101:
+    the gradient came back zero)."""
+    from tritongrad.tools.testing import backward_launch
+
+    x = torch.randn(10, dtype=DTYPE, device=device)
+    y = torch.zeros(10, dtype=DTYPE, device=device)
+    new = x.clone()
+    flagged_update_kernel[(1,)](new, y, 10, STOP=stop, BLOCK=16)
+    gx, gy = torch.randn(10, dtype=DTYPE, device=device), torch.randn(10, dtype=DTYPE, device=device)
+    got = backward_launch(flagged_update_kernel, (1,), (), dict(x_ptr=x.clone(), y_ptr=y, n=10, STOP=stop, BLOCK=16),
+                          {"x_ptr": gx, "y_ptr": gy})
+    torch.testing.assert_close(got["x_ptr"], gx if stop else 2.0 * gx + 3.0 * gy, rtol=1e-10, atol=1e-10)

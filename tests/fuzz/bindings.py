@@ -11,6 +11,9 @@ A :class:`Binding` makes input parameters views of *leaf* tensors:
   ``t[:-1]`` and ``t[1:]``, overlapping);
 - with any of these, half the time, the outputs as views of one buffer.
 
+An input the kernel updates in place (generate.py's ``INPLACE``) is bound to a copy of its own (the launch changes it)
+and returned as an output; the bindings vary the other inputs.
+
 The mirror reads the same views, so autograd's gradients with respect to the leaves are the truth. The derived
 gradients must match them through an op (``tritongrad.op``: autograd maps the views' gradients to the leaves) and
 through the raw derived kernel (``backward_launch``: each parameter's gradient buffer, mapped here to its leaf's
@@ -38,9 +41,10 @@ class Binding:
     deterministic: bool = False
 
 
-def candidates(inputs: dict, strided: list[str]) -> list[Binding]:
-    """Every binding that applies to a kernel's inputs (``inputs``: parameter -> its contiguous tensor)."""
-    floats = [p for p, t in inputs.items() if t.is_floating_point()]
+def candidates(inputs: dict, strided: list[str], in_place: tuple[str, ...] = ()) -> list[Binding]:
+    """Every binding that applies to a kernel's inputs (``inputs``: parameter -> its contiguous tensor), but those
+    updated in place (``in_place``)."""
+    floats = [p for p, t in inputs.items() if t.is_floating_point() and p not in in_place]
     found = []
     for i, p in enumerate(floats):
         for q in floats[i + 1:]:
@@ -91,7 +95,7 @@ def choose(mod, count: int) -> list[Binding]:
     """``count`` bindings of a kernel module, picked by its seed; every other one deterministic, half of them with
     the outputs packed into one buffer."""
     rng = random.Random(mod.SEED * 7919 + 1)
-    found = candidates(mod.make_inputs(), list(getattr(mod, "STRIDED", ())))
+    found = candidates(mod.make_inputs(), list(getattr(mod, "STRIDED", ())), tuple(getattr(mod, "INPLACE", ())))
     picked = rng.sample(found, min(count, len(found)))
     for i, b in enumerate(picked):
         b.deterministic = i % 2 == 1
@@ -105,12 +109,13 @@ def outputs_for(mod, packed: bool) -> dict:
 
     from tritongrad.tools.testing import poison
 
+    shapes = {k: s for k, s in mod.OUTPUTS.items() if k not in getattr(mod, "INPLACE", ())}  # (not in place)
     if not packed:
         return {k: torch.zeros(s, dtype=torch.float64) if k in mod.ZEROED else
-                poison(torch.empty(s, dtype=torch.float64)) for k, s in mod.OUTPUTS.items()}
-    base = poison(torch.empty(3 + sum(math.prod(s) for s in mod.OUTPUTS.values()), dtype=torch.float64))
+                poison(torch.empty(s, dtype=torch.float64)) for k, s in shapes.items()}
+    base = poison(torch.empty(3 + sum(math.prod(s) for s in shapes.values()), dtype=torch.float64))
     found, at = {}, 3  # (not at the buffer's start either)
-    for k, s in mod.OUTPUTS.items():
+    for k, s in shapes.items():
         found[k] = base[at:at + math.prod(s)].view(s)
         if k in mod.ZEROED:
             found[k].zero_()
@@ -158,7 +163,7 @@ def check_binding(mod, src: str, binding: Binding):
     from tritongrad.core.errors import OpError
     from tritongrad.tools.testing import backward_launch
 
-    from .generate import Outcome, close, first_line
+    from .generate import Outcome, before_and_after, close, first_line
 
     where = (f"[binding: {binding.label}{', outputs packed' if binding.packed_outputs else ''}"
              f"{', deterministic' if binding.deterministic else ''}]")
@@ -175,13 +180,16 @@ def check_binding(mod, src: str, binding: Binding):
         return ({k: v.clone().requires_grad_() for k, v in values.items()},
                 {k: v.clone().requires_grad_() for k, v in free.items()})
 
-    tensors = arguments(values, free)
+    updated = tuple(getattr(mod, "INPLACE", ()))
+    tensors = {k: t.clone() if k in updated else t for k, t in arguments(values, free).items()}
     outputs = outputs_for(mod, binding.packed_outputs)
     kwargs = {**tensors, **outputs, **mod.SIZES, **stride_args(mod, tensors), **mod.META}
     try:
         mod.kernel[mod.GRID](**kwargs)
     except Exception as e:
         return Outcome("crashed", f"{where} forward: {first_line(e)}", src)
+    outputs.update({k: tensors[k] for k in updated})
+    kwargs.update(before_and_after(mod, free, tensors))
     leaves, frees = fresh()
     want = mod.mirror(*arguments(leaves, frees).values())
     for k, w in want.items():
@@ -217,12 +225,13 @@ def check_binding(mod, src: str, binding: Binding):
         named = dict(zip(inputs, ts, strict=True))
         outs = outputs_for(mod, binding.packed_outputs)
         mod.kernel[mod.GRID](**named, **outs, **mod.SIZES, **stride_args(mod, named), **mod.META)
-        return tuple(outs.values())
+        return tuple(outs[k] if k in outs else named[k] for k in mod.OUTPUTS)  # (an input updated in place)
 
     op = tritongrad.op(body, deterministic=binding.deterministic)
     leaves, frees = fresh()
     try:
-        outs = dict(zip(mod.OUTPUTS, op(*arguments(leaves, frees).values()), strict=True))
+        args = {k: t.clone() if k in updated else t for k, t in arguments(leaves, frees).items()}
+        outs = dict(zip(mod.OUTPUTS, op(*args.values()), strict=True))
         pairs = [(outs[k], d_out[k]) for k in want if outs[k].requires_grad]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])

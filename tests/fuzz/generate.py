@@ -65,6 +65,22 @@
   tl.arange(0, B // 2)`` and at ``h + SHIFT`` (or a name for it), each masked by ``< SIZE`` at its own indices; the
   shift half the block (literal, runtime, constexpr or ``B // 2``), or, to be refused, into the first half or onto
   it (``0 <= SHIFT < B // 2``) or onto the next tile's first half (``SHIFT = B``);
+- *rereads* (``op_rereads``, reverse/rereads.py): a chunked layer norm's passes, 2 to 4 sibling loops over one row
+  block's column blocks (``range(0, L, BC)``, ``tl.range``, ``tl.static_range`` or the block numbers; one index name
+  for all or one each), each loading a wide input at the first loop's address under its mask (its gradient written
+  once), or at the next column (``cols + 1``, masked by ``cols + 1 < L``), or under another mask, or with another
+  ``other``, or in a loop whose range is spelled another way (each loaded apart, still correct); row statistics
+  carried linearly (means, in a tile or a row state; centred on an earlier statistic: a variance) or nonlinearly (a
+  running product, a running maximum: written apart); the last loop storing ``(x - P) * rsqrt(S * S + 0.5)``, times a
+  weight over the columns, plus a second input's block, at each block's columns of an output; wide inputs read at the
+  launch's strides in strided programs (expanded, transposed, sliced views);
+- *in-place updates read back* (``op_in_place``, analysis/in_place.py): a wide input x updated in place by the first
+  of 2 to 4 such loops (``x + r``, ``x * r``, ``sin(x) + r``, ``2 x``), a statistic of what it stored, and later loops
+  reading back what the same lane stored (a chunked fused add + RMSNorm); x is an output too (``INPLACE``: the
+  check binds it to a copy, compares its new values with the mirror's and its gradient with the old values'; the
+  backward takes ``x_ptr_stored``). To be refused: a read-back of the next column, a store to x after the read-back
+  (in its loop or a later one), a read-back loop over another range (blocks of ``BC // 2``), or rows that every
+  program along another grid axis updates alike;
 - *stores* into one or two outputs: disjoint across programs, or ``tl.atomic_add`` into
   shared elements; of the value's shape or of one it broadcasts to (plus an output for each
   loop or branch value nothing else uses, mostly);
@@ -210,12 +226,16 @@ class Input:
     name: str  # kernel parameter f"{name}_ptr", mirror argument `name`
     role: str  # "tile" | "scalar" | "table" | "index" | "stack" | "wide" | "count" (a loop's trip count per program)
     #          | "perm" (a destination per program along a grid axis: a permutation, or with a collision)
+    #          | "cols" (a vector over a wide input's columns: a weight every row reads)
     dims: tuple[str, ...] = ()  # tile, stack: its axes; table: its second axis (if any); index, wide: its axis
     dist: str = "uniform"  # "uniform" in [-2, 2] | "ties" (multiples of 0.5 in [-2, 2]) | "index"
     #          | "perm" (a permutation of vocab, times `steps`) | "collide:A:B:D" (program B's entry is A's plus D)
     vocab: int = 0  # table rows = index range (count: the counts' range)
     per_program: bool = False  # scalar: one per program
-    steps: int = 0  # stack: slabs (each of the tile's shape) before the axes; wide: columns after its axis
+    steps: int = 0  # stack: slabs (each of the tile's shape) before the axes; wide: columns after its axis; cols: its
+    #          length
+    strided: bool = False  # wide, cols: read at the strides the launch passes (`c0_s0`, `c0_s1`), as tiles are in
+    #          strided programs (bindings.py may bind views)
 
     @property
     def ptr(self) -> str:
@@ -255,6 +275,7 @@ class Store:
     tail: int = 0  # columns after the layout (a loop over column blocks; parts interleaved)
     zeroed: bool = False  # starts at 0 (the host zero-fills it): programs may leave elements unwritten
     shape: tuple[int, ...] = ()  # the output's shape when not the layout's (a scatter's padded blocks)
+    in_place: bool = False  # into the input `name` itself (updated in place: an output too, ``INPLACE``)
 
 
 @dataclass
@@ -519,11 +540,15 @@ FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["re
             + ["where", "fma", "cast", "dot", "dot", "outer", "gather", "scalar", "iota", "softmax", "scan", "scan",
                "join", "loop", "loop", "columns", "branch", "early_return", "multistore", "scatter", "softmax_out",
                "lane_split", "halves"])
+# families drawn only in campaigns focused on them (their kernels cost the interpreter several plain kernels' time: the
+# default run's unfocused draws stay as they were; tests/fuzz/test_fuzz.py draws a few focused kernels of them)
+FOCUSED_ONLY = ["rereads", "in_place"]
 # families a campaign may make frequent (Gen's focus): launches (persistent, swizzle, grouped_persistent) or nodes
-FOCUS = ("persistent", "swizzle", "lane_split", "grouped_persistent", "halves")
+FOCUS = ("persistent", "swizzle", "lane_split", "grouped_persistent", "halves", "rereads", "in_place")
 MAX_OPS = 12
 MAX_CONTROL = 2  # loops and branches per kernel (each costs the interpreter several plain nodes' time)
-CONTROL = ("loop", "columns", "branch")
+CONTROL = ("loop", "columns", "branch", "rereads", "in_place")
+CONTROL_LABELS = ("loop_", "cols_", "branch_", "rereads_", "in_place_")
 
 # Constructs with an open bug, each pinned by a regression test (name -> test file), which the
 # generator steers around when given `avoid=KNOWN_BUGS` (the CI run; campaigns with
@@ -539,7 +564,8 @@ class Gen:
         self.focus = frozenset(focus)
         unknown = self.focus - set(FOCUS)
         assert not unknown, f"unknown families {sorted(unknown)} (known: {', '.join(FOCUS)})"
-        self.families = FAMILIES + [f for f in ("lane_split", "halves") if f in self.focus] * 8
+        self.families = (FAMILIES + FOCUSED_ONLY * bool(self.focus & set(FOCUSED_ONLY))
+                         + [f for f in ("lane_split", "halves", "rereads", "in_place") if f in self.focus] * 8)
         self.p = Program(dims=[], strided=strided)
         self.frame()
 
@@ -776,7 +802,7 @@ class Gen:
 
     def new_input(self, role, dims=(), dist="uniform", **kw) -> Input:
         prefix = {"tile": "x" if len(dims) == 2 else "w", "scalar": "s", "table": "t", "index": "i", "stack": "z",
-                  "wide": "c", "count": "q", "perm": "p"}[role]
+                  "wide": "c", "count": "q", "perm": "p", "cols": "w"}[role]
         inp = Input(f"{prefix}{len(self.p.inputs)}", role, tuple(dims), dist, **kw)
         self.p.inputs.append(inp)
         return inp
@@ -797,7 +823,7 @@ class Gen:
             node.zero = (False,) * len(node.kind)
         args = [self.p.nodes[a] for a in node.args]
         node.tied = node.tied or any(a.tied for a in args)
-        inexact = node.label in INEXACT or node.label.startswith(("sum_", "reduce_sum_", "loop_", "cols_", "branch_"))
+        inexact = node.label in INEXACT or node.label.startswith(("sum_", "reduce_sum_") + CONTROL_LABELS)
         node.fragile = node.tied and (inexact or any(a.fragile for a in args))
         assert math.isfinite(node.lo) and math.isfinite(node.hi) and node.lo <= node.hi, node
         self.p.nodes.append(node)
@@ -869,7 +895,7 @@ class Gen:
         self.op_load(first=True)
         for _ in range(d.int(1, MAX_OPS)):
             family = d.pick(self.families)
-            if family in CONTROL and sum(n.pre_tl != () and n.label.startswith(("loop_", "cols_", "branch_"))
+            if family in CONTROL and sum(n.pre_tl != () and n.label.startswith(CONTROL_LABELS)
                                          for n in self.p.nodes) >= MAX_CONTROL:
                 family = "binary"
             getattr(self, "op_" + family)()
@@ -893,7 +919,7 @@ class Gen:
                            f"{{0}}.sum(dim={tuple(range(len(kind)))}, keepdim=False)", (last,), "sum_all"))
         used = {a for n in self.p.nodes for a in n.args} | {s.node for s in self.p.stores}
         for i, n in enumerate(self.p.nodes):  # a loop's or branch's value nothing uses: an output of its own
-            control = n.label.startswith(("loop_", "cols_", "branch_")) and "_none" not in n.label or (
+            control = n.label.startswith(CONTROL_LABELS) and "_none" not in n.label or (
                 n.label == "adapt_scale" and self.p.nodes[n.args[0]].pre_tl)
             if control and i not in used and storable(n.kind) and d.pick([True, True, False]):
                 self.p.stores.append(self.store(i, f"y{len(self.p.stores)}"))
@@ -2391,6 +2417,345 @@ class Gen:
         self.push(Node(kind, n.lo, n.hi, "{0}", "{0}", (a,), label, pre_tl=tuple(pre_tl),
                        pre_th=(f"{store.name}[{index}] = {{0}}",), zero=n.zero, tied=n.tied))
 
+    # -- rereads and read-back of in-place stores (sibling loops over one row's column blocks) ---------------------
+
+    def wide_address(self, inp: Input, a: Dim, L: str, cols: str, shift: int, row: str | None) -> str:
+        """The addresses of a block of columns ``cols`` of a wide input's rows (``a``'s tile), shifted by ``shift``
+        columns: from the row base ``row`` (a name assigned before the loops) or spelled inline; at the strides the
+        launch passes where the input is read so (``Input.strided``)."""
+        c = f"{cols}[None, :]" + (f" + {shift}" if shift else "")
+        if inp.strided:
+            base = row or f"{inp.ptr} + {a.idx}[:, None] * {inp.name}_s0"
+            return f"{base} + ({c}) * {inp.name}_s1"
+        return f"{row or f'{inp.ptr} + {a.idx}[:, None] * {L}'} + {c}"
+
+    def wide_row(self, inp: Input, a: Dim, L: str) -> str:
+        return f"{inp.ptr} + {a.idx}[:, None] * " + (f"{inp.name}_s0" if inp.strided else L)
+
+    def block_stat(self, kind: str, j: int, x: str, x_th: str, a: Dim, L: str, BC: str, width: int, bc: int,
+                   blocks: int, cm: str, stats: list, extra: tuple[str, str] | None):
+        """A row statistic ``{self}_s{j}`` of a loop over column blocks, each block's value ``x`` (mirror ``x_th``):
+        its lines before the loop, in the loop and after it (kernel, mirror), and its interval. ``mean``: a sum of
+        f(x) in a (rows, BC) tile or in a row state, over L (f: x, x * x, sin(x), x centred on an earlier statistic
+        and squared, or x times ``extra``, another input's block); ``prod``: a running product of block means of
+        sigmoid(x) (nonlinear state); ``max``: a running maximum (nonlinear state)."""
+        d = self.d
+        s, acc = f"{{self}}_s{j}", f"{{self}}_a{j}"
+        if kind == "max":
+            return ([f"{acc} = tl.full(({a.BLOCK},), -float('inf'), tl.float64)"],
+                    [f"{acc} = tl.maximum({acc}, tl.max(tl.where({cm}, {x}, -float('inf')), axis=1))"],
+                    [f"{s} = {acc}"],
+                    [f"{acc} = torch.full(({a.valid},), float('-inf'), dtype=torch.float64)"],
+                    [f"{acc} = torch.maximum({acc}, ({x_th}).amax(1))"], [f"{s} = {acc}"], (-INPUT_BOUND, INPUT_BOUND))
+        if kind == "prod":
+            return ([f"{acc} = tl.full(({a.BLOCK},), 1.0, tl.float64)"],
+                    [f"{acc} = {acc} * (0.5 + tl.sum(tl.where({cm}, tl.sigmoid({x}), 0.0), axis=1) / {BC})"],
+                    [f"{s} = {acc}"],
+                    [f"{acc} = torch.ones(({a.valid},), dtype=torch.float64)"],
+                    [f"{acc} = {acc} * (0.5 + torch.sigmoid({x_th}).sum(1) / {bc})"], [f"{s} = {acc}"],
+                    (0.5 ** blocks, 1.5 ** blocks))
+        fs = ["id", "square", "sin"] + ["centred"] * bool(stats) + ["times"] * (extra is not None)
+        f = d.pick(fs)
+        if f == "centred":
+            p = d.pick(range(len(stats)))
+            plo, phi = stats[p][1]
+            dev = max(abs(INPUT_BOUND - plo), abs(-INPUT_BOUND - phi), abs(INPUT_BOUND - phi), abs(-INPUT_BOUND - plo))
+            ftl = f"({x} - {{self}}_s{p}[:, None]) * ({x} - {{self}}_s{p}[:, None])"
+            fth = f"({x_th} - {{self}}_s{p}[:, None]) * ({x_th} - {{self}}_s{p}[:, None])"
+            iv = (0.0, dev * dev)
+        elif f == "times":
+            ftl, fth, iv = f"{x} * {extra[0]}", f"{x_th} * {extra[1]}", (-INPUT_BOUND ** 2, INPUT_BOUND ** 2)
+        else:
+            ftl, fth, _, iv, _ = next((t[1].format(x), t[2].format(x_th), 0, t[3](-INPUT_BOUND, INPUT_BOUND), 0)
+                                      for t in STEP_FNS if t[0] == f)
+        if d.pick([True, False]):  # a (rows, BC) tile summed after the loop
+            return ([f"{acc} = tl.zeros(({a.BLOCK}, {BC}), dtype=tl.float64)"],
+                    [d.pick([f"{acc} += tl.where({cm}, {ftl}, 0.0)", f"{acc} = {acc} + tl.where({cm}, {ftl}, 0.0)"])],
+                    [f"{s} = tl.sum({acc}, axis=1) / {L}"],
+                    [f"{acc} = torch.zeros(({a.valid},), dtype=torch.float64)"],
+                    [f"{acc} = {acc} + ({fth}).sum(1)"], [f"{s} = {acc} / {width}"], iv)
+        return ([f"{acc} = tl.zeros(({a.BLOCK},), dtype=tl.float64)"],
+                [f"{acc} += tl.sum(tl.where({cm}, {ftl}, 0.0), axis=1)"],
+                [f"{s} = {acc} / {L}"],
+                [f"{acc} = torch.zeros(({a.valid},), dtype=torch.float64)"],
+                [f"{acc} = {acc} + ({fth}).sum(1)"], [f"{s} = {acc} / {width}"], iv)
+
+    def row_loops(self, a: Dim, inp: Input):
+        """What sibling loops over one row's column blocks share: the width (literal, runtime or constexpr),
+        the block, each loop's header and its columns (kernel), the mirror's header and block of a view."""
+        d = self.d
+        bc = d.pick([8, 4, 16])
+        width = d.pick([2 * bc - 1, bc, 2 * bc + 3, 1, bc - 1, 3 * bc - 2])
+        L, constexpr = self.count(width)
+        BC = f"BC{len(self.p.meta)}" if d.pick([False, True]) else str(bc)
+        if BC != str(bc):
+            self.p.meta[BC] = bc
+        header = d.pick(["offsets", "offsets", "blocks"])
+        fn = d.pick(["range", "tl.range"] + ["tl.static_range"] * constexpr)
+        shared = d.pick([True, False])  # one index and columns name for every loop (SSA renames them), or each its own
+
+        def loop(j: int, spelling: str | None = None) -> tuple[str, str, str]:
+            idx = "{self}_c" if shared else f"{{self}}_c{j}"
+            cols = "{self}_cols" if shared else f"{{self}}_cols{j}"
+            f = spelling or fn
+            if header == "blocks":
+                f = "tl.range" if f == "tl.static_range" else f
+                return (f"for {idx} in {f}(0, tl.cdiv({L}, {BC})):", f"{cols} = {idx} * {BC} + tl.arange(0, {BC})",
+                        cols)
+            return f"for {idx} in {f}(0, {L}, {BC}):", f"{cols} = {idx} + tl.arange(0, {BC})", cols
+
+        inp.steps = width
+        return bc, width, L, BC, fn, loop, len(range(0, width, bc))
+
+    def op_rereads(self):
+        """An input read at one address by several sibling loops over one row's column blocks (a chunked layer
+        norm: a mean pass, a variance pass, a normalize pass; reverse/rereads.py writes its gradient once): 2 to 4
+        loops over ``range(0, L, BC)`` (or the block numbers), each but the last carrying a row statistic (``mean``,
+        linear; ``prod`` and ``max``, nonlinear: the loads are then written apart), the last storing ``(x - P) *
+        rsqrt(S * S + 0.5)`` (times a weight over the columns, plus a second input's block) at each block's columns
+        of an output. Each load reads the first's address under its mask (merged), or a shifted address (the next
+        column, masked by ``cols + 1 < L``), or the same address under another mask (``cols + 1 < L``), or with
+        another ``other``; a loop spelled with another range function (not merged). Wide inputs are read at the
+        strides the launch passes in strided programs (bindings.py's views apply). The node's value: the
+        statistics' sum (a row value)."""
+        d = self.d
+        a = d.pick(self.p.dims)
+        nloops = d.int(2, 4)
+        kinds = [d.pick(["mean", "mean", "mean", "prod", "max"]) for _ in range(nloops - 1)]
+        inp = self.new_input("wide", (a.name,), "uniform" if "max" in kinds else self.dist())
+        inp.strided = self.p.strided
+        bc, width, L, BC, fn, loop, blocks = self.row_loops(a, inp)
+        second = self.new_input("wide", (a.name,), self.dist(), steps=width) if d.pick([False, True]) else None
+        if second is not None:
+            second.strided = self.p.strided
+        weight = self.new_input("cols", (), self.dist(), steps=width) if d.pick([False, True]) else None
+        if weight is not None:
+            weight.strided = self.p.strided
+        pre_tl, pre_th, labels = [], [], []
+        rows = {}
+        for x in (inp, second):
+            if x is not None and d.pick([False, True]):  # a row base named before the loops
+                rows[x.name] = f"{{self}}_{x.name}_row"
+                pre_tl.append(f"{rows[x.name]} = {self.wide_row(x, a, L)}")
+        exts: dict[tuple, str] = {}
+
+        def block(x: Input, j: int, cols: str, how: str, other: float) -> tuple[list[str], list[str], str, str]:
+            """Loop j's load of ``x``'s block (kernel lines, mirror lines, kernel value, mirror value)."""
+            shift, cut = {"same": (0, 0), "other": (0, 0), "shift": (1, 0), "cut": (0, 1)}[how]
+            cmask = f"{cols}[None, :]" + (f" + {shift + cut}" if shift + cut else "") + f" < {L}"
+            mask = f"{a.mask}[:, None] & ({cmask})"
+            address = self.wide_address(x, a, L, cols, shift, rows.get(x.name) if d.pick([True, True, False])
+                                        else None)
+            name = f"{{self}}_{x.name}_{j}"
+            kernel = [f"{name} = tl.load({address}, mask={mask}, other={fmt(other)})"]
+            key = (x.name, shift, cut, other)
+            if key not in exts:  # the row as this load reads it: masked-off columns hold `other`
+                exts[key] = f"{{self}}_{x.name}_e{len(exts)}"
+                pad = f"torch.full(({a.valid}, {shift + cut}), {fmt(other)}, dtype=torch.float64)"
+                pre_th.append(f"{exts[key]} = torch.cat([{x.name}[{a.lo}:{a.hi}, {shift}:{width - cut}], {pad}], 1)"
+                              if shift + cut else f"{exts[key]} = {x.name}[{a.lo}:{a.hi}, :]")
+            mirror = [f"{name} = {exts[key]}[:, {{self}}_c:min({{self}}_c + {bc}, {width})]"]
+            return kernel, mirror, name, name
+
+        def variant() -> str:
+            return d.pick(["same", "same", "same", "same", "shift", "cut", "other"])
+
+        first_other = d.pick(OTHERS)
+        stats: list = []
+        th_head = f"for {{self}}_i, {{self}}_c in enumerate(range(0, {width}, {bc})):"
+        for j in range(nloops):
+            spelling = None
+            if j and d.pick([False] * 7 + [True]):  # another spelling of the range: not merged
+                spelling = "tl.range" if fn == "range" else "range"
+                labels.append("respelled")
+            head, cols_line, cols = loop(j, spelling)
+            how = variant() if j else "same"
+            if how != "same":
+                labels.append(how)
+            other = first_other if how != "other" else d.pick([o for o in OTHERS if o != first_other])
+            k_tl, k_th, x, x_th = block(inp, j, cols, how, other)
+            body_tl, body_th = [cols_line, *k_tl], list(k_th)
+            extra = None
+            cm = f"{cols}[None, :] < {L}"
+            if second is not None and (j == nloops - 1 or d.pick([False, True])):
+                e_tl, e_th, e, e_th_v = block(second, j, cols, variant(), 0.0)
+                body_tl += e_tl
+                body_th += e_th
+                extra = (e, e_th_v)
+            if j < nloops - 1:
+                b_tl, in_tl, after_tl, b_th, in_th, after_th, iv = self.block_stat(
+                    kinds[j], j, x, x_th, a, L, BC, width, bc, blocks, cm, stats, extra)
+                pre_tl += b_tl
+                pre_th += b_th
+                body_tl += in_tl
+                body_th += in_th
+                stats.append((f"{{self}}_s{j}", iv))
+                pre_tl += [head] + ["    " + line for line in body_tl] + after_tl
+                pre_th += [th_head] + ["    " + line for line in body_th] + after_th
+                continue
+            # the last pass: the output, block by block
+            p = d.pick(range(len(stats)))
+            q = d.pick(range(len(stats)))
+            value = f"({x} - {{self}}_s{p}[:, None]) * tl.rsqrt({{self}}_s{q} * {{self}}_s{q} + 0.5)[:, None]"
+            value_th = f"({x_th} - {{self}}_s{p}[:, None]) * torch.rsqrt({{self}}_s{q} * {{self}}_s{q} + 0.5)[:, None]"
+            if weight is not None:
+                at = f"{cols} * {weight.name}_s0" if weight.strided else cols
+                body_tl.append(f"{{self}}_w = tl.load({weight.ptr} + {at}, mask={cols} < {L}, other=0.0)")
+                body_th.append(f"{{self}}_w = {weight.name}[{{self}}_c:min({{self}}_c + {bc}, {width})]")
+                value, value_th = f"{value} * {{self}}_w[None, :]", f"{value_th} * {{self}}_w[None, :]"
+            if extra is not None:
+                value, value_th = f"{value} + {extra[0]}", f"{value_th} + {extra[1]}"
+            store, _, offset, smask, index = self.loop_output((a.name,), tail=width)
+            body_tl.append(f"tl.store({store.name}_ptr + ({offset})[:, None] * {L} + {cols}[None, :], {value}, "
+                           f"mask={smask}[:, None] & ({cm}))")
+            body_th.append(f"{store.name}[{index}, {{self}}_c:min({{self}}_c + {bc}, {width})] = {value_th}")
+            pre_tl += [head] + ["    " + line for line in body_tl]
+            pre_th += [th_head] + ["    " + line for line in body_th]
+        lo = sum(iv[0] for _, iv in stats)
+        hi = sum(iv[1] for _, iv in stats)
+        label = f"rereads_{nloops}_{'_'.join(kinds)}" + "".join(f"_{x}" for x in sorted(set(labels)))
+        self.push(Node((a.name,), lo, hi, " + ".join(s for s, _ in stats), " + ".join(s for s, _ in stats), (),
+                       label, pre_tl=tuple(pre_tl), pre_th=tuple(pre_th),
+                       tied=inp.dist == "ties" or (second is not None and second.dist == "ties")))
+
+    def op_in_place(self):
+        """A wide input x updated in place by a loop over one row's column blocks (load x, store g(x) at the same
+        address under the same mask: ``x + r``, ``x * r`` with a second input, ``sin(x) + r``, ``2 x``), with a
+        row statistic of what it stores (``block_stat``), and 1 to 3 later sibling loops over the same range reading
+        back what the first stored (a chunked fused add + RMSNorm: analysis/in_place.py), the last storing ``b *
+        rsqrt(S * S + 0.5)`` (times a weight) at each block's columns of an output. x is then an output too (its
+        new values; the mirror's ``x_new``), and the backward takes x as the launch left it (``x_ptr_stored``).
+        Sometimes what must be refused: a read-back of the next column (``neighbour``), a store to x after the
+        read-back in its loop or in a later loop (``store_after``, ``later_store``), a read-back loop over another
+        range (blocks of ``BC // 2``: ``range``); rows every program along another grid axis updates alike
+        (``programs``)."""
+        d = self.d
+
+        def sharing(x: Dim) -> bool:  # programs along another grid axis update the same rows
+            return any(g.name != x.name and g.programs > 1 for g in self.p.grid_dims)
+
+        fits = [x for x in self.p.dims if not sharing(x)]
+        if self.p.returns and not fits:  # (programs that return store nothing: a collision is not certain)
+            return self.op_rereads()
+        a = d.pick(fits) if fits and d.pick([True] * 5 + [False]) else d.pick(self.p.dims)
+        inp = self.new_input("wide", (a.name,), self.dist())
+        inp.strided = self.p.strided
+        bc, width, L, BC, fn, loop, blocks = self.row_loops(a, inp)
+        kinds = [d.pick(["mean", "mean", "prod", "max"]) for _ in range(3)]
+        if "max" in kinds:
+            inp.dist = "uniform"
+        r = self.new_input("wide", (a.name,), "uniform" if "max" in kinds else self.dist(), steps=width) \
+            if d.pick([True, True, False]) else None
+        if r is not None:
+            r.strided = self.p.strided
+        weight = self.new_input("cols", (), self.dist(), steps=width) if d.pick([False, True]) else None
+        if weight is not None:
+            weight.strided = self.p.strided
+        nloops = d.int(2, 4)
+        how = d.pick(["valid"] * 8 + ["neighbour", "store_after", "later_store", "range"])
+        if self.p.returns:
+            how = "valid"
+        pre_tl, pre_th = [], []
+        row = "{self}_row"
+        named_row = d.pick([False, True])
+        if named_row:
+            pre_tl.append(f"{row} = {self.wide_row(inp, a, L)}")
+        x_new = f"{inp.name}_new"
+        th_head = f"for {{self}}_i, {{self}}_c in enumerate(range(0, {width}, {bc})):"
+        th_block = f"{{self}}_c:min({{self}}_c + {bc}, {width})"
+        pre_th.append("{self}_saved = []")
+        store = Store(len(self.p.nodes), inp.name, (a.name,), inside=True, shape=(a.size, width), in_place=True)
+        self.p.stores.append(store)
+        stats: list = []
+        other = d.pick(OTHERS)
+
+        def address(cols: str, shift: int = 0) -> str:
+            return self.wide_address(inp, a, L, cols, shift, row if named_row and d.pick([True, True, False])
+                                     else None)
+
+        for j in range(nloops):
+            head, cols_line, cols = loop(j)
+            cm = f"{cols}[None, :] < {L}"
+            mask = f"{a.mask}[:, None] & ({cm})"
+            body_tl, body_th = [cols_line], []
+            named_mask = d.pick([False, True])
+            if named_mask:
+                body_tl.append(f"{{self}}_m{j} = {mask}")
+                mask = f"{{self}}_m{j}"
+            if j == 0:  # the update
+                at = address(cols)
+                body_tl.append(f"{{self}}_x = tl.load({at}, mask={mask}, other={fmt(other)})")
+                body_th.append(f"{{self}}_x = {inp.name}[{a.lo}:{a.hi}, {th_block}]")
+                forms = [("2.0 * {x}", "2.0 * {x}")]
+                if r is not None:
+                    ra = self.wide_address(r, a, L, cols, 0, None)
+                    body_tl.append(f"{{self}}_r = tl.load({ra}, mask={mask}, other=0.0)")
+                    body_th.append(f"{{self}}_r = {r.name}[{a.lo}:{a.hi}, {th_block}]")
+                    forms += [("{x} + {r}", "{x} + {r}")] * 2 + [("{x} * {r}", "{x} * {r}"),
+                                                                 ("tl.sin({x}) + {r}", "torch.sin({x}) + {r}")]
+                g_tl, g_th = d.pick(forms)
+                body_tl.append("{self}_v = " + g_tl.format(x="{self}_x", r="{self}_r"))
+                body_th.append("{self}_v = " + g_th.format(x="{self}_x", r="{self}_r"))
+                body_tl.append(f"tl.store({address(cols)}, {{self}}_v, mask={mask})")
+                body_th += [f"{x_new}[{a.lo}:{a.hi}, {th_block}] = {{self}}_v", "{self}_saved.append({self}_v)"]
+                v_tl, v_th = "{self}_v", "{self}_v"
+            else:  # a read-back
+                shift = 1 if how == "neighbour" and j == nloops - 1 else 0
+                rmask = mask if not shift else f"{a.mask}[:, None] & ({cols}[None, :] + 1 < {L})"
+                if how == "range" and j == nloops - 1:  # blocks of half the width: not the store's iterations
+                    half = f"{BC} // 2"
+                    head = f"for {{self}}_h in range(0, {L}, {half}):"
+                    cols = "{self}_hcols"
+                    body_tl = [f"{cols} = {{self}}_h + tl.arange(0, {half})"]
+                    cm = f"{cols}[None, :] < {L}"
+                    rmask = f"{a.mask}[:, None] & ({cm})"
+                body_tl.append(f"{{self}}_b{j} = tl.load({address(cols, shift)}, mask={rmask}, other={fmt(other)})"
+                               "  # read back")
+                body_th.append(f"{{self}}_b{j} = {{self}}_saved[{{self}}_i]")
+                v_tl, v_th = f"{{self}}_b{j}", f"{{self}}_b{j}"
+            if j < nloops - 1:  # a statistic of the stored values (or, later, of those read back)
+                b_tl, in_tl, after_tl, b_th, in_th, after_th, iv = self.block_stat(
+                    kinds[j], j, v_tl, v_th, a, L, BC, width, bc, blocks, cm, stats, None)
+                pre_tl += b_tl
+                pre_th += b_th
+                body_tl += in_tl
+                body_th += in_th
+                stats.append((f"{{self}}_s{j}", iv))
+                pre_tl += [head] + ["    " + line for line in body_tl] + after_tl
+                pre_th += [th_head] + ["    " + line for line in body_th] + after_th
+                continue
+            q = d.pick(range(len(stats)))
+            value = f"{v_tl} * tl.rsqrt({{self}}_s{q} * {{self}}_s{q} + 0.5)[:, None]"
+            value_th = f"{v_th} * torch.rsqrt({{self}}_s{q} * {{self}}_s{q} + 0.5)[:, None]"
+            if weight is not None:
+                at = f"{cols} * {weight.name}_s0" if weight.strided else cols
+                body_tl.append(f"{{self}}_w = tl.load({weight.ptr} + {at}, mask={cols} < {L}, other=0.0)")
+                body_th.append(f"{{self}}_w = {weight.name}[{th_block}]")
+                value, value_th = f"{value} * {{self}}_w[None, :]", f"{value_th} * {{self}}_w[None, :]"
+            out, _, offset, smask, index = self.loop_output((a.name,), tail=width)
+            body_tl.append(f"tl.store({out.name}_ptr + ({offset})[:, None] * {L} + {cols}[None, :], {value}, "
+                           f"mask={smask}[:, None] & ({cm}))")
+            body_th.append(f"{out.name}[{index}, {th_block}] = {value_th}")
+            if how == "store_after":
+                body_tl.append(f"tl.store({address(cols)}, {v_tl} * 0.5, mask={rmask})")
+            pre_tl += [head] + ["    " + line for line in body_tl]
+            pre_th += [th_head] + ["    " + line for line in body_th]
+        if how == "later_store":
+            head, cols_line, cols = loop(nloops)
+            pre_tl += [head, "    " + cols_line, f"    tl.store({address(cols)}, tl.zeros(({a.BLOCK}, {BC}), "
+                       f"dtype=tl.float64), mask={a.mask}[:, None] & ({cols}[None, :] < {L}))"]
+        if sharing(a) and how == "valid":
+            how = "programs"
+        if how != "valid" and not self.p.stopped:  # (after a taken constexpr return they are never run)
+            self.p.expect = "tl.load" if how in ("neighbour", "range") else "tl.store"
+        lo = sum(iv[0] for _, iv in stats)
+        hi = sum(iv[1] for _, iv in stats)
+        label = f"in_place_{nloops}_{'_'.join(kinds[:nloops - 1])}" + ("" if how == "valid" else
+                                                                              f"_collide_{how}")
+        self.push(Node((a.name,), lo, hi, " + ".join(s for s, _ in stats), " + ".join(s for s, _ in stats), (),
+                       label, pre_tl=tuple(pre_tl), pre_th=tuple(pre_th),
+                       tied=inp.dist == "ties" or (r is not None and r.dist == "ties")))
+
 
 def generate(draw: Draw, avoid: Sequence[str] = (), strided: bool = False, focus: Sequence[str] = ()) -> Program:
     return Gen(draw, avoid, strided, focus).run()
@@ -2516,14 +2881,17 @@ def render(p: Program) -> str:
         return "{" + ", ".join(f'"{k}": {v}' for k, v in d.items()) + "}"
 
     outputs = {f"{s.name}_ptr": tuple(shapes[s.name]) for s in p.stores}
-    zeroed = ", ".join(f'"{s.name}_ptr"' for s in p.stores if s.atomic or s.zeroed or p.returns)
+    zeroed = ", ".join(f'"{s.name}_ptr"' for s in p.stores if (s.atomic or s.zeroed or p.returns) and not s.in_place)
     out += [f"GRID = {p.launch_grid}", f"SIZES = {literal(args)}", f"META = {literal(blocks)}",
             f"OUTPUTS = {literal(outputs)}", f"ZEROED = {{{zeroed}}}  # atomic outputs start at 0, others at NaN",
             f"TOL = {p.tol}", f"SEED = {p.seed}"]
     if p.strided:
         out += [f"STRIDES = {literal(strides_of(p))}  # contiguous strides (bindings.py passes its views)",
-                f"STRIDED = {sorted(x.ptr for x in p.inputs if x.role == 'tile' and x.name not in p.contiguous)!r}"
+                f"STRIDED = {strided_inputs(p)!r}"
                 "  # inputs read only at the strides passed"]
+    if any(s.in_place for s in p.stores):
+        out += [f"INPLACE = {[f'{s.name}_ptr' for s in p.stores if s.in_place]!r}  # inputs updated in place: outputs "
+                "too (OUTPUTS), their gradients the values' before the launch"]
     if p.expect:
         out += [f"EXPECT = {p.expect!r}  # stores that collide: the backward must refuse"]
     out += [f"{k} = tl.constexpr({fmt(v)})" for k, v in p.constexprs.items()] + ["", ""]
@@ -2623,7 +2991,8 @@ def render(p: Program) -> str:
         helpers += launch.helpers
     tiles += indices
     strides = strides_of(p)
-    params = [x.ptr for x in p.inputs] + [f"{s.name}_ptr" for s in p.stores] + list(args) + list(strides) + \
+    params = [x.ptr for x in p.inputs] + [f"{s.name}_ptr" for s in p.stores if not s.in_place] + list(args) + \
+        list(strides) + \
         [f"{b}: tl.constexpr" for b in blocks]
     for fn, combine in (("sum", "a + b"), ("max", "tl.maximum(a, b)"), ("min", "tl.minimum(a, b)")):
         if any(f"_fuzz_{fn}" in line for line in body + helpers):
@@ -2634,7 +3003,8 @@ def render(p: Program) -> str:
         [f"{inner}{line}" for line in tiles + body]
 
     # mirror
-    mir = [f"{s.name} = torch.zeros({tuple(shapes[s.name])}, dtype=torch.float64)" for s in p.stores]
+    mir = [f"{s.name}_new = {s.name}.clone()" if s.in_place else  # (what no program overwrites keeps its value)
+           f"{s.name} = torch.zeros({tuple(shapes[s.name])}, dtype=torch.float64)" for s in p.stores]
     loop, indent = ([], "") if p.grid_dims or not p.returns else (["for _program in range(1):"], "    ")
     for g in p.grid_dims:  # (an early return `continue` s to the next program)
         loop.append(f"{indent}for pid_{g.axis} in range({g.programs}):")
@@ -2662,7 +3032,7 @@ def render(p: Program) -> str:
     inner = [line for line in inner
              if not line.startswith("s") or re.search(rf"\b{line.split(' = ')[0]}\b", used)] + body_th
     mir += loop + [indent + line for line in inner]
-    ret = ", ".join(f'"{s.name}_ptr": {s.name}' for s in p.stores)
+    ret = ", ".join(f'"{s.name}_ptr": {s.name}' + "_new" * s.in_place for s in p.stores)
     out += ["", "", f"def mirror({', '.join(x.name for x in p.inputs)}):",
             '    """The kernel in PyTorch, program by program, on the valid elements."""']
     out += [f"    {line}" for line in mir] + [f"    return {{{ret}}}"]
@@ -2690,13 +3060,18 @@ def render(p: Program) -> str:
     return "\n".join(out)
 
 
+def strided_inputs(p: Program) -> list[str]:
+    """The inputs read only at the strides the launch passes (bindings.py may bind views to them)."""
+    return sorted(x.ptr for x in p.inputs if (x.role == "tile" or x.strided) and x.name not in p.contiguous)
+
+
 def strides_of(p: Program) -> dict[str, int]:
     """Per tile input loaded at the launch's strides (Program.strided), its parameters with a contiguous layout's."""
     if not p.strided:
         return {}
     found = {}
     for x in p.inputs:
-        if x.role == "tile":
+        if x.role == "tile" or x.strided:
             shape = input_shape(p, x)
             found[f"{x.name}_s0"] = shape[1] if len(shape) == 2 else 1
             if len(shape) == 2:
@@ -2719,6 +3094,8 @@ def input_shape(p: Program, x: Input) -> tuple[int, ...]:
         return (x.steps, *(p.dim(k).size for k in x.dims))
     if x.role == "wide":
         return (p.dim(x.dims[0]).size, x.steps)
+    if x.role == "cols":
+        return (x.steps,)
     return (p.dim(x.dims[0]).size,)
 
 
@@ -2802,13 +3179,29 @@ def _poisoned_empties():
 
 
 def _fresh_outputs(mod) -> dict:
-    """The kernel's output buffers: zeros where it adds (atomics, early returns), else NaN-poisoned."""
+    """The kernel's output buffers: zeros where it adds (atomics, early returns), else NaN-poisoned; not the inputs
+    it updates in place (``INPLACE``: the launch's copy of the input is that output)."""
     import torch
 
     from tritongrad.tools.testing import poison
 
     return {k: torch.zeros(s, dtype=torch.float64) if k in mod.ZEROED else poison(torch.empty(s, dtype=torch.float64))
-            for k, s in mod.OUTPUTS.items()}
+            for k, s in mod.OUTPUTS.items() if k not in in_place(mod)}
+
+
+def in_place(mod) -> tuple[str, ...]:
+    """The parameters a kernel module's kernel updates in place (inputs and outputs both)."""
+    return tuple(getattr(mod, "INPLACE", ()))
+
+
+def before_and_after(mod, before: dict, after: dict) -> dict:
+    """What a backward launch takes for the inputs updated in place: the values before the launch (a copy), and,
+    for a kernel that reads back what it stored, the tensor as the launch left it (``<param>_stored``)."""
+    found = {}
+    for k in in_place(mod):
+        found[k] = before[k].detach().clone()
+        found[f"{k}_stored"] = after[k]
+    return found
 
 
 def _check_source(src: str) -> Outcome:
@@ -2821,14 +3214,17 @@ def _check_source(src: str) -> Outcome:
         mod = load_module(src)
         inputs = mod.make_inputs()
         outputs = _fresh_outputs(mod)
-        kwargs = {**inputs, **outputs, **mod.SIZES, **getattr(mod, "STRIDES", {}), **mod.META}
+        kwargs = {**inputs, **{k: inputs[k].clone() for k in in_place(mod)}, **outputs, **mod.SIZES,
+                  **getattr(mod, "STRIDES", {}), **mod.META}
         mod.kernel[mod.GRID](**kwargs)
+        outputs.update({k: kwargs[k] for k in in_place(mod)})  # updated in place
     except Exception as e:  # the generator wrote a kernel Triton does not run
         return Outcome("invalid", "forward: " + first_line(e), src)
     expect = getattr(mod, "EXPECT", "")
     if expect:  # stores collide: whatever the forward wrote, the backward must refuse (at derivation or launch)
         try:
-            backward_launch(mod.kernel, mod.GRID, (), kwargs, mod.make_output_grads())
+            backward_launch(mod.kernel, mod.GRID, (), {**kwargs, **before_and_after(mod, inputs, kwargs)},
+                            mod.make_output_grads())
         except NotDifferentiableError as e:
             return Outcome("refused", f"(colliding by construction) {e.construct}", src)
         except Exception as e:
@@ -2851,7 +3247,7 @@ def _check_source(src: str) -> Outcome:
                                                                    if w.requires_grad], allow_unused=True)
         wanted = dict(zip(leaves, grads, strict=True))
     try:
-        got = backward_launch(mod.kernel, mod.GRID, (), kwargs, d_out)
+        got = backward_launch(mod.kernel, mod.GRID, (), {**kwargs, **before_and_after(mod, inputs, kwargs)}, d_out)
     except NotDifferentiableError as e:
         return Outcome("refused", e.construct, src)
     except Exception as e:
@@ -2866,7 +3262,7 @@ def _check_source(src: str) -> Outcome:
             close(g, w, mod.TOL)
         except AssertionError as e:
             return Outcome("mismatch", f"d_{k}: {e}\ngot\n{g}\nwant\n{w}", src)
-    outcome = _check_saved_state(mod, src, kwargs, outputs, d_out, wanted)
+    outcome = _check_saved_state(mod, src, kwargs, outputs, d_out, wanted, inputs)
     if outcome.status == "passed":
         outcome = _check_op(mod, src, inputs)
     if outcome.status == "passed" and BINDINGS:  # the same kernel called with other bindings of memory
@@ -2896,9 +3292,9 @@ def _check_op(mod, src: str, inputs: dict) -> Outcome:
     @tritongrad.op
     def op(*tensors):
         outs = _fresh_outputs(mod)
-        mod.kernel[mod.GRID](**dict(zip(inputs, tensors, strict=True)), **outs, **mod.SIZES,
-                             **getattr(mod, "STRIDES", {}), **mod.META)
-        return tuple(outs.values())
+        named = dict(zip(inputs, tensors, strict=True))
+        mod.kernel[mod.GRID](**named, **outs, **mod.SIZES, **getattr(mod, "STRIDES", {}), **mod.META)
+        return tuple(outs[k] if k in outs else named[k] for k in mod.OUTPUTS)  # (an input updated in place)
 
     for call in range(OP_CALLS):
         scaled = {k: v * (1.0 + 0.01 * call) if v.is_floating_point() else v for k, v in inputs.items()}
@@ -2915,7 +3311,8 @@ def _check_op(mod, src: str, inputs: dict) -> Outcome:
             wanted = dict(zip(mirrored, grads, strict=True))
         leaves = {k: v.clone().requires_grad_() if v.is_floating_point() else v for k, v in scaled.items()}
         try:
-            outs = dict(zip(mod.OUTPUTS, op(*leaves.values()), strict=True))
+            outs = dict(zip(mod.OUTPUTS, op(*(v.clone() if k in in_place(mod) else v for k, v in leaves.items())),
+                            strict=True))
             reached = [(outs[k], d_out[k]) for k in want if outs[k].requires_grad]
             if reached:
                 torch.autograd.backward([o for o, _ in reached], [g for _, g in reached])
@@ -2934,7 +3331,8 @@ def _check_op(mod, src: str, inputs: dict) -> Outcome:
     return Outcome("passed", "", src)
 
 
-def _check_saved_state(mod, src: str, kwargs: dict, outputs: dict, d_out: dict, wanted: dict) -> Outcome:
+def _check_saved_state(mod, src: str, kwargs: dict, outputs: dict, d_out: dict, wanted: dict,
+                       inputs: dict) -> Outcome:
     """Where the kernel has an augmented forward (tritongrad/augment.py: it keeps its nonlinear loops' states for
     the backward), it must write what the kernel writes, and the backward reading its tapes the same gradients."""
     import torch
@@ -2942,7 +3340,8 @@ def _check_saved_state(mod, src: str, kwargs: dict, outputs: dict, d_out: dict, 
     from tritongrad.runtime import augment
     from tritongrad.tools.testing import backward_launch, forward_keeping_state, poison
 
-    again = {k: torch.zeros_like(v) if k in mod.ZEROED else poison(torch.empty_like(v)) for k, v in outputs.items()}
+    again = {k: inputs[k].clone() if k in in_place(mod) else torch.zeros_like(v) if k in mod.ZEROED else
+             poison(torch.empty_like(v)) for k, v in outputs.items()}
     share, augment.SHARE = augment.SHARE, float("inf")  # small tensors: keep the tapes whatever their size
     try:
         saved = forward_keeping_state(mod.kernel, mod.GRID, (), {**kwargs, **again})
@@ -2956,7 +3355,8 @@ def _check_saved_state(mod, src: str, kwargs: dict, outputs: dict, d_out: dict, 
         if not torch.equal(again[k].nan_to_num(7.0), v.nan_to_num(7.0)):
             return Outcome("mismatch", f"augmented forward: {k} differs from the kernel's\n{again[k]}\nwant\n{v}", src)
     try:
-        got = backward_launch(mod.kernel, mod.GRID, (), {**kwargs, **again}, d_out, saved=saved)
+        got = backward_launch(mod.kernel, mod.GRID, (), {**kwargs, **again, **before_and_after(mod, inputs, again)},
+                              d_out, saved=saved)
     except Exception as e:
         return Outcome("crashed", "backward from the saved states: " + first_line(e), src)
     for k, g in got.items():

@@ -10,7 +10,8 @@ whole module source.
 
 Long runs: ``python scripts/fuzz_campaign.py --kernels 10000 --seed S --strided --bindings 4``; persistent
 loops, swizzled program ids and lane splits (issue 38) made frequent: ``--families persistent,swizzle,lane_split``;
-the persistent matmul's grouped walk and tiles stored in halves: ``--families grouped_persistent,halves``.
+the persistent matmul's grouped walk and tiles stored in halves: ``--families grouped_persistent,halves``; an input
+read by sibling loops over a row's column blocks, updated in place and read back: ``--families rereads,in_place``.
 """
 
 import pytest
@@ -25,6 +26,7 @@ from .generate import FOCUS, KNOWN_BUGS, check, programs, random_program, render
 EXAMPLES = 160  # with BINDINGS bindings each (the campaigns in docs/guarantees.md run thousands): `pytest -m slow`
 QUICK = 30  # the default run's share: kernels of its own, a fifth of the time
 COPIED = 6  # and of the persistent matmul's walk and halves (generate.FOCUS's grouped_persistent, halves)
+PASSES = 3  # and of sibling loops over a row's column blocks (rereads, in_place)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -58,6 +60,17 @@ def test_a_few_kernels_walking_tiles_as_the_persistent_matmul_does_match_the_mir
     """The default run's share of the issue-38 families the campaigns focus on (``--families
     grouped_persistent,halves``): the persistent matmul's grouped walk with its epilogue's counter, tiles stored in
     halves; passed or refused (those colliding by construction must be), under other bindings too."""
+    test_derived_gradients_match_the_mirror.hypothesis.inner_test(program)
+
+
+@settings(max_examples=PASSES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(programs(avoid=KNOWN_BUGS, focus=("rereads", "in_place")))
+def test_a_few_kernels_rereading_a_row_or_reading_back_in_place_updates_match_the_mirror(program):
+    """The default run's share of the families of sibling loops over a row's column blocks (``--families
+    rereads,in_place``): one input loaded by several passes (written once, or apart), an input updated in place and
+    read back by later passes; passed or refused (a read-back of another element, a store after it, another range
+    must be), under other bindings too."""
     test_derived_gradients_match_the_mirror.hypothesis.inner_test(program)
 
 

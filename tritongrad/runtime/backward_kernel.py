@@ -331,6 +331,8 @@ class BackwardKernel:
             dtype = x.dtype if c.strategy.in_input_dtype() else shadow_dtype(x.dtype)
             grads[p] = fill(x.size(), x.stride(), dtype=dtype, device=x.device)
         self.launch(sizes, named, output_grads, grads, prepared, saved=saved)
+        for p in set(self.wrt) & set(self.outputs) - set(self.in_place):  # named both, never stored by this
+            grads[p] += output_grads[p]  # specialization (a flag off): its values pass through the launch unchanged
         return grads
 
     def choose(self, named: dict[str, Any], grid: tuple[int, ...], written: frozenset[str] = frozenset(),
