@@ -51,14 +51,17 @@ def reference(x, w, b):
     return torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, 1e-5)
 
 
-def check(x, w, b, *leaves):
-    y = layer_norm(x, w, b)
-    want = reference(x, w, b)
+def compare(y, want, *leaves):
+    """The op's output and each leaf's gradient against PyTorch's, for one random output gradient."""
     torch.testing.assert_close(y, want)
     g = torch.randn_like(y)
     for i, (got, expected) in enumerate(zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(want, leaves, g),
                                             strict=True)):
         torch.testing.assert_close(got, expected, msg=f"the gradient of leaf {i}")
+
+
+def check(x, w, b, *leaves):
+    compare(layer_norm(x, w, b), reference(x, w, b), *leaves)
 
 
 def test_the_three_loads_of_a_row_are_written_once_as_a_store():
@@ -142,10 +145,7 @@ def test_a_loop_carrying_nonlinear_state_writes_its_loads_apart(poisoned_empty):
         product_then_scale[(x.shape[0],)](x, y, x.shape[1], BLOCK=16)
         return y
 
-    y = op(x)
-    torch.testing.assert_close(y, want)
-    g = torch.randn_like(y)
-    torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(want, x, g)[0])
+    compare(op(x), want, x)
 
 
 @triton.jit
@@ -175,10 +175,7 @@ def test_loads_of_other_addresses_are_not_merged(poisoned_empty):
         shifted_reread[(x.shape[0],)](x, y, x.shape[1] - 1, BLOCK=16)
         return y
 
-    y = op(x)
-    torch.testing.assert_close(y, want)
-    g = torch.randn_like(y)
-    torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(want, x, g)[0])
+    compare(op(x), want, x)
 
 
 @triton.jit
@@ -248,12 +245,8 @@ def test_two_inputs_read_by_every_pass(binding, poisoned_empty):
     r = torch.randn(4, 37, dtype=D, device=DEVICE, requires_grad=True)
     args, leaves = {"apart": ((x, r), (x, r)), "r is x": ((x, x), (x,)), "r a row of x": ((x, x[1:2].expand(4, 37)),
                     (x,)), "x expanded": ((x[:1].expand(4, 37), r), (x, r)), "deterministic": ((x, r), (x, r))}[binding]
-    y = add_then_norm(binding == "deterministic")(*args)
-    want = torch.nn.functional.layer_norm(args[0] + args[1], (37,), eps=1e-5)
-    torch.testing.assert_close(y, want)
-    g = torch.randn_like(y)
-    for got, expected in zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(want, leaves, g), strict=True):
-        torch.testing.assert_close(got, expected)
+    compare(add_then_norm(binding == "deterministic")(*args),
+            torch.nn.functional.layer_norm(args[0] + args[1], (37,), eps=1e-5), *leaves)
 
 
 def test_deterministic_refuses_an_expanded_input_read_by_every_pass():
@@ -296,7 +289,4 @@ def test_the_passes_inside_a_grid_stride_loop_over_rows(programs, poisoned_empty
         return y
 
     x = torch.randn(7, 37, dtype=D, device=DEVICE, requires_grad=True)
-    y, want = op(x), torch.nn.functional.layer_norm(x, (37,), eps=1e-5)
-    torch.testing.assert_close(y, want)
-    g = torch.randn_like(y)
-    torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(want, x, g)[0])
+    compare(op(x), torch.nn.functional.layer_norm(x, (37,), eps=1e-5), x)
