@@ -275,12 +275,14 @@ def _costly(stmts: list[ast.stmt]) -> bool:
 
 
 
+def read_by(s: ast.stmt) -> set[str]:
+    """The names a statement reads: ``x += e`` reads ``x`` too."""
+    return reads(s) | ({s.target.id} if isinstance(s, ast.AugAssign) else set())
+
+
 def without_unused(body: list[ast.stmt], keep: set[str]) -> list[ast.stmt]:
     """``body`` without the assignments nothing else reads (the other carried values, their starting points);
     ``x += e`` reads ``x``: the two go together."""
-    def read_by(s: ast.stmt) -> set[str]:
-        return reads(s) | ({s.target.id} if isinstance(s, ast.AugAssign) else set())
-
     def unused(s: ast.stmt, readers: Counter) -> bool:  # read by nothing but itself (an update)
         names = targets_of(s)
         return bool(names) and names[0] not in keep and readers[names[0]] == isinstance(s, ast.AugAssign)

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import ast
 import copy
-from collections import Counter
 from dataclasses import dataclass, field
 
 from ..core.calls import pure
-from ..core.ir import child_blocks, is_structured, reads, targets_of
+from ..core.ir import child_blocks, is_structured, targets_of
+from .interchange import read_by, without_unused
 
 
 class NotMergeable(Exception):
@@ -99,25 +99,18 @@ def _recomputed(point: MergePoint, parent: list[ast.stmt], other: ast.For, g: st
                 copies: dict[str, str]) -> list[ast.stmt]:
     """The statements of ``other``'s body that compute ``g``, renamed, then ``total += g``."""
     body = other.body
-    needed, kept = {g}, []
-    for i in range(len(body) - 1, -1, -1):
-        s = body[i]
-        assigned = set(_assigned([s]))
-        if not assigned & needed:
-            continue
-        if is_structured(s) or not isinstance(s, (ast.Assign, ast.AugAssign)) or len(assigned) != 1:
+    kept, needed = _slice(body, {g})
+    for s in body:
+        if set(_assigned([s])) & needed and (is_structured(s) or not isinstance(s, (ast.Assign, ast.AugAssign))
+                                            or len(targets_of(s)) != 1):
             raise NotMergeable(point.param, f"`{g}` is computed under a branch or loop of its own")
-        if not _recomputable(s.value):
-            raise NotMergeable(point.param, f"`{g}` reads memory its kernel writes, or calls an impure function")
-        kept.append(i)
-        needed |= reads(s.value) | ({s.target.id} if isinstance(s, ast.AugAssign) else set())
-    kept.reverse()
+    if not all(_recomputable(s.value) for s in kept):
+        raise NotMergeable(point.param, f"`{g}` reads memory its kernel writes, or calls an impure function")
     local = set(_assigned(body))
     later = set(_assigned(parent[parent.index(other):]))  # (nested bodies too: the other loops and the first)
     renamed = {other.target.id: index}
-    for i in kept:
-        s = body[i]
-        for name in reads(s.value) | ({s.target.id} if isinstance(s, ast.AugAssign) else set()):
+    for s in kept:
+        for name in read_by(s):
             if name == other.target.id or name in renamed:
                 continue
             if name in local:  # assigned in the iteration before it is read, else it is carried between them
@@ -127,7 +120,7 @@ def _recomputed(point: MergePoint, parent: list[ast.stmt], other: ast.For, g: st
         name = targets_of(s)[0]
         if name not in renamed:
             renamed[name] = copies[name] = fresh(name)
-    statements = [_renamed(copy.deepcopy(body[i]), renamed) for i in kept]
+    statements = [_renamed(copy.deepcopy(s), renamed) for s in kept]
     return [*statements, ast.AugAssign(target=ast.Name(point.total, ast.Store()), op=ast.Add(),
                                        value=ast.Name(renamed[g], ast.Load()))]
 
@@ -164,15 +157,10 @@ def _drop_unused(out: list[ast.stmt], parent: list[ast.stmt], point: MergePoint,
     for loop, names in point.writes:
         if not any(s is loop for s in parent):
             continue
-        candidates = {id(body_stmt) for body_stmt in _slice(loop.body, names)}
-        outside = Counter(n for s in _all_but(out, loop) for n in _reads_of(s)) + Counter(protected)
-        while True:
-            readers = outside + Counter(n for s in loop.body for n in _reads_of(s))
-            kept = [s for s in loop.body if not (id(s) in candidates and len(targets_of(s)) == 1
-                                                 and readers[targets_of(s)[0]] == isinstance(s, ast.AugAssign))]
-            if len(kept) == len(loop.body):
-                break
-            loop.body = kept
+        candidates = {id(s) for s in _slice(loop.body, names)[0]}
+        keep = {n for s in _all_but(out, loop) for n in read_by(s)} | protected
+        keep |= {t for s in loop.body if id(s) not in candidates or len(targets_of(s)) != 1 for t in targets_of(s)}
+        loop.body = without_unused(loop.body, keep)
         if all(is_comment(s) for s in loop.body):
             at = next(i for i, s in enumerate(parent) if s is loop)
             start = at
@@ -184,14 +172,15 @@ def _drop_unused(out: list[ast.stmt], parent: list[ast.stmt], point: MergePoint,
                          if not (is_comment(s) and (i + 1 == len(loop.body) or is_comment(loop.body[i + 1])))]
 
 
-def _slice(body: list[ast.stmt], names: set[str]) -> list[ast.stmt]:
-    """The assignments of ``body`` (its own statements) that ``names`` are computed from."""
+def _slice(body: list[ast.stmt], names: set[str]) -> tuple[list[ast.stmt], set[str]]:
+    """The assignments of ``body`` (its own statements, in order) that ``names`` are computed from, and every name
+    they read."""
     needed, found = set(names), []
     for s in reversed(body):
         if isinstance(s, (ast.Assign, ast.AugAssign)) and set(targets_of(s)) & needed:
             found.append(s)
-            needed |= _reads_of(s)
-    return found
+            needed |= read_by(s)
+    return found[::-1], needed
 
 
 def _all_but(out: list[ast.stmt], loop: ast.For):
@@ -206,7 +195,3 @@ def _all_but(out: list[ast.stmt], loop: ast.For):
                 yield from _all_but(block, loop)
         else:
             yield s
-
-
-def _reads_of(s: ast.stmt) -> set[str]:
-    return reads(s) | ({s.target.id} if isinstance(s, ast.AugAssign) else set())
