@@ -194,19 +194,11 @@ class _Context:
 
         if len({text(s, n) for s, n in zip(loads, nodes, strict=True)}) != 1:
             return None
-        siblings = {id(n) for n in nodes}
-        block = next(b for b in self._blocks() if any(id(t) in siblings for t in b))
-        order = [id(t) for t in block if id(t) in siblings]
-        return loads[[id(n) for n in nodes].index(order[0])]
-
-    def _blocks(self) -> list[list[ast.stmt]]:
-        found, work = [], [self.a.program.body]
-        while work:
-            block = work.pop()
-            found.append(block)
-            for s in block:
-                work += child_blocks(s)
-        return found
+        around = self.nested[id(nodes[0])]  # (the same for every one of the sibling loops)
+        block = next(b for b in (child_blocks(around[-1]) if around else [self.a.program.body])
+                     if any(t is nodes[0] for t in b))
+        first = next(t for t in block if any(t is n for n in nodes))
+        return loads[next(i for i, n in enumerate(nodes) if n is first)]
 
     def _addable_later(self, stmt: ast.stmt) -> bool:
         """Whether a load outside loops can keep its adjoint per program (a pointer load of rank 2 at most)."""
