@@ -625,3 +625,33 @@ def test_partial_rows_over_their_budget_are_added_atomically_instead(monkeypatch
     tritongrad.grad(norm_columns_looped)._chosen.clear()
     monkeypatch.setattr(backward_kernel, "tape_budget", lambda device: 7 * n * 8)
     assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == Mode.ROW
+
+
+@triton.jit
+def scaled_by_weight_norm(x_ptr, w_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """y[i] = x[i] * sum(w * w): every program reads all of w (as every query block reads all keys)."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    w = tl.load(w_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(y_ptr + pid, tl.load(x_ptr + pid) * tl.sum(w * w))
+
+
+def test_partial_rows_larger_than_the_launchs_tensors_are_added_atomically_instead(monkeypatch):
+    """Within the memory budget, but each program's row as long as w while each reads one element of x: the rows
+    would move several times the kernel's memory, so w's gradient is added atomically."""
+    from tritongrad.runtime import backward_kernel
+
+    programs, n = 7, 70
+    x, w = torch.randn(programs, dtype=F64), torch.randn(n, dtype=F64)
+    y = poison(torch.empty(programs, dtype=F64))
+    args, kwargs = (x, w, y, n), {"BLOCK": 128}
+    scaled_by_weight_norm[(programs,)](*args, **kwargs)
+    monkeypatch.setattr(backward_kernel, "tape_budget", lambda device: 1 << 40)
+    tritongrad.grad(scaled_by_weight_norm)._chosen.clear()
+    assert choices_of(scaled_by_weight_norm, (programs,), args, kwargs)["w_ptr"][0] == Mode.ATOMIC
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    assert_gradients_match(scaled_by_weight_norm, (programs,), args, kwargs, y, xl * (wl * wl).sum(), [xl, wl],
+                           ["x_ptr", "w_ptr"])
+    tritongrad.grad(scaled_by_weight_norm)._chosen.clear()
+    args = (torch.randn(1000, dtype=F64), w, y, n)  # the same launch with a larger x: the rows are the smaller
+    assert choices_of(scaled_by_weight_norm, (programs,), args, kwargs)["w_ptr"][0] == Mode.REGISTERS

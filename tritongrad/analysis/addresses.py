@@ -26,6 +26,7 @@ from ..core.ir import arguments, axis_of, definitions, loops, op_of, range_bound
 from ..core.operations import operation_of
 from .flow import program_axes
 from .forms import (
+    SCALAR,
     Coefficient,
     Digit,
     Form,
@@ -404,13 +405,13 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
     if op.kind not in ("lt", "le", "gt", "ge"):
         return unknown
     e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
-    offset = None
-    if not (isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs, forms)):
+    if isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs, forms):
+        form, offset = forms[e.id], None
+    else:
         split = _scalar_offset(e, forms, defs, loaded)  # `start + cols < end` reads `cols < end - start`
         if split is None:
             return unknown
-        e, offset = split
-    form = forms[e.id]
+        form, offset = split
     moved = _moved_term(bound, forms, defs)
     if moved is not None:  # `offs_k < K - k * BLOCK_K` reads `offs_k + k * BLOCK_K < K`
         term, bound = moved
@@ -419,28 +420,40 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
         bound.id not in forms or (loaded and not varies(bound.id, forms))))
     if not lane_free or not form.affine:
         return unknown
-    limit = _atom_expr(bound) if offset is None else _atom_expr(bound) - scalar_expr(offset, defs)  # (an offset
-    # the kernel computes, `BLOCK_N // 2`, through its definition)
+    limit = _atom_expr(bound) if offset is None else _atom_expr(bound) - offset
     return [(form, limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
 
 
-def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict, loaded: bool) -> tuple[ast.Name, ast.expr] | None:
-    """For ``e = s + t`` (``t`` a sum of coordinates from zero, ``s`` a scalar: a constant, a parameter, or with
-    ``loaded`` one computed from loaded data that no coordinate moves): ``(t, s)``."""
+def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict, loaded: bool) -> tuple[Form, Expr] | None:
+    """For ``e`` a sum of coordinate sums from zero and scalars (constants, parameters, or with ``loaded`` ones
+    computed from loaded data that no coordinate moves), through nested sums (a descriptor's index
+    ``(pid * BLOCK + SECOND) + tl.arange(0, B)``) and reshapes: (the coordinates' form, the scalars' sum)."""
     if not isinstance(e, ast.Name) or len(defs.get(e.id, [])) != 1 or not hasattr(defs[e.id][0], "tg"):
         return None
     op = op_of(defs[e.id][0])
     if op.kind in ("subscript", "expand_dims", "broadcast_to") and e.id in forms:  # `(cols + half)[None, :]`:
         inner = _scalar_offset(op.args[0], forms, defs, loaded)  # the same offset, its sum in this shape
-        return None if inner is None else (e, inner[1])
+        return None if inner is None else (forms[e.id], inner[1])
     if op.kind != "add":
         return None
-    for t, s in (op.args[:2], op.args[1::-1]):
-        if (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs, forms)
-                and (isinstance(s, ast.Constant) or (isinstance(s, ast.Name) and (
-                    s.id not in forms or (loaded and not varies(s.id, forms)))))):
-            return t, s
-    return None
+    coordinates, offset = [], None
+    for part in op.args[:2]:
+        if isinstance(part, ast.Name) and part.id in forms and forms[part.id].affine and starts_at_zero(
+                part, defs, forms):
+            coordinates.append(forms[part.id])
+            continue
+        if isinstance(part, ast.Constant) or (isinstance(part, ast.Name) and (
+                part.id not in forms or (loaded and not varies(part.id, forms)))):
+            found = (SCALAR, scalar_expr(part, defs))  # (an offset the kernel computes, `BLOCK_N // 2`, through
+        else:  # its definition)
+            found = _scalar_offset(part, forms, defs, loaded)
+            if found is None:
+                return None
+        coordinates.append(found[0])
+        offset = found[1] if offset is None else offset + found[1]
+    if offset is None or not coordinates:
+        return None
+    return _add(coordinates, max(f.rank for f in coordinates), negate=False), offset
 
 
 def _moved_term(bound: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[Form, ast.expr] | None:

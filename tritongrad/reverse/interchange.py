@@ -31,6 +31,7 @@ from ..core.ir import (
     is_structured,
     name_node,
     needed_by,
+    op_of,
     range_bounds,
     reads,
     statements,
@@ -300,8 +301,10 @@ def _sums_into(node: ast.For, accumulator: str) -> bool:
 
 
 def _has_effect(stmt: ast.stmt, comments: dict[str, str]) -> bool:
-    """A statement that is not an assignment or a comment marker (a store, an atomic, an assert)."""
-    return isinstance(stmt, ast.Expr) and not (isinstance(stmt.value, ast.Name) and stmt.value.id in comments)
+    """A statement that is not an assignment, a comment marker or a ``tl.static_assert`` (checked as the kernel
+    compiles, however often it runs): a store, an atomic, a device assert."""
+    return isinstance(stmt, ast.Expr) and not (isinstance(stmt.value, ast.Name) and stmt.value.id in comments) and not (
+        hasattr(stmt, "tg") and op_of(stmt).kind == "static_assert")
 
 
 def _read_before_written(body: list[ast.stmt], assigned: set[str]) -> set[str]:

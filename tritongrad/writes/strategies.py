@@ -331,14 +331,18 @@ REREADS = (Mode.STORE, Mode.ADD, Mode.ATOMIC)  # the strategies that write a loa
 # -- what the strategies need of a launch -------------------------------------------------------------------
 
 def rows_fit(launch: LaunchValues, param: str, axis: int, facts: LaunchFacts) -> bool:
-    """Whether ``param``'s partial rows along ``axis`` take at most ``facts.row_budget`` bytes: a row as long as the
-    tensor's span per persistent program (at most ``facts.persistent_programs``). A weight's rows are small; an
-    attention's keys, read by every query block, would take that many copies of all heads' keys."""
+    """Whether ``param``'s partial rows along ``axis`` take at most ``facts.row_budget`` bytes, and at most twice the
+    launch's tensors together: a row as long as the tensor's span per persistent program (at most
+    ``facts.persistent_programs``). A weight's rows are small beside the activations (a few rows' worth of a
+    float32 copy at most); an attention's keys, read by every query block, would take that many copies of all heads'
+    keys, whose writes and sum move many times the kernel's memory (the tutorial's attention on an H200, d=64:
+    7.5 ms with partial rows against 2.7 with atomics)."""
     tensor = launch.arguments.get(param)
     if facts.row_budget is None or not hasattr(tensor, "stride"):
         return True
     programs = min(launch.programs(axis), facts.persistent_programs)
-    return programs * span_of(tensor) * (8 if tensor.element_size() == 8 else 4) <= facts.row_budget
+    moved = sum(t.numel() * t.element_size() for t in launch.arguments.values() if hasattr(t, "element_size"))
+    return programs * span_of(tensor) * (8 if tensor.element_size() == 8 else 4) <= min(facts.row_budget, 2 * moved)
 
 
 def span_of(t: Any) -> int:
