@@ -207,3 +207,74 @@ def test_one_tensor_for_keys_and_values_gets_both_gradients(host):
         for got, expected in zip(torch.autograd.grad(o, (q, kv), d_o), torch.autograd.grad(want, (q, kv), d_o),
                                  strict=True):
             torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+
+
+@triton.jit
+def attention_one_loop(sm_scale, Z, H, q_ptr, k_ptr, v_ptr, o_ptr, SEQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    # the tutorial's non-causal forward with its loop in the kernel: keys and values read through descriptors
+    # at a row offset the loop advances (`key_row += BLOCK_N`), the running sum started at 1.0
+    block_start = tl.program_id(0)
+    head = tl.program_id(1)
+    total_rows = Z * H * SEQ
+    desc_q = tl.make_tensor_descriptor(q_ptr, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
+    desc_k = tl.make_tensor_descriptor(k_ptr, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+    desc_v = tl.make_tensor_descriptor(v_ptr, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+    desc_o = tl.make_tensor_descriptor(o_ptr, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
+    first_row = (head // H) * (SEQ * H) + (head % H) * SEQ
+    q_row = first_row + block_start * BLOCK_M
+    row_max = tl.zeros([BLOCK_M], dtype=tl.float64) - float("inf")
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float64) + 1.0
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float64)
+    scale = sm_scale * 1.44269504
+    q = desc_q.load([q_row, 0])
+    key_row = first_row
+    for _block in tl.range(0, SEQ, BLOCK_N):
+        s = tl.dot(q, desc_k.load([key_row, 0]).T)
+        new_max = tl.maximum(row_max, tl.max(s, 1) * scale)
+        p = tl.math.exp2(s * scale - new_max[:, None])
+        shrink = tl.math.exp2(row_max - new_max)
+        row_sum = row_sum * shrink + tl.sum(p, 1)
+        acc = tl.dot(p, desc_v.load([key_row, 0]), acc * shrink[:, None])
+        row_max = new_max
+        key_row += BLOCK_N
+    desc_o.store([q_row, 0], acc / row_sum[:, None])
+
+
+@tritongrad.op
+def attention_in_one_loop(q, k, v, sm_scale: float):
+    z, h, seq, head_dim = q.shape
+    o = torch.full_like(q, float("nan"))
+    attention_one_loop[(triton.cdiv(seq, BLOCK), z * h)](sm_scale, z, h, q, k, v, o, seq, HEAD_DIM=head_dim,
+                                                         BLOCK_M=BLOCK, BLOCK_N=BLOCK)
+    return o
+
+
+def test_keys_and_values_get_a_kernel_of_their_own_where_the_forward_keeps_its_state(monkeypatch):
+    """The descriptors' loads read as pointer loads (frontend/descriptors.py): dQ is stored, and dK, dV, read by
+    every query block, are summed by a kernel of their own looping over the query blocks (the loop interchange,
+    the key offset advanced past the loop in closed form), reading the loop's final state the op's forward kept.
+    Forced here by a one-multiprocessor device (the interchanged kernel's programs need only fill it). (The
+    tutorial's own forward keeps no state: its loop is in a helper, which augment.py does not reach.)"""
+    from tritongrad.runtime import backward_kernel, derive
+
+    monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
+    seen = []
+    real = derive.BackwardKernel.launch
+
+    def spy(self, grid, named, output_grads, buffers, prepared, *args, **kwargs):
+        seen.append({p: c.mode.name for p, c in prepared.choices.items()})
+        return real(self, grid, named, output_grads, buffers, prepared, *args, **kwargs)
+
+    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
+    g = torch.Generator().manual_seed(39)
+    q, k, v = (torch.randn(1, 2, 80, 16, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    o = attention_in_one_loop(q, k, v, 0.3)
+    want = reference(q, k, v, False, 0.3)
+    torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
+    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(o, (q, k, v), d_o)
+    expected = torch.autograd.grad(want, (q, k, v), d_o)
+    for name, a, b in zip("qkv", got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+    assert seen == [{"q_ptr": "STORE", "k_ptr": "INTERCHANGE", "v_ptr": "INTERCHANGE"}]

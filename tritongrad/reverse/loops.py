@@ -296,6 +296,16 @@ class LoopReversal:
                     or any(n in self.builder.analysis.pointer_base for n in kept)
                     or any(shape is None or len(shape) > 2 for shape in shapes)):
                 continue
+            counted = {n: step for n in kept if (step := _fixed_step(replay.body, n)) is not None}
+            closed = [assign(n, instantiate(f"x {sign} tl.maximum(trips, 0) * inc", {
+                "x": carried[n].init, "trips": self.trip_count(replay), "inc": inc}))
+                for n, (sign, inc) in counted.items()]  # (a counter's final value needs no tape)
+            kept = [n for n in kept if n not in counted]
+            shapes = [self.builder.analysis.shapes.get(n) for n in kept]
+            if not kept:
+                at = block.index(replay)
+                block[at:at + 1] = closed
+                continue
             slots = self.builder.namer.fresh(f"{forward.target.id}_final_slots")
             params = {n: self.builder.namer.fresh(f"{n}_final") for n in kept}
             states = tuple((params[n], shape) for n, shape in zip(kept, shapes, strict=True))
@@ -313,7 +323,7 @@ class LoopReversal:
             read += [assign(n, instantiate("tg.tape_get(row, 0, x)", {
                 "row": name_node(rows[n]), "x": name_node(n)})) for n in kept]
             at = block.index(replay)
-            block[at:at + 1] = read
+            block[at:at + 1] = read + closed
 
     def dtype_as_written(self, name: str) -> str | None:
         """The dtype a loop's carried value is created with before the loop (a carried value keeps its type),
@@ -387,6 +397,30 @@ def merge_records(*segments: list[ast.stmt]) -> None:
         home[at:at + 1] = moved
         merge_records(*segments)  # positions moved: look again
         return
+
+
+def _fixed_step(body: list[ast.stmt], name: str) -> tuple[str, ast.expr] | None:
+    """``(sign, inc)`` where the loop's body advances ``name`` by one top-level ``name = name + inc`` (``- inc``)
+    and nothing else, ``inc`` a constant or a name the body does not assign: its value after the loop is its
+    value before plus the trip count times ``inc``."""
+    writes = [s for s in statements(body) if target_of(s) == name]
+    if len(writes) != 1 or not any(s is writes[0] for s in body) or not hasattr(writes[0], "tg"):
+        return None
+    op = op_of(writes[0])
+    if op.kind not in ("add", "sub") or len(op.args) != 2:
+        return None
+    a, b = op.args
+    if isinstance(a, ast.Name) and a.id == name:
+        sign, inc = ("+" if op.kind == "add" else "-"), b
+    elif op.kind == "add" and isinstance(b, ast.Name) and b.id == name:
+        sign, inc = "+", a
+    else:
+        return None
+    assigned = {target_of(s) for s in statements(body)}
+    if not (isinstance(inc, ast.Constant) and isinstance(inc.value, int)) and not (
+            isinstance(inc, ast.Name) and inc.id not in assigned):
+        return None
+    return sign, inc
 
 
 def _replayed_loops(block: list[ast.stmt]):

@@ -70,19 +70,26 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     if held is not None and any(tl_call(n, "dot") for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[]))):
         held = None  # a loop with products holds their operands, tiles of the kernel's blocks, as a hand-written
         # kernel does (and orient.py reads their single definitions)
-    hoisted, kept, known, loaded, loaded_names = [], [], set(params), [], set()
-    for s in replay + (sweep if every else []):
-        t = target_of(s)
-        if (t is not None and t not in dependent and t not in reassigned and not is_structured(s)
-                and reads(s.value) & local <= known):
-            if held is not None and (_loads(s) or reads(s.value) & loaded_names):
-                loaded.append(s)
-                loaded_names.add(t)
+    order = replay + (sweep if every else [])
+    allowed = set(reassigned) if every else set()  # reassigned, but every assignment computed once before the loop
+    while True:
+        hoisted, kept, known, loaded, loaded_names = [], [], set(params), [], set()
+        for s in order:
+            t = target_of(s)
+            if (t is not None and t not in dependent and (t not in reassigned or t in allowed)
+                    and not is_structured(s) and reads(s.value) & local <= known):
+                if held is not None and (_loads(s) or reads(s.value) & loaded_names):
+                    loaded.append(s)
+                    loaded_names.add(t)
+                else:
+                    hoisted.append(s)
+                known.add(t)
             else:
-                hoisted.append(s)
-            known.add(t)
-        else:
-            kept.append(s)
+                kept.append(s)
+        unsound = {n for n in allowed if not _hoisted_whole(n, order, hoisted)}
+        if not unsound:
+            break
+        allowed -= unsound
     if every:
         sweep = [s for s in kept if s in sweep]
         kept = [s for s in kept if s not in sweep]
@@ -118,6 +125,25 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
                                   [name_node(s.shadow), name_node(s.accumulator)],
                                   [] if is_none(s.mask) else [ast.keyword("mask", s.mask)])) for s in sums]
     return [*prologue, loop, *epilogue]
+
+
+def _hoisted_whole(name: str, order: list[ast.stmt], hoisted: list[ast.stmt]) -> bool:
+    """Whether every assignment of a reassigned ``name`` is in ``hoisted`` and nothing left in the loop reads it
+    before the last of them (it would read the last value where it read an earlier one): an attention's key
+    offset, set before the loop and advanced past it in closed form, read by the loop after both."""
+    ids = {id(s) for s in hoisted}
+    writes = [i for i, s in enumerate(order) if any(name == t for t in _assigned(s))]
+    if not writes or any(id(order[i]) not in ids for i in writes):
+        return False
+    return not any(id(s) not in ids and name in _read_names(s) for s in order[:writes[-1]])
+
+
+def _assigned(stmt: ast.stmt) -> list[str]:
+    return [t for s in statements([stmt]) for t in targets_of(s)]
+
+
+def _read_names(stmt: ast.stmt) -> set[str]:
+    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def _loads(stmt: ast.stmt) -> bool:
