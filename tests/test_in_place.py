@@ -777,11 +777,10 @@ def test_a_chunked_add_and_norm_over_one_expanded_row(device, rows):
     assert_all_grads(norm(x, r, w), add_rmsnorm_reference(x, r, w), [x, r, w])
 
 
-@pytest.mark.xfail(strict=True, raises=OpError, reason="the op's autograd node takes the view updated in place (x's "
-                   "columns 2:8) as its input but returns the whole buffer: the other columns' gradient reaches the "
-                   "shadow with nowhere to go, and the first backward refuses it as memory the launch read outside "
-                   "x (a wrong reason; a backward not checked, under CUDA graph capture, would drop it)")
 def test_an_in_place_update_of_some_columns_of_a_buffer_returned_whole(device):
+    """The segment's node takes h too: columns 2:8's gradient goes through the kernel's backward to the view, the
+    others' to h's history (a * 1.0 -> a); they were refused before as memory read outside x (more in
+    tests/test_in_place_views.py)."""
     @tritongrad.op
     def scale_columns(a, w):
         h = a * 1.0

@@ -107,7 +107,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     active -= stable
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.stabilizers = stable
-    analysis.in_place = frozenset(in_place & set(wrt))
+    analysis.in_place = frozenset((in_place | _overwritten(found, wrt, outputs)) & set(wrt))
     analysis.reloads, analysis.stored_params = place.reloads, place.stored
     analysis.shapes = infer_shapes(program, tile)
     analysis.padding = padding(program.body)
@@ -122,6 +122,16 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
                                                   frozenset(params))
         analysis.launch_checks = [with_scalars_written_out(c, program.body) for c in analysis.launch_checks]
     return analysis
+
+
+def _overwritten(found: Pointers, wrt: tuple[str, ...], outputs: tuple[str, ...]) -> frozenset[str]:
+    """Pointers named in both ``wrt`` and ``outputs`` (the launch updates them in place: an op names so those it
+    does in any specialization, ops/kernel_roles.py) that this kernel overwrites with ``tl.store`` only, loaded or
+    not: a specialization that stores without loading (a constexpr turning the update into a plain store) replaces
+    the values too, so the shadow is zeroed where it stores, as an update's (reverse/memory.py), and the old values
+    there get no gradient from the new ones. Without a specialization these are ``Pointers.in_place`` already."""
+    return frozenset(p for p in set(wrt) & set(outputs) if p in found.stores and p not in found.index_pointers
+                     and all(op_of(s).kind == "store" for s in found.stores[p]))
 
 
 def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, found: Pointers, place: InPlace

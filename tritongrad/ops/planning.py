@@ -101,6 +101,11 @@ class Planner:
                     checked.slots[p] = slots.setdefault(params_of[checked][p], len(slots))
                     checked.kept = checked.kept | {p}
         self._check_outputs(outputs, outs, arguments, tensors, written)
+        if self.segmented and diff is None:  # a written buffer that has a history: written in place only (other
+            # writes refused above), each launch's backward zeroes the shadow where it stored and adds what it
+            # loaded, so the shadow is then its old values' gradient, which goes to that history (segments.py)
+            found.update(dict.fromkeys(i for i in outs if tensors.requires_grad(i)
+                                       and tensors.view(i).dtype.is_floating_point))
         if diff is None:
             diff = tuple(found)
         else:

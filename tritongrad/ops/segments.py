@@ -8,7 +8,11 @@ function returns). A call that reads memory a launch of the current segment wrot
 segment first: its tape becomes an autograd node whose outputs are the buffers its launches
 wrote, marked dirty (``ctx.mark_dirty``), so the very tensor objects the host function holds, and
 views of them made earlier, carry the history from then on; later launches start a new segment,
-reading those buffers as inputs that require grad.
+reading those buffers as inputs that require grad. A written buffer that had a history before the segment
+(``h = a * 1.0``, then a launch updating ``h[:, 2:8]`` in place) is an input of the node too (planning.py):
+launches may write such a buffer only in place, and their backwards zero the shadow where they stored and add
+the gradient of what they loaded, so its shadow is then the gradient of the values the segment found there,
+which goes to that history (the elements the updated view also covers, once: backward.py's ``_input_grads``).
 
 Host functions without such calls pay for the watch only between launches (~1 us per PyTorch call
 there; none for a single launch) and keep one autograd node for the op, as before. Calls that read
