@@ -210,52 +210,49 @@ def test_one_tensor_for_keys_and_values_gets_both_gradients(host):
 
 
 @triton.jit
-def attention_one_loop(sm_scale, Z, H, q_ptr, k_ptr, v_ptr, o_ptr, SEQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+def attention_one_loop(sm_scale, q_ptr, k_ptr, v_ptr, o_ptr, SEQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr):
-    # the tutorial's non-causal forward with its loop in the kernel: keys and values read through descriptors
-    # at a row offset the loop advances (`key_row += BLOCK_N`), the running sum started at 1.0
-    block_start = tl.program_id(0)
-    head = tl.program_id(1)
-    total_rows = Z * H * SEQ
-    desc_q = tl.make_tensor_descriptor(q_ptr, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
-    desc_k = tl.make_tensor_descriptor(k_ptr, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
-    desc_v = tl.make_tensor_descriptor(v_ptr, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
-    desc_o = tl.make_tensor_descriptor(o_ptr, [total_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
-    first_row = (head // H) * (SEQ * H) + (head % H) * SEQ
-    q_row = first_row + block_start * BLOCK_M
+    # the tutorial's non-causal forward with its loop in the kernel: keys and values read at a row offset the
+    # loop advances (`key_row += BLOCK_N`), the running sum started at 1.0
+    first_row = tl.program_id(1) * SEQ
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_DIM)
+    keys = tl.arange(0, BLOCK_N)
+    at = (first_row + rows)[:, None] * HEAD_DIM + cols[None, :]
+    q = tl.load(q_ptr + at, mask=(rows < SEQ)[:, None], other=0.0)
     row_max = tl.zeros([BLOCK_M], dtype=tl.float64) - float("inf")
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float64) + 1.0
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float64)
     scale = sm_scale * 1.44269504
-    q = desc_q.load([q_row, 0])
     key_row = first_row
     for _block in tl.range(0, SEQ, BLOCK_N):
-        s = tl.dot(q, desc_k.load([key_row, 0]).T)
+        block = (key_row + keys)[:, None] * HEAD_DIM + cols[None, :]
+        s = tl.dot(q, tl.load(k_ptr + block).T)
         new_max = tl.maximum(row_max, tl.max(s, 1) * scale)
         p = tl.math.exp2(s * scale - new_max[:, None])
         shrink = tl.math.exp2(row_max - new_max)
         row_sum = row_sum * shrink + tl.sum(p, 1)
-        acc = tl.dot(p, desc_v.load([key_row, 0]), acc * shrink[:, None])
+        acc = tl.dot(p, tl.load(v_ptr + block), acc * shrink[:, None])
         row_max = new_max
         key_row += BLOCK_N
-    desc_o.store([q_row, 0], acc / row_sum[:, None])
+    tl.store(o_ptr + at, acc / row_sum[:, None], mask=(rows < SEQ)[:, None])
 
 
 @tritongrad.op
 def attention_in_one_loop(q, k, v, sm_scale: float):
     z, h, seq, head_dim = q.shape
     o = torch.full_like(q, float("nan"))
-    attention_one_loop[(triton.cdiv(seq, BLOCK), z * h)](sm_scale, z, h, q, k, v, o, seq, HEAD_DIM=head_dim,
-                                                         BLOCK_M=BLOCK, BLOCK_N=BLOCK)
+    attention_one_loop[(triton.cdiv(seq, BLOCK), z * h)](sm_scale, q, k, v, o, seq, HEAD_DIM=head_dim, BLOCK_M=BLOCK,
+                                                         BLOCK_N=BLOCK)
     return o
 
 
 def test_keys_and_values_get_a_kernel_of_their_own_where_the_forward_keeps_its_state(monkeypatch):
-    """The descriptors' loads read as pointer loads (frontend/descriptors.py): dQ is stored, and dK, dV, read by
-    every query block, are summed by a kernel of their own looping over the query blocks (the loop interchange,
-    the key offset advanced past the loop in closed form), reading the loop's final state the op's forward kept.
-    Forced here by a one-multiprocessor device (the interchanged kernel's programs need only fill it). (The
-    tutorial's own forward keeps no state: its loop is in a helper, which augment.py does not reach.)"""
+    """dQ is stored, and dK, dV, read by every query block, are summed by a kernel of their own looping over the
+    query blocks (the loop interchange), reading the loop's final state the op's forward kept: the key offset the
+    loop advances gets its final value in closed form (reverse/loops.py), computed once before the interchanged
+    kernel's loop (persistent.py). Forced here by a one-multiprocessor device (the interchanged kernel's programs
+    need only fill it)."""
     from tritongrad.runtime import backward_kernel, derive
 
     monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)

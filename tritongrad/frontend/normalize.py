@@ -33,7 +33,6 @@ from ..core.operations import operation_of
 from ..core.source import Source
 from .blockptr import rewrite_block_pointers
 from .controlflow import ControlFlowFlattener
-from .descriptors import unused_descriptors_dropped
 from .expressions import LOCAL, ExpressionFlattener, Frame, _Deferred, _is_metadata, name_node
 from .forwarding import forward_stored_values
 from .specialize import plain_value, specialize
@@ -62,7 +61,6 @@ class Normalizer:
         self.inline_depth = 0
         self.constexprs = {a.arg for a in self.tree.args.args if _is_constexpr_annotation(a.annotation)}
         self.descriptors: set[str] = set()  # SSA names of tensor descriptors made in the kernel
-        self.descriptor_parts: dict[str, dict] = {}  # descriptor -> its make_tensor_descriptor's arguments
         # values known at derivation: the specialization's constexprs, and copies of them or of globals
         self.known: dict[str, Any] = {k: plain_value(v) for k, v in (constexprs or {}).items()}
         self.expressions = ExpressionFlattener(self)  # expressions flattened into named atoms (expressions.py)
@@ -99,7 +97,6 @@ class Normalizer:
             returns = [self.expressions.atom(e, ret) for e in elts]
         else:
             self.block(body)
-            unused_descriptors_dropped(self.out, self.descriptors)
             forward_stored_values(self.out, self._temporary)  # a load of what the lane stored: that value
         self.frames.pop()
         return Program(fdef.name, params, self.out, self.scope, self.root.file, self.namer.taken,
@@ -293,12 +290,7 @@ class Normalizer:
             self.constexprs.add(node.targets[0].id)
         if isinstance(node, ast.Assign) and (op.kind == "make_tensor_descriptor" or (
                 op.kind == "copy" and isinstance(op.args[0], ast.Name) and op.args[0].id in self.descriptors)):
-            target = node.targets[0].id
-            self.descriptors.add(target)
-            made = operation_of(op).signature.bind(op.args, op.kwargs) if op.kind != "copy" else (
-                self.descriptor_parts.get(op.args[0].id))
-            if made is not None:  # (descriptors.py: its accesses rewritten into pointer ones)
-                self.descriptor_parts[target] = made
+            self.descriptors.add(node.targets[0].id)
         # the kernel's line, for comments; the construct itself (in the helper's file), for errors
         node.tg = Tag(op, self.frame.call_origin or self.origin(stmt), self.origin(stmt), **tag)
         ast.fix_missing_locations(node)
