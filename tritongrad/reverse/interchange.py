@@ -318,8 +318,8 @@ def _read_before_written(body: list[ast.stmt], assigned: set[str]) -> set[str]:
     return carried
 
 
-def _step_of(stmt: ast.stmt, name: str) -> tuple[str, ast.expr]:
-    """``name = name + inc`` (or ``inc + name``, ``name - inc``): the sign and ``inc``."""
+def fixed_step(stmt: ast.stmt, name: str) -> tuple[str, ast.expr] | None:
+    """``name = name + inc`` (or ``inc + name``, ``name - inc``): the sign and ``inc``; else None."""
     v = stmt.value
     if isinstance(v, ast.BinOp) and isinstance(v.op, (ast.Add, ast.Sub)):
         if isinstance(v.left, ast.Name) and v.left.id == name and name not in reads(v.right):
@@ -327,7 +327,14 @@ def _step_of(stmt: ast.stmt, name: str) -> tuple[str, ast.expr]:
         if isinstance(v.op, ast.Add) and isinstance(v.right, ast.Name) and v.right.id == name \
                 and name not in reads(v.left):
             return "+", v.left
-    raise NotInterchangeable(f"`{name}` is carried from one iteration to the next other than by a fixed step")
+    return None
+
+
+def _step_of(stmt: ast.stmt, name: str) -> tuple[str, ast.expr]:
+    step = fixed_step(stmt, name)
+    if step is None:
+        raise NotInterchangeable(f"`{name}` is carried from one iteration to the next other than by a fixed step")
+    return step
 
 
 def _invariant(body: list[ast.stmt], assigned: set[str]) -> set[str]:

@@ -50,6 +50,7 @@ from ..core.ir import (
     where,
 )
 from ..core.operations import instantiate
+from .interchange import fixed_step
 from .state_tape import StateTape, tape_row
 
 
@@ -404,18 +405,12 @@ def _fixed_step(body: list[ast.stmt], name: str) -> tuple[str, ast.expr] | None:
     and nothing else, ``inc`` a constant or a name the body does not assign: its value after the loop is its
     value before plus the trip count times ``inc``."""
     writes = [s for s in statements(body) if target_of(s) == name]
-    if len(writes) != 1 or not any(s is writes[0] for s in body) or not hasattr(writes[0], "tg"):
+    if len(writes) != 1 or not any(s is writes[0] for s in body):
         return None
-    op = op_of(writes[0])
-    if op.kind not in ("add", "sub") or len(op.args) != 2:
+    step = fixed_step(writes[0], name)
+    if step is None:
         return None
-    a, b = op.args
-    if isinstance(a, ast.Name) and a.id == name:
-        sign, inc = ("+" if op.kind == "add" else "-"), b
-    elif op.kind == "add" and isinstance(b, ast.Name) and b.id == name:
-        sign, inc = "+", a
-    else:
-        return None
+    sign, inc = step
     assigned = {target_of(s) for s in statements(body)}
     if not (isinstance(inc, ast.Constant) and isinstance(inc.value, int)) and not (
             isinstance(inc, ast.Name) and inc.id not in assigned):

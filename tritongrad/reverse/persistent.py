@@ -135,15 +135,11 @@ def _hoisted_whole(name: str, order: list[ast.stmt], hoisted: list[ast.stmt]) ->
     writes = [i for i, s in enumerate(order) if any(name == t for t in _assigned(s))]
     if not writes or any(id(order[i]) not in ids for i in writes):
         return False
-    return not any(id(s) not in ids and name in _read_names(s) for s in order[:writes[-1]])
+    return not any(id(s) not in ids and name in reads(s) for s in order[:writes[-1]])
 
 
 def _assigned(stmt: ast.stmt) -> list[str]:
     return [t for s in statements([stmt]) for t in targets_of(s)]
-
-
-def _read_names(stmt: ast.stmt) -> set[str]:
-    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def _loads(stmt: ast.stmt) -> bool:
