@@ -275,3 +275,28 @@ def test_keys_and_values_get_a_kernel_of_their_own_where_the_forward_keeps_its_s
     for name, a, b in zip("qkv", got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
     assert seen == [{"q_ptr": "STORE", "k_ptr": "INTERCHANGE", "v_ptr": "INTERCHANGE"}]
+
+
+@pytest.mark.parametrize("binding", ["k = v", "q = k = v", "one program"])
+def test_the_one_loop_attention_gets_pytorchs_gradients_however_its_tensors_are_bound(binding, monkeypatch):
+    """The bindings that take the interchange's launch facts away (one tensor read as keys and values: one buffer
+    for two gradients; a single query block and head): the gradients stay PyTorch's."""
+    from tritongrad.runtime import backward_kernel
+
+    monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
+    g = torch.Generator().manual_seed(40)
+    shape = (1, 1, 16, 16) if binding == "one program" else (1, 2, 80, 16)
+    leaves = [torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3)]
+    q, k, v = {"k = v": lambda q, k, v: (q, k, k), "q = k = v": lambda q, k, v: (q, q, q)}.get(
+        binding, lambda q, k, v: (q, k, v))(*leaves)
+    o = attention_in_one_loop(q, k, v, 0.3)
+    want = reference(q, k, v, False, 0.3)
+    torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
+    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(o, leaves, d_o, allow_unused=True)
+    expected = torch.autograd.grad(want, leaves, d_o, allow_unused=True)
+    for name, a, b in zip("qkv", got, expected, strict=True):
+        if b is None:
+            assert a is None or not a.any(), f"d{name}"
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
