@@ -29,8 +29,8 @@
   the same Python ``for``/``if`` per program). ``for`` over ``range``, ``tl.range`` (``step=``,
   ``num_stages``), ``tl.static_range``; trip counts and steps literal, runtime or constexpr, or
   loaded per program, or starting or stopping at ``pid % 2``; from 1, step 2, reversed, none
-  visited. ``op_loop`` walks slabs ``z[t]`` of a stacked input (an address from ``t`` or a
-  moving pointer), ``op_columns`` column blocks of a wide one (LayerNorm-style, ragged last
+  visited. ``op_loop`` walks slabs ``z[t]`` of a stacked input (an address from ``t``, a
+  moving pointer or a moving offset), ``op_columns`` column blocks of a wide one (LayerNorm-style, ragged last
   block). Carried state: none (each iteration stored at its own output slab or columns, by
   the index, a counter or a moving pointer, or atomically added into one place); linear
   (``h += f``, ``h -= f``, ``tl.dot(x, b, h)``, an ``if`` on the index or a loaded scalar
@@ -1733,7 +1733,8 @@ class Gen:
         pre_tl, pre_th, body_tl, body_th = list(it.pre_tl), list(it.pre_th), [], []
         x_lo, x_hi = hull(-INPUT_BOUND, INPUT_BOUND, other)
         x_zero = tuple(other == 0.0 for _ in dims)
-        walk = source == "slab" and d.pick([False, False, True])  # a pointer moving along instead of t's address
+        walk = source == "slab" and d.pick([False, False, True])  # a pointer moving along instead of t's address,
+        offset = walk and d.pick([False, True])  # or an offset (the tutorial attention's `offsetk_y += BLOCK_N`)
         if source == "nested":  # x: `inner` slabs summed (or folded nonlinearly) by an inner loop
             u, _ = self.count(inner)
             inner_fn = d.pick(["range", "tl.range"] + ["tl.static_range"] * (not u.startswith("T")))
@@ -1748,9 +1749,13 @@ class Gen:
                         f"    {{self}}_x = {{self}}_x{' * 0.5' if affine else ''} + {th_x}"]
             x_lo, x_hi = inner * x_lo, inner * x_hi  # (a bound for both)
         else:
-            if walk:
+            if offset:
+                pre_tl.append(f"{{self}}_o = {it.start}")
+            elif walk:
                 pre_tl.append(f"{{self}}_p = {self.slab_address(inp, f'({it.start})')}")
-            tl_x, th_x = self.slab_load(inp, "{self}_p" if walk else self.slab_address(inp, t), t, other)
+            address = self.slab_address(inp, "{self}_o") if offset else "{self}_p" if walk else \
+                self.slab_address(inp, t)
+            tl_x, th_x = self.slab_load(inp, address, t, other)
             body_tl.append(f"{{self}}_x = {tl_x}")
             body_th.append(f"{{self}}_x = {th_x}")
         fn = d.pick(STEP_FNS) if source != "dot" and form != "online" else STEP_FNS[0]
@@ -1887,7 +1892,9 @@ class Gen:
                     body_tl.append(f"{{self}}_q += {slab}")
                 elif spelling == "counter":
                     body_tl.append("{self}_i += 1")
-        if walk:
+        if offset:
+            body_tl.append(f"{{self}}_o += {it.step}")
+        elif walk:
             size = " * ".join(self.p.dim(k).SIZE for k in dims)
             body_tl.append(f"{{self}}_p += {it.step}" + (f" * {size}" if size else ""))
         pre_tl += [f"for {t} in {it.tl}:"] + ["    " + line for line in body_tl]
