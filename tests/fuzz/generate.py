@@ -66,14 +66,19 @@
   shift half the block (literal, runtime, constexpr or ``B // 2``), or, to be refused, into the first half or onto
   it (``0 <= SHIFT < B // 2``) or onto the next tile's first half (``SHIFT = B``);
 - *rereads* (``op_rereads``, reverse/rereads.py): a chunked layer norm's passes, 2 to 4 sibling loops over one row
-  block's column blocks (``range(0, L, BC)``, ``tl.range``, ``tl.static_range`` or the block numbers; one index name
-  for all or one each), each loading a wide input at the first loop's address under its mask (its gradient written
-  once), or at the next column (``cols + 1``, masked by ``cols + 1 < L``), or under another mask, or with another
-  ``other``, or in a loop whose range is spelled another way (each loaded apart, still correct); row statistics
-  carried linearly (means, in a tile or a row state; centred on an earlier statistic: a variance) or nonlinearly (a
-  running product, a running maximum: written apart); the last loop storing ``(x - P) * rsqrt(S * S + 0.5)``, times a
-  weight over the columns, plus a second input's block, at each block's columns of an output; wide inputs read at the
-  launch's strides in strided programs (expanded, transposed, sliced views);
+  block's column blocks (``range(0, L, BC)``, ``tl.range``, ``tl.static_range`` or the block numbers counted once;
+  one index name for all or one each), each loading a wide input at the first loop's address under its mask (its
+  gradient written once; ``other`` may differ), with linear row statistics (means of x, x * x, sin, exp, tanh,
+  sigmoid, x centred on or divided by an earlier statistic, x times a weight's or a second input's block, in a tile or
+  a row state), the last loop storing a nonlinear function of its block and the statistics (a norm, a sigmoid, a
+  division, a tanh), times a weight over the columns, plus a second input's block; the weight and second input read
+  by every loop or some; statistics stored per row, a middle loop's block stored. Two draws in three merge; the rest
+  are near misses (``REREAD_NEAR``, written apart, still correct): the next column (``cols + 1``, masked by ``cols +
+  1 < L``), another mask, a range spelled another way or ``tl.cdiv`` inline in each header, a running product or
+  maximum, a factor carried between iterations, a running sum, the input also read outside the loops. Wide inputs and
+  weights read at the launch's strides half the time (always in strided programs: expanded, transposed, sliced views,
+  a weight bound to a row or column of x); a campaign focused on it draws it in most kernels, and persistent rows
+  often;
 - *in-place updates read back* (``op_in_place``, analysis/in_place.py): a wide input x updated in place by the first
   of 2 to 4 such loops (``x + r``, ``x * r``, ``sin(x) + r``, ``2 x``), a statistic of what it stored, and later loops
   reading back what the same lane stored (a chunked fused add + RMSNorm); x is an output too (``INPLACE``: the
