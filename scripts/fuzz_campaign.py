@@ -24,7 +24,8 @@ at a neighbour's element, stored over again or over another range): they are dra
 percent, and the kernels differ from the plain campaign's of the same seed (replay and ``--only`` need the same flag).
 Each run prints the outcomes of the kernels of each of these families, refusals by message; the coverage counts
 ``spy:rereads_merged`` (kernels whose backward wrote an input's loads in sibling loops once) and ``spy:rereads_apart``
-(written apart: reverse/rereads.py could not).
+(written apart: reverse/rereads.py could not), and the rereads family's kernels by how their nodes were drawn (to
+merge, or a near miss: ``generate.REREAD_NEAR``), each with how many merged and passed.
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ def main(argv=None) -> int:
     refused_bound: collections.Counter[str] = collections.Counter()  # why bindings were refused
     coverage: collections.Counter[str] = collections.Counter()
     by_family: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)  # FOCUS families
+    rereads: collections.Counter[str] = collections.Counter()  # rereads nodes by how they were drawn, and merged
     failures: dict[str, list[tuple[int, str, str]]] = collections.defaultdict(list)
     start = time.time()
     jobs = [(args.seed, i) for i in range(args.kernels)]
@@ -206,6 +208,11 @@ def main(argv=None) -> int:
             bound[b_detail.split("[binding: ", 1)[-1].split(" ", 1)[0] + (" det" if "deterministic" in b_detail
                                                                           else "")] += 1
         coverage.update(set(labels))
+        merged = "spy:rereads_merged" in labels
+        for how in {label.split("_")[2] for label in labels if label.startswith("rereads_")}:
+            rereads[how] += 1
+            rereads[how + " merged"] += merged
+            rereads[how + " " + status] += 1
         for family in families_of(labels):
             by_family[family][status] += 1
             if status == "refused":
@@ -240,6 +247,13 @@ def main(argv=None) -> int:
                                                                     "invalid") if found[k]))
         for why, k in sorted(((w, k) for w, k in found.items() if w.startswith("refused: ")), key=lambda wk: -wk[1]):
             print(f"    {k:5d}  {why}")
+    if rereads:
+        print("  rereads (kernels with a node drawn so: merge or a near miss; whether the backward merged an input's "
+              "loads: spy:rereads_merged): " + ", ".join(
+                  f"{how} {rereads[how]} (merged {rereads[how + ' merged']}, passed {rereads[how + ' passed']})"
+                  for how in ("merge", *G.REREAD_NEAR) if rereads[how]))
+        print(f"  merge taken in {coverage['spy:rereads_merged']} kernels, loads written apart in "
+              f"{coverage['spy:rereads_apart']}")
     print("  coverage (kernels using each construct): " +
           ", ".join(f"{k} {v}" for k, v in sorted(coverage.items(), key=lambda kv: -kv[1])))
     if args.shrink and failures:

@@ -5,11 +5,16 @@ A :class:`Binding` makes input parameters views of *leaf* tensors:
 
 - ``same``: one tensor for two inputs of one shape;
 - ``overlap`` / ``packed``: two inputs as overlapping or side-by-side contiguous views of one buffer;
+- ``row``: a vector input as a row of a matrix input whose rows are as long (a weight that is a row of x); ``column``
+  where the vector is read at the strides the launch passes (stride the matrix's row length);
 - for an input the kernel reads at the strides the launch passes (generate.py's ``strided`` programs, ``STRIDED``):
   ``expand`` (stride 0 along an axis), ``transpose``, ``slice`` (a larger tensor's interior), ``every_other``
   element; for two such inputs of one shape, ``interleave`` (``t[..., 0]`` and ``t[..., 1]``) and ``shifted`` (rows
   ``t[:-1]`` and ``t[1:]``, overlapping);
 - with any of these, half the time, the outputs as views of one buffer.
+
+Where the module lists inputs read by sibling loops (generate.py's rereads family, ``REREAD``), the bindings are
+drawn among those that bind one of them, if any.
 
 An input the kernel updates in place (generate.py's ``INPLACE``) is bound to a copy of its own (the launch changes it)
 and returned as an output; the bindings vary the other inputs.
@@ -57,6 +62,17 @@ def candidates(inputs: dict, strided: list[str], in_place: tuple[str, ...] = ())
                                      {p: ("base", _flat(0, a)), q: ("base", _flat(n - k, b))}))
             found.append(Binding(f"packed {p} {q}", {"base": (n + m,)}, {p: ("base", _flat(0, a)),
                                                                         q: ("base", _flat(n, b))}))
+    for p in floats:  # a vector as a row (or, read at the launch's strides, a column) of a matrix
+        for q in floats:
+            a, b = tuple(inputs[p].shape), tuple(inputs[q].shape)
+            if len(a) != 1 or len(b) != 2:
+                continue
+            if b[1] == a[0]:
+                found.append(Binding(f"row {p} of {q}", {q: b}, {q: (q, _itself),
+                                                               p: (q, lambda t, r=b[0] // 2: t[r])}))
+            if b[0] == a[0] and p in strided:
+                found.append(Binding(f"column {p} of {q}", {q: b}, {q: (q, _itself),
+                                                                  p: (q, lambda t, c=b[1] - 1: t[:, c])}))
     strided = [p for p in strided if p in floats]
     for p in strided:
         shape = tuple(inputs[p].shape)
@@ -96,6 +112,8 @@ def choose(mod, count: int) -> list[Binding]:
     the outputs packed into one buffer."""
     rng = random.Random(mod.SEED * 7919 + 1)
     found = candidates(mod.make_inputs(), list(getattr(mod, "STRIDED", ())), tuple(getattr(mod, "INPLACE", ())))
+    reread = set(getattr(mod, "REREAD", ()))
+    found = [b for b in found if set(b.views) & reread] or found
     picked = rng.sample(found, min(count, len(found)))
     for i, b in enumerate(picked):
         b.deterministic = i % 2 == 1

@@ -66,14 +66,19 @@
   shift half the block (literal, runtime, constexpr or ``B // 2``), or, to be refused, into the first half or onto
   it (``0 <= SHIFT < B // 2``) or onto the next tile's first half (``SHIFT = B``);
 - *rereads* (``op_rereads``, reverse/rereads.py): a chunked layer norm's passes, 2 to 4 sibling loops over one row
-  block's column blocks (``range(0, L, BC)``, ``tl.range``, ``tl.static_range`` or the block numbers; one index name
-  for all or one each), each loading a wide input at the first loop's address under its mask (its gradient written
-  once), or at the next column (``cols + 1``, masked by ``cols + 1 < L``), or under another mask, or with another
-  ``other``, or in a loop whose range is spelled another way (each loaded apart, still correct); row statistics
-  carried linearly (means, in a tile or a row state; centred on an earlier statistic: a variance) or nonlinearly (a
-  running product, a running maximum: written apart); the last loop storing ``(x - P) * rsqrt(S * S + 0.5)``, times a
-  weight over the columns, plus a second input's block, at each block's columns of an output; wide inputs read at the
-  launch's strides in strided programs (expanded, transposed, sliced views);
+  block's column blocks (``range(0, L, BC)``, ``tl.range``, ``tl.static_range`` or the block numbers counted once;
+  one index name for all or one each), each loading a wide input at the first loop's address under its mask (its
+  gradient written once; ``other`` may differ), with linear row statistics (means of x, x * x, sin, exp, tanh,
+  sigmoid, x centred on or divided by an earlier statistic, x times a weight's or a second input's block, in a tile or
+  a row state), the last loop storing a nonlinear function of its block and the statistics (a norm, a sigmoid, a
+  division, a tanh), times a weight over the columns, plus a second input's block; the weight and second input read
+  by every loop or some; statistics stored per row, a middle loop's block stored. Two draws in three merge; the rest
+  are near misses (``REREAD_NEAR``, written apart, still correct): the next column (``cols + 1``, masked by ``cols +
+  1 < L``), another mask, a range spelled another way or ``tl.cdiv`` inline in each header, a running product or
+  maximum, a factor carried between iterations, a running sum, the input also read outside the loops. Wide inputs and
+  weights read at the launch's strides half the time (always in strided programs: expanded, transposed, sliced views,
+  a weight bound to a row or column of x); a campaign focused on it draws it in most kernels, and persistent rows
+  often;
 - *in-place updates read back* (``op_in_place``, analysis/in_place.py): a wide input x updated in place by the first
   of 2 to 4 such loops (``x + r``, ``x * r``, ``sin(x) + r``, ``2 x``), a statistic of what it stored, and later loops
   reading back what the same lane stored (a chunked fused add + RMSNorm); x is an output too (``INPLACE``: the
@@ -334,6 +339,8 @@ class Program:
     strided: bool = False  # tile inputs are loaded at strides the launch passes (`x0_s0`, `x0_s1`): bindings.py
     # may then bind them to expanded, transposed, sliced or interleaved views
     contiguous: set[str] = field(default_factory=set)  # inputs also addressed as contiguous (a table's rows)
+    reread: list[str] = field(default_factory=list)  # inputs the rereads family reads in sibling loops (bindings.py
+    # prefers bindings of them)
     launch: Launch | None = None  # persistent loops and swizzles over the grid (None: one program per tile)
 
     def __repr__(self) -> str:  # hypothesis prints this; the source comes with the failure
@@ -523,6 +530,8 @@ INEXACT = {"exp", "exp2", "log", "log2", "sin", "cos", "sigmoid", "erf", "rsqrt"
 TIE_SENSITIVE = {"abs", "relu_where", "leaky_where", "maximum_c", "minimum_c", "clamp", "maximum", "minimum",
                  "to_int"}
 OTHERS = [0.0, 1.0, -1.5]
+# the rereads family's near misses (Gen.op_rereads): loads reverse/rereads.py must write apart, or not merge at all
+REREAD_NEAR = ("shift", "cut", "respelled", "cdiv", "nonlinear", "carried", "running", "outside")
 
 # Loops and branches. Per-iteration functions of a loaded value: label, kernel, mirror, interval, f(0) == 0
 STEP_FNS = [
@@ -564,8 +573,9 @@ class Gen:
         self.focus = frozenset(focus)
         unknown = self.focus - set(FOCUS)
         assert not unknown, f"unknown families {sorted(unknown)} (known: {', '.join(FOCUS)})"
-        self.families = (FAMILIES + FOCUSED_ONLY * bool(self.focus & set(FOCUSED_ONLY))
-                         + [f for f in ("lane_split", "halves", "rereads", "in_place") if f in self.focus] * 8)
+        self.families = (FAMILIES + [f for f in FOCUSED_ONLY if f in self.focus]
+                         + [f for f in ("lane_split", "halves", "rereads", "in_place") if f in self.focus] * 8
+                         + ["rereads"] * 8 * ("rereads" in self.focus))  # (most kernels of a campaign on it)
         self.p = Program(dims=[], strided=strided)
         self.frame()
 
@@ -574,7 +584,9 @@ class Gen:
     def frame(self) -> None:
         d = self.d
         # persistent loops and swizzles (issue 38): rare, unless focused on
-        persistent = d.pick([False] * 11 + [True] if "persistent" not in self.focus else [False, True, True])
+        # (the rereads family's sibling loops inside a grid-stride loop over the rows: a persistent layer norm)
+        persistent = d.pick([False, True, True] if "persistent" in self.focus else [False] * 3 + [True]
+                            if "rereads" in self.focus else [False] * 11 + [True])
         swizzle = d.pick([False] * 11 + [True] if "swizzle" not in self.focus else [False, True, True])
         # the persistent matmul tutorial's walk (grouped ordering of a grid-stride loop's tile index): 2-D, both
         # axes on the grid
@@ -893,6 +905,8 @@ class Gen:
         self.p.names = d.pick(["v", "v", "shadowy"])
         self.p.helper_params = d.pick(["a", "a", "clash"])
         self.op_load(first=True)
+        if "rereads" in self.focus and d.pick([False, True, True, True]):  # (nearly every kernel of a campaign on it)
+            self.op_rereads()
         for _ in range(d.int(1, MAX_OPS)):
             family = d.pick(self.families)
             if family in CONTROL and sum(n.pre_tl != () and n.label.startswith(CONTROL_LABELS)
@@ -2440,12 +2454,15 @@ class Gen:
         return f"{inp.ptr} + {a.idx}[:, None] * " + (f"{inp.name}_s0" if inp.strided else L)
 
     def block_stat(self, kind: str, j: int, x: str, x_th: str, a: Dim, L: str, BC: str, width: int, bc: int,
-                   blocks: int, cm: str, stats: list, extra: tuple[str, str] | None):
+                   blocks: int, cm: str, stats: list, extra: tuple[str, str] | None, more: bool = False,
+                   weight: tuple[str, str] | None = None):
         """A row statistic ``{self}_s{j}`` of a loop over column blocks, each block's value ``x`` (mirror ``x_th``):
         its lines before the loop, in the loop and after it (kernel, mirror), and its interval. ``mean``: a sum of
         f(x) in a (rows, BC) tile or in a row state, over L (f: x, x * x, sin(x), x centred on an earlier statistic
-        and squared, or x times ``extra``, another input's block); ``prod``: a running product of block means of
-        sigmoid(x) (nonlinear state); ``max``: a running maximum (nonlinear state)."""
+        and squared, or x times ``extra``, another input's block; with ``more``, also exp(x / 2), tanh(x) as kernels
+        spell it, sigmoid(x), x divided by an earlier statistic's square plus 0.5, x times ``weight``, the weight's
+        block); ``prod``: a running product of block means of sigmoid(x) (nonlinear state); ``max``: a running
+        maximum (nonlinear state)."""
         d = self.d
         s, acc = f"{{self}}_s{j}", f"{{self}}_a{j}"
         if kind == "max":
@@ -2462,8 +2479,20 @@ class Gen:
                     [f"{acc} = {acc} * (0.5 + torch.sigmoid({x_th}).sum(1) / {bc})"], [f"{s} = {acc}"],
                     (0.5 ** blocks, 1.5 ** blocks))
         fs = ["id", "square", "sin"] + ["centred"] * bool(stats) + ["times"] * (extra is not None)
+        if more:
+            fs += ["exp", "tanh", "sigmoid"] + ["divided"] * bool(stats) + ["weighted"] * (weight is not None)
         f = d.pick(fs)
-        if f == "centred":
+        if f == "divided":
+            p = d.pick(range(len(stats)))
+            sp = f"{{self}}_s{p}[:, None]"
+            ftl, fth, iv = f"{x} / ({sp} * {sp} + 0.5)", f"{x_th} / ({sp} * {sp} + 0.5)", (-4.0, 4.0)
+        elif f == "weighted":
+            ftl, fth, iv = f"{x} * {weight[0]}[None, :]", f"{x_th} * {weight[1]}[None, :]", (-4.0, 4.0)
+        elif f == "exp":
+            ftl, fth, iv = f"tl.exp({x} * 0.5)", f"torch.exp({x_th} * 0.5)", (0.0, math.exp(1.0))
+        elif f == "tanh":
+            ftl, fth, iv = f"(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)", f"torch.tanh({x_th})", (-1.0, 1.0)
+        elif f == "centred":
             p = d.pick(range(len(stats)))
             plo, phi = stats[p][1]
             dev = max(abs(INPUT_BOUND - plo), abs(-INPUT_BOUND - phi), abs(INPUT_BOUND - phi), abs(-INPUT_BOUND - plo))
@@ -2517,27 +2546,41 @@ class Gen:
     def op_rereads(self):
         """An input read at one address by several sibling loops over one row's column blocks (a chunked layer
         norm: a mean pass, a variance pass, a normalize pass; reverse/rereads.py writes its gradient once): 2 to 4
-        loops over ``range(0, L, BC)`` (or the block numbers), each but the last carrying a row statistic (``mean``,
-        linear; ``prod`` and ``max``, nonlinear: the loads are then written apart), the last storing ``(x - P) *
-        rsqrt(S * S + 0.5)`` (times a weight over the columns, plus a second input's block) at each block's columns
-        of an output. Each load reads the first's address under its mask (merged), or a shifted address (the next
-        column, masked by ``cols + 1 < L``), or the same address under another mask (``cols + 1 < L``), or with
-        another ``other``; a loop spelled with another range function (not merged). Wide inputs are read at the
-        strides the launch passes in strided programs (bindings.py's views apply). The node's value: the
-        statistics' sum (a row value)."""
+        loops over ``range(0, L, BC)`` (or the block numbers, counted once before the loops), each but the last
+        carrying a linear row statistic (``block_stat`` with ``more``: means of x, x * x, sin, exp, tanh, sigmoid,
+        x centred on or divided by an earlier statistic, x times the weight or a second input's block), the last
+        storing a nonlinear function of the block and the statistics (``(x - P) * rsqrt(Q * Q + 0.5)``,
+        ``sigmoid(x - P) * Q``, ``(x - P) / (Q * Q + 0.5)``, ``tanh(x) * rsqrt(Q * Q + 0.5) - P``), times a weight
+        over the columns, plus a second input's block, at each block's columns of an output; sometimes the
+        statistics stored per row and a centred block stored by a middle loop too. The weight and the second input
+        are read by every loop (merged too) or by some. Loads differ in ``other`` (merged: masked-off lanes have no
+        adjoint). Most draws merge (label ``rereads_<loops>_merge``); the rest are near misses written apart
+        (``rereads_<loops>_<how>``): a later load of the next column (``shift``) or under another mask (``cut``), a
+        loop spelled with another range function (``respelled``) or its block count spelled inline in each header
+        (``cdiv``: a temporary per loop), a statistic carried nonlinearly (``nonlinear``: a running product or
+        maximum), a later loop scaling its block by a factor carried between iterations (``carried``) or adding a
+        running sum of its blocks (``running``), the input also read once outside the loops (``outside``: its first
+        column). The wide inputs and the weight are read at the strides the launch passes half the time (always
+        in strided programs: bindings.py's expanded, transposed, sliced and row-of views apply). The node's value:
+        the statistics' sum (a row value)."""
         d = self.d
         a = d.pick(self.p.dims)
+        near = d.pick([""] * 14 + list(REREAD_NEAR))
         nloops = d.int(2, 4)
-        kinds = [d.pick(["mean", "mean", "mean", "prod", "max"]) for _ in range(nloops - 1)]
+        kinds = ["mean"] * (nloops - 1)
+        if near == "nonlinear":
+            kinds[d.int(0, nloops - 2)] = d.pick(["prod", "max"])
         inp = self.new_input("wide", (a.name,), "uniform" if "max" in kinds else self.dist())
-        inp.strided = self.p.strided
+        inp.strided = self.p.strided or d.pick([False, True])
         bc, width, L, BC, fn, loop, blocks = self.row_loops(a, inp)
         second = self.new_input("wide", (a.name,), self.dist(), steps=width) if d.pick([False, True]) else None
         if second is not None:
-            second.strided = self.p.strided
+            second.strided = self.p.strided or d.pick([False, True])
         weight = self.new_input("cols", (), self.dist(), steps=width) if d.pick([False, True]) else None
         if weight is not None:
-            weight.strided = self.p.strided
+            weight.strided = self.p.strided or d.pick([False, True])
+        everywhere = {x.name: d.pick([True, True, False]) for x in (second, weight) if x is not None}
+        self.p.reread += [x.ptr for x in (inp, second, weight) if x is not None]
         pre_tl, pre_th, labels = [], [], []
         rows = {}
         for x in (inp, second):
@@ -2548,13 +2591,17 @@ class Gen:
 
         def block(x: Input, j: int, cols: str, how: str, other: float) -> tuple[list[str], list[str], str, str]:
             """Loop j's load of ``x``'s block (kernel lines, mirror lines, kernel value, mirror value)."""
-            shift, cut = {"same": (0, 0), "other": (0, 0), "shift": (1, 0), "cut": (0, 1)}[how]
+            shift, cut = {"same": (0, 0), "shift": (1, 0), "cut": (0, 1)}[how]
             cmask = f"{cols}[None, :]" + (f" + {shift + cut}" if shift + cut else "") + f" < {L}"
             mask = f"{a.mask}[:, None] & ({cmask})"
             address = self.wide_address(x, a, L, cols, shift, rows.get(x.name) if d.pick([True, True, False])
                                         else None)
             name = f"{{self}}_{x.name}_{j}"
-            kernel = [f"{name} = tl.load({address}, mask={mask}, other={fmt(other)})"]
+            kernel = []
+            if d.pick([False, False, True]):  # the mask named
+                kernel.append(f"{{self}}_m{x.name}_{j} = {mask}")
+                mask = f"{{self}}_m{x.name}_{j}"
+            kernel.append(f"{name} = tl.load({address}, mask={mask}, other={fmt(other)})")
             key = (x.name, shift, cut, other)
             if key not in exts:  # the row as this load reads it: masked-off columns hold `other`
                 exts[key] = f"{{self}}_{x.name}_e{len(exts)}"
@@ -2564,34 +2611,70 @@ class Gen:
             mirror = [f"{name} = {exts[key]}[:, {{self}}_c:min({{self}}_c + {bc}, {width})]"]
             return kernel, mirror, name, name
 
-        def variant() -> str:
-            return d.pick(["same", "same", "same", "same", "shift", "cut", "other"])
+        def load_weight(j: int, cols: str) -> tuple[list[str], list[str], tuple[str, str]]:
+            at = f"{cols} * {weight.name}_s0" if weight.strided else cols
+            w = f"{{self}}_w{j}"
+            return ([f"{w} = tl.load({weight.ptr} + {at}, mask={cols} < {L}, other={fmt(d.pick(OTHERS))})"],
+                    [f"{w} = {weight.name}[{{self}}_c:min({{self}}_c + {bc}, {width})]"], (w, w))
 
+        if near == "cdiv" and "tl.cdiv(" not in loop(0)[0]:
+            near = "respelled"
+        odd = d.int(1, nloops - 1)  # the later loop a near miss changes
+        if near == "outside":  # the input's first column, read once before the loops
+            at = f"{a.idx} * {inp.name}_s0" if inp.strided else f"{a.idx} * {L}"
+            pre_tl.append(f"{{self}}_x0 = tl.load({inp.ptr} + {at}, mask={a.mask}, other=0.0)")
+            pre_th.append(f"{{self}}_x0 = {inp.name}[{a.lo}:{a.hi}, 0]")
+        if near in ("carried", "running"):
+            pre_tl.append(f"{{self}}_t = tl.full(({a.BLOCK},), {'1.0' if near == 'carried' else '0.0'}, tl.float64)")
+            pre_th.append(f"{{self}}_t = torch.{'ones' if near == 'carried' else 'zeros'}(({a.valid},), "
+                          "dtype=torch.float64)")
+        count = "{self}_nb"
+        if "tl.cdiv(" in loop(0)[0] and near != "cdiv":  # the block count computed once (else a temporary each)
+            pre_tl.append(f"{count} = tl.cdiv({L}, {BC})")
         first_other = d.pick(OTHERS)
         stats: list = []
+        outs = d.pick([False, False, True])  # the statistics stored per row, and a middle loop's centred block
         th_head = f"for {{self}}_i, {{self}}_c in enumerate(range(0, {width}, {bc})):"
         for j in range(nloops):
             spelling = None
-            if j and d.pick([False] * 7 + [True]):  # another spelling of the range: not merged
+            if near == "respelled" and j == odd:  # another spelling of the range: not merged
                 spelling = "tl.range" if fn == "range" else "range"
-                labels.append("respelled")
             head, cols_line, cols = loop(j, spelling)
-            how = variant() if j else "same"
-            if how != "same":
-                labels.append(how)
-            other = first_other if how != "other" else d.pick([o for o in OTHERS if o != first_other])
+            if near != "cdiv":
+                head = head.replace(f"tl.cdiv({L}, {BC})", count)
+            how = near if near in ("shift", "cut") and j == odd else "same"
+            other = first_other if d.pick([True, True, True, False]) else d.pick(OTHERS)
             k_tl, k_th, x, x_th = block(inp, j, cols, how, other)
             body_tl, body_th = [cols_line, *k_tl], list(k_th)
+            if near == "carried" and j == odd:  # the block scaled by a factor carried between iterations
+                body_tl.append(f"{x}_t = {x} * {{self}}_t[:, None]")
+                body_th.append(f"{x_th}_t = {x_th} * {{self}}_t[:, None]")
+                x, x_th = f"{x}_t", f"{x_th}_t"
             extra = None
             cm = f"{cols}[None, :] < {L}"
-            if second is not None and (j == nloops - 1 or d.pick([False, True])):
-                e_tl, e_th, e, e_th_v = block(second, j, cols, variant(), 0.0)
+            if second is not None and (j == nloops - 1 or everywhere[second.name] or d.pick([False, True])):
+                e_tl, e_th, e, e_th_v = block(second, j, cols, "same", d.pick(OTHERS))
                 body_tl += e_tl
                 body_th += e_th
                 extra = (e, e_th_v)
+            w = None
+            if weight is not None and (j == nloops - 1 or everywhere[weight.name]):
+                w_tl, w_th, w = load_weight(j, cols)
+                body_tl += w_tl
+                body_th += w_th
             if j < nloops - 1:
                 b_tl, in_tl, after_tl, b_th, in_th, after_th, iv = self.block_stat(
-                    kinds[j], j, x, x_th, a, L, BC, width, bc, blocks, cm, stats, extra)
+                    kinds[j], j, x, x_th, a, L, BC, width, bc, blocks, cm, stats, extra, more=True, weight=w)
+                if outs and j and stats:  # a middle loop's block, centred on an earlier statistic, stored too
+                    store, _, offset, smask, index = self.loop_output((a.name,), tail=width)
+                    p = d.pick(range(len(stats)))
+                    body_tl.append(f"tl.store({store.name}_ptr + ({offset})[:, None] * {L} + {cols}[None, :], "
+                                   f"{x} - {{self}}_s{p}[:, None], mask={smask}[:, None] & ({cm}))")
+                    body_th.append(f"{store.name}[{index}, {{self}}_c:min({{self}}_c + {bc}, {width})] = "
+                                   f"{x_th} - {{self}}_s{p}[:, None]")
+                if near == "carried" and j == odd:
+                    in_tl = [*in_tl, "{self}_t = {self}_t * 0.5"]
+                    in_th = [*in_th, "{self}_t = {self}_t * 0.5"]
                 pre_tl += b_tl
                 pre_th += b_th
                 body_tl += in_tl
@@ -2599,28 +2682,49 @@ class Gen:
                 stats.append((f"{{self}}_s{j}", iv))
                 pre_tl += [head] + ["    " + line for line in body_tl] + after_tl
                 pre_th += [th_head] + ["    " + line for line in body_th] + after_th
+                if outs:  # the statistic stored per row (the tutorial's mean and rstd)
+                    store, _, offset, smask, index = self.loop_output((a.name,))
+                    pre_tl.append(f"tl.store({store.name}_ptr + {offset}, {{self}}_s{j}, mask={smask})")
+                    pre_th.append(f"{store.name}[{index}] = {{self}}_s{j}")
                 continue
             # the last pass: the output, block by block
-            p = d.pick(range(len(stats)))
-            q = d.pick(range(len(stats)))
-            value = f"({x} - {{self}}_s{p}[:, None]) * tl.rsqrt({{self}}_s{q} * {{self}}_s{q} + 0.5)[:, None]"
-            value_th = f"({x_th} - {{self}}_s{p}[:, None]) * torch.rsqrt({{self}}_s{q} * {{self}}_s{q} + 0.5)[:, None]"
-            if weight is not None:
-                at = f"{cols} * {weight.name}_s0" if weight.strided else cols
-                body_tl.append(f"{{self}}_w = tl.load({weight.ptr} + {at}, mask={cols} < {L}, other=0.0)")
-                body_th.append(f"{{self}}_w = {weight.name}[{{self}}_c:min({{self}}_c + {bc}, {width})]")
-                value, value_th = f"{value} * {{self}}_w[None, :]", f"{value_th} * {{self}}_w[None, :]"
+            sp, sq = (f"{{self}}_s{d.pick(range(len(stats)))}" for _ in range(2))
+            form = d.pick(["norm", "norm", "sigmoid", "divide", "tanh"])
+            value, value_th = {
+                "norm": (f"({x} - {sp}[:, None]) * tl.rsqrt({sq} * {sq} + 0.5)[:, None]",
+                         f"({x_th} - {sp}[:, None]) * torch.rsqrt({sq} * {sq} + 0.5)[:, None]"),
+                "sigmoid": (f"tl.sigmoid({x} - {sp}[:, None]) * {sq}[:, None]",
+                            f"torch.sigmoid({x_th} - {sp}[:, None]) * {sq}[:, None]"),
+                "divide": (f"({x} - {sp}[:, None]) / ({sq} * {sq} + 0.5)[:, None]",
+                           f"({x_th} - {sp}[:, None]) / ({sq} * {sq} + 0.5)[:, None]"),
+                "tanh": (f"(2.0 * tl.sigmoid(2.0 * {x}) - 1.0) * tl.rsqrt({sq} * {sq} + 0.5)[:, None] - {sp}[:, None]",
+                         f"torch.tanh({x_th}) * torch.rsqrt({sq} * {sq} + 0.5)[:, None] - {sp}[:, None]")}[form]
+            if w is not None:
+                value, value_th = f"{value} * {w[0]}[None, :]", f"{value_th} * {w[1]}[None, :]"
             if extra is not None:
                 value, value_th = f"{value} + {extra[0]}", f"{value_th} + {extra[1]}"
+            if near == "running" and j == odd:  # a running sum of the blocks so far, added
+                body_tl.append(f"{{self}}_t += tl.sum(tl.where({cm}, {x}, 0.0), axis=1)")
+                body_th.append(f"{{self}}_t = {{self}}_t + ({x_th}).sum(1)")
+                value, value_th = f"{value} + {{self}}_t[:, None] * 0.25", f"{value_th} + {{self}}_t[:, None] * 0.25"
+            if near == "carried" and j == odd:
+                body_tl.append("{self}_t = {self}_t * 0.5")
+                body_th.append("{self}_t = {self}_t * 0.5")
+            if near == "outside":
+                value, value_th = f"{value} + {{self}}_x0[:, None] * 0.5", f"{value_th} + {{self}}_x0[:, None] * 0.5"
             store, _, offset, smask, index = self.loop_output((a.name,), tail=width)
             body_tl.append(f"tl.store({store.name}_ptr + ({offset})[:, None] * {L} + {cols}[None, :], {value}, "
                            f"mask={smask}[:, None] & ({cm}))")
             body_th.append(f"{store.name}[{index}, {{self}}_c:min({{self}}_c + {bc}, {width})] = {value_th}")
             pre_tl += [head] + ["    " + line for line in body_tl]
             pre_th += [th_head] + ["    " + line for line in body_th]
+            labels.append(form)
         lo = sum(iv[0] for _, iv in stats)
         hi = sum(iv[1] for _, iv in stats)
-        label = f"rereads_{nloops}_{'_'.join(kinds)}" + "".join(f"_{x}" for x in sorted(set(labels)))
+        labels += ["2nd" + "_all" * everywhere[second.name]] if second is not None else []
+        labels += ["w" + "_all" * everywhere[weight.name]] if weight is not None else []
+        labels += ["outs"] * outs
+        label = f"rereads_{nloops}_{near or 'merge'}" + "".join(f"_{x}" for x in labels)
         self.push(Node((a.name,), lo, hi, " + ".join(s for s, _ in stats), " + ".join(s for s, _ in stats), (),
                        label, pre_tl=tuple(pre_tl), pre_th=tuple(pre_th),
                        tied=inp.dist == "ties" or (second is not None and second.dist == "ties")))
@@ -2892,13 +2996,15 @@ def render(p: Program) -> str:
     out += [f"GRID = {p.launch_grid}", f"SIZES = {literal(args)}", f"META = {literal(blocks)}",
             f"OUTPUTS = {literal(outputs)}", f"ZEROED = {{{zeroed}}}  # atomic outputs start at 0, others at NaN",
             f"TOL = {p.tol}", f"SEED = {p.seed}"]
-    if p.strided:
+    if strides_of(p):
         out += [f"STRIDES = {literal(strides_of(p))}  # contiguous strides (bindings.py passes its views)",
                 f"STRIDED = {strided_inputs(p)!r}"
                 "  # inputs read only at the strides passed"]
     if any(s.in_place for s in p.stores):
         out += [f"INPLACE = {[f'{s.name}_ptr' for s in p.stores if s.in_place]!r}  # inputs updated in place: outputs "
                 "too (OUTPUTS), their gradients the values' before the launch"]
+    if p.reread:
+        out += [f"REREAD = {p.reread!r}  # inputs read by sibling loops (bindings.py binds them first)"]
     if p.expect:
         out += [f"EXPECT = {p.expect!r}  # stores that collide: the backward must refuse"]
     out += [f"{k} = tl.constexpr({fmt(v)})" for k, v in p.constexprs.items()] + ["", ""]
@@ -3069,16 +3175,16 @@ def render(p: Program) -> str:
 
 def strided_inputs(p: Program) -> list[str]:
     """The inputs read only at the strides the launch passes (bindings.py may bind views to them)."""
-    return sorted(x.ptr for x in p.inputs if (x.role == "tile" or x.strided) and x.name not in p.contiguous)
+    return sorted(x.ptr for x in p.inputs if (x.role == "tile" and p.strided or x.strided)
+                  and x.name not in p.contiguous)
 
 
 def strides_of(p: Program) -> dict[str, int]:
-    """Per tile input loaded at the launch's strides (Program.strided), its parameters with a contiguous layout's."""
-    if not p.strided:
-        return {}
+    """Per input loaded at the launch's strides (tiles in strided programs, Program.strided; wide and cols inputs
+    where ``Input.strided``), its parameters with a contiguous layout's."""
     found = {}
     for x in p.inputs:
-        if x.role == "tile" or x.strided:
+        if x.role == "tile" and p.strided or x.strided:
             shape = input_shape(p, x)
             found[f"{x.name}_s0"] = shape[1] if len(shape) == 2 else 1
             if len(shape) == 2:
