@@ -1748,7 +1748,7 @@ class Gen:
         x_lo, x_hi = hull(-INPUT_BOUND, INPUT_BOUND, other)
         x_zero = tuple(other == 0.0 for _ in dims)
         walk = source == "slab" and d.pick([False, False, True])  # a pointer moving along instead of t's address,
-        offset = walk and d.pick([False, True])  # or an offset (the tutorial attention's `offsetk_y += BLOCK_N`)
+        moving_offset = walk and d.pick([False, True])  # or an offset (the tutorial attention's `offsetk_y += BLOCK_N`)
         if source == "nested":  # x: `inner` slabs summed (or folded nonlinearly) by an inner loop
             u, _ = self.count(inner)
             inner_fn = d.pick(["range", "tl.range"] + ["tl.static_range"] * (not u.startswith("T")))
@@ -1763,11 +1763,11 @@ class Gen:
                         f"    {{self}}_x = {{self}}_x{' * 0.5' if affine else ''} + {th_x}"]
             x_lo, x_hi = inner * x_lo, inner * x_hi  # (a bound for both)
         else:
-            if offset:
+            if moving_offset:
                 pre_tl.append(f"{{self}}_o = {it.start}")
             elif walk:
                 pre_tl.append(f"{{self}}_p = {self.slab_address(inp, f'({it.start})')}")
-            address = self.slab_address(inp, "{self}_o") if offset else "{self}_p" if walk else \
+            address = self.slab_address(inp, "{self}_o") if moving_offset else "{self}_p" if walk else \
                 self.slab_address(inp, t)
             tl_x, th_x = self.slab_load(inp, address, t, other)
             body_tl.append(f"{{self}}_x = {tl_x}")
@@ -1906,7 +1906,7 @@ class Gen:
                     body_tl.append(f"{{self}}_q += {slab}")
                 elif spelling == "counter":
                     body_tl.append("{self}_i += 1")
-        if offset:
+        if moving_offset:
             body_tl.append(f"{{self}}_o += {it.step}")
         elif walk:
             size = " * ".join(self.p.dim(k).SIZE for k in dims)
