@@ -902,12 +902,31 @@ try:
     torch.compile(lambda x: ctas(x) * 2, fullgraph=True, backend=aot_autograd(fw_compiler=stand_in("ctas")))(x)
 except Exception as e:
     print("refused:", " ".join(str(e).split()))
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})], key=["n"])
+@triton.jit
+def tuned_sin_kernel(a_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.sin(tl.load(a_ptr + offs, mask=mask)), mask=mask)
+
+@tritongrad.op("tgtraced::tuned")
+def tuned(x):
+    y = torch.empty_like(x)
+    tuned_sin_kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](x, y, x.numel())
+    return y
+
+f = torch.compile(lambda x: tuned(x).sin(), fullgraph=True,
+                  backend=aot_autograd(fw_compiler=stand_in("tuned forward"), bw_compiler=stand_in("tuned backward")))
+f(x).sum().backward()
 '''
 
 
 def test_compiled_graph_traces_into_the_forward_kernels(tmp_path):
     """Without the interpreter (CPU: the graphs are traced, not run): the forward graph holds the two
-    launches as triton_kernel_wrapper nodes, the backward one the saved-buffer backward and no launch."""
+    launches as triton_kernel_wrapper nodes, the backward one the two derived kernels' launches (Inductor
+    schedules them) and no forward launch; an autotuned forward (its config is chosen when the graph runs)
+    keeps the opaque saved-buffer backward."""
     script = tmp_path / "traced.py"
     script.write_text(TRACED_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITONGRAD_OPAQUE_OPS")}
@@ -916,8 +935,12 @@ def test_compiled_graph_traces_into_the_forward_kernels(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "opaque False" in out.stdout
     forward, backward = out.stdout.split("== forward")[1].split("== backward")
+    backward = backward.split("refused:")[0]
     assert forward.count("triton_kernel_wrapper_functional(") == 2 and "tgtraced" not in forward
-    assert "tgtraced.chain_saved_backward" in backward and "triton_kernel_wrapper" not in backward
+    assert backward.count("triton_kernel_wrapper_functional(") == 2 and "tgtraced" not in backward
+    assert "'d_out_ptr': mul" in backward  # the first derived kernel takes the incoming gradient (of y.sin())
+    tuned = out.stdout.split("== tuned backward")[1]
+    assert "tgtraced.tuned_saved_backward" in tuned and "triton_kernel_wrapper" not in tuned
     assert ("tritongrad.op `tgtraced::ctas`: torch.compile cannot trace the launch of `sin_kernel` through "
             "torch.library.wrap_triton") in out.stdout
     assert '@tritongrad.op("tgtraced::ctas", opaque=True)' in out.stdout

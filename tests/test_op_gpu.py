@@ -1,6 +1,7 @@
 """``tritongrad.op`` on the GPU: torch.compile with Inductor, opcheck, aten overrides, bfloat16,
 multi-config autotuning, and DistributedDataParallel on two GPUs."""
 
+import logging
 import os
 import re
 import socket
@@ -140,6 +141,70 @@ def test_compiled_backward_does_not_rerun_the_forward_launches(fullgraph):
         torch.testing.assert_close(y.detach(), want)
         torch.testing.assert_close(a.grad, want_grads[0])
         torch.testing.assert_close(b.grad, want_grads[1])
+
+
+def test_compiled_backward_launches_the_derived_kernels_inductor_traced(caplog):
+    """The backward is a triton_op too (issue 39.5): Inductor's code for it launches the derived kernels, no opaque
+    op and no tape; the first trace rehearses the backward on real tensors (checks, launch settings)."""
+    from torch._inductor.utils import run_and_get_code
+
+    x, w = rand(1000), rand(1000)
+    g = torch.randn(1000, device="cuda")
+    want, want_grads = grads_of(lambda x, w: chain_ref(x, w).tanh(), x, w, upstream=g)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: named_chain(x, w).tanh(), fullgraph=True)
+    with caplog.at_level(logging.INFO, logger="tritongrad"):
+        (got, got_grads), codes = run_and_get_code(lambda: grads_of(compiled, x, w, upstream=g))
+    assert "opaquely" not in caplog.text, caplog.text
+    assert not any("chain_saved_backward" in c for c in codes), codes
+    assert sum(len(re.findall(r"def \w*_bwd\w*\(", c)) for c in codes) >= 2, codes  # the two derived kernels
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b)
+    a, b = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    y = compiled(a, b)
+    names, entered = kernels_run(lambda: y.backward(g))
+    assert entered == [] and any("_bwd" in n for n in names), (entered, names)
+    torch.testing.assert_close(a.grad, want_grads[0])
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm", "softmax", "swiglu", "cross_entropy", "matmul",
+                                  "flash_attention"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_examples_get_the_eager_ops_gradients(name, dtype, caplog):
+    """Each example compiled, forward and backward, against the same op run eagerly; the ops without an autotuned
+    forward (whose config Inductor picks when the graph runs) get their backward traced, not opaque."""
+    from tritongrad.examples import get
+
+    example = get(name)
+    if getattr(example, "dtypes", None) and dtype not in example.dtypes:
+        pytest.skip(f"{name} takes {example.dtypes}")
+    torch.manual_seed(39)
+    inputs = [t.requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+              for t in example.make_inputs(example.sizes[-1], device="cuda", dtype=dtype)]
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    out = example.op(*inputs)
+    g = torch.randn_like(out)
+    want = torch.autograd.grad(out, leaves, g)
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="tritongrad"):
+        out2 = torch.compile(example.op, fullgraph=True)(*inputs)
+        got = torch.autograd.grad(out2, leaves, g)
+    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(out2, out, **tol)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, **tol)
+    if name != "matmul":
+        assert "opaquely" not in caplog.text, caplog.text
+
+
+def test_compiled_backward_of_a_launch_reading_outside_its_tensor_is_refused():
+    """The check a first eager backward makes (gradient outside the tensors passed) holds under torch.compile."""
+    x, w = rand(1000), rand(1001)
+    compiled = torch.compile(lambda x, w: named_chain(x, w[:999]), fullgraph=False)  # the launch reads w[999]
+    y = compiled(x, w)
+    with pytest.raises(OpError, match="reads memory outside the elements of the tensor passed to `b_ptr`"):
+        y.backward(torch.randn_like(y))
 
 
 def test_compiled_forward_runs_the_kernels_inductor_traced():

@@ -4,6 +4,8 @@ device, kernels are not compiled for one: no multiprocessors."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
 from typing import Any
@@ -46,6 +48,56 @@ def capturing() -> bool:
     import torch
 
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+_tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("tritongrad_tracing", default=False)
+
+
+def tracing() -> bool:
+    """Whether torch.compile is tracing a derived backward (``traced``): its tensors are fake, so nothing may be
+    timed, read back or checked on the device, and tensors have no data pointers (``address``)."""
+    return _tracing.get()
+
+
+@contextlib.contextmanager
+def traced():
+    """``with traced():`` a backward run on fake tensors, its launches issued through ``wrap_triton``."""
+    token = _tracing.set(True)
+    try:
+        yield
+    finally:
+        _tracing.reset(token)
+
+
+def address(t: Any) -> tuple[Any, int]:
+    """Where a tensor's first element lies: (region, byte address), regions sharing no memory. A real tensor: (None,
+    its data pointer). A traced one (fake, no data pointer): (its storage, its offset in bytes), a view of the same
+    storage in the same region."""
+    try:
+        found = t.data_ptr()
+    except RuntimeError:  # (a functional tensor's)
+        found = 0
+    if found or not t.numel():
+        return None, found
+    return storage_id(t), t.storage_offset() * t.element_size()
+
+
+def storage_of(t: Any) -> int:
+    """A tensor's storage, as a number that views of the same storage share: its data pointer, or a traced one's
+    ``storage_id``."""
+    try:
+        return t.untyped_storage().data_ptr() or storage_id(t)
+    except RuntimeError:  # (a functional tensor's)
+        return storage_id(t)
+
+
+def storage_id(t: Any) -> int:
+    """A traced tensor's storage, as a number (views of one storage have the same)."""
+    import torch
+
+    if isinstance(t, torch._subclasses.functional_tensor.FunctionalTensor):
+        t = torch._from_functional_tensor(t.elem)
+    return t.untyped_storage()._cdata
 
 
 _allocation: Any = None  # triton.runtime._allocation once imported (False: this Triton has none)

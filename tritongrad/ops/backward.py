@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..core.device import capturing, ensure_allocator
+from ..core.device import capturing, ensure_allocator, tracing
 from ..core.errors import NotDifferentiableError, OpError, noted
 from ..runtime import tuning
 from ..runtime.backward_kernel import decisive_constexprs, hashable
@@ -54,8 +54,9 @@ class OpBackward:
         schedule = (tuple(needs), tuple([g is not None for g in grads]))
         steps = plan.steps(*schedule)
         # the first backward of a schedule surrounds its shadows with zeros and looks for gradient where no
-        # tensor lies (_check_strays); not while a CUDA graph is captured, where it could not wait for the device
-        guards = None if schedule in plan.checked or capturing() else {}
+        # tensor lies (_check_strays); not while a CUDA graph is captured, where it could not wait for the device,
+        # nor while torch.compile traces it (fake tensors: the compiled graph's first run checks, library.py)
+        guards = None if schedule in plan.checked or capturing() or tracing() else {}
         shadows: dict[int, torch.Tensor] = {}
         for output, g in zip(plan.outputs, grads, strict=True):
             if output is None or g is None:
@@ -124,7 +125,7 @@ class OpBackward:
         shape). Returns the partial rows of inputs summed in them (checked backwards)."""
         launch = self.launches[step.launch.index]
         keep = None  # unchecked: launched by the Launcher an earlier backward kept, or keep one
-        if guards is None:
+        if guards is None and not tracing():  # (traced: each launch is issued through wrap_triton)
             try:
                 keep = (grad, self.deterministic, launch.args, tuple(launch.kwargs.items()), launch.grid,
                         launch.saved is not None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.device import storage_id
 from .shadows import View
 
 
@@ -41,7 +42,13 @@ class CallTensors:
             if i is None:
                 i = index[id(v)] = len(tensors)
                 tensors.append(v)
-                dtype, size, offset, device, address = v.dtype, v.shape, v.storage_offset(), v.device, v.data_ptr()
+                dtype, size, offset, device = v.dtype, v.shape, v.storage_offset(), v.device
+                try:
+                    address = v.data_ptr()
+                except RuntimeError:  # (a functional tensor's)
+                    address = 0
+                if not address and 0 not in size:  # a traced (fake) tensor: its storage stands for the address
+                    address = storage_id(v) + offset * (_ITEMSIZE.get(dtype) or dtype.itemsize)
                 # the storage's address (the view's, less its offset: untyped_storage() makes an object);
                 # a tensor without elements aliases nothing; storages are numbered, not named by address,
                 # so that the description is the same on every call with the same layout

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import logging
 import os
 import typing
 from dataclasses import dataclass
@@ -19,11 +20,14 @@ from typing import Any
 
 import torch
 
+from ..core import device
+from ..writes.strategies import span_of
 from . import hooks
 from .autograd_function import arguments_of, as_tuple, differentiable, differentiable_once, refuse_unread, taped_call
 from .kernel_roles import kernel_info
 from .tape import Tape, current_tape
 
+_log = logging.getLogger("tritongrad")
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
 
 
@@ -59,11 +63,14 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
     if not _legacy():  # what torch.compile calls: the forward also returns what its backward reads
         saving = _register(name + "_saving", protos.saving, _saving_impl(fn, name, not opaque), _saving_fake(fn),
                            opaque)
+        eager_backward = _saved_backward(fn, name, arguments, plans, deterministic)
         saved_backward = torch.library.custom_op(
             name + "_saved_backward", mutates_args=(),
-            schema=torch.library.infer_schema(protos.saved_backward, mutates_args=()))(
-            _saved_backward(fn, name, arguments, plans, deterministic))
+            schema=torch.library.infer_schema(protos.saved_backward, mutates_args=()))(eager_backward)
         saved_backward.register_fake(_fake_saved_backward)
+        if not opaque:  # the compiled graph launches the derived kernels itself
+            traced = _traced_backward(fn, name, arguments, plans, deterministic, eager_backward, saved_backward)
+            saved_backward = _register(name + "_traced_backward", protos.saved_backward, traced, None, False)
         setup_context, backward = _saving_autograd(saved_backward, name, protos.outputs)
         saving.register_autograd(backward, setup_context=setup_context)
     several = protos.outputs > 1 or _several(protos.forward)
@@ -179,12 +186,14 @@ def _recompute_backward(fn: Any, name: str, arguments, plans: dict, deterministi
     return backward
 
 
-def _gradients(tape: Tape, outputs: tuple, inputs: list, arguments, grads: list, needs: list) -> list:
-    """The needed inputs' gradients from a recorded forward (zeros where none reaches)."""
+def _gradients(tape: Tape, outputs: tuple, inputs: list, arguments, grads: list, needs: list,
+               launches: Any = None) -> list:
+    """The needed inputs' gradients from a recorded forward (zeros where none reaches); ``launches``: a
+    hooks.Launches wrapping the derived kernels' launches (traced)."""
     diff = [t for t, need in zip(arguments(tuple(inputs), {}).values(), needs, strict=True) if need]
     tape.close(outputs, tuple(inputs), {}, arguments, diff_inputs=diff)
     saved, tape.saved = tuple(tape.saved), None
-    result = tape.backward(saved, tuple(grads), [True] * len(diff))
+    result = tape.backward(saved, tuple(grads), [True] * len(diff), launches)
     return [torch.zeros_like(t) if g is None else torch.empty_like(t).copy_(g) for t, g in zip(diff, result,
                                                                                                strict=True)]
 
@@ -240,6 +249,74 @@ def _saved_backward(fn: Any, name: str, arguments, plans: dict, deterministic: b
     return backward
 
 
+def _traced_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool, eager: Any, opaque: Any):
+    """The saved-buffer backward as a triton_op: while torch.compile traces it, the derived kernels' launches are
+    issued through wrap_triton (the compiled graph schedules them); on real tensors, ``eager``. What cannot be
+    traced (an autotuned forward, whose config is chosen when the graph runs; index tensors read by a launch
+    check; fake tensors reaching something that reads values) keeps the ``opaque`` op in the graph."""
+    def backward(*args):
+        if not _wrap_triton_enabled():
+            return eager(*args)
+        try:
+            _rehearse(eager, args)
+            with device.traced():
+                return _traced_gradients(fn, name, arguments, plans, deterministic, *args)
+        except Exception as e:  # noqa: BLE001 (the opaque op computes the same gradients, its own way)
+            _log.info("tritongrad.op `%s`: the compiled graph calls its backward opaquely: %s", name, e, exc_info=True)
+            return opaque(*args)
+
+    return backward
+
+
+def _traced_gradients(fn: Any, name: str, arguments, plans: dict, deterministic: bool, *args) -> list:
+    *inputs, saved, grads, needs = args
+    with hooks.collecting("skip") as launches:
+        fresh = as_tuple(fn(*inputs))
+    saved = [t.detach() for t in saved]
+    swaps = _swaps(launches, inputs, fresh, saved)
+    if swaps is None:
+        raise _Untraceable("its forward's buffers cannot be matched with the saved ones (an autotuned launch?)")
+    swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    tape = Tape(name, plans, deterministic)
+    for kernel, grid, a, kw in launches.calls:
+        tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
+    with hooks.collecting("wrap", name) as launches:
+        return _gradients(tape, tuple(saved[:len(fresh)]), inputs, arguments, grads, needs, launches)
+
+
+class _Untraceable(Exception):
+    pass
+
+
+def _rehearse(eager: Any, args: tuple) -> None:
+    """The eager backward once on real tensors laid out as the traced ones (random values; storages shared as
+    theirs are): it makes the checks a first backward makes (gradient outside the tensors passed: backward.py)
+    and times the launch settings, which the traced backward then looks up (tuning.py)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    if not any(t.device.type == "cuda" for t in _tensors(args)):  # (compiled kernels run on GPUs only)
+        return
+    with _disable_current_modes():
+        memory: dict[int, torch.Tensor] = {}
+        for t in _tensors(args):  # each storage as many bytes as its views reach
+            key, end = device.storage_id(t), (t.storage_offset() + span_of(t)) * t.element_size()
+            if key not in memory or memory[key].numel() < end:
+                memory[key] = torch.zeros(end, dtype=torch.uint8, device=t.device)
+        real = {}
+        for t in _tensors(args):
+            r = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                memory[device.storage_id(t)].untyped_storage(), t.storage_offset(), t.shape, t.stride())
+            if t.dtype.is_floating_point:
+                r.copy_(torch.randn(t.shape, dtype=t.dtype, device=t.device))
+            real[id(t)] = r
+        swap = lambda v: real.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        eager(*[[swap(u) for u in v] if isinstance(v, list) else swap(v) for v in args])
+
+
+def _tensors(args: tuple) -> list[torch.Tensor]:
+    return [u for v in args for u in (v if isinstance(v, list) else (v,)) if isinstance(u, torch.Tensor)]
+
+
 def _swaps(launches: hooks.Launches, inputs: list, fresh: tuple, saved: list) -> dict | None:
     """id(fresh tensor) -> the saved one in its place, or None where they cannot be matched."""
     buffers = launches.intermediates(inputs, fresh)
@@ -262,7 +339,7 @@ def _overwrites_what_was_read(calls: list) -> bool:
         if info.roles is None:
             return True
         named, _ = info.named_arguments(args, kwargs)
-        tensors = {p: v.untyped_storage().data_ptr() for p, v in named.items() if isinstance(v, torch.Tensor)}
+        tensors = {p: device.storage_of(v) for p, v in named.items() if isinstance(v, torch.Tensor)}
         loads = {tensors[p] for p in info.roles.loads if p in tensors}
         if any(tensors[p] in read | loads for p in info.roles.overwrites if p in tensors):
             return True

@@ -28,7 +28,7 @@ import torch
 
 from ..analysis.in_place import stored_param
 from ..core.bounded import Bounded
-from ..core.device import ensure_allocator
+from ..core.device import ensure_allocator, tracing
 from ..core.errors import OpError
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
@@ -160,7 +160,7 @@ class Tape:
         snapshots = self._snapshots(info, args, kwargs) if info.roles is not None and info.roles.in_place else ()
         earlier = self._save_overwritten(info, positions, tuple(kwargs)) if self.launches and info.roles else ()
         pattern = (kernel.fn, positions, tuple(kwargs), snapshots, earlier)  # fn: JITFunction.__hash__ is Python
-        if tensors.mixed or (tensors.on_cpu and not info.interpreted):
+        if tensors.mixed or (tensors.on_cpu and not info.interpreted and not tracing()):  # (traced: not run here)
             self._check_devices(index, info, args, kwargs)
         if pattern not in _pointers_checked and self._check_pointers(index, info, args, kwargs, positions):
             _pointers_checked.add(pattern)
@@ -331,9 +331,11 @@ class Tape:
 
     # -- backward -----------------------------------------------------------------------------------
 
-    def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        """Gradients of the differentiated inputs (None where not needed or not reached): backward.py."""
-        token = current_tape.set(None)  # derived kernels are not recorded, even inside another op's forward
+    def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool], launches: Any = None
+                 ) -> list[torch.Tensor | None]:
+        """Gradients of the differentiated inputs (None where not needed or not reached): backward.py.
+        ``launches``: a hooks.Launches gathering (or wrapping) the derived kernels' launches."""
+        token = current_tape.set(launches)  # derived kernels are not recorded, even inside another op's forward
         try:
             return OpBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
         finally:

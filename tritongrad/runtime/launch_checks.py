@@ -7,7 +7,7 @@ from typing import Any
 
 from ..analysis.launch_values import LaunchValues
 from ..core.bounded import Bounded
-from ..core.device import capturing
+from ..core.device import address, capturing, tracing
 from ..core.errors import NotDifferentiableError
 from ..writes.launch_facts import Layout, overlap
 from ..writes.strategies import Choice, Mode
@@ -85,7 +85,7 @@ class LaunchChecks:
             raise ValueError(f"{k.name}: {about}: it must have `{p}`'s sizes {tuple(x.shape)}, strides {x.stride()} "
                              f"and dtype {x.dtype} on {x.device}; got {tuple(t.shape)}, {t.stride()}, {t.dtype} on "
                              f"{t.device}")
-        if t.numel() and t.data_ptr() == x.data_ptr():
+        if t.numel() and address(t) == address(x):
             raise ValueError(f"{k.name}: {about}: one tensor was passed to both")
 
     def default_wrt(self, named: dict[str, Any]) -> None:
@@ -153,6 +153,10 @@ class LaunchChecks:
         for check in self.kernel.launch_checks:
             if cached and check.condition.cacheable:  # (checks reading tensor contents run every time)
                 continue
+            if not check.condition.cacheable and tracing():  # (the op's backward stays opaque: library.py)
+                raise NotDifferentiableError(f"{check.construct}: checked on each launch by reading the index "
+                                             "tensors, which fake tensors do not have", file=check.where.file,
+                                             line=check.where.line)
             if not check.condition.cacheable and capturing():
                 raise NotDifferentiableError(
                     f"{check.construct}: checked on each launch by reading the index tensors, which a CUDA graph "

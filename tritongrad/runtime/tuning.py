@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.device import tracing
+
 WARPS = (4, 8, 16, 32)  # 32: a program holding a 16384-wide row
 WAVES = (1, 2, 4, 8)  # persistent programs per multiprocessor
 # software pipelining of a kernel's loop (over blocks, over the forward's programs: interchange.py, or a persistent
@@ -79,8 +81,8 @@ def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched
     tensors a trial adds into (restored afterwards). ``holds``: the kernel may hold loads across its loop."""
     with _lock:
         found = _best.get(key)
-    if found is not None:
-        return found
+    if found is not None or tracing():  # (traced: fake tensors, nothing to time; library.py rehearses on real ones)
+        return found or DEFAULT
     touched = [_memory_of(t) for t in touched]  # (an expanded tensor cannot be copied into: its memory can)
     saved = [t.clone() for t in touched]
     try:
@@ -103,8 +105,8 @@ def _fastest(cache: dict, key: tuple, options: Sequence[Any], run_under: Callabl
     much shared memory, a backward that cannot be derived under a config) is not a candidate."""
     with _lock:
         found = cache.get(key)
-    if found is not None:
-        return found
+    if found is not None or tracing():
+        return found or default
     import triton
 
     times = []

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..analysis.conditions import apart
 from ..analysis.launch_values import LaunchValues
+from ..core.device import address
 
 BUDGET = 4096  # search steps per overlap question before it answers "may overlap"
 
@@ -48,7 +49,7 @@ class Layout:
     def of(t: Any) -> Layout:
         """A tensor's layout, or a replay's ``View`` (storage key, offset in elements)."""
         if hasattr(t, "data_ptr"):
-            return Layout(None, t.data_ptr(), t.element_size(), tuple(t.shape), tuple(t.stride()))
+            return Layout(*address(t), t.element_size(), tuple(t.shape), tuple(t.stride()))
         return Layout(t.key or id(t), t.offset * t.dtype.itemsize, t.dtype.itemsize, tuple(t.size), tuple(t.stride))
 
     @property

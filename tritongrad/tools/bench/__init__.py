@@ -16,6 +16,8 @@ only where asked for with ``--impl``.
 Implementations of one example, all measured in one run, one size after another:
 
 - ``tritongrad``: the example's ``@tritongrad.op`` (its forward launches, the derived backward);
+- ``tritongrad-compile`` (only with ``--impl``): that op under ``torch.compile``: Inductor launches its
+  forward kernels and the derived backward kernels (traced through ``wrap_triton``);
 - ``liger-fwd``: Liger-Kernel's own forward launcher wrapped with ``@tritongrad.op``, so the same
   forward runs with the derived backward (rmsnorm, layernorm, swiglu, softmax);
 - ``liger``: Liger-Kernel's hand-written ``autograd.Function`` (forward and backward kernels);

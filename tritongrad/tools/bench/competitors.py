@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-IMPLS = ("tritongrad", "liger-fwd", "liger", "compile", "eager")
+IMPLS = ("tritongrad", "tritongrad-compile", "liger-fwd", "liger", "compile", "eager")
+OPTIONAL = ("tritongrad-compile",)  # timed only where asked for (--impl)
 
 
 # example -> (Liger module, its attribute, attribute -> a callable with the reference's signature).
@@ -95,7 +96,7 @@ def implementations(example, requested: Sequence[str] | None, dtype_name: str) -
     reference = getattr(example, "reference", None)
     names = list(requested) if requested else [
         i for i in IMPLS
-        if (i not in ("liger", "liger-fwd") or getattr(example, "bundled", True)
+        if i not in OPTIONAL and (i not in ("liger", "liger-fwd") or getattr(example, "bundled", True)
             and _canonical(example.name) in (LIGER if i == "liger" else LIGER_FWD))
         and (reference is not None or i not in ("compile", "eager"))]
     impls = []
@@ -109,6 +110,11 @@ def implementations(example, requested: Sequence[str] | None, dtype_name: str) -
                 impls.append(Impl(name, None, f"the example supports {supported}"))
             else:
                 impls.append(Impl(name, lambda: example.op))
+        elif name == "tritongrad-compile":  # the op under torch.compile: Inductor launches forward and backward
+            def compiled_op():
+                torch._dynamo.reset()
+                return torch.compile(example.op, dynamic=False)
+            impls.append(Impl(name, compiled_op))
         elif name == "eager":
             impls.append(Impl(name, lambda: example.reference))
         elif name == "compile":
