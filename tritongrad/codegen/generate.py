@@ -187,6 +187,42 @@ def compile_kernel(src: str, name: str, program: Program) -> Any:
     return jit_source(src, name, {**program.scope, "triton": triton, "tl": tl, "tg": tg})
 
 
+def self_contained(kernel: Any) -> Any:
+    """A derived kernel whose ``tg`` helpers are globals of their own (``tg.widened`` -> ``tg_widened``, defined as
+    ``def tg_widened``): what torch.compile's Inductor can copy into its own module, which names a kernel's
+    dependencies by the JIT functions' own names and takes no module attributes but Triton's. Cached."""
+    found = _contained.get(kernel)
+    if found is None:
+        helpers: dict[str, Any] = {}
+        src = _TG_NAME.sub(lambda m: _helper(m.group(1), helpers), kernel.src)
+        scope = {**kernel.fn.__globals__, **helpers}
+        found = _contained[kernel] = jit_source(f"@triton.jit\n{src}", kernel.fn.__name__, scope)
+    return found
+
+
+_TG_NAME = re.compile(r"\btg\.(\w+)")
+_contained: dict[Any, Any] = {}
+
+
+def _helper(name: str, helpers: dict[str, Any]) -> str:
+    """``tg_<name>``, its definition (and those of the helpers it calls) added to ``helpers``."""
+    own = f"tg_{name}"
+    if own in helpers:
+        return own
+    found = getattr(tg, name)
+    if not hasattr(found, "src"):  # a constant (DESCRIPTOR_ATOMICS)
+        helpers[own] = found
+        return own
+    helpers[own] = None  # (being made: a helper calling itself)
+    src = re.sub(r"^def \w+", f"def {own}", found.src, count=1, flags=re.M)
+    src = _CALLED.sub(lambda m: _helper(m.group(1), helpers), src)
+    helpers[own] = jit_source(f"@triton.jit\n{src}", own, {**found.fn.__globals__, **helpers})
+    return own
+
+
+_CALLED = re.compile(rf"(?<![.\w])({'|'.join(sorted({*tg.HELPERS, *tg._COMBINES}, key=len, reverse=True))})\b")
+
+
 def jit_source(src: str, name: str, scope: dict[str, Any]) -> Any:
     """The function ``name`` that ``src`` (decorated ``@triton.jit``) defines in a copy of ``scope``, its
     source registered with linecache (Triton reads it back)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..codegen.generate import self_contained
 from ..core.errors import OpError
 from .tape import current_autotuner, current_tape
 
@@ -84,6 +85,9 @@ def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) 
     kwargs = dict(kwargs)
     grid = kwargs.pop("grid")
     kwargs.pop("warmup", None)
+    if getattr(getattr(kernel, "fn", None), "__code__", None) is not None \
+            and kernel.fn.__code__.co_filename.startswith("<tritongrad:"):  # a derived kernel (traced backward)
+        kernel = self_contained(kernel)
     token = current_tape.set(None)  # wrap_triton's own launch is not intercepted again
     try:
         return wrap_triton(kernel)[grid](*args, **kwargs)

@@ -194,8 +194,17 @@ def _gradients(tape: Tape, outputs: tuple, inputs: list, arguments, grads: list,
     tape.close(outputs, tuple(inputs), {}, arguments, diff_inputs=diff)
     saved, tape.saved = tuple(tape.saved), None
     result = tape.backward(saved, tuple(grads), [True] * len(diff), launches)
-    return [torch.zeros_like(t) if g is None else torch.empty_like(t).copy_(g) for t, g in zip(diff, result,
-                                                                                               strict=True)]
+    # an op's outputs may not share memory with its arguments or with each other: copied only where they would
+    taken = {device.storage_of(a) for a in _tensors([*inputs, saved, grads])}
+    found = []
+    for t, g in zip(diff, result, strict=True):
+        if g is None:
+            found.append(torch.zeros_like(t))
+            continue
+        memory = device.storage_of(g)
+        found.append(torch.empty_like(t).copy_(g) if memory in taken else g)
+        taken.add(memory)
+    return found
 
 
 # -- what torch.compile calls: a forward that returns what its backward reads ----------------------
