@@ -20,7 +20,8 @@ The backward (replay_backward.py): once the plan's backward for a schedule has k
 step (from its second backward on: backward.py), a replay's backward launches them in order.
 
 Only calls whose launches hold nothing per call are replayed: no in-place snapshots or copies of overwritten
-reads, no state tapes kept by an augmented forward, no autotuner's configs, no host descriptors, every non-tensor
+reads, no state tapes kept by an augmented forward, no configs offered to the backward (tiles.py: an autotuner's,
+a kernel's declared ones: the grid function that gives their grids is the call's), no host descriptors, every non-tensor
 launch argument a plain value (relaunch.plain_values); and named ops only (a bare op's host function may mix in
 PyTorch operations: segments.py). ``TRITONGRAD_REPLAY=0`` turns replays off.
 """
