@@ -57,8 +57,8 @@ def two_products(a, b, b2):
 def timed(monkeypatch):
     """Tuning on, with a timer that runs each config's trial once and reports the time ``ranks`` gives its
     tile sizes (2.0 if none; warps and stages are not tuned); the tile sizes of every backward launch are
-    recorded in ``blocks``, the warps and stages passed in ``options``."""
-    state = {"ranks": {}, "trials": 0, "blocks": [], "options": []}
+    recorded in ``blocks``, the warps and stages passed in ``options``, the (forward's) grid in ``grids``."""
+    state = {"ranks": {}, "trials": 0, "blocks": [], "options": [], "grids": []}
 
     def do_bench(fn, **kwargs):
         state["trials"] += 1
@@ -70,6 +70,7 @@ def timed(monkeypatch):
     def spy(self, grid, named, *args, **kwargs):
         state["blocks"].append((named["BLOCK_M"], named["BLOCK_N"], named["BLOCK_K"]))
         state["options"].append({k: named[k] for k in ("num_warps", "num_stages") if k in named})
+        state["grids"].append(tuple(grid))
         return real(self, grid, named, *args, **kwargs)
 
     monkeypatch.setattr(tuning, "enabled", lambda device: True)
@@ -183,6 +184,8 @@ def test_a_fixed_config_launch_gets_its_backward_under_whichever_declared_config
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
     assert timed["blocks"][:-1] == CANDIDATES and timed["trials"] == 4  # each timed once, the forward's too
     assert timed["blocks"][-1] == CANDIDATES[winner]  # the launch that counts
+    bm, bn, _ = CANDIDATES[winner]
+    assert timed["grids"][-1] == (triton.cdiv(45, bm), triton.cdiv(37, bn))  # the grid function's for it
     assert timed["options"][-1] == ({}, {"num_warps": 2, "num_stages": 3}, {"num_warps": 8, "num_stages": 2},
                                      {"num_warps": 4, "num_stages": 3})[winner]  # (the forward passed none)
 
