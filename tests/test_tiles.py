@@ -298,3 +298,34 @@ def test_the_fixed_config_example_gets_pytorchs_gradients_under_a_declared_confi
         for x, y in zip(got, torch.autograd.grad(matmul.reference(a, b, ta, tb), [a, b], g), strict=True):
             torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
         assert timed["blocks"][-1] == (32, 16, 32)
+
+
+NAMED_KERNEL = declared_kernel()
+NAMED_HEURISTIC = triton.heuristics({"COMPUTE": lambda args: tl.float64})(declared_kernel())
+
+
+@tritongrad.op("tgtiles::declared_product")
+def declared_product(a, b):
+    return fixed_product(NAMED_KERNEL, a, b)
+
+
+@tritongrad.op("tgtiles::heuristic_product")
+def heuristic_product(a, b):
+    return fixed_product(NAMED_HEURISTIC, a, b)
+
+
+@pytest.mark.parametrize("op", [declared_product, heuristic_product], ids=["declared", "heuristics"])
+def test_a_compiled_named_ops_saved_backward_offers_the_declared_configs_but_under_heuristics(timed, op):
+    compiled = torch.compile(lambda a, b: op(a, b), fullgraph=True, backend="aot_eager")
+    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
+    c = compiled(a, b)
+    g = torch.randn_like(c)
+    timed["ranks"] = {CANDIDATES[1]: 1.0}
+    got = torch.autograd.grad(c, [a, b], g)
+    for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    if op is heuristic_product:  # (the saved backward records the launches the host function made, told of these)
+        assert timed["trials"] == 0 and set(timed["blocks"]) == {CANDIDATES[0]}
+    else:
+        assert timed["blocks"] == CANDIDATES + [CANDIDATES[1]]
