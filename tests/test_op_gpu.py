@@ -366,6 +366,46 @@ def test_multi_config_autotune_backward_runs_under_one_of_its_configs_with_its_g
         assert grid == (triton.cdiv(5000, kwargs["BLOCK"]),)
 
 
+def test_a_fixed_config_launch_of_a_kernel_declaring_configs_gets_its_backward_under_the_fastest(monkeypatch):
+    launched = []
+    real = op_backward.grad
+
+    def spy(*args, **kwargs):
+        bwd = real(*args, **kwargs)
+
+        class Spy:
+            def __getattr__(self, name):
+                return getattr(bwd, name)
+
+            def launch(self, grid, named, *args, **kwargs):
+                launched.append((grid, named))
+                return bwd.launch(grid, named, *args, **kwargs)
+
+        return Spy()
+
+    monkeypatch.setattr(op_backward, "grad", spy)
+    monkeypatch.setattr(tuning, "_configs", {})
+    declared = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((64, 2), (1024, 8))]
+    kernel = tritongrad.backward_configs(declared)(triton.jit(tuned_kernel.fn.fn))
+
+    @tritongrad.op
+    def silu(x):
+        y = torch.empty_like(x)
+        n = x.numel()
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n, BLOCK=256, num_warps=4)
+        return y
+
+    x = rand(5000)
+    got, (gx,) = grads_of(silu, x)
+    want, (wx,) = grads_of(lambda x: x * torch.sigmoid(x), x)
+    torch.testing.assert_close(gx, wx)
+    assert {kwargs["BLOCK"] for _, kwargs in launched} == {64, 256, 1024}  # the declared and the forward's, timed
+    (chosen,) = tuning._configs.values()
+    assert launched[-1][1]["BLOCK"] == dict(chosen)["BLOCK"]  # the launch that counts: the fastest
+    for grid, kwargs in launched:
+        assert grid == (triton.cdiv(5000, kwargs["BLOCK"]),)
+
+
 def test_no_host_sync_on_repeated_calls():
     x, w = rand(1000), rand(1000)
     chain(x, w).sum().backward()  # warm: kernels compiled, backward kernels derived

@@ -9,11 +9,13 @@ import itertools
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 import tritongrad
 from tritongrad.examples import matmul
 from tritongrad.examples.launch import compute_type
-from tritongrad.ops import tape as tapes
+from tritongrad.ops.kernel_roles import kernel_info
+from tritongrad.ops.tiles import Tiles
 from tritongrad.runtime import derive, tuning
 
 # the forward's (the first) has the largest tiles: another's grid has more programs
@@ -55,8 +57,8 @@ def two_products(a, b, b2):
 def timed(monkeypatch):
     """Tuning on, with a timer that runs each config's trial once and reports the time ``ranks`` gives its
     tile sizes (2.0 if none; warps and stages are not tuned); the tile sizes of every backward launch are
-    recorded in ``blocks``."""
-    state = {"ranks": {}, "trials": 0, "blocks": []}
+    recorded in ``blocks``, the warps and stages passed in ``options``, the (forward's) grid in ``grids``."""
+    state = {"ranks": {}, "trials": 0, "blocks": [], "options": [], "grids": []}
 
     def do_bench(fn, **kwargs):
         state["trials"] += 1
@@ -67,6 +69,8 @@ def timed(monkeypatch):
 
     def spy(self, grid, named, *args, **kwargs):
         state["blocks"].append((named["BLOCK_M"], named["BLOCK_N"], named["BLOCK_K"]))
+        state["options"].append({k: named[k] for k in ("num_warps", "num_stages") if k in named})
+        state["grids"].append(tuple(grid))
         return real(self, grid, named, *args, **kwargs)
 
     monkeypatch.setattr(tuning, "enabled", lambda device: True)
@@ -125,13 +129,203 @@ def test_deterministic_backward_keeps_the_forwards_config(timed):
 def test_configs_are_offered_only_where_the_autotuner_launches_the_kernel_with_a_grid_function():
     heuristic = triton.autotune(CONFIGS, key=["M"])(triton.heuristics({"EVEN": lambda args: True})(
         matmul.matmul_kernel.fn))
-    def autotuned(tuner, grid, k=64):
-        return tuner, (None,) * 5 + (k,), {"grid": grid}  # K is the sixth argument
+    def offered(tuner, kernel, grid=lambda meta: (1,), k=64):
+        args = (None,) * 5 + (k,)  # K is the sixth argument
+        return Tiles.of(kernel, grid, kernel_info(kernel), args, {}, (tuner, args, {"grid": grid}))
 
-    offered = tapes.Tiles.of(autotuned(tiled, lambda meta: (1,)), tiled.fn)
-    assert offered is not None and len(offered.configs) == 3  # but the one with BLOCK_K 128 > K
-    assert tapes.Tiles.of(autotuned(tiled, lambda meta: (1,), k=20), tiled.fn) is None  # one config fits
-    assert tapes.Tiles.of(autotuned(heuristic, lambda meta: (1,)), heuristic.fn.fn) is None  # EVEN could read a config
-    assert tapes.Tiles.of(autotuned(tiled, (4, 4)), tiled.fn) is None  # a fixed grid: another tile size needs another
+    found = offered(tiled, tiled.fn)
+    assert found is not None and len(found.configs) == 3  # but the one with BLOCK_K 128 > K
+    assert offered(tiled, tiled.fn, k=20) is None  # one config fits
+    assert offered(heuristic, heuristic.fn.fn) is None  # EVEN could read a config
+    assert offered(tiled, tiled.fn, grid=(4, 4)) is None  # a fixed grid: another tile size needs another
     single = triton.autotune(CONFIGS[:1], key=["M"])(matmul.matmul_kernel.fn)
-    assert tapes.Tiles.of(autotuned(single, lambda meta: (1,)), single.fn) is None
+    assert offered(single, single.fn) is None
+
+
+# -- configs declared for a kernel launched with a fixed config (tritongrad.backward_configs) -------------------------
+
+FIXED = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}  # the forward's: the largest tiles, the fewest programs
+DECLARED = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16}, num_warps=2),
+            triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64}, num_warps=8, num_stages=2),
+            triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16})]
+CANDIDATES = [(32, 32, 32), (16, 32, 16), (16, 16, 64), (32, 16, 16)]  # the forward's, then the declared configs'
+
+
+def declared_kernel():
+    """The example's matmul kernel, a jit function of its own, with DECLARED."""
+    return tritongrad.backward_configs(DECLARED)(triton.jit(matmul.matmul_kernel.fn.fn))
+
+
+def fixed_product(kernel, a, b, transpose_a=False, transpose_b=False, grid=None):
+    """``op(a) @ op(b)`` by ``kernel`` with FIXED; ``grid``: a tuple instead of the grid function."""
+    launch = matmul.matmul_launch(a, b, transpose_a, transpose_b, kernel, FIXED)
+    if grid is not None:
+        launch.grid = grid(launch.out.shape)
+    return launch()
+
+
+def expected_grads(f, inputs, g):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    return torch.autograd.grad(f(*leaves), leaves, g)
+
+
+@pytest.mark.parametrize("winner", range(len(CANDIDATES)))
+def test_a_fixed_config_launch_gets_its_backward_under_whichever_declared_config_is_fastest(timed, poisoned_empty,
+                                                                                              winner):
+    kernel = declared_kernel()
+    op = tritongrad.op(lambda a, b: fixed_product(kernel, a, b))
+    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
+    c = op(a, b)
+    g = torch.randn_like(c)
+    timed["ranks"] = {CANDIDATES[winner]: 1.0}
+    got = torch.autograd.grad(c, [a, b], g)
+    for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert timed["blocks"][:-1] == CANDIDATES and timed["trials"] == 4  # each timed once, the forward's too
+    assert timed["blocks"][-1] == CANDIDATES[winner]  # the launch that counts
+    bm, bn, _ = CANDIDATES[winner]
+    assert timed["grids"][-1] == (triton.cdiv(45, bm), triton.cdiv(37, bn))  # the grid function's for it
+    assert timed["options"][-1] == ({}, {"num_warps": 2, "num_stages": 3}, {"num_warps": 8, "num_stages": 2},
+                                     {"num_warps": 4, "num_stages": 3})[winner]  # (the forward passed none)
+
+
+BINDINGS = {  # (a, b, transpose_a, transpose_b) -> the product in PyTorch, and a leaf per distinct tensor
+    "a transposed": (lambda: (torch.randn(70, 45, dtype=torch.float64), torch.randn(70, 37, dtype=torch.float64)),
+                     (True, False), lambda a, b: a.T @ b),
+    "b expanded": (lambda: (torch.randn(45, 70, dtype=torch.float64), torch.randn(70, 1, dtype=torch.float64)),
+                   (False, False), lambda a, b: a @ b.expand(70, 37)),
+    "a @ a.T": (lambda: (torch.randn(45, 70, dtype=torch.float64),), (False, True), lambda a: a @ a.T),
+}
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_a_declared_config_gives_pytorchs_gradients_through_transposed_expanded_and_repeated_operands(
+        timed, poisoned_empty, binding):
+    make, (ta, tb), reference = BINDINGS[binding]
+    kernel = declared_kernel()
+    leaves = [t.requires_grad_() for t in make()]
+
+    @tritongrad.op
+    def product(*xs):
+        a, b = (xs[0], xs[0]) if len(xs) == 1 else (xs[0], xs[1].expand(70, 37) if binding == "b expanded" else xs[1])
+        return fixed_product(kernel, a, b, ta, tb)
+
+    c = product(*leaves)
+    g = torch.randn_like(c)
+    timed["ranks"] = {CANDIDATES[2]: 1.0}  # the forward's BLOCK_K 32 by 64: another split of K too
+    got = torch.autograd.grad(c, leaves, g)
+    for x, y in zip(got, expected_grads(reference, leaves, g), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert timed["blocks"][-1] == CANDIDATES[2]
+
+
+def test_a_tuple_grid_keeps_the_forwards_config(timed):
+    kernel = declared_kernel()
+    grid = lambda shape: (triton.cdiv(shape[0], 32), triton.cdiv(shape[1], 32))  # noqa: E731 (FIXED's)
+    op = tritongrad.op(lambda a, b: fixed_product(kernel, a, b, grid=grid))
+    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
+    c = op(a, b)
+    g = torch.randn_like(c)
+    timed["ranks"] = {CANDIDATES[1]: 1.0}
+    got = torch.autograd.grad(c, [a, b], g)
+    for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert timed["trials"] == 0 and set(timed["blocks"]) == {CANDIDATES[0]}  # the forward's: no grid for another
+
+
+def test_a_kernel_run_by_heuristics_or_deterministically_keeps_the_forwards_config(timed):
+    kernel = declared_kernel()
+    heuristic = triton.heuristics({"COMPUTE": lambda args: tl.float64})(kernel)  # (its values could be the tiles')
+    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(45, 37, dtype=torch.float64)
+    timed["ranks"] = {CANDIDATES[1]: 1.0}
+    for op in (tritongrad.op(lambda a, b: fixed_product(heuristic, a, b)),
+               tritongrad.op(lambda a, b: fixed_product(kernel, a, b), deterministic=True)):
+        got = torch.autograd.grad(op(a, b), [a, b], g)
+        for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert timed["trials"] == 0 and set(timed["blocks"]) == {CANDIDATES[0]}
+
+
+def test_an_autotuned_kernels_declared_configs_replace_its_autotuners(timed):
+    tuner = triton.autotune(CONFIGS, key=["M", "N", "K"], do_bench=forward_timer())(
+        triton.jit(matmul.matmul_kernel.fn.fn))
+    assert tritongrad.backward_configs(DECLARED)(tuner) is tuner
+    op = tritongrad.op(lambda a, b: launch(a, b, tuner))
+    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
+    c = op(a, b)
+    g = torch.randn_like(c)
+    timed["ranks"] = {CANDIDATES[3]: 1.0, (16, 16, 32): 0.5}  # (16, 16, 32): the autotuner's, not declared
+    got = torch.autograd.grad(c, [a, b], g)
+    for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert timed["blocks"] == CANDIDATES + [CANDIDATES[3]]  # the one the autotuner chose, the declared; the fastest
+
+
+@pytest.mark.parametrize("config, said", [
+    (triton.Config({"BLOCK_Q": 16}), "sets `BLOCK_Q`, which is not a parameter of kernel `matmul_kernel` (its "
+                                     "constexprs: BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE)"),
+    (triton.Config({"BLOCK_M": 16, "K": 64}), "sets `K`, which is a parameter but not a constexpr of kernel"),
+    (triton.Config({"BLOCK_M": 16}, pre_hook=lambda nargs: None), "has a pre_hook"),
+])
+def test_a_declaration_the_kernel_cannot_take_is_refused_naming_what(config, said):
+    kernel = triton.jit(matmul.matmul_kernel.fn.fn)
+    with pytest.raises(ValueError, match="^tritongrad.backward_configs: ") as e:
+        tritongrad.backward_configs([DECLARED[0], config])(kernel)
+    assert said in str(e.value)
+    with pytest.raises(ValueError, match="no configs"):
+        tritongrad.backward_configs([])
+    with pytest.raises(TypeError, match="expected triton.Config objects, got dict"):
+        tritongrad.backward_configs([{"BLOCK_M": 16}])
+    from tritongrad.ops.tiles import DECLARED as declared
+
+    assert id(kernel) not in declared
+
+
+@pytest.mark.parametrize("size", matmul.SIZES)
+def test_the_fixed_config_example_gets_pytorchs_gradients_under_a_declared_config(timed, size):
+    a, b, ta, tb = matmul.make_inputs(size, dtype=torch.float64)
+    a, b = a.requires_grad_(), b.requires_grad_()
+    timed["ranks"] = {(32, 16, 32): 1.0}  # the second declared (the forward's is 16 x 16 x 16)
+    for _ in range(2):  # the second call: the named op's, its kind of call known (not replayed: tiles are per call)
+        c = matmul.matmul_fixed(a, b, ta, tb)
+        g = torch.randn_like(c)
+        got = torch.autograd.grad(c, [a, b], g)
+        for x, y in zip(got, torch.autograd.grad(matmul.reference(a, b, ta, tb), [a, b], g), strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+        assert timed["blocks"][-1] == (32, 16, 32)
+
+
+NAMED_KERNEL = declared_kernel()
+NAMED_HEURISTIC = triton.heuristics({"COMPUTE": lambda args: tl.float64})(declared_kernel())
+
+
+@tritongrad.op("tgtiles::declared_product")
+def declared_product(a, b):
+    return fixed_product(NAMED_KERNEL, a, b)
+
+
+@tritongrad.op("tgtiles::heuristic_product")
+def heuristic_product(a, b):
+    return fixed_product(NAMED_HEURISTIC, a, b)
+
+
+@pytest.mark.parametrize("op", [declared_product, heuristic_product], ids=["declared", "heuristics"])
+def test_a_compiled_named_ops_saved_backward_offers_the_declared_configs_but_under_heuristics(timed, op):
+    compiled = torch.compile(lambda a, b: op(a, b), fullgraph=True, backend="aot_eager")
+    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
+    c = compiled(a, b)
+    g = torch.randn_like(c)
+    timed["ranks"] = {CANDIDATES[1]: 1.0}
+    got = torch.autograd.grad(c, [a, b], g)
+    for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    if op is heuristic_product:  # (the saved backward records the launches the host function made, told of these)
+        assert timed["trials"] == 0 and set(timed["blocks"]) == {CANDIDATES[0]}
+    else:
+        assert timed["blocks"] == CANDIDATES + [CANDIDATES[1]]

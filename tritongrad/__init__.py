@@ -12,6 +12,7 @@ import importlib
 
 _EXPORTS = {
     "BackwardKernel": "runtime.derive",
+    "backward_configs": "ops.tiles",
     "custom_vjp": "runtime.custom",
     "grad": "runtime.derive",
     "vjp": "runtime.derive",

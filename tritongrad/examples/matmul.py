@@ -3,7 +3,13 @@
 moving both pointer tiles, autotuned over the tile sizes. A transposed operand is read through its
 strides, as the seed does, so no copy is made. The derived backward gives A and B kernels of their
 own (each program owns a tile of the gradient and loops over the other axis: no atomics), launched under
-whichever of the autotuner's configs makes them fastest (tape.Tiles)."""
+whichever of the autotuner's configs makes them fastest (ops/tiles.py).
+
+``matmul_fixed``: the same product launched with one config (``FIXED``), as hand-tuned code launches it, by a
+kernel that declares ``BACKWARD_CONFIGS`` (``tritongrad.backward_configs``: a product does not depend on its tile
+sizes), so that its backward runs under whichever of them, or the forward's, is fastest; ``declared=False``
+launches the autotuned kernel's own jit function instead, whose backward keeps the forward's config
+(benchmarks/matmul_fixed.py compares them)."""
 
 import os
 
@@ -15,12 +21,25 @@ import tritongrad
 
 from .launch import Launch, compute_type, itemsize
 
+
+def configs(tiles) -> list:
+    """``triton.Config``s of (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) tuples."""
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_stages=s, num_warps=w)
+            for bm, bn, bk, s, w in tiles]
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter would time every config: take one
-    CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})]
+    CONFIGS = configs([(16, 16, 16, 3, 4)])
+    FIXED = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
+    BACKWARD_CONFIGS = configs([(16, 32, 16, 3, 4), (32, 16, 32, 3, 4)])  # (not timed there: the forward's runs)
 else:
-    CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_stages=s, num_warps=w)
-               for bm, bn, bk, s, w in [(128, 128, 64, 3, 8), (128, 256, 64, 3, 8), (128, 128, 128, 3, 8),
-                                        (64, 128, 32, 4, 4), (128, 64, 32, 4, 4), (64, 64, 32, 4, 4)]]
+    CONFIGS = configs([(128, 128, 64, 3, 8), (128, 256, 64, 3, 8), (128, 128, 128, 3, 8), (64, 128, 32, 4, 4),
+                       (128, 64, 32, 4, 4), (64, 64, 32, 4, 4)])
+    FIXED = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
+    # the autotuner's, and tiles for the backward's products: dA's programs own BLOCK_M x BLOCK_K tiles and loop
+    # over N by BLOCK_N, dB's own BLOCK_K x BLOCK_N tiles and loop over M by BLOCK_M
+    BACKWARD_CONFIGS = CONFIGS + configs([(128, 128, 64, 4, 8), (64, 256, 64, 3, 8), (256, 128, 64, 3, 8),
+                                          (128, 64, 128, 3, 8), (64, 128, 128, 3, 8), (256, 64, 64, 4, 8)])
 
 
 @triton.autotune(configs=CONFIGS, key=["M", "N", "K"])
@@ -46,8 +65,10 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-def matmul_launch(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpose_b: bool = False) -> Launch:
-    """The launch of ``op(a) @ op(b)``: a transposed operand is passed with its strides swapped."""
+def matmul_launch(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpose_b: bool = False,
+                  kernel=matmul_kernel, config: dict | None = None) -> Launch:
+    """The launch of ``op(a) @ op(b)``: a transposed operand is passed with its strides swapped; ``config``: the
+    tile sizes and launch options of a kernel that is not autotuned."""
     (M, K), (stride_am, stride_ak) = (a.shape[::-1], a.stride()[::-1]) if transpose_a else (a.shape, a.stride())
     (K2, N), (stride_bk, stride_bn) = (b.shape[::-1], b.stride()[::-1]) if transpose_b else (b.shape, b.stride())
     assert K == K2, f"inner sizes differ: {K} and {K2}"
@@ -57,12 +78,24 @@ def matmul_launch(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, t
         return triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"])
 
     args = (a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, c.stride(0), c.stride(1))
-    return Launch(matmul_kernel, grid, args, {"COMPUTE": compute_type(a.dtype)}, "c_ptr", c)
+    return Launch(kernel, grid, args, {"COMPUTE": compute_type(a.dtype), **(config or {})}, "c_ptr", c)
 
 
 @tritongrad.op("tritongrad_examples::matmul")
 def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpose_b: bool = False) -> torch.Tensor:
     return matmul_launch(a, b, transpose_a, transpose_b)()
+
+
+# the same kernel, a jit function of its own (a declaration is per kernel object), for launches with a fixed config
+matmul_fixed_kernel = tritongrad.backward_configs(BACKWARD_CONFIGS)(triton.jit(matmul_kernel.fn.fn))
+KERNELS = (matmul_kernel,)  # (what `tritongrad show matmul` prints: the two are one source)
+
+
+@tritongrad.op("tritongrad_examples::matmul_fixed")
+def matmul_fixed(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpose_b: bool = False,
+                 declared: bool = True) -> torch.Tensor:
+    kernel = matmul_fixed_kernel if declared else matmul_kernel.fn
+    return matmul_launch(a, b, transpose_a, transpose_b, kernel, FIXED)()
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpose_b: bool = False) -> torch.Tensor:

@@ -120,9 +120,9 @@ class OpBackward:
                                  "contiguous memory?)")
 
     def _run_step(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> dict:
-        """Launch one step's derived kernel, under the forward's config or, for an autotuned launch on a GPU,
-        the one of its autotuner's configs under which the backward is fastest (tape.Tiles: timed once per
-        shape). Returns the partial rows of inputs summed in them (checked backwards)."""
+        """Launch one step's derived kernel, under the forward's config or, on a GPU, for a launch offered others (an
+        autotuner's, or those declared for its kernel: tiles.py), the one under which the backward is fastest (timed
+        once per shape). Returns the partial rows of inputs summed in them (checked backwards)."""
         launch = self.launches[step.launch.index]
         keep = None  # unchecked: launched by the Launcher an earlier backward kept, or keep one
         if guards is None and not tracing():  # (traced: each launch is issued through wrap_triton)
@@ -153,8 +153,8 @@ class OpBackward:
         return self._launch(step, launch, args, grid, config, shadows, guards, keep=keep)
 
     def _tiles(self, step: Step, launch: Any, args: dict, shadows: dict) -> tuple:
-        """The autotuner's config (keyword items) under which this step's backward runs fastest; () for the
-        forward's own or where nothing is timed (tuning.enabled). Kept per the launch's non-tensor arguments
+        """The config offered (keyword items: tiles.Tiles) under which this step's backward runs fastest; () where
+        nothing is timed (tuning.enabled) or none could run. Kept per the launch's non-tensor arguments
         (the plan fixes its tensors' layouts), so that a repeated backward neither describes nor looks up."""
         try:
             known = (launch.args, tuple(launch.kwargs.items()))
@@ -181,8 +181,8 @@ class OpBackward:
 
     def _launch(self, step: Step, launch: Any, args: dict, grid: tuple, config: tuple, shadows: dict,
                 guards: dict | None, setting: Any = None, keep: tuple | None = None) -> dict:
-        """The derived kernel's launch with the forward's arguments ``args`` (``config``: the autotuner's
-        config replacing the recorded one, else ()). The first writer of a storage's gradient stores it (into
+        """The derived kernel's launch with the forward's arguments ``args`` (``config``: the config replacing the
+        recorded one, else ()). The first writer of a storage's gradient stores it (into
         a buffer left unfilled where its loads cover it, in the input's own dtype where nothing else adds to
         it); later ones add to it (writes/strategies.py). ``keep``: the launch's key in ``step.launchers``, where a
         Launcher doing the same with the next backward's tensors is kept."""

@@ -20,6 +20,7 @@ import torch
 from ..codegen.generate import self_contained
 from ..core.errors import OpError
 from .tape import current_autotuner, current_tape
+from .tiles import current_heuristics
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
 
@@ -45,16 +46,19 @@ class Launches:
     first appearance). ``mode``: "wrap" issues each launch as ``torch.library.wrap_triton(kernel)[grid]``
     (what torch.compile traces inside a triton_op), "run" launches it, "skip" does not (the launches'
     arguments are all that is wanted). ``tuned``: an autotuner was launched (in "skip" mode the config
-    it would choose, which the backward needs, is unknown)."""
+    it would choose, which the backward needs, is unknown). ``heuristics``: per launch, the
+    ``@triton.heuristics`` that ran it, or None (a tape recording it is told: tiles.py)."""
 
     def __init__(self, mode: str, name: str = ""):
         self.mode, self.name = mode, name  # name: the op's, for errors
         self.calls: list[tuple] = []
         self.tensors: dict[int, torch.Tensor] = {}
         self.tuned = False
+        self.heuristics: list[Any] = []
 
     def add(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> None:
         self.calls.append((kernel, grid, args, kwargs))
+        self.heuristics.append(current_heuristics.get())
         for v in (*args, *kwargs.values()):
             if isinstance(v, torch.Tensor):
                 self.tensors.setdefault(id(v), v)
@@ -110,13 +114,14 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.autotuner import Autotuner, Heuristics
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     for cls in (JITFunction, InterpretedFunction):
         cls.run = _recorded(cls.run)
     Autotuner.run = _autotuner_hooked(Autotuner.run)
+    Heuristics.run = _heuristics_hooked(Heuristics.run)
     if hasattr(Autotuner, "_bench"):
         Autotuner._bench = _unrecorded(Autotuner._bench)
     _installed = True
@@ -177,6 +182,20 @@ def _autotuner_hooked(run):
 
     autotuner_run.__wrapped__ = run
     return autotuner_run
+
+
+def _heuristics_hooked(run):
+    def heuristics_run(self, *args, **kwargs):
+        if current_tape.get() is None:
+            return run(self, *args, **kwargs)
+        token = current_heuristics.set(self)  # its launch keeps its config: the values may be the tiles' (tiles.py)
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            current_heuristics.reset(token)
+
+    heuristics_run.__wrapped__ = run
+    return heuristics_run
 
 
 def _unrecorded(bench):

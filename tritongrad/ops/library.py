@@ -26,6 +26,7 @@ from . import hooks
 from .autograd_function import arguments_of, as_tuple, differentiable, differentiable_once, refuse_unread, taped_call
 from .kernel_roles import kernel_info
 from .tape import Tape, current_tape
+from .tiles import current_heuristics
 
 _log = logging.getLogger("tritongrad")
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
@@ -251,8 +252,12 @@ def _saved_backward(fn: Any, name: str, arguments, plans: dict, deterministic: b
             return recompute(*inputs, grads, needs)
         swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
         tape = Tape(name, plans, deterministic)
-        for kernel, grid, a, kw in launches.calls:
-            tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
+        for (kernel, grid, a, kw), heuristics in zip(launches.calls, launches.heuristics, strict=True):
+            token = current_heuristics.set(heuristics)  # (as the launch ran: its tiles may be re-chosen, tiles.py)
+            try:
+                tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
+            finally:
+                current_heuristics.reset(token)
         return _gradients(tape, tuple(saved[:len(fresh)]), inputs, arguments, grads, needs)
 
     return backward

@@ -20,7 +20,8 @@ The backward (replay_backward.py): once the plan's backward for a schedule has k
 step (from its second backward on: backward.py), a replay's backward launches them in order.
 
 Only calls whose launches hold nothing per call are replayed: no in-place snapshots or copies of overwritten
-reads, no state tapes kept by an augmented forward, no autotuner's configs, no host descriptors, every non-tensor
+reads, no state tapes kept by an augmented forward, no configs offered to the backward (tiles.py: an autotuner's,
+a kernel's declared ones: the grid function that gives their grids is the call's), no host descriptors, every non-tensor
 launch argument a plain value (relaunch.plain_values); and named ops only (a bare op's host function may mix in
 PyTorch operations: segments.py). ``TRITONGRAD_REPLAY=0`` turns replays off.
 """
@@ -39,7 +40,8 @@ from ..core.device import capturing, ensure_allocator
 from ..runtime import relaunch
 from . import backward as op_backward
 from .replay_backward import FastBackward
-from .tape import Tape, Tiles, _relaunchers, current_autotuner, current_tape
+from .tape import Tape, _relaunchers, current_autotuner, current_tape
+from .tiles import Tiles
 
 ENV = "TRITONGRAD_REPLAY"
 MAX_REPLAYS = 16  # per op: kinds of call it is called with in turn (a model's layers of a few sizes)
@@ -313,14 +315,15 @@ class FastTape:
         plain = expected.pick(values)
         if tuple(map(type, plain)) != expected.types or plain != expected.plain:  # (types first: no tensor compared)
             return False
+        shape = grid
         if expected.callable_grid:  # (the grid before the tensors: kinds of call often differ in it alone)
             if not callable(grid):
                 return False
             info = expected.recorded.info
-            grid = grid({**info.defaults, **info.named_arguments(args, kwargs)[0]})
+            shape = grid({**info.defaults, **info.named_arguments(args, kwargs)[0]})
         elif callable(grid):
             return False
-        if (grid if type(grid) is tuple else tuple(grid)) != expected.grid:
+        if (shape if type(shape) is tuple else tuple(shape)) != expected.grid:
             return False
         index = self.index
         for k, slot in expected.tensors:
@@ -328,8 +331,8 @@ class FastTape:
             i = index.get(id(v))
             if i != slot and (i is not None or not self._new_tensor(replay, v, slot)):
                 return False
-        autotuned = current_autotuner.get()
-        return autotuned is None or Tiles.of(autotuned, expected.kernel) is None
+        # (a replay's launches keep their configs: one that may take others is not its)
+        return Tiles.of(expected.kernel, grid, expected.recorded.info, args, kwargs, current_autotuner.get()) is None
 
     def _new_tensor(self, replay: Replay, v: Any, slot: int) -> bool:
         """Whether ``v``, a value not seen before in the call, is a tensor the replay's call had at ``slot``: the

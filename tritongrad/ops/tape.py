@@ -19,9 +19,7 @@ replay.py compares their launches with the first call's as they run.
 from __future__ import annotations
 
 import contextvars
-import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,6 +36,7 @@ from .host_descriptors import descriptor_view, has_host_descriptors
 from .kernel_roles import KernelInfo, kernel_info, kernel_infos
 from .planning import Planner
 from .shadows import Plan, launch_name
+from .tiles import Tiles
 
 # the Tape recording launches (None outside an op; hooks.py's DRY or Launches while a named op's host function
 # runs without a tape)
@@ -75,47 +74,10 @@ class RecordedLaunch:
                  tiles: Tiles | None = None):
         self.kernel, self.info, self.index, self.grid, self.args, self.kwargs = kernel, info, index, grid, args, kwargs
         self.saved: SavedStates | None = None  # the state tapes its forward kept for its backward (augment.py)
-        self.tiles = tiles  # the autotuner's other configs, which its backward may be launched with instead
+        self.tiles = tiles  # the configs its backward may be launched with instead of its own (tiles.py)
 
     def __str__(self) -> str:
         return launch_name(self.index, self.info)
-
-
-@dataclass(frozen=True)
-class Tiles:
-    """The configs of the autotuner a launch came from, and its grid function: the backward may run under
-    any of them (tuning.py). An autotuner's configs are interchangeable by its contract (it picks one by
-    speed alone), so the backward of the forward under another config is the same gradient, summed in
-    another order; the backward's best tiles are rarely the forward's (a matmul's input gradients are
-    products of other shapes). Only where the autotuner launches the kernel itself (no heuristics between
-    them, which could compute constexprs from the config's) and the grid is a function of the config; of
-    the configs its ``early_config_prune`` keeps for the launch's arguments (it may drop a tile size the
-    kernel cannot run at a shape)."""
-
-    configs: tuple[tuple[tuple[str, Any], ...], ...]  # each config's keyword arguments and launch options
-    grid: Callable[[dict], tuple]
-
-    @classmethod
-    def of(cls, autotuned: Any, kernel: Any) -> Tiles | None:
-        if autotuned is None:
-            return None
-        tuner, args, kwargs = autotuned
-        grid = kwargs.get("grid")
-        if tuner.fn is not kernel or not callable(grid) or len(tuner.configs) < 2:
-            return None
-        configs = tuner.configs
-        if getattr(tuner, "early_config_prune", None):
-            named = dict(zip(tuner.arg_names, args, strict=False))  # as the autotuner gives it
-            configs = tuner.early_config_prune(configs, named, **kwargs)
-        configs = _config_items(tuple(configs))
-        return cls(configs, grid) if len(configs) > 1 else None
-
-
-@functools.lru_cache(maxsize=256)
-def _config_items(configs: tuple) -> tuple:
-    """Autotuner configs as keyword items, but those with a pre_hook (it may fill what the backward reads);
-    cached: an op's every call records them."""
-    return tuple(tuple(sorted(c.all_kwargs().items())) for c in configs if c.pre_hook is None)
 
 
 class Tape:
@@ -164,6 +126,7 @@ class Tape:
             self._check_devices(index, info, args, kwargs)
         if pattern not in _pointers_checked and self._check_pointers(index, info, args, kwargs, positions):
             _pointers_checked.add(pattern)
+        tiles = Tiles.of(kernel, grid, info, args, kwargs, current_autotuner.get())
         if callable(grid):
             grid = grid({**info.defaults, **info.named_arguments(args, kwargs)[0]})
         n = len(args)
@@ -171,7 +134,6 @@ class Tape:
             if positions[n:].count(None) != len(kwargs):  # kwargs is a dict of our own (**kwargs): kept
                 kwargs = dict(zip(kwargs, kept[n:], strict=True))  # unless it holds tensors
             kept = kept[:n]
-        tiles = Tiles.of(current_autotuner.get(), kernel)
         self.launches.append(RecordedLaunch(kernel, info, index, tuple(grid), kept, kwargs, tiles))
         self.patterns.append(pattern)
 

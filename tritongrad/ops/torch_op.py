@@ -33,7 +33,9 @@ backward. An op whose kernels have no derivative, called on inputs that require 
 reasons: call it under ``torch.no_grad()``.
 
 Autotuning: the backward of an autotuned (or heuristics-driven) launch is launched with
-the config that forward launch used: its constexprs, ``num_warps`` and ``num_stages``.
+the config that forward launch used: its constexprs, ``num_warps`` and ``num_stages``; on a GPU,
+an autotuned launch's backward, and that of a kernel declaring configs its result does not depend
+on (``tritongrad.backward_configs``), runs under whichever of them is fastest (ops/tiles.py).
 
 Hazards: the backward replays each launch against memory as the op left it, so a launch
 that overwrites memory an earlier launch (or the same launch through another argument)

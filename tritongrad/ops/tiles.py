@@ -1,0 +1,140 @@
+"""Configs a launch's backward may run under instead of the forward's (``Tiles``), and the declaration that offers
+them for a kernel launched with a fixed config (``backward_configs``).
+
+A matmul's input gradients are products of other shapes than its output, so the backward's best tiles are rarely
+the forward's. Running the backward of a launch under another config is sound only where the forward's result does
+not depend on the config: an autotuner's configs are interchangeable by its contract (it picks one by speed alone);
+for any other kernel only its author can say so (a block-wise scaled or quantized kernel's result depends on its
+block size), which ``backward_configs`` declares. runtime/tuning.py times the backward under each and keeps the
+fastest (ops/backward.py).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.source import unwrap
+
+# id(jit kernel) -> (the kernel, its declared configs as keyword items): backward_configs
+DECLARED: dict[int, tuple[Any, tuple]] = {}
+# the @triton.heuristics running a kernel inside an op (hooks.py): its values may be computed from the tile sizes
+current_heuristics: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_heuristics", default=None)
+
+
+def backward_configs(configs: Sequence[Any]) -> Callable[[Any], Any]:
+    """Declare configs a kernel's result does not depend on: the backward of its launches may run under any of them.
+
+        @tritongrad.backward_configs([triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64},
+                                                    num_warps=8, num_stages=4), ...])
+        @triton.jit
+        def matmul_kernel(..., BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+
+        matmul_kernel[grid](..., BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)
+
+    ``configs``: ``triton.Config`` objects, as ``@triton.autotune`` takes them (constexprs and launch options; no
+    ``pre_hook``). Inside a ``tritongrad.op``, the backward of each launch of the kernel runs under whichever of them,
+    or the launch's own config, is fastest at its shape (timed once per shape on a GPU, as an autotuned launch's
+    backward is: runtime/tuning.py), with the grid the launch's grid function gives for it. A matmul launched with
+    the tiles best for its forward gets a backward with the tiles best for its gradients' products.
+
+    The declaration is a promise: the kernel computes the same result (up to rounding) under each config, the
+    launch's other arguments as passed. A kernel whose result depends on its block sizes (block-wise scaling or
+    quantization), or that is passed a constexpr computed from one (``EVEN_K=K % BLOCK_K == 0``), must not declare
+    them: its gradient would be that of another computation.
+
+    A declaration, not an argument of ``tritongrad.op``: it is a fact of the kernel, true wherever it is launched,
+    so it sits with the kernel, as ``@triton.autotune``'s configs do, and every op launching it gets it.
+
+    The launch keeps its own config (no other is tried) where its grid is a tuple (only a grid function,
+    ``lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), ...)``, gives the grid of another config), where a
+    ``@triton.heuristics`` runs the kernel (its values may be computed from the tile sizes), under
+    ``deterministic=True`` (another config sums in another order), for a launch whose forward keeps state for the
+    backward, and wherever nothing is timed (Triton's interpreter, CUDA graph capture, ``TRITONGRAD_TUNE=0``).
+    On an autotuned kernel the declared configs are those its launches' backwards choose from, instead of the
+    autotuner's.
+
+    Returns the kernel as given; a config setting a name that is not a constexpr parameter of the kernel raises
+    ValueError, naming it.
+    """
+    configs = tuple(configs)
+    if not configs:
+        raise ValueError("tritongrad.backward_configs: no configs given")
+    for c in configs:
+        if not hasattr(c, "all_kwargs"):
+            raise TypeError(f"tritongrad.backward_configs: expected triton.Config objects, got {type(c).__name__} "
+                            f"{c!r}")
+        if c.pre_hook is not None:
+            raise ValueError(f"tritongrad.backward_configs: config {c} has a pre_hook, which the backward would not "
+                             "run; declare configs without one")
+
+    def declare(kernel: Any) -> Any:
+        jit = unwrap(kernel)
+        params = inspect.signature(jit.fn).parameters
+        constexprs = [p for p, v in params.items()
+                      if getattr(v.annotation, "__name__", str(v.annotation)).split(".")[-1] == "constexpr"]
+        for c in configs:
+            for name in c.kwargs:
+                if name not in constexprs:
+                    what = "a parameter but not a constexpr" if name in params else "not a parameter"
+                    raise ValueError(f"tritongrad.backward_configs: config {c} sets `{name}`, which is {what} of "
+                                     f"kernel `{jit.fn.__name__}` (its constexprs: {', '.join(constexprs) or 'none'})")
+        DECLARED[id(jit)] = (jit, _config_items(configs))
+        return kernel
+
+    return declare
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The configs a launch's backward may run under (each as keyword items: constexprs and launch options), and the
+    launch's grid function, which gives the grid of each: an autotuner's configs, or those declared for the kernel
+    (``backward_configs``) with the launch's own."""
+
+    configs: tuple[tuple[tuple[str, Any], ...], ...]
+    grid: Callable[[dict], tuple]
+
+    @classmethod
+    def of(cls, kernel: Any, grid: Any, info: Any, args: tuple, kwargs: dict, autotuned: Any) -> Tiles | None:
+        """A launch's (``kernel[grid](*args, **kwargs)``, ``info`` its kernel_roles.KernelInfo; ``autotuned``: the
+        autotuner that launched it, with its arguments), or None: where the grid is not a function of the config,
+        or nothing but the launch's own config is offered."""
+        if not callable(grid):
+            return None
+        declared = DECLARED.get(id(kernel))
+        if declared is None:
+            return cls._autotuned(autotuned, kernel, grid) if autotuned is not None else None
+        heuristics = current_heuristics.get()
+        if heuristics is not None and heuristics.fn is kernel:
+            return None
+        named, options = info.named_arguments(args, kwargs)
+        launched = {**info.defaults, **named, **options}
+        configs = declared[1]
+        own = tuple(sorted((k, launched[k]) for k in {k for c in configs for k, _ in c} if k in launched))
+        return cls(configs if own in configs else (own, *configs), grid)
+
+    @classmethod
+    def _autotuned(cls, autotuned: Any, kernel: Any, grid: Callable) -> Tiles | None:
+        """The autotuner's configs, where it launches the kernel itself (no heuristics between them, which could
+        compute constexprs from the config's), of those its ``early_config_prune`` keeps for the launch's arguments
+        (it may drop a tile size the kernel cannot run at a shape)."""
+        tuner, args, kwargs = autotuned
+        if tuner.fn is not kernel or len(tuner.configs) < 2:
+            return None
+        configs = tuner.configs
+        if getattr(tuner, "early_config_prune", None):
+            named = dict(zip(tuner.arg_names, args, strict=False))  # as the autotuner gives it
+            configs = tuner.early_config_prune(configs, named, **kwargs)
+        configs = _config_items(tuple(configs))
+        return cls(configs, grid) if len(configs) > 1 else None
+
+
+@functools.lru_cache(maxsize=256)
+def _config_items(configs: tuple) -> tuple:
+    """Configs as keyword items, but those with a pre_hook (it may fill what the backward reads); cached: an op's
+    every call records an autotuner's."""
+    return tuple(tuple(sorted(c.all_kwargs().items())) for c in configs if c.pre_hook is None)
