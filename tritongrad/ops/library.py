@@ -251,16 +251,21 @@ def _saved_backward(fn: Any, name: str, arguments, plans: dict, deterministic: b
         if swaps is None:
             return recompute(*inputs, grads, needs)
         swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-        tape = Tape(name, plans, deterministic)
-        for (kernel, grid, a, kw), heuristics in zip(launches.calls, launches.heuristics, strict=True):
-            token = current_heuristics.set(heuristics)  # (as the launch ran: its tiles may be re-chosen, tiles.py)
-            try:
-                tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
-            finally:
-                current_heuristics.reset(token)
+        tape = _recorded(Tape(name, plans, deterministic), launches, swap)
         return _gradients(tape, tuple(saved[:len(fresh)]), inputs, arguments, grads, needs)
 
     return backward
+
+
+def _recorded(tape: Tape, launches: hooks.Launches, swap: Any) -> Tape:
+    """``tape`` with the gathered ``launches`` recorded on it, their tensors ``swap``ped for the saved ones."""
+    for (kernel, grid, a, kw), heuristics in zip(launches.calls, launches.heuristics, strict=True):
+        token = current_heuristics.set(heuristics)  # (as the launch ran: its tiles may be re-chosen, tiles.py)
+        try:
+            tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
+        finally:
+            current_heuristics.reset(token)
+    return tape
 
 
 def _traced_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool, eager: Any, opaque: Any):
@@ -291,9 +296,7 @@ def _traced_gradients(fn: Any, name: str, arguments, plans: dict, deterministic:
     if swaps is None:
         raise _Untraceable("its forward's buffers cannot be matched with the saved ones (an autotuned launch?)")
     swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-    tape = Tape(name, plans, deterministic)
-    for kernel, grid, a, kw in launches.calls:
-        tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
+    tape = _recorded(Tape(name, plans, deterministic), launches, swap)
     with hooks.collecting("wrap", name) as launches:
         return _gradients(tape, tuple(saved[:len(fresh)]), inputs, arguments, grads, needs, launches)
 
