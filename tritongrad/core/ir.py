@@ -37,6 +37,7 @@ class Origin:
     line: int
     text: str
     function: str = ""  # the helper it is in, when inlined
+    calls: tuple[Origin, ...] = ()  # inlined: the calls it was reached through, the kernel's first (augment.py)
 
 
 @dataclass

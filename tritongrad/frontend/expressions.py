@@ -13,7 +13,7 @@ import ast
 import builtins
 import copy
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.ir import Op, Origin
@@ -45,6 +45,7 @@ class Frame:
     env: dict[str, ast.expr]  # source name -> the atom it stands for now (its SSA name, or a constant)
     inlined: bool
     call_origin: Origin | None = None  # for helpers: the call site in the kernel
+    calls: tuple[Origin, ...] = ()  # for helpers: each call site on the way from the kernel (Origin.calls)
     gone: dict[str, str] = field(default_factory=dict)  # source name -> why it has no value here any more
 
 
@@ -316,7 +317,8 @@ class ExpressionFlattener:
             raise self.normalizer.refuse(stmt, f"the call to `{fn.name}`: {e}", "match the helper's signature") from e
         bound.apply_defaults()
         call_origin = self.normalizer.frame.call_origin or self.normalizer.origin(stmt)
-        frame = Frame(fn, {}, inlined=True, call_origin=call_origin)
+        site = self.normalizer.origin(stmt)
+        frame = Frame(fn, {}, inlined=True, call_origin=call_origin, calls=(*site.calls, replace(site, calls=())))
         assigned = {t.id for n in ast.walk(fdef) for t in ast.walk(n)
                     if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
         self.normalizer.frames.append(frame)

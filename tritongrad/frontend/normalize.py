@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import builtins
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..core.errors import NotDifferentiableError
@@ -115,7 +116,8 @@ class Normalizer:
         return self.frames[-1]
 
     def origin(self, node: ast.AST) -> Origin:
-        return self.frame.fn.origin(node)
+        origin = self.frame.fn.origin(node)
+        return replace(origin, calls=self.frame.calls) if self.frame.calls else origin
 
     def refuse(self, node: ast.AST, construct: str, hint: str) -> NotDifferentiableError:
         return refuse(self.origin(node), construct, hint)
