@@ -228,6 +228,21 @@ def lse_of_loaded_length_kernel(x_ptr, n_ptr, y_ptr, stride, BLOCK: tl.constexpr
     tl.store(y_ptr + row, m + tl.log(s))
 
 
+@triton.jit
+def lse_twice_in_one_statement_kernel(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    """Two calls of the helper that one line holds: which loop is which call is not known there."""
+    row = tl.program_id(0)
+    tl.store(y_ptr + row, _running_lse(x_ptr + row * T, T // 2, 0, BLOCK) - _running_lse(x_ptr + row * T + T // 2,
+                                                                                         T - T // 2, 0, BLOCK))
+
+
+@tritongrad.op
+def lse_twice_in_one_statement(x):
+    y = torch.empty(x.shape[0], dtype=x.dtype)
+    lse_twice_in_one_statement_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=16)
+    return y
+
+
 @tritongrad.op
 def lse_in_helper(x):
     y = torch.empty(x.shape[0], dtype=x.dtype)
@@ -259,6 +274,14 @@ def test_an_online_loop_in_a_helper_is_kept_by_the_forward(launches):
     assert saved is not None and used is not None and "tape_put" not in used.src
     (tape,) = saved.tapes
     assert tape.loop.function == "_running_lse" and [c.function for c in tape.loop.calls] == ["lse_in_helper_kernel"]
+
+
+def test_two_calls_of_a_helper_in_one_statement_are_taped_by_the_backward(launches):
+    torch.manual_seed(9)
+    x = torch.randn(3, 45, dtype=F64)
+    gradients_of(lse_twice_in_one_statement,
+                 lambda x: torch.logsumexp(x[:, :22], 1) - torch.logsumexp(x[:, 22:], 1), (x,), wrt=(0,))
+    assert [saved for saved, _ in launches] == [None]
 
 
 @triton.jit

@@ -216,6 +216,12 @@ class _Copy:
     def parents(self) -> dict[int, ast.AST]:
         return {id(c): p for p in ast.walk(self.tree) for c in ast.iter_child_nodes(p)}
 
+    @functools.cached_property
+    def locals(self) -> set[str]:
+        """Its parameters and the names it assigns (a call through one of them is not the global helper's)."""
+        return {a.arg for a in self.tree.args.args} | {
+            n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
     def at(self, origin: Origin) -> list[ast.AST]:
         """Its nodes on the line of ``origin`` (in its own file and function), else none."""
         if origin.file != self.source.file or origin.function != self.source.name:
@@ -288,7 +294,7 @@ def _helper(caller: _Copy, call: ast.Call, name: str) -> Any:
     while isinstance(func, ast.Attribute):
         parts.insert(0, func.attr)
         func = func.value
-    if not isinstance(func, ast.Name) or func.id not in caller.source.scope:
+    if not isinstance(func, ast.Name) or func.id not in caller.source.scope or func.id in caller.locals:
         return None
     obj = caller.source.scope[func.id]
     for part in parts:
