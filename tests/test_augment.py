@@ -2,8 +2,9 @@
 
 Each kernel through a `tritongrad.op` against a plain-PyTorch reference and torch autograd: float64, sizes
 not powers of two, random upstream gradients, NaN-poisoned outputs and tapes (a slot the forward forgot to
-keep reads NaN). Where the forward cannot keep the tapes (a loop in a helper or inside another loop, a trip
-count read from memory, tapes too big), the backward records them itself: still right.
+keep reads NaN). A loop in a helper is kept through a copy of the helper per call. Where the forward cannot keep
+the tapes (a loop inside another loop, a trip count read from memory, tapes too big), the backward records them
+itself: still right.
 """
 
 import pytest
@@ -227,6 +228,21 @@ def lse_of_loaded_length_kernel(x_ptr, n_ptr, y_ptr, stride, BLOCK: tl.constexpr
     tl.store(y_ptr + row, m + tl.log(s))
 
 
+@triton.jit
+def lse_twice_in_one_statement_kernel(x_ptr, y_ptr, T, BLOCK: tl.constexpr):
+    """Two calls of the helper that one line holds: which loop is which call is not known there."""
+    row = tl.program_id(0)
+    tl.store(y_ptr + row, _running_lse(x_ptr + row * T, T // 2, 0, BLOCK) - _running_lse(x_ptr + row * T + T // 2,
+                                                                                         T - T // 2, 0, BLOCK))
+
+
+@tritongrad.op
+def lse_twice_in_one_statement(x):
+    y = torch.empty(x.shape[0], dtype=x.dtype)
+    lse_twice_in_one_statement_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=16)
+    return y
+
+
 @tritongrad.op
 def lse_in_helper(x):
     y = torch.empty(x.shape[0], dtype=x.dtype)
@@ -249,11 +265,94 @@ def lse_of_loaded_length(x, n):
     return y
 
 
-def test_an_online_loop_in_a_helper_is_taped_by_the_backward(launches):
+def test_an_online_loop_in_a_helper_is_kept_by_the_forward(launches):
+    """The loop is the helper's: the forward runs a copy of the helper that keeps the final max and sum."""
     torch.manual_seed(5)
     x = torch.randn(4, 45, dtype=F64)
     gradients_of(lse_in_helper, lambda x: torch.logsumexp(x, 1), (x,), wrt=(0,))
+    ((saved, used),) = launches
+    assert saved is not None and used is not None and "tape_put" not in used.src
+    (tape,) = saved.tapes
+    assert tape.loop.function == "_running_lse" and [c.function for c in tape.loop.calls] == ["lse_in_helper_kernel"]
+
+
+def test_two_calls_of_a_helper_in_one_statement_are_taped_by_the_backward(launches):
+    torch.manual_seed(9)
+    x = torch.randn(3, 45, dtype=F64)
+    gradients_of(lse_twice_in_one_statement,
+                 lambda x: torch.logsumexp(x[:, :22], 1) - torch.logsumexp(x[:, 22:], 1), (x,), wrt=(0,))
     assert [saved for saved, _ in launches] == [None]
+
+
+@triton.jit
+def _recur(x_ptr, h, row, t0, t1, T, N, cols, mask):
+    for t in range(t0, t1):
+        x = tl.load(x_ptr + (row * T + t) * N + cols, mask=mask, other=0.0)
+        h = tl.sigmoid(h) * x + h * 0.5
+    return h
+
+
+@triton.jit
+def _two_stretches(x_ptr, h, row, SPLIT, T, N, cols, mask):
+    h = _recur(x_ptr, h, row, 0, SPLIT, T, N, cols, mask)
+    h = h * 0.75
+    return _recur(x_ptr, h, row, SPLIT, T, T, N, cols, mask)
+
+
+@triton.jit
+def recurrence_in_helpers_kernel(x_ptr, y_ptr, T, SPLIT, N, BLOCK: tl.constexpr):
+    """The recurrence in a helper, called twice by another helper: two loops, a state tape each."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    h = tl.zeros((BLOCK,), dtype=tl.float64) + 0.25
+    tl.store(y_ptr + row * N + cols, _two_stretches(x_ptr, h, row, SPLIT, T, N, cols, mask), mask=mask)
+
+
+@triton.jit
+def recurrence_in_a_loop_kernel(x_ptr, y_ptr, T, SPLIT, N, BLOCK: tl.constexpr):
+    """The helper's loop inside the kernel's: its state is not kept (one row per program, not per call)."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    h = tl.zeros((BLOCK,), dtype=tl.float64) + 0.25
+    for part in range(2):
+        h = _recur(x_ptr, h, row, part * SPLIT, part * SPLIT + SPLIT, T, N, cols, mask) * 0.75
+    tl.store(y_ptr + row * N + cols, h, mask=mask)
+
+
+def two_stretches_reference(x, split):
+    h = torch.full_like(x[:, 0], 0.25)
+    for t in range(x.shape[1]):
+        h = (h * 0.75 if t == split else h)
+        h = torch.sigmoid(h) * x[:, t] + h * 0.5
+    return h
+
+
+@pytest.mark.parametrize("kernel", [recurrence_in_helpers_kernel, recurrence_in_a_loop_kernel])
+def test_a_recurrence_in_a_helper_called_twice(kernel, launches, monkeypatch):
+    monkeypatch.setattr(augment, "SHARE", float("inf"))  # (a tile per step, on small tensors: bigger than SHARE)
+    torch.manual_seed(8)
+    split = 5
+
+    @tritongrad.op
+    def stretches(x):
+        rows, steps, n = x.shape
+        y = torch.empty(rows, n, dtype=x.dtype)
+        kernel[(rows,)](x, y, steps, split, n, BLOCK=triton.next_power_of_2(n))
+        return y
+
+    x = torch.randn(3, 2 * split, 19, dtype=F64)
+    reference = two_stretches_reference if kernel is recurrence_in_helpers_kernel else (
+        lambda x, split: two_stretches_reference(x, split) * 0.75)
+    gradients_of(stretches, lambda x: reference(x, split), (x,), wrt=(0,))
+    ((saved, used),) = launches
+    if kernel is recurrence_in_a_loop_kernel:
+        assert saved is None  # the backward records its tapes
+        return
+    assert saved is not None and used is not None and "tape_put" not in used.src
+    calls = [tape.loop.calls for tape in saved.tapes]  # a tape per call of the helper, each with its own path
+    assert len(calls) == 2 and calls[0][:1] == calls[1][:1] and calls[0][1].line != calls[1][1].line
 
 
 def test_an_online_loop_inside_another_loop_is_taped_by_the_backward(launches):

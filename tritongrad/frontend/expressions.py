@@ -13,13 +13,14 @@ import ast
 import builtins
 import copy
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.ir import Op, Origin
 from ..core.operations import CUSTOM, DESCRIPTOR_METHODS, Signature
 from ..core.source import Source, is_jit, triton_language_name
 from .blockptr import rewrite_block_pointers
+from .descriptors import as_pointers
 
 LOCAL = object()  # resolve(): the expression is a local value, not a global object
 
@@ -45,6 +46,7 @@ class Frame:
     env: dict[str, ast.expr]  # source name -> the atom it stands for now (its SSA name, or a constant)
     inlined: bool
     call_origin: Origin | None = None  # for helpers: the call site in the kernel
+    calls: tuple[Origin, ...] = ()  # for helpers: each call site on the way from the kernel (Origin.calls)
     gone: dict[str, str] = field(default_factory=dict)  # source name -> why it has no value here any more
 
 
@@ -248,6 +250,12 @@ class ExpressionFlattener:
         if kind is None:
             raise self.normalizer.refuse(stmt, f"a tensor descriptor's `{func.attr}`",
                               "differentiable descriptor accesses are load, store and atomic_add")
+        parts = self.normalizer.descriptor_parts.get(desc.id)
+        if parts is not None and self.normalizer.as_pointers(parts["base"]):
+            pointers = as_pointers(self, kind, parts, desc.id, node, stmt)
+            if pointers is not None:
+                self.normalizer.pointer_bases.add(parts["base"].id)
+                return pointers
         method = ast.Attribute(value=desc, attr=func.attr, ctx=ast.Load())
         return self.build_call(kind, method, [desc], node, stmt, method=True)
 
@@ -316,7 +324,8 @@ class ExpressionFlattener:
             raise self.normalizer.refuse(stmt, f"the call to `{fn.name}`: {e}", "match the helper's signature") from e
         bound.apply_defaults()
         call_origin = self.normalizer.frame.call_origin or self.normalizer.origin(stmt)
-        frame = Frame(fn, {}, inlined=True, call_origin=call_origin)
+        site = self.normalizer.origin(stmt)
+        frame = Frame(fn, {}, inlined=True, call_origin=call_origin, calls=(*site.calls, replace(site, calls=())))
         assigned = {t.id for n in ast.walk(fdef) for t in ast.walk(n)
                     if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
         self.normalizer.frames.append(frame)

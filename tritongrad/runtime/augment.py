@@ -18,11 +18,13 @@ and the backward's variant that reads those tapes (``BackwardKernel.prepare(save
 replays neither the loop nor its recording pass. The tapes live from the forward to the backward: they are kept
 only where they take at most ``SHARE`` of the bytes of the launch's tensors (a running max and sum per row, not an
 attention accumulator per iteration; a loop's final state, one slot per program, at most ``FINALS_SHARE``: an
-attention accumulator after the loop is as big as the output), for loops the user wrote in the kernel itself
-outside any other loop, and where the launch gives the loops' trip counts. Anything else launches the user's kernel
-unchanged, and the backward records its tapes itself (``TRITONGRAD_SAVE_STATE=0`` does that always). The augmented
-kernel is a plain ``triton.jit`` of the function: the user's jit options (``do_not_specialize``, ``debug``) are not
-carried.
+attention accumulator after the loop is as big as the output), for loops outside any other loop, and where the
+launch gives the loops' trip counts. A loop in an inlined ``@triton.jit`` helper is kept through copies of the
+helpers on its way (``Origin.calls``: one per call, so each of two calls of a helper keeps its own tapes) taking
+the tape parameters after their own, each call on the way made outside any loop. Anything else launches the
+user's kernel unchanged, and the backward records its tapes itself (``TRITONGRAD_SAVE_STATE=0`` does that always).
+The augmented kernel is a plain ``triton.jit`` of the function: the user's jit options (``do_not_specialize``,
+``debug``) are not carried.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import itertools
 import math
 import os
 import threading
@@ -43,7 +46,8 @@ import triton.language as tl
 from ..analysis.launch_values import Expr, LaunchValues
 from ..codegen.generate import jit_source
 from ..core import language as tg
-from ..core.source import Source, append_parameters
+from ..core.ir import Origin
+from ..core.source import Source, append_parameters, is_jit
 from ..reverse.state_tape import StateTape, tape_row
 
 SHARE = 0.25  # the state tapes a forward keeps may take this share of the bytes of the launch's tensors
@@ -163,56 +167,148 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
     tapes = bwd.saved_tapes()
     if not any(tape.states for tape in tapes):
         return None
-    source = Source.of(jit_fn)
-    fn = copy.deepcopy(source.tree)
-    parents = {id(c): p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
+    kernel = _Copy(Source.of(jit_fn))
+    copies = {(): kernel}  # call path -> its function's copy (the kernel's, and its helpers' on a tape's way)
     params: dict[str, str] = {}
     for k, tape in enumerate(tapes):
         if not tape.states:  # nothing the backward reads from it: its slot count only
             continue
-        loop = _loop_of(fn, parents, source, tape)
+        found = _reach(copies, tape.loop)
+        loop = _loop_of(found, tape) if found is not None else None
         if loop is None:
             return None
         row = {s: f"tritongrad_row_{k}_{j}" for j, s in enumerate(tape.sources)}
         slot = f"tritongrad_slot_{k}"
-        params[tape.slots] = f"tritongrad_slots_{k}"
-        for j, (param, _) in enumerate(tape.states):
-            params[param] = f"tritongrad_tape_{k}_{j}"
+        mine = {tape.slots: f"tritongrad_slots_{k}",
+                **{param: f"tritongrad_tape_{k}_{j}" for j, (param, _) in enumerate(tape.states)}}
+        params.update(mine)
+        found.params += mine.values()
         dtypes = tape.dtypes or (None,) * len(tape.states)
         before = [f"{row[s]} = tritongrad_tg.{tape_row(dtype)}({params[p]}, {s}, {params[tape.slots]}, "
                   "tritongrad_tg.program_index())"
                   for (p, _), s, dtype in zip(tape.states, tape.sources, dtypes, strict=True)]
         before.append(f"{slot} = tritongrad_tl.full((), 0, tritongrad_tl.int32)")  # a constexpr 0 cannot be carried
         puts = [f"tritongrad_tg.tape_put({row[s]}, {slot}, {s}, True)" for s in tape.sources]
-        block = _block_of(parents[id(loop)], loop)
+        block = _block_of(found.parents[id(loop)], loop)
         at = block.index(loop)
         block[at:at + 1] = [*_parse(before), loop, *_parse(puts)]
         if not tape.final:  # a state tape: also the state each iteration starts from
             loop.body[:0] = _parse([*puts, f"{slot} += 1"])
-    fn.name = f"{source.name}_augmented"
-    fn.decorator_list = []
-    append_parameters(fn, params.values())
-    src = f"@triton.jit\n{ast.unparse(ast.fix_missing_locations(fn))}\n"
-    scope = {**source.scope, "triton": triton, "tritongrad_tg": tg, "tritongrad_tl": tl}  # the kernel's own scope
-    return Augmented(jit_source(src, fn.name, scope), tapes, params, src)
+    kernel.params = list(params.values())  # (the order the launch passes them in)
+    jitted, src = kernel.compile(f"{kernel.source.name}_augmented", itertools.count())
+    return Augmented(jitted, tapes, params, src)
 
 
-def _loop_of(fn: ast.FunctionDef, parents: dict[int, ast.AST], source: Source, tape: StateTape) -> ast.For | None:
-    """The user's ``for`` a tape is for: written in the kernel itself (not an inlined helper), outside any other
-    loop, its states the user's names assigned in its body."""
-    where = tape.loop
-    if where is None or where.file != source.file or where.function != source.name:
+@dataclass
+class _Copy:
+    """A function on the way to a taped loop, copied for the augmented forward: the tape parameters it takes (its
+    own loops' and its callees'), and the copies its calls on the way to the others call instead."""
+
+    source: Source
+    tree: ast.FunctionDef = field(init=False)
+    params: list[str] = field(default_factory=list)
+    callees: list[tuple[ast.Call, _Copy]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tree = copy.deepcopy(self.source.tree)
+
+    @functools.cached_property
+    def parents(self) -> dict[int, ast.AST]:
+        return {id(c): p for p in ast.walk(self.tree) for c in ast.iter_child_nodes(p)}
+
+    @functools.cached_property
+    def locals(self) -> set[str]:
+        """Its parameters and the names it assigns (a call through one of them is not the global helper's)."""
+        return {a.arg for a in self.tree.args.args} | {
+            n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+    def at(self, origin: Origin) -> list[ast.AST]:
+        """Its nodes on the line of ``origin`` (in its own file and function), else none."""
+        if origin.file != self.source.file or origin.function != self.source.name:
+            return []
+        line = origin.line - self.source.first_line + 1
+        return [n for n in ast.walk(self.tree) if getattr(n, "lineno", None) == line]
+
+    def outside_loops(self, node: ast.AST) -> bool:
+        """Whether ``node`` runs once per call: in no loop (nor nested function) of its function."""
+        node = self.parents.get(id(node))
+        while node is not None and node is not self.tree:
+            if isinstance(node, (ast.For, ast.While, ast.FunctionDef, ast.Lambda, ast.comprehension)):
+                return False
+            node = self.parents.get(id(node))
+        return True
+
+    def compile(self, name: str, numbers: itertools.count) -> tuple[Any, str]:
+        """Its copy as ``name`` (a plain ``triton.jit``: the user's jit options are not carried), calling its
+        callees' copies (compiled first) with their tape parameters; and the source of all of them."""
+        scope = {**self.source.scope, "triton": triton, "tritongrad_tg": tg, "tritongrad_tl": tl}
+        sources = []
+        for call, callee in self.callees:
+            callee_name = f"{callee.source.name}_augmented_{next(numbers)}"
+            scope[callee_name], text = callee.compile(callee_name, numbers)
+            sources.append(text)
+            call.func = ast.Name(callee_name, ast.Load())
+            call.keywords += [ast.keyword(p, ast.Name(p, ast.Load())) for p in callee.params]
+            self.params += [p for p in callee.params if p not in self.params]
+        self.tree.name = name
+        self.tree.decorator_list = []
+        append_parameters(self.tree, self.params)
+        src = f"@triton.jit\n{ast.unparse(ast.fix_missing_locations(self.tree))}\n"
+        return jit_source(src, name, scope), "\n".join([*sources, src])
+
+
+def _reach(copies: dict[tuple, _Copy], loop: Origin | None) -> _Copy | None:
+    """The copy of the function holding a taped loop: the kernel's, or a helper's reached through the calls the
+    loop's origin lists (``Origin.calls``), each such call made once per program (outside loops) and, for a
+    helper called more than once, its own copy per call. None where a call cannot be found as the origin says."""
+    if loop is None:
         return None
-    line = where.line - source.first_line + 1
-    found = [n for n in ast.walk(fn) if isinstance(n, ast.For) and n.lineno == line]
-    if len(found) != 1:
-        return None
-    loop = found[0]
-    node = parents.get(id(loop))
-    while node is not None and node is not fn:
-        if isinstance(node, (ast.For, ast.While, ast.FunctionDef, ast.Lambda)):
+    path = loop.calls
+    for i, site in enumerate(path):
+        if path[:i + 1] in copies:
+            continue
+        caller = copies[path[:i]]
+        callee = path[i + 1].function if i + 1 < len(path) else loop.function
+        calls = [n for stmt in caller.at(site) if isinstance(stmt, ast.stmt) for n in _expressions(stmt)
+                 if isinstance(n, ast.Call) and _helper(caller, n, callee) is not None]
+        if len(calls) != 1 or not caller.outside_loops(calls[0]):
             return None
-        node = parents.get(id(node))
+        copies[path[:i + 1]] = found = _Copy(Source.of(_helper(caller, calls[0], callee)))
+        caller.callees.append((calls[0], found))
+    return copies[path]
+
+
+def _expressions(stmt: ast.stmt) -> list[ast.AST]:
+    """The nodes of a statement's own expressions (not of the statements nested in it)."""
+    found, todo = [], [c for c in ast.iter_child_nodes(stmt) if not isinstance(c, ast.stmt)]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        todo += [c for c in ast.iter_child_nodes(node) if not isinstance(c, ast.stmt)]
+    return found
+
+
+def _helper(caller: _Copy, call: ast.Call, name: str) -> Any:
+    """The ``@triton.jit`` function named ``name`` a call calls (by a name or a module's attribute), else None."""
+    parts, func = [], call.func
+    while isinstance(func, ast.Attribute):
+        parts.insert(0, func.attr)
+        func = func.value
+    if not isinstance(func, ast.Name) or func.id not in caller.source.scope or func.id in caller.locals:
+        return None
+    obj = caller.source.scope[func.id]
+    for part in parts:
+        obj = getattr(obj, part, None)
+    return obj if is_jit(obj) and obj.fn.__name__ == name else None
+
+
+def _loop_of(found: _Copy, tape: StateTape) -> ast.For | None:
+    """The user's ``for`` a tape is for, in the function ``found`` copies: outside any other loop, its states the
+    user's names assigned in its body."""
+    loops = [n for n in found.at(tape.loop) if isinstance(n, ast.For)]
+    if len(loops) != 1 or not found.outside_loops(loops[0]):
+        return None
+    loop = loops[0]
     assigned = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     if not all(s.isidentifier() and s in assigned for s in tape.sources):
         return None
