@@ -6,7 +6,6 @@ launch code in the tutorial's style and checked in float64 against PyTorch autog
 sequence length that are not powers of two."""
 
 import math
-import re
 
 import pytest
 import torch
@@ -301,54 +300,3 @@ def test_the_one_loop_attention_gets_pytorchs_gradients_however_its_tensors_are_
             assert a is None or not a.any(), f"d{name}"
         else:
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
-
-
-@pytest.mark.parametrize("binding", ["q, k, v", "k = v", "q = k = v"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("host", [False, True])
-def test_the_tutorials_forward_keeps_its_loops_states_and_its_gradients_skip_atomics_where_they_can(
-        host, causal, binding, monkeypatch):
-    """The loop is in `attend_stage`, an inlined helper (called twice by the causal forward): the op's forward
-    keeps each call's final state (augment.py), so the backward replays no loop before its reverse ones. Without
-    causal masking dQ is stored and dK, dV get a kernel of their own (the loop interchange, through the kept
-    state): no atomics, the descriptors' loads read as pointer loads (frontend/descriptors.py). The causal
-    forward's two stages are two loops beside each other: dK, dV stay atomic, added through shadow descriptors
-    (tile reductions), while dQ is stored through a pointer. Forced by a one-multiprocessor device (the
-    interchanged kernel's programs need only fill it); the bindings that share a gradient buffer keep them."""
-    if host and not _have_host_descriptors():
-        pytest.skip("this Triton has no triton.tools.tensor_descriptor")
-    from tritongrad.runtime import backward_kernel, derive
-
-    monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
-    seen = []
-    real = derive.BackwardKernel.launch
-
-    def spy(self, grid, named, output_grads, buffers, prepared, *args, **kwargs):
-        seen.append(({p: c.mode.name for p, c in prepared.choices.items()}, prepared.variant))
-        return real(self, grid, named, output_grads, buffers, prepared, *args, **kwargs)
-
-    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
-    g = torch.Generator().manual_seed(41)
-    leaves = [torch.randn(1, 3, 80, 16, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3)]
-    q, k, v = {"k = v": lambda q, k, v: (q, k, k), "q = k = v": lambda q, k, v: (q, q, q)}.get(
-        binding, lambda q, k, v: (q, k, v))(*leaves)
-    o = attention(q, k, v, causal, 0.3, host, False)
-    want = reference(q, k, v, causal, 0.3)
-    torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
-    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64)
-    got = torch.autograd.grad(o, leaves, d_o, allow_unused=True)
-    expected = torch.autograd.grad(want, leaves, d_o, allow_unused=True)
-    for name, a, b in zip("qkv", got, expected, strict=True):
-        if b is None:
-            assert a is None or not a.any(), f"d{name}"
-        else:
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
-    ((modes, variant),) = seen
-    assert all(part.saved for part in variant.parts)  # the forward kept the loops' finals: no replay first
-    keys = "ATOMIC" if causal else "INTERCHANGE"
-    assert modes == {"desc_q": "STORE", "desc_k": keys, "desc_v": keys}
-    src = "\n".join(line.split("#")[0] for part in variant.parts for line in part.src.splitlines())
-    assert ("atomic" in src) == causal
-    if causal:  # dK, dV through descriptors' tile adds (a float64 falls back to pointers: tg.DESCRIPTOR_ATOMICS)
-        assert re.search(r"d_desc_k_\d+\.atomic_add\(\[key_row", src)
-        assert re.search(r"d_desc_v_\d+\.atomic_add\(\[key_row", src)

@@ -100,7 +100,6 @@ class Program:
     temporaries: set[str] = field(default_factory=set)  # names the flattening made up
     constexprs: set[str] = field(default_factory=set)  # names known at compile time
     specialized: bool = False  # derived for given values of constexpr parameters (specialize.py)
-    pointer_bases: set[str] = field(default_factory=set)  # descriptors' bases read as pointers (descriptors.py)
 
     def param_names(self) -> list[str]:
         return [p.arg for p in self.params]

@@ -20,7 +20,6 @@ from ..core.ir import Op, Origin
 from ..core.operations import CUSTOM, DESCRIPTOR_METHODS, Signature
 from ..core.source import Source, is_jit, triton_language_name
 from .blockptr import rewrite_block_pointers
-from .descriptors import as_pointers
 
 LOCAL = object()  # resolve(): the expression is a local value, not a global object
 
@@ -250,12 +249,6 @@ class ExpressionFlattener:
         if kind is None:
             raise self.normalizer.refuse(stmt, f"a tensor descriptor's `{func.attr}`",
                               "differentiable descriptor accesses are load, store and atomic_add")
-        parts = self.normalizer.descriptor_parts.get(desc.id)
-        if parts is not None and self.normalizer.as_pointers(parts["base"]):
-            pointers = as_pointers(self, kind, parts, desc.id, node, stmt)
-            if pointers is not None:
-                self.normalizer.pointer_bases.add(parts["base"].id)
-                return pointers
         method = ast.Attribute(value=desc, attr=func.attr, ctx=ast.Load())
         return self.build_call(kind, method, [desc], node, stmt, method=True)
 

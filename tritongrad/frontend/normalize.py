@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ast
 import builtins
-from collections.abc import Container, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -34,7 +34,6 @@ from ..core.operations import operation_of
 from ..core.source import Source
 from .blockptr import rewrite_block_pointers
 from .controlflow import ControlFlowFlattener
-from .descriptors import unused_descriptors_dropped
 from .expressions import LOCAL, ExpressionFlattener, Frame, _Deferred, _is_metadata, name_node
 from .forwarding import forward_stored_values
 from .specialize import plain_value, specialize
@@ -47,11 +46,8 @@ _KNOWN_ARITHMETIC = ("add", "sub", "mul", "neg", "eq", "ne", "lt", "le", "gt", "
 class Normalizer:
     """Flattens a kernel, inlining helpers, into a :class:`Program`."""
 
-    def __init__(self, root: Source, constexprs: Mapping[str, Any] | None = None,
-                 pointers: Container[str] | None = None):
+    def __init__(self, root: Source, constexprs: Mapping[str, Any] | None = None):
         self.root = root
-        self.pointers = pointers  # the descriptors' bases whose accesses read as pointer ones (None: all)
-        self.pointer_bases: set[str] = set()  # and those whose accesses did (Program.pointer_bases)
         tree = specialize(root.tree, root.scope, constexprs or {})
         self.specialized = tree is not root.tree  # some branch was decided
         self.tree = rewrite_block_pointers(tree, root.scope, root.origin)
@@ -66,7 +62,6 @@ class Normalizer:
         self.inline_depth = 0
         self.constexprs = {a.arg for a in self.tree.args.args if _is_constexpr_annotation(a.annotation)}
         self.descriptors: set[str] = set()  # SSA names of tensor descriptors made in the kernel
-        self.descriptor_parts: dict[str, dict] = {}  # descriptor -> its make_tensor_descriptor's arguments
         # values known at derivation: the specialization's constexprs, and copies of them or of globals
         self.known: dict[str, Any] = {k: plain_value(v) for k, v in (constexprs or {}).items()}
         self.expressions = ExpressionFlattener(self)  # expressions flattened into named atoms (expressions.py)
@@ -103,12 +98,11 @@ class Normalizer:
             returns = [self.expressions.atom(e, ret) for e in elts]
         else:
             self.block(body)
-            unused_descriptors_dropped(self.out, self.descriptors)
             forward_stored_values(self.out, self._temporary)  # a load of what the lane stored: that value
         self.frames.pop()
         return Program(fdef.name, params, self.out, self.scope, self.root.file, self.namer.taken,
                        returns=returns, origin=origin, temporaries=self.temporaries, constexprs=self.constexprs,
-                       specialized=self.specialized, pointer_bases=self.pointer_bases)
+                       specialized=self.specialized)
 
     def _temporary(self, name: str) -> str:
         fresh = self.namer.fresh(name)
@@ -120,11 +114,6 @@ class Normalizer:
     @property
     def frame(self) -> Frame:
         return self.frames[-1]
-
-    def as_pointers(self, base: ast.expr) -> bool:
-        """Whether the accesses of a descriptor over ``base`` read as the pointer accesses they stand for
-        (descriptors.py), as ``pointers`` says."""
-        return isinstance(base, ast.Name) and (self.pointers is None or base.id in self.pointers)
 
     def origin(self, node: ast.AST) -> Origin:
         origin = self.frame.fn.origin(node)
@@ -303,12 +292,7 @@ class Normalizer:
             self.constexprs.add(node.targets[0].id)
         if isinstance(node, ast.Assign) and (op.kind == "make_tensor_descriptor" or (
                 op.kind == "copy" and isinstance(op.args[0], ast.Name) and op.args[0].id in self.descriptors)):
-            target = node.targets[0].id
-            self.descriptors.add(target)
-            made = operation_of(op).signature.bind(op.args, op.kwargs) if op.kind != "copy" else (
-                self.descriptor_parts.get(op.args[0].id))
-            if made is not None:  # (descriptors.py: its accesses rewritten into pointer ones)
-                self.descriptor_parts[target] = made
+            self.descriptors.add(node.targets[0].id)
         # the kernel's line, for comments; the construct itself (in the helper's file), for errors
         node.tg = Tag(op, self.frame.call_origin or self.origin(stmt), self.origin(stmt), **tag)
         ast.fix_missing_locations(node)
@@ -323,12 +307,10 @@ def _is_constexpr_annotation(annotation: ast.expr | None) -> bool:
     return annotation is not None and ast.unparse(annotation).split(".")[-1] == "constexpr"
 
 
-def normalize_kernel(jit_fn: Any, constexprs: Mapping[str, Any] | None = None,
-                     pointers: Container[str] | None = None) -> Program:
+def normalize_kernel(jit_fn: Any, constexprs: Mapping[str, Any] | None = None) -> Program:
     """The kernel flattened; with ``constexprs`` (values of constexpr parameters), the branches they rule
-    out removed first (specialize.py); ``pointers``: the bases of the descriptors whose accesses read as pointer
-    accesses (descriptors.py; None: every descriptor's)."""
-    return Normalizer(Source.of(jit_fn), constexprs, pointers).kernel()
+    out removed first (specialize.py)."""
+    return Normalizer(Source.of(jit_fn), constexprs).kernel()
 
 
 def normalize_tile_function(jit_fn: Any) -> Program:

@@ -19,7 +19,6 @@ from ..frontend.specialize import plain_value
 from ..reverse.loop_plans import classify_loops
 from ..reverse.sweep import build_backward
 from ..writes.input_facts import plan_writes
-from ..writes.strategies import Mode
 from .backward_kernel import BackwardKernel, decisive_constexprs, hashable
 
 _cache: dict[tuple, tuple[Any, Any]] = {}
@@ -98,37 +97,7 @@ def _names(what: str, names: Sequence[str] | str | None) -> tuple[str, ...] | No
 
 def _derive(jit_fn: Any, wrt, outputs, deterministic: bool, constexprs: dict[str, Any],
             kept_outputs: tuple[str, ...] = ()) -> BackwardKernel:
-    """The backward kernel, its descriptors' accesses read as pointer accesses where that pays (their gradients'
-    write facts give a strategy other than atomics: a store, a kernel of their own), else kept as descriptors
-    (a tile's atomic add through a descriptor is faster than per-element pointer atomics). Derived first with
-    every descriptor read as pointers; then again, keeping as descriptors those it did not pay for, unless that
-    loses a strategy the first had (each choice is correct: this only picks the faster)."""
-    def derived(pointers):
-        return _derive_with(jit_fn, wrt, outputs, deterministic, constexprs, kept_outputs, pointers)
-
-    try:
-        first = derived(None)
-    except NotDifferentiableError:  # (as descriptors, it may be: the descriptor form as before)
-        return derived(frozenset())
-    bases = first.program.pointer_bases
-    paying = {b for b in bases if _pays(first, first.analysis.pointer_base.get(b, b))}
-    if paying == bases:
-        return first
-    second = derived(frozenset(paying))
-    lost = [b for b in paying if not _pays(second, second.analysis.pointer_base.get(b, b))]
-    return first if lost else second
-
-
-def _pays(bwd: BackwardKernel, param: str) -> bool:
-    """Whether ``param``'s gradient is written otherwise than by atomic adds where every launch condition holds,
-    with or without the loops' states an op's forward keeps."""
-    return any(choices[param].mode not in (Mode.ATOMIC, Mode.NONE)
-               for choices in (bwd.writes.best(), bwd.saved_writes.best()) if param in choices)
-
-
-def _derive_with(jit_fn: Any, wrt, outputs, deterministic: bool, constexprs: dict[str, Any],
-                 kept_outputs: tuple[str, ...], pointers) -> BackwardKernel:
-    program = fuse_composites(online_softmax(normalize_kernel(jit_fn, constexprs, pointers)))
+    program = fuse_composites(online_softmax(normalize_kernel(jit_fn, constexprs)))
     analysis = analyze(program, wrt, outputs)
     read_back = {v: k for v, k in stored_values(program, analysis.stores).items() if k.param in kept_outputs}
     bwd = BackwardKernel(jit_fn, program, analysis, classify_loops(analysis), plan_writes(analysis),
