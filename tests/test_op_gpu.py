@@ -201,6 +201,45 @@ def test_compiled_examples_get_the_eager_ops_gradients(name, dtype, caplog):
         assert "opaquely" not in caplog.text, caplog.text
 
 
+def _rows_bound(binding):
+    """rmsnorm's (x, w) as a user may bind them: leaves, and how x and w are made of them."""
+    leaf = lambda *shape: torch.randn(*shape, device="cuda", requires_grad=True)  # noqa: E731
+    if binding == "a weight that is a row of the input":
+        return (leaf(9, 333),), lambda b: (b[1:], b[0])
+    if binding == "one tensor, both":  # w is one of x's own rows
+        return (leaf(9, 333),), lambda b: (b, b[3])
+    if binding == "expanded rows and weight":  # stride 0 in both
+        return (leaf(333), leaf(1)), lambda r, w: (r.expand(9, 333), w.expand(333))
+    return (leaf(333, 9), leaf(333)), lambda t, w: (t.T, w)  # "transposed": x's rows are columns of its memory
+
+
+@pytest.mark.parametrize("binding", ["a weight that is a row of the input", "one tensor, both",
+                                     "expanded rows and weight", "transposed"])
+def test_compiled_backward_gets_the_eager_gradients_however_the_tensors_are_bound(binding):
+    """The traced backward plans from fake tensors: views of one storage, one tensor in two roles, stride 0 and
+    transposes must reach it as they reach the eager op (the same leaves' gradients as eagerly and as PyTorch's)."""
+    from tritongrad.examples import rmsnorm
+
+    leaves, bind = _rows_bound(binding)
+
+    def step(fn):
+        for t in leaves:
+            t.grad = None
+        out = fn(*bind(*leaves))
+        upstream = torch.randn(out.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(40))
+        out.backward(upstream)
+        return out.detach(), [t.grad.clone() for t in leaves]
+
+    want = step(rmsnorm.reference)
+    eager = step(rmsnorm.rmsnorm)
+    torch._dynamo.reset()
+    got = step(torch.compile(rmsnorm.rmsnorm, fullgraph=True))
+    torch.testing.assert_close(got[0], eager[0])
+    for a, b, c in zip(got[1], eager[1], want[1], strict=True):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+
+
 def test_compiled_backward_of_a_launch_reading_outside_its_tensor_is_refused():
     """The check a first eager backward makes (gradient outside the tensors passed) holds under torch.compile."""
     x, w = rand(1000), rand(1001)
