@@ -71,24 +71,17 @@ def traced():
 
 def address(t: Any) -> tuple[Any, int]:
     """Where a tensor's first element lies: (region, byte address), regions sharing no memory. A real tensor: (None,
-    its data pointer). A traced one (fake, no data pointer): (its storage, its offset in bytes), a view of the same
-    storage in the same region."""
-    try:
-        found = t.data_ptr()
-    except RuntimeError:  # (a functional tensor's)
-        found = 0
-    if found or not t.numel():
-        return None, found
-    return storage_id(t), t.storage_offset() * t.element_size()
+    its data pointer). A traced one (fake: its data pointer is no address): (its storage, its offset in bytes), so
+    views of one storage lie in one region."""
+    if _tracing.get():
+        return storage_id(t), t.storage_offset() * t.element_size()
+    return None, t.data_ptr()
 
 
 def storage_of(t: Any) -> int:
     """A tensor's storage, as a number that views of the same storage share: its data pointer, or a traced one's
     ``storage_id``."""
-    try:
-        return t.untyped_storage().data_ptr() or storage_id(t)
-    except RuntimeError:  # (a functional tensor's)
-        return storage_id(t)
+    return storage_id(t) if _tracing.get() else t.untyped_storage().data_ptr()
 
 
 def storage_id(t: Any) -> int:

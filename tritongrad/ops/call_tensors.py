@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.device import storage_id
+from ..core.device import storage_id, tracing
 from .shadows import View
 
 
@@ -32,7 +32,7 @@ class CallTensors:
         One loop with everything inlined: this runs on every argument of every launch.
         """
         index, tensors, described, storages = self.index, self.tensors, self.described, self.storages
-        positions, kept = [], []
+        positions, kept, traced = [], [], None
         for v in values:
             if not isinstance(v, _Tensor):
                 positions.append(None)
@@ -43,12 +43,11 @@ class CallTensors:
                 i = index[id(v)] = len(tensors)
                 tensors.append(v)
                 dtype, size, offset, device = v.dtype, v.shape, v.storage_offset(), v.device
-                try:
-                    address = v.data_ptr()
-                except RuntimeError:  # (a functional tensor's)
-                    address = 0
-                if not address and 0 not in size:  # a traced (fake) tensor: its storage stands for the address
-                    address = storage_id(v) + offset * (_ITEMSIZE.get(dtype) or dtype.itemsize)
+                if traced is None:
+                    traced = tracing()
+                # (a traced tensor is fake: its storage stands for the address it lacks)
+                address = storage_id(v) + offset * (_ITEMSIZE.get(dtype) or dtype.itemsize) if traced \
+                    else v.data_ptr()
                 # the storage's address (the view's, less its offset: untyped_storage() makes an object);
                 # a tensor without elements aliases nothing; storages are numbered, not named by address,
                 # so that the description is the same on every call with the same layout
