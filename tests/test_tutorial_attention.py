@@ -334,3 +334,81 @@ def test_the_tutorials_forward_keeps_its_loops_states(host, causal, monkeypatch)
     ((modes, variant),) = seen
     assert all(part.saved for part in variant.parts)  # the forward kept the loops' finals: no replay first
     assert modes == {"desc_q": "ATOMIC", "desc_k": "ATOMIC", "desc_v": "ATOMIC"}
+
+
+@triton.jit
+def attend_keys(acc, row_sum, row_max, q, k_ptr, v_ptr, first_row, scale, cols, keys, SEQ, HEAD_DIM: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    # the one-loop attention's loop, in a helper as the tutorial writes it (`_attn_fwd_inner`), through pointers
+    key_row = first_row
+    for _block in tl.range(0, SEQ, BLOCK_N):
+        block = (key_row + keys)[:, None] * HEAD_DIM + cols[None, :]
+        s = tl.dot(q, tl.load(k_ptr + block).T)
+        new_max = tl.maximum(row_max, tl.max(s, 1) * scale)
+        p = tl.math.exp2(s * scale - new_max[:, None])
+        shrink = tl.math.exp2(row_max - new_max)
+        row_sum = row_sum * shrink + tl.sum(p, 1)
+        acc = tl.dot(p, tl.load(v_ptr + block), acc * shrink[:, None])
+        row_max = new_max
+        key_row += BLOCK_N
+    return acc, row_sum, row_max
+
+
+@triton.jit
+def attention_helper_loop(sm_scale, q_ptr, k_ptr, v_ptr, o_ptr, SEQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+    first_row = tl.program_id(1) * SEQ
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_DIM)
+    at = (first_row + rows)[:, None] * HEAD_DIM + cols[None, :]
+    q = tl.load(q_ptr + at, mask=(rows < SEQ)[:, None], other=0.0)
+    row_max = tl.zeros([BLOCK_M], dtype=tl.float64) - float("inf")
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float64) + 1.0
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float64)
+    scale = sm_scale * 1.44269504
+    acc, row_sum, row_max = attend_keys(acc, row_sum, row_max, q, k_ptr, v_ptr, first_row, scale, cols,
+                                        tl.arange(0, BLOCK_N), SEQ, HEAD_DIM, BLOCK_N)
+    tl.store(o_ptr + at, acc / row_sum[:, None], mask=(rows < SEQ)[:, None])
+
+
+@tritongrad.op
+def attention_in_a_helper(q, k, v, sm_scale: float):
+    z, h, seq, head_dim = q.shape
+    o = torch.full_like(q, float("nan"))
+    attention_helper_loop[(triton.cdiv(seq, BLOCK), z * h)](sm_scale, q, k, v, o, seq, HEAD_DIM=head_dim,
+                                                            BLOCK_M=BLOCK, BLOCK_N=BLOCK)
+    return o
+
+
+def test_keys_and_values_of_a_loop_in_a_helper_get_a_kernel_of_their_own_with_its_prologue(monkeypatch):
+    """The loop in an inlined helper: the forward keeps its state (augment.py), dK and dV get the loop interchange,
+    and what each query block's work computes before the loop from that state (dO / l and the row sums of its
+    adjoint) a prologue computes once per query block, not each interchanged program for every block: the helper's
+    carried values, whose start the online-softmax rewrite rescales (`acc_1 = acc_unscaled * shrink`), have the
+    type they were created with (reverse/loops.py dtype_as_written)."""
+    from tritongrad.runtime import backward_kernel, derive
+
+    monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
+    seen = []
+    real = derive.BackwardKernel.launch
+
+    def spy(self, grid, named, output_grads, buffers, prepared, *args, **kwargs):
+        seen.append(prepared)
+        return real(self, grid, named, output_grads, buffers, prepared, *args, **kwargs)
+
+    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
+    g = torch.Generator().manual_seed(40)
+    q, k, v = (torch.randn(1, 2, 80, 16, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    o = attention_in_a_helper(q, k, v, 0.3)
+    want = reference(q, k, v, False, 0.3)
+    torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
+    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(o, (q, k, v), d_o)
+    expected = torch.autograd.grad(want, (q, k, v), d_o)
+    for name, a, b in zip("qkv", got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+    (prepared,) = seen
+    assert {p: c.mode.name for p, c in prepared.choices.items()} == {
+        "q_ptr": "STORE", "k_ptr": "INTERCHANGE", "v_ptr": "INTERCHANGE"}
+    assert all(part.saved for part in prepared.variant.parts)
+    assert [part.prologue is not None for part in prepared.variant.parts] == [False, True]

@@ -33,6 +33,7 @@ import copy
 
 from ..analysis.forms import LoopIndex
 from ..analysis.launch_values import UNKNOWN_TRIP, Expr
+from ..analysis.online import RESCALED
 from ..core.ir import (
     Op,
     Tag,
@@ -338,9 +339,9 @@ class LoopReversal:
                 at = 1 if op.kind == "zeros" else 2
                 dtype = op.kwargs.get("dtype", op.args[at] if len(op.args) > at else None)
                 return ast.unparse(dtype) if isinstance(dtype, (ast.Name, ast.Attribute)) else None
-            if op.kind != "copy" or not isinstance(op.args[0], ast.Name):
+            if op.kind != "copy" and not getattr(first, RESCALED, False) or not isinstance(op.args[0], ast.Name):
                 return None
-            name = op.args[0].id
+            name = op.args[0].id  # (a copy, or a carried start rescaled to the final max: online.py)
         return None
 
     def inside(self, stmt: ast.stmt, node: ast.stmt) -> bool:
