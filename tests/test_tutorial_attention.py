@@ -385,7 +385,7 @@ def test_keys_and_values_of_a_loop_in_a_helper_get_a_kernel_of_their_own_with_it
     and what each query block's work computes before the loop from that state (dO / l and the row sums of its
     adjoint) a prologue computes once per query block, not each interchanged program for every block: the helper's
     carried values, whose start the online-softmax rewrite rescales (`acc_1 = acc_unscaled * shrink`), have the
-    type they were created with (reverse/loops.py dtype_as_written)."""
+    type they were created with (reverse/loops.py dtype_as_written), the running sum's through `zeros + 1.0`."""
     from tritongrad.runtime import backward_kernel, derive
 
     monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
@@ -412,3 +412,4 @@ def test_keys_and_values_of_a_loop_in_a_helper_get_a_kernel_of_their_own_with_it
         "q_ptr": "STORE", "k_ptr": "INTERCHANGE", "v_ptr": "INTERCHANGE"}
     assert all(part.saved for part in prepared.variant.parts)
     assert [part.prologue is not None for part in prepared.variant.parts] == [False, True]
+    assert len(prepared.variant.parts[1].exports.states) == 2  # dO / l and its row sums, both computed once

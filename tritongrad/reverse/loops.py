@@ -327,10 +327,13 @@ class LoopReversal:
             at = block.index(replay)
             block[at:at + 1] = read + closed
 
-    def dtype_as_written(self, name: str) -> str | None:
+    def dtype_as_written(self, name: str, numbers: bool = False) -> str | None:
         """The dtype a loop's carried value is created with before the loop (a carried value keeps its type),
-        as written: ``tl.zeros([BM], dtype=COMPUTE)`` gives ``COMPUTE``; followed through copies."""
-        seen = set()
+        as written: ``tl.zeros([BM], dtype=COMPUTE)`` gives ``COMPUTE``; followed through copies and a carried start
+        rescaled to the final max (online.py). ``numbers``: also through arithmetic with a Python number, as an
+        expression (``tl.zeros([BM], dtype=D) + 1.0`` gives ``(tl.zeros((1,), D) + 0.0).dtype``: a float number
+        makes an integer type float), which a kernel can spell but a state tape's size cannot read."""
+        seen, floated = set(), False
         while name not in seen and self.builder.analysis.defs.get(name):
             seen.add(name)
             first = self.builder.analysis.defs[name][0]
@@ -338,15 +341,27 @@ class LoopReversal:
             if op.kind in ("zeros", "full"):  # zeros(shape, dtype), full(shape, value, dtype)
                 at = 1 if op.kind == "zeros" else 2
                 dtype = op.kwargs.get("dtype", op.args[at] if len(op.args) > at else None)
-                return ast.unparse(dtype) if isinstance(dtype, (ast.Name, ast.Attribute)) else None
-            if op.kind != "copy" and not getattr(first, RESCALED, False) or not isinstance(op.args[0], ast.Name):
+                if not isinstance(dtype, (ast.Name, ast.Attribute)):
+                    return None
+                spelled = ast.unparse(dtype)
+                if not floated or spelled in FLOAT_TYPES:
+                    return spelled
+                return f"(tl.zeros((1,), {spelled}) + 0.0).dtype"
+            names = [a for a in op.args if isinstance(a, ast.Name)]
+            found = [a.value for a in op.args if isinstance(a, ast.Constant) and type(a.value) in (int, float)]
+            if (op.kind == "copy" or getattr(first, RESCALED, False)) and names and names[0] is op.args[0]:
+                name = names[0].id
+            elif numbers and op.kind in ("add", "sub", "mul") and len(names) == 1 and len(found) == 1:
+                name, floated = names[0].id, floated or isinstance(found[0], float)
+            else:
                 return None
-            name = op.args[0].id  # (a copy, or a carried start rescaled to the final max: online.py)
         return None
 
     def inside(self, stmt: ast.stmt, node: ast.stmt) -> bool:
         return any(e is node for e in self.builder.enclosing[id(stmt)])
 
+
+FLOAT_TYPES = ("tl.float16", "tl.bfloat16", "tl.float32", "tl.float64")  # (a Python float keeps these)
 
 TAPED = ("A first pass keeps the state at the start of each iteration on a tape (every k-th where the tape\n"
          "would exceed its budget: then the iterations since are re-run); the reverse loop runs the iterations\n"

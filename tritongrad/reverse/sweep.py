@@ -257,7 +257,7 @@ class BackwardBuilder:
         the shape as written), for an interchange's prologue (interchange.Prologue)."""
         likes = {}
         for primal, adjoint in self.adjoint.items():
-            shape, dtype = self.analysis.shapes.get(primal), self.loops.dtype_as_written(primal)
+            shape, dtype = self.analysis.shapes.get(primal), self.loops.dtype_as_written(primal, numbers=True)
             if shape is not None and dtype is not None:
                 extents = "".join(f"{e}, " for e in shape)
                 likes[adjoint] = (ast.parse(f"tg.zeros_grad(tl.zeros(({extents}), {dtype}))", mode="eval").body,
