@@ -64,3 +64,61 @@ def test_traced_tensors_are_described_and_overlap_as_the_real_ones(binding, func
         for i, j in itertools.combinations(range(len(real)), 2):
             assert overlap(Layout.of(traced[i]), Layout.of(traced[j])) == overlaps[i, j], (i, j)
             assert (device.storage_of(traced[i]) == device.storage_of(traced[j])) == shared[i, j], (i, j)
+
+
+def _rows(binding: str, grad: bool) -> tuple:
+    """rmsnorm's (x, w) as a user may bind them, made of fresh leaves (that require grad where ``grad``)."""
+    g = torch.Generator().manual_seed(41)
+    leaf = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_(grad)  # noqa: E731
+    base = leaf(9, 37)
+    return {
+        "distinct": lambda: (base, leaf(37)),
+        "a weight that is a row of the input": lambda: (base[1:], base[0]),
+        "one tensor, both": lambda: (base, base[3]),
+        "a weight that is a row of another tensor": lambda: (base, leaf(4, 37)[2]),
+    }[binding]()  # (the example reads x and w as contiguous: other layouts are refused, eagerly and traced alike)
+
+
+def _strategies(monkeypatch) -> list:
+    from tritongrad.runtime import derive
+
+    seen, real = [], derive.BackwardKernel.launch
+
+    def spy(self, grid, named, output_grads, buffers, prepared, *args, **kwargs):
+        seen.append((self.name, tuple(sorted((p, c.mode.name) for p, c in prepared.choices.items())),
+                     len(prepared.variant.parts)))
+        return real(self, grid, named, output_grads, buffers, prepared, *args, **kwargs)
+
+    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
+    return seen
+
+
+@pytest.mark.parametrize("binding", ["distinct", "a weight that is a row of the input", "one tensor, both",
+                                     "a weight that is a row of another tensor"])
+def test_the_traced_backward_chooses_what_the_eager_backward_chooses(binding, monkeypatch):
+    """The backward as torch.compile traces it (library.py: fake tensors, the plan from their layouts, the derived
+    launches gathered instead of run) takes the write strategies and variants an eager backward of the same call
+    takes, for the bindings users pass (rmsnorm: its weight's gradient in partial rows or atomics, x's stored)."""
+    from tritongrad.examples import rmsnorm
+    from tritongrad.ops import hooks
+    from tritongrad.ops.autograd_function import arguments_of, as_tuple
+    from tritongrad.ops.library import _recorded
+    from tritongrad.ops.tape import Tape
+
+    seen = _strategies(monkeypatch)
+    out = rmsnorm.rmsnorm(*_rows(binding, grad=True))  # eagerly, through the op: its backward's choices
+    out.backward(torch.randn_like(out))
+    eager = list(seen)
+    seen.clear()
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t) for t in _rows(binding, grad=False)]
+    host = lambda x, w: rmsnorm.rmsnorm_launch(x.contiguous(), w, 1e-6)()  # noqa: E731
+    with mode, device.traced():
+        with hooks.collecting("skip") as launches:
+            outputs = as_tuple(host(*fakes))
+        tape = _recorded(Tape("rows"), launches, lambda v: v)
+        tape.close(outputs, tuple(fakes), {}, arguments_of(host), diff_inputs=list(fakes))
+        with hooks.collecting("skip") as derived:
+            tape.backward(tuple(tape.saved), tuple(torch.randn_like(o) for o in outputs), [True, True], derived)
+    assert eager and seen == eager
+    assert derived.calls  # the derived kernels' launches were made (gathered, not run)
