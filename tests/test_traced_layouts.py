@@ -122,3 +122,23 @@ def test_the_traced_backward_chooses_what_the_eager_backward_chooses(binding, mo
             tape.backward(tuple(tape.saved), tuple(torch.randn_like(o) for o in outputs), [True, True], derived)
     assert eager and seen == eager
     assert derived.calls  # the derived kernels' launches were made (gathered, not run)
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_the_rehearsal_gets_real_tensors_laid_out_as_the_traced_ones(binding):
+    """library.py rehearses the eager backward on real tensors made from the traced ones: same dtypes, sizes,
+    strides and offsets, views of one storage sharing one, and values to compute with (random floats)."""
+    from tritongrad.ops.library import real_like
+
+    real = bound(binding)
+    traced, _ = fake_of(real, functional=False)
+    made = real_like((traced[0], list(traced[1:]), 3))
+    assert made[2] == 3 and isinstance(made[1], list)
+    made = [made[0], *made[1]]
+    for r, t in zip(made, real, strict=True):
+        assert (r.dtype, r.shape, r.stride(), r.storage_offset()) == (t.dtype, t.shape, t.stride(), t.storage_offset())
+        assert type(r) is torch.Tensor and bool(torch.isfinite(r).all())
+    for i, j in itertools.combinations(range(len(real)), 2):
+        assert (device.storage_of(made[i]) == device.storage_of(made[j])) == (
+            device.storage_of(real[i]) == device.storage_of(real[j])), (i, j)
+    assert all(bool(r.ne(0).any()) for r in made if r.numel())  # (random: not the zeros they were made of)

@@ -306,28 +306,35 @@ class _Untraceable(Exception):
 
 
 def _rehearse(eager: Any, args: tuple) -> None:
-    """The eager backward once on real tensors laid out as the traced ones (random values; storages shared as
-    theirs are): it makes the checks a first backward makes (gradient outside the tensors passed: backward.py)
-    and times the launch settings, which the traced backward then looks up (tuning.py)."""
+    """The eager backward once on real tensors laid out as the traced ones (``real_like``): it makes the checks a
+    first backward makes (gradient outside the tensors passed: backward.py) and times the launch settings, which
+    the traced backward then looks up (tuning.py)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     if not any(t.device.type == "cuda" for t in _tensors(args)):  # (compiled kernels run on GPUs only)
         return
     with _disable_current_modes():
-        memory: dict[int, torch.Tensor] = {}
-        for t in _tensors(args):  # each storage as many bytes as its views reach
-            key, end = device.storage_id(t), (t.storage_offset() + span_of(t)) * t.element_size()
-            if key not in memory or memory[key].numel() < end:
-                memory[key] = torch.zeros(end, dtype=torch.uint8, device=t.device)
-        real = {}
-        for t in _tensors(args):
-            r = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                memory[device.storage_id(t)].untyped_storage(), t.storage_offset(), t.shape, t.stride())
-            if t.dtype.is_floating_point:
-                r.copy_(torch.randn(t.shape, dtype=t.dtype, device=t.device))
-            real[id(t)] = r
-        swap = lambda v: real.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-        eager(*[[swap(u) for u in v] if isinstance(v, list) else swap(v) for v in args])
+        eager(*real_like(args))
+
+
+def real_like(args: tuple) -> list:
+    """``args`` (tensors, lists of them, other values) with each traced tensor replaced by a real one of its dtype,
+    device, sizes, strides and offset, views of one traced storage views of one real storage; floating-point
+    ones random (standard normal), others zero. Call it with no dispatch mode active."""
+    memory: dict[int, torch.Tensor] = {}
+    for t in _tensors(args):  # each storage as many bytes as its views reach
+        key, end = device.storage_id(t), (t.storage_offset() + span_of(t)) * t.element_size()
+        if key not in memory or memory[key].numel() < end:
+            memory[key] = torch.zeros(end, dtype=torch.uint8, device=t.device)
+    real = {}
+    for t in _tensors(args):
+        r = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            memory[device.storage_id(t)].untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        if t.dtype.is_floating_point:  # (through the span its view reaches: an expanded view overlaps itself)
+            r.as_strided((span_of(t),), (1,), t.storage_offset()).normal_()
+        real[id(t)] = r
+    swap = lambda v: real.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return [[swap(u) for u in v] if isinstance(v, list) else swap(v) for v in args]
 
 
 def _tensors(args: tuple) -> list[torch.Tensor]:
