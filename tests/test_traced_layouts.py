@@ -142,3 +142,41 @@ def test_the_rehearsal_gets_real_tensors_laid_out_as_the_traced_ones(binding):
         assert (device.storage_of(made[i]) == device.storage_of(made[j])) == (
             device.storage_of(real[i]) == device.storage_of(real[j])), (i, j)
     assert all(bool(r.ne(0).any()) for r in made if r.numel())  # (random: not the zeros they were made of)
+
+
+def test_a_derived_kernel_made_self_contained_is_what_inductor_can_copy():
+    """Inductor copies a user kernel's JIT dependencies into its own module by the names the kernel reads them under,
+    and takes no module attributes but Triton's: a derived kernel's `tg.<helper>` calls become globals named as the
+    helpers' own functions (codegen/generate.py `self_contained`), transitively."""
+    import re
+
+    import triton
+    import triton.language as tl
+
+    from tritongrad.codegen.generate import jit_src, self_contained
+    from tritongrad.runtime.derive import grad
+
+    @triton.jit
+    def rows(x_ptr, w_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + tl.program_id(0) * n + cols, mask=cols < n, other=0.0)
+        w = tl.load(w_ptr + cols, mask=cols < n, other=0.0)
+        tl.store(y_ptr + tl.program_id(0) * n + cols, x * w / tl.sum(x * x, 0), mask=cols < n)
+
+    bwd = grad(rows, ["x_ptr", "w_ptr"], ["y_ptr"], constexprs={"BLOCK": 64})
+    kernels = {bwd.kernel}  # (the default variant: atomics, partial rows and their helpers)
+    assert kernels and any("tg." in jit_src(k) for k in kernels)
+    for kernel in kernels:
+        contained = self_contained(kernel)
+        assert contained is self_contained(kernel)  # (made once)
+        assert "tg." not in jit_src(contained) and contained.fn.__name__ == kernel.fn.__name__
+        pending, seen = [contained], set()
+        while pending:
+            k = pending.pop()
+            for name in set(re.findall(r"\btg_\w+", jit_src(k))) - seen:
+                seen.add(name)
+                helper = k.fn.__globals__[name]
+                if hasattr(helper, "fn"):  # (a jitted helper, not a constant)
+                    assert helper.fn.__name__ == name and "tg." not in jit_src(helper)
+                    pending.append(helper)
+    assert {"tg_widened", "tg_unbroadcast"} <= seen, seen  # (unbroadcast calls widened: reached through it)

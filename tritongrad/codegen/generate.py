@@ -10,8 +10,10 @@ from __future__ import annotations
 import ast
 import copy
 import hashlib
+import inspect
 import linecache
 import re
+import textwrap
 from collections import Counter
 from typing import Any
 
@@ -194,7 +196,7 @@ def self_contained(kernel: Any) -> Any:
     found = _contained.get(kernel)
     if found is None:
         helpers: dict[str, Any] = {}
-        src = _TG_NAME.sub(lambda m: _helper(m.group(1), helpers), kernel.src)
+        src = _TG_NAME.sub(lambda m: _helper(m.group(1), helpers), jit_src(kernel))
         scope = {**kernel.fn.__globals__, **helpers}
         found = _contained[kernel] = jit_source(f"@triton.jit\n{src}", kernel.fn.__name__, scope)
     return found
@@ -210,17 +212,26 @@ def _helper(name: str, helpers: dict[str, Any]) -> str:
     if own in helpers:
         return own
     found = getattr(tg, name)
-    if not hasattr(found, "src"):  # a constant (DESCRIPTOR_ATOMICS)
+    if not hasattr(found, "fn"):  # a constant (DESCRIPTOR_ATOMICS)
         helpers[own] = found
         return own
     helpers[own] = None  # (being made: a helper calling itself)
-    src = re.sub(r"^def \w+", f"def {own}", found.src, count=1, flags=re.M)
+    src = re.sub(r"^def \w+", f"def {own}", jit_src(found), count=1, flags=re.M)
     src = _CALLED.sub(lambda m: _helper(m.group(1), helpers), src)
     helpers[own] = jit_source(f"@triton.jit\n{src}", own, {**found.fn.__globals__, **helpers})
     return own
 
 
 _CALLED = re.compile(rf"(?<![.\w])({'|'.join(sorted({*tg.HELPERS, *tg._COMBINES}, key=len, reverse=True))})\b")
+
+
+def jit_src(kernel: Any) -> str:
+    """A jitted function's source from its ``def`` (a JITFunction's ``src``; read back for the interpreter's)."""
+    found = getattr(kernel, "src", None)
+    if found is None:
+        found = textwrap.dedent(inspect.getsource(kernel.fn))
+        found = found[re.search(r"^def\s+\w+\s*\(", found, re.M).start():]
+    return found
 
 
 def jit_source(src: str, name: str, scope: dict[str, Any]) -> Any:
