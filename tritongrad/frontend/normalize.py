@@ -36,7 +36,7 @@ from .blockptr import rewrite_block_pointers
 from .controlflow import ControlFlowFlattener
 from .expressions import LOCAL, ExpressionFlattener, Frame, _Deferred, _is_metadata, name_node
 from .forwarding import forward_stored_values
-from .specialize import plain_value, specialize
+from .specialize import constexpr_params, plain_value, specialize
 
 # operations whose results on known integers are known (floor division and modulo are left out: Python's
 # rounding, which a constexpr follows, is not the one on_host computes for tensors)
@@ -60,7 +60,7 @@ class Normalizer:
         self.defined = {a.arg for a in self.tree.args.args}  # SSA names bound so far
         self.temporaries: set[str] = set()
         self.inline_depth = 0
-        self.constexprs = {a.arg for a in self.tree.args.args if _is_constexpr_annotation(a.annotation)}
+        self.constexprs = set(constexpr_params(self.tree))
         self.descriptors: set[str] = set()  # SSA names of tensor descriptors made in the kernel
         # values known at derivation: the specialization's constexprs, and copies of them or of globals
         self.known: dict[str, Any] = {k: plain_value(v) for k, v in (constexprs or {}).items()}
@@ -301,10 +301,6 @@ class Normalizer:
 
 # names given to the tuple of an operation's results when it is unpacked
 RESULT_NAMES = {"linear_scan": "scan", "associative_scan": "scan", "split": "halves"}
-
-
-def _is_constexpr_annotation(annotation: ast.expr | None) -> bool:
-    return annotation is not None and ast.unparse(annotation).split(".")[-1] == "constexpr"
 
 
 def normalize_kernel(jit_fn: Any, constexprs: Mapping[str, Any] | None = None) -> Program:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.source import unwrap
+from ..core.source import Source, unwrap
+from ..frontend.specialize import constexpr_params
 
 # id(jit kernel) -> (the kernel, its declared configs as keyword items): backward_configs
 DECLARED: dict[int, tuple[Any, tuple]] = {}
@@ -74,9 +74,8 @@ def backward_configs(configs: Sequence[Any]) -> Callable[[Any], Any]:
 
     def declare(kernel: Any) -> Any:
         jit = unwrap(kernel)
-        params = inspect.signature(jit.fn).parameters
-        constexprs = [p for p, v in params.items()
-                      if getattr(v.annotation, "__name__", str(v.annotation)).split(".")[-1] == "constexpr"]
+        tree = Source.of(jit).tree
+        params, constexprs = [a.arg for a in tree.args.args], constexpr_params(tree)
         for c in configs:
             for name in c.kwargs:
                 if name not in constexprs:
