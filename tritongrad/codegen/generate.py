@@ -192,7 +192,11 @@ def compile_kernel(src: str, name: str, program: Program) -> Any:
 def self_contained(kernel: Any) -> Any:
     """A derived kernel whose ``tg`` helpers are globals of their own (``tg.widened`` -> ``tg_widened``, defined as
     ``def tg_widened``): what torch.compile's Inductor can copy into its own module, which names a kernel's
-    dependencies by the JIT functions' own names and takes no module attributes but Triton's. Cached."""
+    dependencies by the JIT functions' own names and takes no module attributes but Triton's. Cached. Any other
+    kernel (not compiled by ``jit_source``: a user's) as it is."""
+    code = getattr(getattr(kernel, "fn", None), "__code__", None)
+    if code is None or not code.co_filename.startswith(_FILE_PREFIX):
+        return kernel
     found = _contained.get(kernel)
     if found is None:
         helpers: dict[str, Any] = {}
@@ -202,6 +206,7 @@ def self_contained(kernel: Any) -> Any:
     return found
 
 
+_FILE_PREFIX = "<tritongrad:"  # the file name jit_source compiles a kernel's source under
 _TG_NAME = re.compile(r"\btg\.(\w+)")
 _contained: dict[Any, Any] = {}
 
@@ -238,7 +243,7 @@ def jit_source(src: str, name: str, scope: dict[str, Any]) -> Any:
     """The function ``name`` that ``src`` (decorated ``@triton.jit``) defines in a copy of ``scope``, its
     source registered with linecache (Triton reads it back)."""
     digest = hashlib.sha1(src.encode()).hexdigest()[:12]
-    filename = f"<tritongrad:{name}:{digest}>"
+    filename = f"{_FILE_PREFIX}{name}:{digest}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
     scope = dict(scope)
     exec(compile(src, filename, "exec"), scope)  # runs the @triton.jit decorator

@@ -89,9 +89,7 @@ def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) 
     kwargs = dict(kwargs)
     grid = kwargs.pop("grid")
     kwargs.pop("warmup", None)
-    if getattr(getattr(kernel, "fn", None), "__code__", None) is not None \
-            and kernel.fn.__code__.co_filename.startswith("<tritongrad:"):  # a derived kernel (traced backward)
-        kernel = self_contained(kernel)
+    kernel = self_contained(kernel)  # (a derived kernel, of a traced backward, as Inductor can copy it)
     token = current_tape.set(None)  # wrap_triton's own launch is not intercepted again
     try:
         return wrap_triton(kernel)[grid](*args, **kwargs)

@@ -244,17 +244,26 @@ def _saved_backward(fn: Any, name: str, arguments, plans: dict, deterministic: b
 
     def backward(*args):
         *inputs, saved, grads, needs = args
-        with hooks.collecting("skip") as launches:
-            fresh = as_tuple(fn(*inputs))
-        saved = [t.detach() for t in saved]  # an eager caller's outputs require grad; kernels wrote them
-        swaps = _swaps(launches, inputs, fresh, saved)
-        if swaps is None:
+        found = _saved_tape(fn, name, plans, deterministic, inputs, saved)
+        if found is None:
             return recompute(*inputs, grads, needs)
-        swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-        tape = _recorded(Tape(name, plans, deterministic), launches, swap)
-        return _gradients(tape, tuple(saved[:len(fresh)]), inputs, arguments, grads, needs)
+        return _gradients(*found, inputs, arguments, grads, needs)
 
     return backward
+
+
+def _saved_tape(fn: Any, name: str, plans: dict, deterministic: bool, inputs: list, saved: list) -> tuple | None:
+    """A tape of the op's launches on the buffers the saving forward kept: the host function run again with its
+    launches skipped (for their arguments), its fresh buffers swapped for the saved ones; with the op's outputs
+    among the saved tensors. None where the buffers cannot be matched (``_swaps``)."""
+    with hooks.collecting("skip") as launches:
+        fresh = as_tuple(fn(*inputs))
+    saved = [t.detach() for t in saved]  # an eager caller's outputs require grad; kernels wrote them
+    swaps = _swaps(launches, inputs, fresh, saved)
+    if swaps is None:
+        return None
+    swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return _recorded(Tape(name, plans, deterministic), launches, swap), tuple(saved[:len(fresh)])
 
 
 def _recorded(tape: Tape, launches: hooks.Launches, swap: Any) -> Tape:
@@ -289,16 +298,11 @@ def _traced_backward(fn: Any, name: str, arguments, plans: dict, deterministic: 
 
 def _traced_gradients(fn: Any, name: str, arguments, plans: dict, deterministic: bool, *args) -> list:
     *inputs, saved, grads, needs = args
-    with hooks.collecting("skip") as launches:
-        fresh = as_tuple(fn(*inputs))
-    saved = [t.detach() for t in saved]
-    swaps = _swaps(launches, inputs, fresh, saved)
-    if swaps is None:
+    found = _saved_tape(fn, name, plans, deterministic, inputs, saved)
+    if found is None:
         raise _Untraceable("its forward's buffers cannot be matched with the saved ones (an autotuned launch?)")
-    swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-    tape = _recorded(Tape(name, plans, deterministic), launches, swap)
     with hooks.collecting("wrap", name) as launches:
-        return _gradients(tape, tuple(saved[:len(fresh)]), inputs, arguments, grads, needs, launches)
+        return _gradients(*found, inputs, arguments, grads, needs, launches)
 
 
 class _Untraceable(Exception):
