@@ -362,7 +362,8 @@ def test_bfloat16_inputs_accumulate_in_float32():
     torch.testing.assert_close(gw.double(), ww, rtol=5e-2, atol=5e-2)
 
 
-def test_multi_config_autotune_backward_runs_under_one_of_its_configs_with_its_grid(monkeypatch):
+def backward_launches(monkeypatch) -> list:
+    """The (grid, arguments) of each derived kernel's launch from here on, tuning's config choices forgotten."""
     launched = []
     real = op_backward.grad
 
@@ -381,6 +382,11 @@ def test_multi_config_autotune_backward_runs_under_one_of_its_configs_with_its_g
 
     monkeypatch.setattr(op_backward, "grad", spy)
     monkeypatch.setattr(tuning, "_configs", {})
+    return launched
+
+
+def test_multi_config_autotune_backward_runs_under_one_of_its_configs_with_its_grid(monkeypatch):
+    launched = backward_launches(monkeypatch)
 
     @tritongrad.op
     def silu(x):
@@ -402,24 +408,7 @@ def test_multi_config_autotune_backward_runs_under_one_of_its_configs_with_its_g
 
 
 def test_a_fixed_config_launch_of_a_kernel_declaring_configs_gets_its_backward_under_the_fastest(monkeypatch):
-    launched = []
-    real = op_backward.grad
-
-    def spy(*args, **kwargs):
-        bwd = real(*args, **kwargs)
-
-        class Spy:
-            def __getattr__(self, name):
-                return getattr(bwd, name)
-
-            def launch(self, grid, named, *args, **kwargs):
-                launched.append((grid, named))
-                return bwd.launch(grid, named, *args, **kwargs)
-
-        return Spy()
-
-    monkeypatch.setattr(op_backward, "grad", spy)
-    monkeypatch.setattr(tuning, "_configs", {})
+    launched = backward_launches(monkeypatch)
     declared = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((64, 2), (1024, 8))]
     kernel = tritongrad.backward_configs(declared)(triton.jit(tuned_kernel.fn.fn))
 

@@ -153,6 +153,40 @@ def _have_host_descriptors():
     return True
 
 
+def prepared_launches(monkeypatch) -> list:
+    """Each derived launch's prepared variant from here on (its write choices and kernels)."""
+    from tritongrad.runtime import derive
+
+    seen, real = [], derive.BackwardKernel.launch
+
+    def spy(self, grid, named, output_grads, buffers, prepared, *args, **kwargs):
+        seen.append(prepared)
+        return real(self, grid, named, output_grads, buffers, prepared, *args, **kwargs)
+
+    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
+    return seen
+
+
+def modes(prepared) -> dict[str, str]:
+    return {p: c.mode.name for p, c in prepared.choices.items()}
+
+
+def assert_pytorchs_gradients(attend, leaves, q, k, v, causal, g):
+    """``attend(q, k, v)`` (q, k, v made of ``leaves``) and the leaves' gradients against the reference's, in float64,
+    the upstream gradient drawn from ``g``; a leaf no gradient reaches gets none, or zeros."""
+    o = attend(q, k, v)
+    want = reference(q, k, v, causal, 0.3)
+    torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
+    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(o, leaves, d_o, allow_unused=True)
+    expected = torch.autograd.grad(want, leaves, d_o, allow_unused=True)
+    for name, a, b in zip("qkv", got, expected, strict=True):
+        if b is None:
+            assert a is None or not a.any(), f"d{name}"
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("host, warp_specialize", [(False, False), (True, False), (True, True)])
 def test_the_tutorials_attention_forward_gets_pytorchs_gradients(causal, host, warp_specialize):
@@ -253,28 +287,14 @@ def test_keys_and_values_get_a_kernel_of_their_own_where_the_forward_keeps_its_s
     loop advances gets its final value in closed form (reverse/loops.py), computed once before the interchanged
     kernel's loop (persistent.py). Forced here by a one-multiprocessor device (the interchanged kernel's programs
     need only fill it)."""
-    from tritongrad.runtime import backward_kernel, derive
+    from tritongrad.runtime import backward_kernel
 
     monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
-    seen = []
-    real = derive.BackwardKernel.launch
-
-    def spy(self, grid, named, output_grads, buffers, prepared, *args, **kwargs):
-        seen.append({p: c.mode.name for p, c in prepared.choices.items()})
-        return real(self, grid, named, output_grads, buffers, prepared, *args, **kwargs)
-
-    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
+    seen = prepared_launches(monkeypatch)
     g = torch.Generator().manual_seed(39)
     q, k, v = (torch.randn(1, 2, 80, 16, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
-    o = attention_in_one_loop(q, k, v, 0.3)
-    want = reference(q, k, v, False, 0.3)
-    torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
-    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64)
-    got = torch.autograd.grad(o, (q, k, v), d_o)
-    expected = torch.autograd.grad(want, (q, k, v), d_o)
-    for name, a, b in zip("qkv", got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
-    assert seen == [{"q_ptr": "STORE", "k_ptr": "INTERCHANGE", "v_ptr": "INTERCHANGE"}]
+    assert_pytorchs_gradients(lambda *qkv: attention_in_one_loop(*qkv, 0.3), (q, k, v), q, k, v, False, g)
+    assert [modes(p) for p in seen] == [{"q_ptr": "STORE", "k_ptr": "INTERCHANGE", "v_ptr": "INTERCHANGE"}]
 
 
 @pytest.mark.parametrize("binding", ["k = v", "q = k = v", "one program"])
@@ -289,17 +309,7 @@ def test_the_one_loop_attention_gets_pytorchs_gradients_however_its_tensors_are_
     leaves = [torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3)]
     q, k, v = {"k = v": lambda q, k, v: (q, k, k), "q = k = v": lambda q, k, v: (q, q, q)}.get(
         binding, lambda q, k, v: (q, k, v))(*leaves)
-    o = attention_in_one_loop(q, k, v, 0.3)
-    want = reference(q, k, v, False, 0.3)
-    torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
-    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64)
-    got = torch.autograd.grad(o, leaves, d_o, allow_unused=True)
-    expected = torch.autograd.grad(want, leaves, d_o, allow_unused=True)
-    for name, a, b in zip("qkv", got, expected, strict=True):
-        if b is None:
-            assert a is None or not a.any(), f"d{name}"
-        else:
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+    assert_pytorchs_gradients(lambda *qkv: attention_in_one_loop(*qkv, 0.3), leaves, q, k, v, False, g)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -311,29 +321,13 @@ def test_the_tutorials_forward_keeps_its_loops_states(host, causal, monkeypatch)
     interchanged (dK, dV), but that measured slower on an H200 (benchmarks/RESULTS.md), so it is not done."""
     if host and not _have_host_descriptors():
         pytest.skip("this Triton has no triton.tools.tensor_descriptor")
-    from tritongrad.runtime import derive
-
-    seen = []
-    real = derive.BackwardKernel.launch
-
-    def spy(self, grid, named, output_grads, buffers, prepared, *args, **kwargs):
-        seen.append(({p: c.mode.name for p, c in prepared.choices.items()}, prepared.variant))
-        return real(self, grid, named, output_grads, buffers, prepared, *args, **kwargs)
-
-    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
+    seen = prepared_launches(monkeypatch)
     g = torch.Generator().manual_seed(41)
     q, k, v = (torch.randn(1, 3, 80, 16, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
-    o = attention(q, k, v, causal, 0.3, host, False)
-    want = reference(q, k, v, causal, 0.3)
-    torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
-    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64)
-    got = torch.autograd.grad(o, (q, k, v), d_o)
-    expected = torch.autograd.grad(want, (q, k, v), d_o)
-    for name, a, b in zip("qkv", got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
-    ((modes, variant),) = seen
-    assert all(part.saved for part in variant.parts)  # the forward kept the loops' finals: no replay first
-    assert modes == {"desc_q": "ATOMIC", "desc_k": "ATOMIC", "desc_v": "ATOMIC"}
+    assert_pytorchs_gradients(lambda *qkv: attention(*qkv, causal, 0.3, host, False), (q, k, v), q, k, v, causal, g)
+    (prepared,) = seen
+    assert all(part.saved for part in prepared.variant.parts)  # the forward kept the loops' finals: no replay first
+    assert modes(prepared) == {"desc_q": "ATOMIC", "desc_k": "ATOMIC", "desc_v": "ATOMIC"}
 
 
 @triton.jit
@@ -386,30 +380,15 @@ def test_keys_and_values_of_a_loop_in_a_helper_get_a_kernel_of_their_own_with_it
     adjoint) a prologue computes once per query block, not each interchanged program for every block: the helper's
     carried values, whose start the online-softmax rewrite rescales (`acc_1 = acc_unscaled * shrink`), have the
     type they were created with (reverse/loops.py dtype_as_written), the running sum's through `zeros + 1.0`."""
-    from tritongrad.runtime import backward_kernel, derive
+    from tritongrad.runtime import backward_kernel
 
     monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
-    seen = []
-    real = derive.BackwardKernel.launch
-
-    def spy(self, grid, named, output_grads, buffers, prepared, *args, **kwargs):
-        seen.append(prepared)
-        return real(self, grid, named, output_grads, buffers, prepared, *args, **kwargs)
-
-    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
+    seen = prepared_launches(monkeypatch)
     g = torch.Generator().manual_seed(40)
     q, k, v = (torch.randn(1, 2, 80, 16, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
-    o = attention_in_a_helper(q, k, v, 0.3)
-    want = reference(q, k, v, False, 0.3)
-    torch.testing.assert_close(o, want, rtol=1e-9, atol=1e-9)
-    d_o = torch.randn(o.shape, generator=g, dtype=torch.float64)
-    got = torch.autograd.grad(o, (q, k, v), d_o)
-    expected = torch.autograd.grad(want, (q, k, v), d_o)
-    for name, a, b in zip("qkv", got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+    assert_pytorchs_gradients(lambda *qkv: attention_in_a_helper(*qkv, 0.3), (q, k, v), q, k, v, False, g)
     (prepared,) = seen
-    assert {p: c.mode.name for p, c in prepared.choices.items()} == {
-        "q_ptr": "STORE", "k_ptr": "INTERCHANGE", "v_ptr": "INTERCHANGE"}
+    assert modes(prepared) == {"q_ptr": "STORE", "k_ptr": "INTERCHANGE", "v_ptr": "INTERCHANGE"}
     assert all(part.saved for part in prepared.variant.parts)
     assert [part.prologue is not None for part in prepared.variant.parts] == [False, True]
     assert len(prepared.variant.parts[1].exports.states) == 2  # dO / l and its row sums, both computed once
