@@ -164,6 +164,19 @@ def fixed_product(kernel, a, b, transpose_a=False, transpose_b=False, grid=None)
     return launch()
 
 
+def assert_matmul_grads(op, timed, ranks):
+    """``op(a, b)`` on fresh float64 45x70 and 70x37 inputs, its gradients PyTorch's; its backward timed with
+    ``ranks`` (``timed``'s)."""
+    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
+    c = op(a, b)
+    g = torch.randn_like(c)
+    timed["ranks"] = ranks
+    got = torch.autograd.grad(c, [a, b], g)
+    for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
 def expected_grads(f, inputs, g):
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     return torch.autograd.grad(f(*leaves), leaves, g)
@@ -174,14 +187,7 @@ def test_a_fixed_config_launch_gets_its_backward_under_whichever_declared_config
                                                                                               winner):
     kernel = declared_kernel()
     op = tritongrad.op(lambda a, b: fixed_product(kernel, a, b))
-    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
-    c = op(a, b)
-    g = torch.randn_like(c)
-    timed["ranks"] = {CANDIDATES[winner]: 1.0}
-    got = torch.autograd.grad(c, [a, b], g)
-    for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert_matmul_grads(op, timed, {CANDIDATES[winner]: 1.0})
     assert timed["blocks"][:-1] == CANDIDATES and timed["trials"] == 4  # each timed once, the forward's too
     assert timed["blocks"][-1] == CANDIDATES[winner]  # the launch that counts
     bm, bn, _ = CANDIDATES[winner]
@@ -224,14 +230,7 @@ def test_a_tuple_grid_keeps_the_forwards_config(timed):
     kernel = declared_kernel()
     grid = lambda shape: (triton.cdiv(shape[0], 32), triton.cdiv(shape[1], 32))  # noqa: E731 (FIXED's)
     op = tritongrad.op(lambda a, b: fixed_product(kernel, a, b, grid=grid))
-    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
-    c = op(a, b)
-    g = torch.randn_like(c)
-    timed["ranks"] = {CANDIDATES[1]: 1.0}
-    got = torch.autograd.grad(c, [a, b], g)
-    for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert_matmul_grads(op, timed, {CANDIDATES[1]: 1.0})
     assert timed["trials"] == 0 and set(timed["blocks"]) == {CANDIDATES[0]}  # the forward's: no grid for another
 
 
@@ -255,14 +254,7 @@ def test_an_autotuned_kernels_declared_configs_replace_its_autotuners(timed):
         triton.jit(matmul.matmul_kernel.fn.fn))
     assert tritongrad.backward_configs(DECLARED)(tuner) is tuner
     op = tritongrad.op(lambda a, b: launch(a, b, tuner))
-    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
-    c = op(a, b)
-    g = torch.randn_like(c)
-    timed["ranks"] = {CANDIDATES[3]: 1.0, (16, 16, 32): 0.5}  # (16, 16, 32): the autotuner's, not declared
-    got = torch.autograd.grad(c, [a, b], g)
-    for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert_matmul_grads(op, timed, {CANDIDATES[3]: 1.0, (16, 16, 32): 0.5})  # (16, 16, 32): the autotuner's alone
     assert timed["blocks"] == CANDIDATES + [CANDIDATES[3]]  # the one the autotuner chose, the declared; the fastest
 
 
@@ -317,14 +309,7 @@ def heuristic_product(a, b):
 @pytest.mark.parametrize("op", [declared_product, heuristic_product], ids=["declared", "heuristics"])
 def test_a_compiled_named_ops_saved_backward_offers_the_declared_configs_but_under_heuristics(timed, op):
     compiled = torch.compile(lambda a, b: op(a, b), fullgraph=True, backend="aot_eager")
-    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
-    c = compiled(a, b)
-    g = torch.randn_like(c)
-    timed["ranks"] = {CANDIDATES[1]: 1.0}
-    got = torch.autograd.grad(c, [a, b], g)
-    for x, y in zip(got, expected_grads(torch.matmul, [a, b], g), strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert_matmul_grads(compiled, timed, {CANDIDATES[1]: 1.0})
     if op is heuristic_product:  # (the saved backward records the launches the host function made, told of these)
         assert timed["trials"] == 0 and set(timed["blocks"]) == {CANDIDATES[0]}
     else:
