@@ -76,6 +76,7 @@ def _rows(binding: str, grad: bool) -> tuple:
         "a weight that is a row of the input": lambda: (base[1:], base[0]),
         "one tensor, both": lambda: (base, base[3]),
         "a weight that is a row of another tensor": lambda: (base, leaf(4, 37)[2]),
+        "one program": lambda: (leaf(1, 37), leaf(37)),
     }[binding]()  # (the example reads x and w as contiguous: other layouts are refused, eagerly and traced alike)
 
 
@@ -94,7 +95,7 @@ def _strategies(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("binding", ["distinct", "a weight that is a row of the input", "one tensor, both",
-                                     "a weight that is a row of another tensor"])
+                                     "a weight that is a row of another tensor", "one program"])
 def test_the_traced_backward_chooses_what_the_eager_backward_chooses(binding, monkeypatch):
     """The backward as torch.compile traces it (library.py: fake tensors, the plan from their layouts, the derived
     launches gathered instead of run) takes the write strategies and variants an eager backward of the same call
