@@ -103,7 +103,7 @@ def test_the_traced_backward_chooses_what_the_eager_backward_chooses(binding, mo
     from tritongrad.examples import rmsnorm
     from tritongrad.ops import hooks
     from tritongrad.ops.autograd_function import arguments_of, as_tuple
-    from tritongrad.ops.library import _recorded
+    from tritongrad.ops.saved_backward import _recorded
     from tritongrad.ops.tape import Tape
 
     seen = _strategies(monkeypatch)
@@ -129,7 +129,7 @@ def test_the_traced_backward_chooses_what_the_eager_backward_chooses(binding, mo
 def test_the_rehearsal_gets_real_tensors_laid_out_as_the_traced_ones(binding):
     """library.py rehearses the eager backward on real tensors made from the traced ones: same dtypes, sizes,
     strides and offsets, views of one storage sharing one, and values to compute with (random floats)."""
-    from tritongrad.ops.library import real_like
+    from tritongrad.ops.saved_backward import real_like
 
     real = bound(binding)
     traced, _ = fake_of(real, functional=False)

@@ -55,7 +55,7 @@ class OpBackward:
         steps = plan.steps(*schedule)
         # the first backward of a schedule surrounds its shadows with zeros and looks for gradient where no
         # tensor lies (_check_strays); not while a CUDA graph is captured, where it could not wait for the device,
-        # nor while torch.compile traces it (fake tensors: library.py's rehearsal on real ones checks)
+        # nor while torch.compile traces it (fake tensors: saved_backward.py's rehearsal on real ones checks)
         guards = None if schedule in plan.checked or capturing() or tracing() else {}
         shadows: dict[int, torch.Tensor] = {}
         for output, g in zip(plan.outputs, grads, strict=True):

@@ -80,6 +80,13 @@ def collecting(mode: str, name: str = ""):
         current_tape.reset(token)
 
 
+def wrap_triton_enabled() -> bool:
+    """False while a triton_op runs on real tensors (torch disables wrap_triton there)."""
+    from torch._library.triton import is_wrap_triton_enabled
+
+    return is_wrap_triton_enabled()
+
+
 def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) -> Any:
     """A launch issued through wrap_triton (the outermost kernel object: an autotuner is traced as
     one, so Inductor tunes it). What wrap_triton refuses (``num_ctas`` at the launch, an autotuner's

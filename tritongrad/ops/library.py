@@ -3,7 +3,8 @@
 ``ns::name`` is a ``triton_op`` (its launches issued through ``wrap_triton`` while torch.compile traces it) or,
 opaque, a ``custom_op``, with an autograd formula whose backward replays the eager forward's tape or, without
 one, re-runs the forward launches (``ns::name_backward``); ``ns::name_saving`` and ``ns::name_saved_backward`` are
-what torch.compile calls, so that the compiled backward runs derived kernels on saved buffers. The schemas
+what torch.compile calls, so that the compiled backward runs derived kernels on saved buffers (saved_backward.py;
+not opaque, ``ns::name_traced_backward`` launches them in the compiled graph). The schemas
 come from the host function's annotations (``_prototypes``).
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-import logging
 import os
 import typing
 from dataclasses import dataclass
@@ -20,15 +20,11 @@ from typing import Any
 
 import torch
 
-from ..core import device
-from ..writes.strategies import span_of
 from . import hooks
 from .autograd_function import arguments_of, as_tuple, differentiable, differentiable_once, refuse_unread, taped_call
-from .kernel_roles import kernel_info
+from .saved_backward import eager_backward, recompute_backward, traced_backward, whole
 from .tape import Tape, current_tape
-from .tiles import current_heuristics
 
-_log = logging.getLogger("tritongrad")
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
 
 
@@ -56,7 +52,7 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
     forward = _register(name, protos.forward, _named_impl(fn, name, arguments, plans, deterministic, not opaque),
                         _fake(fn), opaque)
     backward_op = torch.library.custom_op(name + "_backward", mutates_args=(), schema=torch.library.infer_schema(
-        protos.backward, mutates_args=()))(_recompute_backward(fn, name, arguments, plans, deterministic))
+        protos.backward, mutates_args=()))(recompute_backward(fn, name, arguments, plans, deterministic))
     backward_op.register_fake(_fake_backward)
     setup_context, backward = _autograd(backward_op, name)
     forward.register_autograd(backward, setup_context=setup_context)
@@ -64,13 +60,13 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
     if not _legacy():  # what torch.compile calls: the forward also returns what its backward reads
         saving = _register(name + "_saving", protos.saving, _saving_impl(fn, name, not opaque), _saving_fake(fn),
                            opaque)
-        eager_backward = _saved_backward(fn, name, arguments, plans, deterministic)
+        eager = eager_backward(fn, name, arguments, plans, deterministic)
         saved_backward = torch.library.custom_op(
             name + "_saved_backward", mutates_args=(),
-            schema=torch.library.infer_schema(protos.saved_backward, mutates_args=()))(eager_backward)
+            schema=torch.library.infer_schema(protos.saved_backward, mutates_args=()))(eager)
         saved_backward.register_fake(_fake_saved_backward)
         if not opaque:  # the compiled graph launches the derived kernels itself
-            traced = _traced_backward(fn, name, arguments, plans, deterministic, eager_backward, saved_backward)
+            traced = traced_backward(fn, name, arguments, plans, deterministic, eager, saved_backward)
             saved_backward = _register(name + "_traced_backward", protos.saved_backward, traced, None, False)
         setup_context, backward = _saving_autograd(saved_backward, name, protos.outputs)
         saving.register_autograd(backward, setup_context=setup_context)
@@ -130,7 +126,7 @@ def _register(name: str, proto: Any, impl: Any, fake: Any, opaque: bool) -> Any:
 
 def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool, traced: bool = False):
     def impl(*args, **kwargs):
-        if traced and _wrap_triton_enabled():  # torch.compile tracing the triton_op: launches via wrap_triton
+        if traced and hooks.wrap_triton_enabled():  # torch.compile tracing the triton_op: launches via wrap_triton
             with hooks.collecting("wrap", name):
                 return fn(*args, **kwargs)
         stash = _stash.get()
@@ -155,13 +151,6 @@ def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool,
     return impl
 
 
-def _wrap_triton_enabled() -> bool:
-    """False while a triton_op runs on real tensors (torch disables wrap_triton there)."""
-    from torch._library.triton import is_wrap_triton_enabled
-
-    return is_wrap_triton_enabled()
-
-
 def _fake(fn: Any):
     def fake(*args, **kwargs):
         with hooks.dry_run():
@@ -176,38 +165,6 @@ def _fake_backward(*args):
     return [torch.empty_like(t) for t, need in zip(tensors, needs, strict=True) if need]
 
 
-def _recompute_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
-    def backward(*args):
-        *inputs, grads, needs = args
-        tape = Tape(name, plans, deterministic)
-        with tape.recording():
-            outputs = as_tuple(fn(*inputs))
-        return _gradients(tape, outputs, inputs, arguments, grads, needs)
-
-    return backward
-
-
-def _gradients(tape: Tape, outputs: tuple, inputs: list, arguments, grads: list, needs: list,
-               launches: Any = None) -> list:
-    """The needed inputs' gradients from a recorded forward (zeros where none reaches); ``launches``: a
-    hooks.Launches wrapping the derived kernels' launches (traced)."""
-    diff = [t for t, need in zip(arguments(tuple(inputs), {}).values(), needs, strict=True) if need]
-    tape.close(outputs, tuple(inputs), {}, arguments, diff_inputs=diff)
-    saved, tape.saved = tuple(tape.saved), None
-    result = tape.backward(saved, tuple(grads), [True] * len(diff), launches)
-    # an op's outputs may not share memory with its arguments or with each other: copied only where they would
-    taken = {device.storage_of(a) for a in _tensors([*inputs, saved, grads])}
-    found = []
-    for t, g in zip(diff, result, strict=True):
-        if g is None:
-            found.append(torch.zeros_like(t))
-            continue
-        memory = device.storage_of(g)
-        found.append(torch.empty_like(t).copy_(g) if memory in taken else g)
-        taken.add(memory)
-    return found
-
-
 # -- what torch.compile calls: a forward that returns what its backward reads ----------------------
 
 
@@ -215,9 +172,9 @@ def _saving_impl(fn: Any, name: str, traced: bool):
     """The op's outputs, then the buffers its launches pass between them (``Launches.intermediates``,
     whole tensors only), so that a compiled graph saves them rather than re-running the launches."""
     def impl(*args):
-        with hooks.collecting("wrap" if traced and _wrap_triton_enabled() else "run", name) as launches:
+        with hooks.collecting("wrap" if traced and hooks.wrap_triton_enabled() else "run", name) as launches:
             outputs = as_tuple(fn(*args))
-        return [*outputs, *_whole(launches.intermediates(args, outputs))]
+        return [*outputs, *whole(launches.intermediates(args, outputs))]
 
     return impl
 
@@ -226,153 +183,9 @@ def _saving_fake(fn: Any):
     def fake(*args):
         with hooks.collecting("skip") as launches:
             outputs = as_tuple(fn(*args))
-        return [*outputs, *_whole(launches.intermediates(args, outputs))]
+        return [*outputs, *whole(launches.intermediates(args, outputs))]
 
     return fake
-
-
-def _whole(tensors: list) -> list:
-    return [t for t in tensors if t._base is None]
-
-
-def _saved_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
-    """The backward from the saving forward's outputs and buffers: the host function is run again with its
-    launches skipped (for their arguments), its fresh buffers swapped for the saved ones, and the launches
-    recorded on a tape as in eager mode. Where the buffers cannot be matched (an autotuned launch, whose
-    config is unknown here; a buffer that is a view of another tensor) the launches are re-run instead."""
-    recompute = _recompute_backward(fn, name, arguments, plans, deterministic)
-
-    def backward(*args):
-        *inputs, saved, grads, needs = args
-        found = _saved_tape(fn, name, plans, deterministic, inputs, saved)
-        if found is None:
-            return recompute(*inputs, grads, needs)
-        return _gradients(*found, inputs, arguments, grads, needs)
-
-    return backward
-
-
-def _saved_tape(fn: Any, name: str, plans: dict, deterministic: bool, inputs: list, saved: list) -> tuple | None:
-    """A tape of the op's launches on the buffers the saving forward kept: the host function run again with its
-    launches skipped (for their arguments), its fresh buffers swapped for the saved ones; with the op's outputs
-    among the saved tensors. None where the buffers cannot be matched (``_swaps``)."""
-    with hooks.collecting("skip") as launches:
-        fresh = as_tuple(fn(*inputs))
-    saved = [t.detach() for t in saved]  # an eager caller's outputs require grad; kernels wrote them
-    swaps = _swaps(launches, inputs, fresh, saved)
-    if swaps is None:
-        return None
-    swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-    return _recorded(Tape(name, plans, deterministic), launches, swap), tuple(saved[:len(fresh)])
-
-
-def _recorded(tape: Tape, launches: hooks.Launches, swap: Any) -> Tape:
-    """``tape`` with the gathered ``launches`` recorded on it, their tensors ``swap``ped for the saved ones."""
-    for (kernel, grid, a, kw), heuristics in zip(launches.calls, launches.heuristics, strict=True):
-        token = current_heuristics.set(heuristics)  # (as the launch ran: its tiles may be re-chosen, tiles.py)
-        try:
-            tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
-        finally:
-            current_heuristics.reset(token)
-    return tape
-
-
-def _traced_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool, eager: Any, opaque: Any):
-    """The saved-buffer backward as a triton_op: while torch.compile traces it, the derived kernels' launches are
-    issued through wrap_triton (the compiled graph schedules them); on real tensors, ``eager``. What cannot be
-    traced (an autotuned forward, whose config is chosen when the graph runs; index tensors read by a launch
-    check; fake tensors reaching something that reads values) keeps the ``opaque`` op in the graph."""
-    def backward(*args):
-        if not _wrap_triton_enabled():
-            return eager(*args)
-        try:
-            _rehearse(eager, args)
-            with device.traced():
-                return _traced_gradients(fn, name, arguments, plans, deterministic, *args)
-        except Exception as e:  # noqa: BLE001 (the opaque op computes the same gradients, its own way)
-            _log.info("tritongrad.op `%s`: the compiled graph calls its backward opaquely: %s", name, e, exc_info=True)
-            return opaque(*args)
-
-    return backward
-
-
-def _traced_gradients(fn: Any, name: str, arguments, plans: dict, deterministic: bool, *args) -> list:
-    *inputs, saved, grads, needs = args
-    found = _saved_tape(fn, name, plans, deterministic, inputs, saved)
-    if found is None:
-        raise _Untraceable("its forward's buffers cannot be matched with the saved ones (an autotuned launch?)")
-    with hooks.collecting("wrap", name) as launches:
-        return _gradients(*found, inputs, arguments, grads, needs, launches)
-
-
-class _Untraceable(Exception):
-    pass
-
-
-def _rehearse(eager: Any, args: tuple) -> None:
-    """The eager backward once on real tensors laid out as the traced ones (``real_like``): it makes the checks a
-    first backward makes (gradient outside the tensors passed: backward.py) and times the launch settings, which
-    the traced backward then looks up (tuning.py)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    if not any(t.device.type == "cuda" for t in _tensors(args)):  # (compiled kernels run on GPUs only)
-        return
-    with _disable_current_modes():
-        eager(*real_like(args))
-
-
-def real_like(args: tuple) -> list:
-    """``args`` (tensors, lists of them, other values) with each traced tensor replaced by a real one of its dtype,
-    device, sizes, strides and offset, views of one traced storage views of one real storage; floating-point
-    ones random (standard normal), others zero. Call it with no dispatch mode active."""
-    memory: dict[int, torch.Tensor] = {}
-    for t in _tensors(args):  # each storage as many bytes as its views reach
-        key, end = device.storage_id(t), (t.storage_offset() + span_of(t)) * t.element_size()
-        if key not in memory or memory[key].numel() < end:
-            memory[key] = torch.zeros(end, dtype=torch.uint8, device=t.device)
-    real = {}
-    for t in _tensors(args):
-        r = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-            memory[device.storage_id(t)].untyped_storage(), t.storage_offset(), t.shape, t.stride())
-        if t.dtype.is_floating_point:  # (through the span its view reaches: an expanded view overlaps itself)
-            r.as_strided((span_of(t),), (1,), t.storage_offset()).normal_()
-        real[id(t)] = r
-    swap = lambda v: real.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-    return [[swap(u) for u in v] if isinstance(v, list) else swap(v) for v in args]
-
-
-def _tensors(args: tuple) -> list[torch.Tensor]:
-    return [u for v in args for u in (v if isinstance(v, list) else (v,)) if isinstance(u, torch.Tensor)]
-
-
-def _swaps(launches: hooks.Launches, inputs: list, fresh: tuple, saved: list) -> dict | None:
-    """id(fresh tensor) -> the saved one in its place, or None where they cannot be matched."""
-    buffers = launches.intermediates(inputs, fresh)
-    ours = [*fresh, *buffers]
-    if launches.tuned or len(ours) != len(saved) or len(_whole(buffers)) != len(buffers):
-        return None
-    if _overwrites_what_was_read(launches.calls):
-        return None
-    if any((a.shape, a.stride(), a.dtype) != (b.shape, b.stride(), b.dtype) for a, b in zip(ours, saved, strict=True)):
-        return None
-    return {id(a): b for a, b in zip(ours, saved, strict=True)}
-
-
-def _overwrites_what_was_read(calls: list) -> bool:
-    """Whether a launch overwrites memory that it or an earlier launch read (an update in place): the saved buffers
-    hold what the last launch left, not what each launch read, which its backward replays against."""
-    read: set[int] = set()
-    for kernel, _, args, kwargs in calls:
-        info = kernel_info(kernel)
-        if info.roles is None:
-            return True
-        named, _ = info.named_arguments(args, kwargs)
-        tensors = {p: device.storage_of(v) for p, v in named.items() if isinstance(v, torch.Tensor)}
-        loads = {tensors[p] for p in info.roles.loads if p in tensors}
-        if any(tensors[p] in read | loads for p in info.roles.overwrites if p in tensors):
-            return True
-        read |= loads
-    return False
 
 
 def _fake_saved_backward(*args):

@@ -153,7 +153,7 @@ class LaunchChecks:
         for check in self.kernel.launch_checks:
             if cached and check.condition.cacheable:  # (checks reading tensor contents run every time)
                 continue
-            if not check.condition.cacheable and tracing():  # (the op's backward stays opaque: library.py)
+            if not check.condition.cacheable and tracing():  # (the op's backward stays opaque: saved_backward.py)
                 raise NotDifferentiableError(f"{check.construct}: checked on each launch by reading the index "
                                              "tensors, which fake tensors do not have", file=check.where.file,
                                              line=check.where.line)

@@ -82,7 +82,7 @@ def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched
     tensors a trial adds into (restored afterwards). ``holds``: the kernel may hold loads across its loop."""
     with _lock:
         found = _best.get(key)
-    if found is not None or tracing():  # (traced: fake tensors, nothing to time; library.py rehearses on real ones)
+    if found is not None or tracing():  # (traced: fake tensors, nothing to time; saved_backward.py rehearses)
         return found or DEFAULT
     touched = [_memory_of(t) for t in touched]  # (an expanded tensor cannot be copied into: its memory can)
     saved = [t.clone() for t in touched]
