@@ -3,6 +3,9 @@
 
     python benchmarks/matmul_fixed.py                          # a GPU: bfloat16, 4096^3 and 8192^3
     python benchmarks/matmul_fixed.py --sizes 4096 8192x8192x4096 --graphs --out matmul_fixed.md
+    python benchmarks/matmul_fixed.py --sizes 8192 --impls declared cuBLAS --profile   # kernels, torch.profiler
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
+        python benchmarks/matmul_fixed.py --sizes 8192 --impls declared cuBLAS --ncu     # one step each, ncu
     python benchmarks/matmul_fixed.py --smoke                  # CPU, Triton's interpreter, 45x37x70 (a test)
 
 The forward is tritongrad/examples/matmul.py's kernel launched with one config, ``FIXED`` (128 x 256 x 64 tiles,
@@ -49,6 +52,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--impls", nargs="*", choices=IMPLS, default=list(IMPLS))
     p.add_argument("--graphs", action="store_true", help="also time CUDA-graph replays")
     p.add_argument("--out", type=Path, help="also write the table here")
+    p.add_argument("--profile", action="store_true", help="also each implementation's GPU kernels per fwd+bwd step "
+                   "(torch.profiler)")
+    p.add_argument("--ncu", action="store_true", help="after the timings, one fwd+bwd step of each implementation "
+                   "between cudaProfilerStart and Stop (for `ncu --profile-from-start off`)")
     p.add_argument("--smoke", action="store_true", help="CPU, Triton's interpreter: 45x37x70 in float64, a wall clock")
     args = p.parse_args(argv)
     args.sizes = [s if isinstance(s, tuple) else (s, s, s) for s in args.sizes]
@@ -100,6 +107,23 @@ def time_backward(fn, a, b, g, timer) -> tuple[float, float]:
     return fwd, backward_ms(fwd, fwd_bwd)
 
 
+def profile(name, fn, a, b, g) -> None:
+    """The GPU kernels of one fwd+bwd step of ``fn``, longest first, with each one's TFLOP/s at a product's count."""
+    from benchmarks.profile_kernels import kernel_table
+
+    leaves = [t.detach().clone().requires_grad_() for t in (a, b)]
+    (m, k), n = a.shape, b.shape[1]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        fn(*leaves).backward(g)
+
+    print(f"\n{m}x{n}x{k} · {name} · GPU kernels per fwd+bwd step (TFLOP/s at one product's 2MNK)")
+    for kernel, calls, us in kernel_table(step)[:8]:
+        print(f"{us:9.1f} µs  x{calls:<4g} {2 * m * n * k * calls / (us * 1e-6) / 1e12:6.0f}  {kernel[:90]}")
+
+
 def chosen_configs(tuning) -> str:
     """The configs runtime/tuning.py chose for backwards (those of the declared kernel), as BLOCK_MxNxK/stages/warps."""
     found = []
@@ -145,6 +169,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row[name] = {"error": grad_error(fn, a, b, g)}
             for timer_name, timer in timers.items():
                 row[name][timer_name] = time_backward(fn, a, b, g, timer)
+            if args.profile and device == "cuda":
+                profile(name, fn, a, b, g)
+            if args.ncu and device == "cuda":
+                leaves = [t.detach().clone().requires_grad_() for t in (a, b)]
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStart()
+                fn(*leaves).backward(g)
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStop()
         for timer_name in timers:
             base = row["cuBLAS"][timer_name][1] if "cuBLAS" in row else None
             for name in impls:

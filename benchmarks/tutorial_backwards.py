@@ -161,10 +161,10 @@ def time_backward(fn, make_inputs, timer) -> float:
 
 
 def profile_case(name: str, impls: dict, make_inputs) -> None:
-    """The GPU kernels of one fwd+bwd step of the derived and the tutorial implementation, longest first."""
+    """The GPU kernels of one fwd+bwd step of each implementation (derived, tutorial, PyTorch), longest first."""
     from benchmarks.profile_kernels import kernel_table
 
-    for impl in ("derived", "tutorial"):
+    for impl in ("derived", "tutorial", "torch"):
         leaves = [t.requires_grad_() for t in make_inputs()]
         out = impls[impl](*leaves)
         g = torch.randn(out.shape, device=out.device, dtype=out.dtype)
@@ -188,7 +188,7 @@ def main() -> None:
     p.add_argument("--only", nargs="*", default=["layernorm", "attention", "softmax"])
     p.add_argument("--out", type=Path)
     p.add_argument("--profile", action="store_true", help="also each case's GPU kernels per fwd+bwd step "
-                   "(torch.profiler), derived and tutorial")
+                   "(torch.profiler), each implementation")
     p.add_argument("--cases", help="only the cases whose name contains this text")
     args = p.parse_args()
     rows = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
+import tritongrad.core.language as tg
 from tritongrad.runtime import backward_kernel
 from tritongrad.writes.strategies import Mode
 
@@ -111,9 +112,41 @@ def test_the_derived_kernels_read_as_a_hand_written_matmul_backward():
     assert [p.wrt for p in parts] == [("a_ptr",), ("b_ptr",)]
     for part, axis in zip(parts, (1, 0), strict=True):
         assert "atomic_add" not in part.src and "for k in" not in part.src  # no forward loop replayed
-        assert f"k_iteration = tl.program_id({axis})" in part.src
+        assert f"k_iteration = tg.grouped_program_id({axis})" in part.src  # (the grid taken in groups)
         assert "for pid_" in part.src and "range(0, programs)" in part.src
     assert "a kernel of its own" in bwd.launch_notes()
+
+
+@triton.jit
+def _grouped_ids(out_ptr):
+    n0 = tl.num_programs(0)
+    at = (tl.program_id(0) + tl.program_id(1) * n0) * 2  # (the order the GPU starts programs in)
+    tl.store(out_ptr + at, tg.grouped_program_id(0))
+    tl.store(out_ptr + at + 1, tg.grouped_program_id(1))
+
+
+@pytest.mark.parametrize("grid", [(11, 5), (8, 3), (3, 7), (1, 4), (17, 1)])
+def test_grouped_program_ids_take_every_program_once_in_groups_of_eight(grid):
+    n0, n1 = grid
+    out = torch.full((n0 * n1, 2), -1, dtype=torch.int32)
+    _grouped_ids[grid](out)
+    got = [tuple(r) for r in out.tolist()]
+    assert sorted(got) == [(i, j) for i in range(n0) for j in range(n1)]  # a bijection of the grid
+    want = []  # groups of 8 along axis 0 (fewer in the last), each walked down axis 1 a column at a time
+    for first in range(0, n0, 8):
+        rows = min(8, n0 - first)
+        want += [(first + i, j) for j in range(n1) for i in range(rows)]
+    assert got == want
+
+
+def test_a_grid_of_more_than_eight_tiles_in_groups(poisoned_empty):
+    """11 row tiles: a group of 8 and a ragged one of 3; the gradients as PyTorch's."""
+    a, b = torch.randn(16 * 10 + 5, 70, dtype=F64), torch.randn(70, 37, dtype=F64)
+    bwd, choices, grads, g = _matmul_grads(a, b)
+    assert {c.mode for c in choices.values()} == {Mode.INTERCHANGE}
+    assert all("tg.grouped_program_id" in p.src for p in bwd.variant(bwd.writes.best()).parts)
+    torch.testing.assert_close(grads["a_ptr"], g @ b.t())
+    torch.testing.assert_close(grads["b_ptr"], a.t() @ g)
 
 
 def test_one_program_along_the_axis_stores_directly(poisoned_empty):

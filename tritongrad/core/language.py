@@ -54,6 +54,7 @@ HELPERS: dict[str, Helper] = {
     "tape_get": Helper(calls=("tile_offsets",), rank_like=2, costly=True),
     "add_later": Helper(calls=("program_index", "tile_offsets"), writes=True),
     "program_index": Helper(rank_like=-1),
+    "grouped_program_id": Helper(rank_like=-1),
     "tile_offsets": Helper(),
     "stop_gradient": Helper(flows=(0,), elementwise=True, rank_like=0),
     "to_float": Helper(flows=(0,), elementwise=True, rank_like=0),
@@ -232,6 +233,24 @@ def _program_index(axis: tl.constexpr = -1, pid=0, programs=1):
     elif axis == 2:
         p2 = pid
     return p0 + n0 * (p1 + n1 * p2)
+
+
+def _grouped_program_id(axis: tl.constexpr, GROUP: tl.constexpr = 8):
+    """This program's id along ``axis`` (0 or 1) with a 2-D grid taken in another order: ``GROUP`` programs of
+    axis 0 at a time, down all of axis 1. The programs running at once then share the tiles they read along
+    both axes (a matmul backward's program reads a row of tiles of one operand and a column of the other): L2
+    serves what memory served. The same programs run (the order is a bijection of the grid)."""
+    n0 = tl.num_programs(0)
+    n1 = tl.num_programs(1)
+    linear = tl.program_id(0) + tl.program_id(1) * n0  # (the order the GPU starts them in)
+    per_group = GROUP * n1
+    first = (linear // per_group) * GROUP
+    rows = tl.minimum(n0 - first, GROUP)  # (the last group's may be fewer)
+    if axis == 0:
+        pid = first + (linear % per_group) % rows
+    else:
+        pid = (linear % per_group) // rows
+    return pid
 
 
 def _tile_offsets(x):

@@ -51,7 +51,7 @@ from ..core.ir import (
 )
 from ..core.operations import LOADS, STORES, instantiate, operation_of
 from ..writes.strategies import Choice, Mode
-from .interchange import loop_to_grid, without_unused
+from .interchange import group_programs, loop_to_grid, without_unused
 from .loop_plans import LoopPlan
 from .loops import LoopReversal, merge_records
 from .memory import MemoryAdjoints
@@ -241,6 +241,8 @@ class BackwardBuilder:
             replay = without_unused(replay, set().union(*[reads(s) for s in self.out], reads(guard.count) if guard
                                                         else set()))  # what only the prologue's values needed
             body, extra, _ = self.persistent(replay, axis, reassigned, every=True, guard=guard)
+            if group_programs(body):  # (programs running at once read the same tiles)
+                body.insert(0, self.marker("programs taken in groups of 8 along axis 0 (tg.grouped_program_id)"))
         elif axis is not None:
             stages = self.namer.fresh("STAGES")
             body, extra, held = self.persistent(replay, axis, reassigned, stages=stages, held=self.namer.fresh("HELD"))
