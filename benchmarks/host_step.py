@@ -31,7 +31,6 @@ SMALL = {"sin": 16384, "softplus": 16384, "fn1": 16, "flash_attention": (2, 128,
          "gather": (256, 1024), "rotary": (1, 4, 64, 64)}
 ROWS = (64, 256)
 IMPLS = ("tritongrad", "floor", "liger", "compile", "eager")
-TOLERANCE = {"float32": 2e-3, "float64": 1e-6, "bfloat16": 6e-2, "float16": 1e-2}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -171,15 +170,17 @@ def _correct(impl: str, fn, example, master: list, dtype_name: str, row: dict) -
     """Whether ``fn``'s outputs and gradients are the eager reference's (else a note, and no time)."""
     import torch
 
-    tol = TOLERANCE[dtype_name]
+    from tritongrad.tools.check import TOLERANCE, relative_errors  # (`tritongrad check`'s measure and bounds)
+
+    tol = TOLERANCE[getattr(torch, dtype_name)]
     try:
         got = _outputs_and_grads(fn, master)
         want = _outputs_and_grads(example.reference, master)
         for g, w in zip(got, want, strict=True):
             if (g is None) != (w is None):
                 raise AssertionError("a gradient is missing")
-            if g is not None:
-                torch.testing.assert_close(g.double(), w.double(), rtol=tol, atol=tol)
+            if g is not None and (error := relative_errors(g, w)[1]) > tol:
+                raise AssertionError(f"max |error| / max |reference| {error:.1e} > {tol:.0e}")
     except Exception as e:  # noqa: BLE001 (a wrong or failing implementation is noted, the others timed)
         row["notes"].append(f"{impl}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
         return False

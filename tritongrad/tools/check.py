@@ -29,7 +29,7 @@ from .subjects import Subject, UsageError, load_subject, one_line, raised_at
 # largest error relative to the expected tensor's largest magnitude (float32 on a GPU: tl.dot is tf32)
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 5e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
-__all__ = ["Row", "Subject", "check", "check_size", "default_dtypes", "load_subject", "table"]
+__all__ = ["Row", "Subject", "check", "check_size", "default_dtypes", "load_subject", "relative_errors", "table"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def flatten(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def _errors(got: torch.Tensor | None, want: torch.Tensor | None) -> tuple[float, float]:
+def relative_errors(got: torch.Tensor | None, want: torch.Tensor | None) -> tuple[float, float]:
     """(max |got - want|, that over max |want|); inf where a tensor is missing, misshapen or not finite."""
     if got is None and want is None:
         return 0.0, 0.0
@@ -86,7 +86,7 @@ def check_size(subject: Subject, size, device: str, dtype: torch.dtype, seed: in
     if len(got) != len(want):
         return [Row(subject.name, size, dtype, "out", error=f"{len(got)} outputs, the reference has {len(want)}")]
     label = (lambda i: "out") if len(got) == 1 else (lambda i: f"out[{i}]")
-    rows = [Row(subject.name, size, dtype, label(i), *_errors(g, w))
+    rows = [Row(subject.name, size, dtype, label(i), *relative_errors(g, w))
             for i, (g, w) in enumerate(zip(got, want, strict=True))]
     shapes = [(i, _shape(g), _shape(w)) for i, (g, w) in enumerate(zip(got, want, strict=True))]
     if any(g != w for _, g, w in shapes):  # (no gradient to compare either)
@@ -106,7 +106,7 @@ def check_size(subject: Subject, size, device: str, dtype: torch.dtype, seed: in
                                   allow_unused=True)
     for i, d, e in zip(wrt, derived, expected, strict=True):
         name = names[i] if i < len(names) else str(i)
-        rows.append(Row(subject.name, size, dtype, f"d_{name}", *_errors(d, e)))
+        rows.append(Row(subject.name, size, dtype, f"d_{name}", *relative_errors(d, e)))
     return rows
 
 
