@@ -4,6 +4,11 @@ implementations), so a backward that misses its target can be taken apart kernel
 
     PYTHONPATH=/tmp/site:$PWD python3 benchmarks/profile_kernels.py rmsnorm softmax \
         --size 16384x4096 --dtype bfloat16 [--impl tritongrad liger]
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+        python3 benchmarks/profile_kernels.py layernorm --size 16384x16384 --dtype float32 --ncu
+
+``--ncu``: after the profiled steps, one more step between cudaProfilerStart and Stop, for Nsight Compute to read
+each kernel of a warm step (``--profile-from-start off``), none of the tuning's.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ def main() -> None:
     p.add_argument("--size", default="16384x4096")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     p.add_argument("--impl", nargs="*", help="implementations (default: all the example has)")
+    p.add_argument("--ncu", action="store_true", help="one more step between cudaProfilerStart and Stop")
     args = p.parse_args()
     size = parse_size(args.size)
     current = {}  # the example and implementation being measured (measure_size's `started`)
@@ -60,6 +66,12 @@ def main() -> None:
             print(f"  {us:9.1f} µs  x{calls:<4g} {name[:110]}")
             total += us
         print(f"  {total:9.1f} µs  GPU time per step")
+        if args.ncu:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            step()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
         return total / 1e3
 
     for example in resolve(args.examples):

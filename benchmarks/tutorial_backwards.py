@@ -160,7 +160,7 @@ def time_backward(fn, make_inputs, timer) -> float:
     return backward_ms(timer(forward, leaves), timer(forward_backward, leaves))
 
 
-def profile_case(name: str, impls: dict, make_inputs) -> None:
+def profile_case(name: str, impls: dict, make_inputs, ncu: bool = False) -> None:
     """The GPU kernels of one fwd+bwd step of each implementation (derived, tutorial, PyTorch), longest first."""
     from benchmarks.profile_kernels import kernel_table
 
@@ -176,6 +176,12 @@ def profile_case(name: str, impls: dict, make_inputs) -> None:
             fn(*leaves).backward(g)
 
         rows = kernel_table(step)
+        if ncu:  # one more step for Nsight Compute (`ncu --profile-from-start off`)
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            step()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
         print(f"\n{name} · {impl} · GPU kernels per fwd+bwd step")
         for kernel, calls, us in rows[:8]:
             print(f"{us:9.1f} µs  x{calls:<4g} {kernel[:100]}")
@@ -190,6 +196,8 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="also each case's GPU kernels per fwd+bwd step "
                    "(torch.profiler), each implementation")
     p.add_argument("--cases", help="only the cases whose name contains this text")
+    p.add_argument("--ncu", action="store_true", help="with --profile: one more step of each implementation between "
+                   "cudaProfilerStart and Stop (for `ncu --profile-from-start off`)")
     args = p.parse_args()
     rows = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
             f"{importlib.import_module('triton').__version__}", "",
@@ -208,7 +216,7 @@ def main() -> None:
                 if args.cases and args.cases not in name:
                     continue
                 if args.profile:
-                    profile_case(name, impls, make_inputs)
+                    profile_case(name, impls, make_inputs, args.ncu)
                 try:
                     errors = check(impls, make_inputs)
                     times = {k: [time_backward(fn, make_inputs, t) for t in (do_bench_median, graph_median)]
