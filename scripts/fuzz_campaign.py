@@ -77,6 +77,22 @@ def spy_rereads() -> None:
     backward_kernel.BackwardKernel._keep_feasible_rereads = spied
 
 
+def spy_grouped() -> None:
+    """Count the kernels whose derived backward has a kernel taking its grid in groups (reverse/interchange.py
+    ``group_programs``: ``spy:grouped``), as a coverage label."""
+    from tritongrad.runtime import backward_kernel
+
+    variant = backward_kernel.BackwardKernel.variant
+
+    def spied(self, *args, **kwargs):
+        made = variant(self, *args, **kwargs)
+        if any("tg.grouped_program_id" in part.src for part in made.parts):
+            SPIED.add("spy:grouped")
+        return made
+
+    backward_kernel.BackwardKernel.variant = spied
+
+
 def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str], list[tuple[str, str]]]:
     seed, i = args
     program, _ = G.random_program(kernel_seed(seed, i), AVOID, STRIDED, FOCUS)
@@ -170,6 +186,7 @@ def main(argv=None) -> int:
         from tritongrad.codegen import orient
         codegen.orient_tiles = functools.partial(orient.orient_tiles, every=True)
     spy_rereads()
+    spy_grouped()
     if args.reload_once_loaded:
         from tritongrad.runtime import tuning
         tuning.DEFAULT = tuning.Setting(held=False)
