@@ -196,6 +196,8 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="also each case's GPU kernels per fwd+bwd step "
                    "(torch.profiler), each implementation")
     p.add_argument("--cases", help="only the cases whose name contains this text")
+    p.add_argument("--eager", action="store_true", help="time eager launches twice, no CUDA graph (a backward "
+                   "that fails in capture)")
     p.add_argument("--ncu", action="store_true", help="with --profile: one more step of each implementation between "
                    "cudaProfilerStart and Stop (for `ncu --profile-from-start off`)")
     args = p.parse_args()
@@ -219,7 +221,8 @@ def main() -> None:
                     profile_case(name, impls, make_inputs, args.ncu)
                 try:
                     errors = check(impls, make_inputs)
-                    times = {k: [time_backward(fn, make_inputs, t) for t in (do_bench_median, graph_median)]
+                    timers = (do_bench_median, do_bench_median if args.eager else graph_median)
+                    times = {k: [time_backward(fn, make_inputs, t) for t in timers]
                              for k, fn in impls.items()}
                 except Exception as e:  # one case's failure is a row of the table, not the end of the run
                     traceback.print_exc()
