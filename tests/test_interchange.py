@@ -149,6 +149,19 @@ def test_a_grid_of_more_than_eight_tiles_in_groups(poisoned_empty):
     torch.testing.assert_close(grads["b_ptr"], a.t() @ g)
 
 
+def test_grouped_kernels_made_self_contained_define_the_helper_inductor_copies():
+    """Under torch.compile the derived kernels are launched by Inductor's code, which copies a kernel's helpers by
+    the names it reads them under (codegen/generate.py `self_contained`): the grouped order's helper among them."""
+    from tritongrad.codegen.generate import jit_src, self_contained
+
+    bwd = tritongrad.grad(matmul_k_loop)
+    for part in bwd.variant(bwd.writes.best()).parts:
+        contained = self_contained(part.kernel)
+        assert "tg." not in jit_src(contained) and "tg_grouped_program_id(0)" in jit_src(contained)
+        helper = contained.fn.__globals__["tg_grouped_program_id"]
+        assert helper.fn.__name__ == "tg_grouped_program_id" and "tg." not in jit_src(helper)
+
+
 def test_one_program_along_the_axis_stores_directly(poisoned_empty):
     a, b = torch.randn(45, 70, dtype=F64), torch.randn(70, 9, dtype=F64)  # one program along N
     _, choices, grads, g = _matmul_grads(a, b)
