@@ -3,11 +3,14 @@ over a vocabulary of several blocks with ignored targets. Float64, lengths that 
 of the blocks, NaN-poisoned outputs, random upstream gradients."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 import tritongrad
 from tritongrad.examples import cross_entropy, flash_attention
@@ -183,3 +186,99 @@ def test_cross_entropy_with_ignored_targets(device):
     assert (got["logits_ptr"][ignored] == 0).all(), "an ignored row contributes no gradient"
     src = tritongrad.grad(cross_entropy.cross_entropy_kernel).src
     assert "# online softmax: the running max m only stabilizes" in src, src
+
+
+# Issue 39: a non-causal backward as fast however the causal bound is written. Triton compiles one kernel per
+# constexpr value; the derivation specializes the same way (frontend/specialize.py), so the three writings below
+# derive one backward for CAUSAL=False.
+@triton.jit
+def _attention_range(q_ptr, k_ptr, v_ptr, o_ptr, N, D, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+                     CAUSAL: tl.constexpr):  # (no causal form: the loop runs over every key block)
+    rm, rd, q, m_i, l_i, acc = _attention_start(q_ptr, N, D, BM, BD)
+    for start in range(0, N, BN):
+        m_i, l_i, acc = _attention_step(k_ptr, v_ptr, N, D, q, rm, rd, start, m_i, l_i, acc, BN, CAUSAL)
+    tl.store(o_ptr + rm[:, None] * D + rd[None, :], acc / l_i[:, None], mask=(rm[:, None] < N) & (rd[None, :] < D))
+
+
+@triton.jit
+def _attention_bound_expression(q_ptr, k_ptr, v_ptr, o_ptr, N, D, BM: tl.constexpr, BN: tl.constexpr,
+                                BD: tl.constexpr, CAUSAL: tl.constexpr):
+    rm, rd, q, m_i, l_i, acc = _attention_start(q_ptr, N, D, BM, BD)
+    hi = tl.minimum((tl.program_id(0) + 1) * BM, N) if CAUSAL else N
+    for start in range(0, hi, BN):
+        m_i, l_i, acc = _attention_step(k_ptr, v_ptr, N, D, q, rm, rd, start, m_i, l_i, acc, BN, CAUSAL)
+    tl.store(o_ptr + rm[:, None] * D + rd[None, :], acc / l_i[:, None], mask=(rm[:, None] < N) & (rd[None, :] < D))
+
+
+@triton.jit
+def _attention_bound_branch(q_ptr, k_ptr, v_ptr, o_ptr, N, D, BM: tl.constexpr, BN: tl.constexpr,
+                            BD: tl.constexpr, CAUSAL: tl.constexpr):
+    rm, rd, q, m_i, l_i, acc = _attention_start(q_ptr, N, D, BM, BD)
+    hi = N
+    if CAUSAL:
+        hi = tl.minimum((tl.program_id(0) + 1) * BM, N)
+    for start in range(0, hi, BN):
+        m_i, l_i, acc = _attention_step(k_ptr, v_ptr, N, D, q, rm, rd, start, m_i, l_i, acc, BN, CAUSAL)
+    tl.store(o_ptr + rm[:, None] * D + rd[None, :], acc / l_i[:, None], mask=(rm[:, None] < N) & (rd[None, :] < D))
+
+
+@triton.jit
+def _attention_start(q_ptr, N, D, BM: tl.constexpr, BD: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rd = tl.arange(0, BD)
+    q = tl.load(q_ptr + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < N) & (rd[None, :] < D), other=0.0)
+    m_i = tl.full([BM], float("-inf"), tl.float64)
+    return rm, rd, q, m_i, tl.zeros([BM], tl.float64), tl.zeros([BM, BD], tl.float64)
+
+
+@triton.jit
+def _attention_step(k_ptr, v_ptr, N, D, q, rm, rd, start, m_i, l_i, acc, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    rn = start + tl.arange(0, BN)
+    kv_mask = (rn[:, None] < N) & (rd[None, :] < D)
+    k = tl.load(k_ptr + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k)) * 0.3
+    visible = rn[None, :] < N
+    if CAUSAL:
+        visible = visible & (rn[None, :] <= rm[:, None])
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + tl.dot(p, v)
+
+
+def test_the_causal_bound_written_any_way_derives_one_non_causal_backward(monkeypatch):
+    """The bound as `range(0, N, BN)`, as a conditional expression on CAUSAL, and as an `if CAUSAL:` assignment:
+    with CAUSAL=False the three launches choose the same variant with the same kernels, names aside; with
+    CAUSAL=True the two causal forms get PyTorch's gradients (float64, 45 queries: a partial block)."""
+    monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
+    variants = []
+    real = derive.BackwardKernel.launch
+    monkeypatch.setattr(derive.BackwardKernel, "launch", lambda self, grid, named, og, buffers, prepared, *a, **k: (
+        variants.append(prepared.variant), real(self, grid, named, og, buffers, prepared, *a, **k))[1])
+    n, d = 45, 16
+    q, k, v = (torch.randn(n, d, dtype=DTYPE) for _ in range(3))
+    d_o = torch.randn(n, d, dtype=DTYPE)
+    sources = {}
+    for kernel in (_attention_range, _attention_bound_expression, _attention_bound_branch):
+        for causal in (False, True) if kernel is not _attention_range else (False,):
+            o = poison(torch.empty(n, d, dtype=DTYPE))
+            args = (q, k, v, o, n, d)
+            kwargs = {"BM": 16, "BN": 16, "BD": 16, "CAUSAL": causal}
+            grid = (triton.cdiv(n, 16),)
+            saved = forward_keeping_state(kernel, grid, args, kwargs)
+            assert saved is not None
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            scores = (leaves[0] @ leaves[1].T) * 0.3
+            if causal:
+                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            want = torch.softmax(scores, -1) @ leaves[2]
+            torch.testing.assert_close(o, want.detach(), **TOL)
+            got = backward_launch(kernel, grid, args, kwargs, {"o_ptr": d_o}, saved=saved)
+            for name, w in zip(("q_ptr", "k_ptr", "v_ptr"), torch.autograd.grad(want, leaves, d_o), strict=True):
+                torch.testing.assert_close(got[name], w, **TOL, msg=lambda m, p=f"{kernel.fn.__name__} d_{name}": p + m)
+            if not causal:  # (the bound's name, `hi = N`, is all that is left of the causal forms)
+                src = re.sub(r"\n *hi = N\n", "\n", variants[-1].src.replace(kernel.fn.__name__, "attention"))
+                sources[kernel.fn.__name__] = re.sub(r"\bhi\b", "N", src)
+    assert len(set(sources.values())) == 1, sorted(sources)
