@@ -138,6 +138,10 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
     return without_unused([*before, *head, *rest, *sweep[at + 1:]], keep), guard, prologue
 
 
+# the helpers that read the program's ids themselves
+READ_PROGRAM_IDS = {"program_index", *(name for name, helper in HELPERS.items() if "program_index" in helper.calls)}
+
+
 def group_programs(body: list[ast.stmt]) -> bool:
     """An interchanged kernel's 2-D grid taken in groups (``tg.grouped_program_id``): its programs are
     independent (each stores the tiles it owns), so any order of them computes the same, and one whose programs
@@ -149,8 +153,7 @@ def group_programs(body: list[ast.stmt]) -> bool:
     calls = [n for n in ast.walk(ast.Module(body=body, type_ignores=[])) if isinstance(n, ast.Call)]
     ids = [c for c in calls if tl_call(c, "program_id")]
     axes = {c.args[0].value if c.args and isinstance(c.args[0], ast.Constant) else None for c in ids}
-    if axes != {0, 1} or any(helper_of(c) is not None and "program_index" in
-                                            (c.func.attr, *HELPERS[c.func.attr].calls) for c in calls):
+    if axes != {0, 1} or any(helper_of(c) is not None and c.func.attr in READ_PROGRAM_IDS for c in calls):
         return False
 
     class Grouped(ast.NodeTransformer):
