@@ -525,3 +525,32 @@ def test_ddp_on_two_gpus():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     torch.multiprocessing.spawn(_ddp_worker, args=(2, port), nprocs=2, join=True)
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "flash_attention"])
+def test_replayed_calls_keep_state_tapes_of_their_own(name):
+    """On the GPU, where a replayed call's launches go past Triton: forwards that keep their online softmax's
+    state (augment.py) replayed three times before any backward, the backwards in another order; each gets its
+    own inputs' gradients (float32 against PyTorch in float64)."""
+    from tritongrad import examples
+    from tritongrad.tools.check import relative_errors
+
+    example = examples.get(name)
+    size = (64, 1000) if name == "cross_entropy" else (4, 200, 64)
+    calls = [example.make_inputs(size, device="cuda", dtype=torch.float32) for _ in range(4)]
+    runs = []
+    for inputs in calls:
+        args = [t.clone().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                for t in inputs]
+        runs.append((args, example.op(*args)))
+    for args, out in (runs[2], runs[0], runs[3], runs[1]):
+        upstream = torch.randn_like(out)
+        out.backward(upstream)
+        ref = [t.detach().double().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+               for t in args]
+        want = example.reference(*ref)
+        wanted = torch.autograd.grad(want, [t for t in ref if isinstance(t, torch.Tensor) and t.requires_grad],
+                                     upstream.double())
+        got = [t.grad for t in args if isinstance(t, torch.Tensor) and t.requires_grad]
+        for g, w in zip([out, *got], [want, *wanted], strict=True):  # (tl.dot is tf32: relative to the largest)
+            assert relative_errors(g, w.detach())[1] < 5e-3

@@ -311,14 +311,36 @@ def test_replays_can_be_turned_off(monkeypatch, replayed):
     assert replayed == {"forward": 0, "fell": 0, "backward": 0}
 
 
-def test_calls_holding_state_per_call_are_not_replayed(replayed):
-    """cross entropy's forward keeps state tapes for its backward (augment.py): recorded on every call."""
-    ce = examples.get("cross_entropy")
-    inputs = ce.make_inputs(ce.sizes[-1], device=DEVICE, dtype=F64)
-    first = step(ce.op, leaves(inputs))
-    for _ in range(3):
-        assert_same(step(ce.op, leaves(inputs)), first)
-    assert replayed["forward"] == 0
+@pytest.mark.parametrize("name", ["cross_entropy", "flash_attention"])
+def test_calls_keeping_state_tapes_are_replayed_on_tapes_of_their_own(name, replayed, monkeypatch):
+    """cross entropy's and attention's forwards keep their online softmax's state on tapes for the backward
+    (augment.py): a replayed call keeps its own. Three calls on different inputs run forward before any backward,
+    their backwards then in another order: each gets its own inputs' gradients (from a first call of its own),
+    so no backward reads another call's tapes; the augmented forwards ran on all of them."""
+    from tritongrad.runtime import augment
+
+    kept = []
+    keeping = augment.keeping
+    monkeypatch.setattr(replay, "keeping", lambda *a: (lambda found: (kept.append(found), found)[1])(keeping(*a)))
+    example = examples.get(name)
+    size = example.sizes[-1] if name == "cross_entropy" else example.sizes[0]
+    calls = [example.make_inputs(size, device=DEVICE, dtype=F64) for _ in range(3)]  # (fresh values: one kind)
+    want = [step(example.reference, leaves(inputs), seed=i) for i, inputs in enumerate(calls)]
+    step(example.op, leaves(calls[0]))  # (a first call: the replay learnt)
+    runs = []
+    for i, inputs in enumerate(calls):
+        args = leaves(inputs)
+        outs = example.op(*args)
+        runs.append((i, args, outs if isinstance(outs, (tuple, list)) else (outs,)))
+    # (the learning call too, where an earlier test taught the op this kind of call)
+    assert replayed["forward"] >= 3 and len([k for k in kept if k is not None]) >= 3
+    for i, args, outs in (runs[1], runs[2], runs[0]):
+        outs = [o for o in outs if o.is_floating_point()]
+        gen = torch.Generator().manual_seed(i)
+        torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs])
+        got = [o.detach() for o in outs] + [t.grad for t in args if isinstance(t, torch.Tensor) and t.requires_grad]
+        for g, w in zip(got, want[i], strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
 
 
 def test_direct_launches_pass_the_values_triton_binds(monkeypatch, replayed):

@@ -133,7 +133,7 @@ class OpBackward:
             except TypeError:  # an unhashable argument
                 keep = launcher = None
             if launcher:
-                launcher(saved, shadows, self._shadow)
+                launcher(saved, shadows, self._shadow, launch.saved.args if launch.saved is not None else None)
                 return {}
             if launcher is False:  # not to be kept (Launcher.of): not traced again
                 keep = None
@@ -199,8 +199,9 @@ class OpBackward:
         rows = bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,
                           setting=setting, trace=trace)
         if keep is not None:
-            step.launchers[keep] = trace is not None and Launcher.of(step, args, output_grads, buffers_of, buffers,
-                                                                      trace, self.deterministic) or False
+            step.launchers[keep] = trace is not None and Launcher.of(
+                step, args, output_grads, buffers_of, buffers, trace, self.deterministic,
+                launch.saved.args if launch.saved is not None else None) or False
         return rows
 
     def _ready(self, step: Step, launch: Any, args: dict, grid: tuple, written: frozenset, config: tuple) -> tuple:

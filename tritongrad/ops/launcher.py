@@ -28,15 +28,16 @@ class Launcher:
 
     @staticmethod
     def of(step: Step, named: dict, output_grads: dict, buffers_of: tuple, buffers: dict, traced: list,
-           deterministic: bool) -> Launcher | None:
-        """From the launches ``traced`` (derive.PartLaunch) with these tensors; None where the launch did what is
-        not traced (an interchanged kernel, zeroing an unwritten gradient) or passed a tensor from elsewhere
-        (the state tapes its forward kept)."""
+           deterministic: bool, tapes: dict | None = None) -> Launcher | None:
+        """From the launches ``traced`` (derive.PartLaunch) with these tensors (``tapes``: the state tapes the
+        forward kept, augment.SavedStates.args, each call's own); None where the launch did what is not traced
+        (an interchanged kernel, zeroing an unwritten gradient) or passed a tensor from elsewhere."""
         sources, alike = {}, {}  # id -> (source, name); id -> what makes the tensor the same one on every call
         found = [(named[p], 0, p, ("saved", slot, stand_in)) for p, slot, stand_in in step.launch.replayed
                  if p in named]  # (a tensor read back where the derived kernel takes none: not passed)
         found += [(t, source, p, ("shadow", step.shadows[p])) for source, tensors in ((1, output_grads), (2, buffers))
                   for p, t in tensors.items()]
+        found += [(t, 3, p, ("tape", p)) for p, t in (tapes or {}).items() if isinstance(t, torch.Tensor)]
         for t, source, p, same in found:
             if alike.setdefault(id(t), same) != same:  # one tensor by chance (the upstream gradient passed as an
                 return None  # input, or for two outputs): another call's may be two, and go to the wrong place
@@ -58,13 +59,14 @@ class Launcher:
         outputs = tuple((o, step.shadows[o]) for o in output_grads)
         return Launcher(step.launch.replayed, outputs, buffers_of, tuple(launches), deterministic)
 
-    def __call__(self, saved: tuple, shadows: dict, shadow: Callable) -> None:
-        """Launch with ``saved`` tensors, making the shadows it writes in ``shadows`` (``shadow``: OpBackward._shadow),
-        in the order the traced launch made them."""
+    def __call__(self, saved: tuple, shadows: dict, shadow: Callable, tapes: dict | None = None) -> None:
+        """Launch with ``saved`` tensors (and this call's state ``tapes``), making the shadows it writes in
+        ``shadows`` (``shadow``: OpBackward._shadow), in the order the traced launch made them."""
         sources = ({p: saved[slot] if slot is not None else stand_in_tensor(stand_in)
                     for p, slot, stand_in in self.replayed},
                    {o: shadow(shadows, s) for o, s in self.outputs},
-                   {p: shadow(shadows, s, None, fill, own) for p, s, fill, own in self.buffers})
+                   {p: shadow(shadows, s, None, fill, own) for p, s, fill, own in self.buffers},
+                   tapes)
         for traced, wired in self.launches:
             args = traced.args.copy()
             for k, source, name in wired:

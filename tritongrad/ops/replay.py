@@ -19,8 +19,12 @@ them again, then the rest, and teaches the op a replay of this call when it clos
 The backward (replay_backward.py): once the plan's backward for a schedule has kept a ``launcher.Launcher`` per
 step (from its second backward on: backward.py), a replay's backward launches them in order.
 
-Only calls whose launches hold nothing per call are replayed: no in-place snapshots or copies of overwritten
-reads, no state tapes kept by an augmented forward, no configs offered to the backward (tiles.py: an autotuner's,
+A launch the first call ran as its augmented forward (augment.py: an online softmax's state kept on tapes for the
+backward) is run so again on tapes of the call's own (``FastTape._augmented``), and the call's backward reads those
+(``FastTape.backward``: the replay's launches with this call's tapes, through ``OpBackward``).
+
+Only calls whose launches hold nothing else per call are replayed: no in-place snapshots or copies of overwritten
+reads, no configs offered to the backward (tiles.py: an autotuner's,
 a kernel's declared ones: the grid function that gives their grids is the call's), no host descriptors, every non-tensor
 launch argument a plain value (relaunch.plain_values); and named ops only (a bare op's host function may mix in
 PyTorch operations: segments.py). ``TRITONGRAD_REPLAY=0`` turns replays off.
@@ -28,6 +32,7 @@ PyTorch operations: segments.py). ``TRITONGRAD_REPLAY=0`` turns replays off.
 
 from __future__ import annotations
 
+import copy
 import functools
 import operator
 import os
@@ -38,6 +43,7 @@ import torch
 
 from ..core.device import capturing, ensure_allocator
 from ..runtime import relaunch
+from ..runtime.augment import keeping
 from . import backward as op_backward
 from .replay_backward import FastBackward
 from .tape import Tape, _relaunchers, current_autotuner, current_tape
@@ -60,10 +66,11 @@ class Expected:
     their types, and the recorded launch (tape.RecordedLaunch, holding no tensors) the backward reads."""
 
     __slots__ = ("kernel", "grid", "callable_grid", "count", "names", "tensors", "pick", "plain", "types", "values",
-                 "recorded", "key", "relauncher", "same", "tail")
+                 "recorded", "key", "relauncher", "same", "tail", "augmented")
 
-    def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple):
+    def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple, augmented: bool):
         positions, self.names = pattern[1], pattern[2]
+        self.augmented = augmented  # launched as its augmented forward, keeping state tapes of each call's own
         self.kernel, self.grid, self.recorded = recorded.kernel, recorded.grid, recorded
         self.callable_grid = callable_grid
         self.count = len(positions) - len(self.names)  # positional arguments
@@ -117,9 +124,11 @@ class Replay:
     def __init__(self, tape: LearningTape, named: bool):
         patterns, n_outputs, passed, kwnames, diff, described = tape.key
         self.name, self.deterministic, self.plan = tape.name, tape.deterministic, tape.plan
-        self.recorded = tape.launches  # shared by the replay's calls
-        self.expected = tuple(Expected(r, p, c, described)
-                              for r, p, c in zip(tape.launches, patterns, tape.callable_grids, strict=True))
+        augmented = [r.saved is not None for r in tape.launches]
+        # shared by the replay's calls: holding no call's tensors (an augmented launch's tapes are each call's own)
+        self.recorded = [_without_tapes(r) if kept else r for r, kept in zip(tape.launches, augmented, strict=True)]
+        self.expected = tuple(Expected(r, p, c, described, a) for r, p, c, a in zip(
+            self.recorded, patterns, tape.callable_grids, augmented, strict=True))
         self.described = described
         # per slot: what a new tensor there must have, read in one tuple (dtype, sizes, strides, offset, device,
         # requires_grad), and its storage's number
@@ -133,9 +142,10 @@ class Replay:
 
     @staticmethod
     def of(tape: LearningTape, named: bool) -> Replay | None:
-        """The replay of a closed tape's call, or None where a call of its kind holds something per call."""
+        """The replay of a closed tape's call, or None where a call of its kind holds something per call (but state
+        tapes an augmented forward keeps: each replayed call allocates its own, ``FastTape``)."""
         for launch, pattern in zip(tape.launches, tape.key[0], strict=True):
-            if pattern[3] or pattern[4] or launch.saved is not None or launch.tiles is not None:
+            if pattern[3] or pattern[4] or launch.tiles is not None:
                 return None
             if not relaunch.plain_values((*launch.args, *launch.kwargs.values())):
                 return None
@@ -235,11 +245,13 @@ class FastTape:
     replay's and run; at the first difference a LearningTape (``fallen``) takes over. Then what the call's autograd
     node keeps: the plan, the saved tensors (until the node takes them), the backward."""
 
-    __slots__ = ("replays", "replay", "count", "tensors", "index", "storages", "fallen", "saved", "plan", "name")
+    __slots__ = ("replays", "replay", "count", "tensors", "index", "storages", "fallen", "saved", "plan", "name",
+                 "kept")
     boundary = None  # (hooks.py: not a bare op's segment)
 
     def __init__(self, replays: Replays):
         self.replays, self.replay, self.count, self.fallen, self.saved = replays, None, 0, None, None
+        self.kept: dict[int, Any] | None = None  # launch index -> the state tapes this call's augmented launch kept
         self.tensors: list[torch.Tensor] = []  # the call's distinct tensors, in order of first appearance
         self.index: dict[int, int] = {}  # id(tensor) -> position in tensors
         self.storages: dict[int, int] = {}  # storage address -> number, as CallTensors numbers them
@@ -255,6 +267,8 @@ class FastTape:
                 expected = self._switch(kernel, grid, args, kwargs)
         if expected is None:
             return self._fall_back().launch(run, kernel, grid, args, kwargs, warmup)
+        if expected.augmented:
+            return self._augmented(run, kernel, expected, args, kwargs, warmup)
         self.count = i + 1
         if relaunch.supported():
             relauncher = expected.relauncher or _relauncher(expected)
@@ -266,6 +280,21 @@ class FastTape:
             named = {**info.defaults, **dict(zip(info.params, args, strict=False)), **kwargs}
             return relauncher(named, lambda: run(kernel, *args, grid=expected.grid, warmup=False, **kwargs))
         return run(kernel, *args, grid=grid, warmup=False, **kwargs)
+
+    def _augmented(self, run: Callable, kernel: Any, expected: Expected, args: tuple, kwargs: dict,
+                   warmup: bool) -> Any:
+        """The launch as its augmented forward (Tape.launch's), on state tapes of this call's own, which its
+        backward reads (``backward``); where it keeps none now, the call goes on as a first call."""
+        info = expected.recorded.info
+        found = keeping(kernel, {**info.defaults, **info.named_arguments(args, kwargs)[0]}, expected.grid)
+        if found is None:
+            return self._fall_back().launch(run, kernel, expected.grid, args, kwargs, warmup)
+        augmented_kernel, extra, saved = found
+        if self.kept is None:
+            self.kept = {}
+        self.kept[self.count] = saved
+        self.count += 1
+        return run(augmented_kernel, *args, grid=expected.grid, warmup=warmup, **kwargs, **extra)
 
     def _choose(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Expected | None:
         for replay in self.replays.found:
@@ -369,6 +398,8 @@ class FastTape:
                     tape.record(expected.kernel, expected.grid, args, kwargs, expected.callable_grid)
             finally:
                 current_autotuner.reset(token)
+            for index, saved in (self.kept or {}).items():  # (run as augmented forwards: their tapes are filled)
+                tape.launches[index].saved = saved
         self.tensors = self.index = self.storages = None
         return tape
 
@@ -400,7 +431,25 @@ class FastTape:
         return True
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        return self.replay.backward(saved, grads, needs)
+        if self.kept is None:
+            return self.replay.backward(saved, grads, needs)
+        replay, recorded = self.replay, list(self.replay.recorded)  # the replay's launches, with this call's tapes
+        for index, kept in self.kept.items():
+            recorded[index] = _without_tapes(recorded[index])
+            recorded[index].saved = kept
+        token = current_tape.set(None)  # (as Replay.backward: derived kernels are not recorded)
+        try:
+            return op_backward.OpBackward(replay.name, replay.plan, recorded, replay.deterministic).run(
+                saved, grads, needs)
+        finally:
+            current_tape.reset(token)
+
+
+def _without_tapes(recorded: Any) -> Any:
+    """A copy of a recorded launch (tape.RecordedLaunch) keeping no state tapes."""
+    made = copy.copy(recorded)
+    made.saved = None
+    return made
 
 
 def _relauncher(expected: Expected) -> relaunch.Relauncher:

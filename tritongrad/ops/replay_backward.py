@@ -50,6 +50,8 @@ class FastBackward:
             launcher = step.launchers.get(keep)
             if not launcher:
                 return None if launcher is None else False
+            if any(source == 3 for _, wired in launcher.launches for _, source, _ in wired):
+                return False  # (it takes a call's state tapes, which no function written here is given)
             launchers.append(launcher)
         return FastBackward(replay, schedule, tuple(launchers))
 
