@@ -67,6 +67,10 @@ class KernelInfo:
                 options[k] = v
         return named, options
 
+    def with_defaults(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """Every parameter's value at a launch: its default, else the argument passed (launch options left out)."""
+        return {**self.defaults, **self.named_arguments(args, kwargs)[0]}
+
 
 kernel_infos: dict[Any, KernelInfo] = {}  # kernel function -> its KernelInfo (kernel_info)
 _infos_lock = threading.Lock()

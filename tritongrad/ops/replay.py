@@ -126,7 +126,7 @@ class Replay:
         self.name, self.deterministic, self.plan = tape.name, tape.deterministic, tape.plan
         augmented = [r.saved is not None for r in tape.launches]
         # shared by the replay's calls: holding no call's tensors (an augmented launch's tapes are each call's own)
-        self.recorded = [_without_tapes(r) if kept else r for r, kept in zip(tape.launches, augmented, strict=True)]
+        self.recorded = [_with_tapes(r, None) if kept else r for r, kept in zip(tape.launches, augmented, strict=True)]
         self.expected = tuple(Expected(r, p, c, described, a) for r, p, c, a in zip(
             self.recorded, patterns, tape.callable_grids, augmented, strict=True))
         self.described = described
@@ -162,15 +162,19 @@ class Replay:
                 ensure_allocator()
                 return fast.run(saved, grads, needs)
             return fast(saved, grads, needs)
-        token = current_tape.set(None)  # derived kernels are not recorded, even inside another op's forward
-        try:
-            result = op_backward.OpBackward(self.name, self.plan, self.recorded, self.deterministic).run(
-                saved, grads, needs)
-        finally:
-            current_tape.reset(token)
+        result = self.planned(saved, grads, needs, self.recorded)
         if fast is not False:
             self.backwards[schedule] = FastBackward.of(self, schedule)
         return result
+
+    def planned(self, saved: tuple, grads: tuple, needs: Sequence[bool], recorded: list) -> list:
+        """The gradients by the plan's OpBackward over ``recorded`` (the replay's launches, or a call's copies of
+        them holding its state tapes)."""
+        token = current_tape.set(None)  # derived kernels are not recorded, even inside another op's forward
+        try:
+            return op_backward.OpBackward(self.name, self.plan, recorded, self.deterministic).run(saved, grads, needs)
+        finally:
+            current_tape.reset(token)
 
 
 class Replays:
@@ -285,8 +289,7 @@ class FastTape:
                    warmup: bool) -> Any:
         """The launch as its augmented forward (Tape.launch's), on state tapes of this call's own, which its
         backward reads (``backward``); where it keeps none now, the call goes on as a first call."""
-        info = expected.recorded.info
-        found = keeping(kernel, {**info.defaults, **info.named_arguments(args, kwargs)[0]}, expected.grid)
+        found = keeping(kernel, expected.recorded.info.with_defaults(args, kwargs), expected.grid)
         if found is None:
             return self._fall_back().launch(run, kernel, expected.grid, args, kwargs, warmup)
         augmented_kernel, extra, saved = found
@@ -348,8 +351,7 @@ class FastTape:
         if expected.callable_grid:  # (the grid before the tensors: kinds of call often differ in it alone)
             if not callable(grid):
                 return False
-            info = expected.recorded.info
-            shape = grid({**info.defaults, **info.named_arguments(args, kwargs)[0]})
+            shape = grid(expected.recorded.info.with_defaults(args, kwargs))
         elif callable(grid):
             return False
         if (shape if type(shape) is tuple else tuple(shape)) != expected.grid:
@@ -433,22 +435,16 @@ class FastTape:
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
         if self.kept is None:
             return self.replay.backward(saved, grads, needs)
-        replay, recorded = self.replay, list(self.replay.recorded)  # the replay's launches, with this call's tapes
+        recorded = list(self.replay.recorded)  # the replay's launches, with this call's tapes
         for index, kept in self.kept.items():
-            recorded[index] = _without_tapes(recorded[index])
-            recorded[index].saved = kept
-        token = current_tape.set(None)  # (as Replay.backward: derived kernels are not recorded)
-        try:
-            return op_backward.OpBackward(replay.name, replay.plan, recorded, replay.deterministic).run(
-                saved, grads, needs)
-        finally:
-            current_tape.reset(token)
+            recorded[index] = _with_tapes(recorded[index], kept)
+        return self.replay.planned(saved, grads, needs, recorded)
 
 
-def _without_tapes(recorded: Any) -> Any:
-    """A copy of a recorded launch (tape.RecordedLaunch) keeping no state tapes."""
+def _with_tapes(recorded: Any, saved: Any) -> Any:
+    """A copy of a recorded launch (tape.RecordedLaunch) keeping these state tapes (None: none)."""
     made = copy.copy(recorded)
-    made.saved = None
+    made.saved = saved
     return made
 
 

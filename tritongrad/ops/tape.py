@@ -128,7 +128,7 @@ class Tape:
             _pointers_checked.add(pattern)
         tiles = Tiles.of(kernel, grid, info, args, kwargs, current_autotuner.get())
         if callable(grid):
-            grid = grid({**info.defaults, **info.named_arguments(args, kwargs)[0]})
+            grid = grid(info.with_defaults(args, kwargs))
         n = len(args)
         if kwargs:
             if positions[n:].count(None) != len(kwargs):  # kwargs is a dict of our own (**kwargs): kept
@@ -148,7 +148,7 @@ class Tape:
         self.record(kernel, grid, args, kwargs)
         launch = self.launches[-1]
         if launch.info.roles is not None and launch.info.loops:
-            named = {**launch.info.defaults, **launch.info.named_arguments(args, kwargs)[0]}
+            named = launch.info.with_defaults(args, kwargs)
             found = keeping(kernel, named, launch.grid)
             if found is not None:
                 augmented_kernel, extra, launch.saved = found
