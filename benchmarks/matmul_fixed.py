@@ -172,12 +172,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if args.profile and device == "cuda":
                 profile(name, fn, a, b, g)
             if args.ncu and device == "cuda":
+                from benchmarks.profile_kernels import ncu_step
+
                 leaves = [t.detach().clone().requires_grad_() for t in (a, b)]
-                torch.cuda.synchronize()
-                torch.cuda.cudart().cudaProfilerStart()
-                fn(*leaves).backward(g)
-                torch.cuda.synchronize()
-                torch.cuda.cudart().cudaProfilerStop()
+                ncu_step(lambda fn=fn, leaves=leaves, g=g: fn(*leaves).backward(g))
         for timer_name in timers:
             base = row["cuBLAS"][timer_name][1] if "cuBLAS" in row else None
             for name in impls:

@@ -43,6 +43,15 @@ def kernel_table(fn) -> list[tuple[str, float, float]]:
     return sorted(rows, key=lambda r: -r[2])
 
 
+def ncu_step(step) -> None:
+    """One more run of ``step`` between cudaProfilerStart and Stop: what ``ncu --profile-from-start off`` reads."""
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("examples", nargs="+")
@@ -67,11 +76,7 @@ def main() -> None:
             total += us
         print(f"  {total:9.1f} µs  GPU time per step")
         if args.ncu:
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStart()
-            step()
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()
+            ncu_step(step)
         return total / 1e3
 
     for example in resolve(args.examples):

@@ -162,7 +162,7 @@ def time_backward(fn, make_inputs, timer) -> float:
 
 def profile_case(name: str, impls: dict, make_inputs, ncu: bool = False) -> None:
     """The GPU kernels of one fwd+bwd step of each implementation (derived, tutorial, PyTorch), longest first."""
-    from benchmarks.profile_kernels import kernel_table
+    from benchmarks.profile_kernels import kernel_table, ncu_step
 
     for impl in ("derived", "tutorial", "torch"):
         leaves = [t.requires_grad_() for t in make_inputs()]
@@ -176,12 +176,8 @@ def profile_case(name: str, impls: dict, make_inputs, ncu: bool = False) -> None
             fn(*leaves).backward(g)
 
         rows = kernel_table(step)
-        if ncu:  # one more step for Nsight Compute (`ncu --profile-from-start off`)
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStart()
-            step()
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()
+        if ncu:
+            ncu_step(step)
         print(f"\n{name} · {impl} · GPU kernels per fwd+bwd step")
         for kernel, calls, us in rows[:8]:
             print(f"{us:9.1f} µs  x{calls:<4g} {kernel[:100]}")
