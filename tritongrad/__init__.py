@@ -15,6 +15,7 @@ _EXPORTS = {
     "backward_configs": "ops.tiles",
     "custom_vjp": "runtime.custom",
     "grad": "runtime.derive",
+    "kept": "tools.memory",
     "vjp": "runtime.derive",
     "NotDifferentiableError": "core.errors",
     "op": "ops.torch_op",

@@ -1,0 +1,78 @@
+"""tritongrad.kept: what a call keeps for its backward, tensor by tensor, its own memory told from its arguments'."""
+
+import torch
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad.examples import rmsnorm
+
+
+@triton.jit
+def scale_in_place_kernel(x_ptr, w_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(x_ptr + offs, x * tl.load(w_ptr + offs, mask=mask), mask=mask)
+
+
+@tritongrad.op
+def scale_a_copy(x, w):
+    y = x.clone()  # a PyTorch copy the launch updates in place: the tape keeps its values from before
+    scale_in_place_kernel[(triton.cdiv(y.numel(), 32),)](y, w, y.numel(), BLOCK=32)
+    return y
+
+
+def test_an_op_keeps_its_arguments_and_a_statistic_of_its_own(device):
+    x = torch.randn(37, 21, device=device, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(21, device=device, dtype=torch.float64, requires_grad=True)
+    report = tritongrad.kept(rmsnorm.rmsnorm, x, w)
+    whose = {t.name.split()[-1]: t.whose for t in report.tensors}
+    assert whose == {"x_ptr": "argument #0", "w_ptr": "argument #1", "rstd_ptr": "own"}
+    assert report.own_bytes == 37 * 8  # one float64 statistic per row (rstd), and nothing else
+    assert report.held_bytes == (37 * 21 + 21) * 8
+    assert "RmsnormBackward" in str(report) and "rstd_ptr" in str(report)
+
+
+def test_a_copy_taken_before_an_in_place_launch_is_own_memory(device):
+    x = torch.randn(45, device=device, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(45, device=device, dtype=torch.float64, requires_grad=True)
+    report = tritongrad.kept(scale_a_copy, x, w)
+    own = [t for t in report.tensors if t.whose == "own"]
+    assert own and all(t.dtype == torch.float64 for t in own)
+    assert report.own_bytes == 45 * 8  # the copy of y's values before the launch (x's own memory is not it)
+    y = scale_a_copy(x, w)  # and the op is right
+    (g,) = torch.autograd.grad((y * torch.arange(45.0, device=device, dtype=torch.float64)).sum(), (w,))
+    torch.testing.assert_close(g, x.detach() * torch.arange(45.0, device=device, dtype=torch.float64))
+
+
+def test_a_hand_written_function_and_pytorch_nodes_are_measured_alike(device):
+    x = torch.randn(33, 17, device=device, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(17, device=device, dtype=torch.float64, requires_grad=True)
+    eager = tritongrad.kept(rmsnorm.reference, x, w)
+    assert eager.tensors and {t.whose for t in eager.tensors} >= {"argument #0", "own"}
+    assert eager.own_bytes >= 33 * 17 * 8  # PyTorch's written-out rmsnorm keeps a normalized copy of x
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            ctx.save_for_backward(a)
+            return a * a
+
+        @staticmethod
+        def backward(ctx, g):
+            (a,) = ctx.saved_tensors
+            return 2 * a * g
+
+    report = tritongrad.kept(Square.apply, x)
+    assert [(t.name, t.whose) for t in report.tensors] == [("saved #0", "argument #0")]
+    assert report.own_bytes == 0
+
+
+def test_the_op_memory_benchmark_runs_on_the_interpreter():
+    from benchmarks import op_memory
+
+    rows = op_memory.main(["--smoke", "--ops", "rmsnorm", "rope"])
+    by = {(r["op"], r["impl"]): r for r in rows}
+    assert "error" not in by[("rmsnorm", "tritongrad")] and "error" not in by[("rope", "tritongrad")]
+    assert by[("rmsnorm", "tritongrad")]["kept"] <= by[("rmsnorm", "eager")]["kept"]
