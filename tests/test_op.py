@@ -283,6 +283,29 @@ def test_output_views_of_one_buffer():
     check(halves, lambda x, w: (x * w, x.exp(), torch.cat([x * w, x.exp()])), rand(100), rand(100))
 
 
+@triton.jit
+def scale_rows_kernel(x_ptr, out_ptr, c, stride_x, stride_out, N, BLOCK: tl.constexpr):
+    row, cols = tl.program_id(0), tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=cols < N)
+    tl.store(out_ptr + row * stride_out + cols, tl.sin(x) * c, mask=cols < N)
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_two_launches_writing_the_column_halves_of_one_output(named):
+    """``out[:, :N]`` by one launch, ``out[:, N:]`` by another: the two views' address ranges interleave, but no
+    element is in both (the overlap test is exact), so nothing is refused and each half gets its gradient."""
+    def halves(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        m, n = x.shape
+        out = torch.empty(m, 2 * n, dtype=x.dtype, device=x.device)
+        left, right = out[:, :n], out[:, n:]
+        scale_rows_kernel[(m,)](x, left, 2.0, x.stride(0), left.stride(0), n, BLOCK=32)
+        scale_rows_kernel[(m,)](y, right, -3.0, y.stride(0), right.stride(0), n, BLOCK=32)
+        return out
+
+    op = tritongrad.op("tgtest::column_halves")(halves) if named else tritongrad.op(halves)
+    check(op, lambda x, y: torch.cat([2.0 * x.sin(), -3.0 * y.sin()], dim=1), rand(11, 19), rand(11, 19))
+
+
 def test_atomic_accumulation_by_two_launches():
     @tritongrad.op
     def sum_of_squares(x, w):

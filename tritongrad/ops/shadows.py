@@ -24,7 +24,7 @@ import torch
 
 from ..core.bounded import Bounded
 from ..runtime.variants import shadow_dtype
-from ..writes.launch_facts import Layout, buffer_facts, self_overlapping
+from ..writes.launch_facts import Layout, buffer_facts, overlap, self_overlapping
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,13 @@ class View:
         return self.offset, self.offset + 1 + sum((n - 1) * s for n, s in zip(self.size, self.stride, strict=True))
 
     def overlaps(self, other: View) -> bool:
+        """Whether the two views share a byte: exact (launch_facts.overlap), so that interleaved views that share
+        no element (the column halves of one buffer) are apart."""
         if self.key != other.key or not self.key:
             return False
         (a, b), (c, d) = self.span, other.span
         sa, sb = self.dtype.itemsize, other.dtype.itemsize
-        return a * sa < d * sb and c * sb < b * sa
+        return a * sa < d * sb and c * sb < b * sa and overlap(Layout.of(self), Layout.of(other))
 
     @property
     def contiguous(self) -> bool:

@@ -40,8 +40,8 @@ on (``tritongrad.backward_configs``), runs under whichever of them is fastest (o
 Hazards: the backward replays each launch against memory as the op left it, so a launch
 that overwrites memory an earlier launch (or the same launch through another argument)
 read, or that overwrites with ``tl.store`` what an earlier launch wrote, is refused with
-an error naming both launches. Overlap is judged by each view's address range, so
-interleaved views of one buffer count as overlapping. Kernels may not write to tensors
+an error naming both launches. Overlap is exact: views of one buffer that interleave without
+sharing an element (its column halves) are apart. Kernels may not write to tensors
 that require grad. Double backward raises.
 
 Arguments: the backward differentiates the launches as they ran, so what the host function
