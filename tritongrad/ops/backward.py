@@ -139,9 +139,8 @@ class OpBackward:
                 keep = None
         if launch.info.roles is None:
             raise noted(launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)")
-        # the forward's arguments and launch options, all passed by keyword
-        args = dict(zip(launch.info.params, launch.args, strict=False))
-        args.update(launch.kwargs)
+        # the forward's arguments (defaults where not passed) and launch options, all passed by keyword
+        args = {**launch.info.defaults, **dict(zip(launch.info.params, launch.args, strict=False)), **launch.kwargs}
         for p, slot, stand_in in step.launch.replayed:
             args[p] = saved[slot] if slot is not None else stand_in_tensor(stand_in)
         grid, config = tuple(launch.grid), ()
@@ -310,8 +309,7 @@ def derive_ahead(name: str, plan: Plan, launches: Sequence[Any], deterministic: 
         launch = launches[step.launch.index]
         if launch.info.roles is None or 0 in launch.grid:  # (refused when planned; no program: not launched)
             continue
-        args = dict(zip(launch.info.params, launch.args, strict=False))
-        args.update(launch.kwargs)
+        args = {**launch.info.defaults, **dict(zip(launch.info.params, launch.args, strict=False)), **launch.kwargs}
         try:
             _derived_kernel(step, launch.kernel, args, deterministic)
         except NotDifferentiableError as e:
@@ -321,11 +319,11 @@ def derive_ahead(name: str, plan: Plan, launches: Sequence[Any], deterministic: 
 
 
 def _argument(launch: Any, param: str) -> Any:
-    """A recorded launch's argument for ``param`` (None where not passed), as ``_run_step`` reads it."""
+    """A recorded launch's argument for ``param`` (its default where not passed), as ``_run_step`` reads it."""
     if param in launch.kwargs:
         return launch.kwargs[param]
     i = launch.info.params.index(param)
-    return launch.args[i] if i < len(launch.args) else None
+    return launch.args[i] if i < len(launch.args) else launch.info.defaults.get(param)
 
 
 def _derived_kernel(step: Step, kernel: Any, named: dict[str, Any], deterministic: bool = False) -> Any:
