@@ -88,7 +88,7 @@ def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, ca
         return
     reached = _autograd_ancestors([o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad])
     for k, t in waiting:
-        nodes = histories.get(k, ()) if histories and k in histories else (
+        nodes = histories[k] if histories and k in histories else (
             t.grad_fn if t.grad_fn is not None else _accumulator(t),)
         if not any(n in reached for n in nodes):
             raise OpError(_UNREAD.format(name=name, arg=k))
