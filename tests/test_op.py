@@ -503,7 +503,9 @@ def test_overwriting_what_an_earlier_launch_wrote_is_refused():
         twice(rand(50), rand(50))
 
 
-def test_in_place_kernel_on_an_intermediate_is_refused():
+def test_a_kernel_reading_and_writing_an_intermediate_through_two_names_updates_it_in_place():
+    """y passed as both `a_ptr` (loaded) and `out_ptr` (stored): the launch is its alias view's, y = y * w in place
+    (ops/aliases.py); it was refused as a launch overwriting what it reads."""
     @tritongrad.op
     def in_place(x, w):
         y = torch.empty_like(x)
@@ -511,9 +513,14 @@ def test_in_place_kernel_on_an_intermediate_is_refused():
         mul_kernel[grid(x.numel())](y, w, y, x.numel(), BLOCK=BLOCK)
         return y
 
-    with pytest.raises(OpError, match=r"launch #2 \(`mul_kernel`\) overwrites `out_ptr`, memory that launch #2 "
-                                      r"\(`mul_kernel`\) reads through `a_ptr`"):
-        in_place(rand(50), rand(50))
+    x, w = rand(50), rand(50)
+    got = in_place(x, w)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    want = torch.exp(x2) * w2
+    assert_close(got, want)
+    g = torch.randn(50, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(got, (x, w), g), torch.autograd.grad(want, (x2, w2), g), strict=True):
+        assert_close(a, b)
 
 
 def test_writing_to_an_input_that_requires_grad_is_refused():

@@ -157,8 +157,9 @@ def test_aliasing_a_launch_must_refuse_is_refused_after_replays(replayed):
     for aliased in (lambda w: w, lambda w: w.view(10, 10).view(-1), lambda w: w[:]):
         for _ in range(2):
             wv = torch.randn(100, dtype=F64)
-            with pytest.raises(OpError, match=r"launch #1 \(`mul_kernel`\) overwrites `out_ptr`, memory that launch #1 "
-                                              r"\(`mul_kernel`\) reads through `a_ptr`"):
+            # (recorded as its alias view's, out_ptr read as a_ptr: ops/aliases.py; b_ptr still reads w)
+            with pytest.raises(OpError, match=r"launch #1 \(`mul_kernel`\) overwrites `a_ptr`, memory that launch #1 "
+                                              r"\(`mul_kernel`\) reads through `b_ptr`"):
                 scaled_through(x.clone().requires_grad_(), wv, aliased(wv))
     assert_same(step(scaled_through, [x.clone().requires_grad_(), w, torch.empty(100, dtype=F64)]), first)
 

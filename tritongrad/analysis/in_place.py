@@ -155,6 +155,18 @@ class _Reads:
                              "or in another tensor")
             return None
         if not earlier:
+            if self.apart(name, load):
+                return None
+            later = [t for t in stores if self.order[id(t)] > self.order[id(load)] and not self.exclusive(t, load)
+                     and self.place[id(t)][0] != self.place[id(load)][0]]
+            if later:
+                raise refuse(where(load), f"a load from `{name}` whose values the store on line "
+                             f"{where(later[0]).line} overwrites later, in another pass (not an update of what each "
+                             "lane loaded: a store of the same address and mask after the load, in its block)",
+                             "update in place only what each lane loads (load, compute, then store to the same "
+                             "address with the same mask in one block); a kernel that writes its own gradient "
+                             "over its input (a cross-entropy's HAS_GRADIENTS) is differentiated launched "
+                             "loss-only: the derived backward computes that gradient")
             raise refuse(where(load), f"a load from `{name}`, which the kernel also stores to, where no store "
                          "of the same address and mask follows it in the same block",
                          "update in place only what each lane loads (load, compute, then store to the same "
@@ -184,22 +196,75 @@ class _Reads:
                 and self.key(t) == self.key(load)]
 
     def earlier(self, name: str, load: ast.stmt) -> list[ast.stmt]:
-        """The stores to ``name`` before ``load`` in program order."""
-        return [t for t in self.found.stores[name] if self.order[id(t)] < self.order[id(load)]]
+        """The stores to ``name`` that may run before ``load``: before it in program order, not in the other branch
+        of an ``if`` (an early return's: ``if y == ignore: store zeros; return`` then loads)."""
+        return [t for t in self.found.stores[name] if self.order[id(t)] < self.order[id(load)]
+                and not self.exclusive(t, load)]
 
-    def reads_back(self, store: ast.stmt, load: ast.stmt) -> str | None:
+    def exclusive(self, a: ast.stmt, b: ast.stmt) -> bool:
+        """Whether ``a`` and ``b`` lie in the two branches of one ``if`` (no program runs both: a Triton ``if``
+        tests a scalar)."""
+        outer, inner = self.around[id(a)], self.around[id(b)]
+        common = 0
+        while common < min(len(outer), len(inner)) and outer[common] is inner[common]:
+            common += 1
+        if common == 0 or not isinstance(outer[common - 1], ast.If):
+            return False
+        below_a = outer[common] if common < len(outer) else a
+        below_b = inner[common] if common < len(inner) else b
+        return self.place[id(below_a)][0] != self.place[id(below_b)][0]
+
+    def apart(self, name: str, load: ast.stmt) -> bool:
+        """Whether ``load`` reads the value the kernel was given, though no store of its address follows it: every
+        store to ``name`` is in the other branch of an ``if`` than the load (this program runs none of them), and
+        the load's address and mask are one of those stores' (in loops nested alike over one range, as for a
+        reload), so no other program or lane stores the element it reads either: the stores write distinct
+        elements (analysis/stores.py). Liger's cross-entropy zeroes an ignored row's logits and returns; the other
+        rows read theirs."""
+        stores = self.found.stores[name]
+        if not all(self.exclusive(t, load) for t in stores):
+            return False
+        return any(self.reads_back(t, load, across=True) is None or self.indexed(t, load) for t in stores)
+
+    def indexed(self, store: ast.stmt, load: ast.stmt) -> bool:
+        """Whether ``load`` reads one element of what ``store`` would write in this program, at an index: its address
+        is the store's own pointer (a name both add to, assigned once: the program's row) plus a scalar loaded from
+        a tensor the kernel does not store (a cross-entropy's target logit, ``X_ptr + y``). The index is data: the
+        element is the program's own where the index lies within what the store would write (a target within the
+        row: what a cross-entropy's loss means), which the launch does not check."""
+        parts = []
+        for stmt in (store, load):
+            ptr = arguments(stmt)["pointer"]
+            found = self.defs.get(ptr.id, []) if isinstance(ptr, ast.Name) else []
+            if len(found) != 1 or isinstance(found[0], ast.For) or op_of(found[0]).kind != "add":
+                return False
+            parts.append([a.id for a in op_of(found[0]).args if isinstance(a, ast.Name)])
+        shared = [a for a in parts[0] if a in parts[1] and len(self.defs.get(a, [])) <= 1]
+        if len(shared) != 1 or len(parts[1]) != 2 or parts[1][0] == parts[1][1]:
+            return False
+        index = parts[1][1 - parts[1].index(shared[0])]
+        loads = [d for n in computed_from([index], self.defs) for d in self.defs.get(n, ())
+                 if not isinstance(d, ast.For)]
+        kinds = {op_of(d).kind for d in loads}
+        return "load" in kinds and "arange" not in kinds and all(
+            self.found.pointer_base.get(arguments(d)["pointer"].id) not in self.found.stores
+            for d in loads if op_of(d).kind == "load")
+
+    def reads_back(self, store: ast.stmt, load: ast.stmt, across: bool = False) -> str | None:
         """Why ``load`` may read in some lane what ``store`` did not write there before it in this program (None: it
-        reads exactly what the store wrote, in each lane)."""
+        reads exactly what the store wrote, in each lane). ``across``: the two in the two branches of an ``if``
+        (``apart``): whether the load reads the element the store would have written."""
         outer, inner = self.around[id(store)], self.around[id(load)]
         common = 0
         while common < min(len(outer), len(inner)) and outer[common] is inner[common]:
             common += 1
         mine, theirs = outer[common:], inner[common:]
-        if not mine and not theirs:  # one block: frontend/forwarding.py took it, were they alike
+        if not mine and not theirs and not across:  # one block: frontend/forwarding.py took it, were they alike
             return "its address or mask is not the store's"
-        if not mine or len(mine) != len(theirs) or not all(isinstance(n, ast.For) for n in (*mine, *theirs)):
+        if len(mine) != len(theirs) or not all(isinstance(n, ast.For) for n in (*mine, *theirs)) or (
+                not mine and not across):
             return "the store and the load are not each directly in loops nested alike, in one block"
-        if self.place[id(mine[0])][0] != self.place[id(theirs[0])][0]:
+        if mine and not across and self.place[id(mine[0])][0] != self.place[id(theirs[0])][0]:
             return "the store's loop and the load's are not in one block"
         renames = {}
         for a, b in zip(mine, theirs, strict=True):

@@ -37,6 +37,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
             if tape is None:
                 return result
         else:  # PyTorch operations on what launches wrote make segments (segments.py)
+            before = _histories(arguments(args, kwargs))  # (a launch may update an argument in place)
             segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node)
             token = current_tape.set(segments.tape)
             try:
@@ -46,7 +47,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
                     segments.disarm()
                     raise
                 if segments.finish(result):
-                    _check_reached(name, arguments(args, kwargs), as_tuple(result))
+                    _check_reached(name, arguments(args, kwargs), as_tuple(result), histories=before)
                     return result
             finally:
                 current_tape.reset(token)
@@ -74,17 +75,30 @@ def refuse_unread(name: str, unread: tuple[str, ...]) -> None:
         raise OpError(_UNREAD.format(name=name, arg=unread[0]))
 
 
-def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, candidates: tuple | None = None) -> None:
+def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, candidates: tuple | None = None,
+                   histories: dict | None = None) -> None:
     """Refuse a call whose outputs are cut off from an argument that requires grad (of ``candidates``: those no
     launch reads; None: every one): autograd must lead from the outputs back to it, else its gradient would be
-    silently missing (a tensor whose address the kernel reads from a pointer table or a host descriptor)."""
+    silently missing (a tensor whose address the kernel reads from a pointer table or a host descriptor).
+    ``histories``: the arguments' autograd nodes before the call (``_histories``), for those a launch updated in
+    place: their nodes now are the op's, and the history their old values' gradient must reach is the one they had,
+    or their base's (a segment's node takes a view's base, segments.py)."""
     waiting = [(k, t) for k, t in named.items() if differentiable(t) and (candidates is None or k in candidates)]
     if not waiting:
         return
     reached = _autograd_ancestors([o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad])
     for k, t in waiting:
-        if (t.grad_fn if t.grad_fn is not None else _accumulator(t)) not in reached:
+        nodes = histories[k] if histories and k in histories else (
+            t.grad_fn if t.grad_fn is not None else _accumulator(t),)
+        if not any(n in reached for n in nodes):
             raise OpError(_UNREAD.format(name=name, arg=k))
+
+
+def _histories(named: dict[str, torch.Tensor]) -> dict[str, tuple]:
+    """The autograd nodes of the arguments with a history (not leaves, whose node no call may change), and of their
+    bases, as they are before the host function runs."""
+    return {k: (t.grad_fn, t._base.grad_fn if t._base is not None else None) for k, t in named.items()
+            if t.grad_fn is not None}
 
 
 _UNREAD = ("tritongrad.op `{name}`: the argument `{arg}` requires grad, but no kernel launch reads it as a tensor "

@@ -30,6 +30,7 @@ from ..core.device import ensure_allocator, tracing
 from ..core.errors import OpError
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
+from .aliases import alias_view
 from .backward import OpBackward, derive_ahead
 from .call_tensors import CallTensors
 from .host_descriptors import descriptor_view, has_host_descriptors
@@ -140,11 +141,17 @@ class Tape:
     def launch(self, run: Callable, kernel: Any, grid: Any, args: tuple, kwargs: dict, warmup: bool) -> Any:
         """Record a launch and run it: as its augmented forward where the backward can read the state tapes
         that keeps (augment.py; the tapes stay with the recorded launch), else as it is. A launch with host
-        tensor descriptors is recorded as its kernel's descriptor view's (host_descriptors.py)."""
+        tensor descriptors is recorded as its kernel's descriptor view's (host_descriptors.py), one passing a buffer
+        to a pointer it loads and to one it stores as its alias view's (aliases.py)."""
         as_launched = None
         if has_host_descriptors(args, kwargs):
             as_launched = (kernel, args, kwargs)
             kernel, args, kwargs = descriptor_view(kernel, args, kwargs)
+        else:
+            info = kernel_infos.get(kernel.fn) or kernel_info(kernel)
+            view = alias_view(kernel, info, args, kwargs) if info.roles is not None else None
+            if view is not None:  # one buffer loaded and stored through two names: an update in place
+                as_launched, kernel = (kernel, args, kwargs), view
         self.record(kernel, grid, args, kwargs)
         launch = self.launches[-1]
         if launch.info.roles is not None and launch.info.loops:
