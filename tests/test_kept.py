@@ -76,3 +76,47 @@ def test_the_op_memory_benchmark_runs_on_the_interpreter():
     by = {(r["op"], r["impl"]): r for r in rows}
     assert "error" not in by[("rmsnorm", "tritongrad")] and "error" not in by[("rope", "tritongrad")]
     assert by[("rmsnorm", "tritongrad")]["kept"] <= by[("rmsnorm", "eager")]["kept"]
+
+
+@triton.jit
+def rotate_in_place_kernel(x_ptr, cos_ptr, sin_ptr, half, BLOCK: tl.constexpr):
+    row, cols = tl.program_id(0), tl.arange(0, BLOCK)
+    mask = cols < half
+    x1 = tl.load(x_ptr + row * 2 * half + cols, mask=mask)
+    x2 = tl.load(x_ptr + row * 2 * half + half + cols, mask=mask)
+    c, s = tl.load(cos_ptr + cols, mask=mask), tl.load(sin_ptr + cols, mask=mask)
+    tl.store(x_ptr + row * 2 * half + cols, x1 * c - x2 * s, mask=mask)
+    tl.store(x_ptr + row * 2 * half + half + cols, x2 * c + x1 * s, mask=mask)
+
+
+@tritongrad.op
+def rotate_a_copy(x, cos, sin):
+    y = x.clone()  # updated in place: its old values' gradient needs cos and sin only (they require none)
+    rotate_in_place_kernel[(y.shape[0],)](y, cos, sin, y.shape[1] // 2, BLOCK=16)
+    return y
+
+
+def test_what_no_derived_kernel_reads_is_not_kept(device):
+    """A rotation updating a tensor in place: the copy of its old values the tape takes is read by no derived kernel
+    when the angles need no gradient, so the op keeps an empty stand-in in its place; its gradient is PyTorch's."""
+    x = torch.randn(7, 22, device=device, dtype=torch.float64, requires_grad=True)
+    angles = torch.rand(11, device=device, dtype=torch.float64) * 6
+    cos, sin = angles.cos(), angles.sin()
+    report = tritongrad.kept(rotate_a_copy, x, cos, sin)
+    assert report.own_bytes == 0 and any(t.whose == "not kept" for t in report.tensors), str(report)
+    g = torch.randn(7, 22, device=device, dtype=torch.float64)
+    (got,) = torch.autograd.grad(rotate_a_copy(x, cos, sin), (x,), g)
+    g1, g2 = g[:, :11], g[:, 11:]
+    torch.testing.assert_close(got, torch.cat([g1 * cos + g2 * sin, g2 * cos - g1 * sin], dim=1))
+    # where the angles need a gradient, the old values are read, and kept
+    cos_, sin_ = cos.clone().requires_grad_(), sin.clone().requires_grad_()
+    assert tritongrad.kept(rotate_a_copy, x, cos_, sin_).own_bytes == 7 * 22 * 8
+
+
+def test_the_rotary_example_keeps_neither_q_nor_k(device):
+    from tritongrad.examples import rotary
+
+    q, k, cos, sin = rotary.make_inputs((2, 3, 5, 12), device, torch.float64)
+    report = tritongrad.kept(rotary.rotary, q.requires_grad_(), k.requires_grad_(), cos, sin)
+    assert {t.name.split()[-1] for t in report.tensors if t.whose == "not kept"} == {"x_ptr"}, str(report)
+    assert report.held_bytes == (cos.numel() + sin.numel()) * 8

@@ -10,6 +10,8 @@ from ..core.ir import (
     SCALAR_BUILTINS,
     Program,
     arguments,
+    definitions,
+    expanded,
     op_of,
     statements,
     structured,
@@ -42,6 +44,7 @@ def infer_shapes(program: Program, tile: bool = False) -> dict[str, Shape]:
     # Triton keeps a loop-carried variable's type, and a runtime if's outputs have one type: their first
     # known shape holds. A constexpr if's branches may differ: their definitions must agree.
     fixed: set[str] = set()
+    canonical = _canonical_extents(program)
     for node in structured(program.body):
         if isinstance(node, ast.For):
             shapes[node.target.id] = ()
@@ -56,11 +59,30 @@ def infer_shapes(program: Program, tile: bool = False) -> dict[str, Shape]:
             shape = _shape_of(s, of)
         except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, NotDifferentiableError):
             shape = None  # shapes only let codegen leave out an unbroadcast: unknown is always safe
+        if shape is not None:
+            shape = tuple(canonical(d) for d in shape)
         if t not in shapes or (t in fixed and shapes[t] is None):
             shapes[t] = shape
         elif t not in fixed and shapes[t] != shape:
             shapes[t] = None
     return shapes
+
+
+def _canonical_extents(program: Program):
+    """An extent named by a temporary (``pad_rd // 2``, which the frontend names once per use) as the expression
+    of the parameters it is computed from, so that two tiles of one extent have one shape; extents computed from
+    anything else (a loop's values) stay as written."""
+    defs = definitions(program.body)
+    params = set(program.param_names())
+
+    def canonical(dim: str) -> str:
+        if not dim.isidentifier() or dim in params or len(defs.get(dim, [])) != 1:
+            return dim
+        tree = expanded(ast.Name(dim, ast.Load()), defs)
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        return ast.unparse(tree) if names <= params else dim
+
+    return canonical
 
 
 def _dims(atom: ast.expr) -> Shape:

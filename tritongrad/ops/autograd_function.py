@@ -133,7 +133,8 @@ class _TapeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tape, outputs, *inputs):
         ctx.tape = tape
-        ctx.save_for_backward(*tape.saved)  # version counters: in-place changes before backward raise
+        # version counters: in-place changes before backward raise (of what a derived kernel reads: kept_for_backward)
+        ctx.save_for_backward(*tape.plan.kept_for_backward(tape.saved))
         tape.saved = None  # the tape keeps no tensors: outputs would otherwise hold themselves alive
         ctx.set_materialize_grads(False)
         if tape.plan.constants:
@@ -157,7 +158,7 @@ class _SegmentFunction(torch.autograd.Function):
     def forward(ctx, tape, count, *tensors):
         written = tensors[:count]
         ctx.tape, ctx.count = tape, count
-        ctx.save_for_backward(*tape.saved)
+        ctx.save_for_backward(*tape.plan.kept_for_backward(tape.saved))
         tape.saved = None
         ctx.set_materialize_grads(False)
         ctx.mark_dirty(*written)

@@ -189,6 +189,12 @@ class OpBackward:
         output_grads = {p: self._shadow(shadows, shadow_of[p], guards) for p in step.outputs}
         written = frozenset(p for p in step.wrt if shadow_of[p].key in shadows)
         bwd, prepared, buffers_of = self._ready(step, launch, args, grid, written, config)
+        if self.plan.unused:  # a tensor the op did not keep (derive_ahead) must be one this variant does not read
+            for p, slot in step.launch.slots.items():
+                if slot in self.plan.unused and p in prepared.variant.reads:
+                    raise self.error(f"the backward of {step.launch} reads `{p}`, which the op did not keep: the "
+                                     "kernels derived at the call did not read it. This is tritongrad's fault: "
+                                     "please report it")
         for n in step.launch.stored:  # (a specialization that reads nothing back takes no such tensor)
             if n not in bwd.stored_params.values():
                 args.pop(n, None)
@@ -305,16 +311,23 @@ def derive_ahead(name: str, plan: Plan, launches: Sequence[Any], deterministic: 
             raise plan.ahead[key].with_traceback(None)
         return
     every = (tuple(True for _ in plan.input_views), tuple(i not in plan.constants for i in range(len(plan.outputs))))
+    read: set[int] = set()  # the saved slots a derived kernel reads
     for step in plan.steps(*every):
         launch = launches[step.launch.index]
+        read.update(step.launch.stored.values())  # (read back under a parameter of the derived kernel's own)
         if launch.info.roles is None or 0 in launch.grid:  # (refused when planned; no program: not launched)
+            read.update(slot for slot in step.launch.slots.values() if slot is not None)
             continue
         args = {**launch.info.defaults, **dict(zip(launch.info.params, launch.args, strict=False)), **launch.kwargs}
         try:
-            _derived_kernel(step, launch.kernel, args, deterministic)
+            bwd = _derived_kernel(step, launch.kernel, args, deterministic)
         except NotDifferentiableError as e:
             plan.ahead[key] = noted(e, f"(needed to differentiate {launch} of tritongrad.op `{name}`)")
             raise e.with_traceback(None) from None
+        reads = bwd.reads()
+        read.update(slot for p, slot in step.launch.slots.items() if slot is not None and p in reads)
+    unused = frozenset(range(len(plan.saved))) - read  # kept nothing a derived kernel does not read: a tensor
+    plan.unused = unused if not plan.ahead else plan.unused & unused  # only copied for an in-place launch, say
     plan.ahead[key] = None
 
 

@@ -227,7 +227,7 @@ def _autograd(backward_op: Any, name: str):
         ctx.tape = stash.pop() if stash else None
         ctx.positions = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)]
         if ctx.tape is not None:
-            ctx.save_for_backward(*ctx.tape.saved)
+            ctx.save_for_backward(*ctx.tape.plan.kept_for_backward(ctx.tape.saved))
             ctx.tape.saved = None
             ctx.diff = [differentiable(inputs[i]) for i in ctx.positions]  # as the forward chose them
             ctx.set_materialize_grads(False)

@@ -131,6 +131,16 @@ class Plan:
     checked: set[tuple] = field(init=False, default_factory=set)  # schedules checked for stray gradients
     ahead: dict | None = field(init=False, default=None)  # specializations derived at the call (backward.derive_ahead)
     decisive: bool = field(init=False, default=False)  # whether a launch's kernel has decisive constexprs
+    # saved slots no derived kernel reads (backward.derive_ahead): not kept, an empty stand-in saved in their place
+    unused: frozenset[int] = field(init=False, default=frozenset())
+
+    def kept_for_backward(self, saved: list) -> list:
+        """The tensors an autograd node saves: ``saved`` with an empty tensor for each slot no derived kernel reads
+        (holding no memory; one per slot, so a kept Launcher still tells the slots apart)."""
+        if not self.unused:
+            return saved
+        return [torch.empty(0, dtype=t.dtype, device=t.device) if j in self.unused else t
+                for j, t in enumerate(saved)]
 
     def __post_init__(self):
         self.buffers = {k: self._buffer(k) for k in self.storages}

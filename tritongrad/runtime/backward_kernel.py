@@ -151,6 +151,12 @@ class BackwardKernel:
     def name(self) -> str:
         return f"{self.program.name}_bwd"
 
+    def reads(self) -> frozenset[str]:
+        """The parameters whose memory a kernel of the variants derived so far reads (variants.Variant.reads)."""
+        with self._variants_lock:
+            variants = list(self._variants.values())
+        return frozenset().union(*(v.reads for v in variants))
+
     @property
     def src(self) -> str:
         """The kernel where every launch condition holds (what ``tritongrad show`` prints)."""

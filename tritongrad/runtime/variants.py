@@ -3,6 +3,7 @@ of them makes: partial rows, scratch, the launch as a backward keeps it to make 
 
 from __future__ import annotations
 
+import ast
 import functools
 import math
 from dataclasses import dataclass, field
@@ -180,6 +181,14 @@ class Variant:
         return "\n\n".join(part.src for part in self.parts)
 
     @functools.cached_property
+    def reads(self) -> frozenset[str]:
+        """The parameters whose memory a kernel of it reads (not only their addresses): an op need not keep a
+        tensor for the others (ops/backward.py passes a stand-in)."""
+        sources = [part.src for part in self.parts] + [part.prologue.src for part in self.parts
+                                                        if getattr(part.prologue, "src", None)]
+        return frozenset().union(*(params_read(src) for src in sources))
+
+    @functools.cached_property
     def reads_saved(self) -> bool:
         """Whether a kernel reads the state tapes the forward kept."""
         return any(part.saved for part in self.parts)
@@ -242,3 +251,50 @@ def persistent_programs(programs: int, device: Any, waves: int = 1) -> int:
     (each keeps a partial row); a few in Triton's interpreter, so that each program loops over several."""
     count = compiled_multiprocessors(device)
     return max(1, min(programs, waves * count if count else 3))
+
+
+# tg helpers that read no memory (their operands' values or shapes only)
+_PURE_HELPERS = frozenset({"widened", "cast_grad", "unbroadcast", "zeros_grad", "split_grad"})
+
+
+def params_read(src: str) -> frozenset[str]:
+    """The parameters of the kernels in ``src`` through which memory is read (or written): each name is followed to
+    the parameters it is computed from, and a load, atomic, store or ``tg`` helper call (but the pure ones) reading a
+    name reads through those parameters. Conservative: a value computed from a loaded one counts as its pointer's."""
+    found: set[str] = set()
+    for fn in (n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)):
+        origin = {a.arg: {a.arg} for a in fn.args.args}
+        flows = []  # (target names, the names its value reads)
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                flows.append(({n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)},
+                              _names(node.value)))
+            elif isinstance(node, ast.For):
+                flows.append(({n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}, _names(node.iter)))
+        changed = True
+        while changed:
+            changed = False
+            for targets, reads in flows:
+                sources = set().union(*(origin.get(n, ()) for n in reads))
+                for t in targets:
+                    if not sources <= origin.setdefault(t, set()):
+                        origin[t] |= sources
+                        changed = True
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and _touches_memory(node.func):
+                arguments = [*node.args, *(k.value for k in node.keywords)]
+                found |= set().union(*(origin.get(n, ()) for a in arguments for n in _names(a)))
+    return frozenset(found)
+
+
+def _names(node: ast.AST | None) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} if node is not None else set()
+
+
+def _touches_memory(func: ast.expr) -> bool:
+    text = ast.unparse(func)
+    if text.startswith("tg.") or text.startswith("tg_"):
+        return text.removeprefix("tg.").removeprefix("tg_") not in _PURE_HELPERS
+    leaf = text.rsplit(".", 1)[-1]
+    return leaf in ("load", "store", "gather", "scatter") or leaf.startswith("atomic_")

@@ -29,7 +29,7 @@ class KeptTensor:
     shape: tuple[int, ...]
     dtype: torch.dtype
     bytes: int  # the bytes of the memory this tensor's view spans
-    whose: str  # "argument #i", "output #j", or "own" (the call allocated it)
+    whose: str  # "argument #i", "output #j", "own" (the call allocated it), "not kept" (the backward reads none)
     storage: int  # its storage's address (one storage is counted once)
 
 
@@ -53,7 +53,7 @@ class Kept:
         """Bytes of arguments and outputs the backward holds on to (the caller's memory, kept alive longer)."""
         spans: dict[int, int] = {}
         for t in self.tensors:
-            if t.whose != "own":
+            if t.whose not in ("own", "not kept"):
                 spans[t.storage] = max(spans.get(t.storage, 0), t.bytes)
         return sum(spans.values())
 
@@ -83,8 +83,9 @@ def kept(fn: Callable, *args: Any, **kwargs: Any) -> Kept:
     stops = {t.grad_fn for t in inputs if t.grad_fn is not None}
     for node in _nodes([t.grad_fn for t in outputs if t.grad_fn is not None], stops):
         for name, t in _saved(node):
-            report.tensors.append(KeptTensor(node.name(), name, tuple(t.shape), t.dtype, _span_bytes(t),
-                                             owners.get(_storage(t), "own"), _storage(t)))
+            whose = "not kept" if t.numel() == 0 else owners.get(_storage(t), "own")  # (an empty stand-in: the
+            report.tensors.append(KeptTensor(node.name(), name, tuple(t.shape), t.dtype, _span_bytes(t),  # backward
+                                             whose, _storage(t)))  # does not read it)
     return report
 
 
