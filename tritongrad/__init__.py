@@ -17,6 +17,8 @@ _EXPORTS = {
     "grad": "runtime.derive",
     "vjp": "runtime.derive",
     "NotDifferentiableError": "core.errors",
+    "OpError": "core.errors",
+    "TritongradError": "core.errors",
     "op": "ops.torch_op",
     "override": "ops.aten_override",
 }

@@ -31,7 +31,7 @@ from ..core.errors import OpError
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
 from .backward import OpBackward, derive_ahead
-from .call_tensors import CallTensors
+from .call_tensors import CallTensors, nested_tensors
 from .host_descriptors import descriptor_view, has_host_descriptors
 from .kernel_roles import KernelInfo, kernel_info, kernel_infos
 from .planning import Planner
@@ -273,10 +273,13 @@ class Tape:
         tensors, self.tensors = self.tensors, None
         # the key: what the checks and the plan depend on, equal for calls that launch the same
         # kernels, passing tensors the same way, laid out the same way (as ``tensors`` describes
-        # them). The op's arguments are in it as passed: the tensors ``tensor_arguments`` names follow.
-        positions = tensors.take((*outputs, *args, *kwargs.values()))[0]
+        # them). The op's arguments are in it as passed, then the tensors inside their containers (lists, tuples,
+        # dicts: a bare op's), their paths after the keywords: the tensors ``tensor_arguments`` names follow.
+        values = (*args, *kwargs.values())
+        paths, inner = nested_tensors(values)
+        positions = tensors.take((*outputs, *values, *inner))[0]
         diff = None if diff_inputs is None else tensors.take(tuple(diff_inputs))[0]
-        key = (tuple(self.patterns), len(outputs), positions, tuple(kwargs), diff, tuple(tensors.described))
+        key = (tuple(self.patterns), len(outputs), positions, (*kwargs, *paths), diff, tuple(tensors.described))
         plan = self.plans.get(key)
         if plan is None:  # a new kind of call: check it (raises) and lay out its backward
             arguments = {name: tensors.index[id(t)] for name, t in tensor_arguments(args, kwargs).items()}
