@@ -19,6 +19,7 @@ replay.py compares their launches with the first call's as they run.
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,12 @@ MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest on
 _relaunchers: dict[tuple, Any] = Bounded()
 # launch patterns (see RecordedLaunch) passing tensors to every pointer (few per call site)
 _pointers_checked = Bounded()
+
+
+# Triton's refusal of a float-only operation's integer operand, and the torch dtypes of its type names
+_EXPECTED_DTYPE = re.compile(r"Expected dtype (\[[^\]]*\]) but got (u?int\d+)")
+_TRITON_NAMES = {"int1": (torch.bool,), "int8": (torch.int8,), "int16": (torch.int16,), "int32": (torch.int32,),
+                 "int64": (torch.int64,), "uint8": (torch.uint8,)}
 
 
 # -- launches --------------------------------------------------------------------------------------
@@ -140,7 +147,35 @@ class Tape:
     def launch(self, run: Callable, kernel: Any, grid: Any, args: tuple, kwargs: dict, warmup: bool) -> Any:
         """Record a launch and run it: as its augmented forward where the backward can read the state tapes
         that keeps (augment.py; the tapes stay with the recorded launch), else as it is. A launch with host
-        tensor descriptors is recorded as its kernel's descriptor view's (host_descriptors.py)."""
+        tensor descriptors is recorded as its kernel's descriptor view's (host_descriptors.py). Triton's refusal
+        of an integer tensor where the kernel computes in floating point is raised again naming the argument."""
+        try:
+            return self._launch(run, kernel, grid, args, kwargs, warmup)
+        except Exception as e:
+            found = self._not_float(e, kernel, args, kwargs)
+            if found is None:
+                raise
+            raise found from e
+
+    def _not_float(self, e: Exception, kernel: Any, args: tuple, kwargs: dict) -> OpError | None:
+        """Triton's "Expected dtype [fp32, fp64] but got int64" (a float-only operation, ``tl.sin``, on values
+        loaded from an integer tensor), which names no argument, as an error naming the arguments of that dtype."""
+        got = _EXPECTED_DTYPE.search(str(e))
+        info = kernel_infos.get(getattr(kernel, "fn", None))
+        if got is None or info is None:
+            return None
+        named, _ = info.named_arguments(args, kwargs)
+        params = [p for p, v in named.items() if isinstance(v, torch.Tensor) and v.dtype in _TRITON_NAMES.get(
+            got.group(2), ())]
+        if not params:
+            return None
+        passed = ", ".join(f"`{p}` ({named[p].dtype})" for p in params)
+        return self.error(f"{launch_name(len(self.launches) - 1, info)} computes in floating point where it was "
+                          f"passed {got.group(2)} values: {passed}. Pass a floating-point tensor there "
+                          f"(`.to(torch.float32)`), or convert in the kernel (`.to(tl.float32)`). Triton: expected "
+                          f"{got.group(1)}, got {got.group(2)}")
+
+    def _launch(self, run: Callable, kernel: Any, grid: Any, args: tuple, kwargs: dict, warmup: bool) -> Any:
         as_launched = None
         if has_host_descriptors(args, kwargs):
             as_launched = (kernel, args, kwargs)
