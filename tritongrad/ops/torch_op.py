@@ -8,7 +8,10 @@
 
 The function takes tensors and Python scalars, allocates its outputs, launches any number
 of kernels (plain ``@triton.jit``, ``@triton.autotune``, ``@triton.heuristics``; kernels
-are not changed) and returns a tensor or a tuple of tensors.
+are not changed) and returns a tensor or a tuple of tensors. A bare op's arguments and results
+are pytrees: tensors inside lists, tuples, ``*args`` and dicts are arguments like any other
+(a dict of tensors may be returned). Forward mode (``torch.func.jvp``, dual tensors) raises
+``OpError`` until tangents are derived.
 
 Forward: the function runs as written while its launches are recorded on a tape
 (``tritongrad.ops.tape``). The checks below and the backward's layout are worked out once per
