@@ -95,11 +95,14 @@ def nested_tensors(values: Iterable) -> tuple[tuple[str, ...], tuple[torch.Tenso
     third value's first element); nothing where no value is a container (the usual call: one loop, no pytree)."""
     paths, tensors = [], []
     for i, v in enumerate(values):
-        if not isinstance(v, _Tensor) and is_container(v):
+        if type(v) not in _LEAVES and not isinstance(v, _Tensor) and is_container(v):
             for path, t in tensor_leaves(v):
                 paths.append(f"#{i}{path}")
                 tensors.append(t)
     return tuple(paths), tuple(tensors)
+
+
+_LEAVES = frozenset({torch.Tensor, int, float, bool, str, type(None)})  # (the usual arguments: no further test)
 
 
 _CPU = torch.device("cpu")
