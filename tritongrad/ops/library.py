@@ -69,17 +69,19 @@ def check_name(name: str) -> None:
                       "torch.library takes it: e.g. \"mylib::swiglu\"")
 
 
-def _claim(name: str, fn: Any) -> None:
+def _owner(fn: Any) -> tuple[str, str]:
+    return getattr(getattr(fn, "__code__", None), "co_filename", ""), getattr(fn, "__qualname__", repr(fn))
+
+
+def _check_free(name: str, fn: Any) -> None:
     """Refuse a name another host function registered in this process (torch.library would silently replace its
     op). The same function registered again (its module imported again, a test defining it again) takes it."""
-    owner = (getattr(getattr(fn, "__code__", None), "co_filename", ""), getattr(fn, "__qualname__", repr(fn)))
+    owner = _owner(fn)
     for taken in (name, *(name + suffix for suffix in _SUFFIXES)):
         if _registered.get(taken, owner) != owner:
             file, qualname = _registered[taken]
             raise OpError(f"tritongrad.op(\"{name}\"): `{taken}` is already registered, by `{qualname}` ({file}); "
                           f"registering `{owner[1]}` under it would silently replace that op. Give it another name")
-    for taken in (name, *(name + suffix for suffix in _SUFFIXES)):
-        _registered[taken] = owner
 
 
 _SUFFIXES = ("_backward", "_saving", "_saved_backward", "_traced_backward")  # the ops registered beside ns::name
@@ -90,7 +92,7 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
     eagerly on plain tensors, takes the bare op's path: ``_plain_eager``)."""
     check_name(name)
     protos = _prototypes(fn, name)
-    _claim(name, fn)
+    _check_free(name, fn)
     hooks.install()
     arguments = arguments_of(fn)
     plans = {}  # shared by the eager forward's tapes and the backwards' (see tritongrad.ops.tape)
@@ -142,6 +144,7 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
             _stash.reset(token)
 
     call.op, call.backward_op, call.saving_op, call.opaque = forward, backward_op, saving, opaque  # torch.library ops
+    _registered.update(dict.fromkeys((name, *(name + suffix for suffix in _SUFFIXES)), _owner(fn)))
     return call
 
 
