@@ -18,6 +18,8 @@ _EXPORTS = {
     "kept": "tools.memory",
     "vjp": "runtime.derive",
     "NotDifferentiableError": "core.errors",
+    "OpError": "core.errors",
+    "TritongradError": "core.errors",
     "op": "ops.torch_op",
     "override": "ops.aten_override",
 }

@@ -55,6 +55,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
     defs = definitions(body)
     offsets = address_offsets(body, forms)
     reads = None  # scalars loaded from index tensors (lanes.index_reads), where a scatter needs them
+    fors = {n.target.id: n for n in structured(body) if isinstance(n, ast.For)}
     store_axes = {}
     for output in outputs:
         plain = [s for s in stores.get(output, []) if op_of(s).kind in ("store", "desc_store")]
@@ -115,21 +116,32 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
                 kept[id(site.stmt)].add(check.condition.axis)
         for s in plain:
             _refuse_lost_program_ids(s, output, set().union(*[axes_of.get(n, set()) for n in address_names(s)]),
-                                     kept[id(s)])
+                                     kept[id(s)], {fors[i.index]: axes_of.get(i.index, set()) for i in around[id(s)]})
         if plain:  # tl.atomic_add outputs accumulate: programs may share elements
             store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
     return store_axes
 
 
-def _refuse_lost_program_ids(stmt: ast.stmt, output: str, used: set[int], kept: set[int]) -> None:
+def _refuse_lost_program_ids(stmt: ast.stmt, output: str, used: set[int], kept: set[int],
+                             loops: dict[ast.For, set[int]]) -> None:
     """A store address computed from a program id by an operation that loses its coordinate (``tl.minimum(pid,
     n)``, ``tl.where``, a loop whose range depends on it other than by moving both bounds alike) may send two
-    programs to one element: the checks see no program coordinate there to keep them apart."""
+    programs to one element: the checks see no program coordinate there to keep them apart. ``loops``: those
+    around the store, with the program axes their ranges read (a grid-stride loop over elements is refused so)."""
     lost = sorted(used - kept)
+    through = [loop for loop, axes in loops.items() if lost and lost[0] in axes]
+    if through:
+        loop = where(through[-1])
+        raise refuse(where(stmt), f"a tl.store to `{output}` whose address follows tl.program_id({lost[0]}) through "
+                     f"the range of the loop on line {loop.line} (`{loop.text.strip()}`): the checks cannot tell that "
+                     "two programs' iterations store to different elements",
+                     f"loop over tile indices, which the checks keep apart: `for tile in range(tl.program_id("
+                     f"{lost[0]}), tl.cdiv(n, BLOCK), tl.num_programs({lost[0]}))` with addresses "
+                     "`tile * BLOCK + tl.arange(0, BLOCK)`")
     if lost:
         raise refuse(where(stmt), f"a tl.store to `{output}` whose address uses tl.program_id({lost[0]}) through an "
-                     "operation that may send two programs to one element",
-                     "build addresses from program ids with + and *, or with both `pid // n` and `pid % n`")
+                     "operation that may send two programs to one element (tl.minimum, tl.where, a branch)",
+                     "build addresses from program ids with + and * only, or with both `pid // n` and `pid % n`")
 
 
 def _branch_paths(body: list[ast.stmt], path: tuple = ()) -> dict[int, tuple]:

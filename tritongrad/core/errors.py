@@ -1,9 +1,14 @@
-"""The one error a user sees when a kernel cannot be differentiated."""
+"""The errors tritongrad raises of its own, under one base class (``tritongrad.TritongradError``): a kernel that
+cannot be differentiated, and an op used in a way its backward cannot honour."""
 
 from __future__ import annotations
 
 
-class NotDifferentiableError(Exception):
+class TritongradError(Exception):
+    """Every error of tritongrad's own (``except tritongrad.TritongradError`` catches them all)."""
+
+
+class NotDifferentiableError(TritongradError):
     """A kernel uses a construct tritongrad cannot differentiate.
 
     Carries where (``file``, ``line``), what (``construct``) and what to do instead
@@ -25,8 +30,9 @@ class NotDifferentiableError(Exception):
         super().__init__(message)
 
 
-class OpError(RuntimeError):
-    """A tritongrad.op was used in a way its backward cannot honour."""
+class OpError(TritongradError, RuntimeError):
+    """A tritongrad.op was used (or defined) in a way its backward cannot honour. A RuntimeError too, as PyTorch's
+    own refusals of an autograd node are."""
 
 
 def noted(error: Exception, note: str) -> Exception:

@@ -11,8 +11,10 @@ import inspect
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from ..core.errors import OpError
+from .call_tensors import is_container, nested_tensors, tensor_leaves
 from .replay import Replays
 from .segments import Segments
 from .tape import Tape, current_tape
@@ -86,7 +88,7 @@ def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, ca
     waiting = [(k, t) for k, t in named.items() if differentiable(t) and (candidates is None or k in candidates)]
     if not waiting:
         return
-    reached = _autograd_ancestors([o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad])
+    reached = _autograd_ancestors([o for o in output_tensors(outputs) if o.requires_grad])
     for k, t in waiting:
         nodes = histories[k] if histories and k in histories else (
             t.grad_fn if t.grad_fn is not None else _accumulator(t),)
@@ -142,6 +144,10 @@ class _TapeFunction(torch.autograd.Function):
         return outputs
 
     @staticmethod
+    def jvp(ctx, *tangents):  # forward mode (an input with a tangent that requires grad too): not yet derived
+        raise forward_mode_error(ctx.tape.name)
+
+    @staticmethod
     def backward(ctx, *grads):
         saved = ctx.saved_tensors  # (unpacked on each read)
         result = ctx.tape.backward(saved, grads, ctx.needs_input_grad[2:])
@@ -165,6 +171,10 @@ class _SegmentFunction(torch.autograd.Function):
         if tape.plan.constants:
             ctx.mark_non_differentiable(*[written[i] for i in tape.plan.constants])
         return written
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise forward_mode_error(ctx.tape.name)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -213,20 +223,73 @@ def as_tuple(result: Any) -> tuple:
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
+def output_tensors(outputs: tuple) -> list[torch.Tensor]:
+    """The tensors among an op's outputs and inside containers among them (a bare op may return a dict)."""
+    found = []
+    for o in outputs:
+        if isinstance(o, torch.Tensor):
+            found.append(o)
+        elif is_container(o):
+            found += [t for _, t in tensor_leaves(o)]
+    return found
+
+
+def transformed() -> bool:
+    """Whether a call may be under forward-mode AD (a dual level is open: torch.autograd.forward_ad, torch.func.jvp)
+    or a torch.func transform: then ``refuse_transforms`` looks closer. Two reads, on every call."""
+    return _forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+
+
+def refuse_transforms(name: str, args: tuple, kwargs: dict, bare: bool) -> None:
+    """Refuse a call differentiated in forward mode (a tensor among its arguments, containers' too, carries a tangent:
+    a dual tensor, torch.func.jvp's, jacfwd's): the kernels' tangents are not derived, and the outputs would come out
+    without any (a zero tangent). A bare op also refuses torch.func's other transforms (vmap, grad, jacrev), whose
+    wrapped tensors have no memory its kernels could be launched on."""
+    if _forward_ad._current_level >= 0:
+        values = (*args, *kwargs.values())
+        tensors = [*[v for v in values if isinstance(v, torch.Tensor)], *nested_tensors(values)[1]]
+        if any(_forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+            raise forward_mode_error(name)
+    if bare and torch._C._are_functorch_transforms_active():
+        raise OpError(f"tritongrad.op `{name}`: torch.func transforms (vmap, grad, vjp, jacrev) are not supported by "
+                      "a bare op: their wrapped tensors have no memory its kernels could be launched on. For gradients "
+                      "use torch.autograd.grad (or .backward()); a named op (@tritongrad.op(\"ns::name\")) runs "
+                      "under torch.func.vmap")
+
+
+def forward_mode_error(name: str) -> OpError:
+    return OpError(f"tritongrad.op `{name}`: forward-mode AD (torch.func.jvp, torch.func.jacfwd, "
+                   "torch.autograd.forward_ad dual tensors) is not yet supported: tritongrad derives reverse-mode "
+                   "backward kernels only, and the outputs would carry no tangent. Use reverse mode "
+                   "(torch.autograd.grad, .backward())")
+
+
 def arguments_of(fn: Any):
-    """A function from a call's arguments to its tensor arguments by parameter name (used to
-    check a new kind of call, and by named ops)."""
+    """A function from a call's arguments to its tensor arguments by name (used to check a new kind of call, and
+    by named ops): each parameter's tensor, and each tensor inside a container it holds (a pytree's leaves: a
+    list, a tuple, ``*args``, a dict), named by its path (``ts[0]``, ``args[1]``, ``d['w']``; ``**kwargs``' by
+    their keywords), every one an input checked like any other."""
     sig = inspect.signature(fn)
     kinds = [p.kind for p in sig.parameters.values()]
     # the usual call, positional arguments only, named without Signature.bind (microseconds on every call)
     positional = [p.name for p in sig.parameters.values()] if all(
         k == inspect.Parameter.POSITIONAL_OR_KEYWORD for k in kinds) else None
+    keywords = next((p.name for p in sig.parameters.values() if p.kind == inspect.Parameter.VAR_KEYWORD), None)
 
     def arguments(args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
         if positional is not None and not kwargs and len(args) <= len(positional):
-            return {k: v for k, v in zip(positional, args, strict=False) if isinstance(v, torch.Tensor)}
-        bound = sig.bind(*args, **kwargs)
-        return {k: v for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
+            pairs = zip(positional, args, strict=False)
+        else:
+            bound = dict(sig.bind(*args, **kwargs).arguments)
+            extra = bound.pop(keywords, {}) if keywords else {}  # **kwargs: named by their keywords
+            pairs = [*bound.items(), *extra.items()]
+        found = {}
+        for k, v in pairs:
+            if isinstance(v, torch.Tensor):
+                found[k] = v
+            elif is_container(v):
+                found.update((k + path, t) for path, t in tensor_leaves(v))
+        return found
 
     return arguments
 

@@ -1,10 +1,15 @@
 """The distinct tensors of one call of an op, each described by what the tape's key and checks read: storage
-(numbered in order of appearance, not named by address), dtype, sizes, strides, offset, device, ``requires_grad``.
+(numbered in order of appearance, not named by address), dtype, sizes, strides, offset, device, ``requires_grad``;
+and the tensors an op's arguments hold inside containers (pytrees: ``tensor_leaves``, ``nested_tensors``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
+from torch.utils import _pytree as pytree
 
 from ..core.device import storage_id, tracing
 from .shadows import View
@@ -72,6 +77,32 @@ class CallTensors:
 
     def requires_grad(self, i: int) -> bool:
         return self.described[i][6]
+
+
+def is_container(value: Any) -> bool:
+    """Whether a value holds others as a pytree does (lists, tuples, dicts, namedtuples, registered nodes)."""
+    return isinstance(value, (list, tuple, dict)) or type(value) in pytree.SUPPORTED_NODES
+
+
+def tensor_leaves(value: Any) -> list[tuple[str, torch.Tensor]]:
+    """The tensors inside a container (its pytree leaves), each with its path in it (``[1]['w']``)."""
+    leaves, _ = pytree.tree_flatten_with_path(value)
+    return [(pytree.keystr(path), t) for path, t in leaves if isinstance(t, _Tensor)]
+
+
+def nested_tensors(values: Iterable) -> tuple[tuple[str, ...], tuple[torch.Tensor, ...]]:
+    """The tensors inside the containers among ``values`` (an op's arguments), and their paths (``#2[0]``: the
+    third value's first element); nothing where no value is a container (the usual call: one loop, no pytree)."""
+    paths, tensors = [], []
+    for i, v in enumerate(values):
+        if type(v) not in _LEAVES and not isinstance(v, _Tensor) and is_container(v):
+            for path, t in tensor_leaves(v):
+                paths.append(f"#{i}{path}")
+                tensors.append(t)
+    return tuple(paths), tuple(tensors)
+
+
+_LEAVES = frozenset({torch.Tensor, int, float, bool, str, type(None)})  # (the usual arguments: no further test)
 
 
 _CPU = torch.device("cpu")

@@ -14,14 +14,28 @@ import contextvars
 import functools
 import inspect
 import os
+import re
+import types
 import typing
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
+from ..core.errors import OpError
 from . import hooks
-from .autograd_function import arguments_of, as_tuple, differentiable, differentiable_once, refuse_unread, taped_call
+from .autograd_function import (
+    arguments_of,
+    as_tuple,
+    differentiable,
+    differentiable_once,
+    refuse_transforms,
+    refuse_unread,
+    taped_call,
+    transformed,
+)
 from .saved_backward import eager_backward, recompute_backward, traced_backward, whole
 from .tape import Tape, current_tape
 
@@ -42,15 +56,49 @@ def _legacy() -> bool:
     return os.environ.get(OPAQUE_ENV) == "1"
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*")
+# name -> (file, qualified name) of the host function registered under it in this process
+_registered: dict[str, tuple[str, str]] = {}
+
+
+def check_name(name: str) -> None:
+    """Refuse, naming the rule, an op name that torch.library would refuse (or read as an overload)."""
+    if not _NAME.fullmatch(name):
+        raise OpError(f"tritongrad.op({name!r}): a named op's name is \"namespace::name\", both Python identifiers "
+                      "(letters, digits and underscores, not starting with a digit; no overload after a dot), as "
+                      "torch.library takes it: e.g. \"mylib::swiglu\"")
+
+
+def _owner(fn: Any) -> tuple[str, str]:
+    return getattr(getattr(fn, "__code__", None), "co_filename", ""), getattr(fn, "__qualname__", repr(fn))
+
+
+def _check_free(name: str, fn: Any) -> None:
+    """Refuse a name another host function registered in this process (torch.library would silently replace its
+    op). The same function registered again (its module imported again, a test defining it again) takes it."""
+    owner = _owner(fn)
+    for taken in (name, *(name + suffix for suffix in _SUFFIXES)):
+        if _registered.get(taken, owner) != owner:
+            file, qualname = _registered[taken]
+            raise OpError(f"tritongrad.op(\"{name}\"): `{taken}` is already registered, by `{qualname}` ({file}); "
+                          f"registering `{owner[1]}` under it would silently replace that op. Give it another name")
+
+
+_SUFFIXES = ("_backward", "_saving", "_saved_backward", "_traced_backward")  # the ops registered beside ns::name
+
+
 def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = True) -> Any:
     """``@op("ns::name")``: the ops registered (see the module docstring), and the function that calls them (or,
     eagerly on plain tensors, takes the bare op's path: ``_plain_eager``)."""
+    check_name(name)
+    protos = _prototypes(fn, name)
+    _check_free(name, fn)
     hooks.install()
     arguments = arguments_of(fn)
     plans = {}  # shared by the eager forward's tapes and the backwards' (see tritongrad.ops.tape)
-    protos = _prototypes(fn)
     forward = _register(name, protos.forward, _named_impl(fn, name, arguments, plans, deterministic, not opaque),
                         _fake(fn), opaque)
+    _refuse_forward_mode(forward, name)
     backward_op = torch.library.custom_op(name + "_backward", mutates_args=(), schema=torch.library.infer_schema(
         protos.backward, mutates_args=()))(recompute_backward(fn, name, arguments, plans, deterministic))
     backward_op.register_fake(_fake_backward)
@@ -70,6 +118,7 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
             saved_backward = _register(name + "_traced_backward", protos.saved_backward, traced, None, False)
         setup_context, backward = _saving_autograd(saved_backward, name, protos.outputs)
         saving.register_autograd(backward, setup_context=setup_context)
+        _refuse_forward_mode(saving, name)
     several = protos.outputs > 1 or _several(protos.forward)
     taped = taped_call(fn, name, plans, arguments, deterministic, named=True)
 
@@ -80,6 +129,8 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
                 return forward(*args, **kwargs)
             found = saving(*args, **kwargs)
             return tuple(found[:protos.outputs]) if several else found[0]
+        if transformed():  # forward mode is refused (the dispatcher's path refuses it too: _refuse_forward_mode)
+            refuse_transforms(name, args, kwargs, bare=False)
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         if current_tape.get() is not None:  # inside another op (hooks.active): its tape records these launches
@@ -93,6 +144,7 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
             _stash.reset(token)
 
     call.op, call.backward_op, call.saving_op, call.opaque = forward, backward_op, saving, opaque  # torch.library ops
+    _registered.update(dict.fromkeys((name, *(name + suffix for suffix in _SUFFIXES)), _owner(fn)))
     return call
 
 
@@ -110,6 +162,24 @@ def _plain_eager(args: tuple, kwargs: dict) -> bool:
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _refuse_forward_mode(op: Any, name: str) -> None:
+    """The op's Autograd kernel (torch.library's, whose formula ``register_autograd`` gives) behind a check that
+    refuses forward mode: torch.library takes no forward-mode formula, and that kernel passes tangents by, so a
+    call through the dispatcher (``torch.ops``, a torch.func transform) would give a zero tangent."""
+    from torch._library.autograd import make_autograd_impl
+
+    kernel = make_autograd_impl(op._opoverload, op)
+
+    def autograd_impl(keyset, *args, **kwargs):
+        if _forward_ad._current_level >= 0:
+            refuse_transforms(name, args, kwargs, bare=False)
+        return kernel(keyset, *args, **kwargs)
+
+    with warnings.catch_warnings():  # ("Overriding a previously registered kernel": torch.library's, on purpose)
+        warnings.simplefilter("ignore", UserWarning)
+        op._lib.impl(op._name, autograd_impl, "Autograd", with_keyset=True)
 
 
 def _register(name: str, proto: Any, impl: Any, fake: Any, opaque: bool) -> Any:
@@ -279,7 +349,20 @@ def _several(proto: Any) -> bool:
     return typing.get_origin(inspect.signature(proto).return_annotation) in (tuple, list)
 
 
-def _prototypes(fn: Any) -> _Prototypes:
+def _holds_tensors(annotation: Any) -> bool:
+    """Whether an annotation is a container of tensors (``list[torch.Tensor]``, ``tuple[Tensor, ...]``,
+    ``Optional[list[Tensor]]``), not a tensor or an optional one."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_holds_tensors(a) for a in args)
+    return any(_mentions_tensor(a) for a in args)
+
+
+def _mentions_tensor(annotation: Any) -> bool:
+    return annotation is torch.Tensor or any(_mentions_tensor(a) for a in typing.get_args(annotation))
+
+
+def _prototypes(fn: Any, name: str = "") -> _Prototypes:
     sig = inspect.signature(fn, eval_str=True)
     params = []
     for p in sig.parameters.values():
@@ -287,6 +370,12 @@ def _prototypes(fn: Any) -> _Prototypes:
             raise TypeError(f"tritongrad.op: named ops take positional parameters; `{p.name}` of `{fn.__name__}` "
                             "is not one")
         ann = p.annotation
+        if _holds_tensors(ann):
+            raise OpError(f"tritongrad.op(\"{name}\"): the parameter `{p.name}` of `{fn.__name__}` holds tensors in "
+                          f"a container ({ann}); a named op takes "
+                          "tensors one per parameter (its autograd formula and the ops torch.compile calls are "
+                          "written per tensor argument). Give each tensor a parameter of its own, or use a bare "
+                          "@tritongrad.op, which takes tensors in lists, tuples and dicts")
         if ann is inspect.Parameter.empty:
             if p.default is inspect.Parameter.empty:
                 ann = torch.Tensor

@@ -147,7 +147,8 @@ class Planner:
                        written: dict) -> None:
         for i, (out, position) in enumerate(zip(outputs, outs, strict=True)):
             if position is None:
-                raise self.error(f"output #{i} is a {type(out).__name__}; an op returns tensors")
+                raise self.error(f"output #{i} is a {type(out).__name__}; an op returns tensors (a named op a tensor "
+                                 "or a tuple of them; a bare @tritongrad.op also lists, tuples and dicts of them)")
             v = tensors.view(position)
             for name, arg in arguments.items():  # (a bare op's segments may update an argument in place: dirty)
                 if v.key and v.key == tensors.view(arg).key and not self.segmented:

@@ -19,6 +19,7 @@ replay.py compares their launches with the first call's as they run.
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
 from .aliases import alias_view
 from .backward import OpBackward, derive_ahead
-from .call_tensors import CallTensors
+from .call_tensors import CallTensors, nested_tensors
 from .host_descriptors import descriptor_view, has_host_descriptors
 from .kernel_roles import KernelInfo, kernel_info, kernel_infos
 from .planning import Planner
@@ -50,6 +51,12 @@ MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest on
 _relaunchers: dict[tuple, Any] = Bounded()
 # launch patterns (see RecordedLaunch) passing tensors to every pointer (few per call site)
 _pointers_checked = Bounded()
+
+
+# Triton's refusal of a float-only operation's integer operand, and the torch dtypes of its type names
+_EXPECTED_DTYPE = re.compile(r"Expected dtype (\[[^\]]*\]) but got (u?int\d+)")
+_TRITON_NAMES = {"int1": (torch.bool,), "int8": (torch.int8,), "int16": (torch.int16,), "int32": (torch.int32,),
+                 "int64": (torch.int64,), "uint8": (torch.uint8,)}
 
 
 # -- launches --------------------------------------------------------------------------------------
@@ -142,7 +149,35 @@ class Tape:
         """Record a launch and run it: as its augmented forward where the backward can read the state tapes
         that keeps (augment.py; the tapes stay with the recorded launch), else as it is. A launch with host
         tensor descriptors is recorded as its kernel's descriptor view's (host_descriptors.py), one passing a buffer
-        to a pointer it loads and to one it stores as its alias view's (aliases.py)."""
+        to a pointer it loads and to one it stores as its alias view's (aliases.py). Triton's refusal
+        of an integer tensor where the kernel computes in floating point is raised again naming the argument."""
+        try:
+            return self._launch(run, kernel, grid, args, kwargs, warmup)
+        except Exception as e:
+            found = self._not_float(e, kernel, args, kwargs)
+            if found is None:
+                raise
+            raise found from e
+
+    def _not_float(self, e: Exception, kernel: Any, args: tuple, kwargs: dict) -> OpError | None:
+        """Triton's "Expected dtype [fp32, fp64] but got int64" (a float-only operation, ``tl.sin``, on values
+        loaded from an integer tensor), which names no argument, as an error naming the arguments of that dtype."""
+        got = _EXPECTED_DTYPE.search(str(e))
+        info = kernel_infos.get(getattr(kernel, "fn", None))
+        if got is None or info is None:
+            return None
+        named, _ = info.named_arguments(args, kwargs)
+        params = [p for p, v in named.items() if isinstance(v, torch.Tensor) and v.dtype in _TRITON_NAMES.get(
+            got.group(2), ())]
+        if not params:
+            return None
+        passed = ", ".join(f"`{p}` ({named[p].dtype})" for p in params)
+        return self.error(f"{launch_name(len(self.launches) - 1, info)} computes in floating point where it was "
+                          f"passed {got.group(2)} values: {passed}. Pass a floating-point tensor there "
+                          f"(`.to(torch.float32)`), or convert in the kernel (`.to(tl.float32)`). Triton: expected "
+                          f"{got.group(1)}, got {got.group(2)}")
+
+    def _launch(self, run: Callable, kernel: Any, grid: Any, args: tuple, kwargs: dict, warmup: bool) -> Any:
         as_launched = None
         if has_host_descriptors(args, kwargs):
             as_launched = (kernel, args, kwargs)
@@ -280,10 +315,13 @@ class Tape:
         tensors, self.tensors = self.tensors, None
         # the key: what the checks and the plan depend on, equal for calls that launch the same
         # kernels, passing tensors the same way, laid out the same way (as ``tensors`` describes
-        # them). The op's arguments are in it as passed: the tensors ``tensor_arguments`` names follow.
-        positions = tensors.take((*outputs, *args, *kwargs.values()))[0]
+        # them). The op's arguments are in it as passed, then the tensors inside their containers (lists, tuples,
+        # dicts: a bare op's), their paths after the keywords: the tensors ``tensor_arguments`` names follow.
+        values = (*args, *kwargs.values())
+        paths, inner = nested_tensors(values)
+        positions = tensors.take((*outputs, *values, *inner))[0]
         diff = None if diff_inputs is None else tensors.take(tuple(diff_inputs))[0]
-        key = (tuple(self.patterns), len(outputs), positions, tuple(kwargs), diff, tuple(tensors.described))
+        key = (tuple(self.patterns), len(outputs), positions, (*kwargs, *paths), diff, tuple(tensors.described))
         plan = self.plans.get(key)
         if plan is None:  # a new kind of call: check it (raises) and lay out its backward
             arguments = {name: tensors.index[id(t)] for name, t in tensor_arguments(args, kwargs).items()}

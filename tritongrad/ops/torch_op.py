@@ -8,7 +8,10 @@
 
 The function takes tensors and Python scalars, allocates its outputs, launches any number
 of kernels (plain ``@triton.jit``, ``@triton.autotune``, ``@triton.heuristics``; kernels
-are not changed) and returns a tensor or a tuple of tensors.
+are not changed) and returns a tensor or a tuple of tensors. A bare op's arguments and results
+are pytrees: tensors inside lists, tuples, ``*args`` and dicts are arguments like any other
+(a dict of tensors may be returned). Forward mode (``torch.func.jvp``, dual tensors) raises
+``OpError`` until tangents are derived.
 
 Forward: the function runs as written while its launches are recorded on a tape
 (``tritongrad.ops.tape``). The checks below and the backward's layout are worked out once per
@@ -94,10 +97,13 @@ import functools
 from typing import Any
 
 import torch
+from triton.runtime.jit import KernelInterface
 
+from ..core.errors import OpError
+from ..core.source import unwrap
 from . import hooks
-from .autograd_function import arguments_of, taped_call
-from .library import named_op, opaque_default
+from .autograd_function import arguments_of, refuse_transforms, taped_call, transformed
+from .library import check_name, named_op, opaque_default
 
 
 def op(fn: Any = None, /, *, deterministic: bool = False, opaque: bool | None = None):
@@ -110,20 +116,37 @@ def op(fn: Any = None, /, *, deterministic: bool = False, opaque: bool | None = 
     default only under Triton's interpreter or with ``TRITONGRAD_OPAQUE_OPS=1``.
     """
     if isinstance(fn, str):
-        return lambda f: named_op(f, fn, deterministic, opaque_default() if opaque is None else opaque)
+        check_name(fn)
+        return lambda f: named_op(_host_function(f), fn, deterministic, opaque_default() if opaque is None else opaque)
     if fn is None:
-        return lambda f: bare_op(f, deterministic)
-    return bare_op(fn, deterministic)
+        return lambda f: bare_op(_host_function(f), deterministic)
+    return bare_op(_host_function(fn), deterministic)
+
+
+def _host_function(fn: Any) -> Any:
+    """``fn``, refused where it is a kernel rather than the host function that launches it."""
+    if isinstance(fn, KernelInterface):
+        name = getattr(unwrap(fn).fn, "__name__", "kernel")
+        raise OpError(f"tritongrad.op wraps a host function that launches kernels, not a kernel: `{name}` is a Triton "
+                      f"kernel. Write the launcher (`def {name}_op(x): y = torch.empty_like(x); {name}[grid](x, y, "
+                      f"...); return y`) and decorate that; for the kernel's own backward kernel, use "
+                      f"tritongrad.grad({name})")
+    if not callable(fn):
+        raise OpError(f"tritongrad.op wraps a host function, got {type(fn).__name__} {fn!r}")
+    return fn
 
 
 def bare_op(fn: Any, deterministic: bool = False) -> Any:
     """``@op`` without a name: ``fn`` through a tape and an ``autograd.Function`` (autograd_function.py), or
     as it is under ``torch.no_grad`` and inside another op's tape (which records its launches)."""
     hooks.install()
-    taped = taped_call(fn, fn.__qualname__, {}, arguments_of(fn), deterministic)
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    taped = taped_call(fn, name, {}, arguments_of(fn), deterministic)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if transformed():  # forward mode, torch.func: refused (even under no_grad: tangents flow there too)
+            refuse_transforms(name, args, kwargs, bare=True)
         if not torch.is_grad_enabled() or hooks.active():  # inference, or inside another op's tape
             return fn(*args, **kwargs)
         return taped(*args, **kwargs)

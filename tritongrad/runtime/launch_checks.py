@@ -131,10 +131,10 @@ class LaunchChecks:
         for output, axes in self.kernel.store_axes.items():
             for axis, size in enumerate(grid):
                 if size > 1 and axis not in axes:
+                    store = self.kernel.analysis.stores[output][0].tg.where  # (none of its stores reads that axis)
                     raise NotDifferentiableError(
                         f"a grid of {size} programs along axis {axis}, all storing to the same elements of "
-                        f"`{output}`", file=self.kernel.forward.fn.__code__.co_filename,
-                        line=self.kernel.forward.fn.__code__.co_firstlineno,
+                        f"`{output}`", file=store.file, line=store.line, source_line=store.text,
                         hint=f"make `{output}`'s store address depend on tl.program_id({axis}), "
                              "or launch one program along that axis")
 

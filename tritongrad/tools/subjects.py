@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
+from ..core.errors import TritongradError
 from .sizes import format_size
 
 
-class UsageError(Exception):
+class UsageError(TritongradError):
     """A mistake in what a command was asked to do: its one-line message goes to stderr, exit status 2."""
 
 
