@@ -88,6 +88,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel over --nproc GPUs (NCCL)")
     p.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard per layer, then the root")
     p.add_argument("--nproc", type=int, default=2, help="GPUs for --ddp / --fsdp (default 2)")
+    p.add_argument("--device", help="cuda (default where there is one) or cpu (Triton's interpreter)")
     p.add_argument("--out", help="a folder: results.json and results.md")
     p.add_argument("--smoke", action="store_true", help="CPU, Triton's interpreter, float64, a tiny model")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # a variant, run in this process (what the launcher starts)
@@ -99,10 +100,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def config_of(args: argparse.Namespace) -> Config:
     cfg = Config(**{k: getattr(args, k) for k in Config.__dataclass_fields__ if hasattr(args, k)})
     cfg.parallel = "fsdp" if args.fsdp else "ddp" if args.ddp else ""
+    cfg.device = args.device or ("cuda" if _cuda() else "cpu")
     if args.smoke:
         cfg = Config(model="examples", vocab=97, hidden=32, layers=2, heads=2, kv_heads=1, ffn=48, batch=1, seq=24,
                      steps=3, warmup=1, dtype="float64", lr=1e-3, seed=args.seed, device="cpu")
     return cfg
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def variants_of(args: argparse.Namespace, cfg: Config) -> list[str]:
@@ -191,6 +199,8 @@ def run_variant(cfg: Config, variant: str, reference: dict | None = None) -> tup
 
     rank, world = parallel.setup(cfg)
     raw, loss_fn, notes = build(cfg, variant)
+    for note in notes if rank == 0 else ():
+        print(f"# {variant}: {note}", flush=True)
     model = parallel.wrap(cfg, raw)
     if variant.startswith("compile"):
         torch._dynamo.reset()
@@ -364,9 +374,9 @@ def worker(args: argparse.Namespace, cfg: Config) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv)
-    if args.smoke:
-        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
     cfg = config_of(args)
+    if cfg.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
     if args.worker:
         worker(args, cfg)
         return []
