@@ -52,7 +52,7 @@ def _cells(row: dict) -> list[str]:
             row.get("sync", "")]
 
 
-COLUMNS = ["variant", "loss[0]", "loss[-1]", "max |Δloss|", *[f"∇ {g}" for g in GROUPS], "ms/step", "tokens/s",
+COLUMNS = ["variant", "loss[0]", "loss[-1]", "max Δloss", *[f"∇ {g}" for g in GROUPS], "ms/step", "tokens/s",
            "peak GiB", "1st step GiB", "sync-free"]
 
 

@@ -40,7 +40,6 @@ from pathlib import Path
 
 VARIANTS = {"examples": ("eager", "tritongrad", "compile", "compile-tritongrad", "liger"),
             "hf": ("eager", "liger", "tritongrad", "compile")}
-from benchmarks.train_report import GROUPS  # noqa: E402
 
 
 @dataclass
@@ -209,10 +208,11 @@ def run_variant(cfg: Config, variant: str, reference: dict | None = None) -> tup
     data = batches(cfg, rank)
     cuda = cfg.device == "cuda"
 
-    def step(ids):
+    def step(ids):  # a whole training step, unsynchronized (--sync-debug, --profile)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model, ids)
         loss.backward()
+        opt.step()
         return loss
 
     losses, times, grads, first_peak = [], [], {}, None
@@ -250,6 +250,8 @@ def run_variant(cfg: Config, variant: str, reference: dict | None = None) -> tup
 
 def grad_errors(grads: dict, reference: dict) -> dict:
     """Per group, ||g - g_ref|| / ||g_ref|| over the group's parameters (float64)."""
+    from benchmarks.train_report import GROUPS
+
 
     sums = {g: [0.0, 0.0] for g in GROUPS}
     for name, ref in reference.items():
