@@ -176,3 +176,43 @@ def test_a_named_op_refuses_pytorch_operations_between_launches(device):
 
     with pytest.raises(OpError, match="neither an argument of the op nor written by an earlier launch"):
         between(*leaves(40, 40, device=device))
+
+
+@pytest.mark.parametrize("form", ["one node", "in place", "segments"])
+def test_a_bare_op_call_leaves_no_reference_cycle(form, device):
+    """A call's autograd nodes, arguments and outputs are freed as soon as nothing refers to them, without Python's
+    cyclic collector: a cycle through a tape (a node keeps its tape, the tape kept the call's Segments, which kept
+    its arguments and outputs) held each step's activations on the GPU until a collection ran (gigabytes a step)."""
+    import gc
+    import weakref
+
+    @tritongrad.op
+    def one_node(x, w):
+        y = torch.empty_like(x)
+        scale_kernel[(triton.cdiv(x.numel(), 32),)](x, w, y, x.numel(), BLOCK=32)
+        return y
+
+    @tritongrad.op
+    def in_place(x, w):
+        y = x.clone()  # a PyTorch copy the launch updates in place (a segment with a history)
+        scale_kernel[(triton.cdiv(y.numel(), 32),)](y, w, y, y.numel(), BLOCK=32)
+        return y
+
+    @tritongrad.op
+    def segments(x, w):
+        y = one_node(x, w) * 2.0  # a PyTorch operation between launches
+        return one_node(y, w)
+
+    op = {"one node": one_node, "in place": in_place, "segments": segments}[form]
+    w = torch.randn(50, device=device, dtype=torch.float64, requires_grad=True)
+    gc.collect()
+    gc.disable()
+    try:
+        x = torch.randn(50, device=device, dtype=torch.float64, requires_grad=True) * 1.0  # an activation
+        y = op(x, w)
+        node, argument = weakref.ref(y.grad_fn), weakref.ref(x)
+        y.sum().backward()
+        del x, y
+        assert node() is None and argument() is None
+    finally:
+        gc.enable()

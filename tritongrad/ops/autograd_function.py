@@ -34,6 +34,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
         segment.apply(tape, len(written), *written, *inputs)
 
     def call(*args, **kwargs):
+        segments = None
         if named:  # its launches recorded on a tape, or replayed (replay.py)
             tape, result = replays.call(fn, args, kwargs)
             if tape is None:
@@ -47,8 +48,10 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
                     result = fn(*args, **kwargs)
                 except BaseException:
                     segments.disarm()
+                    segments.release()
                     raise
                 if segments.finish(result):
+                    segments.release()
                     _check_reached(name, arguments(args, kwargs), as_tuple(result), histories=before)
                     return result
             finally:
@@ -57,7 +60,11 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
         several = isinstance(result, (tuple, list))
         outputs = tuple(result) if several else (result,)
         diff = [t for t in arguments(args, kwargs).values() if differentiable(t)] if named else None
-        inputs = tape.close(outputs, args, kwargs, arguments, diff_inputs=diff)
+        try:
+            inputs = tape.close(outputs, args, kwargs, arguments, diff_inputs=diff)
+        finally:
+            if segments is not None:
+                segments.release()
         if named:
             refuse_unread(name, tape.plan.unread)
         if not inputs:
