@@ -52,11 +52,9 @@ class Launches:
             written = written | prepared.shared
         own, guarded = {}, {}
         for p in prepared.private:  # stored into buffers of their own (float32 for half types), added after; in a
-            b = buffers[p]  # checked backward with ``pad`` zeros around, returned with the partial rows to look at
             fill = empty_strided if prepared.choices[p].covers and not pad else zeros_strided
-            flat = fill((1, span_of(b) + 2 * pad), (1, 1), dtype=shadow_dtype(b.dtype), device=b.device)
-            own[p] = flat.as_strided(b.size(), b.stride(), flat.storage_offset() + pad)
-            if pad:
+            flat, own[p] = own_buffer(buffers[p], shadow_dtype(buffers[p].dtype), pad, fill)  # checked backward
+            if pad:  # with ``pad`` zeros around, returned with the partial rows to look at
                 guarded[p] = (flat, pad)
         if own:
             real, buffers = buffers, {**buffers, **own}
@@ -156,7 +154,6 @@ class Launches:
                           written: frozenset[str], reduce: bool) -> None:
         """Inputs' own kernel: one program per iteration of their loop along the axis, each storing its sums.
         Into buffers of their own where gradient is already there to add to."""
-        import torch
 
         axis = part.axis
         names = part.memo.get("trips")
@@ -168,7 +165,7 @@ class Launches:
             trips = self.kernel._most_trips[key] = int(most_trips(part.trips, LaunchValues(args, grid), axis))
         args[part.programs] = grid[axis]
         forward, grid = grid, (*grid[:axis], trips, *grid[axis + 1:])
-        own = {p: torch.zeros_like(buffers[p]) for p in part.wrt if p in written}
+        own = {p: own_buffer(buffers[p], buffers[p].dtype)[1] for p in part.wrt if p in written}
         args.update({part.shadows[p]: buffer for p, buffer in own.items()})
         if part.prologue is not None and min(forward) > 0:  # on the forward's grid, before the kernel reading it
             args.update(part.exports.allocate(LaunchValues(args, forward), math.prod(forward), device_of(args)))
@@ -178,3 +175,12 @@ class Launches:
             part.kernel[grid](**args)
         for p, buffer in own.items() if reduce else ():
             buffers[p].add_(buffer)
+
+
+def own_buffer(buffer: Any, dtype: Any, pad: int = 0, fill: Any = zeros_strided) -> tuple[Any, Any]:
+    """A buffer of its own for ``buffer``'s gradient, in its layout (its sizes and strides, which the derived kernel
+    indexes as the input's): the elements it spans, ``pad`` more on each side. Not ``zeros_like``, which lays out
+    a view with gaps (``x[:, 1:]``, K and V shifted in one tensor) contiguously: the kernel, indexing it with the
+    input's strides, wrote past its end. Returns the elements (one row) and the view of them in the layout."""
+    flat = fill((1, span_of(buffer) + 2 * pad), (1, 1), dtype=dtype, device=buffer.device)
+    return flat, flat.as_strided(buffer.size(), buffer.stride(), flat.storage_offset() + pad)
