@@ -70,14 +70,15 @@ def _reference(q, k, v, causal):
     scores = q @ k.transpose(-1, -2) * SCALE
     if causal:
         n = q.shape[1]
-        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
     return torch.softmax(scores, -1) @ v
 
 
 def _gradients(fn, leaves, build):
     copies = [x.detach().clone().requires_grad_() for x in leaves]
     y = fn(*build(*copies))
-    g = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
+    g = torch.randn(y.shape, dtype=y.dtype, device=y.device,
+                    generator=torch.Generator(device=y.device).manual_seed(1))
     return torch.autograd.grad(y, copies, g)
 
 

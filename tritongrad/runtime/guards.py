@@ -69,9 +69,10 @@ class Banded:
     pad: int
 
 
-def banded(made: dict[str, Any], what: str) -> tuple[dict[str, Any], tuple[Banded, ...]]:
+def banded(made: dict[str, Any], what: str, keep: bool = True) -> tuple[dict[str, Any], tuple[Banded, ...]]:
     """``made`` (a launch's scratch arguments: parameter -> tensor or count) with each tensor moved between bands,
-    its contents kept; and the bands to check after the kernel."""
+    its contents kept (``keep``: not for a tape, made empty: a copy of gigabytes would cost time); and the bands to
+    check after the kernel."""
     import torch
 
     out, bands = dict(made), []
@@ -82,7 +83,8 @@ def banded(made: dict[str, Any], what: str) -> tuple[dict[str, Any], tuple[Bande
         pad = band(n, t.element_size())
         flat = fill_bands(torch.empty(n + 2 * pad, dtype=t.dtype, device=t.device), pad)
         inner = flat[pad:pad + n]
-        inner.copy_(t.reshape(-1))
+        if keep:
+            inner.copy_(t.reshape(-1))
         out[param] = inner.view(t.shape)
         bands.append(Banded(param, what, flat, pad))
     return out, tuple(bands)

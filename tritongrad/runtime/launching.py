@@ -175,7 +175,7 @@ class Launches:
         if part.prologue is not None and min(forward) > 0:  # on the forward's grid, before the kernel reading it
             exports = part.exports.allocate(LaunchValues(args, forward), math.prod(forward), device_of(args))
             if pad:
-                exports, bands = banded(exports, "values kept for the kernel that follows it")
+                exports, bands = banded(exports, "values kept for the kernel that follows it", keep=False)
             args.update(exports)
             part.prologue[forward](**{k: v for k, v in args.items() if k in part.prologue.arg_names})
             if pad:

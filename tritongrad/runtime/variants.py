@@ -86,7 +86,7 @@ class Part:
         for tape in self.tapes if not self.saved else ():
             made = tape.allocate(LaunchValues(args, grid), programs, device)
             if checked:
-                made, more = banded(made, "state tape")
+                made, more = banded(made, "state tape", keep=False)
                 bands += more
             args.update(made)
         for later in self.later_adds:
