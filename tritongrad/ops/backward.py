@@ -4,8 +4,9 @@ Each step of the plan's schedule (``Plan.steps``) launches ``tritongrad.grad(ker
 of its forward launch; ``wrt`` and ``outputs`` are the parameters whose storages matter. A derived
 kernel adds each load's gradient at the load's address, so a launch that read outside the elements
 of a tensor it was passed would put gradient where no tensor lies: the first backward of each plan
-and schedule surrounds the shadows with zeros and refuses that (``OpBackward._check_strays``). Later
-backwards launch what an earlier one kept (launcher.py).
+and schedule (every backward with ``TRITONGRAD_CHECKED=1``) lays guard bands around the shadows and the buffers its
+kernels write (runtime/guards.py) and refuses that (``OpBackward._check_strays``). Later backwards launch what an
+earlier one kept (launcher.py).
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ import torch
 
 from ..core.device import capturing, ensure_allocator, tracing
 from ..core.errors import NotDifferentiableError, OpError, noted
+from ..runtime import guards as guard_bands
 from ..runtime import tuning
 from ..runtime.backward_kernel import decisive_constexprs, hashable
 from ..runtime.derive import grad
 from ..runtime.variants import shadow_dtype
 from .launcher import Launcher
 from .shadows import Plan, Shadow, Step, View, stand_in_tensor
-
-GUARD = (1024, 1 << 20)  # zeros on each side of a shadow in a checked backward: its own size, within these bounds
 
 
 class OpBackward:
@@ -53,10 +53,12 @@ class OpBackward:
         plan = self.plan
         schedule = (tuple(needs), tuple([g is not None for g in grads]))
         steps = plan.steps(*schedule)
-        # the first backward of a schedule surrounds its shadows with zeros and looks for gradient where no
-        # tensor lies (_check_strays); not while a CUDA graph is captured, where it could not wait for the device,
-        # nor while torch.compile traces it (fake tensors: saved_backward.py's rehearsal on real ones checks)
-        guards = None if schedule in plan.checked or capturing() or tracing() else {}
+        # the first backward of a schedule (each one, TRITONGRAD_CHECKED=1) lays guard bands around its shadows and
+        # buffers and looks for gradient where no tensor lies (_check_strays); not while a CUDA graph is captured,
+        # where it could not wait for the device, nor while torch.compile traces it (fake tensors:
+        # saved_backward.py's rehearsal on real ones checks)
+        checked = schedule not in plan.checked or guard_bands.CHECKED
+        guards = {} if checked and not capturing() and not tracing() else None
         shadows: dict[int, torch.Tensor] = {}
         for output, g in zip(plan.outputs, grads, strict=True):
             if output is None or g is None:
@@ -74,9 +76,9 @@ class OpBackward:
             if 0 in self.launches[step.launch.index].grid:  # (it ran no program: its backward adds nothing)
                 empty = True
                 continue
-            rows = self._run_step(step, saved, shadows, guards)
+            rows, variant = self._run_step(step, saved, shadows, guards)
             if guards is not None:
-                self._check_strays(step, guards, rows)
+                self._check_strays(step, guards, rows, variant)
         result = self._input_grads(shadows, needs)
         if empty or not all(v.key for v in plan.input_views):  # (an input without elements: key 0, no shadow)
             result = [torch.zeros(v.size, dtype=v.dtype, device=v.device) if g is None and need and (empty or not v.key)
@@ -86,43 +88,47 @@ class OpBackward:
         plan.checked.add(schedule)
         return [None if g is None else g.clone() for g in result]  # not views of the guarded buffers
 
-    def _check_strays(self, step: Step, guards: dict, rows: dict) -> None:
+    def _check_strays(self, step: Step, guards: dict, rows: dict, variant: Any) -> None:
         """Refuse a launch whose backward put gradient on memory outside the tensors it was passed.
 
         A derived kernel adds each load's gradient at the load's address in the shadow, so this
         means the forward read memory that is not an element of the tensor it was passed (a length,
         stride or count the host function got wrong, a non-contiguous tensor read as contiguous):
-        memory whose gradient has nowhere to go. Checked: the zeros around the shadow, and the gaps
-        a strided view leaves in it; for an input summed in partial rows (``rows``: input -> the rows,
-        their padding), the zeros around and between each row's elements.
+        memory whose gradient has nowhere to go (or a fault of tritongrad's: the message names the buffer and
+        the derived kernel). Checked: the guard bands around the shadow, and the zeros in the gaps a strided
+        view leaves in it; for an input summed in partial rows or written into a buffer of its own (``rows``:
+        input -> the rows, their bands, what they are), the bands around and the zeros between each row's
+        elements.
         """
         launch = step.launch
         for p in step.wrt:
             v = launch.views[p]
             if p in rows:
-                flat, pad = rows[p]
-                stray = flat != 0
-                stray.as_strided((flat.shape[0], *v.size), (flat.stride(0), *v.stride), pad).fill_(False)
+                flat, pad, what = rows[p]
+                outside = guard_bands.written_outside(flat, pad, ((v.size, v.stride, 0),))
             else:
                 key = v.key
                 flat, pad, n = guards[key]
-                stray = flat != 0  # NaN too
                 lo = self.plan.storages[key][1]
                 views = ([u for u in self.plan.input_views if u.key == key]
                          or [u for u in self.plan.views() if u.key == key])
-                for u in views:  # the elements whose gradients the inputs (or, for a buffer, the launches) take
-                    stray.as_strided(u.size, u.stride, pad + u.offset - lo).fill_(False)
-            if bool(stray.any()):
-                v = launch.views[p]
-                raise self.error(f"{launch} reads memory outside the elements of the tensor passed to `{p}` (sizes "
-                                 f"{v.size}, strides {v.stride}): their gradient has nowhere to go. Check the sizes, "
-                                 "strides and counts the host function passes with that tensor (does it assume "
-                                 "contiguous memory?)")
+                # the elements whose gradients the inputs (or, for a buffer, the launches) take
+                outside = guard_bands.written_outside(flat, pad, tuple((u.size, u.stride, u.offset - lo)
+                                                                       for u in views))
+                what = f"its shadow, written by `{variant.writer(p)}`"
+            if outside:
+                raise guard_bands.StrayWriteError(
+                    f"tritongrad.op `{self.name}`: {launch} reads memory outside the elements of the tensor passed to "
+                    f"`{p}` (sizes {v.size}, strides {v.stride}): their gradient has nowhere to go. Check the sizes, "
+                    "strides and counts the host function passes with that tensor (does it assume contiguous "
+                    f"memory?). (Found outside {what}; if the host function is right, tritongrad laid that buffer out "
+                    "wrongly: please report it.)")
 
-    def _run_step(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> dict:
+    def _run_step(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> tuple[dict, Any]:
         """Launch one step's derived kernel, under the forward's config or, on a GPU, for a launch offered others (an
         autotuner's, or those declared for its kernel: tiles.py), the one under which the backward is fastest (timed
-        once per shape). Returns the partial rows of inputs summed in them (checked backwards)."""
+        once per shape). Returns the partial rows of inputs summed in them and the buffers of their own of inputs
+        written there (checked backwards), and the variant launched."""
         launch = self.launches[step.launch.index]
         keep = None  # unchecked: launched by the Launcher an earlier backward kept, or keep one
         if guards is None and not tracing():  # (traced: each launch is issued through wrap_triton)
@@ -134,7 +140,7 @@ class OpBackward:
                 keep = launcher = None
             if launcher:
                 launcher(saved, shadows, self._shadow, launch.saved.args if launch.saved is not None else None)
-                return {}
+                return {}, None
             if launcher is False:  # not to be kept (Launcher.of): not traced again
                 keep = None
         if launch.info.roles is None:
@@ -179,7 +185,7 @@ class OpBackward:
         return found
 
     def _launch(self, step: Step, launch: Any, args: dict, grid: tuple, config: tuple, shadows: dict,
-                guards: dict | None, setting: Any = None, keep: tuple | None = None) -> dict:
+                guards: dict | None, setting: Any = None, keep: tuple | None = None) -> tuple[dict, Any]:
         """The derived kernel's launch with the forward's arguments ``args`` (``config``: the config replacing the
         recorded one, else ()). The first writer of a storage's gradient stores it (into
         a buffer left unfilled where its loads cover it, in the input's own dtype where nothing else adds to
@@ -199,7 +205,7 @@ class OpBackward:
             if n not in bwd.stored_params.values():
                 args.pop(n, None)
         buffers = {p: self._shadow(shadows, shadow, guards, fill, own) for p, shadow, fill, own in buffers_of}
-        pad = GUARD[0] if guards is not None else 0
+        pad = guard_bands.GUARD[0] if guards is not None else 0
         trace = [] if keep is not None and not bwd.checks.reads_contents else None
         rows = bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,
                           setting=setting, trace=trace)
@@ -207,7 +213,7 @@ class OpBackward:
             step.launchers[keep] = trace is not None and Launcher.of(
                 step, args, output_grads, buffers_of, buffers, trace, self.deterministic,
                 launch.saved.args if launch.saved is not None else None) or False
-        return rows
+        return rows, prepared.variant
 
     def _ready(self, step: Step, launch: Any, args: dict, grid: tuple, written: frozenset, config: tuple) -> tuple:
         """The derived kernel, its prepared variant and how each input's buffer is made: (input, shadow, zero-filled,
@@ -251,7 +257,7 @@ class OpBackward:
         """A view's shadow, its storage's buffer made on first use: zero-filled unless ``fill`` is false
         and the buffer is the view itself (then its first writer writes all of it); in the primal's dtype
         if ``own_dtype`` and the buffer is the view itself, else float32 for half types. With ``guards``
-        (a checked backward) the buffer lies between zeros, ``guards[key] = (all of it, pad, size)``."""
+        (a checked backward) the buffer lies between guard bands, ``guards[key] = (all of it, pad, size)``."""
         buffer = shadows.get(shadow.key)
         if buffer is None:
             shape, dtype, device = self.plan.buffers[shadow.key]
@@ -263,8 +269,8 @@ class OpBackward:
                 buffer = torch.zeros(shape, dtype=dtype, device=device)
             else:
                 n = math.prod(shape)
-                pad = min(max(n, GUARD[0]), GUARD[1])
-                flat = torch.zeros(n + 2 * pad, dtype=dtype, device=device)
+                pad = guard_bands.band(n, dtype.itemsize)
+                flat = guard_bands.fill_bands(torch.zeros(n + 2 * pad, dtype=dtype, device=device), pad)
                 buffer, guards[shadow.key] = flat[pad:pad + n].view(shape), (flat, pad, n)
             shadows[shadow.key] = buffer
         if shadow.view is None:

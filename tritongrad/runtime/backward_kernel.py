@@ -29,7 +29,7 @@ from ..reverse.sweep import build_backward
 from ..writes.input_facts import WritePlan
 from ..writes.launch_facts import FACTS, LaunchFacts, buffer_facts
 from ..writes.strategies import Choice, Mode
-from . import tuning
+from . import guards, tuning
 from .launch_checks import LaunchChecks
 from .launching import Launches
 from .variants import Part, Prepared, Variant, reads_only, shadow_dtype, zeros_strided
@@ -303,7 +303,7 @@ class BackwardKernel:
             written = frozenset(self.wrt)
             shared, self_overlapping = buffer_facts({p: buffers[p] for p in self.wrt if p not in self.in_place})
             prepared = self.prepare(named, sizes, written, shared, self_overlapping)
-            self.launch(sizes, named, output_grads, buffers, prepared, written)
+            self._launch_direct(sizes, named, output_grads, buffers, prepared, written)
 
         return run
 
@@ -336,7 +336,7 @@ class BackwardKernel:
             fill = torch.empty_strided if c.strategy.unfilled(c) else zeros_strided
             dtype = x.dtype if c.strategy.in_input_dtype() else shadow_dtype(x.dtype)
             grads[p] = fill(x.size(), x.stride(), dtype=dtype, device=x.device)
-        self.launch(sizes, named, output_grads, grads, prepared, saved=saved)
+        self._launch_direct(sizes, named, output_grads, grads, prepared, saved=saved)
         for p in set(self.wrt) & set(self.outputs) - set(self.in_place):  # named both, never stored by this
             grads[p] += output_grads[p]  # specialization (a flag off): its values pass through the launch unchanged
         return grads
@@ -391,6 +391,20 @@ class BackwardKernel:
                ) -> dict[str, tuple[Any, int]]:
         """Run a prepared variant (:meth:`prepare`): launching.Launches.launch says how."""
         return self.launches.launch(grid, named, output_grads, buffers, prepared, written, pad, saved, setting, trace)
+
+    def _launch_direct(self, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
+                       buffers: dict[str, Any], prepared: Prepared, written: frozenset[str] = frozenset(),
+                       saved: Any = None) -> None:
+        """A launch into the caller's buffers (``bwd[grid](...)``, :meth:`gradients`); with ``TRITONGRAD_CHECKED=1``
+        the buffers it makes between guard bands (guards.py), a write outside them refused."""
+        pad = guards.GUARD[0] if guards.CHECKED else 0
+        rows = self.launch(grid, named, output_grads, buffers, prepared, written, pad, saved=saved)
+        for p, (flat, pad, what) in rows.items():
+            b = buffers[p]
+            if guards.written_outside(flat, pad, ((b.size(), b.stride(), 0),)):
+                raise guards.StrayWriteError(f"the derived kernel of `{self.name}` wrote outside the gradient of "
+                                             f"`{p}` (sizes {tuple(b.size())}, strides {b.stride()}; found outside "
+                                             f"{what}): the launch reads memory outside the tensor passed to `{p}`")
 
     @functools.cached_property
     def _chosen_names(self) -> tuple[str, ...]:

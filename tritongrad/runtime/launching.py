@@ -9,6 +9,7 @@ from typing import Any
 from ..analysis.launch_values import LaunchValues
 from ..writes.strategies import most_trips, span_of
 from . import tuning
+from .guards import banded, check_bands, fill_bands, kernel_name
 from .variants import (
     Part,
     PartialRows,
@@ -35,15 +36,17 @@ class Launches:
     def launch(self, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],
                buffers: dict[str, Any], prepared: Prepared, written: frozenset[str] = frozenset(),
                pad: int = 0, saved: Any = None, setting: tuning.Setting | None = None,
-               trace: list | None = None) -> dict[str, tuple[Any, int]]:
+               trace: list | None = None) -> dict[str, tuple[Any, int, str]]:
         """Run the prepared variant (:meth:`prepare`). ``named``: the forward's arguments (and launch options);
         ``output_grads``: output -> its incoming gradient; ``buffers``: wrt input -> its gradient buffer
         (stored into or added to; an input summed in partial rows gets their sum, added if in ``written``).
-        ``pad``: zeros around each partial row, to look for gradient outside the tensor (a checked backward).
+        ``pad``: a checked backward's guard bands (guards.py) around each partial row and buffer of an input's own,
+        to look for gradient outside the tensor; scratch (tapes, a prologue's values, later adds) gets bands too,
+        checked after its kernel.
         Launch settings are tuned on a GPU (tuning.py). ``saved``: the state tapes the forward kept
         (augment.SavedStates), for a variant prepared to read them. ``setting``: launch with this one, untimed
         (a trial of tuning another config). ``trace``: each kernel's launch is appended to it (:class:`PartLaunch`).
-        Returns the partial rows: input -> (rows with their padding, pad)."""
+        Returns the partial rows and buffers of inputs' own: input -> (rows with their bands, pad, what they are)."""
         variant = prepared.variant
         tapes = saved if variant.reads_saved else None
         if self.kernel.in_place:
@@ -52,12 +55,10 @@ class Launches:
             written = written | prepared.shared
         own, guarded = {}, {}
         for p in prepared.private:  # stored into buffers of their own (float32 for half types), added after; in a
-            b = buffers[p]  # checked backward with ``pad`` zeros around, returned with the partial rows to look at
             fill = empty_strided if prepared.choices[p].covers and not pad else zeros_strided
-            flat = fill((1, span_of(b) + 2 * pad), (1, 1), dtype=shadow_dtype(b.dtype), device=b.device)
-            own[p] = flat.as_strided(b.size(), b.stride(), flat.storage_offset() + pad)
-            if pad:
-                guarded[p] = (flat, pad)
+            flat, own[p] = own_buffer(buffers[p], shadow_dtype(buffers[p].dtype), pad, fill)  # checked backward
+            if pad:  # between bands, returned with the partial rows to look at
+                guarded[p] = (flat, pad, f"its buffer of its own, written by `{variant.writer(p)}`")
         if own:
             real, buffers = buffers, {**buffers, **own}
         # inputs no gradient reaches: zeroed (a stored one would be left unset)
@@ -94,7 +95,7 @@ class Launches:
             def trial(s: tuning.Setting, i: int = i) -> None:  # the trials add into ``touched``: restored after
                 rows = self.run(variant, grid, named, output_grads, buffers, (s,) * len(variant.parts), written, 0,
                                  reduce=False, tapes=tapes, only=i)
-                for found, _ in rows.values():  # summing the partial rows is part of a setting's cost: more
+                for found, *_ in rows.values():  # summing the partial rows is part of a setting's cost: more
                     found.sum(0)  # programs, more rows (8 per multiprocessor at 16384 columns: 52 µs against 7)
 
             settings.append(tuning.best((*key, i), part.persistent, trial, touched, part.loops, part.held is not None))
@@ -125,7 +126,7 @@ class Launches:
             if part.held is not None:
                 args[part.held] = setting.held
             if part.trips is not None:
-                self.run_interchanged(part, grid, args, buffers, written, reduce)
+                rows.update(self.run_interchanged(part, grid, args, buffers, written, reduce, pad))
                 if trace is not None:
                     trace.append(None)  # trip counts and exports made on each launch: not kept
             else:
@@ -149,15 +150,15 @@ class Launches:
         launch = PartLaunch(part, grid, args, partials)
         if trace is not None and reduce:
             trace.append(replace(launch, args=dict(args)))  # before its partial rows and scratch are made
-        rows = launch.launch(args, buffers, self.kernel.deterministic, reduce)
-        return {r.input: (found, pad) for r, found in zip(partials, rows, strict=True)}
+        rows = launch.launch(args, buffers, self.kernel.deterministic, reduce, pad > 0)
+        what = f"its partial rows, written by `{kernel_name(part.kernel)}`"
+        return {r.input: (found, pad, what) for r, found in zip(partials, rows, strict=True)}
 
     def run_interchanged(self, part: Part, grid: tuple[int, ...], args: dict[str, Any], buffers: dict[str, Any],
-                          written: frozenset[str], reduce: bool) -> None:
+                          written: frozenset[str], reduce: bool, pad: int = 0) -> dict[str, tuple[Any, int, str]]:
         """Inputs' own kernel: one program per iteration of their loop along the axis, each storing its sums.
-        Into buffers of their own where gradient is already there to add to."""
-        import torch
-
+        Into buffers of their own where gradient is already there to add to. ``pad``: those buffers and the scratch
+        between guard bands (a checked backward); returns those buffers, as :meth:`launch` returns partial rows."""
         axis = part.axis
         names = part.memo.get("trips")
         if names is None:
@@ -168,13 +169,34 @@ class Launches:
             trips = self.kernel._most_trips[key] = int(most_trips(part.trips, LaunchValues(args, grid), axis))
         args[part.programs] = grid[axis]
         forward, grid = grid, (*grid[:axis], trips, *grid[axis + 1:])
-        own = {p: torch.zeros_like(buffers[p]) for p in part.wrt if p in written}
+        flats = {p: own_buffer(buffers[p], buffers[p].dtype, pad) for p in part.wrt if p in written}
+        own = {p: buffer for p, (_, buffer) in flats.items()}
         args.update({part.shadows[p]: buffer for p, buffer in own.items()})
         if part.prologue is not None and min(forward) > 0:  # on the forward's grid, before the kernel reading it
-            args.update(part.exports.allocate(LaunchValues(args, forward), math.prod(forward), device_of(args)))
+            exports = part.exports.allocate(LaunchValues(args, forward), math.prod(forward), device_of(args))
+            if pad:
+                exports, bands = banded(exports, "values kept for the kernel that follows it", keep=False)
+            args.update(exports)
             part.prologue[forward](**{k: v for k, v in args.items() if k in part.prologue.arg_names})
+            if pad:
+                check_bands(bands, part.prologue)
         if min(grid) > 0:
-            part.scratch_args(args, grid)
+            bands = part.scratch_args(args, grid, pad > 0)
             part.kernel[grid](**args)
+            check_bands(bands, part.kernel)
         for p, buffer in own.items() if reduce else ():
             buffers[p].add_(buffer)
+        what = f"its buffer of its own, written by `{kernel_name(part.kernel)}`"
+        return {p: (flat, pad, what) for p, (flat, _) in flats.items()} if pad else {}
+
+
+def own_buffer(buffer: Any, dtype: Any, pad: int = 0, fill: Any = zeros_strided) -> tuple[Any, Any]:
+    """A buffer of its own for ``buffer``'s gradient, in its layout (its sizes and strides, which the derived kernel
+    indexes as the input's): the elements it spans, ``pad`` more on each side. Not ``zeros_like``, which lays out
+    a view with gaps (``x[:, 1:]``, K and V shifted in one tensor) contiguously: the kernel, indexing it with the
+    input's strides, wrote past its end. ``pad``: guard bands (guards.py). Returns the elements (one row, with its
+    bands) and the view of them in the layout."""
+    flat = fill((1, span_of(buffer) + 2 * pad), (1, 1), dtype=dtype, device=buffer.device)
+    if pad:
+        fill_bands(flat, pad)
+    return flat, flat.as_strided(buffer.size(), buffer.stride(), flat.storage_offset() + pad)

@@ -14,6 +14,7 @@ from ..core.device import compiled_multiprocessors
 from ..reverse.state_tape import StateTape
 from ..writes.strategies import Choice, LaterAdds, Mode, span_of
 from . import tuning
+from .guards import Banded, banded, check_bands, fill_bands, kernel_name
 
 
 def shadow_dtype(dtype: Any) -> Any:
@@ -75,15 +76,27 @@ class Part:
         """A few programs per multiprocessor along ``axis`` (tuning tries several counts)."""
         return self.axis is not None and self.trips is None
 
-    def scratch_args(self, args: dict[str, Any], grid: tuple[int, ...]) -> None:
-        """The kernel's scratch buffers for a launch on ``grid`` (state tapes, later adds), added to ``args``."""
+    def scratch_args(self, args: dict[str, Any], grid: tuple[int, ...], checked: bool = False
+                     ) -> tuple[Banded, ...]:
+        """The kernel's scratch buffers for a launch on ``grid`` (state tapes, later adds), added to ``args``;
+        ``checked``: each between guard bands (guards.py), returned to check after the kernel."""
         if not self.later_adds and (self.saved or not self.tapes):
-            return
+            return ()
         programs, device = math.prod(grid), device_of(args)
+        bands = ()
         for tape in self.tapes if not self.saved else ():
-            args.update(tape.allocate(LaunchValues(args, grid), programs, device))
+            made = tape.allocate(LaunchValues(args, grid), programs, device)
+            if checked:
+                made, more = banded(made, "state tape", keep=False)
+                bands += more
+            args.update(made)
         for later in self.later_adds:
-            args.update(later.allocate(LaunchValues(args, grid), programs, args[self.shadows[later.param]]))
+            made = later.allocate(LaunchValues(args, grid), programs, args[self.shadows[later.param]])
+            if checked:
+                made, more = banded(made, "slots of adjoints added after the kernel")
+                bands += more
+            args.update(made)
+        return bands
 
     def add_later(self, args: dict[str, Any], deterministic: bool) -> None:
         """After the kernel: its later loads' adjoints added into their inputs' gradients."""
@@ -103,7 +116,7 @@ class PartialRows:
     span: int  # the elements of the gradient buffer a row covers
     dtype: Any
     unfilled: bool  # every program stores its whole row (Prepared.covered_rows): no zero-fill
-    pad: int  # zeros on each side of a row (a checked backward looks for gradient there)
+    pad: int  # a guard band on each side of a row (a checked backward looks for writes there: guards.py)
     how: str  # how the rows reach the buffer: "into" (torch.sum's out=), "add" (to gradient there), "copy"
 
     @staticmethod
@@ -122,6 +135,8 @@ class PartialRows:
         """The rows (with their padding), their view without it put in ``args``."""
         fill = empty_strided if self.unfilled else zeros_strided
         rows = fill((self.programs, self.width), (self.width, 1), dtype=self.dtype, device=device)
+        if self.pad:
+            fill_bands(rows, self.pad)
         args[self.param] = rows[:, self.pad:] if self.pad else rows  # (slicing a tensor costs microseconds)
         return rows
 
@@ -150,16 +165,19 @@ class PartLaunch:
     partials: tuple[PartialRows, ...]  # the partial rows it sums into its inputs' buffers
     relauncher: Any = field(default=None, compare=False)  # relaunch.Relauncher, where kept by a backward
 
-    def launch(self, args: dict[str, Any], buffers: dict[str, Any], deterministic: bool, reduce: bool = True) -> list:
+    def launch(self, args: dict[str, Any], buffers: dict[str, Any], deterministic: bool, reduce: bool = True,
+               checked: bool = False) -> list:
         """Launch with ``args`` (its arguments but the partial rows and scratch, made here): ``reduce``: then its
-        later adds and partial rows summed into ``buffers`` (not in tuning's trials). Returns the partial rows."""
+        later adds and partial rows summed into ``buffers`` (not in tuning's trials); ``checked``: its scratch
+        between guard bands, checked after the kernel (guards.py). Returns the partial rows."""
         rows = [r.allocate(args, buffers[r.input].device) for r in self.partials]
         part = self.part
-        part.scratch_args(args, self.grid)
+        bands = part.scratch_args(args, self.grid, checked)
         if self.relauncher is not None:
             self.relauncher(args)
         else:
             part.kernel[self.grid](**args)
+        check_bands(bands, part.kernel)
         if reduce:
             part.add_later(args, deterministic)
             for r, found in zip(self.partials, rows, strict=True):
@@ -179,6 +197,10 @@ class Variant:
     @property
     def src(self) -> str:
         return "\n\n".join(part.src for part in self.parts)
+
+    def writer(self, p: str) -> str:
+        """The name of the kernel writing input ``p``'s gradient."""
+        return next(kernel_name(part.kernel) for part in self.parts if p in part.wrt)
 
     @functools.cached_property
     def reads(self) -> frozenset[str]:
