@@ -501,3 +501,41 @@ def test_the_tutorials_float32_state_with_float64_inputs_gets_pytorchs_gradients
     expected = torch.autograd.grad((want, want_m), (q, k, v), (d_o, d_m))
     for name, a, b in zip("qkv", got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+
+
+@tritongrad.op
+def attention_in_half(q, k, v, causal: bool, sm_scale: float):
+    """The tutorial as it ships: float16 through host descriptors, its state float32."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    z, h, seq, head_dim = q.shape
+    o = torch.full_like(q, float("nan"))
+    m = torch.full((z, h, seq), float("nan"), device=q.device, dtype=torch.float32)
+    q_, k_, v_, o_ = (TensorDescriptor(t, shape=[z * h * seq, head_dim], strides=[head_dim, 1],
+                                       block_shape=[BLOCK, head_dim]) for t in (q, k, v, o))
+    attention_forward[(triton.cdiv(seq, BLOCK), z * h, 1)](
+        sm_scale, m, z, h, q_, k_, v_, o_, seq, HEAD_DIM=head_dim, BLOCK_M=BLOCK, BLOCK_N=BLOCK,
+        STAGE=3 if causal else 1, warp_specialize=False, VALUES=tl.float16, ACC=tl.float32)
+    return o
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_tutorial_in_half_precision_through_host_descriptors_gets_the_float32_gradients(causal):
+    """Issue 50, item 5: float16 inputs, the state float32, N = 48, D = 16 in the interpreter. The running max,
+    kept on a tape of the widest type (its start `zeros - inf`), was read back as float64 in the interpreter,
+    widening the accumulator's rescaled start; the accumulator's kept final was then read as float64 from the
+    float32 the forward wrote (dQ, dK NaN or far off; dV, which does not read the max, right). Compiled, the
+    read casts to float32, so an H200 got it right. Against a float32 reference on the same (rounded) inputs."""
+    if not _have_host_descriptors():
+        pytest.skip("this Triton has no triton.tools.tensor_descriptor")
+    g = torch.Generator().manual_seed(52)
+    q, k, v = (torch.randn(1, 2, 48, 16, generator=g).half().requires_grad_() for _ in range(3))
+    o = attention_in_half(q, k, v, causal, 0.3)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    want = reference(*leaves, causal, 0.3)
+    torch.testing.assert_close(o.float(), want, rtol=1e-2, atol=2e-3)
+    d_o = torch.randn(o.shape, generator=g).half()
+    got = torch.autograd.grad(o, (q, k, v), d_o)
+    expected = torch.autograd.grad(want, leaves, d_o.float())
+    for name, a, b in zip("qkv", got, expected, strict=True):
+        torch.testing.assert_close(a.float(), b, rtol=1e-2, atol=1e-2, msg=f"d{name}")
