@@ -385,7 +385,7 @@ def test_online_softmax_whose_max_is_stored_keeps_its_state_on_a_tape(budget, mo
     src = tritongrad.grad(online_softmax_variants, constexprs=meta).src
     assert "# loop over k: l, acc, m are carried nonlinearly" in src and "online softmax" not in src
     assert "keeps the state at the start of each iteration on a tape" in src and "quadratic" not in src
-    assert "l_tape_row = tg.tape_row(l_tape, l, k_slots, tg.program_index())" in src
+    assert "l_tape_row = tg.tape_row(l_tape, l, k_slots, tg.program_index(), tl.float64)" in src
 
 
 def unscaled_sum_reference(x, v, block):

@@ -392,3 +392,150 @@ def test_keys_and_values_of_a_loop_in_a_helper_get_a_kernel_of_their_own_with_it
     assert all(part.saved for part in prepared.variant.parts)
     assert [part.prologue is not None for part in prepared.variant.parts] == [False, True]
     assert len(prepared.variant.parts[1].exports.states) == 2  # dO / l and its row sums, both computed once
+
+
+@triton.jit
+def tutorial_stage_through_pointers(acc, l_i, m_i, q, k_ptr, v_ptr, first_row, start_m, qk_scale, offs_m, offs_n,
+                                    cols, SEQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                                    BLOCK_N: tl.constexpr, STAGE: tl.constexpr):
+    # the tutorial's `_attn_fwd_inner` through plain pointers, masked past SEQ
+    if STAGE == 1:
+        lo, hi = 0, start_m * BLOCK_M
+    elif STAGE == 2:
+        lo, hi = start_m * BLOCK_M, (start_m + 1) * BLOCK_M
+        lo = tl.multiple_of(lo, BLOCK_M)
+    else:
+        lo, hi = 0, SEQ
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        keys = start_n + offs_n
+        kv = (first_row + keys)[:, None] * HEAD_DIM + cols[None, :]
+        k = tl.load(k_ptr + kv, mask=(keys < SEQ)[:, None], other=0.0).T
+        qk = tl.dot(q, k)
+        if STAGE == 2:
+            mask = (offs_m[:, None] >= keys[None, :]) & (keys < SEQ)[None, :]
+            qk = qk * qk_scale + tl.where(mask, 0, -1.0e6)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk -= m_ij[:, None]
+        else:
+            qk = qk * qk_scale + tl.where((keys < SEQ)[None, :], 0, -1.0e6)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        l_ij = tl.sum(p, 1)
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + l_ij
+        acc = acc * alpha[:, None]
+        v = tl.load(v_ptr + kv, mask=(keys < SEQ)[:, None], other=0.0)
+        p = p.to(v.dtype)
+        acc = tl.dot(p, v, acc)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def tutorial_forward_through_pointers(sm_scale, M, q_ptr, k_ptr, v_ptr, o_ptr, SEQ, HEAD_DIM: tl.constexpr,
+                                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGE: tl.constexpr):
+    # the tutorial's `_attn_fwd` as it ships (float32 state, exp2 with the scale folded in, the sum started at
+    # one, M = m_i + log2(l_i) stored), with plain pointers
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    first_row = off_hz * SEQ
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, HEAD_DIM)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale
+    qk_scale *= 1.44269504
+    at = (first_row + offs_m)[:, None] * HEAD_DIM + cols[None, :]
+    q = tl.load(q_ptr + at, mask=(offs_m < SEQ)[:, None], other=0.0)
+    if STAGE & 1:
+        acc, l_i, m_i = tutorial_stage_through_pointers(acc, l_i, m_i, q, k_ptr, v_ptr, first_row, start_m, qk_scale,
+                                                        offs_m, offs_n, cols, SEQ, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                                        4 - STAGE)
+    if STAGE & 2:
+        acc, l_i, m_i = tutorial_stage_through_pointers(acc, l_i, m_i, q, k_ptr, v_ptr, first_row, start_m, qk_scale,
+                                                        offs_m, offs_n, cols, SEQ, HEAD_DIM, BLOCK_M, BLOCK_N, 2)
+    m_i += tl.math.log2(l_i)
+    acc = acc / l_i[:, None]
+    tl.store(M + off_hz * SEQ + offs_m, m_i, mask=offs_m < SEQ)
+    tl.store(o_ptr + at, acc.to(o_ptr.dtype.element_ty), mask=(offs_m < SEQ)[:, None])
+
+
+@tritongrad.op
+def tutorial_attention_through_pointers(q, k, v, causal: bool, sm_scale: float):
+    z, h, seq, head_dim = q.shape
+    o = torch.full_like(q, float("nan"))
+    m = torch.full((z, h, seq), float("nan"), dtype=q.dtype, device=q.device)
+    tutorial_forward_through_pointers[(triton.cdiv(seq, BLOCK), z * h)](
+        sm_scale, m, q, k, v, o, seq, HEAD_DIM=head_dim, BLOCK_M=BLOCK, BLOCK_N=BLOCK, STAGE=3 if causal else 1)
+    return o, m
+
+
+@pytest.mark.parametrize("interchange", [False, True], ids=["atomics", "a kernel of their own for dK, dV"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_tutorials_float32_state_with_float64_inputs_gets_pytorchs_gradients(causal, interchange, monkeypatch):
+    """Issue 50, item 5: the tutorial's forward as it ships, its state declared float32, fed float64 in the
+    interpreter: the state is float64 there (Triton's promotion), and its tapes, the forward's kept finals and the
+    interchange's prologue keep it so (before: rounded, read back as another type, or refused by the prologue).
+    The log-sum-exp M it stores is an output too."""
+    if interchange:
+        from tritongrad.runtime import backward_kernel
+
+        monkeypatch.setattr(backward_kernel, "multiprocessors", lambda device: 1)
+    g = torch.Generator().manual_seed(50)
+    q, k, v = (torch.randn(1, 2, 37, 16, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    o, m = tutorial_attention_through_pointers(q, k, v, causal, 0.3)
+    want = reference(q, k, v, causal, 0.3)
+    scale = (torch.tensor(0.3, dtype=torch.float32) * torch.tensor(LOG2E, dtype=torch.float32)).item()
+    s = q @ k.transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(~torch.ones(37, 37, dtype=torch.bool).tril(), float("-inf"))
+    want_m = torch.logsumexp(s * math.log(2), -1) / math.log(2)
+    torch.testing.assert_close((o, m), (want, want_m), rtol=1e-9, atol=1e-9)
+    d_o, d_m = torch.randn(o.shape, generator=g, dtype=torch.float64), torch.randn(m.shape, generator=g,
+                                                                                  dtype=torch.float64)
+    got = torch.autograd.grad((o, m), (q, k, v), (d_o, d_m))
+    expected = torch.autograd.grad((want, want_m), (q, k, v), (d_o, d_m))
+    for name, a, b in zip("qkv", got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+
+
+@tritongrad.op
+def attention_in_half(q, k, v, causal: bool, sm_scale: float):
+    """The tutorial as it ships: float16 through host descriptors, its state float32."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    z, h, seq, head_dim = q.shape
+    o = torch.full_like(q, float("nan"))
+    m = torch.full((z, h, seq), float("nan"), device=q.device, dtype=torch.float32)
+    q_, k_, v_, o_ = (TensorDescriptor(t, shape=[z * h * seq, head_dim], strides=[head_dim, 1],
+                                       block_shape=[BLOCK, head_dim]) for t in (q, k, v, o))
+    attention_forward[(triton.cdiv(seq, BLOCK), z * h, 1)](
+        sm_scale, m, z, h, q_, k_, v_, o_, seq, HEAD_DIM=head_dim, BLOCK_M=BLOCK, BLOCK_N=BLOCK,
+        STAGE=3 if causal else 1, warp_specialize=False, VALUES=tl.float16, ACC=tl.float32)
+    return o
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_tutorial_in_half_precision_through_host_descriptors_gets_the_float32_gradients(causal):
+    """Issue 50, item 5: float16 inputs, the state float32, N = 48, D = 16 in the interpreter. The running max,
+    kept on a tape of the widest type (its start `zeros - inf`), was read back as float64 in the interpreter,
+    widening the accumulator's rescaled start; the accumulator's kept final was then read as float64 from the
+    float32 the forward wrote (dQ, dK NaN or far off; dV, which does not read the max, right). Compiled, the
+    read casts to float32, so an H200 got it right. Against a float32 reference on the same (rounded) inputs."""
+    if not _have_host_descriptors():
+        pytest.skip("this Triton has no triton.tools.tensor_descriptor")
+    g = torch.Generator().manual_seed(52)
+    q, k, v = (torch.randn(1, 2, 48, 16, generator=g).half().requires_grad_() for _ in range(3))
+    o = attention_in_half(q, k, v, causal, 0.3)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    want = reference(*leaves, causal, 0.3)
+    torch.testing.assert_close(o.float(), want, rtol=1e-2, atol=2e-3)
+    d_o = torch.randn(o.shape, generator=g).half()
+    got = torch.autograd.grad(o, (q, k, v), d_o)
+    expected = torch.autograd.grad(want, leaves, d_o.float())
+    for name, a, b in zip("qkv", got, expected, strict=True):
+        torch.testing.assert_close(a.float(), b, rtol=1e-2, atol=1e-2, msg=f"d{name}")

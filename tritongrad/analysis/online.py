@@ -309,16 +309,10 @@ def _scaled_starts(trial: list[ast.stmt], block: list[ast.stmt], body: list[ast.
         next(s for s in before if c in targets_of(s)).targets[0].id = unscaled
         start = tagged(assign(c, ast.BinOp(name_node(unscaled), ast.Mult(), name_node(renamed[factor]))),
                        Op("mul", [name_node(unscaled), name_node(renamed[factor])]), loop)
-        setattr(start, RESCALED, True)
         out.append(start)
         carried[c] = replace(carried[c], init=name_node(c))  # (assigned just before the loop)
     loop.tg = replace(loop.tg, carried=list(carried.values()))
     return out
-
-
-# the attribute marking ``c = c_unscaled * factor``, a carried value's start rescaled to the final max: of the type
-# ``c_unscaled`` has (a loop-carried value keeps its type; reverse/loops.py's dtype_as_written follows it)
-RESCALED = "tg_rescaled_start"
 
 
 def _defines(stmt: ast.stmt, name: str) -> bool:

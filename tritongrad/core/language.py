@@ -52,6 +52,7 @@ HELPERS: dict[str, Helper] = {
     "tape_put": Helper(calls=("tile_offsets",), flows=(2,), writes=True),
     "tape_put_exactly": Helper(calls=("tile_offsets",), flows=(1,), writes=True),
     "tape_get": Helper(calls=("tile_offsets",), rank_like=2, costly=True),
+    "tape_get_wide": Helper(calls=("tile_offsets",), rank_like=2, costly=True),
     "add_later": Helper(calls=("program_index", "tile_offsets"), writes=True),
     "program_index": Helper(rank_like=-1),
     "grouped_program_id": Helper(rank_like=-1),
@@ -90,9 +91,9 @@ def __getattr__(name: str):
             globals()[combine] = triton.jit(globals()[f"_{combine}"])
     for helper in HELPERS[name].calls:  # helpers it calls are jitted first
         __getattr__(helper)
-    # (tape_get: Triton's interpreter lets a loop's state widen, so there it returns values as kept; decided when
-    # first used, after the command line has chosen the interpreter)
-    found = "_tape_get_as_kept" if name == "tape_get" and _interpreting() else f"_{name}"
+    # (tape_get_wide: Triton's interpreter lets a loop's state widen, so there it returns values as kept; decided
+    # when first used, after the command line has chosen the interpreter)
+    found = "_tape_get_as_kept" if name == "tape_get_wide" and _interpreting() else f"_{name}"
     kernel = triton.jit(globals()[found])
     globals()[name] = kernel
     return kernel
@@ -263,10 +264,11 @@ def _tile_offsets(x):
         return tl.arange(0, x.shape[0])[:, None] * x.shape[1] + tl.arange(0, x.shape[1])[None, :]
 
 
-def _tape_row(tape, like, slots, program):
+def _tape_row(tape, like, slots, program, dtype: tl.constexpr):
     """Row ``program`` (a place in the grid: program_index) of a loop's state tape (``tape``: raw bytes):
-    ``slots`` values of ``like``'s shape and dtype, one program after another along the whole grid."""
-    return tape.to(tl.pointer_type(like.dtype)) + program.to(tl.int64) * slots * like.numel
+    ``slots`` values of ``like``'s shape and of type ``dtype`` (the state's type as the forward computes it:
+    reverse/loops.py's state_type), one program after another along the whole grid."""
+    return tape.to(tl.pointer_type(dtype)) + program.to(tl.int64) * slots * like.numel
 
 
 def _tape_row_wide(tape, like, slots, program):
@@ -281,7 +283,11 @@ def _tape_row_wide(tape, like, slots, program):
 
 
 def _tape_put(row, slot, x, mask):
-    """Keep ``x`` in slot ``slot`` of a tape row (where ``mask``: a scalar)."""
+    """Keep ``x`` in slot ``slot`` of a tape row (where ``mask``: a scalar). ``x`` must fit the row's type exactly
+    (the state at the loop's start, before a sum widens it, may be narrower): a state of a wider type than its
+    tape refuses to compile rather than be rounded."""
+    tl.static_assert((tl.zeros((), x.dtype) + tl.zeros((), row.dtype.element_ty)).dtype == row.dtype.element_ty,
+                     "tritongrad: a loop's state is of a wider type than its tape")
     if mask:
         tl.store(row + slot * x.numel + tile_offsets(x), x)  # noqa: F821 (jitted lazily)
 
@@ -294,14 +300,19 @@ def _tape_put_exactly(row, x, like):
 
 
 def _tape_get(row, slot, like):
-    """The value kept in slot ``slot`` of a tape row (``like``'s shape), in ``like``'s type: the type a compiled loop
-    keeps its state in."""
+    """The value kept in slot ``slot`` of a tape row (``like``'s shape), in the row's type (the state's)."""
+    return tl.load(row + slot * like.numel + tile_offsets(like))  # noqa: F821 (jitted lazily)
+
+
+def _tape_get_wide(row, slot, like):
+    """The value kept in slot ``slot`` of a row of the widest type (tape_row_wide: a state whose type is not
+    said), in ``like``'s type: the type a compiled loop keeps its state in."""
     return tl.load(row + slot * like.numel + tile_offsets(like)).to(like.dtype)  # noqa: F821 (jitted lazily)
 
 
 def _tape_get_as_kept(row, slot, like):
-    """:func:`_tape_get` in Triton's interpreter, which lets a loop's state widen (a literal ``0.0`` summing float64
-    values): the value as kept (a float64 tape row: tape_row_wide)."""
+    """:func:`_tape_get_wide` in Triton's interpreter, which lets a loop's state widen (a literal ``0.0`` summing
+    float64 values): the value as kept (a float64 tape row)."""
     return tl.load(row + slot * like.numel + tile_offsets(like))  # noqa: F821 (jitted lazily)
 
 

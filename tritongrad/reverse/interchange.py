@@ -204,7 +204,7 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
     rows = {n: namer.fresh(f"{n}_row") for n in found}
 
     def row(n: str, program: str) -> ast.Assign:
-        return assign(rows[n], instantiate("tg.tape_row(tape, like, slots, program)", {
+        return assign(rows[n], instantiate("tg.tape_row(tape, like, slots, program, like.dtype)", {
             "tape": name_node(params[n]), "like": likes[n][0], "slots": name_node(slots),
             "program": name_node(program)}))
 

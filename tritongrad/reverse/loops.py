@@ -33,7 +33,7 @@ import copy
 
 from ..analysis.forms import LoopIndex
 from ..analysis.launch_values import UNKNOWN_TRIP, Expr
-from ..analysis.online import RESCALED
+from ..analysis.value_types import value_type
 from ..core.ir import (
     Op,
     Tag,
@@ -42,7 +42,6 @@ from ..core.ir import (
     copy_structured,
     is_structured,
     name_node,
-    op_of,
     range_bounds,
     reads,
     refuse,
@@ -52,7 +51,7 @@ from ..core.ir import (
 )
 from ..core.operations import instantiate
 from .interchange import fixed_step
-from .state_tape import StateTape, tape_row
+from .state_tape import StateTape, tape_get, tape_row
 
 
 class LoopReversal:
@@ -143,7 +142,7 @@ class LoopReversal:
         shapes = self.builder.analysis.shapes
         self.builder.tapes.append(StateTape(slots, tuple((params[c.name], shapes[c.name]) for c in state),
                                        self._known_trips(node), node.tg.where, tuple(c.source for c in state),
-                                       dtypes=tuple(self.dtype_as_written(c.name) for c in state)))
+                                       dtypes=tuple(self.state_type(c.name) for c in state)))
         names = {"start": start, "step": step, "every": name_node(every), "slots": name_node(slots),
                  "trips": name_node(trips), "i": name_node(i), "back": name_node(back), "slot": name_node(slot),
                  "index": name_node(index)}
@@ -151,17 +150,16 @@ class LoopReversal:
         if not self.builder.saved:
             setup.append(assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)))
         setup += self.resets(node, state)
-        setup += [assign(rows[c.name], instantiate(f"tg.{tape_row(self.dtype_as_written(c.name))}(tape, x, slots, "
-                                                   "tg.program_index())", {
-            **names, "tape": name_node(params[c.name]), "x": name_node(c.name)})) for c in state]
+        setup += [assign(rows[c.name], tape_row(self.state_type(c.name), name_node(params[c.name]), name_node(c.name),
+                                                name_node(slots), instantiate("tg.program_index()", {})))
+                  for c in state]
         for s in setup:
             s.tape_setup = node.tg  # merge_records moves them with the recording loop
             self.builder.emit(s)
-        gets = "tg.tape_get(row, slot, x)"
         if self.builder.saved:  # the state after the loop, for what follows it (merge_records: in place of its replay)
             for c in state:
-                final = assign(c.name, instantiate(gets, {
-                    "row": name_node(rows[c.name]), "slot": name_node(trips), "x": name_node(c.name)}))
+                final = assign(c.name, tape_get(self.state_type(c.name), name_node(rows[c.name]), name_node(trips),
+                                                name_node(c.name)))
                 final.tape_final = node.tg
                 self.builder.emit(final)
         else:
@@ -179,9 +177,9 @@ class LoopReversal:
         body = [assign(i, instantiate("trips - 1 - back", names))]
         if not self.builder.saved:
             body.append(assign(slot, instantiate("i // every", names)))
-        body += [assign(c.name, instantiate(gets, {
-            **names, "row": name_node(rows[c.name]), "slot": name_node(i if self.builder.saved else slot),
-            "x": name_node(c.name)})) for c in state]
+        body += [assign(c.name, tape_get(self.state_type(c.name), name_node(rows[c.name]),
+                                         name_node(i if self.builder.saved else slot), name_node(c.name)))
+                 for c in state]
         if not self.builder.saved:
             replay = self.builder.forward.block(node.body, rebuilt)
             since = instantiate("start + slot * every * step", names)
@@ -313,55 +311,30 @@ class LoopReversal:
             states = tuple((params[n], shape) for n, shape in zip(kept, shapes, strict=True))
             sources = tuple(carried[n].source for n in kept)
             self.builder.tapes.append(StateTape(slots, states, None, forward.tg.where, sources, final=True,
-                                           dtypes=tuple(self.dtype_as_written(n) for n in kept)))
+                                           dtypes=tuple(self.state_type(n) for n in kept)))
             rows = {n: self.builder.namer.fresh(f"{n}_final_row") for n in kept}
             program = assign(self.builder.namer.fresh("program"), instantiate("tg.program_index()", {}))
             # the row of the forward's program (a backward looping over them says which: persistent.py)
             program.tg = Tag(Op("program_index", []), forward.tg.origin, forward.tg.where)
             read = [program]
-            read += [assign(rows[n], instantiate(f"tg.{tape_row(self.dtype_as_written(n))}(tape, x, slots, program)", {
-                "tape": name_node(params[n]), "x": name_node(n), "slots": name_node(slots),
-                "program": name_node(program.targets[0].id)})) for n in kept]
-            read += [assign(n, instantiate("tg.tape_get(row, 0, x)", {
-                "row": name_node(rows[n]), "x": name_node(n)})) for n in kept]
+            read += [assign(rows[n], tape_row(self.state_type(n), name_node(params[n]), name_node(n), name_node(slots),
+                                              name_node(program.targets[0].id))) for n in kept]
+            read += [assign(n, tape_get(self.state_type(n), name_node(rows[n]), ast.Constant(0), name_node(n)))
+                     for n in kept]
             at = block.index(replay)
             block[at:at + 1] = read + closed
 
-    def dtype_as_written(self, name: str, numbers: bool = False) -> str | None:
-        """The dtype a loop's carried value is created with before the loop (a carried value keeps its type),
-        as written: ``tl.zeros([BM], dtype=COMPUTE)`` gives ``COMPUTE``; followed through copies and a carried start
-        rescaled to the final max (online.py). ``numbers``: also through arithmetic with a Python number, as an
-        expression (``tl.zeros([BM], dtype=D) + 1.0`` gives ``(tl.zeros((1,), D) + 0.0).dtype``: a float number
-        makes an integer type float), which a kernel can spell but a state tape's size cannot read."""
-        seen, floated = set(), False
-        while name not in seen and self.builder.analysis.defs.get(name):
-            seen.add(name)
-            first = self.builder.analysis.defs[name][0]
-            op = op_of(first)
-            if op.kind in ("zeros", "full"):  # zeros(shape, dtype), full(shape, value, dtype)
-                at = 1 if op.kind == "zeros" else 2
-                dtype = op.kwargs.get("dtype", op.args[at] if len(op.args) > at else None)
-                if not isinstance(dtype, (ast.Name, ast.Attribute)):
-                    return None
-                spelled = ast.unparse(dtype)
-                if not floated or spelled in FLOAT_TYPES:
-                    return spelled
-                return f"(tl.zeros((1,), {spelled}) + 0.0).dtype"
-            names = [a for a in op.args if isinstance(a, ast.Name)]
-            found = [a.value for a in op.args if isinstance(a, ast.Constant) and type(a.value) in (int, float)]
-            if (op.kind == "copy" or getattr(first, RESCALED, False)) and names and names[0] is op.args[0]:
-                name = names[0].id
-            elif numbers and op.kind in ("add", "sub", "mul") and len(names) == 1 and len(found) == 1:
-                name, floated = names[0].id, floated or isinstance(found[0], float)
-            else:
-                return None
-        return None
+    def state_type(self, name: str) -> str | None:
+        """The type a value has as the forward computes it (a carried one: Triton's promotion of its start and its
+        updates; analysis/value_types.py), spelled for the kernel; None where it cannot be said (then its tape is
+        of the widest type). What keeps it (its state tape, the forward's kept finals, a prologue) keeps that."""
+        analysis = self.builder.analysis
+        return value_type(name, analysis.defs, analysis.pointer_base, set(analysis.program.param_names()),
+                          analysis.program.constexprs)
 
     def inside(self, stmt: ast.stmt, node: ast.stmt) -> bool:
         return any(e is node for e in self.builder.enclosing[id(stmt)])
 
-
-FLOAT_TYPES = ("tl.float16", "tl.bfloat16", "tl.float32", "tl.float64")  # (a Python float keeps these)
 
 TAPED = ("A first pass keeps the state at the start of each iteration on a tape (every k-th where the tape\n"
          "would exceed its budget: then the iterations since are re-run); the reverse loop runs the iterations\n"

@@ -1,9 +1,15 @@
 """A nonlinear loop's state tape: the backward kernel's raw-byte scratch parameters for the carried state at the
 start of each iteration (or after the loop: its finals), how a launch sizes them (a slot per iteration where the
-tape fits its budget, checkpoints otherwise), and the helper that types a tape row."""
+tape fits its budget, checkpoints otherwise), and the helpers that type a tape row and read it.
+
+One rule types a state wherever it is kept: the type the forward computes it in (analysis/value_types.py, spelled
+for the kernel). The backward's rows, the augmented forward's (runtime/augment.py) and the bytes a launch gives
+them all follow that one spelling; where it cannot be said, the widest type (8 bytes, float64 or int64)."""
 
 from __future__ import annotations
 
+import ast
+import copy
 import os
 from dataclasses import dataclass, replace
 
@@ -32,7 +38,7 @@ class StateTape:
     loop: Origin | None = None  # the ``for`` in the user's code (augment.py finds it there)
     sources: tuple[str, ...] = ()  # each state's name in the user's code
     final: bool = False  # the state after the loop only, one slot (kept by the forward: LoopReversal.keep_finals)
-    dtypes: tuple[str | None, ...] = ()  # each state's dtype as its source creates it (`COMPUTE`, `tl.float32`)
+    dtypes: tuple[str | None, ...] = ()  # each state's type as the forward computes it (loops.state_type)
 
     @property
     def key(self) -> tuple:
@@ -78,9 +84,14 @@ class StateTape:
         args[self.slots] = slots
         return args
 
+    def type_names(self) -> set[str]:
+        """The launch's arguments its states' types are spelled with (a constexpr type, a pointer's)."""
+        return {n.id for d in self.dtypes if d is not None for n in ast.walk(ast.parse(d, mode="eval"))
+                if isinstance(n, ast.Name) and n.id not in ("tl", "tg")}
+
     def state_bytes(self, launch: LaunchValues) -> dict[str, int]:
         """Per tape parameter, the bytes of one slot of its state on a launch: 8 per element (the widest
-        type) where the source does not say the state's type."""
+        type) where the state's type is not said."""
         dtypes = self.dtypes or (None,) * len(self.states)
         return {param: launch.numel(shape) * _itemsize(dtype, launch)
                 for (param, shape), dtype in zip(self.states, dtypes, strict=True)}
@@ -92,25 +103,65 @@ class StateTape:
             return None
 
 
-def tape_row(dtype: str | None) -> str:
-    """The helper (language.py) that types a state's tape row: its own type where its source says it, else float64
-    (its value may widen in the loop: a literal ``0.0`` carrying float64 sums in the interpreter)."""
-    return "tape_row" if dtype is not None else "tape_row_wide"
+def tape_row(dtype: str | None, tape: ast.expr, like: ast.expr, slots: ast.expr, program: ast.expr) -> ast.Call:
+    """The call that makes a state's tape row (language.py) of the state's type, ``dtype`` as loops.state_type
+    spells it; of the widest type where that is None."""
+    args = [copy.deepcopy(a) for a in (tape, like, slots, program)]
+    if dtype is None:
+        return ast.Call(ast.Attribute(ast.Name("tg", ast.Load()), "tape_row_wide", ast.Load()), args, [])
+    args.append(ast.parse(dtype, mode="eval").body)
+    return ast.Call(ast.Attribute(ast.Name("tg", ast.Load()), "tape_row", ast.Load()), args, [])
+
+
+def tape_get(dtype: str | None, row: ast.expr, slot: ast.expr, like: ast.expr) -> ast.Call:
+    """The call that reads a state back from its row: in the row's type (``dtype``: the state's), or from a row of
+    the widest type (``dtype`` None), in the type the reader keeps it in."""
+    helper = "tape_get" if dtype is not None else "tape_get_wide"
+    return ast.Call(ast.Attribute(ast.Name("tg", ast.Load()), helper, ast.Load()),
+                    [copy.deepcopy(a) for a in (row, slot, like)], [])
 
 
 def _itemsize(dtype: str | None, launch: LaunchValues) -> int:
-    """Bytes per element of a dtype as written: `tl.float32`, or a constexpr the launch gives (a triton or
-    torch dtype); 8 where it is not known."""
-    import triton.language as tl
-
+    """Bytes per element of a state's type as loops.state_type spells it: `tl.float32`, a constexpr the launch
+    gives (a triton or torch dtype), or the promotion of samples (at most the widest of their types, and at least
+    four bytes: sums and divisions widen halves); 8 where it is not known."""
     if dtype is None:
         return 8
-    value = getattr(tl, dtype[3:], None) if dtype.startswith("tl.") else launch.arguments.get(dtype)
+    tree = ast.parse(dtype, mode="eval").body
+    if isinstance(tree, ast.Name) or not ast.unparse(tree).endswith(").dtype"):  # a type written out
+        size = _type_size(tree, launch)
+        return size if size is not None else 8
+    sizes = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("tl.zeros", "tl.full"):
+            at = 1 if ast.unparse(node.func) == "tl.zeros" else 2
+            sizes.append(_type_size(node.args[at], launch) if len(node.args) > at else None)
+        elif isinstance(node, ast.keyword) and node.arg in ("dtype", "out_dtype"):
+            sizes.append(_type_size(node.value, launch))
+        elif isinstance(node, ast.Name) and isinstance(launch.arguments.get(node.id), (int, float)):
+            sizes.append(8 if isinstance(launch.arguments[node.id], int) else 4)  # a scalar argument
+    return 8 if not sizes or None in sizes else max(4, *sizes)
+
+
+def _type_size(dtype: ast.expr, launch: LaunchValues) -> int | None:
+    """Bytes of a type written ``tl.float32``, as a constexpr (its value: a triton or torch dtype), or as a
+    pointer's element type ``x_ptr.dtype.element_ty`` (the tensor the launch passes); None where not known."""
+    import triton.language as tl
+
+    text = ast.unparse(dtype)
+    if text.startswith("tl."):
+        value = getattr(tl, text[3:], None)
+    elif isinstance(dtype, ast.Name):
+        value = launch.arguments.get(dtype.id)
+    elif text.endswith(".dtype.element_ty") and isinstance(getattr(dtype.value, "value", None), ast.Name):
+        value = getattr(launch.arguments.get(dtype.value.value.id), "dtype", None)
+    else:
+        return None
     bits = getattr(value, "primitive_bitwidth", None)
     if isinstance(bits, int) and bits >= 8:
         return bits // 8
     size = getattr(value, "itemsize", None)
-    return size if isinstance(size, int) and size > 0 else 8
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def tape_budget(device) -> int:

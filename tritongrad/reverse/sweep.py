@@ -255,11 +255,11 @@ class BackwardBuilder:
                             list(self.analysis.stored_params.values()))
 
     def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...]]]:
-        """Adjoints whose primal's shape and dtype the source says: -> (zeros of the adjoint's shape and type,
+        """Adjoints whose primal's shape the source says, and its type: -> (zeros of the adjoint's shape and type,
         the shape as written), for an interchange's prologue (interchange.Prologue)."""
         likes = {}
         for primal, adjoint in self.adjoint.items():
-            shape, dtype = self.analysis.shapes.get(primal), self.loops.dtype_as_written(primal, numbers=True)
+            shape, dtype = self.analysis.shapes.get(primal), self.loops.state_type(primal)
             if shape is not None and dtype is not None:
                 extents = "".join(f"{e}, " for e in shape)
                 likes[adjoint] = (ast.parse(f"tg.zeros_grad(tl.zeros(({extents}), {dtype}))", mode="eval").body,

@@ -103,7 +103,7 @@ class Augmented:
         for tape in self.tapes:
             names |= tape.trips.names() if tape.trips is not None else set()
             names |= {n for _, shape in tape.states for extent in shape for n in Expr.of_text(extent).names()}
-            names |= {d for d in tape.dtypes if d is not None and not d.startswith("tl.")}
+            names |= tape.type_names()
         return tuple(sorted(names))
 
     def _layout(self, named: dict[str, Any], grid: tuple[int, ...]) -> tuple | None:
@@ -184,8 +184,13 @@ def _build(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
         params.update(mine)
         found.params += mine.values()
         dtypes = tape.dtypes or (None,) * len(tape.states)
-        before = [f"{row[s]} = tritongrad_tg.{tape_row(dtype)}({params[p]}, {s}, {params[tape.slots]}, "
-                  "tritongrad_tg.program_index())"
+        # each typed state's tape as a pointer of its type, made where the kernel's parameters spell it (its type
+        # as the backward spells it: the same rule), passed on to the helpers on the way
+        kernel.tree.body[:0] = [_typed_tape(params[p], dtype) for (p, _), dtype in zip(tape.states, dtypes, strict=True)
+                                if dtype is not None]
+        before = [f"{row[s]} = " + ast.unparse(_tg(tape_row(dtype and f"{params[p]}.dtype.element_ty", *(
+            ast.Name(n, ast.Load()) for n in (params[p], s, params[tape.slots])), ast.parse(
+            "tg.program_index()", mode="eval").body)))
                   for (p, _), s, dtype in zip(tape.states, tape.sources, dtypes, strict=True)]
         before.append(f"{slot} = tritongrad_tl.full((), 0, tritongrad_tl.int32)")  # a constexpr 0 cannot be carried
         puts = [f"tritongrad_tg.tape_put({row[s]}, {slot}, {s}, True)" for s in tape.sources]
@@ -321,6 +326,20 @@ def _block_of(parent: ast.AST, node: ast.stmt) -> list[ast.stmt]:
         if isinstance(block, list) and any(s is node for s in block):
             return block
     raise ValueError("statement not found in its parent")
+
+
+def _typed_tape(param: str, dtype: str) -> ast.stmt:
+    """``param = param.to(tl.pointer_type(dtype))``, in the augmented kernel's own names for ``tl`` and ``tg``."""
+    text = f"{param} = {param}.to(tl.pointer_type({dtype}))"
+    return _tg(ast.parse(text).body[0])
+
+
+def _tg(node: ast.AST) -> ast.AST:
+    """``node`` with ``tl`` and ``tg`` named as the augmented kernel imports them (the user's scope may not)."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and n.id in ("tl", "tg"):
+            n.id = f"tritongrad_{n.id}"
+    return node
 
 
 def _parse(lines: list[str]) -> list[ast.stmt]:
