@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import hooks
+from . import forward_mode, hooks
 from .autograd_function import arguments_of, as_tuple, differentiable, differentiable_once, refuse_unread, taped_call
 from .saved_backward import eager_backward, recompute_backward, traced_backward, whole
 from .tape import Tape, current_tape
@@ -80,6 +80,8 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
                 return forward(*args, **kwargs)
             found = saving(*args, **kwargs)
             return tuple(found[:protos.outputs]) if several else found[0]
+        if current_tape.get() is None and forward_mode.active(args, kwargs):  # jvp, jacfwd, dual tensors
+            return forward_mode.call(fn, name, args, kwargs)  # (torch.library takes no forward-mode formula)
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         if current_tape.get() is not None:  # inside another op (hooks.active): its tape records these launches

@@ -42,7 +42,8 @@ that overwrites memory an earlier launch (or the same launch through another arg
 read, or that overwrites with ``tl.store`` what an earlier launch wrote, is refused with
 an error naming both launches. Overlap is judged by each view's address range, so
 interleaved views of one buffer count as overlapping. Kernels may not write to tensors
-that require grad. Double backward raises.
+that require grad. Double backward raises. Forward mode (``torch.func.jvp``, ``jacfwd``, dual tensors) replays the
+launches as their tangent kernels (forward_mode.py).
 
 Arguments: the backward differentiates the launches as they ran, so what the host function
 passes (shapes, strides, lengths, dtypes) is its own business. Gradients come in each
@@ -95,7 +96,7 @@ from typing import Any
 
 import torch
 
-from . import hooks
+from . import forward_mode, hooks
 from .autograd_function import arguments_of, taped_call
 from .library import named_op, opaque_default
 
@@ -124,6 +125,8 @@ def bare_op(fn: Any, deterministic: bool = False) -> Any:
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if not hooks.active() and forward_mode.active(args, kwargs):  # jvp, jacfwd, dual tensors (forward_mode.py)
+            return forward_mode.call(fn, fn.__qualname__, args, kwargs)
         if not torch.is_grad_enabled() or hooks.active():  # inference, or inside another op's tape
             return fn(*args, **kwargs)
         return taped(*args, **kwargs)
