@@ -173,3 +173,23 @@ def test_cross_entropy_with_ignored_rows_and_a_target_without_tangent():
         out = fwAD.unpack_dual(cross_entropy.cross_entropy(fwAD.make_dual(logits, t), target, ignore)).tangent
     want = torch.func.jvp(lambda z: cross_entropy.reference(z, target, ignore), (logits,), (t,))[1]
     torch.testing.assert_close(out, want, **TOL)
+
+
+@triton.jit
+def column_sums_kernel(x_ptr, total_ptr, n, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + tl.program_id(0) * n + cols, mask=cols < n, other=0.0)
+    tl.atomic_add(total_ptr + cols, tl.exp(x), mask=cols < n)
+
+
+@tritongrad.op
+def column_sums(x):
+    total = torch.zeros(x.shape[1], dtype=x.dtype)
+    column_sums_kernel[(x.shape[0],)](x, total, x.shape[1], BLOCK=32)
+    return total
+
+
+def test_an_atomic_add_adds_the_tangent_and_the_forward_once():
+    x, t = torch.randn(6, 29, dtype=DTYPE), torch.randn(6, 29, dtype=DTYPE)
+    torch.testing.assert_close(torch.func.jvp(column_sums, (x,), (t,)),
+                               torch.func.jvp(lambda x: torch.exp(x).sum(0), (x,), (t,)), **TOL)

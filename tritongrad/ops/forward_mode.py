@@ -7,8 +7,9 @@ those launches in order as their tangent kernels (runtime/tangent_kernel.py) aga
 (``TangentMemory``, as shadows.py lays out the backward's shadow memory): an argument's tangent is written into its
 storage's, and a buffer one launch writes and a later one reads carries the tangent from the one to the other. The
 replay is an ``autograd.Function`` of the tangents of its own, whose ``vmap`` runs it per tangent: ``jacfwd``'s
-batched tangents. Each tangent kernel stores the forward's values again where the forward stored them (the same
-values: the launches that wrote them ran before); one that only adds atomically gets scratch memory for them.
+batched tangents. Each tangent kernel computes the forward's values again and stores them to scratch memory (the
+forward's launches wrote them already, and later launches read those; an atomic add would add twice, and a
+recompiled kernel may round otherwise).
 
 Refused, naming the launch (OpError): a launch updating a tensor in place, one overwriting memory an earlier launch
 read, and a launch reading (or an op returning) a float tensor its host function made with PyTorch operations
@@ -123,7 +124,8 @@ class _Call:
                                  "forward mode does not yet follow")
             read.setdefault(_storage(tensors[p]), launch)
         found = tangent_kernel(kernel)
-        named = {p: (memory.scratch(v) if p in roles.stores - roles.overwrites else v) for p, v in named.items()}
+        named = {p: (memory.scratch(v) if p in roles.stores and isinstance(v, torch.Tensor) else v)
+                 for p, v in named.items()}
         tangents = {t: memory.view(tensors[p]) for p, t in found.tangent_params.items() if p in tensors}
         found[grid](**named, **tangents, **options)
 
@@ -153,8 +155,7 @@ class TangentMemory:
         return buffer.as_strided(x.size(), x.stride(), x.storage_offset())
 
     def scratch(self, x: torch.Tensor) -> torch.Tensor:
-        """Zeros laid out as ``x`` in memory of their own (what a tangent kernel adds atomically beside its
-        tangent: the forward's additions were made)."""
+        """Zeros laid out as ``x`` in memory of their own (where a tangent kernel stores the forward's values)."""
         return torch.zeros(_elements(x), dtype=x.dtype, device=x.device).as_strided(
             x.size(), x.stride(), x.storage_offset())
 
