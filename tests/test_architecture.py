@@ -10,7 +10,8 @@ import tritongrad
 
 PACKAGE = Path(tritongrad.__file__).parent
 # the stages, lowest first: a module may import its own stage and those before it
-STAGES = ("core", "frontend", "analysis", "writes", "reverse", "codegen", "runtime", "ops", "tools", "examples")
+STAGES = ("core", "frontend", "analysis", "writes", "reverse", "tangent", "codegen", "runtime", "ops", "tools",
+          "examples")
 MAX_LINES = 500
 
 
@@ -130,3 +131,14 @@ def test_every_tg_helper_has_its_facts_in_the_table():
     assert defined - variants == set(language.HELPERS)
     for name, helper in language.HELPERS.items():
         assert set(helper.calls) <= set(language.HELPERS), name
+
+
+def test_every_operation_with_adjoints_has_a_tangent_or_says_why_not():
+    """One table, both modes: forward mode reads an elementwise operation's adjoints as its tangent (a diagonal
+    Jacobian), any other operation's ``tangents``; one without says what forward mode does not yet handle."""
+    from tritongrad.core.operations import OPERATIONS
+
+    missing = {kind for kind, operation in OPERATIONS.items() if operation.has_rule and not operation.elementwise
+               and operation.tangents is None and not operation.no_tangent}
+    assert not missing, f"give these kinds `tangents` (or `no_tangent`) in core/operations.py: {sorted(missing)}"
+    assert not {kind for kind, o in OPERATIONS.items() if (o.tangents or o.no_tangent) and not o.has_rule}

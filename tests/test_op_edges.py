@@ -74,24 +74,26 @@ FORWARD = "forward-mode AD .* is not yet supported"
 
 @OPS
 @pytest.mark.parametrize("how", ["jvp", "jacfwd", "dual", "dual under no_grad"])
-def test_forward_mode_is_refused_naming_the_op(kind, how):
-    """It gave a zero tangent (named), no tangent (dual tensors) or crashed on a storage-less tensor (bare jvp)."""
-    op, name = op_of(kind), "sin_mul" if kind == "bare" else "tgedges::sin_mul"
+def test_forward_mode_gives_pytorchs_tangents(kind, how):
+    """It gave a zero tangent (named), no tangent (dual tensors) or crashed on a storage-less tensor (bare jvp); now
+    the launches' tangent kernels run (ops/forward_mode.py)."""
+    op = op_of(kind)
     x, w, tx, tw = (rand(37, grad=False) for _ in range(4))
-    with pytest.raises(OpError, match=f"tritongrad.op `{name}`: {FORWARD}"):
-        if how == "jvp":
-            torch.func.jvp(op, (x, w), (tx, tw))
-        elif how == "jacfwd":
-            torch.func.jacfwd(op)(x, w)
-        else:
-            with fwAD.dual_level(), torch.set_grad_enabled(how == "dual"):
-                op(fwAD.make_dual(x, tx), w)
+    want = torch.cos(x) * tx * w + torch.sin(x) * tw
+    if how == "jvp":
+        _, got = torch.func.jvp(op, (x, w), (tx, tw))
+    elif how == "jacfwd":
+        got, want = torch.func.jacfwd(op)(x, w), torch.diag(torch.cos(x) * w)
+    else:
+        with fwAD.dual_level(), torch.set_grad_enabled(how == "dual"):
+            got = fwAD.unpack_dual(op(fwAD.make_dual(x, tx), fwAD.make_dual(w, tw))).tangent
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("how", ["jvp", "dual"])
 def test_forward_mode_through_the_dispatcher_is_refused(how):
-    """torch.ops.ns.name (no tritongrad wrapper around the call): torch.library's Autograd kernel passed the
-    tangents by."""
+    """torch.ops.ns.name (no tritongrad wrapper around the call, and torch.library takes no forward-mode formula):
+    torch.library's Autograd kernel passed the tangents by, a zero tangent; refused."""
     x, w, tx = (rand(37, grad=False) for _ in range(3))
     with pytest.raises(OpError, match=f"`tgedges::sin_mul`: {FORWARD}"):
         if how == "jvp":
@@ -102,13 +104,18 @@ def test_forward_mode_through_the_dispatcher_is_refused(how):
 
 
 @pytest.mark.parametrize("name", ["rmsnorm", "softmax", "swiglu", "flash_attention"])
-def test_forward_mode_through_the_bundled_examples_is_refused(name):
+def test_forward_mode_through_the_bundled_examples_gives_pytorchs_tangents(name):
     example = EXAMPLES[name]
     inputs = example.make_inputs(example.sizes[0], device=DEVICE, dtype=D)
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
     rest = inputs[len(tensors):]
-    with pytest.raises(OpError, match=FORWARD):
-        torch.func.jvp(lambda *t: example.op(*t, *rest), tuple(tensors), tuple(torch.randn_like(t) for t in tensors))
+    tangents = tuple(torch.randn_like(t) for t in tensors)
+    _, got = torch.func.jvp(lambda *t: example.op(*t, *rest), tuple(tensors), tangents)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):  # (attention's reference: the math backend has forward AD)
+        _, want = torch.func.jvp(lambda *t: example.reference(*t, *rest), tuple(tensors), tangents)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
 
 
 def test_a_dual_level_without_tangents_leaves_reverse_mode_as_it_was():

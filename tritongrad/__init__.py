@@ -2,6 +2,7 @@
 
     bwd = tritongrad.grad(kernel)          # a derived backward kernel; bwd.src is its source
     vjp = tritongrad.vjp(tile_fn, wrt=(0, 1))
+    tan = tritongrad.jvp(kernel)           # a derived tangent (forward-mode) kernel; tan.src is its source
     @tritongrad.custom_vjp(helper_bwd)     # a hand-written adjoint for a @triton.jit helper
 
 The names below are imported on first use, so that importing tritongrad does not
@@ -16,6 +17,8 @@ _EXPORTS = {
     "custom_vjp": "runtime.custom",
     "grad": "runtime.derive",
     "kept": "tools.memory",
+    "jvp": "runtime.tangent_kernel",
+    "TangentKernel": "runtime.tangent_kernel",
     "vjp": "runtime.derive",
     "NotDifferentiableError": "core.errors",
     "OpError": "core.errors",

@@ -37,6 +37,7 @@ HELPERS: dict[str, Helper] = {
                           costly=True),
     "sum_grad": Helper(shape_only=(1,), flows=(0, 1), rank_like=1, shaped_like=True, costly=True),
     "extremum_grad": Helper(rank_like=1, shaped_like=True),
+    "extremum_tangent": Helper(costly=True),
     "cast_grad": Helper(flows=(0,), elementwise=True, rank_like=0),
     "zeros_grad": Helper(shape_only=(0,), flows=(0,), rank_like=0, shaped_like=True),
     "widened": Helper(flows=(0,), elementwise=True, rank_like=0),
@@ -174,6 +175,17 @@ def _extremum_grad(g, x, out, axis: tl.constexpr, keep_dims: tl.constexpr):
     hit = x == out
     count = tl.sum(hit.to(tl.float32), axis, keep_dims=True)
     return tl.where(hit, g / count, 0.0)
+
+
+def _extremum_tangent(t, x, out, axis: tl.constexpr, keep_dims: tl.constexpr):
+    """Tangent of ``out = tl.max(x, axis)`` (or ``tl.min``): the mean of ``t`` over the elements equal to ``out``
+    (as torch.amax's forward derivative; the adjoint shares the gradient among them alike)."""
+    if axis is not None:
+        if not keep_dims:
+            out = tl.expand_dims(out, axis)
+    hit = x == out
+    count = tl.sum(hit.to(tl.float32), axis, keep_dims=keep_dims)
+    return tl.sum(tl.where(hit, t, 0.0), axis, keep_dims=keep_dims) / count
 
 
 def _cast_grad(g, dtype):

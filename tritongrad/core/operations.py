@@ -7,6 +7,8 @@ result, and the parameter names), and the facts other passes ask about it:
 | field | who asks | meaning |
 | --- | --- | --- |
 | ``adjoints`` | reverse/rules.py | the derivative rule (None: none; ``no_gradient``: none needed) |
+| ``tangents`` | tangent/rules.py | forward mode's rule where adjoints do not give it (``LINEAR``: same call) |
+| ``no_tangent`` | tangent/rules.py | why forward mode does not yet handle an operation that has adjoints |
 | ``elementwise`` | analysis, reverse | operands broadcast together to the result's shape (adjoints are summed back) |
 | ``results`` | frontend, reverse | several results, unpacked into ``item`` s (``a, b = tl.split(x)``) |
 | ``pointer_args`` | analysis, reverse | argument positions a pointer passes through to the result |
@@ -93,6 +95,15 @@ def instantiate(template: str, env: dict[str, ast.expr]) -> ast.expr:
 # expression (for adjoints that depend on literal arguments, such as permutations).
 Adjoint = str | Callable[[dict[str, ast.expr]], str]
 
+# Forward mode (tangent/rules.py). An elementwise operation's Jacobian is diagonal: its adjoint template with ``g``
+# put as an argument's tangent is that argument's contribution to the result's tangent, so its adjoints are its
+# tangent rule too. Any other operation says its result's tangent: a template in its parameters, ``out`` and
+# ``t_<param>`` (a differentiated parameter's tangent; zeros where it has none), or a function of the bound
+# arguments and the set of parameters with tangents giving one (ValueError: refused); LINEAR: the same call with
+# each differentiated argument replaced by its tangent (sums, scans, shape operations, casts to float types).
+Tangent = str | Callable[[dict[str, ast.expr], frozenset[str]], str]
+LINEAR = "linear"
+
 
 @dataclass(frozen=True)
 class Operation:
@@ -115,6 +126,8 @@ class Operation:
     finite_at_minus_inf: bool = False
     shape_only: tuple[int, ...] = ()  # arguments read for their shape and type only (`tl.zeros_like(x)`)
     reshapes: bool = False  # its result is its first operand's values in order, in another shape (`x[:, None]`)
+    tangents: Tangent | None = None  # forward mode, where the adjoints do not give it (see Tangent)
+    no_tangent: str = ""  # what forward mode does not yet handle of it (a rule with adjoints but no tangent)
 
     @property
     def has_rule(self) -> bool:
@@ -262,6 +275,58 @@ rule("linear_scan", "input, axis, combine_fn, reverse=False", elementwise=False,
 rule("split", "a", elementwise=False, a="tl.join(g0, g1)")
 rule("join", "a, b", elementwise=False, a="tg.split_grad(g, a, 0)", b="tg.split_grad(g, b, 1)")
 _also("linear_scan split", results=2)
+
+
+# -- forward mode: tangents where the adjoints do not give them -----------------------------------------------------
+
+def _cast_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
+    bitcast = bound["bitcast"]
+    if not (isinstance(bitcast, ast.Constant) and not bitcast.value):
+        raise ValueError("a bitcast (or a cast whose bitcast= is not a literal)")
+    dtype = ast.unparse(bound["dtype"])
+    rounding = bound["fp_downcast_rounding"]
+    keyword = "" if isinstance(rounding, ast.Constant) and rounding.value is None else ", fp_downcast_rounding=rounding"
+    if dtype.startswith(("tl.float", "tl.bfloat")):
+        return f"tl.cast(t_input, dtype{keyword})"
+    return f"tl.cast(tg.cast_grad(t_input, dtype), dtype{keyword})"  # zeros where it turns out an integer type
+
+
+def _dot_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
+    """d(A B + C) = dA B + A dB + dC, each product accumulated into the next (as the forward's precision)."""
+    options = "".join(f", {k}={k}" for k in ("input_precision", "allow_tf32", "max_num_imprecise_acc", "out_dtype")
+                      if not (isinstance(bound[k], ast.Constant) and bound[k].value is None))
+    total = "t_acc" if "acc" in active else None
+    for a, b in (("t_input", "other"), ("input", "t_other")):
+        if a.removeprefix("t_") in active or b.removeprefix("t_") in active:
+            total = f"tl.dot({a}, {b}{'' if total is None else f', {total}'}{options})"
+    return total
+
+
+def _extremum_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
+    if not (isinstance(bound["return_indices"], ast.Constant) and bound["return_indices"].value is False):
+        raise ValueError("a max or min returning its indices")
+    return "tg.extremum_tangent(t_input, input, out, axis, keep_dims)"  # the ties' mean, as torch.amax's
+
+
+def _where_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
+    return f"tl.where(condition, {'t_x' if 'x' in active else '0.0'}, {'t_y' if 'y' in active else '0.0'})"
+
+
+def _linear_scan_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
+    a, b = bound["input"].elts
+    if "input[0]" in active:
+        raise ValueError("a linear recurrence whose factors are differentiated")
+    return f"tl.associative_scan(({ast.unparse(a)}, t_input_1), axis, combine_fn, reverse)"  # linear in b
+
+
+_also("to cast", tangents=_cast_tangent)
+_also("dot", tangents=_dot_tangent)
+_also("max min", tangents=_extremum_tangent)
+_also("where", tangents=_where_tangent)
+_also("softmax", tangents="tg.softmax_grad(t_x, out, dim)")  # the Jacobian diag(y) - y y^T is symmetric
+_also("linear_scan", tangents=_linear_scan_tangent)
+_also("sum cumsum subscript expand_dims reshape view trans permute item split join", tangents=LINEAR)
+_also("cumprod", no_tangent="`tl.cumprod`")
 
 # -- operations whose result carries no gradient ---------------------------------------------------------
 

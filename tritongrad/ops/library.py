@@ -25,7 +25,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from ..core.errors import OpError
-from . import hooks
+from . import forward_mode, hooks
 from .autograd_function import (
     arguments_of,
     as_tuple,
@@ -129,7 +129,9 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
                 return forward(*args, **kwargs)
             found = saving(*args, **kwargs)
             return tuple(found[:protos.outputs]) if several else found[0]
-        if transformed():  # forward mode is refused (the dispatcher's path refuses it too: _refuse_forward_mode)
+        if transformed():  # forward mode: tangent kernels (torch.library takes no forward-mode formula); other
+            if current_tape.get() is None and forward_mode.active(args, kwargs):  # transforms: refused
+                return forward_mode.call(fn, name, args, kwargs)
             refuse_transforms(name, args, kwargs, bare=False)
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)

@@ -45,7 +45,8 @@ that overwrites memory an earlier launch (or the same launch through another arg
 read, or that overwrites with ``tl.store`` what an earlier launch wrote, is refused with
 an error naming both launches. Overlap is exact: views of one buffer that interleave without
 sharing an element (its column halves) are apart. Kernels may not write to tensors
-that require grad. Double backward raises.
+that require grad. Double backward raises. Forward mode (``torch.func.jvp``, ``jacfwd``, dual tensors) replays the
+launches as their tangent kernels (forward_mode.py).
 
 Arguments: the backward differentiates the launches as they ran, so what the host function
 passes (shapes, strides, lengths, dtypes) is its own business. Gradients come in each
@@ -101,7 +102,7 @@ from triton.runtime.jit import KernelInterface
 
 from ..core.errors import OpError
 from ..core.source import unwrap
-from . import hooks
+from . import forward_mode, hooks
 from .autograd_function import arguments_of, refuse_transforms, taped_call, transformed
 from .library import check_name, named_op, opaque_default
 
@@ -145,7 +146,9 @@ def bare_op(fn: Any, deterministic: bool = False) -> Any:
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if transformed():  # forward mode, torch.func: refused (even under no_grad: tangents flow there too)
+        if transformed():  # forward mode: the launches' tangent kernels (forward_mode.py); torch.func's other
+            if not hooks.active() and forward_mode.active(args, kwargs):  # transforms: refused (even under no_grad:
+                return forward_mode.call(fn, fn.__qualname__, args, kwargs)  # tangents flow there too)
             refuse_transforms(name, args, kwargs, bare=True)
         if not torch.is_grad_enabled() or hooks.active():  # inference, or inside another op's tape
             return fn(*args, **kwargs)

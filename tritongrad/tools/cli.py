@@ -1,6 +1,6 @@
 """The ``tritongrad`` command: show a derived backward kernel, check an op, run the demo, time ops.
 
-    tritongrad show EXAMPLE | FILE.py:KERNEL [--wrt a,b] [--outputs y]
+    tritongrad show EXAMPLE | FILE.py:KERNEL [--wrt a,b] [--outputs y] [--jvp]
     tritongrad check EXAMPLE... | FILE.py:OP... [--dtype D...] [--sizes S...]
     tritongrad demo
     tritongrad bench EXAMPLE... | FILE.py:OP... [--dtype D] [--sizes S...] [--mode M...] [--impl I...] [--graphs]
@@ -65,14 +65,16 @@ def show(args: argparse.Namespace) -> int:
     try:
         kernels = load_kernels(args.kernel)
         wrt, outputs = _name_list(args.wrt), _name_list(args.outputs)
-        texts = [_shown_backward(kernel, wrt, outputs) for kernel in kernels]
+        shown = _shown_tangent if args.jvp else _shown_backward
+        texts = [shown(kernel, wrt, outputs) for kernel in kernels]
     except (UsageError, ValueError) as e:  # ValueError: --wrt / --outputs naming no such pointer
         return usage_error(e)
     except NotDifferentiableError as e:  # the refusal whole: where, what, and its hint
         print("\n".join([f"error: {e}", *getattr(e, "__notes__", ())]), file=sys.stderr)
         return 1
     if len(kernels) > 1:  # (an example's kernels, each under its name)
-        texts = [f"# the backward of `{unwrap(k).fn.__name__}` ({defined_at(unwrap(k))})\n\n{t}"
+        what = "tangent kernel" if args.jvp else "backward"
+        texts = [f"# the {what} of `{unwrap(k).fn.__name__}` ({defined_at(unwrap(k))})\n\n{t}"
                  for k, t in zip(kernels, texts, strict=True)]
     print(HEADER)
     print("\n\n".join(texts), end="")
@@ -102,6 +104,13 @@ def _shown_backward(kernel, wrt, outputs) -> str:
         text += (f"\n\n# Through a tritongrad.op, the forward keeps what the backward reads of its loops (augment.py): "
                  f"it launches\n\n{found.src}\n# and the backward reads them:\n\n{bwd.variant(best, saved=True).src}")
     return text
+
+
+def _shown_tangent(kernel, wrt, outputs) -> str:
+    """A kernel's derived tangent (forward-mode) kernel, as ``show --jvp`` prints it."""
+    from .. import jvp
+
+    return jvp(kernel, wrt=wrt, outputs=outputs).src
 
 
 def usage_error(error: Exception) -> int:
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("kernel", metavar="EXAMPLE|FILE.py:KERNEL")
     p.add_argument("--wrt", help="pointer parameters to differentiate, comma-separated")
     p.add_argument("--outputs", help="pointer parameters whose stores are differentiated, comma-separated")
+    p.add_argument("--jvp", action="store_true", help="the tangent (forward-mode) kernel instead of the backward")
     p.set_defaults(func=show)
     p = commands.add_parser("check", help="an op's forward and gradients against its PyTorch reference (FILE.py "
                             "also defines reference and make_inputs(size, device, dtype))")

@@ -1,0 +1,195 @@
+"""Forward mode through ops (ops/forward_mode.py): ``torch.func.jvp``, ``torch.autograd.forward_ad`` dual tensors and
+``torch.func.jacfwd`` through the bundled examples' named ops and through bare ops, against the same transforms of a
+plain-PyTorch reference; float64 in the interpreter, sizes that are not powers of two, random inputs and tangents."""
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad.core.errors import OpError
+from tritongrad.examples import cross_entropy, flash_attention, get, rmsnorm, softmax, swiglu
+
+DTYPE = torch.float64
+TOL = {"rtol": 1e-9, "atol": 1e-9}
+
+
+def _attention(q, k, v, causal=True):  # (SDPA has no forward AD on a CPU)
+    s = q @ k.transpose(-1, -2) * flash_attention.softmax_scale(q.shape[-1])
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+REFERENCES = {"flash_attention": _attention}
+
+
+def _differentiated(name, size):
+    """The example's inputs, and a function of its float tensors alone (the rest held), as the op and as the
+    reference."""
+    example = get(name)
+    inputs = example.make_inputs(size, "cpu", DTYPE)
+    floats = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+
+    def of(fn):
+        def f(*xs):
+            full = list(inputs)
+            for i, x in zip(floats, xs, strict=True):
+                full[i] = x
+            return fn(*full)
+        return f
+
+    primals = tuple(inputs[i] for i in floats)
+    return primals, of(example.op), of(REFERENCES.get(name, example.reference))
+
+
+EXAMPLES = [("rmsnorm", (7, 45)), ("softmax", (6, 37)), ("swiglu", (5, 61)), ("flash_attention", (2, 37, 12)),
+            ("flash_attention", (1, 37, 16, 0)), ("cross_entropy", (7, 101))]
+
+
+@pytest.mark.parametrize(("name", "size"), EXAMPLES)
+def test_torch_func_jvp_through_a_named_example(name, size):
+    primals, op, reference = _differentiated(name, size)
+    tangents = tuple(torch.randn_like(p) for p in primals)
+    got = torch.func.jvp(op, primals, tangents)
+    torch.testing.assert_close(got, torch.func.jvp(reference, primals, tangents), **TOL)
+
+
+@pytest.mark.parametrize(("name", "size"), EXAMPLES[:4])
+def test_dual_tensors_through_a_named_example(name, size):
+    primals, op, reference = _differentiated(name, size)
+    tangents = tuple(torch.randn_like(p) for p in primals)
+    with fwAD.dual_level():
+        out = fwAD.unpack_dual(op(*[fwAD.make_dual(p, t) for p, t in zip(primals, tangents, strict=True)]))
+        got = (out.primal, out.tangent)
+    torch.testing.assert_close(got, torch.func.jvp(reference, primals, tangents), **TOL)
+
+
+def test_jacfwd_through_a_named_example():
+    primals, op, reference = _differentiated("rmsnorm", (3, 7))
+    got = torch.func.jacfwd(op, argnums=(0, 1))(*primals)
+    torch.testing.assert_close(got, torch.func.jacfwd(reference, argnums=(0, 1))(*primals), **TOL)
+
+
+# -- bare ops: the examples' launches, and a buffer passed from one launch to the next ---------------------------
+
+
+@tritongrad.op
+def bare_rmsnorm(x, w):
+    return rmsnorm.rmsnorm_launch(x, w)()
+
+
+@tritongrad.op
+def bare_attention(q, k, v):
+    return flash_attention.flash_attention_launch(q, k, v, True)()
+
+
+@tritongrad.op
+def softmax_then_swiglu(x, b):
+    """Two launches: the second reads the buffer the first wrote (its tangent carried through tangent memory)."""
+    y = softmax.softmax_launch(x)()
+    return swiglu.swiglu_launch(y, b)()
+
+
+def test_jvp_and_dual_tensors_through_bare_ops():
+    x, w, tx, tw = (torch.randn(5, 29, dtype=DTYPE), torch.randn(29, dtype=DTYPE), torch.randn(5, 29, dtype=DTYPE),
+                    torch.randn(29, dtype=DTYPE))
+    want = torch.func.jvp(rmsnorm.reference, (x, w), (tx, tw))
+    torch.testing.assert_close(torch.func.jvp(bare_rmsnorm, (x, w), (tx, tw)), want, **TOL)
+    with fwAD.dual_level():
+        out = fwAD.unpack_dual(bare_rmsnorm(fwAD.make_dual(x, tx), w))  # w without a tangent
+        got = (out.primal, out.tangent)
+    torch.testing.assert_close(got, torch.func.jvp(lambda x: rmsnorm.reference(x, w), (x,), (tx,)), **TOL)
+    q, k, v = (torch.randn(1, 2, 21, 16, dtype=DTYPE) for _ in range(3))
+    tq, tk, tv = (torch.randn_like(q) for _ in range(3))
+    torch.testing.assert_close(torch.func.jvp(bare_attention, (q, k, v), (tq, tk, tv)),
+                               torch.func.jvp(_attention, (q, k, v), (tq, tk, tv)), **TOL)
+
+
+def test_a_buffer_carries_the_tangent_from_one_launch_to_the_next():
+    x, b = torch.randn(4, 33, dtype=DTYPE), torch.randn(4, 33, dtype=DTYPE)
+    tx, tb = torch.randn_like(x), torch.randn_like(b)
+
+    def reference(x, b):
+        return swiglu.reference(torch.softmax(x, -1), b)
+
+    torch.testing.assert_close(torch.func.jvp(softmax_then_swiglu, (x, b), (tx, tb)),
+                               torch.func.jvp(reference, (x, b), (tx, tb)), **TOL)
+    torch.testing.assert_close(torch.func.jacfwd(softmax_then_swiglu)(x[:2, :5].contiguous(), b[:2, :5].contiguous()),
+                               torch.func.jacfwd(reference)(x[:2, :5], b[:2, :5]), **TOL)
+
+
+def test_views_of_one_storage_and_the_same_tensor_twice():
+    base, w = torch.randn(6, 29, dtype=DTYPE), torch.randn(29, dtype=DTYPE)
+    t_base, t_w = torch.randn_like(base), torch.randn_like(w)
+    got = torch.func.jvp(lambda base, w: bare_rmsnorm(base[1:5], w), (base, w), (t_base, t_w))
+    want = torch.func.jvp(lambda base, w: rmsnorm.reference(base[1:5], w), (base, w), (t_base, t_w))
+    torch.testing.assert_close(got, want, **TOL)
+    a, ta = torch.randn(3, 20, dtype=DTYPE), torch.randn(3, 20, dtype=DTYPE)
+    got = torch.func.jvp(lambda a: swiglu.swiglu(a, a), (a,), (ta,))  # one tensor, one tangent: its elements'
+    torch.testing.assert_close(got, torch.func.jvp(lambda a: swiglu.reference(a, a), (a,), (ta,)), **TOL)
+    with pytest.raises(OpError, match="shares memory with itself .* or another argument, and the tangents"):
+        torch.func.jvp(swiglu.swiglu, (a, a), (ta, torch.randn_like(a)))  # two tangents for one memory
+
+
+# -- refusals ---------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def scale_in_place_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(x_ptr + offs, x * 2.0, mask=offs < n)
+
+
+@tritongrad.op
+def doubled_in_place(x):
+    y = x.clone()
+    scale_in_place_kernel[(1,)](y, y.numel(), BLOCK=64)
+    return y
+
+
+@tritongrad.op
+def softmax_of_twice(x):
+    return softmax.softmax_launch(x * 2.0)()
+
+
+def test_what_forward_mode_does_not_follow_is_refused_naming_it():
+    x, t = torch.randn(3, 20, dtype=DTYPE), torch.randn(3, 20, dtype=DTYPE)
+    with pytest.raises(OpError, match=r"softmax_of_twice` in forward mode: launch 0 \(`softmax_kernel`\) reads "
+                                      r"`x_ptr`, a tensor neither an argument"):
+        torch.func.jvp(softmax_of_twice, (x,), (t,))
+    with pytest.raises(OpError, match=r"updates `x_ptr` in place"):
+        torch.func.jvp(doubled_in_place, (x,), (t,))
+
+
+def test_cross_entropy_with_ignored_rows_and_a_target_without_tangent():
+    logits, target, ignore = cross_entropy.make_inputs((6, 40), "cpu", DTYPE)
+    t = torch.randn_like(logits)
+    with fwAD.dual_level():
+        out = fwAD.unpack_dual(cross_entropy.cross_entropy(fwAD.make_dual(logits, t), target, ignore)).tangent
+    want = torch.func.jvp(lambda z: cross_entropy.reference(z, target, ignore), (logits,), (t,))[1]
+    torch.testing.assert_close(out, want, **TOL)
+
+
+@triton.jit
+def column_sums_kernel(x_ptr, total_ptr, n, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + tl.program_id(0) * n + cols, mask=cols < n, other=0.0)
+    tl.atomic_add(total_ptr + cols, tl.exp(x), mask=cols < n)
+
+
+@tritongrad.op
+def column_sums(x):
+    total = torch.zeros(x.shape[1], dtype=x.dtype)
+    column_sums_kernel[(x.shape[0],)](x, total, x.shape[1], BLOCK=32)
+    return total
+
+
+def test_an_atomic_add_adds_the_tangent_and_the_forward_once():
+    x, t = torch.randn(6, 29, dtype=DTYPE), torch.randn(6, 29, dtype=DTYPE)
+    torch.testing.assert_close(torch.func.jvp(column_sums, (x,), (t,)),
+                               torch.func.jvp(lambda x: torch.exp(x).sum(0), (x,), (t,)), **TOL)
