@@ -94,6 +94,10 @@ def test_forward_mode_gives_pytorchs_tangents(kind, how):
 def test_forward_mode_through_the_dispatcher_is_refused(how):
     """torch.ops.ns.name (no tritongrad wrapper around the call, and torch.library takes no forward-mode formula):
     torch.library's Autograd kernel passed the tangents by, a zero tangent; refused."""
+    from tritongrad.ops.library import DISPATCHER_REFUSES_FORWARD_MODE
+
+    if "tgedges::sin_mul" not in DISPATCHER_REFUSES_FORWARD_MODE:
+        pytest.skip("this torch refuses to override the Autograd kernel torch.library registered")
     x, w, tx = (rand(37, grad=False) for _ in range(3))
     with pytest.raises(OpError, match=f"`tgedges::sin_mul`: {FORWARD}"):
         if how == "jvp":

@@ -98,12 +98,12 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
     plans = {}  # shared by the eager forward's tapes and the backwards' (see tritongrad.ops.tape)
     forward = _register(name, protos.forward, _named_impl(fn, name, arguments, plans, deterministic, not opaque),
                         _fake(fn), opaque)
-    _refuse_forward_mode(forward, name)
     backward_op = torch.library.custom_op(name + "_backward", mutates_args=(), schema=torch.library.infer_schema(
         protos.backward, mutates_args=()))(recompute_backward(fn, name, arguments, plans, deterministic))
     backward_op.register_fake(_fake_backward)
     setup_context, backward = _autograd(backward_op, name)
     forward.register_autograd(backward, setup_context=setup_context)
+    _refuse_forward_mode(forward, name)  # (after register_autograd, which registers a triton_op's Autograd kernel)
     saving = None
     if not _legacy():  # what torch.compile calls: the forward also returns what its backward reads
         saving = _register(name + "_saving", protos.saving, _saving_impl(fn, name, not opaque), _saving_fake(fn),
@@ -181,7 +181,14 @@ def _refuse_forward_mode(op: Any, name: str) -> None:
 
     with warnings.catch_warnings():  # ("Overriding a previously registered kernel": torch.library's, on purpose)
         warnings.simplefilter("ignore", UserWarning)
-        op._lib.impl(op._name, autograd_impl, "Autograd", with_keyset=True)
+        try:
+            op._lib.impl(op._name, autograd_impl, "Autograd", with_keyset=True)
+        except RuntimeError:  # a torch that refuses to override a Python kernel (2.11): the op's own call still
+            return  # refuses forward mode or runs it (forward_mode.py); only a bare torch.ops call is left unchecked
+    DISPATCHER_REFUSES_FORWARD_MODE.add(name)
+
+
+DISPATCHER_REFUSES_FORWARD_MODE: set[str] = set()  # named ops whose torch.ops call refuses forward mode
 
 
 def _register(name: str, proto: Any, impl: Any, fake: Any, opaque: bool) -> Any:
