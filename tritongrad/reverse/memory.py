@@ -24,11 +24,13 @@ import copy
 from ..core.ir import (
     arguments,
     call_statement,
+    copy_structured,
     is_none,
     name_node,
     names_in,
     op_of,
     refuse,
+    statements,
     stored_value,
     target_of,
     where,
@@ -196,11 +198,53 @@ class MemoryAdjoints:
 
     def zero_in_place(self, stmt: ast.stmt) -> None:
         """Zeros where a store overwrote an input updated in place: its shadow held the new values' gradient (read by
-        now), and the loads' adjoints add the gradient of the values it held before."""
+        now), and the loads' adjoints add the gradient of the values it held before. Where the load it overwrote
+        (same address and mask) has its adjoint stored (``stores_over``), that store sets these elements: no zeros,
+        but the barrier still, so that every thread has read the new values' gradient before it is replaced."""
+        b = arguments(stmt)
+        if not any(self.stores_over(t) for t in self.builder.analysis.updates.get(id(stmt), ())):
+            masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
+            self.builder.emit(call_statement("tl.store", name_node(self.builder.shadow_name(b["pointer"].id)),
+                                             ast.Constant(0.0), **masked))
+        self.builder.emit(call_statement("tl.debug_barrier"))  # read (and zeroed) by every thread before the
+        # loads' adjoints write
+
+    def stores_over(self, load: str) -> bool:
+        """Whether the adjoint of the load with result ``load``, of an input updated in place, is stored at its
+        addresses (the store strategy: each element reached once), setting the gradient there whole: the zeros of
+        the store that overwrites it are left to it. (A load no adjoint reaches then stores zeros:
+        ``store_zero_adjoint``.)"""
+        analysis = self.builder.analysis
+        param = next((p for p, loads in analysis.loads.items() if any(target_of(s) == load for s in loads)), None)
+        choice = self.builder.choices.get(param)
+        return (param in analysis.in_place and choice is not None and choice.mode == Mode.STORE and not choice.private
+                and load not in choice.later and load in analysis.active and load not in analysis.reloads)
+
+    def zero_stores(self, block: list[ast.stmt], load: ast.stmt) -> list[ast.stmt]:
+        """Zeros stored at the addresses ``load`` reads in ``block`` (the store strategy's ``fill``: the branch it is in
+        computes them, for the programs that take the other branch; the loops around it repeated: sweep.py's
+        ``reverse_if``)."""
+        b = arguments(load)
+        masked = {} if is_none(b["mask"]) else {"mask": copy.deepcopy(b["mask"])}
+        inner: list[ast.stmt] = [ast.Expr(ast.Call(instantiate("tl.store", {}), [
+            name_node(self.builder.shadow_name(b["pointer"].id)), ast.Constant(0.0)],
+            [ast.keyword(k, v) for k, v in masked.items()]))]
+        for s in block:
+            if s is load:
+                return self.builder.recompute(block, inner) + inner
+            if isinstance(s, ast.For) and any(x is load for x in statements(s.body)):
+                loop = copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
+                                       body=self.zero_stores(s.body, load))
+                return self.builder.recompute(block, [loop]) + [loop]
+        raise AssertionError("the load is not in the block")
+
+    def store_zero_adjoint(self, stmt: ast.stmt) -> None:
+        """A load ``stores_over`` says is stored, that no adjoint reached (its value reaches the outputs only
+        through a stabilizer, say): zeros at its addresses, in place of its store's."""
+        self.builder.comment_for(stmt)
         b = arguments(stmt)
         masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
+        self.builder.written_inputs.add(self.builder.analysis.pointer_base[b["pointer"].id])
         self.builder.emit(call_statement("tl.store", name_node(self.builder.shadow_name(b["pointer"].id)),
                                          ast.Constant(0.0), **masked))
-        self.builder.emit(call_statement("tl.debug_barrier"))  # read and zeroed by every thread before the loads'
-        # adjoints add
 

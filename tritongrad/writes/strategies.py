@@ -314,6 +314,7 @@ def choose(inputs: dict[str, Any], facts: LaunchFacts | None, deterministic: boo
     choosing = Choosing(facts, deterministic)
     choices = {}
     for param, facts_of in inputs.items():
+        facts_of = facts_of.at_launch(lambda c: holds(c, choosing))  # (loads that meet at this launch: their fallback)
         if facts is not None and param in facts.self_overlapping and not facts_of.inactive:
             choices[param] = Choice(Mode.ATOMIC)
             continue
