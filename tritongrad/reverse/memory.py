@@ -48,6 +48,8 @@ class MemoryAdjoints:
 
     def __init__(self, builder):
         self.builder = builder  # the sweep this writes memory adjoints into (sweep.BackwardBuilder)
+        self.barrier_due = False  # an in-place shadow read where a load's adjoint will store: a barrier before
+        # the next write to an in-place shadow (zero_in_place)
 
     def emit(self, stmt: ast.stmt) -> None:  # (strategies.Sweep: what a strategy's code is emitted through)
         self.builder.emit(stmt)
@@ -64,6 +66,7 @@ class MemoryAdjoints:
         later = target_of(stmt) in choice.later
         if not later:  # (where only later adds write, the stored load's adjoint is zero: the buffer is zero-filled)
             self.builder.written_inputs.add(param)
+        self.barrier_before_writing(param)
         if op_of(stmt).kind == "desc_load":
             self.builder.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
             return
@@ -200,14 +203,25 @@ class MemoryAdjoints:
         """Zeros where a store overwrote an input updated in place: its shadow held the new values' gradient (read by
         now), and the loads' adjoints add the gradient of the values it held before. Where the load it overwrote
         (same address and mask) has its adjoint stored (``stores_over``), that store sets these elements: no zeros,
-        but the barrier still, so that every thread has read the new values' gradient before it is replaced."""
+        but a barrier before the next write to an in-place shadow (``barrier_before_writing``), so that every thread
+        has read the new values' gradient before it is replaced."""
         b = arguments(stmt)
-        if not any(self.stores_over(t) for t in self.builder.analysis.updates.get(id(stmt), ())):
-            masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
-            self.builder.emit(call_statement("tl.store", name_node(self.builder.shadow_name(b["pointer"].id)),
-                                             ast.Constant(0.0), **masked))
-        self.builder.emit(call_statement("tl.debug_barrier"))  # read (and zeroed) by every thread before the
-        # loads' adjoints write
+        if any(self.stores_over(t) for t in self.builder.analysis.updates.get(id(stmt), ())):
+            self.barrier_due = True  # (one barrier for the reads since the last: before the next write)
+            return
+        masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
+        self.builder.emit(call_statement("tl.store", name_node(self.builder.shadow_name(b["pointer"].id)),
+                                         ast.Constant(0.0), **masked))
+        self.builder.emit(call_statement("tl.debug_barrier"))  # read and zeroed by every thread before the loads'
+        # adjoints add
+        self.barrier_due = False
+
+    def barrier_before_writing(self, param: str) -> None:
+        """Before a write to an input updated in place: the barrier its reads since the last one are due (each
+        element's new values' gradient is read by its store's adjoint, in the same block before its load's)."""
+        if self.barrier_due and param in self.builder.analysis.in_place:
+            self.builder.emit(call_statement("tl.debug_barrier"))
+            self.barrier_due = False
 
     def stores_over(self, load: str) -> bool:
         """Whether the adjoint of the load with result ``load``, of an input updated in place, is stored at its
@@ -245,6 +259,7 @@ class MemoryAdjoints:
         b = arguments(stmt)
         masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
         self.builder.written_inputs.add(self.builder.analysis.pointer_base[b["pointer"].id])
+        self.barrier_before_writing(self.builder.analysis.pointer_base[b["pointer"].id])
         self.builder.emit(call_statement("tl.store", name_node(self.builder.shadow_name(b["pointer"].id)),
                                          ast.Constant(0.0), **masked))
 
