@@ -4,7 +4,9 @@
   shadow with the store's mask (masked-off lanes read zero); for a tensor updated in place
   (analysis.in_place_pointers; or named in wrt and outputs and stored without a load by this
   specialization: ``Analysis.in_place``) the shadow is then zeroed there, the loads' adjoints adding
-  the gradient of the values the store overwrote (none where nothing loads them);
+  the gradient of the values the store overwrote (none where nothing loads them); where the load the
+  store overwrites is stored (the store strategy), no zeros: that store replaces the gradient, after a
+  barrier;
 - a load of a ``wrt`` input: its adjoint is written by the strategy chosen for the input (the kernel
   variant being built: writes/strategies.py emits it, calling back into the sweep for the names and
   partial sums it needs); where the load's ``other`` has a gradient, the adjoint of the lanes its mask

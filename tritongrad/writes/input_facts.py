@@ -5,7 +5,9 @@ address as an affine form (analysis/addresses.py) and keeps, as conditions on a 
 (analysis/conditions.py data), whether its addresses are apart across lanes, programs and iterations (``owned``),
 cover the tensor (``covers``), are shared by the programs along a grid axis (``shared``: partial rows, summed in
 registers where they do not move), or shared along an axis but moved by a loop (``interchange``: a kernel of its
-own), or why none of these can be shown. :class:`WritePlan` holds them for every input; its ``choose`` takes, per
+own), or why none of these can be shown; several loads at addresses apart from one another each stored
+(``together``), one stored and the others added later (``later``) as the ``fallback`` where they meet at a launch.
+:class:`WritePlan` holds them for every input; its ``choose`` takes, per
 launch, the first strategy whose facts hold (strategies.choose).
 """
 
