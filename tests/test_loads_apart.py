@@ -229,3 +229,33 @@ def test_rope_in_place_in_half_precision_on_a_gpu(choices):
                         torch.autograd.grad(want, twins, grads), strict=True):
             torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol * b.abs().max().item())
         assert choices[-1]["q_ptr"].mode == choices[-1]["k_ptr"].mode == Mode.STORE
+
+
+@triton.jit
+def softmax_first_half_in_place(x_ptr, half, BLOCK: tl.constexpr):
+    """Each row's first half replaced by its softmax, stabilized by the max of its second half, which is cleared:
+    the second half's load reaches the output only through that max, whose gradient is exactly zero."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < half
+    x1 = tl.load(x_ptr + row * 2 * half + cols, mask=mask, other=-float("inf"))
+    x2 = tl.load(x_ptr + row * 2 * half + half + cols, mask=mask, other=-float("inf"))
+    e = tl.exp(x1 - tl.max(x2, axis=0))
+    tl.store(x_ptr + row * 2 * half + cols, e / tl.sum(e, axis=0), mask=mask)
+    tl.store(x_ptr + row * 2 * half + half + cols, tl.zeros_like(x2), mask=mask)
+
+
+def test_an_in_place_load_no_adjoint_reaches_stores_zeros_in_place_of_its_stores(device):
+    """The store over the second half leaves its zeros to the load's adjoint (each half stored once), but no
+    adjoint reaches that load (a stabilizer's max): its adjoint is written as zeros, else the new values' gradient
+    would stay there. Fails with reverse/sweep.py's call of store_zero_adjoint taken out."""
+    bwd = tritongrad.grad(softmax_first_half_in_place)
+    assert "atomic_add" not in bwd.src
+    assert bwd.src.count("tl.store(d_x_ptr + row * 2 * half + half + cols, 0.0, mask=mask)") == 1
+    rows, half = 4, 5
+    x, g = (torch.randn(rows, 2 * half, dtype=F64, device=device) for _ in range(2))
+    named = dict(x_ptr=x.clone(), half=half, BLOCK=8)
+    got = bwd.gradients((rows,), named, {"x_ptr": g})["x_ptr"]
+    leaf = x.clone().requires_grad_()
+    want = torch.cat([torch.softmax(leaf[:, :half], 1), torch.zeros(rows, half, dtype=F64, device=device)], 1)
+    torch.testing.assert_close(got, torch.autograd.grad(want, leaf, g)[0], rtol=1e-10, atol=1e-10)
