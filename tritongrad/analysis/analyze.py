@@ -72,6 +72,8 @@ class Analysis:
     in_place: frozenset[str] = frozenset()  # differentiated pointers updated in place (in_place_pointers)
     reloads: dict[str, str] = field(default_factory=dict)  # a load reading back what the kernel stored -> its pointer
     stored_params: dict[str, str] = field(default_factory=dict)  # reloaded pointer -> its values after the launch
+    updates: dict[int, tuple[str, ...]] = field(default_factory=dict)  # id(a store over an input updated in place)
+    # -> the results of the loads whose elements it overwrites (in_place.py)
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -108,7 +110,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.stabilizers = stable
     analysis.in_place = frozenset((in_place | _overwritten(found, wrt, outputs)) & set(wrt))
-    analysis.reloads, analysis.stored_params = place.reloads, place.stored
+    analysis.reloads, analysis.stored_params, analysis.updates = place.reloads, place.stored, place.updates
     analysis.shapes = infer_shapes(program, tile)
     analysis.padding = padding(program.body)
     if not tile:

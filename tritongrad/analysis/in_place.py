@@ -64,6 +64,8 @@ class InPlace:
     pointers: frozenset[str] = frozenset()
     reloads: dict[str, str] = field(default_factory=dict)  # a reload's result -> the pointer it reads back
     stored: dict[str, str] = field(default_factory=dict)  # a reloaded pointer -> stored_param(it)
+    updates: dict[int, tuple[str, ...]] = field(default_factory=dict)  # id(a store) -> the results of the loads
+    # whose elements it overwrites (same address and mask, after them in their block)
 
 
 def stored_param(param: str, params: Sequence[str]) -> str:
@@ -82,11 +84,14 @@ def in_place_pointers(program: Program, found: Pointers) -> InPlace:
     if not set(found.loads) & set(found.stores):
         return InPlace()
     reads = _Reads(program, found)
-    reloads = {}
+    reloads, updates = {}, {}
     for name in sorted(set(found.loads) & set(found.stores)):
         for s in found.loads[name]:
             if reads.reading(name, s) is not None:
                 reloads[target_of(s)] = name
+            else:
+                for store in reads.own(name, s):
+                    updates[id(store)] = (*updates.get(id(store), ()), target_of(s))
     assert found.in_place == set(found.loads) & set(found.stores)  # (the rest refused above)
     params = program.param_names()
     stored = {p: stored_param(p, params) for p in sorted(set(reloads.values()))}
@@ -96,7 +101,7 @@ def in_place_pointers(program: Program, found: Pointers) -> InPlace:
             raise refuse(where(load), f"a load reading back what the kernel stored over `{reloads[target_of(load)]}`, "
                          f"in a kernel that names a value `{stored[reloads[target_of(load)]]}`",
                          "rename that value: its backward takes the tensor as the launch left it under that name")
-    return InPlace(found.in_place, reloads, stored)
+    return InPlace(found.in_place, reloads, stored, updates)
 
 
 def reloaded(program: Program, found: Pointers) -> frozenset[str]:

@@ -5,6 +5,7 @@ whose address lost a program id as a coordinate refused."""
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from ..core.errors import NotDifferentiableError
 from ..core.ir import (
@@ -18,10 +19,11 @@ from ..core.ir import (
     where,
 )
 from .addresses import descriptor_form, enclosing_loops, mask_bounds
-from .conditions import All, Apart, AtLeast, AtMost, LaunchCheck, decided_now
+from .conditions import All, Apart, AtLeast, AtMost, Condition, LaunchCheck, decided_now
 from .flow import loaded_values, program_axes
 from .forms import Form, Lane, LoopIndex, form_of_terms, form_program_axes
 from .lanes import (
+    LaunchCoordinates,
     StoreSite,
     bound_group,
     check_data_stores,
@@ -192,55 +194,81 @@ def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: 
                        loaded: frozenset[str] = frozenset(), defs: dict | None = None) -> list[LaunchCheck]:
     """Two stores to one output that may both run: accepted when their addresses are the same form shifted
     by a constant (``out + cols`` and ``out + half + cols``; ``stats + row * 3 + 1`` and ``+ 2``) and no
-    element is written by both: the two stores read as one with a coordinate more (which store, stride
-    the shift), whose lanes, programs and iterations must reach distinct elements. A mask the shift moves
-    alike (``cols < N``, ``cols + half < N``: a tile stored in halves) bounds that coordinate too. Decided now
-    where every number is known, else at each launch; refused where it cannot be shown."""
+    element is written by both (``shifted_apart``). Decided now where every number is known, else at each
+    launch; refused where it cannot be shown."""
     what = f"a second tl.store to `{output}` (the other on line {where(first.stmt).line})"
     hint = ("store each output once, or store its parts at addresses that differ by a constant "
             "(`out + cols` and `out + half + cols`, with `cols < half`)")
+    try:
+        condition = shifted_apart(first, second, trips, loaded, defs).condition
+    except NotShifted as e:
+        raise refuse(where(second.stmt), f"{what}{e}", hint) from None
+    construct = f"{what}: with this launch's sizes, both may write one element"
+    verdict = decided_now(condition)
+    if verdict is False:
+        raise refuse(where(second.stmt), f"{what}: both write one element", hint)
+    return [] if verdict else [LaunchCheck(condition, construct, hint, where(second.stmt), fallback=construct)]
+
+
+class NotShifted(Exception):
+    """Why two sites' addresses cannot be read as one form shifted by a constant (the text follows a description
+    of the second site)."""
+
+
+@dataclass(frozen=True)
+class Shifted:
+    """Two sites (stores, or loads: lanes.StoreSite) read as one with a coordinate more, ``which`` (0 at the first,
+    1 at the second, stride ``shift``): ``condition`` says its lanes, programs, iterations and ``which`` reach
+    distinct elements; ``found``: the first's coordinates under the bounds both masks share."""
+
+    condition: Condition
+    found: LaunchCoordinates
+    shift: Expr
+
+
+def shifted_apart(first: StoreSite, second: StoreSite, trips: dict[LoopIndex, Expr],
+                  loaded: frozenset[str] = frozenset(), defs: dict | None = None, which: str = "which store"
+                  ) -> Shifted:
+    """Two sites' addresses as the same form shifted by a constant, read as one site with a coordinate more (which
+    one, stride the shift; ``which`` names it), whose lanes, programs and iterations must reach distinct elements.
+    A mask the shift moves alike (``cols < N``, ``cols + half < N``: a tile in halves) bounds that coordinate too.
+    Raises NotShifted where they cannot be read so."""
     a, b = first.local_form, second.local_form
     if not (a.affine and b.affine) or first.shape is None or second.shape is None:
-        raise refuse(where(second.stmt), f"{what}: their addresses cannot be read as affine forms", hint)
+        raise NotShifted(": their addresses cannot be read as affine forms")
     defs = defs or {}
 
     def strides(form: Form) -> tuple:  # scalars computed twice alike compare equal
         return tuple((k, canonical(poly({c[1]: c[0]}), defs)) for k, c in form.terms)
 
     if strides(a) != strides(b) or tuple(first.shape) != tuple(second.shape):
-        raise refuse(where(second.stmt), f"{what}, whose addresses move differently along lanes, programs "
-                     "or loops", hint)
+        raise NotShifted(", whose addresses move differently along lanes, programs or loops")
     if first.offset is None or second.offset is None:
-        raise refuse(where(second.stmt), f"{what}: the constant parts of their addresses are not known", hint)
+        raise NotShifted(": the constant parts of their addresses are not known")
     shift = poly_add(second.offset, first.offset, -1)
     if {n for names, _ in shift for n in names} & loaded:
-        raise refuse(where(second.stmt), f"{what}: the shift between their addresses is computed from loaded "
-                     "data", hint)
+        raise NotShifted(": the shift between their addresses is computed from loaded data")
     if canonical(shift, defs) == ZERO:
-        raise refuse(where(second.stmt), f"{what} at the same addresses", hint)
-    construct = f"{what}: with this launch's sizes, both may write one element"
+        raise NotShifted(" at the same addresses")
     common = [x for x in first.bounds if x in second.bounds]
     found = launch_coordinates(a, first.shape, common, trips)
     if found is None:
-        raise refuse(where(second.stmt), f"{what}: a loop's trip count is not known", hint)
-    which = poly_expr(shift)
+        raise NotShifted(": a loop's trip count is not known")
+    moves = poly_expr(shift)
     groups, same_ratio = [], []
-    for form, limit in first.bounds:  # `x <= l1` and `x <= l2`: `x + which * (l1 - l2) <= l1` over both stores,
+    for form, limit in first.bounds:  # `x <= l1` and `x <= l2`: `x + which * (l1 - l2) <= l1` over both sites,
         for other, other_limit in second.bounds:  # where the shift is the address's stride times l1 - l2
             group = bound_group(a, found.keys, form, limit) if other == form and (form, limit) not in common else None
             if group is not None:
                 members, most, coefficients, ratio = group
                 moved = limit - other_limit
                 groups.append(((*members, len(found.keys)), most, (*coefficients, moved)))
-                same_ratio += [AtLeast(which, ratio * moved), AtLeast(ratio * moved, which),
+                same_ratio += [AtLeast(moves, ratio * moved), AtLeast(ratio * moved, moves),
                                AtLeast(moved, Expr.const(0))]
-    condition = found.apart((("which store", which, Expr.const(2)),), tuple(groups))
+    condition = found.apart(((which, moves, Expr.const(2)),), tuple(groups))
     if same_ratio:
         condition = All((condition, *same_ratio))
-    verdict = decided_now(condition)
-    if verdict is False:
-        raise refuse(where(second.stmt), f"{what}: both write one element", hint)
-    return [] if verdict else [LaunchCheck(condition, construct, hint, where(second.stmt), fallback=construct)]
+    return Shifted(condition, found, moves)
 
 
 def check_blocks_apart(first: ast.stmt, second: ast.stmt, output: str, forms: dict, offsets: dict, shapes: dict,

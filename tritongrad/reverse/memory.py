@@ -4,7 +4,9 @@
   shadow with the store's mask (masked-off lanes read zero); for a tensor updated in place
   (analysis.in_place_pointers; or named in wrt and outputs and stored without a load by this
   specialization: ``Analysis.in_place``) the shadow is then zeroed there, the loads' adjoints adding
-  the gradient of the values the store overwrote (none where nothing loads them);
+  the gradient of the values the store overwrote (none where nothing loads them); where the load the
+  store overwrites is stored (the store strategy), no zeros: that store replaces the gradient, after a
+  barrier;
 - a load of a ``wrt`` input: its adjoint is written by the strategy chosen for the input (the kernel
   variant being built: writes/strategies.py emits it, calling back into the sweep for the names and
   partial sums it needs); where the load's ``other`` has a gradient, the adjoint of the lanes its mask
@@ -24,11 +26,13 @@ import copy
 from ..core.ir import (
     arguments,
     call_statement,
+    copy_structured,
     is_none,
     name_node,
     names_in,
     op_of,
     refuse,
+    statements,
     stored_value,
     target_of,
     where,
@@ -46,6 +50,8 @@ class MemoryAdjoints:
 
     def __init__(self, builder):
         self.builder = builder  # the sweep this writes memory adjoints into (sweep.BackwardBuilder)
+        self.barrier_due = False  # an in-place shadow read where a load's adjoint will store: a barrier before
+        # the next write to an in-place shadow (zero_in_place)
 
     def emit(self, stmt: ast.stmt) -> None:  # (strategies.Sweep: what a strategy's code is emitted through)
         self.builder.emit(stmt)
@@ -62,6 +68,7 @@ class MemoryAdjoints:
         later = target_of(stmt) in choice.later
         if not later:  # (where only later adds write, the stored load's adjoint is zero: the buffer is zero-filled)
             self.builder.written_inputs.add(param)
+        self.barrier_before_writing(param)
         if op_of(stmt).kind == "desc_load":
             self.builder.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
             return
@@ -196,11 +203,65 @@ class MemoryAdjoints:
 
     def zero_in_place(self, stmt: ast.stmt) -> None:
         """Zeros where a store overwrote an input updated in place: its shadow held the new values' gradient (read by
-        now), and the loads' adjoints add the gradient of the values it held before."""
+        now), and the loads' adjoints add the gradient of the values it held before. Where the load it overwrote
+        (same address and mask) has its adjoint stored (``stores_over``), that store sets these elements: no zeros,
+        but a barrier before the next write to an in-place shadow (``barrier_before_writing``), so that every thread
+        has read the new values' gradient before it is replaced."""
         b = arguments(stmt)
+        if any(self.stores_over(t) for t in self.builder.analysis.updates.get(id(stmt), ())):
+            self.barrier_due = True  # (one barrier for the reads since the last: before the next write)
+            return
         masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
         self.builder.emit(call_statement("tl.store", name_node(self.builder.shadow_name(b["pointer"].id)),
                                          ast.Constant(0.0), **masked))
         self.builder.emit(call_statement("tl.debug_barrier"))  # read and zeroed by every thread before the loads'
         # adjoints add
+        self.barrier_due = False
+
+    def barrier_before_writing(self, param: str) -> None:
+        """Before a write to an input updated in place: the barrier its reads since the last one are due (each
+        element's new values' gradient is read by its store's adjoint, in the same block before its load's)."""
+        if self.barrier_due and param in self.builder.analysis.in_place:
+            self.builder.emit(call_statement("tl.debug_barrier"))
+            self.barrier_due = False
+
+    def stores_over(self, load: str) -> bool:
+        """Whether the adjoint of the load with result ``load``, of an input updated in place, is stored at its
+        addresses (the store strategy: each element reached once), setting the gradient there whole: the zeros of
+        the store that overwrites it are left to it. (A load no adjoint reaches then stores zeros:
+        ``store_zero_adjoint``.)"""
+        analysis = self.builder.analysis
+        param = next((p for p, loads in analysis.loads.items() if any(target_of(s) == load for s in loads)), None)
+        choice = self.builder.choices.get(param)
+        return (param in analysis.in_place and choice is not None and choice.mode == Mode.STORE and not choice.private
+                and load not in choice.later and load in analysis.active and load not in analysis.reloads)
+
+    def zero_stores(self, block: list[ast.stmt], load: ast.stmt) -> list[ast.stmt]:
+        """Zeros stored at the addresses ``load`` reads in ``block`` (the store strategy's ``fill``: the branch it is in
+        computes them, for the programs that take the other branch; the loops around it repeated: sweep.py's
+        ``reverse_if``)."""
+        b = arguments(load)
+        masked = {} if is_none(b["mask"]) else {"mask": copy.deepcopy(b["mask"])}
+        inner: list[ast.stmt] = [ast.Expr(ast.Call(instantiate("tl.store", {}), [
+            name_node(self.builder.shadow_name(b["pointer"].id)), ast.Constant(0.0)],
+            [ast.keyword(k, v) for k, v in masked.items()]))]
+        for s in block:
+            if s is load:
+                return self.builder.recompute(block, inner) + inner
+            if isinstance(s, ast.For) and any(x is load for x in statements(s.body)):
+                loop = copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
+                                       body=self.zero_stores(s.body, load))
+                return self.builder.recompute(block, [loop]) + [loop]
+        raise AssertionError("the load is not in the block")
+
+    def store_zero_adjoint(self, stmt: ast.stmt) -> None:
+        """A load ``stores_over`` says is stored, that no adjoint reached (its value reaches the outputs only
+        through a stabilizer, say): zeros at its addresses, in place of its store's."""
+        self.builder.comment_for(stmt)
+        b = arguments(stmt)
+        masked = {} if is_none(b["mask"]) else {"mask": b["mask"]}
+        self.builder.written_inputs.add(self.builder.analysis.pointer_base[b["pointer"].id])
+        self.barrier_before_writing(self.builder.analysis.pointer_base[b["pointer"].id])
+        self.builder.emit(call_statement("tl.store", name_node(self.builder.shadow_name(b["pointer"].id)),
+                                         ast.Constant(0.0), **masked))
 

@@ -40,7 +40,6 @@ from ..core.ir import (
     child_blocks,
     copy_structured,
     free_names,
-    is_none,
     is_structured,
     name_node,
     names_in,
@@ -399,29 +398,12 @@ class BackwardBuilder:
                     load = next((s for s in statements(block) if target_of(s) == c.fill
                                  and op_of(s).kind in LOADS), None)
                     if load is not None:
-                        bodies[1 - i] += self.zero_stores(block, load)
+                        bodies[1 - i] += self.memory.zero_stores(block, load)
         self.comment(f"grad of: {self.describe(node)}  (the branch taken recomputes its values, then its adjoints)")
         for p in pre:
             self.emit(p)
         self.emit(copy_structured(node, test=copy.deepcopy(node.test), body=bodies[0] or [ast.Pass()],
                                    orelse=bodies[1]))
-
-    def zero_stores(self, block: list[ast.stmt], load: ast.stmt) -> list[ast.stmt]:
-        """Zeros stored at the addresses ``load`` reads in ``block`` (the store strategy's ``fill``: the branch it is in
-        computes them, for the programs that take the other branch; the loops around it repeated)."""
-        b = arguments(load)
-        masked = {} if is_none(b["mask"]) else {"mask": copy.deepcopy(b["mask"])}
-        inner: list[ast.stmt] = [ast.Expr(ast.Call(instantiate("tl.store", {}), [
-            name_node(self.shadow_name(b["pointer"].id)), ast.Constant(0.0)],
-            [ast.keyword(k, v) for k, v in masked.items()]))]
-        for s in block:
-            if s is load:
-                return self.recompute(block, inner) + inner
-            if isinstance(s, ast.For) and any(x is load for x in statements(s.body)):
-                loop = copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
-                                       body=self.zero_stores(s.body, load))
-                return self.recompute(block, [loop]) + [loop]
-        raise AssertionError("the load is not in the block")
 
     def with_shadow(self, stmt: ast.stmt) -> list[ast.stmt]:
         return self.forward.with_shadow(stmt)
@@ -462,6 +444,8 @@ class BackwardBuilder:
                 self.memory.reverse_load(stmt, t)
             else:
                 self.rules.reverse(stmt, t)
+        elif op.kind in LOADS and self.memory.stores_over(t):  # no adjoint reached it, its store's zeros left to it
+            self.memory.store_zero_adjoint(stmt)
 
     def g_of(self, stmt: ast.stmt) -> str | None:
         """The adjoint of the statement's result, if any reached it."""

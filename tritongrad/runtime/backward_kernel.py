@@ -374,8 +374,10 @@ class BackwardKernel:
             device = next((t.device for p in self.wrt if hasattr(t := named.get(p), "device")), None)
             writes = self.saved_writes if saved is not None else self.writes
             parallel = multiprocessors(device)
-            facts = LaunchFacts(LaunchValues(named, grid), written, shared, self_overlapping, parallel,
-                                tape_budget(device), max(tuning.WAVES) * parallel)
+            # (an input updated in place: its buffer holds the new values' gradient, which the kernel reads where it
+            # stores, before its loads' adjoints write there: to be written, not added to)
+            facts = LaunchFacts(LaunchValues(named, grid), written - self.in_place, shared, self_overlapping,
+                                parallel, tape_budget(device), max(tuning.WAVES) * parallel)
             choices = writes.choose(facts, deterministic=self.deterministic)
             if self.deterministic:
                 self.checks.refuse_atomics(choices, self_overlapping)
@@ -412,8 +414,8 @@ class BackwardKernel:
         decide the tuned launch setting)."""
         names = {*self.wrt, *self.outputs}
         for facts in self.writes.inputs.values():
-            for c in (facts.owned, facts.covers, *facts.shared.values(), *facts.interchange.values()):
-                names |= c.names() if c is not None else set()
+            for c in facts.conditions():
+                names |= c.names()
         return tuple(sorted(names & set(self.params)))
 
     def launch_notes(self) -> str:

@@ -90,9 +90,10 @@ class Launches:
         key = (id(self), variant.choices, bool(tapes), grid, tuning.describe({**named, **output_grads, **buffers}))
         settings = []
         for i, part in enumerate(variant.parts):
-            touched = [buffers[p] for p, c in variant.choices if p in part.wrt and c.strategy.adds_in_kernel]
+            touched = [buffers[p] for p, c in variant.choices if p in part.wrt and (
+                c.strategy.adds_in_kernel or p in self.kernel.in_place)]  # (in place: its gradient read, replaced)
 
-            def trial(s: tuning.Setting, i: int = i) -> None:  # the trials add into ``touched``: restored after
+            def trial(s: tuning.Setting, i: int = i) -> None:  # the trials write ``touched``: restored after
                 rows = self.run(variant, grid, named, output_grads, buffers, (s,) * len(variant.parts), written, 0,
                                  reduce=False, tapes=tapes, only=i)
                 for found, *_ in rows.values():  # summing the partial rows is part of a setting's cost: more

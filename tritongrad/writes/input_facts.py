@@ -5,23 +5,28 @@ address as an affine form (analysis/addresses.py) and keeps, as conditions on a 
 (analysis/conditions.py data), whether its addresses are apart across lanes, programs and iterations (``owned``),
 cover the tensor (``covers``), are shared by the programs along a grid axis (``shared``: partial rows, summed in
 registers where they do not move), or shared along an axis but moved by a loop (``interchange``: a kernel of its
-own), or why none of these can be shown. :class:`WritePlan` holds them for every input; its ``choose`` takes, per
+own), or why none of these can be shown; several loads at addresses apart from one another each stored
+(``together``), one stored and the others added later (``later``) as the ``fallback`` where they meet at a launch.
+:class:`WritePlan` holds them for every input; its ``choose`` takes, per
 launch, the first strategy whose facts hold (strategies.choose).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass, field, replace
 
 from ..analysis.addresses import enclosing_loops, mask_bounds
 from ..analysis.analyze import Analysis
-from ..analysis.conditions import All, AtMost, Condition, Covers
+from ..analysis.conditions import All, AtMost, Condition, Covers, decided_now
 from ..analysis.flow import loaded_values, program_axes
 from ..analysis.forms import Lane, LoopIndex, ProgramDigit, ProgramId, form_of_terms
-from ..analysis.lanes import launch_coordinates, scalars_written_out
+from ..analysis.lanes import StoreSite, launch_coordinates, scalars_written_out
 from ..analysis.launch_values import UNKNOWN_TRIP, Expr
+from ..analysis.offsets import address_offsets, offset_of
 from ..analysis.scalars import starts_at_zero
+from ..analysis.stores import NotShifted, shifted_apart
 from ..core.ir import (
     arguments,
     canonical_atom,
@@ -58,6 +63,20 @@ class InputFacts:
     fill: str = ""  # (with covers) the load's result, in a branch of an if: the other branch stores zeros there
     rereads: tuple[str, ...] = ()  # the other loads' results, at this load's address in sibling loops over its
     # range: their adjoints added to its own and written once (reverse/rereads.py)
+    together: tuple[str, ...] = ()  # (with owned) its loads' results, at addresses apart from one another (the two
+    # halves of a row): each load's adjoint written where it is computed, as if one load
+    fallback: InputFacts | None = None  # where ``owned`` fails at a launch (the loads meet): these facts instead
+
+    def at_launch(self, holds) -> InputFacts:
+        """The facts a launch takes (``holds``: whether a condition holds at it): the fallback's where the loads
+        are not apart there."""
+        return self.fallback if self.fallback is not None and not holds(self.owned) else self
+
+    def conditions(self) -> list[Condition]:
+        """Every condition a launch evaluates to choose from these facts (the fallback's too)."""
+        found = [c for c in (self.owned, self.covers, *self.shared.values(), *self.interchange.values())
+                 if c is not None]
+        return found + (self.fallback.conditions() if self.fallback is not None else [])
 
     def describe(self) -> str:
         """What ``tritongrad show`` says of it."""
@@ -82,6 +101,12 @@ class InputFacts:
                             if self.fill else "")
                          + (f"; the adjoints of its other loads ({', '.join(f'`{n}`' for n in self.later)}) "
                             "kept per program and added after the kernel" if self.later else ""))
+            if self.together:
+                parts[-1] = parts[-1].replace("once", f"once, its loads {_names(self.together)} read as one load "
+                                              "with a coordinate more", 1)
+        if self.fallback is not None and self.fallback.later:
+            parts.append(f"where they meet at a launch, one stored and the adjoints of the others "
+                         f"({_names(self.fallback.later)}) kept per program and added after the kernel")
         parts.append("else added atomically" + (f": {self.why}" if self.why and not parts else ""))
         if self.rereads:
             parts.append(f"its loads at the same addresses in sibling loops over the same range "
@@ -130,7 +155,7 @@ def plan_writes(a: Analysis) -> WritePlan:
     for p in a.in_place:  # its shadow holds the new values' gradient: written where loaded, no partial rows
         if inputs[p].later:  # (zeroed and refilled where stored: one load, one place)
             inputs[p] = InputFacts(p, why="it is loaded by several statements")
-        inputs[p] = replace(inputs[p], covers=None, shared={}, in_registers=frozenset())
+        inputs[p] = replace(inputs[p], covers=None, shared={}, in_registers=frozenset(), fallback=None)
     if a.in_place:  # one kernel: every input's adjoint reads the new values' gradient before it is replaced
         inputs = {p: replace(facts, interchange={}, trips=None) for p, facts in inputs.items()}
     return WritePlan(inputs)
@@ -159,6 +184,15 @@ class _Context:
         if first is not None:  # one address in sibling loops over one range: one write (reverse/rereads.py)
             return replace(self.load(param, first), shared={}, in_registers=frozenset(), interchange={}, trips=None,
                            rereads=tuple(target_of(s) for s in loads if s is not first))
+        fallback = self._later(param, loads)
+        together = self._together(param, loads)
+        if together is not None:  # each stored; where a launch puts them together, the others added later
+            return replace(together, fallback=fallback)
+        return fallback or InputFacts(param, why="it is loaded by several statements")
+
+    def _later(self, param: str, loads: list[ast.stmt]) -> InputFacts | None:
+        """One of several loads stored, the others outside loops, their adjoints added after the kernel (None: none
+        can be)."""
         in_loops = [s for s in loads if any(isinstance(n, ast.For) for n in self.nested[id(s)])]
         if len(in_loops) <= 1:  # the one in a loop (else any) stored, the others added later
             for stmt in in_loops or loads:
@@ -167,7 +201,58 @@ class _Context:
                 if owned.owned is not None and all(self._addable_later(s) for s in later):
                     return replace(owned, shared={}, in_registers=frozenset(), interchange={}, trips=None,
                                    later=tuple(target_of(s) for s in later))
-        return InputFacts(param, why="it is loaded by several statements")
+        return None
+
+    def _together(self, param: str, loads: list[ast.stmt]) -> InputFacts | None:
+        """Several loads of an input, each reaching its addresses once, at addresses the same form shifted by
+        constants (the two halves of a row: ``x + row * D + cols`` and ``x + row * D + D // 2 + cols``): each pair
+        read as one load with a coordinate more, which load, whose stride is the shift (analysis/stores.py's
+        ``shifted_apart``, as two stores of one output are), and shown apart over lanes, programs, iterations and
+        that coordinate. Then every address is reached once by all of them together: each load's adjoint is
+        stored where it is computed. Two loads of one mask, each exact, starting at the tensor's first element:
+        they may cover it. None where this cannot be shown, or is shown false now."""
+        a = self.a
+        if any(operation_of(op_of(s)).descriptor for s in loads):
+            return None
+        each = [self.load(param, s) for s in loads]
+        if any(f.owned is None for f in each):
+            return None
+        sites = [self._site(s) for s in loads]
+        pairs = []
+        for i, first in enumerate(sites):
+            for second in sites[i + 1:]:
+                try:
+                    shifted = shifted_apart(first, second, a.trips, frozenset(self.loaded), self.defs, "which load")
+                except NotShifted:
+                    return None
+                if decided_now(shifted.condition) is False:  # (they meet: the fallback)
+                    return None
+                pairs.append(shifted)
+        written = lambda c: scalars_written_out(c, a.program.body)  # noqa: E731
+        apart = written(pairs[0].condition if len(pairs) == 1 else All(tuple(p.condition for p in pairs)))
+        owned = All((*(f.owned for f in each), apart))
+        covers = None
+        first, second = sites[0], sites[-1]
+        b = arguments(loads[0])
+        if (len(loads) == 2 and first.bounds == second.bounds and pairs[0].found.exact
+                and mask_bounds(b["mask"], a.forms, self.defs, a.shapes, exact=True) is not None
+                and not any(isinstance(n, ast.If) for s in loads for n in self.nested[id(s)])
+                and not set(pairs[0].found.keys) & a.bounded_trips and self._starts_at_zero(b["pointer"].id, param)):
+            found = pairs[0].found  # (a shift that is not positive at a launch: Covers fails there)
+            covers = written(Covers((*found.coordinates, (pairs[0].shift, Expr.const(2))), found.bounds, param))
+        return InputFacts(param, owned, covers, apart=apart, together=tuple(target_of(s) for s in loads))
+
+    @functools.cached_property
+    def offsets(self) -> dict:
+        return address_offsets(self.a.program.body, self.a.forms)
+
+    def _site(self, stmt: ast.stmt) -> StoreSite:
+        """A load read as lanes.py reads a store: its address's form and offset, tile, loops and mask's bounds."""
+        a, b = self.a, arguments(stmt)
+        address = b["pointer"].id
+        bounds = mask_bounds(b["mask"], a.forms, self.defs, a.shapes) or []
+        return StoreSite(stmt, a.forms.get(address), offset_of(address, self.offsets, a.forms), a.shapes.get(address),
+                         self.around[id(stmt)], tuple(bounds))
 
     def _rereads(self, loads: list[ast.stmt]) -> ast.stmt | None:
         """The first of ``loads`` where each sits directly in the body of a loop of its own, the loops siblings in
@@ -330,6 +415,10 @@ class _Context:
             if axis in self.axes_of.get(n, set()):
                 return False
         return True
+
+
+def _names(results: tuple[str, ...]) -> str:
+    return ", ".join(f"`{n}`" for n in results)
 
 
 def _runtime_stride(terms: dict) -> bool:

@@ -16,8 +16,9 @@ applies. Adding a strategy is one entry there (and its kernel-side support, wher
 - ``none``: the input's value reaches no output: nothing written, the buffer zero-filled.
 - ``store``: each address the input's load reads is reached once in the launch (lanes, programs and loop iterations
   apart): a plain ``tl.store`` in the input's dtype; no zero-fill where the loads cover the tensor. Into a buffer of
-  its own (``private``, added after the kernels) where another input's buffer overlaps it. An input loaded by other
-  statements outside loops keeps their adjoints per program, added after the kernel (``later``: LaterAdds).
+  its own (``private``, added after the kernels) where another input's buffer overlaps it. Several loads at addresses
+  apart from one another (a row's two halves) each store theirs; else an input loaded by other statements outside
+  loops keeps their adjoints per program, added after the kernel (``later``: LaterAdds).
 - ``add``: as store, but the buffer already holds gradient: load, add, store, still without atomics.
 - ``interchange``: the programs along an axis read the same addresses, moved by a loop (a matmul's ``A[m, k]``): a
   kernel of its own whose programs are the loop's iterations (reverse/interchange.py), storing each tile once.
@@ -314,6 +315,7 @@ def choose(inputs: dict[str, Any], facts: LaunchFacts | None, deterministic: boo
     choosing = Choosing(facts, deterministic)
     choices = {}
     for param, facts_of in inputs.items():
+        facts_of = facts_of.at_launch(lambda c: holds(c, choosing))  # (loads that meet at this launch: their fallback)
         if facts is not None and param in facts.self_overlapping and not facts_of.inactive:
             choices[param] = Choice(Mode.ATOMIC)
             continue
