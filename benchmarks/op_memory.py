@@ -83,11 +83,12 @@ def cases(op: str, s: dict, device: str, dtype):
         impls["tritongrad"] = lambda q, k, cos, sin: rotary.rotary(q.contiguous(), k.contiguous(), cos, sin)
         impls["eager"] = rotary.reference
         if liger:
-            from liger_kernel.ops.rope import LigerRopeFunction, rope_forward
+            from liger_kernel.ops.rope import LigerRopeFunction
 
-            def rope_on_clones(q, k, cos, sin):
-                return rope_forward(q.clone(), k.clone(), cos, sin)[:2]
-            impls["liger-fwd"] = tritongrad.op(rope_on_clones)
+            from benchmarks.train_hf import liger_rope, liger_rope_on_clones
+
+            impls["liger-fwd"] = tritongrad.op(liger_rope)  # in place on the views of q and k, as Liger writes it
+            impls["liger-fwd-clones"] = tritongrad.op(liger_rope_on_clones)
             impls["liger"] = LigerRopeFunction.apply
     elif op == "cross_entropy":
         def make():
@@ -97,6 +98,11 @@ def cases(op: str, s: dict, device: str, dtype):
         impls["eager"] = cross_entropy.reference
         if liger:
             from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+
+            from benchmarks.train_hf import liger_cross_entropy_rows
+
+            loss_only = tritongrad.op(liger_cross_entropy_rows)  # its kernel launched loss-only, as written
+            impls["liger-fwd"] = lambda x, t: loss_only(x, t, -100)
             impls["liger"] = lambda x, t: LigerCrossEntropyFunction.apply(x, t, None, -100, 0.0, 0.0, "none")[0]
     elif op == "attention":
         def make():
