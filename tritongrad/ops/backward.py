@@ -68,6 +68,11 @@ class OpBackward:
                 shadows[shadow.key] = g  # derived kernels only read it: no zero-filled copy
             elif overlapping:  # an expanded output (`y.expand(...)`): each element gets its positions' sum
                 _scatter_add(self._shadow(shadows, shadow, guards), g)
+            elif (guards is None and shadow.key not in shadows
+                  and math.prod(size) == math.prod(plan.buffers[shadow.key][0])):  # a fresh buffer the output's
+                shape, dtype, device = plan.buffers[shadow.key]  # view covers: the gradient copied in (widened),
+                shadows[shadow.key] = torch.empty(shape, dtype=dtype, device=device)  # not added to zeros (a view
+                self._shadow(shadows, shadow).copy_(g)  # updated in place: its whole storage)
             else:
                 self._shadow(shadows, shadow, guards).add_(g)
         # an empty output given a gradient, or a launch of no programs, passes none back: inputs get zeros there
@@ -234,7 +239,11 @@ class OpBackward:
             bwd = _derived_kernel(step, launch.kernel, args, self.deterministic)
         except NotDifferentiableError as e:
             raise noted(e, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)") from None
-        prepared = bwd.prepare(args, grid, written, step.shared, step.self_overlapping, launch.saved)
+        laid = {p: torch.empty_strided(v.size, v.stride, dtype=v.dtype, device="meta")  # the layout of a tensor not
+                for p, v in step.launch.views.items()  # kept (derive_ahead), which a write strategy's facts read
+                if step.launch.slots.get(p) in self.plan.unused}  # (the kernel reads no value through it)
+        prepared = bwd.prepare({**args, **laid} if laid else args, grid, written, step.shared, step.self_overlapping,
+                               launch.saved)
         found = (bwd, prepared, self._buffers(step, prepared))
         if key is not None:
             step.ready[key] = found
@@ -285,21 +294,32 @@ class OpBackward:
         plan = self.plan
         if plan.plain_inputs:  # distinct storages, each one contiguous view, no cast: the shadows as they are
             return [shadows.get(v.key) if need else None for v, need in zip(plan.input_views, needs, strict=True)]
-        keys = [v.key for v, need in zip(plan.input_views, needs, strict=True) if need and v.key in shadows]
+        views = plan.input_views
+        live = [need and v.key in shadows for v, need in zip(views, needs, strict=True)]
+        for i, v in enumerate(views):  # an input whose elements an earlier one has, each of them (a view updated in
+            if live[i] and any(live[j] and _same_elements(views[j], v) for j in range(i)):  # place and its base, a
+                live[i] = False  # segment's inputs both): its gradient would be zeros, and None costs nothing
         grads = []
-        for v, shadow, need in zip(plan.input_views, plan.input_shadows, needs, strict=True):
-            if not need or v.key not in shadows:
+        for i, (v, shadow) in enumerate(zip(views, plan.input_shadows, strict=True)):
+            if not live[i]:
                 grads.append(None)
                 continue
             g = self._shadow(shadows, shadow)
+            later = any(live[j] and views[j].key == v.key for j in range(i + 1, len(views)))
             if shadow.view is not None and torch._debug_has_internal_overlap(g):
                 g = g * _first_cover(v, plan.storages[v.key][1])
-            elif keys.count(v.key) > 1:
+            elif later:
                 g = g.clone()
-            if keys.count(v.key) > 1:
+            if later:  # (its elements' gradient is taken: a later input covering them gets zeros there)
                 self._shadow(shadows, shadow).zero_()
             grads.append(g if g.dtype == v.dtype else g.to(v.dtype))
         return grads
+
+
+def _same_elements(u: View, v: View) -> bool:
+    """Whether two views of a storage reach the same elements, each once: one span, which each fills."""
+    n = v.span[1] - v.span[0]
+    return u.key == v.key and u.span == v.span and math.prod(u.size) == math.prod(v.size) == n and n > 0
 
 
 def derive_ahead(name: str, plan: Plan, launches: Sequence[Any], deterministic: bool = False) -> None:

@@ -31,6 +31,7 @@ from ..core.device import ensure_allocator, tracing
 from ..core.errors import OpError
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
+from ..runtime.backward_kernel import decisive_constexprs, hashable
 from .aliases import alias_view
 from .backward import OpBackward, derive_ahead
 from .call_tensors import CallTensors, nested_tensors
@@ -47,6 +48,7 @@ current_tape: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_t
 current_autotuner: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_autotuned", default=None)
 
 MAX_PLANS = 256  # per op; an op called with ever new shapes keeps the newest ones
+_UNREAD_COPIES = ("copies no derived kernel reads",)  # the op's plans' entry: kind of launch -> such parameters
 # a forward launch's recorded arguments -> its relaunch.Relauncher (a call site has few kinds of launch)
 _relaunchers: dict[tuple, Any] = Bounded()
 # launch patterns (see RecordedLaunch) passing tensors to every pointer (few per call site)
@@ -106,6 +108,8 @@ class Tape:
         self.launches: list[RecordedLaunch] = []
         self.patterns: list[tuple] = []  # per launch: what the plan's key takes from it (see RecordedLaunch)
         self.tensors: CallTensors | None = CallTensors()  # until closed: the tensors launches were passed
+        self.copy_keys: list[tuple] = []  # per launch updating in place, what decides which copies it needs
+        self.placeholders: set[int] = set()  # positions of the empty tensors standing for copies not needed
 
     def recording(self) -> Tape:
         """``with tape.recording():`` records the launches in the block."""
@@ -127,7 +131,8 @@ class Tape:
         info = kernel_infos.get(kernel.fn) or kernel_info(kernel)
         tensors, index = self.tensors, len(self.launches)
         positions, kept = tensors.take((*args, *kwargs.values()) if kwargs else args)
-        snapshots = self._snapshots(info, args, kwargs) if info.roles is not None and info.roles.in_place else ()
+        snapshots = self._snapshots(kernel, info, args, kwargs, positions) if info.roles is not None and \
+            info.roles.in_place else ()
         earlier = self._save_overwritten(info, positions, tuple(kwargs)) if self.launches and info.roles else ()
         pattern = (kernel.fn, positions, tuple(kwargs), snapshots, earlier)  # fn: JITFunction.__hash__ is Python
         if tensors.mixed or (tensors.on_cpu and not info.interpreted and not tracing()):  # (traced: not run here)
@@ -228,13 +233,43 @@ class Tape:
         named = {**launch.info.defaults, **dict(zip(launch.info.params, args, strict=False)), **kwargs}
         return relauncher(named, through_triton)
 
-    def _snapshots(self, info: KernelInfo, args: tuple, kwargs: dict) -> tuple[tuple[str, int], ...]:
+    def _snapshots(self, kernel: Any, info: KernelInfo, args: tuple, kwargs: dict,
+                   positions: tuple) -> tuple[tuple[str, int], ...]:
         """Copies of the tensors a launch updates in place, taken before it runs: its backward replays against
-        the values it read. Each copies the memory its view spans, so strides and offsets stay as passed.
+        the values it read. Each copies the memory its view spans, so strides and offsets stay as passed; where
+        an earlier call of this kind showed that no derived kernel reads a copy (a rotation's backward reads only
+        its angles), an empty placeholder stands in for it (``_learn_unread_copies``).
         Returns (parameter, the copy's position among the call's tensors) pairs."""
         named, _ = info.named_arguments(args, kwargs)
-        return tuple(sorted((p, self._copy(v)) for p in info.roles.in_place if isinstance(v := named.get(p),
-                                                                                            torch.Tensor)))
+        tensors = self.tensors
+        key = (kernel.fn, len(self.launches), positions,
+               tuple(tensors.requires_grad(i) for i in positions if i is not None),
+               tuple(hashable(named.get(k, info.defaults.get(k))) for k in decisive_constexprs(kernel)))
+        unread = self.plans.get(_UNREAD_COPIES, {}).get(key, ())
+        self.copy_keys.append(key)
+        found = []
+        for p in info.roles.in_place:
+            if isinstance(v := named.get(p), torch.Tensor):
+                if p in unread:
+                    found.append((p, tensors.take((torch.empty(0, dtype=v.dtype, device=v.device),))[0][0]))
+                    self.placeholders.add(found[-1][1])
+                else:
+                    found.append((p, self._copy(v)))
+        return tuple(sorted(found))
+
+    def _learn_unread_copies(self, plan: Plan) -> None:
+        """After ``derive_ahead``: the copies no derived kernel read, kept per kind of launch for the op's later
+        calls (``_snapshots``); a placeholder a derived kernel reads is refused (it would read no values)."""
+        read = {plan.saved[slot] for slot in range(len(plan.saved)) if slot not in plan.unused}
+        if read & self.placeholders:
+            raise self.error("a derived kernel reads the values a launch updated in place had before it ran, which "
+                             "an earlier call of this kind showed it did not: tritongrad kept no copy of them. This "
+                             "is tritongrad's fault: please report it")
+        memo = self.plans.setdefault(_UNREAD_COPIES, {})
+        for key, pattern in zip(self.copy_keys, (p for p in self.patterns if p[3]), strict=False):
+            unread = frozenset(p for p, position in pattern[3] if position not in read)
+            if unread and len(memo) < MAX_PLANS:
+                memo[key] = unread
 
     def _save_overwritten(self, info: KernelInfo, positions: tuple, names: tuple) -> tuple[tuple[int, str, int], ...]:
         """Copies of what earlier launches read from memory this launch overwrites, taken before it runs: their
@@ -334,6 +369,8 @@ class Tape:
         inputs = [found[i] for i in plan.inputs] if diff_inputs is None else diff_inputs
         if inputs:  # a kernel that cannot be differentiated is refused here, at the op's call
             derive_ahead(self.name, plan, self.launches, self.deterministic)
+            if self.copy_keys:
+                self._learn_unread_copies(plan)
         return inputs
 
     # -- backward -----------------------------------------------------------------------------------
