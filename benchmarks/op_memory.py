@@ -77,8 +77,8 @@ def cases(op: str, s: dict, device: str, dtype):
             q = torch.randn(b, n, s["heads"] * d, device=device, dtype=dtype).view(b, n, s["heads"], d)
             k = torch.randn(b, n, s["kv_heads"] * d, device=device, dtype=dtype).view(b, n, s["kv_heads"], d)
             angles = torch.rand(1, n, d, device=device, dtype=torch.float32) * 6
-            return (q.transpose(1, 2).requires_grad_(), k.transpose(1, 2).requires_grad_(),
-                    angles.cos().to(dtype), angles.sin().to(dtype))
+            q, k = (t.requires_grad_() * 1.0 for t in (q, k))  # not leaves (a model's projections): updated in place
+            return q.transpose(1, 2), k.transpose(1, 2), angles.cos().to(dtype), angles.sin().to(dtype)
         # (the example reads q and k as contiguous: a named op sees no copy made inside, so the caller makes it)
         impls["tritongrad"] = lambda q, k, cos, sin: rotary.rotary(q.contiguous(), k.contiguous(), cos, sin)
         impls["eager"] = rotary.reference
@@ -92,8 +92,8 @@ def cases(op: str, s: dict, device: str, dtype):
             impls["liger"] = LigerRopeFunction.apply
     elif op == "cross_entropy":
         def make():
-            return (torch.randn(tokens, s["vocab"], device=device, dtype=dtype, requires_grad=True),
-                    torch.randint(0, s["vocab"], (tokens,), device=device))
+            logits = torch.randn(tokens, s["vocab"], device=device, dtype=dtype, requires_grad=True) * 1.0  # (not a
+            return logits, torch.randint(0, s["vocab"], (tokens,), device=device)  # leaf: Liger's kernel writes it)
         impls["tritongrad"] = cross_entropy.cross_entropy
         impls["eager"] = cross_entropy.reference
         if liger:

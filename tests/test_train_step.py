@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="the benchmark's smoke mode runs the interpreter on a CPU")
 
 
+@pytest.mark.slow  # (about 20 s: run by CI's `pytest -m slow`, beside the fuzz campaign)
 def test_smoke_training_matches_eager_step_by_step():
     rows = train_step.main(["--smoke"])
     assert [r["variant"] for r in rows] == ["eager", "tritongrad-bare", "tritongrad-named"]
