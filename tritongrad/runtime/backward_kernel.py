@@ -53,6 +53,17 @@ IN_PLACE = ("updated in place, as the forward updates it: the gradient of the va
             "values it held on exit (zeroed where stored, the loads' gradient added)")
 
 
+def bind_arguments(name: str, params: tuple, defaults: dict[str, Any], args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A derived kernel's launch arguments by parameter name: positional ones fill the parameters not given by
+    keyword, in order; when there are too few, the forward's defaulted parameters take their defaults."""
+    free = [p for p in params if p not in kwargs]
+    if len(args) < len(free):
+        free = [p for p in free if p not in defaults]
+    if len(args) != len(free):
+        raise TypeError(f"{name} takes {len(free)} positional arguments here ({', '.join(free)}), got {len(args)}")
+    return {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
+
+
 def defaults_of(jit_fn: Any) -> dict[str, Any]:
     """A kernel's parameters that have defaults, with them."""
     sig = inspect.signature(jit_fn.fn)
@@ -270,16 +281,8 @@ class BackwardKernel:
         return defaults_of(self.forward)
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        """A launch's arguments by parameter name: positional ones fill the parameters not given by keyword,
-        in order; when there are too few, the forward's defaulted parameters take their defaults."""
-        defaults = self._forward_defaults
-        free = [p for p in self.params if p not in kwargs]
-        if len(args) < len(free):
-            free = [p for p in free if p not in defaults]
-        if len(args) != len(free):
-            raise TypeError(f"{self.name} takes {len(free)} positional arguments here ({', '.join(free)}), "
-                            f"got {len(args)}")
-        return {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
+        """A launch's arguments by parameter name (``bind_arguments``)."""
+        return bind_arguments(self.name, self.params, self._forward_defaults, args, kwargs)
 
     def for_launch(self, named: Mapping[str, Any]) -> BackwardKernel:
         """The backward kernel of the specialization a launch runs (itself when no constexpr decides a branch)."""

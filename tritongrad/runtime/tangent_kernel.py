@@ -13,7 +13,7 @@ from ..core.source import unwrap
 from ..frontend.normalize import normalize_kernel
 from ..frontend.specialize import plain_value
 from ..tangent.builder import build_tangent
-from .backward_kernel import decisive_constexprs, defaults_of, hashable
+from .backward_kernel import bind_arguments, decisive_constexprs, defaults_of, hashable
 from .derive import _cached, _names
 
 
@@ -40,14 +40,7 @@ class TangentKernel:
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """A launch's arguments by name; the forward's defaulted parameters take their defaults when not given."""
-        defaults = defaults_of(self.forward)
-        free = [p for p in self.params if p not in kwargs]
-        if len(args) < len(free):
-            free = [p for p in free if p not in defaults]
-        if len(args) != len(free):
-            raise TypeError(f"{self.name} takes {len(free)} positional arguments here ({', '.join(free)}), "
-                            f"got {len(args)}")
-        return {**defaults, **dict(zip(free, args, strict=True)), **kwargs}
+        return bind_arguments(self.name, self.params, defaults_of(self.forward), args, kwargs)
 
     def for_launch(self, named: Mapping[str, Any]) -> TangentKernel:
         values = {k: plain_value(named[k]) for k in decisive_constexprs(self.forward) if k in named}
