@@ -108,7 +108,7 @@ class Tape:
         self.launches: list[RecordedLaunch] = []
         self.patterns: list[tuple] = []  # per launch: what the plan's key takes from it (see RecordedLaunch)
         self.tensors: CallTensors | None = CallTensors()  # until closed: the tensors launches were passed
-        self.copy_keys: list[tuple] = []  # per launch updating in place, what decides which copies it needs
+        self.copy_keys: dict[int, tuple] = {}  # launch index -> what decides which copies an in-place launch needs
         self.placeholders: set[int] = set()  # positions of the empty tensors standing for copies not needed
 
     def recording(self) -> Tape:
@@ -246,7 +246,7 @@ class Tape:
                tuple(tensors.requires_grad(i) for i in positions if i is not None),
                tuple(hashable(named.get(k, info.defaults.get(k))) for k in decisive_constexprs(kernel)))
         unread = self.plans.get(_UNREAD_COPIES, {}).get(key, ())
-        self.copy_keys.append(key)
+        self.copy_keys[len(self.launches)] = key
         found = []
         for p in info.roles.in_place:
             if isinstance(v := named.get(p), torch.Tensor):
@@ -266,8 +266,8 @@ class Tape:
                              "an earlier call of this kind showed it did not: tritongrad kept no copy of them. This "
                              "is tritongrad's fault: please report it")
         memo = self.plans.setdefault(_UNREAD_COPIES, {})
-        for key, pattern in zip(self.copy_keys, (p for p in self.patterns if p[3]), strict=False):
-            unread = frozenset(p for p, position in pattern[3] if position not in read)
+        for index, key in self.copy_keys.items():
+            unread = frozenset(p for p, position in self.patterns[index][3] if position not in read)
             if unread and len(memo) < MAX_PLANS:
                 memo[key] = unread
 
