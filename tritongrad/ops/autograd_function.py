@@ -7,6 +7,7 @@ cut off from the outputs, and gradients that refuse a second differentiation.
 
 from __future__ import annotations
 
+import collections
 import inspect
 from typing import Any
 
@@ -95,10 +96,11 @@ def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, ca
     waiting = [(k, t) for k, t in named.items() if differentiable(t) and (candidates is None or k in candidates)]
     if not waiting:
         return
-    reached = _autograd_ancestors([o for o in output_tensors(outputs) if o.requires_grad])
-    for k, t in waiting:
-        nodes = histories[k] if histories and k in histories else (
-            t.grad_fn if t.grad_fn is not None else _accumulator(t),)
+    wanted = {k: histories[k] if histories and k in histories else (
+        t.grad_fn if t.grad_fn is not None else _accumulator(t),) for k, t in waiting}
+    reached = _autograd_ancestors([o for o in output_tensors(outputs) if o.requires_grad],
+                                  {n for nodes in wanted.values() for n in nodes if n is not None})
+    for k, nodes in wanted.items():
         if not any(n in reached for n in nodes):
             raise OpError(_UNREAD.format(name=name, arg=k))
 
@@ -116,17 +118,21 @@ _UNREAD = ("tritongrad.op `{name}`: the argument `{arg}` requires grad, but no k
            "(or a TensorDescriptor over it: descriptors are differentiated), or detach it if the op does not use it")
 
 
-def _autograd_ancestors(tensors: list) -> set:
-    """The autograd nodes the tensors' values come from (their graph, walked back to its leaves)."""
+def _autograd_ancestors(tensors: list, wanted: set) -> set:
+    """The autograd nodes the tensors' values come from (their graph, walked back to its leaves), breadth first,
+    or those found until every node of ``wanted`` is (the arguments' nodes lie next to the outputs': a model's
+    whole graph behind them is not walked on every call)."""
     seen: set = set()
-    stack = [t.grad_fn for t in tensors if t.grad_fn is not None]
-    stack += [a for t in tensors if (a := _accumulator(t)) is not None]
-    while stack:
-        node = stack.pop()
+    queue = collections.deque(t.grad_fn for t in tensors if t.grad_fn is not None)
+    queue += [a for t in tensors if (a := _accumulator(t)) is not None]
+    left = len(wanted)
+    while queue and left:
+        node = queue.popleft()
         if node in seen:
             continue
         seen.add(node)
-        stack += [n for n, _ in node.next_functions if n is not None]
+        left -= node in wanted
+        queue += [n for n, _ in node.next_functions if n is not None]
     return seen
 
 
