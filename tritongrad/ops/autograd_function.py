@@ -16,7 +16,7 @@ import torch.autograd.forward_ad as _forward_ad
 
 from ..core.errors import OpError
 from .call_tensors import is_container, nested_tensors, tensor_leaves
-from .replay import Replays
+from .replay import FastTape, Replays
 from .segments import Segments
 from .tape import Tape, current_tape
 
@@ -29,7 +29,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
     when the op is compiled)."""
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
     segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
-    replays = Replays(name, plans, deterministic, function) if named else None  # calls made again (replay.py)
+    replays = Replays(name, plans, deterministic, function, named)  # calls made again (replay.py)
 
     def segment_node(tape: Tape, written: list, inputs: list) -> None:
         segment.apply(tape, len(written), *written, *inputs)
@@ -42,7 +42,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
                 return result
         else:  # PyTorch operations on what launches wrote make segments (segments.py)
             before = _histories(arguments(args, kwargs))  # (a launch may update an argument in place)
-            segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node)
+            segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node, replays)
             token = current_tape.set(segments.tape)
             try:
                 try:
@@ -61,11 +61,18 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
         several = isinstance(result, (tuple, list))
         outputs = tuple(result) if several else (result,)
         diff = [t for t in arguments(args, kwargs).values() if differentiable(t)] if named else None
+        inputs = None
+        if type(tape) is FastTape:  # a bare op's call of one node, as a replay's: its outputs where the replay's lay
+            inputs = tape.close(outputs, args, kwargs)
+            if inputs is None:
+                tape = tape.fallen  # (its launches recorded as a first call's)
         try:
-            inputs = tape.close(outputs, args, kwargs, arguments, diff_inputs=diff)
+            if inputs is None:
+                inputs = tape.close(outputs, args, kwargs, arguments, diff_inputs=diff)
         finally:
             if segments is not None:
                 segments.release()
+                tape.boundary = None
         if named:
             refuse_unread(name, tape.plan.unread)
         if not inputs:
