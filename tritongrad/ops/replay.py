@@ -70,15 +70,14 @@ class Expected:
     __slots__ = ("kernel", "grid", "callable_grid", "count", "names", "tensors", "pick", "plain", "types", "values",
                  "recorded", "key", "relauncher", "same", "tail", "augmented", "written", "snapshots")
 
-    def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple, augmented: bool,
-                 placeholders: set):
+    def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple, augmented: bool, unread):
         positions, self.names = pattern[1], pattern[2]
         roles, by_parameter = recorded.info.roles, _by_parameter(recorded.info, positions, self.names)
         self.written = tuple(i for p, i in by_parameter.items()  # (what a bare op's segments watch: segments.py)
                              if i is not None and (roles is None or p in roles.stores))
         # an in-place launch's copies, each call's own (tape.py's _snapshots): (slot, parameter, the slot of the tensor
         # copied, or None for an empty tensor in place of a copy no derived kernel reads, dtype)
-        self.snapshots = tuple(sorted((i, p, None if i in placeholders else by_parameter[p], described[i][1])
+        self.snapshots = tuple(sorted((i, p, None if i in unread else by_parameter[p], described[i][1])
                                       for p, i in pattern[3]))
         self.augmented = augmented  # launched as its augmented forward, keeping state tapes of each call's own
         self.kernel, self.grid, self.recorded = recorded.kernel, recorded.grid, recorded
@@ -137,7 +136,8 @@ class Replay:
         augmented = [r.saved is not None for r in tape.launches]
         # shared by the replay's calls: holding no call's tensors (an augmented launch's tapes are each call's own)
         self.recorded = [_with_tapes(r, None) if kept else r for r, kept in zip(tape.launches, augmented, strict=True)]
-        self.expected = tuple(Expected(r, p, c, described, a, tape.placeholders) for r, p, c, a in zip(
+        unread = {*tape.placeholders, *(self.plan.saved[j] for j in self.plan.unused)}  # copies: none taken
+        self.expected = tuple(Expected(r, p, c, described, a, unread) for r, p, c, a in zip(
             self.recorded, patterns, tape.callable_grids, augmented, strict=True))
         self.described = described
         # per slot: what a new tensor there must have, read in one tuple (dtype, sizes, strides, offset, device,
