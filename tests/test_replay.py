@@ -32,8 +32,8 @@ def replayed(monkeypatch):
     counts = {"forward": 0, "fell": 0, "backward": 0}
     close, fall, backward = replay.FastTape.close, replay.FastTape._fall_back, replay.Replay.backward
 
-    def counted_close(self, *args):
-        found = close(self, *args)
+    def counted_close(self, *args, **kwargs):
+        found = close(self, *args, **kwargs)
         counts["forward"] += found is not None
         return found
 

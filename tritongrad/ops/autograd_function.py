@@ -7,6 +7,7 @@ cut off from the outputs, and gradients that refuse a second differentiation.
 
 from __future__ import annotations
 
+import collections
 import inspect
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch.autograd.forward_ad as _forward_ad
 
 from ..core.errors import OpError
 from .call_tensors import is_container, nested_tensors, tensor_leaves
-from .replay import Replays
+from .replay import FastTape, Replays
 from .segments import Segments
 from .tape import Tape, current_tape
 
@@ -28,7 +29,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
     when the op is compiled)."""
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
     segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
-    replays = Replays(name, plans, deterministic, function) if named else None  # calls made again (replay.py)
+    replays = Replays(name, plans, deterministic, function, named)  # calls made again (replay.py)
 
     def segment_node(tape: Tape, written: list, inputs: list) -> None:
         segment.apply(tape, len(written), *written, *inputs)
@@ -41,7 +42,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
                 return result
         else:  # PyTorch operations on what launches wrote make segments (segments.py)
             before = _histories(arguments(args, kwargs))  # (a launch may update an argument in place)
-            segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node)
+            segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node, replays)
             token = current_tape.set(segments.tape)
             try:
                 try:
@@ -60,11 +61,18 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
         several = isinstance(result, (tuple, list))
         outputs = tuple(result) if several else (result,)
         diff = [t for t in arguments(args, kwargs).values() if differentiable(t)] if named else None
+        inputs = None
+        if type(tape) is FastTape:  # a bare op's call of one node, as a replay's: its outputs where the replay's lay
+            inputs = tape.close(outputs, args, kwargs)
+            if inputs is None:
+                tape = tape.fallen  # (its launches recorded as a first call's)
         try:
-            inputs = tape.close(outputs, args, kwargs, arguments, diff_inputs=diff)
+            if inputs is None:
+                inputs = tape.close(outputs, args, kwargs, arguments, diff_inputs=diff)
         finally:
             if segments is not None:
                 segments.release()
+                tape.boundary = None
         if named:
             refuse_unread(name, tape.plan.unread)
         if not inputs:
@@ -95,10 +103,11 @@ def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, ca
     waiting = [(k, t) for k, t in named.items() if differentiable(t) and (candidates is None or k in candidates)]
     if not waiting:
         return
-    reached = _autograd_ancestors([o for o in output_tensors(outputs) if o.requires_grad])
-    for k, t in waiting:
-        nodes = histories[k] if histories and k in histories else (
-            t.grad_fn if t.grad_fn is not None else _accumulator(t),)
+    wanted = {k: histories[k] if histories and k in histories else (
+        t.grad_fn if t.grad_fn is not None else _accumulator(t),) for k, t in waiting}
+    reached = _autograd_ancestors([o for o in output_tensors(outputs) if o.requires_grad],
+                                  {n for nodes in wanted.values() for n in nodes if n is not None})
+    for k, nodes in wanted.items():
         if not any(n in reached for n in nodes):
             raise OpError(_UNREAD.format(name=name, arg=k))
 
@@ -116,17 +125,21 @@ _UNREAD = ("tritongrad.op `{name}`: the argument `{arg}` requires grad, but no k
            "(or a TensorDescriptor over it: descriptors are differentiated), or detach it if the op does not use it")
 
 
-def _autograd_ancestors(tensors: list) -> set:
-    """The autograd nodes the tensors' values come from (their graph, walked back to its leaves)."""
+def _autograd_ancestors(tensors: list, wanted: set) -> set:
+    """The autograd nodes the tensors' values come from (their graph, walked back to its leaves), breadth first,
+    or those found until every node of ``wanted`` is (the arguments' nodes lie next to the outputs': a model's
+    whole graph behind them is not walked on every call)."""
     seen: set = set()
-    stack = [t.grad_fn for t in tensors if t.grad_fn is not None]
-    stack += [a for t in tensors if (a := _accumulator(t)) is not None]
-    while stack:
-        node = stack.pop()
+    queue = collections.deque(t.grad_fn for t in tensors if t.grad_fn is not None)
+    queue += [a for t in tensors if (a := _accumulator(t)) is not None]
+    left = len(wanted)
+    while queue and left:
+        node = queue.popleft()
         if node in seen:
             continue
         seen.add(node)
-        stack += [n for n, _ in node.next_functions if n is not None]
+        left -= node in wanted
+        queue += [n for n, _ in node.next_functions if n is not None]
     return seen
 
 

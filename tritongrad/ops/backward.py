@@ -295,17 +295,21 @@ class OpBackward:
         if plan.plain_inputs:  # distinct storages, each one contiguous view, no cast: the shadows as they are
             return [shadows.get(v.key) if need else None for v, need in zip(plan.input_views, needs, strict=True)]
         views = plan.input_views
+        if plan.input_relations is None:  # (the views' facts, worked out once per plan)
+            plan.input_relations = tuple(
+                (tuple(j for j in range(i) if _same_elements(views[j], v)),
+                 tuple(j for j in range(i + 1, len(views)) if views[j].key == v.key)) for i, v in enumerate(views))
         live = [need and v.key in shadows for v, need in zip(views, needs, strict=True)]
-        for i, v in enumerate(views):  # an input whose elements an earlier one has, each of them (a view updated in
-            if live[i] and any(live[j] and _same_elements(views[j], v) for j in range(i)):  # place and its base, a
-                live[i] = False  # segment's inputs both): its gradient would be zeros, and None costs nothing
+        for i, (earlier, _) in enumerate(plan.input_relations):  # an input whose elements an earlier one has, each
+            if live[i] and any(live[j] for j in earlier):  # of them (a view updated in place and its base, a segment's
+                live[i] = False  # inputs both): its gradient would be zeros, and None costs nothing
         grads = []
         for i, (v, shadow) in enumerate(zip(views, plan.input_shadows, strict=True)):
             if not live[i]:
                 grads.append(None)
                 continue
             g = self._shadow(shadows, shadow)
-            later = any(live[j] and views[j].key == v.key for j in range(i + 1, len(views)))
+            later = any(live[j] for j in plan.input_relations[i][1])
             if shadow.view is not None and torch._debug_has_internal_overlap(g):
                 g = g * _first_cover(v, plan.storages[v.key][1])
             elif later:

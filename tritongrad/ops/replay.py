@@ -23,11 +23,13 @@ A launch the first call ran as its augmented forward (augment.py: an online soft
 backward) is run so again on tapes of the call's own (``FastTape._augmented``), and the call's backward reads those
 (``FastTape.backward``: the replay's launches with this call's tapes, through ``OpBackward``).
 
-Only calls whose launches hold nothing else per call are replayed: no in-place snapshots or copies of overwritten
-reads, no configs offered to the backward (tiles.py: an autotuner's,
-a kernel's declared ones: the grid function that gives their grids is the call's), no host descriptors, every non-tensor
-launch argument a plain value (relaunch.plain_values); and named ops only (a bare op's host function may mix in
-PyTorch operations: segments.py). ``TRITONGRAD_REPLAY=0`` turns replays off.
+An in-place launch's copy (tape.py's ``_snapshots``) is taken per call before it runs (an empty tensor where no
+derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads, configs
+offered to the backward: tiles.py's, whose grid function is the call's; host descriptors and alias views, aliases.py;
+a non-tensor launch argument that is not a plain value, relaunch.plain_values). A bare op's call is replayed where
+it is one segment (segments.py: no PyTorch call read what its launches wrote before it returned), its node as the
+replay's (one, or its written buffers marked dirty); a replayed call whose PyTorch call closes a segment goes on as a
+first call, its launches recorded with the copies taken before they ran. ``TRITONGRAD_REPLAY=0`` turns replays off.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from ..runtime import relaunch
 from ..runtime.augment import keeping
 from . import backward as op_backward
 from .replay_backward import FastBackward
-from .tape import Tape, _relaunchers, current_autotuner, current_tape
+from .tape import Tape, _by_parameter, _relaunchers, copy_of, current_autotuner, current_tape
 from .tiles import Tiles
 
 ENV = "TRITONGRAD_REPLAY"
@@ -66,10 +68,17 @@ class Expected:
     their types, and the recorded launch (tape.RecordedLaunch, holding no tensors) the backward reads."""
 
     __slots__ = ("kernel", "grid", "callable_grid", "count", "names", "tensors", "pick", "plain", "types", "values",
-                 "recorded", "key", "relauncher", "same", "tail", "augmented")
+                 "recorded", "key", "relauncher", "same", "tail", "augmented", "written", "snapshots")
 
-    def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple, augmented: bool):
+    def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple, augmented: bool, unread):
         positions, self.names = pattern[1], pattern[2]
+        roles, by_parameter = recorded.info.roles, _by_parameter(recorded.info, positions, self.names)
+        self.written = tuple(i for p, i in by_parameter.items()  # (what a bare op's segments watch: segments.py)
+                             if i is not None and (roles is None or p in roles.stores))
+        # an in-place launch's copies, each call's own (tape.py's _snapshots): (slot, parameter, the slot of the tensor
+        # copied, or None for an empty tensor in place of a copy no derived kernel reads, dtype)
+        self.snapshots = tuple(sorted((i, p, None if i in unread else by_parameter[p], described[i][1])
+                                      for p, i in pattern[3]))
         self.augmented = augmented  # launched as its augmented forward, keeping state tapes of each call's own
         self.kernel, self.grid, self.recorded = recorded.kernel, recorded.grid, recorded
         self.callable_grid = callable_grid
@@ -127,7 +136,8 @@ class Replay:
         augmented = [r.saved is not None for r in tape.launches]
         # shared by the replay's calls: holding no call's tensors (an augmented launch's tapes are each call's own)
         self.recorded = [_with_tapes(r, None) if kept else r for r, kept in zip(tape.launches, augmented, strict=True)]
-        self.expected = tuple(Expected(r, p, c, described, a) for r, p, c, a in zip(
+        unread = {*tape.placeholders, *(self.plan.saved[j] for j in self.plan.unused)}  # copies: none taken
+        self.expected = tuple(Expected(r, p, c, described, a, unread) for r, p, c, a in zip(
             self.recorded, patterns, tape.callable_grids, augmented, strict=True))
         self.described = described
         # per slot: what a new tensor there must have, read in one tuple (dtype, sizes, strides, offset, device,
@@ -135,6 +145,7 @@ class Replay:
         self.tails = tuple((d[1], d[2], d[3], d[4], d[5], d[6]) for d in described)
         self.keys = tuple(d[0] for d in described)
         self.n_outputs, self.passed, self.kwnames = n_outputs, passed, kwnames
+        self.dirty = tape.dirty  # a bare op's segment whose written buffers came out marked dirty (segments.py)
         self.closing = (len(self.expected), n_outputs, len(passed))
         inputs = diff if named else self.plan.inputs  # the tensors to differentiate, by slot
         self.pick_inputs, self.pick_saved = _picker(list(inputs)), _picker(list(self.plan.saved))
@@ -144,13 +155,13 @@ class Replay:
     def of(tape: LearningTape, named: bool) -> Replay | None:
         """The replay of a closed tape's call, or None where a call of its kind holds something per call (but state
         tapes an augmented forward keeps: each replayed call allocates its own, ``FastTape``)."""
+        if not tape.learnable or tape.plan.unread or not tape.launches:
+            return None
         for launch, pattern in zip(tape.launches, tape.key[0], strict=True):
-            if pattern[3] or pattern[4] or launch.tiles is not None:
-                return None
+            if pattern[4] or launch.tiles is not None or hasattr(launch.kernel, "tg_source"):  # (an alias or
+                return None  # descriptor view: launched as another kernel, aliases.py, host_descriptors.py)
             if not relaunch.plain_values((*launch.args, *launch.kwargs.values())):
                 return None
-        if tape.plan.unread or not tape.launches:
-            return None
         return Replay(tape, named)
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list:
@@ -214,6 +225,10 @@ class Replays:
                 return None, outputs if several else outputs[0]
         return fast.fallen, result
 
+    def tape(self) -> FastTape | LearningTape:
+        """A bare op's first segment's tape (segments.py): a replay's where the op has one, else one that learns."""
+        return FastTape(self) if self.found and ENABLED and not capturing() else LearningTape(self)
+
     def learn(self, tape: LearningTape) -> None:
         replay = Replay.of(tape, self.named) if tape.key is not None and ENABLED else None
         if replay is not None:
@@ -232,6 +247,8 @@ class LearningTape(Tape):
         super().__init__(replays.name, replays.plans, replays.deterministic)
         self.replays = replays
         self.callable_grids: list[bool] = []  # per launch: whether its grid was a function
+        self.dirty = False  # (segments.py: a bare op's segment whose written buffers come out marked dirty)
+        self.learnable = True  # (segments.py: not a segment a PyTorch call closed, of a call of several)
 
     def record(self, kernel: Any, grid: Any, args: tuple, kwargs: dict, callable_grid: bool | None = None) -> None:
         self.callable_grids.append(callable(grid) if callable_grid is None else callable_grid)
@@ -250,11 +267,11 @@ class FastTape:
     node keeps: the plan, the saved tensors (until the node takes them), the backward."""
 
     __slots__ = ("replays", "replay", "count", "tensors", "index", "storages", "fallen", "saved", "plan", "name",
-                 "kept")
-    boundary = None  # (hooks.py: not a bare op's segment)
+                 "kept", "boundary")
 
     def __init__(self, replays: Replays):
         self.replays, self.replay, self.count, self.fallen, self.saved = replays, None, 0, None, None
+        self.boundary = None  # a bare op's segments.Segments (hooks.py tells it of each launch)
         self.kept: dict[int, Any] | None = None  # launch index -> the state tapes this call's augmented launch kept
         self.tensors: list[torch.Tensor] = []  # the call's distinct tensors, in order of first appearance
         self.index: dict[int, int] = {}  # id(tensor) -> position in tensors
@@ -269,6 +286,8 @@ class FastTape:
             if expected is None or expected.kernel is not kernel \
                     or not self._matches(replay, expected, grid, args, kwargs):
                 expected = self._switch(kernel, grid, args, kwargs)
+        if expected is not None and expected.snapshots:
+            expected = self._snapshots(expected)
         if expected is None:
             return self._fall_back().launch(run, kernel, grid, args, kwargs, warmup)
         if expected.augmented:
@@ -284,6 +303,23 @@ class FastTape:
             named = {**info.defaults, **dict(zip(info.params, args, strict=False)), **kwargs}
             return relauncher(named, lambda: run(kernel, *args, grid=expected.grid, warmup=False, **kwargs))
         return run(kernel, *args, grid=grid, warmup=False, **kwargs)
+
+    def written_by_last(self) -> list[torch.Tensor]:
+        """As Tape.written_by_last: the tensors the latest launch stores through."""
+        tensors = self.tensors
+        return [tensors[i] for i in self.replay.expected[self.count - 1].written]
+
+    def _snapshots(self, expected: Expected) -> Expected | None:
+        """An in-place launch's copies (tape.py's _snapshots), taken before it runs, where the replay's call had them
+        among its tensors; None where they do not lie there."""
+        tensors = self.tensors
+        for slot, _, copied, dtype in expected.snapshots:
+            if len(tensors) != slot:
+                return None
+            tensors.append(torch.empty(0, dtype=dtype, device=self.replay.described[slot][5]) if copied is None
+                           else copy_of(tensors[copied]))
+            self.index[id(tensors[-1])] = slot
+        return expected
 
     def _augmented(self, run: Callable, kernel: Any, expected: Expected, args: tuple, kwargs: dict,
                    warmup: bool) -> Any:
@@ -390,10 +426,15 @@ class FastTape:
         """A LearningTape in this one's place (``running``: the current tape from here on), with the launches so far
         (the replay's, so their checks pass) recorded as a tape records them, without running them again."""
         tape = self.fallen = LearningTape(self.replays)
+        if self.boundary is not None:  # a bare op's segment: its watch goes on with the tape taking over
+            tape.boundary = self.boundary
+            self.boundary.tape = tape if running else self.boundary.tape
         if running:
             current_tape.set(tape)  # (the call's token restores the tape before this one)
         if self.count:
-            token = current_autotuner.set(None)  # (none of them had an autotuner's configs)
+            tape.taken = {(k, p): self.tensors[slot] for k, expected in enumerate(self.replay.expected[:self.count])
+                          for slot, p, copied, _ in expected.snapshots if copied is not None}  # (not copied again:
+            token = current_autotuner.set(None)  # the launches ran) (none of them had an autotuner's configs)
             try:
                 for expected in self.replay.expected[:self.count]:
                     args, kwargs = expected.arguments(self.tensors)
@@ -405,11 +446,13 @@ class FastTape:
         self.tensors = self.index = self.storages = None
         return tape
 
-    def close(self, outputs: tuple, args: tuple, kwargs: dict) -> list | None:
+    def close(self, outputs: tuple, args: tuple, kwargs: dict, dirty: bool = False) -> list | None:
         """The tensors to differentiate, once the op's outputs and arguments are found where the replay's were among
-        the call's tensors (``saved``: those the backward reads); else None, having fallen back."""
+        the call's tensors (``saved``: those the backward reads); else None, having fallen back. ``dirty``: a bare
+        op's segment, its outputs the buffers its launches wrote (segments.py), as the replay's must be."""
         replay = self.replay
-        if replay is None or (self.count, len(outputs), len(outputs) + len(args) + len(kwargs)) != replay.closing \
+        if replay is None or replay.dirty is not dirty \
+                or (self.count, len(outputs), len(outputs) + len(args) + len(kwargs)) != replay.closing \
                 or (tuple(kwargs) != replay.kwnames if kwargs else replay.kwnames) \
                 or not self._passed(replay, (*outputs, *args, *kwargs.values()) if kwargs else (*outputs, *args)):
             self._fall_back(running=False)

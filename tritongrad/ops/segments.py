@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .replay import FastTape, Replays
 from .tape import Tape, current_tape
 
 _Tensor = torch.Tensor
@@ -55,14 +56,19 @@ class Segments(TorchFunctionMode):
     """The segments of one call of a bare op; ``tape``: the current segment's (see the module docstring).
 
     ``args``, ``kwargs``, ``arguments``: as ``Tape.close`` takes them; ``node(tape, written, inputs)``
-    makes a closed segment's autograd node, the ``written`` buffers marked dirty."""
+    makes a closed segment's autograd node, the ``written`` buffers marked dirty. ``replays``: the op's
+    (replay.py), whose tape the first segment is on: a replay's (``FastTape``) or one that learns one."""
 
     def __init__(self, name: str, plans: dict, deterministic: bool, args: tuple, kwargs: dict, arguments: Any,
-                 node: Callable[[Tape, list, list], None]):
+                 node: Callable[[Tape, list, list], None], replays: Replays | None = None):
         super().__init__()
         self.name, self.plans, self.deterministic, self.node = name, plans, deterministic, node
         self.args, self.kwargs, self.arguments = args, kwargs, arguments
-        self.tape = self._new_tape()
+        if replays is None:
+            self.tape = self._new_tape()
+        else:
+            self.tape = replays.tape()
+            self.tape.boundary = self
         self.written: dict[int, torch.Tensor] = {}  # the current segment's written tensors, by identity
         self.pending: set[int] = set()  # ... their storages' addresses
         self.armed = False
@@ -77,16 +83,9 @@ class Segments(TorchFunctionMode):
 
     def launched(self) -> None:
         """After each launch: note what it wrote; the first one arms the watch."""
-        tape = self.tape
-        launch, (_, positions, names, *_) = tape.launches[-1], tape.patterns[-1]
-        n = len(positions) - len(names)
-        named, _ = launch.info.named_arguments(positions[:n], dict(zip(names, positions[n:], strict=True)))
-        roles = launch.info.roles
-        for p, i in named.items():
-            if i is not None and (roles is None or p in roles.stores):
-                t = tape.tensors.tensors[i]
-                self.written.setdefault(id(t), t)
-                self.pending.add(_storage(t))
+        for t in self.tape.written_by_last():
+            self.written.setdefault(id(t), t)
+            self.pending.add(_storage(t))
         if not self.armed:
             self.armed = True
             self.__enter__()
@@ -100,7 +99,7 @@ class Segments(TorchFunctionMode):
                 result = func(*args, **kwargs)
                 if self._reads_pending(result):
                     return result
-            self.close()
+            self.close(by_watch=True)
             try:
                 return func(*args, **kwargs)
             except RuntimeError as e:
@@ -120,17 +119,27 @@ class Segments(TorchFunctionMode):
             return any(self._reads_pending(v) for v in value.values())
         return False
 
-    def close(self) -> None:
-        """Make the current segment an autograd node; later launches record on a new tape."""
+    def close(self, by_watch: bool = False) -> None:
+        """Make the current segment an autograd node; later launches record on a new tape. ``by_watch``: a PyTorch
+        call reads what its launches wrote (a call of several segments: not replayed, replay.py)."""
         tape, written = self.tape, list(self.written.values())
+        bases = list({id(b): b for b in (t if t._base is None else t._base for t in written)}.values())
+        inputs = None
+        if type(tape) is FastTape:  # a replay's call: its one segment closes when the host function returns
+            if not by_watch:
+                inputs = tape.close(tuple(bases), self.args, self.kwargs, dirty=True)
+                tape.boundary = None
+            if inputs is None:  # not the replay's: its launches recorded as a first call's, without running again
+                tape = tape.fallen or tape._fall_back()
         self.tape, self.written, self.pending = self._new_tape(), {}, set()
         current_tape.set(self.tape)
         self.closed += 1
-        bases = list({id(b): b for b in (t if t._base is None else t._base for t in written)}.values())
-        try:
-            inputs = tape.close(tuple(bases), self.args, self.kwargs, self.arguments)
-        finally:
-            tape.boundary = None  # (its node keeps the tape: see release)
+        if inputs is None:
+            tape.dirty, tape.learnable = True, not by_watch  # (what a LearningTape learns a replay of)
+            try:
+                inputs = tape.close(tuple(bases), self.args, self.kwargs, self.arguments)
+            finally:
+                tape.boundary = None  # (its node keeps the tape: see release)
         if inputs:
             self.node(tape, bases, inputs)
 
@@ -157,7 +166,7 @@ class Segments(TorchFunctionMode):
             t.requires_grad for t in self.written.values())  # a tensor with a history updated in place: dirty
         if self.closed == 0 and whole:
             return False
-        if self.tape.launches:
+        if (self.tape.count if type(self.tape) is FastTape else self.tape.launches):
             self.close()
         return True
 

@@ -133,6 +133,8 @@ class Plan:
     decisive: bool = field(init=False, default=False)  # whether a launch's kernel has decisive constexprs
     # saved slots no derived kernel reads (backward.derive_ahead): not kept, an empty stand-in saved in their place
     unused: frozenset[int] = field(init=False, default=frozenset())
+    # per input: the earlier inputs reaching its very elements, the later ones of its storage (backward._input_grads)
+    input_relations: tuple | None = field(init=False, default=None)
 
     def kept_for_backward(self, saved: list) -> list:
         """The tensors an autograd node saves: ``saved`` with an empty tensor for each slot no derived kernel reads

@@ -70,6 +70,15 @@ def _by_parameter(info: KernelInfo, positions: tuple, names: tuple) -> dict[str,
     return info.named_arguments(positions[:n], dict(zip(names, positions[n:], strict=True)))[0]
 
 
+def copy_of(v: torch.Tensor) -> torch.Tensor:
+    """A copy of the memory a view spans, as a view with its strides (so a replay indexes it as the launch indexed the
+    original)."""
+    span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride(), strict=True)) if v.numel() else 0
+    with torch.no_grad():
+        memory = v.as_strided((span,), (1,), v.storage_offset()).clone()
+    return memory.as_strided(v.shape, v.stride(), 0)
+
+
 class RecordedLaunch:
     """One recorded launch: the jit-level kernel, its grid, and its arguments as passed, with
     tensors replaced by None (the tape holds no tensors once closed: outputs would otherwise
@@ -100,6 +109,7 @@ class Tape:
     key: tuple | None = None  # set by close: the call's key (replay.py learns a replay from it)
     boundary: Any = None  # a bare op's segments.Segments, told of each launch
     saved: list[torch.Tensor] | None = None  # set by close, taken by the autograd node
+    taken: dict | None = None  # (launch index, parameter) -> its copy, taken before a replay ran it (replay.py)
 
     def __init__(self, name: str, plans: dict | None = None, deterministic: bool = False):
         self.name = name
@@ -149,6 +159,14 @@ class Tape:
             kept = kept[:n]
         self.launches.append(RecordedLaunch(kernel, info, index, tuple(grid), kept, kwargs, tiles))
         self.patterns.append(pattern)
+
+    def written_by_last(self) -> list[torch.Tensor]:
+        """The tensors the latest launch was passed to pointers it stores through (every one, where what it does
+        with them is unknown): a bare op's segments (segments.py) watch their memory."""
+        launch, (_, positions, names, *_) = self.launches[-1], self.patterns[-1]
+        roles, tensors = launch.info.roles, self.tensors.tensors
+        return [tensors[i] for p, i in _by_parameter(launch.info, positions, names).items()
+                if i is not None and (roles is None or p in roles.stores)]
 
     def launch(self, run: Callable, kernel: Any, grid: Any, args: tuple, kwargs: dict, warmup: bool) -> Any:
         """Record a launch and run it: as its augmented forward where the backward can read the state tapes
@@ -253,6 +271,8 @@ class Tape:
                 if p in unread:
                     found.append((p, tensors.take((torch.empty(0, dtype=v.dtype, device=v.device),))[0][0]))
                     self.placeholders.add(found[-1][1])
+                elif self.taken and (copied := self.taken.get((len(self.launches), p))) is not None:
+                    found.append((p, tensors.take((copied,))[0][0]))
                 else:
                     found.append((p, self._copy(v)))
         return tuple(sorted(found))
@@ -298,12 +318,8 @@ class Tape:
         return tuple(found)
 
     def _copy(self, v: torch.Tensor) -> int:
-        """A copy of the memory a view spans, as a view with its strides (so a replay indexes it as the launch
-        indexed the original); its position among the call's tensors."""
-        span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride(), strict=True)) if v.numel() else 0
-        with torch.no_grad():
-            memory = v.as_strided((span,), (1,), v.storage_offset()).clone()
-        return self.tensors.take((memory.as_strided(v.shape, v.stride(), 0),))[0][0]
+        """``copy_of(v)``, its position among the call's tensors."""
+        return self.tensors.take((copy_of(v),))[0][0]
 
     def _check_devices(self, index: int, info: KernelInfo, args: tuple, kwargs: dict) -> None:
         """Refuse, before the kernel runs, tensors on another device than the op's first, or on the
@@ -347,7 +363,7 @@ class Tape:
         arguments, and ``self.saved`` lists the tensors the backward reads (to go through
         ``ctx.save_for_backward``).
         """
-        tensors, self.tensors = self.tensors, None
+        tensors, self.tensors, self.taken = self.tensors, None, None
         # the key: what the checks and the plan depend on, equal for calls that launch the same
         # kernels, passing tensors the same way, laid out the same way (as ``tensors`` describes
         # them). The op's arguments are in it as passed, then the tensors inside their containers (lists, tuples,
