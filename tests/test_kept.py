@@ -151,3 +151,21 @@ def test_a_copy_no_derived_kernel_read_is_not_taken_again(device, monkeypatch):
             leaves = [x, cos, sin] if needs_angles else [x]
             torch.testing.assert_close(torch.autograd.grad(y, leaves, g), torch.autograd.grad(want, leaves, g))
         assert len(copies) == copied
+
+
+def test_an_argument_updated_in_place_ends_the_walk_where_its_history_began(device):
+    """An op updating its argument in place (a view of a tensor with a history) becomes that argument's grad_fn: the
+    walk starts at the call's node and stops where the argument's history began before the call (before: at the
+    call's own node, listing nothing), not past it into the matmul that made the argument."""
+    @tritongrad.op
+    def scale(x, w):
+        scale_in_place_kernel[(triton.cdiv(x.numel(), 32),)](x, w, x.numel(), BLOCK=32)
+        return x
+
+    a = torch.randn(5, 7, device=device, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, 2 * 37, device=device, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5 * 37, device=device, dtype=torch.float64)
+    for x in ((a @ b)[:, :37].contiguous(), (a @ b).view(-1)[:5 * 37]):  # (a tensor of its own; a view of one)
+        report = tritongrad.kept(scale, x, w)
+        assert [t.whose for t in report.tensors if t.name.endswith(" w_ptr")] == ["argument #1"], str(report)
+        assert not any(t.node.startswith("Mm") for t in report.tensors), str(report)

@@ -72,15 +72,17 @@ class Kept:
 
 def kept(fn: Callable, *args: Any, **kwargs: Any) -> Kept:
     """Run ``fn(*args, **kwargs)`` and list what its autograd graph keeps for the backward (module docstring)."""
+    inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    # where the arguments' histories begin, taken before the call: an argument it updates in place has the call's
+    # node as its grad_fn after it, a view's base a node copying the view's new values in
+    stops = {n for t in inputs for n in (t.grad_fn, t._base.grad_fn if t._base is not None else None) if n is not None}
     with torch.enable_grad():
         result = fn(*args, **kwargs)
-    inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     outputs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
     owners = {_storage(t): f"argument #{i}" for i, t in reversed(list(enumerate(inputs)))}
     owners.update({_storage(t): f"output #{i}" for i, t in reversed(list(enumerate(outputs)))
                    if _storage(t) not in owners})
     report = Kept()
-    stops = {t.grad_fn for t in inputs if t.grad_fn is not None}
     for node in _nodes([t.grad_fn for t in outputs if t.grad_fn is not None], stops):
         for name, t in _saved(node):
             whose = "not kept" if t.numel() == 0 else owners.get(_storage(t), "own")  # (an empty stand-in: the
