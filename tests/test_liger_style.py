@@ -152,6 +152,42 @@ def test_a_cross_entropy_writing_its_gradient_over_the_logits_is_refused_saying_
     assert e.value.line == _line(cross_entropy_kernel, "X_block = tl.load(X_ptr + X_offsets")
 
 
+def test_a_loss_only_cross_entropy_keeps_no_copy_of_the_logits(device, poisoned_empty):
+    """The launch stores only into the ignored rows, and no program that stores loads: what the loads read, the
+    launch leaves as it was. The backward reads the logits as the launch left them (here a view of a bigger tensor
+    with a history, rows apart by its stride), and the op keeps no copy of them; before, a copy of all of them,
+    taken before the launch, was the op's own memory."""
+    op = tritongrad.op(cross_entropy_forward)
+    x = torch.randn(9, 7, dtype=DTYPE, device=device, requires_grad=True)
+    w = torch.randn(7, 83, dtype=DTYPE, device=device, requires_grad=True)
+    t = targets(9, 37, device)
+    report = tritongrad.kept(op, (x @ w)[:, 3:40], t)
+    assert [k.whose for k in report.tensors if k.name.endswith(" X_ptr")] == ["argument #0"], str(report)
+    assert all(k.whose != "own" or " state tape " in k.name for k in report.tensors), str(report)
+    for _ in range(3):  # (the first backward checked, the second keeps its launches, the third launches them)
+        big = x @ w
+        loss = op(big[:, 3:40], t)
+        want = torch.nn.functional.cross_entropy((x @ w)[:, 3:40], t, ignore_index=IGNORE)
+        close(loss, want)
+        assert (big[[1, 4, 5], 3:40] == 0).all() and (big[:, :3] == (x @ w)[:, :3]).all()
+        for a, b in zip(torch.autograd.grad(loss, (x, w)), torch.autograd.grad(want, (x, w)), strict=True):
+            close(a, b)
+
+
+def test_logits_changed_after_the_call_are_refused_at_the_backward(device):
+    """The backward reads the logits as the launch left them: a later in-place change of them (or of the tensor
+    they are a view of) is refused by autograd's version check, as for any tensor an operation saved, rather than
+    read (before, the op's copy was read)."""
+    op = tritongrad.op(cross_entropy_forward)
+    x = torch.randn(9, 7, dtype=DTYPE, device=device, requires_grad=True)
+    w = torch.randn(7, 83, dtype=DTYPE, device=device, requires_grad=True)
+    big = x @ w
+    loss = op(big[:, 3:40], targets(9, 37, device))
+    big.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(loss, (x, w))
+
+
 # -- fused linear cross-entropy ------------------------------------------------------------------------
 
 

@@ -28,6 +28,10 @@ The backward's replay loads it from the tensor as the launch left it, a paramete
 pointer parameter itself is bound to the values before the launch), and the reload's adjoint adds into the pointer's
 shadow, where the store's adjoint, reversed after it, reads it (reverse/memory.py). Same-block reloads never reach
 here: frontend/forwarding.py reads them as the stored value.
+
+A load in the other branch of an ``if`` from every store to its pointer (an early return's) reads the value the
+kernel was given (``_Reads.apart``). Where every load of a pointer is such (``InPlace.unchanged``), no store of the
+launch changes an element they read: the backward may read the tensor as the launch left it (``read_unchanged``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import ast
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..core.errors import NotDifferentiableError
 from ..core.ir import (
     Program,
     arguments,
@@ -66,6 +71,8 @@ class InPlace:
     stored: dict[str, str] = field(default_factory=dict)  # a reloaded pointer -> stored_param(it)
     updates: dict[int, tuple[str, ...]] = field(default_factory=dict)  # id(a store) -> the results of the loads
     # whose elements it overwrites (same address and mask, after them in their block)
+    unchanged: frozenset[str] = frozenset()  # pointers every load of which is in the other branch of an if from
+    # every store to it (``_Reads.apart``): what they read, no store of the launch changes (``read_unchanged``)
 
 
 def stored_param(param: str, params: Sequence[str]) -> str:
@@ -84,14 +91,16 @@ def in_place_pointers(program: Program, found: Pointers) -> InPlace:
     if not set(found.loads) & set(found.stores):
         return InPlace()
     reads = _Reads(program, found)
-    reloads, updates = {}, {}
+    reloads, updates, changed = {}, {}, set()
     for name in sorted(set(found.loads) & set(found.stores)):
         for s in found.loads[name]:
             if reads.reading(name, s) is not None:
                 reloads[target_of(s)] = name
+                changed.add(name)
             else:
                 for store in reads.own(name, s):
                     updates[id(store)] = (*updates.get(id(store), ()), target_of(s))
+                    changed.add(name)
     assert found.in_place == set(found.loads) & set(found.stores)  # (the rest refused above)
     params = program.param_names()
     stored = {p: stored_param(p, params) for p in sorted(set(reloads.values()))}
@@ -101,7 +110,21 @@ def in_place_pointers(program: Program, found: Pointers) -> InPlace:
             raise refuse(where(load), f"a load reading back what the kernel stored over `{reloads[target_of(load)]}`, "
                          f"in a kernel that names a value `{stored[reloads[target_of(load)]]}`",
                          "rename that value: its backward takes the tensor as the launch left it under that name")
-    return InPlace(found.in_place, reloads, stored, updates)
+    return InPlace(found.in_place, reloads, stored, updates, frozenset(found.in_place - changed))
+
+
+def read_unchanged(program: Program, found: Pointers) -> frozenset[str]:
+    """The pointers a kernel updates in place whose loads all read elements no store of the launch writes: each
+    load in the other branch of an ``if`` from every store to its pointer, at one of those stores' addresses or at
+    its row plus a loaded index (``_Reads.apart``: Liger's cross-entropy zeroes an ignored row's logits and
+    returns, the other rows read theirs). A program that loads never stores, and the stores write distinct
+    elements, so at every element a load reads, the tensor as the launch left it holds the values the kernel was
+    given: the backward may read it in place of a copy taken before the launch (ops/tape.py takes none). Empty
+    where a load is refused: the op's planning says why."""
+    try:
+        return in_place_pointers(program, found).unchanged
+    except NotDifferentiableError:
+        return frozenset()
 
 
 def reloaded(program: Program, found: Pointers) -> frozenset[str]:

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.composites import fuse_composites
-from ..analysis.in_place import reloaded
+from ..analysis.in_place import read_unchanged, reloaded
 from ..analysis.pointers import pointers
 from ..analysis.stored_outputs import stored_values
+from ..core.bounded import Bounded
 from ..core.errors import NotDifferentiableError
 from ..core.ir import loops
 from ..frontend.normalize import normalize_kernel
-from ..runtime.backward_kernel import defaults_of
+from ..frontend.specialize import plain_value
+from ..runtime.backward_kernel import decisive_constexprs, defaults_of, hashable
 
 
 @dataclass(frozen=True)
@@ -113,3 +115,25 @@ def _analyse(kernel: Any) -> KernelInfo:
     return KernelInfo(kernel.fn.__name__, params, defaults, interpreted, roles, error,
                       keywords=frozenset(params) | frozenset(defaults),
                       pointers=roles.pointers if roles is not None else frozenset(), loops=has_loops)
+
+
+_unchanged: dict[tuple, frozenset[str]] = Bounded()  # (kernel function, decisive constexprs' values) -> pointers
+
+
+def read_as_left(kernel: Any, named: dict[str, Any]) -> frozenset[str]:
+    """The pointers a launch updates in place whose every load reads an element no store of it writes, in the
+    specialization it runs (``named``: its arguments by parameter, defaults included; its decisive constexprs decide
+    it: a flag such as a cross-entropy's HAS_GRADIENTS decides whether a later pass overwrites what the loads read):
+    analysis/in_place.py's ``read_unchanged``. The tape takes no copy of them; their backward reads the tensor as
+    the launch left it. Once per kernel and those values (the kernel normalized again, specialized)."""
+    values = {k: plain_value(named[k]) for k in decisive_constexprs(kernel) if k in named}
+    key = (kernel.fn, tuple((k, hashable(v)) for k, v in values.items()))
+    found = _unchanged.get(key)
+    if found is None:
+        try:
+            program = normalize_kernel(kernel, values)
+            found = read_unchanged(program, pointers(program))
+        except Exception:  # (not analysable: copied, as any update is; the backward says why where it needs one)
+            found = frozenset()
+        _unchanged[key] = found
+    return found

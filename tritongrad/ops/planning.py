@@ -60,12 +60,15 @@ class Planner:
                              f"`{self.name}`: a tensor it is passed requires grad)")
             loads, stores = set(checked.params("loads")), set(checked.params("stores"))
             copies = dict(snapshots)  # in place: the launch read the copy taken before it ran
+            # in place without a copy: what its loads read, no store of it changed (tape.py): read as it left it
+            as_left = set(checked.info.roles.in_place) - set(copies) if known else set()
             copies.update({p: i for (k, p), i in later.items() if k == launch.index})  # before a later one did
             for p, i in params.items():
-                if known and p in stores and tensors.requires_grad(i) and not (p in copies and self.segmented):
+                in_place = p in copies or p in as_left
+                if known and p in stores and tensors.requires_grad(i) and not (in_place and self.segmented):
                     raise self.error(f"{checked} writes to `{p}`, a tensor that requires grad (an input of the op?); "
                                      "kernels of an op may write only to buffers the op allocates"
-                                     + (" (a bare @tritongrad.op may update such a tensor in place)" if p in copies
+                                     + (" (a bare @tritongrad.op may update such a tensor in place)" if in_place
                                         else ""))
                 if p in copies:
                     checked.slots[p] = slots.setdefault(copies[p], len(slots))

@@ -36,7 +36,7 @@ from .aliases import alias_view
 from .backward import OpBackward, derive_ahead
 from .call_tensors import CallTensors, nested_tensors
 from .host_descriptors import descriptor_view, has_host_descriptors
-from .kernel_roles import KernelInfo, kernel_info, kernel_infos
+from .kernel_roles import KernelInfo, kernel_info, kernel_infos, read_as_left
 from .planning import Planner
 from .shadows import Plan, launch_name
 from .tiles import Tiles
@@ -256,17 +256,20 @@ class Tape:
         """Copies of the tensors a launch updates in place, taken before it runs: its backward replays against
         the values it read. Each copies the memory its view spans, so strides and offsets stay as passed; where
         an earlier call of this kind showed that no derived kernel reads a copy (a rotation's backward reads only
-        its angles), an empty placeholder stands in for it (``_learn_unread_copies``).
+        its angles), an empty placeholder stands in for it (``_learn_unread_copies``). None of a tensor whose loads
+        read only elements the launch does not store (``kernel_roles.read_as_left``: an early return's stores):
+        its backward reads it as the launch left it (planning.py saves it).
         Returns (parameter, the copy's position among the call's tensors) pairs."""
-        named, _ = info.named_arguments(args, kwargs)
+        named = {**info.defaults, **info.named_arguments(args, kwargs)[0]}
         tensors = self.tensors
         key = (kernel.fn, len(self.launches), positions,
                tuple(tensors.requires_grad(i) for i in positions if i is not None),
-               tuple(hashable(named.get(k, info.defaults.get(k))) for k in decisive_constexprs(kernel)))
+               tuple(hashable(named.get(k)) for k in decisive_constexprs(kernel)))
         unread = self.plans.get(_UNREAD_COPIES, {}).get(key, ())
         self.copy_keys[len(self.launches)] = key
+        as_left = read_as_left(kernel, named)
         found = []
-        for p in info.roles.in_place:
+        for p in info.roles.in_place - as_left:
             if isinstance(v := named.get(p), torch.Tensor):
                 if p in unread:
                     found.append((p, tensors.take((torch.empty(0, dtype=v.dtype, device=v.device),))[0][0]))
