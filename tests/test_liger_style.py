@@ -188,6 +188,85 @@ def test_logits_changed_after_the_call_are_refused_at_the_backward(device):
         torch.autograd.grad(loss, (x, w))
 
 
+CE_CONSTEXPRS = dict(label_smoothing=0.0, reduction="mean", BLOCK_SIZE=16, HAS_GRADIENTS=False, COMPUTE=tl.float64)
+
+
+def test_the_logits_gradient_is_stored_and_added_later_not_added_atomically(device, poisoned_empty):
+    """The loss-only launch's derived kernel writes the logits' gradient as a plain input's: the row's loads'
+    adjoints stored, the target logit's added after the kernel; the ignored rows' gradient zeroed (their new values
+    are zeros). Before, both were added atomically (an input updated in place and loaded twice). Where the logits'
+    new values have a gradient (the direct `gradients` call passes one), the loads' adjoints add to it: the values
+    the loads read are the new values there."""
+    bwd = tritongrad.grad(cross_entropy_kernel, wrt=["X_ptr"], outputs=["X_ptr", "loss_ptr"],
+                          constexprs=CE_CONSTEXPRS)
+    assert "atomic_add" not in bwd.src, bwd.src
+    assert "tl.store(d_X_ptr_1 + X_offsets_1, d_load_1, mask=X_offsets_1 < n_cols)" in bwd.src, bwd.src
+    assert "tg.add_later(d_load_later, d_load_later_at, d_X_ptr, d_X_ptr_1 + y, d_load, True)" in bwd.src, bwd.src
+    x = torch.randn(9, 37, dtype=DTYPE, device=device, requires_grad=True)
+    t = targets(9, 37, device)
+    logits, loss_1d = x.detach().clone(), torch.zeros(9, dtype=DTYPE, device=device)
+    n = int((t != IGNORE).sum())
+    named = dict(X_ptr=logits, X_stride=37, Y_ptr=t, Y_stride=1, loss_ptr=loss_1d, loss_stride=1, n_cols=37,
+                 n_non_ignore=n, ignore_index=IGNORE, **CE_CONSTEXPRS)
+    cross_entropy_kernel[(9,)](**named)
+    g_logits, g_loss = torch.randn(9, 37, dtype=DTYPE, device=device), torch.randn(9, dtype=DTYPE, device=device)
+    got = bwd.gradients((9,), named, {"X_ptr": g_logits, "loss_ptr": g_loss})["X_ptr"]
+    want_loss = torch.nn.functional.cross_entropy(x, t, ignore_index=IGNORE, reduction="none") / n
+    want_logits = x * (t != IGNORE)[:, None].to(DTYPE)
+    close(got, torch.autograd.grad((want_loss, want_logits), x, (g_loss, g_logits))[0])
+
+
+def test_the_logits_gradient_is_written_in_their_own_dtype(device):
+    """Half-precision logits: each element's gradient is written once (stored, or zeroed; the target logit's added
+    after), so the op's buffer for it is in the logits' dtype, not a float32 shadow cast after (before: float32, added
+    atomically)."""
+    from tritongrad.ops import backward as op_backward
+
+    made, shadow = [], op_backward.OpBackward._shadow
+
+    def spy(self, shadows, view, *args, **kwargs):
+        fresh = view.key not in shadows
+        found = shadow(self, shadows, view, *args, **kwargs)
+        if fresh:
+            made.append((tuple(shadows[view.key].shape), shadows[view.key].dtype))
+        return found
+
+    op = tritongrad.op(cross_entropy_forward)
+    x = torch.randn(9, 37, device=device, requires_grad=True)
+    t = targets(9, 37, device)
+    for _ in range(3):
+        made.clear()
+        loss = op((x * 1.0).half(), t)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(op_backward.OpBackward, "_shadow", spy)
+            (got,) = torch.autograd.grad(loss, x)
+        assert ((9, 37), torch.float16) in made and ((9, 37), torch.float32) not in made, made
+        want = torch.nn.functional.cross_entropy(x.double(), t, ignore_index=IGNORE)
+        torch.testing.assert_close(got, torch.autograd.grad(want, x)[0].float(), rtol=2e-3, atol=2e-4)
+
+
+@pytest.mark.gpu
+def test_liger_cross_entropy_loss_only_keeps_no_copy_and_writes_bf16_once():
+    """Liger's own kernel as the HF step launches it (benchmarks/train_hf.py): no copy of the logits kept (before:
+    a copy of all of them), the gradient against PyTorch's on the same bf16 logits, in float32."""
+    pytest.importorskip("liger_kernel")
+    from benchmarks.train_hf import liger_cross_entropy_rows
+
+    op = tritongrad.op(liger_cross_entropy_rows)
+    x = torch.randn(301, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = targets(301, 1000, "cuda", ignored=(1, 4, 5, 300))
+    report = tritongrad.kept(op, x * 1.0, t, IGNORE)
+    assert [k.whose for k in report.tensors if k.name.endswith(" X_ptr")] == ["argument #0"], str(report)
+    assert report.own_bytes < 301 * 1000, str(report)
+    for _ in range(3):
+        rows = op(x * 1.0, t, IGNORE)
+        want = torch.nn.functional.cross_entropy(x.float(), t, ignore_index=IGNORE, reduction="none")
+        torch.testing.assert_close(rows.float(), want, rtol=1e-2, atol=1e-2)
+        g = torch.randn(rows.shape, device="cuda")
+        got, ref = torch.autograd.grad(rows, x, g.bfloat16())[0], torch.autograd.grad(want, x, g)[0]
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-3)
+
+
 # -- fused linear cross-entropy ------------------------------------------------------------------------
 
 

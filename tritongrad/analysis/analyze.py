@@ -74,6 +74,8 @@ class Analysis:
     stored_params: dict[str, str] = field(default_factory=dict)  # reloaded pointer -> its values after the launch
     updates: dict[int, tuple[str, ...]] = field(default_factory=dict)  # id(a store over an input updated in place)
     # -> the results of the loads whose elements it overwrites (in_place.py)
+    unchanged: frozenset[str] = frozenset()  # of in_place, those whose loads read only elements no store of the
+    # launch writes (in_place.py: an early return's stores): their loads' adjoints add to the new values' gradient
 
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
@@ -84,7 +86,7 @@ class Analysis:
         active = _activity(self.program, self.defs, wrt, self.outputs, self.pointer_base, tile=False)
         stable = stabilizers(self.program, active)
         return replace(self, wrt=tuple(wrt), active=active - stable, stabilizers=stable,
-                       in_place=self.in_place & frozenset(wrt))
+                       in_place=self.in_place & frozenset(wrt), unchanged=self.unchanged & frozenset(wrt))
 
 
 def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, ...] | None,
@@ -111,6 +113,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis.stabilizers = stable
     analysis.in_place = frozenset((in_place | _overwritten(found, wrt, outputs)) & set(wrt))
     analysis.reloads, analysis.stored_params, analysis.updates = place.reloads, place.stored, place.updates
+    analysis.unchanged = place.unchanged & analysis.in_place
     analysis.shapes = infer_shapes(program, tile)
     analysis.padding = padding(program.body)
     if not tile:

@@ -197,8 +197,11 @@ class OpBackward:
         it); later ones add to it (writes/strategies.py). ``keep``: the launch's key in ``step.launchers``, where a
         Launcher doing the same with the next backward's tensors is kept."""
         shadow_of = step.shadows
-        output_grads = {p: self._shadow(shadows, shadow_of[p], guards) for p in step.outputs}
-        written = frozenset(p for p in step.wrt if shadow_of[p].key in shadows)
+        # the inputs whose buffers hold gradient: made already, or an output's (made below) that is not the input
+        # itself (an input updated in place holds its new values' gradient only where it was given one)
+        outputs = {shadow_of[p].key for p in step.outputs}
+        written = frozenset(p for p in step.wrt if shadow_of[p].key in shadows
+                            or (p not in step.outputs and shadow_of[p].key in outputs))
         bwd, prepared, buffers_of = self._ready(step, launch, args, grid, written, config)
         if self.plan.unused:  # a tensor the op did not keep (derive_ahead) must be one this variant does not read
             for p, slot in step.launch.slots.items():
@@ -209,7 +212,9 @@ class OpBackward:
         for n in step.launch.stored:  # (a specialization that reads nothing back takes no such tensor)
             if n not in bwd.stored_params.values():
                 args.pop(n, None)
+        # the inputs' buffers first, as their write strategies want them (an input updated in place: its own dtype)
         buffers = {p: self._shadow(shadows, shadow, guards, fill, own) for p, shadow, fill, own in buffers_of}
+        output_grads = {p: self._shadow(shadows, shadow_of[p], guards) for p in step.outputs}
         pad = guard_bands.GUARD[0] if guards is not None else 0
         trace = [] if keep is not None and not bwd.checks.reads_contents else None
         rows = bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,

@@ -62,11 +62,10 @@ class Launcher:
     def __call__(self, saved: tuple, shadows: dict, shadow: Callable, tapes: dict | None = None) -> None:
         """Launch with ``saved`` tensors (and this call's state ``tapes``), making the shadows it writes in
         ``shadows`` (``shadow``: OpBackward._shadow), in the order the traced launch made them."""
-        sources = ({p: saved[slot] if slot is not None else stand_in_tensor(stand_in)
+        buffers = {p: shadow(shadows, s, None, fill, own) for p, s, fill, own in self.buffers}  # (first: as
+        sources = ({p: saved[slot] if slot is not None else stand_in_tensor(stand_in)  # OpBackward._launch)
                     for p, slot, stand_in in self.replayed},
-                   {o: shadow(shadows, s) for o, s in self.outputs},
-                   {p: shadow(shadows, s, None, fill, own) for p, s, fill, own in self.buffers},
-                   tapes)
+                   {o: shadow(shadows, s) for o, s in self.outputs}, buffers, tapes)
         for traced, wired in self.launches:
             args = traced.args.copy()
             for k, source, name in wired:

@@ -98,8 +98,8 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
             sources[0, p] = name = f"s{s}_{len(sources)}"
             value = f"saved[{slot}]" if slot is not None else bound(stand_in_tensor(stand_in))  # (empty: no memory)
             lines.append(f"    {name} = {value}")
-        made = [(1, o, _maker(plan, shadow, True, False)) for o, shadow in launcher.outputs]
-        made += [(2, p, _maker(plan, shadow, fill, own)) for p, shadow, fill, own in launcher.buffers]
+        made = [(2, p, _maker(plan, shadow, fill, own)) for p, shadow, fill, own in launcher.buffers]
+        made += [(1, o, _maker(plan, shadow, True, False)) for o, shadow in launcher.outputs]  # (after: _launch's)
         for source, p, maker in made:
             sources[source, p] = name = f"s{s}_{len(sources)}"
             key, view, shape, dtype, device, make = maker

@@ -51,6 +51,8 @@ STORED = ("Then {stored}: `{param}` as the forward launch left it, whose new val
 
 IN_PLACE = ("updated in place, as the forward updates it: the gradient of the values it gets on entry, of the "
             "values it held on exit (zeroed where stored, the loads' gradient added)")
+UNCHANGED = ("; no program that loads it stores there (its values there are the same before and after the launch, "
+             "which the kernel may take): its loads' adjoints ")
 
 
 def bind_arguments(name: str, params: tuple, defaults: dict[str, Any], args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -94,6 +96,7 @@ class BackwardKernel:
         self.deterministic = deterministic
         self.wrt, self.outputs = analysis.wrt, analysis.outputs
         self.in_place = analysis.in_place  # inputs updated in place: their shadow is the output's too
+        self.unchanged = analysis.unchanged  # of those, the ones whose loads read what no store of the launch changes
         # pointers whose values after the launch the replay reads (reloads) -> the parameter taking them
         self.stored_params: dict[str, str] = dict(analysis.stored_params)
         self.store_axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
@@ -238,6 +241,7 @@ class BackwardKernel:
         if wrt == self.wrt:
             self._shadow_params = shadows
         writes = "".join(f"\n  d_{p}: {IN_PLACE if p in analysis.in_place else c.strategy.describes}"
+                         + (f"{UNCHANGED}{c.strategy.describes}" if p in analysis.unchanged else "")
                          + (f"; {LATER} ({', '.join(c.later)})" if c.later and c.mode in (Mode.STORE, Mode.ADD)
                             else "")
                          for p, c in choices.items())
@@ -326,7 +330,8 @@ class BackwardKernel:
         sizes = _sizes(grid(named) if callable(grid) else grid)
         self.checks.buffers(named, output_grads)
         self.checks.default_wrt(named)
-        prepared = self.prepare(named, sizes, saved=saved)  # a buffer of its own per input: none is shared
+        # a buffer of its own per input: none is shared; an input updated in place's holds its new values' gradient
+        prepared = self.prepare(named, sizes, self.in_place, saved=saved)
         grads = {}
         for p in self.in_place:  # one buffer: the new values' gradient in, the old values' out
             x = named[p]
@@ -354,12 +359,16 @@ class BackwardKernel:
                 saved: Any = None) -> Prepared:
         """Check the launch (grid, store conditions, dtypes), choose how each input's gradient is written
         and get the variant for that; cached per arguments the choice depends on. The gradient buffers'
-        facts (launch_facts.py): ``written``: inputs whose buffers already hold gradient to add to; ``shared``:
+        facts (launch_facts.py): ``written``: inputs whose buffers already hold gradient to add to (an input
+        updated in place: whether its new values have a gradient, read where no store reaches its loads); ``shared``:
         inputs whose buffers overlap another input's; ``self_overlapping``: inputs whose buffers reach one
         element from several positions (None: those whose tensors do, the calling convention's buffers having
         their inputs' layouts). ``saved``: the state tapes the forward kept (augment.SavedStates), read by the
         variant where it needs no others."""
-        written = written | self.in_place  # its buffer holds the new values' gradient
+        # an input updated in place: its buffer holds the new values' gradient; one whose loads no store reaches
+        # (``unchanged``) has its loads' adjoints added there only where ``written`` says it holds any
+        held = written & self.unchanged
+        written = written | self.in_place
         self.checks.grid(grid)
         self.checks.arguments(named, grid)
         for name in self.wrt:  # an integer tensor has no gradient: say so, rather than return zeros
@@ -370,7 +379,7 @@ class BackwardKernel:
         if self_overlapping is None:
             self_overlapping = buffer_facts({p: named.get(p) for p in self.wrt if p not in self.in_place})[1]
         shared = shared - self.in_place
-        key = (grid, written, shared, self_overlapping, saved is not None,
+        key = (grid, written, held, shared, self_overlapping, saved is not None,
                *[_describe(named.get(n)) for n in self._chosen_names])
         prepared = self._chosen.get(key)
         if prepared is None:
@@ -378,8 +387,9 @@ class BackwardKernel:
             writes = self.saved_writes if saved is not None else self.writes
             parallel = multiprocessors(device)
             # (an input updated in place: its buffer holds the new values' gradient, which the kernel reads where it
-            # stores, before its loads' adjoints write there: to be written, not added to)
-            facts = LaunchFacts(LaunchValues(named, grid), written - self.in_place, shared, self_overlapping,
+            # stores, before its loads' adjoints write there: to be written, not added to; but where no program that
+            # loads stores, the new values' gradient there is the old values' too: added to where there is any)
+            facts = LaunchFacts(LaunchValues(named, grid), (written - self.in_place) | held, shared, self_overlapping,
                                 parallel, tape_budget(device), max(tuning.WAVES) * parallel)
             choices = writes.choose(facts, deterministic=self.deterministic)
             if self.deterministic:

@@ -153,8 +153,10 @@ def plan_writes(a: Analysis) -> WritePlan:
                        program_axes(body), set(AXES) if -1 in used else used, program_axes(body, through_stop=False))
     inputs = {p: context.input(p) for p in a.wrt}
     for p in a.in_place:  # its shadow holds the new values' gradient: written where loaded, no partial rows
-        if inputs[p].later:  # (zeroed and refilled where stored: one load, one place)
-            inputs[p] = InputFacts(p, why="it is loaded by several statements")
+        if inputs[p].later and p not in a.unchanged:  # (zeroed and refilled where stored: one load, one place;
+            inputs[p] = InputFacts(p, why="it is loaded by several statements")  # but where no program that
+        # loads stores (an early return's stores), its loads' adjoints are written as a plain input's: added to the
+        # new values' gradient, or stored where there is none (BackwardKernel.prepare), the other loads' later)
         inputs[p] = replace(inputs[p], covers=None, shared={}, in_registers=frozenset(), fallback=None)
     if a.in_place:  # one kernel: every input's adjoint reads the new values' gradient before it is replaced
         inputs = {p: replace(facts, interchange={}, trips=None) for p, facts in inputs.items()}
