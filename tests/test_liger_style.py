@@ -174,18 +174,62 @@ def test_a_loss_only_cross_entropy_keeps_no_copy_of_the_logits(device, poisoned_
             close(a, b)
 
 
-def test_logits_changed_after_the_call_are_refused_at_the_backward(device):
-    """The backward reads the logits as the launch left them: a later in-place change of them (or of the tensor
-    they are a view of) is refused by autograd's version check, as for any tensor an operation saved, rather than
-    read (before, the op's copy was read)."""
-    op = tritongrad.op(cross_entropy_forward)
+def scale_after_the_loss(logits, target, w):
+    """The loss summed by PyTorch (its segment closed: the cross-entropy's node saves the logits), then a launch
+    scaling the logits in place, in a segment of its own."""
+    from test_kept import scale_in_place_kernel
+
+    loss = cross_entropy_forward(logits, target)
+    scale_in_place_kernel[(triton.cdiv(logits.numel(), 32),)](logits, w, logits.numel(), BLOCK=32)
+    return loss
+
+
+@pytest.mark.parametrize("by", ["the caller", "a later segment"])
+def test_logits_changed_after_the_cross_entropy_are_refused_at_the_backward(device, by):
+    """The backward reads the logits as the launch left them: a later in-place change of them (of the tensor they
+    are a view of, after the call; by a launch of the op after its segment closed) is refused by autograd's version
+    check, as for any tensor an operation saved, rather than read (before, the op's copy was read)."""
     x = torch.randn(9, 7, dtype=DTYPE, device=device, requires_grad=True)
     w = torch.randn(7, 83, dtype=DTYPE, device=device, requires_grad=True)
-    big = x @ w
-    loss = op(big[:, 3:40], targets(9, 37, device))
-    big.add_(1.0)
+    big, t = x @ w, targets(9, 37, device)
+    if by == "the caller":
+        loss = tritongrad.op(cross_entropy_forward)(big[:, 3:40], t)
+        big.add_(1.0)
+    else:
+        loss = tritongrad.op(scale_after_the_loss)(big[:, 3:40].contiguous(), t,
+                                                   torch.randn(9 * 37, dtype=DTYPE, device=device))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.autograd.grad(loss, (x, w))
+
+
+def loss_then_scale(logits, target, w):
+    """A launch after the loss-only cross-entropy scales the logits in place, before any PyTorch operation reads
+    what the launches wrote (one segment: the tape sees both launches)."""
+    from test_kept import scale_in_place_kernel
+
+    loss_1d = torch.zeros(logits.shape[0], dtype=logits.dtype, device=logits.device)
+    cross_entropy_rows(logits, target, loss_1d, (target != IGNORE).sum().item())
+    scale_in_place_kernel[(triton.cdiv(logits.numel(), 32),)](logits, w, logits.numel(), BLOCK=32)
+    return torch.sum(loss_1d), logits
+
+
+def test_logits_a_later_launch_scales_in_place_are_copied_for_the_cross_entropys_backward(device, poisoned_empty):
+    """The tape copies the logits before the later launch overwrites them (as the cross-entropy left them), for the
+    cross-entropy's backward, which reads that copy, not the scaled values. (Right before too, from the copy taken
+    before the cross-entropy: a guard for the path without it.)"""
+    op = tritongrad.op(loss_then_scale)
+    x = torch.randn(9, 37, dtype=DTYPE, device=device, requires_grad=True)
+    w = torch.randn(9 * 37, dtype=DTYPE, device=device, requires_grad=True)
+    t = targets(9, 37, device)
+    for _ in range(3):
+        loss, logits = op(x * 1.0, t, w)
+        want = torch.nn.functional.cross_entropy(x, t, ignore_index=IGNORE)
+        want_logits = x * (t != IGNORE)[:, None].to(DTYPE) * w.view(9, 37)
+        close((loss, logits), (want, want_logits))
+        g = (torch.tensor(0.3, dtype=DTYPE, device=device), torch.randn(9, 37, dtype=DTYPE, device=device))
+        for a, b in zip(torch.autograd.grad((loss, logits), (x, w), g),
+                        torch.autograd.grad((want, want_logits), (x, w), g), strict=True):
+            close(a, b)
 
 
 CE_CONSTEXPRS = dict(label_smoothing=0.0, reduction="mean", BLOCK_SIZE=16, HAS_GRADIENTS=False, COMPUTE=tl.float64)
