@@ -174,6 +174,38 @@ def test_a_loss_only_cross_entropy_keeps_no_copy_of_the_logits(device, poisoned_
             close(a, b)
 
 
+def cross_entropy_per_row(logits, target, n_non_ignore):
+    """Liger's host function as the HF step calls it (reduction "none"): one segment, so later calls are replayed."""
+    loss_1d = torch.zeros(logits.shape[0], dtype=logits.dtype, device=logits.device)
+    cross_entropy_rows(logits, target, loss_1d, n_non_ignore)
+    return loss_1d
+
+
+def test_replayed_loss_only_calls_take_no_copy_of_the_logits(device, monkeypatch, poisoned_empty):
+    """A bare op's repeated call runs on its replay (ops/replay.py), which took a copy of the logits per call before
+    the launch (its pattern's snapshot); now neither the first call nor the replayed ones copy them."""
+    from tritongrad.ops import replay, tape
+
+    copies, fast = [], []
+    copy, copy_of, launch = tape.Tape._copy, replay.copy_of, replay.FastTape.launch
+    monkeypatch.setattr(tape.Tape, "_copy", lambda self, v: copies.append(v.shape) or copy(self, v))
+    monkeypatch.setattr(replay, "copy_of", lambda v: copies.append(v.shape) or copy_of(v))
+    monkeypatch.setattr(replay.FastTape, "launch", lambda self, *a, **k: fast.append(1) or launch(self, *a, **k))
+    op = tritongrad.op(cross_entropy_per_row)
+    x = torch.randn(9, 7, dtype=DTYPE, device=device, requires_grad=True)
+    w = torch.randn(7, 83, dtype=DTYPE, device=device, requires_grad=True)
+    t = targets(9, 37, device)
+    n = int((t != IGNORE).sum())
+    for _ in range(4):
+        rows = op((x @ w)[:, 3:40], t, n)
+        want = torch.nn.functional.cross_entropy((x @ w)[:, 3:40], t, ignore_index=IGNORE, reduction="none") / n
+        close(rows, want)
+        g = torch.randn(9, dtype=DTYPE, device=device)
+        for a, b in zip(torch.autograd.grad(rows, (x, w), g), torch.autograd.grad(want, (x, w), g), strict=True):
+            close(a, b)
+    assert fast and not copies, (len(fast), copies)
+
+
 def scale_after_the_loss(logits, target, w):
     """The loss summed by PyTorch (its segment closed: the cross-entropy's node saves the logits), then a launch
     scaling the logits in place, in a segment of its own."""
