@@ -339,19 +339,16 @@ def grid_stride_over_tiles(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
         tl.store(y_ptr + offs, tl.sin(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
 
 
-def test_a_grid_stride_loop_over_elements_hears_what_is_refused_and_the_way_that_works():
-    """The hint said "build addresses from program ids with + and *", which they already were."""
-    with pytest.raises(NotDifferentiableError, match=r"(?s)through the range of the loop on line \d+ \(`for start in "
-                                                     r"range\(pid \* BLOCK.*hint: loop over tile indices"):
-        tritongrad.grad(grid_stride_over_elements)
+def test_a_grid_stride_loop_over_elements_and_over_tiles_are_both_right():
+    """The loop over elements was refused (its hint offered the loop over tiles); both now derive (issue 52)."""
+    for kernel in (grid_stride_over_elements, grid_stride_over_tiles):
+        @tritongrad.op
+        def op(x, kernel=kernel):
+            y = poison(torch.empty_like(x))
+            kernel[(3,)](x, y, x.numel(), BLOCK=16)
+            return y
 
-    @tritongrad.op
-    def over_tiles(x):  # the way the hint offers: right
-        y = poison(torch.empty_like(x))
-        grid_stride_over_tiles[(3,)](x, y, x.numel(), BLOCK=16)
-        return y
-
-    x = rand(101)
-    g = torch.randn_like(x)
-    torch.testing.assert_close(torch.autograd.grad(over_tiles(x), x, g)[0], torch.cos(x.detach()) * g,
-                               rtol=1e-12, atol=1e-12)
+        x = rand(101)
+        g = torch.randn_like(x)
+        torch.testing.assert_close(torch.autograd.grad(op(x), x, g)[0], torch.cos(x.detach()) * g,
+                                   rtol=1e-12, atol=1e-12)

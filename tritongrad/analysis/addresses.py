@@ -118,14 +118,19 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
         ok = isinstance(axis, ast.Constant) and isinstance(axis.value, int)
         return Expr("program_id", (axis.value,)) if ok else None
 
+    def last(name: str) -> Expr | None:  # the last program along the id's axis
+        return None if program(name) is None else Expr("grid", program(name).args) - Expr.const(1)
+
     if trips is not None:
         for node in loops(body):
-            strided = _moving_range(node.iter, forms) is None and _program_strided_range(node, forms) is not None
-            if strided and bounded_trips is not None:
+            strided = None if _moving_range(node.iter, forms) else _program_strided_range(node, forms)
+            if strided is not None and bounded_trips is not None:
                 bounded_trips.add(LoopIndex(node.target.id))
-            if _moving_range(node.iter, forms) or strided:  # its count: the most any program runs (the bounds'
-                # difference, programs aside)
-                count = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node))).substitute(no_program)
+            if _moving_range(node.iter, forms) or strided is not None:  # its count: the most any program runs
+                count = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node)))
+                ends = (count.substitute(no_program),) + ((count.substitute(last),) if strided is not None and any(
+                    c[0] <= 0 or c[1] for _, c in strided.terms) else ())  # (`pid * BLOCK`: the first or the last)
+                count = Expr("max", ends) if len(ends) > 1 else ends[0]
                 trips[LoopIndex(node.target.id)] = count if count.names() <= params else Expr.const(UNKNOWN_TRIP)
             elif program_trips is not None and trips[LoopIndex(node.target.id)] == Expr.const(UNKNOWN_TRIP):
                 count = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node))).substitute(program)
@@ -147,14 +152,14 @@ def _moving_range(call: ast.Call, forms: dict[str, Form]) -> Form | None:
 
 def _program_strided_range(node: ast.For, forms: dict[str, Form]) -> Form | None:
     """The program-id part of a range's start where only the start moves with the program ids, each by a positive
-    literal (``range(pid, n, tl.num_programs(0))``: a grid-stride loop, each program taking every step-th row from
-    its own). Program 0 runs the most iterations: its count bounds every program's."""
+    literal, or along one axis by any scalar (``range(pid * BLOCK, n, tl.num_programs(0) * BLOCK)``: a grid-stride
+    loop, each program taking every step-th block from its own). The first program (or, the scalar's sign unknown,
+    the first or the last: a count is monotone in the start) runs the most iterations: it bounds every program's."""
     start, stop, step = range_bounds(node)
     found = forms.get(start.id) if isinstance(start, ast.Name) else None
-    if found is None or not found.terms or not found.affine or any(
-            not isinstance(k, ProgramId) or not (isinstance(c[0], int) and c[0] > 0 and not c[1])
-            for k, c in found.terms):
-        return None
+    if found is None or not found.terms or not found.affine or any(not isinstance(k, ProgramId) or (
+            len(found.terms) > 1 and (c[0] <= 0 or c[1])) for k, c in found.terms):
+        return None  # (along several axes, each by a positive literal: program 0 starts lowest)
     if any(isinstance(a, ast.Name) and a.id in forms and forms[a.id].terms for a in (stop, step)):
         return None  # the stop or step moves too
     return found
@@ -493,8 +498,3 @@ def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
             terms[key] = (c, tuple(sorted((*s, stride))))
         terms[Lane(d)] = (1, (stride,))
     return form_of_terms(terms, rank)
-
-
-# -- offsets: the part of a value that depends on no coordinate ---------------------------------------------
-
-

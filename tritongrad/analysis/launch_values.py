@@ -112,7 +112,7 @@ def _every_program(grid: tuple[int, ...] | None) -> tuple:
 @dataclass(frozen=True)
 class Expr:
     """An integer expression: ``Expr("name", ("N",))``, ``Expr("const", (3,))``, ``Expr("grid", (0,))``,
-    ``Expr("trips", (start, stop, step))``, ``Expr("min" | "abs", ...)``, ``Expr("most", (e,))`` (one more than
+    ``Expr("trips", (start, stop, step))``, ``Expr("min" | "max" | "abs", ...)``, ``Expr("most", (e,))`` (one more than
     the largest value ``e`` takes over the grid's programs: a program value's extent), ``Expr("index", (name,
     start, stop, step))`` (a grid-stride loop's index: ``start`` over the program ids; evaluated over every
     iteration a program runs), or an operation kind whose ``on_host`` computes it (``Expr("mul", (a, b))``,
@@ -175,6 +175,8 @@ class Expr:
             return len(range(*values))
         if op == "min":
             return _minimum(values)
+        if op == "max":
+            return -_minimum([-v for v in values])
         if op == "abs":
             return abs(values[0])
         return OPERATIONS[op].on_host(*values)

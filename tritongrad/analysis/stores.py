@@ -129,7 +129,8 @@ def _refuse_lost_program_ids(stmt: ast.stmt, output: str, used: set[int], kept: 
     """A store address computed from a program id by an operation that loses its coordinate (``tl.minimum(pid,
     n)``, ``tl.where``, a loop whose range depends on it other than by moving both bounds alike) may send two
     programs to one element: the checks see no program coordinate there to keep them apart. ``loops``: those
-    around the store, with the program axes their ranges read (a grid-stride loop over elements is refused so)."""
+    around the store, with the program axes their ranges read (a range the program ids move other than both
+    bounds alike or as a grid-stride loop's start is refused so)."""
     lost = sorted(used - kept)
     through = [loop for loop, axes in loops.items() if lost and lost[0] in axes]
     if through:
