@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 import tritongrad
+from tritongrad import NotDifferentiableError
 from tritongrad.tools.testing import poison
 
 assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
@@ -130,3 +131,16 @@ def test_the_same_tensor_as_input_and_weight_in_a_grid_stride_loop():
     got = torch.autograd.grad(y, x, g)[0]
     want = torch.autograd.grad(weight_reference(x, x), x, g)[0]
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_a_grid_stride_step_shorter_than_the_grid_is_refused_saying_why():
+    @tritongrad.op
+    def op(x):
+        y = poison(torch.empty_like(x))
+        grid_stride_too_short[(3,)](x, y, x.numel(), BLOCK=BLOCK)
+        return y
+
+    with pytest.raises(NotDifferentiableError, match=r"(?s)grid-stride loop over `start`.*lanes of different "
+                                                     r"programs reach one element.*shorter than the grid") as raised:
+        op(rand(N)).sum().backward()
+    assert raised.value.source_line.startswith("tl.store(y_ptr + offs")

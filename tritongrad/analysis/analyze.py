@@ -124,7 +124,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
         checked = (*outputs, *sorted(in_place - set(outputs)))
         analysis.store_axes = check_output_stores(program.body, checked, stores, analysis.shapes, analysis.forms,
                                                   analysis.launch_checks, analysis.trips, pointer_base,
-                                                  frozenset(params))
+                                                  frozenset(params), frozenset(analysis.bounded_trips))
         analysis.launch_checks = [with_scalars_written_out(c, program.body) for c in analysis.launch_checks]
     return analysis
 

@@ -52,7 +52,19 @@ class Apart:
     cacheable = True  # reads scalars and the grid only
 
     def violation(self, launch: LaunchValues) -> str | None:
-        return None if self.holds(launch) else ""
+        """None where it holds, else which coordinate lands within what the smaller ones span."""
+        coordinates = [(c.evaluate(launch), e.evaluate(launch)) for c, e in self.coordinates]
+        bounds = [(members, limit.evaluate(launch), [c.evaluate(launch) for c in coefficients])
+                  for members, limit, coefficients in self.bounds]
+        failed = apart_failure(coordinates, bounds)
+        if failed is None:
+            return None
+        i, step, span, below = failed
+        names = self.names_of or tuple(f"x{i}" for i in range(len(self.coordinates)))
+        spanning = " and ".join(names[j] for j in below if coordinates[j][1] > 1)
+        if not spanning:
+            return f"{names[i]} moves by {step}: its values meet"
+        return f"{names[i]} moves by {step}, within the {span + 1} elements {spanning} span"
 
     def names(self) -> set[str]:
         exprs = [e for pair in self.coordinates for e in pair]
@@ -337,12 +349,18 @@ def decided_now(condition: Condition) -> bool | None:
 
 
 def apart(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...], int, list[int]]]) -> bool:
-    """Whether ``sum(c_i * x_i)`` over ``0 <= x_i < extent_i`` takes each value once (a sufficient test).
+    """Whether ``sum(c_i * x_i)`` takes each value once (see :func:`apart_failure`)."""
+    return apart_failure(coordinates, bounds) is None
+
+
+def apart_failure(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...], int, list[int]]]
+                  ) -> tuple[int, int, int, list[int]] | None:
+    """None where ``sum(c_i * x_i)`` over ``0 <= x_i < extent_i`` takes each value once (a sufficient test).
 
     ``coordinates``: ``(c_i, extent_i)``; ``bounds``: ``(members, limit, coefficients)`` from the mask, saying
     that over the lanes that store, the members' part of the sum stays within ``limit`` (valid when the
     mask's own coefficients are positive). Taken in order of ``|c_i|``, each coordinate must step over
-    everything the smaller ones can span."""
+    everything the smaller ones can span; the first that does not: ``(i, |c_i|, the span, the smaller ones)``."""
     coordinates = list(coordinates)
     for members, limit, mask_coefficients in bounds:  # each term of a bounded sum of positive terms is bounded
         if all(c > 0 for c in mask_coefficients):
@@ -361,6 +379,6 @@ def apart(coordinates: list[tuple[int, int]], bounds: list[tuple[tuple[int, ...]
                 grouped |= set(members)
         span += sum(abs(coordinates[j][0]) * (coordinates[j][1] - 1) for j in below if j not in grouped)
         if abs(coordinates[i][0]) <= span:
-            return False
+            return i, abs(coordinates[i][0]), span, list(below)
         below.append(i)
-    return True
+    return None

@@ -222,14 +222,15 @@ def _apart(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopI
 
 
 def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: tuple[LoopIndex, ...] = (),
-                bounds: list[tuple[Form, Expr]] = (), trips: dict[LoopIndex, Expr] | None = None
-                ) -> list[LaunchCheck]:
+                bounds: list[tuple[Form, Expr]] = (), trips: dict[LoopIndex, Expr] | None = None,
+                grid_stride: frozenset[LoopIndex] = frozenset()) -> list[LaunchCheck]:
     """Refuse a store whose lanes may write one element of ``output`` twice (see the module's docstring);
     return what only the launch's arguments can decide. ``form``: its address's (None: computed from no
     coordinate); ``shape``: its tile's; ``around``: the coordinates of the loops around the store (others
     are fixed values here); ``bounds``: its mask's (``mask_bounds``); ``trips``: the loops' trip counts.
     An overlap that a mask may prevent, or that involves a program id or loop index (whose extent may be
-    1), is left to the launch."""
+    1), is left to the launch. ``grid_stride``: the grid-stride loops (addresses.py's ``bounded_trips``), whose
+    step the refusal names."""
     if form is not None:
         form = form_of_terms({k: c for k, c in form.terms if not isinstance(k, LoopIndex) or k in around}, form.rank,
                      form.affine)
@@ -282,6 +283,13 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
                               "and grid, two lanes or programs reach one element", hint, where(stmt))
     if deferred and at_launch is None:
         raise refuse(where(stmt), f"{what}: {deferred[0]}", hint)
+    strided = [k for k in around if k in grid_stride and k in terms]
+    if at_launch is not None and strided and any(isinstance(k, (ProgramId, ProgramDigit)) for k in terms):
+        at_launch = dataclasses.replace(  # (the condition says which coordinate lands where)
+            at_launch, construct=f"a tl.store to `{output}` in the grid-stride loop over `{strided[0].index}`: at "
+            "this launch lanes of different programs reach one element (the step shorter than the grid times each "
+            "program's block, or programs' blocks overlapping)", hint="step by the grid times the block: `for "
+            "start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK)` with `offs = start + tl.arange(0, BLOCK)`")
     if at_launch is not None and deferred:
         at_launch = dataclasses.replace(at_launch, fallback=f"{what}: {deferred[0]}")
     if at_launch is not None and any(isinstance(k, ProgramValue) for k in terms):  # a grid too large to read

@@ -38,7 +38,8 @@ from .scalars import scalar_expr
 
 
 def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, launch_checks, trips, pointer_base,
-                        params: frozenset[str] = frozenset()) -> dict[str, set[int]]:
+                        params: frozenset[str] = frozenset(), grid_stride: frozenset = frozenset()
+                        ) -> dict[str, set[int]]:
     """Refuse stores whose adjoint would be wrong; return the program axes each output's addresses use.
 
     A store's adjoint hands the output's gradient to the stored value. That is right only
@@ -82,7 +83,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
                 sites[id(s)] = StoreSite(s, forms.get(address), offset_of(address, offsets, forms), shapes.get(address),
                                          around[id(s)], tuple(bounds))
                 launch_checks += check_store(s, forms.get(address), output, shapes.get(address), around[id(s)],
-                                             bounds, trips)
+                                             bounds, trips, grid_stride)
                 kept[id(s)] = form_program_axes(forms.get(address))
             else:  # a descriptor's block: its lanes are apart, its offsets may not be
                 form = descriptor_form(arguments(s)["offsets"].elts, forms)
