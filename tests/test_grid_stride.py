@@ -35,6 +35,16 @@ def grid_stride_sin(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def grid_stride_sin_named_step(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    step = tl.num_programs(0) * BLOCK  # named before the loop, through tl.range
+    for start in tl.range(tl.program_id(0) * BLOCK, n, step):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        tl.store(y_ptr + offs, tl.sin(x) * x, mask=mask)
+
+
+@triton.jit
 def grid_stride_weight(x_ptr, w_ptr, y_ptr, n, W, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
@@ -63,12 +73,13 @@ def weight_reference(x, w):
     return x * ww + torch.exp(ww) * 0.5
 
 
+@pytest.mark.parametrize("kernel", [grid_stride_sin, grid_stride_sin_named_step])
 @pytest.mark.parametrize("grid", [1, 2, 3, 6, 100])  # programs that loop (fewer than 7 blocks), and more than blocks
-def test_a_grid_stride_loop_over_elements_through_a_bare_op(grid):
+def test_a_grid_stride_loop_over_elements_through_a_bare_op(grid, kernel):
     @tritongrad.op
     def op(x):
         y = poison(torch.empty_like(x))
-        grid_stride_sin[(grid,)](x, y, x.numel(), BLOCK=BLOCK)
+        kernel[(grid,)](x, y, x.numel(), BLOCK=BLOCK)
         return y
 
     x = rand(N)
