@@ -289,8 +289,9 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
             at_launch, construct=f"a tl.store to `{output}` in the grid-stride loop over `{strided[0].index}`: at "
             "this launch lanes of different programs reach one element: the step shorter than the grid times each "
             "program's block, programs' blocks overlapping, or a program running fewer iterations than the first (the "
-            "check takes each to run as many)", hint="step by the grid times the block: `for "
-            "start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK)` with `offs = start + tl.arange(0, BLOCK)`")
+            "check takes each to run as many)", hint="step by the grid times each program's block: "
+            "`range(pid * BLOCK, n, tl.num_programs(0) * BLOCK)` over elements, `range(pid, n_rows, "
+            "tl.num_programs(0))` over rows")
     if at_launch is not None and deferred:
         at_launch = dataclasses.replace(at_launch, fallback=f"{what}: {deferred[0]}")
     if at_launch is not None and any(isinstance(k, ProgramValue) for k in terms):  # a grid too large to read
