@@ -11,7 +11,10 @@ import tritongrad
 from tritongrad.core.errors import OpError
 
 DTYPE = torch.float64
-SUPPORTED = {"sin": 37, "softplus": 45, "swiglu": (3, 13)}
+SUPPORTED = {"sin": 37, "softplus": 45, "swiglu": (3, 13), "softmax": (3, 11)}
+# hvp differentiates the double backward once more (its cotangent's gradient): softmax's derived kernel of the
+# derived kernel calls tg.unbroadcast, not yet differentiated (refused)
+THRICE = ("sin", "softplus", "swiglu")
 
 
 def _example(name):
@@ -42,7 +45,7 @@ def test_gradgradcheck(name, kind):
 
 
 @pytest.mark.parametrize("kind", ["named", "bare"])
-@pytest.mark.parametrize("name", sorted(SUPPORTED))
+@pytest.mark.parametrize("name", THRICE)
 def test_hvp_matches_reference(name, kind):
     torch.manual_seed(1)
     example = _example(name)
