@@ -83,3 +83,17 @@ def test_unsupported_double_backward_is_refused():
                        r"backward kernel cannot be differentiated in turn: .*language.py:\d+: cannot differentiate a "
                        r"`for` loop over `tl.static_range"):
         dx.sum().backward()
+
+
+def test_gradgradcheck_with_the_bindings_users_pass():
+    """The same tensor twice (swiglu(x, x): both gradients and both second derivatives add), a transposed input and
+    an expanded (stride-0) one made contiguous inside a bare op (its segments carry the copy's history)."""
+    torch.manual_seed(2)
+    swiglu = _example("swiglu")
+    a = torch.randn(3, 13, dtype=DTYPE, requires_grad=True)
+    t = torch.randn(13, 3, dtype=DTYPE, requires_grad=True)
+    e = torch.randn(1, 13, dtype=DTYPE, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x: swiglu.swiglu(x, x), (a,))
+    bare_sin, bare_swiglu = _bare("sin"), _bare("swiglu")
+    assert torch.autograd.gradgradcheck(lambda x: bare_sin(x.t()), (t,))
+    assert torch.autograd.gradgradcheck(lambda x: bare_swiglu(x.expand(3, 13), a), (e,))
