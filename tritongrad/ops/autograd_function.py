@@ -171,7 +171,7 @@ class _TapeFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         saved = ctx.saved_tensors  # (unpacked on each read)
         needs = ctx.needs_input_grad[2:]
-        if torch.is_grad_enabled() and _differentiated_again(saved, grads):  # create_graph: double backward
+        if torch.is_grad_enabled() and differentiated_again(saved, grads):  # create_graph: double backward
             return (None, None, *backward_as_op(ctx.tape, saved, grads, needs))
         return (None, None, *ctx.tape.backward(saved, grads, needs))
 
@@ -199,12 +199,12 @@ class _SegmentFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         saved, needs = ctx.saved_tensors, ctx.needs_input_grad[2 + ctx.count:]
-        if torch.is_grad_enabled() and _differentiated_again(saved, grads):  # create_graph: double backward
+        if torch.is_grad_enabled() and differentiated_again(saved, grads):  # create_graph: double backward
             return (None, None, *[None] * ctx.count, *backward_as_op(ctx.tape, saved, grads, needs))
         return (None, None, *[None] * ctx.count, *ctx.tape.backward(saved, grads, needs))
 
 
-def _differentiated_again(saved: tuple, grads: tuple) -> bool:
+def differentiated_again(saved: tuple, grads: tuple) -> bool:
     return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*saved, *grads))
 
 
