@@ -14,11 +14,11 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from ..core.errors import OpError
+from ..core.errors import NotDifferentiableError, OpError
 from .call_tensors import is_container, nested_tensors, tensor_leaves
 from .replay import FastTape, Replays
 from .segments import Segments
-from .tape import Tape, current_tape
+from .tape import Tape, current_tape, recording_backward
 
 
 def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False) -> Any:
@@ -170,10 +170,10 @@ class _TapeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         saved = ctx.saved_tensors  # (unpacked on each read)
-        result = ctx.tape.backward(saved, grads, ctx.needs_input_grad[2:])
-        if not torch.is_grad_enabled():  # (differentiable_once's test, before it builds its arguments)
-            return (None, None, *result)
-        return (None, None, *differentiable_once(ctx.tape.name, result, (*saved, *grads)))
+        needs = ctx.needs_input_grad[2:]
+        if torch.is_grad_enabled() and differentiated_again(saved, grads):  # create_graph: double backward
+            return (None, None, *backward_as_op(ctx.tape, saved, grads, needs))
+        return (None, None, *ctx.tape.backward(saved, grads, needs))
 
 
 class _SegmentFunction(torch.autograd.Function):
@@ -198,26 +198,70 @@ class _SegmentFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        result = ctx.tape.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[2 + ctx.count:])
-        return (None, None, *[None] * ctx.count,
-                *differentiable_once(ctx.tape.name, result, (*ctx.saved_tensors, *grads)))
+        saved, needs = ctx.saved_tensors, ctx.needs_input_grad[2 + ctx.count:]
+        if torch.is_grad_enabled() and differentiated_again(saved, grads):  # create_graph: double backward
+            return (None, None, *[None] * ctx.count, *backward_as_op(ctx.tape, saved, grads, needs))
+        return (None, None, *[None] * ctx.count, *ctx.tape.backward(saved, grads, needs))
+
+
+def differentiated_again(saved: tuple, grads: tuple) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*saved, *grads))
+
+
+def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
+    """The tape's backward (create_graph=True) run as a bare op of the tensors it reads (the saved tensors, the
+    incoming gradients): its launches of the derived kernels are recorded on a tape of its own, whose backward
+    derives them in turn (reverse over reverse) and whose forward mode takes their tangent kernels. A kernel tritongrad
+    cannot differentiate again is refused there, naming the derived kernel's line."""
+    inner = getattr(getattr(tape, "plan", None), "inner_saved", None)  # (None: not known, taken as made)
+    made = [j for j, t in enumerate(saved) if t.is_floating_point() and t.numel() and not t.requires_grad
+            and (inner is None or j in inner)]
+    if made:  # its values depend on the inputs, but autograd does not see how: the op's own launches made it
+        reason = ("its backward reads a buffer the host function made (an intermediate a launch wrote), whose "
+                  "dependence on the inputs the double backward does not yet follow")
+        return list(differentiable_once(tape.name, tape.backward(saved, grads, needs), (*saved, *grads), reason))
+    present = [i for i, g in enumerate(grads) if g is not None]
+    count = len(saved)
+    reached: list[bool] = []  # which input gradients the backward computed (None: not needed, or not reached)
+
+    def backward_of(*tensors):
+        given = [None] * len(grads)
+        for i, g in zip(present, tensors[count:], strict=True):
+            given[i] = g
+        token = recording_backward.set(current_tape.get())
+        try:
+            result = tape.backward(tensors[:count], tuple(given), needs)
+        finally:
+            recording_backward.reset(token)
+        reached[:] = [g is not None for g in result]
+        return tuple(g for g in result if g is not None)
+
+    try:
+        found = taped_call(backward_of, f"{tape.name} (its backward)", {}, arguments_of(backward_of),
+                           getattr(tape, "deterministic", False))(*saved, *[grads[i] for i in present])
+    except NotDifferentiableError as e:  # a derived kernel not differentiable in turn: gradients that refuse a
+        # second differentiation (create_graph=True alone, as for a gradient penalty's first pass, still works)
+        reason = f"its derived backward kernel cannot be differentiated in turn: {str(e).splitlines()[0]}"
+        return list(differentiable_once(tape.name, tape.backward(saved, grads, needs), (*saved, *grads), reason))
+    found = iter(found if isinstance(found, tuple) else (found,))
+    return [next(found) if r else None for r in reached]
 
 
 def _camel(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_")) or "Op"
 
 
-def differentiable_once(name: str, grads: list, read: tuple) -> tuple:
+def differentiable_once(name: str, grads: list, read: tuple, reason: str = "") -> tuple:
     """With create_graph=True, gradients that raise a clear error when differentiated again: connected to what the
     backward read (the saved inputs, the incoming gradients), so that a second backward reaches the error rather
-    than finding no path and giving zero."""
+    than finding no path and giving zero. ``reason``: why the derived kernels are not differentiated in turn."""
     if not torch.is_grad_enabled():
         return tuple(grads)
     anchors = [t for t in read if isinstance(t, torch.Tensor) and t.requires_grad]
     present = [i for i, g in enumerate(grads) if g is not None]
     if not anchors or not present:
         return tuple(grads)
-    found = _NotTwice.apply(name, len(present), *[grads[i] for i in present], *anchors)
+    found = _NotTwice.apply((name, reason), len(present), *[grads[i] for i in present], *anchors)
     out = list(grads)
     for i, g in zip(present, found, strict=True):
         out[i] = g
@@ -229,14 +273,14 @@ class _NotTwice(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, name, count, *tensors):
-        ctx.name = name
+        ctx.name, ctx.reason = name
         return tuple(t.clone() for t in tensors[:count])
 
     @staticmethod
     def backward(ctx, *grads):
-        raise OpError(f"tritongrad.op `{ctx.name}`: double backward is not supported (the derived backward kernels "
-                      "are not themselves differentiated); differentiate once, or compute the second derivative "
-                      "another way")
+        why = ctx.reason or "the derived backward kernels are not themselves differentiated"
+        raise OpError(f"tritongrad.op `{ctx.name}`: double backward is not supported ({why}); differentiate once, or "
+                      "compute the second derivative another way")
 
 
 def as_tuple(result: Any) -> tuple:

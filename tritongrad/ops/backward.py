@@ -11,6 +11,7 @@ earlier one kept (launcher.py).
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +28,10 @@ from ..runtime.variants import shadow_dtype
 from .launcher import Launcher
 from .shadows import Plan, Shadow, Step, View, stand_in_tensor
 
+# the tape recording a backward's launches of derived kernels (None: they are not recorded): a backward run with
+# create_graph=True, as a bare op of its own (autograd_function.backward_as_op)
+recording_backward: contextvars.ContextVar = contextvars.ContextVar("tritongrad_recording", default=None)
+
 
 class OpBackward:
     """One backward of an op: its plan, the recorded launches' non-tensor arguments, the op's name."""
@@ -40,11 +45,11 @@ class OpBackward:
     def run(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
         """Gradients of the differentiated inputs (None where not needed or not reached).
 
-        Runs with grad mode off: the backward is not itself differentiated (under
-        ``create_graph=True`` too).
+        Runs with grad mode off, but where a tape records its launches (tape.recording_backward: a backward
+        differentiated again, run as an op whose segments carry the PyTorch operations' history).
         """
         ensure_allocator()  # (autograd's thread has not seen an allocator the forward's context set)
-        if torch.is_grad_enabled():  # torch.no_grad costs microseconds: entered only when needed
+        if torch.is_grad_enabled() and recording_backward.get() is None:  # (no_grad costs microseconds)
             with torch.no_grad():
                 return self._backward(saved, grads, needs)
         return self._backward(saved, grads, needs)

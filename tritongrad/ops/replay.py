@@ -48,7 +48,7 @@ from ..runtime import relaunch
 from ..runtime.augment import keeping
 from . import backward as op_backward
 from .replay_backward import FastBackward
-from .tape import Tape, _by_parameter, _relaunchers, copy_of, current_autotuner, current_tape
+from .tape import Tape, _by_parameter, _relaunchers, copy_of, current_autotuner, current_tape, recording_backward
 from .tiles import Tiles
 
 ENV = "TRITONGRAD_REPLAY"
@@ -167,7 +167,7 @@ class Replay:
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list:
         """The gradients, as Tape.backward gives them: by the schedule's FastBackward once it has one."""
         schedule = (tuple(needs), tuple(map(_given, grads)))
-        fast = self.backwards.get(schedule)
+        fast = self.backwards.get(schedule) if recording_backward.get() is None else False
         if fast and fast.grad is op_backward.grad:  # (tests spy on grad: a new one is a new backward)
             if current_tape.get() is None and not torch.is_grad_enabled():  # (as FastBackward.__call__, inlined)
                 ensure_allocator()
@@ -181,7 +181,7 @@ class Replay:
     def planned(self, saved: tuple, grads: tuple, needs: Sequence[bool], recorded: list) -> list:
         """The gradients by the plan's OpBackward over ``recorded`` (the replay's launches, or a call's copies of
         them holding its state tapes)."""
-        token = current_tape.set(None)  # derived kernels are not recorded, even inside another op's forward
+        token = current_tape.set(recording_backward.get())  # derived kernels are not recorded (see tape.py)
         try:
             return op_backward.OpBackward(self.name, self.plan, recorded, self.deterministic).run(saved, grads, needs)
         finally:

@@ -33,7 +33,7 @@ from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
 from ..runtime.backward_kernel import decisive_constexprs, hashable
 from .aliases import alias_view
-from .backward import OpBackward, derive_ahead
+from .backward import OpBackward, derive_ahead, recording_backward
 from .call_tensors import CallTensors, nested_tensors
 from .host_descriptors import descriptor_view, has_host_descriptors
 from .kernel_roles import KernelInfo, kernel_info, kernel_infos, read_as_left
@@ -380,6 +380,7 @@ class Tape:
         if plan is None:  # a new kind of call: check it (raises) and lay out its backward
             arguments = {name: tensors.index[id(t)] for name, t in tensor_arguments(args, kwargs).items()}
             plan = Planner(self.name, self.launches, self.boundary is not None).plan(key, tensors, outputs, arguments)
+            plan.inner_saved = frozenset(j for j, slot in enumerate(plan.saved) if slot not in set(positions))
             if len(self.plans) >= MAX_PLANS:
                 self.plans.pop(next(iter(self.plans), None), None)
             self.plans[key] = plan
@@ -398,7 +399,8 @@ class Tape:
                  ) -> list[torch.Tensor | None]:
         """Gradients of the differentiated inputs (None where not needed or not reached): backward.py.
         ``launches``: a hooks.Launches gathering (or wrapping) the derived kernels' launches."""
-        token = current_tape.set(launches)  # derived kernels are not recorded, even inside another op's forward
+        # derived kernels are not recorded, even inside another op's forward (but by a backward run as an op)
+        token = current_tape.set(launches if launches is not None else recording_backward.get())
         try:
             return OpBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
         finally:

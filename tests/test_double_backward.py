@@ -1,0 +1,99 @@
+"""Double backward through ops (autograd_function.backward_as_op): with create_graph=True an op's backward runs as a
+bare op of its own whose launches of the derived kernels are recorded and derived in turn (reverse over reverse).
+float64 in the interpreter, sizes that are not powers of two, random inputs, against plain-PyTorch references."""
+
+import importlib
+
+import pytest
+import torch
+
+import tritongrad
+from tritongrad.core.errors import OpError
+
+DTYPE = torch.float64
+SUPPORTED = {"sin": 37, "softplus": 45, "swiglu": (3, 13), "softmax": (3, 11)}
+# hvp differentiates the double backward once more (its cotangent's gradient): softmax's derived kernel of the
+# derived kernel calls tg.unbroadcast, not yet differentiated (refused)
+THRICE = ("sin", "softplus", "swiglu")
+
+
+def _example(name):
+    return importlib.import_module(f"tritongrad.examples.{name}")
+
+
+def _bare(name):
+    """The example's host function as a bare op (its named op is the example's own)."""
+    launch = getattr(_example(name), f"{name}_launch")
+
+    def host(*args):
+        return launch(*[a.contiguous() for a in args])()
+
+    host.__qualname__ = f"bare_{name}"
+    return tritongrad.op(host)
+
+
+def _inputs(name, size):
+    return tuple(t.requires_grad_() for t in _example(name).make_inputs(size, "cpu", DTYPE))
+
+
+@pytest.mark.parametrize("kind", ["named", "bare"])
+@pytest.mark.parametrize("name", sorted(SUPPORTED))
+def test_gradgradcheck(name, kind):
+    torch.manual_seed(0)
+    op = getattr(_example(name), name) if kind == "named" else _bare(name)
+    assert torch.autograd.gradgradcheck(op, _inputs(name, SUPPORTED[name]))
+
+
+@pytest.mark.parametrize("kind", ["named", "bare"])
+@pytest.mark.parametrize("name", THRICE)
+def test_hvp_matches_reference(name, kind):
+    torch.manual_seed(1)
+    example = _example(name)
+    op = getattr(example, name) if kind == "named" else _bare(name)
+    inputs = _inputs(name, SUPPORTED[name])
+    weights = torch.randn(example.reference(*inputs).shape, dtype=DTYPE)  # a loss of every output element
+    vectors = tuple(torch.randn_like(x) for x in inputs)
+    got = torch.autograd.functional.hvp(lambda *xs: (op(*xs) * weights).sum(), inputs, vectors)
+    want = torch.autograd.functional.hvp(lambda *xs: (example.reference(*xs) * weights).sum(), inputs, vectors)
+    for g, w in zip((*got[1],) if isinstance(got[1], tuple) else (got[1],),
+                    (*want[1],) if isinstance(want[1], tuple) else (want[1],), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+
+
+def test_second_derivative_matches_reference_twice():
+    """The gradient of the gradient, taken again by the same op (its backward ops' plans and derived kernels reused):
+    sin'' = -sin, with a random incoming gradient."""
+    op = _example("sin").sin
+    for size in (37, 37, 50):
+        x = torch.randn(size, dtype=DTYPE, requires_grad=True)
+        g = torch.randn(size, dtype=DTYPE)
+        (dx,) = torch.autograd.grad(op(x), x, g, create_graph=True)
+        (ddx,) = torch.autograd.grad(dx.sum(), x)
+        torch.testing.assert_close(ddx, -torch.sin(x.detach()) * g, rtol=1e-12, atol=1e-12)
+
+
+def test_unsupported_double_backward_is_refused():
+    """gelu's derived backward calls tg.unbroadcast, whose loop tritongrad does not yet differentiate: the double
+    backward raises, naming the op and the construct (never a silent zero); the first backward with create_graph=True
+    still gives the gradient."""
+    x = _inputs("gelu", (3, 13))[0]
+    (dx,) = torch.autograd.grad(_example("gelu").gelu(x).sum(), x, create_graph=True)
+    torch.testing.assert_close(dx, torch.autograd.grad(_example("gelu").reference(x).sum(), x)[0])
+    with pytest.raises(OpError, match=r"`tritongrad_examples::gelu`: double backward is not supported \(its derived "
+                       r"backward kernel cannot be differentiated in turn: .*language.py:\d+: cannot differentiate a "
+                       r"`for` loop over `tl.static_range"):
+        dx.sum().backward()
+
+
+def test_gradgradcheck_with_the_bindings_users_pass():
+    """The same tensor twice (swiglu(x, x): both gradients and both second derivatives add), a transposed input and
+    an expanded (stride-0) one made contiguous inside a bare op (its segments carry the copy's history)."""
+    torch.manual_seed(2)
+    swiglu = _example("swiglu")
+    a = torch.randn(3, 13, dtype=DTYPE, requires_grad=True)
+    t = torch.randn(13, 3, dtype=DTYPE, requires_grad=True)
+    e = torch.randn(1, 13, dtype=DTYPE, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x: swiglu.swiglu(x, x), (a,))
+    bare_sin, bare_swiglu = _bare("sin"), _bare("swiglu")
+    assert torch.autograd.gradgradcheck(lambda x: bare_sin(x.t()), (t,))
+    assert torch.autograd.gradgradcheck(lambda x: bare_swiglu(x.expand(3, 13), a), (e,))
