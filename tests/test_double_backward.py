@@ -3,6 +3,7 @@ bare op of its own whose launches of the derived kernels are recorded and derive
 float64 in the interpreter, sizes that are not powers of two, random inputs, against plain-PyTorch references."""
 
 import importlib
+import os
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import tritongrad
 from tritongrad.core.errors import OpError
 
 DTYPE = torch.float64
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 SUPPORTED = {"sin": 37, "softplus": 45, "swiglu": (3, 13), "softmax": (3, 11)}
 # hvp differentiates the double backward once more (its cotangent's gradient): softmax's derived kernel of the
 # derived kernel calls tg.unbroadcast, not yet differentiated (refused)
@@ -33,7 +35,7 @@ def _bare(name):
 
 
 def _inputs(name, size):
-    return tuple(t.requires_grad_() for t in _example(name).make_inputs(size, "cpu", DTYPE))
+    return tuple(t.requires_grad_() for t in _example(name).make_inputs(size, DEVICE, DTYPE))
 
 
 @pytest.mark.parametrize("kind", ["named", "bare"])
