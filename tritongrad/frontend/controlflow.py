@@ -144,7 +144,8 @@ class ControlFlowFlattener:
                                          "loop over one index: `for i in range(n)`")
         iterator = stmt.iter
         obj = self.normalizer.expressions.resolve(iterator.func) if isinstance(iterator, ast.Call) else None
-        if obj is not builtins.range and triton_language_name(obj) not in ("range", "static_range"):
+        spelled = iterator.func if isinstance(iterator, ast.Call) else None  # (an interpreter's replacement of it)
+        if obj is not builtins.range and triton_language_name(obj, spelled) not in ("range", "static_range"):
             raise self.normalizer.refuse(stmt, f"a `for` loop over `{ast.unparse(iterator)}`",
                               "loop over range(...), tl.range(...) or tl.static_range(...)")
         if any(isinstance(a, ast.Starred) for a in iterator.args) or any(k.arg is None for k in iterator.keywords):
@@ -155,7 +156,7 @@ class ControlFlowFlattener:
         if obj is not builtins.range:
             self.normalizer.expressions._import_globals(iterator.func)
         callee = rename_globals(iterator.func, self.normalizer.frame)
-        static = triton_language_name(obj) == "static_range"
+        static = triton_language_name(obj, spelled) == "static_range"
         frame = self.normalizer.frame
         target = stmt.target.id
         assigned = _assigned_names(stmt.body)

@@ -417,7 +417,7 @@ def _combine_kind(fn: Any) -> str | None:
             base = value.func.value
             module = helper.scope.get(base.id) if isinstance(base, ast.Name) else None
             target = getattr(module, value.func.attr, None)
-        kind = {"maximum": "max", "minimum": "min"}.get(triton_language_name(target) or "")
+        kind = {"maximum": "max", "minimum": "min"}.get(triton_language_name(target, value.func) or "")
         operands = value.args
     if operands is None or kind is None:
         return None
