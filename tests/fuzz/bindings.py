@@ -62,6 +62,9 @@ def candidates(inputs: dict, strided: list[str], in_place: tuple[str, ...] = ())
                                      {p: ("base", _flat(0, a)), q: ("base", _flat(n - k, b))}))
             found.append(Binding(f"packed {p} {q}", {"base": (n + m,)}, {p: ("base", _flat(0, a)),
                                                                         q: ("base", _flat(n, b))}))
+            for k in sorted({1, a[-1]} - {n} if n == m and n > 1 else ()):  # one storage shifted by an element or a row
+                found.append(Binding(f"shift {p} {q} by {k}", {"base": (n + k,)},
+                                     {p: ("base", _flat(0, a)), q: ("base", _flat(k, b))}))
     for p in floats:  # a vector as a row (or, read at the launch's strides, a column) of a matrix
         for q in floats:
             a, b = tuple(inputs[p].shape), tuple(inputs[q].shape)
@@ -95,7 +98,13 @@ def candidates(inputs: dict, strided: list[str], in_place: tuple[str, ...] = ())
                                  {p: ("base", lambda t: t[..., 0]), q: ("base", lambda t: t[..., 1])}))
             found.append(Binding(f"shifted {p} {q}", {"base": (shape[0] + 1, *shape[1:])},
                                  {p: ("base", lambda t, n=shape[0]: t[:n]), q: ("base", lambda t: t[1:])}))
+            if len(shape) == 2:  # `x[:, :-1]` and `x[:, 1:]`
+                found.append(Binding(f"shifted_columns {p} {q}", {"base": (shape[0], shape[1] + 1)},
+                                     {p: ("base", lambda t: t[:, :-1]), q: ("base", lambda t: t[:, 1:])}))
     return found
+
+
+OVERLAPPING = ("overlap", "shift ", "shifted")  # bindings of two inputs to overlapping, shifted memory
 
 
 def _itself(t):
@@ -114,7 +123,12 @@ def choose(mod, count: int) -> list[Binding]:
     found = candidates(mod.make_inputs(), list(getattr(mod, "STRIDED", ())), tuple(getattr(mod, "INPLACE", ())))
     reread = set(getattr(mod, "REREAD", ()))
     found = [b for b in found if set(b.views) & reread] or found
-    picked = rng.sample(found, min(count, len(found)))
+    dots = set(getattr(mod, "DOTS", ()))  # inputs a tl.dot reads: mostly, one binding overlaps one with another input
+    overlapping = [b for b in found if b.label.startswith(OVERLAPPING) and set(b.views) & dots]
+    first = [rng.choice(overlapping)] if overlapping and count and rng.random() < 0.75 else []
+    for b in first:
+        b.label += " (dot operands)"
+    picked = first + rng.sample([b for b in found if b not in first], min(count - len(first), len(found) - len(first)))
     for i, b in enumerate(picked):
         b.deterministic = i % 2 == 1
         b.packed_outputs = len(mod.OUTPUTS) > 1 and rng.random() < 0.5
@@ -182,6 +196,9 @@ def check_binding(mod, src: str, binding: Binding):
     from tritongrad.tools.testing import backward_launch
 
     from .generate import Outcome, before_and_after, close, first_line
+    from .variations import form_of, pack, unpack
+
+    form = form_of(mod.SEED)  # the op's tensors as *args, a list, a tuple or nested
 
     where = (f"[binding: {binding.label}{', outputs packed' if binding.packed_outputs else ''}"
              f"{', deterministic' if binding.deterministic else ''}]")
@@ -245,18 +262,18 @@ def check_binding(mod, src: str, binding: Binding):
         mod.kernel[mod.GRID](**named, **outs, **mod.SIZES, **stride_args(mod, named), **mod.META)
         return tuple(outs[k] if k in outs else named[k] for k in mod.OUTPUTS)  # (an input updated in place)
 
-    op = tritongrad.op(body, deterministic=binding.deterministic)
+    op = tritongrad.op(lambda *args: body(*unpack(form, args)), deterministic=binding.deterministic)
     leaves, frees = fresh()
     try:
         args = {k: t.clone() if k in updated else t for k, t in arguments(leaves, frees).items()}
-        outs = dict(zip(mod.OUTPUTS, op(*args.values()), strict=True))
+        outs = dict(zip(mod.OUTPUTS, op(*pack(form, list(args.values()))), strict=True))
         pairs = [(outs[k], d_out[k]) for k in want if outs[k].requires_grad]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     except (NotDifferentiableError, OpError) as e:
-        return Outcome("refused", f"{where} as an op: {first_line(e)}", src)
+        return Outcome("refused", f"{where} as an op ({form}): {first_line(e)}", src)
     except Exception as e:
-        return Outcome("crashed", f"{where} as an op: {first_line(e)}", src)
+        return Outcome("crashed", f"{where} as an op ({form}): {first_line(e)}", src)
     for k, w in wanted.items():
         t = {**leaves, **frees}[k]
         g = t.grad if t.grad is not None else torch.zeros_like(w)
