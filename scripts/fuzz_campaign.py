@@ -26,6 +26,11 @@ Each run prints the outcomes of the kernels of each of these families, refusals 
 ``spy:rereads_merged`` (kernels whose backward wrote an input's loads in sibling loops once) and ``spy:rereads_apart``
 (written apart: reverse/rereads.py could not), and the rereads family's kernels by how their nodes were drawn (to
 merge, or a near miss: ``generate.REREAD_NEAR``), each with how many merged and passed.
+Issue 50's variations (tests/fuzz/variations.py) are counted apart, kernels by outcome and their kernel-and-binding
+cases: ``variation args_<form>`` (the op's tensors as ``*args``, a list, a tuple or nested), ``f32_state`` (float64
+state declared float32), ``dot`` (a kernel whose ``tl.dot`` reads inputs), ``dot_overlap`` (bindings overlapping a
+dot's operand with another input, by outcome) and ``jvp`` (every kernel's op under ``torch.func.jvp`` against the
+mirror's: passed, refused with the refusals listed, not run where the kernel collides by construction).
 """
 
 from __future__ import annotations

@@ -9,8 +9,12 @@ A :class:`Binding` makes input parameters views of *leaf* tensors:
   where the vector is read at the strides the launch passes (stride the matrix's row length);
 - for an input the kernel reads at the strides the launch passes (generate.py's ``strided`` programs, ``STRIDED``):
   ``expand`` (stride 0 along an axis), ``transpose``, ``slice`` (a larger tensor's interior), ``every_other``
-  element; for two such inputs of one shape, ``interleave`` (``t[..., 0]`` and ``t[..., 1]``) and ``shifted`` (rows
-  ``t[:-1]`` and ``t[1:]``, overlapping);
+  element; for two such inputs of one shape, ``interleave`` (``t[..., 0]`` and ``t[..., 1]``), ``shifted`` (rows
+  ``t[:-1]`` and ``t[1:]``, overlapping) and ``shifted_columns`` (``t[:, :-1]`` and ``t[:, 1:]``);
+- ``shift``: two inputs of one size as contiguous views of one buffer an element or a row apart (overlapping);
+- where the module lists inputs a ``tl.dot`` reads (``DOTS``), three times in four one binding overlapping one of
+  them with another input (``overlap``, ``shift``, ``shifted``: K and V as shifted views of one tensor), labelled
+  ``(dot operands)``;
 - with any of these, half the time, the outputs as views of one buffer.
 
 Where the module lists inputs read by sibling loops (generate.py's rereads family, ``REREAD``), the bindings are
@@ -20,7 +24,8 @@ An input the kernel updates in place (generate.py's ``INPLACE``) is bound to a c
 and returned as an output; the bindings vary the other inputs.
 
 The mirror reads the same views, so autograd's gradients with respect to the leaves are the truth. The derived
-gradients must match them through an op (``tritongrad.op``: autograd maps the views' gradients to the leaves) and
+gradients must match them through an op (``tritongrad.op``: autograd maps the views' gradients to the leaves; its
+tensors passed as variations.py's argument form for the kernel) and
 through the raw derived kernel (``backward_launch``: each parameter's gradient buffer, mapped here to its leaf's
 memory, an element several positions of an expanded view share counted once). Half the bindings run with
 ``deterministic=True``. A refusal is acceptable (deterministic refuses to add atomically); a wrong value or a crash

@@ -4,8 +4,10 @@ Random kernels with loops and branches (tests/fuzz/generate.py) run forward into
 outputs against a plain-PyTorch mirror, then their derived gradients against torch
 autograd on the mirror, then again under other bindings of memory (tests/fuzz/bindings.py:
 aliased, overlapping, expanded, transposed and interleaved views, packed outputs, deterministic).
-A refusal (NotDifferentiableError) is acceptable; a wrong value, a crash, or a kernel the
-generator got wrong is not. On failure hypothesis shrinks the kernel and the message holds its
+Each kernel's op also runs under ``torch.func.jvp`` against the mirror's, and the call varies at issue 50's edges
+(tests/fuzz/variations.py: the op's tensors in a list, a tuple or nested; float64 state declared float32; bindings
+overlapping a dot's operands). A refusal (NotDifferentiableError, OpError) is acceptable; a wrong value, a crash, or a
+kernel the generator got wrong is not. On failure hypothesis shrinks the kernel and the message holds its
 whole module source.
 
 Long runs: ``python scripts/fuzz_campaign.py --kernels 10000 --seed S --strided --bindings 4``; persistent
