@@ -26,6 +26,11 @@ Each run prints the outcomes of the kernels of each of these families, refusals 
 ``spy:rereads_merged`` (kernels whose backward wrote an input's loads in sibling loops once) and ``spy:rereads_apart``
 (written apart: reverse/rereads.py could not), and the rereads family's kernels by how their nodes were drawn (to
 merge, or a near miss: ``generate.REREAD_NEAR``), each with how many merged and passed.
+Issue 50's variations (tests/fuzz/variations.py) are counted apart, kernels by outcome and their kernel-and-binding
+cases: ``variation args_<form>`` (the op's tensors as ``*args``, a list, a tuple or nested), ``f32_state`` (float64
+state declared float32), ``dot`` (a kernel whose ``tl.dot`` reads inputs), ``dot_overlap`` (bindings overlapping a
+dot's operand with another input, by outcome) and ``jvp`` (every kernel's op under ``torch.func.jvp`` against the
+mirror's: passed, refused with the refusals listed, not run where the kernel collides by construction).
 """
 
 from __future__ import annotations
@@ -93,13 +98,14 @@ def spy_grouped() -> None:
     backward_kernel.BackwardKernel.variant = spied
 
 
-def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str], list[tuple[str, str]]]:
+def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str], list[tuple[str, str]], tuple[str, str]]:
     seed, i = args
     program, _ = G.random_program(kernel_seed(seed, i), AVOID, STRIDED, FOCUS)
     SPIED.clear()
     outcome = G.check(program)
-    return (i, outcome.status, outcome.detail, program.labels() + sorted(SPIED),
-            [(o.status, o.detail) for o in outcome.bindings])
+    jvp = (outcome.jvp.status, outcome.jvp.detail) if outcome.jvp is not None else ("not run", "")
+    return (i, outcome.status, outcome.detail, program.labels() + sorted(SPIED) + [
+        "var:" + v for v in outcome.variations], [(o.status, o.detail) for o in outcome.bindings], jvp)
 
 
 def families_of(labels: list[str]) -> list[str]:
@@ -206,6 +212,10 @@ def main(argv=None) -> int:
     by_family: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)  # FOCUS families
     rereads: collections.Counter[str] = collections.Counter()  # rereads nodes by how they were drawn, and merged
     failures: dict[str, list[tuple[int, str, str]]] = collections.defaultdict(list)
+    # issue 50's variations (tests/fuzz/variations.py): kernels (and their cases) by the op's argument form, with
+    # float32-declared state, with a dot (and bindings overlapping two dot operands); forward mode's outcomes
+    variations: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    refused_jvp: collections.Counter[str] = collections.Counter()
     start = time.time()
     jobs = [(args.seed, i) for i in range(args.kernels)]
     if args.jobs > 1:
@@ -213,8 +223,14 @@ def main(argv=None) -> int:
         results = pool.imap_unordered(run_one, jobs, chunksize=8)
     else:
         pool, results = None, map(run_one, jobs)
-    for n, (i, status, detail, labels, bindings) in enumerate(results, 1):
+    for n, (i, status, detail, labels, bindings, (j_status, j_detail)) in enumerate(results, 1):
         counts[status] += 1
+        for v in (label[4:] for label in labels if label.startswith("var:")):
+            variations[v][status] += 1
+            variations[v]["cases"] += 1 + len(bindings)
+        variations["jvp"][j_status] += 1
+        if j_status == "refused":
+            refused_jvp[blurred(re.sub(r"^\[jvp[^]]*\] ", "", j_detail))] += 1
         cases[status if not bindings or status in FAILING else "passed"] += 1
         for b_status, b_detail in bindings:
             cases[b_status] += 1
@@ -224,6 +240,9 @@ def main(argv=None) -> int:
                 failures[signature(b_status, b_detail)].append((i, b_status, b_detail))
             bound[b_detail.split("[binding: ", 1)[-1].split(" ", 1)[0] + (" det" if "deterministic" in b_detail
                                                                           else "")] += 1
+            if "(dot operands)" in b_detail:
+                variations["dot_overlap"][b_status] += 1
+                variations["dot_overlap"]["cases"] += 1
         coverage.update(set(labels))
         merged = "spy:rereads_merged" in labels
         for how in {label.split("_")[2] for label in labels if label.startswith("rereads_")}:
@@ -238,8 +257,9 @@ def main(argv=None) -> int:
             refused[detail] += 1
         elif status in FAILING:
             failures[signature(status, detail)].append((i, status, detail))
-        if n % 500 == 0:
-            print(f"[{n}/{args.kernels}, {time.time() - start:.0f}s] {dict(counts)} cases {dict(cases)}", flush=True)
+        if n % 500 == 0 or n % 100 == 0 and args.kernels >= 2000:
+            print(f"[{n}/{args.kernels}, {time.time() - start:.0f}s] {dict(counts)} cases {dict(cases)} "
+                  f"jvp {dict(variations['jvp'])}", flush=True)
     if pool is not None:
         pool.close()
 
@@ -257,6 +277,12 @@ def main(argv=None) -> int:
         print(f"  {len(items):5d}  {sig}")
         for i, _, detail in items[: args.show]:
             print(f"         kernel {i}: {detail.splitlines()[0][:200] if detail else ''}")
+    for v in sorted(variations):
+        found = variations[v]
+        print(f"  variation {v}: " + ", ".join(f"{k} {found[k]}" for k in ("cases", "passed", "refused", "not run",
+                                                                           *FAILING) if found[k]))
+    for why, k in refused_jvp.most_common():
+        print(f"    jvp refused {k:5d}  {why}")
     for family in sorted(by_family):
         found = by_family[family]
         print(f"  family {family}: {sum(found[k] for k in ('passed', 'refused', 'mismatch', 'crashed', 'invalid'))} "

@@ -287,6 +287,31 @@ def test_cumsum():
 
 
 @triton.jit
+def rank_raising_sum_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + cols, mask=mask, other=0.0)
+    grid = (cols[:, None] * 2 + cols[None, :]).to(tl.float64)  # (BLOCK, BLOCK), no tangent
+    tl.store(y_ptr + cols[:, None] * n + cols[None, :], grid + tl.sin(x), mask=mask[:, None] & mask[None, :])
+
+
+def test_a_sum_whose_only_tangent_has_a_lower_rank_broadcasts_it():
+    """Fuzzer finding (seed 5051, kernel 246): in `grid + sin(x)` only the (BLOCK,) operand has a tangent, which the
+    tangent kernel broadcast to the (BLOCK, BLOCK) sum with `tl.broadcast_to`, whose ranks must be equal: "Cannot
+    broadcast, rank mismatch"."""
+    x, tx = randn(13), randn(13)
+    y = torch.empty(13, 13, dtype=DTYPE)
+    got = jvp_launch(rank_raising_sum_kernel, (1,), (x, y, 13), {"BLOCK": 16}, {"x_ptr": tx}, ["y_ptr"])
+
+    def reference(x):
+        r = torch.arange(13, dtype=DTYPE)
+        return (r[:, None] * 2 + r[None, :]) + torch.sin(x)
+
+    want, want_t = reference_jvp(reference, (x,), (tx,))
+    torch.testing.assert_close(got["y_ptr"], (want, want_t), **TOL)
+
+
+@triton.jit
 def row_sums_atomic_kernel(x_ptr, total_ptr, n, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)

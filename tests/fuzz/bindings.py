@@ -9,8 +9,12 @@ A :class:`Binding` makes input parameters views of *leaf* tensors:
   where the vector is read at the strides the launch passes (stride the matrix's row length);
 - for an input the kernel reads at the strides the launch passes (generate.py's ``strided`` programs, ``STRIDED``):
   ``expand`` (stride 0 along an axis), ``transpose``, ``slice`` (a larger tensor's interior), ``every_other``
-  element; for two such inputs of one shape, ``interleave`` (``t[..., 0]`` and ``t[..., 1]``) and ``shifted`` (rows
-  ``t[:-1]`` and ``t[1:]``, overlapping);
+  element; for two such inputs of one shape, ``interleave`` (``t[..., 0]`` and ``t[..., 1]``), ``shifted`` (rows
+  ``t[:-1]`` and ``t[1:]``, overlapping) and ``shifted_columns`` (``t[:, :-1]`` and ``t[:, 1:]``);
+- ``shift``: two inputs of one size as contiguous views of one buffer an element or a row apart (overlapping);
+- where the module lists inputs a ``tl.dot`` reads (``DOTS``), three times in four one binding overlapping one of
+  them with another input (``overlap``, ``shift``, ``shifted``: K and V as shifted views of one tensor), labelled
+  ``(dot operands)``;
 - with any of these, half the time, the outputs as views of one buffer.
 
 Where the module lists inputs read by sibling loops (generate.py's rereads family, ``REREAD``), the bindings are
@@ -20,7 +24,8 @@ An input the kernel updates in place (generate.py's ``INPLACE``) is bound to a c
 and returned as an output; the bindings vary the other inputs.
 
 The mirror reads the same views, so autograd's gradients with respect to the leaves are the truth. The derived
-gradients must match them through an op (``tritongrad.op``: autograd maps the views' gradients to the leaves) and
+gradients must match them through an op (``tritongrad.op``: autograd maps the views' gradients to the leaves; its
+tensors passed as variations.py's argument form for the kernel) and
 through the raw derived kernel (``backward_launch``: each parameter's gradient buffer, mapped here to its leaf's
 memory, an element several positions of an expanded view share counted once). Half the bindings run with
 ``deterministic=True``. A refusal is acceptable (deterministic refuses to add atomically); a wrong value or a crash
@@ -62,6 +67,9 @@ def candidates(inputs: dict, strided: list[str], in_place: tuple[str, ...] = ())
                                      {p: ("base", _flat(0, a)), q: ("base", _flat(n - k, b))}))
             found.append(Binding(f"packed {p} {q}", {"base": (n + m,)}, {p: ("base", _flat(0, a)),
                                                                         q: ("base", _flat(n, b))}))
+            for k in sorted({1, a[-1]} - {n} if n == m and n > 1 else ()):  # one storage shifted by an element or a row
+                found.append(Binding(f"shift {p} {q} by {k}", {"base": (n + k,)},
+                                     {p: ("base", _flat(0, a)), q: ("base", _flat(k, b))}))
     for p in floats:  # a vector as a row (or, read at the launch's strides, a column) of a matrix
         for q in floats:
             a, b = tuple(inputs[p].shape), tuple(inputs[q].shape)
@@ -95,7 +103,13 @@ def candidates(inputs: dict, strided: list[str], in_place: tuple[str, ...] = ())
                                  {p: ("base", lambda t: t[..., 0]), q: ("base", lambda t: t[..., 1])}))
             found.append(Binding(f"shifted {p} {q}", {"base": (shape[0] + 1, *shape[1:])},
                                  {p: ("base", lambda t, n=shape[0]: t[:n]), q: ("base", lambda t: t[1:])}))
+            if len(shape) == 2:  # `x[:, :-1]` and `x[:, 1:]`
+                found.append(Binding(f"shifted_columns {p} {q}", {"base": (shape[0], shape[1] + 1)},
+                                     {p: ("base", lambda t: t[:, :-1]), q: ("base", lambda t: t[:, 1:])}))
     return found
+
+
+OVERLAPPING = ("overlap", "shift ", "shifted")  # bindings of two inputs to overlapping, shifted memory
 
 
 def _itself(t):
@@ -114,7 +128,12 @@ def choose(mod, count: int) -> list[Binding]:
     found = candidates(mod.make_inputs(), list(getattr(mod, "STRIDED", ())), tuple(getattr(mod, "INPLACE", ())))
     reread = set(getattr(mod, "REREAD", ()))
     found = [b for b in found if set(b.views) & reread] or found
-    picked = rng.sample(found, min(count, len(found)))
+    dots = set(getattr(mod, "DOTS", ()))  # inputs a tl.dot reads: mostly, one binding overlaps one with another input
+    overlapping = [b for b in found if b.label.startswith(OVERLAPPING) and set(b.views) & dots]
+    first = [rng.choice(overlapping)] if overlapping and count and rng.random() < 0.75 else []
+    for b in first:
+        b.label += " (dot operands)"
+    picked = first + rng.sample([b for b in found if b not in first], min(count - len(first), len(found) - len(first)))
     for i, b in enumerate(picked):
         b.deterministic = i % 2 == 1
         b.packed_outputs = len(mod.OUTPUTS) > 1 and rng.random() < 0.5
@@ -182,6 +201,9 @@ def check_binding(mod, src: str, binding: Binding):
     from tritongrad.tools.testing import backward_launch
 
     from .generate import Outcome, before_and_after, close, first_line
+    from .variations import form_of, pack, unpack
+
+    form = form_of(mod.SEED)  # the op's tensors as *args, a list, a tuple or nested
 
     where = (f"[binding: {binding.label}{', outputs packed' if binding.packed_outputs else ''}"
              f"{', deterministic' if binding.deterministic else ''}]")
@@ -245,18 +267,18 @@ def check_binding(mod, src: str, binding: Binding):
         mod.kernel[mod.GRID](**named, **outs, **mod.SIZES, **stride_args(mod, named), **mod.META)
         return tuple(outs[k] if k in outs else named[k] for k in mod.OUTPUTS)  # (an input updated in place)
 
-    op = tritongrad.op(body, deterministic=binding.deterministic)
+    op = tritongrad.op(lambda *args: body(*unpack(form, args)), deterministic=binding.deterministic)
     leaves, frees = fresh()
     try:
         args = {k: t.clone() if k in updated else t for k, t in arguments(leaves, frees).items()}
-        outs = dict(zip(mod.OUTPUTS, op(*args.values()), strict=True))
+        outs = dict(zip(mod.OUTPUTS, op(*pack(form, list(args.values()))), strict=True))
         pairs = [(outs[k], d_out[k]) for k in want if outs[k].requires_grad]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     except (NotDifferentiableError, OpError) as e:
-        return Outcome("refused", f"{where} as an op: {first_line(e)}", src)
+        return Outcome("refused", f"{where} as an op ({form}): {first_line(e)}", src)
     except Exception as e:
-        return Outcome("crashed", f"{where} as an op: {first_line(e)}", src)
+        return Outcome("crashed", f"{where} as an op ({form}): {first_line(e)}", src)
     for k, w in wanted.items():
         t = {**leaves, **frees}[k]
         g = t.grad if t.grad is not None else torch.zeros_like(w)

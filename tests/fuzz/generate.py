@@ -146,6 +146,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+try:
+    from .variations import check_jvp, form_of, narrow_states, narrowed, pack, unpack
+except ImportError:  # run as a script (python tests/fuzz/generate.py SEED)
+    from variations import check_jvp, form_of, narrow_states, narrowed, pack, unpack
+
 CAP = 1000.0  # every lane's magnitude stays below this (a node past it is scaled down)
 SMALL = 4.0  # exp / exp2 arguments
 POSITIVE = 0.25  # log, sqrt, rsqrt and denominators stay at or above this
@@ -3007,6 +3012,8 @@ def render(p: Program) -> str:
         out += [f"REREAD = {p.reread!r}  # inputs read by sibling loops (bindings.py binds them first)"]
     if p.expect:
         out += [f"EXPECT = {p.expect!r}  # stores that collide: the backward must refuse"]
+    if dot_inputs(p):
+        out += [f"DOTS = {dot_inputs(p)!r}  # inputs reaching a tl.dot operand (bindings.py binds them overlapping)"]
     out += [f"{k} = tl.constexpr({fmt(v)})" for k, v in p.constexprs.items()] + ["", ""]
 
     # kernel names: v{i}, or the first operand's name when reassigned where it dies
@@ -3110,10 +3117,13 @@ def render(p: Program) -> str:
     for fn, combine in (("sum", "a + b"), ("max", "tl.maximum(a, b)"), ("min", "tl.minimum(a, b)")):
         if any(f"_fuzz_{fn}" in line for line in body + helpers):
             helpers += ["@triton.jit", f"def _fuzz_{fn}(a, b):", f"    return {combine}", "", ""]
-    out += helpers
     inner = "        " if launch is not None and launch.loop else "    "
-    out += ["@triton.jit", f"def kernel({', '.join(params)}):"] + [f"    {line}" for line in prologue] + \
+    kernel = ["@triton.jit", f"def kernel({', '.join(params)}):"] + [f"    {line}" for line in prologue] + \
         [f"{inner}{line}" for line in tiles + body]
+    if narrowed(p.seed):  # float64 state and accumulators declared float32 (variations.py; the mirror unchanged)
+        helpers, _ = narrow_states(helpers)
+        kernel, _ = narrow_states(kernel)
+    out += helpers + kernel
 
     # mirror
     mir = [f"{s.name}_new = {s.name}.clone()" if s.in_place else  # (what no program overwrites keeps its value)
@@ -3173,6 +3183,19 @@ def render(p: Program) -> str:
     return "\n".join(out)
 
 
+def dot_inputs(p: Program) -> list[str]:
+    """The float inputs a ``tl.dot`` reads, through the values its operands are computed from or its own lines."""
+    seen, todo = set(), [i for i, n in enumerate(p.nodes) if "tl.dot" in "\n".join((n.tl, *n.pre_tl))]
+    while todo:
+        i = todo.pop()
+        if i not in seen:
+            seen.add(i)
+            todo += p.nodes[i].args
+    text = "\n".join(line for i in seen for line in (p.nodes[i].tl, *p.nodes[i].pre_tl))
+    return [x.ptr for x in p.inputs if x.dist not in ("index", "perm") and not x.dist.startswith("collide:")
+            and re.search(rf"\b{x.ptr}\b", text)]
+
+
 def strided_inputs(p: Program) -> list[str]:
     """The inputs read only at the strides the launch passes (bindings.py may bind views to them)."""
     return sorted(x.ptr for x in p.inputs if (x.role == "tile" and p.strided or x.strided)
@@ -3222,6 +3245,8 @@ class Outcome:
     detail: str = ""
     source: str = ""
     bindings: list = field(default_factory=list)  # the kernel under other bindings of memory (bindings.py)
+    variations: list = field(default_factory=list)  # issue 50's variations the kernel has (variations_of)
+    jvp: Outcome | None = None  # the kernel's op under torch.func.jvp (variations.check_jvp)
 
     def report(self) -> str:
         return f"{self.status}: {self.detail}\n\n----- kernel module -----\n{self.source}"
@@ -3269,7 +3294,36 @@ def check_source(src: str) -> Outcome:
     from .bounds import checked
 
     with checked(), _poisoned_empties():
-        return _check_source(src)
+        outcome = _check_source(src)
+        outcome.variations = variations_of(src)
+        if JVP and outcome.status in ("passed", "refused") and "\nEXPECT = " not in src:
+            outcome = _with_jvp(src, outcome)
+        return outcome
+
+
+JVP = True  # every kernel that passes or is refused also runs under torch.func.jvp as an op (variations.py)
+
+
+def variations_of(src: str) -> list[str]:
+    """The variations of issue 50 a kernel module has (variations.py), as labels for the campaign's counts."""
+    seed = int(re.search(r"^SEED = (\d+)$", src, re.M).group(1))
+    found = [f"args_{form_of(seed)}"]
+    if re.search(r"= tl\.(zeros|full)\(.*tl\.float32\)$", src, re.M):
+        found.append("f32_state")
+    if "\nDOTS = " in src:
+        found.append("dot")
+    return found
+
+
+def _with_jvp(src: str, outcome: Outcome) -> Outcome:
+    """``outcome`` with the kernel's forward-mode check (``outcome.jvp``); a wrong tangent or a crash fails it."""
+    mod = load_module(src)
+    found = check_jvp(mod, src, mod.make_inputs(), form_of(mod.SEED))
+    outcome.jvp = found
+    if found.status in ("passed", "refused"):
+        return outcome
+    found.bindings, found.variations, found.jvp = outcome.bindings, outcome.variations, found
+    return found
 
 
 @contextlib.contextmanager
@@ -3402,10 +3456,12 @@ def _check_op(mod, src: str, inputs: dict) -> Outcome:
     from tritongrad import NotDifferentiableError
     from tritongrad.core.errors import OpError
 
+    form = form_of(mod.SEED)  # the tensors as *args, a list, a tuple or nested (variations.py)
+
     @tritongrad.op
-    def op(*tensors):
+    def op(*args):
         outs = _fresh_outputs(mod)
-        named = dict(zip(inputs, tensors, strict=True))
+        named = dict(zip(inputs, unpack(form, args), strict=True))
         mod.kernel[mod.GRID](**named, **outs, **mod.SIZES, **getattr(mod, "STRIDES", {}), **mod.META)
         return tuple(outs[k] if k in outs else named[k] for k in mod.OUTPUTS)  # (an input updated in place)
 
@@ -3424,15 +3480,15 @@ def _check_op(mod, src: str, inputs: dict) -> Outcome:
             wanted = dict(zip(mirrored, grads, strict=True))
         leaves = {k: v.clone().requires_grad_() if v.is_floating_point() else v for k, v in scaled.items()}
         try:
-            outs = dict(zip(mod.OUTPUTS, op(*(v.clone() if k in in_place(mod) else v for k, v in leaves.items())),
-                            strict=True))
+            tensors = [v.clone() if k in in_place(mod) else v for k, v in leaves.items()]
+            outs = dict(zip(mod.OUTPUTS, op(*pack(form, tensors)), strict=True))
             reached = [(outs[k], d_out[k]) for k in want if outs[k].requires_grad]
             if reached:
                 torch.autograd.backward([o for o, _ in reached], [g for _, g in reached])
         except (NotDifferentiableError, OpError) as e:
-            return Outcome("refused", f"as an op: {first_line(e)}", src)
+            return Outcome("refused", f"as an op ({form}): {first_line(e)}", src)
         except Exception as e:
-            return Outcome("crashed", f"as an op, call {call + 1}: {first_line(e)}", src)
+            return Outcome("crashed", f"as an op ({form}), call {call + 1}: {first_line(e)}", src)
         for k, w in wanted.items():
             g = leaves[k].grad
             g = g if g is not None else torch.zeros_like(scaled[k])
@@ -3440,7 +3496,8 @@ def _check_op(mod, src: str, inputs: dict) -> Outcome:
             try:
                 close(g, w, mod.TOL)
             except AssertionError as e:
-                return Outcome("mismatch", f"d_{k} as an op, call {call + 1}: {e}\ngot\n{g}\nwant\n{w}", src)
+                return Outcome("mismatch", f"d_{k} as an op ({form}), call {call + 1}: {e}\ngot\n{g}\nwant\n{w}",
+                               src)
     return Outcome("passed", "", src)
 
 

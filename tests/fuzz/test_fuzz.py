@@ -4,8 +4,10 @@ Random kernels with loops and branches (tests/fuzz/generate.py) run forward into
 outputs against a plain-PyTorch mirror, then their derived gradients against torch
 autograd on the mirror, then again under other bindings of memory (tests/fuzz/bindings.py:
 aliased, overlapping, expanded, transposed and interleaved views, packed outputs, deterministic).
-A refusal (NotDifferentiableError) is acceptable; a wrong value, a crash, or a kernel the
-generator got wrong is not. On failure hypothesis shrinks the kernel and the message holds its
+Each kernel's op also runs under ``torch.func.jvp`` against the mirror's, and the call varies at issue 50's edges
+(tests/fuzz/variations.py: the op's tensors in a list, a tuple or nested; float64 state declared float32; bindings
+overlapping a dot's operands). A refusal (NotDifferentiableError, OpError) is acceptable; a wrong value, a crash, or a
+kernel the generator got wrong is not. On failure hypothesis shrinks the kernel and the message holds its
 whole module source.
 
 Long runs: ``python scripts/fuzz_campaign.py --kernels 10000 --seed S --strided --bindings 4``; persistent
@@ -22,11 +24,13 @@ from hypothesis import HealthCheck, event, given, settings
 
 from .bounds import checked
 from .generate import FOCUS, KNOWN_BUGS, check, programs, random_program, render, replay
+from .variations import FORMS, narrow_states, pack, unpack
 
 EXAMPLES = 160  # with BINDINGS bindings each (the campaigns in docs/guarantees.md run thousands): `pytest -m slow`
 QUICK = 30  # the default run's share: kernels of its own, a fifth of the time
 COPIED = 6  # and of the persistent matmul's walk and halves (generate.FOCUS's grouped_persistent, halves)
 PASSES = 3  # and of sibling loops over a row's column blocks (rereads, in_place)
+EDGE_SEEDS = [0, 62, 12, 157, 260]  # issue 50's variations: f32 state (0, 62), dot operands overlapping (12, 157, 260)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -96,3 +100,32 @@ def test_an_access_past_a_tensor_is_caught():
         _copy_block[(1,)](x, y, BLOCK=4)
         with pytest.raises(Exception, match="a load outside every tensor of the launch"):
             _copy_block[(1,)](x, y, BLOCK=8)
+
+
+def test_an_ops_tensors_arrive_in_each_pytree_form():
+    """variations.py's argument forms: each packs the tensors so that the host function gets them back in order."""
+    tensors = [torch.randn(3), torch.randn(2), torch.randn(4)]
+    for form in set(FORMS):
+        args = pack(form, tensors)
+        assert all(a is b for a, b in zip(unpack(form, args), tensors, strict=True)), form
+        assert form == "args" or any(isinstance(a, (list, tuple, dict)) for a in args), form
+
+
+def test_float64_starts_are_declared_float32_where_promotion_keeps_the_forward():
+    lines = ["    v2_h = tl.full((), 2.0, tl.float64)",  # sin(h) would round in float32 first: kept
+             "    v3_m = tl.full((BN,), -float('inf'), tl.float64)", "    v3_l = tl.zeros((BN, BC), dtype=tl.float64)",
+             "    tl.store(y_ptr + rn, tl.zeros((BN,), dtype=tl.float64))"]  # not a state
+    got, count = narrow_states(lines)
+    assert count == 2 and got[0] == lines[0] and got[3] == lines[3]
+    assert got[1].endswith("-float('inf'), tl.float32)") and got[2].endswith("dtype=tl.float32)")
+
+
+@pytest.mark.parametrize("seed", EDGE_SEEDS)
+def test_kernels_at_the_edges_match_the_mirror_backward_and_forward(seed):
+    """Seeded kernels with each variation of issue 50 drawn (variations.py, bindings.py): float32-declared loop state
+    with float64 inputs, an op taking its tensors in a list, a tuple or nested, overlapping shifted views bound to a
+    dot's operands; each passes or is refused clearly, under torch.func.jvp too (against the mirror's jvp)."""
+    program, _ = random_program(seed, strided=True)
+    outcome = check(program)
+    assert outcome.status in ("passed", "refused"), outcome.report()
+    assert outcome.jvp is not None and outcome.jvp.status in ("passed", "refused"), outcome.report()

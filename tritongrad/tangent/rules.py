@@ -104,7 +104,9 @@ class OperationTangents:
         sig = rule.signature  # a one-operand elementwise operation keeps its operand's shape
         unary = len(sig.positional) == 1 and not sig.keyword and sig.vararg is None
         if not shaped and not unary and self.builder.shape_of(t) != ():
-            total = instantiate("tl.broadcast_to(c, out.shape)", {"c": total, "out": name_node(t)})
+            # (by adding zeros of the result's shape: tl.broadcast_to needs equal ranks, and an operand of lower
+            # rank, `grid + x` with x (BLOCK,) and grid (BLOCK, BLOCK), may be the only one with a tangent)
+            total = instantiate("c + tl.zeros_like(out)", {"c": total, "out": name_node(t)})
         return total
 
     def reads_infinite_padding(self, stmt: ast.stmt, contribution: ast.expr) -> bool:
