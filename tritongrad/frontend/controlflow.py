@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import os
 from collections.abc import Callable
 
 from ..core.ir import Carried, Op
@@ -22,6 +23,9 @@ from ..core.operations import LOADS, operation_of
 from ..core.source import triton_language_name
 from .expressions import name_node, rename_globals
 from .specialize import evaluate_test
+
+# tritongrad's tg helpers (a derived kernel derived again inlines them)
+_LANGUAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "core", "language.py")
 
 
 class ControlFlowFlattener:
@@ -157,6 +161,11 @@ class ControlFlowFlattener:
             self.normalizer.expressions._import_globals(iterator.func)
         callee = rename_globals(iterator.func, self.normalizer.frame)
         static = triton_language_name(obj, spelled) == "static_range"
+        if static and os.path.abspath(self.normalizer.origin(stmt).file) == _LANGUAGE:
+            # a derived kernel derived again (double backward) inlines tg helpers: tg.unbroadcast's static loop,
+            # differentiated again, gave a kernel Triton cannot run (shape[i] in a loop kept as a loop)
+            raise self.normalizer.refuse(stmt, f"a `for` loop over `{ast.unparse(iterator)}`",
+                                         "a tg helper's static loop (tg.unbroadcast's) is not yet differentiated again")
         frame = self.normalizer.frame
         target = stmt.target.id
         assigned = _assigned_names(stmt.body)
