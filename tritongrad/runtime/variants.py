@@ -200,7 +200,7 @@ class Variant:
 
     def writer(self, p: str) -> str:
         """The name of the kernel writing input ``p``'s gradient."""
-        return next(kernel_name(part.kernel) for part in self.parts if p in part.wrt)
+        return next((kernel_name(part.kernel) for part in self.parts if p in part.wrt), "none: no gradient reaches it")
 
     @functools.cached_property
     def reads(self) -> frozenset[str]:

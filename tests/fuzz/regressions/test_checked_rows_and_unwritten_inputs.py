@@ -1,0 +1,25 @@
+"""Fuzzer findings (seed 5051's campaign of issue 50's edges, `--strided --bindings 5`), kernels 451 and 555.
+
+451: a direct launch (``bwd[grid]``) of a kernel summing a weight in partial rows, its gradient buffer every other
+element of a tensor: the launch looked for stray writes in the rows without having filled them (rows every program
+stores whole are left unfilled where nothing checks them), so their gaps' leftovers read as writes outside the
+tensor (StrayWriteError). 555: the first (checked) backward named the kernel writing an input no kernel writes
+(``Variant.writer``: StopIteration) before knowing anything was found outside. Each case is replayed whole."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("kernel", [451, 555])
+def test_the_campaign_kernel_passes(kernel):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz_campaign.py"), "--seed", "5051", "--strided",
+                             "--bindings", "5", "--only", str(kernel)], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
