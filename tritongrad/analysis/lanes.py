@@ -207,7 +207,8 @@ def launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict
     to decide, or a loop's trip count is not known). ``extra``: more coordinates, ``(name, coefficient,
     extent)``."""
     keys = [k for k, _ in form.terms if not (isinstance(k, Lane) and shape[k.axis] == "1")]
-    if len(keys) < 2 and not extra and not any(form.coefficients[k][1] for k in keys):
+    if len(keys) < 2 and not extra and not any(form.coefficients[k][1] for k in keys) and not any(
+            isinstance(k, ProgramValue) for k in keys):  # (a value programs compute may be one for two programs)
         return None  # (one coordinate with a stride the launch gives: 0 would write one element from all)
     condition = _apart(form, shape, bounds, trips, extra)
     return None if condition is None else LaunchCheck(condition, construct, hint, where)
