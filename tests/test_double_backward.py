@@ -11,6 +11,7 @@ import torch
 import tritongrad
 from tritongrad.core.errors import OpError
 
+pytestmark = pytest.mark.slow  # (gradgradcheck in the interpreter: about 40 s; CI's `pytest -m slow` runs it)
 DTYPE = torch.float64
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 SUPPORTED = {"sin": 37, "softplus": 45, "swiglu": (3, 13), "softmax": (3, 11)}

@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow  # (three campaign kernels replayed in processes of their own: CI's `pytest -m slow`)
 @pytest.mark.parametrize("kernel", [451, 555, 1135])
 def test_the_campaign_kernel_passes(kernel):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
