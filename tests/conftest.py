@@ -20,6 +20,11 @@ elif os.environ.get("TRITON_INTERPRET") != "1":
 
 import pytest  # noqa: E402
 
+if not HAS_CUDA and os.environ.get("TRITONGRAD_COMPILE_CHECK") == "1":  # each interpreted kernel also compiled
+    import compile_check  # noqa: E402
+
+    compile_check.install()
+
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import triton
 import triton.language as tl
+from conftest import DEVICE
 
 import tritongrad
 from tritongrad.core.errors import OpError
@@ -31,7 +32,7 @@ def _differentiated(name, size):
     """The example's inputs, and a function of its float tensors alone (the rest held), as the op and as the
     reference."""
     example = get(name)
-    inputs = example.make_inputs(size, "cpu", DTYPE)
+    inputs = example.make_inputs(size, DEVICE, DTYPE)
     floats = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor) and v.is_floating_point()]
 
     def of(fn):
@@ -167,7 +168,7 @@ def test_what_forward_mode_does_not_follow_is_refused_naming_it():
 
 
 def test_cross_entropy_with_ignored_rows_and_a_target_without_tangent():
-    logits, target, ignore = cross_entropy.make_inputs((6, 40), "cpu", DTYPE)
+    logits, target, ignore = cross_entropy.make_inputs((6, 40), DEVICE, DTYPE)
     t = torch.randn_like(logits)
     with fwAD.dual_level():
         out = fwAD.unpack_dual(cross_entropy.cross_entropy(fwAD.make_dual(logits, t), target, ignore)).tangent

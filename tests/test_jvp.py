@@ -131,8 +131,8 @@ def test_softmax_example():
 @triton.jit
 def online_softmax_kernel(x_ptr, y_ptr, lse_ptr, n, BLOCK: tl.constexpr):
     row = tl.program_id(0)
-    m = -float("inf")
-    d = 0.0
+    m = tl.full((), -float("inf"), x_ptr.dtype.element_ty)  # (typed: a loop-carried value keeps its type compiled)
+    d = tl.zeros((), x_ptr.dtype.element_ty)
     for start in range(0, n, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * n + cols, mask=cols < n, other=-float("inf"))
@@ -209,7 +209,7 @@ def branch_kernel(x_ptr, w_ptr, y_ptr, flag, n, BLOCK: tl.constexpr):
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     w = tl.load(w_ptr)
-    scale = 2.0
+    scale = tl.full((), 2.0, w.dtype)  # (typed: both branches must leave it one type compiled)
     if flag > 0:
         y = tl.exp(x) * w
         scale = w * w

@@ -42,10 +42,12 @@ def cross_entropy_kernel(X_ptr, X_stride, Y_ptr, Y_stride, loss_ptr, loss_stride
             tl.store(X_ptr + X_offsets, 0.0, mask=X_offsets < n_cols)
         return
     loss_ptr += program_id * loss_stride
-    m = float("-inf")
-    d = 0.0
+    # Liger's `m = float("-inf")`, `d = 0.0`, `scaled_x_sum = 0.0`, typed: a loop-carried value keeps its type when
+    # compiled, and these tests compute in float64
+    m = tl.full((), float("-inf"), COMPUTE)
+    d = tl.zeros((), COMPUTE)
     ori_X_y = tl.load(X_ptr + y).cast(COMPUTE)  # after the store above, on the path that did not store
-    scaled_x_sum = 0.0
+    scaled_x_sum = tl.zeros((), COMPUTE)
     eps = label_smoothing / n_cols
     for i in range(0, n_cols, BLOCK_SIZE):
         X_offsets = i + tl.arange(0, BLOCK_SIZE)

@@ -292,13 +292,21 @@ def _cast_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
 
 
 def _dot_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
-    """d(A B + C) = dA B + A dB + dC, each product accumulated into the next (as the forward's precision)."""
+    """d(A B + C) = dA B + A dB + dC, each product accumulated into the next (as the forward's precision) where the
+    forward accumulates or names its out_dtype; else added (a float64 product is float64, not the default
+    out_dtype an accumulator must have)."""
+    def given(k: str) -> bool:
+        return not (isinstance(bound[k], ast.Constant) and bound[k].value is None)
+
     options = "".join(f", {k}={k}" for k in ("input_precision", "allow_tf32", "max_num_imprecise_acc", "out_dtype")
-                      if not (isinstance(bound[k], ast.Constant) and bound[k].value is None))
+                      if given(k))
+    chained = given("acc") or given("out_dtype")
     total = "t_acc" if "acc" in active else None
     for a, b in (("t_input", "other"), ("input", "t_other")):
         if a.removeprefix("t_") in active or b.removeprefix("t_") in active:
-            total = f"tl.dot({a}, {b}{'' if total is None else f', {total}'}{options})"
+            product = f"tl.dot({a}, {b}{options})"
+            total = (product if total is None else f"tl.dot({a}, {b}, {total}{options})" if chained
+                     else f"{total} + {product}")
     return total
 
 

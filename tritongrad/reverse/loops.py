@@ -239,7 +239,15 @@ class LoopReversal:
 
     def emit_backwards(self, node: ast.For, back: str, trips: str, body, sweep, needed, updates, incoming) -> None:
         """The reverse loop ``for back in range(trips)``: ``body`` (the iteration's state and index), then
-        the adjoints carried in, the iteration's values and its sweep."""
+        the adjoints carried in, the iteration's values and its sweep. A carried adjoint enters in its state's type
+        (the gradient reaching it may be narrower: a float32 loss of float64 state), which the loop keeps when
+        compiled."""
+        for name in incoming:
+            kind = self.state_type(name)
+            if kind is not None and name in self.builder.adjoint:
+                d = self.builder.adjoint[name]
+                self.builder.emit(assign(d, instantiate("tl.cast(d, kind)", {
+                    "d": name_node(d), "kind": ast.parse(kind, mode="eval").body})))
         body += self.next_adjoints(incoming)
         body += self.builder.forward.block(node.body, needed, skip={id(s) for s in updates})
         body += sweep
