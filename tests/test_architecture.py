@@ -92,13 +92,14 @@ def test_the_ir_and_the_operation_facts_have_one_home():
         assert defined.get(name) == ["core.operations"], (name, defined.get(name))
 
 
-def test_the_readme_lists_the_operation_table_as_it_is():
+def test_the_docs_list_the_operation_table_as_it_is():
     from tritongrad.core.operations import markdown_table
 
-    readme = (PACKAGE.parent / "README.md").read_text()
+    page = (PACKAGE.parent / "docs" / "operations.md").read_text()
     begin, end = "<!-- operations:begin -->\n", "<!-- operations:end -->"
-    assert readme[readme.index(begin) + len(begin):readme.index(end)] == markdown_table(), (
-        "README.md's operation table is stale: paste `python -m tritongrad.core.operations` between its markers")
+    assert page[page.index(begin) + len(begin):page.index(end)] == markdown_table(), (
+        "docs/operations.md's operation table is stale: paste `python -m tritongrad.core.operations` between its "
+        "markers")
 
 
 def test_no_module_shares_a_name_with_an_export():

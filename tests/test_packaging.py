@@ -1,5 +1,5 @@
-"""The wheel: `pip wheel .` builds one that carries the bundled examples and the command, at the version written
-in one place (tritongrad.__version__), and that installs into a fresh virtual environment where the command runs
+"""The wheel: `pip wheel .` builds one that carries the bundled examples, py.typed and the command, at the version
+written in one place (tritongrad.__version__), and that installs into a fresh virtual environment where the command runs
 on the installed package (torch and the other dependencies come from this environment: nothing is downloaded)."""
 
 import os
@@ -49,6 +49,7 @@ def test_the_wheel_carries_every_module_and_example_at_the_one_version(wheel):
     from tritongrad.examples import NAMES
 
     assert {f"tritongrad/examples/{n}.py" for n in NAMES} <= names
+    assert "tritongrad/py.typed" in names  # PEP 561: the package's annotations are for type checkers
     assert f"\nVersion: {tritongrad.__version__}\n" in metadata
     assert "tritongrad = tritongrad.tools.cli:main" in entry_points
 

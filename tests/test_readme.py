@@ -1,6 +1,6 @@
-"""README.md runs as pasted: each of its python blocks in a fresh interpreter, as a user's script (no GPU visible,
-no TRITON_INTERPRET in the environment: a block that defines kernels sets it itself, as the README says a script on
-a CPU must), and its `check` command line on the module it shows (`my_ops.py`)."""
+"""README.md and the docs/ pages run as pasted: each of their python blocks in a fresh interpreter, as a user's
+script (no GPU visible, no TRITON_INTERPRET in the environment: a block that defines kernels sets it itself, as the
+README says a script on a CPU must), and the README's `check` command line on the module it shows (`my_ops.py`)."""
 
 import os
 import re
@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 PYTHON = re.findall(r"^```python\n(.*?)^```$", README, re.S | re.M)
 BASH = re.findall(r"^```bash\n(.*?)^```$", README, re.S | re.M)
+PAGES = {p.name: re.findall(r"^```python\n(.*?)^```$", p.read_text(), re.S | re.M)  # (architecture.md's blocks
+         for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "architecture.md"}  # are lines of the package)
 MODULE = "# my_ops.py"  # the first line of the block that is a module for `tritongrad check`
 
 
@@ -31,7 +33,9 @@ def test_the_readme_has_its_python_blocks():
     assert len(PYTHON) >= 3 and sum(b.startswith(MODULE) for b in PYTHON) == 1
 
 
-@pytest.mark.parametrize("block", PYTHON, ids=[_name(b) for b in PYTHON])
+@pytest.mark.parametrize("block", PYTHON + [b for blocks in PAGES.values() for b in blocks],
+                         ids=[_name(b) for b in PYTHON] + [f"{page}:{_name(b)}" for page, blocks in PAGES.items()
+                                                           for b in blocks])
 def test_a_python_block_runs_as_pasted(block, tmp_path):
     (tmp_path / "block.py").write_text(block)
     result = _user("block.py", cwd=tmp_path)

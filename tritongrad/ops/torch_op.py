@@ -10,8 +10,8 @@ The function takes tensors and Python scalars, allocates its outputs, launches a
 of kernels (plain ``@triton.jit``, ``@triton.autotune``, ``@triton.heuristics``; kernels
 are not changed) and returns a tensor or a tuple of tensors. A bare op's arguments and results
 are pytrees: tensors inside lists, tuples, ``*args`` and dicts are arguments like any other
-(a dict of tensors may be returned). Forward mode (``torch.func.jvp``, dual tensors) raises
-``OpError`` until tangents are derived.
+(a dict of tensors may be returned). Forward mode (``torch.func.jvp``, dual tensors) replays the
+launches as their tangent kernels (forward_mode.py).
 
 Forward: the function runs as written while its launches are recorded on a tape
 (``tritongrad.ops.tape``). The checks below and the backward's layout are worked out once per
@@ -87,9 +87,9 @@ Bare and named ops:
   ``ns::name_saved_backward`` re-runs the forward launches where the saved buffers cannot stand
   in: an autotuned launch (the config Inductor's tuning chose, which the derived kernel needs, is
   not known there) and a buffer that is a view of a larger allocation (its aliasing would be lost).
-  The backward is an opaque ``custom_op`` in every mode: its first call per kind checks gradient
-  memory for strays, index checks read tensor contents and launch settings are timed on the
-  device, none of which can run on the fake tensors torch.compile traces with.
+  Otherwise the compiled backward is ``ns::name_traced_backward``, a triton_op whose derived kernels'
+  launches Inductor traces; what cannot be traced (a launch check reading index tensors, anything the
+  trace raises) keeps the opaque ``ns::name_saved_backward``, which runs on real tensors (saved_backward.py).
 """
 
 from __future__ import annotations
@@ -110,11 +110,71 @@ from .library import check_name, named_op, opaque_default
 def op(fn: Any = None, /, *, deterministic: bool = False, opaque: bool | None = None):
     """Make a host function that launches Triton kernels a differentiable PyTorch operator.
 
-    ``@op`` or ``@op("namespace::name")``; see the module docstring. ``deterministic=True``:
-    gradients bitwise identical from run to run (no atomic additions; a load whose gradient
-    could only be added atomically is refused at the op's call, naming it). ``opaque`` (named
-    ops): True registers a plain ``custom_op`` that torch.compile does not trace into; by
-    default only under Triton's interpreter or with ``TRITONGRAD_OPAQUE_OPS=1``.
+    The host function allocates its outputs, launches any number of kernels (``@triton.jit``,
+    ``@triton.autotune``, ``@triton.heuristics``; the kernels are not changed) and returns what
+    they wrote. tritongrad records the launches and, for the backward, launches the backward
+    kernels it derives from each (``tritongrad.grad``) in reverse order::
+
+        @triton.jit
+        def scale_kernel(x_ptr, w_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            x = tl.load(x_ptr + offs, mask=mask)
+            tl.store(y_ptr + offs, x * tl.load(w_ptr + offs, mask=mask), mask=mask)
+
+        @tritongrad.op                   # bare; @tritongrad.op("mylib::scale") for a named op
+        def scale(x, w):
+            y = torch.empty_like(x)
+            scale_kernel[(triton.cdiv(x.numel(), 256),)](x, w, y, x.numel(), BLOCK=256)
+            return y
+
+        scale(x, w).sum().backward()     # x.grad, w.grad from the derived backward kernel
+
+    Forms:
+
+    - ``@op`` (bare) or ``@op(deterministic=True)``: the function through an ``autograd.Function``.
+      Its arguments and results are pytrees: every tensor inside lists, tuples, ``*args`` and dicts
+      is an input like any other, and it may return a tensor or lists, tuples and dicts of them.
+      PyTorch operations in the function (``x.contiguous()``, a loss summed after a kernel) are
+      differentiated through; a launch may update a tensor in place.
+    - ``@op("namespace::name")`` (named): also registered with ``torch.library`` (a ``triton_op``
+      torch.compile traces into), so ``torch.compile(fullgraph=True)`` and
+      ``torch.library.opcheck`` work. One tensor per parameter, positional parameters only; the
+      schema comes from the annotations (an unannotated parameter is a Tensor, or its default's
+      type; the return a Tensor unless annotated, e.g. ``-> tuple[torch.Tensor, torch.Tensor]``).
+      Its kernels may write only tensors it allocates, and it returns only tensors its launches wrote.
+
+    Options: ``deterministic=True`` gives bitwise-identical gradients from run to run (no atomic
+    additions; a load whose gradient only an atomic addition could write is refused, naming it).
+    ``opaque`` (named ops): True registers a plain ``custom_op`` torch.compile does not trace into;
+    the default is True only under Triton's interpreter or with ``TRITONGRAD_OPAQUE_OPS=1``.
+
+    Returns the wrapped function (``functools.wraps``): called with grad enabled, its outputs carry
+    the derived backward; under ``torch.no_grad`` the function just runs. Forward mode
+    (``torch.func.jvp``, ``jacfwd``, dual tensors) replays the launches as their tangent kernels.
+    A named op's function has the registered op as ``.op``.
+
+    Raises:
+
+    - ``OpError`` (a ``RuntimeError``), at decoration: ``fn`` is a kernel rather than its launcher,
+      or not callable; a named op's name is not ``"namespace::name"`` or is registered by another
+      function, or a parameter holds tensors in a container. ``TypeError`` there: a named op's
+      parameter is not positional, or has no annotation and a default of no known type.
+    - ``NotDifferentiableError``, at the first call of a kind with an input that requires grad: a
+      kernel uses a construct that cannot be differentiated (file, line, construct and a hint).
+    - ``OpError`` at a call, naming the launch and argument: a kernel writes a tensor that requires
+      grad (other than a bare op's in-place update of a tensor with a history), a launch overwrites
+      memory an earlier launch read or wrote, an argument requires grad but no launch reads it as a
+      tensor, a named op's output no launch wrote, CPU tensors outside the interpreter, tensors on
+      several devices; ``TypeError``: a non-tensor passed where the kernel takes a pointer.
+    - At the backward: ``NotDifferentiableError`` where the launch's own values (strides, grid,
+      index tensors) let two programs or lanes store to one element; ``StrayWriteError`` (an
+      ``OpError``) where a launch read memory outside the elements of a tensor it was passed (sizes
+      or strides the host function got wrong); ``OpError`` for a double backward the derived kernels
+      cannot give.
+
+    Every error tritongrad raises of its own is a ``tritongrad.TritongradError``. docs/errors.md
+    says what to do about each; docs/calling-convention.md what an op may take, return and keep.
     """
     if isinstance(fn, str):
         check_name(fn)
