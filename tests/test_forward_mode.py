@@ -185,7 +185,7 @@ def column_sums_kernel(x_ptr, total_ptr, n, BLOCK: tl.constexpr):
 
 @tritongrad.op
 def column_sums(x):
-    total = torch.zeros(x.shape[1], dtype=x.dtype)
+    total = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
     column_sums_kernel[(x.shape[0],)](x, total, x.shape[1], BLOCK=32)
     return total
 

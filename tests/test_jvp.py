@@ -10,6 +10,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from conftest import DEVICE
 
 import tritongrad
 from tritongrad import NotDifferentiableError
@@ -162,7 +163,7 @@ def test_online_softmax_with_its_log_sum_exp(ties):
 
 
 def test_cross_entropy_example_reads_the_target_logit_by_index():
-    logits, target, _ = cross_entropy.make_inputs((7, 101), dtype=DTYPE)
+    logits, target, _ = cross_entropy.make_inputs((7, 101), DEVICE, dtype=DTYPE)
     target[2] = cross_entropy.IGNORE_INDEX
     t_logits = randn(7, 101)
     launch = cross_entropy.cross_entropy_launch(logits, target)
@@ -246,7 +247,7 @@ def test_matmul_example():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_attention_example(causal):
-    q, k, v, _ = flash_attention.make_inputs((2, 37, 12), dtype=DTYPE)
+    q, k, v, _ = flash_attention.make_inputs((2, 37, 12), DEVICE, dtype=DTYPE)
     tq, tk, tv = randn(*q.shape), randn(*q.shape), randn(*q.shape)
     launch = flash_attention.flash_attention_launch(q, k, v, causal)
     got = jvp_launch(launch.kernel, launch.grid, launch.args, launch.kwargs, {"q_ptr": tq, "k_ptr": tk, "v_ptr": tv},

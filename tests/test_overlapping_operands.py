@@ -55,9 +55,9 @@ def _attention_op(causal: bool):
     def attention(q, k, v):
         batch, n, head = q.shape
         o = torch.empty_like(q)
-        _attention[(triton.cdiv(n, 8), batch)](q, k, v, o, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        _attention[(triton.cdiv(n, 16), batch)](q, k, v, o, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                                v.stride(0), v.stride(1), o.stride(0), o.stride(1), n, SCALE,
-                                               HEAD=head, BLOCK_M=8, BLOCK_N=8, CAUSAL=causal)
+                                               HEAD=head, BLOCK_M=16, BLOCK_N=16, CAUSAL=causal)
         return o
 
     return attention

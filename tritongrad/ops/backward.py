@@ -88,7 +88,8 @@ class OpBackward:
                 continue
             rows, variant = self._run_step(step, saved, shadows, guards)
             if guards is not None:
-                self._check_strays(step, guards, rows, variant)
+                with torch._C.DisableTorchFunction():  # (its reads are no use of the gradients: a backward recorded
+                    self._check_strays(step, guards, rows, variant)  # as an op (segments.py) is not cut there)
         result = self._input_grads(shadows, needs)
         if empty or not all(v.key for v in plan.input_views):  # (an input without elements: key 0, no shadow)
             result = [torch.zeros(v.size, dtype=v.dtype, device=v.device) if g is None and need and (empty or not v.key)

@@ -29,8 +29,8 @@ def total(x_ptr, y_ptr, M, K, BM: tl.constexpr, BK: tl.constexpr):
     rk = tl.arange(0, BK)
     mask = (rm[:, None] < M) & (rk[None, :] < K)
     x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=mask, other=0.0)
-    s = tl.reduce(x, None, _sum, keep_dims=True)  # shape (1,)
-    tl.store(y_ptr + tl.arange(0, 1), s)
+    s = tl.reduce(x, None, _sum, keep_dims=True)
+    tl.store(y_ptr + tl.arange(0, 1), tl.reshape(s, (1,)))  # (s: (1,) interpreted, (1, 1) compiled)
 
 
 def test_reduce_all_keep_dims():
