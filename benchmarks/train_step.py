@@ -83,7 +83,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default=d.dtype, help="weights' dtype (default bfloat16)")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--profile", action="store_true", help="torch.profiler over 3 steps: top 20 ops by CUDA time")
-    p.add_argument("--sync-debug", action="store_true", help="2 more steps under set_sync_debug_mode('error')")
+    p.add_argument("--sync-debug", action="store_true", help="2 more steps under set_sync_debug_mode('warn'): "
+                                                                "each place that synchronized")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel over --nproc GPUs (NCCL)")
     p.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard per layer, then the root")
     p.add_argument("--nproc", type=int, default=2, help="GPUs for --ddp / --fsdp (default 2)")
@@ -266,34 +267,62 @@ def grad_errors(grads: dict, reference: dict) -> dict:
 
 
 def _sync_free(step, data) -> str:
-    """Two steady-state steps under torch.cuda.set_sync_debug_mode("error"): "yes", or the first line of what
-    synchronized."""
+    """Two steady-state steps under torch.cuda.set_sync_debug_mode("warn"): "yes", or each place that synchronized
+    (its innermost frames outside torch, with how many times), so that every sync is found in one run."""
+    import collections
+    import traceback
+    import warnings
+
     import torch
 
+    sites: collections.Counter = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename
+                  and "/warnings.py" not in f.filename and "train_step.py" not in f.filename]
+        sites[" <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in frames[-3:][::-1])] += 1
+
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
+    shown = warnings.showwarning
+    warnings.showwarning = record
+    torch.cuda.set_sync_debug_mode("warn")
     try:
-        for ids in data[:2]:
-            step(ids)
-        found = "yes"
-    except RuntimeError as e:
-        found = "no: " + str(e).strip().splitlines()[0][:160]
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            for ids in data[:2]:
+                step(ids)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = shown
     torch.cuda.synchronize()
-    return found
+    if not sites:
+        return "yes"
+    return "no: " + "; ".join(f"{n // 2 if n > 1 else n}x/step {site}" for site, n in sites.most_common(8))
 
 
 def _profile(step, data) -> str:
-    """torch.profiler over three steps: the top 20 ops by their own CUDA time."""
+    """torch.profiler over three steps: the GPU's busy time a step against the step's wall time (a step longer than
+    its GPU time waits on the host), then the top 20 ops by their own CUDA time and the top 15 by their own CPU
+    time."""
+    import time
+
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
         for ids in data[:3]:
             step(ids)
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="self_device_time_total", row_limit=20)
+        wall = (time.perf_counter() - start) / 3 * 1e3
+    averages = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in averages) / 3 / 1e3
+    return (f"a step (profiled): {wall:.1f} ms wall, {busy:.1f} ms of GPU kernels\n"
+            + averages.table(sort_by="self_device_time_total", row_limit=20)
+            + averages.table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 def free_memory() -> None:

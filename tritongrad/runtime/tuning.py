@@ -22,6 +22,7 @@ and with the environment variable ``TRITONGRAD_TUNE=0``.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -57,8 +58,14 @@ _configs: dict[tuple, tuple] = {}
 _lock = threading.Lock()
 
 
+# set while a backward runs as an op whose launches are recorded (double backward): its trials would be recorded too
+paused: contextvars.ContextVar = contextvars.ContextVar("tritongrad_tuning_paused", default=False)
+
+
 def enabled(device: Any) -> bool:
     if os.environ.get("TRITONGRAD_TUNE", "1") == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    if paused.get():
         return False
     if getattr(device, "type", None) != "cuda":
         return False
