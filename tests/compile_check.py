@@ -16,7 +16,9 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language import core as tl_core  # (its builtins are patched by the interpreter too: _pristine)
+from triton.compiler.errors import CompilationError
+from triton.language import core as tl_core
+from triton.runtime.errors import InterpreterError  # (its builtins are patched by the interpreter too: _pristine)
 
 _POINTER = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
             torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
@@ -99,6 +101,10 @@ def _ir(jit_fn, signature: dict, constexprs: dict):
     try:  # as a function leaves the interpreter's patches in place)
         return source.make_ir(target, options, backend.get_codegen_implementation(options),
                               backend.get_module_map(), context)
+    except CompilationError as e:
+        if isinstance(e.__cause__, InterpreterError):  # an interpreter's function the generator reached (a tensor
+            return None  # method the interpreter replaced): not this check's to judge
+        raise
     finally:
         knobs.allow_non_constexpr_globals = allowed
         _set(now)
@@ -115,6 +121,8 @@ def _set(attributes: list) -> None:
 
 def check(interpreted, args: tuple, kwargs: dict) -> None:
     """Compile ``interpreted`` for the arguments of one launch; raise Triton's CompilationError where it fails."""
+    if paused:
+        return
     params = inspect.signature(interpreted.fn).parameters
     bound = dict(zip(params, args, strict=False))
     bound.update({k: v for k, v in kwargs.items() if k in params})
@@ -172,3 +180,4 @@ def install() -> None:
 
 
 ENABLED = os.environ.get("TRITONGRAD_COMPILE_CHECK") == "1"
+paused = False  # a test of the interpreter's meaning alone (pytest.mark.interpreter: conftest.py)

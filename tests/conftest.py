@@ -32,6 +32,8 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_gpu2 = pytest.mark.skip(reason="needs two CUDA GPUs")
     for item in items:
+        if "interpreter" in item.keywords and os.environ.get("TRITON_INTERPRET") != "1":
+            item.add_marker(pytest.mark.skip(reason="a kernel compiled Triton refuses (the interpreter's meaning)"))
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
         if "gpu2" in item.keywords and (not HAS_CUDA or torch.cuda.device_count() < 2):
@@ -46,6 +48,17 @@ def device():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _compile_check(request):
+    """The compile check (TRITONGRAD_COMPILE_CHECK=1) off for a test of the interpreter's meaning alone."""
+    if "compile_check" not in globals() or "interpreter" not in request.keywords:
+        yield
+        return
+    compile_check.paused = True
+    yield
+    compile_check.paused = False
 
 
 @pytest.fixture

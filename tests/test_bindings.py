@@ -4,7 +4,6 @@ inputs, a stride the host passes as 0. Every write strategy checks at launch the
 before, and now gives PyTorch's gradient, in float64, against a plain-PyTorch reference."""
 
 import math
-import os
 import random
 
 import pytest
@@ -286,8 +285,7 @@ def logsumexp(x):
     return y
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="compiled Triton refuses a loop whose state changes type (float32 literal, float64 sums)")
+@pytest.mark.interpreter  # (compiled Triton refuses a loop whose state changes type: float32 literal, float64 sums)
 def test_a_state_started_from_a_literal_is_taped_without_rounding():
     x = torch.randn(5, 70, dtype=D)
     got, = gradients(logsumexp, [x], lambda ls: ls)

@@ -19,7 +19,7 @@ def kl_div_kernel(y_ptr, y_stride, t_ptr, t_stride, loss_ptr, loss_stride, n_col
     y_ptr += pid * y_stride
     t_ptr += pid * t_stride
     loss_ptr += pid * loss_stride
-    total = 0.0
+    total = tl.zeros((), y_ptr.dtype.element_ty)  # (typed: a loop-carried value keeps its type compiled)
     for i in range(0, n_cols, BLOCK):
         offs = i + tl.arange(0, BLOCK)
         mask = offs < n_cols

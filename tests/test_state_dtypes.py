@@ -103,6 +103,7 @@ CASES = {
 }
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("n", [45, 70])
 def test_a_float32_declared_state_summing_float64_values_keeps_float64_through_an_op(case, n):
@@ -119,6 +120,7 @@ def test_a_float32_declared_state_summing_float64_values_keeps_float64_through_a
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.interpreter
 def test_the_backward_alone_records_a_nonlinear_state_in_its_type():
     """`tritongrad.grad` on Welford's kernel: the backward replays the loop and keeps its state on a tape itself."""
     case, kernel, outputs = "welford", welford_kernel, ("mean_ptr", "var_ptr")

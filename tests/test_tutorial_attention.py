@@ -474,6 +474,7 @@ def tutorial_attention_through_pointers(q, k, v, causal: bool, sm_scale: float):
     return o, m
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("interchange", [False, True], ids=["atomics", "a kernel of their own for dK, dV"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_tutorials_float32_state_with_float64_inputs_gets_pytorchs_gradients(causal, interchange, monkeypatch):

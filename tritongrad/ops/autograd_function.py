@@ -15,7 +15,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from ..core.errors import NotDifferentiableError, OpError
-from ..runtime import tuning
+from ..runtime import relaunch, tuning
 from .call_tensors import is_container, nested_tensors, tensor_leaves
 from .replay import FastTape, Replays
 from .segments import Segments
@@ -229,12 +229,15 @@ def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
         given = [None] * len(grads)
         for i, g in zip(present, tensors[count:], strict=True):
             given[i] = g
+        # its launches recorded: each through Triton's run (no direct launch, no timed trials)
         token, untimed = recording_backward.set(current_tape.get()), tuning.paused.set(True)
+        through = relaunch.through_triton.set(True)
         try:
             result = tape.backward(tensors[:count], tuple(given), needs)
         finally:
             recording_backward.reset(token)
             tuning.paused.reset(untimed)
+            relaunch.through_triton.reset(through)
         reached[:] = [g is not None for g in result]
         return tuple(g for g in result if g is not None)
 

@@ -142,7 +142,8 @@ class OpBackward:
         written there (checked backwards), and the variant launched."""
         launch = self.launches[step.launch.index]
         keep = None  # unchecked: launched by the Launcher an earlier backward kept, or keep one
-        if guards is None and not tracing():  # (traced: each launch is issued through wrap_triton)
+        if guards is None and not tracing() and recording_backward.get() is None:  # (traced: each launch is issued
+            # through wrap_triton; recorded: through Triton's run, where the hook sees it)
             try:
                 keep = (grad, self.deterministic, launch.args, tuple(launch.kwargs.items()), launch.grid,
                         launch.saved is not None)
