@@ -49,10 +49,21 @@ def tritongrad_cli(*args: str, columns: int = 100) -> subprocess.CompletedProces
                                                "pointer (its pointer parameters: x_ptr, w_ptr, y_ptr, rstd_ptr)"),
 ], ids=["wrt-typo", "outputs-not-stored", "a-function", "a-module", "wrong-name", "no-file", "no-example", "no-colon",
         "wrt-twice", "wrt-not-a-pointer"])
-def test_show_mistakes_are_one_line_and_exit_status_2(args, message):
-    result = tritongrad_cli("show", *args)
+def test_show_mistakes_are_one_line_and_exit_status_2(args, message, capsys, monkeypatch):
+    from tritongrad.tools import cli
+
+    monkeypatch.chdir(ROOT)  # (in this process; test_a_mistake_exits_2_from_the_command_line runs the command)
+    assert cli.main(["show", *args]) == 2
+    out, err = capsys.readouterr()
+    assert err.strip() == message, err
+    assert out == ""
+
+
+def test_a_mistake_exits_2_from_the_command_line():
+    result = tritongrad_cli("show", f"{RMSNORM}:rmsnorm_bwd")
     assert result.returncode == 2, result
-    assert result.stderr.strip() == message, result.stderr
+    want = f"error: {RMSNORM} defines no `rmsnorm_bwd`; its kernels: rmsnorm_fwd"
+    assert result.stderr.strip() == want, result.stderr
     assert result.stdout == ""
 
 
@@ -87,6 +98,7 @@ def _derived_rmsnorm() -> str:
     return tritongrad.grad(rmsnorm.rmsnorm_fwd).src
 
 
+@pytest.mark.slow  # (seconds: with the slow tests, CI's second command)
 def test_demo_piped_keeps_source_lines_whole_and_table_cells_unbroken():
     """`tritongrad demo | cat`: the kernels can be pasted, the table read; COLUMNS=70 is a narrow terminal's."""
     result = tritongrad_cli("demo", columns=70)

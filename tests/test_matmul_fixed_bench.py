@@ -10,6 +10,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="the benchmark's smoke mode runs the interpreter on a CPU")
 
 
+@pytest.mark.slow  # (seconds: with the slow tests, CI's second command)
 def test_the_fixed_config_matmul_benchmark_runs_its_smoke_mode(tmp_path):
     rows = matmul_fixed.main(["--smoke", "--out", str(tmp_path / "table.md")])
     assert [r["size"] for r in rows] == [matmul_fixed.SMOKE_SIZE]

@@ -54,6 +54,7 @@ def test_the_wheel_carries_every_module_and_example_at_the_one_version(wheel):
     assert "tritongrad = tritongrad.tools.cli:main" in entry_points
 
 
+@pytest.mark.slow  # (seconds: with the slow tests, CI's second command)
 def test_the_wheel_installs_into_a_fresh_environment_and_its_command_runs(wheel, tmp_path):
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", str(venv))

@@ -158,7 +158,7 @@ class OpBackward:
         if launch.info.roles is None:
             raise noted(launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)")
         # the forward's arguments (defaults where not passed) and launch options, all passed by keyword
-        args = {**launch.info.defaults, **dict(zip(launch.info.params, launch.args, strict=False)), **launch.kwargs}
+        args = launch.info.launch_arguments(launch.args, launch.kwargs)
         for p, slot, stand_in in step.launch.replayed:
             args[p] = saved[slot] if slot is not None else stand_in_tensor(stand_in)
         grid, config = tuple(launch.grid), ()
@@ -360,7 +360,7 @@ def derive_ahead(name: str, plan: Plan, launches: Sequence[Any], deterministic: 
         if launch.info.roles is None or 0 in launch.grid:  # (refused when planned; no program: not launched)
             read.update(slot for slot in step.launch.slots.values() if slot is not None)
             continue
-        args = {**launch.info.defaults, **dict(zip(launch.info.params, launch.args, strict=False)), **launch.kwargs}
+        args = launch.info.launch_arguments(launch.args, launch.kwargs)
         try:
             bwd = _derived_kernel(step, launch.kernel, args, deterministic)
         except NotDifferentiableError as e:

@@ -69,6 +69,11 @@ class KernelInfo:
                 options[k] = v
         return named, options
 
+    def launch_arguments(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """A launch's arguments all by keyword, as a derived kernel's launch takes them: every parameter's value (its
+        default where not passed) and the launch options."""
+        return {**self.defaults, **dict(zip(self.params, args, strict=False)), **kwargs}
+
     def with_defaults(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Every parameter's value at a launch: its default, else the argument passed (launch options left out)."""
         return {**self.defaults, **self.named_arguments(args, kwargs)[0]}

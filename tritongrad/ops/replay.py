@@ -300,7 +300,7 @@ class FastTape:
                 if compiled is not None:
                     return compiled
             info = expected.recorded.info
-            named = {**info.defaults, **dict(zip(info.params, args, strict=False)), **kwargs}
+            named = info.launch_arguments(args, kwargs)
             return relauncher(named, lambda: run(kernel, *args, grid=expected.grid, warmup=False, **kwargs))
         return run(kernel, *args, grid=grid, warmup=False, **kwargs)
 

@@ -248,7 +248,7 @@ class Tape:
             if not relaunch.plain_values((*launch.args, *launch.kwargs.values())):  # compared by identity: another
                 return through_triton()  # object on each call, never seen again
             relauncher = _relaunchers[key] = relaunch.Relauncher(kernel, grid)
-        named = {**launch.info.defaults, **dict(zip(launch.info.params, args, strict=False)), **kwargs}
+        named = launch.info.launch_arguments(args, kwargs)
         return relauncher(named, through_triton)
 
     def _snapshots(self, kernel: Any, info: KernelInfo, args: tuple, kwargs: dict,

@@ -42,18 +42,18 @@ class Kept:
     @property
     def own_bytes(self) -> int:
         """Bytes the call allocated for its backward alone: each own storage once, by the span its views reach."""
-        spans: dict[int, int] = {}
-        for t in self.tensors:
-            if t.whose == "own":
-                spans[t.storage] = max(spans.get(t.storage, 0), t.bytes)
-        return sum(spans.values())
+        return self._spans(lambda whose: whose == "own")
 
     @property
     def held_bytes(self) -> int:
         """Bytes of arguments and outputs the backward holds on to (the caller's memory, kept alive longer)."""
+        return self._spans(lambda whose: whose not in ("own", "not kept"))
+
+    def _spans(self, counted) -> int:
+        """Each storage of the tensors whose kind ``counted`` takes, once, by the longest span its views reach."""
         spans: dict[int, int] = {}
         for t in self.tensors:
-            if t.whose not in ("own", "not kept"):
+            if counted(t.whose):
                 spans[t.storage] = max(spans.get(t.storage, 0), t.bytes)
         return sum(spans.values())
 
