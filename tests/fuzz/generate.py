@@ -3345,15 +3345,30 @@ def _poisoned_empties():
         torch.empty_strided = empty
 
 
-def _fresh_outputs(mod) -> dict:
-    """The kernel's output buffers: zeros where it adds (atomics, early returns), else NaN-poisoned; not the inputs
-    it updates in place (``INPLACE``: the launch's copy of the input is that output)."""
+def _fresh_outputs(mod, dtype=None) -> dict:
+    """The kernel's output buffers (float64 unless ``dtype`` says): zeros where it adds (atomics, early returns), else
+    NaN-poisoned; not the inputs it updates in place (``INPLACE``: the launch's copy of the input is that output)."""
     import torch
 
     from tritongrad.tools.testing import poison
 
-    return {k: torch.zeros(s, dtype=torch.float64) if k in mod.ZEROED else poison(torch.empty(s, dtype=torch.float64))
+    dtype = dtype or torch.float64
+    return {k: torch.zeros(s, dtype=dtype) if k in mod.ZEROED else poison(torch.empty(s, dtype=dtype))
             for k, s in mod.OUTPUTS.items() if k not in in_place(mod)}
+
+
+def host_function(mod, names: Sequence[str], form: str = "args", dtype=None) -> Callable:
+    """The host function an op around a kernel module's kernel wraps: it takes the inputs (``names``, in order) packed
+    in ``form`` (variations.py), launches the kernel into fresh outputs (of ``dtype``: float64 unless given) and
+    returns them in OUTPUTS' order (an input updated in place as itself)."""
+
+    def launch(*args):
+        outs = _fresh_outputs(mod, dtype)
+        named = dict(zip(names, unpack(form, args), strict=True))
+        mod.kernel[mod.GRID](**named, **outs, **mod.SIZES, **getattr(mod, "STRIDES", {}), **mod.META)
+        return tuple(outs[k] if k in outs else named[k] for k in mod.OUTPUTS)  # (an input updated in place)
+
+    return launch
 
 
 def in_place(mod) -> tuple[str, ...]:
@@ -3458,13 +3473,7 @@ def _check_op(mod, src: str, inputs: dict) -> Outcome:
 
     form = form_of(mod.SEED)  # the tensors as *args, a list, a tuple or nested (variations.py)
 
-    @tritongrad.op
-    def op(*args):
-        outs = _fresh_outputs(mod)
-        named = dict(zip(inputs, unpack(form, args), strict=True))
-        mod.kernel[mod.GRID](**named, **outs, **mod.SIZES, **getattr(mod, "STRIDES", {}), **mod.META)
-        return tuple(outs[k] if k in outs else named[k] for k in mod.OUTPUTS)  # (an input updated in place)
-
+    op = tritongrad.op(host_function(mod, list(inputs), form))
     for call in range(OP_CALLS):
         scaled = {k: v * (1.0 + 0.01 * call) if v.is_floating_point() else v for k, v in inputs.items()}
         d_out = {k: g * (call + 1) for k, g in mod.make_output_grads().items()}

@@ -77,7 +77,7 @@ def check_jvp(mod, src: str, inputs: dict, form: str):
     import tritongrad
     from tritongrad import NotDifferentiableError, OpError
 
-    from .generate import Outcome, _fresh_outputs, close, first_line, in_place
+    from .generate import Outcome, close, first_line, host_function, in_place
 
     where = f"[jvp, arguments as {form}]"
     names = list(inputs)
@@ -94,13 +94,7 @@ def check_jvp(mod, src: str, inputs: dict, form: str):
         found = mod.mirror(*merged(fl))
         return tuple(found[k] for k in mod.OUTPUTS)
 
-    def body(*args):
-        named = dict(zip(names, unpack(form, args), strict=True))
-        outs = _fresh_outputs(mod)
-        mod.kernel[mod.GRID](**named, **outs, **mod.SIZES, **getattr(mod, "STRIDES", {}), **mod.META)
-        return tuple(outs[k] if k in outs else named[k] for k in mod.OUTPUTS)  # (an input updated in place)
-
-    op = tritongrad.op(body)
+    op = tritongrad.op(host_function(mod, names, form))
 
     def through_op(*fl):
         tensors = [t.clone() if k in in_place(mod) else t for k, t in zip(names, merged(fl), strict=True)]
