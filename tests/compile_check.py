@@ -121,7 +121,7 @@ def _set(attributes: list) -> None:
 
 def check(interpreted, args: tuple, kwargs: dict) -> None:
     """Compile ``interpreted`` for the arguments of one launch; raise Triton's CompilationError where it fails."""
-    if paused:
+    if not active:
         return
     params = inspect.signature(interpreted.fn).parameters
     bound = dict(zip(params, args, strict=False))
@@ -154,6 +154,10 @@ def _probe():
 
 
 def install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
     from triton.compiler.code_generator import CodeGenerator
     from triton.runtime import interpreter
     from triton.runtime.interpreter import InterpretedFunction
@@ -179,5 +183,8 @@ def install() -> None:
     InterpretedFunction.run = checked_run
 
 
+# on for every test with TRITONGRAD_COMPILE_CHECK=1; per test, on for those marked `compiled`, off for those marked
+# `interpreter` (of the interpreter's meaning alone): conftest.py
 ENABLED = os.environ.get("TRITONGRAD_COMPILE_CHECK") == "1"
-paused = False  # a test of the interpreter's meaning alone (pytest.mark.interpreter: conftest.py)
+active = ENABLED
+_installed = False

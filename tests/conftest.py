@@ -20,7 +20,7 @@ elif os.environ.get("TRITON_INTERPRET") != "1":
 
 import pytest  # noqa: E402
 
-if not HAS_CUDA and os.environ.get("TRITONGRAD_COMPILE_CHECK") == "1":  # each interpreted kernel also compiled
+if os.environ.get("TRITON_INTERPRET") == "1":  # interpreted kernels also compiled where asked (compile_check.py)
     import compile_check  # noqa: E402
 
     compile_check.install()
@@ -52,13 +52,15 @@ def _seed():
 
 @pytest.fixture(autouse=True)
 def _compile_check(request):
-    """The compile check (TRITONGRAD_COMPILE_CHECK=1) off for a test of the interpreter's meaning alone."""
-    if "compile_check" not in globals() or "interpreter" not in request.keywords:
+    """The compile check on for a test marked `compiled` (a fault only a compiled run shows), off for one marked
+    `interpreter` (of the interpreter's meaning alone); else as TRITONGRAD_COMPILE_CHECK says."""
+    if "compile_check" not in globals():
         yield
         return
-    compile_check.paused = True
+    compile_check.active = ("compiled" in request.keywords or compile_check.ENABLED) and \
+        "interpreter" not in request.keywords
     yield
-    compile_check.paused = False
+    compile_check.active = compile_check.ENABLED
 
 
 @pytest.fixture

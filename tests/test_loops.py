@@ -664,3 +664,40 @@ def test_a_later_loop_reading_an_online_loops_max_and_sum():
     want = torch.sigmoid(leaves[1]) + torch.logsumexp(leaves[0], 1, keepdim=True)
     assert_grads(offset_by_logsumexp, (rows,), args, meta, y, want, leaves, ("x_ptr", "z_ptr"))
     assert "# online softmax: the running max" in tritongrad.grad(offset_by_logsumexp).src
+
+
+@triton.jit
+def static_nonlinear_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr, REPS: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    h = tl.zeros((BLOCK,), dtype=tl.float64)
+    p = x_ptr + offs
+    for _ in tl.static_range(REPS):  # nonlinear state, no tape: the reverse loop rebuilds it by replaying
+        h = tl.sin(h) + tl.load(p, mask=mask)
+        p += N
+    tl.store(y_ptr + offs, h, mask=mask)
+
+
+@pytest.mark.compiled
+def test_a_static_loop_rebuilding_its_state_compiles():
+    """The reverse of a `tl.static_range` loop whose nonlinear state each iteration rebuilds by replaying the ones
+    before: its trip count and each replay's bound are constexprs (compiled, `trips = REPS` then
+    `tl.static_range(trips)` was refused: "used as tl.static_range start value is not a constexpr"; the
+    interpreter ran it). Found by the CUDA-graph capture of fuzzed kernels."""
+    @tritongrad.op
+    def recurrence(x):
+        y = torch.empty(x.shape[1], dtype=x.dtype, device=x.device)
+        static_nonlinear_kernel[(1,)](x, y, x.shape[1], BLOCK=32, REPS=x.shape[0])
+        return y
+
+    def reference(x):
+        h = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+        for row in x:
+            h = torch.sin(h) + row
+        return h
+
+    x = torch.randn(3, 29, dtype=DTYPE, requires_grad=True)
+    g = torch.randn(29, dtype=DTYPE)
+    y = recurrence(x)
+    torch.testing.assert_close(y, reference(x))
+    torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(reference(x), x, g)[0])

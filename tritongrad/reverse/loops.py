@@ -146,7 +146,7 @@ class LoopReversal:
         names = {"start": start, "step": step, "every": name_node(every), "slots": name_node(slots),
                  "trips": name_node(trips), "i": name_node(i), "back": name_node(back), "slot": name_node(slot),
                  "index": name_node(index)}
-        setup = [assign(trips, self.trip_count(node))]
+        setup = [self.count_assign(node, trips, self.trip_count(node))]
         if not self.builder.saved:
             setup.append(assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)))
         setup += self.resets(node, state)
@@ -229,13 +229,26 @@ class LoopReversal:
         start, _, step = range_bounds(node)
         trips, back, now = (self.builder.namer.fresh(f"{index}_{w}") for w in ("trips", "back", "now"))
         bounds = {"start": start, "step": step, "trips": name_node(trips), "back": name_node(back)}
-        self.builder.emit(assign(trips, self.trip_count(node)))
-        body: list[ast.stmt] = [assign(now, instantiate("start + (trips - 1 - back) * step", bounds))]
+        self.builder.emit(self.count_assign(node, trips, self.trip_count(node)))
+        current = instantiate("start + (trips - 1 - back) * step", bounds)
+        body: list[ast.stmt] = []
+        if not node.tg.static:  # (a static loop's index is said inline: a constexpr, as its replay's bound must be)
+            body.append(assign(now, current))
+            current = name_node(now)
         body += self.resets(node, state)
         replayed = self.builder.forward.block(node.body, rebuilt)
-        body += self.partial_replay(node, replayed, copy.deepcopy(start), name_node(now))
-        body.append(assign(index, name_node(now)))
+        body += self.partial_replay(node, replayed, copy.deepcopy(start), copy.deepcopy(current))
+        body.append(assign(index, current))
         self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
+
+    @staticmethod
+    def count_assign(node: ast.For, name: str, value: ast.expr) -> ast.stmt:
+        """``name = value``; annotated ``tl.constexpr`` for a ``tl.static_range`` loop, whose reverse loop and replays
+        take it as a bound (compiled, a name assigned a constexpr's value is not one)."""
+        if not node.tg.static:
+            return assign(name, value)
+        return ast.AnnAssign(target=ast.Name(name, ast.Store()), annotation=instantiate("tl.constexpr", {}),
+                             value=value, simple=1)
 
     def emit_backwards(self, node: ast.For, back: str, trips: str, body, sweep, needed, updates, incoming) -> None:
         """The reverse loop ``for back in range(trips)``: ``body`` (the iteration's state and index), then
