@@ -68,9 +68,10 @@ class OpBackward:
         for output, g in zip(plan.outputs, grads, strict=True):
             if output is None or g is None:
                 continue
-            shadow, reusable, size, dtype, overlapping = output
-            if reusable and g.is_contiguous() and g.shape == size and g.dtype == dtype:
-                shadows[shadow.key] = g  # derived kernels only read it: no zero-filled copy
+            shadow, reused_as, size, dtype, overlapping = output
+            if reused_as is not None and g.is_contiguous() and g.shape == size and g.dtype == dtype:
+                shadows[shadow.key] = g if reused_as == size else g.view(reused_as)  # derived kernels only read it:
+                # no zero-filled copy
             elif overlapping:  # an expanded output (`y.expand(...)`): each element gets its positions' sum
                 _scatter_add(self._shadow(shadows, shadow, guards), g)
             elif (guards is None and shadow.key not in shadows

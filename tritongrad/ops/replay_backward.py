@@ -83,12 +83,13 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
     for i, (output, given) in enumerate(zip(plan.outputs, present, strict=True)):  # OpBackward._backward's
         if output is None or not given:
             continue
-        shadow, reusable, size, dtype, overlapping = output
+        shadow, reused_as, size, dtype, overlapping = output
         indent = "    "
         lines.append(f"    g{i} = grads[{i}]")
-        if reusable:
+        if reused_as is not None:
+            reused = f"g{i}" if reused_as == size else f"g{i}.view({bound(reused_as)})"
             lines += [f"    if g{i}.dtype == {bound(dtype)} and g{i}.shape == {bound(size)} and g{i}.is_contiguous():",
-                      f"        shadows[{shadow.key}] = g{i}", "    else:"]
+                      f"        shadows[{shadow.key}] = {reused}", "    else:"]
             indent = "        "
         made = f"backward._shadow(shadows, {bound(shadow)})"
         lines.append(f"{indent}_scatter_add({made}, g{i})" if overlapping else f"{indent}{made}.add_(g{i})")

@@ -126,7 +126,9 @@ class Plan:
     buffers: dict[int, tuple] = field(init=False)  # storage key -> (shape, dtype, device) of its shadow
     input_shadows: tuple[Shadow | None, ...] = field(init=False)  # per input; None: no gradient
     plain_inputs: bool = field(init=False)  # whether each input's gradient is its shadow buffer (_input_grads)
-    outputs: tuple[tuple | None, ...] = field(init=False)  # per output: (Shadow, reusable, size, dtype, overlapping)
+    # per output: (Shadow, reused_as: the shape its incoming gradient is viewed as to serve as the storage's shadow, or
+    # None, size, dtype, overlapping)
+    outputs: tuple[tuple | None, ...] = field(init=False)
     schedules: dict[tuple, tuple] = field(init=False, default_factory=dict)  # see steps
     checked: set[tuple] = field(init=False, default_factory=set)  # schedules checked for stray gradients
     ahead: dict | None = field(init=False, default=None)  # specializations derived at the call (backward.derive_ahead)
@@ -152,7 +154,7 @@ class Plan:
         keys = [v.key for v in self.input_views if v.key in self.storages]
         self.plain_inputs = len(set(keys)) == len(keys) and all(
             v.key in self.whole and shadow_dtype(v.dtype) == v.dtype for v in self.input_views if v.key in keys)
-        reusable = _reusable_outputs(self.launches, self.output_views, self.input_views, self.whole)
+        reusable = _reusable_outputs(self.launches, self.output_views, self.input_views, self.whole, self.storages)
         self.outputs = tuple((self.shadow(v), r, v.size, v.dtype, self_overlapping(Layout.of(v)))
                              if v.key in self.storages else None
                              for v, r in zip(self.output_views, reusable, strict=True))
@@ -262,18 +264,29 @@ def whole_storages(storages: dict, views: list[View]) -> frozenset[int]:
 
 
 def _reusable_outputs(plan_launches: tuple[LaunchPlan, ...], output_views: tuple[View, ...],
-                      input_views: tuple[View, ...], whole: frozenset[int]) -> tuple[bool, ...]:
-    """Per output: whether its incoming gradient can serve as its storage's shadow as it is.
+                      input_views: tuple[View, ...], whole: frozenset[int], storages: dict) -> tuple[tuple | None, ...]:
+    """Per output: the shape its incoming gradient is viewed as to serve as its storage's shadow as it is, or None.
 
     Derived kernels only read output shadows (a half-precision one widened to float32 as it is
     loaded); a shadow is written only where a launch's backward accumulates into it (a parameter
     in the "inputs" role) or where an input's gradient is taken from it. A storage with neither,
-    seen through this output's view only, can take the gradient uncopied.
+    seen through this output's view only, can take the gradient uncopied: as the view itself where the storage is
+    seen whole, else flat where the view is the whole storage in order (an output the host function reshaped:
+    `c.view(*shape)` of the buffer its launches wrote as rows).
     """
     written = {launch.views[p].key for launch in plan_launches for p in launch.params("inputs")}
     written.update(v.key for v in input_views)
     keys = [v.key for v in output_views]
-    return tuple(v.key in whole and v.key not in written and keys.count(v.key) == 1 for v in output_views)
+    found = []
+    for v in output_views:
+        if v.key in written or keys.count(v.key) != 1 or v.key not in storages:
+            found.append(None)
+        elif v.key in whole:
+            found.append(v.size)
+        else:
+            _, lo, hi = storages[v.key]
+            found.append((hi - lo,) if v.contiguous and v.span == (lo, hi) else None)
+    return tuple(found)
 
 
 _stand_ins: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
