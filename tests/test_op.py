@@ -847,13 +847,13 @@ def test_incoming_gradients_are_not_modified():
 
 
 @triton.jit
-def rows_sin_mul_kernel(a_ptr, b_ptr, c_ptr, stride, n_cols, BLOCK: tl.constexpr):
+def rows_sin_mul_kernel(a_ptr, b_ptr, c_ptr, stride, n_cols, BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # a program per row, as Liger's SwiGLU forward
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     a = tl.load(a_ptr + row * stride + cols, mask=mask, other=0.0)
     b = tl.load(b_ptr + row * stride + cols, mask=mask, other=0.0)
-    tl.store(c_ptr + row * stride + cols, tl.sin(a) * b, mask=mask)
+    tl.store(c_ptr + row * stride + cols, tl.sin(a.to(COMPUTE)) * b, mask=mask)
 
 
 def rows_sin_mul(a, b):
@@ -862,43 +862,52 @@ def rows_sin_mul(a, b):
     shape = a.shape
     a, b = a.reshape(-1, shape[-1]), b.reshape(-1, shape[-1])
     c = torch.empty_like(a)
-    rows_sin_mul_kernel[(a.shape[0],)](a, b, c, c.stride(0), shape[-1], BLOCK=64)
+    rows_sin_mul_kernel[(a.shape[0],)](a, b, c, c.stride(0), shape[-1], BLOCK=64,
+                                       COMPUTE=tl.float64 if a.dtype == torch.float64 else tl.float32)
     return c.view(*shape)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
 @pytest.mark.parametrize("named", [False, True], ids=["bare", "named"])
-def test_an_output_reshaped_by_the_host_function_takes_its_gradient_uncopied(named, monkeypatch):
-    """The gradient of `c.view(*shape)`, where the launch wrote c as rows, serves as the shadow of c's buffer as it
-    is (viewed flat): no float32 buffer zero-filled and added into (on an H200 that copy, and the derived kernel
-    reading float32, made a SwiGLU backward 4.7x Liger's). Gradients as PyTorch's on every call; the incoming
-    gradient unchanged; a gradient that is not contiguous still added."""
+def test_inputs_and_an_output_reshaped_by_the_host_function_get_buffers_of_their_own_dtype_uncopied(
+        named, dtype, monkeypatch, poisoned_empty):
+    """Liger's SwiGLU forward as the Llama step calls it: 3-D inputs launched as rows (`a.view(-1, n)`), the output
+    `c.view(*shape)` of the buffer the launch wrote as rows. The output's incoming gradient serves as its buffer's
+    shadow as it is (viewed flat): no buffer zero-filled and added into; each input's gradient buffer is left unfilled
+    (the kernel writes all of it) and in the input's own dtype, not a float32 buffer cast after. On an H200 those
+    copies, and the derived kernel reading float32, made the SwiGLU backward node 4.7x Liger's. Gradients as
+    PyTorch's on every call (the later ones by the kept backward's own code); the incoming gradient unchanged; a
+    gradient that is not contiguous still added."""
     from tritongrad.ops import backward as op_backward
 
-    op = tritongrad.op("test_op::rows_sin_mul")(rows_sin_mul) if named else tritongrad.op(rows_sin_mul)
+    op = tritongrad.op("test_op::rows_sin_mul_" + str(dtype)[6:])(rows_sin_mul) if named else \
+        tritongrad.op(rows_sin_mul)
     made, shadow = [], op_backward.OpBackward._shadow
 
     def spy(self, shadows, view, *args, **kwargs):
         fresh = view.key not in shadows
         found = shadow(self, shadows, view, *args, **kwargs)
         if fresh:
-            made.append(tuple(shadows[view.key].shape))
+            made.append(shadows[view.key].dtype)
         return found
 
     monkeypatch.setattr(op_backward.OpBackward, "_shadow", spy)
+    tol = {} if dtype == torch.float64 else {"rtol": 2e-2, "atol": 2e-2}
     for call in range(4):
-        a, b = rand(3, 5, 37), rand(3, 5, 37)
+        a, b = (torch.randn(3, 5, 37, dtype=dtype, requires_grad=True) for _ in range(2))
         made.clear()
         c = op(a, b)
-        g = torch.randn(3, 5, 37, dtype=c.dtype)
+        g = torch.randn(3, 5, 37, dtype=dtype)
         if call == 3:
-            g = torch.randn(37, dtype=c.dtype).expand(3, 5, 37)  # (not contiguous: added into a buffer)
+            g = torch.randn(37, dtype=dtype).expand(3, 5, 37)  # (not contiguous: added into a buffer)
         before = g.clone()
         got = torch.autograd.grad(c, (a, b), g)
-        want = torch.autograd.grad(torch.sin(a) * b, (a, b), g)
-        assert_close(got, want)
+        wide = [t.detach().double().requires_grad_() for t in (a, b)]
+        want = torch.autograd.grad(torch.sin(wide[0]) * wide[1], wide, g.double())
+        torch.testing.assert_close([t.double() for t in got], list(want), **({"rtol": 1e-12, "atol": 1e-12} | tol))
         assert_close(g, before)
         if call == 0:  # (the first backward's buffers: later ones are made by the kept backward's own code)
-            assert len(made) == 2, made  # the inputs' gradients' buffers; the output's: none
+            assert made == [dtype, dtype], made  # the inputs' gradients', in their dtype; the output's: none
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")

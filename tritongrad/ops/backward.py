@@ -283,9 +283,10 @@ class OpBackward:
         buffer = shadows.get(shadow.key)
         if buffer is None:
             shape, dtype, device = self.plan.buffers[shadow.key]
-            if own_dtype and shadow.view is None:
+            whole = self.plan.all_of_buffer(shadow)
+            if own_dtype and whole:
                 dtype = self.plan.storages[shadow.key][0]
-            if guards is None and not fill and shadow.view is None:
+            if guards is None and not fill and whole:
                 buffer = torch.empty(shape, dtype=dtype, device=device)
             elif guards is None:
                 buffer = torch.zeros(shape, dtype=dtype, device=device)

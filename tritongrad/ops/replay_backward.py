@@ -151,9 +151,10 @@ def _maker(plan: Plan, shadow: Shadow, fill: bool, own_dtype: bool) -> tuple:
     """How OpBackward._shadow makes a view's shadow in an unchecked backward: (storage key, view, shape, dtype,
     device, torch.empty or torch.zeros)."""
     shape, dtype, device = plan.buffers[shadow.key]
-    if own_dtype and shadow.view is None:
+    whole = plan.all_of_buffer(shadow)
+    if own_dtype and whole:
         dtype = plan.storages[shadow.key][0]
-    make = torch.empty if not fill and shadow.view is None else torch.zeros
+    make = torch.empty if not fill and whole else torch.zeros
     return shadow.key, shadow.view, shape, dtype, device, make
 
 

@@ -124,6 +124,9 @@ class Plan:
     unread: tuple[str, ...] = ()  # the op's arguments that require grad but no launch reads (planning.py)
     # derived from the above:
     buffers: dict[int, tuple] = field(init=False)  # storage key -> (shape, dtype, device) of its shadow
+    # storages every view of which is the whole storage in order (reshapes of one buffer: a host function's
+    # `x.view(-1, n)`): each view's shadow is all of its (flat) buffer, as a whole storage's is
+    reshaped: frozenset[int] = field(init=False)
     input_shadows: tuple[Shadow | None, ...] = field(init=False)  # per input; None: no gradient
     plain_inputs: bool = field(init=False)  # whether each input's gradient is its shadow buffer (_input_grads)
     # per output: (Shadow, reused_as: the shape its incoming gradient is viewed as to serve as the storage's shadow, or
@@ -150,6 +153,11 @@ class Plan:
 
     def __post_init__(self):
         self.buffers = {k: self._buffer(k) for k in self.storages}
+        spans: dict[int, set] = {}
+        for v in self.views():
+            if v.key in self.storages and v.key not in self.whole:
+                spans.setdefault(v.key, set()).add(v.contiguous and v.span == self.storages[v.key][1:])
+        self.reshaped = frozenset(k for k, covered in spans.items() if covered == {True})
         self.input_shadows = tuple(self.shadow(v) if v.key in self.storages else None for v in self.input_views)
         keys = [v.key for v in self.input_views if v.key in self.storages]
         self.plain_inputs = len(set(keys)) == len(keys) and all(
@@ -170,6 +178,11 @@ class Plan:
     def views(self) -> list[View]:
         return [v for launch in self.launches for v in launch.views.values()] + [*self.output_views,
                                                                                    *self.input_views]
+
+    def all_of_buffer(self, shadow: Shadow) -> bool:
+        """Whether a shadow is all of its storage's buffer (so that its writer may leave it unfilled, in the
+        primal's dtype)."""
+        return shadow.view is None or shadow.key in self.reshaped
 
     def shadow(self, v: View) -> Shadow:
         """Where a view's gradient lives."""
