@@ -63,6 +63,22 @@ def test_hvp_matches_reference(name, kind):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("kind", ["named", "bare"])
+@pytest.mark.parametrize("name", THRICE)
+def test_hvp_of_a_sum_matches_reference(name, kind):
+    """The loss a plain `.sum()`: its gradient reaches the op expanded (stride 0). Refused before ("its backward
+    reads a buffer the host function made"): the backward op made the contiguous copy inside itself, an intermediate
+    to its own backward; and the first (checked) backward returned the guard-banded buffers as its outputs."""
+    torch.manual_seed(2)
+    example = _example(name)
+    op = getattr(example, name) if kind == "named" else _bare(name)
+    inputs = _inputs(name, SUPPORTED[name])
+    vectors = tuple(torch.randn_like(x) for x in inputs)
+    got = torch.autograd.functional.hvp(lambda *xs: op(*xs).sum(), inputs, vectors)[1]
+    want = torch.autograd.functional.hvp(lambda *xs: example.reference(*xs).sum(), inputs, vectors)[1]
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
 def test_second_derivative_matches_reference_twice():
     """The gradient of the gradient, taken again by the same op (its backward ops' plans and derived kernels reused):
     sin'' = -sin, with a random incoming gradient."""

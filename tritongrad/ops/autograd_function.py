@@ -221,6 +221,9 @@ def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
         reason = ("its backward reads a buffer the host function made (an intermediate a launch wrote), whose "
                   "dependence on the inputs the double backward does not yet follow")
         return list(differentiable_once(tape.name, tape.backward(saved, grads, needs), (*saved, *grads), reason))
+    # an incoming gradient made contiguous here, where autograd records the copy (a `.sum()`'s is expanded), not in
+    # the op, where the buffer its backward made of it would be an intermediate autograd cannot follow
+    grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)
     present = [i for i, g in enumerate(grads) if g is not None]
     count = len(saved)
     reached: list[bool] = []  # which input gradients the backward computed (None: not needed, or not reached)

@@ -63,7 +63,8 @@ class OpBackward:
         # where it could not wait for the device, nor while torch.compile traces it (fake tensors:
         # saved_backward.py's rehearsal on real ones checks)
         checked = schedule not in plan.checked or guard_bands.CHECKED
-        guards = {} if checked and not capturing() and not tracing() else None
+        guards = {} if checked and not capturing() and not tracing() and recording_backward.get() is None else None
+        # (not while recorded as an op for double backward: its outputs would be the banded buffers)
         shadows: dict[int, torch.Tensor] = {}
         for output, g in zip(plan.outputs, grads, strict=True):
             if output is None or g is None:
