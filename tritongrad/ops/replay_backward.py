@@ -13,6 +13,7 @@ over generic tuples and a dict per source per step: a few microseconds of a host
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,7 +73,7 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
     """The source of ``run(saved, grads, needs)`` for a schedule, and the namespace its names are bound in."""
     plan: Plan = backward.plan
     needs, present = schedule
-    namespace = {"_shadow": _shadow, "_scatter_add": op_backward._scatter_add, "backward": backward}
+    namespace = {"_shadow": _shadow, "_scatter_add": op_backward._scatter_add, "backward": backward, "torch": torch}
 
     def bound(value: Any) -> str:
         name = f"c{len(namespace)}"
@@ -92,7 +93,17 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
                       f"        shadows[{shadow.key}] = {reused}", "    else:"]
             indent = "        "
         made = f"backward._shadow(shadows, {bound(shadow)})"
-        lines.append(f"{indent}_scatter_add({made}, g{i})" if overlapping else f"{indent}{made}.add_(g{i})")
+        if overlapping:
+            lines.append(f"{indent}_scatter_add({made}, g{i})")
+            continue
+        shape, buffer_dtype, device = plan.buffers[shadow.key]
+        if math.prod(size) == math.prod(shape):  # a fresh buffer the view covers: the gradient copied in (widened),
+            lines += [f"{indent}if {shadow.key} not in shadows:",  # not added to zeros
+                      f"{indent}    shadows[{shadow.key}] = torch.empty({bound(shape)}, dtype={bound(buffer_dtype)}, "
+                      f"device={bound(device)})",
+                      f"{indent}    {made}.copy_(g{i})", f"{indent}else:"]
+            indent += "    "
+        lines.append(f"{indent}{made}.add_(g{i})")
     for s, launcher in enumerate(launchers):  # Launcher.__call__'s
         sources: dict[tuple[int, str], str] = {}
         for p, slot, stand_in in launcher.replayed:
