@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 from ..core.errors import OpError
 from ..runtime.tangent_kernel import jvp as tangent_kernel
 from . import hooks
+from .autograd_function import refuse_transforms
 from .kernel_roles import kernel_info
 
 
@@ -43,6 +44,16 @@ def active(args: tuple, kwargs: dict) -> bool:
         return False
     leaves = pytree.tree_leaves((args, kwargs))
     return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in leaves)
+
+
+def transformed_call(fn: Any, name: str, args: tuple, kwargs: dict, bare: bool) -> Any:
+    """A call under a dual level or a torch.func transform (autograd_function.transformed): in forward mode where a
+    tangent reaches its arguments (not inside another op, whose tape records its launches), else None once
+    ``refuse_transforms`` has let it through. The bare and the named op's one path."""
+    if not hooks.active() and active(args, kwargs):
+        return call(fn, name, args, kwargs)
+    refuse_transforms(name, args, kwargs, bare=bare)
+    return None
 
 
 def call(fn: Any, name: str, args: tuple, kwargs: dict) -> Any:

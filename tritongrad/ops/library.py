@@ -130,9 +130,9 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
             found = saving(*args, **kwargs)
             return tuple(found[:protos.outputs]) if several else found[0]
         if transformed():  # forward mode: tangent kernels (torch.library takes no forward-mode formula); other
-            if current_tape.get() is None and forward_mode.active(args, kwargs):  # transforms: refused
-                return forward_mode.call(fn, name, args, kwargs)
-            refuse_transforms(name, args, kwargs, bare=False)
+            found = forward_mode.transformed_call(fn, name, args, kwargs, bare=False)  # transforms: refused
+            if found is not None:
+                return found
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         if current_tape.get() is not None:  # inside another op (hooks.active): its tape records these launches

@@ -103,7 +103,7 @@ from triton.runtime.jit import KernelInterface
 from ..core.errors import OpError
 from ..core.source import unwrap
 from . import forward_mode, hooks
-from .autograd_function import arguments_of, refuse_transforms, taped_call, transformed
+from .autograd_function import arguments_of, taped_call, transformed
 from .library import check_name, named_op, opaque_default
 
 
@@ -206,10 +206,10 @@ def bare_op(fn: Any, deterministic: bool = False) -> Any:
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if transformed():  # forward mode: the launches' tangent kernels (forward_mode.py); torch.func's other
-            if not hooks.active() and forward_mode.active(args, kwargs):  # transforms: refused (even under no_grad:
-                return forward_mode.call(fn, fn.__qualname__, args, kwargs)  # tangents flow there too)
-            refuse_transforms(name, args, kwargs, bare=True)
+        if transformed():  # forward mode: the launches' tangent kernels; torch.func's other transforms refused (even
+            found = forward_mode.transformed_call(fn, fn.__qualname__, args, kwargs, bare=True)  # under no_grad:
+            if found is not None:  # tangents flow there too)
+                return found
         if not torch.is_grad_enabled() or hooks.active():  # inference, or inside another op's tape
             return fn(*args, **kwargs)
         return taped(*args, **kwargs)
