@@ -233,7 +233,12 @@ def _spelled(samples: frozenset) -> str | None:
     single = _written(str(next(iter(samples)))) if len(samples) == 1 else None
     if single is not None:
         return single
-    return f"({_sample(samples)}).dtype" if samples else None
+    if not samples:
+        return None
+    sample = _sample(samples)
+    if "tl." not in sample:  # numbers and scalar parameters only: a constexpr's sum is a Python number, with no type
+        sample += " + tl.zeros((), tl.int1)"  # (a bool tensor: Triton's promotion with it is the others' own)
+    return f"({sample}).dtype"
 
 
 def _simplified(samples: frozenset) -> frozenset:

@@ -1,4 +1,4 @@
-"""Fuzzer findings (seed 5051's campaign of issue 50's edges, `--strided --bindings 5`), kernels 451, 555 and 1135.
+"""Fuzzer findings (seed 5051's campaign of issue 50's edges, `--strided --bindings 5`), kernels 451, 555, 829 and 1135.
 
 451: a direct launch (``bwd[grid]``) of a kernel summing a weight in partial rows, its gradient buffer every other
 element of a tensor: the launch looked for stray writes in the rows without having filled them (rows every program
@@ -7,8 +7,10 @@ tensor (StrayWriteError). 555: the first (checked) backward named the kernel wri
 (``Variant.writer``: StopIteration) before knowing anything was found outside. 1135: a store at `(tl.program_id(0) * 2)
 % 2` (0 for both programs: a value programs compute, forms.ProgramValue, as the address's one coordinate) was
 accepted, each program's adjoint added (a silent wrong gradient): one such coordinate is now checked apart at launch
-too (lanes.launch_check, input_facts' owned loads), and the campaign expects the refusal. Each case is replayed
-whole."""
+too (lanes.launch_check, input_facts' owned loads), and the campaign expects the refusal. 829: a loop carrying a
+value started from constexpr arithmetic (`R0 + -1 + 1`): its state tape's type was spelled `(R0 + -1 + 1).dtype`, a
+Python number's (AttributeError in the derived kernel); numbers and scalar parameters alone are now promoted with a
+bool tensor (value_types.py). Each case is replayed whole."""
 
 import os
 import subprocess
@@ -21,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow  # (three campaign kernels replayed in processes of their own: CI's `pytest -m slow`)
-@pytest.mark.parametrize("kernel", [451, 555, 1135])
+@pytest.mark.parametrize("kernel", [451, 555, 829, 1135])
 def test_the_campaign_kernel_passes(kernel):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz_campaign.py"), "--seed", "5051", "--strided",
