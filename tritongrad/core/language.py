@@ -185,7 +185,11 @@ def _extremum_tangent(t, x, out, axis: tl.constexpr, keep_dims: tl.constexpr):
             out = tl.expand_dims(out, axis)
     hit = x == out
     count = tl.sum(hit.to(tl.float32), axis, keep_dims=keep_dims)
-    return tl.sum(tl.where(hit, t, 0.0), axis, keep_dims=keep_dims) / count
+    found = tl.sum(tl.where(hit, t, 0.0), axis, keep_dims=keep_dims) / count
+    if axis is None:
+        if keep_dims:  # out's own kept dims: (1,) where a tl.reduce flattened first (interpreted), tl.sum's not
+            found = tl.reshape(found, out.shape)
+    return found
 
 
 def _cast_grad(g, dtype):

@@ -1,4 +1,5 @@
-"""Fuzzer findings (seed 5051's campaign of issue 50's edges, `--strided --bindings 5`), kernels 451, 555, 829 and 1135.
+"""Fuzzer findings (seed 5051's campaign of issue 50's edges, `--strided --bindings 5`), kernels 451, 504, 555, 829 and
+1135.
 
 451: a direct launch (``bwd[grid]``) of a kernel summing a weight in partial rows, its gradient buffer every other
 element of a tensor: the launch looked for stray writes in the rows without having filled them (rows every program
@@ -10,7 +11,9 @@ accepted, each program's adjoint added (a silent wrong gradient): one such coord
 too (lanes.launch_check, input_facts' owned loads), and the campaign expects the refusal. 829: a loop carrying a
 value started from constexpr arithmetic (`R0 + -1 + 1`): its state tape's type was spelled `(R0 + -1 + 1).dtype`, a
 Python number's (AttributeError in the derived kernel); numbers and scalar parameters alone are now promoted with a
-bool tensor (value_types.py). Each case is replayed whole."""
+bool tensor (value_types.py). 504 (forward mode): the tangent of `tl.reduce(x, None, max, keep_dims=True)` had
+tl.sum's kept dims (1, 1), the value tl.reduce's (1,) (it flattens first, interpreted): the tangent is now shaped as
+the value (tg.extremum_tangent). Each case is replayed whole."""
 
 import os
 import subprocess
@@ -23,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow  # (three campaign kernels replayed in processes of their own: CI's `pytest -m slow`)
-@pytest.mark.parametrize("kernel", [451, 555, 829, 1135])
+@pytest.mark.parametrize("kernel", [451, 504, 555, 829, 1135])
 def test_the_campaign_kernel_passes(kernel):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz_campaign.py"), "--seed", "5051", "--strided",
