@@ -27,9 +27,12 @@ Shape = tuple[str, ...] | None  # None: unknown
 def infer_shapes(program: Program, tile: bool = False) -> dict[str, Shape]:
     # a kernel's parameters are scalars and pointers; a tile function's are tiles of unknown shape
     shapes: dict[str, Shape] = {p: None if tile else () for p in program.param_names()}
+    defined = set(definitions(program.body))
 
     def of(atom: ast.expr) -> Shape:
         if isinstance(atom, ast.Name):
+            if atom.id not in shapes and atom.id not in defined:
+                return ()  # a global the kernel reads: a compile-time value (`SQRT_2_OVER_PI = tl.constexpr(...)`)
             return shapes.get(atom.id)
         if isinstance(atom, ast.Constant) or (isinstance(atom, ast.Call) and isinstance(atom.func, ast.Name)
                                               and atom.func.id == "float"):  # -float("inf")
