@@ -23,7 +23,14 @@ import pytest  # noqa: E402
 if os.environ.get("TRITON_INTERPRET") == "1":  # interpreted kernels also compiled where asked (compile_check.py)
     import compile_check  # noqa: E402
 
-    compile_check.install()
+    try:
+        compile_check.install()
+    except (AttributeError, ImportError) as e:  # a Triton whose internals it reads moved: the suite runs unchecked
+        import warnings
+
+        warnings.warn(f"the compile check cannot run with this Triton ({e}): kernels are only interpreted",
+                      stacklevel=1)
+        del compile_check
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
