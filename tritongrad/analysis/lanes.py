@@ -201,15 +201,21 @@ def bound_group(form: Form, keys, mask_form: Form, limit: Expr):
             tuple(_coefficient(c) for _, c in mask_form.terms), ratio)
 
 
+def apart_whatever_launched(keys, runtime_stride: bool) -> bool:
+    """Whether an address's coordinates (``keys``) are apart whatever the launch passes, with nothing to check:
+    one coordinate, its stride a literal (a stride the launch gives may be 0: an expanded tensor's), and not a value
+    the programs compute (one value may be two programs')."""
+    return len(keys) < 2 and not runtime_stride and not any(isinstance(k, ProgramValue) for k in keys)
+
+
 def launch_check(form: Form, shape, bounds: list[tuple[Form, Expr]], trips: dict[LoopIndex, Expr], construct: str,
                   hint: str, where, extra: tuple[tuple[str, Expr, Expr], ...] = ()) -> LaunchCheck | None:
     """``apart(...)`` over the address's coordinates with the launch's numbers (None when there is nothing
     to decide, or a loop's trip count is not known). ``extra``: more coordinates, ``(name, coefficient,
     extent)``."""
     keys = [k for k, _ in form.terms if not (isinstance(k, Lane) and shape[k.axis] == "1")]
-    if len(keys) < 2 and not extra and not any(form.coefficients[k][1] for k in keys) and not any(
-            isinstance(k, ProgramValue) for k in keys):  # (a value programs compute may be one for two programs)
-        return None  # (one coordinate with a stride the launch gives: 0 would write one element from all)
+    if not extra and apart_whatever_launched(keys, any(form.coefficients[k][1] for k in keys)):
+        return None
     condition = _apart(form, shape, bounds, trips, extra)
     return None if condition is None else LaunchCheck(condition, construct, hint, where)
 

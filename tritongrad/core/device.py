@@ -69,6 +69,26 @@ def traced():
         _tracing.reset(token)
 
 
+_recorded: contextvars.ContextVar[bool] = contextvars.ContextVar("tritongrad_recorded", default=False)
+
+
+def recorded() -> bool:
+    """Whether a backward run as an op (double backward, ``recording``) records its launches: each must go through
+    Triton's run, where tritongrad's hook sees it (no direct launch: runtime/relaunch.py), and nothing is timed (its
+    trials would be recorded too: runtime/tuning.py)."""
+    return _recorded.get()
+
+
+@contextlib.contextmanager
+def recording():
+    """``with recording():`` a backward whose launches of derived kernels are recorded (ops/autograd_function.py)."""
+    token = _recorded.set(True)
+    try:
+        yield
+    finally:
+        _recorded.reset(token)
+
+
 def address(t: Any) -> tuple[Any, int]:
     """Where a tensor's first element lies: (region, byte address), regions sharing no memory. A real tensor: (None,
     its data pointer). A traced one (fake: its data pointer is no address): (its storage, its offset in bytes), so

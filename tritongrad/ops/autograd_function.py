@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
+from ..core.device import recording
 from ..core.errors import NotDifferentiableError, OpError
-from ..runtime import relaunch, tuning
 from .call_tensors import is_container, nested_tensors, tensor_leaves
 from .replay import FastTape, Replays
 from .segments import Segments
@@ -232,15 +232,12 @@ def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
         given = [None] * len(grads)
         for i, g in zip(present, tensors[count:], strict=True):
             given[i] = g
-        # its launches recorded: each through Triton's run (no direct launch, no timed trials)
-        token, untimed = recording_backward.set(current_tape.get()), tuning.paused.set(True)
-        through = relaunch.through_triton.set(True)
+        token = recording_backward.set(current_tape.get())  # its launches recorded on this op's tape
         try:
-            result = tape.backward(tensors[:count], tuple(given), needs)
+            with recording():  # (each through Triton's run: no direct launch, no timed trials)
+                result = tape.backward(tensors[:count], tuple(given), needs)
         finally:
             recording_backward.reset(token)
-            tuning.paused.reset(untimed)
-            relaunch.through_triton.reset(through)
         reached[:] = [g is not None for g in result]
         return tuple(g for g in result if g is not None)
 

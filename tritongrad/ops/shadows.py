@@ -156,7 +156,7 @@ class Plan:
         spans: dict[int, set] = {}
         for v in self.views():
             if v.key in self.storages and v.key not in self.whole:
-                spans.setdefault(v.key, set()).add(v.contiguous and v.span == self.storages[v.key][1:])
+                spans.setdefault(v.key, set()).add(_in_order(v, self.storages))
         self.reshaped = frozenset(k for k, covered in spans.items() if covered == {True})
         self.input_shadows = tuple(self.shadow(v) if v.key in self.storages else None for v in self.input_views)
         keys = [v.key for v in self.input_views if v.key in self.storages]
@@ -298,8 +298,13 @@ def _reusable_outputs(plan_launches: tuple[LaunchPlan, ...], output_views: tuple
             found.append(v.size)
         else:
             _, lo, hi = storages[v.key]
-            found.append((hi - lo,) if v.contiguous and v.span == (lo, hi) else None)
+            found.append((hi - lo,) if _in_order(v, storages) else None)
     return tuple(found)
+
+
+def _in_order(v: View, storages: dict) -> bool:
+    """Whether a view is all of its storage's shadow, element by element in order (a reshape of it)."""
+    return v.contiguous and v.span == storages[v.key][1:]
 
 
 _stand_ins: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}

@@ -260,7 +260,7 @@ class Tape:
         read only elements the launch does not store (``kernel_roles.read_as_left``: an early return's stores):
         its backward reads it as the launch left it (planning.py saves it).
         Returns (parameter, the copy's position among the call's tensors) pairs."""
-        named = {**info.defaults, **info.named_arguments(args, kwargs)[0]}
+        named = info.with_defaults(args, kwargs)
         tensors = self.tensors
         key = (kernel.fn, len(self.launches), positions,
                tuple(tensors.requires_grad(i) for i in positions if i is not None),

@@ -14,7 +14,6 @@ Triton. ``TRITONGRAD_DIRECT_LAUNCH=0`` turns it off.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import inspect
 import os
@@ -26,6 +25,7 @@ from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
 from ..core.bounded import Bounded
+from ..core.device import recorded
 
 try:
     from triton import knobs
@@ -35,10 +35,6 @@ except ImportError:  # an older Triton, whose run launches otherwise: nothing is
 ENV = "TRITONGRAD_DIRECT_LAUNCH"
 
 # the end of Triton's JITFunction.run that a direct launch repeats (whitespace removed)
-# set while every launch must go through Triton's run, where ops/hooks.py records it (a backward run as an op whose
-# launches are recorded, for double backward): no direct launch then
-through_triton: contextvars.ContextVar = contextvars.ContextVar("tritongrad_through_triton", default=False)
-
 _LAUNCH = ("launch_metadata=kernel.launch_metadata(grid,stream,*bound_args.values())",
            "kernel.run(grid_0,grid_1,grid_2,stream,kernel.function,kernel.packed_metadata,launch_metadata,"
            "knobs.runtime.launch_enter_hook,knobs.runtime.launch_exit_hook,*bound_args.values())")
@@ -74,7 +70,7 @@ class Relauncher:
         """Launch with ``args`` (every parameter by name, and launch options); ``triton_launch``: the same launch
         through Triton, returning its compiled kernel (by default ``kernel[grid](**args)``). Returns the compiled
         kernel, as Triton's launch does."""
-        if not self.direct or through_triton.get():
+        if not self.direct or recorded():  # (a recorded backward: through Triton's run, where the hook sees it)
             return self._triton(args, triton_launch)
         values = [args[n] for n in self.names]
         compiled = self.launch(values)
@@ -86,7 +82,7 @@ class Relauncher:
         """The direct launch of ``values`` (every parameter's, in Triton's bound order: ``names``), returning the
         compiled kernel; None where it cannot be (not ``direct``, or the first launch of its alignments: then
         ``__call__`` launches it through Triton)."""
-        if not self.direct or through_triton.get():
+        if not self.direct or recorded():  # (a recorded backward: through Triton's run, where the hook sees it)
             return None
         device = current_device()
         tensors = self.tensors

@@ -22,14 +22,13 @@ and with the environment variable ``TRITONGRAD_TUNE=0``.
 
 from __future__ import annotations
 
-import contextvars
 import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.device import tracing
+from ..core.device import recorded, tracing
 
 WARPS = (4, 8, 16, 32)  # 32: a program holding a 16384-wide row
 WAVES = (1, 2, 4, 8)  # persistent programs per multiprocessor
@@ -58,14 +57,10 @@ _configs: dict[tuple, tuple] = {}
 _lock = threading.Lock()
 
 
-# set while a backward runs as an op whose launches are recorded (double backward): its trials would be recorded too
-paused: contextvars.ContextVar = contextvars.ContextVar("tritongrad_tuning_paused", default=False)
-
-
 def enabled(device: Any) -> bool:
     if os.environ.get("TRITONGRAD_TUNE", "1") == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
-    if paused.get():
+    if recorded():  # (a recorded backward: its trials would be recorded too)
         return False
     if getattr(device, "type", None) != "cuda":
         return False

@@ -21,8 +21,8 @@ from ..analysis.addresses import enclosing_loops, mask_bounds
 from ..analysis.analyze import Analysis
 from ..analysis.conditions import All, AtMost, Condition, Covers, decided_now
 from ..analysis.flow import loaded_values, program_axes
-from ..analysis.forms import Lane, LoopIndex, ProgramDigit, ProgramId, ProgramValue, form_of_terms
-from ..analysis.lanes import StoreSite, launch_coordinates, scalars_written_out
+from ..analysis.forms import Lane, LoopIndex, ProgramDigit, ProgramId, form_of_terms
+from ..analysis.lanes import StoreSite, apart_whatever_launched, launch_coordinates, scalars_written_out
 from ..analysis.launch_values import UNKNOWN_TRIP, Expr
 from ..analysis.offsets import address_offsets, offset_of
 from ..analysis.scalars import starts_at_zero
@@ -314,9 +314,7 @@ class _Context:
         found = launch_coordinates(form_of_terms(terms, len(shape)), shape, bounds, a.trips)
         if found is None:
             return InputFacts(param, why="a trip count or stride the launch cannot give")
-        apart = found.apart() if len(found.keys) > 1 or _runtime_stride(terms) or any(
-            isinstance(k, ProgramValue) for k in found.keys) else All()  # one coordinate: a stride the launch gives
-        # may be 0 (an expanded tensor's); a value programs compute may be one for two programs
+        apart = All() if apart_whatever_launched(found.keys, _runtime_stride(terms)) else found.apart()
         present = {k.axis for k in terms if isinstance(k, ProgramId)}
         present |= {k.axis for k in terms if isinstance(k, ProgramDigit) and ProgramDigit(
             k.axis, k.divisor, not k.quotient) in terms}
