@@ -72,13 +72,20 @@ def cases(op: str, s: dict, device: str, dtype):
             impls["liger-fwd"] = _named_op(lambda a, b: swiglu_forward(a, b)[2], "liger_swiglu")
             impls["liger"] = LigerSiLUMulFunction.apply
     elif op == "rope":
-        def make():  # q, k as a model has them: (batch, heads, seq, dim) views of (batch, seq, heads * dim)
-            b, n, d = s["batch"], s["seq"], s["head_dim"]
-            q = torch.randn(b, n, s["heads"] * d, device=device, dtype=dtype).view(b, n, s["heads"], d)
-            k = torch.randn(b, n, s["kv_heads"] * d, device=device, dtype=dtype).view(b, n, s["kv_heads"], d)
+        b, n, d = s["batch"], s["seq"], s["head_dim"]
+
+        def make():  # the projections' outputs (batch, seq, heads * dim), leaves
             angles = torch.rand(1, n, d, device=device, dtype=torch.float32) * 6
-            q, k = (t.requires_grad_() * 1.0 for t in (q, k))  # not leaves (a model's projections): updated in place
-            return q.transpose(1, 2), k.transpose(1, 2), angles.cos().to(dtype), angles.sin().to(dtype)
+            return (torch.randn(b, n, s["heads"] * d, device=device, dtype=dtype, requires_grad=True),
+                    torch.randn(b, n, s["kv_heads"] * d, device=device, dtype=dtype, requires_grad=True),
+                    angles.cos().to(dtype), angles.sin().to(dtype))
+
+        def as_a_model_calls(f):  # q, k as a model has them, made anew per call (each implementation alike): views
+            def call(pq, pk, cos, sin):  # (batch, heads, seq, dim) of a projection's output, which is no leaf
+                q = (pq * 1.0).view(b, n, s["heads"], d).transpose(1, 2)  # (updated in place)
+                k = (pk * 1.0).view(b, n, s["kv_heads"], d).transpose(1, 2)
+                return f(q, k, cos, sin)
+            return call
         # (the example reads q and k as contiguous: a named op sees no copy made inside, so the caller makes it)
         impls["tritongrad"] = lambda q, k, cos, sin: rotary.rotary(q.contiguous(), k.contiguous(), cos, sin)
         impls["eager"] = rotary.reference
@@ -90,10 +97,11 @@ def cases(op: str, s: dict, device: str, dtype):
             impls["liger-fwd"] = tritongrad.op(liger_rope)  # in place on the views of q and k, as Liger writes it
             impls["liger-fwd-clones"] = tritongrad.op(liger_rope_on_clones)
             impls["liger"] = LigerRopeFunction.apply
+        impls = {name: as_a_model_calls(f) for name, f in impls.items()}
     elif op == "cross_entropy":
         def make():
-            logits = torch.randn(tokens, s["vocab"], device=device, dtype=dtype, requires_grad=True) * 1.0  # (not a
-            return logits, torch.randint(0, s["vocab"], (tokens,), device=device)  # leaf: Liger's kernel writes it)
+            logits = torch.randn(tokens, s["vocab"], device=device, dtype=dtype, requires_grad=True)
+            return logits, torch.randint(0, s["vocab"], (tokens,), device=device)
         impls["tritongrad"] = cross_entropy.cross_entropy
         impls["eager"] = cross_entropy.reference
         if liger:
@@ -104,6 +112,8 @@ def cases(op: str, s: dict, device: str, dtype):
             loss_only = tritongrad.op(liger_cross_entropy_rows)  # its kernel launched loss-only, as written
             impls["liger-fwd"] = lambda x, t: loss_only(x, t, -100)
             impls["liger"] = lambda x, t: LigerCrossEntropyFunction.apply(x, t, None, -100, 0.0, 0.0, "none")[0]
+        # each call on logits made anew, no leaf (Liger's kernel writes the gradient into them), each implementation
+        impls = {name: _on_a_copy(f) for name, f in impls.items()}  # alike
     elif op == "attention":
         def make():
             b, n, d = s["batch"], s["seq"], s["head_dim"]
@@ -114,6 +124,10 @@ def cases(op: str, s: dict, device: str, dtype):
     else:
         raise SystemExit(f"unknown op {op!r} (there are: {', '.join(OPS)})")
     return make, impls
+
+
+def _on_a_copy(f: Callable) -> Callable:
+    return lambda x, t: f(x * 1.0, t)
 
 
 def _liger() -> bool:

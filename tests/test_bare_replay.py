@@ -171,3 +171,36 @@ def test_the_reach_check_stops_at_the_arguments_nodes():
     seen = autograd_function._autograd_ancestors([out], {arg.grad_fn})
     assert arg.grad_fn in seen and len(seen) <= 3
     assert len(autograd_function._autograd_ancestors([out], {object()})) > 300  # (not found: the whole graph)
+
+
+@pytest.mark.parametrize("host", [rope_forward, rope_in_place], ids=["views-returned", "same-tensors-returned"])
+def test_half_precision_rope_in_place_keeps_its_gradients_in_half_precision(host, counts, monkeypatch):
+    """q's and k's new values' gradients are copied into their storages' shadows in float16, where the derived
+    kernel replaces each with the old values' gradient, written once: no float32 copy of them is made (nor cast
+    back after), on the first call's path and on the replay's alike. Gradients against float64 PyTorch."""
+    op = tritongrad.op(host)
+    leaves64, cos64, sin64 = rope_case("cpu")
+    q64, k64 = projections(*leaves64)
+    g64 = [torch.randn(t.shape, dtype=F64) for t in (q64, k64)]
+    want = torch.autograd.grad(rope_reference(q64, k64, cos64, sin64), (q64, k64), g64)
+    made = []
+    real_empty = torch.empty
+
+    def spy(*size, **kwargs):
+        t = real_empty(*size, **kwargs)
+        made.append((t.numel(), t.dtype))
+        return t
+
+    sizes = {t.numel() for t in want}
+    for call in range(4):  # (the first call's path, its checked backward first, then replays)
+        q, k = (t.detach().half().requires_grad_() for t in (q64, k64))
+        got = op(q.clone(), k.clone(), cos64.half(), sin64.half())
+        made.clear()
+        with monkeypatch.context() as m:
+            m.setattr(torch, "empty", spy)
+            grads = torch.autograd.grad(got, (q, k), [g.half() for g in g64])
+        for a, b in zip(grads, want, strict=True):
+            torch.testing.assert_close(a.double(), b, rtol=2e-3, atol=2e-3 * b.abs().max().item())
+        if call > 0:
+            assert not [m for m in made if m[0] in sizes and m[1] == torch.float32], made
+    assert counts["backward"] >= 2

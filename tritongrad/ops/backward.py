@@ -77,9 +77,8 @@ class OpBackward:
                 _scatter_add(self._shadow(shadows, shadow, guards), g)
             elif (guards is None and shadow.key not in shadows
                   and math.prod(size) == math.prod(plan.buffers[shadow.key][0])):  # a fresh buffer the output's
-                shape, dtype, device = plan.buffers[shadow.key]  # view covers: the gradient copied in (widened),
-                shadows[shadow.key] = torch.empty(shape, dtype=dtype, device=device)  # not added to zeros (a view
-                self._shadow(shadows, shadow).copy_(g)  # updated in place: its whole storage)
+                shadows[shadow.key] = _Given(shadow, g)  # view covers: the gradient copied in when it is made (not
+                # added to zeros), in the dtype its first user wants (an input updated in place: its own)
             else:
                 self._shadow(shadows, shadow, guards).add_(g)
         # an empty output given a gradient, or a launch of no programs, passes none back: inputs get zeros there
@@ -92,6 +91,9 @@ class OpBackward:
             if guards is not None:
                 with torch._C.DisableTorchFunction():  # (its reads are no use of the gradients: a backward recorded
                     self._check_strays(step, guards, rows, variant)  # as an op (segments.py) is not cut there)
+        for buffer in list(shadows.values()):  # (an output's gradient no step used: copied in now)
+            if type(buffer) is _Given:
+                self._shadow(shadows, buffer.shadow)
         result = self._input_grads(shadows, needs)
         if empty or not all(v.key for v in plan.input_views):  # (an input without elements: key 0, no shadow)
             result = [torch.zeros(v.size, dtype=v.dtype, device=v.device) if g is None and need and (empty or not v.key)
@@ -282,12 +284,13 @@ class OpBackward:
         if ``own_dtype`` and the buffer is the view itself, else float32 for half types. With ``guards``
         (a checked backward) the buffer lies between guard bands, ``guards[key] = (all of it, pad, size)``."""
         buffer = shadows.get(shadow.key)
-        if buffer is None:
+        if buffer is None or type(buffer) is _Given:
+            given, buffer = buffer, None
             shape, dtype, device = self.plan.buffers[shadow.key]
             whole = self.plan.all_of_buffer(shadow)
             if own_dtype and whole:
                 dtype = self.plan.storages[shadow.key][0]
-            if guards is None and not fill and whole:
+            if given is not None or (guards is None and not fill and whole):
                 buffer = torch.empty(shape, dtype=dtype, device=device)
             elif guards is None:
                 buffer = torch.zeros(shape, dtype=dtype, device=device)
@@ -297,6 +300,8 @@ class OpBackward:
                 flat = guard_bands.fill_bands(torch.zeros(n + 2 * pad, dtype=dtype, device=device), pad)
                 buffer, guards[shadow.key] = flat[pad:pad + n].view(shape), (flat, pad, n)
             shadows[shadow.key] = buffer
+            if given is not None:
+                self._shadow(shadows, given.shadow).copy_(given.g)
         if shadow.view is None:
             return buffer
         size, stride, offset = shadow.view
@@ -333,6 +338,20 @@ class OpBackward:
                 self._shadow(shadows, shadow).zero_()
             grads.append(g if g.dtype == v.dtype else g.to(v.dtype))
         return grads
+
+
+class _Given:
+    """An output's incoming gradient, to be copied into its storage's shadow when that buffer is made
+    (OpBackward._shadow): made first as the input updated in place there wants it, its gradient written once in its
+    own dtype, no float32 copy of a half-precision gradient is made, nor cast back after."""
+
+    __slots__ = ("shadow", "g")
+
+    def __init__(self, shadow: Shadow, g: torch.Tensor):
+        self.shadow, self.g = shadow, g
+
+    def clone(self) -> _Given:  # (a tuning trial's copy of the shadows: nothing writes this)
+        return self
 
 
 def _same_elements(u: View, v: View) -> bool:

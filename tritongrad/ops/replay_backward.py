@@ -81,6 +81,7 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
         return name
 
     lines = ["def run(saved, grads, needs):", "    shadows = {}"]
+    first_made = _first_made(plan, launchers)
     for i, (output, given) in enumerate(zip(plan.outputs, present, strict=True)):  # OpBackward._backward's
         if output is None or not given:
             continue
@@ -97,6 +98,7 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
             lines.append(f"{indent}_scatter_add({made}, g{i})")
             continue
         shape, buffer_dtype, device = plan.buffers[shadow.key]
+        buffer_dtype = first_made.get(shadow.key, buffer_dtype)
         if math.prod(size) == math.prod(shape):  # a fresh buffer the view covers: the gradient copied in (widened),
             lines += [f"{indent}if {shadow.key} not in shadows:",  # not added to zeros
                       f"{indent}    shadows[{shadow.key}] = torch.empty({bound(shape)}, dtype={bound(buffer_dtype)}, "
@@ -156,6 +158,18 @@ def _launch(traced: Any, wired: tuple, sources: dict, buffers: str, deterministi
     values = "[" + ", ".join(args[n] for n in relauncher.names) + "]"  # every value Triton binds, in its order
     return [f"    if {name}.launch({values}) is None:",  # (its first launch of these alignments: through Triton)
             f"        {name}({by_name})"]
+
+
+def _first_made(plan: Plan, launchers: tuple) -> dict[int, torch.dtype]:
+    """Per storage, the dtype of its shadow as the first launch to use it makes it: an output's gradient is copied
+    into a buffer of that dtype (OpBackward._shadow of a _Given: an input updated in place there, its own dtype)."""
+    found: dict[int, torch.dtype] = {}
+    for launcher in launchers:
+        for _, shadow, fill, own in launcher.buffers:
+            found.setdefault(shadow.key, _maker(plan, shadow, fill, own)[3])
+        for _, shadow in launcher.outputs:
+            found.setdefault(shadow.key, plan.buffers[shadow.key][1])
+    return found
 
 
 def _maker(plan: Plan, shadow: Shadow, fill: bool, own_dtype: bool) -> tuple:

@@ -16,6 +16,7 @@ schedule (the inputs needing gradients, the outputs given gradients) the steps a
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,12 +61,16 @@ class View:
 
     @property
     def contiguous(self) -> bool:
-        expected = 1
-        for n, s in zip(reversed(self.size), reversed(self.stride), strict=True):
-            if n != 1 and s != expected:
-                return False
-            expected *= n
-        return True
+        return contiguous(self.size, self.stride)
+
+
+def contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for n, s in zip(reversed(size), reversed(stride), strict=True):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
 
 
 def launch_name(index: int, info: Any) -> str:
@@ -124,9 +129,6 @@ class Plan:
     unread: tuple[str, ...] = ()  # the op's arguments that require grad but no launch reads (planning.py)
     # derived from the above:
     buffers: dict[int, tuple] = field(init=False)  # storage key -> (shape, dtype, device) of its shadow
-    # storages every view of which is the whole storage in order (reshapes of one buffer: a host function's
-    # `x.view(-1, n)`): each view's shadow is all of its (flat) buffer, as a whole storage's is
-    reshaped: frozenset[int] = field(init=False)
     input_shadows: tuple[Shadow | None, ...] = field(init=False)  # per input; None: no gradient
     plain_inputs: bool = field(init=False)  # whether each input's gradient is its shadow buffer (_input_grads)
     # per output: (Shadow, reused_as: the shape its incoming gradient is viewed as to serve as the storage's shadow, or
@@ -153,11 +155,6 @@ class Plan:
 
     def __post_init__(self):
         self.buffers = {k: self._buffer(k) for k in self.storages}
-        spans: dict[int, set] = {}
-        for v in self.views():
-            if v.key in self.storages and v.key not in self.whole:
-                spans.setdefault(v.key, set()).add(_in_order(v, self.storages))
-        self.reshaped = frozenset(k for k, covered in spans.items() if covered == {True})
         self.input_shadows = tuple(self.shadow(v) if v.key in self.storages else None for v in self.input_views)
         keys = [v.key for v in self.input_views if v.key in self.storages]
         self.plain_inputs = len(set(keys)) == len(keys) and all(
@@ -180,9 +177,13 @@ class Plan:
                                                                                    *self.input_views]
 
     def all_of_buffer(self, shadow: Shadow) -> bool:
-        """Whether a shadow is all of its storage's buffer (so that its writer may leave it unfilled, in the
-        primal's dtype)."""
-        return shadow.view is None or shadow.key in self.reshaped
+        """Whether a shadow is all of its storage's buffer, element by element in order (so that its writer may
+        leave it unfilled, in the primal's dtype), however other views see the storage (a transposed view of q
+        updated in place through a contiguous one)."""
+        if shadow.view is None:
+            return True
+        size, stride, offset = shadow.view
+        return offset == 0 and math.prod(size) == self.buffers[shadow.key][0][0] and contiguous(size, stride)
 
     def shadow(self, v: View) -> Shadow:
         """Where a view's gradient lives."""
