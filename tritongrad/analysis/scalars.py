@@ -2,8 +2,8 @@
 grid), ``program_expr`` (also on the program ids: a value each program computes, a swizzle's; ``iteration_values``:
 a loop's index and what it advances, for a persistent kernel's; ``program_value``: such a value as a coordinate of
 its own), ``divisor_text`` (an
-index split's divisor); and ``starts_at_zero``, whether an integer tile counts from zero (what makes a split's digits
-stand for the index)."""
+index split's divisor), ``loop_start`` (a loop's index as its range's start plus its coordinate); and
+``starts_at_zero``, whether an integer tile counts from zero (what makes a split's digits stand for the index)."""
 
 from __future__ import annotations
 
