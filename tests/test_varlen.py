@@ -269,3 +269,31 @@ def test_a_sequence_past_the_output_is_refused_at_the_launch(kind):
     with pytest.raises(NotDifferentiableError, match=r"program 4 \(along axis 0\) writes elements .* of `y_ptr`, "
                        r"outside its elements 0\.\.\d+: .*`start` = cu_seqlens\[4\] = 25"):
         backward_launch(kernel, grid, args, meta, {"y_ptr": torch.randn_like(y)})
+
+
+def in_place(kind: str):
+    def softmax_(x, cu):
+        kernel, grid, args, meta = launch(kind, x, x, cu)
+        kernel[grid](*args, **meta)
+        return x
+
+    return tritongrad.op(softmax_)
+
+
+@pytest.mark.parametrize("kind", ["one_block", "blocks", "loop", "tokens"])
+def test_an_op_updating_its_input_in_place_gets_pytorchs_gradients(kind):
+    """The same tensor as x and y: each lane stores over what it loaded, in its block."""
+    xs = inputs(kind, LENGTHS).requires_grad_()
+    cu = cu_seqlens(LENGTHS)
+    y = in_place(kind)(xs.clone(), cu)
+    want = reference(kind, xs, LENGTHS)
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(y, xs, g)[0], torch.autograd.grad(want, xs, g)[0])
+
+
+def test_an_online_softmax_in_place_is_refused_naming_its_first_pass():
+    """Its second loop stores over what the first loop read: not an update of what each lane loaded."""
+    x = inputs("online", LENGTHS).requires_grad_()
+    with pytest.raises(NotDifferentiableError, match="a load from `x_ptr` whose values the store on line"):
+        in_place("online")(x.clone(), cu_seqlens(LENGTHS)).sum().backward()
