@@ -38,7 +38,7 @@ from .forms import (
     varies,
 )
 from .launch_values import UNKNOWN_TRIP, Expr
-from .scalars import divisor_text, iteration_values, program_value, scalar_expr, starts_at_zero
+from .scalars import divisor_text, iteration_values, loop_start, program_value, scalar_expr, starts_at_zero
 
 
 def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
@@ -450,8 +450,8 @@ def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict, loaded: bool
         if isinstance(part, ast.Constant) or (isinstance(part, ast.Name) and (
                 part.id not in forms or (loaded and not varies(part.id, forms)))):
             found = (SCALAR, scalar_expr(part, defs))  # (an offset the kernel computes, `BLOCK_N // 2`, through
-        else:  # its definition)
-            found = _scalar_offset(part, forms, defs, loaded)
+        else:  # its definition); a loop's index: its range's start plus its coordinate (`range(start, end, B)`)
+            found = loop_start(part, forms, defs, loaded) or _scalar_offset(part, forms, defs, loaded)
             if found is None:
                 return None
         coordinates.append(found[0])

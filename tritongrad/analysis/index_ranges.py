@@ -1,6 +1,7 @@
 """Launch conditions that read the index tensors a launch passes: stores at addresses computed from loaded indices
 (``dst = tl.load(perm + row)``, ``start = tl.load(cu_seqlens + pid)``). Each program's range of addresses, read off
-the indices, must not meet another's. They read tensor contents, so they run on every launch (on the device: a
+the indices (a loop over ``range(start, end, BLOCK)`` included: its trip count per program), must not meet
+another's nor leave the output's elements. They read tensor contents, so they run on every launch (on the device: a
 strided view of the indices, a sort, one sync), never cached."""
 
 from __future__ import annotations
@@ -89,10 +90,19 @@ class StoreRange:
         return base + low, base + high, stores
 
 
+def _last_element(tensor: Any) -> int | None:
+    """The largest offset from its first element a tensor's elements reach (-1: none; None: not a tensor)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    return sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True)) if tensor.numel() else -1
+
+
 @dataclass(frozen=True)
 class RangesApart:
-    """Programs along ``axis`` write disjoint ranges of ``output``, where the addresses of its stores
-    (``ranges``, each program's hull over all of them) come from indices loaded per program (``reads``).
+    """Programs along ``axis`` write disjoint ranges of ``output``, within its elements, where the addresses of its
+    stores (``ranges``, each program's hull over all of them) come from indices loaded per program (``reads``).
     Each store's own lanes are apart by its :class:`Apart` check; this one reads the index tensors, on
     the device: a strided view of each, the ranges sorted, one sync for the verdict."""
 
@@ -121,7 +131,22 @@ class RangesApart:
         order = torch.argsort(low)
         stores = low[order] != big
         clash = (low[order][1:] <= high[order][:-1]) & stores[1:]
-        if not bool(clash.any()):  # the one sync
+        last = _last_element(launch.arguments.get(self.output))
+        outside = (low != big) & ((low < 0) | (high > last)) if last is not None else torch.zeros_like(low, dtype=bool)
+        clashing, out = torch.stack((clash.any(), outside.any())).tolist()  # the one sync
+
+        def element(r: IndexRead, program: int) -> str:
+            return f"{r.param}[{int(r.offset.evaluate(launch) + r.stride.evaluate(launch) * program)}]"
+
+        def loaded(*programs: int) -> str:
+            return "; ".join(f"`{r.name}` = " + " and ".join(f"{element(r, p)} = {int(values[r.name][p])}"
+                                                           for p in programs) for r in reads)
+
+        if out:  # the backward would read and write past the gradient buffers: refused, apart or not
+            p = int(outside.nonzero()[0, 0])
+            return (f"program {p} (along axis {self.axis}) writes elements {int(low[p])}..{int(high[p])} of "
+                    f"`{self.output}`, outside its elements 0..{last}: {loaded(p)}")
+        if not clashing:
             return None
         duplicate = self._distinct_indices_apart(at, values, programs)
         if duplicate is None:  # ranges interleave (blocks of columns), but distinct indices keep them apart
@@ -131,13 +156,8 @@ class RangesApart:
         else:
             k = int(clash.nonzero()[0, 0])
             p, q = sorted((int(order[k]), int(order[k + 1])))
-        def element(r: IndexRead, program: int) -> str:
-            return f"{r.param}[{int(r.offset.evaluate(launch) + r.stride.evaluate(launch) * program)}]"
-
-        loaded = "; ".join(f"`{r.name}` = {element(r, p)} = {int(values[r.name][p])} and {element(r, q)} = "
-                           f"{int(values[r.name][q])}" for r in reads)
         return (f"programs {p} and {q} (along axis {self.axis}) write overlapping elements of `{self.output}` "
-                f"({int(low[p])}..{int(high[p])} and {int(low[q])}..{int(high[q])}): {loaded}")
+                f"({int(low[p])}..{int(high[p])} and {int(low[q])}..{int(high[q])}): {loaded(p, q)}")
 
     def _distinct_indices_apart(self, at: LaunchValues, values: dict, programs: int) -> tuple[int, ...] | None:
         """For one store at ``coefficient * index + rest``: None if the programs' indices are distinct and

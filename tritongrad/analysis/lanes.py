@@ -456,7 +456,7 @@ def check_data_stores(sites: list[StoreSite], output: str, reads: dict[str, tupl
         ranges.append(StoreRange(poly_expr(base), stride, apart, _one_index(base, loaded)))
     condition = RangesApart(output, axis, tuple(reads[n][0] for n in sorted(reads) if reads[n][1] in (axis, None)),
                             tuple(ranges))
-    construct = f"{what}: two programs write one element"
+    construct = f"{what}: two programs write one element, or one writes outside `{output}`"
     return [LaunchCheck(condition, construct, hint, where(sites[0].stmt),
                         fallback=f"{what}: the indices cannot be read at this launch")]
 

@@ -172,7 +172,7 @@ class Expr:
             return launch.index(args[0])
         values = [a.evaluate(launch) for a in args]
         if op == "trips":
-            return len(range(*values))
+            return _trips(*values)
         if op == "min":
             return _minimum(values)
         if op == "max":
@@ -244,6 +244,16 @@ class Expr:
         if op == "index":
             return args[0]
         return f"{op}({', '.join(a._text() for a in args)})"
+
+
+def _trips(start: Any, stop: Any, step: Any = 1) -> Any:
+    """``len(range(start, stop, step))``, or elementwise where a bound is a tensor (one value per program: a range
+    over a sequence whose bounds each program loads, read by index_ranges.py)."""
+    if not any(hasattr(v, "clamp") for v in (start, stop, step)):
+        return len(range(start, stop, step))
+    if hasattr(step, "clamp") or step == 0:
+        raise Unreadable("a loop's step read from the indices")
+    return (-((start - stop) // step)).clamp(min=0)
 
 
 def _minimum(values: list) -> Any:

@@ -2,8 +2,8 @@
 grid), ``program_expr`` (also on the program ids: a value each program computes, a swizzle's; ``iteration_values``:
 a loop's index and what it advances, for a persistent kernel's; ``program_value``: such a value as a coordinate of
 its own), ``divisor_text`` (an
-index split's divisor); and ``starts_at_zero``, whether an integer tile counts from zero (what makes a split's digits
-stand for the index)."""
+index split's divisor), ``loop_start`` (a loop's index as its range's start plus its coordinate); and
+``starts_at_zero``, whether an integer tile counts from zero (what makes a split's digits stand for the index)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from ..core.ir import axis_of, canonical_atom, op_of, range_bounds, statements, value_args
 from ..core.operations import operation_of
-from .forms import Form, LoopIndex, ProgramValue, coefficient_expr, form_of_terms, form_program_axes
+from .forms import Form, LoopIndex, ProgramValue, coefficient_expr, form_of_terms, form_program_axes, varies
 from .launch_values import Expr
 
 
@@ -97,6 +97,22 @@ def starts_at_zero(atom: ast.expr, defs: dict, forms: dict | None = None) -> boo
     if operation_of(op).lanes == "same" or op.kind in ("subscript", "expand_dims", "broadcast_to"):
         return starts_at_zero(op.args[0], defs, forms)
     return False
+
+
+def loop_start(atom: ast.expr, forms: dict, defs: dict, loaded: bool) -> tuple[Form, Expr] | None:
+    """A loop's index over ``range(start, ...)`` read as ``start + step * i``: its form (the loop's coordinate
+    alone) and the start, where that is a scalar no coordinate moves (a constant, a parameter; with ``loaded``, also
+    one computed from loaded data: ``range(start, end, BLOCK)`` over a sequence whose bounds come from
+    ``cu_seqlens``), so a mask ``off + cols < end`` bounds the loop's coordinate and the lanes by ``end - start``."""
+    if not isinstance(atom, ast.Name) or len(defs.get(atom.id, [])) != 1 or not isinstance(defs[atom.id][0], ast.For):
+        return None
+    form, start = forms.get(atom.id), range_bounds(defs[atom.id][0])[0]
+    if form is None or not form.affine or [k for k, _ in form.terms] != [LoopIndex(atom.id)]:
+        return None
+    if (isinstance(start, ast.Constant) and type(start.value) is int) or (isinstance(start, ast.Name) and (
+            start.id not in forms or (loaded and not varies(start.id, forms)))):
+        return form, scalar_expr(start, defs)
+    return None
 
 
 def divisor_text(atom: ast.expr, defs: dict) -> str:

@@ -14,6 +14,7 @@ from ..core.ir import (
     child_blocks,
     definitions,
     op_of,
+    range_bounds,
     refuse,
     structured,
     where,
@@ -32,7 +33,7 @@ from .lanes import (
     launch_coordinates,
     programs_apart,
 )
-from .launch_values import Expr
+from .launch_values import UNKNOWN_TRIP, Expr
 from .offsets import ZERO, address_offsets, canonical, offset_of, poly, poly_add, poly_expr
 from .scalars import scalar_expr
 
@@ -113,7 +114,8 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
         if data:
             if reads is None:
                 reads = index_reads(body, forms, offsets, shapes, pointer_base, loaded)
-            (check,) = check_data_stores(data, output, reads, loaded, trips)
+            counts = _trips_over_indices(fors, defs, trips, params, reads)  # (a sequence's loop: per program)
+            (check,) = check_data_stores(data, output, reads, loaded, counts)
             launch_checks.append(check)
             for site in data:  # programs along its axis are checked apart on the indices
                 kept[id(site.stmt)].add(check.condition.axis)
@@ -123,6 +125,19 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
         if plain:  # tl.atomic_add outputs accumulate: programs may share elements
             store_axes[output] = set().union(*[axes_of.get(n, set()) for s in plain for n in address_names(s)])
     return store_axes
+
+
+def _trips_over_indices(fors: dict[str, ast.For], defs: dict, trips: dict[LoopIndex, Expr], params: frozenset[str],
+                        reads: dict) -> dict[LoopIndex, Expr]:
+    """The loops' trip counts, those the arguments alone cannot give but the scalars each program loads once can
+    (``range(start, end, BLOCK)`` with ``start = tl.load(cu_seqlens + pid)``: lanes.index_reads) written over
+    them: a scatter's check (index_ranges.RangesApart) reads them per program."""
+    found = dict(trips)
+    for name, node in fors.items():
+        count = Expr("trips", tuple(scalar_expr(a, defs) for a in range_bounds(node)))
+        if trips.get(LoopIndex(name)) == Expr.const(UNKNOWN_TRIP) and count.names() <= params | set(reads):
+            found[LoopIndex(name)] = count
+    return found
 
 
 def _refuse_lost_program_ids(stmt: ast.stmt, output: str, used: set[int], kept: set[int],

@@ -248,22 +248,27 @@ class OpBackward:
         except TypeError:  # an unhashable argument
             key = found = None
         if found is not None:
-            if found[0].checks.reads_contents:
-                found[0].checks.arguments(args, grid)
+            if found[0].checks.reads_contents:  # (the layouts too: a scatter's ranges lie within its output's)
+                found[0].checks.arguments({**args, **self._laid(step)}, grid)
             return found
         try:
             bwd = _derived_kernel(step, launch.kernel, args, self.deterministic)
         except NotDifferentiableError as e:
             raise noted(e, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)") from None
-        laid = {p: torch.empty_strided(v.size, v.stride, dtype=v.dtype, device="meta")  # the layout of a tensor not
-                for p, v in step.launch.views.items()  # kept (derive_ahead), which a write strategy's facts read
-                if step.launch.slots.get(p) in self.plan.unused}  # (the kernel reads no value through it)
+        laid = self._laid(step)
         prepared = bwd.prepare({**args, **laid} if laid else args, grid, written, step.shared, step.self_overlapping,
                                launch.saved)
         found = (bwd, prepared, self._buffers(step, prepared))
         if key is not None:
             step.ready[key] = found
         return found
+
+    def _laid(self, step: Step) -> dict[str, torch.Tensor]:
+        """The layout of each tensor not kept (derive_ahead; not saved: a stand-in), which a write strategy's facts
+        and a scatter's launch check read (the kernel reads no value through it), as a meta tensor."""
+        slots = step.launch.slots
+        return {p: torch.empty_strided(v.size, v.stride, dtype=v.dtype, device="meta")
+                for p, v in step.launch.views.items() if slots.get(p) is None or slots[p] in self.plan.unused}
 
     @staticmethod
     def _buffers(step: Step, prepared: Any) -> tuple[tuple[str, Shadow, bool, bool], ...]:
