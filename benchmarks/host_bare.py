@@ -1,4 +1,4 @@
-"""µs of host CPU per forward+backward step of a bare op's repeated call (issue 49, item 3), launches stubbed:
+"""µs of host CPU per forward+backward step of a bare op's repeated call, launches stubbed:
 Triton's interpreted launch returns at once, so what is timed is the Python around the kernels (tritongrad's and
 PyTorch's), as on a GPU where the host decides the step.
 

@@ -1,4 +1,4 @@
-"""The host floor of a training step (issue 39): a minimal hand-written ``torch.autograd.Function`` per example,
+"""The host floor of a training step: a minimal hand-written ``torch.autograd.Function`` per example,
 launching the example's own forward kernel with ``kernel[grid](...)`` and one hand-written backward kernel, as
 a library writes them (Liger-Kernel's Functions are of this kind, with more around them). What a
 ``tritongrad.op`` adds to a step on the host is measured against it (benchmarks/host_step.py).

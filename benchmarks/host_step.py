@@ -1,4 +1,4 @@
-"""µs per eager forward+backward step at small sizes, where the host decides the step (issue 39, item 1): every
+"""µs per eager forward+backward step at small sizes, where the host decides the step: every
 example side by side with its peers, each step on the same inputs, synchronised at the end of each run of steps.
 
     python -m benchmarks.host_step                     # a GPU: every example, float32 and bfloat16

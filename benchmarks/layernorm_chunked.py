@@ -1,6 +1,6 @@
 """Layer norm at long rows: a forward that reads each row in blocks (mean, variance, then the output: three loops,
 as Triton's tutorial writes it) derived by tritongrad, against the bundled one-block example and Liger-Kernel's
-hand-written Function (issue 39: layer norm at 16384 columns no slower than Liger).
+hand-written Function (the target: layer norm at 16384 columns no slower than Liger).
 
     PYTHONPATH=/tmp/site:$PWD python benchmarks/layernorm_chunked.py [--sizes 16384x16384 16384x4096]
 

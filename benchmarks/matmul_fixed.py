@@ -1,4 +1,4 @@
-"""The backward of a matmul whose forward is launched with a fixed config, against cuBLAS's (issue 39, item 3: at most
+"""The backward of a matmul whose forward is launched with a fixed config, against cuBLAS's (the target: at most
 1.25x cuBLAS).
 
     python benchmarks/matmul_fixed.py                          # a GPU: bfloat16, 4096^3 and 8192^3

@@ -10,7 +10,7 @@ Per op and implementation: ``kept`` (tritongrad.kept: memory the call allocated 
 ``held`` (arguments and outputs the backward keeps alive), ``fwd+`` (memory allocated after ``--layers`` forward
 calls, less the outputs, per call: what a model pays per layer), ``bwd peak`` (the backward's peak above what was
 allocated before it), ``fwd``/``bwd`` ms (median(fwd+bwd) - median(fwd), triton.testing.do_bench). Shapes: batch 4 x
-2048 tokens, hidden 2048, 16 heads (4 KV heads) of 128, FFN 5632, vocab 32000 (issue 49's Llama); bf16.
+2048 tokens, hidden 2048, 16 heads (4 KV heads) of 128, FFN 5632, vocab 32000 (the training step's Llama); bf16.
 """
 
 from __future__ import annotations

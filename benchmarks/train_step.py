@@ -1,4 +1,4 @@
-"""A training step of a Llama model, variant by variant, side by side from one run (issue 49).
+"""A training step of a Llama model, variant by variant, side by side from one run.
 
     python benchmarks/train_step.py                          # a GPU: form A, every variant, 30 steps
     python benchmarks/train_step.py --model hf               # form B: HF LlamaForCausalLM patched with Liger-Kernel

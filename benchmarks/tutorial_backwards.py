@@ -1,4 +1,4 @@
-"""The derived backward of a Triton tutorial's forward against the backward the tutorial writes by hand (issue 38).
+"""The derived backward of a Triton tutorial's forward against the backward the tutorial writes by hand.
 
     python benchmarks/tutorial_backwards.py --tutorials DIR [--only layernorm attention] [--out FILE]
 
@@ -110,7 +110,7 @@ def persistent_softmax(out_ptr, in_ptr, in_row_stride, out_row_stride, n_rows, n
 
 
 def softmax_cases(dtype):
-    """Issue 38, item 1: the backward keeps the forward's grid, so the same kernel launched persistent (a few
+    """The backward keeps the forward's grid, so the same kernel launched persistent (a few
     programs per multiprocessor, as the tutorial sizes it) and one program per row measures what persistence
     gives the derived backward."""
 

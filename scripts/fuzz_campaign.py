@@ -1,4 +1,4 @@
-"""A long differential-fuzzing campaign (issue 5): random kernels, derived gradients against PyTorch.
+"""A long differential-fuzzing campaign: random kernels, derived gradients against PyTorch.
 
     python scripts/fuzz_campaign.py --kernels 10000 --seed S [--jobs 2] [--shrink DIR] [--avoid-known] \
         [--transpose-every-group] [--strided] [--bindings B] [--families persistent,swizzle,lane_split,...]
@@ -26,7 +26,7 @@ Each run prints the outcomes of the kernels of each of these families, refusals 
 ``spy:rereads_merged`` (kernels whose backward wrote an input's loads in sibling loops once) and ``spy:rereads_apart``
 (written apart: reverse/rereads.py could not), and the rereads family's kernels by how their nodes were drawn (to
 merge, or a near miss: ``generate.REREAD_NEAR``), each with how many merged and passed.
-Issue 50's variations (tests/fuzz/variations.py) are counted apart, kernels by outcome and their kernel-and-binding
+The call's variations (tests/fuzz/variations.py) are counted apart, kernels by outcome and their kernel-and-binding
 cases: ``variation args_<form>`` (the op's tensors as ``*args``, a list, a tuple or nested), ``f32_state`` (float64
 state declared float32), ``dot`` (a kernel whose ``tl.dot`` reads inputs), ``dot_overlap`` (bindings overlapping a
 dot's operand with another input, by outcome) and ``jvp`` (every kernel's op under ``torch.func.jvp`` against the
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
     by_family: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)  # FOCUS families
     rereads: collections.Counter[str] = collections.Counter()  # rereads nodes by how they were drawn, and merged
     failures: dict[str, list[tuple[int, str, str]]] = collections.defaultdict(list)
-    # issue 50's variations (tests/fuzz/variations.py): kernels (and their cases) by the op's argument form, with
+    # the call's variations (tests/fuzz/variations.py): kernels (and their cases) by the op's argument form, with
     # float32-declared state, with a dot (and bindings overlapping two dot operands); forward mode's outcomes
     variations: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     refused_jvp: collections.Counter[str] = collections.Counter()

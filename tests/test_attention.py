@@ -1,4 +1,4 @@
-"""Issue 3's showcase kernels: flash attention (online softmax over key blocks) and cross-entropy
+"""Showcase kernels: flash attention (online softmax over key blocks) and cross-entropy
 over a vocabulary of several blocks with ignored targets. Float64, lengths that are not multiples
 of the blocks, NaN-poisoned outputs, random upstream gradients."""
 
@@ -188,7 +188,7 @@ def test_cross_entropy_with_ignored_targets(device):
     assert "# online softmax: the running max m only stabilizes" in src, src
 
 
-# Issue 39: a non-causal backward as fast however the causal bound is written. Triton compiles one kernel per
+# A non-causal backward as fast however the causal bound is written. Triton compiles one kernel per
 # constexpr value; the derivation specializes the same way (frontend/specialize.py), so the three writings below
 # derive one backward for CAUSAL=False.
 @triton.jit

@@ -1,4 +1,4 @@
-"""A bare op's later calls replayed (issue 49, item 3: the bare op gets the named op's host path): a call of one
+"""A bare op's later calls replayed (the bare op gets the named op's host path): a call of one
 segment (segments.py: no PyTorch call read what its launches wrote before the host function returned), its
 launches and tensors those of a call learnt before, runs on a replay (ops/replay.py), in-place launches' copies
 taken per call; anything else falls back to the first call's path. Gradients in float64 against the first call's

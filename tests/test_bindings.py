@@ -1,4 +1,4 @@
-"""How a call binds memory (issue 36): the same tensor twice, views of one storage, expanded (stride-0)
+"""How a call binds memory: the same tensor twice, views of one storage, expanded (stride-0)
 inputs, a stride the host passes as 0. Every write strategy checks at launch the facts it needs
 (launch_facts.py, the write strategies' conditions); each case here gave a silently wrong gradient or a crash
 before, and now gives PyTorch's gradient, in float64, against a plain-PyTorch reference."""

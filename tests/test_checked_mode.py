@@ -1,7 +1,7 @@
 """Checked backwards (runtime/guards.py): every buffer a checked backward's kernels write lies between guard bands
 of a sentinel byte, and a write into a band is refused, naming the buffer and the derived kernel. The first backward
 of each kind of call is checked; TRITONGRAD_CHECKED=1 (``guards.CHECKED``) checks every backward and direct launches.
-Each test breaks a buffer on purpose (sized or laid out wrongly, as issue 50's K/V buffers were): without the bands
+Each test breaks a buffer on purpose (sized or laid out wrongly, as K/V buffers once were): without the bands
 the kernel would write past the buffer's end (memory corruption); here it is a message."""
 
 import pytest
@@ -19,7 +19,7 @@ D = torch.float64
 
 
 def packed_own_buffer(buffer, dtype, pad=0, fill=launching.zeros_strided):
-    """launching.own_buffer as it was before issue 50: a view with gaps laid out packed (``zeros_like``), which the
+    """launching.own_buffer as it once was: a view with gaps laid out packed (``zeros_like``), which the
     kernel indexes with the view's strides, past the end."""
     flat = fill((1, buffer.numel() + 2 * pad), (1, 1), dtype=dtype, device=buffer.device)
     if pad:

@@ -1,4 +1,4 @@
-"""Early returns outside loops (issue 11): the rest of the body runs in the branch that does not return.
+"""Early returns outside loops: the rest of the body runs in the branch that does not return.
 
 Each kernel is written the way production code writes it; gradients against torch autograd
 on a float64 reference, sizes that are not powers of two, NaN-poisoned outputs.

@@ -1,4 +1,4 @@
-"""Fuzzed kernels captured in a CUDA graph (issue 50): kernels tests/fuzz/generate.py draws from a fixed seed, those
+"""Fuzzed kernels captured in a CUDA graph: kernels tests/fuzz/generate.py draws from a fixed seed, those
 with a ``tl.dot`` and those with a loop, each made an op (bare, its tensors in the kernel's own pytree form, and
 named), warmed up, one training step (forward + backward into the grads) captured, and replayed on fresh values
 copied into the captured inputs and upstream gradients: each replay's gradients those of the eager op on copies of

@@ -1,4 +1,4 @@
-"""Every bundled example's training step in a CUDA graph (issue 36): captured after a warm-up, replayed on new
+"""Every bundled example's training step in a CUDA graph: captured after a warm-up, replayed on new
 values copied into the captured inputs, each replay's gradients those of the eager op on the same values; and the
 same step under ``torch.compile(mode="reduce-overhead")``, which captures graphs of its own."""
 
@@ -50,7 +50,7 @@ BARE: dict = {}
 
 
 def _op(example, form):
-    """The example's op, or its host function as a bare op (issue 50: a bare causal attention failed capture)."""
+    """The example's op, or its host function as a bare op (a bare causal attention once failed capture)."""
     if form == "named":
         return example.op
     if example.name not in BARE:

@@ -1,4 +1,4 @@
-"""Grid-stride loops over elements (issue 52): ``for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK)``,
+"""Grid-stride loops over elements: ``for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK)``,
 the common persistent spelling of an elementwise kernel. Each program's iterations touch ``start + k * step +
 lanes``; they are apart across programs and iterations exactly when the step is at least the grid times the block,
 which a launch's grid decides (``tl.num_programs(0)`` is the grid). A step shorter than that stays refused."""

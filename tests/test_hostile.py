@@ -1,4 +1,4 @@
-"""Hostile inputs (issue 5): each ends in a clear error or a correct gradient, never a wrong one.
+"""Hostile inputs: each ends in a clear error or a correct gradient, never a wrong one.
 
 Refusals that are one construct each live in test_refusals.py (a second store to an output,
 a load of a stored output, scatter stores, atomic_max, inline calls without rules, sources

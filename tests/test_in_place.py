@@ -1,6 +1,6 @@
-"""Kernels that update a tensor in place (issue 11 #5): each load is followed by a store to the same
+"""Kernels that update a tensor in place: each load is followed by a store to the same
 address under the same mask, as a rotary embedding applied to q and k in place is written, or reads back
-in a later loop what the same lane stored (issue 38 #4: a chunked fused add + norm). The derived kernel
+in a later loop what the same lane stored (a chunked fused add + norm). The derived kernel
 turns the new values' gradient into the old values' (analysis/in_place.py, memory.py); in an op, the tape
 copies what such a launch overwrites before it runs (and what it read back, where a later launch
 overwrites it), and a bare op gives a tensor with a history that a launch updated the new history

@@ -1,4 +1,4 @@
-"""Re-parallelized adjoints (interchange.py, issue 12): an input every program along a grid axis reads,
+"""Re-parallelized adjoints (interchange.py): an input every program along a grid axis reads,
 at addresses a loop moves, gets a kernel of its own whose programs are the loop's iterations. Each test
 against PyTorch autograd in float64 with ragged sizes; buffers the write strategy leaves unfilled are poisoned."""
 

@@ -1,4 +1,4 @@
-"""Liger-Kernel's Llama kernels as Liger writes them (issue 49, deliverable 4), in kernels of our own written the
+"""Liger-Kernel's Llama kernels as Liger writes them, in kernels of our own written the
 same way: a cross-entropy that zeroes an ignored row's logits and returns early, then reads the target logit; rope
 updating q and k in place, where q and k are the transposed views HF Llama makes of its projections; a fused add +
 RMSNorm writing x + r back into the residual it reads; a fused linear cross-entropy over chunks of rows with

@@ -1,6 +1,6 @@
 """Masked loads: an ``other=`` that has a gradient gets the adjoints of the lanes the mask leaves out
-(issue 11 #4), and lanes a mask left out add exactly zero where their adjoint is zero, whatever
-value they hold (issue 11 #9: no ``0 * inf = NaN``).
+and lanes a mask left out add exactly zero where their adjoint is zero, whatever
+value they hold (no ``0 * inf = NaN``).
 
 Each kernel is written the way production code writes it, checked in float64 against PyTorch
 autograd on a plain-PyTorch reference (the unpadded function), sizes that are not powers of two,

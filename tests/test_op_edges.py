@@ -1,4 +1,4 @@
-"""The edges of what an op's call can be (issue 50, items 1, 2, 7, 8): forward mode refused, tensors inside
+"""The edges of what an op's call can be: forward mode refused, tensors inside
 containers treated as inputs, errors a user can catch, refusals that point at the right line.
 
 Gradients are compared with PyTorch autograd on plain-PyTorch twins, in float64, on fresh random inputs of sizes
@@ -340,7 +340,7 @@ def grid_stride_over_tiles(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 def test_a_grid_stride_loop_over_elements_and_over_tiles_are_both_right():
-    """The loop over elements was refused (its hint offered the loop over tiles); both now derive (issue 52)."""
+    """The loop over elements was refused (its hint offered the loop over tiles); both now derive."""
     for kernel in (grid_stride_over_elements, grid_stride_over_tiles):
         @tritongrad.op
         def op(x, kernel=kernel):

@@ -144,7 +144,7 @@ def test_compiled_backward_does_not_rerun_the_forward_launches(fullgraph):
 
 
 def test_compiled_backward_launches_the_derived_kernels_inductor_traced(caplog):
-    """The backward is a triton_op too (issue 39.5): Inductor's code for it launches the derived kernels, no opaque
+    """The backward is a triton_op too: Inductor's code for it launches the derived kernels, no opaque
     op and no tape; the first trace rehearses the backward on real tensors (checks, launch settings)."""
     from torch._inductor.utils import run_and_get_code
 

@@ -1,4 +1,4 @@
-"""Operands of dot kernels bound to overlapping memory (issue 50, item 4): K and V as shifted views of one tensor
+"""Operands of dot kernels bound to overlapping memory: K and V as shifted views of one tensor
 (`attn(q, x[:, :-1], x[:, 1:])`), K and V one view, Q, K and V from one tensor, a product of two shifted views.
 The interchanged dK/dV (dA/dB) kernel then writes into buffers of its own, added after: they were laid out
 contiguously (`zeros_like` of a view with gaps) while the kernel indexed them with the view's strides, so it wrote

@@ -1,4 +1,4 @@
-"""PyTorch operations inside a host function, on what its launches wrote (issue 11 #8): a bare op gives
+"""PyTorch operations inside a host function, on what its launches wrote: a bare op gives
 them the launches' results with their history (tritongrad/segments.py); a named op refuses them, saying
 how to restructure. Checked in float64 against PyTorch autograd on plain-PyTorch references, sizes that
 are not powers of two, random upstream gradients."""

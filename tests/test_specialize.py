@@ -1,4 +1,4 @@
-"""Derivation per constexpr specialization (issue 11): a kernel written for several modes, each mode
+"""Derivation per constexpr specialization: a kernel written for several modes, each mode
 selected by a ``tl.constexpr`` and storing its own way, is differentiated as the kernel of the mode
 each launch runs, as Triton compiles it."""
 

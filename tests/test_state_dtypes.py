@@ -1,4 +1,4 @@
-"""A loop's state kept in the type the forward computed it in (issue 50, item 3).
+"""A loop's state kept in the type the forward computed it in.
 
 Kernels written for training declare their loop state float32 (`acc = tl.zeros(..., dtype=tl.float32)`); summing
 float64 values into it, Triton's interpreter makes it float64 (Triton's promotion: a carried value takes the type

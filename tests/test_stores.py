@@ -1,4 +1,4 @@
-"""Stores as production kernels write them (issue 11): several stores to one output at disjoint
+"""Stores as production kernels write them: several stores to one output at disjoint
 addresses, stores through addresses computed from loaded indices, and `//` / `%` digit splits of
 lane indices. Each is accepted with a correct gradient where its addresses are provably apart
 (at derivation, or checked on each launch's arguments), and refused, naming the line, where not.
@@ -486,7 +486,7 @@ def rows_from_a_range_of_the_program(x_ptr, y_ptr, BLOCK: tl.constexpr):
 
 def test_a_row_the_programs_compute_is_checked_over_the_grid_at_launch():
     """``tl.minimum(pid, LAST)`` is a value each program computes (a swizzle): evaluated over the grid at each
-    launch (issue 38; refused at derivation before), where two programs computing one row are refused by name."""
+    launch (refused at derivation before), where two programs computing one row are refused by name."""
     x, y = torch.randn(5, 4, dtype=torch.float64), torch.zeros(5, 4, dtype=torch.float64)
     d_y = torch.randn_like(y)
     got = backward_launch(rows_clamped, (5,), (x, y, 4), {"BLOCK": 4}, {"y_ptr": d_y})

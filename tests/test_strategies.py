@@ -1,4 +1,4 @@
-"""How each input's gradient reaches memory (writes/strategies.py, issue 10), one kernel per strategy, each checked
+"""How each input's gradient reaches memory (writes/strategies.py), one kernel per strategy, each checked
 against PyTorch autograd on a plain-PyTorch reference (float64, sizes that are not powers of two)."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The fused-attention forward as Triton's tutorial writes it (issue 38): descriptors made on the host
+"""The fused-attention forward as Triton's tutorial writes it: descriptors made on the host
 (`TensorDescriptor`) or in the kernel, chosen by an `isinstance(x, tl.tensor_descriptor)` helper that Triton
 decides at compile time; the causal mask split into an off-band and an on-band stage; a `tl.range` carrying a
 `warp_specialize` option; K read transposed through its descriptor. Wrapped with `tritongrad.op` around
@@ -478,7 +478,7 @@ def tutorial_attention_through_pointers(q, k, v, causal: bool, sm_scale: float):
 @pytest.mark.parametrize("interchange", [False, True], ids=["atomics", "a kernel of their own for dK, dV"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_tutorials_float32_state_with_float64_inputs_gets_pytorchs_gradients(causal, interchange, monkeypatch):
-    """Issue 50, item 5: the tutorial's forward as it ships, its state declared float32, fed float64 in the
+    """The tutorial's forward as it ships, its state declared float32, fed float64 in the
     interpreter: the state is float64 there (Triton's promotion), and its tapes, the forward's kept finals and the
     interchange's prologue keep it so (before: rounded, read back as another type, or refused by the prologue).
     The log-sum-exp M it stores is an output too."""
@@ -522,7 +522,7 @@ def attention_in_half(q, k, v, causal: bool, sm_scale: float):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_tutorial_in_half_precision_through_host_descriptors_gets_the_float32_gradients(causal):
-    """Issue 50, item 5: float16 inputs, the state float32, N = 48, D = 16 in the interpreter. The running max,
+    """Float16 inputs, the state float32, N = 48, D = 16 in the interpreter. The running max,
     kept on a tape of the widest type (its start `zeros - inf`), was read back as float64 in the interpreter,
     widening the accumulator's rescaled start; the accumulator's kept final was then read as float64 from the
     float32 the forward wrote (dQ, dK NaN or far off; dV, which does not read the max, right). Compiled, the

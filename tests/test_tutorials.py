@@ -1,4 +1,4 @@
-"""Kernels as people copy them from Triton's tutorials (issue 38), written here in the tutorials' style: each
+"""Kernels as people copy them from Triton's tutorials, written here in the tutorials' style: each
 wrapped with `tritongrad.op` around launch code as the tutorial writes it, checked against PyTorch autograd in
 float64 with sizes that are not multiples of the blocks, output buffers poisoned."""
 
@@ -59,7 +59,7 @@ def matmul(a, b):
 @float64_dots
 def test_a_row_major_matmul_with_ragged_tiles_gets_pytorchs_gradients(m, k, n, poisoned_empty):
     """N not a multiple of the block: the store's mask keeps the last tile's lanes past N from reaching the next
-    row (issue 38: refused at launch before, as if masked-off lanes reached an element)."""
+    row (refused at launch before, as if masked-off lanes reached an element)."""
     a = torch.randn(m, k, dtype=D, device=DEVICE, requires_grad=True)
     b = torch.randn(k, n, dtype=D, device=DEVICE, requires_grad=True)
     c = matmul(a, b)
@@ -225,7 +225,7 @@ def _grouped(a, b, activation, group_m, grid=None):
 @float64_dots
 def test_a_matmul_with_grouped_ordering_gets_pytorchs_gradients(m, k, n, group_m, activation, poisoned_empty):
     """The swizzle's program -> tile map is evaluated over the whole grid at launch: distinct programs keep
-    distinct tiles (issue 38: refused at derivation before)."""
+    distinct tiles (refused at derivation before)."""
     op = tritongrad.op(lambda a, b: _grouped(a, b, activation, group_m))
     a = torch.randn(m, k, dtype=D, device=DEVICE, requires_grad=True)
     b = torch.randn(k, n, dtype=D, device=DEVICE, requires_grad=True)
@@ -312,7 +312,7 @@ def persistent_mm(a, b, num_sms: int, subtile: bool, programs: int | None = None
 @float64_dots
 def test_the_persistent_matmul_gets_pytorchs_gradients(m, k, n, num_sms, subtile, poisoned_empty):
     """Tiles walked by a grid-stride loop, swizzled by a helper from the loop's index and from a counter of the
-    epilogue's own: the tile map is evaluated per program and iteration at launch (issue 38, item 7)."""
+    epilogue's own: the tile map is evaluated per program and iteration at launch."""
     a = torch.randn(m, k, dtype=D, device=DEVICE, requires_grad=True)
     b = torch.randn(k, n, dtype=D, device=DEVICE, requires_grad=True)
     c = persistent_mm(a, b, num_sms, subtile)
@@ -885,7 +885,7 @@ def conv1x1(x, weight):
 
 def test_a_convolution_storing_nchw_from_split_lane_indices_gets_pytorchs_gradients(poisoned_empty):
     """A lane index split into (n, h, w) by // and %, and the pixel digit split again: each digit with its own
-    stride (issue 38: refused before, as if the pixel digit folded lanes)."""
+    stride (refused before, as if the pixel digit folded lanes)."""
     x = torch.randn(2, 5, 3, 7, dtype=D, device=DEVICE, requires_grad=True)
     weight = torch.randn(4, 5, dtype=D, device=DEVICE, requires_grad=True)
     y = conv1x1(x, weight)
@@ -965,7 +965,7 @@ def varlen_softmax(x, cu_seqlens):
 
 @pytest.mark.parametrize("lengths", [[3, 5, 0, 4], [3, 0, 0, 7], [4, 2, 6]])
 def test_a_varlen_softmax_masked_on_its_address_gets_pytorchs_gradients(lengths, poisoned_empty):
-    """`start + cols < end` bounds each program's stores to its own sequence (issue 38: refused at launch before,
+    """`start + cols < end` bounds each program's stores to its own sequence (refused at launch before,
     "programs 2 and 3 write one element", as if every program wrote a whole block from its start); an empty
     sequence writes nothing."""
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)

@@ -1,4 +1,4 @@
-"""The call varied, not only the kernel (issue 36): a fuzzed kernel and its mirror run again with their inputs and
+"""The call varied, not only the kernel: a fuzzed kernel and its mirror run again with their inputs and
 outputs bound to memory as users bind it.
 
 A :class:`Binding` makes input parameters views of *leaf* tensors:

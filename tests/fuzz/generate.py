@@ -304,7 +304,7 @@ class Range:
 
 @dataclass
 class Launch:
-    """Programs that do not map one to one onto the tiles of the grid axes (issue 38): a persistent kernel's
+    """Programs that do not map one to one onto the tiles of the grid axes: a persistent kernel's
     grid-stride loop over the tiles of one launch axis (fewer programs launched than tiles), and/or a swizzle
     computing the tile coordinates from the program id (a permutation; ``flat``: the two tile axes of a 2-D
     frame on one launch axis, ordered row-major, column-major or in groups). Its lines are written when drawn;
@@ -588,7 +588,7 @@ class Gen:
 
     def frame(self) -> None:
         d = self.d
-        # persistent loops and swizzles (issue 38): rare, unless focused on
+        # persistent loops and swizzles: rare, unless focused on
         # (the rereads family's sibling loops inside a grid-stride loop over the rows: a persistent layer norm)
         persistent = d.pick([False, True, True] if "persistent" in self.focus else [False] * 3 + [True]
                             if "rereads" in self.focus else [False] * 11 + [True])
@@ -3245,7 +3245,7 @@ class Outcome:
     detail: str = ""
     source: str = ""
     bindings: list = field(default_factory=list)  # the kernel under other bindings of memory (bindings.py)
-    variations: list = field(default_factory=list)  # issue 50's variations the kernel has (variations_of)
+    variations: list = field(default_factory=list)  # the call's variations the kernel has (variations_of)
     jvp: Outcome | None = None  # the kernel's op under torch.func.jvp (variations.check_jvp)
 
     def report(self) -> str:
@@ -3305,7 +3305,7 @@ JVP = True  # every kernel that passes or is refused also runs under torch.func.
 
 
 def variations_of(src: str) -> list[str]:
-    """The variations of issue 50 a kernel module has (variations.py), as labels for the campaign's counts."""
+    """The call's variations a kernel module has (variations.py), as labels for the campaign's counts."""
     seed = int(re.search(r"^SEED = (\d+)$", src, re.M).group(1))
     found = [f"args_{form_of(seed)}"]
     if re.search(r"= tl\.(zeros|full)\(.*tl\.float32\)$", src, re.M):

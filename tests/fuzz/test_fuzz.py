@@ -1,17 +1,17 @@
-"""Differential fuzzing of derived backward kernels (issue 5).
+"""Differential fuzzing of derived backward kernels.
 
 Random kernels with loops and branches (tests/fuzz/generate.py) run forward into NaN-poisoned
 outputs against a plain-PyTorch mirror, then their derived gradients against torch
 autograd on the mirror, then again under other bindings of memory (tests/fuzz/bindings.py:
 aliased, overlapping, expanded, transposed and interleaved views, packed outputs, deterministic).
-Each kernel's op also runs under ``torch.func.jvp`` against the mirror's, and the call varies at issue 50's edges
+Each kernel's op also runs under ``torch.func.jvp`` against the mirror's, and the call varies at its edges
 (tests/fuzz/variations.py: the op's tensors in a list, a tuple or nested; float64 state declared float32; bindings
 overlapping a dot's operands). A refusal (NotDifferentiableError, OpError) is acceptable; a wrong value, a crash, or a
 kernel the generator got wrong is not. On failure hypothesis shrinks the kernel and the message holds its
 whole module source.
 
 Long runs: ``python scripts/fuzz_campaign.py --kernels 10000 --seed S --strided --bindings 4``; persistent
-loops, swizzled program ids and lane splits (issue 38) made frequent: ``--families persistent,swizzle,lane_split``;
+loops, swizzled program ids and lane splits made frequent: ``--families persistent,swizzle,lane_split``;
 the persistent matmul's grouped walk and tiles stored in halves: ``--families grouped_persistent,halves``; an input
 read by sibling loops over a row's column blocks, updated in place and read back: ``--families rereads,in_place``.
 """
@@ -30,7 +30,7 @@ EXAMPLES = 160  # with BINDINGS bindings each (the campaigns in docs/guarantees.
 QUICK = 20  # the default run's share: kernels of its own, a seventh of the time
 COPIED = 6  # and of the persistent matmul's walk and halves (generate.FOCUS's grouped_persistent, halves)
 PASSES = 3  # and of sibling loops over a row's column blocks (rereads, in_place)
-EDGE_SEEDS = [0, 62, 12, 157, 260]  # issue 50's variations: f32 state (0, 62), dot operands overlapping (12, 157, 260)
+EDGE_SEEDS = [0, 62, 12, 157, 260]  # the call's variations: f32 state (0, 62), dot operands overlapping (12, 157, 260)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -122,7 +122,7 @@ def test_float64_starts_are_declared_float32_where_promotion_keeps_the_forward()
 
 @pytest.mark.parametrize("seed", EDGE_SEEDS)
 def test_kernels_at_the_edges_match_the_mirror_backward_and_forward(seed):
-    """Seeded kernels with each variation of issue 50 drawn (variations.py, bindings.py): float32-declared loop state
+    """Seeded kernels with each variation of the call drawn (variations.py, bindings.py): float32-declared loop state
     with float64 inputs, an op taking its tensors in a list, a tuple or nested, overlapping shifted views bound to a
     dot's operands; each passes or is refused clearly, under torch.func.jvp too (against the mirror's jvp)."""
     program, _ = random_program(seed, strided=True)

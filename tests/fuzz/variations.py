@@ -1,4 +1,4 @@
-"""Calls varied at the edges (issue 50): how an op's tensors arrive, accumulators declared float32, and forward mode.
+"""Calls varied at the edges: how an op's tensors arrive, accumulators declared float32, and forward mode.
 
 - *pytree arguments* (:func:`form_of`, :func:`pack`, :func:`unpack`): the op built around a fuzzed kernel takes its
   tensors as ``*args`` (as before), one list, a first tensor and a tuple of the rest, or a dict holding a list and a

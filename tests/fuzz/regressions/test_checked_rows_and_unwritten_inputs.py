@@ -1,4 +1,4 @@
-"""Fuzzer findings (seed 5051's campaign of issue 50's edges, `--strided --bindings 5`), kernels 451, 504, 555, 829 and
+"""Fuzzer findings (seed 5051's campaign of the call's edges, `--strided --bindings 5`), kernels 451, 504, 555, 829 and
 1135.
 
 451: a direct launch (``bwd[grid]``) of a kernel summing a weight in partial rows, its gradient buffer every other

@@ -30,7 +30,7 @@ LIGER = {
                lambda f: lambda q, k, cos, sin: f.apply(q, k, cos, sin)),
 }
 
-# `liger-fwd` (issue 10): Liger's forward launcher, which allocates the output and launches Liger's
+# `liger-fwd`: Liger's forward launcher, which allocates the output and launches Liger's
 # forward kernel, wrapped with @tritongrad.op (by `implementations`): the backward is the derived one.
 LIGER_FWD = {
     "rmsnorm": ("liger_kernel.ops.rms_norm", "rms_norm_forward",
