@@ -1,5 +1,6 @@
 """tritongrad.kept: what a call keeps for its backward, tensor by tensor, its own memory told from its arguments'."""
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -69,6 +70,7 @@ def test_a_hand_written_function_and_pytorch_nodes_are_measured_alike(device):
     assert report.own_bytes == 0
 
 
+@pytest.mark.interpreter  # (its --smoke sets TRITON_INTERPRET for the process: not on a GPU run)
 def test_the_op_memory_benchmark_runs_on_the_interpreter():
     from benchmarks import op_memory
 
