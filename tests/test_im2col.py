@@ -8,6 +8,9 @@ outputs; the kernel alone (`tritongrad.grad`), and the bare and named ops; block
 compiles for float64 on a GPU.
 """
 
+import functools
+import random
+
 import pytest
 import torch
 import triton
@@ -16,6 +19,8 @@ from test_refusals import marked_line
 
 import tritongrad
 from tritongrad import NotDifferentiableError
+from tritongrad.analysis.forms import Digit, Lane, form_of_terms
+from tritongrad.analysis.radix import undetermined
 from tritongrad.tools.testing import assert_gradients_match, backward_launch, poison
 
 D = torch.float64
@@ -213,10 +218,20 @@ def row_split_only(x_ptr, y_ptr, M, OH, OW, syn, syh, BM: tl.constexpr):
     tl.store(y_ptr + (row // OH) * syn + (row % OH) * syh, x * x, mask=offs_m < M)  # refused
 
 
+@triton.jit
+def pixel_split_only(x_ptr, y_ptr, M, H, W, syh, syw, BM: tl.constexpr):
+    """The pixel index of each image split into row and column, the image left out: images share their pixels."""
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    hw = offs_m % (H * W)
+    x = tl.load(x_ptr + offs_m, mask=offs_m < M, other=0.0)
+    tl.store(y_ptr + (hw // W) * syh + (hw % W) * syw, x * x, mask=offs_m < M)  # refused
+
+
 @pytest.mark.parametrize("kernel, missing", [
     (width_split_short, "`((lane axis 0 + BM * tl.program_id(0)) // OW) % OH` without the other digit "
                         "`(lane axis 0 + BM * tl.program_id(0)) % OW`"),
     (row_split_only, "without the other digit `(lane axis 0 + BM * tl.program_id(0)) % OW`"),
+    (pixel_split_only, "without the other digit `(lane axis 0 + BM * tl.program_id(0)) // (H * W)`"),
 ])
 def test_a_split_that_does_not_determine_the_pixel_is_refused(kernel, missing):
     with pytest.raises(NotDifferentiableError, match="may fold lanes together") as info:
@@ -233,3 +248,75 @@ def test_an_output_width_larger_than_the_tensors_is_refused_at_launch():
     with pytest.raises(NotDifferentiableError, match="two lanes or programs reach one element") as info:
         backward_launch(conv2d_im2col, grid, args, meta, {"y_ptr": torch.randn_like(y)})
     assert info.value.line == marked_line(conv2d_im2col)
+
+
+# -- the rule itself against brute force --------------------------------------------------------------------
+
+
+@functools.cache
+def digit_values(digit: Digit) -> tuple[int, ...]:
+    """The digit's value at each lane index 0..287 (past every product of the divisors drawn)."""
+    dividend = [sum(c[0] * (x if isinstance(k, Lane) else digit_values(k)[x]) for k, c in digit.dividend.terms)
+                for x in range(288)]
+    divisor = int(eval(digit.divisor))  # (literal products: "2 * 3")
+    return tuple(v // divisor if digit.quotient else v % divisor for v in dividend)
+
+
+def random_digits(rng) -> list[Digit]:
+    """Digits of a lane index: a mixed-radix split (the index, then digits, split into quotient and remainder
+    again, a quotient of a quotient sometimes spelled as one division by the product), or, as often, one digit
+    changed (a divisor, dropped, a quotient for a remainder) or any digits of digits at all. Divisors literal."""
+    index = form_of_terms({Lane(0): (1, ())}, 1)
+    divisors = ["2", "3", "4", "6", "2 * 3", "3 * 2", "2 * 2"]
+    if rng.random() < 0.25:
+        made: list[Digit] = []
+        for _ in range(rng.randint(1, 5)):
+            dividend = index if not made or rng.random() < 0.4 else form_of_terms({rng.choice(made): (1, ())}, 1)
+            made.append(Digit(dividend, rng.choice(divisors), rng.random() < 0.5))
+        return rng.sample(made, rng.randint(1, len(made)))
+    digits: list[Digit] = []
+    pending = [index]
+    for _ in range(rng.randint(1, 3)):
+        value = pending.pop(rng.randrange(len(pending)))
+        d = rng.choice(divisors)
+        inner = value.terms[0][0]
+        if isinstance(inner, Digit) and inner.quotient and rng.random() < 0.5:
+            quotient = Digit(inner.dividend, f"{inner.divisor} * {d}", True)  # (x // a) // d as x // (a * d)
+        else:
+            quotient = Digit(value, d, True)
+        pending += [form_of_terms({quotient: (1, ())}, 1), form_of_terms({Digit(value, d, False): (1, ())}, 1)]
+    digits = [v.terms[0][0] for v in pending]
+    if rng.random() < 0.5:
+        k = rng.randrange(len(digits))
+        changed = rng.choice(["divisor", "drop", "flip"])
+        if changed == "divisor":
+            digits[k] = Digit(digits[k].dividend, rng.choice(divisors), digits[k].quotient)
+        elif changed == "drop":
+            del digits[k]
+        else:
+            digits[k] = digits[k].partner
+    return digits
+
+
+def test_digits_accepted_determine_their_index():
+    """Whenever radix.undetermined accepts a set of digits of a lane index, distinct index values keep distinct
+    digits (over 0..287); and the spellings of one three-digit split are accepted."""
+    rng = random.Random(52)
+    accepted = 0
+    for _ in range(2000):
+        digits = random_digits(rng)
+        if undetermined(digits) is None:
+            accepted += 1
+            assert len(set(zip(*(digit_values(d) for d in digits), strict=True))) == 288, [str(d) for d in digits]
+    assert accepted > 500
+    x = form_of_terms({Lane(0): (1, ())}, 1)
+
+    def of(digit):
+        return form_of_terms({digit: (1, ())}, 1)
+
+    hw, q = Digit(x, "3 * 4", False), Digit(x, "4", True)
+    for split in ([Digit(x, "3 * 4", True), Digit(of(q), "3", False), Digit(x, "4", False)],  # im2col's
+                  [Digit(x, "12", True), Digit(of(hw), "4", True), Digit(of(hw), "4", False)],  # hw split again
+                  [Digit(of(q), "3", True), Digit(of(q), "3", False), Digit(x, "4", False)],  # the quotient split
+                  [Digit(x, "4 * 3", True), Digit(of(Digit(x, "4 * 3", False)), "4", True), Digit(x, "4", False)]):
+        assert undetermined(split) is None, [str(d) for d in split]

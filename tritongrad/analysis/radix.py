@@ -109,13 +109,12 @@ def written_digits(digits) -> list[Digit]:
     return found
 
 
-def undetermined(digits: list[Digit]) -> tuple[Digit, str] | None:
-    """The first digit (as written) whose index the digits do not determine, with what is missing for it (the
-    partner of the split the reading stopped at); None where every digit's index is determined."""
-    known = {canonical(d) for d in digits}
-    indices: set[Form] = set()
+def _determined(known: set[Digit]) -> tuple[set[Digit], set[Form]]:
+    """The digits and the indices that ``known`` digits determine: themselves, and what both digits of a split
+    stand for, to a fixed point."""
+    known, indices = set(known), set()
     grown = True
-    while grown:  # values the address determines: its digits, and what both digits of a split stand for
+    while grown:
         grown = False
         for k in list(known):
             if _partner(k) not in known:
@@ -127,14 +126,34 @@ def undetermined(digits: list[Digit]) -> tuple[Digit, str] | None:
             elif inner is not None and inner not in known:
                 known.add(inner)
                 grown = True
-    for d in digits:
+    return known, indices
+
+
+def _missing(value: Digit, known: set[Digit], depth: int = 0) -> Digit:
+    """What the address lacks for ``value``: itself, or, where it has one digit of a split of ``value``, what it
+    lacks for the other (``x // W`` of which it has ``(x // W) % H``: ``x // (H * W)``)."""
+    for k in sorted(known, key=str):  # (one message every run)
+        other = _partner(k)
+        if depth < 16 and _sole_digit(k.dividend) == value and other not in known:
+            return _missing(other, known, depth + 1)
+    return value
+
+
+def undetermined(digits: list[Digit]) -> tuple[Digit, str] | None:
+    """The first digit (as written) whose index the digits do not determine, or that the others determine already
+    (a digit twice: lanes apart in it alone may share every other coordinate), with what is missing for it (the
+    partner of the split the reading stopped at); None where the digits determine each index, each needed."""
+    spelled = [canonical(d) for d in digits]
+    known, indices = _determined(set(spelled))
+    for d, k in zip(digits, spelled, strict=True):
         index = index_of(d)
-        if any(isinstance(k, Digit) for k, _ in index.terms):  # (its own digits fold lanes: no proof)
+        if any(isinstance(c, Digit) for c, _ in index.terms):  # (its own digits fold lanes: no proof)
             return d, "a digit of an index itself computed through `//` or `%`"
-        if index in indices:
-            continue
-        k = canonical(d)
-        while _partner(k) in known and _sole_digit(k.dividend) is not None:
-            k = _sole_digit(k.dividend)
-        return d, f"without the other digit `{_partner(k)}`"
+        if index not in indices:
+            while _partner(k) in known and _sole_digit(k.dividend) is not None:
+                k = _sole_digit(k.dividend)
+            return d, f"without the other digit `{_missing(_partner(k), known)}`"
+        others = {c for c, other in zip(spelled, digits, strict=True) if other != d}
+        if k in others or index in _determined(others)[1]:
+            return d, f"without the other digit `{d.partner}` (the other digits determine `{d}` already)"
     return None
