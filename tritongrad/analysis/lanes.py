@@ -334,7 +334,7 @@ def _digit_checks(stmt: ast.stmt, digits: list[Digit], shape, bounds, trips, wha
             construct = f"{what}: the digits of `{digit}`: {why}"
             checks.append(LaunchCheck(condition, construct, hint, where(stmt), fallback=construct))
     for index, digit in indices.items():
-        construct = f"{what}: the index `{digit}` is a digit of takes one value twice"
+        construct = f"{what}: the index split in `{digit}` takes one value twice"
         own = launch_check(index, shape, list(bounds), trips, construct, hint, where(stmt))
         if own is not None:
             checks.append(dataclasses.replace(own, fallback=construct))
