@@ -232,7 +232,7 @@ def pixel_split_only(x_ptr, y_ptr, M, H, W, syh, syw, BM: tl.constexpr):
                         "`(lane axis 0 + BM * tl.program_id(0)) % OW`"),
     (row_split_only, "without the other digit `(lane axis 0 + BM * tl.program_id(0)) % OW`"),
     (pixel_split_only, "without the other digit `(lane axis 0 + BM * tl.program_id(0)) // (H * W)`"),
-])
+], ids=["width-by-OW-minus-1", "row-split-alone", "pixel-split-alone"])
 def test_a_split_that_does_not_determine_the_pixel_is_refused(kernel, missing):
     with pytest.raises(NotDifferentiableError, match="may fold lanes together") as info:
         tritongrad.grad(kernel)
