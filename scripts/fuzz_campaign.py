@@ -115,7 +115,7 @@ def families_of(labels: list[str]) -> list[str]:
         for part in label.split("+"):
             family = next((f for f in G.FOCUS if part.startswith(f)), None)
             if family:
-                found.add(family + ("_collide" if "collide" in label else ""))
+                found.add(family + ("_collide" if "collide" in label or label.endswith("_fold") else ""))
     return sorted(found)
 
 

@@ -57,9 +57,12 @@
   destination, which must be refused at launch;
 - *stores at split lane indices* (``op_lane_split``): a value stored at an address that splits each lane's flat
   index (programs' offsets included) into two or three coordinates with ``//`` and ``%`` (chained, ``hw = f %
-  (H * W); h = hw // W``, or each at once), extents literal, runtime or constexpr, multiplying to the flat range
-  or a little less (``f < total`` masking the rest), stored in a layout that permutes the coordinates (an im2col
-  convolution storing NCHW); or with the outermost stride one short, two lanes colliding, which must be refused;
+  (H * W); h = hw // W``, or the quotients chained, ``w = f % W; q = f // W; h = q % H``, or each at once, ``h =
+  (f // W) % H`` as an im2col convolution's output pixel, or ``h = (f % (H * W)) // W``), extents literal, runtime
+  or constexpr, multiplying to the flat range or a little less (``f < total`` masking the rest), stored in a layout
+  that permutes the coordinates (an im2col convolution storing NCHW); or with the outermost stride one short, or
+  the last digit taken ``% (W - 1)`` (the digits no longer determine the flat index), two lanes colliding, which
+  must be refused;
 - *a tile stored in halves* (``op_halves``, the persistent matmul tutorial's EPILOGUE_SUBTILE): a value split along
   its last axis (or its first) by ``tl.split`` of a reshape and permute, the halves stored at ``h = pid * B +
   tl.arange(0, B // 2)`` and at ``h + SHIFT`` (or a name for it), each masked by ``< SIZE`` at its own indices; the
@@ -2297,9 +2300,10 @@ class Gen:
         """A value stored at an address that splits each lane's flat index (over the whole tensor, the programs'
         offsets included) into several coordinates with ``//`` and ``%``, each scaled by its stride in a layout
         that permutes them (an im2col convolution storing NCHW from a flat index: ``n = offs // (H * W);
-        hw = offs % (H * W); h = hw // W; w = hw % W``); the extents multiply to the flat range (mostly, where
-        small ones divide it) or a little less (its last lanes then masked off: ``offs < total``). Sometimes the
-        outermost stride is one short, so two lanes collide, which the backward must refuse."""
+        hw = offs % (H * W); h = hw // W; w = hw % W``, or ``h = (offs // W) % H``, four spellings); the extents
+        multiply to the flat range (mostly, where small ones divide it) or a little less (its last lanes then masked
+        off: ``offs < total``). Sometimes the outermost stride is one short, or the last digit is taken by one less
+        than its extent, so two lanes collide, which the backward must refuse."""
         d = self.d
         a = self.operand(lambda k: bool(k) and "1" not in k and storable(k))
         if a is None:
@@ -2334,21 +2338,34 @@ class Gen:
 
         pre_tl = [f"{{self}}_f = {flat_tl}"]
         pre_th = [f"{{self}}_f = {flat_th}"]
-        if d.pick([False, True]):  # chained: c0 = f // (e1 * e2); r0 = f % (e1 * e2); c1 = r0 // e2; c2 = r0 % e2
-            rest = "{self}_f"
-            for j in range(rank - 1):
-                after = product(spelled[j + 1:])
-                after = f"({after})" if j < rank - 2 else after
-                pre_tl.append(f"{{self}}_c{j} = {rest} // {after}")
-                if j < rank - 2:
-                    pre_tl.append(f"{{self}}_r{j} = {rest} % {after}")
-                    rest = f"{{self}}_r{j}"
-                else:
-                    pre_tl.append(f"{{self}}_c{j + 1} = {rest} % {after}")
-        else:  # each coordinate at once: (f // stride) % extent
+        if d.pick([False, True]):
+            if d.pick([True, False]):  # chained: c0 = f // (e1 * e2); r0 = f % (e1 * e2); c1 = r0 // e2; c2 = r0 % e2
+                rest = "{self}_f"
+                for j in range(rank - 1):
+                    after = product(spelled[j + 1:])
+                    after = f"({after})" if j < rank - 2 else after
+                    pre_tl.append(f"{{self}}_c{j} = {rest} // {after}")
+                    if j < rank - 2:
+                        pre_tl.append(f"{{self}}_r{j} = {rest} % {after}")
+                        rest = f"{{self}}_r{j}"
+                    else:
+                        pre_tl.append(f"{{self}}_c{j + 1} = {rest} % {after}")
+            else:  # the quotients chained: c2 = f % e2; q2 = f // e2; c1 = q2 % e1; c0 = q2 // e1
+                rest = "{self}_f"
+                for j in range(rank - 1, 0, -1):
+                    pre_tl.append(f"{{self}}_c{j} = {rest} % {spelled[j]}")
+                    last = j == 1
+                    pre_tl.append(f"{{self}}_{'c0' if last else f'q{j}'} = {rest} // {spelled[j]}")
+                    rest = f"{{self}}_q{j}"
+        elif d.pick([True, False]):  # each coordinate at once: (f // stride) % extent (an im2col output pixel)
             for j in range(rank):
                 c = f"{{self}}_f // ({product(spelled[j + 1:])})" if j < rank - 1 else "{self}_f"
                 pre_tl.append(f"{{self}}_c{j} = " + (f"({c}) % {spelled[j]}" if j else c))
+        else:  # each at once, the remainder first: (f % (extent * stride)) // stride
+            for j in range(rank):
+                below = f"{{self}}_f % ({product(spelled[j:])})" if j else "{self}_f"
+                pre_tl.append(f"{{self}}_c{j} = " + (f"({below}) // ({product(spelled[j + 1:])})"
+                                                     if j < rank - 1 else f"{{self}}_f % {spelled[j]}"))
         coords_tl = [f"{{self}}_c{j}" for j in range(rank)]
         for j in range(rank):
             after = math.prod(extents[j + 1:])
@@ -2357,6 +2374,12 @@ class Gen:
         order = d.pick(orders + [tuple(range(rank))] * (d.pick([False] * 5 + [True])))
         collide = (extents[order[0]] >= 2 and math.prod(extents[o] for o in order[1:]) >= 2 and not self.p.returns
                    and d.pick([False] * 5 + [True]))
+        fold = not collide and not self.p.returns and d.pick([False] * 7 + [True])
+        if fold:
+            # the last digit taken by one less than its extent: lanes 0 and e - 1 share every digit (refused:
+            # the digits no longer determine the flat index)
+            last = next(i for i, line in enumerate(pre_tl) if line.startswith(f"{{self}}_c{rank - 1} = "))
+            pre_tl[last] = f"{{self}}_c{rank - 1} = {{self}}_f % ({spelled[-1]} - 1)"
         # the output: a slot per program along the grid axes the value does not tile, then the permuted layout
         uncovered = [g for g in self.p.grid_dims if g.name not in kind]
         layout = [extents[o] for o in order]
@@ -2378,12 +2401,13 @@ class Gen:
             mask = f"({mask}) & ({{self}}_f < {product(spelled)})" if mask else f"{{self}}_f < {product(spelled)}"
         store = Store(len(self.p.nodes), f"y{len(self.p.stores)}", kind, inside=True, shape=tuple(shape))
         self.p.stores.append(store)
-        if collide and not self.p.stopped:
+        if (collide or fold) and not self.p.stopped:
             self.p.expect = "tl.store"
         pre_tl.append(f"tl.store({store.name}_ptr + {' + '.join(terms)}, {{0}}" + (f", mask={mask})" if mask else ")"))
         pre_th += [f"{{self}}_k = {{self}}_f < {covered}", f"{store.name}[{', '.join(index)}] = {{0}}[{{self}}_k]"]
         n = self.p.nodes[a]
-        self.push(Node(kind, n.lo, n.hi, "{0}", "{0}", (a,), f"lane_split_{rank}" + ("_collide" if collide else ""),
+        name = f"lane_split_{rank}" + ("_collide" if collide else "_fold" if fold else "")
+        self.push(Node(kind, n.lo, n.hi, "{0}", "{0}", (a,), name,
                        pre_tl=tuple(pre_tl), pre_th=tuple(pre_th), zero=n.zero, tied=n.tied))
 
 

@@ -188,15 +188,6 @@ def varies(name: str, forms: dict) -> bool:
     return name in forms and (bool(forms[name].terms) or not forms[name].affine)
 
 
-def present_digit(digit: Digit, terms) -> bool:
-    """Whether an address holds a digit: itself, or split again into both of its own digits (``hw = offs % HW``
-    read as ``hw // W`` and ``hw % W``, an NCHW store's row and column)."""
-    if digit in terms:
-        return True
-    return any(isinstance(k, Digit) and k.dividend.terms == ((digit, (1, ())),) and present_digit(k.partner, terms)
-               for k in terms)
-
-
 def lane_axes(form: Form) -> set[int]:
     """The tile axes a form's coordinates move along, through digits of digits."""
     return {k.axis for k, _ in form.terms if isinstance(k, Lane)} | {

@@ -46,12 +46,12 @@ from .forms import (
     ProgramValue,
     form_of_terms,
     lane_axes,
-    present_digit,
 )
 from .forms import coefficient_expr as _coefficient  # (read as a launch does)
 from .index_ranges import IndexRead, RangesApart, StoreRange
 from .launch_values import Expr
 from .offsets import Poly, poly, poly_add, poly_expr
+from .radix import index_of, undetermined, written_digits
 from .scalars import scalar_expr
 
 
@@ -253,11 +253,12 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
                      "operation that may fold lanes together", hint)
     terms = form.coefficients
     digits = [k for k in terms if isinstance(k, Digit)]
-    for key in digits:
-        if not present_digit(key.partner, terms):
-            raise refuse(where(stmt), f"{what}: the address uses a lane index through `//`, `%` or another "
-                         f"operation that may fold lanes together (`{key}` without the other digit)",
-                         f"{hint}; or split an index into both `x // d` and `x % d`, each with its own stride")
+    folded = undetermined(digits)
+    if folded is not None:
+        raise refuse(where(stmt), f"{what}: the address uses a lane index through `//`, `%` or another "
+                     f"operation that may fold lanes together (`{folded[0]}` {folded[1]})",
+                     f"{hint}; or split an index into both `x // d` and `x % d`, each with its own stride "
+                     "(`x // (H * W)`, `(x // W) % H`, `x % W`: its digits in a mixed radix)")
     covered = {k.axis for k in terms if isinstance(k, Lane)} | {a for d in digits for a in lane_axes(d.dividend)}
     for axis, extent in enumerate(shape):
         if extent != "1" and axis not in covered:
@@ -314,24 +315,27 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
 
 def _digit_checks(stmt: ast.stmt, digits: list[Digit], shape, bounds, trips, what: str, hint: str
                   ) -> list[LaunchCheck]:
-    """What makes the digits ``x // d`` and ``x % d`` of a tile of indices stand for ``x`` itself: ``d`` at
-    least 1, ``x`` counting up from zero (no negative coefficient) and taking each value once (its own
-    coordinates apart). Decided now where the numbers are literal, else at launch (refused where a
-    value cannot be read)."""
+    """What makes the digits of a tile of indices ``x`` stand for ``x`` itself (radix.py): every divisor (of digits
+    of digits too) at least 1, ``x`` counting up from zero (no negative coefficient) and taking each value once (its
+    own coordinates apart). Decided now where the numbers are literal, else at launch (refused where a value cannot
+    be read)."""
     checks: list[LaunchCheck] = []
-    for digit in {d.dividend: d for d in digits if d.quotient}.values():
-        conditions = [(AtLeast(Expr.of_text(digit.divisor), Expr.const(1)), f"the divisor `{digit.divisor}` < 1")]
-        conditions += [(AtLeast(_coefficient(c), Expr.const(0)), f"`{key}` has the negative stride {_coefficient(c)}")
-                       for key, c in digit.dividend.terms]
-        for condition, why in conditions:
-            verdict = decided_now(condition)
-            if verdict is False:
-                raise refuse(where(stmt), f"{what}: the digits of `{digit}`: {why}", hint)
-            if verdict is None:
-                construct = f"{what}: the digits of `{digit}`: {why}"
-                checks.append(LaunchCheck(condition, construct, hint, where(stmt), fallback=construct))
-        construct = f"{what}: `{digit}` takes one value twice"
-        own = launch_check(digit.dividend, shape, list(bounds), trips, construct, hint, where(stmt))
+    written = written_digits(digits)
+    conditions = [(AtLeast(Expr.of_text(d.divisor), Expr.const(1)), d, f"the divisor `{d.divisor}` < 1")
+                  for d in {d.divisor: d for d in written}.values()]
+    indices = {index_of(d): d for d in digits}
+    conditions += [(AtLeast(_coefficient(c), Expr.const(0)), d, f"`{key}` has the negative stride {_coefficient(c)}")
+                   for index, d in indices.items() for key, c in index.terms]
+    for condition, digit, why in conditions:
+        verdict = decided_now(condition)
+        if verdict is False:
+            raise refuse(where(stmt), f"{what}: the digits of `{digit}`: {why}", hint)
+        if verdict is None:
+            construct = f"{what}: the digits of `{digit}`: {why}"
+            checks.append(LaunchCheck(condition, construct, hint, where(stmt), fallback=construct))
+    for index, digit in indices.items():
+        construct = f"{what}: the index split in `{digit}` takes one value twice"
+        own = launch_check(index, shape, list(bounds), trips, construct, hint, where(stmt))
         if own is not None:
             checks.append(dataclasses.replace(own, fallback=construct))
     return checks
