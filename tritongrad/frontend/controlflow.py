@@ -57,7 +57,7 @@ class ControlFlowFlattener:
         if decided is not None:
             self.normalizer.block(stmt.body if decided else stmt.orelse)
             return
-        test = self.normalizer.expressions.atom(stmt.test, stmt)
+        test = self.normalizer.expressions.condition(stmt.test, stmt)
         static = self.normalizer.is_constexpr(test)
         frame = self.normalizer.frame
         env, gone = dict(frame.env), dict(frame.gone)
