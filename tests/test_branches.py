@@ -251,3 +251,39 @@ def test_a_compile_time_test_on_a_shape_stays_in_the_if():
     for a, w in zip(got, torch.autograd.grad(want, (x, b), g), strict=True):
         torch.testing.assert_close(a, w, **TOL)
     assert "if len(" in tritongrad.grad(rank_branches).src
+
+
+@triton.jit
+def _exp_by_type(t):
+    if t.dtype == tl.float32:  # compile-time: float32 by exp2, else tl.exp
+        scaled = t * 1.4426950408889634  # a value of this branch alone
+        e = tl.exp2(scaled)
+    else:
+        e = tl.exp(t)
+    return e
+
+
+@triton.jit
+def exp_by_type(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, _exp_by_type(x) * x, mask=mask)
+
+
+@pytest.mark.compiled
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_value_of_the_branch_a_compile_time_test_rules_out(dtype):
+    """A dtype test decided when Triton compiles, whose branch not taken (float64 here) assigns a value of its own
+    (`scaled`): its adjoint starts in the branch that assigns it, not before the `if` (`tg.zeros_grad` of a
+    value that does not exist where the other branch is taken: refused compiled, UnboundLocalError interpreted).
+    float32 takes the other branch."""
+    tol = TOL if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    x = torch.randn(N, dtype=dtype)
+    args, meta = (x, poison(torch.empty_like(x)), N), {"BLOCK": BLOCK}
+    exp_by_type[GRID](*args, **meta)
+    torch.testing.assert_close(args[1], torch.exp(x) * x, **tol)
+    dy = torch.randn_like(x)
+    got = backward_launch(exp_by_type, GRID, args, meta, {"y_ptr": dy})
+    torch.testing.assert_close(got["x_ptr"], torch.exp(x) * (x + 1) * dy, **tol)
+    assert "if t.dtype == tl.float32:" in tritongrad.grad(exp_by_type).src
