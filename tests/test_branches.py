@@ -210,3 +210,80 @@ def test_one_store_in_each_branch_is_accepted():
     (want_grad,) = torch.autograd.grad(want, xr, dy)
     got = backward_launch(store_in_each_branch, (programs,), args, {"BLOCK": block}, {"y_ptr": dy}, wrt=("x_ptr",))
     torch.testing.assert_close(got["x_ptr"], want_grad)
+
+
+@triton.jit
+def _rows_summed(t):
+    if len(t.shape) > 2:  # compile-time tests (as tg.unbroadcast's): a block's leading axis summed,
+        t = tl.sum(t, 0)
+    if len(t.shape) > 1:  # then a tile's rows, a row kept as it is (this test reads the `t` the first if merged)
+        t = tl.sum(t, 1)
+    return t
+
+
+@triton.jit
+def rank_branches(x_ptr, b_ptr, y_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
+    rows, cols = tl.arange(0, BM), tl.arange(0, BN)
+    x = tl.load(x_ptr + rows[:, None] * N + cols[None, :], mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0)
+    b = tl.load(b_ptr + rows, mask=rows < M, other=0.0)
+    y = _rows_summed(tl.sin(x)) * _rows_summed(tl.exp(b))  # the helper's `if` taken for x, not for b
+    tl.store(y_ptr + rows, y, mask=rows < M)
+
+
+@pytest.mark.compiled
+def test_a_compile_time_test_on_a_shape_stays_in_the_if():
+    """A helper's `if len(t.shape) > 1:` whose branches leave values of different shapes: the derived kernel keeps
+    the test inline, so compiled Triton decides it when it compiles (hoisted as `gt = len(...) > 1; if gt:`, it was
+    a runtime if whose branches' types differ, refused compiled; the interpreter ran it)."""
+    @tritongrad.op
+    def rows_times(x, b):
+        y = torch.empty_like(b)
+        rank_branches[(1,)](x, b, y, x.shape[0], x.shape[1], BM=8, BN=8)
+        return y
+
+    x = torch.randn(5, 7, dtype=DTYPE, requires_grad=True)
+    b = torch.randn(5, dtype=DTYPE, requires_grad=True)
+    g = torch.randn(5, dtype=DTYPE)
+    y = rows_times(x, b)
+    want = torch.sin(x).sum(1) * torch.exp(b)
+    torch.testing.assert_close(y, want, **TOL)
+    got = torch.autograd.grad(y, (x, b), g)
+    for a, w in zip(got, torch.autograd.grad(want, (x, b), g), strict=True):
+        torch.testing.assert_close(a, w, **TOL)
+    assert "if len(" in tritongrad.grad(rank_branches).src
+
+
+@triton.jit
+def _exp_by_type(t):
+    if t.dtype == tl.float32:  # compile-time: float32 by exp2, else tl.exp
+        scaled = t * 1.4426950408889634  # a value of this branch alone
+        e = tl.exp2(scaled)
+    else:
+        e = tl.exp(t)
+    return e
+
+
+@triton.jit
+def exp_by_type(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, _exp_by_type(x) * x, mask=mask)
+
+
+@pytest.mark.compiled
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_value_of_the_branch_a_compile_time_test_rules_out(dtype):
+    """A dtype test decided when Triton compiles, whose branch not taken (float64 here) assigns a value of its own
+    (`scaled`): its adjoint starts in the branch that assigns it, not before the `if` (`tg.zeros_grad` of a
+    value that does not exist where the other branch is taken: refused compiled, UnboundLocalError interpreted).
+    float32 takes the other branch."""
+    tol = TOL if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    x = torch.randn(N, dtype=dtype)
+    args, meta = (x, poison(torch.empty_like(x)), N), {"BLOCK": BLOCK}
+    exp_by_type[GRID](*args, **meta)
+    torch.testing.assert_close(args[1], torch.exp(x) * x, **tol)
+    dy = torch.randn_like(x)
+    got = backward_launch(exp_by_type, GRID, args, meta, {"y_ptr": dy})
+    torch.testing.assert_close(got["x_ptr"], torch.exp(x) * (x + 1) * dy, **tol)
+    assert "if t.dtype == tl.float32:" in tritongrad.grad(exp_by_type).src

@@ -14,10 +14,10 @@ from tritongrad.core.errors import OpError
 pytestmark = pytest.mark.slow  # (gradgradcheck in the interpreter: about 40 s; CI's `pytest -m slow` runs it)
 DTYPE = torch.float64
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
-SUPPORTED = {"sin": 37, "softplus": 45, "swiglu": (3, 13), "softmax": (3, 11), "gelu": 37, "geglu": (3, 13)}
-# hvp differentiates the double backward once more (its cotangent's gradient): softmax's derived kernel of the
-# derived kernel calls tg.unbroadcast, not yet differentiated (refused)
-THRICE = ("sin", "softplus", "swiglu")
+SUPPORTED = {"sin": 37, "softplus": 45, "swiglu": (3, 13), "softmax": (3, 11), "gelu": 37, "geglu": (3, 13),
+             "log_softmax": (3, 11)}
+# hvp differentiates the double backward once more (its cotangent's gradient)
+THRICE = ("sin", "softplus", "swiglu", "softmax")
 
 
 def _example(name):
@@ -92,17 +92,16 @@ def test_second_derivative_matches_reference_twice():
 
 
 def test_unsupported_double_backward_is_refused():
-    """log_softmax's derived backward calls tg.unbroadcast (its log-sum-exp broadcast over a row), whose loop
-    tritongrad does not yet differentiate: the double backward raises, naming the op and the construct (never a
-    silent zero); the first backward with create_graph=True still gives the gradient. (gelu's derived kernel called it
-    too, on values of one shape: a global constant, `SQRT_2_OVER_PI`, was of unknown shape; now a scalar, and gelu
-    is differentiated twice.)"""
-    x = _inputs("log_softmax", (3, 11))[0]
-    (dx,) = torch.autograd.grad(_example("log_softmax").log_softmax(x).sum(), x, create_graph=True)
-    torch.testing.assert_close(dx, torch.autograd.grad(_example("log_softmax").reference(x).sum(), x)[0])
-    with pytest.raises(OpError, match=r"`tritongrad_examples::log_softmax`: double backward is not supported \(its "
-                       r"derived backward kernel cannot be differentiated in turn: .*language.py:\d+: cannot "
-                       r"differentiate a `for` loop over `tl.static_range"):
+    """rmsnorm's backward reads `rstd`, an intermediate its forward launch wrote, whose dependence on the inputs
+    autograd cannot see: the double backward raises, naming the op and why (never a silent zero); the first backward
+    with create_graph=True still gives the gradient. (log_softmax's and gelu's were refused too, at tg.unbroadcast's
+    loops over the ranks, differentiated again: it is written with compile-time ifs now, and gelu's derived kernel
+    has none left: a global constant is a scalar to the shape analysis.)"""
+    x, w = _inputs("rmsnorm", (3, 13))[:2]
+    (dx,) = torch.autograd.grad(_example("rmsnorm").rmsnorm(x, w).sum(), x, create_graph=True)
+    torch.testing.assert_close(dx, torch.autograd.grad(_example("rmsnorm").reference(x, w).sum(), x)[0])
+    with pytest.raises(OpError, match=r"`tritongrad_examples::rmsnorm`: double backward is not supported \(its "
+                       r"backward reads a buffer the host function made"):
         dx.sum().backward()
 
 

@@ -102,13 +102,31 @@ def __getattr__(name: str):
 
 def _unbroadcast(g, ref):
     """Sum ``g`` over the axes ``ref`` was broadcast along, giving it ``ref``'s shape (in float32 at least: a
-    half-precision ``g`` is a prologue's value kept rounded, interchange.py)."""
-    for _ in tl.static_range(len(g.shape) - len(ref.shape)):
+    half-precision ``g`` is a prologue's value kept rounded, interchange.py). Written with compile-time ifs, up to
+    three leading axes and four kept ones, not loops over the ranks: a derived kernel derived again (double backward)
+    inlines it, and its branches are differentiated where a loop over `len(g.shape)` was not."""
+    if len(g.shape) > len(ref.shape):
         g = tl.sum(widened(g), 0)  # noqa: F821 (jitted lazily)
-    for i in tl.static_range(len(ref.shape)):
-        if ref.shape[i] == 1:
-            if g.shape[i] != 1:
-                g = tl.sum(widened(g), i, keep_dims=True)  # noqa: F821 (jitted lazily)
+    if len(g.shape) > len(ref.shape):
+        g = tl.sum(widened(g), 0)  # noqa: F821
+    if len(g.shape) > len(ref.shape):
+        g = tl.sum(widened(g), 0)  # noqa: F821
+    if len(ref.shape) > 0:
+        if ref.shape[0] == 1:
+            if g.shape[0] != 1:
+                g = tl.sum(widened(g), 0, keep_dims=True)  # noqa: F821
+    if len(ref.shape) > 1:
+        if ref.shape[1] == 1:
+            if g.shape[1] != 1:
+                g = tl.sum(widened(g), 1, keep_dims=True)  # noqa: F821
+    if len(ref.shape) > 2:
+        if ref.shape[2] == 1:
+            if g.shape[2] != 1:
+                g = tl.sum(widened(g), 2, keep_dims=True)  # noqa: F821
+    if len(ref.shape) > 3:
+        if ref.shape[3] == 1:
+            if g.shape[3] != 1:
+                g = tl.sum(widened(g), 3, keep_dims=True)  # noqa: F821
     return g
 
 

@@ -57,7 +57,7 @@ class ControlFlowFlattener:
         if decided is not None:
             self.normalizer.block(stmt.body if decided else stmt.orelse)
             return
-        test = self.normalizer.expressions.atom(stmt.test, stmt)
+        test = self.normalizer.expressions.condition(stmt.test, stmt)
         static = self.normalizer.is_constexpr(test)
         frame = self.normalizer.frame
         env, gone = dict(frame.env), dict(frame.gone)
@@ -162,10 +162,11 @@ class ControlFlowFlattener:
         callee = rename_globals(iterator.func, self.normalizer.frame)
         static = triton_language_name(obj, spelled) == "static_range"
         if static and os.path.abspath(self.normalizer.origin(stmt).file) == _LANGUAGE:
-            # a derived kernel derived again (double backward) inlines tg helpers: tg.unbroadcast's static loop,
-            # differentiated again, gave a kernel Triton cannot run (shape[i] in a loop kept as a loop)
+            # a derived kernel derived again (double backward) inlines tg helpers: a static loop over a rank,
+            # differentiated again, gave a kernel Triton cannot run (shape[i] in a loop kept as a loop); the helpers
+            # a derived kernel calls are written without such loops (tg.unbroadcast's compile-time ifs)
             raise self.normalizer.refuse(stmt, f"a `for` loop over `{ast.unparse(iterator)}`",
-                                         "a tg helper's static loop (tg.unbroadcast's) is not yet differentiated again")
+                                         "a tg helper's static loop is not yet differentiated again")
         frame = self.normalizer.frame
         target = stmt.target.id
         assigned = _assigned_names(stmt.body)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.ir import Op, Origin
-from ..core.operations import CUSTOM, DESCRIPTOR_METHODS, Signature
+from ..core.operations import CUSTOM, DESCRIPTOR_METHODS, Signature, operation_of
 from ..core.source import Source, is_jit, triton_language_name
 from .blockptr import rewrite_block_pointers
 
@@ -54,10 +54,13 @@ class ExpressionFlattener:
 
     def __init__(self, normalizer):
         self.normalizer = normalizer  # the Normalizer whose statements this flattens expressions for
+        self.in_condition = False  # flattening a test (condition()): compile-time parts stay inline
 
     def atom(self, node: ast.expr, stmt: ast.stmt) -> ast.expr:
         """Flatten ``node`` and return a name, constant or metadata expression for it."""
         result = self.expr(node, stmt)
+        if isinstance(result, _Deferred) and self.in_condition and self._compile_time(result.op):
+            return result.node
         if isinstance(result, _Deferred):
             ssa = self.normalizer.namer.fresh(result.hint)
             self.normalizer.temporaries.add(ssa)
@@ -69,6 +72,24 @@ class ExpressionFlattener:
         if isinstance(result, list):
             return ast.Tuple(elts=result, ctx=ast.Load())
         return result
+
+    def condition(self, node: ast.expr, stmt: ast.stmt) -> ast.expr:
+        """An ``if``'s (or a conditional expression's) test as an atom, its parts known when Triton compiles
+        (constexprs, metadata, literals, and comparisons, arithmetic and ``and`` / ``or`` of them) kept inline:
+        compiled Triton makes a tensor of a value assigned to a name, so a test hoisted into one
+        (``gt = len(x.shape) > 1; if gt:``) would be a runtime ``if``, whose branches must give each value one
+        type, where written inline it is decided when Triton compiles."""
+        saved, self.in_condition = self.in_condition, True
+        try:
+            return self.atom(node, stmt)
+        finally:
+            self.in_condition = saved
+
+    def _compile_time(self, op: Op) -> bool:
+        """Whether an operation's result is known when Triton compiles: its kind is (operations.py's
+        ``constexpr``) and so are its operands."""
+        return operation_of(op).constexpr and all(
+            self.normalizer.is_constexpr(a) for a in [*op.args, *op.kwargs.values()])
 
     def expr(self, node: ast.expr, stmt: ast.stmt, top: bool = False) -> Any:
         """Flatten an expression: an atom, a list of atoms (tuples), or a _Deferred op."""
@@ -109,7 +130,7 @@ class ExpressionFlattener:
             return _Deferred(ast.BoolOp(op=node.op, values=values), Op("boolop", values), "cond")
         if isinstance(node, ast.IfExp):
             # only constexpr conditions are legal in Triton: keep it whole, it is not differentiated
-            parts = [self.atom(x, stmt) for x in (node.test, node.body, node.orelse)]
+            parts = [self.condition(node.test, stmt), self.atom(node.body, stmt), self.atom(node.orelse, stmt)]
             node = ast.IfExp(test=parts[0], body=parts[1], orelse=parts[2])
             return _Deferred(node, Op("ifexp", parts), "choice")
         if isinstance(node, ast.Subscript):
@@ -309,6 +330,8 @@ class ExpressionFlattener:
         fn = Source.of(helper)
         fdef = rewrite_block_pointers(fn.tree, fn.scope, fn.origin)
         sig_params = [a.arg for a in fdef.args.args]
+        # a helper called in a test: its arguments and body flattened as anywhere, its result kept as a test's
+        in_condition, self.in_condition = self.in_condition, False
         args = [self.atom(a, stmt) for a in node.args]
         kwargs = {k.arg: self.atom(k.value, stmt) for k in node.keywords}
         try:
@@ -343,10 +366,12 @@ class ExpressionFlattener:
             value = ret.value
             if isinstance(value, ast.Tuple):
                 return [self.atom(e, ret) for e in value.elts]
+            self.in_condition = in_condition
             return self.atom(value, ret)
         finally:
             self.normalizer.inline_depth -= 1
             self.normalizer.frames.pop()
+            self.in_condition = in_condition
 
 
 REDUCE_SIGNATURE = Signature.parse("input, axis, combine_fn, keep_dims=False")

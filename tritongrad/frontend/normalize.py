@@ -178,6 +178,10 @@ class Normalizer:
             return all(self.is_constexpr(e) for e in atom.elts)
         if isinstance(atom, ast.Call):  # builtins kept inline: min(BLOCK, N)
             return all(self.is_constexpr(a) for a in [*atom.args, *(k.value for k in atom.keywords)])
+        if isinstance(atom, (ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp)):  # a test kept inline
+            return all(self.is_constexpr(a) for a in ast.iter_child_nodes(atom) if isinstance(a, ast.expr))
+        if isinstance(atom, ast.Attribute) and not _is_metadata(atom):  # a global's: `tl.float32`
+            return self.is_constexpr(atom.value)
         return _is_metadata(atom)
 
     def assign(self, target: ast.expr, value: ast.expr, stmt: ast.stmt) -> None:

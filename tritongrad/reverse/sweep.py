@@ -142,6 +142,7 @@ class BackwardBuilder:
         self.defs = analysis.defs
         self.root = id(self.program.body)
         self.home: dict[str, int] = {}  # name -> id of the block it belongs to (where its value is visible)
+        self.one_sided: dict[str, int] = {}  # a constexpr if's value assigned in one branch -> id of that branch
         self.parent: dict[int, int | None] = {}  # block -> enclosing block
         self.enclosing: dict[int, list[ast.stmt]] = {}  # id(statement) -> the if/for nodes around it
         self.stmt_block: dict[int, int] = {}  # id(statement) -> id of the block it is in
@@ -169,6 +170,9 @@ class BackwardBuilder:
             if isinstance(s, ast.If):
                 for m in s.tg.merges:  # assigned in the branches, visible after the if
                     self.home.setdefault(m, id(block))
+                    sides = [b for b in (s.body, s.orelse) if any(target_of(x) == m for x in statements(b))]
+                    if len(sides) == 1:  # it exists only where Triton compiles that branch
+                        self.one_sided[m] = id(sides[0])
             if isinstance(s, ast.For):
                 self.home[s.target.id] = id(s.body)
             t = target_of(s)
@@ -362,6 +366,8 @@ class BackwardBuilder:
     def scope_before(self, name: str) -> Scope | None:
         """The construct being reversed that ``name`` comes from outside of, outermost first (None: local)."""
         home = self.home.get(name, self.root)
+        if any(s.block == self.one_sided.get(name) for s in self.scopes):  # its adjoint starts in its branch
+            home = self.one_sided[name]
         for i in range(len(self.scopes) - 1, -1, -1):
             if self.scopes[i].block == home:
                 return self.scopes[i + 1] if i + 1 < len(self.scopes) else None
