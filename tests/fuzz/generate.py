@@ -133,6 +133,7 @@ on ``{self}``), as loops and branches do; a store a node's own lines make is a `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib.util
 import itertools
@@ -147,9 +148,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 try:
-    from .variations import check_jvp, form_of, narrow_states, narrowed, pack, unpack
+    from .reshapes import check_reshaped
+    from .variations import check_double_backward, check_jvp, form_of, narrow_states, narrowed, pack, unpack
 except ImportError:  # run as a script (python tests/fuzz/generate.py SEED)
-    from variations import check_jvp, form_of, narrow_states, narrowed, pack, unpack
+    from reshapes import check_reshaped
+    from variations import check_double_backward, check_jvp, form_of, narrow_states, narrowed, pack, unpack
 
 CAP = 1000.0  # every lane's magnitude stays below this (a node past it is scaled down)
 SMALL = 4.0  # exp / exp2 arguments
@@ -3247,6 +3250,8 @@ class Outcome:
     bindings: list = field(default_factory=list)  # the kernel under other bindings of memory (bindings.py)
     variations: list = field(default_factory=list)  # issue 50's variations the kernel has (variations_of)
     jvp: Outcome | None = None  # the kernel's op under torch.func.jvp (variations.check_jvp)
+    double: Outcome | None = None  # the op differentiated twice (variations.check_double_backward), where drawn
+    reshaped: Outcome | None = None  # the op's host function reshaping around the launch (reshapes.py), where drawn
 
     def report(self) -> str:
         return f"{self.status}: {self.detail}\n\n----- kernel module -----\n{self.source}"
@@ -3296,12 +3301,28 @@ def check_source(src: str) -> Outcome:
     with checked(), _poisoned_empties():
         outcome = _check_source(src)
         outcome.variations = variations_of(src)
-        if JVP and outcome.status in ("passed", "refused") and "\nEXPECT = " not in src:
-            outcome = _with_jvp(src, outcome)
+        if "\nEXPECT = " in src:
+            return outcome
+        seed = int(re.search(r"^SEED = (\d+)$", src, re.M).group(1))
+        if JVP and outcome.status in ("passed", "refused"):
+            outcome = _with(src, outcome, "jvp", check_jvp)
+        if outcome.status == "passed" and drawn(seed, 4099, DOUBLE):
+            outcome = _with(src, outcome, "double", check_double_backward)
+        if outcome.status == "passed" and drawn(seed, 4111, RESHAPE):
+            outcome = _with(src, outcome, "reshaped", check_reshaped)
         return outcome
 
 
 JVP = True  # every kernel that passes or is refused also runs under torch.func.jvp as an op (variations.py)
+# the shares of the kernels passing their first-order checks whose op is also differentiated twice
+# (variations.check_double_backward) and called through a host function reshaping around the launch (reshapes.py),
+# drawn by seed: a few of the default run's kernels (campaigns: scripts/fuzz_campaign.py --double, --reshape)
+DOUBLE = 0.25
+RESHAPE = 0.25
+
+
+def drawn(seed: int, salt: int, share: float) -> bool:
+    return random.Random(seed * salt + 7).random() < share
 
 
 def variations_of(src: str) -> list[str]:
@@ -3315,15 +3336,15 @@ def variations_of(src: str) -> list[str]:
     return found
 
 
-def _with_jvp(src: str, outcome: Outcome) -> Outcome:
-    """``outcome`` with the kernel's forward-mode check (``outcome.jvp``); a wrong tangent or a crash fails it."""
+def _with(src: str, outcome: Outcome, field_name: str, check_call: Callable) -> Outcome:
+    """``outcome`` with the result of a check of the kernel's op (forward mode, double backward, reshaping host
+    function) as its ``field_name``; a wrong value or a crash there fails the kernel."""
     mod = load_module(src)
-    found = check_jvp(mod, src, mod.make_inputs(), form_of(mod.SEED))
-    outcome.jvp = found
+    found = check_call(mod, src, mod.make_inputs(), form_of(mod.SEED))
+    setattr(outcome, field_name, found)
     if found.status in ("passed", "refused"):
         return outcome
-    found.bindings, found.variations, found.jvp = outcome.bindings, outcome.variations, found
-    return found
+    return dataclasses.replace(outcome, status=found.status, detail=found.detail)
 
 
 @contextlib.contextmanager
