@@ -9,8 +9,8 @@ Per input (float, not updated in place), drawn by the kernel's ``SEED`` (:func:`
 - ``split``: with its first axis split in two (``(a, b, ...)``), the host function calls ``x.reshape(-1, ...)``;
 - ``unsqueezed``: with a trailing axis of one, the host function calls ``x.squeeze(-1)``;
 - ``copied``: a non-contiguous view (a transposed tensor's ``.t()``, or every other element), which the host
-  function copies (``x.contiguous().view(shape)``): the launch reads a tensor PyTorch made inside the op (a segment; forward
-  mode refuses it).
+  function copies (``x.contiguous().view(shape)``): the launch reads a tensor PyTorch made inside the op (a segment;
+  forward mode refuses it).
 
 Per output (not an input updated in place):
 
