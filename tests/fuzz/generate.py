@@ -120,7 +120,9 @@ against the mirror (NaN-poisoned outputs), then ``backward_launch`` against torc
 on the mirror with random upstream gradients, float64, relative tolerance 1e-9 (1e-3 with
 float32 casts). A kernel whose stores collide by construction (``EXPECT`` in its module) must be
 refused, at derivation or at launch: that is its pass ("refused", the detail saying "colliding by
-construction"); accepting it is a mismatch. ``regression_source`` turns a module into a regression test.
+construction"); accepting it is a mismatch. A kernel passing also runs its op under jvp, and, for the shares ``DOUBLE``
+and ``RESHAPE`` (drawn by seed), differentiated twice (variations.py) and through a reshaping host function
+(reshapes.py). ``regression_source`` turns a module into a regression test (of the first-order backward).
 
 ``focus`` (``Gen``, ``random_program``, ``replay``; campaigns' ``--families``) makes families of ``FOCUS`` frequent.
 
