@@ -31,6 +31,10 @@ cases: ``variation args_<form>`` (the op's tensors as ``*args``, a list, a tuple
 state declared float32), ``dot`` (a kernel whose ``tl.dot`` reads inputs), ``dot_overlap`` (bindings overlapping a
 dot's operand with another input, by outcome) and ``jvp`` (every kernel's op under ``torch.func.jvp`` against the
 mirror's: passed, refused with the refusals listed, not run where the kernel collides by construction).
+``double`` (the op differentiated twice, variations.check_double_backward: a share ``--double`` of the kernels passing
+their first-order checks, all by default) and ``reshaped`` (the op's host function reshaping inputs and outputs
+around the launch, tests/fuzz/reshapes.py: a share ``--reshape``, all by default; ``reshape <kind>`` counts each
+reshape drawn, ``reshaped jvp refused`` the kernels whose forward mode refused one) are counted alike.
 """
 
 from __future__ import annotations
@@ -98,14 +102,15 @@ def spy_grouped() -> None:
     backward_kernel.BackwardKernel.variant = spied
 
 
-def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str], list[tuple[str, str]], tuple[str, str]]:
+def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str], list[tuple[str, str]], dict]:
     seed, i = args
     program, _ = G.random_program(kernel_seed(seed, i), AVOID, STRIDED, FOCUS)
     SPIED.clear()
     outcome = G.check(program)
-    jvp = (outcome.jvp.status, outcome.jvp.detail) if outcome.jvp is not None else ("not run", "")
+    checks = {name: (found.status, found.detail) if (found := getattr(outcome, name)) is not None else ("not run", "")
+              for name in ("jvp", "double", "reshaped")}
     return (i, outcome.status, outcome.detail, program.labels() + sorted(SPIED) + [
-        "var:" + v for v in outcome.variations], [(o.status, o.detail) for o in outcome.bindings], jvp)
+        "var:" + v for v in outcome.variations], [(o.status, o.detail) for o in outcome.bindings], checks)
 
 
 def families_of(labels: list[str]) -> list[str]:
@@ -176,6 +181,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bindings", type=int, default=G.BINDINGS,
                     help="bindings of memory each passing kernel is also called with (tests/fuzz/bindings.py)")
     ap.add_argument("--strided", action="store_true", help="tile loads at the strides the launch passes")
+    ap.add_argument("--double", type=float, default=1.0,
+                    help="share of the kernels passing their first-order checks also differentiated twice")
+    ap.add_argument("--reshape", type=float, default=1.0, help="share of the kernels passing their first-order "
+                    "checks also called through a host function reshaping around the launch (tests/fuzz/reshapes.py)")
     ap.add_argument("--families", default="", help="comma-separated families of generate.FOCUS made frequent "
                     f"({', '.join(G.FOCUS)})")
     args = ap.parse_args(argv)
@@ -187,6 +196,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown families {sorted(unknown)} (known: {', '.join(G.FOCUS)})")
     G.BINDINGS = args.bindings
+    G.DOUBLE, G.RESHAPE = args.double, args.reshape
     if args.transpose_every_group:  # before the workers fork
         from tritongrad.codegen import generate as codegen
         from tritongrad.codegen import orient
@@ -215,7 +225,7 @@ def main(argv=None) -> int:
     # the call's variations (tests/fuzz/variations.py): kernels (and their cases) by the op's argument form, with
     # float32-declared state, with a dot (and bindings overlapping two dot operands); forward mode's outcomes
     variations: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    refused_jvp: collections.Counter[str] = collections.Counter()
+    refused_by: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)  # jvp, double
     start = time.time()
     jobs = [(args.seed, i) for i in range(args.kernels)]
     if args.jobs > 1:
@@ -223,14 +233,21 @@ def main(argv=None) -> int:
         results = pool.imap_unordered(run_one, jobs, chunksize=8)
     else:
         pool, results = None, map(run_one, jobs)
-    for n, (i, status, detail, labels, bindings, (j_status, j_detail)) in enumerate(results, 1):
+    for n, (i, status, detail, labels, bindings, checks) in enumerate(results, 1):
         counts[status] += 1
         for v in (label[4:] for label in labels if label.startswith("var:")):
             variations[v][status] += 1
             variations[v]["cases"] += 1 + len(bindings)
-        variations["jvp"][j_status] += 1
-        if j_status == "refused":
-            refused_jvp[blurred(re.sub(r"^\[jvp[^]]*\] ", "", j_detail))] += 1
+        for name, (c_status, c_detail) in checks.items():
+            variations[name][c_status] += 1
+            if c_status == "refused":
+                refused_by[name][blurred(re.sub(r"^\[[^]]*\] ", "", c_detail))] += 1
+        if checks["reshaped"][0] != "not run":
+            drawn = re.match(r"\[reshaped: ([^;]*);", checks["reshaped"][1])
+            for kind in {part.split(" ")[-1] for part in drawn.group(1).split(", ")} if drawn else ():
+                variations[f"reshape {kind}"][checks["reshaped"][0]] += 1
+            if "(jvp refused: " in checks["reshaped"][1]:
+                refused_by["reshaped jvp"][blurred(checks["reshaped"][1].split("(jvp refused: ", 1)[1])] += 1
         cases[status if not bindings or status in FAILING else "passed"] += 1
         for b_status, b_detail in bindings:
             cases[b_status] += 1
@@ -259,7 +276,8 @@ def main(argv=None) -> int:
             failures[signature(status, detail)].append((i, status, detail))
         if n % 500 == 0 or n % 100 == 0 and args.kernels >= 2000:
             print(f"[{n}/{args.kernels}, {time.time() - start:.0f}s] {dict(counts)} cases {dict(cases)} "
-                  f"jvp {dict(variations['jvp'])}", flush=True)
+                  f"jvp {dict(variations['jvp'])} double {dict(variations['double'])} "
+                  f"reshaped {dict(variations['reshaped'])}", flush=True)
     if pool is not None:
         pool.close()
 
@@ -281,8 +299,9 @@ def main(argv=None) -> int:
         found = variations[v]
         print(f"  variation {v}: " + ", ".join(f"{k} {found[k]}" for k in ("cases", "passed", "refused", "not run",
                                                                            *FAILING) if found[k]))
-    for why, k in refused_jvp.most_common():
-        print(f"    jvp refused {k:5d}  {why}")
+    for name, found in refused_by.items():
+        for why, k in found.most_common():
+            print(f"    {name} refused {k:5d}  {why}")
     for family in sorted(by_family):
         found = by_family[family]
         print(f"  family {family}: {sum(found[k] for k in ('passed', 'refused', 'mismatch', 'crashed', 'invalid'))} "

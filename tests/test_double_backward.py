@@ -7,6 +7,8 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import tritongrad
 from tritongrad.core.errors import OpError
@@ -117,3 +119,40 @@ def test_gradgradcheck_with_the_bindings_users_pass():
     bare_sin, bare_swiglu = _bare("sin"), _bare("swiglu")
     assert torch.autograd.gradgradcheck(lambda x: bare_sin(x.t()), (t,))
     assert torch.autograd.gradgradcheck(lambda x: bare_swiglu(x.expand(3, 13), a), (e,))
+
+
+@triton.jit
+def _sin_and_lane_index(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.sin(tl.load(x_ptr + offs, mask=mask)), mask=mask)
+    tl.store(z_ptr + offs, offs.to(tl.float64) * 0.5, mask=mask)  # an output that does not depend on x
+
+
+@tritongrad.op
+def _sin_and_index(x):
+    y, z = torch.empty_like(x), torch.empty_like(x)
+    _sin_and_lane_index[(1,)](x, y, z, x.numel(), BLOCK=64)
+    return y, z
+
+
+def test_an_incoming_gradient_the_backward_does_not_read_has_no_second_derivative():
+    """The double-backward trick (output gradients that require grad, as torch.autograd.functional.hvp makes them)
+    through an op with an output that does not depend on its input: its incoming gradient, which no derived kernel
+    reads, gets a zero second derivative. Refused before (found by the fuzzer's double-backward check): the backward
+    run as an op took it for an argument read unseen, as through a pointer table ("requires grad, but no kernel
+    launch reads it")."""
+    torch.manual_seed(3)
+    x = torch.randn(37, dtype=DTYPE, device=DEVICE, requires_grad=True)
+    gy, gz = (torch.randn(37, dtype=DTYPE, device=DEVICE, requires_grad=True) for _ in range(2))
+    v, w = torch.randn(37, dtype=DTYPE, device=DEVICE), torch.randn(37, dtype=DTYPE, device=DEVICE)
+    (dx,) = torch.autograd.grad(_sin_and_index(x), x, (gy, gz), create_graph=True)
+    d2x, d2gy, d2gz = torch.autograd.grad((dx * v).sum(), (x, gy, gz), allow_unused=True)
+    x0 = x.detach()
+    torch.testing.assert_close(d2x, -torch.sin(x0) * gy.detach() * v, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(d2gy, torch.cos(x0) * v, rtol=1e-12, atol=1e-12)
+    assert d2gz is None or not d2gz.any()
+    # hvp of a loss reading the unrelated output through a .sum(): an op call whose backward launches nothing
+    got = torch.autograd.functional.hvp(lambda x: (_sin_and_index(x)[0] * w).sum() + _sin_and_index(x)[1].sum(),
+                                        x0, v)[1]
+    torch.testing.assert_close(got, -torch.sin(x0) * w * v, rtol=1e-12, atol=1e-12)

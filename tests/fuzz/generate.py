@@ -123,7 +123,9 @@ against the mirror (NaN-poisoned outputs), then ``backward_launch`` against torc
 on the mirror with random upstream gradients, float64, relative tolerance 1e-9 (1e-3 with
 float32 casts). A kernel whose stores collide by construction (``EXPECT`` in its module) must be
 refused, at derivation or at launch: that is its pass ("refused", the detail saying "colliding by
-construction"); accepting it is a mismatch. ``regression_source`` turns a module into a regression test.
+construction"); accepting it is a mismatch. A kernel passing also runs its op under jvp, and, for the shares ``DOUBLE``
+and ``RESHAPE`` (drawn by seed), differentiated twice (variations.py) and through a reshaping host function
+(reshapes.py). ``regression_source`` turns a module into a regression test (of the first-order backward).
 
 ``focus`` (``Gen``, ``random_program``, ``replay``; campaigns' ``--families``) makes families of ``FOCUS`` frequent.
 
@@ -136,6 +138,7 @@ on ``{self}``), as loops and branches do; a store a node's own lines make is a `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib.util
 import itertools
@@ -150,9 +153,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 try:
-    from .variations import check_jvp, form_of, narrow_states, narrowed, pack, unpack
+    from .reshapes import check_reshaped
+    from .variations import check_double_backward, check_jvp, form_of, narrow_states, narrowed, pack, unpack
 except ImportError:  # run as a script (python tests/fuzz/generate.py SEED)
-    from variations import check_jvp, form_of, narrow_states, narrowed, pack, unpack
+    from reshapes import check_reshaped
+    from variations import check_double_backward, check_jvp, form_of, narrow_states, narrowed, pack, unpack
 
 CAP = 1000.0  # every lane's magnitude stays below this (a node past it is scaled down)
 SMALL = 4.0  # exp / exp2 arguments
@@ -3271,6 +3276,8 @@ class Outcome:
     bindings: list = field(default_factory=list)  # the kernel under other bindings of memory (bindings.py)
     variations: list = field(default_factory=list)  # the call's variations the kernel has (variations_of)
     jvp: Outcome | None = None  # the kernel's op under torch.func.jvp (variations.check_jvp)
+    double: Outcome | None = None  # the op differentiated twice (variations.check_double_backward), where drawn
+    reshaped: Outcome | None = None  # the op's host function reshaping around the launch (reshapes.py), where drawn
 
     def report(self) -> str:
         return f"{self.status}: {self.detail}\n\n----- kernel module -----\n{self.source}"
@@ -3320,12 +3327,42 @@ def check_source(src: str) -> Outcome:
     with checked(), _poisoned_empties():
         outcome = _check_source(src)
         outcome.variations = variations_of(src)
-        if JVP and outcome.status in ("passed", "refused") and "\nEXPECT = " not in src:
-            outcome = _with_jvp(src, outcome)
+        if "\nEXPECT = " in src:
+            return outcome
+        seed = int(re.search(r"^SEED = (\d+)$", src, re.M).group(1))
+        if JVP and outcome.status in ("passed", "refused"):
+            outcome = _with(src, outcome, "jvp", check_jvp)
+        if outcome.status == "passed" and drawn(seed, 4099, DOUBLE):
+            outcome = _with(src, outcome, "double", check_double_backward)
+        if outcome.status == "passed" and drawn(seed, 4111, RESHAPE):
+            outcome = _with(src, outcome, "reshaped", check_reshaped)
+        _record_events(outcome)
         return outcome
 
 
+def _record_events(outcome: Outcome) -> None:
+    """Inside a hypothesis test, the outcomes of forward mode, double backward and a reshaping host function as its
+    events (here, not in the tests: hypothesis derives a test's kernels from its source)."""
+    from hypothesis import event
+    from hypothesis.control import currently_in_test_context
+
+    if currently_in_test_context():
+        for name in ("jvp", "double", "reshaped"):
+            found = getattr(outcome, name)
+            event(f"{name} {found.status if found is not None else 'not run'}")
+
+
 JVP = True  # every kernel that passes or is refused also runs under torch.func.jvp as an op (variations.py)
+# the shares of the kernels passing their first-order checks whose op is also differentiated twice
+# (variations.check_double_backward) and called through a host function reshaping around the launch (reshapes.py),
+# drawn by seed: none by default (the default run checks a few seeds in tests of their own), a quarter in the slow
+# campaign (tests/fuzz/conftest.py), all in scripts/fuzz_campaign.py's (--double, --reshape)
+DOUBLE = 0.0
+RESHAPE = 0.0
+
+
+def drawn(seed: int, salt: int, share: float) -> bool:
+    return random.Random(seed * salt + 7).random() < share
 
 
 def variations_of(src: str) -> list[str]:
@@ -3339,15 +3376,15 @@ def variations_of(src: str) -> list[str]:
     return found
 
 
-def _with_jvp(src: str, outcome: Outcome) -> Outcome:
-    """``outcome`` with the kernel's forward-mode check (``outcome.jvp``); a wrong tangent or a crash fails it."""
+def _with(src: str, outcome: Outcome, field_name: str, check_call: Callable) -> Outcome:
+    """``outcome`` with the result of a check of the kernel's op (forward mode, double backward, reshaping host
+    function) as its ``field_name``; a wrong value or a crash there fails the kernel."""
     mod = load_module(src)
-    found = check_jvp(mod, src, mod.make_inputs(), form_of(mod.SEED))
-    outcome.jvp = found
-    if found.status in ("passed", "refused"):
+    found = check_call(mod, src, mod.make_inputs(), form_of(mod.SEED))
+    setattr(outcome, field_name, found)
+    if found.status in ("passed", "refused", "not run"):  # (not run: a known bug, variations.DOUBLE_KNOWN_BUGS)
         return outcome
-    found.bindings, found.variations, found.jvp = outcome.bindings, outcome.variations, found
-    return found
+    return dataclasses.replace(outcome, status=found.status, detail=found.detail)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,9 @@ autograd on the mirror, then again under other bindings of memory (tests/fuzz/bi
 aliased, overlapping, expanded, transposed and interleaved views, packed outputs, deterministic).
 Each kernel's op also runs under ``torch.func.jvp`` against the mirror's, and the call varies at its edges
 (tests/fuzz/variations.py: the op's tensors in a list, a tuple or nested; float64 state declared float32; bindings
-overlapping a dot's operands). A refusal (NotDifferentiableError, OpError) is acceptable; a wrong value, a crash, or a
+overlapping a dot's operands); a share of the slow campaign's kernels is also differentiated twice
+(variations.check_double_backward) and called through a host function reshaping around the launch
+(tests/fuzz/reshapes.py). A refusal (NotDifferentiableError, OpError) is acceptable; a wrong value, a crash, or a
 kernel the generator got wrong is not. On failure hypothesis shrinks the kernel and the message holds its
 whole module source.
 
@@ -23,14 +25,18 @@ import triton.language as tl
 from hypothesis import HealthCheck, event, given, settings
 
 from .bounds import checked
-from .generate import FOCUS, KNOWN_BUGS, check, programs, random_program, render, replay
-from .variations import FORMS, narrow_states, pack, unpack
+from .generate import FOCUS, KNOWN_BUGS, _poisoned_empties, check, load_module, programs, random_program, render, replay
+from .reshapes import check_reshaped, draw
+from .variations import FORMS, check_double_backward, form_of, narrow_states, pack, unpack
 
 EXAMPLES = 160  # with BINDINGS bindings each (the campaigns in docs/guarantees.md run thousands): `pytest -m slow`
 QUICK = 20  # the default run's share: kernels of its own, a seventh of the time
 COPIED = 6  # and of the persistent matmul's walk and halves (generate.FOCUS's grouped_persistent, halves)
 PASSES = 3  # and of sibling loops over a row's column blocks (rereads, in_place)
 EDGE_SEEDS = [0, 62, 12, 157, 260]  # the call's variations: f32 state (0, 62), dot operands overlapping (12, 157, 260)
+TWICE_SEEDS = [5, 17, 35, 48]  # kernels differentiated twice: a dot and logsumexp; rsqrt, a division and leaky relu;
+# a scatter and rsqrt; cumsum and log2
+RESHAPE_SEEDS = [17, 34, 35, 41, 48, 55]  # between them, every input and output reshape of reshapes.py
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -129,3 +135,40 @@ def test_kernels_at_the_edges_match_the_mirror_backward_and_forward(seed):
     outcome = check(program)
     assert outcome.status in ("passed", "refused"), outcome.report()
     assert outcome.jvp is not None and outcome.jvp.status in ("passed", "refused"), outcome.report()
+
+
+def _checked_alone(seed: int, check_call):
+    """One check of a seeded kernel's op (not the whole of ``check``), under the bounds check and poisoned empties."""
+    program, _ = random_program(seed)
+    src = render(program)
+    mod = load_module(src)
+    with checked(), _poisoned_empties():
+        return check_call(mod, src, mod.make_inputs(), form_of(mod.SEED))
+
+
+@pytest.mark.parametrize("seed", TWICE_SEEDS)
+def test_kernels_differentiated_twice_match_the_mirror(seed):
+    """Issue 49: the op's gradients with create_graph=True, then the gradient of their dot product with random
+    vectors with respect to the inputs and the output gradients, against the mirror's (float64)."""
+    outcome = _checked_alone(seed, check_double_backward)
+    assert outcome.status == "passed", outcome.report()
+
+
+@pytest.mark.parametrize("seed", RESHAPE_SEEDS)
+def test_reshaping_host_functions_match_the_mirror(seed):
+    """Issue 51: the op's host function viewing its inputs into the kernel's shapes and its outputs out of them
+    (allocated flat, launched flat, returned flat, split, unsqueezed or transposed, a slice of a larger buffer),
+    three calls and forward mode, against the mirror wrapped alike."""
+    outcome = _checked_alone(seed, check_reshaped)
+    assert outcome.status == "passed", outcome.report()
+    assert "(jvp refused" not in outcome.detail or "copied" in outcome.detail, outcome.report()  # (a copy: refused)
+
+
+def test_the_reshape_seeds_cover_every_reshape():
+    from . import reshapes
+
+    seen = set()
+    for seed in RESHAPE_SEEDS:
+        ins, outs = draw(load_module(render(random_program(seed)[0])))
+        seen.update(ins.values(), outs.values())
+    assert seen == {k for k in (*reshapes.INPUTS, *reshapes.OUTPUTS) if k}

@@ -10,6 +10,10 @@
   computes what it computed before and its backward must keep the state in float64.
 - *forward mode* (:func:`check_jvp`): ``torch.func.jvp`` of the op against ``torch.func.jvp`` of the mirror, with
   random float64 tangents for every float input; a clear refusal (NotDifferentiableError, OpError) counts apart.
+- *double backward* (:func:`check_double_backward`, issue 49): the op's gradients taken with ``create_graph=True``,
+  then the gradient of their dot product with random vectors with respect to the inputs and the output gradients
+  (the double-backward trick ``torch.autograd.functional.hvp`` plays), against the same on the mirror; the one
+  acceptable refusal is an error saying double backward is not supported.
 
 The choices are drawn from the kernel's ``SEED`` (no draws of the generator's: a seed's kernel is the kernel it was).
 """
@@ -120,4 +124,81 @@ def check_jvp(mod, src: str, inputs: dict, form: str):
                 close(a, b.detach(), mod.TOL)
             except AssertionError as e:
                 return Outcome("mismatch", f"{where} {k}'s {what}: {e}\ngot\n{a}\nwant\n{b}", src)
+    return Outcome("passed", where, src)
+
+
+DOUBLE_REFUSAL = "double backward is not supported"  # the one refusal a second differentiation may raise
+# constructs whose double backward is known wrong (tests/fuzz/regressions pins each): kernels with one are not run
+DOUBLE_KNOWN_BUGS = {  # tg.cumprod_grad (also linear scans') holds zeros constant: test_cumprod_double_backward_...
+    "tl.cumprod": "a product's second derivative between two zeros", "tl.associative_scan": "(tg.cumprod_grad too)"}
+
+
+def check_double_backward(mod, src: str, inputs: dict, form: str):
+    """The kernel's op differentiated twice against the mirror, float64: the gradients with ``create_graph=True``,
+    then the gradients of ``sum(grad * v)`` (``v`` random per input) with respect to the inputs and to the output
+    gradients, which require grad too (a Hessian-vector product, and the double-backward trick's Jacobian-vector
+    product)."""
+    import torch
+
+    import tritongrad
+    from tritongrad import NotDifferentiableError, OpError
+
+    from .generate import Outcome, close, first_line, host_function, in_place
+
+    where = f"[double backward, arguments as {form}]"
+    known = [f"{k}: {why}" for k, why in DOUBLE_KNOWN_BUGS.items() if k in src]
+    if known:
+        return Outcome("not run", f"{where} (known bug, {known[0]})", src)
+    names = list(inputs)
+    floats = [k for k in names if inputs[k].is_floating_point()]
+    g = torch.Generator().manual_seed(mod.SEED + 31)
+    vectors = {k: torch.randn(inputs[k].shape, generator=g, dtype=torch.float64) for k in floats}
+    d_out = mod.make_output_grads()
+
+    def twice(call) -> tuple[list, list]:
+        """The first gradients (wrt the float inputs) and the second (wrt the inputs, then the output gradients),
+        zeros where unreached."""
+        leaves = {k: inputs[k].clone().requires_grad_() for k in floats}
+        cotangents = {k: v.clone().requires_grad_() for k, v in d_out.items()}
+        outs = call([leaves.get(k, inputs[k]) for k in names])
+        pairs = [(o, cotangents[k]) for k, o in zip(mod.OUTPUTS, outs, strict=True) if o.requires_grad]
+        first = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [c for _, c in pairs],
+                                    create_graph=True, allow_unused=True) if pairs else [None] * len(leaves)
+        dot = [(f * vectors[k]).sum() for k, f in zip(leaves, first, strict=True) if f is not None and f.requires_grad]
+        targets = [*leaves.values(), *cotangents.values()]
+        second = torch.autograd.grad(sum(dot), targets, allow_unused=True) if dot else [None] * len(targets)
+        return ([torch.zeros_like(t) if f is None else f.detach() for f, t in zip(first, leaves.values(), strict=True)],
+                [torch.zeros_like(t) if s is None else s for s, t in zip(second, targets, strict=True)])
+
+    def reference(tensors):
+        found = mod.mirror(*tensors)
+        return tuple(found[k] for k in mod.OUTPUTS)
+
+    op = tritongrad.op(host_function(mod, names, form))
+
+    def through_op(tensors):
+        return op(*pack(form, [t.clone() if k in in_place(mod) else t for k, t in zip(names, tensors, strict=True)]))
+
+    try:
+        want_first, want_second = twice(reference)
+    except Exception as e:  # noqa: BLE001 - the mirror's fault: the generator's
+        return Outcome("invalid", f"{where} the mirror differentiated twice: {first_line(e)}", src)
+    if not all(torch.isfinite(w).all() for w in want_second):
+        return Outcome("passed", f"{where} (not in the mirror's domain: skipped)", src)
+    try:
+        got_first, got_second = twice(through_op)
+    except (NotDifferentiableError, OpError) as e:
+        if DOUBLE_REFUSAL in str(e):
+            return Outcome("refused", f"{where} {first_line(e)}", src)
+        return Outcome("crashed", f"{where} refused without saying why: {first_line(e)}", src)
+    except Exception as e:  # noqa: BLE001 - a crash is a finding
+        return Outcome("crashed", f"{where} {first_line(e)}", src)
+    firsts = [f"d_{k} (create_graph)" for k in floats]
+    seconds = [f"second d_{k}" for k in floats] + [f"second d_d_{k} (of the output gradient)" for k in d_out]
+    for labels, got, want in ((firsts, got_first, want_first), (seconds, got_second, want_second)):
+        for k, a, b in zip(labels, got, want, strict=True):
+            try:
+                close(a, b.detach(), mod.TOL)
+            except AssertionError as e:
+                return Outcome("mismatch", f"{where} {k}: {e}\ngot\n{a}\nwant\n{b}", src)
     return Outcome("passed", where, src)

@@ -22,12 +22,16 @@ from .segments import Segments
 from .tape import Tape, current_tape, recording_backward
 
 
-def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False) -> Any:
+def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False,
+               hidden_reads: bool = True) -> Any:
     """``fn`` with its launches recorded on a tape and its outputs made the outputs of an
     ``autograd.Function`` whose backward replays the tape; ``plans`` are shared by the op's calls
     (see tritongrad.ops.tape). ``named``: as a registered op sees it, the differentiable inputs are the
     op's own tensor arguments (a launch reading a tensor PyTorch made inside is refused, as it is
-    when the op is compiled)."""
+    when the op is compiled). ``hidden_reads``: ``fn`` may read a tensor unseen (a pointer table), so an argument
+    requiring grad that the outputs are cut off from is refused; False for tritongrad's own backward run as an op
+    (backward_as_op), which reads only through its launches: such an argument (an incoming gradient its derived
+    kernels do not read) has no gradient."""
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
     segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
     replays = Replays(name, plans, deterministic, function, named)  # calls made again (replay.py)
@@ -54,7 +58,8 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
                     raise
                 if segments.finish(result):
                     segments.release()
-                    _check_reached(name, arguments(args, kwargs), as_tuple(result), histories=before)
+                    if hidden_reads:
+                        _check_reached(name, arguments(args, kwargs), as_tuple(result), histories=before)
                     return result
             finally:
                 current_tape.reset(token)
@@ -77,10 +82,11 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
         if named:
             refuse_unread(name, tape.plan.unread)
         if not inputs:
-            _check_reached(name, arguments(args, kwargs), outputs)
+            if hidden_reads:
+                _check_reached(name, arguments(args, kwargs), outputs)
             return result
         outputs = function.apply(tape, outputs, *inputs)
-        if tape.plan.unread:
+        if tape.plan.unread and hidden_reads:
             _check_reached(name, arguments(args, kwargs), outputs, tape.plan.unread)
         return outputs if several else outputs[0]
 
@@ -243,7 +249,8 @@ def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
 
     try:
         found = taped_call(backward_of, f"{tape.name} (its backward)", {}, arguments_of(backward_of),
-                           getattr(tape, "deterministic", False))(*saved, *[grads[i] for i in present])
+                           getattr(tape, "deterministic", False), hidden_reads=False)(
+                               *saved, *[grads[i] for i in present])
     except NotDifferentiableError as e:  # a derived kernel not differentiable in turn: gradients that refuse a
         # second differentiation (create_graph=True alone, as for a gradient penalty's first pass, still works)
         reason = f"its derived backward kernel cannot be differentiated in turn: {str(e).splitlines()[0]}"
