@@ -253,7 +253,7 @@ rule("min", REDUCE, elementwise=False, input="tg.extremum_grad(g, input, out, ax
 # scans: a prefix sum's adjoint is the suffix sum of g; cumprod's is exact where x has zeros too
 rule("cumsum", "input, axis=0, reverse=False, dtype=None", elementwise=False, input="tg.cumsum_grad(g, axis, reverse)")
 rule("cumprod", "input, axis=0, reverse=False, dtype=None", elementwise=False,
-     input="tg.cumprod_grad(g, input, out, axis, reverse)")
+     input="tg.cumprod_grad(g, input, axis, reverse)")
 # matrix product; the gradient is cast to the other operand's type, as hand-written kernels do
 rule("dot", DOT, elementwise=False,
      input="tl.dot(g.to(other.dtype), tl.trans(other), input_precision=input_precision, allow_tf32=allow_tf32)",
