@@ -287,3 +287,136 @@ def test_a_value_of_the_branch_a_compile_time_test_rules_out(dtype):
     got = backward_launch(exp_by_type, GRID, args, meta, {"y_ptr": dy})
     torch.testing.assert_close(got["x_ptr"], torch.exp(x) * (x + 1) * dy, **tol)
     assert "if t.dtype == tl.float32:" in tritongrad.grad(exp_by_type).src
+
+
+# -- conditional expressions: an `if` statement each (they were kept whole with no gradient: a silent zero) --------
+
+@triton.jit
+def _rows_or_self(t):
+    return tl.sum(t, 1) if len(t.shape) > 1 else t  # compile-time test: a tile's rows summed, a vector kept
+
+
+@triton.jit
+def _exp_or_square(t, EXP: tl.constexpr):
+    return tl.exp(t) if EXP else t * t
+
+
+@triton.jit
+def chosen_by_expressions(x_ptr, b_ptr, y_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr, EXP: tl.constexpr):
+    rows, cols = tl.arange(0, BM), tl.arange(0, BN)
+    x = tl.load(x_ptr + rows[:, None] * N + cols[None, :], mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0)
+    b = tl.load(b_ptr + rows, mask=rows < M, other=0.0)
+    c = tl.sin(b) if EXP else tl.cos(b)  # in the kernel, on a constexpr
+    y = _rows_or_self(tl.sin(x)) * _rows_or_self(c) + _exp_or_square(b, EXP)  # in helpers
+    tl.store(y_ptr + rows, y, mask=rows < M)
+
+
+@tritongrad.op
+def chosen(x, b, exp: bool):
+    y = torch.empty_like(b)
+    chosen_by_expressions[(1,)](x, b, y, x.shape[0], x.shape[1], BM=8, BN=16, EXP=exp)
+    return y
+
+
+def chosen_reference(x, b, exp):
+    return torch.sin(x).sum(1) * (torch.sin(b) if exp else torch.cos(b)) + (torch.exp(b) if exp else b * b)
+
+
+@pytest.mark.compiled
+@pytest.mark.parametrize("exp", [False, True])
+def test_conditional_expressions_on_compile_time_tests(exp):
+    """`a if test else b` whose test Triton decides when it compiles (a constexpr, a rank), in the kernel and in
+    helpers: each an `if` statement, differentiated (kept whole, the chosen value had no gradient: d_x and d_b
+    zero). Through tritongrad.grad (the backward kernel, without constexprs: the `if`s stay) and through an op."""
+    m, n = 5, 11
+    x, b = torch.randn(m, n, dtype=DTYPE), torch.randn(m, dtype=DTYPE)
+    y, dy = poison(torch.empty(m, dtype=DTYPE)), torch.randn(m, dtype=DTYPE)
+    args, meta = (x, b, y, m, n), {"BM": 8, "BN": 16, "EXP": exp}
+    chosen_by_expressions[(1,)](*args, **meta)
+    xr, br = x.clone().requires_grad_(), b.clone().requires_grad_()
+    want = chosen_reference(xr, br, exp)
+    torch.testing.assert_close(y, want.detach(), **TOL)
+    want_x, want_b = torch.autograd.grad(want, (xr, br), dy)
+    got = backward_launch(chosen_by_expressions, (1,), args, meta, {"y_ptr": dy})
+    torch.testing.assert_close(got["x_ptr"], want_x, **TOL)
+    torch.testing.assert_close(got["b_ptr"], want_b, **TOL)
+    src = tritongrad.grad(chosen_by_expressions).src
+    assert "if EXP:" in src and "if len(" in src, src
+    xo, bo = x.clone().requires_grad_(), b.clone().requires_grad_()
+    for a, w in zip(torch.autograd.grad(chosen(xo, bo, exp), (xo, bo), dy), (want_x, want_b), strict=True):
+        torch.testing.assert_close(a, w, **TOL)
+
+
+@triton.jit
+def chosen_at_runtime(x_ptr, s_ptr, y_ptr, t_ptr, N, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    s = tl.load(s_ptr + pid)  # one per program: programs take different branches
+    t = s * s if s > 0 else tl.exp(s) * 0.5  # a scalar chosen by a runtime test
+    tl.store(t_ptr + pid, t)
+    y = x * t if s < -1 else tl.sin(x) * s + (s * s if s > 0 else s)  # tiles, one nested in an operand
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+def chosen_at_runtime_reference(x, s):
+    t = torch.where(s > 0, s * s, torch.exp(s) * 0.5)
+    ss, tt = s.repeat_interleave(BLOCK)[: x.numel()], t.repeat_interleave(BLOCK)[: x.numel()]
+    y = torch.where(ss < -1, x * tt, torch.sin(x) * ss + torch.where(ss > 0, ss * ss, ss))
+    return y, t
+
+
+@tritongrad.op
+def chosen_by_runtime_tests(x, s):
+    y, t = torch.empty_like(x), torch.empty_like(s)
+    chosen_at_runtime[(s.numel(),)](x, s, y, t, x.numel(), BLOCK=BLOCK)
+    return y, t
+
+
+def test_conditional_expressions_on_runtime_tests():
+    """`a if s > 0 else b` on a loaded scalar, choosing scalars and tiles: a runtime `if` statement each (as compiled
+    Triton makes of one: its branches give one type), whose branches are differentiated (kept whole: no gradient)."""
+    x = torch.randn(N, dtype=DTYPE)
+    s = torch.tensor(SCALES, dtype=DTYPE)
+    y, t = poison(torch.empty_like(x)), poison(torch.empty_like(s))
+    args = (x, s, y, t, N)
+    chosen_at_runtime[GRID](*args, BLOCK=BLOCK)
+    xr, sr = x.clone().requires_grad_(), s.clone().requires_grad_()
+    want = chosen_at_runtime_reference(xr, sr)
+    torch.testing.assert_close(y, want[0].detach(), **TOL)
+    torch.testing.assert_close(t, want[1].detach(), **TOL)
+    dy, dt = torch.randn_like(x), torch.randn_like(s)
+    want_x, want_s = torch.autograd.grad(want, (xr, sr), (dy, dt))
+    got = backward_launch(chosen_at_runtime, GRID, args, {"BLOCK": BLOCK}, {"y_ptr": dy, "t_ptr": dt})
+    torch.testing.assert_close(got["x_ptr"], want_x, **TOL)
+    torch.testing.assert_close(got["s_ptr"], want_s, **TOL)
+    xo, so = x.clone().requires_grad_(), s.clone().requires_grad_()
+    for a, w in zip(torch.autograd.grad(chosen_by_runtime_tests(xo, so), (xo, so), (dy, dt)), (want_x, want_s),
+                    strict=True):
+        torch.testing.assert_close(a, w, **TOL)
+
+
+@triton.jit
+def choose_between_tuples(x_ptr, y_ptr, N, BLOCK: tl.constexpr, SWAP: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    a, b = (x, x * x) if SWAP else (x * x, x)
+    tl.store(y_ptr + offs, a - b)
+
+
+@triton.jit
+def and_of_values(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    a = tl.load(x_ptr)
+    b = tl.load(x_ptr + 1)
+    tl.store(y_ptr, a and b)  # the interpreter gives one of them, compiled Triton a boolean
+
+
+@pytest.mark.parametrize("kernel, construct, line", [
+    (choose_between_tuples, "choosing between tuples", "a, b = (x, x * x) if SWAP else (x * x, x)"),
+    (and_of_values, "`and` / `or` of differentiated values", "tl.store(y_ptr, a and b)")], ids=["tuples", "and"])
+def test_choices_without_a_rule_are_refused(kernel, construct, line):
+    with pytest.raises(NotDifferentiableError) as info:
+        tritongrad.grad(kernel)
+    assert construct in info.value.construct and info.value.hint
+    assert info.value.source_line.startswith(line)

@@ -60,6 +60,11 @@ ELEMENTWISE = {
     "view": ("tl.reshape(tl.view(x, (RB * CB,)) * 2.0, (RB, CB)) + y", lambda x, y: 2 * x + y, "any"),
     "sqrt_rn": ("tl.sqrt_rn(x) * y", lambda x, y: torch.sqrt(x) * y, "positive"),
     "fdiv": ("tl.fdiv(x, y)", lambda x, y: x / y, "positive"),
+    # a tile of one runtime value, and compiler hints returning their operand (gave no gradient before)
+    "full": ("tl.full((RB, CB), tl.sum(tl.where(mask, y, 0.0)), tl.float64) * x", lambda x, y: y.sum() * x, "any"),
+    "multiple_of": ("tl.multiple_of(x, [1, 1]) * y", lambda x, y: x * y, "any"),
+    "max_contiguous": ("tl.max_contiguous(x, [1, 1]) * y", lambda x, y: x * y, "any"),
+    "max_constancy": ("tl.max_constancy(x * x, [1, 1]) + y", lambda x, y: x * x + y, "any"),
 }
 
 # name: (expression, torch reference, output kind, `other` for masked lanes, domain)

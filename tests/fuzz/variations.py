@@ -129,8 +129,7 @@ def check_jvp(mod, src: str, inputs: dict, form: str):
 
 DOUBLE_REFUSAL = "double backward is not supported"  # the one refusal a second differentiation may raise
 # constructs whose double backward is known wrong (tests/fuzz/regressions pins each): kernels with one are not run
-DOUBLE_KNOWN_BUGS = {  # tg.cumprod_grad (also linear scans') holds zeros constant: test_cumprod_double_backward_...
-    "tl.cumprod": "a product's second derivative between two zeros", "tl.associative_scan": "(tg.cumprod_grad too)"}
+DOUBLE_KNOWN_BUGS: dict[str, str] = {}  # (none open: cumprod's, between two zeros, is fixed and pinned)
 
 
 def check_double_backward(mod, src: str, inputs: dict, form: str):

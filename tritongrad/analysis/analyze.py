@@ -240,11 +240,16 @@ def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:
                                 "of one tensor nor a first-order linear recurrence of a pair",
             # compiled Triton requires can_reorder=True: which input an element came from is not defined
             "cat": "`cat`, whose element order Triton leaves unspecified (can_reorder=True)",
+            # Triton's interpreter gives one of the operands, compiled Triton a boolean
+            "boolop": "`and` / `or` of differentiated values",
+            "ifexp": "a conditional expression inside a test, on differentiated values",
             }.get(op.kind, f"`{op.kind}`")
     hint = "write the operation with Triton functions tritongrad knows, or give a helper a rule with tg.custom_vjp"
     if op.kind == "associative_scan":
         hint = ("scan a pair (a, b) combined as (a1, b1), (a2, b2) -> (a1 * a2, b1 * a2 + b2), or write the "
                 "scan as a loop")
+    if op.kind in ("boolop", "ifexp"):
+        hint = "choose a value with tl.where or an `if` statement; combine conditions with & and |"
     if op.kind == "cat":
         hint = "concatenate with tl.join (then tl.permute / tl.reshape), whose element order is defined"
     if operation_of(op).memory is not None:

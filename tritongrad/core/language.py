@@ -10,11 +10,14 @@ runs kernels through its interpreter is fixed when a kernel is defined, and
 
 import ast
 import os
+import sys
 from dataclasses import dataclass
 
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from .operations import CUSTOM, custom_operation
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ HELPERS: dict[str, Helper] = {
     "zeros_to_sum": Helper(shape_only=(0,), rank_like=0),
     "cumsum_grad": Helper(flows=(0,)),
     "cumprod_grad": Helper(),
+    "cumprod_grad_vjp": Helper(),
     "linear_scan_grad": Helper(calls=("cumprod_grad",)),
     "split_grad": Helper(calls=("unbroadcast",), shape_only=(1,)),
     "pow_grad": Helper(),
@@ -66,7 +70,10 @@ HELPERS: dict[str, Helper] = {
     "softmax_grad": Helper(flows=(0, 1)),
 }
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
-_COMBINES = ("suffix_combine", "exclusive_combine")
+_SCANS_WITH = {"linear_scan_grad": ("suffix_combine", "exclusive_combine"),
+               "cumprod_grad": ("suffix_combine", "exclusive_product"),
+               "cumprod_grad_vjp": ("dual_product", "dual_exclusive_product", "dual_suffix_combine")}
+_COMBINES = tuple(sorted({c for combines in _SCANS_WITH.values() for c in combines}))
 
 
 def helper_of(call: ast.AST) -> Helper | None:
@@ -87,8 +94,8 @@ def __getattr__(name: str):
         return tl.constexpr(not _interpreting())
     if name not in HELPERS:
         raise AttributeError(f"module 'tritongrad.core.language' has no attribute '{name}'")
-    if name == "linear_scan_grad":
-        for combine in _COMBINES:
+    for combine in _SCANS_WITH.get(name, ()):
+        if combine not in globals():
             globals()[combine] = triton.jit(globals()[f"_{combine}"])
     for helper in HELPERS[name].calls:  # helpers it calls are jitted first
         __getattr__(helper)
@@ -365,16 +372,58 @@ def _cumsum_grad(g, axis: tl.constexpr, reverse: tl.constexpr):
     return tl.cumsum(g, axis, reverse=not reverse)
 
 
-def _cumprod_grad(g, x, out, axis: tl.constexpr, reverse: tl.constexpr):
-    """Adjoint of ``tl.cumprod``, exact where ``x`` has zeros: dividing by ``x`` serves the nonzero
-    elements; a zero gets the products of the other factors, which vanish past a second zero."""
-    zero = x == 0
-    nonzero = tl.where(zero, 1.0, x)
-    others = tl.cumprod(nonzero, axis, reverse=reverse)  # the products without the zeros
-    zeros = tl.cumsum(zero.to(tl.int32), axis, reverse=reverse)  # how many zeros each product has
-    through = tl.cumsum(g * out, axis, reverse=not reverse)
-    at_zero = tl.cumsum(tl.where(zeros == 1, g * others, 0.0), axis, reverse=not reverse)
-    return tl.where(zero, at_zero, through / nonzero)
+def _cumprod_grad(dy, x, axis: tl.constexpr, reverse: tl.constexpr):
+    """Adjoint of ``tl.cumprod``: ``d x_i = sum_{j >= i} dy_j prod_{k <= j, k != i} x_k`` (in the scan's direction),
+    the product before ``i`` (an exclusive scan) times ``s_i = dy_i + x_{i+1} s_{i+1}`` (a scan the other way).
+    Without dividing by ``x``: exact where it has zeros. Differentiated again (double backward) it is not inlined
+    (its scans' combine functions have no rule): its rule is ``cumprod_grad_vjp`` (CUSTOM, at the end)."""
+    xc = x + tl.zeros_like(dy)  # (both in the wider type)
+    dyc = dy + tl.zeros_like(x)
+    ones = tl.full(xc.shape, 1, xc.dtype)
+    before = tl.associative_scan((xc, ones), axis, exclusive_product, reverse=reverse)[1]  # noqa: F821 (jitted lazily)
+    after = tl.associative_scan((xc, ones, dyc), axis, suffix_combine, reverse=not reverse)[2]  # noqa: F821
+    return before * after
+
+
+def _cumprod_grad_vjp(dy, x, axis: tl.constexpr, reverse: tl.constexpr, out, g):
+    """The adjoint of ``cumprod_grad(dy, x) = J^T dy`` (``J``: cumprod's Jacobian at ``x``) for ``g``, the adjoint
+    of its result: ``J g`` for ``dy`` (cumprod's tangent along ``g``), ``H g`` for ``x``, where ``H``, symmetric (the
+    Hessian of ``dy . cumprod(x)``), is ``cumprod_grad``'s Jacobian in ``x``: its tangent along ``g``, the same scans
+    over dual numbers (a value and its tangent, combined by the product rule). No division: exact at zeros, the
+    terms between two zeros of one product included."""
+    xc = x + tl.zeros_like(dy) + tl.zeros_like(g)
+    dyc = dy + tl.zeros_like(xc)
+    gc = g + tl.zeros_like(xc)
+    ones = tl.full(xc.shape, 1, xc.dtype)
+    zeros = tl.zeros(xc.shape, xc.dtype)
+    d_dy = tl.associative_scan((xc, gc), axis, dual_product, reverse=reverse)[1]  # noqa: F821 (jitted lazily)
+    before = tl.associative_scan((xc, gc, ones, zeros), axis, dual_exclusive_product,  # noqa: F821
+                                 reverse=reverse)
+    after = tl.associative_scan((xc, gc, ones, zeros, dyc, zeros), axis, dual_suffix_combine,  # noqa: F821
+                                reverse=not reverse)
+    return d_dy, before[3] * after[4] + before[2] * after[5]
+
+
+def _exclusive_product(p1, r1, p2, r2):
+    """Segments of a product: (the product, the product before the last element), so that ``r`` is the product
+    of the elements before each one (its elements: ``(x, 1)``)."""
+    return p1 * p2, p1 * r2
+
+
+def _dual_product(p1, t1, p2, t2):
+    """A product and its tangent (the product rule): a scan of ``(x, t)`` is cumprod's tangent along ``t``."""
+    return p1 * p2, t1 * p2 + p1 * t2
+
+
+def _dual_exclusive_product(p1, tp1, r1, tr1, p2, tp2, r2, tr2):
+    """``exclusive_product`` over dual numbers: each value with its tangent."""
+    return p1 * p2, tp1 * p2 + p1 * tp2, p1 * r2, tp1 * r2 + p1 * tr2
+
+
+def _dual_suffix_combine(f1, tf1, q1, tq1, v1, tv1, f2, tf2, q2, tq2, v2, tv2):
+    """``suffix_combine`` over dual numbers: each value with its tangent."""
+    return (f2, tf2, q2 * f1 * q1, tq2 * f1 * q1 + q2 * tf1 * q1 + q2 * f1 * tq1, v2 + q2 * f1 * v1,
+            tv2 + tq2 * f1 * v1 + q2 * tf1 * v1 + q2 * f1 * tv1)
 
 
 def _linear_scan_grad(g_prod, g_h, a, b, prod, h, axis: tl.constexpr, reverse: tl.constexpr):
@@ -390,8 +439,7 @@ def _linear_scan_grad(g_prod, g_h, a, b, prod, h, axis: tl.constexpr, reverse: t
     lam = tl.associative_scan((ac, ones, g), axis, suffix_combine, reverse=not reverse)[2]  # noqa: F821 (jitted lazily)
     h_prev = tl.associative_scan((ac, ones, bc, tl.zeros_like(bc)), axis, exclusive_combine,  # noqa: F821
                                   reverse=reverse)[3]
-    d_a = lam * h_prev + cumprod_grad(  # noqa: F821
-        g_prod.to(g.dtype), ac, prod.to(g.dtype), axis, reverse)
+    d_a = lam * h_prev + cumprod_grad(g_prod.to(g.dtype), ac, axis, reverse)  # noqa: F821
     return d_a, lam
 
 
@@ -421,3 +469,10 @@ def _pow_grad(g, x, y):
     """Adjoint of libdevice's ``pow(x, y)`` for ``x``: ``g * y * x ** (y - 1)``, zero where ``y`` is zero
     (as torch has it, also at ``x = 0``)."""
     return tl.where(y == 0.0, 0.0, g * y * libdevice.pow(x, y - 1.0))
+
+
+# cumprod_grad differentiated again (double backward) by its rule, not inlined: the derived kernel's call of
+# `tg.cumprod_grad` is a custom operation whose adjoints call `tg.cumprod_grad_vjp` (`tg`: this module)
+_VJP = "tg.cumprod_grad_vjp(dy, x, axis, reverse, out, g)"
+CUSTOM[_cumprod_grad] = (custom_operation("dy, x, axis, reverse", {"dy": f"{_VJP}[0]", "x": f"{_VJP}[1]"}), "tg",
+                         sys.modules[__name__])

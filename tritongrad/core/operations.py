@@ -253,7 +253,7 @@ rule("min", REDUCE, elementwise=False, input="tg.extremum_grad(g, input, out, ax
 # scans: a prefix sum's adjoint is the suffix sum of g; cumprod's is exact where x has zeros too
 rule("cumsum", "input, axis=0, reverse=False, dtype=None", elementwise=False, input="tg.cumsum_grad(g, axis, reverse)")
 rule("cumprod", "input, axis=0, reverse=False, dtype=None", elementwise=False,
-     input="tg.cumprod_grad(g, input, out, axis, reverse)")
+     input="tg.cumprod_grad(g, input, axis, reverse)")
 # matrix product; the gradient is cast to the other operand's type, as hand-written kernels do
 rule("dot", DOT, elementwise=False,
      input="tl.dot(g.to(other.dtype), tl.trans(other), input_precision=input_precision, allow_tf32=allow_tf32)",
@@ -275,6 +275,10 @@ rule("linear_scan", "input, axis, combine_fn, reverse=False", elementwise=False,
 rule("split", "a", elementwise=False, a="tl.join(g0, g1)")
 rule("join", "a, b", elementwise=False, a="tg.split_grad(g, a, 0)", b="tg.split_grad(g, b, 1)")
 _also("linear_scan split", results=2)
+# a tile of one value (a scalar tensor, or a constant: no gradient); compiler hints that return their operand
+rule("full", "shape, value, dtype", elementwise=False, value="tg.unbroadcast(tg.cast_grad(g, dtype), value)")
+for _kind in ("multiple_of", "max_contiguous", "max_constancy"):
+    rule(_kind, "input, values", elementwise=False, input="g")
 
 
 # -- forward mode: tangents where the adjoints do not give them -----------------------------------------------------
@@ -320,6 +324,12 @@ def _where_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
     return f"tl.where(condition, {'t_x' if 'x' in active else '0.0'}, {'t_y' if 'y' in active else '0.0'})"
 
 
+def _full_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
+    if _cast(bound) != "g":
+        raise ValueError("a dtype that is not a literal float type")
+    return "tl.full(shape, t_value, dtype)"
+
+
 def _linear_scan_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
     a, b = bound["input"].elts
     if "input[0]" in active:
@@ -333,20 +343,27 @@ _also("max min", tangents=_extremum_tangent)
 _also("where", tangents=_where_tangent)
 _also("softmax", tangents="tg.softmax_grad(t_x, out, dim)")  # the Jacobian diag(y) - y y^T is symmetric
 _also("linear_scan", tangents=_linear_scan_tangent)
-_also("sum cumsum subscript expand_dims reshape view trans permute item split join", tangents=LINEAR)
+_also("sum cumsum subscript expand_dims reshape view trans permute item split join multiple_of max_contiguous "
+      "max_constancy", tangents=LINEAR)
+_also("full", tangents=_full_tangent)
 _also("cumprod", no_tangent="`tl.cumprod`")
 
 # -- operations whose result carries no gradient ---------------------------------------------------------
 
 no_gradient("lt", "le", "gt", "ge", "eq", "ne", "and_", "or_", "xor", "lshift", "rshift", "invert", "not_",
             "floordiv", elementwise=True)
-no_gradient("is_", "is_not", "in_", "not_in", "boolop", "ifexp")
-no_gradient("program_id", "num_programs", "arange", "zeros", "zeros_like", "full", "cdiv", "floor", "ceil",
-            "argmax", "argmin", "umulhi", "multiple_of", "max_contiguous", "max_constancy",
+no_gradient("is_", "is_not", "in_", "not_in")
+no_gradient("program_id", "num_programs", "arange", "zeros", "zeros_like", "cdiv", "floor", "ceil",
+            "argmax", "argmin", "umulhi",
             "rand", "randn", "randint", "rand4x", "randn4x", "randint4x",
             "static_assert", "device_assert", "static_print", "device_print", "debug_barrier", "print")
 no_gradient("stop_gradient", elementwise=True)  # online.py's final max: the outputs do not depend on it
 _declare("mod", elementwise=True)  # no rule: `%` of differentiated values is refused
+# no rule either, so refused where a differentiated value goes through them: `a and b` is one of its operands in
+# the interpreter, a boolean compiled; a conditional expression is left whole only where a test reads it (the
+# frontend makes an `if` statement of any other)
+_declare("boolop")
+_declare("ifexp")
 
 # -- memory ----------------------------------------------------------------------------------------------
 

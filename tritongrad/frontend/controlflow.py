@@ -109,6 +109,32 @@ class ControlFlowFlattener:
         node = ast.If(test=test, body=branches[0][0], orelse=branches[1][0])
         self.normalizer.finish(node, Op("if", [test]), stmt, merges=merges, static=static)
 
+    def conditional(self, node: ast.IfExp, stmt: ast.stmt, target: str | None = None) -> ast.expr:
+        """``a if test else b`` as the statement ``if test: t = a`` / ``else: t = b``, and the atom ``t`` now names
+        (``t``: ``target``, the name an assignment gives it, else a temporary). Compiled Triton decides a test it
+        knows when it compiles and makes a runtime ``if`` of any other, whose branches must give one type: so does
+        an ``if`` statement, whose branches are differentiated (a conditional expression kept whole was not)."""
+        frame = self.normalizer.frame
+        name = target
+        if name is None:  # a source name the function being flattened does not use
+            used = {n.id for n in ast.walk(frame.fn.tree) if isinstance(n, ast.Name)}
+            name = self.normalizer.namer.fresh("choice")
+            while name in used:
+                name = self.normalizer.namer.fresh("choice")
+
+        def branch(value: ast.expr) -> list[ast.stmt]:
+            if isinstance(value, ast.Tuple):
+                raise self.normalizer.refuse(stmt, "a conditional expression choosing between tuples",
+                                             "write an `if` statement assigning each name in both branches")
+            return [ast.copy_location(ast.Assign(targets=[name_node(name, ast.Store())], value=value), stmt)]
+
+        self.if_statement(ast.copy_location(ast.If(test=node.test, body=branch(node.body),
+                                                   orelse=branch(node.orelse)), stmt))
+        if target is not None:
+            return frame.env[name]
+        frame.gone.pop(name, None)
+        return frame.env.pop(name)
+
     def _known_test(self, test: ast.expr) -> bool | None:
         """A test on values known at derivation (a helper's ``if`` on a constexpr the kernel passes it, a
         specialized one): its truth, as Triton takes it when it compiles; None where something is unknown."""

@@ -128,8 +128,11 @@ class ExpressionFlattener:
         if isinstance(node, ast.BoolOp):
             values = [self.atom(v, stmt) for v in node.values]
             return _Deferred(ast.BoolOp(op=node.op, values=values), Op("boolop", values), "cond")
+        if isinstance(node, ast.IfExp) and not self.in_condition:  # an `if` statement, differentiated
+            return self.normalizer.control.conditional(node, stmt)
         if isinstance(node, ast.IfExp):
-            # only constexpr conditions are legal in Triton: keep it whole, it is not differentiated
+            # a value only a test reads: kept whole (inline where Triton knows it when it compiles); its kind has no
+            # rule, so a differentiated value through it is refused, never given a zero gradient
             parts = [self.condition(node.test, stmt), self.atom(node.body, stmt), self.atom(node.orelse, stmt)]
             node = ast.IfExp(test=parts[0], body=parts[1], orelse=parts[2])
             return _Deferred(node, Op("ifexp", parts), "choice")

@@ -145,6 +145,12 @@ class Normalizer:
         elif isinstance(stmt, ast.Expr):
             if isinstance(stmt.value, ast.Constant):  # docstring
                 return
+            if isinstance(stmt.value, ast.IfExp):  # `store(a) if c else store(b)`: an `if` statement
+                value = stmt.value
+                self.control.if_statement(ast.copy_location(ast.If(
+                    test=value.test, body=[ast.copy_location(ast.Expr(value.body), stmt)],
+                    orelse=[ast.copy_location(ast.Expr(value.orelse), stmt)]), stmt))
+                return
             value = self.expressions.expr(stmt.value, stmt, top=True)
             if isinstance(value, _Deferred):
                 self.emit_expr(value, stmt)
@@ -185,7 +191,9 @@ class Normalizer:
         return _is_metadata(atom)
 
     def assign(self, target: ast.expr, value: ast.expr, stmt: ast.stmt) -> None:
-        if isinstance(target, ast.Name):
+        if isinstance(target, ast.Name) and isinstance(value, ast.IfExp):  # `y = a if c else b`: `if c: y = a ...`
+            self.control.conditional(value, stmt, target=target.id)
+        elif isinstance(target, ast.Name):
             result = self.expressions.expr(value, stmt, top=True)
             if isinstance(result, _Deferred):
                 self.emit_assign(target.id, result, stmt)
