@@ -17,6 +17,7 @@ import torch.autograd.forward_ad as _forward_ad
 from ..core.device import recording
 from ..core.errors import NotDifferentiableError, OpError
 from .call_tensors import is_container, nested_tensors, tensor_leaves
+from .remake import Remake
 from .replay import FastTape, Replays
 from .segments import Segments
 from .tape import Tape, current_tape, recording_backward
@@ -223,10 +224,14 @@ def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
     inner = getattr(getattr(tape, "plan", None), "inner_saved", None)  # (None: not known, taken as made)
     made = [j for j, t in enumerate(saved) if t.is_floating_point() and t.numel() and not t.requires_grad
             and (inner is None or j in inner)]
-    if made:  # its values depend on the inputs, but autograd does not see how: the op's own launches made it
-        reason = ("its backward reads a buffer the host function made (an intermediate a launch wrote), whose "
-                  "dependence on the inputs the double backward does not yet follow")
-        return list(differentiable_once(tape.name, tape.backward(saved, grads, needs), (*saved, *grads), reason))
+    remake = None
+    if made:  # its values depend on the inputs, but autograd does not see how: the op's own launches made them, and
+        # run again inside the backward op (remake.py), so that its tape follows that dependence
+        remake = Remake.of(tape, saved, made) if inner is not None else (
+            "its backward reads a buffer the host function made, whose dependence on the inputs the double backward "
+            "does not yet follow")
+        if isinstance(remake, str):
+            return list(differentiable_once(tape.name, tape.backward(saved, grads, needs), (*saved, *grads), remake))
     # an incoming gradient made contiguous here, where autograd records the copy (a `.sum()`'s is expanded), not in
     # the op, where the buffer its backward made of it would be an intermediate autograd cannot follow
     grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)
@@ -241,7 +246,8 @@ def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
         token = recording_backward.set(current_tape.get())  # its launches recorded on this op's tape
         try:
             with recording():  # (each through Triton's run: no direct launch, no timed trials)
-                result = tape.backward(tensors[:count], tuple(given), needs)
+                kept = remake(tensors[:count]) if remake is not None else tensors[:count]
+                result = tape.backward(kept, tuple(given), needs)
         finally:
             recording_backward.reset(token)
         reached[:] = [g is not None for g in result]

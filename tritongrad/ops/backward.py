@@ -243,7 +243,7 @@ class OpBackward:
         choices (microseconds each), but for checks reading tensor contents (indices), which run every time."""
         try:
             key = (grad, self.deterministic, launch.args, tuple(launch.kwargs.items()), config, grid, written,
-                   launch.saved is not None)
+                   launch.saved is not None, recording_backward.get() is not None)  # (recorded: another variant)
             found = step.ready.get(key)
         except TypeError:  # an unhashable argument
             key = found = None

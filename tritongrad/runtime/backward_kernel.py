@@ -17,7 +17,7 @@ from ..analysis.launch_values import LaunchValues
 from ..analysis.stored_outputs import StoredValue
 from ..codegen import generate as codegen
 from ..core.bounded import Bounded
-from ..core.device import multiprocessors
+from ..core.device import multiprocessors, recorded
 from ..core.ir import Program
 from ..core.source import Source
 from ..frontend.specialize import decisive, plain_value
@@ -379,7 +379,9 @@ class BackwardKernel:
         if self_overlapping is None:
             self_overlapping = buffer_facts({p: named.get(p) for p in self.wrt if p not in self.in_place})[1]
         shared = shared - self.in_place
-        key = (grid, written, held, shared, self_overlapping, saved is not None,
+        again = recorded()  # (a backward recorded to be differentiated again: no partial rows, whose persistent
+        # loop's sums the derivation of a derived kernel does not take: their gradients added atomically)
+        key = (grid, written, held, shared, self_overlapping, saved is not None, again,
                *[_describe(named.get(n)) for n in self._chosen_names])
         prepared = self._chosen.get(key)
         if prepared is None:
@@ -390,7 +392,7 @@ class BackwardKernel:
             # stores, before its loads' adjoints write there: to be written, not added to; but where no program that
             # loads stores, the new values' gradient there is the old values' too: added to where there is any)
             facts = LaunchFacts(LaunchValues(named, grid), (written - self.in_place) | held, shared, self_overlapping,
-                                parallel, tape_budget(device), max(tuning.WAVES) * parallel)
+                                parallel, 0 if again else tape_budget(device), max(tuning.WAVES) * parallel)
             choices = writes.choose(facts, deterministic=self.deterministic)
             if self.deterministic:
                 self.checks.refuse_atomics(choices, self_overlapping)
