@@ -43,9 +43,6 @@ from ..core.ir import (
 from ..core.operations import operation_of
 from .flow import downstream
 
-REDUCTIONS = frozenset({"sum", "max", "min", "softmax", "dot", "cumsum", "cumprod", "linear_scan", "argmax", "argmin",
-                        "xor_sum", "reduce"})
-
 
 @dataclass(frozen=True)
 class StoredValue:
@@ -92,7 +89,7 @@ def _reduces(name: str, defs: dict) -> bool:
         seen.add(n)
         for d in defs.get(n, ()):
             if isinstance(d, ast.Assign):
-                if op_of(d).kind in REDUCTIONS:
+                if operation_of(op_of(d)).reduction is not None:
                     return True
                 work += [a.id for a in ast.walk(d.value) if isinstance(a, ast.Name)]
     return False
