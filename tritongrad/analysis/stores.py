@@ -19,7 +19,7 @@ from ..core.ir import (
     structured,
     where,
 )
-from .addresses import descriptor_form, enclosing_loops, mask_bounds
+from .addresses import descriptor_form, enclosing_loops
 from .conditions import All, Apart, AtLeast, AtMost, Condition, LaunchCheck, decided_now
 from .flow import loaded_values, program_axes
 from .forms import Form, Lane, LoopIndex, form_of_terms, form_program_axes
@@ -34,6 +34,7 @@ from .lanes import (
     programs_apart,
 )
 from .launch_values import UNKNOWN_TRIP, Expr
+from .masks import mask_bounds
 from .offsets import ZERO, address_offsets, canonical, offset_of, poly, poly_add, poly_expr
 from .scalars import scalar_expr
 
