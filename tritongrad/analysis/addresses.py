@@ -106,7 +106,8 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
             defined.add(t)
             if new is not None:
                 forms[t] = new
-    ids = {n for n, ds in defs.items() if any(not isinstance(d, ast.For) and op_of(d).kind == "program_id" for d in ds)}
+    ids = {n for n, ds in defs.items()
+           if any(not isinstance(d, ast.For) and operation_of(op_of(d)).coordinate == "program" for d in ds)}
 
     def no_program(name: str) -> Expr | None:
         return Expr.const(0) if name in ids else None
@@ -213,7 +214,7 @@ def _invariant_in(name: str, node: ast.For, depth: int = 0) -> bool:
     if depth > 8 or len(inside) != 1 or not any(s is inside[0] for s in node.body):
         return False
     op = op_of(inside[0])
-    if op.kind == "num_programs":
+    if operation_of(op).coordinate == "programs":
         return True
     return operation_of(op).on_host is not None and all(
         _invariant_in(a.id, node, depth + 1) for a in op.args if isinstance(a, ast.Name))

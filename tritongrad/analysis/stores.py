@@ -19,6 +19,7 @@ from ..core.ir import (
     structured,
     where,
 )
+from ..core.operations import operation_of
 from .addresses import descriptor_form, enclosing_loops
 from .conditions import All, Apart, AtLeast, AtMost, Condition, LaunchCheck, decided_now
 from .flow import loaded_values, program_axes
@@ -63,7 +64,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
     fors = {n.target.id: n for n in structured(body) if isinstance(n, ast.For)}
     store_axes = {}
     for output in outputs:
-        plain = [s for s in stores.get(output, []) if op_of(s).kind in ("store", "desc_store")]
+        plain = [s for s in stores.get(output, []) if operation_of(op_of(s)).memory == "store"]
         if plain and len(plain) < len(stores[output]):
             raise refuse(where(plain[0]), f"`{output}` both stored and accumulated atomically",
                          "write each output either with tl.store or with tl.atomic_add")
