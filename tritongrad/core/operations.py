@@ -27,8 +27,8 @@ result, and the parameter names), and the facts other passes ask about it:
 | ``costly`` | reverse/interchange.py | a reduction or a product: computed once per forward program, not per iteration |
 | ``flows`` | codegen/exponentials.py | (positions, keywords) of the arguments whose values reach its result or memory |
 
-Other tables keyed by kind: a result's shape (analysis/shapes.py's ``SHAPES``); what the passes know of a ``tg``
-helper (language.py's ``HELPERS``).
+Other tables keyed by kind: a result's shape (analysis/shapes.py's ``SHAPES``), an analysis's function per kind
+(core/per_kind.py's registries); what the passes know of a ``tg`` helper (language.py's ``HELPERS``).
 
 Adding an operation is one entry here (and a ``tg`` helper in language.py where its
 template needs one), plus a test.
