@@ -143,3 +143,49 @@ def test_every_operation_with_adjoints_has_a_tangent_or_says_why_not():
                and operation.tangents is None and not operation.no_tangent}
     assert not missing, f"give these kinds `tangents` (or `no_tangent`) in core/operations.py: {sorted(missing)}"
     assert not {kind for kind, o in OPERATIONS.items() if (o.tangents or o.no_tangent) and not o.has_rule}
+
+
+KIND_COMPARISONS_AT_MOST = 100  # issue 53: analyses ask the table's facts and registries, not kind strings
+
+
+def _kind_comparisons() -> dict[str, int]:
+    """Per module, the comparisons of an operation's kind with string literals (``op.kind == "add"``,
+    ``kind in ("to", "cast")``) outside the table of operations."""
+    def is_kind(e: ast.expr) -> bool:
+        return (isinstance(e, ast.Attribute) and e.attr == "kind") or (isinstance(e, ast.Name) and e.id == "kind")
+
+    def is_literal(e: ast.expr) -> bool:
+        elts = e.elts if isinstance(e, (ast.Tuple, ast.List, ast.Set)) else [e]
+        return bool(elts) and all(isinstance(x, ast.Constant) and isinstance(x.value, str) for x in elts)
+
+    found: dict[str, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if _module(path) == "core.operations":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(is_kind(e) for e in [node.left, *node.comparators]) and any(
+                    is_literal(e) for e in [node.left, *node.comparators]):
+                found[_module(path)] = found.get(_module(path), 0) + 1
+    return found
+
+
+def test_the_passes_ask_the_operation_table_rather_than_compare_kinds():
+    """What a pass needs of an operation is a fact of its entry in core/operations.py, or its function in a
+    registry keyed by kind (core/per_kind.py); a comparison with a kind's name is left only where the kind is
+    the point (``item``, ``custom``)."""
+    found = _kind_comparisons()
+    assert sum(found.values()) <= KIND_COMPARISONS_AT_MOST, sorted(found.items(), key=lambda kv: -kv[1])
+
+
+def test_every_operation_kind_has_a_function_in_each_registry_or_is_unknown_to_it():
+    """A registry keyed by kind (core/per_kind.py) names the kinds it knows nothing of: a new operation in the
+    table is then placed, or declared unknown, in each analysis that registers functions per kind."""
+    from tritongrad.core.operations import OPERATIONS
+    from tritongrad.core.per_kind import PerKind
+    from tritongrad.runtime import derive  # noqa: F401 (the pipeline: every analysis's registry)
+
+    assert PerKind.every
+    for registry in PerKind.every:
+        unplaced = set(OPERATIONS) - set(registry.rules) - registry.unknown
+        assert not unplaced, f"register these kinds for {registry.job}, or declare them unknown: {sorted(unplaced)}"
+        assert not registry.unknown - set(OPERATIONS), (registry.job, sorted(registry.unknown - set(OPERATIONS)))

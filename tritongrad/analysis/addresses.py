@@ -23,10 +23,10 @@ import ast
 import collections
 
 from ..core.ir import arguments, axis_of, definitions, loops, op_of, range_bounds, statements, target_of
-from ..core.operations import operation_of
+from ..core.operations import OPERATIONS, kinds, operation_of
+from ..core.per_kind import PerKind
 from .flow import program_axes
 from .forms import (
-    SCALAR,
     Coefficient,
     Digit,
     Form,
@@ -35,10 +35,9 @@ from .forms import (
     ProgramDigit,
     ProgramId,
     form_of_terms,
-    varies,
 )
 from .launch_values import UNKNOWN_TRIP, Expr
-from .scalars import divisor_text, iteration_values, loop_start, program_value, scalar_expr, starts_at_zero
+from .scalars import divisor_text, iteration_values, program_value, scalar_expr, starts_at_zero
 
 
 def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Expr] | None = None,
@@ -107,7 +106,8 @@ def address_forms(body: list[ast.stmt], shapes: dict, trips: dict[LoopIndex, Exp
             defined.add(t)
             if new is not None:
                 forms[t] = new
-    ids = {n for n, ds in defs.items() if any(not isinstance(d, ast.For) and op_of(d).kind == "program_id" for d in ds)}
+    ids = {n for n, ds in defs.items()
+           if any(not isinstance(d, ast.For) and operation_of(op_of(d)).coordinate == "program" for d in ds)}
 
     def no_program(name: str) -> Expr | None:
         return Expr.const(0) if name in ids else None
@@ -214,7 +214,7 @@ def _invariant_in(name: str, node: ast.For, depth: int = 0) -> bool:
     if depth > 8 or len(inside) != 1 or not any(s is inside[0] for s in node.body):
         return False
     op = op_of(inside[0])
-    if op.kind == "num_programs":
+    if operation_of(op).coordinate == "programs":
         return True
     return operation_of(op).on_host is not None and all(
         _invariant_in(a.id, node, depth + 1) for a in op.args if isinstance(a, ast.Name))
@@ -230,10 +230,10 @@ def _rank(atom: ast.expr, shapes: dict) -> int | None:
 def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict, defs: dict | None = None) -> Form | None:
     """The statement's form, or None when it computes from no lane index or program id."""
     op = op_of(stmt)
-    kind = op.kind
-    if kind == "arange":
+    operation = operation_of(op)
+    if operation.coordinate == "lane":
         return form_of_terms({Lane(0): (1, ())}, 1)
-    if kind == "program_id":
+    if operation.coordinate == "program":
         axis = axis_of(op)
         return form_of_terms({ProgramId(axis): (1, ())}, 0) if axis is not None else None
     inputs = [forms.get(a.id) if isinstance(a, ast.Name) else None for a in op.args]
@@ -242,37 +242,69 @@ def _form_of(stmt: ast.stmt, forms: dict[str, Form], shapes: dict, defs: dict | 
     rank = _rank(ast.Name(stmt.targets[0].id), shapes)
     if rank is None or not all(f.affine for f in inputs if f):
         return _opaque(inputs, rank)
-    lanes = operation_of(op).lanes
-    if lanes == "same":
+    if operation.lanes == "same":
         return inputs[0]
-    if kind in ("floordiv", "mod") and inputs[1] is None and len(inputs[0].terms) == 1 and all(
+    rule = FORMS.get(op.kind)
+    return rule(stmt, op, inputs, rank, forms, shapes, defs) if rule else _opaque(inputs, rank)
+
+
+# The form of an operation's result from its operands' (``inputs``: each one's form, None for a scalar; all affine),
+# given its statement, its Op, its result's rank, the forms so far, the shapes and the definitions.
+FORMS = PerKind("an address's affine form through an operation (addresses.py)", unknown=(  # opaque, or a fact's
+    "copy pos to cast program_id num_programs arange multiple_of max_contiguous max_constancy "  # lanes, coordinate
+    "truediv pow exp exp2 log log2 sqrt sqrt_rn rsqrt sin cos sigmoid erf abs tanh log1p expm1 fpow fma div_rn fdiv "
+    "maximum minimum where clamp sum softmax max min cumsum cumprod dot reshape view item linear_scan split join lt "
+    "le gt ge eq ne and_ or_ xor lshift rshift invert not_ is_ is_not in_ not_in boolop ifexp zeros zeros_like full "
+    "cdiv floor ceil argmax argmin umulhi rand randn randint rand4x randn4x randint4x static_assert device_assert "
+    "static_print device_print debug_barrier print stop_gradient load store atomic_add atomic_max atomic_min "
+    "atomic_and atomic_or atomic_xor atomic_xchg atomic_cas desc_load desc_store desc_atomic_add "
+    "make_tensor_descriptor xor_sum reduce"))
+
+
+@FORMS.register("floordiv", quotient=True)
+@FORMS.register("mod", quotient=False)
+def _digit(stmt, op, inputs, rank, forms, shapes, defs, quotient):
+    if inputs[1] is None and len(inputs[0].terms) == 1 and all(
             isinstance(k, ProgramId) and c == (1, ()) for k, c in inputs[0].terms):
         # a digit of a program id (`pid // H`, `pid % H`): both together keep programs apart
         (pid, _), = inputs[0].terms
-        return form_of_terms({ProgramDigit(pid.axis, ast.unparse(op.args[1]), kind == "floordiv"): (1, ())}, rank)
-    if kind in ("floordiv", "mod") and inputs[1] is None and _scalar(op.args[1], forms) is not None and any(
+        return form_of_terms({ProgramDigit(pid.axis, ast.unparse(op.args[1]), quotient): (1, ())}, rank)
+    if inputs[1] is None and _scalar(op.args[1], forms) is not None and any(
             isinstance(k, (Lane, Digit)) for k, _ in inputs[0].terms) and defs is not None and starts_at_zero(
             op.args[0], defs):
         # a digit of a tile of indices counting from zero (`offs // HW`, `offs % HW`; of a digit: `hw // W`)
         dividend = _shift(inputs[0], rank)
-        return form_of_terms({Digit(dividend, divisor_text(op.args[1], defs), kind == "floordiv"): (1, ())}, rank)
-    if kind in ("add", "sub"):
-        return _add(inputs, rank, negate=kind == "sub")
-    if kind == "neg":
-        return _scale(inputs[0], (-1, ()))
-    if kind == "mul":
-        a, b = op.args[:2]
-        fa, fb = inputs[:2]
-        if fa is not None and fb is not None:
-            return _opaque(inputs, rank)
-        form, scalar = (fa, b) if fa is not None else (fb, a)
-        factor = _scalar(scalar, forms)
-        if factor is None or _rank(scalar, shapes) not in (0, None):
-            return _opaque(inputs, rank)
-        return _shift(_scale(form, factor), rank)
-    if lanes == "moved":
-        return _reshaped(kind, op, inputs[0], rank, arguments(stmt))
+        return form_of_terms({Digit(dividend, divisor_text(op.args[1], defs), quotient): (1, ())}, rank)
     return _opaque(inputs, rank)
+
+
+@FORMS.register("add", negate=False)
+@FORMS.register("sub", negate=True)
+def _sum(stmt, op, inputs, rank, forms, shapes, defs, negate):
+    return _add(inputs, rank, negate)
+
+
+@FORMS.register("neg")
+def _negated(stmt, op, inputs, rank, forms, shapes, defs):
+    return _scale(inputs[0], (-1, ()))
+
+
+@FORMS.register("mul")
+def _times(stmt, op, inputs, rank, forms, shapes, defs):
+    a, b = op.args[:2]
+    fa, fb = inputs[:2]
+    if fa is not None and fb is not None:
+        return _opaque(inputs, rank)
+    form, scalar = (fa, b) if fa is not None else (fb, a)
+    factor = _scalar(scalar, forms)
+    if factor is None or _rank(scalar, shapes) not in (0, None):
+        return _opaque(inputs, rank)
+    return _shift(_scale(form, factor), rank)
+
+
+@FORMS.register("subscript expand_dims broadcast_to trans permute")  # (the kinds whose lanes are "moved")
+def _moves_lanes(stmt, op, inputs, rank, forms, shapes, defs):
+    return _reshaped(op.kind, op, inputs[0], rank, arguments(stmt))
 
 
 def _opaque(inputs: list[Form | None], rank: int | None) -> Form:
@@ -339,21 +371,40 @@ def _add(inputs: list[Form | None], rank: int, negate: bool) -> Form:
 
 
 def _reshaped(kind: str, op, form: Form, rank: int, bound: dict) -> Form:
-    if kind == "subscript":
-        index = op.kwargs["index"]
-        parts = index.elts if isinstance(index, ast.Tuple) else [index]
-        kept = [i for i, p in enumerate(parts) if not (isinstance(p, ast.Constant) and p.value is None)]
-        # the axes the index names, then those after it (`x[None]` keeps x's axes after the new one)
-        return _moved(form, lambda a: kept[a] if a < len(kept) else len(parts) + a - len(kept), rank)
-    if kind == "expand_dims":
-        axis = bound.get("axis")
-        if not (isinstance(axis, ast.Constant) and isinstance(axis.value, int)):
-            return Form(form.terms, rank, False)
-        at = axis.value % rank
-        return _moved(form, lambda a: a + (a >= at), rank)
-    if kind == "broadcast_to":
-        return _moved(form, lambda a: a + rank - form.rank, rank)
-    dims = bound.get("dims")  # trans / permute
+    """``form`` as an operation moving lanes to other axes (``lanes="moved"``) places it in a tile of ``rank``."""
+    return RESHAPED.get(kind, _permuted)(op, form, rank, bound)
+
+
+RESHAPED = PerKind("where an operation moving lanes puts an address's axes (addresses.py)",
+                   unknown=set(OPERATIONS) - set(kinds(lanes="moved")))
+
+
+@RESHAPED.register("subscript")
+def _subscripted(op, form: Form, rank: int, bound: dict) -> Form:
+    index = op.kwargs["index"]
+    parts = index.elts if isinstance(index, ast.Tuple) else [index]
+    kept = [i for i, p in enumerate(parts) if not (isinstance(p, ast.Constant) and p.value is None)]
+    # the axes the index names, then those after it (`x[None]` keeps x's axes after the new one)
+    return _moved(form, lambda a: kept[a] if a < len(kept) else len(parts) + a - len(kept), rank)
+
+
+@RESHAPED.register("expand_dims")
+def _expanded(op, form: Form, rank: int, bound: dict) -> Form:
+    axis = bound.get("axis")
+    if not (isinstance(axis, ast.Constant) and isinstance(axis.value, int)):
+        return Form(form.terms, rank, False)
+    at = axis.value % rank
+    return _moved(form, lambda a: a + (a >= at), rank)
+
+
+@RESHAPED.register("broadcast_to")
+def _broadcast(op, form: Form, rank: int, bound: dict) -> Form:
+    return _moved(form, lambda a: a + rank - form.rank, rank)
+
+
+@RESHAPED.register("trans permute")
+def _permuted(op, form: Form, rank: int, bound: dict) -> Form:
+    dims = bound.get("dims")
     elts = dims.elts if isinstance(dims, (ast.Tuple, ast.List)) else []
     if len(elts) == 1 and isinstance(elts[0], (ast.Tuple, ast.List)):
         elts = elts[0].elts
@@ -375,111 +426,6 @@ def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) ->
         else:
             found[id(stmt)] = around
     return found
-
-
-def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict, exact: bool = False,
-                loaded: bool = False) -> list[tuple[Form, Expr]] | None:
-    """The conjuncts ``e < B`` (``e <= B``, ``B > e``) of a mask where ``e`` is exactly a sum of coordinates
-    (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1)``. With ``exact``, None
-    unless the mask is nothing but such conjuncts (no mask: none). With ``loaded``, ``B`` may also be a
-    scalar computed from loaded data (``end - start``), which only a check reading the loaded values can
-    evaluate."""
-    unknown = None if exact else []
-    if isinstance(mask, ast.Constant) and mask.value is None:
-        return []
-    if not isinstance(mask, ast.Name) or len(defs.get(mask.id, [])) != 1 or not hasattr(defs[mask.id][0], "tg"):
-        return unknown
-    stmt = defs[mask.id][0]
-    op = op_of(stmt)
-    rank = _rank(mask, shapes)
-    if rank is None:
-        return unknown
-    lanes = operation_of(op).lanes
-    if op.kind == "and_" or lanes is not None:
-        parts = op.args[:2] if op.kind == "and_" else op.args[:1]
-        found = []
-        for part in parts:
-            bounds = mask_bounds(part, forms, defs, shapes, exact, loaded)
-            if bounds is None:
-                return None
-            for form, limit in bounds:
-                if lanes == "moved":
-                    form = _reshaped(op.kind, op, form, rank, arguments(stmt))
-                found.append((_shift(form, rank), limit))
-        return found
-    if op.kind not in ("lt", "le", "gt", "ge"):
-        return unknown
-    e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
-    if isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs, forms):
-        form, offset = forms[e.id], None
-    else:
-        split = _scalar_offset(e, forms, defs, loaded)  # `start + cols < end` reads `cols < end - start`
-        if split is None:
-            return unknown
-        form, offset = split
-    moved = _moved_term(bound, forms, defs)
-    if moved is not None:  # `offs_k < K - k * BLOCK_K` reads `offs_k + k * BLOCK_K < K`
-        term, bound = moved
-        form = _add([form, term], max(form.rank, term.rank), negate=False)
-    lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and (
-        bound.id not in forms or (loaded and not varies(bound.id, forms))))
-    if not lane_free or not form.affine:
-        return unknown
-    limit = _atom_expr(bound) if offset is None else _atom_expr(bound) - offset
-    return [(form, limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
-
-
-def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict, loaded: bool) -> tuple[Form, Expr] | None:
-    """For ``e`` a sum of coordinate sums from zero and scalars (constants, parameters, or with ``loaded`` ones
-    computed from loaded data that no coordinate moves), through nested sums (a descriptor's index
-    ``(pid * BLOCK + SECOND) + tl.arange(0, B)``) and reshapes: (the coordinates' form, the scalars' sum)."""
-    if not isinstance(e, ast.Name) or len(defs.get(e.id, [])) != 1 or not hasattr(defs[e.id][0], "tg"):
-        return None
-    op = op_of(defs[e.id][0])
-    if op.kind in ("subscript", "expand_dims", "broadcast_to") and e.id in forms:  # `(cols + half)[None, :]`:
-        inner = _scalar_offset(op.args[0], forms, defs, loaded)  # the same offset, its sum in this shape
-        return None if inner is None else (forms[e.id], inner[1])
-    if op.kind != "add":
-        return None
-    coordinates, offset = [], None
-    for part in op.args[:2]:
-        if isinstance(part, ast.Name) and part.id in forms and forms[part.id].affine and starts_at_zero(
-                part, defs, forms):
-            coordinates.append(forms[part.id])
-            continue
-        if isinstance(part, ast.Constant) or (isinstance(part, ast.Name) and (
-                part.id not in forms or (loaded and not varies(part.id, forms)))):
-            found = (SCALAR, scalar_expr(part, defs))  # (an offset the kernel computes, `BLOCK_N // 2`, through
-        else:  # its definition); a loop's index: its range's start plus its coordinate (`range(start, end, B)`)
-            found = loop_start(part, forms, defs, loaded) or _scalar_offset(part, forms, defs, loaded)
-            if found is None:
-                return None
-        coordinates.append(found[0])
-        offset = found[1] if offset is None else offset + found[1]
-    if offset is None or not coordinates:
-        return None
-    return _add(coordinates, max(f.rank for f in coordinates), negate=False), offset
-
-
-def _moved_term(bound: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[Form, ast.expr] | None:
-    """For a bound ``B - t`` (``t`` a sum of coordinates from zero, ``B`` a scalar): ``(t's form, B)``."""
-    if not isinstance(bound, ast.Name) or bound.id not in forms or len(defs.get(bound.id, [])) != 1:
-        return None
-    (stmt,) = defs[bound.id]
-    if not hasattr(stmt, "tg") or op_of(stmt).kind != "sub":
-        return None
-    b, t = op_of(stmt).args[:2]
-    if not (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs, forms)):
-        return None
-    if not (isinstance(b, ast.Constant) or (isinstance(b, ast.Name) and b.id not in forms)):
-        return None
-    return forms[t.id], b
-
-
-def _atom_expr(atom: ast.expr) -> Expr:
-    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)):
-        return Expr.const(atom.value)
-    return Expr.of_text(ast.unparse(atom))
 
 
 def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:

@@ -116,7 +116,7 @@ def program_axes(body: list[ast.stmt], through_stop: bool = True) -> dict[str, s
                 start, _, stride = range_bounds(stmt)
                 sources = reads(start) | reads(stride)
             return set().union(*[facts.get(n, set()) for n in sources])
-        if op_of(stmt).kind == "program_id":
+        if operation_of(op_of(stmt)).coordinate == "program":
             axis = axis_of(op_of(stmt))
             return {axis} if axis is not None else {0, 1, 2}
         return set().union(*[facts.get(n, set()) for n in sources])

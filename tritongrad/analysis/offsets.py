@@ -8,6 +8,8 @@ import collections
 
 from ..core.ir import loops, op_of, range_bounds, statements, target_of
 from ..core.operations import operation_of
+from ..core.per_kind import PerKind
+from .addresses import FORMS
 from .forms import Digit, Form, LoopIndex, ProgramDigit, ProgramValue, varies
 from .launch_values import Expr
 from .scalars import scalar_expr
@@ -105,25 +107,52 @@ def _poly_of(atom: ast.expr, offsets: dict, forms: dict) -> Poly | None:
 def _offset_of(stmt: ast.stmt, offsets: dict, forms: dict) -> Poly | None:
     op = op_of(stmt)
     t = target_of(stmt)
-    kind = op.kind
-    if kind == "arange":
+    coordinate = operation_of(op).coordinate
+    if coordinate == "lane":
         return _poly_of(op.args[0], offsets, forms)
-    if kind == "program_id":
+    if coordinate == "program":
         return ZERO
     args = [_poly_of(a, offsets, forms) for a in op.args[:2]]
-    if kind in ("add", "sub") and len(args) == 2 and None not in args:
-        return poly_add(args[0], args[1], -1 if kind == "sub" else 1)
-    if kind == "mul" and len(args) == 2 and None not in args:
-        if all(isinstance(a, ast.Name) and varies(a.id, forms) for a in op.args[:2]):
-            return None
-        return poly_mul(args[0], args[1])
-    if kind == "neg" and args and args[0] is not None:
-        return poly_add(ZERO, args[0], -1)
+    rule = OFFSETS.get(op.kind)
+    found = rule(op, t, args, forms) if rule is not None else _NOT_SAID
+    if found is not _NOT_SAID:
+        return found
     if operation_of(op).lanes is not None and args and args[0] is not None:
         return args[0]  # a copy, cast or shape operation
-    if kind in ("floordiv", "mod") and varies(t, forms) and all(
-            isinstance(k, (ProgramDigit, Digit)) for k, _ in forms[t].terms):
-        return ZERO  # a digit: a coordinate of its own
     if varies(t, forms) and [type(k) for k, _ in forms[t].terms] == [ProgramValue]:
         return ZERO  # a value the programs compute: a coordinate of its own
     return None if varies(t, forms) else poly({(t,): 1})  # a scalar not made by + - * of others: itself
+
+
+# An operation's offset from its operands' (``args``: the first two's, None where unknown), given its Op, its
+# target and the forms; _NOT_SAID leaves it to the rules after (a lanes fact, a coordinate of its own, itself).
+OFFSETS = PerKind("the offset of an integer operation's result (offsets.py)",
+                  unknown=FORMS.unknown | set("subscript expand_dims broadcast_to trans permute".split()))
+_NOT_SAID = object()
+
+
+@OFFSETS.register("add", sign=1)
+@OFFSETS.register("sub", sign=-1)
+def _sum(op, t: str, args: list, forms: dict, sign: int):
+    return poly_add(args[0], args[1], sign) if len(args) == 2 and None not in args else _NOT_SAID
+
+
+@OFFSETS.register("mul")
+def _product(op, t: str, args: list, forms: dict):
+    if len(args) != 2 or None in args:
+        return _NOT_SAID
+    if all(isinstance(a, ast.Name) and varies(a.id, forms) for a in op.args[:2]):
+        return None
+    return poly_mul(args[0], args[1])
+
+
+@OFFSETS.register("neg")
+def _negated(op, t: str, args: list, forms: dict):
+    return poly_add(ZERO, args[0], -1) if args and args[0] is not None else _NOT_SAID
+
+
+@OFFSETS.register("floordiv mod")
+def _digit(op, t: str, args: list, forms: dict):
+    if varies(t, forms) and all(isinstance(k, (ProgramDigit, Digit)) for k, _ in forms[t].terms):
+        return ZERO  # a digit: a coordinate of its own
+    return _NOT_SAID

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from ..core.ir import axis_of, canonical_atom, op_of, range_bounds, statements, value_args
 from ..core.operations import operation_of
+from ..core.per_kind import PerKind
 from .forms import Form, LoopIndex, ProgramValue, coefficient_expr, form_of_terms, form_program_axes, varies
 from .launch_values import Expr
 
@@ -22,7 +23,7 @@ def program_expr(name: str, defs: dict[str, list[ast.stmt]], params: frozenset[s
     something else, a loaded value, a loop's index other than ``iterating``'s: a grid-stride loop's index, or state
     it carries, as an expression over that index)."""
     ids = {n: axis_of(op_of(d)) for n, ds in defs.items() for d in ds
-           if not isinstance(d, ast.For) and op_of(d).kind == "program_id" and len(ds) == 1}
+           if not isinstance(d, ast.For) and operation_of(op_of(d)).coordinate == "program" and len(ds) == 1}
     iterating = iterating or {}
 
     def expand(n: str) -> Expr | None:
@@ -59,7 +60,7 @@ def scalar_expr(atom: ast.expr, defs: dict[str, list[ast.stmt]], depth: int = 0)
         if operation_of(op).on_host is not None or op.kind == "minimum":
             kind = "min" if op.kind == "minimum" else op.kind
             return Expr(kind, tuple(scalar_expr(a, defs, depth + 1) for a in op.args))
-        if op.kind == "num_programs" and axis_of(op) is not None:
+        if operation_of(op).coordinate == "programs" and axis_of(op) is not None:
             return Expr("grid", (axis_of(op),))
     return Expr.name(atom.id)
 
@@ -84,19 +85,31 @@ def starts_at_zero(atom: ast.expr, defs: dict, forms: dict | None = None) -> boo
     if len(own) != 1:
         return False
     op = op_of(own[0])
-    if op.kind == "arange":
+    operation = operation_of(op)
+    if operation.coordinate == "lane":
         return isinstance(op.args[0], ast.Constant) and op.args[0].value == 0
-    if op.kind == "program_id":
+    if operation.coordinate == "program":
         return True
-    if op.kind == "add":
-        return all(starts_at_zero(a, defs, forms) for a in op.args[:2])
-    if op.kind == "mul":
-        return any(starts_at_zero(a, defs, forms) for a in op.args[:2])
-    if op.kind in ("floordiv", "mod"):  # a digit of a split (`pid // n`, `pid % n`): from 0 where its index is
+    if operation.lanes == "same":
         return starts_at_zero(op.args[0], defs, forms)
-    if operation_of(op).lanes == "same" or op.kind in ("subscript", "expand_dims", "broadcast_to"):
-        return starts_at_zero(op.args[0], defs, forms)
-    return False
+    combine = FROM_ZERO.get(op.kind)
+    return combine is not None and combine(starts_at_zero(a, defs, forms) for a in op.args[:2])
+
+
+# Whether an operation's result counts from zero, from whether its operands (the first two) do.
+FROM_ZERO = PerKind("whether an integer operation's result counts from zero (scalars.py)", unknown=(
+    "copy pos to cast program_id num_programs arange multiple_of max_contiguous max_constancy "  # lanes, coordinate
+    "sub neg trans permute truediv pow exp exp2 log log2 sqrt sqrt_rn rsqrt sin cos sigmoid erf abs tanh log1p "
+    "expm1 fpow fma div_rn fdiv maximum minimum where clamp sum softmax max min cumsum cumprod dot reshape view item "
+    "linear_scan split join lt le gt ge eq ne and_ or_ xor lshift rshift invert not_ is_ is_not in_ not_in boolop "
+    "ifexp zeros zeros_like full cdiv floor ceil argmax argmin umulhi rand randn randint rand4x randn4x randint4x "
+    "static_assert device_assert static_print device_print debug_barrier print stop_gradient load store atomic_add "
+    "atomic_max atomic_min atomic_and atomic_or atomic_xor atomic_xchg atomic_cas desc_load desc_store "
+    "desc_atomic_add make_tensor_descriptor xor_sum reduce"))
+FROM_ZERO.register("add")(all)
+FROM_ZERO.register("mul")(any)
+FROM_ZERO.register("floordiv mod subscript expand_dims broadcast_to")(next)  # a digit of a split (`pid // n`,
+# `pid % n`) from 0 where its index is; a reshape of a tile from 0
 
 
 def loop_start(atom: ast.expr, forms: dict, defs: dict, loaded: bool) -> tuple[Form, Expr] | None:

@@ -207,5 +207,5 @@ UNKNOWN = frozenset({
     "randint4x", "umulhi", "multiple_of", "max_contiguous", "max_constancy", "floor", "ceil", "static_assert",
     "device_assert", "static_print", "device_print", "debug_barrier", "print", "store", "atomic_add", "atomic_max",
     "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg", "atomic_cas", "desc_store",
-    "desc_atomic_add", "is_", "is_not", "in_", "not_in", "boolop", "ifexp",
+    "desc_atomic_add", "is_", "is_not", "in_", "not_in", "boolop", "ifexp", "xor_sum", "reduce",
 })

@@ -38,7 +38,8 @@ from ..core.ir import (
     statements,
     target_of,
 )
-from ..core.operations import operation_of
+from ..core.operations import STORES, kinds, operation_of
+from ..core.per_kind import PerKind
 
 INVARIANT = None
 GUARD = "tg_guard"  # the attribute marking a guard (follow), kept by a statement's copies
@@ -205,88 +206,141 @@ def _rule(stmt: ast.stmt, kind_of, float_cast: bool = False):
     """How the statement's result moves, given how its operands do (``float_cast``: a cast checked to be to a
     float type)."""
     op = op_of(stmt)
-    kind = op.kind
     a = [kind_of(x) for x in op.args]
-    if kind in ("copy", "pos", "subscript", "expand_dims", "broadcast_to", "reshape", "view", "trans", "permute"):
+    rule = MOVES.get(op.kind)
+    if rule is None:
+        raise Changes(stmt)
+    return rule(stmt, op, a, kind_of, float_cast)
+
+
+# How each operation's result moves, given its statement, its Op, how its operands move, ``kind_of`` (an atom's
+# movement) and whether a cast is checked to be to a float type; Changes where it cannot say.
+MOVES = PerKind("how moving a stabilizer moves an operation's result (stabilizers.py)", unknown=(
+    kinds(no_gradient=True) | kinds(memory="load") | STORES | {"mod", "make_tensor_descriptor"}
+    | set("pow sqrt sqrt_rn rsqrt sin cos sigmoid erf abs tanh log1p expm1 fpow fma div_rn fdiv clamp cumsum "
+          "cumprod item linear_scan split join xor_sum reduce".split())))
+
+
+@MOVES.register("copy pos subscript expand_dims broadcast_to reshape view trans permute")
+def _as_operand(stmt, op, a, kind_of, float_cast):
+    return a[0]
+
+
+@MOVES.register("to cast")
+def _cast(stmt, op, a, kind_of, float_cast):
+    b = arguments(stmt)
+    dtype = ast.unparse(b["dtype"])
+    bitcast = not (isinstance(b.get("bitcast"), ast.Constant) and b["bitcast"].value is False)
+    if a[0] is INVARIANT or (not bitcast and (float_cast or dtype.startswith(("tl.float", "tl.bfloat")))):
         return a[0]
-    if kind in ("to", "cast"):
-        b = arguments(stmt)
-        dtype = ast.unparse(b["dtype"])
-        bitcast = not (isinstance(b.get("bitcast"), ast.Constant) and b["bitcast"].value is False)
-        if a[0] is INVARIANT or (not bitcast and (float_cast or dtype.startswith(("tl.float", "tl.bfloat")))):
-            return a[0]
-        raise Changes(stmt)
-    if kind == "dot":  # linear in each operand: scales multiply; the accumulator must scale as the product
-        b = arguments(stmt)
-        x, y = kind_of(b["input"]), kind_of(b["other"])
-        acc = kind_of(b["acc"]) if "acc" in b and not is_none(b["acc"]) else INVARIANT
-        if ZERO in (x, y) or isinstance(x, Shift) or isinstance(y, Shift) or (x and y and x.base != y.base):
-            raise Changes(stmt)
-        k = (x.k if x else 0.0) + (y.k if y else 0.0)
-        product = INVARIANT if k == 0 else Scale((x or y).base, k)
-        if "acc" in b and not is_none(b["acc"]) and acc not in (product, ZERO) and not (
-                acc is INVARIANT and literal_value(b["acc"]) == 0.0):
-            raise Changes(stmt)
-        return product
-    if kind in ("add", "mul") and ZERO in a[:2]:  # 0 + y = y, 0 * y = 0
-        return ZERO if kind == "mul" else a[1] if a[0] is ZERO else a[0]
-    if kind in ("add", "sub"):
-        x, y = a[0], a[1]
-        sign = 1.0 if kind == "add" else -1.0
-        if isinstance(x, Shift | type(None)) and isinstance(y, Shift | type(None)):
-            k = (x.k if x else 0.0) + sign * (y.k if y else 0.0)
-            return INVARIANT if k == 0 else Shift(k)
-        if kind == "add" and isinstance(x, Scale) and x == y:  # a sum of equally scaled values
-            return x
-        raise Changes(stmt)
-    if kind == "neg":
-        if isinstance(a[0], Shift):
-            return Shift(-a[0].k)
-        raise Changes(stmt)
-    if kind in ("mul", "truediv"):
-        x, y = a[0], a[1]
-        if isinstance(x, Shift) or isinstance(y, Shift):
-            factor = literal_value(op.args[1] if isinstance(x, Shift) else op.args[0])
-            if kind == "mul" and (x is INVARIANT or y is INVARIANT) and factor is not None:
-                k = (x or y).k * factor
-                return INVARIANT if k == 0 else Shift(k)
-            raise Changes(stmt)
-        bx, by = (x.base if x else None), (y.base if y else None)
-        if bx and by and bx != by:
-            raise Changes(stmt)
-        k = (x.k if x else 0.0) + (1 if kind == "mul" else -1) * (y.k if y else 0.0)
-        return INVARIANT if k == 0 else Scale(bx or by, k)
-    if kind in ("exp", "exp2"):
-        if not isinstance(a[0], Shift):
-            raise Changes(stmt)
-        return Scale(math.e if kind == "exp" else 2.0, a[0].k)
-    if kind in ("log", "log2"):
-        base = math.e if kind == "log" else 2.0
-        if not (isinstance(a[0], Scale) and a[0].base == base):
-            raise Changes(stmt)
-        return Shift(a[0].k)
-    if kind in ("max", "min"):  # the extremum of values all moved alike moves alike
-        if isinstance(a[0], Shift | Scale):
-            return a[0]
-        raise Changes(stmt)
-    if kind == "softmax":  # exp(z + c) / sum(exp(z + c)) = exp(z) / sum(exp(z))
-        if isinstance(a[0], Shift):
-            return INVARIANT
-        raise Changes(stmt)
-    if kind == "sum":
-        if isinstance(a[0], Scale):
-            return a[0]
-        raise Changes(stmt)
-    if kind in ("maximum", "minimum"):
-        if a[0] == a[1]:
-            return a[0]
-        raise Changes(stmt)
-    if kind == "where":
-        b = arguments(stmt)
-        if kind_of(b["condition"]) is not INVARIANT:
-            raise Changes(stmt)
-        return _merge(kind_of(b["x"]), kind_of(b["y"]), b["x"], b["y"], stmt)
     raise Changes(stmt)
+
+
+@MOVES.register("dot")
+def _dot(stmt, op, a, kind_of, float_cast):  # linear in each operand: scales multiply; the accumulator must scale
+    b = arguments(stmt)  # as the product
+    x, y = kind_of(b["input"]), kind_of(b["other"])
+    acc = kind_of(b["acc"]) if "acc" in b and not is_none(b["acc"]) else INVARIANT
+    if ZERO in (x, y) or isinstance(x, Shift) or isinstance(y, Shift) or (x and y and x.base != y.base):
+        raise Changes(stmt)
+    k = (x.k if x else 0.0) + (y.k if y else 0.0)
+    product = INVARIANT if k == 0 else Scale((x or y).base, k)
+    if "acc" in b and not is_none(b["acc"]) and acc not in (product, ZERO) and not (
+            acc is INVARIANT and literal_value(b["acc"]) == 0.0):
+        raise Changes(stmt)
+    return product
+
+
+@MOVES.register("add", sign=1.0)
+@MOVES.register("sub", sign=-1.0)
+def _sum(stmt, op, a, kind_of, float_cast, sign):
+    x, y = a[0], a[1]
+    if sign == 1.0 and ZERO in (x, y):  # 0 + y = y
+        return y if x is ZERO else x
+    if isinstance(x, Shift | type(None)) and isinstance(y, Shift | type(None)):
+        k = (x.k if x else 0.0) + sign * (y.k if y else 0.0)
+        return INVARIANT if k == 0 else Shift(k)
+    if sign == 1.0 and isinstance(x, Scale) and x == y:  # a sum of equally scaled values
+        return x
+    raise Changes(stmt)
+
+
+@MOVES.register("neg")
+def _neg(stmt, op, a, kind_of, float_cast):
+    if isinstance(a[0], Shift):
+        return Shift(-a[0].k)
+    raise Changes(stmt)
+
+
+@MOVES.register("mul", power=1)
+@MOVES.register("truediv", power=-1)
+def _product(stmt, op, a, kind_of, float_cast, power):
+    x, y = a[0], a[1]
+    if power == 1 and ZERO in (x, y):  # 0 * y = 0
+        return ZERO
+    if isinstance(x, Shift) or isinstance(y, Shift):
+        factor = literal_value(op.args[1] if isinstance(x, Shift) else op.args[0])
+        if power == 1 and (x is INVARIANT or y is INVARIANT) and factor is not None:
+            k = (x or y).k * factor
+            return INVARIANT if k == 0 else Shift(k)
+        raise Changes(stmt)
+    bx, by = (x.base if x else None), (y.base if y else None)
+    if bx and by and bx != by:
+        raise Changes(stmt)
+    k = (x.k if x else 0.0) + power * (y.k if y else 0.0)
+    return INVARIANT if k == 0 else Scale(bx or by, k)
+
+
+@MOVES.register("exp", base=math.e)
+@MOVES.register("exp2", base=2.0)
+def _exponential(stmt, op, a, kind_of, float_cast, base):
+    if not isinstance(a[0], Shift):
+        raise Changes(stmt)
+    return Scale(base, a[0].k)
+
+
+@MOVES.register("log", base=math.e)
+@MOVES.register("log2", base=2.0)
+def _logarithm(stmt, op, a, kind_of, float_cast, base):
+    if not (isinstance(a[0], Scale) and a[0].base == base):
+        raise Changes(stmt)
+    return Shift(a[0].k)
+
+
+@MOVES.register("max min")
+def _extremum(stmt, op, a, kind_of, float_cast):  # the extremum of values all moved alike moves alike
+    if isinstance(a[0], Shift | Scale):
+        return a[0]
+    raise Changes(stmt)
+
+
+@MOVES.register("softmax")
+def _softmax(stmt, op, a, kind_of, float_cast):  # exp(z + c) / sum(exp(z + c)) = exp(z) / sum(exp(z))
+    if isinstance(a[0], Shift):
+        return INVARIANT
+    raise Changes(stmt)
+
+
+@MOVES.register("sum")
+def _summed(stmt, op, a, kind_of, float_cast):
+    if isinstance(a[0], Scale):
+        return a[0]
+    raise Changes(stmt)
+
+
+@MOVES.register("maximum minimum")
+def _elementwise_extremum(stmt, op, a, kind_of, float_cast):
+    if a[0] == a[1]:
+        return a[0]
+    raise Changes(stmt)
+
+
+@MOVES.register("where")
+def _where(stmt, op, a, kind_of, float_cast):
+    b = arguments(stmt)
+    if kind_of(b["condition"]) is not INVARIANT:
+        raise Changes(stmt)
+    return _merge(kind_of(b["x"]), kind_of(b["y"]), b["x"], b["y"], stmt)
 
 
 def _merge(x, y, ax: ast.expr, ay: ast.expr, stmt: ast.stmt):

@@ -41,10 +41,8 @@ from ..core.ir import (
     target_of,
 )
 from ..core.operations import operation_of
+from ..core.per_kind import PerKind
 from .flow import downstream
-
-REDUCTIONS = frozenset({"sum", "max", "min", "softmax", "dot", "cumsum", "cumprod", "linear_scan", "argmax", "argmin",
-                        "xor_sum", "reduce"})
 
 
 @dataclass(frozen=True)
@@ -92,7 +90,7 @@ def _reduces(name: str, defs: dict) -> bool:
         seen.add(n)
         for d in defs.get(n, ()):
             if isinstance(d, ast.Assign):
-                if op_of(d).kind in REDUCTIONS:
+                if operation_of(op_of(d)).reduction is not None:
                     return True
                 work += [a.id for a in ast.walk(d.value) if isinstance(a, ast.Name)]
     return False
@@ -127,36 +125,79 @@ def outside(name: str, mask: str, defs: dict, depth: int = 0) -> float | None:
     found = defs.get(name, ())
     if len(found) != 1 or depth > 64 or not isinstance(found[0], ast.Assign) or target_of(found[0]) != name:
         return None
-    stmt, kind = found[0], op_of(found[0]).kind
-    if kind == "load":
-        b = arguments(stmt)
-        if is_none(b["mask"]) or canonical_atom(b["mask"], defs) != mask:
-            return None
-        return literal_value(b.get("other"), defs)
-    if kind == "where":  # outside the mask, `tl.where(mask, x, y)` is y
-        b = arguments(stmt)
-        return _of(b["y"], mask, defs, depth) if canonical_atom(b["condition"], defs) == mask else None
-    args = [_of(a, mask, defs, depth) for a in op_of(stmt).args]
-    if kind in ("to", "cast", "copy", "pos") and args:
-        return args[0]
-    if kind == "neg":
-        return -args[0] if args[0] is not None else None
-    if kind in ("add", "sub"):
-        x, y = args[0], args[1]
-        y = -y if kind == "sub" and y is not None else y
-        if x is None or y is None:  # an infinity plus a finite value
-            known = x if y is None else y
-            return known if known is not None and math.isinf(known) else None
-        return None if math.isnan(x + y) else x + y
-    if kind in ("exp", "softmax"):  # a softmax's padding: exp(-inf) = 0
-        return 0.0 if args[0] == -math.inf else (math.exp(args[0]) if kind == "exp" and args[0] is not None
-                                                  and math.isfinite(args[0]) else None)
-    if kind in ("mul", "truediv"):
-        x, y = args[0], args[1]
-        if x == 0.0 and (y is None or math.isfinite(y)) and (kind == "mul" or y != 0.0):
-            return 0.0  # zero times (or over) a finite value
-        if kind == "mul" and y == 0.0 and (x is None or math.isfinite(x)):
-            return 0.0
+    stmt = found[0]
+    rule = OUTSIDE.get(op_of(stmt).kind)
+    return rule(stmt, mask, defs, depth) if rule is not None else None
+
+
+# An operation's value outside the mask (canonical form ``mask``), from its statement: None where not known.
+OUTSIDE = PerKind("an operation's value in the lanes a mask leaves out (stored_outputs.py)", unknown=(
+    "pow exp2 log log2 sqrt sqrt_rn rsqrt sin cos sigmoid erf abs tanh log1p expm1 fpow fma div_rn fdiv "
+    "maximum minimum clamp broadcast_to sum max min cumsum cumprod dot subscript expand_dims reshape view trans "
+    "permute item linear_scan split join lt le gt ge eq ne and_ or_ xor lshift rshift invert not_ floordiv is_ is_not "
+    "in_ not_in boolop ifexp program_id num_programs arange zeros zeros_like full cdiv floor ceil argmax argmin "
+    "umulhi multiple_of max_contiguous max_constancy rand randn randint rand4x randn4x randint4x static_assert "
+    "device_assert static_print device_print debug_barrier print stop_gradient mod store atomic_add atomic_max "
+    "atomic_min atomic_and atomic_or atomic_xor atomic_xchg atomic_cas desc_load desc_store desc_atomic_add "
+    "make_tensor_descriptor xor_sum reduce"))
+
+
+def _operands(stmt: ast.stmt, mask: str, defs: dict, depth: int) -> list[float | None]:
+    return [_of(a, mask, defs, depth) for a in op_of(stmt).args]
+
+
+@OUTSIDE.register("load")
+def _loaded(stmt: ast.stmt, mask: str, defs: dict, depth: int) -> float | None:
+    b = arguments(stmt)
+    if is_none(b["mask"]) or canonical_atom(b["mask"], defs) != mask:
+        return None
+    return literal_value(b.get("other"), defs)
+
+
+@OUTSIDE.register("where")
+def _picked(stmt: ast.stmt, mask: str, defs: dict, depth: int) -> float | None:  # outside the mask,
+    b = arguments(stmt)  # `tl.where(mask, x, y)` is y
+    return _of(b["y"], mask, defs, depth) if canonical_atom(b["condition"], defs) == mask else None
+
+
+@OUTSIDE.register("to cast copy pos")
+def _same(stmt: ast.stmt, mask: str, defs: dict, depth: int) -> float | None:
+    args = _operands(stmt, mask, defs, depth)
+    return args[0] if args else None
+
+
+@OUTSIDE.register("neg")
+def _negated(stmt: ast.stmt, mask: str, defs: dict, depth: int) -> float | None:
+    args = _operands(stmt, mask, defs, depth)
+    return -args[0] if args[0] is not None else None
+
+
+@OUTSIDE.register("add", sign=1)
+@OUTSIDE.register("sub", sign=-1)
+def _sum(stmt: ast.stmt, mask: str, defs: dict, depth: int, sign: int) -> float | None:
+    x, y = _operands(stmt, mask, defs, depth)[:2]
+    y = -y if sign == -1 and y is not None else y
+    if x is None or y is None:  # an infinity plus a finite value
+        known = x if y is None else y
+        return known if known is not None and math.isinf(known) else None
+    return None if math.isnan(x + y) else x + y
+
+
+@OUTSIDE.register("exp", exp=True)
+@OUTSIDE.register("softmax", exp=False)
+def _exponential(stmt: ast.stmt, mask: str, defs: dict, depth: int, exp: bool) -> float | None:
+    x = _operands(stmt, mask, defs, depth)[0]  # a softmax's padding: exp(-inf) = 0
+    return 0.0 if x == -math.inf else (math.exp(x) if exp and x is not None and math.isfinite(x) else None)
+
+
+@OUTSIDE.register("mul", divides=False)
+@OUTSIDE.register("truediv", divides=True)
+def _product(stmt: ast.stmt, mask: str, defs: dict, depth: int, divides: bool) -> float | None:
+    x, y = _operands(stmt, mask, defs, depth)[:2]
+    if x == 0.0 and (y is None or math.isfinite(y)) and (not divides or y != 0.0):
+        return 0.0  # zero times (or over) a finite value
+    if not divides and y == 0.0 and (x is None or math.isfinite(x)):
+        return 0.0
     return None
 
 

@@ -19,7 +19,8 @@ from ..core.ir import (
     structured,
     where,
 )
-from .addresses import descriptor_form, enclosing_loops, mask_bounds
+from ..core.operations import operation_of
+from .addresses import descriptor_form, enclosing_loops
 from .conditions import All, Apart, AtLeast, AtMost, Condition, LaunchCheck, decided_now
 from .flow import loaded_values, program_axes
 from .forms import Form, Lane, LoopIndex, form_of_terms, form_program_axes
@@ -34,6 +35,7 @@ from .lanes import (
     programs_apart,
 )
 from .launch_values import UNKNOWN_TRIP, Expr
+from .masks import mask_bounds
 from .offsets import ZERO, address_offsets, canonical, offset_of, poly, poly_add, poly_expr
 from .scalars import scalar_expr
 
@@ -62,7 +64,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
     fors = {n.target.id: n for n in structured(body) if isinstance(n, ast.For)}
     store_axes = {}
     for output in outputs:
-        plain = [s for s in stores.get(output, []) if op_of(s).kind in ("store", "desc_store")]
+        plain = [s for s in stores.get(output, []) if operation_of(op_of(s)).memory == "store"]
         if plain and len(plain) < len(stores[output]):
             raise refuse(where(plain[0]), f"`{output}` both stored and accumulated atomically",
                          "write each output either with tl.store or with tl.atomic_add")

@@ -22,18 +22,12 @@ import ast
 
 from ..core.ir import every_statement, header, tl_call
 from ..core.language import HELPERS
+from ..core.operations import OPERATIONS
 
 # call -> the argument positions (and keywords) whose value may flow on through it: arithmetic, shape moves,
-# smooth functions, the adjoint helpers (HELPERS' flows); the stores of gradients end the flow
+# smooth functions (the table's flows), the adjoint helpers (HELPERS' flows); the stores of gradients end the flow
 _FLOWS: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
-    **{f"tl.{f}": ((0,), ()) for f in ("exp", "exp2", "log", "log2", "sqrt", "sqrt_rn", "rsqrt", "sin", "cos",
-                                        "sigmoid", "erf", "trans", "reshape", "view", "broadcast_to",
-                                        "expand_dims", "permute", "sum", "cumsum")},
-    "tl.dot": ((0, 1), ("acc",)),
-    "tl.fma": ((0, 1, 2), ()),
-    "tl.where": ((1, 2), ("x", "y")),
-    "tl.store": ((1,), ("value",)),
-    "tl.atomic_add": ((1,), ("val",)),
+    **{f"tl.{kind}": operation.flows for kind, operation in OPERATIONS.items() if operation.flows is not None},
     **{f"tg.{name}": (helper.flows, ()) for name, helper in HELPERS.items() if helper.flows},
 }
 _ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd)

@@ -9,10 +9,10 @@ import ast
 from ..core.calls import pure, value_reads
 from ..core.ir import every_statement, is_none, tl_call
 from ..core.language import HELPERS, Helper, helper_of
-from ..core.operations import OPERATIONS
+from ..core.operations import OPERATIONS, kinds
 
 # reductions whose axis can move to the other one
-REDUCTIONS = ("sum", "max", "min")
+REDUCTIONS = kinds(reduction="axis")
 
 
 class TileFacts:

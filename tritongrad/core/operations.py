@@ -21,9 +21,14 @@ result, and the parameter names), and the facts other passes ask about it:
 | ``finite_at_minus_inf`` | analysis | finite where its operand is -inf (a softmax's -inf padding is 0 after exp) |
 | ``shape_only`` | codegen, reverse | arguments read for their shape and type only (``zeros_like``) |
 | ``reshapes`` | analysis | its first operand's values in another shape (``x[:, None]``, ``tl.reshape``) |
+| ``coordinate`` | analysis | ``"lane"``: a lane index (arange), ``"program"``: a program id, ``"programs"``: a count |
+| ``arithmetic`` | frontend | integer math whose ``on_host`` is Python's: its result on known integers is known |
+| ``reduction`` | analysis, codegen | ``"axis"``: reduces its one ``axis`` (codegen may move it); ``"other"``: else |
+| ``costly`` | reverse/interchange.py | a reduction or a product: computed once per forward program, not per iteration |
+| ``flows`` | codegen/exponentials.py | (positions, keywords) of the arguments whose values reach its result or memory |
 
-Other tables keyed by kind: a result's shape (analysis/shapes.py's ``SHAPES``); what the passes know of a ``tg``
-helper (language.py's ``HELPERS``).
+Other tables keyed by kind: a result's shape (analysis/shapes.py's ``SHAPES``), an analysis's function per kind
+(core/per_kind.py's registries); what the passes know of a ``tg`` helper (language.py's ``HELPERS``).
 
 Adding an operation is one entry here (and a ``tg`` helper in language.py where its
 template needs one), plus a test.
@@ -128,6 +133,11 @@ class Operation:
     reshapes: bool = False  # its result is its first operand's values in order, in another shape (`x[:, None]`)
     tangents: Tangent | None = None  # forward mode, where the adjoints do not give it (see Tangent)
     no_tangent: str = ""  # what forward mode does not yet handle of it (a rule with adjoints but no tangent)
+    coordinate: str | None = None  # "lane" (tl.arange), "program" (tl.program_id), "programs" (tl.num_programs)
+    arithmetic: bool = False  # frontend/normalize.py computes it on known integers (on_host is Python's there)
+    reduction: str | None = None  # "axis": reduces its `axis` argument (sum, max, min); "other": combines lanes so
+    costly: bool = False  # worth computing once per forward program (reverse/interchange.py)
+    flows: tuple[tuple[int, ...], tuple[str, ...]] | None = None  # arguments whose values flow on (exponentials.py)
 
     @property
     def has_rule(self) -> bool:
@@ -406,6 +416,23 @@ _also("div_rn fdiv", unbounded_in="y")
 _also("exp exp2 sigmoid softmax", finite_at_minus_inf=True)
 _also("zeros_like", shape_only=(0,))
 _also("subscript expand_dims broadcast_to reshape view", reshapes=True)
+_also("arange", coordinate="lane")
+_also("program_id", coordinate="program")
+_also("num_programs", coordinate="programs")
+_also("add sub mul neg eq ne lt le gt ge not_", arithmetic=True)  # (not // and %: a constexpr rounds as Python)
+_declare("xor_sum")  # no rule
+_declare("reduce")  # tl.reduce of a combine function that is no sum, max or min: no rule
+_also("sum max min", reduction="axis")
+_also("softmax dot cumsum cumprod linear_scan argmax argmin xor_sum reduce", reduction="other")
+_also("sum max min reduce dot", costly=True)
+# a value flows on through these arguments (positions, keywords): arithmetic, shape moves, smooth functions
+_also("exp exp2 log log2 sqrt sqrt_rn rsqrt sin cos sigmoid erf trans reshape view broadcast_to expand_dims permute "
+      "sum cumsum", flows=((0,), ()))
+_also("dot", flows=((0, 1), ("acc",)))
+_also("fma", flows=((0, 1, 2), ()))
+_also("where", flows=((1, 2), ("x", "y")))
+_also("store", flows=((1,), ("value",)))
+_also("atomic_add", flows=((1,), ("val",)))
 
 
 def _divided(a: int, b: int) -> int:

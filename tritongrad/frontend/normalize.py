@@ -38,10 +38,6 @@ from .expressions import LOCAL, ExpressionFlattener, Frame, _Deferred, _is_metad
 from .forwarding import forward_stored_values
 from .specialize import constexpr_params, plain_value, specialize
 
-# operations whose results on known integers are known (floor division and modulo are left out: Python's
-# rounding, which a constexpr follows, is not the one on_host computes for tensors)
-_KNOWN_ARITHMETIC = ("add", "sub", "mul", "neg", "eq", "ne", "lt", "le", "gt", "ge", "not_")
-
 
 class Normalizer:
     """Flattens a kernel, inlining helpers, into a :class:`Program`."""
@@ -288,7 +284,7 @@ class Normalizer:
     def learn(self, ssa: str, op: Op) -> None:
         """Know ``ssa`` where it is integer arithmetic or a comparison on values known at derivation (a helper's
         stage ``4 - STAGE``), computed as Triton computes constexprs: in Python."""
-        if op.kind not in _KNOWN_ARITHMETIC or op.kwargs:
+        if not operation_of(op).arithmetic or op.kwargs:
             return
         values = [self.known_value(a) for a in op.args]
         if all(k and isinstance(v, (int, bool)) for k, v in values):

@@ -40,7 +40,7 @@ from ..core.ir import (
     tl_call,
 )
 from ..core.language import HELPERS, helper_of
-from ..core.operations import instantiate
+from ..core.operations import instantiate, kinds
 from .state_tape import StateTape
 
 
@@ -169,8 +169,8 @@ def group_programs(body: list[ast.stmt]) -> bool:
 
 
 # reductions and reads of memory: worth computing once per forward program
-COSTLY = ("tl.sum", "tl.max", "tl.min", "tl.reduce", "tl.dot",
-          *(f"tg.{name}" for name, helper in HELPERS.items() if helper.costly))
+COSTLY = frozenset({*(f"tl.{kind}" for kind in kinds(costly=True)),
+                    *(f"tg.{name}" for name, helper in HELPERS.items() if helper.costly)})
 
 
 def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[ast.stmt],

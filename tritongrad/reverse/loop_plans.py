@@ -22,7 +22,7 @@ from ..core.ir import (
     value_args,
     where,
 )
-from ..core.operations import OPERATIONS
+from ..core.operations import OPERATIONS, operation_of
 
 
 @dataclass
@@ -77,7 +77,7 @@ def _check_stores_follow_the_loop(a: Analysis, node: ast.For) -> None:
     roots = {node.target.id, *(c.name for c in node.tg.carried)}
     coordinate = LoopIndex(node.target.id)
     for s in statements(node.body):
-        if op_of(s).kind not in ("store", "desc_store"):
+        if operation_of(op_of(s)).memory != "store":
             continue
         if a.pointer_base.get(arguments(s)["pointer"].id) not in a.outputs:
             continue

@@ -17,13 +17,14 @@ import ast
 import functools
 from dataclasses import dataclass, field, replace
 
-from ..analysis.addresses import enclosing_loops, mask_bounds
+from ..analysis.addresses import enclosing_loops
 from ..analysis.analyze import Analysis
 from ..analysis.conditions import All, AtMost, Condition, Covers, decided_now
 from ..analysis.flow import loaded_values, program_axes
 from ..analysis.forms import Lane, LoopIndex, ProgramDigit, ProgramId, form_of_terms
 from ..analysis.lanes import StoreSite, apart_whatever_launched, launch_coordinates, scalars_written_out
 from ..analysis.launch_values import UNKNOWN_TRIP, Expr
+from ..analysis.masks import mask_bounds
 from ..analysis.offsets import address_offsets, offset_of
 from ..analysis.scalars import starts_at_zero
 from ..analysis.stores import NotShifted, shifted_apart

@@ -1,0 +1,118 @@
+"""A mask's bounds on the coordinates of addresses.py's forms: its ``e < B`` conjuncts, each a sum of coordinates
+below a scalar (``mask_bounds``), which the store checks (stores.py) and the write strategies (writes/) read."""
+
+from __future__ import annotations
+
+import ast
+
+from ..core.ir import arguments, op_of
+from ..core.operations import operation_of
+from .addresses import _add, _rank, _reshaped, _shift
+from .forms import SCALAR, Form, varies
+from .launch_values import Expr
+from .scalars import loop_start, scalar_expr, starts_at_zero
+
+
+def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict, exact: bool = False,
+                loaded: bool = False) -> list[tuple[Form, Expr]] | None:
+    """The conjuncts ``e < B`` (``e <= B``, ``B > e``) of a mask where ``e`` is exactly a sum of coordinates
+    (no constant part) and ``B`` a scalar: ``(e's form in the mask's axes, B - 1)``. With ``exact``, None
+    unless the mask is nothing but such conjuncts (no mask: none). With ``loaded``, ``B`` may also be a
+    scalar computed from loaded data (``end - start``), which only a check reading the loaded values can
+    evaluate."""
+    unknown = None if exact else []
+    if isinstance(mask, ast.Constant) and mask.value is None:
+        return []
+    if not isinstance(mask, ast.Name) or len(defs.get(mask.id, [])) != 1 or not hasattr(defs[mask.id][0], "tg"):
+        return unknown
+    stmt = defs[mask.id][0]
+    op = op_of(stmt)
+    rank = _rank(mask, shapes)
+    if rank is None:
+        return unknown
+    lanes = operation_of(op).lanes
+    if op.kind == "and_" or lanes is not None:
+        parts = op.args[:2] if op.kind == "and_" else op.args[:1]
+        found = []
+        for part in parts:
+            bounds = mask_bounds(part, forms, defs, shapes, exact, loaded)
+            if bounds is None:
+                return None
+            for form, limit in bounds:
+                if lanes == "moved":
+                    form = _reshaped(op.kind, op, form, rank, arguments(stmt))
+                found.append((_shift(form, rank), limit))
+        return found
+    if op.kind not in ("lt", "le", "gt", "ge"):
+        return unknown
+    e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
+    if isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs, forms):
+        form, offset = forms[e.id], None
+    else:
+        split = _scalar_offset(e, forms, defs, loaded)  # `start + cols < end` reads `cols < end - start`
+        if split is None:
+            return unknown
+        form, offset = split
+    moved = _moved_term(bound, forms, defs)
+    if moved is not None:  # `offs_k < K - k * BLOCK_K` reads `offs_k + k * BLOCK_K < K`
+        term, bound = moved
+        form = _add([form, term], max(form.rank, term.rank), negate=False)
+    lane_free = isinstance(bound, ast.Constant) or (isinstance(bound, ast.Name) and (
+        bound.id not in forms or (loaded and not varies(bound.id, forms))))
+    if not lane_free or not form.affine:
+        return unknown
+    limit = _atom_expr(bound) if offset is None else _atom_expr(bound) - offset
+    return [(form, limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
+
+
+def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict, loaded: bool) -> tuple[Form, Expr] | None:
+    """For ``e`` a sum of coordinate sums from zero and scalars (constants, parameters, or with ``loaded`` ones
+    computed from loaded data that no coordinate moves), through nested sums (a descriptor's index
+    ``(pid * BLOCK + SECOND) + tl.arange(0, B)``) and reshapes: (the coordinates' form, the scalars' sum)."""
+    if not isinstance(e, ast.Name) or len(defs.get(e.id, [])) != 1 or not hasattr(defs[e.id][0], "tg"):
+        return None
+    op = op_of(defs[e.id][0])
+    if op.kind in ("subscript", "expand_dims", "broadcast_to") and e.id in forms:  # `(cols + half)[None, :]`:
+        inner = _scalar_offset(op.args[0], forms, defs, loaded)  # the same offset, its sum in this shape
+        return None if inner is None else (forms[e.id], inner[1])
+    if op.kind != "add":
+        return None
+    coordinates, offset = [], None
+    for part in op.args[:2]:
+        if isinstance(part, ast.Name) and part.id in forms and forms[part.id].affine and starts_at_zero(
+                part, defs, forms):
+            coordinates.append(forms[part.id])
+            continue
+        if isinstance(part, ast.Constant) or (isinstance(part, ast.Name) and (
+                part.id not in forms or (loaded and not varies(part.id, forms)))):
+            found = (SCALAR, scalar_expr(part, defs))  # (an offset the kernel computes, `BLOCK_N // 2`, through
+        else:  # its definition); a loop's index: its range's start plus its coordinate (`range(start, end, B)`)
+            found = loop_start(part, forms, defs, loaded) or _scalar_offset(part, forms, defs, loaded)
+            if found is None:
+                return None
+        coordinates.append(found[0])
+        offset = found[1] if offset is None else offset + found[1]
+    if offset is None or not coordinates:
+        return None
+    return _add(coordinates, max(f.rank for f in coordinates), negate=False), offset
+
+
+def _moved_term(bound: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[Form, ast.expr] | None:
+    """For a bound ``B - t`` (``t`` a sum of coordinates from zero, ``B`` a scalar): ``(t's form, B)``."""
+    if not isinstance(bound, ast.Name) or bound.id not in forms or len(defs.get(bound.id, [])) != 1:
+        return None
+    (stmt,) = defs[bound.id]
+    if not hasattr(stmt, "tg") or op_of(stmt).kind != "sub":
+        return None
+    b, t = op_of(stmt).args[:2]
+    if not (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs, forms)):
+        return None
+    if not (isinstance(b, ast.Constant) or (isinstance(b, ast.Name) and b.id not in forms)):
+        return None
+    return forms[t.id], b
+
+
+def _atom_expr(atom: ast.expr) -> Expr:
+    if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)):
+        return Expr.const(atom.value)
+    return Expr.of_text(ast.unparse(atom))
