@@ -244,17 +244,18 @@ def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:
             "boolop": "`and` / `or` of differentiated values",
             "ifexp": "a conditional expression inside a test, on differentiated values",
             }.get(op.kind, f"`{op.kind}`")
-    hint = "write the operation with Triton functions tritongrad knows, or give a helper a rule with tg.custom_vjp"
-    if op.kind == "associative_scan":
-        hint = ("scan a pair (a, b) combined as (a1, b1), (a2, b2) -> (a1 * a2, b1 * a2 + b2), or write the "
-                "scan as a loop")
-    if op.kind in ("boolop", "ifexp"):
-        hint = "choose a value with tl.where or an `if` statement; combine conditions with & and |"
-    if op.kind == "cat":
-        hint = "concatenate with tl.join (then tl.permute / tl.reshape), whose element order is defined"
+    hint = _HINTS.get(op.kind, "write the operation with Triton functions tritongrad knows, or give a helper a rule "
+                               "with tg.custom_vjp")
     if operation_of(op).memory is not None:
         hint = "the result of an atomic operation cannot be differentiated"
     return refuse(where(stmt), f"{what} (no derivative rule)", hint)
+
+
+_CHOOSE = "choose a value with tl.where or an `if` statement; combine conditions with & and |"
+_HINTS = {"associative_scan": "scan a pair (a, b) combined as (a1, b1), (a2, b2) -> (a1 * a2, b1 * a2 + b2), or "
+                              "write the scan as a loop",
+          "boolop": _CHOOSE, "ifexp": _CHOOSE,
+          "cat": "concatenate with tl.join (then tl.permute / tl.reshape), whose element order is defined"}
 
 
 def _combine_name(op: Op) -> str:

@@ -218,7 +218,8 @@ def _rule(stmt: ast.stmt, kind_of, float_cast: bool = False):
 MOVES = PerKind("how moving a stabilizer moves an operation's result (stabilizers.py)", unknown=(
     kinds(no_gradient=True) | kinds(memory="load") | STORES | {"mod", "make_tensor_descriptor"}
     | set("pow sqrt sqrt_rn rsqrt sin cos sigmoid erf abs tanh log1p expm1 fpow fma div_rn fdiv clamp cumsum "
-          "cumprod item linear_scan split join xor_sum reduce".split())))
+          "cumprod item linear_scan split join xor_sum reduce full ifexp boolop multiple_of max_contiguous "
+          "max_constancy".split())))
 
 
 @MOVES.register("copy pos subscript expand_dims broadcast_to reshape view trans permute")
