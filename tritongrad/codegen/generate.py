@@ -150,6 +150,9 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     later = [n for adds in backward.later_adds for n in (adds.values, adds.offsets)]
     params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.stored_params,
                                         *backward.extra_params, *tapes, *later)]
+    constexprs = {tape.slots for tape in kept if tape.constexpr_slots}
+    params = [ast.arg(arg=p.arg, annotation=ast.parse("tl.constexpr", mode="eval").body) if p.arg in constexprs else p
+              for p in params]
     for constexpr in (backward.loop_stages, backward.loop_held):
         if constexpr is not None:
             params.append(ast.arg(arg=constexpr, annotation=ast.parse("tl.constexpr", mode="eval").body))

@@ -140,15 +140,17 @@ class LoopReversal:
         params = {c.name: self.builder.namer.fresh(f"{c.name}_tape") for c in state}
         rows = {c.name: self.builder.namer.fresh(f"{c.name}_tape_row") for c in state}
         shapes = self.builder.analysis.shapes
+        static = node.tg.static  # its replays' bounds must be constexprs: so are the slot count and the spacing
         self.builder.tapes.append(StateTape(slots, tuple((params[c.name], shapes[c.name]) for c in state),
                                        self._known_trips(node), node.tg.where, tuple(c.source for c in state),
-                                       dtypes=tuple(self.state_type(c.name) for c in state)))
+                                       dtypes=tuple(self.state_type(c.name) for c in state), constexpr_slots=static))
         names = {"start": start, "step": step, "every": name_node(every), "slots": name_node(slots),
                  "trips": name_node(trips), "i": name_node(i), "back": name_node(back), "slot": name_node(slot),
                  "index": name_node(index)}
         setup = [self.count_assign(node, trips, self.trip_count(node))]
-        if not self.builder.saved:
-            setup.append(assign(every, instantiate("tl.maximum(tl.cdiv(trips, slots), 1)", names)))
+        if not self.builder.saved:  # (constexpr arithmetic for a static loop: slots >= 1, and none is read at 0 trips)
+            setup.append(self.count_assign(node, every, instantiate(
+                "(trips + slots - 1) // slots" if static else "tl.maximum(tl.cdiv(trips, slots), 1)", names)))
         setup += self.resets(node, state)
         setup += [assign(rows[c.name], tape_row(self.state_type(c.name), name_node(params[c.name]), name_node(c.name),
                                                 name_node(slots), instantiate("tg.program_index()", {})))
@@ -182,8 +184,11 @@ class LoopReversal:
                  for c in state]
         if not self.builder.saved:
             replay = self.builder.forward.block(node.body, rebuilt)
-            since = instantiate("start + slot * every * step", names)
-            body += self.partial_replay(node, replay, since, instantiate("start + i * step", names))
+            # a static loop's iteration and slot said inline, constexprs (a name assigned in its body is a tensor)
+            now = "(trips - 1 - back)" if static else "i"
+            since = instantiate(f"start + {now} // every * every * step" if static else "start + slot * every * step",
+                                names)
+            body += self.partial_replay(node, replay, since, instantiate(f"start + {now} * step", names))
         body.append(assign(index, instantiate("start + i * step", names)))
         self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
 
@@ -193,9 +198,15 @@ class LoopReversal:
 
     def trip_count(self, node: ast.For) -> ast.expr:
         start, stop, step = range_bounds(node)
-        positive = isinstance(step, ast.Constant) and isinstance(step.value, int) and step.value > 0
-        count = ("stop - start" if _is_one(step) else "tl.cdiv(stop - start, step)" if positive
-                 else "tg.trip_count(start, stop, step)")  # a step whose sign is known at compile time only
+        literal = _int_literal(step)
+        if literal is not None and literal > 0:
+            count = "stop - start" if literal == 1 else "tl.cdiv(stop - start, step)"
+        elif not node.tg.static:
+            count = "tg.trip_count(start, stop, step)"  # a step whose sign is known at compile time only
+        elif literal is not None:  # a static loop's count a constexpr, as its reverse loop's bound must be (compiled,
+            count = "start - stop" if literal == -1 else "tl.cdiv(start - stop, -step)"  # a helper's result is not)
+        else:
+            count = "tl.cdiv(stop - start, step) if step > 0 else tl.cdiv(start - stop, -step)"
         return instantiate(count, {"start": start, "stop": stop, "step": step})
 
     def partial_replay(self, node: ast.For, replay: list[ast.stmt], since: ast.expr, until: ast.expr
@@ -455,6 +466,14 @@ def _reads_outside(block: list[ast.stmt], skipped: ast.stmt) -> set[str]:
 
 def _is_zero(start: ast.expr) -> bool:
     return isinstance(start, ast.Constant) and start.value == 0 and type(start.value) is int
+
+
+def _int_literal(step: ast.expr) -> int | None:
+    """A step written as an integer (``2``, ``-1``), else None."""
+    if isinstance(step, ast.UnaryOp) and isinstance(step.op, ast.USub):
+        inner = _int_literal(step.operand)
+        return -inner if inner is not None else None
+    return step.value if isinstance(step, ast.Constant) and type(step.value) is int else None
 
 
 def _is_one(step: ast.expr) -> bool:

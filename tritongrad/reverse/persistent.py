@@ -62,8 +62,10 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     norm backward spill (H200, bf16: 877 µs against 810 reloading it; benchmarks/layernorm_rows_probe.py), where
     at 4096 holding it was the faster. Not for a loop with products: their operands stay held."""
     dependent = depends_on_program(replay + sweep, axis)
-    local = set(params) | {target_of(s) for s in statements(replay + sweep) if target_of(s)}
-    local |= {n.target.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[])) if isinstance(n, ast.For)}
+    # every name the body binds, a loop's index and a static loop's `trips: tl.constexpr = ...` included: a statement
+    # reading one is hoisted only after its definition is
+    local = set(params) | {n.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[]))
+                           if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     if every:  # a name is reassigned where it is assigned twice, also inside a branch (`d += ...` under an if)
         counts = Counter(t for s in statements(replay + sweep) for t in targets_of(s))
         reassigned = {n for n, c in counts.items() if c > 1}
