@@ -37,7 +37,7 @@ def _bare(name):
         host = (getattr(example, "OP", None) or getattr(example, name)).__wrapped__
     else:
         def host(*args):
-            return launch(*[a.contiguous() for a in args])()
+            return launch(*[a.contiguous() if isinstance(a, torch.Tensor) else a for a in args])()
 
     host.__qualname__ = f"bare_{name}"
     return tritongrad.op(host)
