@@ -544,17 +544,19 @@ def test_saved_tensor_modified_in_place_before_backward_raises(modified):
 
 
 @pytest.mark.parametrize("name", ["chain", "tgtest::chain"])
-def test_double_backward_through_an_intermediate_is_refused(name):
+def test_double_backward_through_an_intermediate_sees_how_it_was_made(name):
     """Two launches, the second reading what the first wrote (h = x * w): the backward reads h, whose dependence on
-    x and w autograd does not see, so a double backward would miss it (a wrong second derivative): refused, naming
-    why; the first backward with create_graph=True still gives the gradient."""
+    x and w autograd does not see; the launch that made it runs again inside the recorded backward (ops/remake.py),
+    so the second derivative has that dependence (without it, x's and w's would miss the terms through h)."""
     op = chain if name == "chain" else named_chain
     x, w = rand(60), rand(60)
-    (gx,) = torch.autograd.grad(op(x, w).sum(), x, create_graph=True)
-    torch.testing.assert_close(gx, torch.autograd.grad(chain_ref(x, w).sum(), x)[0])
-    with pytest.raises(OpError, match=f"tritongrad.op `{name}`: double backward is not supported \\(its backward "
-                       "reads a buffer the host function made"):
-        gx.sum().backward()
+    g = torch.randn(60, dtype=torch.float64)
+    (gx,) = torch.autograd.grad(op(x, w), x, g, create_graph=True)
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    (gr,) = torch.autograd.grad(chain_ref(xr, wr), xr, g, create_graph=True)
+    torch.testing.assert_close(gx, gr)
+    v = torch.randn(60, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(gx, (x, w), v), torch.autograd.grad(gr, (xr, wr), v))
 
 
 def test_a_named_op_returning_an_input_or_a_view_of_one_is_refused():
