@@ -320,9 +320,10 @@ def test_calls_keeping_state_tapes_are_replayed_on_tapes_of_their_own(name, repl
     so no backward reads another call's tapes; the augmented forwards ran on all of them."""
     from tritongrad.runtime import augment
 
-    kept = []
-    keeping = augment.keeping
-    monkeypatch.setattr(replay, "keeping", lambda *a: (lambda found: (kept.append(found), found)[1])(keeping(*a)))
+    kept = []  # each call's fresh tapes (a replay's launch keeps the augment.Keeping its first call made)
+    fresh = augment.Keeping.fresh
+    monkeypatch.setattr(augment.Keeping, "fresh", lambda self: (lambda found: (kept.append(found), found)[1])(
+        fresh(self)))
     example = examples.get(name)
     size = example.sizes[-1] if name == "cross_entropy" else example.sizes[0]
     calls = [example.make_inputs(size, device=DEVICE, dtype=F64) for _ in range(3)]  # (fresh values: one kind)

@@ -21,6 +21,8 @@ from .replay import FastTape, Replays
 from .segments import Segments
 from .tape import Tape, current_tape, recording_backward
 
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
 
 def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False,
                hidden_reads: bool = True) -> Any:
@@ -35,9 +37,10 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
     segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
     replays = Replays(name, plans, deterministic, function, named)  # calls made again (replay.py)
+    apply_function, apply_segment = _fast_apply(function), _fast_apply(segment)
 
     def segment_node(tape: Tape, written: list, inputs: list) -> None:
-        segment.apply(tape, len(written), *written, *inputs)
+        apply_segment(tape, len(written), *written, *inputs)
 
     def call(*args, **kwargs):
         segments = None
@@ -85,10 +88,24 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
             if hidden_reads:
                 _check_reached(name, arguments(args, kwargs), outputs)
             return result
-        outputs = function.apply(tape, outputs, *inputs)
+        outputs = apply_function(tape, outputs, *inputs)
         if tape.plan.unread and hidden_reads:
             _check_reached(name, arguments(args, kwargs), outputs, tape.plan.unread)
         return outputs if several else outputs[0]
+
+    return call
+
+
+def _fast_apply(function: type) -> Any:
+    """``function.apply`` past ``Function.apply``'s Python (microseconds a call) where no torch.func transform is
+    active: what it does then, the Function defining no ``setup_context`` (its tensors' dead functorch wrappers
+    unwrapped, then ``_FunctionBase.apply``); under a transform, ``function.apply`` itself."""
+    apply = super(torch.autograd.Function, function).apply
+
+    def call(*args: Any) -> Any:
+        if torch._C._are_functorch_transforms_active():
+            return function.apply(*args)
+        return apply(*[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args])
 
     return call
 

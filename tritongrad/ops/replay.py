@@ -45,7 +45,7 @@ import torch
 
 from ..core.device import capturing, ensure_allocator
 from ..runtime import relaunch
-from ..runtime.augment import keeping
+from ..runtime.augment import keeping_of
 from . import backward as op_backward
 from .replay_backward import FastBackward
 from .tape import Tape, _by_parameter, _relaunchers, copy_of, current_autotuner, current_tape, recording_backward
@@ -57,8 +57,6 @@ _Tensor = torch.Tensor
 _given = functools.partial(operator.is_not, None)  # (a gradient given: in C, on every backward)
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 _ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)}
-
-
 ENABLED = os.environ.get(ENV) != "0"  # (read once: os.environ costs microseconds on every call)
 
 
@@ -68,7 +66,7 @@ class Expected:
     their types, and the recorded launch (tape.RecordedLaunch, holding no tensors) the backward reads."""
 
     __slots__ = ("kernel", "grid", "callable_grid", "count", "names", "tensors", "pick", "plain", "types", "values",
-                 "recorded", "key", "relauncher", "same", "tail", "augmented", "written", "snapshots")
+                 "recorded", "key", "relauncher", "same", "tail", "augmented", "keeping", "written", "snapshots")
 
     def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple, augmented: bool, unread):
         positions, self.names = pattern[1], pattern[2]
@@ -80,6 +78,7 @@ class Expected:
         self.snapshots = tuple(sorted((i, p, None if i in unread else by_parameter[p], described[i][1])
                                       for p, i in pattern[3]))
         self.augmented = augmented  # launched as its augmented forward, keeping state tapes of each call's own
+        self.keeping = None  # ... made as this augment.Keeping says
         self.kernel, self.grid, self.recorded = recorded.kernel, recorded.grid, recorded
         self.callable_grid = callable_grid
         self.count = len(positions) - len(self.names)  # positional arguments
@@ -323,12 +322,13 @@ class FastTape:
 
     def _augmented(self, run: Callable, kernel: Any, expected: Expected, args: tuple, kwargs: dict,
                    warmup: bool) -> Any:
-        """The launch as its augmented forward (Tape.launch's), on state tapes of this call's own, which its
-        backward reads (``backward``); where it keeps none now, the call goes on as a first call."""
-        found = keeping(kernel, expected.recorded.info.with_defaults(args, kwargs), expected.grid)
+        """The launch as its augmented forward (Tape.launch's) on state tapes of this call's own, which its backward
+        reads (``backward``), made as ``expected.keeping`` says (a match fixes what it reads); else a first call's."""
+        found = expected.keeping = expected.keeping or keeping_of(
+            kernel, expected.recorded.info.with_defaults(args, kwargs), expected.grid)
         if found is None:
             return self._fall_back().launch(run, kernel, expected.grid, args, kwargs, warmup)
-        augmented_kernel, extra, saved = found
+        augmented_kernel, extra, saved = found.fresh()
         if self.kept is None:
             self.kept = {}
         self.kept[self.count] = saved
