@@ -40,9 +40,9 @@ def replayed(monkeypatch):
     monkeypatch.setattr(replay.FastTape, "close", counted_close)
     monkeypatch.setattr(replay.FastTape, "_fall_back", lambda self, *a, **k: counts.__setitem__(
         "fell", counts["fell"] + 1) or fall(self, *a, **k))
-    def counted_backward(self, saved, grads, needs):
+    def counted_backward(self, saved, grads, needs, *kept):
         counts["backward"] += bool(self.backwards.get((tuple(needs), tuple(g is not None for g in grads))))
-        return backward(self, saved, grads, needs)
+        return backward(self, saved, grads, needs, *kept)
 
     monkeypatch.setattr(replay.Replay, "backward", counted_backward)
     return counts

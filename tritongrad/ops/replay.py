@@ -163,16 +163,19 @@ class Replay:
                 return None
         return Replay(tape, named)
 
-    def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list:
-        """The gradients, as Tape.backward gives them: by the schedule's FastBackward once it has one."""
+    def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool], kept: dict | None = None) -> list:
+        """The gradients, as Tape.backward gives them: by the schedule's FastBackward once it has one. ``kept``: per
+        launch run as its augmented forward, the state tapes the call kept (FastTape.kept)."""
         schedule = (tuple(needs), tuple(map(_given, grads)))
         fast = self.backwards.get(schedule) if recording_backward.get() is None else False
         if fast and fast.grad is op_backward.grad:  # (tests spy on grad: a new one is a new backward)
             if current_tape.get() is None and not torch.is_grad_enabled():  # (as FastBackward.__call__, inlined)
                 ensure_allocator()
-                return fast.run(saved, grads, needs)
-            return fast(saved, grads, needs)
-        result = self.planned(saved, grads, needs, self.recorded)
+                return fast.run(saved, grads, needs, kept)
+            return fast(saved, grads, needs, kept)
+        recorded = self.recorded if kept is None else [  # (the replay's launches, with this call's tapes)
+            _with_tapes(r, kept[i]) if i in kept else r for i, r in enumerate(self.recorded)]
+        result = self.planned(saved, grads, needs, recorded)
         if fast is not False:
             self.backwards[schedule] = FastBackward.of(self, schedule)
         return result
@@ -476,12 +479,7 @@ class FastTape:
         return True
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        if self.kept is None:
-            return self.replay.backward(saved, grads, needs)
-        recorded = list(self.replay.recorded)  # the replay's launches, with this call's tapes
-        for index, kept in self.kept.items():
-            recorded[index] = _with_tapes(recorded[index], kept)
-        return self.replay.planned(saved, grads, needs, recorded)
+        return self.replay.backward(saved, grads, needs, self.kept)
 
 
 def _with_tapes(recorded: Any, saved: Any) -> Any:
