@@ -130,7 +130,7 @@ def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, ca
     wanted = {k: histories[k] if histories and k in histories else (
         t.grad_fn if t.grad_fn is not None else _accumulator(t),) for k, t in waiting}
     reached = _autograd_ancestors([o for o in output_tensors(outputs) if o.requires_grad],
-                                  {n for nodes in wanted.values() for n in nodes if n is not None})
+                                  [tuple(n for n in nodes if n is not None) for nodes in wanted.values()])
     for k, nodes in wanted.items():
         if not any(n in reached for n in nodes):
             raise OpError(_UNREAD.format(name=name, arg=k))
@@ -149,20 +149,27 @@ _UNREAD = ("tritongrad.op `{name}`: the argument `{arg}` requires grad, but no k
            "(or a TensorDescriptor over it: descriptors are differentiated), or detach it if the op does not use it")
 
 
-def _autograd_ancestors(tensors: list, wanted: set) -> set:
+def _autograd_ancestors(tensors: list, wanted: Any) -> set:
     """The autograd nodes the tensors' values come from (their graph, walked back to its leaves), breadth first,
-    or those found until every node of ``wanted`` is (the arguments' nodes lie next to the outputs': a model's
-    whole graph behind them is not walked on every call)."""
+    or those found until each of ``wanted`` is: a node, or a tuple of nodes of which one is enough (an argument's
+    node before the call and its base's). The arguments' nodes lie next to the outputs': a model's whole graph
+    behind them is not walked on every call."""
     seen: set = set()
     queue = collections.deque(t.grad_fn for t in tensors if t.grad_fn is not None)
     queue += [a for t in tensors if (a := _accumulator(t)) is not None]
-    left = len(wanted)
+    completes: dict = {}  # node -> which of wanted it finds
+    left = set()
+    for g, nodes in enumerate(wanted):
+        left.add(g)
+        for n in nodes if isinstance(nodes, tuple) else (nodes,):
+            completes.setdefault(n, []).append(g)
     while queue and left:
         node = queue.popleft()
         if node in seen:
             continue
         seen.add(node)
-        left -= node in wanted
+        if node in completes:
+            left.difference_update(completes[node])
         queue += [n for n, _ in node.next_functions if n is not None]
     return seen
 

@@ -401,8 +401,9 @@ class FastTape:
             i = index.get(id(v))
             if i != slot and (i is not None or not self._new_tensor(replay, v, slot)):
                 return False
-        # (a replay's launches keep their configs: one that may take others is not its)
-        return Tiles.of(expected.kernel, grid, expected.recorded.info, args, kwargs, current_autotuner.get()) is None
+        # (a replay's launches keep their configs: one that may take others is not its; none without a grid function)
+        return not expected.callable_grid or Tiles.of(expected.kernel, grid, expected.recorded.info, args, kwargs,
+                                                      current_autotuner.get()) is None
 
     def _new_tensor(self, replay: Replay, v: Any, slot: int) -> bool:
         """Whether ``v``, a value not seen before in the call, is a tensor the replay's call had at ``slot``: the
