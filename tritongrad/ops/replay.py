@@ -66,7 +66,8 @@ class Expected:
     their types, and the recorded launch (tape.RecordedLaunch, holding no tensors) the backward reads."""
 
     __slots__ = ("kernel", "grid", "callable_grid", "count", "names", "tensors", "pick", "plain", "types", "values",
-                 "recorded", "key", "relauncher", "same", "tail", "augmented", "keeping", "written", "snapshots")
+                 "recorded", "key", "relauncher", "same", "tail", "augmented", "keeping", "written", "snapshots",
+                 "placeholders")
 
     def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple, augmented: bool, unread):
         positions, self.names = pattern[1], pattern[2]
@@ -77,9 +78,10 @@ class Expected:
         # copied, or None for an empty tensor in place of a copy no derived kernel reads, dtype)
         self.snapshots = tuple(sorted((i, p, None if i in unread else by_parameter[p], described[i][1])
                                       for p, i in pattern[3]))
-        self.augmented = augmented  # launched as its augmented forward, keeping state tapes of each call's own
-        self.keeping = None  # ... made as this augment.Keeping says
-        self.kernel, self.grid, self.recorded = recorded.kernel, recorded.grid, recorded
+        self.placeholders = {i: torch.empty(0, dtype=d, device=described[i][5])  # (the empty tensors: made once,
+                             for i, _, c, d in self.snapshots if c is None}  # nothing writes them)
+        self.augmented, self.keeping = augmented, None  # run as its augmented forward: each call's tapes, as that
+        self.kernel, self.grid, self.recorded = recorded.kernel, recorded.grid, recorded  # augment.Keeping says
         self.callable_grid = callable_grid
         self.count = len(positions) - len(self.names)  # positional arguments
         self.values = (*recorded.args, *recorded.kwargs.values())  # (None for a tensor)
@@ -315,11 +317,10 @@ class FastTape:
         """An in-place launch's copies (tape.py's _snapshots), taken before it runs, where the replay's call had them
         among its tensors; None where they do not lie there."""
         tensors = self.tensors
-        for slot, _, copied, dtype in expected.snapshots:
+        for slot, _, copied, _ in expected.snapshots:
             if len(tensors) != slot:
                 return None
-            tensors.append(torch.empty(0, dtype=dtype, device=self.replay.described[slot][5]) if copied is None
-                           else copy_of(tensors[copied]))
+            tensors.append(expected.placeholders[slot] if copied is None else copy_of(tensors[copied]))
             self.index[id(tensors[-1])] = slot
         return expected
 

@@ -93,7 +93,7 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
             lines += [f"    if g{i}.dtype == {bound(dtype)} and g{i}.shape == {bound(size)} and g{i}.is_contiguous():",
                       f"        shadows[{shadow.key}] = {reused}", "    else:"]
             indent = "        "
-        made = f"backward._shadow(shadows, {bound(shadow)})"
+        made = f"_shadow(shadows, {bound(_maker(plan, shadow, True, False))})"  # (OpBackward._shadow's, zero-filled)
         kept.add(shadow.key)
         if overlapping:
             lines.append(f"{indent}_scatter_add({made}, g{i})")
