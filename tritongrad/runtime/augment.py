@@ -94,7 +94,8 @@ class Augmented:
         size = sum(t.numel() * t.element_size() for t in tensors)
         if not tensors or states > SHARE * size or finals > FINALS_SHARE * size:
             return None
-        return Keeping(self.kernel, self.tapes, views, slots, states + finals, tensors[0].device, self.params)
+        return Keeping(self.kernel, self.tapes, tuple(p for p, _, _ in views), tuple(b - a for _, a, b in views),
+                       slots, tensors[0].device, self.params)
 
     @functools.cached_property
     def _reads(self) -> tuple[str, ...]:
@@ -128,23 +129,24 @@ class Augmented:
 @dataclass(frozen=True)
 class Keeping:
     """What ``keeping`` decides for a launch: the augmented kernel and how its tapes are laid out in one allocation
-    (8-byte aligned slices: (parameter, first byte, end) per tape buffer, the slot count per tape). Launches of the
-    same kernel, grid and non-tensor values, their tensors of the same dtypes and sizes on the same device, decide
-    alike (the layout reads the values and the tensors' sizes and dtypes): a replay keeps it per launch (replay.py)
-    and makes each call's tapes afresh (``fresh``)."""
+    (8-byte aligned slices of it one after another: per tape buffer its parameter and bytes; the slot count per
+    tape). Launches of the same kernel, grid and non-tensor values, their tensors of the same dtypes and sizes on the
+    same device, decide alike (the layout reads the values and the tensors' sizes and dtypes): a replay keeps it per
+    launch (replay.py) and makes each call's tapes afresh (``fresh``)."""
 
     kernel: Any
     tapes: tuple[StateTape, ...]
-    views: tuple[tuple[str, int, int], ...]
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
     slots: dict[str, int]
-    size: int  # bytes
     device: torch.device
     params: dict[str, str]  # per backward tape parameter, the augmented kernel's own name for it
 
     def fresh(self) -> tuple[Any, dict[str, Any], SavedStates]:
         """The augmented kernel, its extra arguments (by its own parameter names) and the fresh tapes they are."""
-        buffer = torch.empty(self.size, dtype=torch.uint8, device=self.device)
-        saved = SavedStates(self.tapes, {**{p: buffer[a:b] for p, a, b in self.views}, **self.slots})
+        buffer = torch.empty(sum(self.sizes), dtype=torch.uint8, device=self.device)
+        saved = SavedStates(self.tapes, {**dict(zip(self.names, buffer.split_with_sizes(self.sizes), strict=True)),
+                                         **self.slots})  # (one call, not a slicing per tape)
         return self.kernel, {self.params[k]: v for k, v in saved.args.items() if k in self.params}, saved
 
 
