@@ -20,8 +20,8 @@ The backward (replay_backward.py): once the plan's backward for a schedule has k
 step (from its second backward on: backward.py), a replay's backward launches them in order.
 
 A launch the first call ran as its augmented forward (augment.py: an online softmax's state kept on tapes for the
-backward) is run so again on tapes of the call's own (``FastTape._augmented``), and the call's backward reads those
-(``FastTape.backward``: the replay's launches with this call's tapes, through ``OpBackward``).
+backward) is run so again on tapes of the call's own (``FastTape._augmented``, laid out as the first such call's
+were), and the call's backward reads those (``FastTape.kept``: its FastBackward is given them, OpBackward copies).
 
 An in-place launch's copy (tape.py's ``_snapshots``) is taken per call before it runs (an empty tensor where no
 derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads, configs

@@ -8,8 +8,9 @@ dtype and device, each kept launch its values; what is left per call is the tens
 ``OpBackward._backward`` and ``Launcher.__call__`` do on that path, in their order (the first maker of a storage's
 shadow decides whether it is zero-filled). A kept launch without partial rows, scratch or later adds goes through
 its Relauncher (every value Triton binds, where it launches directly) or, in the interpreter, to the kernel on its
-grid; one with them through ``PartLaunch.launch``. The function (~20 statements for a launch) replaces two loops
-over generic tuples and a dict per source per step: a few microseconds of a host-bound step."""
+grid; one with them through ``PartLaunch.launch``; the state tapes a launch run as its augmented forward kept are
+the call's (``kept``). The function (~20 statements for a launch) replaces two loops over generic tuples and a dict
+per source per step: a few microseconds of a host-bound step."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from .tape import current_tape
 
 class FastBackward:
     """See the module docstring. ``grad``: backward.grad as it was when the Launchers were kept (tests spy on it:
-    another one is another backward). ``run(saved, grads, needs)``: the backward, grad mode off."""
+    another one is another backward). ``run(saved, grads, needs, kept)``: the backward, grad mode off (``kept``: per
+    launch run as its augmented forward, the state tapes the call kept, replay.FastTape.kept)."""
 
     def __init__(self, replay: Any, schedule: tuple, launchers: tuple):
         self.grad = op_backward.grad
@@ -69,7 +71,7 @@ class FastBackward:
 
 
 def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dict]:
-    """The source of ``run(saved, grads, needs)`` for a schedule, and the namespace its names are bound in."""
+    """The source of ``run(saved, grads, needs, kept)`` for a schedule, and the namespace its names are bound in."""
     plan: Plan = backward.plan
     needs, present = schedule
     namespace = {"_shadow": _shadow, "_scatter_add": op_backward._scatter_add, "backward": backward, "torch": torch}
