@@ -84,6 +84,7 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
     lines = ["def run(saved, grads, needs, kept):", "    shadows = {}"]
     first_made = _first_made(plan, launchers)
     kept: set[int] = set()  # the storages whose shadows the function has made so far
+    seen: dict[tuple, str] = {}  # (storage, view) -> the local holding that view of its shadow
     for i, (output, given) in enumerate(zip(plan.outputs, present, strict=True)):  # OpBackward._backward's
         if output is None or not given:
             continue
@@ -127,6 +128,10 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
             key, view, shape, dtype, device, make = maker
             kept.add(key)
             if view is not None:
+                if (key, view) in seen:  # (a view made already: the buffer's elements seen alike, in a local)
+                    sources[source, p] = seen[key, view]
+                    continue
+                seen[key, view] = name
                 lines.append(f"    {name} = _shadow(shadows, {bound(maker)})")
                 continue
             lines += [f"    {name} = shadows.get({key})",  # _shadow, for the storage's own buffer
@@ -140,11 +145,11 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
         found = [f"shadows.get({v.key})" if need else "None" for v, need in zip(plan.input_views, needs, strict=True)]
         lines.append(f"    return [{', '.join(found)}]")
     else:
-        lines += _input_grads(plan, needs, kept, bound)
+        lines += _input_grads(plan, needs, kept, seen, bound)
     return "\n".join(lines) + "\n", namespace
 
 
-def _input_grads(plan: Plan, needs: tuple, kept: set[int], bound: Any) -> list[str]:
+def _input_grads(plan: Plan, needs: tuple, kept: set[int], seen: dict, bound: Any) -> list[str]:
     """The statements returning what ``OpBackward._input_grads`` returns, decided here as far as the schedule decides
     it (which inputs are needed, which shadows the function made, the views' relations and layouts): each input's
     gradient its shadow seen through its view, or None (not needed, not reached, or an earlier input has its
@@ -162,10 +167,11 @@ def _input_grads(plan: Plan, needs: tuple, kept: set[int], bound: Any) -> list[s
         if any(live[j] for j in relations[i][1]) or shadow.view is not None and torch._debug_has_internal_overlap(
                 torch.empty_strided(shadow.view[0], shadow.view[1], device="meta")):
             return ["    return backward._input_grads(shadows, needs)"]
-        seen = f"shadows[{shadow.key}]" if _itself(plan, shadow) else \
-            f"_shadow(shadows, {bound((shadow.key, shadow.view, None, None, None, None))})"
+        view = None if _itself(plan, shadow) else shadow.view
+        got = f"shadows[{shadow.key}]" if view is None else seen.get((shadow.key, view)) or \
+            f"_shadow(shadows, {bound((shadow.key, view, None, None, None, None))})"
         dtype = bound(v.dtype)
-        lines += [f"    i{i} = {seen}", f"    if i{i}.dtype != {dtype}:", f"        i{i} = i{i}.to({dtype})"]
+        lines += [f"    i{i} = {got}", f"    if i{i}.dtype != {dtype}:", f"        i{i} = i{i}.to({dtype})"]
         found.append(f"i{i}")
     return [*lines, f"    return [{', '.join(found)}]"]
 
