@@ -345,6 +345,35 @@ def test_calls_keeping_state_tapes_are_replayed_on_tapes_of_their_own(name, repl
             torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
 
 
+def test_backwards_of_calls_keeping_state_tapes_are_written_out_with_each_calls_tapes(replayed):
+    """A replay's backward written out (FastBackward) reads the state tapes of the call it differentiates (each
+    call's augmented forward keeps its own: FastTape.kept): three cross-entropy calls on different inputs, their
+    backwards in another order, each through a FastBackward, each with its own inputs' gradients."""
+    example = examples.get("cross_entropy")
+    size = example.sizes[-1]
+    for seed in range(3):  # a first call, a checked backward, one that keeps its Launchers
+        step(example.op, leaves(example.make_inputs(size, device=DEVICE, dtype=F64)), seed=seed)
+    calls = [example.make_inputs(size, device=DEVICE, dtype=F64) for _ in range(3)]
+    want = [step(example.reference, leaves(inputs), seed=i) for i, inputs in enumerate(calls)]
+    runs = []
+    for inputs in calls:
+        args = leaves(inputs)
+        runs.append((args, [o for o in as_tuple(example.op(*args)) if o.is_floating_point()]))
+    before = replayed["backward"]
+    for i in (1, 2, 0):
+        args, outs = runs[i]
+        gen = torch.Generator().manual_seed(i)
+        torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs])
+        got = [o.detach() for o in outs] + [t.grad for t in args if isinstance(t, torch.Tensor) and t.requires_grad]
+        for g, w in zip(got, want[i], strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+    assert replayed["backward"] - before == 3
+
+
+def as_tuple(result) -> tuple:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
 def test_direct_launches_pass_the_values_triton_binds(monkeypatch, replayed):
     """Where a launch goes past Triton (on a GPU), a replay passes its Relauncher every parameter's value in Triton's
     order, made from the launch's arguments (forward) or the kept launch's values (backward): the values its
