@@ -19,9 +19,8 @@ them again, then the rest, and teaches the op a replay of this call when it clos
 The backward (replay_backward.py): once the plan's backward for a schedule has kept a ``launcher.Launcher`` per
 step (from its second backward on: backward.py), a replay's backward launches them in order.
 
-A launch the first call ran as its augmented forward (augment.py: an online softmax's state kept on tapes for the
-backward) is run so again on tapes of the call's own (``FastTape._augmented``, laid out as the first such call's
-were), and the call's backward reads those (``FastTape.kept``: its FastBackward is given them, OpBackward copies).
+A launch the first call ran as its augmented forward (augment.py: state tapes for the backward) is run so again on
+tapes of the call's own, laid out as at its first replay (``FastTape._augmented``), which its backward reads.
 
 An in-place launch's copy (tape.py's ``_snapshots``) is taken per call before it runs (an empty tensor where no
 derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads, configs
@@ -48,6 +47,7 @@ from ..runtime import relaunch
 from ..runtime.augment import keeping_of
 from . import backward as op_backward
 from .replay_backward import FastBackward
+from .shadows import kept_empty
 from .tape import Tape, _by_parameter, _relaunchers, copy_of, current_autotuner, current_tape, recording_backward
 from .tiles import Tiles
 
@@ -78,8 +78,7 @@ class Expected:
         # copied, or None for an empty tensor in place of a copy no derived kernel reads, dtype)
         self.snapshots = tuple(sorted((i, p, None if i in unread else by_parameter[p], described[i][1])
                                       for p, i in pattern[3]))
-        self.placeholders = {i: torch.empty(0, dtype=d, device=described[i][5])  # (the empty tensors: made once,
-                             for i, _, c, d in self.snapshots if c is None}  # nothing writes them)
+        self.placeholders: dict[int, torch.Tensor] = {}  # slot -> its empty tensor (shadows.kept_empty)
         self.augmented, self.keeping = augmented, None  # run as its augmented forward: each call's tapes, as that
         self.kernel, self.grid, self.recorded = recorded.kernel, recorded.grid, recorded  # augment.Keeping says
         self.callable_grid = callable_grid
@@ -317,10 +316,11 @@ class FastTape:
         """An in-place launch's copies (tape.py's _snapshots), taken before it runs, where the replay's call had them
         among its tensors; None where they do not lie there."""
         tensors = self.tensors
-        for slot, _, copied, _ in expected.snapshots:
+        for slot, _, copied, dtype in expected.snapshots:
             if len(tensors) != slot:
                 return None
-            tensors.append(expected.placeholders[slot] if copied is None else copy_of(tensors[copied]))
+            tensors.append(copy_of(tensors[copied]) if copied is not None else kept_empty(
+                expected.placeholders, slot, dtype, self.replay.described[slot][5]))
             self.index[id(tensors[-1])] = slot
         return expected
 

@@ -155,11 +155,7 @@ class Plan:
         return [self._stand_in(j, t) if j in self.unused else t for j, t in enumerate(saved)]
 
     def _stand_in(self, slot: int, t: torch.Tensor) -> torch.Tensor:
-        key = (slot, t.dtype, t.device)
-        found = self.stand_ins.get(key)
-        if found is None:
-            found = self.stand_ins[key] = torch.empty(0, dtype=t.dtype, device=t.device)
-        return found
+        return kept_empty(self.stand_ins, (slot, t.dtype, t.device), t.dtype, t.device)
 
     def __post_init__(self):
         self.buffers = {k: self._buffer(k) for k in self.storages}
@@ -317,6 +313,17 @@ def _in_order(v: View, storages: dict) -> bool:
 
 
 _stand_ins: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def kept_empty(memo: dict, key: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An empty tensor of ``memo``'s for ``key``, made on first use and kept: holding no memory (nothing writes it),
+    one object per key. Not kept where it is not a plain tensor (made while torch.compile's fake tensors trace)."""
+    found = memo.get(key)
+    if found is None:
+        found = torch.empty(0, dtype=dtype, device=device)
+        if type(found) is torch.Tensor:
+            memo[key] = found
+    return found
 
 
 def stand_in_tensor(dtype_device: tuple[torch.dtype, torch.device]) -> torch.Tensor:
