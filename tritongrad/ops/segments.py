@@ -94,21 +94,23 @@ class Segments(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.pending and func not in _METADATA and self._reads_pending((args, kwargs)):
-            if func in _VIEWS:  # a view (the next launch's argument, say) reads nothing; a copy does
-                result = func(*args, **kwargs)
-                if self._reads_pending(result):
-                    return result
-            self.close(by_watch=True)
-            try:
-                return func(*args, **kwargs)
-            except RuntimeError as e:
-                if "returns multiple views" in str(e):
-                    e.add_note(f"tritongrad.op `{self.name}`: a launch wrote a view made by unbind, chunk or split, "
-                               "which PyTorch will not give a history later; make those views by indexing "
-                               "(out[0], out[:, :half])")
-                raise
-        return func(*args, **kwargs)
+        if not self.pending or func in _METADATA:
+            return func(*args, **kwargs)
+        if func in _VIEWS:  # a view (the next launch's argument, say) reads nothing; a copy does (its result is
+            result = func(*args, **kwargs)  # looked at first: a view of what a launch wrote reads it)
+            if self._reads_pending(result) or not self._reads_pending((args, kwargs)):
+                return result
+        elif not self._reads_pending((args, kwargs)):
+            return func(*args, **kwargs)
+        self.close(by_watch=True)
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as e:
+            if "returns multiple views" in str(e):
+                e.add_note(f"tritongrad.op `{self.name}`: a launch wrote a view made by unbind, chunk or split, "
+                           "which PyTorch will not give a history later; make those views by indexing "
+                           "(out[0], out[:, :half])")
+            raise
 
     def _reads_pending(self, value: Any) -> bool:
         if isinstance(value, _Tensor):
