@@ -173,6 +173,20 @@ def test_the_reach_check_stops_at_the_arguments_nodes():
     assert len(autograd_function._autograd_ancestors([out], {object()})) > 300  # (not found: the whole graph)
 
 
+def test_the_reach_check_stops_at_one_node_of_each_argument():
+    """An argument updated in place is reached through its node before the call or its base's: the walk stops at
+    the first of them it finds, not going on over the graph behind for the other (a model's, on every call)."""
+    x = torch.randn(5, dtype=F64, requires_grad=True)
+    deep = x
+    for _ in range(300):
+        deep = deep * 1.0
+    arg = deep * 2.0
+    out = arg * 3.0
+    unreached = torch.randn(5, dtype=F64, requires_grad=True) * 1.0
+    seen = autograd_function._autograd_ancestors([out], [(arg.grad_fn, unreached.grad_fn)])
+    assert arg.grad_fn in seen and len(seen) <= 3
+
+
 @pytest.mark.parametrize("host", [rope_forward, rope_in_place], ids=["views-returned", "same-tensors-returned"])
 def test_half_precision_rope_in_place_keeps_its_gradients_in_half_precision(host, counts, monkeypatch):
     """q's and k's new values' gradients are copied into their storages' shadows in float16, where the derived

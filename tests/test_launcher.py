@@ -42,11 +42,11 @@ def kept(monkeypatch):
     monkeypatch.setattr(Launcher, "__call__", lambda self, *a: count.append(1) or real(self, *a))
     backward = Replay.backward
 
-    def counted(self, saved, grads, needs):
+    def counted(self, saved, grads, needs, *kept):
         schedule = (tuple(needs), tuple(g is not None for g in grads))
         if self.backwards.get(schedule):  # a FastBackward: a kept launch per step
             count.extend([1] * len(self.plan.steps(*schedule)))
-        return backward(self, saved, grads, needs)
+        return backward(self, saved, grads, needs, *kept)
 
     monkeypatch.setattr(Replay, "backward", counted)
     return count

@@ -40,9 +40,9 @@ def replayed(monkeypatch):
     monkeypatch.setattr(replay.FastTape, "close", counted_close)
     monkeypatch.setattr(replay.FastTape, "_fall_back", lambda self, *a, **k: counts.__setitem__(
         "fell", counts["fell"] + 1) or fall(self, *a, **k))
-    def counted_backward(self, saved, grads, needs):
+    def counted_backward(self, saved, grads, needs, *kept):
         counts["backward"] += bool(self.backwards.get((tuple(needs), tuple(g is not None for g in grads))))
-        return backward(self, saved, grads, needs)
+        return backward(self, saved, grads, needs, *kept)
 
     monkeypatch.setattr(replay.Replay, "backward", counted_backward)
     return counts
@@ -320,9 +320,10 @@ def test_calls_keeping_state_tapes_are_replayed_on_tapes_of_their_own(name, repl
     so no backward reads another call's tapes; the augmented forwards ran on all of them."""
     from tritongrad.runtime import augment
 
-    kept = []
-    keeping = augment.keeping
-    monkeypatch.setattr(replay, "keeping", lambda *a: (lambda found: (kept.append(found), found)[1])(keeping(*a)))
+    kept = []  # each call's fresh tapes (a replay's launch keeps the augment.Keeping its first call made)
+    fresh = augment.Keeping.fresh
+    monkeypatch.setattr(augment.Keeping, "fresh", lambda self: (lambda found: (kept.append(found), found)[1])(
+        fresh(self)))
     example = examples.get(name)
     size = example.sizes[-1] if name == "cross_entropy" else example.sizes[0]
     calls = [example.make_inputs(size, device=DEVICE, dtype=F64) for _ in range(3)]  # (fresh values: one kind)
@@ -342,6 +343,35 @@ def test_calls_keeping_state_tapes_are_replayed_on_tapes_of_their_own(name, repl
         got = [o.detach() for o in outs] + [t.grad for t in args if isinstance(t, torch.Tensor) and t.requires_grad]
         for g, w in zip(got, want[i], strict=True):
             torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+
+
+def test_backwards_of_calls_keeping_state_tapes_are_written_out_with_each_calls_tapes(replayed):
+    """A replay's backward written out (FastBackward) reads the state tapes of the call it differentiates (each
+    call's augmented forward keeps its own: FastTape.kept): three cross-entropy calls on different inputs, their
+    backwards in another order, each through a FastBackward, each with its own inputs' gradients."""
+    example = examples.get("cross_entropy")
+    size = example.sizes[-1]
+    for seed in range(3):  # a first call, a checked backward, one that keeps its Launchers
+        step(example.op, leaves(example.make_inputs(size, device=DEVICE, dtype=F64)), seed=seed)
+    calls = [example.make_inputs(size, device=DEVICE, dtype=F64) for _ in range(3)]
+    want = [step(example.reference, leaves(inputs), seed=i) for i, inputs in enumerate(calls)]
+    runs = []
+    for inputs in calls:
+        args = leaves(inputs)
+        runs.append((args, [o for o in as_tuple(example.op(*args)) if o.is_floating_point()]))
+    before = replayed["backward"]
+    for i in (1, 2, 0):
+        args, outs = runs[i]
+        gen = torch.Generator().manual_seed(i)
+        torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs])
+        got = [o.detach() for o in outs] + [t.grad for t in args if isinstance(t, torch.Tensor) and t.requires_grad]
+        for g, w in zip(got, want[i], strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+    assert replayed["backward"] - before == 3
+
+
+def as_tuple(result) -> tuple:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
 def test_direct_launches_pass_the_values_triton_binds(monkeypatch, replayed):

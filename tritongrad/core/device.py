@@ -44,10 +44,19 @@ _multiprocessors: dict[Any, int] = {}
 
 
 def capturing() -> bool:
-    """Whether a CUDA graph is being captured on the current stream."""
+    """Whether a CUDA graph is being captured on the current stream (asked on every op's call: whether CUDA is
+    there at all is asked once, ``cuda_available``)."""
     import torch
 
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return cuda_available() and torch.cuda.is_current_stream_capturing()
+
+
+@functools.cache
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, asked once (microseconds each time: it reads the environment)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 _tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("tritongrad_tracing", default=False)

@@ -22,6 +22,8 @@ from .replay import FastTape, Replays
 from .segments import Segments
 from .tape import Tape, current_tape, recording_backward
 
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
 
 def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False,
                hidden_reads: bool = True) -> Any:
@@ -36,9 +38,10 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
     segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
     replays = Replays(name, plans, deterministic, function, named)  # calls made again (replay.py)
+    apply_function, apply_segment = _fast_apply(function), _fast_apply(segment)
 
     def segment_node(tape: Tape, written: list, inputs: list) -> None:
-        segment.apply(tape, len(written), *written, *inputs)
+        apply_segment(tape, len(written), *written, *inputs)
 
     def call(*args, **kwargs):
         segments = None
@@ -86,10 +89,24 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
             if hidden_reads:
                 _check_reached(name, arguments(args, kwargs), outputs)
             return result
-        outputs = function.apply(tape, outputs, *inputs)
+        outputs = apply_function(tape, outputs, *inputs)
         if tape.plan.unread and hidden_reads:
             _check_reached(name, arguments(args, kwargs), outputs, tape.plan.unread)
         return outputs if several else outputs[0]
+
+    return call
+
+
+def _fast_apply(function: type) -> Any:
+    """``function.apply`` past ``Function.apply``'s Python (microseconds a call) where no torch.func transform is
+    active: what it does then, the Function defining no ``setup_context`` (its tensors' dead functorch wrappers
+    unwrapped, then ``_FunctionBase.apply``); under a transform, ``function.apply`` itself."""
+    apply = super(torch.autograd.Function, function).apply
+
+    def call(*args: Any) -> Any:
+        if torch._C._are_functorch_transforms_active():
+            return function.apply(*args)
+        return apply(*[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args])
 
     return call
 
@@ -114,7 +131,7 @@ def _check_reached(name: str, named: dict[str, torch.Tensor], outputs: tuple, ca
     wanted = {k: histories[k] if histories and k in histories else (
         t.grad_fn if t.grad_fn is not None else _accumulator(t),) for k, t in waiting}
     reached = _autograd_ancestors([o for o in output_tensors(outputs) if o.requires_grad],
-                                  {n for nodes in wanted.values() for n in nodes if n is not None})
+                                  [tuple(n for n in nodes if n is not None) for nodes in wanted.values()])
     for k, nodes in wanted.items():
         if not any(n in reached for n in nodes):
             raise OpError(_UNREAD.format(name=name, arg=k))
@@ -133,20 +150,27 @@ _UNREAD = ("tritongrad.op `{name}`: the argument `{arg}` requires grad, but no k
            "(or a TensorDescriptor over it: descriptors are differentiated), or detach it if the op does not use it")
 
 
-def _autograd_ancestors(tensors: list, wanted: set) -> set:
+def _autograd_ancestors(tensors: list, wanted: Any) -> set:
     """The autograd nodes the tensors' values come from (their graph, walked back to its leaves), breadth first,
-    or those found until every node of ``wanted`` is (the arguments' nodes lie next to the outputs': a model's
-    whole graph behind them is not walked on every call)."""
+    or those found until each of ``wanted`` is: a node, or a tuple of nodes of which one is enough (an argument's
+    node before the call and its base's). The arguments' nodes lie next to the outputs': a model's whole graph
+    behind them is not walked on every call."""
     seen: set = set()
     queue = collections.deque(t.grad_fn for t in tensors if t.grad_fn is not None)
     queue += [a for t in tensors if (a := _accumulator(t)) is not None]
-    left = len(wanted)
+    completes: dict = {}  # node -> which of wanted it finds
+    left = set()
+    for g, nodes in enumerate(wanted):
+        left.add(g)
+        for n in nodes if isinstance(nodes, tuple) else (nodes,):
+            completes.setdefault(n, []).append(g)
     while queue and left:
         node = queue.popleft()
         if node in seen:
             continue
         seen.add(node)
-        left -= node in wanted
+        if node in completes:
+            left.difference_update(completes[node])
         queue += [n for n, _ in node.next_functions if n is not None]
     return seen
 

@@ -320,10 +320,7 @@ class OpBackward:
         if plan.plain_inputs:  # distinct storages, each one contiguous view, no cast: the shadows as they are
             return [shadows.get(v.key) if need else None for v, need in zip(plan.input_views, needs, strict=True)]
         views = plan.input_views
-        if plan.input_relations is None:  # (the views' facts, worked out once per plan)
-            plan.input_relations = tuple(
-                (tuple(j for j in range(i) if _same_elements(views[j], v)),
-                 tuple(j for j in range(i + 1, len(views)) if views[j].key == v.key)) for i, v in enumerate(views))
+        input_relations(plan)
         live = [need and v.key in shadows for v, need in zip(views, needs, strict=True)]
         for i, (earlier, _) in enumerate(plan.input_relations):  # an input whose elements an earlier one has, each
             if live[i] and any(live[j] for j in earlier):  # of them (a view updated in place and its base, a segment's
@@ -343,6 +340,16 @@ class OpBackward:
                 self._shadow(shadows, shadow).zero_()
             grads.append(g if g.dtype == v.dtype else g.to(v.dtype))
         return grads
+
+
+def input_relations(plan: Plan) -> tuple:
+    """Per input of a plan (worked out once): the earlier inputs with its elements, the later ones on its storage."""
+    if plan.input_relations is None:
+        views = plan.input_views
+        plan.input_relations = tuple(
+            (tuple(j for j in range(i) if _same_elements(views[j], v)),
+             tuple(j for j in range(i + 1, len(views)) if views[j].key == v.key)) for i, v in enumerate(views))
+    return plan.input_relations
 
 
 class _Given:

@@ -19,9 +19,8 @@ them again, then the rest, and teaches the op a replay of this call when it clos
 The backward (replay_backward.py): once the plan's backward for a schedule has kept a ``launcher.Launcher`` per
 step (from its second backward on: backward.py), a replay's backward launches them in order.
 
-A launch the first call ran as its augmented forward (augment.py: an online softmax's state kept on tapes for the
-backward) is run so again on tapes of the call's own (``FastTape._augmented``), and the call's backward reads those
-(``FastTape.backward``: the replay's launches with this call's tapes, through ``OpBackward``).
+A launch the first call ran as its augmented forward (augment.py: state tapes for the backward) is run so again on
+tapes of the call's own, laid out as at its first replay (``FastTape._augmented``), which its backward reads.
 
 An in-place launch's copy (tape.py's ``_snapshots``) is taken per call before it runs (an empty tensor where no
 derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads, configs
@@ -45,9 +44,10 @@ import torch
 
 from ..core.device import capturing, ensure_allocator
 from ..runtime import relaunch
-from ..runtime.augment import keeping
+from ..runtime.augment import keeping_of
 from . import backward as op_backward
 from .replay_backward import FastBackward
+from .shadows import kept_empty
 from .tape import Tape, _by_parameter, _relaunchers, copy_of, current_autotuner, current_tape, recording_backward
 from .tiles import Tiles
 
@@ -57,8 +57,6 @@ _Tensor = torch.Tensor
 _given = functools.partial(operator.is_not, None)  # (a gradient given: in C, on every backward)
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 _ITEMSIZE = {d: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)}
-
-
 ENABLED = os.environ.get(ENV) != "0"  # (read once: os.environ costs microseconds on every call)
 
 
@@ -68,7 +66,8 @@ class Expected:
     their types, and the recorded launch (tape.RecordedLaunch, holding no tensors) the backward reads."""
 
     __slots__ = ("kernel", "grid", "callable_grid", "count", "names", "tensors", "pick", "plain", "types", "values",
-                 "recorded", "key", "relauncher", "same", "tail", "augmented", "written", "snapshots")
+                 "recorded", "key", "relauncher", "same", "tail", "augmented", "keeping", "written", "snapshots",
+                 "placeholders")
 
     def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple, augmented: bool, unread):
         positions, self.names = pattern[1], pattern[2]
@@ -79,8 +78,9 @@ class Expected:
         # copied, or None for an empty tensor in place of a copy no derived kernel reads, dtype)
         self.snapshots = tuple(sorted((i, p, None if i in unread else by_parameter[p], described[i][1])
                                       for p, i in pattern[3]))
-        self.augmented = augmented  # launched as its augmented forward, keeping state tapes of each call's own
-        self.kernel, self.grid, self.recorded = recorded.kernel, recorded.grid, recorded
+        self.placeholders: dict[int, torch.Tensor] = {}  # slot -> its empty tensor (shadows.kept_empty)
+        self.augmented, self.keeping = augmented, None  # run as its augmented forward: each call's tapes, as that
+        self.kernel, self.grid, self.recorded = recorded.kernel, recorded.grid, recorded  # augment.Keeping says
         self.callable_grid = callable_grid
         self.count = len(positions) - len(self.names)  # positional arguments
         self.values = (*recorded.args, *recorded.kwargs.values())  # (None for a tensor)
@@ -164,16 +164,19 @@ class Replay:
                 return None
         return Replay(tape, named)
 
-    def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list:
-        """The gradients, as Tape.backward gives them: by the schedule's FastBackward once it has one."""
+    def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool], kept: dict | None = None) -> list:
+        """The gradients, as Tape.backward gives them: by the schedule's FastBackward once it has one. ``kept``: per
+        launch run as its augmented forward, the state tapes the call kept (FastTape.kept)."""
         schedule = (tuple(needs), tuple(map(_given, grads)))
         fast = self.backwards.get(schedule) if recording_backward.get() is None else False
         if fast and fast.grad is op_backward.grad:  # (tests spy on grad: a new one is a new backward)
             if current_tape.get() is None and not torch.is_grad_enabled():  # (as FastBackward.__call__, inlined)
                 ensure_allocator()
-                return fast.run(saved, grads, needs)
-            return fast(saved, grads, needs)
-        result = self.planned(saved, grads, needs, self.recorded)
+                return fast.run(saved, grads, needs, kept)
+            return fast(saved, grads, needs, kept)
+        recorded = self.recorded if kept is None else [  # (the replay's launches, with this call's tapes)
+            _with_tapes(r, kept[i]) if i in kept else r for i, r in enumerate(self.recorded)]
+        result = self.planned(saved, grads, needs, recorded)
         if fast is not False:
             self.backwards[schedule] = FastBackward.of(self, schedule)
         return result
@@ -316,19 +319,20 @@ class FastTape:
         for slot, _, copied, dtype in expected.snapshots:
             if len(tensors) != slot:
                 return None
-            tensors.append(torch.empty(0, dtype=dtype, device=self.replay.described[slot][5]) if copied is None
-                           else copy_of(tensors[copied]))
+            tensors.append(copy_of(tensors[copied]) if copied is not None else kept_empty(
+                expected.placeholders, slot, dtype, self.replay.described[slot][5]))
             self.index[id(tensors[-1])] = slot
         return expected
 
     def _augmented(self, run: Callable, kernel: Any, expected: Expected, args: tuple, kwargs: dict,
                    warmup: bool) -> Any:
-        """The launch as its augmented forward (Tape.launch's), on state tapes of this call's own, which its
-        backward reads (``backward``); where it keeps none now, the call goes on as a first call."""
-        found = keeping(kernel, expected.recorded.info.with_defaults(args, kwargs), expected.grid)
+        """The launch as its augmented forward (Tape.launch's) on state tapes of this call's own, which its backward
+        reads (``backward``), made as ``expected.keeping`` says (a match fixes what it reads); else a first call's."""
+        found = expected.keeping = expected.keeping or keeping_of(
+            kernel, expected.recorded.info.with_defaults(args, kwargs), expected.grid)
         if found is None:
             return self._fall_back().launch(run, kernel, expected.grid, args, kwargs, warmup)
-        augmented_kernel, extra, saved = found
+        augmented_kernel, extra, saved = found.fresh()
         if self.kept is None:
             self.kept = {}
         self.kept[self.count] = saved
@@ -398,8 +402,9 @@ class FastTape:
             i = index.get(id(v))
             if i != slot and (i is not None or not self._new_tensor(replay, v, slot)):
                 return False
-        # (a replay's launches keep their configs: one that may take others is not its)
-        return Tiles.of(expected.kernel, grid, expected.recorded.info, args, kwargs, current_autotuner.get()) is None
+        # (a replay's launches keep their configs: one that may take others is not its; none without a grid function)
+        return not expected.callable_grid or Tiles.of(expected.kernel, grid, expected.recorded.info, args, kwargs,
+                                                      current_autotuner.get()) is None
 
     def _new_tensor(self, replay: Replay, v: Any, slot: int) -> bool:
         """Whether ``v``, a value not seen before in the call, is a tensor the replay's call had at ``slot``: the
@@ -476,12 +481,7 @@ class FastTape:
         return True
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        if self.kept is None:
-            return self.replay.backward(saved, grads, needs)
-        recorded = list(self.replay.recorded)  # the replay's launches, with this call's tapes
-        for index, kept in self.kept.items():
-            recorded[index] = _with_tapes(recorded[index], kept)
-        return self.replay.planned(saved, grads, needs, recorded)
+        return self.replay.backward(saved, grads, needs, self.kept)
 
 
 def _with_tapes(recorded: Any, saved: Any) -> Any:

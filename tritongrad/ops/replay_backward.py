@@ -8,8 +8,9 @@ dtype and device, each kept launch its values; what is left per call is the tens
 ``OpBackward._backward`` and ``Launcher.__call__`` do on that path, in their order (the first maker of a storage's
 shadow decides whether it is zero-filled). A kept launch without partial rows, scratch or later adds goes through
 its Relauncher (every value Triton binds, where it launches directly) or, in the interpreter, to the kernel on its
-grid; one with them through ``PartLaunch.launch``. The function (~20 statements for a launch) replaces two loops
-over generic tuples and a dict per source per step: a few microseconds of a host-bound step."""
+grid; one with them through ``PartLaunch.launch``; the state tapes a launch run as its augmented forward kept are
+the call's (``kept``). The function (~20 statements for a launch) replaces two loops over generic tuples and a dict
+per source per step: a few microseconds of a host-bound step."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ import torch
 
 from ..core.device import ensure_allocator
 from . import backward as op_backward
-from .shadows import Plan, Shadow, stand_in_tensor
+from .shadows import Plan, Shadow, contiguous, stand_in_tensor
 from .tape import current_tape
 
 
 class FastBackward:
     """See the module docstring. ``grad``: backward.grad as it was when the Launchers were kept (tests spy on it:
-    another one is another backward). ``run(saved, grads, needs)``: the backward, grad mode off."""
+    another one is another backward). ``run(saved, grads, needs, kept)``: the backward, grad mode off (``kept``: per
+    launch run as its augmented forward, the state tapes the call kept, replay.FastTape.kept)."""
 
     def __init__(self, replay: Any, schedule: tuple, launchers: tuple):
         self.grad = op_backward.grad
@@ -45,32 +47,31 @@ class FastBackward:
             return None
         launchers = []
         for step in plan.steps(*schedule):
-            launch = replay.recorded[step.launch.index]  # OpBackward._run_step's key, the launch unaugmented
+            index = step.launch.index
+            launch = replay.recorded[index]  # OpBackward._run_step's key (run as its augmented forward: a call's
             keep = (op_backward.grad, replay.deterministic, launch.args, tuple(launch.kwargs.items()), launch.grid,
-                    False)
+                    replay.expected[index].augmented)  # tapes, FastTape.kept)
             launcher = step.launchers.get(keep)
             if not launcher:
                 return None if launcher is None else False
-            if any(source == 3 for _, wired in launcher.launches for _, source, _ in wired):
-                return False  # (it takes a call's state tapes, which no function written here is given)
-            launchers.append(launcher)
+            launchers.append((index, launcher))
         return FastBackward(replay, schedule, tuple(launchers))
 
-    def __call__(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list:
+    def __call__(self, saved: tuple, grads: tuple, needs: Sequence[bool], kept: dict | None = None) -> list:
         token = current_tape.set(None) if current_tape.get() is not None else None  # (inside another op's forward)
         try:
             ensure_allocator()
             if torch.is_grad_enabled():  # create_graph=True: the backward is not itself differentiated
                 with torch.no_grad():
-                    return self.run(saved, grads, needs)
-            return self.run(saved, grads, needs)
+                    return self.run(saved, grads, needs, kept)
+            return self.run(saved, grads, needs, kept)
         finally:
             if token is not None:
                 current_tape.reset(token)
 
 
 def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dict]:
-    """The source of ``run(saved, grads, needs)`` for a schedule, and the namespace its names are bound in."""
+    """The source of ``run(saved, grads, needs, kept)`` for a schedule, and the namespace its names are bound in."""
     plan: Plan = backward.plan
     needs, present = schedule
     namespace = {"_shadow": _shadow, "_scatter_add": op_backward._scatter_add, "backward": backward, "torch": torch}
@@ -80,8 +81,10 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
         namespace[name] = value
         return name
 
-    lines = ["def run(saved, grads, needs):", "    shadows = {}"]
+    lines = ["def run(saved, grads, needs, kept):", "    shadows = {}"]
     first_made = _first_made(plan, launchers)
+    kept: set[int] = set()  # the storages whose shadows the function has made so far
+    seen: dict[tuple, str] = {}  # (storage, view) -> the local holding that view of its shadow
     for i, (output, given) in enumerate(zip(plan.outputs, present, strict=True)):  # OpBackward._backward's
         if output is None or not given:
             continue
@@ -93,21 +96,27 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
             lines += [f"    if g{i}.dtype == {bound(dtype)} and g{i}.shape == {bound(size)} and g{i}.is_contiguous():",
                       f"        shadows[{shadow.key}] = {reused}", "    else:"]
             indent = "        "
-        made = f"backward._shadow(shadows, {bound(shadow)})"
+        made = f"_shadow(shadows, {bound(_maker(plan, shadow, True, False))})"  # (OpBackward._shadow's, zero-filled)
+        kept.add(shadow.key)
         if overlapping:
             lines.append(f"{indent}_scatter_add({made}, g{i})")
             continue
         shape, buffer_dtype, device = plan.buffers[shadow.key]
         buffer_dtype = first_made.get(shadow.key, buffer_dtype)
         if math.prod(size) == math.prod(shape):  # a fresh buffer the view covers: the gradient copied in (widened),
-            lines += [f"{indent}if {shadow.key} not in shadows:",  # not added to zeros
+            made = f"shadows[{shadow.key}]" if _itself(plan, shadow) else made  # not added to zeros
+            lines += [f"{indent}if {shadow.key} not in shadows:",
                       f"{indent}    shadows[{shadow.key}] = torch.empty({bound(shape)}, dtype={bound(buffer_dtype)}, "
                       f"device={bound(device)})",
                       f"{indent}    {made}.copy_(g{i})", f"{indent}else:"]
             indent += "    "
         lines.append(f"{indent}{made}.add_(g{i})")
-    for s, launcher in enumerate(launchers):  # Launcher.__call__'s
+    for s, (index, launcher) in enumerate(launchers):  # Launcher.__call__'s
         sources: dict[tuple[int, str], str] = {}
+        tapes = sorted({name for _, wired in launcher.launches for _, source, name in wired if source == 3})
+        if tapes:  # the state tapes this call's augmented forward kept (augment.SavedStates.args)
+            lines.append(f"    t{s} = kept[{index}].args")
+            sources.update({(3, p): f"t{s}[{p!r}]" for p in tapes})
         for p, slot, stand_in in launcher.replayed:
             sources[0, p] = name = f"s{s}_{len(sources)}"
             value = f"saved[{slot}]" if slot is not None else bound(stand_in_tensor(stand_in))  # (empty: no memory)
@@ -117,7 +126,12 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
         for source, p, maker in made:
             sources[source, p] = name = f"s{s}_{len(sources)}"
             key, view, shape, dtype, device, make = maker
+            kept.add(key)
             if view is not None:
+                if (key, view) in seen:  # (a view made already: the buffer's elements seen alike, in a local)
+                    sources[source, p] = seen[key, view]
+                    continue
+                seen[key, view] = name
                 lines.append(f"    {name} = _shadow(shadows, {bound(maker)})")
                 continue
             lines += [f"    {name} = shadows.get({key})",  # _shadow, for the storage's own buffer
@@ -131,8 +145,35 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
         found = [f"shadows.get({v.key})" if need else "None" for v, need in zip(plan.input_views, needs, strict=True)]
         lines.append(f"    return [{', '.join(found)}]")
     else:
-        lines.append("    return backward._input_grads(shadows, needs)")
+        lines += _input_grads(plan, needs, kept, seen, bound)
     return "\n".join(lines) + "\n", namespace
+
+
+def _input_grads(plan: Plan, needs: tuple, kept: set[int], seen: dict, bound: Any) -> list[str]:
+    """The statements returning what ``OpBackward._input_grads`` returns, decided here as far as the schedule decides
+    it (which inputs are needed, which shadows the function made, the views' relations and layouts): each input's
+    gradient its shadow seen through its view, or None (not needed, not reached, or an earlier input has its
+    elements); the call itself where an input's elements are taken from a later one's or its view overlaps itself."""
+    views, relations = plan.input_views, op_backward.input_relations(plan)
+    live = [need and v.key in kept for v, need in zip(views, needs, strict=True)]
+    for i, (earlier, _) in enumerate(relations):
+        if live[i] and any(live[j] for j in earlier):
+            live[i] = False
+    lines, found = [], []
+    for i, (v, shadow) in enumerate(zip(views, plan.input_shadows, strict=True)):
+        if not live[i]:
+            found.append("None")
+            continue
+        if any(live[j] for j in relations[i][1]) or shadow.view is not None and torch._debug_has_internal_overlap(
+                torch.empty_strided(shadow.view[0], shadow.view[1], device="meta")):
+            return ["    return backward._input_grads(shadows, needs)"]
+        view = None if _itself(plan, shadow) else shadow.view
+        got = f"shadows[{shadow.key}]" if view is None else seen.get((shadow.key, view)) or \
+            f"_shadow(shadows, {bound((shadow.key, view, None, None, None, None))})"
+        dtype = bound(v.dtype)
+        lines += [f"    i{i} = {got}", f"    if i{i}.dtype != {dtype}:", f"        i{i} = i{i}.to({dtype})"]
+        found.append(f"i{i}")
+    return [*lines, f"    return [{', '.join(found)}]"]
 
 
 def _launch(traced: Any, wired: tuple, sources: dict, buffers: str, deterministic: bool, bound: Any) -> list[str]:
@@ -164,7 +205,7 @@ def _first_made(plan: Plan, launchers: tuple) -> dict[int, torch.dtype]:
     """Per storage, the dtype of its shadow as the first launch to use it makes it: an output's gradient is copied
     into a buffer of that dtype (OpBackward._shadow of a _Given: an input updated in place there, its own dtype)."""
     found: dict[int, torch.dtype] = {}
-    for launcher in launchers:
+    for _, launcher in launchers:
         for _, shadow, fill, own in launcher.buffers:
             found.setdefault(shadow.key, _maker(plan, shadow, fill, own)[3])
         for _, shadow in launcher.outputs:
@@ -180,7 +221,16 @@ def _maker(plan: Plan, shadow: Shadow, fill: bool, own_dtype: bool) -> tuple:
     if own_dtype and whole:
         dtype = plan.storages[shadow.key][0]
     make = torch.empty if not fill and whole else torch.zeros
-    return shadow.key, shadow.view, shape, dtype, device, make
+    return shadow.key, None if _itself(plan, shadow) else shadow.view, shape, dtype, device, make
+
+
+def _itself(plan: Plan, shadow: Shadow) -> bool:
+    """Whether a shadow is its storage's buffer itself (its shape, in order from its first element): no view of it
+    to make (OpBackward._shadow's as_strided of it is the buffer again)."""
+    if shadow.view is None:
+        return True
+    size, stride, offset = shadow.view
+    return offset == 0 and size == tuple(plan.buffers[shadow.key][0]) and contiguous(size, stride)
 
 
 def _shadow(shadows: dict, made: tuple) -> torch.Tensor:

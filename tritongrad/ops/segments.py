@@ -94,21 +94,23 @@ class Segments(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.pending and func not in _METADATA and self._reads_pending((args, kwargs)):
-            if func in _VIEWS:  # a view (the next launch's argument, say) reads nothing; a copy does
-                result = func(*args, **kwargs)
-                if self._reads_pending(result):
-                    return result
-            self.close(by_watch=True)
-            try:
-                return func(*args, **kwargs)
-            except RuntimeError as e:
-                if "returns multiple views" in str(e):
-                    e.add_note(f"tritongrad.op `{self.name}`: a launch wrote a view made by unbind, chunk or split, "
-                               "which PyTorch will not give a history later; make those views by indexing "
-                               "(out[0], out[:, :half])")
-                raise
-        return func(*args, **kwargs)
+        if not self.pending or func in _METADATA:
+            return func(*args, **kwargs)
+        if func in _VIEWS:  # a view (the next launch's argument, say) reads nothing; a copy does (its result is
+            result = func(*args, **kwargs)  # looked at first: a view of what a launch wrote reads it)
+            if self._reads_pending(result) or not self._reads_pending((args, kwargs)):
+                return result
+        elif not self._reads_pending((args, kwargs)):
+            return func(*args, **kwargs)
+        self.close(by_watch=True)
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as e:
+            if "returns multiple views" in str(e):
+                e.add_note(f"tritongrad.op `{self.name}`: a launch wrote a view made by unbind, chunk or split, "
+                           "which PyTorch will not give a history later; make those views by indexing "
+                           "(out[0], out[:, :half])")
+            raise
 
     def _reads_pending(self, value: Any) -> bool:
         if isinstance(value, _Tensor):
@@ -119,9 +121,10 @@ class Segments(TorchFunctionMode):
             return any(self._reads_pending(v) for v in value.values())
         return False
 
-    def close(self, by_watch: bool = False) -> None:
-        """Make the current segment an autograd node; later launches record on a new tape. ``by_watch``: a PyTorch
-        call reads what its launches wrote (a call of several segments: not replayed, replay.py)."""
+    def close(self, by_watch: bool = False, last: bool = False) -> None:
+        """Make the current segment an autograd node; later launches record on a new tape (``last``: none come, the
+        host function has returned). ``by_watch``: a PyTorch call reads what its launches wrote (a call of several
+        segments: not replayed, replay.py)."""
         tape, written = self.tape, list(self.written.values())
         bases = list({id(b): b for b in (t if t._base is None else t._base for t in written)}.values())
         inputs = None
@@ -131,8 +134,10 @@ class Segments(TorchFunctionMode):
                 tape.boundary = None
             if inputs is None:  # not the replay's: its launches recorded as a first call's, without running again
                 tape = tape.fallen or tape._fall_back()
-        self.tape, self.written, self.pending = self._new_tape(), {}, set()
-        current_tape.set(self.tape)
+        self.written, self.pending = {}, set()
+        if not last:  # (the last one's caller resets the current tape)
+            self.tape = self._new_tape()
+            current_tape.set(self.tape)
         self.closed += 1
         if inputs is None:
             tape.dirty, tape.learnable = True, not by_watch  # (what a LearningTape learns a replay of)
@@ -167,7 +172,7 @@ class Segments(TorchFunctionMode):
         if self.closed == 0 and whole:
             return False
         if (self.tape.count if type(self.tape) is FastTape else self.tape.launches):
-            self.close()
+            self.close(last=True)
         return True
 
 

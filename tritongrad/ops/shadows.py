@@ -144,14 +144,18 @@ class Plan:
     inner_saved: frozenset[int] | None = field(init=False, default=None)
     # per input: the earlier inputs reaching its very elements, the later ones of its storage (backward._input_grads)
     input_relations: tuple | None = field(init=False, default=None)
+    stand_ins: dict = field(init=False, default_factory=dict, repr=False)  # kept_for_backward's empty tensors
 
     def kept_for_backward(self, saved: list) -> list:
         """The tensors an autograd node saves: ``saved`` with an empty tensor for each slot no derived kernel reads
-        (holding no memory; one per slot, so a kept Launcher still tells the slots apart)."""
+        (holding no memory; one per slot, so a kept Launcher still tells the slots apart; made once per slot, dtype
+        and device: nothing writes one, and the calls' nodes may share it)."""
         if not self.unused:
             return saved
-        return [torch.empty(0, dtype=t.dtype, device=t.device) if j in self.unused else t
-                for j, t in enumerate(saved)]
+        return [self._stand_in(j, t) if j in self.unused else t for j, t in enumerate(saved)]
+
+    def _stand_in(self, slot: int, t: torch.Tensor) -> torch.Tensor:
+        return kept_empty(self.stand_ins, (slot, t.dtype, t.device), t.dtype, t.device)
 
     def __post_init__(self):
         self.buffers = {k: self._buffer(k) for k in self.storages}
@@ -309,6 +313,17 @@ def _in_order(v: View, storages: dict) -> bool:
 
 
 _stand_ins: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def kept_empty(memo: dict, key: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An empty tensor of ``memo``'s for ``key``, made on first use and kept: holding no memory (nothing writes it),
+    one object per key. Not kept where it is not a plain tensor (made while torch.compile's fake tensors trace)."""
+    found = memo.get(key)
+    if found is None:
+        found = torch.empty(0, dtype=dtype, device=device)
+        if type(found) is torch.Tensor:
+            memo[key] = found
+    return found
 
 
 def stand_in_tensor(dtype_device: tuple[torch.dtype, torch.device]) -> torch.Tensor:

@@ -75,8 +75,9 @@ class Augmented:
     src: str
     layouts: dict[tuple, tuple | None] = field(default_factory=dict)  # launch scalars -> the tapes' layout
 
-    def arguments(self, named: dict[str, Any], grid: tuple[int, ...]) -> SavedStates | None:
-        """Fresh tapes for a launch, or None where its trip counts are not known or the tapes would be too big."""
+    def keeping(self, named: dict[str, Any], grid: tuple[int, ...]) -> Keeping | None:
+        """How a launch's fresh tapes are made, or None where its trip counts are not known or the tapes would be
+        too big."""
         key = (grid, *[named.get(n) for n in self._reads])
         try:
             layout = self.layouts.get(key, False)
@@ -93,8 +94,8 @@ class Augmented:
         size = sum(t.numel() * t.element_size() for t in tensors)
         if not tensors or states > SHARE * size or finals > FINALS_SHARE * size:
             return None
-        buffer = torch.empty(states + finals, dtype=torch.uint8, device=tensors[0].device)
-        return SavedStates(self.tapes, {**{p: buffer[a:b] for p, a, b in views}, **slots})
+        return Keeping(self.kernel, self.tapes, tuple(p for p, _, _ in views), tuple(b - a for _, a, b in views),
+                       slots, tensors[0].device, self.params)
 
     @functools.cached_property
     def _reads(self) -> tuple[str, ...]:
@@ -123,18 +124,44 @@ class Augmented:
                 finals += n if tape.final else 0
         return (at - finals, finals), tuple(views), slots
 
-    def launch_args(self, saved: SavedStates) -> dict[str, Any]:
-        """The augmented kernel's arguments for the tapes, by its own parameter names."""
-        return {self.params[k]: v for k, v in saved.args.items() if k in self.params}
+
+
+@dataclass(frozen=True)
+class Keeping:
+    """What ``keeping`` decides for a launch: the augmented kernel and how its tapes are laid out in one allocation
+    (8-byte aligned slices of it one after another: per tape buffer its parameter and bytes; the slot count per
+    tape). Launches of the same kernel, grid and non-tensor values, their tensors of the same dtypes and sizes on the
+    same device, decide alike (the layout reads the values and the tensors' sizes and dtypes): a replay keeps it per
+    launch (replay.py) and makes each call's tapes afresh (``fresh``)."""
+
+    kernel: Any
+    tapes: tuple[StateTape, ...]
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    slots: dict[str, int]
+    device: torch.device
+    params: dict[str, str]  # per backward tape parameter, the augmented kernel's own name for it
+
+    def fresh(self) -> tuple[Any, dict[str, Any], SavedStates]:
+        """The augmented kernel, its extra arguments (by its own parameter names) and the fresh tapes they are."""
+        buffer = torch.empty(sum(self.sizes), dtype=torch.uint8, device=self.device)
+        saved = SavedStates(self.tapes, {**dict(zip(self.names, buffer.split_with_sizes(self.sizes), strict=True)),
+                                         **self.slots})  # (one call, not a slicing per tape)
+        return self.kernel, {self.params[k]: v for k, v in saved.args.items() if k in self.params}, saved
 
 
 def keeping(jit_fn: Any, named: dict[str, Any], grid: tuple[int, ...]
             ) -> tuple[Any, dict[str, Any], SavedStates] | None:
     """For a launch (its arguments by parameter name, its grid): the augmented kernel, its extra arguments and
     the tapes they are, where its backward can read state tapes the forward keeps; else None."""
+    found = keeping_of(jit_fn, named, grid)
+    return None if found is None else found.fresh()
+
+
+def keeping_of(jit_fn: Any, named: dict[str, Any], grid: tuple[int, ...]) -> Keeping | None:
+    """``keeping``'s decision for a launch, before any tape is made (None: the launch keeps none)."""
     found = augmented(jit_fn, named)
-    saved = found.arguments(named, grid) if found is not None else None
-    return None if saved is None else (found.kernel, found.launch_args(saved), saved)
+    return found.keeping(named, grid) if found is not None else None
 
 
 _augmented: dict[tuple, Augmented | None] = {}

@@ -82,9 +82,10 @@ class Part:
         ``checked``: each between guard bands (guards.py), returned to check after the kernel."""
         if not self.later_adds and (self.saved or not self.tapes):
             return ()
-        programs, device = math.prod(grid), device_of(args)
+        programs, device = math.prod(grid), None  # (the device: asked where a tape is made, not for later adds)
         bands = ()
         for tape in self.tapes if not self.saved else ():
+            device = device or device_of(args)
             made = tape.allocate(LaunchValues(args, grid), programs, device)
             if checked:
                 made, more = banded(made, "state tape", keep=False)

@@ -389,8 +389,10 @@ class LaterAdds:
         import torch
 
         n = max(1, programs * launch.numel(self.shape))
-        both = torch.zeros(n * (8 + target.element_size()), dtype=torch.uint8, device=target.device)  # one fill
-        return {self.offsets: both[:8 * n].view(torch.int64), self.values: both[8 * n:].view(target.dtype)}
+        size = n * target.element_size()
+        both = torch.zeros(8 * n + size, dtype=torch.uint8, device=target.device)  # one fill
+        offsets, values = both.split_with_sizes((8 * n, size))  # (one call, not two slicings)
+        return {self.offsets: offsets.view(torch.int64), self.values: values.view(target.dtype)}
 
     def add(self, args: dict, target, span: int, deterministic: bool) -> None:
         """Add the kept adjoints into ``target`` (``span`` elements from its first one to its last)."""
