@@ -147,10 +147,11 @@ class LoopReversal:
         names = {"start": start, "step": step, "every": name_node(every), "slots": name_node(slots),
                  "trips": name_node(trips), "i": name_node(i), "back": name_node(back), "slot": name_node(slot),
                  "index": name_node(index)}
-        setup = [self.count_assign(node, trips, self.trip_count(node))]
+        setup, names["trips"] = self.counted(node, trips, self.trip_count(node))
         if not self.builder.saved:  # (constexpr arithmetic for a static loop: slots >= 1, and none is read at 0 trips)
-            setup.append(self.count_assign(node, every, instantiate(
-                "(trips + slots - 1) // slots" if static else "tl.maximum(tl.cdiv(trips, slots), 1)", names)))
+            spacing, names["every"] = self.counted(node, every, instantiate(
+                "(trips + slots - 1) // slots" if static else "tl.maximum(tl.cdiv(trips, slots), 1)", names))
+            setup += spacing
         setup += self.resets(node, state)
         setup += [assign(rows[c.name], tape_row(self.state_type(c.name), name_node(params[c.name]), name_node(c.name),
                                                 name_node(slots), instantiate("tg.program_index()", {})))
@@ -160,8 +161,8 @@ class LoopReversal:
             self.builder.emit(s)
         if self.builder.saved:  # the state after the loop, for what follows it (merge_records: in place of its replay)
             for c in state:
-                final = assign(c.name, tape_get(self.state_type(c.name), name_node(rows[c.name]), name_node(trips),
-                                                name_node(c.name)))
+                final = assign(c.name, tape_get(self.state_type(c.name), name_node(rows[c.name]),
+                                                copy.deepcopy(names["trips"]), name_node(c.name)))
                 final.tape_final = node.tg
                 self.builder.emit(final)
         else:
@@ -190,7 +191,7 @@ class LoopReversal:
                                 names)
             body += self.partial_replay(node, replay, since, instantiate(f"start + {now} * step", names))
         body.append(assign(index, instantiate("start + i * step", names)))
-        self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
+        self.emit_backwards(node, back, names["trips"], body, sweep, needed, updates, incoming)
 
     def _known_trips(self, node: ast.For) -> Expr | None:
         trips = self.builder.analysis.trips.get(LoopIndex(node.target.id))
@@ -239,8 +240,10 @@ class LoopReversal:
         index = node.target.id
         start, _, step = range_bounds(node)
         trips, back, now = (self.builder.namer.fresh(f"{index}_{w}") for w in ("trips", "back", "now"))
-        bounds = {"start": start, "step": step, "trips": name_node(trips), "back": name_node(back)}
-        self.builder.emit(self.count_assign(node, trips, self.trip_count(node)))
+        count, counted = self.counted(node, trips, self.trip_count(node))
+        bounds = {"start": start, "step": step, "trips": counted, "back": name_node(back)}
+        for s in count:
+            self.builder.emit(s)
         current = instantiate("start + (trips - 1 - back) * step", bounds)
         body: list[ast.stmt] = []
         if not node.tg.static:  # (a static loop's index is said inline: a constexpr, as its replay's bound must be)
@@ -250,18 +253,21 @@ class LoopReversal:
         replayed = self.builder.forward.block(node.body, rebuilt)
         body += self.partial_replay(node, replayed, copy.deepcopy(start), copy.deepcopy(current))
         body.append(assign(index, current))
-        self.emit_backwards(node, back, trips, body, sweep, needed, updates, incoming)
+        self.emit_backwards(node, back, counted, body, sweep, needed, updates, incoming)
 
     @staticmethod
-    def count_assign(node: ast.For, name: str, value: ast.expr) -> ast.stmt:
-        """``name = value``; annotated ``tl.constexpr`` for a ``tl.static_range`` loop, whose reverse loop and replays
-        take it as a bound (compiled, a name assigned a constexpr's value is not one)."""
+    def counted(node: ast.For, name: str, value: ast.expr) -> tuple[list[ast.stmt], ast.expr]:
+        """A count the reverse loop reads (its trips, its checkpoint spacing): ``name = value`` and ``name``; for a
+        ``tl.static_range`` loop no statement and ``value`` itself, said inline where it is read: its reverse loop
+        and replays take it as a bound, which compiled must be a constexpr (a name assigned a constexpr's value is
+        not one), and an annotated ``name: tl.constexpr = value`` would be assigned again in each unrolled copy
+        of an enclosing static loop, which compiled Triton refuses ('constexpr cannot be reassigned')."""
         if not node.tg.static:
-            return assign(name, value)
-        return ast.AnnAssign(target=ast.Name(name, ast.Store()), annotation=instantiate("tl.constexpr", {}),
-                             value=value, simple=1)
+            return [assign(name, value)], name_node(name)
+        return [], value
 
-    def emit_backwards(self, node: ast.For, back: str, trips: str, body, sweep, needed, updates, incoming) -> None:
+    def emit_backwards(self, node: ast.For, back: str, trips: ast.expr, body, sweep, needed, updates, incoming
+                       ) -> None:
         """The reverse loop ``for back in range(trips)``: ``body`` (the iteration's state and index), then
         the adjoints carried in, the iteration's values and its sweep. A carried adjoint enters in its state's type
         (the gradient reaching it may be narrower: a float32 loss of float64 state), which the loop keeps when
@@ -276,8 +282,8 @@ class LoopReversal:
         body += self.builder.forward.block(node.body, needed, skip={id(s) for s in updates})
         body += sweep
         func = "tl.static_range" if node.tg.static else "range"
-        loop = ast.For(target=ast.Name(back, ast.Store()), iter=instantiate(f"{func}(trips)", {"trips": name_node(
-            trips)}), body=body, orelse=[])
+        loop = ast.For(target=ast.Name(back, ast.Store()), iter=instantiate(f"{func}(trips)", {"trips": trips}),
+                       body=body, orelse=[])
         self.builder.emit(ast.copy_location(loop, node))
 
     def ensure_adjoint(self, node: ast.For, name: str) -> str:
