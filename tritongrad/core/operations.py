@@ -272,7 +272,9 @@ rule("dot", DOT, elementwise=False,
 # shape operations
 rule("subscript", "input, index", elementwise=False, input="tl.reshape(g, input.shape)")
 rule("expand_dims", "input, axis", elementwise=False, input="tl.reshape(g, input.shape)")
-rule("reshape", "input, *shape, can_reorder=False", elementwise=False, input="tl.reshape(g, input.shape)")
+# a 0-d result (an expand_dims' adjoint of a scalar, derived again) has a scalar adjoint, which tl.reshape refuses
+rule("reshape", "input, *shape, can_reorder=False", elementwise=False,
+     input="tl.reshape(g, input.shape) if len(out.shape) > 0 else tl.broadcast_to(g, input.shape)")
 rule("view", "input, *shape", elementwise=False, input="tl.reshape(g, input.shape)")
 rule("trans", "input, *dims", elementwise=False, input=_inverse_permutation)
 rule("permute", "input, *dims", elementwise=False, input=_inverse_permutation)

@@ -33,6 +33,8 @@ class ControlFlowFlattener:
 
     def __init__(self, normalizer):
         self.normalizer = normalizer  # the Normalizer whose blocks this flattens if and for into
+        # SSA name -> the (test, branch) pairs of the constexpr ifs it is bound only inside (assigned in one branch)
+        self.bound_only_in: dict[str, frozenset[tuple[str, bool]]] = {}
 
     def lift_returns(self, body: list[ast.stmt], value: bool) -> tuple[list[ast.stmt], ast.Return | None]:
         """The function body being flattened, its early returns made structural (see ``lift_returns``)."""
@@ -78,6 +80,9 @@ class ControlFlowFlattener:
             names = [n for n in names if n in keep]
         for name in names:
             values = [b[1].get(name) for b in branches]
+            if static:  # a value bound only in the other branch of an earlier `if` on this test is unbound here
+                values = [None if self._unbound_in(v, ast.dump(test), taken) else v
+                          for v, taken in zip(values, (True, False), strict=True)]
             if None not in values and not _differs(*values):
                 frame.env[name] = values[0]
                 continue
@@ -90,8 +95,11 @@ class ControlFlowFlattener:
             blocks = [b[0] for b in branches]
             own = [v is not None and _assigned_at_top(block, v) for block, v in zip(blocks, values, strict=True)]
             merged = next((v.id for v, ok in zip(values, own, strict=True) if ok), None)
+            bound = self._bound_only_in(values, ast.dump(test))
             if merged is None:
                 merged = self.normalizer.new_version(name)
+            if bound is not None:
+                self.bound_only_in[merged] = bound
             frame.env[name] = name_node(merged)
             for block, value, ok in zip(blocks, values, own, strict=True):
                 if ok:
@@ -108,6 +116,22 @@ class ControlFlowFlattener:
             frame.gone.pop(name, None)
         node = ast.If(test=test, body=branches[0][0], orelse=branches[1][0])
         self.normalizer.finish(node, Op("if", [test]), stmt, merges=merges, static=static)
+
+    def _unbound_in(self, value: ast.expr | None, test: str, taken: bool) -> bool:
+        """Whether ``value`` is surely unbound in the branch ``taken`` of a constexpr ``if`` on ``test``: it is
+        bound only inside the other branch of an earlier one (a derived kernel's `if` that recomputes what its
+        replayed forward `if` assigned). Copying it into the merge there would read a name never assigned."""
+        return isinstance(value, ast.Name) and (test, not taken) in self.bound_only_in.get(value.id, ())
+
+    def _bound_only_in(self, values: list[ast.expr | None], test: str) -> frozenset[tuple[str, bool]] | None:
+        """Where the merge of a constexpr ``if`` one branch of which leaves it unassigned is bound: in the other
+        branch, where its value is bound (None: both branches assign it)."""
+        if values[0] is not None and values[1] is not None:
+            return None
+        taken = values[1] is None
+        value = values[0] if taken else values[1]
+        inner = self.bound_only_in.get(value.id, frozenset()) if isinstance(value, ast.Name) else frozenset()
+        return inner | {(test, taken)}
 
     def conditional(self, node: ast.IfExp, stmt: ast.stmt, target: str | None = None) -> ast.expr:
         """``a if test else b`` as the statement ``if test: t = a`` / ``else: t = b``, and the atom ``t`` now names
