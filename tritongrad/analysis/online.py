@@ -150,7 +150,7 @@ def _match(loop: ast.For):
                 alphas |= _factor_family(target_of(e), users, top)
         if not ok or not alphas:
             continue
-        for a in alphas:
+        for a in (t for t in top if t in alphas):  # in body order, not the set's: it orders the starts emitted
             for s in users.get(a, []):
                 if target_of(s) in alphas:
                     continue
