@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import tritongrad
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # `tritongrad show` for each: the backward, its variants, what an op keeps and the augmented forward
@@ -28,3 +30,15 @@ def test_derived_sources_do_not_depend_on_the_hash_seed():
     assert first.count("def ") >= len(KERNELS), first
     assert first == second, "\n".join(
         f"{a!r} != {b!r}" for a, b in zip(first.splitlines(), second.splitlines(), strict=False) if a != b)
+
+
+def test_each_branch_of_a_helper_inlined_twice_comments_its_adjoint():
+    """The sweep skips a comment equal to its block's last one; it kept that per id(block), and a branch's block
+    freed earlier could hand its id to a later one, whose first `# grad of:` was then dropped."""
+    from test_branches import rank_branches
+
+    lines = tritongrad.grad(rank_branches).src.splitlines()
+    adjoints = [i for i, line in enumerate(lines) if "tg.sum_grad(" in line]
+    assert len(adjoints) == 4, "\n".join(lines)  # two inlined helpers, two `if`s each
+    for i in adjoints:
+        assert lines[i - 1].strip().startswith("# grad of: t = tl.sum(t, "), "\n".join(lines[i - 2:i + 1])
