@@ -210,7 +210,7 @@ def _rewrite(trial: list[ast.stmt], block: list[ast.stmt], loop: ast.For, m: Car
     needed, order = _slice(body, update, m.name, carried)
     if needed is None or needed & set(rescaled):
         return None
-    renamed = {n: namer.fresh(f"{n}_max") for n in needed | {loop.target.id}}
+    renamed = {n: namer.fresh(f"{n}_max") for n in sorted(needed | {loop.target.id})}  # (not a set's order)
     renamed[m.name] = namer.fresh(f"{m.source or m.name}_max")
     pre_body = [_copy(s, renamed) for s in order]
     last = _copy(update, renamed)
