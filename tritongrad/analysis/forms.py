@@ -109,7 +109,9 @@ class Digit:
 
     @property
     def sort_key(self) -> tuple:
-        return (f"digit{'//' if self.quotient else '%'}{self.divisor}", hash(self.dividend))
+        # the dividend's own terms, not its hash: a str's hash changes from process to process (PYTHONHASHSEED)
+        return (f"digit{'//' if self.quotient else '%'}{self.divisor}",
+                tuple((k.sort_key, c) for k, c in self.dividend.terms))
 
     @property
     def partner(self) -> Digit:

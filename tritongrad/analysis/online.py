@@ -150,7 +150,7 @@ def _match(loop: ast.For):
                 alphas |= _factor_family(target_of(e), users, top)
         if not ok or not alphas:
             continue
-        for a in alphas:
+        for a in (t for t in top if t in alphas):  # in body order, not the set's: it orders the starts emitted
             for s in users.get(a, []):
                 if target_of(s) in alphas:
                     continue
@@ -210,7 +210,7 @@ def _rewrite(trial: list[ast.stmt], block: list[ast.stmt], loop: ast.For, m: Car
     needed, order = _slice(body, update, m.name, carried)
     if needed is None or needed & set(rescaled):
         return None
-    renamed = {n: namer.fresh(f"{n}_max") for n in needed | {loop.target.id}}
+    renamed = {n: namer.fresh(f"{n}_max") for n in sorted(needed | {loop.target.id})}  # (not a set's order)
     renamed[m.name] = namer.fresh(f"{m.source or m.name}_max")
     pre_body = [_copy(s, renamed) for s in order]
     last = _copy(update, renamed)

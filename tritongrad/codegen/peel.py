@@ -113,7 +113,8 @@ def _split(loop: ast.For, before: list[ast.stmt], kernel: list[ast.stmt], taken:
     moving = [t.prefix for t in tests.values() if t.prefix is not None]
     direction = moving.count(True) >= moving.count(False)
     chosen = {k for k, t in tests.items() if t.prefix in (direction, None)}
-    test = _conjunction(list({ast.unparse(tests[k].expr): tests[k].expr for k in chosen}.values()))
+    # in the body's order (tests'), not the set's: its ids are addresses, which differ from run to run
+    test = _conjunction(list({ast.unparse(t.expr): t.expr for k, t in tests.items() if k in chosen}.values()))
     names = {n: _fresh(taken, f"{var}_{n}") for n in ("trips", "first", "last", "middle", "split")}
     search = _search(test, var, lo, step, hi, names, direction)
     free = copy.deepcopy(loop)

@@ -136,7 +136,9 @@ class BackwardBuilder:
         self.shadow: dict[str, str] = {}  # pointer name -> name of its shadow
         self.comments: dict[str, str] = {}
         self.out: list[ast.stmt] = []  # the block of the sweep being written
-        self.last_comment: dict[int, str] = {}  # id(block) -> its last comment
+        # id(block) -> the block and its last comment: the block kept, so that a later block cannot take its id
+        # and lose its first comment (where the garbage collector freed one varied from run to run)
+        self.last_comment: dict[int, tuple[list[ast.stmt], str]] = {}
         params = self.program.param_names()
         self.namer.taken |= set(params) | set(analysis.stored_params.values())
         self.defs = analysis.defs
@@ -320,9 +322,9 @@ class BackwardBuilder:
         self.comment(f"grad of: {self.describe(stmt)}")
 
     def comment(self, text: str) -> None:
-        if self.last_comment.get(id(self.out)) == text:
+        if self.last_comment.get(id(self.out), (None, None))[1] == text:
             return  # the adjoints of one forward line share its comment
-        self.last_comment[id(self.out)] = text
+        self.last_comment[id(self.out)] = (self.out, text)
         self.out.append(self.marker(text))
 
     def marker(self, text: str) -> ast.Expr:
