@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -248,6 +249,7 @@ def _attention_step(k_ptr, v_ptr, N, D, q, rm, rd, start, m_i, l_i, acc, BN: tl.
     return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + tl.dot(p, v)
 
 
+@pytest.mark.slow  # (~10 s: six spellings derived and run)
 def test_the_causal_bound_written_any_way_derives_one_non_causal_backward(monkeypatch):
     """The bound as `range(0, N, BN)`, as a conditional expression on CAUSAL, and as an `if CAUSAL:` assignment:
     with CAUSAL=False the three launches choose the same variant with the same kernels, names aside; with

@@ -246,6 +246,7 @@ def test_fuzzed_kernels_captured_in_a_cuda_graph_replay_as_eager(kind, form):
     check_kind(kind, form, 6, 4, "cuda", torch.float32, captured)
 
 
+@pytest.mark.slow  # (~20 s: the harness itself, checked in CI's slow run)
 @pytest.mark.interpreter  # the fuzzer's kernels as the interpreter runs them (the GPU test above: compiled)
 @pytest.mark.parametrize("form", ["bare", "named"])
 @pytest.mark.parametrize("kind", list(KINDS))
