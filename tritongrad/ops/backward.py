@@ -291,10 +291,8 @@ class OpBackward:
         buffer = shadows.get(shadow.key)
         if buffer is None or type(buffer) is _Given:
             given, buffer = buffer, None
-            shape, dtype, device = self.plan.buffers[shadow.key]
-            whole = self.plan.all_of_buffer(shadow)
-            if own_dtype and whole:
-                dtype = self.plan.storages[shadow.key][0]
+            shape, _, device = self.plan.buffers[shadow.key]
+            dtype, whole = self.plan.buffer_dtype(shadow, own_dtype), self.plan.all_of_buffer(shadow)
             if given is not None or (guards is None and not fill and whole):
                 buffer = torch.empty(shape, dtype=dtype, device=device)
             elif guards is None:

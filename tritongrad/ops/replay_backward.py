@@ -206,22 +206,20 @@ def _first_made(plan: Plan, launchers: tuple) -> dict[int, torch.dtype]:
     into a buffer of that dtype (OpBackward._shadow of a _Given: an input updated in place there, its own dtype)."""
     found: dict[int, torch.dtype] = {}
     for _, launcher in launchers:
-        for _, shadow, fill, own in launcher.buffers:
-            found.setdefault(shadow.key, _maker(plan, shadow, fill, own)[3])
+        for _, shadow, _, own in launcher.buffers:
+            found.setdefault(shadow.key, plan.buffer_dtype(shadow, own))
         for _, shadow in launcher.outputs:
-            found.setdefault(shadow.key, plan.buffers[shadow.key][1])
+            found.setdefault(shadow.key, plan.buffer_dtype(shadow, False))
     return found
 
 
 def _maker(plan: Plan, shadow: Shadow, fill: bool, own_dtype: bool) -> tuple:
     """How OpBackward._shadow makes a view's shadow in an unchecked backward: (storage key, view, shape, dtype,
     device, torch.empty or torch.zeros)."""
-    shape, dtype, device = plan.buffers[shadow.key]
-    whole = plan.all_of_buffer(shadow)
-    if own_dtype and whole:
-        dtype = plan.storages[shadow.key][0]
-    make = torch.empty if not fill and whole else torch.zeros
-    return shadow.key, None if _itself(plan, shadow) else shadow.view, shape, dtype, device, make
+    shape, _, device = plan.buffers[shadow.key]
+    make = torch.empty if not fill and plan.all_of_buffer(shadow) else torch.zeros
+    return (shadow.key, None if _itself(plan, shadow) else shadow.view, shape, plan.buffer_dtype(shadow, own_dtype),
+            device, make)
 
 
 def _itself(plan: Plan, shadow: Shadow) -> bool:

@@ -189,6 +189,13 @@ class Plan:
         size, stride, offset = shadow.view
         return offset == 0 and math.prod(size) == self.buffers[shadow.key][0][0] and contiguous(size, stride)
 
+    def buffer_dtype(self, shadow: Shadow, own_dtype: bool) -> torch.dtype:
+        """The dtype of the buffer a shadow's first user makes: the primal's where the writer wants it (``own_dtype``)
+        and the shadow is all of the buffer, else the plan's (float32 for half types)."""
+        if own_dtype and self.all_of_buffer(shadow):
+            return self.storages[shadow.key][0]
+        return self.buffers[shadow.key][1]
+
     def shadow(self, v: View) -> Shadow:
         """Where a view's gradient lives."""
         return Shadow(v.key, None if v.key in self.whole else (v.size, v.stride, v.offset - self.storages[v.key][1]))
