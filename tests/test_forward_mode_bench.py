@@ -51,3 +51,15 @@ def test_the_benchmark_defaults_are_the_issues_shapes():
     args = forward_mode.parse([])
     assert (args.batch, args.heads, args.seqs, args.dims, args.dtype) == (4, 16, [1024, 4096], [64, 128], "bfloat16")
     assert args.hvp_sizes == [(4096, 4096), (16384, 4096)] and args.parts == list(forward_mode.PARTS)
+
+
+@pytest.mark.gpu
+def test_the_forward_mode_benchmark_runs_compiled_on_small_shapes(tmp_path):
+    """The benchmark's GPU path at small shapes: tritongrad's tangent kernel, forward mode through the op and its
+    Hessian-vector products, compiled, in bfloat16 and float32, within the dtype's tolerance of float64 PyTorch."""
+    rows = forward_mode.main(["--batch", "1", "--heads", "3", "--seqs", "600", "--dims", "64", "--hvp-sizes",
+                              "37x1000", "--out", str(tmp_path / "table.md")])
+    ours = [r for r in rows if r.get("impl") in ("fwd kernel", "fwd op", "jvp kernel", "func.jvp(op)", "tritongrad")]
+    assert len(ours) == 2 * 4 + 2 * 2
+    for row in ours:
+        assert row.get("ok") and row.get("ms", row.get("hvp ms")) > 0, row
