@@ -112,13 +112,18 @@ def around(launched: dict[str, Any], tiles: tuple[str, ...], kernel: Any) -> tup
                           f"(tiles=...), but its launch passes {name}={v!r}, which is not a power of two: a tile "
                           f"size is one (tl.arange's extent); leave `{name}` out of tiles=")
         values[name] = v
+    return _around(tuple(values.items()))
+
+
+@functools.lru_cache(maxsize=256)
+def _around(values: tuple[tuple[str, int], ...]) -> tuple:
+    """``around``'s configs of tiles at ``values``; cached: every call of an op records its launches' configs."""
     found = []
-    for steps in itertools.product((-1, 0, 1), repeat=len(tiles)):
+    for steps in itertools.product((-1, 0, 1), repeat=len(values)):
         if not any(steps) or abs(sum(steps)) > 1:
             continue
-        config = {n: values[n] << 1 if s > 0 else values[n] >> 1 if s < 0 else values[n]
-                  for n, s in zip(tiles, steps, strict=True)}
-        if all(config[n] >= min(16, values[n]) for n in tiles):
+        config = {n: v << 1 if s > 0 else v >> 1 if s < 0 else v for (n, v), s in zip(values, steps, strict=True)}
+        if all(config[n] >= min(16, v) for n, v in values):
             found.append(tuple(sorted(config.items())))
     return tuple(found)
 
