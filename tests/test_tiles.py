@@ -339,6 +339,8 @@ def test_named_tiles_offer_configs_around_the_launchs():
     names = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
     assert [tuple(dict(c)[n] for n in names) for c in around(TILED, names, kernel)] == AROUND[1:]
     assert {dict(c)["BLOCK_K"] for c in around({"BLOCK_K": 8}, ("BLOCK_K",), kernel)} == {16}  # 4: below 8 and 16
+    assert {dict(c)["BLOCK_K"] for c in around({"BLOCK_K": 256}, ("BLOCK_K",), kernel)} == {128}  # 512: above 256
+    assert {dict(c)["BLOCK_K"] for c in around({"BLOCK_K": 1024}, ("BLOCK_K",), kernel)} == {512}  # none past its own
 
 
 @pytest.mark.parametrize("winner", [1, 4, 7])

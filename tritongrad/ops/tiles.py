@@ -43,12 +43,12 @@ def backward_configs(configs: Sequence[Any] = (), *, tiles: Sequence[str] = ()) 
     ``configs``: ``triton.Config`` objects, as ``@triton.autotune`` takes them (constexprs and launch options; no
     ``pre_hook``). ``tiles``: the names of the constexprs that are tile sizes, instead of (or beside) configs
     (``@tritongrad.backward_configs(tiles=("BLOCK_M", "BLOCK_N", "BLOCK_K"))``): each launch then offers the
-    configs ``around`` makes from its own, each tile halved, kept or doubled, the tiles' product at most twice or
-    half the launch's (its warps and stages as launched: the backward's own tuning times those). Inside a
-    ``tritongrad.op``, the backward of each launch of the kernel runs under whichever of them, or the launch's own
-    config, is fastest at its shape (timed once per shape on a GPU, as an autotuned launch's backward is:
-    runtime/tuning.py), with the grid the launch's grid function gives for it. A matmul launched with the tiles
-    best for its forward gets a backward with the tiles best for its gradients' products.
+    configs ``around`` makes from its own, each tile halved, kept or doubled (within 16 to 256), the tiles'
+    product at most twice or half the launch's (its warps and stages as launched: the backward's own tuning times
+    those). Inside a ``tritongrad.op``, the backward of each launch of the kernel runs under whichever of them, or
+    the launch's own config, is fastest at its shape (timed once per shape on a GPU, as an autotuned launch's
+    backward is: runtime/tuning.py), with the grid the launch's grid function gives for it. A matmul launched with
+    the tiles best for its forward gets a backward with the tiles best for its gradients' products.
 
     The declaration is a promise: the kernel computes the same result (up to rounding) under each config, the
     launch's other arguments as passed; its grid function gives each config's grid from the config's tile sizes.
@@ -101,9 +101,10 @@ def backward_configs(configs: Sequence[Any] = (), *, tiles: Sequence[str] = ()) 
 
 def around(launched: dict[str, Any], tiles: tuple[str, ...], kernel: Any) -> tuple[tuple[tuple[str, Any], ...], ...]:
     """The configs (keyword items of the named tiles only) offered beside a launch's own (``launched``: its
-    constexprs and options): each tile halved, kept or doubled (none below 16, a product's least), the product
-    of the tiles at most twice or half the launch's, so that a config holds about the launch's registers and
-    shared memory; the launch's own left out. A named tile whose value is not a power of two is no tile size."""
+    constexprs and options): each tile halved, kept or doubled (none below 16, a product's least, nor above 256,
+    past which a product's tile spills its registers and compiles for long, but where the launch's is), the
+    product of the tiles at most twice or half the launch's, so that a config holds about the launch's registers
+    and shared memory; the launch's own left out. A named tile whose value is not a power of two is no tile size."""
     values = {}
     for name in tiles:
         v = launched.get(name)
@@ -123,7 +124,7 @@ def _around(values: tuple[tuple[str, int], ...]) -> tuple:
         if not any(steps) or abs(sum(steps)) > 1:
             continue
         config = {n: v << 1 if s > 0 else v >> 1 if s < 0 else v for (n, v), s in zip(values, steps, strict=True)}
-        if all(config[n] >= min(16, v) for n, v in values):
+        if all(min(16, v) <= config[n] <= max(256, v) for n, v in values):
             found.append(tuple(sorted(config.items())))
     return tuple(found)
 
