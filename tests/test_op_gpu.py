@@ -168,9 +168,8 @@ def test_compiled_backward_launches_the_derived_kernels_inductor_traced(caplog):
     torch.testing.assert_close(a.grad, want_grads[0])
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "layernorm", "softmax", "swiglu", "matmul", "cross_entropy", pytest.param(
-    "flash_attention", marks=pytest.mark.xfail(strict=True, reason="the forward under Inductor: its float scale "
-                                               "reaches the kernel as float64 (m_i's loop)"))])
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm", "softmax", "swiglu", "matmul", "cross_entropy",
+                                  "flash_attention"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_examples_get_the_eager_ops_gradients(name, dtype, caplog):
     """Each example compiled, forward and backward, against the same op run eagerly; the ops without an autotuned
