@@ -15,7 +15,7 @@ result, and the parameter names), and the facts other passes ask about it:
 | ``lanes`` | addresses.py | ``"same"``: keeps its operand's lane coordinates; ``"moved"``: moves them to other axes |
 | ``foldable`` | codegen | cheap and pure: written back into its uses in the printed kernel |
 | ``constexpr`` | frontend | a compile-time constant when its operands are |
-| ``on_host`` | analysis/conditions.py | the same operation on Python integers, for conditions checked at launch |
+| ``on_host`` | analysis, reverse | the same operation on Python integers: launch checks; which one (``operator.sub``) |
 | ``memory`` | everyone | ``"load"``, ``"store"``, ``"accumulate"`` (atomic add), ``"atomic"`` (other atomics) |
 | ``descriptor`` | everyone | ``"method"``: a tensor descriptor's load / store / atomic add; ``"made"``: makes one |
 | ``unbounded_in`` | analysis, reverse | the operand where a finite value may give infinity (log 0, 1/0) |
