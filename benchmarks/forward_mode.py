@@ -1,4 +1,4 @@
-"""Forward mode and second order, measured (issue 51): the JVP of the flash-attention example against its forward
+"""Forward mode and second order, measured: the JVP of the flash-attention example against its forward
 and PyTorch's options, and Hessian-vector products of rmsnorm and softmax against PyTorch's double backward.
 
     python -m benchmarks.forward_mode --out forward_mode.md        # a GPU: every part, bfloat16 attention
