@@ -30,7 +30,7 @@ from ..analysis.in_place import in_place_pointers
 from ..analysis.pointers import pointers
 from ..core.bounded import Bounded
 from ..core.device import capturing
-from ..core.ir import op_of, target_of
+from ..core.ir import target_of
 from ..core.source import Source
 from ..frontend.normalize import normalize_kernel
 from ..frontend.specialize import plain_value
@@ -122,7 +122,7 @@ def _analysed(kernel: Any, p: str, shadow: str, values: dict) -> bool:
     try:
         program = normalize_kernel(view, values)
         found = pointers(program)
-        if p not in found.stores or any(op_of(s).kind != "store" for s in found.stores[p]):
+        if p not in found.overwrites:  # (its gradient stored, as Mode.STORE does)
             return False
         place = in_place_pointers(program, found)
     except Exception:  # noqa: BLE001 (not shown to be an update: the buffer is allocated)
