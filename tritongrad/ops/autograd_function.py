@@ -57,8 +57,9 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
             if tape is None:
                 return result
         else:  # PyTorch operations on what launches wrote make segments (segments.py)
-            before = _histories(arguments(args, kwargs))  # (a launch may update an argument in place)
-            segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node, replays)
+            passed = arguments(args, kwargs)
+            before = _histories(passed)  # (a launch may update an argument in place)
+            segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node, replays, passed)
             token = current_tape.set(segments.tape)
             try:
                 try:
@@ -70,8 +71,8 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
                 if segments.finish(result):
                     result = segments.returned(result)
                     segments.release()
-                    if hidden_reads:
-                        _check_reached(name, arguments(args, kwargs), as_tuple(result), histories=before)
+                    if hidden_reads and segments.unread != set():  # (an argument no launch read: a hidden read?)
+                        _check_reached(name, passed, as_tuple(result), histories=before)
                     return result
             finally:
                 current_tape.reset(token)

@@ -58,13 +58,16 @@ class Segments(TorchFunctionMode):
     ``args``, ``kwargs``, ``arguments``: as ``Tape.close`` takes them; ``node(tape, written, views, inputs)``
     makes a closed segment's autograd node, the ``written`` buffers marked dirty, and returns its outputs of the
     ``views`` (of those buffers: the op's result's, made again as the node's own). ``replays``: the op's
-    (replay.py), whose tape the first segment is on: a replay's (``FastTape``) or one that learns one."""
+    (replay.py), whose tape the first segment is on: a replay's (``FastTape``) or one that learns one. ``passed``:
+    ``arguments(args, kwargs)``, the op's tensor arguments by name."""
 
     def __init__(self, name: str, plans: dict, deterministic: bool, args: tuple, kwargs: dict, arguments: Any,
-                 node: Callable[[Tape, list, list, list], list], replays: Replays | None = None):
+                 node: Callable[[Tape, list, list, list], list], replays: Replays | None = None,
+                 passed: dict | None = None):
         super().__init__()
         self.name, self.plans, self.deterministic, self.node = name, plans, deterministic, node
         self.args, self.kwargs, self.arguments = args, kwargs, arguments
+        self.passed = passed if passed is not None else arguments(args, kwargs)
         if replays is None:
             self.tape = self._new_tape()
         else:
@@ -75,6 +78,7 @@ class Segments(TorchFunctionMode):
         self.armed = False
         self.closed = 0  # segments closed so far
         self.made: dict[int, torch.Tensor] = {}  # id of a view the host function returned -> the node's own
+        self.unread: set[str] | None = None  # the arguments requiring grad that no closed segment's launch read
 
     def _new_tape(self) -> Tape:
         tape = Tape(self.name, self.plans, self.deterministic)
@@ -129,7 +133,7 @@ class Segments(TorchFunctionMode):
         several segments: not replayed, replay.py)."""
         tape, written = self.tape, list(self.written.values())
         bases = list({id(b): b for b in (t if t._base is None else t._base for t in written)}.values())
-        views = _result_views(result, bases, self.arguments(self.args, self.kwargs)) if last else []
+        views = _result_views(result, bases, self.passed) if last else []
         outputs = (*bases, *views)
         inputs = None
         if type(tape) is FastTape:  # a replay's call: its one segment closes when the host function returns
@@ -149,6 +153,8 @@ class Segments(TorchFunctionMode):
                 inputs = tape.close(outputs, self.args, self.kwargs, self.arguments)
             finally:
                 tape.boundary = None  # (its node keeps the tape: see release)
+        unread = set(tape.plan.unread)
+        self.unread = unread if self.unread is None else self.unread & unread
         if inputs:
             made = self.node(tape, bases, views, inputs)
             self.made = {id(v): m for v, m in zip(views, made, strict=True)}
@@ -157,7 +163,7 @@ class Segments(TorchFunctionMode):
         """Drop what the call held, once its tapes are closed: a node keeps its tape, and a tape keeping these
         Segments (its ``boundary``) would keep the call's arguments and outputs in a reference cycle, freed only by
         Python's cyclic collector: GPU memory piled up between its runs (gigabytes a training step)."""
-        self.args = self.kwargs = None
+        self.args = self.kwargs = self.passed = None
         self.written, self.pending, self.made = {}, set(), {}
         self.tape.boundary = None
 
