@@ -195,3 +195,27 @@ def test_one_view_passed_as_q_and_k_is_refused_naming_the_overwrite(device):
     q = heads(x @ w.T, HEADS)
     with pytest.raises(OpError, match=r"overwrites `[qk]_ptr`, memory that .* reads through `[qk]_ptr`"):
         op(q, q, *angles(device))
+
+
+def test_an_op_returning_nothing_of_what_it_updated_in_place(device):
+    """The host function rotates q and k in place and returns nothing: the caller's q and k carry the op's history.
+    Before, the call was refused as if no launch read q ("requires grad, but no kernel launch reads it"): the check
+    looked for q's old history from the outputs, of which there are none."""
+    def rope_nothing_returned(q, k, cos, sin):
+        rope_launch(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+
+    op = tritongrad.op(rope_nothing_returned)
+    x = torch.randn(BATCH, SEQ, HIDDEN, dtype=DTYPE, device=device, requires_grad=True)
+    wq, wk = (torch.randn(n, HIDDEN, dtype=DTYPE, device=device, requires_grad=True) for n in (Q, KV))
+    cos, sin = angles(device)
+    leaves = (x, wq, wk)
+    twins = [t.detach().clone().requires_grad_() for t in leaves]
+    for _ in range(2):
+        q, k = heads(x @ wq.T, HEADS), heads(x @ wk.T, KV_HEADS)
+        assert op(q, k, cos, sin) is None
+        want = (rotated(heads(twins[0] @ twins[1].T, HEADS), cos, sin),
+                rotated(heads(twins[0] @ twins[2].T, KV_HEADS), cos, sin))
+        close(q, want[0])
+        g = [torch.randn_like(t) for t in want]
+        for a, b in zip(torch.autograd.grad((q, k), leaves, g), torch.autograd.grad(want, twins, g), strict=True):
+            close(a, b)
