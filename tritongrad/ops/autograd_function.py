@@ -24,6 +24,8 @@ from .segments import Segments
 from .tape import Tape, current_tape, recording_backward
 
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+_set_creation_meta = torch._C._autograd._set_creation_meta
+_DEFAULT_VIEW = torch._C._autograd.CreationMeta.DEFAULT
 
 
 def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False,
@@ -41,8 +43,13 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
     replays = Replays(name, plans, deterministic, function, named)  # calls made again (replay.py)
     apply_function, apply_segment = _fast_apply(function), _fast_apply(segment)
 
-    def segment_node(tape: Tape, written: list, inputs: list) -> None:
-        donation.apply(apply_segment, tape, len(written), *written, *inputs)
+    def segment_node(tape: Tape, written: list, views: list, inputs: list) -> list:
+        at = {id(b): j for j, b in enumerate(written)}
+        shapes = tuple((at[id(v._base)], v.shape, v.stride(), v.storage_offset()) for v in views)
+        made = donation.apply(apply_segment, tape, len(written), shapes, *written, *inputs)[len(written):]
+        for m in made:  # an in-place update of one later is as of any view (CopySlices over the buffer's history,
+            _set_creation_meta(m, _DEFAULT_VIEW)  # whose gradient the node takes as the view's), not refused
+        return made
 
     def call(*args, **kwargs):
         segments = None
@@ -51,8 +58,9 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
             if tape is None:
                 return result
         else:  # PyTorch operations on what launches wrote make segments (segments.py)
-            before = _histories(arguments(args, kwargs))  # (a launch may update an argument in place)
-            segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node, replays)
+            passed = arguments(args, kwargs)
+            before = _histories(passed)  # (a launch may update an argument in place)
+            segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node, replays, passed)
             token = current_tape.set(segments.tape)
             try:
                 try:
@@ -62,9 +70,10 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
                     segments.release()
                     raise
                 if segments.finish(result):
+                    result = segments.returned(result)
                     segments.release()
-                    if hidden_reads:
-                        _check_reached(name, arguments(args, kwargs), as_tuple(result), histories=before)
+                    if hidden_reads and segments.unread != set():  # (an argument no launch read: a hidden read?)
+                        _check_reached(name, passed, as_tuple(result), histories=before)
                     return result
             finally:
                 current_tape.reset(token)
@@ -212,10 +221,12 @@ class _TapeFunction(torch.autograd.Function):
 
 class _SegmentFunction(torch.autograd.Function):
     """A segment of a host function's launches as one autograd node (segments.py): the buffers they wrote,
-    passed in, come out marked dirty, so the tensors the host function holds carry the history."""
+    passed in, come out marked dirty, so the tensors the host function holds carry the history; and views of them
+    the host function returns (``views``: per view, its buffer's index, sizes, strides, offset), made again here so
+    that the node is their history too (the plan's outputs: the buffers, then the views)."""
 
     @staticmethod
-    def forward(ctx, tape, count, *tensors):
+    def forward(ctx, tape, count, views, *tensors):
         written = tensors[:count]
         ctx.tape, ctx.count = tape, count
         ctx.save_for_backward(*tape.plan.kept_for_backward(tape.saved))
@@ -223,9 +234,10 @@ class _SegmentFunction(torch.autograd.Function):
         tape.saved = None
         ctx.set_materialize_grads(False)
         ctx.mark_dirty(*written)
+        outputs = (*written, *[written[j].as_strided(size, stride, offset) for j, size, stride, offset in views])
         if tape.plan.constants:
-            ctx.mark_non_differentiable(*[written[i] for i in tape.plan.constants])
-        return written
+            ctx.mark_non_differentiable(*[outputs[i] for i in tape.plan.constants])
+        return outputs
 
     @staticmethod
     def jvp(ctx, *tangents):
@@ -233,10 +245,10 @@ class _SegmentFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        saved, needs = ctx.saved_tensors, ctx.needs_input_grad[2 + ctx.count:]
+        saved, needs = ctx.saved_tensors, ctx.needs_input_grad[3 + ctx.count:]
         if torch.is_grad_enabled() and differentiated_again(saved, grads):  # create_graph: double backward
-            return (None, None, *[None] * ctx.count, *backward_as_op(ctx.tape, saved, grads, needs))
-        return (None, None, *[None] * ctx.count, *_backward(ctx, saved, grads, needs))
+            return (None, None, None, *[None] * ctx.count, *backward_as_op(ctx.tape, saved, grads, needs))
+        return (None, None, None, *[None] * ctx.count, *_backward(ctx, saved, grads, needs))
 
 
 def _backward(ctx: Any, saved: tuple, grads: tuple, needs: tuple) -> list:

@@ -107,8 +107,9 @@ class Planner:
         if self.segmented and diff is None:  # a written buffer that has a history: written in place only (other
             # writes refused above), each launch's backward zeroes the shadow where it stored and adds what it
             # loaded, so the shadow is then its old values' gradient, which goes to that history (segments.py)
-            found.update(dict.fromkeys(i for i in outs if tensors.requires_grad(i)
-                                       and tensors.view(i).dtype.is_floating_point))
+            found.update(dict.fromkeys(i for i, out in zip(outs, outputs, strict=True) if tensors.requires_grad(i)
+                                       and tensors.view(i).dtype.is_floating_point and out._base is None))
+            # (not a view of one returned: its node's output too, segments.py; the buffer's gradient covers it)
         if diff is None:
             diff = tuple(found)
         else:

@@ -55,15 +55,19 @@ _VIEWS = frozenset(
 class Segments(TorchFunctionMode):
     """The segments of one call of a bare op; ``tape``: the current segment's (see the module docstring).
 
-    ``args``, ``kwargs``, ``arguments``: as ``Tape.close`` takes them; ``node(tape, written, inputs)``
-    makes a closed segment's autograd node, the ``written`` buffers marked dirty. ``replays``: the op's
-    (replay.py), whose tape the first segment is on: a replay's (``FastTape``) or one that learns one."""
+    ``args``, ``kwargs``, ``arguments``: as ``Tape.close`` takes them; ``node(tape, written, views, inputs)``
+    makes a closed segment's autograd node, the ``written`` buffers marked dirty, and returns its outputs of the
+    ``views`` (of those buffers: the op's result's, made again as the node's own). ``replays``: the op's
+    (replay.py), whose tape the first segment is on: a replay's (``FastTape``) or one that learns one. ``passed``:
+    ``arguments(args, kwargs)``, the op's tensor arguments by name."""
 
     def __init__(self, name: str, plans: dict, deterministic: bool, args: tuple, kwargs: dict, arguments: Any,
-                 node: Callable[[Tape, list, list], None], replays: Replays | None = None):
+                 node: Callable[[Tape, list, list, list], list], replays: Replays | None = None,
+                 passed: dict | None = None):
         super().__init__()
         self.name, self.plans, self.deterministic, self.node = name, plans, deterministic, node
         self.args, self.kwargs, self.arguments = args, kwargs, arguments
+        self.passed = passed if passed is not None else arguments(args, kwargs)
         if replays is None:
             self.tape = self._new_tape()
         else:
@@ -73,6 +77,8 @@ class Segments(TorchFunctionMode):
         self.pending: set[int] = set()  # ... their storages' addresses
         self.armed = False
         self.closed = 0  # segments closed so far
+        self.made: dict[int, torch.Tensor] = {}  # id of a view the host function returned -> the node's own
+        self.unread: set[str] | None = None  # the arguments requiring grad that no closed segment's launch read
 
     def _new_tape(self) -> Tape:
         tape = Tape(self.name, self.plans, self.deterministic)
@@ -121,16 +127,18 @@ class Segments(TorchFunctionMode):
             return any(self._reads_pending(v) for v in value.values())
         return False
 
-    def close(self, by_watch: bool = False, last: bool = False) -> None:
+    def close(self, by_watch: bool = False, last: bool = False, result: Any = None) -> None:
         """Make the current segment an autograd node; later launches record on a new tape (``last``: none come, the
-        host function has returned). ``by_watch``: a PyTorch call reads what its launches wrote (a call of several
-        segments: not replayed, replay.py)."""
+        host function has returned ``result``). ``by_watch``: a PyTorch call reads what its launches wrote (a call of
+        several segments: not replayed, replay.py)."""
         tape, written = self.tape, list(self.written.values())
         bases = list({id(b): b for b in (t if t._base is None else t._base for t in written)}.values())
+        views = _result_views(result, bases, self.passed) if last else []
+        outputs = (*bases, *views)
         inputs = None
         if type(tape) is FastTape:  # a replay's call: its one segment closes when the host function returns
             if not by_watch:
-                inputs = tape.close(tuple(bases), self.args, self.kwargs, dirty=True)
+                inputs = tape.close(outputs, self.args, self.kwargs, dirty=True)
                 tape.boundary = None
             if inputs is None:  # not the replay's: its launches recorded as a first call's, without running again
                 tape = tape.fallen or tape._fall_back()
@@ -142,18 +150,21 @@ class Segments(TorchFunctionMode):
         if inputs is None:
             tape.dirty, tape.learnable = True, not by_watch  # (what a LearningTape learns a replay of)
             try:
-                inputs = tape.close(tuple(bases), self.args, self.kwargs, self.arguments)
+                inputs = tape.close(outputs, self.args, self.kwargs, self.arguments)
             finally:
                 tape.boundary = None  # (its node keeps the tape: see release)
+        unread = set(tape.plan.unread)
+        self.unread = unread if self.unread is None else self.unread & unread
         if inputs:
-            self.node(tape, bases, inputs)
+            made = self.node(tape, bases, views, inputs)
+            self.made = {id(v): m for v, m in zip(views, made, strict=True)}
 
     def release(self) -> None:
         """Drop what the call held, once its tapes are closed: a node keeps its tape, and a tape keeping these
         Segments (its ``boundary``) would keep the call's arguments and outputs in a reference cycle, freed only by
         Python's cyclic collector: GPU memory piled up between its runs (gigabytes a training step)."""
-        self.args = self.kwargs = None
-        self.written, self.pending = {}, set()
+        self.args = self.kwargs = self.passed = None
+        self.written, self.pending, self.made = {}, set(), {}
         self.tape.boundary = None
 
     def disarm(self) -> None:
@@ -172,8 +183,36 @@ class Segments(TorchFunctionMode):
         if self.closed == 0 and whole:
             return False
         if (self.tape.count if type(self.tape) is FastTape else self.tape.launches):
-            self.close(last=True)
+            self.close(last=True, result=result)
         return True
+
+    def returned(self, result: Any) -> Any:
+        """The host function's result with each view the last segment's node made again in its place."""
+        made = self.made
+        if not made:
+            return result
+        if isinstance(result, _Tensor):
+            return made.get(id(result), result)
+        return type(result)(made.get(id(t), t) for t in result)
+
+
+def _result_views(result: Any, bases: list, arguments: dict) -> list:
+    """The float tensors the host function returns (itself, or in a tuple or list) that are views of buffers the
+    last segment wrote: the node gives them out as its own outputs (``base.as_strided``), so that their history is
+    the node rather than an ``AsStridedBackward0`` of the buffer's, which would fill a buffer of the buffer's size and
+    copy their gradient into it in every backward (rope in place on HF's transposed views of q and k, returned
+    transposed back). Not an argument returned as it is (the op returns that very tensor, as an in-place PyTorch
+    operation does)."""
+    if isinstance(result, _Tensor):
+        values = (result,)
+    elif type(result) in (tuple, list):
+        values = result
+    else:
+        return []
+    ids, passed = {id(b) for b in bases}, {id(t) for t in arguments.values()}
+    found = {id(t): t for t in values if isinstance(t, _Tensor) and t._base is not None and id(t._base) in ids
+             and id(t) not in passed and t.dtype == t._base.dtype and t.is_floating_point()}
+    return list(found.values())
 
 
 def _storage(t: torch.Tensor) -> int:
