@@ -20,7 +20,8 @@ from ..core.errors import NotDifferentiableError
 from ..core.ir import loops
 from ..frontend.normalize import normalize_kernel
 from ..frontend.specialize import plain_value
-from ..runtime.backward_kernel import decisive_constexprs, defaults_of, hashable
+from ..runtime.backward_kernel import defaults_of
+from ..runtime.derivation import decisive_constexprs, hashable
 
 
 @dataclass(frozen=True)

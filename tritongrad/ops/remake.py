@@ -22,7 +22,7 @@ from ..core.bounded import Bounded
 from ..core.errors import OpError
 from ..frontend.normalize import normalize_kernel
 from ..frontend.specialize import plain_value
-from ..runtime.backward_kernel import decisive_constexprs, hashable
+from ..runtime.derivation import decisive_constexprs, hashable
 from .shadows import LaunchPlan, View
 
 _computed_from: dict[tuple, frozenset[str] | None] = Bounded(256)  # (kernel, constexprs, sinks) -> parameters
