@@ -3,6 +3,7 @@
 
     python benchmarks/matmul_fixed.py                          # a GPU: bfloat16, 4096^3 and 8192^3
     python benchmarks/matmul_fixed.py --sizes 4096 8192x8192x4096 --graphs --out matmul_fixed.md
+    python benchmarks/matmul_fixed.py --sizes 4096 8192 --impls fixed declared tiles cuBLAS --graphs
     python benchmarks/matmul_fixed.py --sizes 8192 --impls declared cuBLAS --profile   # kernels, torch.profiler
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
         python benchmarks/matmul_fixed.py --sizes 8192 --impls declared cuBLAS --ncu     # one step each, ncu
@@ -16,13 +17,17 @@ The forward is tritongrad/examples/matmul.py's kernel launched with one config, 
 - ``declared``: the kernel with ``tritongrad.backward_configs(BACKWARD_CONFIGS)`` (the autotuner's configs and a
   few for the backward's products): its backward runs under whichever of them, or the forward's, is fastest at the
   size (timed on its first backward);
+- ``tiles``: the kernel naming its block sizes tile sizes (``tritongrad.backward_configs(tiles=("BLOCK_M",
+  "BLOCK_N", "BLOCK_K"))``): its backward runs under the fastest of the configs made around the forward's (each tile
+  halved, kept or doubled up to 256, their product within 2x of the forward's; ops/tiles.py's ``around``), no
+  list written;
 - ``cuBLAS``: ``torch.matmul`` under autograd;
 - ``compile``: ``torch.compile`` of the example's reference (``a @ b``).
 
 bwd = median(fwd+bwd) - median(fwd), each a ``triton.testing.do_bench`` median of eager launches (``--graphs``: also
 of CUDA-graph replays, the GPU's time alone); each implementation on its own copies of the inputs, its gradients
 first compared with float32 PyTorch's (max |error| / max |reference|). The table gives each backward's ratio to
-cuBLAS's, and the config the declared kernel's backward chose.
+cuBLAS's, and the configs the declared and the tiles kernels' backwards chose.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-IMPLS = ("fixed", "declared", "cuBLAS", "compile")
+IMPLS = ("fixed", "declared", "tiles", "cuBLAS", "compile")
 SMOKE_SIZE = (45, 37, 70)  # (M, N, K): ragged tiles on the interpreter's 16 x 16 x 16
 
 
@@ -82,6 +87,7 @@ def wall_median(fn, grad_to_none) -> float:
 def implementations(matmul, names) -> dict:
     made = {"fixed": lambda: lambda a, b: matmul.matmul_fixed(a, b, declared=False),
             "declared": lambda: lambda a, b: matmul.matmul_fixed(a, b),
+            "tiles": lambda: lambda a, b: matmul.matmul_fixed(a, b, named_tiles=True),
             "cuBLAS": lambda: torch.matmul,
             "compile": lambda: torch.compile(matmul.reference)}
     return {k: make() for k, make in made.items() if k in names}
@@ -124,14 +130,16 @@ def profile(name, fn, a, b, g) -> None:
         print(f"{us:9.1f} µs  x{calls:<4g} {2 * m * n * k * calls / (us * 1e-6) / 1e12:6.0f}  {kernel[:90]}")
 
 
-def chosen_configs(tuning) -> str:
-    """The configs runtime/tuning.py chose for backwards (those of the declared kernel), as BLOCK_MxNxK/stages/warps."""
+def chosen_configs(tuning, matmul) -> str:
+    """The configs runtime/tuning.py chose for backwards, per kernel (declared, tiles), as BLOCK_MxNxK/stages/warps
+    (a config that does not set the stages or warps: the forward's, 3 and 8)."""
+    kernels = {id(matmul.matmul_fixed_kernel): "declared", id(matmul.matmul_tiles_kernel): "tiles"}
     found = []
-    for config in tuning._configs.values():
-        c = dict(config)
-        if c:
-            found.append(f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')}/{c.get('num_stages')}s/"
-                         f"{c.get('num_warps')}w")
+    for key, config in tuning._configs.items():
+        c = {**{k: v for k, v in matmul.FIXED.items() if k.startswith("num_")}, **dict(config)}
+        if config:
+            found.append(f"{kernels.get(key[0], '?')} {c.get('BLOCK_M')}x{c.get('BLOCK_N')}x{c.get('BLOCK_K')}/"
+                         f"{c.get('num_stages')}s/{c.get('num_warps')}w")
     return ", ".join(found) or "the forward's"
 
 
@@ -186,7 +194,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 lines.append(line)
                 print(line, flush=True)
         rows.append(row)
-    lines += ["", f"declared kernel's backward configs chosen (per shape and step): {chosen_configs(tuning)}"]
+    lines += ["", f"backward configs chosen (per kernel, shape and step): {chosen_configs(tuning, matmul)}"]
     print(lines[-1])
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")

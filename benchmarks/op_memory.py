@@ -9,7 +9,8 @@ peak its backward adds, and its time, for tritongrad (the bundled example's op, 
 Per op and implementation: ``kept`` (tritongrad.kept: memory the call allocated for its backward alone, MiB),
 ``held`` (arguments and outputs the backward keeps alive), ``fwd+`` (memory allocated after ``--layers`` forward
 calls, less the outputs, per call: what a model pays per layer), ``bwd peak`` (the backward's peak above what was
-allocated before it), ``fwd``/``bwd`` ms (median(fwd+bwd) - median(fwd), triton.testing.do_bench). Shapes: batch 4 x
+allocated before it, after one fwd+bwd: a kind of call's first backward is checked, ops/donation.py),
+``fwd``/``bwd`` ms (median(fwd+bwd) - median(fwd), triton.testing.do_bench). Shapes: batch 4 x
 2048 tokens, hidden 2048, 16 heads (4 KV heads) of 128, FFN 5632, vocab 32000 (the training step's Llama); bf16.
 """
 
@@ -165,7 +166,12 @@ def measure(op: str, impl: Callable, make: Callable, layers: int, device: str, p
     row["report"] = str(report)
     del report
     cuda = device == "cuda"
-    if cuda:
+    if cuda:  # (a first fwd+bwd: the first backward of a call's kind is checked, guard bands and no donation)
+        outs = [t for t in _outputs(impl(*inputs)) if t.requires_grad]
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        del outs
+        for t in inputs:
+            t.grad = None
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated()

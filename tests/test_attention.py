@@ -130,7 +130,7 @@ def test_each_kernel_of_a_variant_is_tuned_on_its_own(monkeypatch):
         monkeypatch.setattr(launching.Launches, method, lambda self, part, grid, args, *a, real=real, **k: (
             ran.append((part.wrt, args.get("num_stages"))), real(self, part, grid, args, *a, **k))[1])
 
-    def best(key, persistent, trial, touched, pipelined, holds):
+    def best(key, persistent, trial, touched, pipelined, holds, taped):
         ran.clear()
         trial(tuning.DEFAULT)
         timed.append((key[-1], tuple(ran), pipelined))

@@ -1,4 +1,4 @@
-"""A 2-D convolution written as an implicit GEMM (issue 52): the output pixel of each row of the product split
+"""A 2-D convolution written as an implicit GEMM: the output pixel of each row of the product split
 from its flat index by `//` and `%` (`n = offs_m // (OH * OW)`, `oh = (offs_m // OW) % OH`, `ow = offs_m % OW`,
 analysis/radix.py), the input gathered at im2col addresses with stride and padding as masks, `tl.dot` over the
 K = C * KH * KW reduction against weights laid out (K, Cout), the output stored NCHW or NHWC.

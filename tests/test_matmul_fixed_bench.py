@@ -14,11 +14,11 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
 def test_the_fixed_config_matmul_benchmark_runs_its_smoke_mode(tmp_path):
     rows = matmul_fixed.main(["--smoke", "--out", str(tmp_path / "table.md")])
     assert [r["size"] for r in rows] == [matmul_fixed.SMOKE_SIZE]
-    for name in ("fixed", "declared", "cuBLAS"):
+    for name in ("fixed", "declared", "tiles", "cuBLAS"):
         assert rows[0][name]["error"] < 1e-12, name
         assert rows[0][name]["eager"][0] > 0
     table = (tmp_path / "table.md").read_text()
-    assert "| 45x37x70 | float64 | declared | eager |" in table
+    assert "| 45x37x70 | float64 | declared | eager |" in table and "| 45x37x70 | float64 | tiles | eager |" in table
 
 
 def test_the_benchmark_takes_sizes_as_the_command_line_writes_them():

@@ -168,11 +168,8 @@ def test_compiled_backward_launches_the_derived_kernels_inductor_traced(caplog):
     torch.testing.assert_close(a.grad, want_grads[0])
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "layernorm", "softmax", "swiglu", "matmul", pytest.param(
-    "cross_entropy", marks=pytest.mark.xfail(strict=True, reason="the forward under Inductor: its constant folding "
-                                             "views a one-byte slice as int64 (the saving forward's graph)")),
-    pytest.param("flash_attention", marks=pytest.mark.xfail(strict=True, reason="the forward under Inductor: its "
-                                                            "float scale reaches the kernel as float64 (m_i's loop)"))])
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm", "softmax", "swiglu", "matmul", "cross_entropy",
+                                  "flash_attention"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_examples_get_the_eager_ops_gradients(name, dtype, caplog):
     """Each example compiled, forward and backward, against the same op run eagerly; the ops without an autotuned
@@ -428,6 +425,31 @@ def test_a_fixed_config_launch_of_a_kernel_declaring_configs_gets_its_backward_u
     assert launched[-1][1]["BLOCK"] == dict(chosen)["BLOCK"]  # the launch that counts: the fastest
     for grid, kwargs in launched:
         assert grid == (triton.cdiv(5000, kwargs["BLOCK"]),)
+
+
+def test_a_fixed_config_matmul_naming_its_tile_sizes_gets_its_backward_under_the_fastest_config_around_its_own(
+        monkeypatch):
+    from tritongrad.examples import matmul
+    from tritongrad.ops.tiles import around
+
+    launched = backward_launches(monkeypatch)
+    a = torch.randn(1000, 700, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(700, 900, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    c = matmul.matmul_fixed(a, b, named_tiles=True)
+    g = torch.randn_like(c)
+    got = torch.autograd.grad(c, [a, b], g)
+    wide = [t.detach().float().requires_grad_() for t in (a, b)]
+    want = torch.autograd.grad(wide[0] @ wide[1], wide, g.float())
+    for x, y in zip(got, want, strict=True):
+        assert ((x.float() - y).abs().max() / y.abs().max()).item() < 2e-2
+    names = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+    offered = {tuple(dict(c)[n] for n in names) for c in around(matmul.FIXED, names, matmul.matmul_tiles_kernel)}
+    tried = {tuple(kwargs[n] for n in names) for _, kwargs in launched}
+    assert (128, 128, 128) in offered and tried <= offered | {tuple(matmul.FIXED[n] for n in names)}
+    (chosen,) = tuning._configs.values()
+    assert tuple(dict(chosen)[n] for n in names) == tuple(launched[-1][1][n] for n in names)  # the fastest counts
+    for grid, kwargs in launched:
+        assert grid == (triton.cdiv(1000, kwargs["BLOCK_M"]), triton.cdiv(900, kwargs["BLOCK_N"]))
 
 
 def test_no_host_sync_on_repeated_calls():

@@ -314,3 +314,79 @@ def test_a_compiled_named_ops_saved_backward_offers_the_declared_configs_but_und
         assert timed["trials"] == 0 and set(timed["blocks"]) == {CANDIDATES[0]}
     else:
         assert timed["blocks"] == CANDIDATES + [CANDIDATES[1]]
+
+
+# -- constexprs named tile sizes (tritongrad.backward_configs(tiles=...)): configs made around the launch's ------------
+
+TILED = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32}  # the forward's; none halved below 16
+AROUND = [(16, 16, 32),  # the launch's own, then each tile halved, kept or doubled, the product within 2x
+          (16, 16, 16), (16, 16, 64), (16, 32, 16), (16, 32, 32), (32, 16, 16), (32, 16, 32), (32, 32, 16)]
+
+
+def named_tiles_kernel():
+    """The example's matmul kernel, a jit function of its own, its three block sizes named tile sizes."""
+    return tritongrad.backward_configs(tiles=("BLOCK_M", "BLOCK_N", "BLOCK_K"))(triton.jit(matmul.matmul_kernel.fn.fn))
+
+
+def tiled_product(kernel, a, b, transpose_a=False, transpose_b=False):
+    return matmul.matmul_launch(a, b, transpose_a, transpose_b, kernel, {**TILED, "num_warps": 2})()
+
+
+def test_named_tiles_offer_configs_around_the_launchs():
+    from tritongrad.ops.tiles import around
+
+    kernel = named_tiles_kernel()
+    names = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+    assert [tuple(dict(c)[n] for n in names) for c in around(TILED, names, kernel)] == AROUND[1:]
+    assert {dict(c)["BLOCK_K"] for c in around({"BLOCK_K": 8}, ("BLOCK_K",), kernel)} == {16}  # 4: below 8 and 16
+    assert {dict(c)["BLOCK_K"] for c in around({"BLOCK_K": 256}, ("BLOCK_K",), kernel)} == {128}  # 512: above 256
+    assert {dict(c)["BLOCK_K"] for c in around({"BLOCK_K": 1024}, ("BLOCK_K",), kernel)} == {512}  # none past its own
+
+
+@pytest.mark.parametrize("winner", [1, 4, 7])
+def test_a_launch_with_named_tiles_gets_its_backward_under_the_fastest_config_around_its_own(timed, poisoned_empty,
+                                                                                              winner):
+    kernel = named_tiles_kernel()
+    op = tritongrad.op(lambda a, b: tiled_product(kernel, a, b))
+    assert_matmul_grads(op, timed, {AROUND[winner]: 1.0})  # float64, 45 x 70 x 37: ragged under every config
+    assert timed["blocks"][:-1] == AROUND and timed["trials"] == len(AROUND)
+    assert timed["blocks"][-1] == AROUND[winner]  # the launch that counts
+    bm, bn, _ = AROUND[winner]
+    assert timed["grids"][-1] == (triton.cdiv(45, bm), triton.cdiv(37, bn))  # the grid function's for it
+    assert timed["options"][-1] == {"num_warps": 2}  # the launch's own, as launched
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_named_tiles_give_pytorchs_gradients_through_transposed_expanded_and_repeated_operands(
+        timed, poisoned_empty, binding):
+    make, (ta, tb), reference = BINDINGS[binding]
+    kernel = named_tiles_kernel()
+    leaves = [t.requires_grad_() for t in make()]
+
+    @tritongrad.op
+    def product(*xs):
+        a, b = (xs[0], xs[0]) if len(xs) == 1 else (xs[0], xs[1].expand(70, 37) if binding == "b expanded" else xs[1])
+        return tiled_product(kernel, a, b, ta, tb)
+
+    c = product(*leaves)
+    g = torch.randn_like(c)
+    timed["ranks"] = {AROUND[7]: 1.0}  # every tile moved: BLOCK_K 32 by 16, another split of K
+    got = torch.autograd.grad(c, leaves, g)
+    for x, y in zip(got, expected_grads(reference, leaves, g), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    assert timed["blocks"][-1] == AROUND[7]
+
+
+def test_naming_a_constexpr_that_is_no_tile_size_is_refused_naming_it(timed):
+    with pytest.raises(ValueError, match="^tritongrad.backward_configs: tiles= names `K`, which is a parameter but "
+                                         "not a constexpr of kernel `matmul_kernel`"):
+        tritongrad.backward_configs(tiles=("BLOCK_M", "K"))(triton.jit(matmul.matmul_kernel.fn.fn))
+    with pytest.raises(ValueError, match="no tile sizes named"):
+        tritongrad.backward_configs()
+    kernel = tritongrad.backward_configs(tiles=("BLOCK_M", "COMPUTE"))(triton.jit(matmul.matmul_kernel.fn.fn))
+    op = tritongrad.op(lambda a, b: tiled_product(kernel, a, b))
+    a = torch.randn(45, 70, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(70, 37, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(tritongrad.OpError, match="names `COMPUTE` a tile size .* passes COMPUTE=.*float64.*, which is "
+                                                 "not a power of two"):
+        op(a, b)

@@ -1,4 +1,4 @@
-"""Variable-length softmax over `cu_seqlens` as people write it (issue 52): one program per sequence, or per
+"""Variable-length softmax over `cu_seqlens` as people write it: one program per sequence, or per
 (sequence, block of rows), its bounds loaded (`start = tl.load(cu_seqlens + pid)`, `end = tl.load(cu_seqlens + pid +
 1)`), elements or rows `start + offs` masked by `< end`, in one block or in a loop over `range(start, end, BLOCK)`.
 The stores' addresses come from loaded offsets: each launch reads them (analysis/index_ranges.py's RangesApart, a

@@ -1,4 +1,4 @@
-"""Host functions that reshape around the launch (issue 51 item 4): the op built around a fuzzed kernel takes its
+"""Host functions that reshape around the launch: the op built around a fuzzed kernel takes its
 inputs in other shapes and returns its outputs in other shapes, as users' host functions do (Liger's forwards take
 ``x.view(-1, n)`` of a 3-D activation and return ``y.view(*shape)``), and is checked against the mirror wrapped in
 the same reshapes.

@@ -148,7 +148,7 @@ def _checked_alone(seed: int, check_call):
 
 @pytest.mark.parametrize("seed", TWICE_SEEDS)
 def test_kernels_differentiated_twice_match_the_mirror(seed):
-    """Issue 49: the op's gradients with create_graph=True, then the gradient of their dot product with random
+    """The op's gradients with create_graph=True, then the gradient of their dot product with random
     vectors with respect to the inputs and the output gradients, against the mirror's (float64)."""
     outcome = _checked_alone(seed, check_double_backward)
     assert outcome.status == "passed", outcome.report()
@@ -156,7 +156,7 @@ def test_kernels_differentiated_twice_match_the_mirror(seed):
 
 @pytest.mark.parametrize("seed", RESHAPE_SEEDS)
 def test_reshaping_host_functions_match_the_mirror(seed):
-    """Issue 51: the op's host function viewing its inputs into the kernel's shapes and its outputs out of them
+    """The op's host function viewing its inputs into the kernel's shapes and its outputs out of them
     (allocated flat, launched flat, returned flat, split, unsqueezed or transposed, a slice of a larger buffer),
     three calls and forward mode, against the mirror wrapped alike."""
     outcome = _checked_alone(seed, check_reshaped)

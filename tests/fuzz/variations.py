@@ -10,7 +10,7 @@
   computes what it computed before and its backward must keep the state in float64.
 - *forward mode* (:func:`check_jvp`): ``torch.func.jvp`` of the op against ``torch.func.jvp`` of the mirror, with
   random float64 tangents for every float input; a clear refusal (NotDifferentiableError, OpError) counts apart.
-- *double backward* (:func:`check_double_backward`, issue 49): the op's gradients taken with ``create_graph=True``,
+- *double backward* (:func:`check_double_backward`): the op's gradients taken with ``create_graph=True``,
   then the gradient of their dot product with random vectors with respect to the inputs and the output gradients
   (the double-backward trick ``torch.autograd.functional.hvp`` plays), against the same on the mirror; the one
   acceptable refusal is an error saying double backward is not supported.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import operator
 
 from ..core.ir import arguments, axis_of, definitions, loops, op_of, range_bounds, statements, target_of
 from ..core.operations import OPERATIONS, kinds, operation_of
@@ -177,7 +178,7 @@ def _advance(carried, node: ast.For, forms) -> Coefficient | None:
     if not isinstance(carried.next, ast.Name):
         return None
     defs = [s for s in statements(node.body) if target_of(s) == carried.next.id]
-    if len(defs) != 1 or op_of(defs[0]).kind != "add":
+    if len(defs) != 1 or operation_of(op_of(defs[0])).on_host is not operator.add:
         return None
     a, b = op_of(defs[0]).args[:2]
     other = b if isinstance(a, ast.Name) and a.id == carried.name else a if (
@@ -194,7 +195,7 @@ def _product(atom: ast.expr, forms: dict, node: ast.For, depth: int = 0) -> Coef
     (``BLOCK_K_times_stride_ak = BLOCK_K * stride_ak`` is ``(1, (BLOCK_K, stride_ak))``)."""
     if isinstance(atom, ast.Name) and depth < 8:
         inside = [s for s in node.body if target_of(s) == atom.id]
-        if len(inside) == 1 and op_of(inside[0]).kind == "mul":
+        if len(inside) == 1 and operation_of(op_of(inside[0])).on_host is operator.mul:
             factors = [_product(a, forms, node, depth + 1) for a in op_of(inside[0]).args[:2]]
             if None not in factors:
                 (n1, s1), (n2, s2) = factors

@@ -136,7 +136,7 @@ def _overwritten(found: Pointers, wrt: tuple[str, ...], outputs: tuple[str, ...]
     the values too, so the shadow is zeroed where it stores, as an update's (reverse/memory.py), and the old values
     there get no gradient from the new ones. Without a specialization these are ``Pointers.in_place`` already."""
     return frozenset(p for p in set(wrt) & set(outputs) if p in found.stores and p not in found.index_pointers
-                     and all(op_of(s).kind == "store" for s in found.stores[p]))
+                     and all(operation_of(op_of(s)).access == "store" for s in found.stores[p]))
 
 
 def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, found: Pointers, place: InPlace
@@ -268,7 +268,7 @@ INT_DTYPES = ("tl.int", "tl.uint")
 
 def _is_int_cast(stmt: ast.stmt, program: Program) -> bool:
     op = op_of(stmt)
-    if op.kind not in ("to", "cast"):
+    if not operation_of(op).converts:
         return False
     dtype = arguments(stmt)["dtype"]
     return ast.unparse(dtype).startswith(INT_DTYPES) or ast.unparse(dtype) == "tl.int1"

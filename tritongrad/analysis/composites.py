@@ -41,6 +41,7 @@ from ..core.ir import (
     tagged,
     target_of,
 )
+from ..core.operations import operation_of
 
 
 def fuse_composites(program: Program) -> Program:
@@ -49,7 +50,7 @@ def fuse_composites(program: Program) -> Program:
     uses = Counter(n for s in statements(program.body) for n in _reads(s))
     uses.update(n for node in structured(program.body) for e in header(node) for n in reads(e))
     uses.update(n for r in program.returns or () for n in reads(r))
-    stored = {v.id for s in statements(program.body) if op_of(s).kind == "store"
+    stored = {v.id for s in statements(program.body) if operation_of(op_of(s)).access == "store"
               and isinstance(v := arguments(s)["value"], ast.Name) and uses[v.id] == 1}
     _fuse_block(program.body, uses, stored)
     return program
@@ -98,7 +99,8 @@ def _match(div: ast.stmt, here: dict[str, ast.stmt], uses: Counter, stored: set[
     if not (isinstance(e, ast.Name) and isinstance(s, ast.Name)) or e.id == s.id:
         return None
     exp, spread = here.get(e.id), here.get(s.id)
-    if exp is None or spread is None or op_of(exp).kind != "exp" or uses[e.id] != 2 or uses[s.id] != 1:
+    if exp is None or spread is None or operation_of(op_of(exp)).exponential != "e" or uses[e.id] != 2 or (
+            uses[s.id] != 1):
         return None
     if target_of(div) not in stored:
         return None

@@ -61,7 +61,7 @@ def padding(body: list[ast.stmt]) -> dict[str, set[str]]:
     literals: dict[str, ast.expr] = {}  # `neg_x = -float("inf")`: names the frontend gave literal values
     for stmt in statements(body):
         value = getattr(stmt, "value", None)
-        if target_of(stmt) and op_of(stmt).kind in ("neg", "pos", "copy"):
+        if target_of(stmt) and operation_of(op_of(stmt)).sign:  # `-x`, `+x`, `x`
             literals[target_of(stmt)] = value
 
     def finite(expr: ast.expr) -> bool:

@@ -37,6 +37,7 @@ launch changes an element they read: the backward may read the tensor as the lau
 from __future__ import annotations
 
 import ast
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -264,7 +265,8 @@ class _Reads:
         for stmt in (store, load):
             ptr = arguments(stmt)["pointer"]
             found = self.defs.get(ptr.id, []) if isinstance(ptr, ast.Name) else []
-            if len(found) != 1 or isinstance(found[0], ast.For) or op_of(found[0]).kind != "add":
+            if len(found) != 1 or isinstance(found[0], ast.For) or (
+                    operation_of(op_of(found[0])).on_host is not operator.add):
                 return False
             parts.append([a.id for a in op_of(found[0]).args if isinstance(a, ast.Name)])
         shared = [a for a in parts[0] if a in parts[1] and len(self.defs.get(a, [])) <= 1]
@@ -276,7 +278,7 @@ class _Reads:
         kinds = {op_of(d).kind for d in loads}
         return "load" in kinds and "arange" not in kinds and all(
             self.found.pointer_base.get(arguments(d)["pointer"].id) not in self.found.stores
-            for d in loads if op_of(d).kind == "load")
+            for d in loads if operation_of(op_of(d)).access == "load")
 
     def reads_back(self, store: ast.stmt, load: ast.stmt, across: bool = False) -> str | None:
         """Why ``load`` may read in some lane what ``store`` did not write there before it in this program (None: it
@@ -315,9 +317,10 @@ class _Reads:
                 for d in self.defs.get(n, ()):
                     if isinstance(d, ast.For):
                         continue
-                    kind, memory = op_of(d).kind, operation_of(op_of(d)).memory
-                    if kind == "call" or (memory is not None and (kind != "load" or self.found.pointer_base.get(
-                            arguments(d)["pointer"].id) in self.found.stores)):
+                    operation = operation_of(op_of(d))
+                    if op_of(d).kind == "call" or (operation.memory is not None and (operation.access != "load" or (
+                            self.found.pointer_base.get(
+                                arguments(d)["pointer"].id) in self.found.stores))):
                         return f"it reads `{n}`, which two evaluations may give different values"
         return None
 

@@ -33,6 +33,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..core.ir import arguments, definitions, is_none, op_of, refuse, statements, target_of, where
+from ..core.operations import operation_of
 from .conditions import All, Apart, AtLeast, Condition, LaunchCheck, ProgramsApart, decided_now
 from .forms import (
     Coefficient,
@@ -398,7 +399,7 @@ def index_reads(body: list[ast.stmt], forms: dict[str, Form], offsets: dict[str,
     reads = {}
     for stmt in statements(body):
         t = target_of(stmt)
-        if op_of(stmt).kind != "load" or t is None or len(defs.get(t, [])) != 1 or shapes.get(t) != ():
+        if operation_of(op_of(stmt)).access != "load" or t is None or len(defs.get(t, [])) != 1 or shapes.get(t) != ():
             continue
         b = arguments(stmt)
         address = b["pointer"].id

@@ -4,6 +4,7 @@ below a scalar (``mask_bounds``), which the store checks (stores.py) and the wri
 from __future__ import annotations
 
 import ast
+import operator
 
 from ..core.ir import arguments, op_of
 from ..core.operations import operation_of
@@ -31,8 +32,9 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
     if rank is None:
         return unknown
     lanes = operation_of(op).lanes
-    if op.kind == "and_" or lanes is not None:
-        parts = op.args[:2] if op.kind == "and_" else op.args[:1]
+    conjunction = op.kind == "and_"
+    if conjunction or lanes is not None:
+        parts = op.args[:2] if conjunction else op.args[:1]
         found = []
         for part in parts:
             bounds = mask_bounds(part, forms, defs, shapes, exact, loaded)
@@ -43,9 +45,10 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
                     form = _reshaped(op.kind, op, form, rank, arguments(stmt))
                 found.append((_shift(form, rank), limit))
         return found
-    if op.kind not in ("lt", "le", "gt", "ge"):
+    compare = operation_of(op).on_host  # an order of integers: `<`, `<=`, `>`, `>=`
+    if compare not in (operator.lt, operator.le, operator.gt, operator.ge):
         return unknown
-    e, bound = op.args[:2] if op.kind in ("lt", "le") else op.args[1::-1]
+    e, bound = op.args[:2] if compare in (operator.lt, operator.le) else op.args[1::-1]
     if isinstance(e, ast.Name) and e.id in forms and forms[e.id].affine and starts_at_zero(e, defs, forms):
         form, offset = forms[e.id], None
     else:
@@ -62,7 +65,7 @@ def mask_bounds(mask: ast.expr, forms: dict[str, Form], defs: dict, shapes: dict
     if not lane_free or not form.affine:
         return unknown
     limit = _atom_expr(bound) if offset is None else _atom_expr(bound) - offset
-    return [(form, limit if op.kind in ("le", "ge") else limit - Expr.const(1))]
+    return [(form, limit if compare in (operator.le, operator.ge) else limit - Expr.const(1))]
 
 
 def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict, loaded: bool) -> tuple[Form, Expr] | None:
@@ -72,10 +75,10 @@ def _scalar_offset(e: ast.expr, forms: dict[str, Form], defs: dict, loaded: bool
     if not isinstance(e, ast.Name) or len(defs.get(e.id, [])) != 1 or not hasattr(defs[e.id][0], "tg"):
         return None
     op = op_of(defs[e.id][0])
-    if op.kind in ("subscript", "expand_dims", "broadcast_to") and e.id in forms:  # `(cols + half)[None, :]`:
+    if operation_of(op).reshapes and operation_of(op).lanes == "moved" and e.id in forms:  # `(cols + half)[None, :]`:
         inner = _scalar_offset(op.args[0], forms, defs, loaded)  # the same offset, its sum in this shape
         return None if inner is None else (forms[e.id], inner[1])
-    if op.kind != "add":
+    if operation_of(op).on_host is not operator.add:
         return None
     coordinates, offset = [], None
     for part in op.args[:2]:
@@ -102,7 +105,7 @@ def _moved_term(bound: ast.expr, forms: dict[str, Form], defs: dict) -> tuple[Fo
     if not isinstance(bound, ast.Name) or bound.id not in forms or len(defs.get(bound.id, [])) != 1:
         return None
     (stmt,) = defs[bound.id]
-    if not hasattr(stmt, "tg") or op_of(stmt).kind != "sub":
+    if not hasattr(stmt, "tg") or operation_of(op_of(stmt)).on_host is not operator.sub:
         return None
     b, t = op_of(stmt).args[:2]
     if not (isinstance(t, ast.Name) and t.id in forms and forms[t.id].affine and starts_at_zero(t, defs, forms)):

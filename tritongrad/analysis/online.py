@@ -41,6 +41,7 @@ from __future__ import annotations
 import ast
 import copy
 import math
+import operator
 from dataclasses import replace
 
 from ..core.ir import (
@@ -133,20 +134,22 @@ def _match(loop: ast.For):
         m_new = target_of(update)
         alphas: set[str] = set()
         factors: dict[str, str] = {}  # a rescaled carried value -> the statement multiplying it
-        exps: set[str] = set()
+        exps: set[str] = set()  # the exponentials' bases
         ok = True
         for s in users.get(c.name, []):
             if s is update:
                 continue
             b = op_of(s)
-            if not (b.kind == "sub" and _atom_names(b.args) == [c.name, m_new] and target_of(s) in top):
+            if not (operation_of(b).on_host is operator.sub and _atom_names(b.args) == [c.name, m_new]
+                    and target_of(s) in top):
                 ok = False
                 break
             for e in users.get(target_of(s), []):
-                if op_of(e).kind not in ("exp", "exp2") or target_of(e) not in top:
+                base = operation_of(op_of(e)).exponential
+                if base is None or target_of(e) not in top:
                     ok = False
                     break
-                exps.add(op_of(e).kind)
+                exps.add(base)
                 alphas |= _factor_family(target_of(e), users, top)
         if not ok or not alphas:
             continue
@@ -156,8 +159,8 @@ def _match(loop: ast.For):
                     continue
                 args = _atom_names(op_of(s).args)
                 others = [n for n in args if n not in alphas]
-                if (op_of(s).kind != "mul" or len(others) != 1 or others[0] not in carried or others[0] in factors
-                        or target_of(s) not in top):
+                if (operation_of(op_of(s)).on_host is not operator.mul or len(others) != 1 or others[0] not in carried
+                        or others[0] in factors or target_of(s) not in top):
                     ok = False
                     break
                 factors[others[0]] = target_of(s)
@@ -165,7 +168,7 @@ def _match(loop: ast.For):
             continue
         if any(c.name in reads(s) for s in body if is_structured(s)):
             continue  # read in a branch or an inner loop
-        return c, alphas, factors, math.e if exps == {"exp"} else 2.0
+        return c, alphas, factors, math.e if exps == {"e"} else 2.0
     return None
 
 
@@ -235,7 +238,8 @@ def _rewrite(trial: list[ast.stmt], block: list[ast.stmt], loop: ast.For, m: Car
         if s is update:
             s = tagged(ast.Assign([name_node(m_new, ast.Store())], name_node(final)), Op("copy", [name_node(final)]),
                         s)
-        elif t in alphas or (t is not None and op_of(s).kind == "sub" and m.name in value_args(s)):
+        elif t in alphas or (t is not None and operation_of(op_of(s)).on_host is operator.sub
+                             and m.name in value_args(s)):
             continue  # m - m_new, its exp and broadcasts
         elif t in rescaled.values():
             x = next(n for n in value_args(s) if n not in alphas)
@@ -288,11 +292,11 @@ def _scaled_starts(trial: list[ast.stmt], block: list[ast.stmt], body: list[ast.
     out = [tagged(assign(start, copy.deepcopy(m.init)), Op("copy", [copy.deepcopy(m.init)]), loop)]
     renamed = {m.name: start, m_new: final}
     factors = [s for s in body if target_of(s) in alphas or (
-        target_of(s) is not None and op_of(s).kind == "sub" and m.name in value_args(s))]
+        target_of(s) is not None and operation_of(op_of(s)).on_host is operator.sub and m.name in value_args(s))]
     renamed |= {target_of(s): namer.fresh(f"{target_of(s)}_start") for s in factors}
     for s in factors:  # m0 - M, its exp (guarded) and broadcasts, as the loop computed them from m and m_new
         new = _copy(s, renamed)
-        if op_of(s).kind in ("exp", "exp2"):
+        if operation_of(op_of(s)).exponential:
             raw, picked = namer.fresh(f"{target_of(s)}_raw"), new.targets[0].id
             new.targets[0].id = raw
             empty = namer.fresh(f"{final}_empty")
@@ -438,7 +442,7 @@ def _guard_casts(body: list[ast.stmt], final: str) -> set[int]:
             continue
         moved.add(t)
         op = op_of(s)
-        if op.kind in ("to", "cast"):
+        if operation_of(op).converts:
             b = arguments(s)
             if not ast.unparse(b["dtype"]).startswith("tl.") and _plain(b):  # tl.int32: left to the analysis
                 s.value = ast.Call(ast.Attribute(name_node("tg"), "to_float", ast.Load()),

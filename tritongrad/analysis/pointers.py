@@ -48,7 +48,7 @@ class Pointers:
         where each load is followed by a store of its address and mask, or reads back what the kernel stored
         (in_place.py's ``in_place_pointers``: else it refuses)."""
         return frozenset(p for p in set(self.loads) & set(self.stores) if p not in self.index_pointers
-                         and all(op_of(s).kind == "store" for s in self.stores[p]))
+                         and all(operation_of(op_of(s)).access == "store" for s in self.stores[p]))
 
     @property
     def inputs(self) -> frozenset[str]:

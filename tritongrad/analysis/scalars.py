@@ -8,6 +8,7 @@ index split's divisor), ``loop_start`` (a loop's index as its range's start plus
 from __future__ import annotations
 
 import ast
+import operator
 from collections.abc import Mapping
 
 from ..core.ir import axis_of, canonical_atom, op_of, range_bounds, statements, value_args
@@ -80,7 +81,7 @@ def starts_at_zero(atom: ast.expr, defs: dict, forms: dict | None = None) -> boo
     if headers:  # a loop's index: from a range starting at 0
         start = range_bounds(headers[0])[0]
         return len(headers) == 1 and isinstance(start, ast.Constant) and start.value == 0
-    own = [d for d in defs.get(atom.id, []) if not (op_of(d).kind == "add" and any(
+    own = [d for d in defs.get(atom.id, []) if not (operation_of(op_of(d)).on_host is operator.add and any(
         isinstance(a, ast.Name) and a.id == atom.id for a in op_of(d).args[:2]))]  # not `cols = cols + BLOCK`
     if len(own) != 1:
         return False

@@ -62,7 +62,7 @@ def stored_values(program: Program, stores: dict[str, list[ast.stmt]]) -> dict[s
     top = {id(s) for s in program.body}
     found = {}
     for param, written in stores.items():
-        if len(written) != 1 or op_of(written[0]).kind != "store" or id(written[0]) not in top:
+        if len(written) != 1 or operation_of(op_of(written[0])).access != "store" or id(written[0]) not in top:
             continue
         store = written[0]
         b = arguments(store)

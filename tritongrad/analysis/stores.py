@@ -73,14 +73,14 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
         for s in plain:
             if any(n in loaded for n in address_names(s)):  # a scatter: checked on the loaded indices
                 form = forms.get(arguments(s)["pointer"].id)
-                if op_of(s).kind != "store" or (form is not None and not form.affine):
+                if operation_of(op_of(s)).access != "store" or (form is not None and not form.affine):
                     raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
                                  "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
                 address = arguments(s)["pointer"].id
                 bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes, loaded=True)
                 data.append(StoreSite(s, forms.get(address), offset_of(address, offsets, forms), shapes.get(address),
                                       around[id(s)], tuple(bounds)))
-            if op_of(s).kind == "store":
+            if operation_of(op_of(s)).access == "store":
                 address = arguments(s)["pointer"].id
                 bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes)
                 sites[id(s)] = StoreSite(s, forms.get(address), offset_of(address, offsets, forms), shapes.get(address),
@@ -97,7 +97,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
             for first in plain[:i]:
                 if _exclusive(paths[id(first)], paths[id(second)]):
                     continue
-                both_blocks = op_of(first).kind == op_of(second).kind == "desc_store"
+                both_blocks = all(operation_of(op_of(s)).descriptor for s in (first, second))
                 if not both_blocks and (id(first) not in sites or id(second) not in sites):
                     raise refuse(where(second), f"a second tl.store to `{output}`",
                                  "store each output once: compute the final value first, or store different outputs")

@@ -22,6 +22,7 @@ import ast
 from dataclasses import dataclass
 
 from ..core.ir import op_of, target_of
+from ..core.operations import operation_of
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class _Types:
                 return x or y
             return frozenset((_Wrapped("tl.where(tl.zeros((), tl.int1), tl.zeros((), {0}), tl.zeros((), {1}))",
                                        (x, y)),))
-        if op.kind in ("to", "cast") and len(args) >= 2 and not _bitcast(op):
+        if operation_of(op).converts and len(args) >= 2 and not _bitcast(op):
             return self.of_dtype(args[1])
         if op.kind in ("zeros", "full"):
             at = 1 if op.kind == "zeros" else 2
@@ -120,7 +121,7 @@ class _Types:
             return self.of_dtype(dtype) if dtype is not None else None
         if op.kind in REDUCED and args:
             found = self.of_atom(args[0], weak=False)
-            dtype = op.kwargs.get("dtype") if op.kind == "sum" else None
+            dtype = op.kwargs.get("dtype") if "dtype" in operation_of(op).signature.positional else None  # tl.sum's
             dtype = None if dtype is None or _is_none(dtype) else self.of_dtype(dtype)
             if not found or (op.kwargs.get("dtype") is not None and not _is_none(op.kwargs["dtype"]) and not dtype):
                 return None
@@ -129,7 +130,7 @@ class _Types:
                                        (found, dtype) if dtype else (found,)),))
         if op.kind == "dot":
             return self.dot(op)
-        if op.kind == "load" and args and isinstance(args[0], ast.Name):
+        if operation_of(op).access == "load" and args and isinstance(args[0], ast.Name):
             param = self.pointer_base.get(args[0].id, args[0].id)
             if param in self.params and self._plain_pointer(args[0].id, param):
                 return frozenset((f"tl.zeros((), {param}.dtype.element_ty)",))
@@ -150,9 +151,8 @@ class _Types:
             except Exception:
                 return False
             names = [a.id for a in op.args if isinstance(a, ast.Name) and (a.id in self.pointer_base or a.id == param)]
-            if op.kind not in ("add", "sub", "copy", "subscript", "expand_dims", "broadcast_to", "reshape", "view",
-                               "trans", "permute", "multiple_of", "max_contiguous", "max_constancy") \
-                    or len(names) != 1:
+            pointer_arithmetic = operation_of(op).pointer_args[:1] == (0,) and not operation_of(op).descriptor
+            if not pointer_arithmetic or len(names) != 1:  # `p + offs`, `p[:, None]`: its first operand's pointer
                 return False
             name = names[0]
         return False

@@ -306,9 +306,9 @@ def literal_value(atom: ast.expr | None, defs: dict | None = None) -> float | No
     frontend gave such literals: ``neg_x = -float("inf")``), else None."""
     if isinstance(atom, ast.Name) and defs is not None:
         found = defs.get(atom.id, ())
-        if len(found) == 1 and isinstance(found[0], ast.Assign) and op_of(found[0]).kind in ("neg", "pos", "copy"):
-            value = literal_value(op_of(found[0]).args[0], defs)
-            return -value if value is not None and op_of(found[0]).kind == "neg" else value
+        if len(found) == 1 and isinstance(found[0], ast.Assign) and operation_of(op_of(found[0])).sign:
+            value = literal_value(op_of(found[0]).args[0], defs)  # `-x`, `+x`, `x`
+            return -value if value is not None and operation_of(op_of(found[0])).sign < 0 else value
         return None
     if isinstance(atom, ast.UnaryOp) and isinstance(atom.op, (ast.USub, ast.UAdd)):
         value = literal_value(atom.operand, defs)
@@ -439,9 +439,11 @@ def axis_of(op: Op) -> int | None:
 def program_axis(stmt: ast.stmt) -> int | None:
     """The axis of a ``tl.program_id`` statement (-1: an unknown axis, or ``tg.program_index()``: all of them)."""
     tag = getattr(stmt, "tg", None)
-    if tag is None or tag.op.kind not in ("program_id", "program_index") or not isinstance(stmt, ast.Assign):
+    if tag is None or not isinstance(stmt, ast.Assign):
         return None
     if tag.op.kind == "program_index":
         return -1
+    if operation_of(tag.op).coordinate != "program":
+        return None
     axis = axis_of(tag.op)
     return -1 if axis is None else axis

@@ -15,8 +15,9 @@ result, and the parameter names), and the facts other passes ask about it:
 | ``lanes`` | addresses.py | ``"same"``: keeps its operand's lane coordinates; ``"moved"``: moves them to other axes |
 | ``foldable`` | codegen | cheap and pure: written back into its uses in the printed kernel |
 | ``constexpr`` | frontend | a compile-time constant when its operands are |
-| ``on_host`` | analysis/conditions.py | the same operation on Python integers, for conditions checked at launch |
+| ``on_host`` | analysis, reverse | the same operation on Python integers: launch checks; which one (``operator.sub``) |
 | ``memory`` | everyone | ``"load"``, ``"store"``, ``"accumulate"`` (atomic add), ``"atomic"`` (other atomics) |
+| ``descriptor`` | everyone | ``"method"``: a tensor descriptor's load / store / atomic add; ``"made"``: makes one |
 | ``unbounded_in`` | analysis, reverse | the operand where a finite value may give infinity (log 0, 1/0) |
 | ``finite_at_minus_inf`` | analysis | finite where its operand is -inf (a softmax's -inf padding is 0 after exp) |
 | ``shape_only`` | codegen, reverse | arguments read for their shape and type only (``zeros_like``) |
@@ -26,6 +27,9 @@ result, and the parameter names), and the facts other passes ask about it:
 | ``reduction`` | analysis, codegen | ``"axis"``: reduces its one ``axis`` (codegen may move it); ``"other"``: else |
 | ``costly`` | reverse/interchange.py | a reduction or a product: computed once per forward program, not per iteration |
 | ``flows`` | codegen/exponentials.py | (positions, keywords) of the arguments whose values reach its result or memory |
+| ``converts`` | analysis, reverse | its operand's values in another type (``x.to(dtype)``, ``tl.cast``) |
+| ``sign`` | analysis, frontend | its result is its one operand (1: ``a = b``, ``+a``) or the operand negated (-1) |
+| ``exponential`` | analysis | the base of an exponential: ``"e"`` (``tl.exp``), ``"2"`` (``tl.exp2``) |
 
 Other tables keyed by kind: a result's shape (analysis/shapes.py's ``SHAPES``), an analysis's function per kind
 (core/per_kind.py's registries); what the passes know of a ``tg`` helper (language.py's ``HELPERS``).
@@ -42,6 +46,18 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from .rule_templates import (
+    cast_adjoint,
+    cast_tangent,
+    dot_tangent,
+    extremum_tangent,
+    full_tangent,
+    inverse_permutation,
+    linear_scan_adjoint,
+    linear_scan_tangent,
+    where_tangent,
+)
 
 LN2 = 0.6931471805599453
 TWO_OVER_SQRT_PI = 1.1283791670955126
@@ -126,7 +142,7 @@ class Operation:
     constexpr: bool = False
     on_host: Callable | None = None
     memory: str | None = None
-    descriptor: bool = False
+    descriptor: str | None = None  # "method": a tensor descriptor's load, store or atomic add; "made": makes one
     unbounded_in: str | None = None
     finite_at_minus_inf: bool = False
     shape_only: tuple[int, ...] = ()  # arguments read for their shape and type only (`tl.zeros_like(x)`)
@@ -138,6 +154,9 @@ class Operation:
     reduction: str | None = None  # "axis": reduces its `axis` argument (sum, max, min); "other": combines lanes so
     costly: bool = False  # worth computing once per forward program (reverse/interchange.py)
     flows: tuple[tuple[int, ...], tuple[str, ...]] | None = None  # arguments whose values flow on (exponentials.py)
+    converts: bool = False  # its operand's values in another type
+    sign: int = 0  # its result is its one operand (1) or the operand negated (-1)
+    exponential: str | None = None  # "e": tl.exp, "2": tl.exp2
 
     @property
     def has_rule(self) -> bool:
@@ -149,35 +168,15 @@ class Operation:
         return self.memory in ("store", "accumulate", "atomic")
 
     @property
+    def access(self) -> str | None:
+        """``memory`` through a pointer (``tl.load``, ``tl.store``, the atomics); None through a tensor descriptor."""
+        return None if self.descriptor else self.memory
+
+    @property
     def reads_result(self) -> bool:
         """Whether its adjoint reads its own result (``exp``: ``g * out``)."""
         return any(callable(t) or "out" in {n.id for n in ast.walk(ast.parse(t)) if isinstance(n, ast.Name)}
                    for t in (self.adjoints or {}).values())
-
-
-def _inverse_permutation(bound: dict[str, ast.expr]) -> str:
-    dims = bound.get("dims")
-    elts = dims.elts if isinstance(dims, (ast.Tuple, ast.List)) else []
-    if not elts:  # tl.trans(x) of a 2-D tile
-        return "tl.trans(g)"
-    if len(elts) == 1 and isinstance(elts[0], (ast.Tuple, ast.List)):
-        elts = elts[0].elts
-    order = [ast.literal_eval(e) for e in elts]  # ValueError when not literal: refused upstream
-    inverse = [order.index(i) for i in range(len(order))]
-    return f"tl.permute(g, {tuple(inverse)})"
-
-
-def _cast(bound: dict[str, ast.expr]) -> str:
-    # a cast to a float type passes the gradient on; the dtype may only be known at compile time
-    dtype = ast.unparse(bound["dtype"])
-    if dtype.startswith(("tl.float", "tl.bfloat")):
-        return "g"
-    return f"tg.cast_grad(g, {dtype})"  # the type, not `out`: reading `out` would replay the cast's operand
-
-
-def _linear_scan(bound: dict[str, ast.expr]) -> str:
-    a, b = (ast.unparse(e) for e in bound["input"].elts)
-    return f"tg.linear_scan_grad(g0, g1, {a}, {b}, out[0], out[1], axis, reverse)"
 
 
 MAX_GRAD = "tl.where({a} > {b}, g, tl.where({a} == {b}, 0.5 * g, 0.0))"  # ties split, as torch does
@@ -250,8 +249,8 @@ rule("clamp", "x, min, max, propagate_nan=None", x="tl.where((x >= min) & (x <= 
      min="tl.where(x < min, g, 0.0)", max="tl.where(x > max, g, 0.0)")
 rule("broadcast_to", "input, *shape", input="g")
 # casts: float to float passes the gradient (accumulated in float32 or wider)
-rule("to", CAST, elementwise=False, input=_cast)
-rule("cast", CAST, elementwise=False, input=_cast)
+rule("to", CAST, elementwise=False, input=cast_adjoint)
+rule("cast", CAST, elementwise=False, input=cast_adjoint)
 # reductions: spread the gradient back; max/min share it evenly among ties, like torch.amax
 rule("sum", "input, axis=None, keep_dims=False, dtype=None", elementwise=False,
      input="tg.sum_grad(g, input, axis, keep_dims)")
@@ -276,14 +275,14 @@ rule("expand_dims", "input, axis", elementwise=False, input="tl.reshape(g, input
 rule("reshape", "input, *shape, can_reorder=False", elementwise=False,
      input="tl.reshape(g, input.shape) if len(out.shape) > 0 else tl.broadcast_to(g, input.shape)")
 rule("view", "input, *shape", elementwise=False, input="tl.reshape(g, input.shape)")
-rule("trans", "input, *dims", elementwise=False, input=_inverse_permutation)
-rule("permute", "input, *dims", elementwise=False, input=_inverse_permutation)
+rule("trans", "input, *dims", elementwise=False, input=inverse_permutation)
+rule("permute", "input, *dims", elementwise=False, input=inverse_permutation)
 # Operations with several results, unpacked (`a, b = tl.split(x)`): the tuple of results is `out`, and
 # each result `out[i]` is an `item` of it, with its own adjoint `gi` (zeros when it has none). A tuple
 # argument (the scan's `(a, b)`) gets a tuple of adjoints, one per element.
 rule("item", "input, index", elementwise=False, input="g")  # read by its operation's adjoint (reverse/rules.py)
 # h_t = a_t h_{t-1} + b_t and the products of the a's: the adjoint is a scan the other way
-rule("linear_scan", "input, axis, combine_fn, reverse=False", elementwise=False, input=_linear_scan)
+rule("linear_scan", "input, axis, combine_fn, reverse=False", elementwise=False, input=linear_scan_adjoint)
 rule("split", "a", elementwise=False, a="tl.join(g0, g1)")
 rule("join", "a, b", elementwise=False, a="tg.split_grad(g, a, 0)", b="tg.split_grad(g, b, 1)")
 _also("linear_scan split", results=2)
@@ -295,69 +294,15 @@ for _kind in ("multiple_of", "max_contiguous", "max_constancy"):
 
 # -- forward mode: tangents where the adjoints do not give them -----------------------------------------------------
 
-def _cast_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
-    bitcast = bound["bitcast"]
-    if not (isinstance(bitcast, ast.Constant) and not bitcast.value):
-        raise ValueError("a bitcast (or a cast whose bitcast= is not a literal)")
-    dtype = ast.unparse(bound["dtype"])
-    rounding = bound["fp_downcast_rounding"]
-    keyword = "" if isinstance(rounding, ast.Constant) and rounding.value is None else ", fp_downcast_rounding=rounding"
-    if dtype.startswith(("tl.float", "tl.bfloat")):
-        return f"tl.cast(t_input, dtype{keyword})"
-    return f"tl.cast(tg.cast_grad(t_input, dtype), dtype{keyword})"  # zeros where it turns out an integer type
-
-
-def _dot_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
-    """d(A B + C) = dA B + A dB + dC, each product accumulated into the next (as the forward's precision) where the
-    forward accumulates or names its out_dtype; else added (a float64 product is float64, not the default
-    out_dtype an accumulator must have)."""
-    def given(k: str) -> bool:
-        return not (isinstance(bound[k], ast.Constant) and bound[k].value is None)
-
-    options = "".join(f", {k}={k}" for k in ("input_precision", "allow_tf32", "max_num_imprecise_acc", "out_dtype")
-                      if given(k))
-    chained = given("acc") or given("out_dtype")
-    total = "t_acc" if "acc" in active else None
-    for a, b in (("t_input", "other"), ("input", "t_other")):
-        if a.removeprefix("t_") in active or b.removeprefix("t_") in active:
-            product = f"tl.dot({a}, {b}{options})"
-            total = (product if total is None else f"tl.dot({a}, {b}, {total}{options})" if chained
-                     else f"{total} + {product}")
-    return total
-
-
-def _extremum_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
-    if not (isinstance(bound["return_indices"], ast.Constant) and bound["return_indices"].value is False):
-        raise ValueError("a max or min returning its indices")
-    return "tg.extremum_tangent(t_input, input, out, axis, keep_dims)"  # the ties' mean, as torch.amax's
-
-
-def _where_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
-    return f"tl.where(condition, {'t_x' if 'x' in active else '0.0'}, {'t_y' if 'y' in active else '0.0'})"
-
-
-def _full_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
-    if _cast(bound) != "g":
-        raise ValueError("a dtype that is not a literal float type")
-    return "tl.full(shape, t_value, dtype)"
-
-
-def _linear_scan_tangent(bound: dict[str, ast.expr], active: frozenset[str]) -> str:
-    a, b = bound["input"].elts
-    if "input[0]" in active:
-        raise ValueError("a linear recurrence whose factors are differentiated")
-    return f"tl.associative_scan(({ast.unparse(a)}, t_input_1), axis, combine_fn, reverse)"  # linear in b
-
-
-_also("to cast", tangents=_cast_tangent)
-_also("dot", tangents=_dot_tangent)
-_also("max min", tangents=_extremum_tangent)
-_also("where", tangents=_where_tangent)
+_also("to cast", tangents=cast_tangent)
+_also("dot", tangents=dot_tangent)
+_also("max min", tangents=extremum_tangent)
+_also("where", tangents=where_tangent)
 _also("softmax", tangents="tg.softmax_grad(t_x, out, dim)")  # the Jacobian diag(y) - y y^T is symmetric
-_also("linear_scan", tangents=_linear_scan_tangent)
+_also("linear_scan", tangents=linear_scan_tangent)
 _also("sum cumsum subscript expand_dims reshape view trans permute item split join multiple_of max_contiguous "
       "max_constancy", tangents=LINEAR)
-_also("full", tangents=_full_tangent)
+_also("full", tangents=full_tangent)
 _also("cumprod", no_tangent="`tl.cumprod`")
 
 # -- operations whose result carries no gradient ---------------------------------------------------------
@@ -387,10 +332,10 @@ _declare("atomic_add", ATOMIC, memory="accumulate")
 for _kind in ("atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor", "atomic_xchg", "atomic_cas"):
     _declare(_kind, ATOMIC, memory="atomic")
 # a tensor descriptor's methods (`desc.load(offsets)`): the descriptor stands where the pointer does
-_declare("desc_load", "pointer, offsets", memory="load", descriptor=True)
-_declare("desc_store", "pointer, offsets, value", memory="store", descriptor=True)
-_declare("desc_atomic_add", "pointer, offsets, val", memory="accumulate", descriptor=True)
-_declare("make_tensor_descriptor", "base, shape, strides, block_shape, padding_option='zero'")
+_declare("desc_load", "pointer, offsets", memory="load", descriptor="method")
+_declare("desc_store", "pointer, offsets, value", memory="store", descriptor="method")
+_declare("desc_atomic_add", "pointer, offsets, val", memory="accumulate", descriptor="method")
+_declare("make_tensor_descriptor", "base, shape, strides, block_shape, padding_option='zero'", descriptor="made")
 DESCRIPTOR_METHODS = {"load": "desc_load", "store": "desc_store", "atomic_add": "desc_atomic_add"}
 
 # -- facts beyond the rules --------------------------------------------------------------------------------
@@ -427,6 +372,11 @@ _declare("reduce")  # tl.reduce of a combine function that is no sum, max or min
 _also("sum max min", reduction="axis")
 _also("softmax dot cumsum cumprod linear_scan argmax argmin xor_sum reduce", reduction="other")
 _also("sum max min reduce dot", costly=True)
+_also("to cast", converts=True)
+_also("copy pos", sign=1)
+_also("neg", sign=-1)
+_also("exp", exponential="e")
+_also("exp2", exponential="2")
 # a value flows on through these arguments (positions, keywords): arithmetic, shape moves, smooth functions
 _also("exp exp2 log log2 sqrt sqrt_rn rsqrt sin cos sigmoid erf trans reshape view broadcast_to expand_dims permute "
       "sum cumsum", flows=((0,), ()))

@@ -39,7 +39,7 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, N, D, scale, BM: tl.const
         kv_mask = (rn[:, None] < N) & (rd[None, :] < D)
         k = tl.load(k_ptr + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(COMPUTE) * scale
+        s = (tl.dot(q, tl.trans(k)).to(COMPUTE) * scale).to(COMPUTE)  # (torch.compile passes a float as float64)
         visible = rn[None, :] < N
         if CAUSAL:
             visible = visible & (rn[None, :] <= rm[:, None])

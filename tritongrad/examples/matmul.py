@@ -7,9 +7,10 @@ whichever of the autotuner's configs makes them fastest (ops/tiles.py).
 
 ``matmul_fixed``: the same product launched with one config (``FIXED``), as hand-tuned code launches it, by a
 kernel that declares ``BACKWARD_CONFIGS`` (``tritongrad.backward_configs``: a product does not depend on its tile
-sizes), so that its backward runs under whichever of them, or the forward's, is fastest; ``declared=False``
-launches the autotuned kernel's own jit function instead, whose backward keeps the forward's config
-(benchmarks/matmul_fixed.py compares them)."""
+sizes), so that its backward runs under whichever of them, or the forward's, is fastest; ``named_tiles=True``
+launches a kernel that names its three block sizes tile sizes instead (``backward_configs(tiles=...)``: its
+backward's configs made around the launch's, no list written); ``declared=False`` launches the autotuned kernel's
+own jit function, whose backward keeps the forward's config (benchmarks/matmul_fixed.py compares them)."""
 
 import os
 
@@ -88,13 +89,16 @@ def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpos
 
 # the same kernel, a jit function of its own (a declaration is per kernel object), for launches with a fixed config
 matmul_fixed_kernel = tritongrad.backward_configs(BACKWARD_CONFIGS)(triton.jit(matmul_kernel.fn.fn))
+# and again, its block sizes named tile sizes: its backward's configs are made around each launch's (ops/tiles.py)
+matmul_tiles_kernel = tritongrad.backward_configs(tiles=("BLOCK_M", "BLOCK_N", "BLOCK_K"))(
+    triton.jit(matmul_kernel.fn.fn))
 KERNELS = (matmul_kernel,)  # (what `tritongrad show matmul` prints: the two are one source)
 
 
 @tritongrad.op("tritongrad_examples::matmul_fixed")
 def matmul_fixed(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpose_b: bool = False,
-                 declared: bool = True) -> torch.Tensor:
-    kernel = matmul_fixed_kernel if declared else matmul_kernel.fn
+                 declared: bool = True, named_tiles: bool = False) -> torch.Tensor:
+    kernel = matmul_tiles_kernel if named_tiles else matmul_fixed_kernel if declared else matmul_kernel.fn
     return matmul_launch(a, b, transpose_a, transpose_b, kernel, FIXED)()
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import NotDifferentiableError
+from ..core.operations import OPERATIONS
 from ..core.source import triton_language_name
 
 MAKE = "make_block_ptr"
@@ -264,35 +265,37 @@ class _Rewriter(ast.NodeTransformer):
     # -- loads and stores -----------------------------------------------------------------
 
     def visit_Call(self, node: ast.Call) -> Any:
-        kind = self.names.get(id(node))
+        operation = OPERATIONS.get(self.names.get(id(node)))
+        access = operation.access if operation is not None else None
         pointer = node.args[0] if node.args else None
-        if kind in ("load", "store") and isinstance(pointer, ast.Name) and pointer.id in self.pointers:
-            return self.memory(node, kind, self.pointers[pointer.id])
+        if access in ("load", "store") and isinstance(pointer, ast.Name) and pointer.id in self.pointers:
+            return self.memory(node, access, self.pointers[pointer.id])
         return self.generic_visit(node)
 
-    def memory(self, node: ast.Call, kind: str, p: _BlockPointer) -> ast.Call:
-        params = LOAD_PARAMS if kind == "load" else STORE_PARAMS
+    def memory(self, node: ast.Call, access: str, p: _BlockPointer) -> ast.Call:
+        """``tl.load`` / ``tl.store`` (``access``) of a block pointer: at its addresses, masked by its bounds."""
+        params = LOAD_PARAMS if access == "load" else STORE_PARAMS
         bound = _arguments_of(node, params)
         if "mask" in bound or "other" in bound:
-            raise self.refuse(node, f"`tl.{kind}` of a block pointer with a mask",
+            raise self.refuse(node, f"`tl.{access}` of a block pointer with a mask",
                               "block pointers are bounded by `boundary_check`")
         checked = _elements(bound.get("boundary_check", ast.Tuple([])))
         padding = bound.get("padding_option", ast.Constant(""))
         if checked is None or not all(isinstance(c, ast.Constant) for c in checked) or not isinstance(
                 padding, ast.Constant):
-            raise self.refuse(node, f"`tl.{kind}` of a block pointer with a computed boundary_check or padding",
+            raise self.refuse(node, f"`tl.{access}` of a block pointer with a computed boundary_check or padding",
                               "write them as literals: `boundary_check=(0, 1), padding_option=\"zero\"`")
         dims = sorted({c.value % p.rank for c in checked})
         keywords = [k for k in node.keywords if k.arg not in params]  # cache and eviction hints
         args = [node.args[0]]
         self.allowed.add(id(node.args[0]))
-        if kind == "store":
+        if access == "store":
             args.append(self.visit(bound["value"]))
         if dims:
             indices = {d: p.part("index", d) for d in dims}
             keywords.append(ast.keyword("mask", _expr(block_mask(indices, {d: p.part("size", d) for d in dims},
                                                                  p.rank))))
-            if kind == "load":
+            if access == "load":
                 other = "float('nan')" if padding.value == "nan" else "0.0"
                 keywords.append(ast.keyword("other", _expr(other)))
         new = ast.Call(func=node.func, args=args, keywords=keywords)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.ir import Op, Origin
-from ..core.operations import CUSTOM, DESCRIPTOR_METHODS, Signature, operation_of
+from ..core.operations import CUSTOM, DESCRIPTOR_METHODS, OPERATIONS, Signature, operation_of
 from ..core.source import Source, is_jit, triton_language_name
 from .blockptr import rewrite_block_pointers
 
@@ -115,7 +115,7 @@ class ExpressionFlattener:
         if isinstance(node, ast.UnaryOp):
             kind = UNARYOPS[type(node.op)]
             a = self.atom(node.operand, stmt)
-            if kind == "neg" and isinstance(a, ast.Constant):
+            if OPERATIONS[kind].sign < 0 and isinstance(a, ast.Constant):
                 return ast.Constant(-a.value)
             return _Deferred(ast.UnaryOp(op=node.op, operand=a), Op(kind, [a]), f"{kind}_{_label(a) or 'x'}")
         if isinstance(node, ast.Compare):
@@ -319,7 +319,7 @@ class ExpressionFlattener:
         new = ast.Call(func=callee, args=call_args, keywords=[ast.keyword(arg=k, value=v) for k, v in kwargs.items()])
         first = _label(args[0]) if args else ""
         hint = kind if kind in ("load", "call", "custom") or not first else f"{kind}_{first}"
-        if kind == "desc_load":
+        if kind in OPERATIONS and OPERATIONS[kind].memory == "load":  # a descriptor's load too
             hint = "load"
         if kind == "custom":
             hint = getattr(func_obj, "__name__", "custom")

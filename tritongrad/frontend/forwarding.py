@@ -26,6 +26,7 @@ from ..core.ir import (
     tagged,
     target_of,
 )
+from ..core.operations import operation_of
 
 
 def forward_stored_values(body: list[ast.stmt], fresh) -> None:
@@ -35,14 +36,14 @@ def forward_stored_values(body: list[ast.stmt], fresh) -> None:
     place = block_positions(body)
     stores: dict[tuple, list[tuple[list, int, ast.stmt]]] = {}
     for s in statements(body):
-        if op_of(s).kind == "store":
+        if operation_of(op_of(s)).access == "store":
             b = arguments(s)
             key = (canonical_atom(b["pointer"], defs), canonical_atom(b["mask"], defs))
             stores.setdefault(key, []).append((*place[id(s)], s))
     if not stores:
         return
     for load in list(statements(body)):
-        if op_of(load).kind != "load":
+        if operation_of(op_of(load)).access != "load":
             continue
         b = arguments(load)
         block, i = place[id(load)]

@@ -226,10 +226,12 @@ class Normalizer:
     def unpack(self, d: _Deferred, count: int, stmt: ast.stmt) -> list[_Deferred]:
         """``a, b = op(...)``: the operation's tuple of results gets a name of its own (``scan = ...``),
         and each result is an ``item`` of it (``a = scan[0]``), so each has its own adjoint."""
-        kind = d.op.kind
-        if kind == "custom" or (operation_of(d.op).has_rule and operation_of(d.op).results == 1):
-            hint = ("use tl.max / tl.min and tl.argmax / tl.argmin separately" if kind in ("max", "min")
-                    else "helpers with a custom rule return one value" if kind == "custom"
+        kind, custom = d.op.kind, d.op.kind == "custom"
+        if custom or (operation_of(d.op).has_rule and operation_of(d.op).results == 1):
+            signature = operation_of(d.op).signature
+            hint = ("helpers with a custom rule return one value" if custom
+                    else "use tl.max / tl.min and tl.argmax / tl.argmin separately"
+                    if signature is not None and "return_indices" in signature.positional
                     else "compute each result with an operation of its own")
             raise self.refuse(stmt, f"unpacking the results of `{kind}`", hint)
         results = self.namer.fresh(RESULT_NAMES.get(d.op.kind, "results"))
@@ -298,7 +300,7 @@ class Normalizer:
         if isinstance(node, ast.Assign) and operation_of(op).constexpr and all(
                 self.is_constexpr(a) for a in [*op.args, *op.kwargs.values()]):
             self.constexprs.add(node.targets[0].id)
-        if isinstance(node, ast.Assign) and (op.kind == "make_tensor_descriptor" or (
+        if isinstance(node, ast.Assign) and (operation_of(op).descriptor == "made" or (
                 op.kind == "copy" and isinstance(op.args[0], ast.Name) and op.args[0].id in self.descriptors)):
             self.descriptors.add(node.targets[0].id)
         # the kernel's line, for comments; the construct itself (in the helper's file), for errors

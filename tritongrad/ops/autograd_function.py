@@ -16,6 +16,7 @@ import torch.autograd.forward_ad as _forward_ad
 
 from ..core.device import recording
 from ..core.errors import NotDifferentiableError, OpError
+from . import donation
 from .call_tensors import is_container, nested_tensors, tensor_leaves
 from .remake import Remake
 from .replay import FastTape, Replays
@@ -41,7 +42,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
     apply_function, apply_segment = _fast_apply(function), _fast_apply(segment)
 
     def segment_node(tape: Tape, written: list, inputs: list) -> None:
-        apply_segment(tape, len(written), *written, *inputs)
+        donation.apply(apply_segment, tape, len(written), *written, *inputs)
 
     def call(*args, **kwargs):
         segments = None
@@ -89,7 +90,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
             if hidden_reads:
                 _check_reached(name, arguments(args, kwargs), outputs)
             return result
-        outputs = apply_function(tape, outputs, *inputs)
+        outputs = donation.apply(apply_function, tape, outputs, *inputs)
         if tape.plan.unread and hidden_reads:
             _check_reached(name, arguments(args, kwargs), outputs, tape.plan.unread)
         return outputs if several else outputs[0]
@@ -189,6 +190,7 @@ class _TapeFunction(torch.autograd.Function):
         ctx.tape = tape
         # version counters: in-place changes before backward raise (of what a derived kernel reads: kept_for_backward)
         ctx.save_for_backward(*tape.plan.kept_for_backward(tape.saved))
+        ctx.donating = donation.saving(tape.plan)  # (saved through donation.py's hooks)
         tape.saved = None  # the tape keeps no tensors: outputs would otherwise hold themselves alive
         ctx.set_materialize_grads(False)
         if tape.plan.constants:
@@ -205,7 +207,7 @@ class _TapeFunction(torch.autograd.Function):
         needs = ctx.needs_input_grad[2:]
         if torch.is_grad_enabled() and differentiated_again(saved, grads):  # create_graph: double backward
             return (None, None, *backward_as_op(ctx.tape, saved, grads, needs))
-        return (None, None, *ctx.tape.backward(saved, grads, needs))
+        return (None, None, *_backward(ctx, saved, grads, needs))
 
 
 class _SegmentFunction(torch.autograd.Function):
@@ -217,6 +219,7 @@ class _SegmentFunction(torch.autograd.Function):
         written = tensors[:count]
         ctx.tape, ctx.count = tape, count
         ctx.save_for_backward(*tape.plan.kept_for_backward(tape.saved))
+        ctx.donating = donation.saving(tape.plan)
         tape.saved = None
         ctx.set_materialize_grads(False)
         ctx.mark_dirty(*written)
@@ -233,7 +236,19 @@ class _SegmentFunction(torch.autograd.Function):
         saved, needs = ctx.saved_tensors, ctx.needs_input_grad[2 + ctx.count:]
         if torch.is_grad_enabled() and differentiated_again(saved, grads):  # create_graph: double backward
             return (None, None, *[None] * ctx.count, *backward_as_op(ctx.tape, saved, grads, needs))
-        return (None, None, *[None] * ctx.count, *ctx.tape.backward(saved, grads, needs))
+        return (None, None, *[None] * ctx.count, *_backward(ctx, saved, grads, needs))
+
+
+def _backward(ctx: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
+    """The tape's backward of a node, offered the memory of the saved tensors only it holds (donation.py)."""
+    slots = donation.offered(ctx.tape.plan, saved) if ctx.donating else None
+    if not slots:
+        return ctx.tape.backward(saved, grads, needs)
+    token = donation.donating.set(slots)
+    try:
+        return ctx.tape.backward(saved, grads, needs)
+    finally:
+        donation.donating.reset(token)
 
 
 def differentiated_again(saved: tuple, grads: tuple) -> bool:

@@ -25,6 +25,7 @@ from ..runtime import tuning
 from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.derive import grad
 from ..runtime.variants import shadow_dtype
+from . import donation
 from .launcher import Launcher
 from .shadows import Plan, Shadow, Step, View, stand_in_tensor
 
@@ -171,7 +172,7 @@ class OpBackward:
             if config:
                 args.update(config)
                 grid = tuple(launch.tiles.grid({**launch.info.defaults, **args}))
-        return self._launch(step, launch, args, grid, config, shadows, guards, keep=keep)
+        return self._launch(step, launch, args, grid, config, shadows, guards, keep=keep, saved=saved)
 
     def _tiles(self, step: Step, launch: Any, args: dict, shadows: dict) -> tuple:
         """The config offered (keyword items: tiles.Tiles) under which this step's backward runs fastest; () where
@@ -201,12 +202,15 @@ class OpBackward:
         return found
 
     def _launch(self, step: Step, launch: Any, args: dict, grid: tuple, config: tuple, shadows: dict,
-                guards: dict | None, setting: Any = None, keep: tuple | None = None) -> tuple[dict, Any]:
+                guards: dict | None, setting: Any = None, keep: tuple | None = None,
+                saved: tuple | None = None) -> tuple[dict, Any]:
         """The derived kernel's launch with the forward's arguments ``args`` (``config``: the config replacing the
         recorded one, else ()). The first writer of a storage's gradient stores it (into
         a buffer left unfilled where its loads cover it, in the input's own dtype where nothing else adds to
-        it); later ones add to it (writes/strategies.py). ``keep``: the launch's key in ``step.launchers``, where a
-        Launcher doing the same with the next backward's tensors is kept."""
+        it; into a saved input's own memory where this backward was offered it: donation.py); later ones add to it
+        (writes/strategies.py). ``keep``: the launch's key in ``step.launchers``, where a
+        Launcher doing the same with the next backward's tensors is kept. ``saved``: the node's saved tensors (None:
+        a tuning trial, which writes into no saved tensor)."""
         shadow_of = step.shadows
         # the inputs whose buffers hold gradient: made already, or an output's (made below) that is not the input
         # itself (an input updated in place holds its new values' gradient only where it was given one)
@@ -224,7 +228,8 @@ class OpBackward:
             if n not in bwd.stored_params.values():
                 args.pop(n, None)
         # the inputs' buffers first, as their write strategies want them (an input updated in place: its own dtype)
-        buffers = {p: self._shadow(shadows, shadow, guards, fill, own) for p, shadow, fill, own in buffers_of}
+        buffers = {p: self._shadow(shadows, shadow, guards, fill, own, (saved, slot) if slot is not None else None)
+                   for p, shadow, fill, own, slot in buffers_of}
         output_grads = {p: self._shadow(shadows, shadow_of[p], guards) for p in step.outputs}
         pad = guard_bands.GUARD[0] if guards is not None else 0
         trace = [] if keep is not None and not bwd.checks.reads_contents else None
@@ -258,7 +263,7 @@ class OpBackward:
         laid = self._laid(step)
         prepared = bwd.prepare({**args, **laid} if laid else args, grid, written, step.shared, step.self_overlapping,
                                launch.saved)
-        found = (bwd, prepared, self._buffers(step, prepared))
+        found = (bwd, prepared, self._buffers(step, prepared, args))
         if key is not None:
             step.ready[key] = found
         return found
@@ -270,22 +275,25 @@ class OpBackward:
         return {p: torch.empty_strided(v.size, v.stride, dtype=v.dtype, device="meta")
                 for p, v in step.launch.views.items() if slots.get(p) is None or slots[p] in self.plan.unused}
 
-    @staticmethod
-    def _buffers(step: Step, prepared: Any) -> tuple[tuple[str, Shadow, bool, bool], ...]:
+    def _buffers(self, step: Step, prepared: Any, args: dict) -> tuple[tuple[str, Shadow, bool, bool, Any], ...]:
         """Per input: its shadow; zero-filled unless the kernel writes every element of the view (and no other
         input's gradient is added there: ``shared``); in the input's own dtype where it is the only gradient the
-        storage gets (no other step writes it, no atomics)."""
+        storage gets (no other step writes it, no atomics); the saved slot whose memory may take it
+        (donation.donor_slot), or None."""
         found = []
         for p in step.wrt:
             c = prepared.choices[p]
             sets_all = c.strategy.unfilled(c) and p not in step.shared
-            found.append((p, step.shadows[p], not sets_all, p in step.sole and c.strategy.in_input_dtype()))
+            own = p in step.sole and c.strategy.in_input_dtype()
+            slot = donation.donor_slot(self.plan, step, prepared, p, args, not sets_all, own)
+            found.append((p, step.shadows[p], not sets_all, own, slot))
         return tuple(found)
 
     def _shadow(self, shadows: dict, shadow: Shadow, guards: dict | None = None, fill: bool = True,
-                own_dtype: bool = False) -> torch.Tensor:
+                own_dtype: bool = False, donor: tuple | None = None) -> torch.Tensor:
         """A view's shadow, its storage's buffer made on first use: zero-filled unless ``fill`` is false
-        and the buffer is the view itself (then its first writer writes all of it); in the primal's dtype
+        and the buffer is the view itself (then its first writer writes all of it; ``donor``: (saved tensors, slot)
+        of a saved input whose memory it may be: donation.donated); in the primal's dtype
         if ``own_dtype`` and the buffer is the view itself, else float32 for half types. With ``guards``
         (a checked backward) the buffer lies between guard bands, ``guards[key] = (all of it, pad, size)``."""
         buffer = shadows.get(shadow.key)
@@ -294,7 +302,10 @@ class OpBackward:
             shape, _, device = self.plan.buffers[shadow.key]
             dtype, whole = self.plan.buffer_dtype(shadow, own_dtype), self.plan.all_of_buffer(shadow)
             if given is not None or (guards is None and not fill and whole):
-                buffer = torch.empty(shape, dtype=dtype, device=device)
+                if donor is not None and given is None:
+                    buffer = donation.donated(*donor, shape, dtype, device)
+                if buffer is None:
+                    buffer = torch.empty(shape, dtype=dtype, device=device)
             elif guards is None:
                 buffer = torch.zeros(shape, dtype=dtype, device=device)
             else:

@@ -223,8 +223,8 @@ class Replays:
                     return None, result
                 if torch._C._are_functorch_transforms_active():
                     outputs = self.function.apply(fast, outputs, *inputs)
-                else:  # what Function.apply does then (the Function defines no setup_context)
-                    outputs = self.apply(fast, outputs, *map(_unwrap_if_dead, inputs))
+                else:  # what Function.apply does then (the Function defines no setup_context; saving: donation.py)
+                    outputs = op_backward.donation.apply(self.apply, fast, outputs, *map(_unwrap_if_dead, inputs))
                 return None, outputs if several else outputs[0]
         return fast.fallen, result
 

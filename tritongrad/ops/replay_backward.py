@@ -22,6 +22,7 @@ import torch
 
 from ..core.device import ensure_allocator
 from . import backward as op_backward
+from . import donation
 from .shadows import Plan, Shadow, contiguous, stand_in_tensor
 from .tape import current_tape
 
@@ -74,7 +75,8 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
     """The source of ``run(saved, grads, needs, kept)`` for a schedule, and the namespace its names are bound in."""
     plan: Plan = backward.plan
     needs, present = schedule
-    namespace = {"_shadow": _shadow, "_scatter_add": op_backward._scatter_add, "backward": backward, "torch": torch}
+    namespace = {"_shadow": _shadow, "_scatter_add": op_backward._scatter_add, "backward": backward, "torch": torch,
+                 "_donated": donation.donated}
 
     def bound(value: Any) -> str:
         name = f"c{len(namespace)}"
@@ -121,9 +123,9 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
             sources[0, p] = name = f"s{s}_{len(sources)}"
             value = f"saved[{slot}]" if slot is not None else bound(stand_in_tensor(stand_in))  # (empty: no memory)
             lines.append(f"    {name} = {value}")
-        made = [(2, p, _maker(plan, shadow, fill, own)) for p, shadow, fill, own in launcher.buffers]
-        made += [(1, o, _maker(plan, shadow, True, False)) for o, shadow in launcher.outputs]  # (after: _launch's)
-        for source, p, maker in made:
+        made = [(2, p, _maker(plan, shadow, fill, own), donor) for p, shadow, fill, own, donor in launcher.buffers]
+        made += [(1, o, _maker(plan, shadow, True, False), None) for o, shadow in launcher.outputs]  # (after:
+        for source, p, maker, donor in made:  # _launch's)
             sources[source, p] = name = f"s{s}_{len(sources)}"
             key, view, shape, dtype, device, make = maker
             kept.add(key)
@@ -135,10 +137,15 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
                 lines.append(f"    {name} = _shadow(shadows, {bound(maker)})")
                 continue
             lines += [f"    {name} = shadows.get({key})",  # _shadow, for the storage's own buffer
-                      f"    if {name} is None:",
-                      f"        {name} = shadows[{key}] = {bound(make)}({bound(shape)}, dtype={bound(dtype)}, "
-                      f"device={bound(device)})"]
-        buffers = "{" + ", ".join(f"{p!r}: {sources[2, p]}" for p, _, _, _ in launcher.buffers) + "}"
+                      f"    if {name} is None:"]
+            indent = "        "
+            if donor is not None:  # (a saved input's memory, where this backward was offered it: donation.py)
+                lines += [f"        {name} = shadows[{key}] = _donated(saved, {donor}, {bound(shape)}, {bound(dtype)}, "
+                          f"{bound(device)})", f"        if {name} is None:"]
+                indent = "            "
+            lines.append(f"{indent}{name} = shadows[{key}] = {bound(make)}({bound(shape)}, dtype={bound(dtype)}, "
+                         f"device={bound(device)})")
+        buffers = "{" + ", ".join(f"{p!r}: {sources[2, p]}" for p, *_ in launcher.buffers) + "}"
         for traced, wired in launcher.launches:
             lines += _launch(traced, wired, sources, buffers, backward.deterministic, bound)
     if plan.plain_inputs:  # OpBackward._input_grads: the shadows as they are
@@ -206,7 +213,7 @@ def _first_made(plan: Plan, launchers: tuple) -> dict[int, torch.dtype]:
     into a buffer of that dtype (OpBackward._shadow of a _Given: an input updated in place there, its own dtype)."""
     found: dict[int, torch.dtype] = {}
     for _, launcher in launchers:
-        for _, shadow, _, own in launcher.buffers:
+        for _, shadow, _, own, _ in launcher.buffers:
             found.setdefault(shadow.key, plan.buffer_dtype(shadow, own))
         for _, shadow in launcher.outputs:
             found.setdefault(shadow.key, plan.buffer_dtype(shadow, False))

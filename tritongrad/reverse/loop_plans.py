@@ -4,6 +4,7 @@ recomputed, linear accumulators or nonlinear state, and the stores that must fol
 from __future__ import annotations
 
 import ast
+import operator
 from dataclasses import dataclass, field
 
 from ..analysis.analyze import Analysis
@@ -22,7 +23,7 @@ from ..core.ir import (
     value_args,
     where,
 )
-from ..core.operations import OPERATIONS, operation_of
+from ..core.operations import operation_of
 
 
 @dataclass
@@ -150,9 +151,10 @@ def _linear_chain(a: Analysis, node: ast.For, c, state: set[str], plans: dict[in
             if t in chain:  # `acc = f(i)`: the carried value is replaced, not added to
                 raise NotLinear(s, "it is overwritten")
             return
-        added = kind in ("copy", "add") or (kind == "sub" and _is(arguments(s)["a"], chain)) or (
+        operation = operation_of(op_of(s))
+        added = kind in ("copy", "add") or (operation.on_host is operator.sub and _is(arguments(s)["a"], chain)) or (
             kind == "dot" and _is(arguments(s)["acc"], chain)) or (
-            kind in ("to", "cast") and OPERATIONS[kind].adjoints["input"](arguments(s)) == "g")  # to a float type
+            operation.converts and operation.adjoints["input"](arguments(s)) == "g")  # to a float type
         if t is None or len(used) > 1 or not added:
             raise NotLinear(s, "it is used other than by adding to it")
         if any(x in state for x in value_args(s) if x not in chain):

@@ -69,7 +69,7 @@ class MemoryAdjoints:
         if not later:  # (where only later adds write, the stored load's adjoint is zero: the buffer is zero-filled)
             self.builder.written_inputs.add(param)
         self.barrier_before_writing(param)
-        if op_of(stmt).kind == "desc_load":
+        if operation_of(op_of(stmt)).descriptor:
             self.builder.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
             return
         if target_of(stmt) in analysis.reloads:  # what it read back: added to the stored value's gradient there,

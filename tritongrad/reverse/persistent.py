@@ -28,7 +28,7 @@ from ..core.ir import (
     targets_of,
     tl_call,
 )
-from ..core.operations import instantiate
+from ..core.operations import instantiate, operation_of
 from .interchange import NotInterchangeable
 
 
@@ -182,7 +182,7 @@ def _rewrite_program_queries(body: list[ast.stmt], axis: int, loop_var: str, pro
         elif program_axis(s) == axis:  # a tensor, as tl.program_id's is (the interpreter's loop gives an int)
             s.value = instantiate("tl.cast(i, tl.int32)", {"i": name_node(loop_var)})
             s.tg = Tag(Op("cast", [name_node(loop_var), s.value.args[1]]), tag.origin, tag.where)
-        elif tag.op.kind == "num_programs" and axis_of(tag.op) == axis:
+        elif operation_of(tag.op).coordinate == "programs" and axis_of(tag.op) == axis:
             s.value = name_node(programs)
             s.tg = Tag(_copy_op(programs), tag.origin, tag.where)
 

@@ -436,7 +436,7 @@ class BackwardBuilder:
         t = target_of(stmt)
         if op.kind in STORES:
             self.memory.reverse_store(stmt)
-        elif t in self.analysis.stabilizers and op.kind not in ("max", "min"):
+        elif t in self.analysis.stabilizers and operation_of(op).reduction != "axis":  # (a stabilizer is a tl.max)
             return  # a stabilizer in another shape: the max's comment says why it has no adjoint
         elif t in self.analysis.stabilizers:
             self.comment(f"grad of: {self.describe(stmt)}\n{t} is subtracted before exp and normalized away: "

@@ -99,7 +99,8 @@ class Launches:
                 for found, *_ in rows.values():  # summing the partial rows is part of a setting's cost: more
                     found.sum(0)  # programs, more rows (8 per multiprocessor at 16384 columns: 52 µs against 7)
 
-            settings.append(tuning.best((*key, i), part.persistent, trial, touched, part.loops, part.held is not None))
+            settings.append(tuning.best((*key, i), part.persistent, trial, touched, part.loops, part.held is not None,
+                                        bool(part.tapes)))
         return tuple(settings)
 
     def run(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],

@@ -69,9 +69,11 @@ def enabled(device: Any) -> bool:
     return not torch.cuda.is_current_stream_capturing()
 
 
-def candidates(persistent: bool, pipelined: bool = False, holds: bool = False) -> list[Setting]:
+def candidates(persistent: bool, pipelined: bool = False, holds: bool = False, taped: bool = False) -> list[Setting]:
     if persistent:  # how many programs share a multiprocessor, how many rows each has in flight, what it holds
-        return [Setting(w, v, n, h) for w in WARPS for v in WAVES for n in STAGES
+        # ``taped``: its rows share the program's state tape rows, written and read again in each row's turn; a
+        # pipelined loop over the rows gave wrong gradients on an H200 (a nested static loop's tape): not pipelined
+        return [Setting(w, v, n, h) for w in WARPS for v in WAVES for n in ((1,) if taped else STAGES)
                 for h in ((True, False) if holds else (True,))]
     if pipelined:  # a loop: the tile's warps and the loads in flight
         return [Setting(w, 1, n) for w in WARPS for n in STAGES]
@@ -79,9 +81,10 @@ def candidates(persistent: bool, pipelined: bool = False, holds: bool = False) -
 
 
 def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched: Sequence[Any],
-         pipelined: bool = False, holds: bool = False) -> Setting:
+         pipelined: bool = False, holds: bool = False, taped: bool = False) -> Setting:
     """The fastest setting for ``key``, timing ``trial`` under each candidate on first use. ``touched``:
-    tensors a trial adds into (restored afterwards). ``holds``: the kernel may hold loads across its loop."""
+    tensors a trial adds into (restored afterwards). ``holds``: the kernel may hold loads across its loop;
+    ``taped``: it keeps loop states on tapes (see candidates)."""
     with _lock:
         found = _best.get(key)
     if found is not None or tracing():  # (traced: fake tensors, nothing to time; saved_backward.py rehearses)
@@ -89,7 +92,8 @@ def best(key: tuple, persistent: bool, trial: Callable[[Setting], None], touched
     touched = [_memory_of(t) for t in touched]  # (an expanded tensor cannot be copied into: its memory can)
     saved = [t.clone() for t in touched]
     try:
-        return _fastest(_best, key, candidates(persistent, pipelined, holds), lambda s: lambda: trial(s), DEFAULT)
+        options = candidates(persistent, pipelined, holds, taped)
+        return _fastest(_best, key, options, lambda s: lambda: trial(s), DEFAULT)
     finally:
         for t, s in zip(touched, saved, strict=True):
             t.copy_(s)

@@ -184,7 +184,7 @@ class TangentBuilder:
         rule = operation_of(op)
         if t is not None and t in self.needed:
             return [self.tangent_pointer(stmt, t)]
-        if rule.descriptor or op.kind == "make_tensor_descriptor":
+        if rule.descriptor:
             if (t in self.analysis.active or rule.stores and
                     self.analysis.pointer_base.get(names_in(arguments(stmt)["pointer"])[0]) in self.analysis.outputs):
                 raise unsupported(stmt, "tensor descriptors")
@@ -236,10 +236,10 @@ class TangentBuilder:
         pointer = b["pointer"]
         if self.analysis.pointer_base.get(pointer.id) not in self.analysis.outputs:
             return []
-        kind = op_of(stmt).kind
-        if kind not in ("store", "atomic_add"):
-            raise unsupported(stmt, f"`tl.{kind}` on an output")
-        value = b["value"] if kind == "store" else b["val"]
+        access = operation_of(op_of(stmt)).access
+        if access not in ("store", "accumulate"):  # tl.store, tl.atomic_add
+            raise unsupported(stmt, f"`tl.{op_of(stmt).kind}` on an output")
+        value = b["value"] if access == "store" else b["val"]
         tangent = self.tangent_of(value)
         if tangent is None:
             tangent = instantiate_zeros(value.id) if isinstance(value, ast.Name) else ast.Constant(0.0)

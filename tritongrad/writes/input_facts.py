@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -428,16 +429,18 @@ class _Context:
             if name == base:
                 return True
             defs = [d for d in self.defs.get(name, []) if target_of(d) is not None and not (  # but `p = p + step`
-                op_of(d).kind == "add" and any(isinstance(x, ast.Name) and x.id == name for x in op_of(d).args[:2]))]
+                operation_of(op_of(d)).on_host is operator.add and any(isinstance(x, ast.Name) and x.id == name
+                                                                      for x in op_of(d).args[:2]))]
             if len(defs) != 1:
                 return False
             op = op_of(defs[0])
             pointers = [x for x in op.args if isinstance(x, ast.Name) and self.a.pointer_base.get(x.id) == base]
-            if op.kind == "add" and len(pointers) == 1:
+            if operation_of(op).on_host is operator.add and len(pointers) == 1:
                 other = op.args[1] if op.args[0] is pointers[0] else op.args[0]
                 if not starts_at_zero(other, self.defs):
                     return False
-            elif not (operation_of(op).pointer_args == (0,) and op.kind != "sub" and pointers):
+            elif not (operation_of(op).pointer_args == (0,) and operation_of(op).on_host is not operator.sub
+                      and pointers):
                 return False
             name = pointers[0].id
         return False

@@ -1,0 +1,253 @@
+"""Storage donation (ops/donation.py): an input's gradient written over the input's own memory where only the op's
+node still holds it, its derived kernel updating it in place; allocated as before wherever anything else could read
+the input, the graph is kept or a graph of the backward is built."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tritongrad
+from tritongrad.examples import cross_entropy, swiglu
+from tritongrad.ops import donation
+
+CALLS = 4  # the first backward of a plan is checked (guard bands: never donated); then OpBackward, then kept launches
+
+bare_cross_entropy = tritongrad.op(lambda logits, target: cross_entropy.cross_entropy_launch(logits, target)())
+OPS = {"named": cross_entropy.cross_entropy, "bare": bare_cross_entropy}
+bare_swiglu = tritongrad.op(lambda a, b: swiglu.swiglu_launch(a.contiguous(), b.contiguous())())
+
+
+def _inputs(device, rows=13, vocab=101):
+    logits = (3 * torch.randn(rows, vocab, device=device, dtype=torch.float64)).requires_grad_(True)
+    target = torch.randint(0, vocab, (rows,), device=device)
+    target[1::5] = cross_entropy.IGNORE_INDEX
+    return logits, target
+
+
+def _call(op, logits, target):
+    return op(logits, target) if op is bare_cross_entropy else op(logits, target, cross_entropy.IGNORE_INDEX)
+
+
+def _made_inside(op, leaf, target, seen):
+    """The op called on a tensor made for it and dropped (as a loss function's ``logits.float()``): its gradient
+    caught on its way back, and where the tensor's memory was."""
+    made = leaf * 1.0
+    made.register_hook(lambda g: seen.append(g))
+    where = made.data_ptr()
+    loss = _call(op, made, target)
+    del made
+    return loss, where
+
+
+@pytest.mark.parametrize("kind", OPS)
+def test_a_dropped_input_takes_its_gradient_in_its_own_memory(kind, device):
+    op = OPS[kind]
+    leaf, target = _inputs(device)
+    for i in range(CALLS):
+        seen = []
+        loss, where = _made_inside(op, leaf, target, seen)
+        g = torch.randn_like(loss)
+        (got,) = torch.autograd.grad(loss, leaf, g)
+        (expected,) = torch.autograd.grad(cross_entropy.reference(leaf, target), leaf, g)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        assert seen[0].data_ptr() == where or i == 0, i  # donated but in the first (checked) backward of a plan
+
+
+@pytest.mark.parametrize("kind", OPS)
+def test_an_input_the_caller_holds_is_not_written(kind, device):
+    op = OPS[kind]
+    leaf, target = _inputs(device)
+    for _ in range(CALLS):
+        made = leaf * 1.0
+        before = made.clone()
+        loss = _call(op, made, target)
+        g = torch.randn_like(loss)
+        (got,) = torch.autograd.grad(loss, made, g)
+        assert got.data_ptr() != made.data_ptr()
+        assert torch.equal(made, before)  # its values untouched
+        (expected,) = torch.autograd.grad(cross_entropy.reference(made, target), made, g)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", OPS)
+def test_a_view_of_the_input_held_keeps_it_from_being_written(kind, device):
+    op = OPS[kind]
+    leaf, target = _inputs(device)
+    for _ in range(CALLS):
+        made = leaf * 1.0
+        row = made[2]  # (a view: another holder of the memory)
+        before = row.clone()
+        seen = []
+        made.register_hook(lambda g, seen=seen: seen.append(g))
+        where = made.data_ptr()
+        loss = _call(op, made, target)
+        del made
+        loss.sum().backward()
+        assert seen[0].data_ptr() != where and torch.equal(row, before)
+
+
+@pytest.mark.parametrize("kind", OPS)
+def test_retain_graph_keeps_the_input_and_a_second_backward_is_right(kind, device):
+    op = OPS[kind]
+    leaf, target = _inputs(device)
+    for _ in range(CALLS):
+        seen = []
+        loss, where = _made_inside(op, leaf, target, seen)
+        g = torch.randn_like(loss)
+        (first,) = torch.autograd.grad(loss, leaf, g, retain_graph=True)
+        (second,) = torch.autograd.grad(loss, leaf, g)  # (may donate: the graph is freed after this one)
+        assert seen[0].data_ptr() != where
+        (expected,) = torch.autograd.grad(cross_entropy.reference(leaf, target), leaf, g)
+        torch.testing.assert_close(first, expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(second, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", OPS)
+def test_create_graph_does_not_donate(kind, device):
+    op = OPS[kind]
+    leaf, target = _inputs(device)
+    for _ in range(CALLS):
+        seen = []
+        loss, where = _made_inside(op, leaf, target, seen)
+        g = torch.randn_like(loss)
+        (got,) = torch.autograd.grad(loss, leaf, g, create_graph=True, retain_graph=False)
+        assert seen[0].data_ptr() != where
+        (expected,) = torch.autograd.grad(cross_entropy.reference(leaf, target), leaf, g)
+        torch.testing.assert_close(got.detach(), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", OPS)
+def test_a_second_backward_after_a_donated_one_raises(kind, device):
+    op = OPS[kind]
+    leaf, target = _inputs(device)
+    for i in range(CALLS):
+        seen = []
+        loss, where = _made_inside(op, leaf, target, seen)
+        loss.sum().backward()
+        assert seen[0].data_ptr() == where or i == 0
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            loss.sum().backward()
+
+
+def test_an_in_place_change_after_the_call_is_still_refused(device):
+    leaf, target = _inputs(device)
+    for _ in range(CALLS):
+        made = leaf * 1.0
+        loss = cross_entropy.cross_entropy(made, target, cross_entropy.IGNORE_INDEX)
+        made.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.sum().backward()
+
+
+# -- the bindings users pass ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("binding", ["same tensor twice", "expanded", "transposed", "view of a base held",
+                                     "whole view of a dropped base"])
+def test_bindings(binding, device):
+    a = torch.randn(7, 53, device=device, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, 53, device=device, dtype=torch.float64, requires_grad=True)
+    for i in range(CALLS):
+        kept = None
+        if binding == "same tensor twice":
+            x = a * 1.0
+            args = (x, x)
+        elif binding == "expanded":
+            x = (a[:1] * 1.0).expand(7, 53)
+            args = (x, b)
+        elif binding == "transposed":
+            x = (a * 1.0).t().contiguous().t()
+            args = (x, b)
+        elif binding == "view of a base held":
+            kept = a * 1.0
+            x = kept[2:]
+            args = (x, b[2:])
+        else:
+            x = (a.reshape(-1) * 1.0).view(7, 53)
+            args = (x, b)
+        before = None if kept is None else kept.clone()
+        taken = donation.taken
+        y = bare_swiglu(*args)  # (bare: it makes an expanded or transposed input contiguous itself)
+        g = torch.randn_like(y)
+        del x, args
+        got = torch.autograd.grad(y, (a, b), g, allow_unused=True)
+        expected = _swiglu_reference_grads(binding, a, b, g)
+        for r, e in zip(got, expected, strict=True):
+            if e is None:
+                assert r is None or not r.any()
+            else:
+                torch.testing.assert_close(r, e, rtol=1e-12, atol=1e-12)
+        if kept is not None:
+            assert torch.equal(kept, before)
+        donated = donation.taken - taken
+        if binding in ("same tensor twice", "view of a base held"):
+            assert not donated, binding  # (two inputs on one storage; another holder of its memory)
+        else:  # (x's own memory, or the contiguous copy the op makes of an expanded or transposed x)
+            assert donated or i == 0, binding
+
+
+def _swiglu_reference_grads(binding, a, b, g):
+    a, b = a.detach().requires_grad_(True), b.detach().requires_grad_(True)
+    if binding == "same tensor twice":
+        y = swiglu.reference(a * 1.0, a * 1.0)
+    elif binding == "expanded":
+        y = swiglu.reference(a[:1].expand(7, 53), b)
+    elif binding == "transposed":
+        y = swiglu.reference(a, b)
+    elif binding == "view of a base held":
+        y = swiglu.reference(a[2:], b[2:])
+    else:
+        y = swiglu.reference(a, b)
+    return torch.autograd.grad(y, (a, b), g, allow_unused=True)
+
+
+# -- the derived kernel must update the input in place -----------------------------------------------------------
+
+
+@triton.jit
+def mirrored_product_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(x_ptr + offs, mask=mask)
+    b = tl.load(x_ptr + (n - 1 - offs), mask=mask)  # another program's elements
+    tl.store(y_ptr + offs, a * b, mask=mask)
+
+
+@tritongrad.op
+def mirrored_product(x):
+    y = torch.empty_like(x)
+    mirrored_product_kernel[(triton.cdiv(x.numel(), 16),)](x, y, x.numel(), BLOCK=16)
+    return y
+
+
+def test_a_kernel_reading_other_programs_elements_is_not_donated_to(device):
+    leaf = torch.randn(70, device=device, dtype=torch.float64, requires_grad=True)
+    for _ in range(CALLS):
+        seen = []
+        made = leaf * 1.0
+        made.register_hook(lambda g, seen=seen: seen.append(g))
+        where = made.data_ptr()
+        y = mirrored_product(made)
+        del made
+        g = torch.randn_like(y)
+        (got,) = torch.autograd.grad(y, leaf, g)
+        ref = leaf.detach().requires_grad_(True)
+        (expected,) = torch.autograd.grad(ref * ref.flip(0), ref, g)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        assert seen[0].data_ptr() != where
+
+
+def test_only_an_update_in_place_passes_the_analysis(device):
+    """The derived kernels' own check: cross-entropy's (its loop loads a block, then stores its gradient there) and
+    swiglu's pass; the mirrored product's second load reads what another program's store writes."""
+    found = {}
+    for name, call in (("cross_entropy", lambda t: _call(cross_entropy.cross_entropy, t, _inputs(device)[1])),
+                       ("mirrored", mirrored_product)):
+        x = torch.randn(13, 101, device=device, dtype=torch.float64, requires_grad=True)
+        for _ in range(2):
+            call(x * 1.0).sum().backward()
+        found[name] = donation._safe.copy()
+        donation._safe.clear()
+    assert any(found["cross_entropy"].values())
+    assert found["mirrored"] and not any(found["mirrored"].values())
