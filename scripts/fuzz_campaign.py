@@ -72,26 +72,27 @@ SPIED: set[str] = set()  # what the derived kernels of the kernel being checked 
 def spy_rereads() -> None:
     """Count the kernels whose derived backward wrote an input's loads in sibling loops once (reverse/rereads.py:
     ``spy:rereads_merged``) and those whose backward wrote them apart (``spy:rereads_apart``), as coverage labels."""
-    from tritongrad.runtime import backward_kernel
+    from tritongrad.runtime import derivation
 
-    keep = backward_kernel.BackwardKernel._keep_feasible_rereads
+    plan = derivation.plan_writes
 
-    def spied(self) -> None:
-        keep(self)
-        if any(facts.rereads for facts in self.writes.inputs.values()):
+    def spied(analysis, feasible):
+        plans = plan(analysis, feasible)
+        if any(facts.rereads for facts in plans.plain.inputs.values()):
             SPIED.add("spy:rereads_merged")
-        if self.not_merged:
+        if plans.not_merged:
             SPIED.add("spy:rereads_apart")
+        return plans
 
-    backward_kernel.BackwardKernel._keep_feasible_rereads = spied
+    derivation.plan_writes = spied
 
 
 def spy_grouped() -> None:
     """Count the kernels whose derived backward has a kernel taking its grid in groups (reverse/interchange.py
     ``group_programs``: ``spy:grouped``), as a coverage label."""
-    from tritongrad.runtime import backward_kernel
+    from tritongrad.runtime import derivation
 
-    variant = backward_kernel.BackwardKernel.variant
+    variant = derivation.Derivation.variant
 
     def spied(self, *args, **kwargs):
         made = variant(self, *args, **kwargs)
@@ -99,7 +100,7 @@ def spy_grouped() -> None:
             SPIED.add("spy:grouped")
         return made
 
-    backward_kernel.BackwardKernel.variant = spied
+    derivation.Derivation.variant = spied
 
 
 def run_one(args: tuple[int, int]) -> tuple[int, str, str, list[str], list[tuple[str, str]], dict]:

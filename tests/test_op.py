@@ -22,7 +22,7 @@ from tritongrad.examples import EXAMPLES
 from tritongrad.ops import backward as op_backward
 from tritongrad.ops import hooks, kernel_roles, planning
 from tritongrad.ops.backward import OpBackward
-from tritongrad.runtime import derive
+from tritongrad.runtime import derivation
 
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 
@@ -421,7 +421,7 @@ def test_repeated_calls_do_no_ast_work(monkeypatch):
         raise AssertionError("AST work on a repeated call")
 
     monkeypatch.setattr(kernel_roles, "_analyse", fail)
-    monkeypatch.setattr(derive, "_derive", fail)
+    monkeypatch.setattr(derivation.Derivation, "__init__", fail)
     chain(x, w).sum().backward()
 
 

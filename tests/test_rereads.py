@@ -290,3 +290,24 @@ def test_the_passes_inside_a_grid_stride_loop_over_rows(programs, poisoned_empty
 
     x = torch.randn(7, 37, dtype=D, device=DEVICE, requires_grad=True)
     compare(op(x), torch.nn.functional.layer_norm(x, (37,), eps=1e-5), x)
+
+
+def test_derivation_asks_what_it_can_write_before_compiling(monkeypatch):
+    # which strategies the backward body can be written with is asked of reverse/ before the write plans are made
+    # (reverse/feasibility.py: the body written, not compiled): derivation compiles the kernels of the variant a
+    # launch gets and no others (it compiled a trial kernel per merge and per kernel of its own it could make)
+    from tritongrad.codegen import generate
+    from tritongrad.runtime import derive
+    from tritongrad.writes.strategies import Choice, Mode
+
+    compiled, compile_kernel = [], generate.compile_kernel
+    monkeypatch.setattr(generate, "compile_kernel", lambda src, name, program: (
+        compiled.append(name), compile_kernel(src, name, program))[1])
+    derive.clear_cache()
+    bwd = tritongrad.grad(chunked_layer_norm)
+    assert bwd.writes.inputs["x_ptr"].rereads and not bwd.not_merged  # merged
+    variants = [bwd.variant(bwd.writes.best())]  # (already derived: nothing compiled again)
+    if not any(part.wrt == bwd.wrt for part in variants[0].parts):  # and one naming every shadow, as the calling
+        variants.append(bwd.variant({p: Choice(Mode.ATOMIC) for p in bwd.wrt}))  # convention does
+    assert sorted(compiled) == sorted(k.fn.__name__ for v in variants for part in v.parts
+                                      for k in (part.kernel, part.prologue) if k is not None)

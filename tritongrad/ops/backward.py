@@ -22,7 +22,7 @@ from ..core.device import capturing, ensure_allocator, tracing
 from ..core.errors import NotDifferentiableError, OpError, noted
 from ..runtime import guards as guard_bands
 from ..runtime import tuning
-from ..runtime.backward_kernel import decisive_constexprs, hashable
+from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.derive import grad
 from ..runtime.variants import shadow_dtype
 from . import donation

@@ -34,7 +34,7 @@ from ..core.ir import target_of
 from ..core.source import Source
 from ..frontend.normalize import normalize_kernel
 from ..frontend.specialize import plain_value
-from ..runtime.backward_kernel import decisive_constexprs, hashable
+from ..runtime.derivation import decisive_constexprs, hashable
 from ..writes.strategies import Mode
 
 # holders of a saved input's storage when the node alone holds it: the alias the pack hook kept, the tensor autograd

@@ -1,7 +1,7 @@
-"""What a kernel does with its pointer parameters (``Roles``), and the rest of what an op reads of a kernel
-(``KernelInfo``: its parameters, defaults, whether it is interpreted, whether it has a loop), worked out once per
-kernel (``kernel_info``: the only AST work an op does; a kernel the analysis cannot read gets ``roles=None`` and
-the error, raised only where a launch of it needs a backward).
+"""What an op reads of a kernel (``KernelInfo``: its parameters, defaults, whether it is interpreted, its pointer
+parameters by role and whether it has a loop: runtime/summary.py's summary of derivation's front half), worked out
+once per kernel (``kernel_info``; a kernel the analysis cannot read gets ``roles=None`` and the error, raised only
+where a launch of it needs a backward).
 """
 
 from __future__ import annotations
@@ -11,39 +11,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ..analysis.composites import fuse_composites
-from ..analysis.in_place import read_unchanged, reloaded
-from ..analysis.pointers import pointers
-from ..analysis.stored_outputs import stored_values
 from ..core.bounded import Bounded
 from ..core.errors import NotDifferentiableError
-from ..core.ir import loops
-from ..frontend.normalize import normalize_kernel
-from ..frontend.specialize import plain_value
-from ..runtime.backward_kernel import decisive_constexprs, defaults_of, hashable
+from ..runtime.backward_kernel import defaults_of
+from ..runtime.derivation import hashable, specialization
+from ..runtime.summary import Roles, read_unchanged_in, summarize
 
-
-@dataclass(frozen=True)
-class Roles:
-    """A kernel's pointer parameters by role, as analysis/pointers.py's ``Pointers`` defines them (the one
-    definition derivation uses too), with what an op may read back from its outputs."""
-
-    loads: frozenset[str]  # every loaded pointer parameter (index pointers too)
-    stores: frozenset[str]  # every stored or atomically updated one
-    overwrites: frozenset[str]  # stored with something other than tl.atomic_add
-    inputs: frozenset[str]  # differentiable inputs: loaded, never stored unless in place (floats among them)
-    in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis/pointers.py)
-    # updated in place, and what it stored read back (analysis/in_place.py): its backward reads the tensor as the
-    # launch left it too (``stored_param``), and passes gradient through its shadow
-    reloaded: frozenset[str] = frozenset()
-    # stored with a value the backward may read back (stored_outputs.py): from any float output (a softmax's),
-    # or only where the output is float32 or float64 (a statistic, exact there)
-    read_back: frozenset[str] = frozenset()
-    read_back_exact: frozenset[str] = frozenset()
-
-    @property
-    def pointers(self) -> frozenset[str]:
-        return self.loads | self.stores
+__all__ = ["KernelInfo", "Roles", "kernel_info", "kernel_infos", "read_as_left"]
 
 
 @dataclass(frozen=True)
@@ -98,16 +72,10 @@ def _analyse(kernel: Any) -> KernelInfo:
     defaults = defaults_of(kernel)
     roles, error, has_loops = None, None, True
     try:
-        program = normalize_kernel(kernel)  # every specialization together
-        has_loops = bool(loops(program.body))
-        a = pointers(program)
-        loads = frozenset(a.loads)
-        kept = stored_values(fuse_composites(program), a.stores).values()  # (the stores stay as they are)
-        # (an index pointer is an input where a float tensor is passed there; an integer one has no gradient:
-        # Plan.carries)
-        roles = Roles(loads, frozenset(a.stores), a.overwrites, a.inputs, a.in_place, reloaded(program, a),
-                      frozenset(k.param for k in kept if k.rounds) - loads,
-                      frozenset(k.param for k in kept if not k.rounds) - loads)
+        summary = summarize(kernel)  # every specialization together
+        roles, has_loops = summary.roles, summary.loops
+        if summary.error is not None:
+            raise summary.error
     except NotDifferentiableError as e:  # a construct the core does not handle yet: raised if the launch needs a
         error = e  # backward (planning.Planner.plan: when a tensor it is passed requires grad)
     except Exception as e:  # the analysis itself failed: said as plainly
@@ -131,13 +99,12 @@ def read_as_left(kernel: Any, named: dict[str, Any]) -> frozenset[str]:
     it: a flag such as a cross-entropy's HAS_GRADIENTS decides whether a later pass overwrites what the loads read):
     analysis/in_place.py's ``read_unchanged``. The tape takes no copy of them; their backward reads the tensor as
     the launch left it. Once per kernel and those values (the kernel normalized again, specialized)."""
-    values = {k: plain_value(named[k]) for k in decisive_constexprs(kernel) if k in named}
+    values = specialization(kernel, named)
     key = (kernel.fn, tuple((k, hashable(v)) for k, v in values.items()))
     found = _unchanged.get(key)
     if found is None:
         try:
-            program = normalize_kernel(kernel, values)
-            found = read_unchanged(program, pointers(program))
+            found = read_unchanged_in(kernel, values)
         except Exception:  # (not analysable: copied, as any update is; the backward says why where it needs one)
             found = frozenset()
         _unchanged[key] = found

@@ -17,12 +17,10 @@ from typing import Any
 
 import torch
 
-from ..analysis.dependence import stored_from
 from ..core.bounded import Bounded
 from ..core.errors import OpError
-from ..frontend.normalize import normalize_kernel
-from ..frontend.specialize import plain_value
-from ..runtime.backward_kernel import decisive_constexprs, hashable
+from ..runtime.derivation import hashable, specialization
+from ..runtime.summary import stored_from_in
 from .shadows import LaunchPlan, View
 
 _computed_from: dict[tuple, frozenset[str] | None] = Bounded(256)  # (kernel, constexprs, sinks) -> parameters
@@ -146,12 +144,12 @@ def _computed_from_params(launch: Any, sinks: list[str]) -> frozenset[str]:
     be read), in the specialization it ran."""
     kernel, info = launch.kernel, launch.info
     named = info.with_defaults(launch.args, launch.kwargs)
-    values = {k: plain_value(named[k]) for k in decisive_constexprs(kernel) if k in named}
+    values = specialization(kernel, named)
     key = (kernel.fn, tuple((k, hashable(v)) for k, v in values.items()), tuple(sorted(sinks)))
     found = _computed_from.get(key)
     if found is None:
         try:
-            found = stored_from(normalize_kernel(kernel, values), sinks)
+            found = stored_from_in(kernel, values, sinks)
         except Exception:  # (not readable: everything it reads counts)
             found = frozenset(info.params)
         _computed_from[key] = found

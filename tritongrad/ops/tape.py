@@ -31,7 +31,7 @@ from ..core.device import ensure_allocator, tracing
 from ..core.errors import OpError
 from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
-from ..runtime.backward_kernel import decisive_constexprs, hashable
+from ..runtime.derivation import decisive_constexprs, hashable
 from .aliases import alias_view
 from .backward import OpBackward, derive_ahead, recording_backward
 from .call_tensors import CallTensors, nested_tensors

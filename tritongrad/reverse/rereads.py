@@ -10,8 +10,8 @@ adds them to the total, and drops from the other loops what only those adjoints 
 to do goes). One write per element instead of one per loop: a plain store where the first load's addresses are
 apart and cover the tensor (input_facts.py), one atomic instead of several otherwise.
 
-Anything it cannot show recomputable is ``NotMergeable``: runtime/backward_kernel.py then writes that input's loads
-apart (input_facts.py's ``without_rereads``), as before.
+Anything it cannot show recomputable is ``NotMergeable``: asked before the write plans are made (feasibility.py),
+writes/input_facts.py's ``plan_writes`` then writes that input's loads apart, as before.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ _lock = threading.Lock()
 def augmented(jit_fn: Any, named: dict[str, Any]) -> Augmented | None:
     """The augmented forward of the kernel specialization a launch runs (cached), or None where its backward
     keeps no state tape the forward could keep instead."""
-    from .backward_kernel import decisive_constexprs, hashable
+    from .derivation import decisive_constexprs, hashable
 
     if not ENABLED:
         return None

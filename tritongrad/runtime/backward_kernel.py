@@ -1,58 +1,39 @@
-"""A derived backward kernel: its variants (a kernel per way of writing each input's gradient), the checks and
-choices made on each launch, and the raw launch interface (``bwd[grid](...)``, ``gradients``)."""
+"""A derived backward kernel as it is launched: the checks and choices made on each launch, the variant its
+derivation (derivation.py) gives for them, and the raw launch interface (``bwd[grid](...)``, ``gradients``);
+``derived``: the backward kernel of a request, derived once."""
 
 from __future__ import annotations
 
-import ast
 import functools
 import inspect
-import threading
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
-from ..analysis.analyze import Analysis
 from ..analysis.conditions import LaunchCheck
 from ..analysis.launch_values import LaunchValues
-from ..analysis.stored_outputs import StoredValue
-from ..codegen import generate as codegen
 from ..core.bounded import Bounded
 from ..core.device import multiprocessors, recorded
-from ..core.ir import Program
-from ..core.source import Source
-from ..frontend.specialize import decisive, plain_value
-from ..reverse.interchange import NotInterchangeable
-from ..reverse.loop_plans import LoopPlan, classify_loops
-from ..reverse.rereads import NotMergeable
+from ..core.errors import NotDifferentiableError
 from ..reverse.state_tape import StateTape, tape_budget
-from ..reverse.sweep import build_backward
-from ..writes.input_facts import WritePlan
 from ..writes.launch_facts import FACTS, LaunchFacts, buffer_facts
-from ..writes.strategies import Choice, Mode
+from ..writes.strategies import Choice
 from . import guards, tuning
+from .derivation import Derivation, Request, cached, decisive_constexprs, specialization
 from .launch_checks import LaunchChecks
 from .launching import Launches
-from .variants import Part, Prepared, Variant, reads_only, shadow_dtype, zeros_strided
-
-CALLING_CONVENTION = """\
-Launch it with the forward's grid and the forward's arguments, followed by one
-shadow per output (d_<output>: the gradient of the loss with respect to that output,
-read only) and one per wrt input (d_<input>: a buffer with the input's shape and
-strides), as tritongrad's BackwardKernel does: it picks, on each launch, how each
-input's gradient is written (see writes/strategies.py)."""
+from .variants import Prepared, Variant, reads_only, shadow_dtype, zeros_strided
 
 
-LATER = "its other loads' adjoints kept per program and added after the kernel"
-
-
-STORED = ("Then {stored}: `{param}` as the forward launch left it, whose new values the kernel read back\n"
-          "after storing them (`{param}` itself: its values before the launch).")
-
-
-IN_PLACE = ("updated in place, as the forward updates it: the gradient of the values it gets on entry, of the "
-            "values it held on exit (zeroed where stored, the loads' gradient added)")
-UNCHANGED = ("; no program that loads it stores there (its values there are the same before and after the launch, "
-             "which the kernel may take): its loads' adjoints ")
+def derived(request: Request) -> BackwardKernel:
+    """The backward kernel of ``request``, derived once per kernel and request."""
+    try:
+        return cached(request.key, lambda: BackwardKernel(Derivation(request)))
+    except NotDifferentiableError as e:
+        missing = [k for k in decisive_constexprs(request.forward) if k not in request.constexprs]
+        if missing:
+            e.add_note(f"(derived for every value of its constexpr parameter(s) {', '.join(missing)}: the "
+                       "backward of one specialization may differentiate: pass constexprs={...})")
+        raise
 
 
 def bind_arguments(name: str, params: tuple, defaults: dict[str, Any], args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -87,89 +68,44 @@ class BackwardKernel:
     each launch (writes/strategies.py); ``src`` is the kernel where every condition holds.
     """
 
-    def __init__(self, forward: Any, program: Program, analysis: Analysis, loop_plans: dict[int, LoopPlan],
-                 writes: WritePlan, deterministic: bool, read_back: dict[str, StoredValue] | None = None):
-        self.forward = forward
-        self.read_back = read_back or {}  # values its replay may read from the outputs holding them
-        self.program, self.analysis, self.loop_plans = program, analysis, loop_plans
-        self.writes = writes
-        self.deterministic = deterministic
-        self.wrt, self.outputs = analysis.wrt, analysis.outputs
+    def __init__(self, derivation: Derivation):
+        self.derivation = d = derivation
+        self.forward, self.deterministic = d.request.forward, d.request.deterministic
+        self.requested = (d.request.wrt, d.request.outputs)  # the wrt and outputs asked for
+        self.specialization = d.request.constexprs  # values of the constexprs its source was specialized for
+        self.kept_outputs = d.request.kept_outputs
+        self.program, self.analysis, self.name, self.params = d.program, d.analysis, d.name, d.params
+        self.writes, self.saved_writes = d.writes, d.saved_writes  # (saved: where the forward keeps loops' states)
+        self.not_merged, self.not_interchanged = d.not_merged, d.not_interchanged
+        self.wrt, self.outputs = d.wrt, d.outputs
+        analysis = d.analysis
         self.in_place = analysis.in_place  # inputs updated in place: their shadow is the output's too
         self.unchanged = analysis.unchanged  # of those, the ones whose loads read what no store of the launch changes
         # pointers whose values after the launch the replay reads (reloads) -> the parameter taking them
         self.stored_params: dict[str, str] = dict(analysis.stored_params)
         self.store_axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
         self.launch_checks: tuple[LaunchCheck, ...] = tuple(analysis.launch_checks)
-        self._variants: dict[tuple, Variant] = {}
-        self._parts: dict[tuple, Part] = {}
-        self._variants_lock = threading.Lock()
         self.launches = Launches(self)  # its variants' kernels launched (launching.py)
         self.checks = LaunchChecks(self)  # what each launch is checked for (launch_checks.py)
         self._chosen: dict[tuple, Prepared] = Bounded()  # (grid, arguments, written) -> choices
         # (part, grid, arguments) -> the programs of an interchanged kernel
         self._most_trips: dict[tuple, int] = Bounded()
-        self.not_interchanged: dict[str, str] = {}  # input -> why it cannot have a kernel of its own
-        self.saved_writes = writes  # for a launch whose forward kept its loops' states (augment.py)
-        self.not_merged: dict[str, str] = {}  # input -> why its loads in sibling loops are written apart
-        self._keep_feasible_rereads()
-        self._keep_feasible_interchanges()
-        best = self.variant(self.writes.best())  # derived now, so that what cannot be differentiated says so now
-        if not any(part.wrt == self.wrt for part in best.parts):  # the calling convention's shadow names
-            self.variant({p: Choice(Mode.ATOMIC) for p in self.wrt})
-        self.params = (*program.param_names(), *self.shadow_params.values(), *self.stored_params.values())
-        self.requested: tuple = (None, None)  # the wrt and outputs asked for (grad sets them)
-        self.specialization: dict[str, Any] = {}  # values of the constexprs its source was specialized for
-        self.kept_outputs: tuple[str, ...] = ()  # as grad was given them
-        self.respecialize: Any = None  # constexpr values -> the backward kernel of that specialization (grad sets it)
-        if deterministic:
-            self.checks.refuse_atomics({p: c for p, c in best.choices})
+        if self.deterministic:
+            self.checks.refuse_atomics({p: c for p, c in d.best.choices})
 
-    def _keep_feasible_rereads(self) -> None:
-        """Write apart (atomically) the loads in sibling loops of an input whose backward cannot recompute their
-        adjoints in one loop (reverse/rereads.py): tried once with every input added atomically, as the
-        merge does not depend on how the others are written."""
-        for param, facts in self.writes.inputs.items():
-            if not facts.rereads:
-                continue
-            choices = {p: Choice(Mode.ATOMIC) for p in self.wrt}
-            try:
-                self._part({**choices, param: Choice(Mode.ATOMIC, rereads=facts.rereads)})
-            except NotMergeable as e:
-                self.not_merged[param] = e.why
-                self.writes = self.writes.without_rereads(param, e.why)
-                self.saved_writes = self.saved_writes.without_rereads(param, e.why)
+    # -- the kernel: its derivation's ------------------------------------------------------------
 
-    def _keep_feasible_interchanges(self) -> None:
-        """Drop the interchanges whose backward body cannot give its loop to the grid (interchange.py); keep
-        in ``saved_writes`` those it can give where it reads the loops' states the forward kept (an attention
-        backward's: without them, it replays the forward's loop in every program)."""
-        for param, facts in self.writes.inputs.items():
-            for axis in list(facts.interchange):
-                try:
-                    self._part({param: Choice(Mode.INTERCHANGE, axis)})
-                except NotInterchangeable as e:
-                    self.not_interchanged[param] = str(e)
-                    self.writes = self.writes.without_interchange(param)
-                    try:
-                        self._part({param: Choice(Mode.INTERCHANGE, axis)}, saved=True)
-                    except NotInterchangeable:
-                        self.saved_writes = self.saved_writes.without_interchange(param)
-                    else:
-                        self.not_interchanged[param] += " (it has one where an op's forward keeps that loop's state)"
-                    break
-
-    # -- the kernel --------------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return f"{self.program.name}_bwd"
+    def variant(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
+        """The kernels for these choices (Derivation.variant)."""
+        return self.derivation.variant(choices, saved)
 
     def reads(self) -> frozenset[str]:
         """The parameters whose memory a kernel of the variants derived so far reads (variants.Variant.reads)."""
-        with self._variants_lock:
-            variants = list(self._variants.values())
-        return frozenset().union(*(v.reads for v in variants))
+        return self.derivation.reads()
+
+    def saved_tapes(self) -> tuple[StateTape, ...]:
+        """The tapes a forward keeps for this backward (Derivation.saved_tapes)."""
+        return self.derivation.saved_tapes()
 
     @property
     def src(self) -> str:
@@ -183,100 +119,7 @@ class BackwardKernel:
     @property
     def shadow_params(self) -> dict[str, str]:
         """Primal parameter -> its shadow parameter, outputs first."""
-        return self._shadow_params
-
-    def variant(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
-        """The kernels for these choices, derived and compiled on first use; ``saved``: the first kernel reads
-        the state tapes the forward kept (augment.py) instead of recording them."""
-        key = tuple((p, Choice(c.mode, c.axis, later=c.later, fill=c.fill, rereads=c.rereads))  # a zero-fill is
-                    # not code
-                    for p, c in choices.items())
-        with self._variants_lock:
-            found = self._variants.get((key, saved))
-            if found is None:
-                found = self._variants[(key, saved)] = self._build(dict(key), saved)
-        return found
-
-    def saved_tapes(self) -> tuple[StateTape, ...]:
-        """The tapes a forward keeps for the variant a typical launch reads them with (augment.py): each of its
-        kernels' (state tapes, loops' finals), once; none where a kernel runs other programs than the forward's
-        (persistent; an interchanged one reads the forward's finals by the forward's program it loops over)."""
-        parts = self.variant(self.saved_writes.best(), saved=True).parts
-        if any(part.persistent for part in parts):
-            return ()
-        kept: dict[tuple, StateTape] = {}
-        for tape in (tape for part in parts for tape in part.tapes):
-            kept[tape.key] = kept[tape.key].joined(tape) if tape.key in kept else tape
-        return tuple(kept.values())
-
-    def _build(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
-        own = [p for p, c in choices.items() if c.strategy.own_kernel]
-        rest = {p: c for p, c in choices.items() if p not in own}
-        parts = [self._part(rest, saved)] if not own or any(c.mode != Mode.NONE for c in rest.values()) else []
-        by_loop: dict[tuple, dict[str, Choice]] = {}  # inputs whose iterations are the same: one kernel (dK, dV)
-        for p in own:
-            by_loop.setdefault((choices[p].axis, self.saved_writes.inputs[p].trips), {})[p] = choices[p]
-        for group in by_loop.values():
-            try:
-                parts.append(self._part(group, saved))
-            except NotInterchangeable:  # each alone can (_keep_feasible_interchanges), together not
-                parts += [self._part({p: c}, saved) for p, c in group.items()]
-        parts = tuple(parts)
-        written = set().union(*[part.written for part in parts])
-        return Variant(tuple(choices.items()), parts, frozenset(p for p in self.wrt if p not in written))
-
-    def _part(self, choices: dict[str, Choice], saved: bool = False) -> Part:
-        """The kernel writing the gradients of the inputs in ``choices`` (all of them, or one interchanged)."""
-        key = (tuple(choices.items()), saved)
-        if key in self._parts:
-            return self._parts[key]
-        program, wrt = self.program, tuple(choices)
-        analysis, plans = self.analysis, self.loop_plans
-        if wrt != self.wrt:  # fewer inputs: their own activity, loop plans, and kernel name
-            analysis = analysis.restricted(wrt)
-            plans = classify_loops(analysis)
-        name = self.name if wrt == self.wrt else f"{self.name}_{'_'.join(wrt)}"
-        backward = build_backward(analysis, plans, choices=choices, saved=saved, read_back=self.read_back)
-        shadows = dict(zip(dict.fromkeys((*self.outputs, *wrt)), backward.shadow_params, strict=True))
-        if wrt == self.wrt:
-            self._shadow_params = shadows
-        writes = "".join(f"\n  d_{p}: {IN_PLACE if p in analysis.in_place else c.strategy.describes}"
-                         + (f"{UNCHANGED}{c.strategy.describes}" if p in analysis.unchanged else "")
-                         + (f"; {LATER} ({', '.join(c.later)})" if c.later and c.mode in (Mode.STORE, Mode.ADD)
-                            else "")
-                         for p, c in choices.items())
-        stored = "".join("\n" + STORED.format(stored=f"`{n}`", param=p) for p, n in analysis.stored_params.items())
-        doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
-               f"wrt: {', '.join(wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
-               f"{CALLING_CONVENTION}{stored}\nIn this variant:{writes or ' (no inputs)'}\n")
-        src = codegen.function_source(program, backward, name, doc.replace("\n", "\n    "), tile=False)
-        kernel = codegen.compile_kernel(src, name, program)
-        prologue = None
-        if backward.prologue is not None:  # its source first: what it computes, then what reads it
-            first = replace(backward, body=backward.prologue.body, extra_params=[], later_adds=[])
-            rounded = backward.prologue.rounded
-            values = ", ".join(f"{n} (kept as {rounded[n]}, the type each of its uses rounds it to)"
-                               if n in rounded else n for n in backward.prologue.tape.sources)
-            about = (f"Prologue of `{name}`: per program of the forward's grid, the values each of its programs "
-                     f"would recompute\nfor every forward program it loops over ({values}).")
-            prologue_src = codegen.function_source(program, first, f"{name}_prologue", about.replace("\n", "\n    "),
-                                                   tile=False)
-            prologue = codegen.compile_kernel(prologue_src, f"{name}_prologue", program)
-            src = f"{prologue_src}\n\n{src}"
-        programs, rows = None, {}
-        if backward.extra_params:
-            programs, *strides = backward.extra_params
-            rows = dict(zip([p for p, c in choices.items() if c.strategy.partial_rows], strides, strict=True))
-        axis = next((c.axis for c in choices.values() if c.strategy.partial_rows or c.strategy.own_kernel), None)
-        trips = next((self.saved_writes.inputs[p].trips for p, c in choices.items() if c.strategy.own_kernel),
-                     None)
-        part = self._parts[key] = Part(wrt, src, kernel, shadows, programs, rows, axis, trips,
-                                       frozenset(backward.written_inputs), tuple(backward.tapes),
-                                       tuple(backward.later_adds), saved, prologue,
-                                       backward.prologue.tape if prologue is not None else None,
-                                       any(isinstance(n, ast.For) for n in ast.walk(ast.Module(backward.body, []))),
-                                       backward.loop_stages, backward.loop_held)
-        return part
+        return self.derivation.shadow_params
 
     # -- launching ---------------------------------------------------------------------------------
 
@@ -290,11 +133,10 @@ class BackwardKernel:
 
     def for_launch(self, named: Mapping[str, Any]) -> BackwardKernel:
         """The backward kernel of the specialization a launch runs (itself when no constexpr decides a branch)."""
-        decisive = decisive_constexprs(self.forward)
-        values = {k: plain_value(named[k]) for k in decisive if k in named}
+        values = specialization(self.forward, named)
         if values == self.specialization:
             return self
-        return self.respecialize(values)
+        return derived(self.derivation.request.specialized(values))
 
     def __getitem__(self, grid: Any):
         def run(*args: Any, **kwargs: Any) -> None:
@@ -466,24 +308,3 @@ def _describe(value: Any) -> Any:
     if shape is not None and hasattr(value, "stride"):
         return (tuple(shape), value.stride(), value.dtype)
     return value
-
-
-def decisive_constexprs(jit_fn: Any) -> tuple[str, ...]:
-    """The constexpr parameters whose values decide an ``if`` of the kernel (specialize.py)."""
-    found = _decisive.get(jit_fn.fn)
-    if found is None:
-        source = Source.of(jit_fn)
-        found = _decisive[jit_fn.fn] = decisive(source.tree, source.scope)
-    return found
-
-
-_decisive: dict[Any, tuple[str, ...]] = {}
-
-
-def hashable(value: Any) -> Any:
-    """``value``, or its repr where it cannot be a dictionary key."""
-    try:
-        hash(value)
-        return value
-    except TypeError:
-        return repr(value)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..core.operations import CUSTOM, custom_operation
 from ..core.source import unwrap
-from .derive import clear_cache
+from .derivation import clear_cache
 
 
 def custom_vjp(helper_or_backward: Any, backward: Any = None, *, wrt: Sequence[int] | None = None) -> Any:

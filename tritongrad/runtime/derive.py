@@ -1,45 +1,22 @@
-"""``grad`` and ``vjp``: the public entry points of the kernel transform: the pipeline run on a kernel, its result
-cached per kernel, ``wrt``/``outputs`` choice, determinism and decisive constexprs."""
+"""``grad`` and ``vjp``: the public entry points of the kernel transform. ``grad`` checks its arguments (``wrt``/
+``outputs`` choice, determinism, decisive constexprs, kept outputs) into a derivation.py ``Request``, whose backward
+kernel backward_kernel.py's ``derived`` gives, derived once."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..analysis.analyze import analyze
-from ..analysis.composites import fuse_composites
-from ..analysis.online import online_softmax
-from ..analysis.stored_outputs import stored_values
 from ..codegen import generate as codegen
-from ..core.errors import NotDifferentiableError
 from ..core.source import unwrap
-from ..frontend.normalize import normalize_kernel, normalize_tile_function
-from ..frontend.specialize import plain_value
+from ..frontend.normalize import normalize_tile_function
 from ..reverse.loop_plans import classify_loops
 from ..reverse.sweep import build_backward
-from ..writes.input_facts import plan_writes
-from .backward_kernel import BackwardKernel, decisive_constexprs, hashable
+from .backward_kernel import BackwardKernel, derived
+from .derivation import Request, cached, clear_cache, specialization
 
-_cache: dict[tuple, tuple[Any, Any]] = {}
-_lock = threading.Lock()
-
-
-def _cached(key: tuple, build):
-    with _lock:
-        hit = _cache.get(key)
-    if hit is not None and hit[0] is key[0]:
-        return hit[1]
-    value = build()
-    with _lock:
-        _cache[key] = (key[0], value)
-    return value
-
-
-def clear_cache() -> None:
-    """Forget every derived kernel (a custom rule registered later changes what derivation gives)."""
-    with _lock:
-        _cache.clear()
+__all__ = ["BackwardKernel", "clear_cache", "grad", "vjp"]
 
 
 def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] | None = None, *,
@@ -68,18 +45,9 @@ def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] |
     naming something twice or naming no pointer the kernel loads (stores) through.
     """
     jit_fn = unwrap(kernel)
-    decisive = decisive_constexprs(jit_fn)
-    values = {k: plain_value(constexprs[k]) for k in decisive if constexprs is not None and k in constexprs}
-    key = (jit_fn.fn, _names("wrt", wrt), _names("outputs", outputs), deterministic,
-           tuple(sorted((k, hashable(v)) for k, v in values.items())), tuple(sorted(kept_outputs)))
-    try:
-        return _cached(key, lambda: _derive(jit_fn, key[1], key[2], deterministic, values, key[5]))
-    except NotDifferentiableError as e:
-        missing = [k for k in decisive if k not in values]
-        if missing:
-            e.add_note(f"(derived for every value of its constexpr parameter(s) {', '.join(missing)}: the "
-                       "backward of one specialization may differentiate: pass constexprs={...})")
-        raise
+    values = specialization(jit_fn, constexprs or {})
+    return derived(Request(jit_fn, _names("wrt", wrt), _names("outputs", outputs), deterministic, values,
+                           tuple(sorted(kept_outputs))))
 
 
 def _names(what: str, names: Sequence[str] | str | None) -> tuple[str, ...] | None:
@@ -95,19 +63,6 @@ def _names(what: str, names: Sequence[str] | str | None) -> tuple[str, ...] | No
     return names
 
 
-def _derive(jit_fn: Any, wrt, outputs, deterministic: bool, constexprs: dict[str, Any],
-            kept_outputs: tuple[str, ...] = ()) -> BackwardKernel:
-    program = fuse_composites(online_softmax(normalize_kernel(jit_fn, constexprs)))
-    analysis = analyze(program, wrt, outputs)
-    read_back = {v: k for v, k in stored_values(program, analysis.stores).items() if k.param in kept_outputs}
-    bwd = BackwardKernel(jit_fn, program, analysis, classify_loops(analysis), plan_writes(analysis),
-                         deterministic, read_back)
-    bwd.requested, bwd.specialization, bwd.kept_outputs = (wrt, outputs), constexprs, kept_outputs
-    bwd.respecialize = lambda values: grad(jit_fn, wrt, outputs, deterministic=deterministic, constexprs=values,
-                                           kept_outputs=kept_outputs)
-    return bwd
-
-
 def vjp(fn: Any, wrt: Sequence[int] = (0,)) -> Any:
     """The vector-Jacobian product of a tile-level ``@triton.jit`` helper.
 
@@ -118,7 +73,7 @@ def vjp(fn: Any, wrt: Sequence[int] = (0,)) -> Any:
     """
     jit_fn = unwrap(fn)
     key = (jit_fn.fn, ("vjp", tuple(wrt)), None)
-    return _cached(key, lambda: _derive_vjp(jit_fn, tuple(wrt)))
+    return cached(key, lambda: _derive_vjp(jit_fn, tuple(wrt)))
 
 
 def _derive_vjp(jit_fn: Any, positions: tuple[int, ...]) -> Any:

@@ -1,4 +1,4 @@
-"""Launching a derived backward kernel's prepared variant (runtime/derive.py prepares it)."""
+"""Launching a derived backward kernel's prepared variant (backward_kernel.py prepares it)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ from ..core.source import unwrap
 from ..frontend.normalize import normalize_kernel
 from ..frontend.specialize import plain_value
 from ..tangent.builder import build_tangent
-from .backward_kernel import bind_arguments, decisive_constexprs, defaults_of, hashable
-from .derive import _cached, _names
+from .backward_kernel import bind_arguments, defaults_of
+from .derivation import cached, decisive_constexprs, hashable
+from .derive import _names
 
 
 class TangentKernel:
@@ -71,7 +72,7 @@ def jvp(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] | 
     key = (jit_fn.fn, ("jvp", _names("wrt", wrt), _names("outputs", outputs)),
            tuple(sorted((k, hashable(v)) for k, v in values.items())))
     try:
-        return _cached(key, lambda: _derive(jit_fn, key[1][1], key[1][2], values))
+        return cached(key, lambda: _derive(jit_fn, key[1][1], key[1][2], values))
     except NotDifferentiableError as e:
         missing = [k for k in decisive if k not in values]
         if missing and not any("constexpr" in n for n in getattr(e, "__notes__", ())):

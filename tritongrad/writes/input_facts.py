@@ -17,6 +17,7 @@ import ast
 import functools
 import operator
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from ..analysis.addresses import enclosing_loops
 from ..analysis.analyze import Analysis
@@ -133,22 +134,59 @@ class WritePlan:
         ``tritongrad show`` prints."""
         return choose(self.inputs, None)
 
-    def without_rereads(self, param: str, why: str) -> WritePlan:
-        """The same, with ``param``'s loads in sibling loops written apart (atomically): their adjoints cannot be
-        recomputed in one loop (``why``)."""
-        inputs = dict(self.inputs)
-        inputs[param] = InputFacts(param, why=f"it is loaded by several statements ({why})")
-        return WritePlan(inputs)
 
-    def without_interchange(self, param: str) -> WritePlan:
-        """The same, with ``param``'s gradient never given a kernel of its own (its body cannot be)."""
-        inputs = dict(self.inputs)
-        inputs[param] = replace(inputs[param], interchange={}, trips=None)
-        return WritePlan(inputs)
+class Feasibility(Protocol):
+    """What only writing an input's adjoints tells of a strategy's conditions (reverse/feasibility.py answers it):
+    why the backward body cannot be written so, or None where it can."""
+
+    def merge(self, param: str, rereads: tuple[str, ...]) -> str | None:
+        """Why ``param``'s loads in sibling loops (``rereads``) cannot have their adjoints written once."""
+
+    def interchange(self, param: str, axis: int, saved: bool) -> str | None:
+        """Why ``param``'s gradient cannot have a kernel of its own along ``axis``; ``saved``: where it reads the
+        loops' states the forward kept (augment.py)."""
 
 
-def plan_writes(a: Analysis) -> WritePlan:
-    """Per ``wrt`` input, the conditions of each strategy (static facts and launch conditions)."""
+@dataclass(frozen=True)
+class WritePlans:
+    """The write plan of a launch (``plain``) and of one whose forward kept its loops' states (``saved``: some
+    interchanges are possible only then), each strategy in them one its backward body can be written with; why an
+    input's loads in sibling loops are written apart (``not_merged``) or it has no kernel of its own
+    (``not_interchanged``)."""
+
+    plain: WritePlan
+    saved: WritePlan
+    not_merged: dict[str, str]
+    not_interchanged: dict[str, str]
+
+
+def plan_writes(a: Analysis, feasible: Feasibility) -> WritePlans:
+    """Per ``wrt`` input, the conditions of each strategy (static facts and launch conditions), the strategies only
+    writing the backward body can rule out asked of ``feasible`` before the plans are made."""
+    inputs = _shown(a)
+    saved, not_merged, not_interchanged = dict(inputs), {}, {}
+    for p, facts in list(inputs.items()):  # (the merge does not depend on how the other inputs are written)
+        why = feasible.merge(p, facts.rereads) if facts.rereads else None
+        if why is not None:  # written apart (atomically)
+            not_merged[p] = why
+            inputs[p] = saved[p] = InputFacts(p, why=f"it is loaded by several statements ({why})")
+    for p, facts in list(inputs.items()):
+        for axis in facts.interchange:
+            why = feasible.interchange(p, axis, saved=False)
+            if why is None:
+                continue
+            inputs[p] = replace(facts, interchange={}, trips=None)
+            if feasible.interchange(p, axis, saved=True) is None:  # (an attention backward's: without the
+                why += " (it has one where an op's forward keeps that loop's state)"  # states, every program would
+            else:  # replay the forward's loop)
+                saved[p] = inputs[p]
+            not_interchanged[p] = why
+            break
+    return WritePlans(WritePlan(inputs), WritePlan(saved), not_merged, not_interchanged)
+
+
+def _shown(a: Analysis) -> dict[str, InputFacts]:
+    """Per ``wrt`` input, what can be shown about its loads."""
     body = a.program.body
     used = {program_axis(s) for s in statements(body)} - {None}
     context = _Context(a, definitions(body), enclosing_loops(body), _nesting(body), loaded_values(body),
@@ -162,7 +200,7 @@ def plan_writes(a: Analysis) -> WritePlan:
         inputs[p] = replace(inputs[p], covers=None, shared={}, in_registers=frozenset(), fallback=None)
     if a.in_place:  # one kernel: every input's adjoint reads the new values' gradient before it is replaced
         inputs = {p: replace(facts, interchange={}, trips=None) for p, facts in inputs.items()}
-    return WritePlan(inputs)
+    return inputs
 
 
 @dataclass
