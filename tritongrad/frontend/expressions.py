@@ -81,7 +81,7 @@ class ExpressionFlattener:
         type, where written inline it is decided when Triton compiles."""
         saved, self.in_condition = self.in_condition, True
         try:
-            return self.atom(node, stmt)
+            return self.normalizer.written_out(self.atom(node, stmt))
         finally:
             self.in_condition = saved
 
