@@ -60,6 +60,7 @@ class Normalizer:
         self.constexprs = set(constexpr_params(self.tree))
         self.compile_time: dict[str, ast.expr] = {}  # a local constexpr (SSA name) -> the expression it names
         self.descriptors: set[str] = set()  # SSA names of tensor descriptors made in the kernel
+        self.result_tuples: set[str] = set()  # SSA names of an operation's several results (`scan`, `halves`)
         # values known at derivation: the specialization's constexprs, and copies of them or of globals
         self.known: dict[str, Any] = {k: plain_value(v) for k, v in (constexprs or {}).items()}
         self.expressions = ExpressionFlattener(self)  # expressions flattened into named atoms (expressions.py)
@@ -315,6 +316,8 @@ class Normalizer:
                 self.is_constexpr(a) for a in [*op.args, *op.kwargs.values()]):
             self.constexprs.add(node.targets[0].id)
             self.compile_time[node.targets[0].id] = node.value
+        if isinstance(node, ast.Assign) and operation_of(op).results > 1:
+            self.result_tuples.add(node.targets[0].id)
         if isinstance(node, ast.Assign) and (op.kind == "make_tensor_descriptor" or (
                 op.kind == "copy" and isinstance(op.args[0], ast.Name) and op.args[0].id in self.descriptors)):
             self.descriptors.add(node.targets[0].id)

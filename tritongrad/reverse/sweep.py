@@ -154,11 +154,11 @@ class BackwardBuilder:
         self.scopes = [Scope(self.root, [])]
         self.suppressed: set[str] = set()  # partial sums of linear accumulators: they share its adjoint
         self.g_override: dict[int, str] = {}  # id(update of nonlinear loop state) -> the adjoint it receives
-        self.items: dict[str, dict[int, str]] = {}  # tuple of an operation's results -> index -> its item's name
+        self.items: dict[str, dict[int, list[str]]] = {}  # an operation's tuple of results -> index -> its items
         for s in statements(self.program.body):
             if op_of(s).kind == "item":
                 results, index = op_of(s).args
-                self.items.setdefault(results.id, {})[index.value] = target_of(s)
+                self.items.setdefault(results.id, {}).setdefault(index.value, []).append(target_of(s))
         self.forward = Recompute(self)  # the forward's values the sweep reads, recomputed (recompute.py)
         self.loops = LoopReversal(self)  # loops reversed as their plans say (loops.py)
         self.memory = MemoryAdjoints(self)  # loads' and stores' adjoints (memory.py)
