@@ -69,6 +69,25 @@ def test_dual_tensors_through_a_named_example(name, size):
     torch.testing.assert_close(got, torch.func.jvp(reference, primals, tangents), **TOL)
 
 
+@pytest.mark.parametrize(("name", "size"), [("sin", (3, 7)), ("softmax", (3, 7)), ("rmsnorm", (3, 7))])
+def test_hessian_is_refused_naming_reverse_over_reverse_which_matches_pytorch(name, size):
+    """torch.func.hessian is jacfwd over jacrev: the op's backward in forward mode, not yet supported. Refused with
+    a message naming it and the way that works (before: "differentiate it in one mode" alone); that way,
+    torch.autograd.functional.hessian (reverse over reverse), gives PyTorch's own Hessian of the reference."""
+    primals, op, reference = _differentiated(name, size)
+    weights = torch.randn_like(reference(*primals))  # a scalar loss with a Hessian of every entry
+
+    def loss(fn):
+        return lambda *xs: (fn(*xs) * weights).sum()
+
+    want = torch.func.hessian(loss(reference), argnums=tuple(range(len(primals))))(*primals)
+    with pytest.raises(OpError, match=r"torch\.func\.hessian \(jacfwd over jacrev\).*not yet supported\. For "
+                                      r"second derivatives use reverse over reverse \(torch\.autograd\.functional"):
+        torch.func.hessian(loss(op), argnums=tuple(range(len(primals))))(*primals)
+    got = torch.autograd.functional.hessian(loss(op), primals)
+    torch.testing.assert_close(got, want, **TOL)
+
+
 def test_jacfwd_through_a_named_example():
     primals, op, reference = _differentiated("rmsnorm", (3, 7))
     got = torch.func.jacfwd(op, argnums=(0, 1))(*primals)

@@ -216,8 +216,13 @@ class _ForwardMode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise OpError(f"tritongrad.op `{ctx.call.name}`: a call made in forward mode (torch.func.jvp, dual tensors) "
-                      "is not differentiated in reverse mode too; differentiate it in one mode")
+        raise OpError(f"tritongrad.op `{ctx.call.name}`: a call made in forward mode (torch.func.jvp, jacfwd, dual "
+                      "tensors) is not differentiated in reverse mode too: torch.func.hessian (jacfwd over jacrev) "
+                      "and a backward of a jvp's outputs take the op's backward in forward mode, which needs the "
+                      "tangents of its derived backward kernels and of the PyTorch operations between them (partial "
+                      "sums, buffers it makes): not yet supported. For second derivatives use reverse over reverse "
+                      "(torch.autograd.functional.hessian or hvp, torch.autograd.grad with create_graph=True); else "
+                      "differentiate in one mode")
 
     @staticmethod
     def vmap(info, in_dims, call, *tensors):
