@@ -49,7 +49,7 @@ from ..core.ir import (
     target_of,
 )
 from ..core.operations import LOADS, STORES, instantiate, operation_of
-from ..writes.strategies import Choice, Mode
+from ..writes.strategies import Choice
 from .interchange import group_programs, loop_to_grid, without_unused
 from .loop_plans import LoopPlan
 from .loops import LoopReversal, merge_records
@@ -124,7 +124,7 @@ class BackwardBuilder:
         self.program = analysis.program
         self.loop_plans = loop_plans
         self.tile = tile
-        self.choices = choices or {p: Choice(Mode.ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
+        self.choices = choices or {p: Choice.atomic() for p in analysis.wrt}  # how each input's gradient is written
         self.tapes: list = []  # state_tape.StateTape: the state tapes of nonlinear loops (written by loops.py)
         self.partial_sums: list = []  # persistent.PartialSum: inputs summed in registers (written by memory.py)
         self.later_adds: list = []  # strategies.LaterAdds: loads' adjoints added after the kernel (memory.py)
@@ -409,9 +409,9 @@ class BackwardBuilder:
             return
         bodies = [self.recompute(block, sweep) + sweep for block, sweep in zip(blocks, sweeps, strict=True)]
         for c in self.choices.values():
-            if c.mode == Mode.STORE and c.fill:
+            if fill := c.strategy.zeros_for(c):
                 for i, block in enumerate(blocks):
-                    load = next((s for s in statements(block) if target_of(s) == c.fill
+                    load = next((s for s in statements(block) if target_of(s) == fill
                                  and op_of(s).kind in LOADS), None)
                     if load is not None:
                         bodies[1 - i] += self.memory.zero_stores(block, load)
