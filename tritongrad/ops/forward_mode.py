@@ -31,7 +31,7 @@ from ..core.bounded import Bounded
 from ..core.errors import OpError
 from ..core.source import unwrap
 from ..frontend.specialize import plain_value
-from ..runtime.backward_kernel import decisive_constexprs, hashable
+from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.tangent_kernel import jvp as tangent_kernel
 from . import hooks
 from .autograd_function import refuse_transforms
