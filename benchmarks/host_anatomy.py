@@ -16,7 +16,7 @@ import torch
 import triton.language as tl
 
 from tritongrad.examples import flash_attention, softmax
-from tritongrad.ops import backward as op_backward
+from tritongrad.host import backward as op_backward
 
 CALLS = 300
 

@@ -14,8 +14,8 @@ import torch
 import triton
 
 from tritongrad import examples
-from tritongrad.ops import tape
-from tritongrad.ops.backward import OpBackward
+from tritongrad.host import tape
+from tritongrad.host.backward import OpBackward
 from tritongrad.runtime import derive, launching, variants
 from tritongrad.tools.sizes import parse_size
 

@@ -12,8 +12,8 @@ from test_strategies import norm_rows, norm_twice, scale_kernel, two_readers, wi
 
 import tritongrad
 from tritongrad import examples
-from tritongrad.ops.launcher import Launcher
-from tritongrad.ops.replay import Replay
+from tritongrad.host.launcher import Launcher
+from tritongrad.host.replay import Replay
 from tritongrad.runtime import relaunch
 
 F64 = torch.float64

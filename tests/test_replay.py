@@ -1,4 +1,4 @@
-"""Replays (ops/replay.py, ops/replay_backward.py): a named op's later calls of a kind seen before are compared
+"""Replays (host/replay.py, host/replay_backward.py): a named op's later calls of a kind seen before are compared
 with the first one's launches as they run and take its plan; their backward launches what an earlier one kept.
 Each test calls ops several times on fresh inputs and compares outputs and gradients, exactly, with the op's
 first call on the same inputs (or with PyTorch where that call is a different kind), and counts the calls that
@@ -16,7 +16,7 @@ import triton.language as tl
 import tritongrad
 from tritongrad import examples
 from tritongrad.core.errors import OpError
-from tritongrad.ops import replay
+from tritongrad.host import replay
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),  # (23 of 23 failed on the H100: to port)
                                 reason="written for CPU tensors in the interpreter")
@@ -157,7 +157,7 @@ def test_aliasing_a_launch_must_refuse_is_refused_after_replays(replayed):
     for aliased in (lambda w: w, lambda w: w.view(10, 10).view(-1), lambda w: w[:]):
         for _ in range(2):
             wv = torch.randn(100, dtype=F64)
-            # (recorded as its alias view's, out_ptr read as a_ptr: ops/aliases.py; b_ptr still reads w)
+            # (recorded as its alias view's, out_ptr read as a_ptr: host/aliases.py; b_ptr still reads w)
             with pytest.raises(OpError, match=r"launch #1 \(`mul_kernel`\) overwrites `a_ptr`, memory that launch #1 "
                                               r"\(`mul_kernel`\) reads through `b_ptr`"):
                 scaled_through(x.clone().requires_grad_(), wv, aliased(wv))

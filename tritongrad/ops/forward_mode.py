@@ -27,10 +27,10 @@ import torch.autograd.forward_ad as forward_ad
 from torch.utils import _pytree as pytree
 
 from ..core.errors import OpError
+from ..host import hooks
+from ..host.kernel_roles import kernel_info
 from ..runtime.tangent_kernel import jvp as tangent_kernel
-from . import hooks
 from .autograd_function import refuse_transforms
-from .kernel_roles import kernel_info
 
 
 def active(args: tuple, kwargs: dict) -> bool:

@@ -26,7 +26,7 @@ An in-place launch's copy (tape.py's ``_snapshots``) is taken per call before it
 derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads, configs
 offered to the backward: tiles.py's, whose grid function is the call's; host descriptors and alias views, aliases.py;
 a non-tensor launch argument that is not a plain value, relaunch.plain_values). A bare op's call is replayed where
-it is one segment (segments.py: no PyTorch call read what its launches wrote before it returned), its node as the
+it is one segment (ops/segments.py: no PyTorch call read what its launches wrote before it returned), its node as the
 replay's (one, or its written buffers marked dirty); a replayed call whose PyTorch call closes a segment goes on as a
 first call, its launches recorded with the copies taken before they ran. ``TRITONGRAD_REPLAY=0`` turns replays off.
 """
@@ -72,7 +72,7 @@ class Expected:
     def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple, augmented: bool, unread):
         positions, self.names = pattern[1], pattern[2]
         roles, by_parameter = recorded.info.roles, _by_parameter(recorded.info, positions, self.names)
-        self.written = tuple(i for p, i in by_parameter.items()  # (what a bare op's segments watch: segments.py)
+        self.written = tuple(i for p, i in by_parameter.items()  # (what a bare op's segments watch: ops/segments.py)
                              if i is not None and (roles is None or p in roles.stores))
         # an in-place launch's copies, each call's own (tape.py's _snapshots): (slot, parameter, the slot of the tensor
         # copied, or None for an empty tensor in place of a copy no derived kernel reads, dtype)
@@ -145,7 +145,7 @@ class Replay:
         self.tails = tuple((d[1], d[2], d[3], d[4], d[5], d[6]) for d in described)
         self.keys = tuple(d[0] for d in described)
         self.n_outputs, self.passed, self.kwnames = n_outputs, passed, kwnames
-        self.dirty = tape.dirty  # a bare op's segment whose written buffers came out marked dirty (segments.py)
+        self.dirty = tape.dirty  # a bare op's segment whose written buffers came out marked dirty (ops/segments.py)
         self.closing = (len(self.expected), n_outputs, len(passed))
         inputs = diff if named else self.plan.inputs  # the tensors to differentiate, by slot
         self.pick_inputs, self.pick_saved = _picker(list(inputs)), _picker(list(self.plan.saved))
@@ -229,7 +229,7 @@ class Replays:
         return fast.fallen, result
 
     def tape(self) -> FastTape | LearningTape:
-        """A bare op's first segment's tape (segments.py): a replay's where the op has one, else one that learns."""
+        """A bare op's first segment's tape (ops/segments.py): a replay's where the op has one, else one that learns."""
         return FastTape(self) if self.found and ENABLED and not capturing() else LearningTape(self)
 
     def learn(self, tape: LearningTape) -> None:
@@ -250,8 +250,8 @@ class LearningTape(Tape):
         super().__init__(replays.name, replays.plans, replays.deterministic)
         self.replays = replays
         self.callable_grids: list[bool] = []  # per launch: whether its grid was a function
-        self.dirty = False  # (segments.py: a bare op's segment whose written buffers come out marked dirty)
-        self.learnable = True  # (segments.py: not a segment a PyTorch call closed, of a call of several)
+        self.dirty = False  # (ops/segments.py: a bare op's segment whose written buffers come out marked dirty)
+        self.learnable = True  # (ops/segments.py: not a segment a PyTorch call closed, of a call of several)
 
     def record(self, kernel: Any, grid: Any, args: tuple, kwargs: dict, callable_grid: bool | None = None) -> None:
         self.callable_grids.append(callable(grid) if callable_grid is None else callable_grid)
@@ -454,7 +454,7 @@ class FastTape:
     def close(self, outputs: tuple, args: tuple, kwargs: dict, dirty: bool = False) -> list | None:
         """The tensors to differentiate, once the op's outputs and arguments are found where the replay's were among
         the call's tensors (``saved``: those the backward reads); else None, having fallen back. ``dirty``: a bare
-        op's segment, its outputs the buffers its launches wrote (segments.py), as the replay's must be."""
+        op's segment, its outputs the buffers its launches wrote (ops/segments.py), as the replay's must be."""
         replay = self.replay
         if replay is None or replay.dirty is not dirty \
                 or (self.count, len(outputs), len(outputs) + len(args) + len(kwargs)) != replay.closing \

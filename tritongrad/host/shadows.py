@@ -140,7 +140,7 @@ class Plan:
     decisive: bool = field(init=False, default=False)  # whether a launch's kernel has decisive constexprs
     # saved slots no derived kernel reads (backward.derive_ahead): not kept, an empty stand-in saved in their place
     unused: frozenset[int] = field(init=False, default=frozenset())
-    # saved slots whose memory may take an input's gradient (ops/donation.candidates; None: not yet worked out)
+    # saved slots whose memory may take an input's gradient (host/donation.candidates; None: not yet worked out)
     donors: frozenset[int] | None = field(init=False, default=None)
     # saved slots holding no argument or output of the call (a buffer the host function made): set by Tape.close
     inner_saved: frozenset[int] | None = field(init=False, default=None)

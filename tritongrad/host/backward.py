@@ -91,7 +91,7 @@ class OpBackward:
             rows, variant = self._run_step(step, saved, shadows, guards)
             if guards is not None:
                 with torch._C.DisableTorchFunction():  # (its reads are no use of the gradients: a backward recorded
-                    self._check_strays(step, guards, rows, variant)  # as an op (segments.py) is not cut there)
+                    self._check_strays(step, guards, rows, variant)  # as an op (ops/segments.py) is not cut there)
         for buffer in list(shadows.values()):  # (an output's gradient no step used: copied in now)
             if type(buffer) is _Given:
                 self._shadow(shadows, buffer.shadow)

@@ -1,4 +1,4 @@
-"""The backward of a named op under torch.compile, from what its saving forward returned (library.py's
+"""The backward of a named op under torch.compile, from what its saving forward returned (ops/library.py's
 ``ns::name_saving``: the outputs and the buffers its launches passed between them): the host function runs again
 with its launches skipped, its fresh buffers are swapped for the saved ones, and the launches are recorded on a tape
 as in eager mode (``eager_backward``: the opaque ``ns::name_saved_backward``, on real tensors). Not opaque, the
@@ -18,7 +18,7 @@ import torch
 from ..core import device
 from ..writes.strategies import span_of
 from . import hooks
-from .autograd_function import as_tuple
+from .call_tensors import as_tuple
 from .kernel_roles import kernel_info
 from .tape import Tape
 from .tiles import current_heuristics

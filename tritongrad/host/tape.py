@@ -162,7 +162,7 @@ class Tape:
 
     def written_by_last(self) -> list[torch.Tensor]:
         """The tensors the latest launch was passed to pointers it stores through (every one, where what it does
-        with them is unknown): a bare op's segments (segments.py) watch their memory."""
+        with them is unknown): a bare op's segments (ops/segments.py) watch their memory."""
         launch, (_, positions, names, *_) = self.launches[-1], self.patterns[-1]
         roles, tensors = launch.info.roles, self.tensors.tensors
         return [tensors[i] for p, i in _by_parameter(launch.info, positions, names).items()

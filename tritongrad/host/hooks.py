@@ -147,7 +147,7 @@ def _recorded(run):
         boundary = tape.boundary
         if boundary is None:
             return tape.launch(run, self, grid, args, kwargs, warmup)
-        with torch._C.DisableTorchFunction():  # a bare op's watch (segments.py) is not for the launch itself
+        with torch._C.DisableTorchFunction():  # a bare op's watch (ops/segments.py) is not for the launch itself
             result = tape.launch(run, self, grid, args, kwargs, warmup)
             boundary.launched()
         return result
