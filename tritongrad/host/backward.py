@@ -142,7 +142,7 @@ class OpBackward:
 
     def _run_step(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> tuple[dict, Any]:
         """Launch one step's derived kernel, under the forward's config or, on a GPU, for a launch offered others (an
-        autotuner's, or those declared for its kernel: tiles.py), the one under which the backward is fastest (timed
+        autotuner's, or those declared for its kernel: configs.py), the one under which the backward is fastest (timed
         once per shape). Returns the partial rows of inputs summed in them and the buffers of their own of inputs
         written there (checked backwards), and the variant launched."""
         launch = self.launches[step.launch.index]

@@ -24,7 +24,7 @@ tapes of the call's own, laid out as at its first replay (``FastTape._augmented`
 
 An in-place launch's copy (tape.py's ``_snapshots``) is taken per call before it runs (an empty tensor where no
 derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads, configs
-offered to the backward: tiles.py's, whose grid function is the call's; host descriptors and alias views, aliases.py;
+offered to the backward: configs.py's, whose grid function is the call's; host descriptors and alias views, aliases.py;
 a non-tensor launch argument that is not a plain value, relaunch.plain_values). A bare op's call is replayed where
 it is one segment (ops/segments.py: no PyTorch call read what its launches wrote before it returned), its node as the
 replay's (one, or its written buffers marked dirty); a replayed call whose PyTorch call closes a segment goes on as a
@@ -46,10 +46,10 @@ from ..core.device import capturing, ensure_allocator
 from ..runtime import relaunch
 from ..runtime.augment import keeping_of
 from . import backward as op_backward
+from .configs import Tiles
 from .replay_backward import FastBackward
 from .shadows import kept_empty
 from .tape import Tape, _by_parameter, _relaunchers, copy_of, current_autotuner, current_tape, recording_backward
-from .tiles import Tiles
 
 ENV = "TRITONGRAD_REPLAY"
 MAX_REPLAYS = 16  # per op: kinds of call it is called with in turn (a model's layers of a few sizes)

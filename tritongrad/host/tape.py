@@ -35,11 +35,11 @@ from ..runtime.derivation import decisive_constexprs, hashable
 from .aliases import alias_view
 from .backward import OpBackward, derive_ahead, recording_backward
 from .call_tensors import CallTensors, nested_tensors
+from .configs import Tiles
 from .host_descriptors import descriptor_view, has_host_descriptors
 from .kernel_roles import KernelInfo, kernel_info, kernel_infos, read_as_left
 from .planning import Planner
 from .shadows import Plan, launch_name
-from .tiles import Tiles
 
 # the Tape recording launches (None outside an op; hooks.py's DRY or Launches while a named op's host function
 # runs without a tape)
@@ -93,7 +93,7 @@ class RecordedLaunch:
                  tiles: Tiles | None = None):
         self.kernel, self.info, self.index, self.grid, self.args, self.kwargs = kernel, info, index, grid, args, kwargs
         self.saved: SavedStates | None = None  # the state tapes its forward kept for its backward (augment.py)
-        self.tiles = tiles  # the configs its backward may be launched with instead of its own (tiles.py)
+        self.tiles = tiles  # the configs its backward may be launched with instead of its own (configs.py)
 
     def __str__(self) -> str:
         return launch_name(self.index, self.info)

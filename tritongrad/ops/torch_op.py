@@ -38,7 +38,7 @@ reasons: call it under ``torch.no_grad()``.
 Autotuning: the backward of an autotuned (or heuristics-driven) launch is launched with
 the config that forward launch used: its constexprs, ``num_warps`` and ``num_stages``; on a GPU,
 an autotuned launch's backward, and that of a kernel declaring configs its result does not depend
-on (``tritongrad.backward_configs``), runs under whichever of them is fastest (host/tiles.py).
+on (``tritongrad.backward_configs``), runs under whichever of them is fastest (host/configs.py).
 
 Hazards: the backward replays each launch against memory as the op left it, so a launch
 that overwrites memory an earlier launch (or the same launch through another argument)
