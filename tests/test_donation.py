@@ -11,7 +11,8 @@ import tritongrad
 from tritongrad.examples import cross_entropy, swiglu
 from tritongrad.host import donation
 
-CALLS = 4  # the first backward of a plan is checked (guard bands: never donated); then OpBackward, then kept launches
+# the first backward of a plan is checked (guard bands: never donated); then PlannedBackward, then kept launches
+CALLS = 4
 
 bare_cross_entropy = tritongrad.op(lambda logits, target: cross_entropy.cross_entropy_launch(logits, target)())
 OPS = {"named": cross_entropy.cross_entropy, "bare": bare_cross_entropy}

@@ -300,7 +300,7 @@ def test_the_logits_gradient_is_written_in_their_own_dtype(device):
     atomically)."""
     from tritongrad.host import backward as op_backward
 
-    made, shadow = [], op_backward.OpBackward._shadow
+    made, shadow = [], op_backward.PlannedBackward._shadow
 
     def spy(self, shadows, view, *args, **kwargs):
         fresh = view.key not in shadows
@@ -316,7 +316,7 @@ def test_the_logits_gradient_is_written_in_their_own_dtype(device):
         made.clear()
         loss = op((x * 1.0).half(), t)
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(op_backward.OpBackward, "_shadow", spy)
+            m.setattr(op_backward.PlannedBackward, "_shadow", spy)
             (got,) = torch.autograd.grad(loss, x)
         assert ((9, 37), torch.float16) in made and ((9, 37), torch.float32) not in made, made
         want = torch.nn.functional.cross_entropy(x.double(), t, ignore_index=IGNORE)

@@ -21,7 +21,7 @@ from tritongrad.core.errors import OpError
 from tritongrad.examples import EXAMPLES
 from tritongrad.host import backward as op_backward
 from tritongrad.host import hooks, kernel_roles, planning
-from tritongrad.host.backward import OpBackward
+from tritongrad.host.backward import PlannedBackward
 from tritongrad.runtime import derivation
 
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
@@ -797,8 +797,8 @@ def test_stray_gradients_are_looked_for_in_the_first_backward_of_a_layout_only(m
         return chain.__wrapped__(x, w)
 
     checks = []
-    real = OpBackward._check_strays
-    monkeypatch.setattr(OpBackward, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
+    real = PlannedBackward._check_strays
+    monkeypatch.setattr(PlannedBackward, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
     x, w = rand(61), rand(61)
     inputs = check(chain_once, chain_ref, x, w)
     assert len(checks) == 2 and inputs[0].grad._base is None  # one per launch replayed; not views of padded buffers
@@ -884,7 +884,7 @@ def test_inputs_and_an_output_reshaped_by_the_host_function_get_buffers_of_their
 
     op = tritongrad.op("test_op::rows_sin_mul_" + str(dtype)[6:])(rows_sin_mul) if named else \
         tritongrad.op(rows_sin_mul)
-    made, shadow = [], op_backward.OpBackward._shadow
+    made, shadow = [], op_backward.PlannedBackward._shadow
 
     def spy(self, shadows, view, *args, **kwargs):
         fresh = view.key not in shadows
@@ -893,7 +893,7 @@ def test_inputs_and_an_output_reshaped_by_the_host_function_get_buffers_of_their
             made.append(shadows[view.key].dtype)
         return found
 
-    monkeypatch.setattr(op_backward.OpBackward, "_shadow", spy)
+    monkeypatch.setattr(op_backward.PlannedBackward, "_shadow", spy)
     tol = {} if dtype == torch.float64 else {"rtol": 2e-2, "atol": 2e-2}
     for call in range(4):
         a, b = (torch.randn(3, 5, 37, dtype=dtype, requires_grad=True) for _ in range(2))

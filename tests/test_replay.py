@@ -28,7 +28,7 @@ DEVICE = torch.empty(0).device  # the tests' device (conftest.py: CUDA's where t
 @pytest.fixture
 def replayed(monkeypatch):
     """Counts: calls that ran on a replay to the end ("forward"), that fell back ("fell"), backwards through a
-    FastBackward ("backward")."""
+    StraightLineBackward ("backward")."""
     counts = {"forward": 0, "fell": 0, "backward": 0}
     close, fall, backward = replay.FastTape.close, replay.FastTape._fall_back, replay.Replay.backward
 
@@ -346,9 +346,9 @@ def test_calls_keeping_state_tapes_are_replayed_on_tapes_of_their_own(name, repl
 
 
 def test_backwards_of_calls_keeping_state_tapes_are_written_out_with_each_calls_tapes(replayed):
-    """A replay's backward written out (FastBackward) reads the state tapes of the call it differentiates (each
+    """A replay's backward written out (StraightLineBackward) reads the state tapes of the call it differentiates (each
     call's augmented forward keeps its own: FastTape.kept): three cross-entropy calls on different inputs, their
-    backwards in another order, each through a FastBackward, each with its own inputs' gradients."""
+    backwards in another order, each through a StraightLineBackward, each with its own inputs' gradients."""
     example = examples.get("cross_entropy")
     size = example.sizes[-1]
     for seed in range(3):  # a first call, a checked backward, one that keeps its Launchers

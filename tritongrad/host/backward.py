@@ -5,7 +5,7 @@ of its forward launch; ``wrt`` and ``outputs`` are the parameters whose storages
 kernel adds each load's gradient at the load's address, so a launch that read outside the elements
 of a tensor it was passed would put gradient where no tensor lies: the first backward of each plan
 and schedule (every backward with ``TRITONGRAD_CHECKED=1``) lays guard bands around the shadows and the buffers its
-kernels write (runtime/guards.py) and refuses that (``OpBackward._check_strays``). Later backwards launch what an
+kernels write (runtime/guards.py) and refuses that (``PlannedBackward._check_strays``). Later backwards launch what an
 earlier one kept (launcher.py).
 """
 
@@ -34,8 +34,9 @@ from .shadows import Plan, Shadow, Step, View, stand_in_tensor
 recording_backward: contextvars.ContextVar = contextvars.ContextVar("tritongrad_recording", default=None)
 
 
-class OpBackward:
-    """One backward of an op: its plan, the recorded launches' non-tensor arguments, the op's name."""
+class PlannedBackward:
+    """One backward of an op, each step decided from its plan (the path every other backward path was kept from):
+    its plan, the recorded launches' non-tensor arguments, the op's name."""
 
     def __init__(self, name: str, plan: Plan, launches: Sequence[Any], deterministic: bool = False):
         self.name, self.plan, self.launches, self.deterministic = name, plan, launches, deterministic
@@ -363,7 +364,7 @@ def input_relations(plan: Plan) -> tuple:
 
 class _Given:
     """An output's incoming gradient, to be copied into its storage's shadow when that buffer is made
-    (OpBackward._shadow): made first as the input updated in place there wants it, its gradient written once in its
+    (PlannedBackward._shadow): made first as the input updated in place there wants it, its gradient written once in its
     own dtype, no float32 copy of a half-precision gradient is made, nor cast back after."""
 
     __slots__ = ("shadow", "g")

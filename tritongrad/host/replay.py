@@ -47,7 +47,7 @@ from ..runtime import relaunch
 from ..runtime.augment import keeping_of
 from . import backward as op_backward
 from .configs import Tiles
-from .replay_backward import FastBackward
+from .replay_backward import StraightLineBackward
 from .shadows import kept_empty
 from .tape import Tape, _by_parameter, _relaunchers, copy_of, current_autotuner, current_tape, recording_backward
 
@@ -149,7 +149,7 @@ class Replay:
         self.closing = (len(self.expected), n_outputs, len(passed))
         inputs = diff if named else self.plan.inputs  # the tensors to differentiate, by slot
         self.pick_inputs, self.pick_saved = _picker(list(inputs)), _picker(list(self.plan.saved))
-        self.backwards: dict[tuple, Any] = {}  # schedule -> FastBackward, or False: never (its steps keep none)
+        self.backwards: dict[tuple, Any] = {}  # schedule -> StraightLineBackward, or False: never (its steps keep none)
 
     @staticmethod
     def of(tape: LearningTape, named: bool) -> Replay | None:
@@ -165,12 +165,12 @@ class Replay:
         return Replay(tape, named)
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool], kept: dict | None = None) -> list:
-        """The gradients, as Tape.backward gives them: by the schedule's FastBackward once it has one. ``kept``: per
-        launch run as its augmented forward, the state tapes the call kept (FastTape.kept)."""
+        """The gradients, as Tape.backward gives them: by the schedule's StraightLineBackward once it has one.
+        ``kept``: per launch run as its augmented forward, the state tapes the call kept (FastTape.kept)."""
         schedule = (tuple(needs), tuple(map(_given, grads)))
         fast = self.backwards.get(schedule) if recording_backward.get() is None else False
         if fast and fast.grad is op_backward.grad:  # (tests spy on grad: a new one is a new backward)
-            if current_tape.get() is None and not torch.is_grad_enabled():  # (as FastBackward.__call__, inlined)
+            if current_tape.get() is None and not torch.is_grad_enabled():  # (fast's __call__, inlined)
                 ensure_allocator()
                 return fast.run(saved, grads, needs, kept)
             return fast(saved, grads, needs, kept)
@@ -178,15 +178,15 @@ class Replay:
             _with_tapes(r, kept[i]) if i in kept else r for i, r in enumerate(self.recorded)]
         result = self.planned(saved, grads, needs, recorded)
         if fast is not False:
-            self.backwards[schedule] = FastBackward.of(self, schedule)
+            self.backwards[schedule] = StraightLineBackward.of(self, schedule)
         return result
 
     def planned(self, saved: tuple, grads: tuple, needs: Sequence[bool], recorded: list) -> list:
-        """The gradients by the plan's OpBackward over ``recorded`` (the replay's launches, or a call's copies of
-        them holding its state tapes)."""
+        """The gradients by PlannedBackward over ``recorded`` (the replay's launches, or copies with a call's tapes)."""
         token = current_tape.set(recording_backward.get())  # derived kernels are not recorded (see tape.py)
         try:
-            return op_backward.OpBackward(self.name, self.plan, recorded, self.deterministic).run(saved, grads, needs)
+            backward = op_backward.PlannedBackward(self.name, self.plan, recorded, self.deterministic)
+            return backward.run(saved, grads, needs)
         finally:
             current_tape.reset(token)
 

@@ -272,9 +272,9 @@ class Step:
     self_overlapping: frozenset[str] = frozenset()  # wrt inputs whose views reach one element twice (stride 0)
     # (grad, values of decisive constexprs) -> the derived kernel (backward._derived_kernel)
     derived: dict = field(default_factory=dict)
-    # the launch's non-tensor arguments, ... -> OpBackward._ready's
+    # the launch's non-tensor arguments, ... -> PlannedBackward._ready's
     ready: dict = field(default_factory=lambda: Bounded(256))
-    # the launch's non-tensor arguments -> the config chosen (OpBackward._tiles)
+    # the launch's non-tensor arguments -> the config chosen (PlannedBackward._tiles)
     tiles: dict = field(default_factory=dict)
     # the launch's non-tensor arguments -> its Launcher; False: none
     launchers: dict = field(default_factory=lambda: Bounded(256))

@@ -33,7 +33,7 @@ from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
 from ..runtime.derivation import decisive_constexprs, hashable
 from .aliases import alias_view
-from .backward import OpBackward, derive_ahead, recording_backward
+from .backward import PlannedBackward, derive_ahead, recording_backward
 from .call_tensors import CallTensors, nested_tensors
 from .configs import Tiles
 from .host_descriptors import descriptor_view, has_host_descriptors
@@ -402,6 +402,6 @@ class Tape:
         # derived kernels are not recorded, even inside another op's forward (but by a backward run as an op)
         token = current_tape.set(launches if launches is not None else recording_backward.get())
         try:
-            return OpBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
+            return PlannedBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
         finally:
             current_tape.reset(token)
