@@ -202,3 +202,27 @@ def test_every_test_file_has_its_home_in_the_tests_readme():
     files = sorted(p.name for p in tests.glob("test_*.py"))
     unlisted = [f for f in files if not any(fnmatch.fnmatch(f, pattern) for pattern in listed)]
     assert not unlisted, f"not in tests/README.md: {unlisted}"
+
+
+MODE_TESTS_AT_MOST = 0
+
+
+def _mode_tests() -> dict[str, int]:
+    """Per module outside writes/strategies.py, the uses of a write strategy's ``Mode`` (``c.mode == Mode.STORE``,
+    ``Choice(Mode.ATOMIC)``)."""
+    found: dict[str, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if _module(path) == "writes.strategies":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Mode":
+                found[_module(path)] = found.get(_module(path), 0) + 1
+    return found
+
+
+def test_the_stages_ask_a_write_strategy_rather_than_test_its_mode():
+    """A write strategy's choice, code, buffers and work after the kernel are its object's (writes/strategies.py:
+    ``choice.strategy``'s fields and methods, ``Choice.atomic()``); the other stages ask it, so a new strategy is
+    one class there, not a ``Mode`` test in each stage."""
+    found = _mode_tests()
+    assert sum(found.values()) <= MODE_TESTS_AT_MOST, sorted(found.items(), key=lambda kv: -kv[1])

@@ -420,3 +420,41 @@ def test_choices_without_a_rule_are_refused(kernel, construct, line):
         tritongrad.grad(kernel)
     assert construct in info.value.construct and info.value.hint
     assert info.value.source_line.startswith(line)
+
+
+@triton.jit
+def later_branch_reads(x_ptr, y_ptr, N, R, BLOCK: tl.constexpr, MODE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    SCALED: tl.constexpr = MODE == "scaled"  # a local constexpr: the ifs stay, Triton decides them when it compiles
+    if SCALED:
+        t = x * x  # bound only where SCALED
+    y = tl.sin(x)
+    if SCALED:
+        y = y * t  # read after its if, inside a later if on the same test
+    if MODE == "looped":
+        for i in range(R):  # a loop inside the later branch: its adjoint starts before the loop, in the branch
+            y += tl.exp(x * i) * 0.25
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+@pytest.mark.compiled
+@pytest.mark.parametrize("mode", ["scaled", "plain", "looped"])
+def test_a_value_bound_in_a_constexpr_branch_read_in_a_later_one(mode):
+    """A value a constexpr `if` assigns in one branch (`t`), read inside a later `if` on the same test: its adjoint
+    starts inside the later branch, not before that if (`d_t = tg.zeros_grad(t)` there read `t` where the branch
+    is not taken: UnboundLocalError interpreted, an undefined name compiled). Each constexpr value in float64."""
+    R = 3
+    x = torch.randn(N, dtype=DTYPE)
+    args, meta = (x, poison(torch.empty_like(x)), N, R), {"BLOCK": BLOCK, "MODE": mode}
+    later_branch_reads[GRID](*args, **meta)
+    xr = x.clone().requires_grad_()
+    want = torch.sin(xr) * (xr * xr if mode == "scaled" else 1)
+    if mode == "looped":
+        want = want + sum(torch.exp(xr * i) * 0.25 for i in range(R))
+    torch.testing.assert_close(args[1], want.detach(), **TOL)
+    dy = torch.randn_like(x)
+    got = backward_launch(later_branch_reads, GRID, args, meta, {"y_ptr": dy})
+    (want_x,) = torch.autograd.grad(want, xr, dy)
+    torch.testing.assert_close(got["x_ptr"], want_x, **TOL)

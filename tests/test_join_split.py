@@ -73,3 +73,29 @@ def test_cat_is_refused():
         tritongrad.grad(concatenated)
     assert "`cat`, whose element order Triton leaves unspecified" in info.value.construct
     assert "tl.join" in info.value.hint and info.value.source_line.endswith("# refused")
+
+
+@tritongrad.op
+def _join_split_op(x, y, s):
+    z = torch.empty_like(x)
+    join_split[(triton.cdiv(x.numel(), 16),)](x, y, s, z, x.numel(), BLOCK=16)
+    return z
+
+
+def test_join_then_split_differentiated_twice():
+    """The derived kernel's `halves[0]` (an item of split's results; refused before: "cannot differentiate the
+    subscript `halves[0]`") differentiated again: both second derivatives (the inputs', and the incoming gradient's)
+    against PyTorch's double backward of the reference."""
+    torch.manual_seed(3)
+    inputs = [torch.randn(37, dtype=DTYPE), torch.randn(37, dtype=DTYPE), torch.randn(1, dtype=DTYPE)]
+
+    def second_derivatives(fn):
+        xs = [t.clone().requires_grad_() for t in inputs]
+        torch.manual_seed(4)
+        z = fn(*xs)
+        gz = torch.randn_like(z).requires_grad_()
+        grads = torch.autograd.grad(z, xs, gz, create_graph=True)
+        return torch.autograd.grad(sum((g * torch.randn_like(g)).sum() for g in grads), (*xs, gz))
+
+    want = second_derivatives(lambda x, y, s: torch.exp(x * y) * torch.sin(torch.exp(s)) + x)
+    torch.testing.assert_close(second_derivatives(_join_split_op), want, **TOL)

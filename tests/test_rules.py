@@ -5,6 +5,7 @@ readable, as users' kernels are), over tiles whose sizes are not powers of two, 
 NaN-poisoned outputs and random upstream gradients, in float64.
 """
 
+import ast
 import importlib.util
 import itertools
 
@@ -272,3 +273,22 @@ def test_integer_math_a_launch_check_redoes_agrees_with_the_kernel():
         divide[(1,)](got, a, b)
         host = [OPERATIONS[op].on_host(a, b) for op in ("floordiv", "mod", "cdiv")]
         assert host == got.tolist(), (a, b)
+
+
+def test_a_hint_the_interpreter_left_replaced_is_still_known(monkeypatch):
+    """Triton's interpreter replaces `tl.multiple_of` and the other hints by a `functools.partial` of its own while a
+    kernel runs, and leaves it so where the kernel raised (a refusal inside a launch): the name still says which
+    operation it is (it was a call without a rule, refused, in every kernel derived after)."""
+    import functools
+
+    import triton.language as tl
+
+    from tritongrad.core.source import triton_language_name
+
+    def _set_attr(input, values, name):  # the interpreter's stand-in
+        return input
+
+    _set_attr.__module__ = "triton.runtime.interpreter"
+    monkeypatch.setattr(tl, "multiple_of", functools.partial(_set_attr, name="tt.divisibility"))
+    spelled = ast.parse("tl.multiple_of", mode="eval").body
+    assert triton_language_name(tl.multiple_of, spelled) == "multiple_of"

@@ -164,3 +164,53 @@ def test_associative_scan_of_a_sum_is_a_cumsum():
     scan_sum[(1,)](x, y, n, BLOCK=32)
     leaf = x.clone().requires_grad_()
     check(scan_sum, (1,), (x, y, n), {"BLOCK": 32}, y, torch.exp(leaf.flip(0).cumsum(0).flip(0)), [leaf], ("x_ptr",))
+
+
+@tritongrad.op
+def _recurrence_op(a, b, reverse):
+    h = torch.empty_like(a)
+    scan_recurrence[(a.shape[0],)](a, b, h, a.shape[1], a.stride(0), BLOCK=16, REVERSE=reverse)
+    return h
+
+
+@tritongrad.op
+def _products_and_state_op(a, b):
+    y = torch.empty_like(a)
+    scan_products_and_state[(1,)](a, b, y, a.shape[0], BLOCK=16)
+    return y
+
+
+def _second_derivatives(fn, inputs):
+    """Both second derivatives of ``fn`` along random directions: of ``<grad, v>`` for the inputs (a Hessian-vector
+    product) and for the incoming gradient (the Jacobian-vector product the double-backward trick takes)."""
+    torch.manual_seed(7)
+    y = fn(*inputs)
+    gy = torch.randn_like(y).requires_grad_()
+    grads = torch.autograd.grad(y, inputs, gy, create_graph=True)
+    inner = sum((g * torch.randn_like(g)).sum() for g in grads)
+    return torch.autograd.grad(inner, (*inputs, gy))
+
+
+@pytest.mark.compiled
+@pytest.mark.parametrize("case", ["forward", "reverse", "same tensor twice", "both results"])
+def test_linear_recurrence_scan_differentiated_twice(case):
+    """The derived kernel's `tg.linear_scan_grad` differentiated again by its rule (`tg.linear_scan_grad_vjp`: scans
+    both ways, no division), its results read as `d_scan[0]`, `d_scan[1]` (refused before: "cannot differentiate
+    the subscript `scan[1]`"). Against PyTorch's double backward of the loop reference, zeros in `a` included."""
+    rows, steps = 2, 11
+    a, b = torch.randn(rows, steps, dtype=DTYPE), torch.randn(rows, steps, dtype=DTYPE)
+    a[0, 3] = a[1, 8] = 0.0
+    if case == "both results":
+        a, b = a[0] * 0.5 + 1.0, b[0]
+        a[4] = 0.0
+        fns = (_products_and_state_op, lambda a, b: torch.cumprod(a, 0) * torch.sin(
+            recurrence_reference(a[None], b[None])[0]))
+    elif case == "same tensor twice":
+        fns = (lambda x: _recurrence_op(x, x, False), lambda x: recurrence_reference(x, x))
+    else:
+        reverse = case == "reverse"
+        fns = (lambda a, b: _recurrence_op(a, b, reverse), lambda a, b: recurrence_reference(a, b, reverse))
+    inputs = (a,) if case == "same tensor twice" else (a, b)
+    got, want = (_second_derivatives(fn, [t.clone().requires_grad_() for t in inputs]) for fn in fns)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, **TOL)

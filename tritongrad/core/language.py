@@ -50,6 +50,7 @@ HELPERS: dict[str, Helper] = {
     "cumprod_grad": Helper(),
     "cumprod_grad_vjp": Helper(),
     "linear_scan_grad": Helper(calls=("cumprod_grad",)),
+    "linear_scan_grad_vjp": Helper(calls=("cumprod_grad_vjp",)),
     "split_grad": Helper(calls=("unbroadcast",), shape_only=(1,)),
     "pow_grad": Helper(),
     "tape_row": Helper(),
@@ -71,6 +72,7 @@ HELPERS: dict[str, Helper] = {
 }
 # combine functions the helpers scan with, jitted with them (as `suffix_combine`, ...)
 _SCANS_WITH = {"linear_scan_grad": ("suffix_combine", "exclusive_combine"),
+               "linear_scan_grad_vjp": ("suffix_combine", "exclusive_combine"),
                "cumprod_grad": ("suffix_combine", "exclusive_product"),
                "cumprod_grad_vjp": ("dual_product", "dual_exclusive_product", "dual_suffix_combine")}
 _COMBINES = tuple(sorted({c for combines in _SCANS_WITH.values() for c in combines}))
@@ -443,6 +445,21 @@ def _linear_scan_grad(g_prod, g_h, a, b, prod, h, axis: tl.constexpr, reverse: t
     return d_a, lam
 
 
+def _linear_scan_grad_vjp(g_prod, g_h, a, b, axis: tl.constexpr, reverse: tl.constexpr, g_a, g_b):
+    """The adjoint of ``d_a, lam = linear_scan_grad(g_prod, g_h, a, b)`` for its results' ``g_a``, ``g_b``: (d g_prod,
+    d g_h, d a, d b). ``lam`` gets ``U = g_b + g_a h_{t-1}``, carried by the recurrence the forward's way (``mu_t =
+    U_t + a_t mu_{t-1}``: d g_h, and ``mu_{t-1} lam_t`` to d a); ``h_{t-1}`` gets ``V = g_a lam``, carried the other way
+    (``R_t = V_t + a_t R_{t+1}``: d b is ``R_{t+1}``, d a adds ``R_{t+1} h_{t-1}``); and cumprod_grad_vjp's."""
+    zero = tl.zeros_like(g_a) + tl.zeros_like(g_b) + tl.zeros_like(g_h)  # (the widest type)
+    ac, ones = a + zero, zero + 1
+    lam = tl.associative_scan((ac, ones, g_h + zero), axis, suffix_combine, reverse=not reverse)[2]  # noqa: F821
+    h_prev = tl.associative_scan((ac, ones, b + zero, zero), axis, exclusive_combine, reverse=reverse)[3]  # noqa: F821
+    mu = tl.associative_scan((ac, ones, g_b + g_a * h_prev, zero), axis, exclusive_combine, reverse=reverse)  # noqa
+    r_next = tl.associative_scan((ac, ones, g_a * lam, zero), axis, exclusive_combine, reverse=not reverse)[3]  # noqa
+    products = cumprod_grad_vjp(g_prod + zero, ac, axis, reverse, zero, g_a + zero)  # noqa: F821
+    return products[0], mu[2], mu[3] * lam + r_next * h_prev + products[1], r_next
+
+
 def _suffix_combine(f1, q1, v1, f2, q2, v2):
     """Segments of ``lam_t = g_t + a_{t+1} lam_{t+1}`` scanned from the end: (first a, product of the
     others, value). The first argument is the segment nearer the end."""
@@ -476,3 +493,7 @@ def _pow_grad(g, x, y):
 _VJP = "tg.cumprod_grad_vjp(dy, x, axis, reverse, out, g)"
 CUSTOM[_cumprod_grad] = (custom_operation("dy, x, axis, reverse", {"dy": f"{_VJP}[0]", "x": f"{_VJP}[1]"}), "tg",
                          sys.modules[__name__])
+# linear_scan_grad alike (a linear recurrence's scan differentiated twice; its two results' adjoints: g0, g1)
+_SCAN_VJP = "tg.linear_scan_grad_vjp(g_prod, g_h, a, b, axis, reverse, g0, g1)"
+CUSTOM[_linear_scan_grad] = (custom_operation("g_prod, g_h, a, b, prod, h, axis, reverse", {
+    p: f"{_SCAN_VJP}[{i}]" for i, p in enumerate(("g_prod", "g_h", "a", "b"))}, results=2), "tg", sys.modules[__name__])

@@ -427,9 +427,10 @@ def operation_of(op: Any) -> Operation:
     return OPERATIONS.get(op.kind, UNKNOWN)
 
 
-def custom_operation(signature: str, adjoints: dict[str, Adjoint]) -> Operation:
-    # elementwise: an adjoint with the broadcast shape of the arguments is summed back to each one's shape
-    return Operation("custom", Signature.parse(signature), adjoints=adjoints, elementwise=True)
+def custom_operation(signature: str, adjoints: dict[str, Adjoint], results: int = 1) -> Operation:
+    # elementwise: an adjoint with the broadcast shape of the arguments is summed back to each one's shape;
+    # results: several (a tuple whose items the adjoints read as g0, g1, ...)
+    return Operation("custom", Signature.parse(signature), adjoints=adjoints, elementwise=True, results=results)
 
 
 def kinds(**facts: Any) -> frozenset[str]:

@@ -4,6 +4,7 @@ and a user's file imported (``tritongrad show FILE.py:KERNEL``, ``check FILE.py:
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -44,11 +45,14 @@ def is_jit(obj: Any) -> bool:
 def triton_language_name(obj: Any, spelled: ast.expr | None = None) -> str | None:
     """``"exp"`` for ``tl.exp`` (or ``tl.math.exp``, libdevice's ``exp``...), else None."""
     fn = getattr(obj, "fn", obj)
+    if isinstance(fn, functools.partial):  # (the interpreter's stand-in for a hint: `_set_attr` with its name bound)
+        fn = fn.func
     module = getattr(fn, "__module__", "") or ""
     if module.startswith("triton.language"):
         return getattr(fn, "__name__", None)
     if module == "triton.runtime.interpreter" and spelled is not None:
-        # Triton 3.2's interpreter leaves tl.* replaced by its own lambdas after a kernel ran
+        # Triton's interpreter leaves tl.* replaced by its own functions after a kernel ran (3.2), or after one
+        # raised (3.9)
         return spelled.attr if isinstance(spelled, ast.Attribute) else getattr(spelled, "id", None)
     return None
 

@@ -81,7 +81,7 @@ class ExpressionFlattener:
         type, where written inline it is decided when Triton compiles."""
         saved, self.in_condition = self.in_condition, True
         try:
-            return self.atom(node, stmt)
+            return self.normalizer.written_out(self.atom(node, stmt))
         finally:
             self.in_condition = saved
 
@@ -203,6 +203,10 @@ class ExpressionFlattener:
             return ast.Subscript(value=self.atom(node.value, stmt), slice=node.slice, ctx=ast.Load())
         x = self.atom(node.value, stmt)
         index = node.slice
+        if isinstance(x, ast.Name) and x.id in self.normalizer.result_tuples and isinstance(index, ast.Constant) \
+                and isinstance(index.value, int):  # `scan[1]` of an operation's several results (a derived kernel's)
+            return _Deferred(ast.Subscript(value=x, slice=index, ctx=ast.Load()), Op("item", [x, index]),
+                             f"{x.id}_{index.value}")
         parts = index.elts if isinstance(index, ast.Tuple) else [index]
         for p in parts:
             ok = (isinstance(p, ast.Constant) and p.value is None) or (

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copy
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -57,7 +58,9 @@ class Normalizer:
         self.temporaries: set[str] = set()
         self.inline_depth = 0
         self.constexprs = set(constexpr_params(self.tree))
+        self.compile_time: dict[str, ast.expr] = {}  # a local constexpr (SSA name) -> the expression it names
         self.descriptors: set[str] = set()  # SSA names of tensor descriptors made in the kernel
+        self.result_tuples: set[str] = set()  # SSA names of an operation's several results (`scan`, `halves`)
         # values known at derivation: the specialization's constexprs, and copies of them or of globals
         self.known: dict[str, Any] = {k: plain_value(v) for k, v in (constexprs or {}).items()}
         self.expressions = ExpressionFlattener(self)  # expressions flattened into named atoms (expressions.py)
@@ -186,6 +189,20 @@ class Normalizer:
             return self.is_constexpr(atom.value)
         return _is_metadata(atom)
 
+    def written_out(self, test: ast.expr) -> ast.expr:
+        """A test known when Triton compiles with each local constexpr it reads written out as what it names
+        (``IS_X: tl.constexpr = MODE == "x"``; ``if IS_X:`` reads ``if MODE == "x":``): a derived kernel's flat
+        ``IS_X = MODE == "x"`` is a tensor to compiled Triton, and an ``if`` on it a runtime ``if``, after which a
+        value its branch alone assigns is unbound."""
+        compile_time = self.compile_time
+
+        class WriteOut(ast.NodeTransformer):
+            def visit_Name(self, node: ast.Name) -> ast.expr:
+                value = compile_time.get(node.id)
+                return node if value is None else self.visit(copy.deepcopy(value))
+
+        return WriteOut().visit(copy.deepcopy(test)) if self.is_constexpr(test) else test
+
     def assign(self, target: ast.expr, value: ast.expr, stmt: ast.stmt) -> None:
         if isinstance(target, ast.Name) and isinstance(value, ast.IfExp):  # `y = a if c else b`: `if c: y = a ...`
             self.control.conditional(value, stmt, target=target.id)
@@ -300,6 +317,9 @@ class Normalizer:
         if isinstance(node, ast.Assign) and operation_of(op).constexpr and all(
                 self.is_constexpr(a) for a in [*op.args, *op.kwargs.values()]):
             self.constexprs.add(node.targets[0].id)
+            self.compile_time[node.targets[0].id] = node.value
+        if isinstance(node, ast.Assign) and operation_of(op).results > 1:
+            self.result_tuples.add(node.targets[0].id)
         if isinstance(node, ast.Assign) and (operation_of(op).descriptor == "made" or (
                 op.kind == "copy" and isinstance(op.args[0], ast.Name) and op.args[0].id in self.descriptors)):
             self.descriptors.add(node.targets[0].id)

@@ -35,7 +35,6 @@ from ..core.source import Source
 from ..frontend.normalize import normalize_kernel
 from ..frontend.specialize import plain_value
 from ..runtime.derivation import decisive_constexprs, hashable
-from ..writes.strategies import Mode
 
 # holders of a saved input's storage when the node alone holds it: the alias the pack hook kept, the tensor autograd
 # unpacked from it for this backward, and the UntypedStorage object asking
@@ -85,7 +84,7 @@ def donor_slot(plan: Any, step: Any, prepared: Any, p: str, args: dict, fill: bo
         return None
     c = prepared.choices.get(p)
     parts = prepared.variant.parts
-    if (c is None or c.mode != Mode.STORE or c.private or c.rereads or len(parts) != 1
+    if (c is None or not c.strategy.overwrites(c) or c.rereads or len(parts) != 1
             or parts[0].prologue is not None or p not in parts[0].written):
         return None
     return slot if updates_in_place(parts[0], p, args) else None
@@ -122,7 +121,7 @@ def _analysed(kernel: Any, p: str, shadow: str, values: dict) -> bool:
     try:
         program = normalize_kernel(view, values)
         found = pointers(program)
-        if p not in found.overwrites:  # (its gradient stored, as Mode.STORE does)
+        if p not in found.overwrites:  # (its gradient stored over it)
             return False
         place = in_place_pointers(program, found)
     except Exception:  # noqa: BLE001 (not shown to be an update: the buffer is allocated)

@@ -8,12 +8,14 @@ cut off from the outputs, and gradients that refuse a second differentiation.
 from __future__ import annotations
 
 import collections
+import contextvars
 import inspect
 from typing import Any
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
+from ..core.bounded import Bounded
 from ..core.device import recording
 from ..core.errors import NotDifferentiableError, OpError
 from ..host import donation
@@ -287,33 +289,59 @@ def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
     # the op, where the buffer its backward made of it would be an intermediate autograd cannot follow
     grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)
     present = [i for i, g in enumerate(grads) if g is not None]
-    count = len(saved)
-    reached: list[bool] = []  # which input gradients the backward computed (None: not needed, or not reached)
-
-    def backward_of(*tensors):
-        given = [None] * len(grads)
-        for i, g in zip(present, tensors[count:], strict=True):
-            given[i] = g
-        token = recording_backward.set(current_tape.get())  # its launches recorded on this op's tape
-        try:
-            with recording():  # (each through Triton's run: no direct launch, no timed trials)
-                kept = remake(tensors[:count]) if remake is not None else tensors[:count]
-                result = tape.backward(kept, tuple(given), needs)
-        finally:
-            recording_backward.reset(token)
-        reached[:] = [g is not None for g in result]
-        return tuple(g for g in result if g is not None)
-
+    deterministic = getattr(tape, "deterministic", False)
+    name = f"{tape.name} (its backward)"
+    op = _backward_ops.get((name, deterministic))
+    if op is None:  # one bare op per op's backward, its plans and replays kept across calls: a new kind of call is
+        # planned (and its first backward checked) once, later ones replayed, as any op's are
+        op = _backward_ops[name, deterministic] = taped_call(
+            backward_of, name, {}, arguments_of(backward_of), deterministic, hidden_reads=False)
+    call = _BackwardCall(tape, remake, len(saved), present, len(grads), needs)
+    token = _backward_call.set(call)
     try:
-        found = taped_call(backward_of, f"{tape.name} (its backward)", {}, arguments_of(backward_of),
-                           getattr(tape, "deterministic", False), hidden_reads=False)(
-                               *saved, *[grads[i] for i in present])
+        found = op(*saved, *[grads[i] for i in present])
     except NotDifferentiableError as e:  # a derived kernel not differentiable in turn: gradients that refuse a
         # second differentiation (create_graph=True alone, as for a gradient penalty's first pass, still works)
         reason = f"its derived backward kernel cannot be differentiated in turn: {str(e).splitlines()[0]}"
         return list(differentiable_once(tape.name, tape.backward(saved, grads, needs), (*saved, *grads), reason))
+    finally:
+        _backward_call.reset(token)
     found = iter(found if isinstance(found, tuple) else (found,))
-    return [next(found) if r else None for r in reached]
+    return [next(found) if r else None for r in call.reached]
+
+
+class _BackwardCall:
+    """One backward run as an op (``backward_as_op``): the tape whose backward it is and how its tensors were
+    passed; ``reached``, once it ran: which input gradients it computed."""
+
+    def __init__(self, tape: Any, remake: Remake | None, count: int, present: list[int], width: int, needs: tuple):
+        self.tape, self.remake, self.count, self.present, self.width, self.needs = (
+            tape, remake, count, present, width, needs)
+        self.reached: list[bool] = []
+
+
+# the backward run as an op now (backward_of reads it), and each op's backward as a bare op by (name, deterministic)
+_backward_call: contextvars.ContextVar[_BackwardCall] = contextvars.ContextVar("tritongrad_backward_call")
+_backward_ops: dict[tuple[str, bool], Any] = Bounded(256)
+
+
+def backward_of(*tensors: torch.Tensor) -> tuple:
+    """The host function of an op's backward run as an op: the saved tensors, then the incoming gradients given."""
+    call = _backward_call.get()
+    given: list = [None] * call.width
+    for i, g in zip(call.present, tensors[call.count:], strict=True):
+        given[i] = g
+    with recording():  # (each through Triton's run: no direct launch, no timed trials)
+        kept = call.remake(tensors[:call.count]) if call.remake is not None else tensors[:call.count]
+        # its launches recorded on this op's tape: the current one once the launches made again ran (a replay's
+        # tape that found them not its replay's has handed over to a tape recording them as a first call's)
+        token = recording_backward.set(current_tape.get())
+        try:
+            result = call.tape.backward(kept, tuple(given), call.needs)
+        finally:
+            recording_backward.reset(token)
+    call.reached = [g is not None for g in result]
+    return tuple(g for g in result if g is not None)
 
 
 def _camel(name: str) -> str:

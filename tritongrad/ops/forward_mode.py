@@ -24,11 +24,16 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as forward_ad
+from torch._functorch.autograd_function import custom_function_call
 from torch.utils import _pytree as pytree
 
+from ..core.bounded import Bounded
 from ..core.errors import OpError
+from ..core.source import unwrap
+from ..frontend.specialize import plain_value
 from ..host import hooks
 from ..host.kernel_roles import kernel_info
+from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.tangent_kernel import jvp as tangent_kernel
 from .autograd_function import refuse_transforms
 
@@ -62,7 +67,7 @@ def call(fn: Any, name: str, args: tuple, kwargs: dict) -> Any:
     leaves, spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     call = _Call(fn, name, leaves, spec, positions)
-    outputs = _ForwardMode.apply(call, *[leaves[i] for i in positions])
+    outputs = _apply(_ForwardMode, call, *[leaves[i] for i in positions])
     return pytree.tree_unflatten(list(outputs), call.result_spec)
 
 
@@ -137,11 +142,35 @@ class _Call:
                                  "earlier launch: made with PyTorch operations in the host function, whose tangents "
                                  "forward mode does not yet follow")
             read.setdefault(_storage(tensors[p]), launch)
-        found = tangent_kernel(kernel)
+        found = _specialized(kernel, named)
         named = {p: (memory.scratch(v) if p in roles.stores and isinstance(v, torch.Tensor) else v)
                  for p, v in named.items()}
         tangents = {t: memory.view(tensors[p]) for p, t in found.tangent_params.items() if p in tensors}
-        found[grid](**named, **tangents, **options)
+        found.kernel[grid](**named, **tangents, **options)  # (named: every parameter, defaults included)
+
+
+# (a kernel's function, the values of its constexprs that decide an `if`) -> its tangent kernel for them
+_tangent_kernels: dict[tuple, Any] = Bounded()
+
+
+def _specialized(kernel: Any, named: dict) -> Any:
+    """The tangent kernel a launch with these arguments runs (``TangentKernel.for_launch``'s), found once per kernel
+    and specialization: a repeated call neither derives nor looks up twice, nor binds its arguments again."""
+    jit_fn = unwrap(kernel)
+    try:
+        key = (jit_fn.fn, tuple(hashable(plain_value(named[k])) if k in named else _MISSING
+                                for k in decisive_constexprs(jit_fn)))
+        found = _tangent_kernels.get(key)
+    except TypeError:  # (an unhashable value: derived as it is)
+        key = found = None
+    if found is None:
+        found = tangent_kernel(kernel).for_launch(named)
+        if key is not None:
+            _tangent_kernels[key] = found
+    return found
+
+
+_MISSING = object()
 
 
 class TangentMemory:
@@ -177,6 +206,9 @@ class TangentMemory:
         """``x``'s tangent written into its storage's tangent memory (``check``, once all are: read back, for
         elements ``x`` reads twice (stride 0) or that another argument shares must have one tangent)."""
         t = t.to(x.dtype).expand(x.shape)
+        if 0 not in x.stride():  # (the usual argument: no dimension to narrow)
+            self.view(x).copy_(t)
+            return
         index = tuple(slice(0, 1) if s == 0 and n > 1 else slice(None) for s, n in zip(x.stride(), x.shape,
                                                                                         strict=True))
         self.view(x)[index].copy_(t[index])
@@ -199,6 +231,15 @@ def _layout(x: torch.Tensor) -> str:
     return f"{x.dtype}, sizes {tuple(x.shape)}"
 
 
+def _apply(function: type, call: _Call, *tensors: Any) -> Any:
+    """``function.apply(call, *tensors)`` past ``Function.apply``'s binding of default arguments (inspect.signature:
+    tens of microseconds a call; these forwards have none): what it does next, ``custom_function_call`` under a
+    torch.func transform, else ``_FunctionBase.apply`` (which calls ``setup_context`` too)."""
+    if torch._C._are_functorch_transforms_active():
+        return custom_function_call(function, call, *tensors)
+    return _BASE_APPLY[function](call, *[_unwrap_if_dead(t) if isinstance(t, torch.Tensor) else t for t in tensors])
+
+
 class _ForwardMode(torch.autograd.Function):
     """A call in forward mode: the forward runs the host function; ``jvp`` replays its launches' tangent kernels."""
 
@@ -212,12 +253,17 @@ class _ForwardMode(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, _call, *tangents):
-        return _Tangents.apply(ctx.call, *tangents)
+        return _apply(_Tangents, ctx.call, *tangents)
 
     @staticmethod
     def backward(ctx, *grads):
-        raise OpError(f"tritongrad.op `{ctx.call.name}`: a call made in forward mode (torch.func.jvp, dual tensors) "
-                      "is not differentiated in reverse mode too; differentiate it in one mode")
+        raise OpError(f"tritongrad.op `{ctx.call.name}`: a call made in forward mode (torch.func.jvp, jacfwd, dual "
+                      "tensors) is not differentiated in reverse mode too: torch.func.hessian (jacfwd over jacrev) "
+                      "and a backward of a jvp's outputs take the op's backward in forward mode, which needs the "
+                      "tangents of its derived backward kernels and of the PyTorch operations between them (partial "
+                      "sums, buffers it makes): not yet supported. For second derivatives use reverse over reverse "
+                      "(torch.autograd.functional.hessian or hvp, torch.autograd.grad with create_graph=True); else "
+                      "differentiate in one mode")
 
     @staticmethod
     def vmap(info, in_dims, call, *tensors):
@@ -246,3 +292,6 @@ class _Tangents(torch.autograd.Function):
         stacked = tuple(torch.stack(column) for column in zip(*rows, strict=True))
         return stacked, (0,) * len(stacked)
 
+
+_BASE_APPLY = {f: super(torch.autograd.Function, f).apply for f in (_ForwardMode, _Tangents)}  # (the C++ apply)
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead

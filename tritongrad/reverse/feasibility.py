@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.analyze import Analysis
-from ..writes.strategies import Choice, Mode
+from ..writes.strategies import Choice
 from .interchange import NotInterchangeable
 from .loop_plans import LoopPlan, classify_loops
 from .rereads import NotMergeable
@@ -36,8 +36,8 @@ class Feasibility:
 
     def merge(self, param: str, rereads: tuple[str, ...]) -> str | None:
         """Tried with every input added atomically: the merge does not depend on how the others are written."""
-        choices = {p: Choice(Mode.ATOMIC) for p in self.analysis.wrt}
-        choices[param] = Choice(Mode.ATOMIC, rereads=rereads)
+        choices = {p: Choice.atomic() for p in self.analysis.wrt}
+        choices[param] = Choice.atomic(rereads)
         try:
             build_backward(self.analysis, self.loop_plans, choices=choices, read_back=self.read_back)
         except NotMergeable as e:
@@ -47,7 +47,7 @@ class Feasibility:
     def interchange(self, param: str, axis: int, saved: bool) -> str | None:
         analysis, plans = for_inputs(self.analysis, self.loop_plans, (param,))
         try:
-            build_backward(analysis, plans, choices={param: Choice(Mode.INTERCHANGE, axis)}, saved=saved,
+            build_backward(analysis, plans, choices={param: Choice.interchanged(axis)}, saved=saved,
                            read_back=self.read_back)
         except NotInterchangeable as e:
             return str(e)

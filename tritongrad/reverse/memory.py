@@ -39,7 +39,7 @@ from ..core.ir import (
 )
 from ..core.operations import instantiate, operation_of
 from ..frontend.blockptr import block_addresses, block_mask
-from ..writes.strategies import RELAXED, Choice, LaterAdds, Mode
+from ..writes.strategies import RELAXED, LaterAdds, add_without_atomics
 from .persistent import PartialSum
 from .rereads import Deferred, MergePoint, NotMergeable
 
@@ -73,7 +73,7 @@ class MemoryAdjoints:
             self.builder.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
             return
         if target_of(stmt) in analysis.reloads:  # what it read back: added to the stored value's gradient there,
-            Choice(Mode.ADD).strategy.emit(self, stmt, param, shadow, g, b["mask"])  # which the store's adjoint
+            add_without_atomics(self, shadow, g, b["mask"])  # which the store's adjoint
             self.builder.emit(call_statement("tl.debug_barrier"))  # reads after every thread added
             return
         if choice.rereads:
@@ -233,7 +233,7 @@ class MemoryAdjoints:
         analysis = self.builder.analysis
         param = next((p for p, loads in analysis.loads.items() if any(target_of(s) == load for s in loads)), None)
         choice = self.builder.choices.get(param)
-        return (param in analysis.in_place and choice is not None and choice.mode == Mode.STORE and not choice.private
+        return (param in analysis.in_place and choice is not None and choice.strategy.overwrites(choice)
                 and load not in choice.later and load in analysis.active and load not in analysis.reloads)
 
     def zero_stores(self, block: list[ast.stmt], load: ast.stmt) -> list[ast.stmt]:

@@ -6,6 +6,7 @@ each result's adjoint (zeros for one that has none)."""
 from __future__ import annotations
 
 import ast
+import functools
 
 from ..analysis.flow import INFINITE, MASKED, padding_at_unbounded
 from ..core.ir import arguments, name_node, op_of, reads, refuse, where
@@ -58,14 +59,14 @@ class OperationAdjoints:
         op = op_of(stmt)
         rule = operation_of(op)
         bound = arguments(stmt)
-        items = self.builder.items.get(t, {})
-        if not any(n in self.builder.adjoint for n in items.values()):
+        items = self.builder.items.get(t, {})  # (an index read twice, `scan[0]` in a derived kernel: its adjoints add)
+        if not any(n in self.builder.adjoint for names in items.values() for n in names):
             return
         self.builder.comment_for(stmt)
         env = {**bound, "out": name_node(t)}
         for i in range(rule.results):
-            n = items.get(i)
-            env[f"g{i}"] = (name_node(self.builder.adjoint[n]) if n in self.builder.adjoint
+            found = [name_node(self.builder.adjoint[n]) for n in items.get(i, ()) if n in self.builder.adjoint]
+            env[f"g{i}"] = (functools.reduce(lambda x, y: ast.BinOp(x, ast.Add(), y), found) if found
                             else instantiate(f"tl.zeros_like(out[{i}])", {"out": name_node(t)}))
         for param, arg in bound.items():
             elements = arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]

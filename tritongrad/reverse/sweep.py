@@ -49,7 +49,7 @@ from ..core.ir import (
     target_of,
 )
 from ..core.operations import LOADS, STORES, instantiate, operation_of
-from ..writes.strategies import Choice, Mode
+from ..writes.strategies import Choice
 from .interchange import group_programs, loop_to_grid, without_unused
 from .loop_plans import LoopPlan
 from .loops import LoopReversal, merge_records
@@ -124,7 +124,7 @@ class BackwardBuilder:
         self.program = analysis.program
         self.loop_plans = loop_plans
         self.tile = tile
-        self.choices = choices or {p: Choice(Mode.ATOMIC) for p in analysis.wrt}  # how each input's gradient is written
+        self.choices = choices or {p: Choice.atomic() for p in analysis.wrt}  # how each input's gradient is written
         self.tapes: list = []  # state_tape.StateTape: the state tapes of nonlinear loops (written by loops.py)
         self.partial_sums: list = []  # persistent.PartialSum: inputs summed in registers (written by memory.py)
         self.later_adds: list = []  # strategies.LaterAdds: loads' adjoints added after the kernel (memory.py)
@@ -144,7 +144,9 @@ class BackwardBuilder:
         self.defs = analysis.defs
         self.root = id(self.program.body)
         self.home: dict[str, int] = {}  # name -> id of the block it belongs to (where its value is visible)
-        self.one_sided: dict[str, int] = {}  # a constexpr if's value assigned in one branch -> id of that branch
+        # a value bound only inside constexpr ifs -> their (test, branch) pairs; id(such a branch's block) -> its pair
+        self.bound_only_in: dict[str, set[tuple[str, bool]]] = {}
+        self.branch_key: dict[int, tuple[str, bool]] = {}
         self.parent: dict[int, int | None] = {}  # block -> enclosing block
         self.enclosing: dict[int, list[ast.stmt]] = {}  # id(statement) -> the if/for nodes around it
         self.stmt_block: dict[int, int] = {}  # id(statement) -> id of the block it is in
@@ -152,11 +154,11 @@ class BackwardBuilder:
         self.scopes = [Scope(self.root, [])]
         self.suppressed: set[str] = set()  # partial sums of linear accumulators: they share its adjoint
         self.g_override: dict[int, str] = {}  # id(update of nonlinear loop state) -> the adjoint it receives
-        self.items: dict[str, dict[int, str]] = {}  # tuple of an operation's results -> index -> its item's name
+        self.items: dict[str, dict[int, list[str]]] = {}  # an operation's tuple of results -> index -> its items
         for s in statements(self.program.body):
             if op_of(s).kind == "item":
                 results, index = op_of(s).args
-                self.items.setdefault(results.id, {})[index.value] = target_of(s)
+                self.items.setdefault(results.id, {}).setdefault(index.value, []).append(target_of(s))
         self.forward = Recompute(self)  # the forward's values the sweep reads, recomputed (recompute.py)
         self.loops = LoopReversal(self)  # loops reversed as their plans say (loops.py)
         self.memory = MemoryAdjoints(self)  # loads' and stores' adjoints (memory.py)
@@ -170,11 +172,13 @@ class BackwardBuilder:
             self.enclosing[id(s)] = enclosing
             self.stmt_block[id(s)] = id(block)
             if isinstance(s, ast.If):
+                if s.tg.static:
+                    self.branch_key.update({id(b): (ast.dump(s.test), b is s.body) for b in (s.body, s.orelse)})
                 for m in s.tg.merges:  # assigned in the branches, visible after the if
                     self.home.setdefault(m, id(block))
-                    sides = [b for b in (s.body, s.orelse) if any(target_of(x) == m for x in statements(b))]
-                    if len(sides) == 1:  # it exists only where Triton compiles that branch
-                        self.one_sided[m] = id(sides[0])
+                    sides = [b is s.body for b in (s.body, s.orelse) if any(target_of(x) == m for x in statements(b))]
+                    if s.tg.static and len(sides) == 1:  # it exists only where Triton compiles that branch
+                        self.bound_only_in.setdefault(m, set()).add((ast.dump(s.test), sides[0]))
             if isinstance(s, ast.For):
                 self.home[s.target.id] = id(s.body)
             t = target_of(s)
@@ -368,8 +372,12 @@ class BackwardBuilder:
     def scope_before(self, name: str) -> Scope | None:
         """The construct being reversed that ``name`` comes from outside of, outermost first (None: local)."""
         home = self.home.get(name, self.root)
-        if any(s.block == self.one_sided.get(name) for s in self.scopes):  # its adjoint starts in its branch
-            home = self.one_sided[name]
+        bound, held = self.bound_only_in.get(name), set()
+        for s in self.scopes if bound else ():  # bound only inside constexpr ifs: its adjoint starts in the first
+            held.add(self.branch_key.get(s.block))  # branch where it exists (its own, or a later if's on the same
+            if bound <= held:  # test), not before the if: zeros_grad of a name unbound where Triton compiles
+                home = s.block  # the other branch
+                break
         for i in range(len(self.scopes) - 1, -1, -1):
             if self.scopes[i].block == home:
                 return self.scopes[i + 1] if i + 1 < len(self.scopes) else None
@@ -401,9 +409,9 @@ class BackwardBuilder:
             return
         bodies = [self.recompute(block, sweep) + sweep for block, sweep in zip(blocks, sweeps, strict=True)]
         for c in self.choices.values():
-            if c.mode == Mode.STORE and c.fill:
+            if fill := c.strategy.zeros_for(c):
                 for i, block in enumerate(blocks):
-                    load = next((s for s in statements(block) if target_of(s) == c.fill
+                    load = next((s for s in statements(block) if target_of(s) == fill
                                  and op_of(s).kind in LOADS), None)
                     if load is not None:
                         bodies[1 - i] += self.memory.zero_stores(block, load)

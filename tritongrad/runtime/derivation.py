@@ -28,7 +28,7 @@ from ..reverse.loop_plans import classify_loops
 from ..reverse.state_tape import StateTape
 from ..reverse.sweep import build_backward
 from ..writes.input_facts import plan_writes
-from ..writes.strategies import Choice, Mode
+from ..writes.strategies import Choice
 from .variants import Part, Variant
 
 CALLING_CONVENTION = """\
@@ -105,7 +105,7 @@ class Derivation:
         self._variants_lock = threading.Lock()
         self.best = self.variant(self.writes.best())
         if not any(part.wrt == self.wrt for part in self.best.parts):  # the calling convention's shadow names
-            self.variant({p: Choice(Mode.ATOMIC) for p in self.wrt})
+            self.variant({p: Choice.atomic() for p in self.wrt})
         self.params = (*program.param_names(), *self.shadow_params.values(), *analysis.stored_params.values())
 
     @property
@@ -126,9 +126,7 @@ class Derivation:
     def variant(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
         """The kernels for these choices, derived and compiled on first use; ``saved``: the first kernel reads
         the state tapes the forward kept (augment.py) instead of recording them."""
-        key = tuple((p, Choice(c.mode, c.axis, later=c.later, fill=c.fill, rereads=c.rereads))  # a zero-fill is
-                    # not code
-                    for p, c in choices.items())
+        key = tuple((p, c.as_code()) for p, c in choices.items())  # (a zero-fill, a private buffer: not code)
         with self._variants_lock:
             found = self._variants.get((key, saved))
             if found is None:
@@ -150,7 +148,7 @@ class Derivation:
     def _build(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
         own = [p for p, c in choices.items() if c.strategy.own_kernel]
         rest = {p: c for p, c in choices.items() if p not in own}
-        parts = [self._part(rest, saved)] if not own or any(c.mode != Mode.NONE for c in rest.values()) else []
+        parts = [self._part(rest, saved)] if not own or any(c.strategy.writes_gradient for c in rest.values()) else []
         by_loop: dict[tuple, dict[str, Choice]] = {}  # inputs whose iterations are the same: one kernel (dK, dV)
         for p in own:
             by_loop.setdefault((choices[p].axis, self.saved_writes.inputs[p].trips), {})[p] = choices[p]
@@ -177,8 +175,7 @@ class Derivation:
             self._shadow_params = shadows
         writes = "".join(f"\n  d_{p}: {IN_PLACE if p in analysis.in_place else c.strategy.describes}"
                          + (f"{UNCHANGED}{c.strategy.describes}" if p in analysis.unchanged else "")
-                         + (f"; {LATER} ({', '.join(c.later)})" if c.later and c.mode in (Mode.STORE, Mode.ADD)
-                            else "")
+                         + (f"; {LATER} ({', '.join(c.later_loads)})" if c.later_loads else "")
                          for p, c in choices.items())
         stored = "".join("\n" + STORED.format(stored=f"`{n}`", param=p) for p, n in analysis.stored_params.items())
         doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"

@@ -10,7 +10,7 @@ from ..core.bounded import Bounded
 from ..core.device import address, capturing, tracing
 from ..core.errors import NotDifferentiableError
 from ..writes.launch_facts import Layout, overlap
-from ..writes.strategies import Choice, Mode
+from ..writes.strategies import Choice
 
 
 class LaunchChecks:
@@ -109,7 +109,7 @@ class LaunchChecks:
 
     def refuse_atomics(self, choices: dict[str, Choice], self_overlapping: frozenset[str] = frozenset()) -> None:
         for p, c in choices.items():
-            if c.mode == Mode.ATOMIC:
+            if c.strategy.atomic:
                 load = self.kernel.analysis.loads[p][0]
                 where = load.tg.where
                 why = ("the tensor passed reaches one element from several positions (expanded, stride 0)"

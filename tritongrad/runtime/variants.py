@@ -12,7 +12,7 @@ from typing import Any
 from ..analysis.launch_values import Expr, LaunchValues
 from ..core.device import compiled_multiprocessors
 from ..reverse.state_tape import StateTape
-from ..writes.strategies import Choice, LaterAdds, Mode, span_of
+from ..writes.strategies import Choice, LaterAdds, span_of
 from . import tuning
 from .guards import Banded, banded, check_bands, fill_bands, kernel_name
 
@@ -44,7 +44,7 @@ class Prepared:
     def covered_rows(self) -> frozenset[str]:
         """Inputs summed in registers whose loads cover the tensor: each program stores its whole partial row
         (a launch's choice: the variant's code is the same either way)."""
-        return frozenset(p for p, c in self.choices.items() if c.mode == Mode.REGISTERS and c.covers)
+        return frozenset(p for p, c in self.choices.items() if c.strategy.rows_unfilled(c))
 
 
 @dataclass(frozen=True)

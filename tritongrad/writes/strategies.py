@@ -6,12 +6,15 @@ Each strategy says:
   (writes/input_facts.py: conditions on the launch's scalars) and about the launch's gradient buffers
   (launch_facts.py); with no launch, whether a typical one (several programs along every axis) takes it;
 - what it emits for a load's adjoint (:meth:`Strategy.emit`, into the reverse sweep, reverse/memory.py);
-- the buffer it needs (:meth:`Strategy.unfilled`, :meth:`Strategy.in_input_dtype`) and what runs after the
-  kernel (``after``: partial rows summed, a kernel of its own's sums added, later adds);
+- the buffer it needs (:meth:`Strategy.unfilled`, :meth:`Strategy.rows_unfilled`, :meth:`Strategy.in_input_dtype`,
+  ``adds_in_kernel``), what the sweep writes besides a load's adjoint (:meth:`Strategy.overwrites`,
+  :meth:`Strategy.zeros_for`) and what runs after the kernel (``after``: partial rows summed, a kernel of its own's
+  sums added, ``later_adds``);
 - how ``tritongrad show`` and the derived kernel's docstring describe it (``describes``).
 
 :data:`STRATEGIES` lists them in the order a launch prefers them; :func:`choose` takes, per input, the first that
 applies. Adding a strategy is one entry there (and its kernel-side support, where it needs a new kind of kernel).
+The other stages ask a choice's strategy (``choice.strategy``) these questions; none tests its :class:`Mode`.
 
 - ``none``: the input's value reaches no output: nothing written, the buffer zero-filled.
 - ``store``: each address the input's load reads is reached once in the launch (lanes, programs and loop iterations
@@ -79,6 +82,27 @@ class Choice:
     def strategy(self) -> Strategy:
         return STRATEGIES[self.mode]
 
+    @staticmethod
+    def atomic(rereads: tuple[str, ...] = ()) -> Choice:
+        """Added atomically: what any input's loads can be written with (the backward a derivation names its
+        parameters from; a feasibility question's other inputs)."""
+        return Choice(Mode.ATOMIC, rereads=rereads)
+
+    @staticmethod
+    def interchanged(axis: int) -> Choice:
+        """A kernel of its own, its programs the iterations of the loop around the load, along ``axis``."""
+        return Choice(Mode.INTERCHANGE, axis)
+
+    def as_code(self) -> Choice:
+        """The choice less what changes only the buffers (``covers``, ``private``): a variant's kernels are the
+        same for both."""
+        return replace(self, covers=False, private=False)
+
+    @property
+    def later_loads(self) -> tuple[str, ...]:
+        """The input's other loads whose adjoints are added after the kernel (where its strategy keeps them)."""
+        return self.later if self.strategy.later_adds else ()
+
 
 class Sweep(Protocol):
     """What a strategy's code needs of the reverse sweep it is emitted into (reverse/sweep.py)."""
@@ -108,6 +132,11 @@ class Strategy:
     partial_rows: bool = False  # a persistent kernel along ``axis``, one partial row per program
     own_kernel: bool = False  # a kernel of its own (interchange.py)
     adds_in_kernel: bool = False  # adds into the buffer it is given (tuning's trials restore it)
+    writes_gradient: bool = True  # the kernel writes something for the input
+    later_adds: bool = False  # the input's other loads' adjoints kept per program, added after the kernel
+    atomic: bool = False  # adds with atomics: in an order that differs per run (deterministic=True refuses it)
+    merges_rereads: bool = False  # writes a load's adjoint where it is computed: loads in sibling loops can be
+    # written once, with the first's (reverse/rereads.py)
 
     def choice(self, inputs: Any, param: str, choosing: Choosing) -> Choice | None:
         raise NotImplementedError
@@ -126,13 +155,28 @@ class Strategy:
         """Whether the buffer may be in the input's dtype (else float32 for half types: it adds there)."""
         return True
 
+    def rows_unfilled(self, choice: Choice) -> bool:
+        """Whether each program stores its whole partial row (the rows may be left unfilled)."""
+        return False
+
+    def overwrites(self, choice: Choice) -> bool:
+        """Whether a load's adjoint is stored over what the input's own buffer holds at its addresses (not added
+        there): an input updated in place then needs no zeros where the store overwrote it (reverse/memory.py)."""
+        return False
+
+    def zeros_for(self, choice: Choice) -> str:
+        """The load (by result) in an ``if`` whose other branch stores zeros at its addresses, or "" (a buffer
+        left unfilled that one branch alone writes: reverse/sweep.py's ``reverse_if``)."""
+        return ""
+
 
 def _masked(mask: ast.expr) -> dict:
     return {} if is_none(mask) else {"mask": mask}
 
 
-def _read_add_write(sweep: Sweep, shadow: ast.Name, g: ast.Name, mask: ast.expr) -> None:
-    """``tl.store(p, tl.load(p) + g)``: no other program or lane touches these addresses, so no atomics."""
+def add_without_atomics(sweep: Sweep, shadow: ast.Name, g: ast.Name, mask: ast.expr) -> None:
+    """``tl.store(p, tl.load(p) + g)``: no other program or lane touches these addresses, so no atomics (the add
+    strategy's code; reverse/memory.py's for a reload's adjoint)."""
     masked = _masked(mask)
     loaded = call_statement("tl.load", shadow, **masked).value
     sweep.emit(call_statement("tl.store", shadow, ast.BinOp(loaded, ast.Add(), g), **masked))
@@ -154,6 +198,7 @@ def holds(condition: Condition | None, choosing: Choosing) -> bool:
 class NoGradient(Strategy):
     mode = Mode.NONE
     describes = "zero: its value reaches no output (the buffer is zero-filled, nothing written)"
+    writes_gradient = False
 
     def choice(self, inputs, param, choosing):
         return Choice(Mode.NONE) if inputs.inactive else None
@@ -166,6 +211,8 @@ class Store(Strategy):
     mode = Mode.STORE
     describes = "stored: each element is written once (the buffer needs no zero-fill where the loads cover it)"
     after = "a buffer of its own (private) added to the input's; its other loads' adjoints added (later)"
+    later_adds = True
+    merges_rereads = True
 
     def choice(self, inputs, param, choosing):
         facts = choosing.facts
@@ -188,12 +235,20 @@ class Store(Strategy):
     def unfilled(self, choice):
         return choice.covers and not choice.private
 
+    def overwrites(self, choice):
+        return not choice.private
+
+    def zeros_for(self, choice):
+        return choice.fill
+
 
 class Add(Strategy):
     mode = Mode.ADD
     describes = "added without atomics: each element is read and written by one lane of one program"
     after = "its other loads' adjoints added (later)"
     adds_in_kernel = True
+    later_adds = True
+    merges_rereads = True
 
     def choice(self, inputs, param, choosing):
         facts = choosing.facts
@@ -205,7 +260,7 @@ class Add(Strategy):
         if later:
             sweep.add_later(stmt, param, shadow, g)
         else:
-            _read_add_write(sweep, shadow, g, mask)
+            add_without_atomics(sweep, shadow, g, mask)
 
 
 class Interchange(Strategy):
@@ -268,6 +323,9 @@ class Registers(PartialRows):
     describes = ("summed over each program's rows in registers; one partial row per program (not zero-filled "
                  "where the loads cover the tensor), summed after")
 
+    def rows_unfilled(self, choice):
+        return choice.covers
+
     def emit(self, sweep, stmt, param, shadow, g, mask, later=False):  # summed over this program's rows; stored
         total = sweep.partial_sum(stmt, shadow.id, mask)  # once after them, in its rows' dtype: one type across
         sweep.emit(ast.AugAssign(target=ast.Name(total, ast.Store()), op=ast.Add(),  # the loop
@@ -282,7 +340,7 @@ class Row(PartialRows):
     describes = "summed into one float32 partial row per program, the rows summed after the kernel"
 
     def emit(self, sweep, stmt, param, shadow, g, mask, later=False):  # its own row: no other program touches it
-        _read_add_write(sweep, shadow, g, mask)
+        add_without_atomics(sweep, shadow, g, mask)
 
     def unfilled(self, choice):
         return True  # the rows' sum is written into it
@@ -292,6 +350,8 @@ class Atomic(Strategy):
     mode = Mode.ATOMIC
     describes = "added atomically into a zero-filled buffer (float32 for half-precision inputs)"
     adds_in_kernel = True
+    atomic = True
+    merges_rereads = True
 
     def choice(self, inputs, param, choosing):
         return Choice(Mode.ATOMIC)
@@ -317,17 +377,13 @@ def choose(inputs: dict[str, Any], facts: LaunchFacts | None, deterministic: boo
     for param, facts_of in inputs.items():
         facts_of = facts_of.at_launch(lambda c: holds(c, choosing))  # (loads that meet at this launch: their fallback)
         if facts is not None and param in facts.self_overlapping and not facts_of.inactive:
-            choices[param] = Choice(Mode.ATOMIC)
+            choices[param] = Choice.atomic()
             continue
         choices[param] = next(c for s in STRATEGIES.values() if (c := s.choice(facts_of, param, choosing)))
     if choosing.axis is not None:
-        choices = {p: Choice(Mode.ATOMIC) if c.later and c.mode in (Mode.STORE, Mode.ADD) else c
-                   for p, c in choices.items()}
-    return {p: replace(c, rereads=inputs[p].rereads) if inputs[p].rereads and c.mode in REREADS else c
+        choices = {p: Choice.atomic() if c.later_loads else c for p, c in choices.items()}
+    return {p: replace(c, rereads=inputs[p].rereads) if inputs[p].rereads and c.strategy.merges_rereads else c
             for p, c in choices.items()}
-
-
-REREADS = (Mode.STORE, Mode.ADD, Mode.ATOMIC)  # the strategies that write a load's adjoint where it is computed
 
 
 # -- what the strategies need of a launch -------------------------------------------------------------------

@@ -138,9 +138,10 @@ def recurrence(a, b):
     return h
 
 
-def test_a_linear_recurrence_scan_differentiated_twice_is_refused():
+def test_a_linear_recurrence_scan_differentiated_twice():
     """`tl.associative_scan` of h = a h + b (its adjoint tg.linear_scan_grad calls tg.cumprod_grad for the products
-    of the a's): the first derivative with create_graph=True is right, the second refused by name, never wrong."""
+    of the a's), a zero among the a's: the first derivative with create_graph=True is right, and so is the second
+    (tg.linear_scan_grad's rule, tg.linear_scan_grad_vjp; refused before)."""
     a, b = torch.randn(N, dtype=torch.float64, requires_grad=True), torch.randn(N, dtype=torch.float64)
     a.data[3] = 0.0
     (da,) = torch.autograd.grad(recurrence(a, b).sum(), a, create_graph=True)
@@ -148,6 +149,8 @@ def test_a_linear_recurrence_scan_differentiated_twice_is_refused():
     for t in range(N):
         h = a[t] * h + b[t]
         want.append(h)
-    torch.testing.assert_close(da, torch.autograd.grad(torch.stack(want).sum(), a)[0], rtol=1e-12, atol=1e-12)
-    with pytest.raises(tritongrad.OpError, match="double backward is not supported"):
-        da.sum().backward()
+    (want_da,) = torch.autograd.grad(torch.stack(want).sum(), a, create_graph=True)
+    torch.testing.assert_close(da, want_da, rtol=1e-12, atol=1e-12)
+    v = torch.randn(N, dtype=torch.float64)
+    (got,), (want,) = (torch.autograd.grad((d * v).sum(), a) for d in (da, want_da))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
