@@ -16,7 +16,7 @@ import torch
 import triton.language as tl
 
 from tritongrad.examples import flash_attention, softmax
-from tritongrad.ops import backward as op_backward
+from tritongrad.host import backward as op_backward
 
 CALLS = 300
 
@@ -77,15 +77,15 @@ def main() -> None:
     print("  op forward+backward               ", host_us(step(softmax.softmax)))
     print("  autograd.Function, one launch each", host_us(step(HandWritten.apply)))
     threads = set()
-    run = op_backward.OpBackward.run
+    run = op_backward.PlannedBackward.run
 
     def spy(self, *args, **kwargs):
         threads.add(threading.get_ident())
         return run(self, *args, **kwargs)
 
-    op_backward.OpBackward.run = spy
+    op_backward.PlannedBackward.run = spy
     step(softmax.softmax)()
-    op_backward.OpBackward.run = run
+    op_backward.PlannedBackward.run = run
     print("  the backward runs on the calling thread:", threads == {threading.get_ident()})
 
     q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))

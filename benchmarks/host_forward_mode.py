@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _zeroed_empty(torch) -> None:
     """Stubbed launches write nothing: buffers come zeroed, so that a buffer made again for the double backward
-    (ops/remake.py compares it with the forward's) equals the one the forward left."""
+    (host/remake.py compares it with the forward's) equals the one the forward left."""
     empty, empty_like = torch.empty, torch.empty_like
     torch.empty = lambda *a, **k: empty(*a, **k).zero_()
     torch.empty_like = lambda *a, **k: empty_like(*a, **k).zero_()

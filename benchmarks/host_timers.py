@@ -14,8 +14,8 @@ import torch
 import triton
 
 from tritongrad import examples
-from tritongrad.ops import tape
-from tritongrad.ops.backward import OpBackward
+from tritongrad.host import tape
+from tritongrad.host.backward import PlannedBackward
 from tritongrad.runtime import derive, launching, variants
 from tritongrad.tools.sizes import parse_size
 
@@ -68,14 +68,17 @@ def main() -> None:
     for owner, attribute, label in (
             (tape.Tape, "record", "tape.record"),
             (tape.Tape, "close", "tape.close"), (triton.runtime.jit.JITFunction, "run", "JITFunction.run"),
-            (OpBackward, "run", "OpBackward.run (backward)"), (OpBackward, "_shadow", "OpBackward._shadow"),
+            (PlannedBackward, "run", "PlannedBackward.run (backward)"),
+            (PlannedBackward, "_shadow", "PlannedBackward._shadow"),
             (derive.BackwardKernel, "launch", "BackwardKernel.launch"),
             (launching.Launches, "run_part", "Launches.run_part"),
-            (OpBackward, "_input_grads", "_input_grads"), (launching, "persistent_programs", "persistent_programs"),
+            (PlannedBackward, "_input_grads", "_input_grads"),
+            (launching, "persistent_programs", "persistent_programs"),
             (variants.Part, "scratch_args", "Part.scratch_args"), (variants.Part, "add_later", "Part.add_later"),
             (torch, "zeros", "torch.zeros"), (torch, "empty", "torch.empty"), (torch.Tensor, "sum", "Tensor.sum"),
             (torch.Tensor, "copy_", "Tensor.copy_"), (torch.Tensor, "add_", "Tensor.add_"),
-            (OpBackward, "_run_step", "OpBackward._run_step"), (OpBackward, "_launch", "OpBackward._launch"),
+            (PlannedBackward, "_run_step", "PlannedBackward._run_step"),
+            (PlannedBackward, "_launch", "PlannedBackward._launch"),
             (launching.Launches, "run_interchanged", "Launches.run_interchanged")):
         if hasattr(owner, attribute):
             timed(owner, attribute, label)

@@ -19,7 +19,7 @@ The forward is tritongrad/examples/matmul.py's kernel launched with one config, 
   size (timed on its first backward);
 - ``tiles``: the kernel naming its block sizes tile sizes (``tritongrad.backward_configs(tiles=("BLOCK_M",
   "BLOCK_N", "BLOCK_K"))``): its backward runs under the fastest of the configs made around the forward's (each tile
-  halved, kept or doubled up to 256, their product within 2x of the forward's; ops/tiles.py's ``around``), no
+  halved, kept or doubled up to 256, their product within 2x of the forward's; host/configs.py's ``around``), no
   list written;
 - ``cuBLAS``: ``torch.matmul`` under autograd;
 - ``compile``: ``torch.compile`` of the example's reference (``a @ b``).

@@ -9,7 +9,7 @@ peak its backward adds, and its time, for tritongrad (the bundled example's op, 
 Per op and implementation: ``kept`` (tritongrad.kept: memory the call allocated for its backward alone, MiB),
 ``held`` (arguments and outputs the backward keeps alive), ``fwd+`` (memory allocated after ``--layers`` forward
 calls, less the outputs, per call: what a model pays per layer), ``bwd peak`` (the backward's peak above what was
-allocated before it, after one fwd+bwd: a kind of call's first backward is checked, ops/donation.py),
+allocated before it, after one fwd+bwd: a kind of call's first backward is checked, host/donation.py),
 ``fwd``/``bwd`` ms (median(fwd+bwd) - median(fwd), triton.testing.do_bench). Shapes: batch 4 x
 2048 tokens, hidden 2048, 16 heads (4 KV heads) of 128, FFN 5632, vocab 32000 (the training step's Llama); bf16.
 """

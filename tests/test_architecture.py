@@ -10,7 +10,7 @@ import tritongrad
 
 PACKAGE = Path(tritongrad.__file__).parent
 # the stages, lowest first: a module may import its own stage and those before it
-STAGES = ("core", "frontend", "analysis", "writes", "reverse", "tangent", "codegen", "runtime", "ops", "tools",
+STAGES = ("core", "frontend", "analysis", "writes", "reverse", "tangent", "codegen", "runtime", "host", "ops", "tools",
           "examples")
 MAX_LINES = 500
 

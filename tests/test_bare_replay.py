@@ -1,6 +1,6 @@
 """A bare op's later calls replayed (the bare op gets the named op's host path): a call of one
 segment (segments.py: no PyTorch call read what its launches wrote before the host function returned), its
-launches and tensors those of a call learnt before, runs on a replay (ops/replay.py), in-place launches' copies
+launches and tensors those of a call learnt before, runs on a replay (host/replay.py), in-place launches' copies
 taken per call; anything else falls back to the first call's path. Gradients in float64 against the first call's
 (bit for bit) and PyTorch's, counting the calls replayed (test_replay.py's ``replayed``: ``counts``)."""
 
@@ -23,7 +23,8 @@ from test_replay import assert_same, leaves, replayed, step  # noqa: F401 (repla
 
 import tritongrad
 from tritongrad import examples
-from tritongrad.ops import autograd_function, replay
+from tritongrad.host import replay
+from tritongrad.ops import autograd_function
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="written for CPU tensors in the interpreter")
 

@@ -1,6 +1,7 @@
 """analysis/dependence.py: the parameters what a kernel stores through some pointers is computed from (values,
 addresses, masks, the branches and loops around the stores, and memory a load reads after a store), which decides
-where a launch made again for a double backward (ops/remake.py) may take a stand-in for a tensor the op did not keep."""
+where a launch made again for a double backward (host/remake.py) may take a stand-in for a tensor the op did not
+keep."""
 
 import triton
 import triton.language as tl

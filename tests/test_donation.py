@@ -1,4 +1,4 @@
-"""Storage donation (ops/donation.py): an input's gradient written over the input's own memory where only the op's
+"""Storage donation (host/donation.py): an input's gradient written over the input's own memory where only the op's
 node still holds it, its derived kernel updating it in place; allocated as before wherever anything else could read
 the input, the graph is kept or a graph of the backward is built."""
 
@@ -9,9 +9,10 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad.examples import cross_entropy, swiglu
-from tritongrad.ops import donation
+from tritongrad.host import donation
 
-CALLS = 4  # the first backward of a plan is checked (guard bands: never donated); then OpBackward, then kept launches
+# the first backward of a plan is checked (guard bands: never donated); then PlannedBackward, then kept launches
+CALLS = 4
 
 bare_cross_entropy = tritongrad.op(lambda logits, target: cross_entropy.cross_entropy_launch(logits, target)())
 OPS = {"named": cross_entropy.cross_entropy, "bare": bare_cross_entropy}

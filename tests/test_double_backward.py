@@ -134,7 +134,7 @@ def test_a_repeated_hvp_plans_its_backward_op_once(name, kind, monkeypatch):
     values on each call; rmsnorm's rstd made again (remake.py) at another size between two of the same, so the
     backward op's replay of the first size meets a launch that is not its own and hands over to a tape that
     records it."""
-    from tritongrad.ops import tape as tape_module
+    from tritongrad.host import tape as tape_module
 
     example = _example(name)
     op = getattr(example, name) if kind == "named" else _bare(name)

@@ -25,7 +25,7 @@ from triton.compiler.errors import CompilationError
 
 import tritongrad
 from tritongrad import NotDifferentiableError, OpError
-from tritongrad.ops import backward, replay, shadows
+from tritongrad.host import backward, replay, shadows
 from tritongrad.runtime import launch_checks
 
 SEED = 50  # kernel i is random_program(SEED * 1_000_003 + i), as scripts/fuzz_campaign.py numbers a campaign's

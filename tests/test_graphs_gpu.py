@@ -9,7 +9,7 @@ import torch
 
 import tritongrad
 from tritongrad.examples import EXAMPLES
-from tritongrad.ops import shadows
+from tritongrad.host import shadows
 
 pytestmark = pytest.mark.gpu
 

@@ -385,7 +385,7 @@ def test_a_chunked_add_and_norm_reading_back_its_sums_gets_pytorchs_gradients(de
     """Rows of 37 and 100 columns in blocks of 16: the backward replays the first loop against x as it was given
     (the tape's copy) and the second against x as the launch left it, and the second loop's gradient of the sums
     reaches x, r and w through the first loop's store."""
-    for _ in range(3):  # fresh inputs; the third backward launches what the second kept (ops/launcher.py)
+    for _ in range(3):  # fresh inputs; the third backward launches what the second kept (host/launcher.py)
         x, r = leaves((5, n_cols), (5, n_cols), device=device)
         (w,) = leaves((n_cols,), device=device)
         assert_all_grads(chunked_add_rmsnorm(x.clone(), r, w), add_rmsnorm_reference(x, r, w), [x, r, w], only)

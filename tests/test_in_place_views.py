@@ -1,5 +1,5 @@
 """A bare op updating in place a view of a buffer with a history that it returns whole (`h = a * 1.0`, a kernel on
-`h[:, 2:8]`, `return h`): the segment's autograd node takes the buffer too (ops/planning.py), its gradient the
+`h[:, 2:8]`, `return h`): the segment's autograd node takes the buffer too (host/planning.py), its gradient the
 shadow once the launches' backwards have zeroed what they stored and added what they loaded, so the columns the
 kernel did not write pass their gradient to `a` and those it overwrote pass none. Checked in float64 against
 PyTorch autograd on plain PyTorch, sizes that are not powers of two, random upstream gradients."""

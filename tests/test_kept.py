@@ -128,7 +128,7 @@ def test_a_copy_no_derived_kernel_read_is_not_taken_again(device, monkeypatch):
     """The first call of a kind copies what a launch updates in place (before the backward kernels are derived);
     later calls of that kind, shown no derived kernel reads it, take no copy (an empty placeholder stands in), and
     their gradients are PyTorch's; where the angles need a gradient (the old values are read) copies are taken."""
-    from tritongrad.ops.tape import Tape
+    from tritongrad.host.tape import Tape
 
     copies = []
     real = Tape._copy

@@ -12,8 +12,8 @@ from test_strategies import norm_rows, norm_twice, scale_kernel, two_readers, wi
 
 import tritongrad
 from tritongrad import examples
-from tritongrad.ops.launcher import Launcher
-from tritongrad.ops.replay import Replay
+from tritongrad.host.launcher import Launcher
+from tritongrad.host.replay import Replay
 from tritongrad.runtime import relaunch
 
 F64 = torch.float64
@@ -35,7 +35,7 @@ def poisoned(monkeypatch):
 
 @pytest.fixture
 def kept(monkeypatch):
-    """The launches made by a Launcher, counted: a replay's FastBackward (replay_backward.py) launches what each
+    """The launches made by a Launcher, counted: a replay's StraightLineBackward (replay_backward.py) launches what each
     step's Launcher would."""
     count = []
     real = Launcher.__call__
@@ -44,7 +44,7 @@ def kept(monkeypatch):
 
     def counted(self, saved, grads, needs, *kept):
         schedule = (tuple(needs), tuple(g is not None for g in grads))
-        if self.backwards.get(schedule):  # a FastBackward: a kept launch per step
+        if self.backwards.get(schedule):  # a StraightLineBackward: a kept launch per step
             count.extend([1] * len(self.plan.steps(*schedule)))
         return backward(self, saved, grads, needs, *kept)
 

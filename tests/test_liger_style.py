@@ -184,9 +184,9 @@ def cross_entropy_per_row(logits, target, n_non_ignore):
 
 
 def test_replayed_loss_only_calls_take_no_copy_of_the_logits(device, monkeypatch, poisoned_empty):
-    """A bare op's repeated call runs on its replay (ops/replay.py), which took a copy of the logits per call before
+    """A bare op's repeated call runs on its replay (host/replay.py), which took a copy of the logits per call before
     the launch (its pattern's snapshot); now neither the first call nor the replayed ones copy them."""
-    from tritongrad.ops import replay, tape
+    from tritongrad.host import replay, tape
 
     copies, fast = [], []
     copy, copy_of, launch = tape.Tape._copy, replay.copy_of, replay.FastTape.launch
@@ -298,9 +298,9 @@ def test_the_logits_gradient_is_written_in_their_own_dtype(device):
     """Half-precision logits: each element's gradient is written once (stored, or zeroed; the target logit's added
     after), so the op's buffer for it is in the logits' dtype, not a float32 shadow cast after (before: float32, added
     atomically)."""
-    from tritongrad.ops import backward as op_backward
+    from tritongrad.host import backward as op_backward
 
-    made, shadow = [], op_backward.OpBackward._shadow
+    made, shadow = [], op_backward.PlannedBackward._shadow
 
     def spy(self, shadows, view, *args, **kwargs):
         fresh = view.key not in shadows
@@ -316,7 +316,7 @@ def test_the_logits_gradient_is_written_in_their_own_dtype(device):
         made.clear()
         loss = op((x * 1.0).half(), t)
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(op_backward.OpBackward, "_shadow", spy)
+            m.setattr(op_backward.PlannedBackward, "_shadow", spy)
             (got,) = torch.autograd.grad(loss, x)
         assert ((9, 37), torch.float16) in made and ((9, 37), torch.float32) not in made, made
         want = torch.nn.functional.cross_entropy(x.double(), t, ignore_index=IGNORE)
@@ -537,7 +537,7 @@ def fused_add_rms_norm(X, R, W, into):
 @pytest.mark.parametrize("into", ["residual", "hidden"])
 def test_a_fused_add_and_rmsnorm_writing_the_sum_into_its_input(device, into, poisoned_empty):
     """Refused before as a hazard: "overwrites `S_ptr`, memory that launch #1 reads through `R_ptr`"; now the launch
-    is that of the kernel's alias view (ops/aliases.py), an update of one pointer in place."""
+    is that of the kernel's alias view (host/aliases.py), an update of one pointer in place."""
     op = tritongrad.op(fused_add_rms_norm)
     leaves = [torch.randn(*shape, dtype=DTYPE, device=device, requires_grad=True) for shape in ((6, 37), (6, 37),
                                                                                                (37,))]

@@ -19,9 +19,9 @@ import triton.language as tl
 import tritongrad
 from tritongrad.core.errors import OpError
 from tritongrad.examples import EXAMPLES
-from tritongrad.ops import backward as op_backward
-from tritongrad.ops import hooks, kernel_roles, planning
-from tritongrad.ops.backward import OpBackward
+from tritongrad.host import backward as op_backward
+from tritongrad.host import hooks, kernel_roles, planning
+from tritongrad.host.backward import PlannedBackward
 from tritongrad.runtime import derivation
 
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
@@ -505,7 +505,7 @@ def test_overwriting_what_an_earlier_launch_wrote_is_refused():
 
 def test_a_kernel_reading_and_writing_an_intermediate_through_two_names_updates_it_in_place():
     """y passed as both `a_ptr` (loaded) and `out_ptr` (stored): the launch is its alias view's, y = y * w in place
-    (ops/aliases.py); it was refused as a launch overwriting what it reads."""
+    (host/aliases.py); it was refused as a launch overwriting what it reads."""
     @tritongrad.op
     def in_place(x, w):
         y = torch.empty_like(x)
@@ -546,7 +546,7 @@ def test_saved_tensor_modified_in_place_before_backward_raises(modified):
 @pytest.mark.parametrize("name", ["chain", "tgtest::chain"])
 def test_double_backward_through_an_intermediate_sees_how_it_was_made(name):
     """Two launches, the second reading what the first wrote (h = x * w): the backward reads h, whose dependence on
-    x and w autograd does not see; the launch that made it runs again inside the recorded backward (ops/remake.py),
+    x and w autograd does not see; the launch that made it runs again inside the recorded backward (host/remake.py),
     so the second derivative has that dependence (without it, x's and w's would miss the terms through h)."""
     op = chain if name == "chain" else named_chain
     x, w = rand(60), rand(60)
@@ -797,8 +797,8 @@ def test_stray_gradients_are_looked_for_in_the_first_backward_of_a_layout_only(m
         return chain.__wrapped__(x, w)
 
     checks = []
-    real = OpBackward._check_strays
-    monkeypatch.setattr(OpBackward, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
+    real = PlannedBackward._check_strays
+    monkeypatch.setattr(PlannedBackward, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
     x, w = rand(61), rand(61)
     inputs = check(chain_once, chain_ref, x, w)
     assert len(checks) == 2 and inputs[0].grad._base is None  # one per launch replayed; not views of padded buffers
@@ -880,11 +880,11 @@ def test_inputs_and_an_output_reshaped_by_the_host_function_get_buffers_of_their
     copies, and the derived kernel reading float32, made the SwiGLU backward node 4.7x Liger's. Gradients as
     PyTorch's on every call (the later ones by the kept backward's own code); the incoming gradient unchanged; a
     gradient that is not contiguous still added."""
-    from tritongrad.ops import backward as op_backward
+    from tritongrad.host import backward as op_backward
 
     op = tritongrad.op("test_op::rows_sin_mul_" + str(dtype)[6:])(rows_sin_mul) if named else \
         tritongrad.op(rows_sin_mul)
-    made, shadow = [], op_backward.OpBackward._shadow
+    made, shadow = [], op_backward.PlannedBackward._shadow
 
     def spy(self, shadows, view, *args, **kwargs):
         fresh = view.key not in shadows
@@ -893,7 +893,7 @@ def test_inputs_and_an_output_reshaped_by_the_host_function_get_buffers_of_their
             made.append(shadows[view.key].dtype)
         return found
 
-    monkeypatch.setattr(op_backward.OpBackward, "_shadow", spy)
+    monkeypatch.setattr(op_backward.PlannedBackward, "_shadow", spy)
     tol = {} if dtype == torch.float64 else {"rtol": 2e-2, "atol": 2e-2}
     for call in range(4):
         a, b = (torch.randn(3, 5, 37, dtype=dtype, requires_grad=True) for _ in range(2))

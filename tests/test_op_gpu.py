@@ -13,9 +13,9 @@ import triton.language as tl
 
 import tritongrad
 from tritongrad.core.errors import OpError
-from tritongrad.ops import backward as op_backward
-from tritongrad.ops import shadows
-from tritongrad.ops import tape as tapes
+from tritongrad.host import backward as op_backward
+from tritongrad.host import shadows
+from tritongrad.host import tape as tapes
 from tritongrad.runtime import relaunch, tuning
 
 pytestmark = pytest.mark.gpu
@@ -430,7 +430,7 @@ def test_a_fixed_config_launch_of_a_kernel_declaring_configs_gets_its_backward_u
 def test_a_fixed_config_matmul_naming_its_tile_sizes_gets_its_backward_under_the_fastest_config_around_its_own(
         monkeypatch):
     from tritongrad.examples import matmul
-    from tritongrad.ops.tiles import around
+    from tritongrad.host.configs import around
 
     launched = backward_launches(monkeypatch)
     a = torch.randn(1000, 700, device="cuda", dtype=torch.bfloat16, requires_grad=True)

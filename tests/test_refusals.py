@@ -432,15 +432,15 @@ def max_or_copy_op(x, take_max: bool):
 
 @pytest.fixture
 def derivations(monkeypatch):
-    """The kernels an op's calls and backwards derive (through ops/backward.py's grad)."""
+    """The kernels an op's calls and backwards derive (through host/backward.py's grad)."""
     found = []
-    real = tritongrad.ops.backward.grad
+    real = tritongrad.host.backward.grad
 
     def spy(kernel, *args, **kwargs):
         found.append(kernel.fn.__name__)
         return real(kernel, *args, **kwargs)
 
-    monkeypatch.setattr(tritongrad.ops.backward, "grad", spy)
+    monkeypatch.setattr(tritongrad.host.backward, "grad", spy)
     return found
 
 

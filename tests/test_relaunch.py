@@ -131,7 +131,7 @@ def test_an_ops_forward_launches_go_through_their_relaunchers(monkeypatch, devic
     Relaunchers launch through Triton): each forward launch keyed on its recorded arguments, outputs and gradients
     exact."""
     from tritongrad import examples
-    from tritongrad.ops import tape as tapes
+    from tritongrad.host import tape as tapes
 
     monkeypatch.setattr(relaunch, "supported", lambda: True)
     example = examples.get("rmsnorm")

@@ -1,4 +1,4 @@
-"""Replays (ops/replay.py, ops/replay_backward.py): a named op's later calls of a kind seen before are compared
+"""Replays (host/replay.py, host/replay_backward.py): a named op's later calls of a kind seen before are compared
 with the first one's launches as they run and take its plan; their backward launches what an earlier one kept.
 Each test calls ops several times on fresh inputs and compares outputs and gradients, exactly, with the op's
 first call on the same inputs (or with PyTorch where that call is a different kind), and counts the calls that
@@ -16,7 +16,7 @@ import triton.language as tl
 import tritongrad
 from tritongrad import examples
 from tritongrad.core.errors import OpError
-from tritongrad.ops import replay
+from tritongrad.host import replay
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),  # (23 of 23 failed on the H100: to port)
                                 reason="written for CPU tensors in the interpreter")
@@ -28,7 +28,7 @@ DEVICE = torch.empty(0).device  # the tests' device (conftest.py: CUDA's where t
 @pytest.fixture
 def replayed(monkeypatch):
     """Counts: calls that ran on a replay to the end ("forward"), that fell back ("fell"), backwards through a
-    FastBackward ("backward")."""
+    StraightLineBackward ("backward")."""
     counts = {"forward": 0, "fell": 0, "backward": 0}
     close, fall, backward = replay.FastTape.close, replay.FastTape._fall_back, replay.Replay.backward
 
@@ -157,7 +157,7 @@ def test_aliasing_a_launch_must_refuse_is_refused_after_replays(replayed):
     for aliased in (lambda w: w, lambda w: w.view(10, 10).view(-1), lambda w: w[:]):
         for _ in range(2):
             wv = torch.randn(100, dtype=F64)
-            # (recorded as its alias view's, out_ptr read as a_ptr: ops/aliases.py; b_ptr still reads w)
+            # (recorded as its alias view's, out_ptr read as a_ptr: host/aliases.py; b_ptr still reads w)
             with pytest.raises(OpError, match=r"launch #1 \(`mul_kernel`\) overwrites `a_ptr`, memory that launch #1 "
                                               r"\(`mul_kernel`\) reads through `b_ptr`"):
                 scaled_through(x.clone().requires_grad_(), wv, aliased(wv))
@@ -346,9 +346,9 @@ def test_calls_keeping_state_tapes_are_replayed_on_tapes_of_their_own(name, repl
 
 
 def test_backwards_of_calls_keeping_state_tapes_are_written_out_with_each_calls_tapes(replayed):
-    """A replay's backward written out (FastBackward) reads the state tapes of the call it differentiates (each
+    """A replay's backward written out (StraightLineBackward) reads the state tapes of the call it differentiates (each
     call's augmented forward keeps its own: FastTape.kept): three cross-entropy calls on different inputs, their
-    backwards in another order, each through a FastBackward, each with its own inputs' gradients."""
+    backwards in another order, each through a StraightLineBackward, each with its own inputs' gradients."""
     example = examples.get("cross_entropy")
     size = example.sizes[-1]
     for seed in range(3):  # a first call, a checked backward, one that keeps its Launchers

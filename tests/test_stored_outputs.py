@@ -118,7 +118,7 @@ def kept(monkeypatch):
         found.append((kernel, tuple(kwargs.get("kept_outputs", ()))))
         return grad(kernel, *args, **kwargs)
 
-    monkeypatch.setattr(tritongrad.ops.backward, "grad", spy)
+    monkeypatch.setattr(tritongrad.host.backward, "grad", spy)
     return found
 
 

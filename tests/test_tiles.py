@@ -14,8 +14,8 @@ import triton.language as tl
 import tritongrad
 from tritongrad.examples import matmul
 from tritongrad.examples.launch import compute_type
-from tritongrad.ops.kernel_roles import kernel_info
-from tritongrad.ops.tiles import Tiles
+from tritongrad.host.configs import Tiles
+from tritongrad.host.kernel_roles import kernel_info
 from tritongrad.runtime import derive, tuning
 
 # the forward's (the first) has the largest tiles: another's grid has more programs
@@ -273,7 +273,7 @@ def test_a_declaration_the_kernel_cannot_take_is_refused_naming_what(config, sai
         tritongrad.backward_configs([])
     with pytest.raises(TypeError, match="expected triton.Config objects, got dict"):
         tritongrad.backward_configs([{"BLOCK_M": 16}])
-    from tritongrad.ops.tiles import DECLARED as declared
+    from tritongrad.host.configs import DECLARED as declared
 
     assert id(kernel) not in declared
 
@@ -333,7 +333,7 @@ def tiled_product(kernel, a, b, transpose_a=False, transpose_b=False):
 
 
 def test_named_tiles_offer_configs_around_the_launchs():
-    from tritongrad.ops.tiles import around
+    from tritongrad.host.configs import around
 
     kernel = named_tiles_kernel()
     names = ("BLOCK_M", "BLOCK_N", "BLOCK_K")

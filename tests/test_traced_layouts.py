@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from tritongrad.core import device
-from tritongrad.ops.call_tensors import CallTensors
+from tritongrad.host.call_tensors import CallTensors
 from tritongrad.writes.launch_facts import Layout, overlap
 
 
@@ -101,10 +101,11 @@ def test_the_traced_backward_chooses_what_the_eager_backward_chooses(binding, mo
     launches gathered instead of run) takes the write strategies and variants an eager backward of the same call
     takes, for the bindings users pass (rmsnorm: its weight's gradient in partial rows or atomics, x's stored)."""
     from tritongrad.examples import rmsnorm
-    from tritongrad.ops import hooks
-    from tritongrad.ops.autograd_function import arguments_of, as_tuple
-    from tritongrad.ops.saved_backward import _recorded
-    from tritongrad.ops.tape import Tape
+    from tritongrad.host import hooks
+    from tritongrad.host.call_tensors import as_tuple
+    from tritongrad.host.saved_backward import _recorded
+    from tritongrad.host.tape import Tape
+    from tritongrad.ops.autograd_function import arguments_of
 
     seen = _strategies(monkeypatch)
     out = rmsnorm.rmsnorm(*_rows(binding, grad=True))  # eagerly, through the op: its backward's choices
@@ -129,7 +130,7 @@ def test_the_traced_backward_chooses_what_the_eager_backward_chooses(binding, mo
 def test_the_rehearsal_gets_real_tensors_laid_out_as_the_traced_ones(binding):
     """library.py rehearses the eager backward on real tensors made from the traced ones: same dtypes, sizes,
     strides and offsets, views of one storage sharing one, and values to compute with (random floats)."""
-    from tritongrad.ops.saved_backward import real_like
+    from tritongrad.host.saved_backward import real_like
 
     real = bound(binding)
     traced, _ = fake_of(real, functional=False)

@@ -13,7 +13,7 @@ import importlib
 
 _EXPORTS = {
     "BackwardKernel": "runtime.derive",
-    "backward_configs": "ops.tiles",
+    "backward_configs": "host.configs",
     "custom_vjp": "runtime.custom",
     "grad": "runtime.derive",
     "kept": "tools.memory",

@@ -131,7 +131,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
 
 def _overwritten(found: Pointers, wrt: tuple[str, ...], outputs: tuple[str, ...]) -> frozenset[str]:
     """Pointers named in both ``wrt`` and ``outputs`` (the launch updates them in place: an op names so those it
-    does in any specialization, ops/kernel_roles.py) that this kernel overwrites with ``tl.store`` only, loaded or
+    does in any specialization, host/kernel_roles.py) that this kernel overwrites with ``tl.store`` only, loaded or
     not: a specialization that stores without loading (a constexpr turning the update into a plain store) replaces
     the values too, so the shadow is zeroed where it stores, as an update's (reverse/memory.py), and the old values
     there get no gradient from the new ones. Without a specialization these are ``Pointers.in_place`` already."""

@@ -1,7 +1,7 @@
 """What a kernel's stores through some of its pointers are computed from: the parameters their values, addresses and
 masks, and the conditions and bounds of the branches and loops around them, are computed from (through memory too:
 a load reads what a store of its pointer may have written). Over-approximate: a name assigned anywhere is followed
-through every assignment of it. ops/remake.py asks it before running a launch again with a stand-in for a tensor
+through every assignment of it. host/remake.py asks it before running a launch again with a stand-in for a tensor
 the op did not keep: only what the needed stores are not computed from may be a stand-in."""
 
 from __future__ import annotations

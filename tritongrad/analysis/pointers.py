@@ -34,7 +34,7 @@ class Pointers:
     stores: dict[str, list[ast.stmt]]  # pointer parameter -> its store / atomic statements
     index_pointers: set[str]  # pointer parameters whose loaded values are used as indices
 
-    # -- the parameters' roles: defined here once, for derivation (analyze.py) and for ops (ops/kernel_roles.py)
+    # -- the parameters' roles: defined here once, for derivation (analyze.py) and for ops (host/kernel_roles.py)
 
     @property
     def overwrites(self) -> frozenset[str]:

@@ -3,7 +3,7 @@
 moving both pointer tiles, autotuned over the tile sizes. A transposed operand is read through its
 strides, as the seed does, so no copy is made. The derived backward gives A and B kernels of their
 own (each program owns a tile of the gradient and loops over the other axis: no atomics), launched under
-whichever of the autotuner's configs makes them fastest (ops/tiles.py).
+whichever of the autotuner's configs makes them fastest (host/configs.py).
 
 ``matmul_fixed``: the same product launched with one config (``FIXED``), as hand-tuned code launches it, by a
 kernel that declares ``BACKWARD_CONFIGS`` (``tritongrad.backward_configs``: a product does not depend on its tile
@@ -89,7 +89,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool = False, transpos
 
 # the same kernel, a jit function of its own (a declaration is per kernel object), for launches with a fixed config
 matmul_fixed_kernel = tritongrad.backward_configs(BACKWARD_CONFIGS)(triton.jit(matmul_kernel.fn.fn))
-# and again, its block sizes named tile sizes: its backward's configs are made around each launch's (ops/tiles.py)
+# and again, its block sizes named tile sizes: its backward's configs are made around each launch's (host/configs.py)
 matmul_tiles_kernel = tritongrad.backward_configs(tiles=("BLOCK_M", "BLOCK_N", "BLOCK_K"))(
     triton.jit(matmul_kernel.fn.fn))
 KERNELS = (matmul_kernel,)  # (what `tritongrad show matmul` prints: the two are one source)

@@ -1,3 +1,3 @@
-"""Stage 7: PyTorch operators: tritongrad.op (bare and torch.library), the launch tape, the op's backward,
-segments around PyTorch calls, aten overrides.
+"""Stage 8: PyTorch operators: tritongrad.op (bare and torch.library), its call as autograd nodes, segments around
+PyTorch calls, forward mode, aten overrides; the tape and the backward they run are host/'s.
 """

@@ -1,6 +1,6 @@
 """An op's call as autograd nodes: the host function runs with its launches on a tape (or, for a bare op
 that mixes in PyTorch operations, a tape per segment: segments.py), and its outputs come out of an
-``autograd.Function`` whose backward is the tape's (backward.py). A bare op always takes this path; a named op
+``autograd.Function`` whose backward is the tape's (host/backward.py). A bare op always takes this path; a named op
 called eagerly on plain tensors takes it too (library.py). Also the checks that no argument requiring grad is
 cut off from the outputs, and gradients that refuse a second differentiation.
 """
@@ -18,12 +18,12 @@ import torch.autograd.forward_ad as _forward_ad
 from ..core.bounded import Bounded
 from ..core.device import recording
 from ..core.errors import NotDifferentiableError, OpError
-from . import donation
-from .call_tensors import is_container, nested_tensors, tensor_leaves
-from .remake import Remake
-from .replay import FastTape, Replays
+from ..host import donation
+from ..host.call_tensors import as_tuple, is_container, nested_tensors, tensor_leaves
+from ..host.remake import Remake
+from ..host.replay import FastTape, Replays
+from ..host.tape import Tape, current_tape, recording_backward
 from .segments import Segments
-from .tape import Tape, current_tape, recording_backward
 
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 _set_creation_meta = torch._C._autograd._set_creation_meta
@@ -34,7 +34,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
                hidden_reads: bool = True) -> Any:
     """``fn`` with its launches recorded on a tape and its outputs made the outputs of an
     ``autograd.Function`` whose backward replays the tape; ``plans`` are shared by the op's calls
-    (see tritongrad.ops.tape). ``named``: as a registered op sees it, the differentiable inputs are the
+    (see tritongrad.host.tape). ``named``: as a registered op sees it, the differentiable inputs are the
     op's own tensor arguments (a launch reading a tensor PyTorch made inside is refused, as it is
     when the op is compiled). ``hidden_reads``: ``fn`` may read a tensor unseen (a pointer table), so an argument
     requiring grad that the outputs are cut off from is refused; False for tritongrad's own backward run as an op
@@ -42,7 +42,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
     kernels do not read) has no gradient."""
     function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
     segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
-    replays = Replays(name, plans, deterministic, function, named)  # calls made again (replay.py)
+    replays = Replays(name, plans, deterministic, function, named)  # calls made again (host/replay.py)
     apply_function, apply_segment = _fast_apply(function), _fast_apply(segment)
 
     def segment_node(tape: Tape, written: list, views: list, inputs: list) -> list:
@@ -55,7 +55,7 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
 
     def call(*args, **kwargs):
         segments = None
-        if named:  # its launches recorded on a tape, or replayed (replay.py)
+        if named:  # its launches recorded on a tape, or replayed (host/replay.py)
             tape, result = replays.call(fn, args, kwargs)
             if tape is None:
                 return result
@@ -201,7 +201,7 @@ class _TapeFunction(torch.autograd.Function):
         ctx.tape = tape
         # version counters: in-place changes before backward raise (of what a derived kernel reads: kept_for_backward)
         ctx.save_for_backward(*tape.plan.kept_for_backward(tape.saved))
-        ctx.donating = donation.saving(tape.plan)  # (saved through donation.py's hooks)
+        ctx.donating = donation.saving(tape.plan)  # (saved through host/donation.py's hooks)
         tape.saved = None  # the tape keeps no tensors: outputs would otherwise hold themselves alive
         ctx.set_materialize_grads(False)
         if tape.plan.constants:
@@ -254,7 +254,7 @@ class _SegmentFunction(torch.autograd.Function):
 
 
 def _backward(ctx: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
-    """The tape's backward of a node, offered the memory of the saved tensors only it holds (donation.py)."""
+    """The tape's backward of a node, offered the memory of the saved tensors only it holds (host/donation.py)."""
     slots = donation.offered(ctx.tape.plan, saved) if ctx.donating else None
     if not slots:
         return ctx.tape.backward(saved, grads, needs)
@@ -279,7 +279,7 @@ def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
             and (inner is None or j in inner)]
     remake = None
     if made:  # its values depend on the inputs, but autograd does not see how: the op's own launches made them, and
-        # run again inside the backward op (remake.py), so that its tape follows that dependence
+        # run again inside the backward op (host/remake.py), so that its tape follows that dependence
         remake = Remake.of(tape, saved, made) if inner is not None else (
             "its backward reads a buffer the host function made, whose dependence on the inputs the double backward "
             "does not yet follow")
@@ -378,10 +378,6 @@ class _NotTwice(torch.autograd.Function):
         why = ctx.reason or "the derived backward kernels are not themselves differentiated"
         raise OpError(f"tritongrad.op `{ctx.name}`: double backward is not supported ({why}); differentiate once, or "
                       "compute the second derivative another way")
-
-
-def as_tuple(result: Any) -> tuple:
-    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
 def output_tensors(outputs: tuple) -> list[torch.Tensor]:

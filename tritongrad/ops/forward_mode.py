@@ -31,11 +31,11 @@ from ..core.bounded import Bounded
 from ..core.errors import OpError
 from ..core.source import unwrap
 from ..frontend.specialize import plain_value
+from ..host import hooks
+from ..host.kernel_roles import kernel_info
 from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.tangent_kernel import jvp as tangent_kernel
-from . import hooks
 from .autograd_function import refuse_transforms
-from .kernel_roles import kernel_info
 
 
 def active(args: tuple, kwargs: dict) -> bool:

@@ -3,7 +3,7 @@
 ``ns::name`` is a ``triton_op`` (its launches issued through ``wrap_triton`` while torch.compile traces it) or,
 opaque, a ``custom_op``, with an autograd formula whose backward replays the eager forward's tape or, without
 one, re-runs the forward launches (``ns::name_backward``); ``ns::name_saving`` and ``ns::name_saved_backward`` are
-what torch.compile calls, so that the compiled backward runs derived kernels on saved buffers (saved_backward.py;
+what torch.compile calls, so that the compiled backward runs derived kernels on saved buffers (host/saved_backward.py;
 not opaque, ``ns::name_traced_backward`` launches them in the compiled graph). The schemas
 come from the host function's annotations (``_prototypes``).
 """
@@ -25,10 +25,13 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from ..core.errors import OpError
-from . import forward_mode, hooks
+from ..host import hooks
+from ..host.call_tensors import as_tuple
+from ..host.saved_backward import eager_backward, recompute_backward, traced_backward, whole
+from ..host.tape import Tape, current_tape
+from . import forward_mode
 from .autograd_function import (
     arguments_of,
-    as_tuple,
     differentiable,
     differentiable_once,
     refuse_transforms,
@@ -36,8 +39,6 @@ from .autograd_function import (
     taped_call,
     transformed,
 )
-from .saved_backward import eager_backward, recompute_backward, traced_backward, whole
-from .tape import Tape, current_tape
 
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
 
@@ -95,7 +96,7 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
     _check_free(name, fn)
     hooks.install()
     arguments = arguments_of(fn)
-    plans = {}  # shared by the eager forward's tapes and the backwards' (see tritongrad.ops.tape)
+    plans = {}  # shared by the eager forward's tapes and the backwards' (see tritongrad.host.tape)
     forward = _register(name, protos.forward, _named_impl(fn, name, arguments, plans, deterministic, not opaque),
                         _fake(fn), opaque)
     backward_op = torch.library.custom_op(name + "_backward", mutates_args=(), schema=torch.library.infer_schema(

@@ -9,10 +9,10 @@ segment first: its tape becomes an autograd node whose outputs are the buffers i
 wrote, marked dirty (``ctx.mark_dirty``), so the very tensor objects the host function holds, and
 views of them made earlier, carry the history from then on; later launches start a new segment,
 reading those buffers as inputs that require grad. A written buffer that had a history before the segment
-(``h = a * 1.0``, then a launch updating ``h[:, 2:8]`` in place) is an input of the node too (planning.py):
+(``h = a * 1.0``, then a launch updating ``h[:, 2:8]`` in place) is an input of the node too (host/planning.py):
 launches may write such a buffer only in place, and their backwards zero the shadow where they stored and add
 the gradient of what they loaded, so its shadow is then the gradient of the values the segment found there,
-which goes to that history (the elements the updated view also covers, once: backward.py's ``_input_grads``).
+which goes to that history (the elements the updated view also covers, once: host/backward.py's ``_input_grads``).
 
 Host functions without such calls pay for the watch only between launches (~1 us per PyTorch call
 there; none for a single launch) and keep one autograd node for the op, as before. Calls that read
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .replay import FastTape, Replays
-from .tape import Tape, current_tape
+from ..host.replay import FastTape, Replays
+from ..host.tape import Tape, current_tape
 
 _Tensor = torch.Tensor
 # calls that read no values: they neither need a history nor close a segment
@@ -58,7 +58,7 @@ class Segments(TorchFunctionMode):
     ``args``, ``kwargs``, ``arguments``: as ``Tape.close`` takes them; ``node(tape, written, views, inputs)``
     makes a closed segment's autograd node, the ``written`` buffers marked dirty, and returns its outputs of the
     ``views`` (of those buffers: the op's result's, made again as the node's own). ``replays``: the op's
-    (replay.py), whose tape the first segment is on: a replay's (``FastTape``) or one that learns one. ``passed``:
+    (host/replay.py), whose tape the first segment is on: a replay's (``FastTape``) or one that learns one. ``passed``:
     ``arguments(args, kwargs)``, the op's tensor arguments by name."""
 
     def __init__(self, name: str, plans: dict, deterministic: bool, args: tuple, kwargs: dict, arguments: Any,
@@ -85,7 +85,7 @@ class Segments(TorchFunctionMode):
         tape.boundary = self
         return tape
 
-    # -- called by hooks.py's launch hook, with torch function handling off -----------------------------
+    # -- called by host/hooks.py's launch hook, with torch function handling off -----------------------------
 
     def launched(self) -> None:
         """After each launch: note what it wrote; the first one arms the watch."""
@@ -130,7 +130,7 @@ class Segments(TorchFunctionMode):
     def close(self, by_watch: bool = False, last: bool = False, result: Any = None) -> None:
         """Make the current segment an autograd node; later launches record on a new tape (``last``: none come, the
         host function has returned ``result``). ``by_watch``: a PyTorch call reads what its launches wrote (a call of
-        several segments: not replayed, replay.py)."""
+        several segments: not replayed, host/replay.py)."""
         tape, written = self.tape, list(self.written.values())
         bases = list({id(b): b for b in (t if t._base is None else t._base for t in written)}.values())
         views = _result_views(result, bases, self.passed) if last else []

@@ -14,7 +14,7 @@ are pytrees: tensors inside lists, tuples, ``*args`` and dicts are arguments lik
 launches as their tangent kernels (forward_mode.py).
 
 Forward: the function runs as written while its launches are recorded on a tape
-(``tritongrad.ops.tape``). The checks below and the backward's layout are worked out once per
+(``tritongrad.host.tape``). The checks below and the backward's layout are worked out once per
 kind of call (the kernels launched, the tensors' layouts) and reused by later calls of that
 kind, which read tensor metadata only: no AST work, nothing that waits for the device.
 Under ``torch.no_grad`` it just runs.
@@ -38,7 +38,7 @@ reasons: call it under ``torch.no_grad()``.
 Autotuning: the backward of an autotuned (or heuristics-driven) launch is launched with
 the config that forward launch used: its constexprs, ``num_warps`` and ``num_stages``; on a GPU,
 an autotuned launch's backward, and that of a kernel declaring configs its result does not depend
-on (``tritongrad.backward_configs``), runs under whichever of them is fastest (ops/tiles.py).
+on (``tritongrad.backward_configs``), runs under whichever of them is fastest (host/configs.py).
 
 Hazards: the backward replays each launch against memory as the op left it, so a launch
 that overwrites memory an earlier launch (or the same launch through another argument)
@@ -89,7 +89,7 @@ Bare and named ops:
   not known there) and a buffer that is a view of a larger allocation (its aliasing would be lost).
   Otherwise the compiled backward is ``ns::name_traced_backward``, a triton_op whose derived kernels'
   launches Inductor traces; what cannot be traced (a launch check reading index tensors, anything the
-  trace raises) keeps the opaque ``ns::name_saved_backward``, which runs on real tensors (saved_backward.py).
+  trace raises) keeps the opaque ``ns::name_saved_backward``, which runs on real tensors (host/saved_backward.py).
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ from triton.runtime.jit import KernelInterface
 
 from ..core.errors import OpError
 from ..core.source import unwrap
-from . import forward_mode, hooks
+from ..host import hooks
+from . import forward_mode
 from .autograd_function import arguments_of, taped_call, transformed
 from .library import check_name, named_op, opaque_default
 

@@ -2,11 +2,11 @@
 the kernel, refuses any band that changed, naming the buffer and the derived kernel, so that a write out of bounds
 is a message rather than corrupted memory (on a GPU, silently; in the interpreter, a crash in ``free()`` later).
 
-The first backward of each kind of call is checked (ops/backward.py: its shadows and the buffers
+The first backward of each kind of call is checked (host/backward.py: its shadows and the buffers
 runtime/launching.py makes: private buffers, a kernel of its own's buffers, partial rows, state tapes, a prologue's
 values, later adds); ``TRITONGRAD_CHECKED=1`` checks every backward, and a direct ``bwd[grid](...)`` or
 ``bwd.gradients(...)`` launch's buffers too. Gradient buffers are also zero between their elements (a strided
-view's gaps): gradient there means the forward read outside the tensor it was passed (ops/backward.py says so).
+view's gaps): gradient there means the forward read outside the tensor it was passed (host/backward.py says so).
 """
 
 from __future__ import annotations

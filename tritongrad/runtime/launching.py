@@ -65,7 +65,7 @@ class Launches:
         for p in variant.unwritten - written if variant.unwritten else ():
             buffers[p].zero_()
             if trace is not None:
-                trace.append(None)  # not made again by a ops/launcher.Launcher
+                trace.append(None)  # not made again by a host/launcher.Launcher
         if setting is not None:
             settings = (setting,) * len(variant.parts)
         else:
@@ -77,7 +77,7 @@ class Launches:
         for p, b in own.items():  # in a fixed order: deterministic
             real[p].add_(b)
         if own and trace is not None:
-            trace.append(None)  # buffers of its own, made on each launch: not kept (ops/launcher.Launcher)
+            trace.append(None)  # buffers of its own, made on each launch: not kept (host/launcher.Launcher)
         return {**rows, **guarded}
 
     def tuned(self, variant: Variant, grid: tuple[int, ...], named: dict[str, Any], output_grads: dict[str, Any],

@@ -10,7 +10,7 @@ Buffers the kernel adds into are restored after the trials, so the launch that c
 starts from what the caller gave.
 
 The backward of an autotuned launch is also launched under the autotuner's other configs (their tile
-sizes, warps and stages; ops/tiles.py says why that is the same gradient), and that of a kernel that
+sizes, warps and stages; host/configs.py says why that is the same gradient), and that of a kernel that
 declares configs (``tritongrad.backward_configs``) under those, and keeps the fastest, per shape: a
 matmul's input gradients are products of other shapes than its output, and at 4096^3 in bf16 on an
 H200 its backward ran 1.7x faster with 128 x 128 x 128 tiles than with the forward's best.

@@ -158,7 +158,7 @@ class PartialRows:
 @dataclass(frozen=True)
 class PartLaunch:
     """One kernel of a variant launched (:meth:`BackwardKernel._run_part`), and as a backward keeps it to launch
-    again with other tensors of the same layouts (ops/launcher.Launcher: ``args`` then holds no tensors)."""
+    again with other tensors of the same layouts (host/launcher.Launcher: ``args`` then holds no tensors)."""
 
     part: Part
     grid: tuple[int, ...]
@@ -206,7 +206,7 @@ class Variant:
     @functools.cached_property
     def reads(self) -> frozenset[str]:
         """The parameters whose memory a kernel of it reads (not only their addresses): an op need not keep a
-        tensor for the others (ops/backward.py passes a stand-in)."""
+        tensor for the others (host/backward.py passes a stand-in)."""
         sources = [part.src for part in self.parts] + [part.prologue.src for part in self.parts
                                                         if getattr(part.prologue, "src", None)]
         return frozenset().union(*(params_read(src) for src in sources))

@@ -143,7 +143,7 @@ def _saved(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
 def _state_tapes(tape: Any) -> Iterator[tuple[int, Any]]:
     """The state tapes a call's augmented launches kept (runtime/augment.py), by launch index."""
     kept = getattr(tape, "kept", None)
-    if kept:  # a replayed call's (ops/replay.py FastTape)
+    if kept:  # a replayed call's (host/replay.py FastTape)
         yield from kept.items()
         return
     for i, launch in enumerate(getattr(tape, "launches", ()) or ()):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..core.source import unwrap
-from ..ops.kernel_roles import kernel_info
+from ..host.kernel_roles import kernel_info
 from ..runtime.augment import SavedStates, keeping
 from ..runtime.derive import grad
 from ..runtime.variants import shadow_dtype

@@ -79,6 +79,11 @@ class CallTensors:
         return self.described[i][6]
 
 
+def as_tuple(result: Any) -> tuple:
+    """An op's outputs as a tuple: a host function may return one tensor, a tuple or a list."""
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
 def is_container(value: Any) -> bool:
     """Whether a value holds others as a pytree does (lists, tuples, dicts, namedtuples, registered nodes)."""
     return isinstance(value, (list, tuple, dict)) or type(value) in pytree.SUPPORTED_NODES

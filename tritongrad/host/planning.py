@@ -24,7 +24,7 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 class Planner:
     """The checks and plan of one new kind of call of the op ``name``. ``launches``: the tape's recorded
-    launches (tape.RecordedLaunch); ``segmented``: the tape is a segment of a bare op (segments.py), whose
+    launches (tape.RecordedLaunch); ``segmented``: the tape is a segment of a bare op (ops/segments.py), whose
     launches may update a tensor that requires grad in place and whose outputs may be its arguments."""
 
     def __init__(self, name: str, launches: Sequence[Any], segmented: bool):
@@ -106,10 +106,10 @@ class Planner:
         self._check_outputs(outputs, outs, arguments, tensors, written)
         if self.segmented and diff is None:  # a written buffer that has a history: written in place only (other
             # writes refused above), each launch's backward zeroes the shadow where it stored and adds what it
-            # loaded, so the shadow is then its old values' gradient, which goes to that history (segments.py)
+            # loaded, so the shadow is then its old values' gradient, which goes to that history (ops/segments.py)
             found.update(dict.fromkeys(i for i, out in zip(outs, outputs, strict=True) if tensors.requires_grad(i)
                                        and tensors.view(i).dtype.is_floating_point and out._base is None))
-            # (not a view of one returned: its node's output too, segments.py; the buffer's gradient covers it)
+            # (not a view of one returned: its node's output too, ops/segments.py; the buffer's gradient covers it)
         if diff is None:
             diff = tuple(found)
         else:

@@ -140,7 +140,7 @@ class Plan:
     decisive: bool = field(init=False, default=False)  # whether a launch's kernel has decisive constexprs
     # saved slots no derived kernel reads (backward.derive_ahead): not kept, an empty stand-in saved in their place
     unused: frozenset[int] = field(init=False, default=frozenset())
-    # saved slots whose memory may take an input's gradient (ops/donation.candidates; None: not yet worked out)
+    # saved slots whose memory may take an input's gradient (host/donation.candidates; None: not yet worked out)
     donors: frozenset[int] | None = field(init=False, default=None)
     # saved slots holding no argument or output of the call (a buffer the host function made): set by Tape.close
     inner_saved: frozenset[int] | None = field(init=False, default=None)
@@ -272,9 +272,9 @@ class Step:
     self_overlapping: frozenset[str] = frozenset()  # wrt inputs whose views reach one element twice (stride 0)
     # (grad, values of decisive constexprs) -> the derived kernel (backward._derived_kernel)
     derived: dict = field(default_factory=dict)
-    # the launch's non-tensor arguments, ... -> OpBackward._ready's
+    # the launch's non-tensor arguments, ... -> PlannedBackward._ready's
     ready: dict = field(default_factory=lambda: Bounded(256))
-    # the launch's non-tensor arguments -> the config chosen (OpBackward._tiles)
+    # the launch's non-tensor arguments -> the config chosen (PlannedBackward._tiles)
     tiles: dict = field(default_factory=dict)
     # the launch's non-tensor arguments -> its Launcher; False: none
     launchers: dict = field(default_factory=lambda: Bounded(256))

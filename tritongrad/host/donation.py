@@ -12,7 +12,7 @@ saved its tensors through this module's hooks (each a detached alias of its own,
 tells whether anyone else holds the memory: the caller, a view of it, another node), the storage's only holders are
 the node's (``SOLE``), autograd frees the graph after this backward (``retain_graph`` false) and no graph of the
 backward is built (``create_graph``). The buffer is then the saved tensor's memory (``donated``, asked where
-ops/backward.py and ops/replay_backward.py make a gradient buffer). A second backward through the node is
+host/backward.py and host/replay_backward.py make a gradient buffer). A second backward through the node is
 autograd's error: it freed the saved tensors. Not in a checked backward (guard bands), a tuning trial, a CUDA graph
 capture or a named op called through the dispatcher (its node saves without these hooks).
 """

@@ -5,7 +5,7 @@ of its forward launch; ``wrt`` and ``outputs`` are the parameters whose storages
 kernel adds each load's gradient at the load's address, so a launch that read outside the elements
 of a tensor it was passed would put gradient where no tensor lies: the first backward of each plan
 and schedule (every backward with ``TRITONGRAD_CHECKED=1``) lays guard bands around the shadows and the buffers its
-kernels write (runtime/guards.py) and refuses that (``OpBackward._check_strays``). Later backwards launch what an
+kernels write (runtime/guards.py) and refuses that (``PlannedBackward._check_strays``). Later backwards launch what an
 earlier one kept (launcher.py).
 """
 
@@ -34,8 +34,9 @@ from .shadows import Plan, Shadow, Step, View, stand_in_tensor
 recording_backward: contextvars.ContextVar = contextvars.ContextVar("tritongrad_recording", default=None)
 
 
-class OpBackward:
-    """One backward of an op: its plan, the recorded launches' non-tensor arguments, the op's name."""
+class PlannedBackward:
+    """One backward of an op, each step decided from its plan (the path every other backward path was kept from):
+    its plan, the recorded launches' non-tensor arguments, the op's name."""
 
     def __init__(self, name: str, plan: Plan, launches: Sequence[Any], deterministic: bool = False):
         self.name, self.plan, self.launches, self.deterministic = name, plan, launches, deterministic
@@ -91,7 +92,7 @@ class OpBackward:
             rows, variant = self._run_step(step, saved, shadows, guards)
             if guards is not None:
                 with torch._C.DisableTorchFunction():  # (its reads are no use of the gradients: a backward recorded
-                    self._check_strays(step, guards, rows, variant)  # as an op (segments.py) is not cut there)
+                    self._check_strays(step, guards, rows, variant)  # as an op (ops/segments.py) is not cut there)
         for buffer in list(shadows.values()):  # (an output's gradient no step used: copied in now)
             if type(buffer) is _Given:
                 self._shadow(shadows, buffer.shadow)
@@ -142,7 +143,7 @@ class OpBackward:
 
     def _run_step(self, step: Step, saved: tuple, shadows: dict, guards: dict | None) -> tuple[dict, Any]:
         """Launch one step's derived kernel, under the forward's config or, on a GPU, for a launch offered others (an
-        autotuner's, or those declared for its kernel: tiles.py), the one under which the backward is fastest (timed
+        autotuner's, or those declared for its kernel: configs.py), the one under which the backward is fastest (timed
         once per shape). Returns the partial rows of inputs summed in them and the buffers of their own of inputs
         written there (checked backwards), and the variant launched."""
         launch = self.launches[step.launch.index]
@@ -363,7 +364,7 @@ def input_relations(plan: Plan) -> tuple:
 
 class _Given:
     """An output's incoming gradient, to be copied into its storage's shadow when that buffer is made
-    (OpBackward._shadow): made first as the input updated in place there wants it, its gradient written once in its
+    (PlannedBackward._shadow): made first as the input updated in place there wants it, its gradient written once in its
     own dtype, no float32 copy of a half-precision gradient is made, nor cast back after."""
 
     __slots__ = ("shadow", "g")

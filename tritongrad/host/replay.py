@@ -24,9 +24,9 @@ tapes of the call's own, laid out as at its first replay (``FastTape._augmented`
 
 An in-place launch's copy (tape.py's ``_snapshots``) is taken per call before it runs (an empty tensor where no
 derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads, configs
-offered to the backward: tiles.py's, whose grid function is the call's; host descriptors and alias views, aliases.py;
+offered to the backward: configs.py's, whose grid function is the call's; host descriptors and alias views, aliases.py;
 a non-tensor launch argument that is not a plain value, relaunch.plain_values). A bare op's call is replayed where
-it is one segment (segments.py: no PyTorch call read what its launches wrote before it returned), its node as the
+it is one segment (ops/segments.py: no PyTorch call read what its launches wrote before it returned), its node as the
 replay's (one, or its written buffers marked dirty); a replayed call whose PyTorch call closes a segment goes on as a
 first call, its launches recorded with the copies taken before they ran. ``TRITONGRAD_REPLAY=0`` turns replays off.
 """
@@ -46,10 +46,10 @@ from ..core.device import capturing, ensure_allocator
 from ..runtime import relaunch
 from ..runtime.augment import keeping_of
 from . import backward as op_backward
-from .replay_backward import FastBackward
+from .configs import Tiles
+from .replay_backward import StraightLineBackward
 from .shadows import kept_empty
 from .tape import Tape, _by_parameter, _relaunchers, copy_of, current_autotuner, current_tape, recording_backward
-from .tiles import Tiles
 
 ENV = "TRITONGRAD_REPLAY"
 MAX_REPLAYS = 16  # per op: kinds of call it is called with in turn (a model's layers of a few sizes)
@@ -72,7 +72,7 @@ class Expected:
     def __init__(self, recorded: Any, pattern: tuple, callable_grid: bool, described: tuple, augmented: bool, unread):
         positions, self.names = pattern[1], pattern[2]
         roles, by_parameter = recorded.info.roles, _by_parameter(recorded.info, positions, self.names)
-        self.written = tuple(i for p, i in by_parameter.items()  # (what a bare op's segments watch: segments.py)
+        self.written = tuple(i for p, i in by_parameter.items()  # (what a bare op's segments watch: ops/segments.py)
                              if i is not None and (roles is None or p in roles.stores))
         # an in-place launch's copies, each call's own (tape.py's _snapshots): (slot, parameter, the slot of the tensor
         # copied, or None for an empty tensor in place of a copy no derived kernel reads, dtype)
@@ -145,11 +145,11 @@ class Replay:
         self.tails = tuple((d[1], d[2], d[3], d[4], d[5], d[6]) for d in described)
         self.keys = tuple(d[0] for d in described)
         self.n_outputs, self.passed, self.kwnames = n_outputs, passed, kwnames
-        self.dirty = tape.dirty  # a bare op's segment whose written buffers came out marked dirty (segments.py)
+        self.dirty = tape.dirty  # a bare op's segment whose written buffers came out marked dirty (ops/segments.py)
         self.closing = (len(self.expected), n_outputs, len(passed))
         inputs = diff if named else self.plan.inputs  # the tensors to differentiate, by slot
         self.pick_inputs, self.pick_saved = _picker(list(inputs)), _picker(list(self.plan.saved))
-        self.backwards: dict[tuple, Any] = {}  # schedule -> FastBackward, or False: never (its steps keep none)
+        self.backwards: dict[tuple, Any] = {}  # schedule -> StraightLineBackward, or False: never (its steps keep none)
 
     @staticmethod
     def of(tape: LearningTape, named: bool) -> Replay | None:
@@ -165,12 +165,12 @@ class Replay:
         return Replay(tape, named)
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool], kept: dict | None = None) -> list:
-        """The gradients, as Tape.backward gives them: by the schedule's FastBackward once it has one. ``kept``: per
-        launch run as its augmented forward, the state tapes the call kept (FastTape.kept)."""
+        """The gradients, as Tape.backward gives them: by the schedule's StraightLineBackward once it has one.
+        ``kept``: per launch run as its augmented forward, the state tapes the call kept (FastTape.kept)."""
         schedule = (tuple(needs), tuple(map(_given, grads)))
         fast = self.backwards.get(schedule) if recording_backward.get() is None else False
         if fast and fast.grad is op_backward.grad:  # (tests spy on grad: a new one is a new backward)
-            if current_tape.get() is None and not torch.is_grad_enabled():  # (as FastBackward.__call__, inlined)
+            if current_tape.get() is None and not torch.is_grad_enabled():  # (fast's __call__, inlined)
                 ensure_allocator()
                 return fast.run(saved, grads, needs, kept)
             return fast(saved, grads, needs, kept)
@@ -178,15 +178,15 @@ class Replay:
             _with_tapes(r, kept[i]) if i in kept else r for i, r in enumerate(self.recorded)]
         result = self.planned(saved, grads, needs, recorded)
         if fast is not False:
-            self.backwards[schedule] = FastBackward.of(self, schedule)
+            self.backwards[schedule] = StraightLineBackward.of(self, schedule)
         return result
 
     def planned(self, saved: tuple, grads: tuple, needs: Sequence[bool], recorded: list) -> list:
-        """The gradients by the plan's OpBackward over ``recorded`` (the replay's launches, or a call's copies of
-        them holding its state tapes)."""
+        """The gradients by PlannedBackward over ``recorded`` (the replay's launches, or copies with a call's tapes)."""
         token = current_tape.set(recording_backward.get())  # derived kernels are not recorded (see tape.py)
         try:
-            return op_backward.OpBackward(self.name, self.plan, recorded, self.deterministic).run(saved, grads, needs)
+            backward = op_backward.PlannedBackward(self.name, self.plan, recorded, self.deterministic)
+            return backward.run(saved, grads, needs)
         finally:
             current_tape.reset(token)
 
@@ -229,7 +229,7 @@ class Replays:
         return fast.fallen, result
 
     def tape(self) -> FastTape | LearningTape:
-        """A bare op's first segment's tape (segments.py): a replay's where the op has one, else one that learns."""
+        """A bare op's first segment's tape (ops/segments.py): a replay's where the op has one, else one that learns."""
         return FastTape(self) if self.found and ENABLED and not capturing() else LearningTape(self)
 
     def learn(self, tape: LearningTape) -> None:
@@ -250,8 +250,8 @@ class LearningTape(Tape):
         super().__init__(replays.name, replays.plans, replays.deterministic)
         self.replays = replays
         self.callable_grids: list[bool] = []  # per launch: whether its grid was a function
-        self.dirty = False  # (segments.py: a bare op's segment whose written buffers come out marked dirty)
-        self.learnable = True  # (segments.py: not a segment a PyTorch call closed, of a call of several)
+        self.dirty = False  # (ops/segments.py: a bare op's segment whose written buffers come out marked dirty)
+        self.learnable = True  # (ops/segments.py: not a segment a PyTorch call closed, of a call of several)
 
     def record(self, kernel: Any, grid: Any, args: tuple, kwargs: dict, callable_grid: bool | None = None) -> None:
         self.callable_grids.append(callable(grid) if callable_grid is None else callable_grid)
@@ -454,7 +454,7 @@ class FastTape:
     def close(self, outputs: tuple, args: tuple, kwargs: dict, dirty: bool = False) -> list | None:
         """The tensors to differentiate, once the op's outputs and arguments are found where the replay's were among
         the call's tensors (``saved``: those the backward reads); else None, having fallen back. ``dirty``: a bare
-        op's segment, its outputs the buffers its launches wrote (segments.py), as the replay's must be."""
+        op's segment, its outputs the buffers its launches wrote (ops/segments.py), as the replay's must be."""
         replay = self.replay
         if replay is None or replay.dirty is not dirty \
                 or (self.count, len(outputs), len(outputs) + len(args) + len(kwargs)) != replay.closing \

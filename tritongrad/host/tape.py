@@ -33,13 +33,13 @@ from ..runtime import relaunch
 from ..runtime.augment import SavedStates, keeping
 from ..runtime.derivation import decisive_constexprs, hashable
 from .aliases import alias_view
-from .backward import OpBackward, derive_ahead, recording_backward
+from .backward import PlannedBackward, derive_ahead, recording_backward
 from .call_tensors import CallTensors, nested_tensors
+from .configs import Tiles
 from .host_descriptors import descriptor_view, has_host_descriptors
 from .kernel_roles import KernelInfo, kernel_info, kernel_infos, read_as_left
 from .planning import Planner
 from .shadows import Plan, launch_name
-from .tiles import Tiles
 
 # the Tape recording launches (None outside an op; hooks.py's DRY or Launches while a named op's host function
 # runs without a tape)
@@ -93,7 +93,7 @@ class RecordedLaunch:
                  tiles: Tiles | None = None):
         self.kernel, self.info, self.index, self.grid, self.args, self.kwargs = kernel, info, index, grid, args, kwargs
         self.saved: SavedStates | None = None  # the state tapes its forward kept for its backward (augment.py)
-        self.tiles = tiles  # the configs its backward may be launched with instead of its own (tiles.py)
+        self.tiles = tiles  # the configs its backward may be launched with instead of its own (configs.py)
 
     def __str__(self) -> str:
         return launch_name(self.index, self.info)
@@ -162,7 +162,7 @@ class Tape:
 
     def written_by_last(self) -> list[torch.Tensor]:
         """The tensors the latest launch was passed to pointers it stores through (every one, where what it does
-        with them is unknown): a bare op's segments (segments.py) watch their memory."""
+        with them is unknown): a bare op's segments (ops/segments.py) watch their memory."""
         launch, (_, positions, names, *_) = self.launches[-1], self.patterns[-1]
         roles, tensors = launch.info.roles, self.tensors.tensors
         return [tensors[i] for p, i in _by_parameter(launch.info, positions, names).items()
@@ -402,6 +402,6 @@ class Tape:
         # derived kernels are not recorded, even inside another op's forward (but by a backward run as an op)
         token = current_tape.set(launches if launches is not None else recording_backward.get())
         try:
-            return OpBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
+            return PlannedBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
         finally:
             current_tape.reset(token)

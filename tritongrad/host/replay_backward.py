@@ -1,11 +1,11 @@
 """A replay's backward for one schedule (replay.py): what each step's ``launcher.Launcher`` launches, launched
-newest first on the shadows as ``OpBackward`` launches it once its backwards are unchecked, without its layers.
+newest first on the shadows as ``PlannedBackward`` launches it once its backwards are unchecked, without its layers.
 
 The steps' Launchers (kept by an earlier backward of the plan for the replay's non-tensor arguments) are found
-once, and the backward is written out as one Python function for the schedule (``FastBackward.src``): the
+once, and the backward is written out as one Python function for the schedule (``StraightLineBackward.src``): the
 schedule fixes which outputs have gradients and which inputs need them, the plan every shadow's storage, shape,
 dtype and device, each kept launch its values; what is left per call is the tensors. Each statement is what
-``OpBackward._backward`` and ``Launcher.__call__`` do on that path, in their order (the first maker of a storage's
+``PlannedBackward._backward`` and ``Launcher.__call__`` do on that path, in their order (the first maker of a storage's
 shadow decides whether it is zero-filled). A kept launch without partial rows, scratch or later adds goes through
 its Relauncher (every value Triton binds, where it launches directly) or, in the interpreter, to the kernel on its
 grid; one with them through ``PartLaunch.launch``; the state tapes a launch run as its augmented forward kept are
@@ -27,36 +27,37 @@ from .shadows import Plan, Shadow, contiguous, stand_in_tensor
 from .tape import current_tape
 
 
-class FastBackward:
-    """See the module docstring. ``grad``: backward.grad as it was when the Launchers were kept (tests spy on it:
-    another one is another backward). ``run(saved, grads, needs, kept)``: the backward, grad mode off (``kept``: per
-    launch run as its augmented forward, the state tapes the call kept, replay.FastTape.kept)."""
+class StraightLineBackward:
+    """A replay's backward for one schedule as straight-line Python (see the module docstring). ``grad``:
+    backward.grad as it was when the Launchers were kept (tests spy on it: another one is another backward).
+    ``run(saved, grads, needs, kept)``: the backward, grad mode off (``kept``: per launch run as its augmented
+    forward, the state tapes the call kept, replay.FastTape.kept)."""
 
     def __init__(self, replay: Any, schedule: tuple, launchers: tuple):
         self.grad = op_backward.grad
-        self.backward = op_backward.OpBackward(replay.name, replay.plan, replay.recorded, replay.deterministic)
+        self.backward = op_backward.PlannedBackward(replay.name, replay.plan, replay.recorded, replay.deterministic)
         self.src, namespace = _written(self.backward, schedule, launchers)
         exec(compile(self.src, f"<tritongrad backward of {replay.name}>", "exec"), namespace)  # noqa: S102
         self.run = namespace["run"]
 
     @staticmethod
-    def of(replay: Any, schedule: tuple) -> FastBackward | None | bool:
+    def of(replay: Any, schedule: tuple) -> StraightLineBackward | None | bool:
         """None where a step has no Launcher yet (the first backwards of a plan keep them), False where one is
-        never kept (this schedule's backward stays OpBackward's)."""
+        never kept (this schedule's backward stays PlannedBackward's)."""
         plan = replay.plan
         if schedule not in plan.checked:
             return None
         launchers = []
         for step in plan.steps(*schedule):
             index = step.launch.index
-            launch = replay.recorded[index]  # OpBackward._run_step's key (run as its augmented forward: a call's
+            launch = replay.recorded[index]  # PlannedBackward._run_step's key (run as its augmented forward: a call's
             keep = (op_backward.grad, replay.deterministic, launch.args, tuple(launch.kwargs.items()), launch.grid,
                     replay.expected[index].augmented)  # tapes, FastTape.kept)
             launcher = step.launchers.get(keep)
             if not launcher:
                 return None if launcher is None else False
             launchers.append((index, launcher))
-        return FastBackward(replay, schedule, tuple(launchers))
+        return StraightLineBackward(replay, schedule, tuple(launchers))
 
     def __call__(self, saved: tuple, grads: tuple, needs: Sequence[bool], kept: dict | None = None) -> list:
         token = current_tape.set(None) if current_tape.get() is not None else None  # (inside another op's forward)
@@ -87,7 +88,7 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
     first_made = _first_made(plan, launchers)
     kept: set[int] = set()  # the storages whose shadows the function has made so far
     seen: dict[tuple, str] = {}  # (storage, view) -> the local holding that view of its shadow
-    for i, (output, given) in enumerate(zip(plan.outputs, present, strict=True)):  # OpBackward._backward's
+    for i, (output, given) in enumerate(zip(plan.outputs, present, strict=True)):  # PlannedBackward._backward's
         if output is None or not given:
             continue
         shadow, reused_as, size, dtype, overlapping = output
@@ -98,7 +99,8 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
             lines += [f"    if g{i}.dtype == {bound(dtype)} and g{i}.shape == {bound(size)} and g{i}.is_contiguous():",
                       f"        shadows[{shadow.key}] = {reused}", "    else:"]
             indent = "        "
-        made = f"_shadow(shadows, {bound(_maker(plan, shadow, True, False))})"  # (OpBackward._shadow's, zero-filled)
+        # (PlannedBackward._shadow's, zero-filled)
+        made = f"_shadow(shadows, {bound(_maker(plan, shadow, True, False))})"
         kept.add(shadow.key)
         if overlapping:
             lines.append(f"{indent}_scatter_add({made}, g{i})")
@@ -148,7 +150,7 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
         buffers = "{" + ", ".join(f"{p!r}: {sources[2, p]}" for p, *_ in launcher.buffers) + "}"
         for traced, wired in launcher.launches:
             lines += _launch(traced, wired, sources, buffers, backward.deterministic, bound)
-    if plan.plain_inputs:  # OpBackward._input_grads: the shadows as they are
+    if plan.plain_inputs:  # PlannedBackward._input_grads: the shadows as they are
         found = [f"shadows.get({v.key})" if need else "None" for v, need in zip(plan.input_views, needs, strict=True)]
         lines.append(f"    return [{', '.join(found)}]")
     else:
@@ -157,9 +159,9 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
 
 
 def _input_grads(plan: Plan, needs: tuple, kept: set[int], seen: dict, bound: Any) -> list[str]:
-    """The statements returning what ``OpBackward._input_grads`` returns, decided here as far as the schedule decides
-    it (which inputs are needed, which shadows the function made, the views' relations and layouts): each input's
-    gradient its shadow seen through its view, or None (not needed, not reached, or an earlier input has its
+    """The statements returning what ``PlannedBackward._input_grads`` returns, decided here as far as the schedule
+    decides it (which inputs are needed, which shadows the function made, the views' relations and layouts): each
+    input's gradient its shadow seen through its view, or None (not needed, not reached, or an earlier input has its
     elements); the call itself where an input's elements are taken from a later one's or its view overlaps itself."""
     views, relations = plan.input_views, op_backward.input_relations(plan)
     live = [need and v.key in kept for v, need in zip(views, needs, strict=True)]
@@ -210,7 +212,8 @@ def _launch(traced: Any, wired: tuple, sources: dict, buffers: str, deterministi
 
 def _first_made(plan: Plan, launchers: tuple) -> dict[int, torch.dtype]:
     """Per storage, the dtype of its shadow as the first launch to use it makes it: an output's gradient is copied
-    into a buffer of that dtype (OpBackward._shadow of a _Given: an input updated in place there, its own dtype)."""
+    into a buffer of that dtype (PlannedBackward._shadow of a _Given: an input updated in place there, its own
+    dtype)."""
     found: dict[int, torch.dtype] = {}
     for _, launcher in launchers:
         for _, shadow, _, own, _ in launcher.buffers:
@@ -221,7 +224,7 @@ def _first_made(plan: Plan, launchers: tuple) -> dict[int, torch.dtype]:
 
 
 def _maker(plan: Plan, shadow: Shadow, fill: bool, own_dtype: bool) -> tuple:
-    """How OpBackward._shadow makes a view's shadow in an unchecked backward: (storage key, view, shape, dtype,
+    """How PlannedBackward._shadow makes a view's shadow in an unchecked backward: (storage key, view, shape, dtype,
     device, torch.empty or torch.zeros)."""
     shape, _, device = plan.buffers[shadow.key]
     make = torch.empty if not fill and plan.all_of_buffer(shadow) else torch.zeros
@@ -231,7 +234,7 @@ def _maker(plan: Plan, shadow: Shadow, fill: bool, own_dtype: bool) -> tuple:
 
 def _itself(plan: Plan, shadow: Shadow) -> bool:
     """Whether a shadow is its storage's buffer itself (its shape, in order from its first element): no view of it
-    to make (OpBackward._shadow's as_strided of it is the buffer again)."""
+    to make (PlannedBackward._shadow's as_strided of it is the buffer again)."""
     if shadow.view is None:
         return True
     size, stride, offset = shadow.view

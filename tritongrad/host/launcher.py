@@ -22,7 +22,7 @@ class Launcher:
     def __init__(self, replayed: tuple, outputs: tuple, buffers: tuple, launches: tuple, deterministic: bool):
         self.replayed = replayed  # (parameter, saved slot or None, stand-in) as LaunchPlan.replayed
         self.outputs = outputs  # (output, its Shadow)
-        self.buffers = buffers  # (input, Shadow, zero-filled, own dtype, donor slot) as OpBackward._buffers
+        self.buffers = buffers  # (input, Shadow, zero-filled, own dtype, donor slot) as PlannedBackward._buffers
         self.launches = launches  # (derive.PartLaunch with its non-tensor arguments, (argument, source, name)...)
         self.deterministic = deterministic
 
@@ -61,9 +61,9 @@ class Launcher:
 
     def __call__(self, saved: tuple, shadows: dict, shadow: Callable, tapes: dict | None = None) -> None:
         """Launch with ``saved`` tensors (and this call's state ``tapes``), making the shadows it writes in
-        ``shadows`` (``shadow``: OpBackward._shadow), in the order the traced launch made them."""
+        ``shadows`` (``shadow``: PlannedBackward._shadow), in the order the traced launch made them."""
         buffers = {p: shadow(shadows, s, None, fill, own, (saved, donor) if donor is not None else None)
-                   for p, s, fill, own, donor in self.buffers}  # (first: as OpBackward._launch)
+                   for p, s, fill, own, donor in self.buffers}  # (first: as PlannedBackward._launch)
         sources = ({p: saved[slot] if slot is not None else stand_in_tensor(stand_in)
                     for p, slot, stand_in in self.replayed},
                    {o: shadow(shadows, s) for o, s in self.outputs}, buffers, tapes)

@@ -1,4 +1,4 @@
-"""The backward of a named op under torch.compile, from what its saving forward returned (library.py's
+"""The backward of a named op under torch.compile, from what its saving forward returned (ops/library.py's
 ``ns::name_saving``: the outputs and the buffers its launches passed between them): the host function runs again
 with its launches skipped, its fresh buffers are swapped for the saved ones, and the launches are recorded on a tape
 as in eager mode (``eager_backward``: the opaque ``ns::name_saved_backward``, on real tensors). Not opaque, the
@@ -18,10 +18,10 @@ import torch
 from ..core import device
 from ..writes.strategies import span_of
 from . import hooks
-from .autograd_function import as_tuple
+from .call_tensors import as_tuple
+from .configs import current_heuristics
 from .kernel_roles import kernel_info
 from .tape import Tape
-from .tiles import current_heuristics
 
 _log = logging.getLogger("tritongrad")
 
@@ -92,7 +92,7 @@ def _saved_tape(fn: Any, name: str, plans: dict, deterministic: bool, inputs: li
 def _recorded(tape: Tape, launches: hooks.Launches, swap: Any) -> Tape:
     """``tape`` with the gathered ``launches`` recorded on it, their tensors ``swap``ped for the saved ones."""
     for (kernel, grid, a, kw), heuristics in zip(launches.calls, launches.heuristics, strict=True):
-        token = current_heuristics.set(heuristics)  # (as the launch ran: its tiles may be re-chosen, tiles.py)
+        token = current_heuristics.set(heuristics)  # (as the launch ran: its tiles may be re-chosen, configs.py)
         try:
             tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
         finally:

@@ -19,8 +19,8 @@ import torch
 
 from ..codegen.generate import self_contained
 from ..core.errors import OpError
+from .configs import current_heuristics
 from .tape import current_autotuner, current_tape
-from .tiles import current_heuristics
 
 DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
 
@@ -47,7 +47,7 @@ class Launches:
     (what torch.compile traces inside a triton_op), "run" launches it, "skip" does not (the launches'
     arguments are all that is wanted). ``tuned``: an autotuner was launched (in "skip" mode the config
     it would choose, which the backward needs, is unknown). ``heuristics``: per launch, the
-    ``@triton.heuristics`` that ran it, or None (a tape recording it is told: tiles.py)."""
+    ``@triton.heuristics`` that ran it, or None (a tape recording it is told: configs.py)."""
 
     def __init__(self, mode: str, name: str = ""):
         self.mode, self.name = mode, name  # name: the op's, for errors
@@ -147,7 +147,7 @@ def _recorded(run):
         boundary = tape.boundary
         if boundary is None:
             return tape.launch(run, self, grid, args, kwargs, warmup)
-        with torch._C.DisableTorchFunction():  # a bare op's watch (segments.py) is not for the launch itself
+        with torch._C.DisableTorchFunction():  # a bare op's watch (ops/segments.py) is not for the launch itself
             result = tape.launch(run, self, grid, args, kwargs, warmup)
             boundary.launched()
         return result
@@ -193,7 +193,7 @@ def _heuristics_hooked(run):
     def heuristics_run(self, *args, **kwargs):
         if current_tape.get() is None:
             return run(self, *args, **kwargs)
-        token = current_heuristics.set(self)  # its launch keeps its config: the values may be the tiles' (tiles.py)
+        token = current_heuristics.set(self)  # its launch keeps its config: the values may be the tiles' (configs.py)
         try:
             return run(self, *args, **kwargs)
         finally:

@@ -7,7 +7,7 @@ the forward's. Running the backward of a launch under another config is sound on
 not depend on the config: an autotuner's configs are interchangeable by its contract (it picks one by speed alone);
 for any other kernel only its author can say so (a block-wise scaled or quantized kernel's result depends on its
 block size), which ``backward_configs`` declares. runtime/tuning.py times the backward under each and keeps the
-fastest (ops/backward.py).
+fastest (host/backward.py).
 """
 
 from __future__ import annotations
