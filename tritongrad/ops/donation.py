@@ -59,13 +59,14 @@ def candidates(plan: Any) -> frozenset[int]:
             for p, v in launch.views.items():
                 uses.setdefault(v.key, []).append((launch, p))
         outputs = {v.key for v in plan.output_views}
+        updated = {v for v in plan.output_views if [u for u in plan.output_views if u.key == v.key] == [v]}
         reread = {slot for launch in plan.launches for slot in launch.stored.values()}
         found = set()
         for launch in plan.launches:
             for p in launch.params("inputs"):
                 v, slot = launch.views[p], launch.slots.get(p)
                 if (slot is None or slot in plan.unused or slot in reread or not v.dtype.is_floating_point
-                        or v.key not in plan.whole or v.key in outputs or len(uses[v.key]) != 1
+                        or v.key not in plan.whole or (v.key in outputs and v not in updated) or len(uses[v.key]) != 1
                         or [u for u in plan.input_views if u.key == v.key] != [v]):
                     continue
                 found.add(slot)
@@ -73,11 +74,14 @@ def candidates(plan: Any) -> frozenset[int]:
     return plan.donors
 
 
-def donor_slot(plan: Any, step: Any, prepared: Any, p: str, args: dict, fill: bool, own: bool) -> int | None:
+def donor_slot(plan: Any, step: Any, prepared: Any, p: str, args: dict, fill: bool, own: bool,
+               written: frozenset = frozenset()) -> int | None:
     """The saved slot whose memory may take input ``p``'s gradient buffer in this step's backward (see the module's
     docstring), or None."""
     slot = step.launch.slots.get(p)
-    if fill or not own or slot not in candidates(plan) or p not in step.sole or p in step.outputs:
+    if fill or not own or slot not in candidates(plan) or p not in step.sole:
+        return None
+    if p in written:  # (its buffer holds gradient already: an input updated in place whose new values have one)
         return None
     shadow, view = step.shadows[p], step.launch.views[p]
     if shadow.view is not None or plan.buffer_dtype(shadow, own) != view.dtype:
