@@ -3,7 +3,9 @@ still holds it (a cross-entropy's ``logits.float()``, made inside a loss functio
 tensor is its only holder), so that the input and its gradient are never alive together.
 
 Where it may happen is decided once per plan (``candidates``: an input read by one launch through one parameter, all
-of its storage, no output's) and per launch's backward variant (``donor_slot``: the input's gradient stored once per
+of its storage, no output's but its own as the launch updated it in place) and per launch's backward variant
+(``donor_slot``: the buffer holding no gradient yet (an input updated in place: its new values have none, as Liger's
+loss-only cross-entropy's logits, whose ignored rows it zeroes), the input's gradient stored once per
 element by one derived kernel, in the input's own dtype, no other step writing it, and that kernel updating the input
 in place as analysis/in_place.py accepts an update: every load of the input followed, in its block, by the store of
 its gradient to the same address under the same mask, so that each element is read before it is written, by the
@@ -51,8 +53,8 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 def candidates(plan: Any) -> frozenset[int]:
     """The saved slots whose memory may take an input's gradient (once per plan): a float input one launch alone reads,
-    through one parameter, its view all of its storage's shadow (``Plan.whole``), no output's storage, not read back
-    as a launch left it, kept for the backward."""
+    through one parameter, its view all of its storage's shadow (``Plan.whole``), no output's storage but its own view
+    (the input updated in place), not read back as a launch left it, kept for the backward."""
     if plan.donors is None:
         uses: dict[int, list] = {}
         for launch in plan.launches:
