@@ -252,3 +252,125 @@ def test_only_an_update_in_place_passes_the_analysis(device):
         donation._safe.clear()
     assert any(found["cross_entropy"].values())
     assert found["mirrored"] and not any(found["mirrored"].values())
+
+
+# -- an input the launch updates in place: Liger's loss-only cross-entropy zeroes the ignored rows' logits ---------
+
+
+def _liger_style():
+    import test_liger_style
+
+    return test_liger_style
+
+
+liger_rows = tritongrad.op(lambda logits, target, n: _liger_style().cross_entropy_per_row(logits, target, n))
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """The gradient buffers made with torch.empty (left unfilled: every element stored) come back NaN."""
+    empty = torch.empty
+
+    def nan_filled(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", nan_filled)
+
+
+def _hf_inputs(device, rows=11, hidden=5, vocab=43):
+    x = torch.randn(rows, hidden, device=device, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(hidden, vocab, device=device, dtype=torch.float64, requires_grad=True)
+    target = _liger_style().targets(rows, vocab, device, ignored=(1, 4, 5, 10))
+    return x, w, target, int((target != _liger_style().IGNORE).sum())
+
+
+def _hf_loss(logits, target, n, seen):
+    """As HF's loss function calls Liger's: the logits made fresh for it (``logits.float()`` of bf16 logits; here a
+    float64 copy) and dropped when it returns; the gradient of that fresh tensor's values caught on its way back."""
+    made = logits.to(torch.float64, copy=True)
+    made.register_hook(seen.append)  # (registered before the launch: the gradient of the values it was given)
+    seen.append(made.data_ptr())
+    return liger_rows(made, target, n)
+
+
+def _want(x, w, target, n):
+    return torch.nn.functional.cross_entropy(x @ w, target, ignore_index=_liger_style().IGNORE, reduction="none") / n
+
+
+def test_logits_a_loss_only_cross_entropy_zeroes_take_their_gradient_in_their_own_memory(device, nan_empty):
+    """The launch zeroes the ignored rows' logits (they are an output of the node: an input updated in place); nothing
+    reads them after, so their new values have no gradient, and the derived kernel writes every element (the loads'
+    adjoints, zeros on the ignored rows) after reading it: the logits' memory takes their gradient. Before: a buffer
+    of its own, zero-filled."""
+    x, w, target, n = _hf_inputs(device)
+    for i in range(CALLS):
+        seen, taken = [], donation.taken
+        rows = _hf_loss(x @ w, target, n, seen)
+        g = torch.randn_like(rows)
+        got = torch.autograd.grad(rows, (x, w), g)
+        for a, b in zip(got, torch.autograd.grad(_want(x, w, target, n), (x, w), g), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        where, gradient = seen
+        assert (donation.taken - taken, gradient.data_ptr() == where) == ((0, False) if i == 0 else (1, True)), i
+        assert not gradient[[1, 4, 5, 10]].any()  # (the ignored rows' zeros stored over their logits)
+
+
+def test_logits_the_caller_holds_are_not_written(device, nan_empty):
+    x, w, target, n = _hf_inputs(device)
+    for _ in range(CALLS):
+        made, taken = x @ w, donation.taken
+        rows = liger_rows(made, target, n)
+        left = made.clone()  # (as the launch left them: the ignored rows zeroed)
+        g = torch.randn_like(rows)
+        got = torch.autograd.grad(rows, (x, w), g)
+        for a, b in zip(got, torch.autograd.grad(_want(x, w, target, n), (x, w), g), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        assert donation.taken == taken and torch.equal(made, left)
+
+
+def test_logits_used_after_the_call_are_not_written(device, nan_empty):
+    """The updated logits read after the op (their new values have a gradient, which the buffer starts with): their
+    memory is not taken, and the gradient of the values given is the loss's plus what passes through the rows not
+    zeroed."""
+    x, w, target, n = _hf_inputs(device)
+    keep = (target != _liger_style().IGNORE)[:, None].to(torch.float64)
+    c = torch.randn(x.shape[0], w.shape[1], device=device, dtype=torch.float64)
+    for _ in range(CALLS):
+        taken = donation.taken
+        made = (x @ w).to(torch.float64, copy=True)
+        loss = liger_rows(made, target, n).sum() + (made * c).sum()
+        del made
+        got = torch.autograd.grad(loss, (x, w))
+        want = _want(x, w, target, n).sum() + ((x @ w) * keep * c).sum()
+        for a, b in zip(got, torch.autograd.grad(want, (x, w)), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        assert donation.taken == taken
+
+
+def test_logits_updated_in_place_under_retain_graph_then_freed(device):
+    x, w, target, n = _hf_inputs(device)
+    for _ in range(CALLS):
+        seen, taken = [], donation.taken
+        rows = _hf_loss(x @ w, target, n, seen)
+        g = torch.randn_like(rows)
+        want = torch.autograd.grad(_want(x, w, target, n), (x, w), g)
+        first = torch.autograd.grad(rows, (x, w), g, retain_graph=True)
+        assert donation.taken == taken
+        second = torch.autograd.grad(rows, (x, w), g)  # (may take it: the graph is freed after this one)
+        for got in (first, second):
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        assert seen[1].data_ptr() != seen[0]  # (the first backward's gradient: its own memory)
+
+
+def test_logits_updated_in_place_under_create_graph_are_not_written(device):
+    x, w, target, n = _hf_inputs(device)
+    for _ in range(CALLS):
+        seen, taken = [], donation.taken
+        rows = _hf_loss(x @ w, target, n, seen)
+        g = torch.randn_like(rows)
+        got = torch.autograd.grad(rows, (x, w), g, create_graph=True)
+        for a, b in zip(got, torch.autograd.grad(_want(x, w, target, n), (x, w), g), strict=True):
+            torch.testing.assert_close(a.detach(), b, rtol=1e-12, atol=1e-12)
+        assert donation.taken == taken and seen[1].data_ptr() != seen[0]

@@ -264,7 +264,7 @@ class PlannedBackward:
         laid = self._laid(step)
         prepared = bwd.prepare({**args, **laid} if laid else args, grid, written, step.shared, step.self_overlapping,
                                launch.saved)
-        found = (bwd, prepared, self._buffers(step, prepared, args))
+        found = (bwd, prepared, self._buffers(step, prepared, args, written))
         if key is not None:
             step.ready[key] = found
         return found
@@ -276,7 +276,8 @@ class PlannedBackward:
         return {p: torch.empty_strided(v.size, v.stride, dtype=v.dtype, device="meta")
                 for p, v in step.launch.views.items() if slots.get(p) is None or slots[p] in self.plan.unused}
 
-    def _buffers(self, step: Step, prepared: Any, args: dict) -> tuple[tuple[str, Shadow, bool, bool, Any], ...]:
+    def _buffers(self, step: Step, prepared: Any, args: dict, written: frozenset = frozenset()
+                 ) -> tuple[tuple[str, Shadow, bool, bool, Any], ...]:
         """Per input: its shadow; zero-filled unless the kernel writes every element of the view (and no other
         input's gradient is added there: ``shared``); in the input's own dtype where it is the only gradient the
         storage gets (no other step writes it, no atomics); the saved slot whose memory may take it
@@ -286,7 +287,7 @@ class PlannedBackward:
             c = prepared.choices[p]
             sets_all = c.strategy.unfilled(c) and p not in step.shared
             own = p in step.sole and c.strategy.in_input_dtype()
-            slot = donation.donor_slot(self.plan, step, prepared, p, args, not sets_all, own)
+            slot = donation.donor_slot(self.plan, step, prepared, p, args, not sets_all, own, written)
             found.append((p, step.shadows[p], not sets_all, own, slot))
         return tuple(found)
 

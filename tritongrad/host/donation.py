@@ -3,7 +3,9 @@ still holds it (a cross-entropy's ``logits.float()``, made inside a loss functio
 tensor is its only holder), so that the input and its gradient are never alive together.
 
 Where it may happen is decided once per plan (``candidates``: an input read by one launch through one parameter, all
-of its storage, no output's) and per launch's backward variant (``donor_slot``: the input's gradient stored once per
+of its storage, no output's but its own as the launch updated it in place) and per launch's backward variant
+(``donor_slot``: the buffer holding no gradient yet (an input updated in place: its new values have none, as Liger's
+loss-only cross-entropy's logits, whose ignored rows it zeroes), the input's gradient stored once per
 element by one derived kernel, in the input's own dtype, no other step writing it, and that kernel updating the input
 in place as analysis/in_place.py accepts an update: every load of the input followed, in its block, by the store of
 its gradient to the same address under the same mask, so that each element is read before it is written, by the
@@ -51,21 +53,22 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 def candidates(plan: Any) -> frozenset[int]:
     """The saved slots whose memory may take an input's gradient (once per plan): a float input one launch alone reads,
-    through one parameter, its view all of its storage's shadow (``Plan.whole``), no output's storage, not read back
-    as a launch left it, kept for the backward."""
+    through one parameter, its view all of its storage's shadow (``Plan.whole``), no output's storage but its own view
+    (the input updated in place), not read back as a launch left it, kept for the backward."""
     if plan.donors is None:
         uses: dict[int, list] = {}
         for launch in plan.launches:
             for p, v in launch.views.items():
                 uses.setdefault(v.key, []).append((launch, p))
         outputs = {v.key for v in plan.output_views}
+        updated = {v for v in plan.output_views if [u for u in plan.output_views if u.key == v.key] == [v]}
         reread = {slot for launch in plan.launches for slot in launch.stored.values()}
         found = set()
         for launch in plan.launches:
             for p in launch.params("inputs"):
                 v, slot = launch.views[p], launch.slots.get(p)
                 if (slot is None or slot in plan.unused or slot in reread or not v.dtype.is_floating_point
-                        or v.key not in plan.whole or v.key in outputs or len(uses[v.key]) != 1
+                        or v.key not in plan.whole or (v.key in outputs and v not in updated) or len(uses[v.key]) != 1
                         or [u for u in plan.input_views if u.key == v.key] != [v]):
                     continue
                 found.add(slot)
@@ -73,11 +76,14 @@ def candidates(plan: Any) -> frozenset[int]:
     return plan.donors
 
 
-def donor_slot(plan: Any, step: Any, prepared: Any, p: str, args: dict, fill: bool, own: bool) -> int | None:
+def donor_slot(plan: Any, step: Any, prepared: Any, p: str, args: dict, fill: bool, own: bool,
+               written: frozenset = frozenset()) -> int | None:
     """The saved slot whose memory may take input ``p``'s gradient buffer in this step's backward (see the module's
     docstring), or None."""
     slot = step.launch.slots.get(p)
-    if fill or not own or slot not in candidates(plan) or p not in step.sole or p in step.outputs:
+    if fill or not own or slot not in candidates(plan) or p not in step.sole:
+        return None
+    if p in written:  # (its buffer holds gradient already: an input updated in place whose new values have one)
         return None
     shadow, view = step.shadows[p], step.launch.views[p]
     if shadow.view is not None or plan.buffer_dtype(shadow, own) != view.dtype:

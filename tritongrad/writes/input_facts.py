@@ -39,6 +39,7 @@ from ..core.ir import (
     op_of,
     program_axis,
     statements,
+    stored_value,
     target_of,
 )
 from ..core.operations import operation_of
@@ -197,10 +198,21 @@ def _shown(a: Analysis) -> dict[str, InputFacts]:
             inputs[p] = InputFacts(p, why="it is loaded by several statements")  # but where no program that
         # loads stores (an early return's stores), its loads' adjoints are written as a plain input's: added to the
         # new values' gradient, or stored where there is none (BackwardKernel.prepare), the other loads' later)
-        inputs[p] = replace(inputs[p], covers=None, shared={}, in_registers=frozenset(), fallback=None)
+        covers = inputs[p].covers if _zeroes_its_stores(a, p) else None
+        inputs[p] = replace(inputs[p], covers=covers, shared={}, in_registers=frozenset(), fallback=None)
     if a.in_place:  # one kernel: every input's adjoint reads the new values' gradient before it is replaced
         inputs = {p: replace(facts, interchange={}, trips=None) for p, facts in inputs.items()}
     return inputs
+
+
+def _zeroes_its_stores(a: Analysis, p: str) -> bool:
+    """Whether an input updated in place keeps its loads' ``covers``: its loads read only what no store writes
+    (``unchanged``: an early return's stores) and every store to it is a ``tl.store`` of a value without gradient,
+    whose adjoint stores zeros and reads nothing. Where its new values have no gradient (its loads' adjoints then
+    stored: BackwardKernel.prepare), the kernel writes every element and reads none: the buffer needs no zero-fill
+    (and may be the input's own memory: host/donation.py)."""
+    return p in a.unchanged and all(operation_of(op_of(s)).memory == "store" and not a.is_active(stored_value(s))
+                                    for s in a.stores.get(p, ()))
 
 
 @dataclass
