@@ -11,6 +11,13 @@ import tritongrad
 from tritongrad.examples import cross_entropy, swiglu
 from tritongrad.host import donation
 
+
+@pytest.fixture(autouse=True)
+def _small_buffers_donate(monkeypatch):
+    """These tests' tensors are small: donation is considered for every size here (DONATE_AT_LEAST)."""
+    monkeypatch.setattr(donation, "DONATE_AT_LEAST", 0)
+
+
 # the first backward of a plan is checked (guard bands: never donated); then PlannedBackward, then kept launches
 CALLS = 4
 
@@ -53,6 +60,20 @@ def test_a_dropped_input_takes_its_gradient_in_its_own_memory(kind, device):
         (expected,) = torch.autograd.grad(cross_entropy.reference(leaf, target), leaf, g)
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
         assert seen[0].data_ptr() == where or i == 0, i  # donated but in the first (checked) backward of a plan
+
+
+def test_a_buffer_under_the_threshold_is_not_donated(device, monkeypatch):
+    """Donation's check costs seconds once per kind of call: a buffer under DONATE_AT_LEAST is not worth it."""
+    monkeypatch.setattr(donation, "DONATE_AT_LEAST", 7 * 59 * 8 + 1)  # one byte more than the logits
+    leaf, target = _inputs(device, rows=7, vocab=59)  # (a kind of call no other test made: decided afresh)
+    before = donation.taken
+    for _ in range(CALLS):
+        loss, _ = _made_inside(OPS["named"], leaf, target, [])
+        g = torch.randn_like(loss)
+        (got,) = torch.autograd.grad(loss, leaf, g)
+        (expected,) = torch.autograd.grad(cross_entropy.reference(leaf, target), leaf, g)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert donation.taken == before
 
 
 @pytest.mark.parametrize("kind", OPS)

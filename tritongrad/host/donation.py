@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import contextvars
 import copy
+import math
 from typing import Any
 
 import torch
@@ -76,6 +77,11 @@ def candidates(plan: Any) -> frozenset[int]:
     return plan.donors
 
 
+# Buffers smaller than this are never donated: the check a donation needs (updates_in_place: the derived kernel
+# normalized again) costs seconds of CPU once per kind of call, and saves nothing worth it on a small buffer.
+DONATE_AT_LEAST = 1 << 20  # bytes
+
+
 def donor_slot(plan: Any, step: Any, prepared: Any, p: str, args: dict, fill: bool, own: bool,
                written: frozenset = frozenset()) -> int | None:
     """The saved slot whose memory may take input ``p``'s gradient buffer in this step's backward (see the module's
@@ -87,6 +93,8 @@ def donor_slot(plan: Any, step: Any, prepared: Any, p: str, args: dict, fill: bo
         return None
     shadow, view = step.shadows[p], step.launch.views[p]
     if shadow.view is not None or plan.buffer_dtype(shadow, own) != view.dtype:
+        return None
+    if math.prod(view.size) * view.dtype.itemsize < DONATE_AT_LEAST:
         return None
     c = prepared.choices.get(p)
     parts = prepared.variant.parts
