@@ -69,7 +69,8 @@ def test_dual_tensors_through_a_named_example(name, size):
     torch.testing.assert_close(got, torch.func.jvp(reference, primals, tangents), **TOL)
 
 
-@pytest.mark.parametrize(("name", "size"), [("sin", (3, 7)), ("softmax", (3, 7)), ("rmsnorm", (3, 7))])
+@pytest.mark.parametrize(("name", "size"), [("sin", (3, 7)), *[pytest.param(n, (3, 7), marks=pytest.mark.slow)
+                                                          for n in ("softmax", "rmsnorm")]])
 def test_hessian_is_refused_naming_reverse_over_reverse_which_matches_pytorch(name, size):
     """torch.func.hessian is jacfwd over jacrev: the op's backward in forward mode, not yet supported. Refused with
     a message naming it and the way that works (before: "differentiate it in one mode" alone); that way,

@@ -82,6 +82,7 @@ def _join_split_op(x, y, s):
     return z
 
 
+@pytest.mark.slow
 def test_join_then_split_differentiated_twice():
     """The derived kernel's `halves[0]` (an item of split's results; refused before: "cannot differentiate the
     subscript `halves[0]`") differentiated again: both second derivatives (the inputs', and the incoming gradient's)

@@ -191,6 +191,7 @@ def _second_derivatives(fn, inputs):
     return torch.autograd.grad(inner, (*inputs, gy))
 
 
+@pytest.mark.slow
 @pytest.mark.compiled
 @pytest.mark.parametrize("case", ["forward", "reverse", "same tensor twice", "both results"])
 def test_linear_recurrence_scan_differentiated_twice(case):

@@ -278,7 +278,8 @@ def test_a_declaration_the_kernel_cannot_take_is_refused_naming_what(config, sai
     assert id(kernel) not in declared
 
 
-@pytest.mark.parametrize("size", matmul.SIZES)
+@pytest.mark.parametrize("size", [s if i == 0 else pytest.param(s, marks=pytest.mark.slow)
+                                  for i, s in enumerate(matmul.SIZES)])
 def test_the_fixed_config_example_gets_pytorchs_gradients_under_a_declared_config(timed, size):
     a, b, ta, tb = matmul.make_inputs(size, dtype=torch.float64)
     a, b = a.requires_grad_(), b.requires_grad_()
@@ -343,7 +344,8 @@ def test_named_tiles_offer_configs_around_the_launchs():
     assert {dict(c)["BLOCK_K"] for c in around({"BLOCK_K": 1024}, ("BLOCK_K",), kernel)} == {512}  # none past its own
 
 
-@pytest.mark.parametrize("winner", [1, 4, 7])
+@pytest.mark.parametrize("winner", [pytest.param(1, marks=pytest.mark.slow), 4,
+                                    pytest.param(7, marks=pytest.mark.slow)])
 def test_a_launch_with_named_tiles_gets_its_backward_under_the_fastest_config_around_its_own(timed, poisoned_empty,
                                                                                               winner):
     kernel = named_tiles_kernel()

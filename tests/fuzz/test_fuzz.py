@@ -30,7 +30,7 @@ from .reshapes import check_reshaped, draw
 from .variations import FORMS, check_double_backward, form_of, narrow_states, pack, unpack
 
 EXAMPLES = 160  # with BINDINGS bindings each (the campaigns in docs/guarantees.md run thousands): `pytest -m slow`
-QUICK = 16  # the default run's share: kernels of its own, a seventh of the time
+QUICK = 10  # the default run's share: kernels of its own, a tenth of the time
 COPIED = 6  # and of the persistent matmul's walk and halves (generate.FOCUS's grouped_persistent, halves)
 PASSES = 3  # and of sibling loops over a row's column blocks (rereads, in_place)
 EDGE_SEEDS = [0, 62, 12, 157, 260]  # the call's variations: f32 state (0, 62), dot operands overlapping (12, 157, 260)
