@@ -72,11 +72,13 @@ def _compile_check(request):
 
 @pytest.fixture
 def poisoned_empty(monkeypatch):
-    """Buffers tritongrad leaves unfilled (every element stored) come back NaN: a missed element fails."""
-    empty = torch.empty_strided
+    """Buffers tritongrad leaves unfilled (every element stored) come back NaN: a missed element fails. Both of
+    torch's unfilled allocations are poisoned (the op's gradient buffers are made by either)."""
+    def poisoned(empty):
+        def nan_filled(*args, **kwargs):
+            t = empty(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        return nan_filled
 
-    def nan_filled(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty_strided", nan_filled)
+    monkeypatch.setattr(torch, "empty_strided", poisoned(torch.empty_strided))
+    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))

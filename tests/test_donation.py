@@ -287,18 +287,6 @@ def _liger_style():
 liger_rows = tritongrad.op(lambda logits, target, n: _liger_style().cross_entropy_per_row(logits, target, n))
 
 
-@pytest.fixture
-def nan_empty(monkeypatch):
-    """The gradient buffers made with torch.empty (left unfilled: every element stored) come back NaN."""
-    empty = torch.empty
-
-    def nan_filled(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", nan_filled)
-
-
 def _hf_inputs(device, rows=11, hidden=5, vocab=43):
     x = torch.randn(rows, hidden, device=device, dtype=torch.float64, requires_grad=True)
     w = torch.randn(hidden, vocab, device=device, dtype=torch.float64, requires_grad=True)
@@ -319,7 +307,7 @@ def _want(x, w, target, n):
     return torch.nn.functional.cross_entropy(x @ w, target, ignore_index=_liger_style().IGNORE, reduction="none") / n
 
 
-def test_logits_a_loss_only_cross_entropy_zeroes_take_their_gradient_in_their_own_memory(device, nan_empty):
+def test_logits_a_loss_only_cross_entropy_zeroes_take_their_gradient_in_their_own_memory(device, poisoned_empty):
     """The launch zeroes the ignored rows' logits (they are an output of the node: an input updated in place); nothing
     reads them after, so their new values have no gradient, and the derived kernel writes every element (the loads'
     adjoints, zeros on the ignored rows) after reading it: the logits' memory takes their gradient. Before: a buffer
@@ -337,7 +325,7 @@ def test_logits_a_loss_only_cross_entropy_zeroes_take_their_gradient_in_their_ow
         assert not gradient[[1, 4, 5, 10]].any()  # (the ignored rows' zeros stored over their logits)
 
 
-def test_logits_the_caller_holds_are_not_written(device, nan_empty):
+def test_logits_the_caller_holds_are_not_written(device, poisoned_empty):
     x, w, target, n = _hf_inputs(device)
     for _ in range(CALLS):
         made, taken = x @ w, donation.taken
@@ -350,7 +338,7 @@ def test_logits_the_caller_holds_are_not_written(device, nan_empty):
         assert donation.taken == taken and torch.equal(made, left)
 
 
-def test_logits_used_after_the_call_are_not_written(device, nan_empty):
+def test_logits_used_after_the_call_are_not_written(device, poisoned_empty):
     """The updated logits read after the op (their new values have a gradient, which the buffer starts with): their
     memory is not taken, and the gradient of the values given is the loss's plus what passes through the rows not
     zeroed."""
