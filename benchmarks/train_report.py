@@ -60,6 +60,8 @@ def notes(rows: list[dict]) -> list[str]:
     found = [f"{r['variant']}: {n}" for r in rows for n in r.get("notes", ())]
     found += [f"{r['variant']}: ranks' parameters differ by at most {r['rank_spread']:.1e}" for r in rows
               if "rank_spread" in r]
+    found += [f"{r['variant']}: {r['donated']} gradient buffers written over their inputs (host/donation.py)"
+              for r in rows if r.get("donated") is not None]
     return found
 
 
@@ -79,6 +81,8 @@ def show(rows: list[dict], cfg) -> None:
     for row in rows:
         if row.get("profile"):
             print(f"\n## {row['variant']}: top 20 ops by CUDA time (3 steps)\n{row['profile']}")
+        if row.get("memory"):
+            print(f"\n## {row['variant']}: memory at one step's peak\n{row['memory']}")
 
 
 def markdown(rows: list[dict]) -> str:

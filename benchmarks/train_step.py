@@ -64,6 +64,7 @@ class Config:
     fused_add_norm: bool = False  # form B: the post-attention residual add and RMSNorm fused (Liger's Function)
     parallel: str = ""  # "", "ddp" or "fsdp"
     profile: bool = False
+    memory: bool = False
     sync_debug: bool = False
     device: str = "cuda"
 
@@ -83,6 +84,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default=d.dtype, help="weights' dtype (default bfloat16)")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--profile", action="store_true", help="torch.profiler over 3 steps: top 20 ops by CUDA time")
+    p.add_argument("--memory", action="store_true", help="one more step with the allocator's history recorded: "
+                                                            "MiB alive at its peak by where it was allocated")
     p.add_argument("--sync-debug", action="store_true", help="2 more steps under set_sync_debug_mode('warn'): "
                                                                 "each place that synchronized")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel over --nproc GPUs (NCCL)")
@@ -237,6 +240,8 @@ def run_variant(cfg: Config, variant: str, reference: dict | None = None) -> tup
            "ms": statistics.median(times[cfg.warmup:] or times) * 1e3, "notes": notes, "world": world,
            "peak_gib": parallel.max_over_ranks(peak) / 2**30 if peak is not None else None,
            "first_peak_gib": parallel.max_over_ranks(first_peak) / 2**30 if first_peak is not None else None}
+    donation = sys.modules.get("tritongrad.host.donation")
+    row["donated"] = donation.taken if donation is not None and "tritongrad" in variant else None
     row["tokens_per_s"] = cfg.batch * cfg.seq * world / (row["ms"] / 1e3)
     if reference is not None and rank == 0:
         row["grad_errors"] = grad_errors(grads, reference)
@@ -246,6 +251,10 @@ def run_variant(cfg: Config, variant: str, reference: dict | None = None) -> tup
         row["sync"] = _sync_free(step, data)
     if cfg.profile and cuda:
         row["profile"] = _profile(step, data)
+    if cfg.memory and cuda:
+        from benchmarks.memory_peak import at_peak
+
+        row["memory"] = at_peak(lambda: step(data[-1]))
     return row, grads
 
 

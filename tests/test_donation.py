@@ -325,6 +325,35 @@ def test_logits_a_loss_only_cross_entropy_zeroes_take_their_gradient_in_their_ow
         assert not gradient[[1, 4, 5, 10]].any()  # (the ignored rows' zeros stored over their logits)
 
 
+@pytest.mark.parametrize("hold", ["nothing", "the base", "the view"])
+def test_logits_seen_through_a_view_as_hf_passes_them(hold, device, poisoned_empty):
+    """As HF's loss hands them over: ``logits.float()`` of the model's 3-D logits, flattened by ``view(-1, vocab)``.
+    The op marks the base dirty (so the call sees the storage as two views, the 2-D one launched and the 3-D base),
+    and the gradient buffer is flat: the storage's memory is taken all the same, unless the caller still holds the
+    base or the view (then nothing is written over them but the ignored rows' zeros the launch stored)."""
+    x, w, target, n = _hf_inputs(device, rows=12)
+    vocab = w.shape[1]
+    for i in range(CALLS):
+        seen, taken = [], donation.taken
+        made = (x @ w).view(3, 4, vocab).to(torch.float64, copy=True)
+        made.register_hook(seen.append)
+        where, flat = made.data_ptr(), made.view(-1, vocab)
+        rows = liger_rows(flat, target, n)
+        held = {"nothing": None, "the base": made, "the view": flat}[hold]
+        left = None if held is None else held.clone()
+        del made, flat
+        g = torch.randn_like(rows)
+        got = torch.autograd.grad(rows, (x, w), g)
+        for a, b in zip(got, torch.autograd.grad(_want(x, w, target, n), (x, w), g), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        (gradient,) = seen
+        assert not gradient.view(-1, vocab)[[1, 4, 5, 10]].any()
+        donated = hold == "nothing" and i > 0
+        assert (donation.taken - taken, gradient.data_ptr() == where) == ((1, True) if donated else (0, False)), i
+        if held is not None:
+            assert torch.equal(held, left)
+
+
 def test_logits_the_caller_holds_are_not_written(device, poisoned_empty):
     x, w, target, n = _hf_inputs(device)
     for _ in range(CALLS):

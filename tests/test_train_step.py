@@ -42,3 +42,20 @@ def test_gradient_errors_are_per_group_and_see_a_wrong_gradient():
     assert errors["norms"] == pytest.approx(0.01)
     assert errors["lm_head"] == math.inf
     assert errors["attention"] == errors["mlp"] == errors["embedding"] == 0.0
+
+
+def test_memory_peak_replays_the_allocators_trace_to_its_highest_point():
+    from benchmarks.memory_peak import peak_allocations, site
+
+    model = [{"filename": "/x/site-packages/torch/nn/modules/linear.py", "line": 1, "name": "forward"},
+             {"filename": "/x/transformers/models/llama/modeling_llama.py", "line": 7, "name": "forward"}]
+    events = [{"action": "alloc", "addr": 1, "size": 300, "frames": model},
+              {"action": "free_completed", "addr": 99},  # a block from before the trace: ignored
+              {"action": "alloc", "addr": 2, "size": 500, "frames": []},
+              {"action": "free_completed", "addr": 1},
+              {"action": "alloc", "addr": 3, "size": 100, "frames": model},  # 600 < 800: not a new peak
+              {"action": "free_completed", "addr": 2}]
+    peak, alive = peak_allocations(events)
+    assert peak == 800 and sorted(alive) == [1, 2]
+    assert site(alive[1][1], 2) == "transformers/models/llama/modeling_llama.py:7 forward"
+    assert site(alive[2][1], 2) == "<autograd engine>"

@@ -38,6 +38,7 @@ from ..core.source import Source
 from ..frontend.normalize import normalize_kernel
 from ..frontend.specialize import plain_value
 from ..runtime.derivation import decisive_constexprs, hashable
+from .shadows import in_order
 
 # holders of a saved input's storage when the node alone holds it: the alias the pack hook kept, the tensor autograd
 # unpacked from it for this backward, and the UntypedStorage object asking
@@ -54,27 +55,33 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 def candidates(plan: Any) -> frozenset[int]:
     """The saved slots whose memory may take an input's gradient (once per plan): a float input one launch alone reads,
-    through one parameter, its view all of its storage's shadow (``Plan.whole``), no output's storage but its own view
-    (the input updated in place), not read back as a launch left it, kept for the backward."""
+    through one parameter, all of its storage's shadow as every view of that storage is (``_all_of_it``), not read
+    back as a launch left it, kept for the backward."""
     if plan.donors is None:
         uses: dict[int, list] = {}
         for launch in plan.launches:
             for p, v in launch.views.items():
                 uses.setdefault(v.key, []).append((launch, p))
-        outputs = {v.key for v in plan.output_views}
-        updated = {v for v in plan.output_views if [u for u in plan.output_views if u.key == v.key] == [v]}
         reread = {slot for launch in plan.launches for slot in launch.stored.values()}
         found = set()
         for launch in plan.launches:
             for p in launch.params("inputs"):
                 v, slot = launch.views[p], launch.slots.get(p)
                 if (slot is None or slot in plan.unused or slot in reread or not v.dtype.is_floating_point
-                        or v.key not in plan.whole or (v.key in outputs and v not in updated) or len(uses[v.key]) != 1
-                        or [u for u in plan.input_views if u.key == v.key] != [v]):
+                        or len(uses[v.key]) != 1 or not _all_of_it(plan, v)):
                     continue
                 found.add(slot)
         plan.donors = frozenset(found) if _keep_graph is not None and _use_count is not None else frozenset()
     return plan.donors
+
+
+def _all_of_it(plan: Any, v: Any) -> bool:
+    """Whether ``v`` is all of its storage's shadow in order and every other view the call has of that storage the
+    same elements alike (the base of a view updated in place, which the op marks dirty: the input again, and the
+    output), at most one of them an output (the input as the launch left it)."""
+    seen = [u for u in (*plan.input_views, *plan.output_views) if u.key == v.key]
+    return (v in plan.input_views and [u.key for u in plan.output_views].count(v.key) <= 1
+            and all(in_order(u, plan.storages) for u in (v, *seen)))
 
 
 # Buffers smaller than this are never donated: the check a donation needs (updates_in_place: the derived kernel
@@ -92,7 +99,7 @@ def donor_slot(plan: Any, step: Any, prepared: Any, p: str, args: dict, fill: bo
     if p in written:  # (its buffer holds gradient already: an input updated in place whose new values have one)
         return None
     shadow, view = step.shadows[p], step.launch.views[p]
-    if shadow.view is not None or plan.buffer_dtype(shadow, own) != view.dtype:
+    if not plan.all_of_buffer(shadow) or plan.buffer_dtype(shadow, own) != view.dtype:
         return None
     if math.prod(view.size) * view.dtype.itemsize < DONATE_AT_LEAST:
         return None
@@ -229,8 +236,8 @@ def donated(saved: tuple | None, slot: int | None, shape: Any, dtype: torch.dtyp
     if slot is None or saved is None or slot not in donating.get():
         return None
     t = saved[slot]
-    if t.shape != tuple(shape) or t.dtype != dtype or t.device != torch.device(device) or not t.is_contiguous():
+    if t.numel() != math.prod(shape) or t.dtype != dtype or t.device != torch.device(device) or not t.is_contiguous():
         return None
     global taken
     taken += 1
-    return t.detach()
+    return t.detach().view(shape)  # (the buffer's shape: the view's own, or flat where the call sees it reshaped)

@@ -136,6 +136,11 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
                     sources[source, p] = seen[key, view]
                     continue
                 seen[key, view] = name
+                if donor is not None:  # (all of the buffer, reshaped: a saved input's memory where offered it)
+                    lines += [f"    if {key} not in shadows:",
+                              f"        {name} = _donated(saved, {donor}, {bound(shape)}, {bound(dtype)}, "
+                              f"{bound(device)})", f"        if {name} is not None:",
+                              f"            shadows[{key}] = {name}"]
                 lines.append(f"    {name} = _shadow(shadows, {bound(maker)})")
                 continue
             lines += [f"    {name} = shadows.get({key})",  # _shadow, for the storage's own buffer

@@ -312,11 +312,11 @@ def _reusable_outputs(plan_launches: tuple[LaunchPlan, ...], output_views: tuple
             found.append(v.size)
         else:
             _, lo, hi = storages[v.key]
-            found.append((hi - lo,) if _in_order(v, storages) else None)
+            found.append((hi - lo,) if in_order(v, storages) else None)
     return tuple(found)
 
 
-def _in_order(v: View, storages: dict) -> bool:
+def in_order(v: View, storages: dict) -> bool:
     """Whether a view is all of its storage's shadow, element by element in order (a reshape of it)."""
     return v.contiguous and v.span == storages[v.key][1:]
 
