@@ -258,7 +258,8 @@ def _profile(step, steps: int, device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
     profile.disable()
-    pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+    sort, top = os.environ.get("SORT", "tottime"), int(os.environ.get("TOP", "25"))
+    pstats.Stats(profile, stream=sys.stdout).sort_stats(sort).print_stats(top)
 
 
 if __name__ == "__main__":
