@@ -79,6 +79,8 @@ def _all_of_it(plan: Any, v: Any) -> bool:
     """Whether ``v`` is all of its storage's shadow in order and every other view the call has of that storage the
     same elements alike (the base of a view updated in place, which the op marks dirty: the input again, and the
     output), at most one of them an output (the input as the launch left it)."""
+    if v.key not in plan.storages:  # (no memory: an empty tensor)
+        return False
     seen = [u for u in (*plan.input_views, *plan.output_views) if u.key == v.key]
     return (v in plan.input_views and [u.key for u in plan.output_views].count(v.key) <= 1
             and all(in_order(u, plan.storages) for u in (v, *seen)))
