@@ -8,6 +8,7 @@ import torch
 from benchmarks import forward_mode
 
 
+@pytest.mark.slow  # (about 4 s)
 @pytest.mark.interpreter  # (its --smoke sets TRITON_INTERPRET for the process: not on a GPU run)
 def test_the_forward_mode_benchmark_runs_its_smoke_mode(tmp_path):
     rows = forward_mode.main(["--smoke", "--out", str(tmp_path / "table.md")])

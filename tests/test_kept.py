@@ -70,6 +70,7 @@ def test_a_hand_written_function_and_pytorch_nodes_are_measured_alike(device):
     assert report.own_bytes == 0
 
 
+@pytest.mark.slow  # (about 3 s)
 @pytest.mark.interpreter  # (its --smoke sets TRITON_INTERPRET for the process: not on a GPU run)
 def test_the_op_memory_benchmark_runs_on_the_interpreter():
     from benchmarks import op_memory

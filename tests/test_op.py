@@ -1023,6 +1023,7 @@ f(x).sum().backward()
 '''
 
 
+@pytest.mark.slow  # (about 5 s: a compile in a process of its own)
 def test_compiled_graph_traces_into_the_forward_kernels(tmp_path):
     """Without the interpreter (CPU: the graphs are traced, not run): the forward graph holds the two
     launches as triton_kernel_wrapper nodes, the backward one the two derived kernels' launches (Inductor

@@ -33,9 +33,14 @@ def test_the_readme_has_its_python_blocks():
     assert len(PYTHON) >= 3 and sum(b.startswith(MODULE) for b in PYTHON) == 1
 
 
-@pytest.mark.parametrize("block", PYTHON + [b for blocks in PAGES.values() for b in blocks],
-                         ids=[_name(b) for b in PYTHON] + [f"{page}:{_name(b)}" for page, blocks in PAGES.items()
-                                                           for b in blocks])
+# blocks of 4-14 s each (second derivatives, forward mode, a matmul): CI's `pytest -m slow` runs them
+SLOW = {"second_order", "calling-convention.md:double_backward", "calling-convention.md:forward_mode",
+        "performance.md:matmul_kernel"}
+BLOCKS = [(_name(b), b) for b in PYTHON] + [(f"{page}:{_name(b)}", b) for page, blocks in PAGES.items() for b in blocks]
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=i, marks=[pytest.mark.slow] if i in SLOW else [])
+                                   for i, b in BLOCKS])
 def test_a_python_block_runs_as_pasted(block, tmp_path):
     (tmp_path / "block.py").write_text(block)
     result = _user("block.py", cwd=tmp_path)
@@ -47,6 +52,7 @@ def test_a_python_block_runs_as_pasted(block, tmp_path):
             assert re.search(rf"\b{name}\b", result.stdout) and f"`{documented}`" in README, name
 
 
+@pytest.mark.slow  # (about 8 s: two `tritongrad check` processes)
 def test_the_check_line_checks_the_module_it_shows(tmp_path):
     module = next(b for b in PYTHON if b.startswith(MODULE))
     (tmp_path / "my_ops.py").write_text(module)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tritongrad
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,6 +19,7 @@ KERNELS = ["tests/test_attention.py:_attention_bound_branch", "flash_attention",
 SHOW_ALL = f"from tritongrad.tools import cli\nfor spec in {KERNELS!r}:\n    assert cli.main(['show', spec]) == 0, spec"
 
 
+@pytest.mark.slow  # (about 7 s: derives every bundled kernel in two processes)
 def test_derived_sources_do_not_depend_on_the_hash_seed():
     # seeds 0 and 1 ordered the bound-branch attention's scaled starts (`l_i = l_i_unscaled * alpha_start`,
     # `acc = ...`) differently while online.py iterated a set of names

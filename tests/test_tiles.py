@@ -307,6 +307,7 @@ def heuristic_product(a, b):
     return fixed_product(NAMED_HEURISTIC, a, b)
 
 
+@pytest.mark.slow  # (about 3-5 s each: torch.compile)
 @pytest.mark.parametrize("op", [declared_product, heuristic_product], ids=["declared", "heuristics"])
 def test_a_compiled_named_ops_saved_backward_offers_the_declared_configs_but_under_heuristics(timed, op):
     compiled = torch.compile(lambda a, b: op(a, b), fullgraph=True, backend="aot_eager")
