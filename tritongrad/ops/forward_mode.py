@@ -33,7 +33,6 @@ from ..core.source import unwrap
 from ..frontend.specialize import plain_value
 from ..host import hooks
 from ..host.kernel_roles import kernel_info
-from ..runtime import tuning
 from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.tangent_kernel import jvp as tangent_kernel
 from .autograd_function import refuse_transforms
@@ -53,22 +52,21 @@ def active(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in leaves)
 
 
-def transformed_call(fn: Any, name: str, args: tuple, kwargs: dict, bare: bool, deterministic: bool = False) -> Any:
+def transformed_call(fn: Any, name: str, args: tuple, kwargs: dict, bare: bool) -> Any:
     """A call under a dual level or a torch.func transform (autograd_function.transformed): in forward mode where a
     tangent reaches its arguments (not inside another op, whose tape records its launches), else None once
     ``refuse_transforms`` has let it through. The bare and the named op's one path."""
     if not hooks.active() and active(args, kwargs):
-        return call(fn, name, args, kwargs, deterministic)
+        return call(fn, name, args, kwargs)
     refuse_transforms(name, args, kwargs, bare=bare)
     return None
 
 
-def call(fn: Any, name: str, args: tuple, kwargs: dict, deterministic: bool = False) -> Any:
-    """``fn(*args, **kwargs)`` with its outputs' tangents from the tangent kernels of its launches (their launch
-    settings timed on a GPU, unless ``deterministic``: _tuned)."""
+def call(fn: Any, name: str, args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` with its outputs' tangents from the tangent kernels of its launches."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-    call = _Call(fn, name, leaves, spec, positions, deterministic)
+    call = _Call(fn, name, leaves, spec, positions)
     outputs = _apply(_ForwardMode, call, *[leaves[i] for i in positions])
     return pytree.tree_unflatten(list(outputs), call.result_spec)
 
@@ -76,9 +74,8 @@ def call(fn: Any, name: str, args: tuple, kwargs: dict, deterministic: bool = Fa
 class _Call:
     """One call in forward mode: the host function and its arguments, then what its forward launched."""
 
-    def __init__(self, fn: Any, name: str, leaves: list, spec: Any, positions: list[int], deterministic: bool):
+    def __init__(self, fn: Any, name: str, leaves: list, spec: Any, positions: list[int]):
         self.fn, self.name, self.leaves, self.spec, self.positions = fn, name, leaves, spec, positions
-        self.deterministic = deterministic
         self.inputs: tuple[torch.Tensor, ...] = ()
         self.outputs: tuple[torch.Tensor, ...] = ()
         self.launches: list[tuple] = []
@@ -149,29 +146,7 @@ class _Call:
         named = {p: (memory.scratch(v) if p in roles.stores and isinstance(v, torch.Tensor) else v)
                  for p, v in named.items()}
         tangents = {t: memory.view(tensors[p]) for p, t in found.tangent_params.items() if p in tensors}
-        if not self.deterministic:
-            options = _tuned(found.kernel, grid, named, tangents, options)
         found.kernel[grid](**named, **tangents, **options)  # (named: every parameter, defaults included)
-
-
-def _tuned(kernel: Any, grid: Any, named: dict, tangents: dict, options: dict) -> dict:
-    """``options`` with the tangent kernel's warps and stages timed on a GPU's first launch at each shape, as a
-    derived backward's are (runtime/tuning.py): its loop carries the forward's state and the tangent's, and the
-    forward's settings may not suit it. The tangents it adds into are restored after the trials."""
-    device = next(iter(tangents.values())).device if tangents else None
-    if device is None or not tuning.enabled(device):
-        return options
-    key = ("tangent", unwrap(kernel).fn, grid if isinstance(grid, tuple) else None,
-           tuning.describe({**named, **tangents}), tuple(sorted(options.items())))
-
-    def trial(s: tuning.Setting) -> None:
-        kernel[grid](**named, **tangents, **_under(options, s))
-
-    return _under(options, tuning.best(key, False, trial, list(tangents.values()), pipelined=True))
-
-
-def _under(options: dict, s: Any) -> dict:
-    return {**options, **{k: v for k, v in (("num_warps", s.num_warps), ("num_stages", s.num_stages)) if v}}
 
 
 # (a kernel's function, the values of its constexprs that decide an `if`) -> its tangent kernel for them
