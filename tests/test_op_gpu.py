@@ -14,7 +14,8 @@ import triton.language as tl
 import tritongrad
 from tritongrad.core.errors import OpError
 from tritongrad.host import backward as op_backward
-from tritongrad.host import launch_record, shadows
+from tritongrad.host import shadows
+from tritongrad.host.launch_record import LaunchRecord, _relaunchers
 from tritongrad.runtime import relaunch, tuning
 
 pytestmark = pytest.mark.gpu
@@ -103,19 +104,19 @@ FORWARD_KERNELS = re.compile(r"(mul_kernel|sin_mul_kernel|tuned_kernel)(?!_bwd)"
 def kernels_run(fn):
     """The names of the CUDA kernels ``fn()`` launches, and how many launch records it entered (one is entered only
     where the forward launches run again: the eager forward, the recomputing backwards)."""
-    records_entered, enter = [], launch_record.LaunchRecord.__enter__
+    records_entered, enter = [], LaunchRecord.__enter__
 
     def counted(self):
         records_entered.append(self.name)
         return enter(self)
 
-    launch_record.LaunchRecord.__enter__ = counted
+    LaunchRecord.__enter__ = counted
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
     finally:
-        launch_record.LaunchRecord.__enter__ = enter
+        LaunchRecord.__enter__ = enter
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], records_entered
 
 
@@ -485,7 +486,7 @@ def test_forward_launches_made_again_call_their_compiled_kernels(monkeypatch):
 
     monkeypatch.setattr(relaunch.Relauncher, "launch", spied_launch)
     monkeypatch.setattr(relaunch.Relauncher, "_first", spied_first)
-    before = set(launch_record._relaunchers)
+    before = set(_relaunchers)
     for n, offset in [(1001, 0)] * 3 + [(1001, 1)] * 2 + [(777, 0)] * 2:
         base, w = rand(n + offset), rand(n)
         x = base[offset:]  # not cloned: its address is the point
@@ -498,7 +499,7 @@ def test_forward_launches_made_again_call_their_compiled_kernels(monkeypatch):
         torch.testing.assert_close(base.grad[offset:], want_grads[0])
         torch.testing.assert_close(w.grad, want_grads[1])
     assert through_triton.count(mul_kernel) == 3 and direct.count(mul_kernel) == 4  # first of each alignment, size
-    kept = [r for k, r in launch_record._relaunchers.items() if k not in before and r.kernel is mul_kernel]
+    kept = [r for k, r in _relaunchers.items() if k not in before and r.kernel is mul_kernel]
     assert sorted(len(r.compiled) for r in kept) == [1, 2] and all(r.direct for r in kept)
 
 
