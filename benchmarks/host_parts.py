@@ -5,7 +5,7 @@
 A small size, so that the GPU never holds the host back: every number is the host's time to queue the
 piece (µs, the best of several loops of 500, synchronized only at their ends). Rows: the op's forward, the host
 function alone (no op), its forward+backward, and the backward's layers (the
-tape's backward, the derived kernel's launch alone); Liger-Kernel's and a triton launch of the forward
+launch record's backward, the derived kernel's launch alone); Liger-Kernel's and a triton launch of the forward
 kernel beside them.
 """
 
@@ -50,24 +50,27 @@ def impl_rows(name: str, fn, master: list) -> tuple[list, list, list]:
 
 
 def tritongrad_rows(example, fn, leaves: list, grads: list) -> list:
-    """The pieces of tritongrad's step: the host function without the op, the tape's backward, the derived
+    """The pieces of tritongrad's step: the host function without the op, the launch record's backward, the derived
     kernel's launch and the partial rows' sum alone."""
     rows = []
     launch = getattr(example.module, f"{example.name}_launch", None)
     if launch is not None:  # the example's host function without the op: its launch alone
         plain = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
-        rows.append(("tritongrad: the host function alone (no op, no tape)", host_us(lambda: launch(*plain)())))
+        rows.append(("tritongrad: the host function alone (no op, no launch record)",
+                     host_us(lambda: launch(*plain)())))
     out = fn(*leaves)  # kept: its graph holds the saved tensors
     node = out.grad_fn
-    tape, saved, needs = node.tape, node.saved_tensors, node.needs_input_grad[2:]
-    rows.append(("tritongrad: tape.backward alone", host_us(lambda: tape.backward(saved, tuple(grads), needs))))
-    step = tape.plan.steps(tuple(needs), tuple(True for _ in grads))[0]
+    record, saved, needs = node.record, node.saved_tensors, node.needs_input_grad[2:]
+    rows.append(("tritongrad: LaunchRecord.backward alone",
+                 host_us(lambda: record.backward(saved, tuple(grads), needs))))
+    step = record.plan.steps(tuple(needs), tuple(True for _ in grads))[0]
     launcher = next((v for v in step.launchers.values() if v), None)
     if launcher is None:
         return rows
     part_launch, wired = launcher.launches[0]
     args = dict(part_launch.args)
-    buffers = {p: torch.zeros(tape.plan.buffers[shadow.key][0], device="cuda") for p, shadow, _, _ in launcher.buffers}
+    buffers = {p: torch.zeros(record.plan.buffers[shadow.key][0], device="cuda")
+               for p, shadow, _, _ in launcher.buffers}
     sources = ({p: saved[slot] for p, slot, _ in launcher.replayed if slot is not None},
                {o: grads[0] for o, _ in launcher.outputs}, buffers)
     for k, source, p in wired:

@@ -14,7 +14,7 @@ import torch
 import triton
 
 from tritongrad import examples
-from tritongrad.host import tape
+from tritongrad.host import launch_record
 from tritongrad.host.backward import PlannedBackward
 from tritongrad.runtime import derive, launching, variants
 from tritongrad.tools.sizes import parse_size
@@ -66,8 +66,9 @@ def main() -> None:
     print(f"forward alone (recording): {(time.perf_counter() - start) / STEPS * 1e6:.1f} µs host")
     torch.cuda.synchronize()
     for owner, attribute, label in (
-            (tape.Tape, "record", "tape.record"),
-            (tape.Tape, "close", "tape.close"), (triton.runtime.jit.JITFunction, "run", "JITFunction.run"),
+            (launch_record.LaunchRecord, "record", "LaunchRecord.record"),
+            (launch_record.LaunchRecord, "close", "LaunchRecord.close"),
+            (triton.runtime.jit.JITFunction, "run", "JITFunction.run"),
             (PlannedBackward, "run", "PlannedBackward.run (backward)"),
             (PlannedBackward, "_shadow", "PlannedBackward._shadow"),
             (derive.BackwardKernel, "launch", "BackwardKernel.launch"),

@@ -5,8 +5,8 @@
 The same comparison as ``benchmarks/op_overhead.py`` (seed 003's sin kernel, its derived
 backward, a hand-written ``torch.autograd.Function`` launching the same kernels), but
 Triton's launch is replaced by a function that returns at once, before tritongrad wraps
-it. Both sides pay the same (stubbed) launches, so the difference is what the tape adds:
-recording, ``Tape.close``, the autograd node, shadow memory and the backward's bookkeeping.
+it. Both sides pay the same (stubbed) launches, so the difference is what the launch record adds:
+recording, ``LaunchRecord.close``, the autograd node, shadow memory and the backward's bookkeeping.
 
 A shared CPU is noisy: the two sides are timed in alternation, in short runs, and each
 figure is the fastest run's time per call. With example names (``softmax rmsnorm``): each example's op
@@ -28,7 +28,7 @@ def _no_launch(self, *args, grid, warmup, **kwargs):
     return None
 
 
-InterpretedFunction.run = _no_launch  # before tritongrad.install wraps it: the tape records, nothing runs
+InterpretedFunction.run = _no_launch  # before tritongrad.install wraps it: the launch record records, nothing runs
 
 import torch  # noqa: E402
 

@@ -132,15 +132,15 @@ def test_a_repeated_hvp_plans_its_backward_op_once(name, kind, monkeypatch):
     op across calls, whose kind of call is planned once and then replayed. Before, each call made a new op with no
     plans: every call planned it and checked its first backward (2.5-5.5 ms of host time a call on an H200). Fresh
     values on each call; rmsnorm's rstd made again (remake.py) at another size between two of the same, so the
-    backward op's replay of the first size meets a launch that is not its own and hands over to a tape that
+    backward op's replay of the first size meets a launch that is not its own and hands over to a launch record that
     records it."""
-    from tritongrad.host import tape as tape_module
+    from tritongrad.host import launch_record
 
     example = _example(name)
     op = getattr(example, name) if kind == "named" else _bare(name)
     planned = []
-    plan = tape_module.Planner.plan
-    monkeypatch.setattr(tape_module.Planner, "plan", lambda self, *a: planned.append(self.name) or plan(self, *a))
+    plan = launch_record.Planner.plan
+    monkeypatch.setattr(launch_record.Planner, "plan", lambda self, *a: planned.append(self.name) or plan(self, *a))
     for call, size in enumerate([(3, 13), (3, 13), (3, 13), (5, 9), (3, 13)]):
         torch.manual_seed(call)
         inputs = _inputs(name, size)

@@ -142,7 +142,7 @@ def captured(step: Callable, leaves: list) -> Callable:
 @contextlib.contextmanager
 def _as_if_capturing():
     """tritongrad told a CUDA graph is being captured (core/device.py's ``capturing``, where it is read): the paths a
-    capture takes (a call recorded on its tape, not replayed; no guard bands; index tensors not read)."""
+    capture takes (a call recorded on its launch record, not replayed; no guard bands; index tensors not read)."""
     modules = (launch_checks, replay, backward)
     kept = [m.capturing for m in modules]
     for m in modules:

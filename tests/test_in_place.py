@@ -1,7 +1,7 @@
 """Kernels that update a tensor in place: each load is followed by a store to the same
 address under the same mask, as a rotary embedding applied to q and k in place is written, or reads back
 in a later loop what the same lane stored (a chunked fused add + norm). The derived kernel
-turns the new values' gradient into the old values' (analysis/in_place.py, memory.py); in an op, the tape
+turns the new values' gradient into the old values' (analysis/in_place.py, memory.py); in an op, the launch record
 copies what such a launch overwrites before it runs (and what it read back, where a later launch
 overwrites it), and a bare op gives a tensor with a history that a launch updated the new history
 (segments.py). Checked in float64 against PyTorch autograd, sizes that are not powers of two, random
@@ -383,8 +383,8 @@ def assert_all_grads(got, want, inputs, only=None):
 @pytest.mark.parametrize("only", [None, 0], ids=["y-and-x", "only-y"])
 def test_a_chunked_add_and_norm_reading_back_its_sums_gets_pytorchs_gradients(device, n_cols, only):
     """Rows of 37 and 100 columns in blocks of 16: the backward replays the first loop against x as it was given
-    (the tape's copy) and the second against x as the launch left it, and the second loop's gradient of the sums
-    reaches x, r and w through the first loop's store."""
+    (the launch record's copy) and the second against x as the launch left it, and the second loop's gradient of the
+    sums reaches x, r and w through the first loop's store."""
     for _ in range(3):  # fresh inputs; the third backward launches what the second kept (host/launcher.py)
         x, r = leaves((5, n_cols), (5, n_cols), device=device)
         (w,) = leaves((n_cols,), device=device)
@@ -399,8 +399,8 @@ def test_a_chunked_add_and_norm_of_a_tensor_without_gradient(device):
 
 
 def test_two_chunked_updates_of_one_tensor(device):
-    """The second launch overwrites what the first read back: the tape copies x as the first left it, before the
-    second runs."""
+    """The second launch overwrites what the first read back: the launch record copies x as the first left it, before
+    the second runs."""
     @tritongrad.op
     def twice(x, r1, r2, w):
         y1, y2 = torch.empty_like(x), torch.empty_like(x)

@@ -19,7 +19,7 @@ def scale_in_place_kernel(x_ptr, w_ptr, n, BLOCK: tl.constexpr):
 
 @tritongrad.op
 def scale_a_copy(x, w):
-    y = x.clone()  # a PyTorch copy the launch updates in place: the tape keeps its values from before
+    y = x.clone()  # a PyTorch copy the launch updates in place: the launch record keeps its values from before
     scale_in_place_kernel[(triton.cdiv(y.numel(), 32),)](y, w, y.numel(), BLOCK=32)
     return y
 
@@ -100,8 +100,9 @@ def rotate_a_copy(x, cos, sin):
 
 
 def test_what_no_derived_kernel_reads_is_not_kept(device):
-    """A rotation updating a tensor in place: the copy of its old values the tape takes is read by no derived kernel
-    when the angles need no gradient, so the op keeps an empty stand-in in its place; its gradient is PyTorch's."""
+    """A rotation updating a tensor in place: the copy of its old values the launch record takes is read by no derived
+    kernel when the angles need no gradient, so the op keeps an empty stand-in in its place; its gradient is
+    PyTorch's."""
     x = torch.randn(7, 22, device=device, dtype=torch.float64, requires_grad=True)
     angles = torch.rand(11, device=device, dtype=torch.float64) * 6
     cos, sin = angles.cos(), angles.sin()
@@ -129,11 +130,11 @@ def test_a_copy_no_derived_kernel_read_is_not_taken_again(device, monkeypatch):
     """The first call of a kind copies what a launch updates in place (before the backward kernels are derived);
     later calls of that kind, shown no derived kernel reads it, take no copy (an empty placeholder stands in), and
     their gradients are PyTorch's; where the angles need a gradient (the old values are read) copies are taken."""
-    from tritongrad.host.tape import Tape
+    from tritongrad.host.launch_record import LaunchRecord
 
     copies = []
-    real = Tape._copy
-    monkeypatch.setattr(Tape, "_copy", lambda self, v: copies.append(v.shape) or real(self, v))
+    real = LaunchRecord._copy
+    monkeypatch.setattr(LaunchRecord, "_copy", lambda self, v: copies.append(v.shape) or real(self, v))
 
     @tritongrad.op
     def rotate(x, cos, sin):

@@ -218,7 +218,7 @@ def test_kept_launches_call_the_compiled_kernel_per_alignment_of_their_tensors(m
     real_first, real_launch = relaunch.Relauncher._first, relaunch.Relauncher.launch
 
     def first(self, *args):
-        if self.kernel is not scale_kernel:  # the forward's launches are made again too (tape.py)
+        if self.kernel is not scale_kernel:  # the forward's launches are made again too (launch_record.py)
             through_triton.append(len(self.compiled))
         return real_first(self, *args)
 

@@ -186,13 +186,13 @@ def cross_entropy_per_row(logits, target, n_non_ignore):
 def test_replayed_loss_only_calls_take_no_copy_of_the_logits(device, monkeypatch, poisoned_empty):
     """A bare op's repeated call runs on its replay (host/replay.py), which took a copy of the logits per call before
     the launch (its pattern's snapshot); now neither the first call nor the replayed ones copy them."""
-    from tritongrad.host import replay, tape
+    from tritongrad.host import launch_record, replay
 
     copies, fast = [], []
-    copy, copy_of, launch = tape.Tape._copy, replay.copy_of, replay.FastTape.launch
-    monkeypatch.setattr(tape.Tape, "_copy", lambda self, v: copies.append(v.shape) or copy(self, v))
+    copy, copy_of, launch = launch_record.LaunchRecord._copy, replay.copy_of, replay.FastRecord.launch
+    monkeypatch.setattr(launch_record.LaunchRecord, "_copy", lambda self, v: copies.append(v.shape) or copy(self, v))
     monkeypatch.setattr(replay, "copy_of", lambda v: copies.append(v.shape) or copy_of(v))
-    monkeypatch.setattr(replay.FastTape, "launch", lambda self, *a, **k: fast.append(1) or launch(self, *a, **k))
+    monkeypatch.setattr(replay.FastRecord, "launch", lambda self, *a, **k: fast.append(1) or launch(self, *a, **k))
     op = tritongrad.op(cross_entropy_per_row)
     x = torch.randn(9, 7, dtype=DTYPE, device=device, requires_grad=True)
     w = torch.randn(7, 83, dtype=DTYPE, device=device, requires_grad=True)
@@ -238,7 +238,7 @@ def test_logits_changed_after_the_cross_entropy_are_refused_at_the_backward(devi
 
 def loss_then_scale(logits, target, w):
     """A launch after the loss-only cross-entropy scales the logits in place, before any PyTorch operation reads
-    what the launches wrote (one segment: the tape sees both launches)."""
+    what the launches wrote (one segment: the launch record sees both launches)."""
     from test_kept import scale_in_place_kernel
 
     loss_1d = torch.zeros(logits.shape[0], dtype=logits.dtype, device=logits.device)
@@ -248,9 +248,9 @@ def loss_then_scale(logits, target, w):
 
 
 def test_logits_a_later_launch_scales_in_place_are_copied_for_the_cross_entropys_backward(device, poisoned_empty):
-    """The tape copies the logits before the later launch overwrites them (as the cross-entropy left them), for the
-    cross-entropy's backward, which reads that copy, not the scaled values. (Right before too, from the copy taken
-    before the cross-entropy: a guard for the path without it.)"""
+    """The launch record copies the logits before the later launch overwrites them (as the cross-entropy left them),
+    for the cross-entropy's backward, which reads that copy, not the scaled values. (Right before too, from the copy
+    taken before the cross-entropy: a guard for the path without it.)"""
     op = tritongrad.op(loss_then_scale)
     x = torch.randn(9, 37, dtype=DTYPE, device=device, requires_grad=True)
     w = torch.randn(9 * 37, dtype=DTYPE, device=device, requires_grad=True)

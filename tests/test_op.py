@@ -187,7 +187,7 @@ class Derived:
 
 
 class _Spy:
-    """A derived kernel that records its launches (the tape launches it through ``launch``)."""
+    """A derived kernel that records its launches (the launch record launches it through ``launch``)."""
 
     def __init__(self, bwd, calls):
         self.bwd, self.calls = bwd, calls
@@ -202,7 +202,7 @@ class _Spy:
 
 @pytest.fixture
 def derived(monkeypatch):
-    """The backward kernels the tape launches, in order."""
+    """The backward kernels the launch record launches, in order."""
     calls = []
     real = op_backward.grad
     monkeypatch.setattr(op_backward, "grad", lambda *args, **kwargs: _Spy(real(*args, **kwargs), calls))
@@ -397,7 +397,7 @@ def test_half_precision_accumulates_in_float32():
     torch.testing.assert_close(ws.grad.double(), w64.grad, rtol=2e-2, atol=2e-2)
 
 
-def test_nested_ops_are_one_tape(derived):
+def test_nested_ops_are_one_launch_record(derived):
     @tritongrad.op
     def outer(x, w):
         return mul(chain(x, w), w)
@@ -614,7 +614,7 @@ def named_halves(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.
     return chain3.__wrapped__(x, w)
 
 
-def test_named_op_eager_replays_its_tape():
+def test_named_op_eager_replays_its_launch_record():
     chain_launches.clear()
     check(named_chain, chain_ref, rand(70), rand(70))
     assert len(chain_launches) == 1  # no recomputation in eager mode

@@ -15,7 +15,7 @@ import tritongrad
 from tritongrad.core.errors import OpError
 from tritongrad.host import backward as op_backward
 from tritongrad.host import shadows
-from tritongrad.host import tape as tapes
+from tritongrad.host.launch_record import LaunchRecord, _relaunchers
 from tritongrad.runtime import relaunch, tuning
 
 pytestmark = pytest.mark.gpu
@@ -102,22 +102,22 @@ FORWARD_KERNELS = re.compile(r"(mul_kernel|sin_mul_kernel|tuned_kernel)(?!_bwd)"
 
 
 def kernels_run(fn):
-    """The names of the CUDA kernels ``fn()`` launches, and how many tapes it entered (a tape is entered only
+    """The names of the CUDA kernels ``fn()`` launches, and how many launch records it entered (one is entered only
     where the forward launches run again: the eager forward, the recomputing backwards)."""
-    tapes_entered, enter = [], tapes.Tape.__enter__
+    records_entered, enter = [], LaunchRecord.__enter__
 
     def counted(self):
-        tapes_entered.append(self.name)
+        records_entered.append(self.name)
         return enter(self)
 
-    tapes.Tape.__enter__ = counted
+    LaunchRecord.__enter__ = counted
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
     finally:
-        tapes.Tape.__enter__ = enter
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], tapes_entered
+        LaunchRecord.__enter__ = enter
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], records_entered
 
 
 def test_named_op_is_a_triton_op_on_the_gpu():
@@ -145,7 +145,7 @@ def test_compiled_backward_does_not_rerun_the_forward_launches(fullgraph):
 
 def test_compiled_backward_launches_the_derived_kernels_inductor_traced(caplog):
     """The backward is a triton_op too: Inductor's code for it launches the derived kernels, no opaque
-    op and no tape; the first trace rehearses the backward on real tensors (checks, launch settings)."""
+    op and no launch record; the first trace rehearses the backward on real tensors (checks, launch settings)."""
     from torch._inductor.utils import run_and_get_code
 
     x, w = rand(1000), rand(1000)
@@ -247,7 +247,7 @@ def test_compiled_forward_runs_the_kernels_inductor_traced():
     compiled = torch.compile(lambda x, w: named_chain(x, w).tanh(), fullgraph=True)
     compiled(x, w)  # compiles
     names, entered = kernels_run(lambda: compiled(x, w))
-    assert entered == []  # not the eager op's tape: Inductor launches the kernels
+    assert entered == []  # not the eager op's launch record: Inductor launches the kernels
     assert any(FORWARD_KERNELS.search(n) for n in names), names
 
 
@@ -397,7 +397,7 @@ def test_multi_config_autotune_backward_runs_under_one_of_its_configs_with_its_g
     want, (wx,) = grads_of(lambda x: x * torch.sigmoid(x), x)
     torch.testing.assert_close(gx, wx)
     configs = {(c.kwargs["BLOCK"], c.num_warps) for c in tuned_kernel.configs}
-    assert {(kwargs["BLOCK"], kwargs["num_warps"]) for _, kwargs in launched} == configs  # each timed (tape.Tiles)
+    assert {(kwargs["BLOCK"], kwargs["num_warps"]) for _, kwargs in launched} == configs  # each timed (configs.Tiles)
     (chosen,) = tuning._configs.values()
     assert launched[-1][1]["BLOCK"] == dict(chosen)["BLOCK"]  # the launch that counts: the fastest
     for grid, kwargs in launched:  # each under its config's grid, not the forward's
@@ -486,7 +486,7 @@ def test_forward_launches_made_again_call_their_compiled_kernels(monkeypatch):
 
     monkeypatch.setattr(relaunch.Relauncher, "launch", spied_launch)
     monkeypatch.setattr(relaunch.Relauncher, "_first", spied_first)
-    before = set(tapes._relaunchers)
+    before = set(_relaunchers)
     for n, offset in [(1001, 0)] * 3 + [(1001, 1)] * 2 + [(777, 0)] * 2:
         base, w = rand(n + offset), rand(n)
         x = base[offset:]  # not cloned: its address is the point
@@ -499,7 +499,7 @@ def test_forward_launches_made_again_call_their_compiled_kernels(monkeypatch):
         torch.testing.assert_close(base.grad[offset:], want_grads[0])
         torch.testing.assert_close(w.grad, want_grads[1])
     assert through_triton.count(mul_kernel) == 3 and direct.count(mul_kernel) == 4  # first of each alignment, size
-    kept = [r for k, r in tapes._relaunchers.items() if k not in before and r.kernel is mul_kernel]
+    kept = [r for k, r in _relaunchers.items() if k not in before and r.kernel is mul_kernel]
     assert sorted(len(r.compiled) for r in kept) == [1, 2] and all(r.direct for r in kept)
 
 

@@ -127,15 +127,15 @@ def test_only_values_a_key_can_compare_are_kept():
 
 
 def test_an_ops_forward_launches_go_through_their_relaunchers(monkeypatch, device):
-    """The tape's path on a GPU (Tape._relaunch), taken on a CPU too with the interpreter's kernels (which
+    """The recorded path on a GPU (LaunchRecord._relaunch), taken on a CPU too with the interpreter's kernels (which
     Relaunchers launch through Triton): each forward launch keyed on its recorded arguments, outputs and gradients
     exact."""
     from tritongrad import examples
-    from tritongrad.host import tape as tapes
+    from tritongrad.host import launch_record
 
     monkeypatch.setattr(relaunch, "supported", lambda: True)
     example = examples.get("rmsnorm")
-    before = set(tapes._relaunchers)
+    before = set(launch_record._relaunchers)
     for rows in (7, 7, 5):  # 37 columns: no other test launches rmsnorm so (its keys are new here)
         x, w = (t.double().requires_grad_() for t in example.make_inputs((rows, 37), device=device))
         xr, wr = (t.detach().clone().requires_grad_() for t in (x, w))
@@ -146,6 +146,6 @@ def test_an_ops_forward_launches_go_through_their_relaunchers(monkeypatch, devic
         want.backward(upstream)
         torch.testing.assert_close(x.grad, xr.grad, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(w.grad, wr.grad, rtol=1e-12, atol=1e-12)
-    made = [r for k, r in tapes._relaunchers.items() if k not in before]
+    made = [r for k, r in launch_record._relaunchers.items() if k not in before]
     compiled = device == "cuda"  # a JITFunction, launched directly from its second call
     assert len(made) == 2 and all(r.kernel is example.module.rmsnorm_fwd and r.direct == compiled for r in made)

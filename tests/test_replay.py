@@ -30,15 +30,15 @@ def replayed(monkeypatch):
     """Counts: calls that ran on a replay to the end ("forward"), that fell back ("fell"), backwards through a
     StraightLineBackward ("backward")."""
     counts = {"forward": 0, "fell": 0, "backward": 0}
-    close, fall, backward = replay.FastTape.close, replay.FastTape._fall_back, replay.Replay.backward
+    close, fall, backward = replay.FastRecord.close, replay.FastRecord._fall_back, replay.Replay.backward
 
     def counted_close(self, *args, **kwargs):
         found = close(self, *args, **kwargs)
         counts["forward"] += found is not None
         return found
 
-    monkeypatch.setattr(replay.FastTape, "close", counted_close)
-    monkeypatch.setattr(replay.FastTape, "_fall_back", lambda self, *a, **k: counts.__setitem__(
+    monkeypatch.setattr(replay.FastRecord, "close", counted_close)
+    monkeypatch.setattr(replay.FastRecord, "_fall_back", lambda self, *a, **k: counts.__setitem__(
         "fell", counts["fell"] + 1) or fall(self, *a, **k))
     def counted_backward(self, saved, grads, needs, *kept):
         counts["backward"] += bool(self.backwards.get((tuple(needs), tuple(g is not None for g in grads))))
@@ -165,9 +165,9 @@ def test_aliasing_a_launch_must_refuse_is_refused_after_replays(replayed):
 
 
 def test_a_later_launch_that_differs_falls_back_with_the_launches_before_it_recorded(replayed):
-    """The second launch's values change (its block): the first launch, run on the replay, is recorded as the tape
-    records it and the call goes on as a first call; both kinds are then replayed, the one whose first launch
-    matched giving way to the other at the second launch (FastTape._switch)."""
+    """The second launch's values change (its block): the first launch, run on the replay, is recorded as a launch
+    record records it and the call goes on as a first call; both kinds are then replayed, the one whose first launch
+    matched giving way to the other at the second launch (FastRecord._switch)."""
     scaled_through = scaled_through_op("scaled_through_blocks")
     x, w = torch.randn(100, dtype=F64), torch.randn(100, dtype=F64)
     firsts = {}
@@ -347,7 +347,7 @@ def test_calls_keeping_state_tapes_are_replayed_on_tapes_of_their_own(name, repl
 
 def test_backwards_of_calls_keeping_state_tapes_are_written_out_with_each_calls_tapes(replayed):
     """A replay's backward written out (StraightLineBackward) reads the state tapes of the call it differentiates (each
-    call's augmented forward keeps its own: FastTape.kept): three cross-entropy calls on different inputs, their
+    call's augmented forward keeps its own: FastRecord.kept): three cross-entropy calls on different inputs, their
     backwards in another order, each through a StraightLineBackward, each with its own inputs' gradients."""
     example = examples.get("cross_entropy")
     size = example.sizes[-1]

@@ -181,8 +181,9 @@ def test_a_named_op_refuses_pytorch_operations_between_launches(device):
 @pytest.mark.parametrize("form", ["one node", "in place", "segments"])
 def test_a_bare_op_call_leaves_no_reference_cycle(form, device):
     """A call's autograd nodes, arguments and outputs are freed as soon as nothing refers to them, without Python's
-    cyclic collector: a cycle through a tape (a node keeps its tape, the tape kept the call's Segments, which kept
-    its arguments and outputs) held each step's activations on the GPU until a collection ran (gigabytes a step)."""
+    cyclic collector: a cycle through a launch record (a node keeps its record, the record kept the call's Segments,
+    which kept its arguments and outputs) held each step's activations on the GPU until a collection ran (gigabytes a
+    step)."""
     import gc
     import weakref
 

@@ -85,7 +85,7 @@ def scaled_rows_op(x, w, reduction: int):
 def test_an_op_called_in_several_modes_differentiates_each(device):
     x = torch.randn(5, 45, dtype=torch.float64, device=device)
     w = torch.randn(45, dtype=torch.float64, device=device)
-    # one layout: the tape's plan is shared, the derivation is not
+    # one layout: the launch record's plan is shared, the derivation is not
     for reduction in (SUM.value, NONE.value, MEAN.value, SUM.value):
         leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
         refs = [x.clone().requires_grad_(), w.clone().requires_grad_()]

@@ -1,4 +1,4 @@
-"""The backward of an autotuned launch under another of its autotuner's configs (tape.Tiles, tuning.py).
+"""The backward of an autotuned launch under another of its autotuner's configs (configs.Tiles, tuning.py).
 
 On a GPU the first backward at a shape times the derived kernels under each config and keeps the fastest.
 Here the timer is replaced by one that runs each trial once and ranks the configs as a test says, so the

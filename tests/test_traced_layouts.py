@@ -1,5 +1,5 @@
 """The compiled backward is planned from fake tensors (ops/library.py's traced backward): a storage stands for the
-address fake tensors lack (core/device.py). What the plan reads of a call's tensors (tape.py's key: storages
+address fake tensors lack (core/device.py). What the plan reads of a call's tensors (launch_record.py's key: storages
 numbered in order of appearance, layouts) and the overlap facts the write strategies check must be the same as for
 the real tensors, for every binding users pass; else the traced backward would pick strategies for other memory."""
 
@@ -103,8 +103,8 @@ def test_the_traced_backward_chooses_what_the_eager_backward_chooses(binding, mo
     from tritongrad.examples import rmsnorm
     from tritongrad.host import hooks
     from tritongrad.host.call_tensors import as_tuple
+    from tritongrad.host.launch_record import LaunchRecord
     from tritongrad.host.saved_backward import _recorded
-    from tritongrad.host.tape import Tape
     from tritongrad.ops.autograd_function import arguments_of
 
     seen = _strategies(monkeypatch)
@@ -118,10 +118,10 @@ def test_the_traced_backward_chooses_what_the_eager_backward_chooses(binding, mo
     with mode, device.traced():
         with hooks.collecting("skip") as launches:
             outputs = as_tuple(host(*fakes))
-        tape = _recorded(Tape("rows"), launches, lambda v: v)
-        tape.close(outputs, tuple(fakes), {}, arguments_of(host), diff_inputs=list(fakes))
+        record = _recorded(LaunchRecord("rows"), launches, lambda v: v)
+        record.close(outputs, tuple(fakes), {}, arguments_of(host), diff_inputs=list(fakes))
         with hooks.collecting("skip") as derived:
-            tape.backward(tuple(tape.saved), tuple(torch.randn_like(o) for o in outputs), [True, True], derived)
+            record.backward(tuple(record.saved), tuple(torch.randn_like(o) for o in outputs), [True, True], derived)
     assert eager and seen == eager
     assert derived.calls  # the derived kernels' launches were made (gathered, not run)
 

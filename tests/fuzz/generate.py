@@ -3523,7 +3523,7 @@ OP_CALLS = 3  # the first backward checked, the second keeping its launches, the
 
 
 def _check_op(mod, src: str, inputs: dict) -> Outcome:
-    """The kernel as a tritongrad.op (host/tape.py, host/backward.py), called OP_CALLS times with inputs and output
+    """The kernel as a tritongrad.op (host/launch_record.py, backward.py), called OP_CALLS times with inputs and output
     gradients scaled differently each time: each backward must give the mirror's gradients, the later ones made by
     the launches an earlier one kept (host/launcher.Launcher)."""
     import torch

@@ -120,7 +120,7 @@ def read_unchanged(program: Program, found: Pointers) -> frozenset[str]:
     its row plus a loaded index (``_Reads.apart``: Liger's cross-entropy zeroes an ignored row's logits and
     returns, the other rows read theirs). A program that loads never stores, and the stores write distinct
     elements, so at every element a load reads, the tensor as the launch left it holds the values the kernel was
-    given: the backward may read it in place of a copy taken before the launch (host/tape.py takes none). Empty
+    given: the backward may read it in place of a copy taken before the launch (host/launch_record.py takes none). Empty
     where a load is refused: the op's planning says why."""
     try:
         return in_place_pointers(program, found).unchanged

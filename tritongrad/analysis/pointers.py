@@ -63,7 +63,7 @@ class Pointers:
 
 
 def pointers(program: Program) -> Pointers:
-    """The pointer facts of a kernel (all the tape needs to know of its launches' roles)."""
+    """The pointer facts of a kernel (all an op's launch record needs to know of its launches' roles)."""
     params = program.param_names()
     body = list(statements(program.body))
     defs = definitions(program.body)

@@ -15,7 +15,7 @@ softmax saves its output for the same reason). A value qualifies where:
   load's ``other`` makes every lane what the replay would have computed; an unmasked store has no such lanes.
 
 Reading back is the caller's promise that the parameter holds what this launch stored when the backward runs
-(``grad(..., kept_outputs=...)``): an op's tape saves those outputs for the backward (their version counters
+(``grad(..., kept_outputs=...)``): an op's launch record saves those outputs for the backward (their version counters
 then refuse an in-place change before it) and keeps none that a later launch of the op writes again.
 A half-precision output is read back as stored, rounded, only for a softmax (``StoredValue.rounds``: as
 PyTorch's and hand-written backwards read it); a statistic (a row's mean, its rstd) only from float32 or

@@ -5,8 +5,8 @@
 holds it, ``tl.where(m, v, o).to(<p's element type>)``. Stores to one output write distinct elements
 (checked as for any output: lanes, programs, iterations and several stores apart), so nothing else can
 have written that element in between. The load goes; what is left is an ordinary output, differentiated
-through ``v``. Run on the flattened kernel, before anything reads its pointers (the tape's roles
-included), so that every pass sees the same program.
+through ``v``. Run on the flattened kernel, before anything reads its pointers (the launch record's
+roles included), so that every pass sees the same program.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 in place written through two names (a fused add + RMSNorm writing the sum ``x + r`` back into the residual: its
 ``S_ptr`` and ``R_ptr`` are one buffer; Liger-Kernel's, vLLM's).
 
-Through two parameters, the kernel's loads and stores look unrelated, and the tape would see a launch overwriting
-memory it reads (a hazard). For this launch the kernel computes what its *alias view* computes: the same kernel
-whose first statements read the stored pointer as the loaded one (``S_ptr = R_ptr``) and each integer parameter as
-the first one the launch passes the same value (``S_row_stride = R_row_stride``: the strides of one view agree).
+Through two parameters, the kernel's loads and stores look unrelated, and the launch record would see a launch
+overwriting memory it reads (a hazard). For this launch the kernel computes what its *alias view* computes: the same
+kernel whose first statements read the stored pointer as the loaded one (``S_ptr = R_ptr``) and each integer parameter
+as the first one the launch passes the same value (``S_row_stride = R_row_stride``: the strides of one view agree).
 The view loads and stores one pointer, which analysis/in_place.py checks as any update in place (each load followed
-by a store of its address and mask, or a reload of what the lane stored) or refuses naming the lines; the tape
+by a store of its address and mask, or a reload of what the lane stored) or refuses naming the lines; the launch record
 records the launch as the view's (its snapshot of the memory, its backward), and the forward runs as launched. The
 view keeps the kernel's signature: the launch's arguments are the view's.
 """

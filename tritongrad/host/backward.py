@@ -29,8 +29,8 @@ from . import donation
 from .launcher import Launcher
 from .shadows import Plan, Shadow, Step, View, stand_in_tensor
 
-# the tape recording a backward's launches of derived kernels (None: they are not recorded): a backward run with
-# create_graph=True, as a bare op of its own (autograd_function.backward_as_op)
+# the launch record recording a backward's launches of derived kernels (None: they are not recorded): a backward run
+# with create_graph=True, as a bare op of its own (autograd_function.backward_as_op)
 recording_backward: contextvars.ContextVar = contextvars.ContextVar("tritongrad_recording", default=None)
 
 
@@ -47,7 +47,7 @@ class PlannedBackward:
     def run(self, saved: tuple, grads: tuple, needs: Sequence[bool]) -> list[torch.Tensor | None]:
         """Gradients of the differentiated inputs (None where not needed or not reached).
 
-        Runs with grad mode off, but where a tape records its launches (tape.recording_backward: a backward
+        Runs with grad mode off, but where a launch record records its launches (recording_backward: a backward
         differentiated again, run as an op whose segments carry the PyTorch operations' history).
         """
         ensure_allocator()  # (autograd's thread has not seen an allocator the forward's context set)

@@ -1,4 +1,4 @@
-"""The distinct tensors of one call of an op, each described by what the tape's key and checks read: storage
+"""The distinct tensors of one call of an op, each described by what the launch record's key and checks read: storage
 (numbered in order of appearance, not named by address), dtype, sizes, strides, offset, device, ``requires_grad``;
 and the tensors an op's arguments hold inside containers (pytrees: ``tensor_leaves``, ``nested_tensors``).
 """

@@ -199,16 +199,16 @@ def _unpack(packed: tuple) -> torch.Tensor:
     return alias
 
 
-def apply(function_apply: Any, tape: Any, *args: Any) -> Any:
-    """``function_apply(tape, *args)`` (an op's autograd.Function), its node saving through this module's hooks where
-    the tape's plan has candidates and no hooks of anyone else's are active (save_on_cpu, checkpointing: theirs stay
+def apply(function_apply: Any, record: Any, *args: Any) -> Any:
+    """``function_apply(record, *args)`` (an op's autograd.Function), its node saving through this module's hooks where
+    the record's plan has candidates and no hooks of anyone else's are active (save_on_cpu, checkpointing: theirs stay
     theirs)."""
-    if not candidates(tape.plan) or not _hooks._saved_tensors_hooks_is_enabled() or capturing() \
+    if not candidates(record.plan) or not _hooks._saved_tensors_hooks_is_enabled() or capturing() \
             or _hooks._top_saved_tensors_default_hooks(True) is not None:
-        return function_apply(tape, *args)
+        return function_apply(record, *args)
     _hooks._push_saved_tensors_default_hooks(_pack, _unpack)
     try:
-        return function_apply(tape, *args)
+        return function_apply(record, *args)
     finally:
         _hooks._pop_saved_tensors_default_hooks()
 

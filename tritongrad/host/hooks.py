@@ -1,11 +1,11 @@
 """Triton's launch entry points, patched once (``install``), and where each launch goes.
 
-Outside an op the current tape is ``None`` and a launch pays one ContextVar read. Inside an op
+Outside an op the current launch record is ``None`` and a launch pays one ContextVar read. Inside an op
 each launch of a ``@triton.jit`` kernel (compiled or interpreted) is recorded on the current
-``tape.Tape`` at the innermost ``run``, after ``@triton.autotune`` and ``@triton.heuristics``
+``launch_record.LaunchRecord`` at the innermost ``run``, after ``@triton.autotune`` and ``@triton.heuristics``
 have added their constexprs, so the backward replays the forward with the config the autotuner
 chose. Autotuner benchmarking runs are not recorded. While a named op's host function runs without
-a tape its launches are gathered (``collecting``: issued through ``wrap_triton``, run, or skipped),
+a launch record its launches are gathered (``collecting``: issued through ``wrap_triton``, run, or skipped),
 and while fake tensors infer its shapes they are skipped (``dry_run``).
 """
 
@@ -20,34 +20,34 @@ import torch
 from ..codegen.generate import self_contained
 from ..core.errors import OpError
 from .configs import current_heuristics
-from .tape import current_autotuner, current_tape
+from .launch_record import current_autotuner, current_record
 
-DRY = object()  # current "tape" while shapes are inferred with fake tensors: launches are skipped
+DRY = object()  # current "record" while shapes are inferred with fake tensors: launches are skipped
 
 
 def active() -> bool:
     """Whether launches are being recorded (or skipped) by an enclosing op."""
-    return current_tape.get() is not None
+    return current_record.get() is not None
 
 
 @contextlib.contextmanager
 def dry_run():
     """Run a host function without launching anything (fake-tensor shape inference)."""
-    token = current_tape.set(DRY)
+    token = current_record.set(DRY)
     try:
         yield
     finally:
-        current_tape.reset(token)
+        current_record.reset(token)
 
 
 class Launches:
-    """The current "tape" while a named op's host function runs under ``collecting``: its launches,
+    """The current "record" while a named op's host function runs under ``collecting``: its launches,
     each ``(kernel, grid, args, kwargs)``, and the tensors they were passed (by identity, in order of
     first appearance). ``mode``: "wrap" issues each launch as ``torch.library.wrap_triton(kernel)[grid]``
     (what torch.compile traces inside a triton_op), "run" launches it, "skip" does not (the launches'
     arguments are all that is wanted). ``tuned``: an autotuner was launched (in "skip" mode the config
     it would choose, which the backward needs, is unknown). ``heuristics``: per launch, the
-    ``@triton.heuristics`` that ran it, or None (a tape recording it is told: configs.py)."""
+    ``@triton.heuristics`` that ran it, or None (a launch record recording it is told: configs.py)."""
 
     def __init__(self, mode: str, name: str = ""):
         self.mode, self.name = mode, name  # name: the op's, for errors
@@ -73,11 +73,11 @@ class Launches:
 def collecting(mode: str, name: str = ""):
     """``with collecting("wrap" | "run" | "skip", op_name) as launches:`` (see ``Launches``)."""
     launches = Launches(mode, name)
-    token = current_tape.set(launches)
+    token = current_record.set(launches)
     try:
         yield launches
     finally:
-        current_tape.reset(token)
+        current_record.reset(token)
 
 
 def wrap_triton_enabled() -> bool:
@@ -97,7 +97,7 @@ def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) 
     grid = kwargs.pop("grid")
     kwargs.pop("warmup", None)
     kernel = self_contained(kernel)  # (a derived kernel, of a traced backward, as Inductor can copy it)
-    token = current_tape.set(None)  # wrap_triton's own launch is not intercepted again
+    token = current_record.set(None)  # wrap_triton's own launch is not intercepted again
     try:
         return wrap_triton(kernel)[grid](*args, **kwargs)
     except (RuntimeError, NotImplementedError) as e:
@@ -106,7 +106,7 @@ def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) 
                       f"torch.library.wrap_triton ({e}); register the op with "
                       f"@tritongrad.op(\"{launches.name}\", opaque=True)") from e
     finally:
-        current_tape.reset(token)
+        current_record.reset(token)
 
 
 # -- the launch hooks ------------------------------------------------------------------------------
@@ -134,21 +134,21 @@ def install() -> None:
 
 def _recorded(run):
     def recorded_run(self, *args, grid, warmup, **kwargs):
-        tape = current_tape.get()
-        if tape is None or warmup:
+        record = current_record.get()
+        if record is None or warmup:
             return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-        if tape is DRY:
+        if record is DRY:
             return None
-        if type(tape) is Launches:
-            tape.add(self, grid, args, kwargs)
-            if tape.mode == "wrap":
-                return _wrapped_launch(tape, self, args, {**kwargs, "grid": grid})
-            return run(self, *args, grid=grid, warmup=warmup, **kwargs) if tape.mode == "run" else None
-        boundary = tape.boundary
+        if type(record) is Launches:
+            record.add(self, grid, args, kwargs)
+            if record.mode == "wrap":
+                return _wrapped_launch(record, self, args, {**kwargs, "grid": grid})
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs) if record.mode == "run" else None
+        boundary = record.boundary
         if boundary is None:
-            return tape.launch(run, self, grid, args, kwargs, warmup)
+            return record.launch(run, self, grid, args, kwargs, warmup)
         with torch._C.DisableTorchFunction():  # a bare op's watch (ops/segments.py) is not for the launch itself
-            result = tape.launch(run, self, grid, args, kwargs, warmup)
+            result = record.launch(run, self, grid, args, kwargs, warmup)
             boundary.launched()
         return result
 
@@ -158,7 +158,7 @@ def _recorded(run):
 
 def _autotuner_hooked(run):
     def autotuner_run(self, *args, **kwargs):
-        current = current_tape.get()
+        current = current_record.get()
         if current is DRY:  # no benchmarking on fake tensors
             return None
         if type(current) is Launches and not kwargs.get("warmup"):
@@ -169,12 +169,12 @@ def _autotuner_hooked(run):
                 return _wrapped_launch(current, self, args, kwargs)
             if current.mode == "skip":
                 return None
-            token = current_tape.set(None)  # "run": its inner launch is not collected again
+            token = current_record.set(None)  # "run": its inner launch is not collected again
             try:
                 return run(self, *args, **kwargs)
             finally:
-                current_tape.reset(token)
-        if current is None or type(current) is Launches or kwargs.get("warmup"):  # (a tape: Tape, replay.FastTape)
+                current_record.reset(token)
+        if current is None or type(current) is Launches or kwargs.get("warmup"):  # (LaunchRecord, replay.FastRecord)
             return run(self, *args, **kwargs)
         token = current_autotuner.set((self, args, kwargs))  # the recorded launch keeps its other configs
         try:
@@ -191,7 +191,7 @@ def _autotuner_hooked(run):
 
 def _heuristics_hooked(run):
     def heuristics_run(self, *args, **kwargs):
-        if current_tape.get() is None:
+        if current_record.get() is None:
             return run(self, *args, **kwargs)
         token = current_heuristics.set(self)  # its launch keeps its config: the values may be the tiles' (configs.py)
         try:
@@ -205,11 +205,11 @@ def _heuristics_hooked(run):
 
 def _unrecorded(bench):
     def bench_unrecorded(self, *args, **kwargs):
-        token = current_tape.set(None)  # the autotuner's timing runs are not part of the op
+        token = current_record.set(None)  # the autotuner's timing runs are not part of the op
         try:
             return bench(self, *args, **kwargs)
         finally:
-            current_tape.reset(token)
+            current_record.reset(token)
 
     bench_unrecorded.__wrapped__ = bench
     return bench_unrecorded

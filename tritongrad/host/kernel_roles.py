@@ -97,8 +97,8 @@ def read_as_left(kernel: Any, named: dict[str, Any]) -> frozenset[str]:
     """The pointers a launch updates in place whose every load reads an element no store of it writes, in the
     specialization it runs (``named``: its arguments by parameter, defaults included; its decisive constexprs decide
     it: a flag such as a cross-entropy's HAS_GRADIENTS decides whether a later pass overwrites what the loads read):
-    analysis/in_place.py's ``read_unchanged``. The tape takes no copy of them; their backward reads the tensor as
-    the launch left it. Once per kernel and those values (the kernel normalized again, specialized)."""
+    analysis/in_place.py's ``read_unchanged``. The launch record takes no copy of them; their backward reads the tensor
+    as the launch left it. Once per kernel and those values (the kernel normalized again, specialized)."""
     values = specialization(kernel, named)
     key = (kernel.fn, tuple((k, hashable(v)) for k, v in values.items()))
     found = _unchanged.get(key)

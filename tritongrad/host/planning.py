@@ -1,4 +1,4 @@
-"""A new kind of call, checked and planned when its tape closes (``Tape.close``, once per kind of call).
+"""A new kind of call, checked and planned once, when its launch record closes (``LaunchRecord.close``).
 
 The checks: hazards (a launch overwriting memory an earlier launch, or the same launch through another
 argument, read; a ``tl.store`` over what an earlier launch wrote), writes to tensors that require grad,
@@ -23,9 +23,9 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class Planner:
-    """The checks and plan of one new kind of call of the op ``name``. ``launches``: the tape's recorded
-    launches (tape.RecordedLaunch); ``segmented``: the tape is a segment of a bare op (ops/segments.py), whose
-    launches may update a tensor that requires grad in place and whose outputs may be its arguments."""
+    """The checks and plan of one new kind of call of the op ``name``. ``launches``: the launch record's recorded
+    launches (launch_record.RecordedLaunch); ``segmented``: the record is a segment of a bare op (ops/segments.py),
+    whose launches may update a tensor that requires grad in place and whose outputs may be its arguments."""
 
     def __init__(self, name: str, launches: Sequence[Any], segmented: bool):
         self.name, self.launches, self.segmented = name, launches, segmented
@@ -60,7 +60,7 @@ class Planner:
                              f"`{self.name}`: a tensor it is passed requires grad)")
             loads, stores = set(checked.params("loads")), set(checked.params("stores"))
             copies = dict(snapshots)  # in place: the launch read the copy taken before it ran
-            # in place without a copy: what its loads read, no store of it changed (tape.py): read as it left it
+            # in place without a copy: what its loads read, no store changed (launch_record.py): read as it left it
             as_left = set(checked.info.roles.in_place) - set(copies) if known else set()
             copies.update({p: i for (k, p), i in later.items() if k == launch.index})  # before a later one did
             for p, i in params.items():
@@ -93,7 +93,7 @@ class Planner:
         for checked in launches:  # outputs whose values the backward reads back: saved, unless written again
             roles = checked.info.roles
             # a statistic only from an output at least as wide as float32 and as the floats the launch reads (the
-            # type it computes in, as far as the tape can tell: a float64 input's statistic in float32 is rounded)
+            # type it computes in, as far as the record can tell: a float64 input's statistic in float32 is rounded)
             widest = max([4, *(v.dtype.itemsize for p, v in checked.views.items()
                                if p in roles.loads and v.dtype.is_floating_point)]) if roles is not None else 8
             for p in (roles.read_back | roles.read_back_exact) & set(checked.views) if roles is not None else ():

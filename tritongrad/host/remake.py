@@ -2,8 +2,8 @@
 mean and rstd), made again for a backward differentiated again.
 
 Their values depend on the op's inputs, but autograd cannot see how. Run as an op (autograd_function.backward_as_op),
-the backward first runs again the launches that made them, on fresh buffers, from what the op kept: the op's tape
-then records those launches before the derived kernels that read their results, and its backward differentiates
+the backward first runs again the launches that made them, on fresh buffers, from what the op kept: the op's launch
+record then records those launches before the derived kernels that read their results, and its backward differentiates
 through both (an rstd's dependence on x through the forward kernel's own derived kernel). Nothing more is kept for a
 first-order backward: a tensor those launches read that the op did not keep (no derived kernel reads it,
 ``Plan.unused``: a layer norm's bias) is a zero-filled stand-in where what they store for the backward is not
@@ -41,11 +41,11 @@ class Remake:
                     self.spans[v.key] = (min(lo, v.span[0]), max(hi, v.span[1]))
 
     @staticmethod
-    def of(tape: Any, saved: tuple, made: list[int]) -> Remake | str:
+    def of(record: Any, saved: tuple, made: list[int]) -> Remake | str:
         """How to make the saved slots ``made`` again from the other saved tensors, or why they cannot be."""
-        plan = tape.plan
-        replay = getattr(tape, "replay", None)  # (a replayed call: replay.py's FastTape)
-        recorded = replay.recorded if replay is not None else tape.launches
+        plan = record.plan
+        replay = getattr(record, "replay", None)  # (a replayed call: replay.py's FastRecord)
+        recorded = replay.recorded if replay is not None else record.launches
         passed: dict[int, tuple[LaunchPlan, str]] = {}  # saved slot -> a launch and parameter it was passed to
         for lp in plan.launches:
             for p, j in (*lp.slots.items(), *lp.stored.items()):
@@ -94,11 +94,11 @@ class Remake:
             j = next(j for j in made if passed[j][0].views[passed[j][1]].key in missing)
             return (f"its backward reads `{passed[j][1]}` of {passed[j][0]}, a buffer the host function made with "
                     "PyTorch operations (not a launch), whose dependence on the inputs autograd does not see")
-        return Remake(tape.name, found, {j: passed[j] for j in made})
+        return Remake(record.name, found, {j: passed[j] for j in made})
 
     def __call__(self, saved: tuple) -> tuple:
-        """``saved`` with each buffer made again: the launches run again (recorded by the tape of the op the backward
-        runs as) on fresh buffers, and on zero-filled stand-ins for what the op did not keep."""
+        """``saved`` with each buffer made again: the launches run again (recorded by the launch record of the op the
+        backward runs as) on fresh buffers, and on zero-filled stand-ins for what the op did not keep."""
         buffers: dict[int, torch.Tensor] = {}
         for launch, lp, kept in self.steps:
             named = launch.info.launch_arguments(launch.args, launch.kwargs)

@@ -1,28 +1,28 @@
 """Calls made again: an op's later calls of a kind seen before compared with the first one's launches as they run,
-past the tape's recording, and their backward launched from what an earlier backward kept.
+past the launch record's recording, and their backward launched from what an earlier backward kept.
 
-A call of an op with a key seen before (tape.py) reuses its plan, but still records every launch and builds the
+A call of an op with a key seen before (launch_record.py) reuses its plan, but still records every launch and builds the
 key to find it: microseconds of Python per launch and per call that a hand-written ``autograd.Function`` does
 not spend. A :class:`Replay` is a kind of call, learnt from a call that made it (``Replays.learn``): per launch
 the kernel object, grid, every non-tensor argument with its type, where each tensor argument lies among the
 call's tensors, and the description of each tensor the key reads (storage numbered by first appearance, dtype,
 sizes, strides, offset, device, ``requires_grad``: ``CallTensors``), and where the op's outputs and arguments
-lie. A later call runs on a :class:`FastTape`: its first launch picks the op's replay whose first launch it is
+lie. A later call runs on a :class:`FastRecord`: its first launch picks the op's replay whose first launch it is
 (the most recent first), and each launch is compared with the replay's as it comes, before it runs (the key's
-every part, and the values besides), then run (directly, as the tape runs it: relaunch.py); the outputs and
+every part, and the values besides), then run (directly, as the launch record runs it: relaunch.py); the outputs and
 arguments are compared when the host function returns, and the call's autograd node then takes the replay's
 plan. Aliasing is read from each tensor's address on every call, as the key reads it: a call passing one tensor
 twice where the replay's passed two is not the replay's. At the first difference the call goes on as any
-other: a ``LearningTape`` records the launches so far (the replay's, so their checks passed), without running
+other: a ``LearningRecord`` records the launches so far (the replay's, so their checks passed), without running
 them again, then the rest, and teaches the op a replay of this call when it closes.
 
 The backward (replay_backward.py): once the plan's backward for a schedule has kept a ``launcher.Launcher`` per
 step (from its second backward on: backward.py), a replay's backward launches them in order.
 
 A launch the first call ran as its augmented forward (augment.py: state tapes for the backward) is run so again on
-tapes of the call's own, laid out as at its first replay (``FastTape._augmented``), which its backward reads.
+tapes of the call's own, laid out as at its first replay (``FastRecord._augmented``), which its backward reads.
 
-An in-place launch's copy (tape.py's ``_snapshots``) is taken per call before it runs (an empty tensor where no
+An in-place launch's copy (launch_record.py's ``_snapshots``) is taken per call before it runs (an empty tensor where no
 derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads, configs
 offered to the backward: configs.py's, whose grid function is the call's; host descriptors and alias views, aliases.py;
 a non-tensor launch argument that is not a plain value, relaunch.plain_values). A bare op's call is replayed where
@@ -47,9 +47,9 @@ from ..runtime import relaunch
 from ..runtime.augment import keeping_of
 from . import backward as op_backward
 from .configs import Tiles
+from .launch_record import LaunchRecord, _by_parameter, _relaunchers, copy_of, current_autotuner, current_record
 from .replay_backward import StraightLineBackward
 from .shadows import kept_empty
-from .tape import Tape, _by_parameter, _relaunchers, copy_of, current_autotuner, current_tape, recording_backward
 
 ENV = "TRITONGRAD_REPLAY"
 MAX_REPLAYS = 16  # per op: kinds of call it is called with in turn (a model's layers of a few sizes)
@@ -63,7 +63,7 @@ ENABLED = os.environ.get(ENV) != "0"  # (read once: os.environ costs microsecond
 class Expected:
     """One launch of a replay: the kernel object and grid, the number of positional arguments and the keywords'
     names, the positions of tensor arguments and their slots among the call's tensors, the other values and
-    their types, and the recorded launch (tape.RecordedLaunch, holding no tensors) the backward reads."""
+    their types, and the recorded launch (launch_record.RecordedLaunch, holding no tensors) the backward reads."""
 
     __slots__ = ("kernel", "grid", "callable_grid", "count", "names", "tensors", "pick", "plain", "types", "values",
                  "recorded", "key", "relauncher", "same", "tail", "augmented", "keeping", "written", "snapshots",
@@ -74,8 +74,8 @@ class Expected:
         roles, by_parameter = recorded.info.roles, _by_parameter(recorded.info, positions, self.names)
         self.written = tuple(i for p, i in by_parameter.items()  # (what a bare op's segments watch: ops/segments.py)
                              if i is not None and (roles is None or p in roles.stores))
-        # an in-place launch's copies, each call's own (tape.py's _snapshots): (slot, parameter, the slot of the tensor
-        # copied, or None for an empty tensor in place of a copy no derived kernel reads, dtype)
+        # an in-place launch's copies, each call's own (LaunchRecord._snapshots): (slot, parameter, the slot of the
+        # tensor copied, or None for an empty tensor in place of a copy no derived kernel reads, dtype)
         self.snapshots = tuple(sorted((i, p, None if i in unread else by_parameter[p], described[i][1])
                                       for p, i in pattern[3]))
         self.placeholders: dict[int, torch.Tensor] = {}  # slot -> its empty tensor (shadows.kept_empty)
@@ -89,7 +89,7 @@ class Expected:
         self.pick = _picker(plain)  # all values -> the non-tensor ones
         self.plain = tuple(self.values[k] for k in plain)
         self.types = tuple(map(type, self.plain))
-        # the forward Relauncher's key, as Tape._relaunch makes it (shared with the tape's launches)
+        # the forward Relauncher's key, as LaunchRecord._relaunch makes it (shared with the launch record's launches)
         self.key = (id(self.kernel), self.grid, positions, self.names, recorded.args, tuple(map(type, recorded.args)),
                     tuple(recorded.kwargs.values()), tuple(map(type, recorded.kwargs.values())),
                     tuple([described[i][1] for i in positions if i is not None]))
@@ -126,51 +126,51 @@ def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
 
 
 class Replay:
-    """A kind of call learnt from a closed tape (see the module docstring): its launches (``Expected``), the
+    """A kind of call learnt from a closed launch record (see the module docstring): its launches (``Expected``), the
     descriptions of its tensors, where the op's outputs and arguments lie among them, and its plan; its backwards
     per schedule."""
 
-    def __init__(self, tape: LearningTape, named: bool):
-        patterns, n_outputs, passed, kwnames, diff, described = tape.key
-        self.name, self.deterministic, self.plan = tape.name, tape.deterministic, tape.plan
-        augmented = [r.saved is not None for r in tape.launches]
+    def __init__(self, record: LearningRecord, named: bool):
+        patterns, n_outputs, passed, kwnames, diff, described = record.key
+        self.name, self.deterministic, self.plan = record.name, record.deterministic, record.plan
+        augmented = [r.saved is not None for r in record.launches]
         # shared by the replay's calls: holding no call's tensors (an augmented launch's tapes are each call's own)
-        self.recorded = [_with_tapes(r, None) if kept else r for r, kept in zip(tape.launches, augmented, strict=True)]
-        unread = {*tape.placeholders, *(self.plan.saved[j] for j in self.plan.unused)}  # copies: none taken
+        self.recorded = [_with_tapes(r, None) if k else r for r, k in zip(record.launches, augmented, strict=True)]
+        unread = {*record.placeholders, *(self.plan.saved[j] for j in self.plan.unused)}  # copies: none taken
         self.expected = tuple(Expected(r, p, c, described, a, unread) for r, p, c, a in zip(
-            self.recorded, patterns, tape.callable_grids, augmented, strict=True))
+            self.recorded, patterns, record.callable_grids, augmented, strict=True))
         self.described = described
         # per slot: what a new tensor there must have, read in one tuple (dtype, sizes, strides, offset, device,
         # requires_grad), and its storage's number
         self.tails = tuple((d[1], d[2], d[3], d[4], d[5], d[6]) for d in described)
         self.keys = tuple(d[0] for d in described)
         self.n_outputs, self.passed, self.kwnames = n_outputs, passed, kwnames
-        self.dirty = tape.dirty  # a bare op's segment whose written buffers came out marked dirty (ops/segments.py)
+        self.dirty = record.dirty  # a bare op's segment whose written buffers came out marked dirty (ops/segments.py)
         self.closing = (len(self.expected), n_outputs, len(passed))
         inputs = diff if named else self.plan.inputs  # the tensors to differentiate, by slot
         self.pick_inputs, self.pick_saved = _picker(list(inputs)), _picker(list(self.plan.saved))
         self.backwards: dict[tuple, Any] = {}  # schedule -> StraightLineBackward, or False: never (its steps keep none)
 
     @staticmethod
-    def of(tape: LearningTape, named: bool) -> Replay | None:
-        """The replay of a closed tape's call, or None where a call of its kind holds something per call (but state
-        tapes an augmented forward keeps: each replayed call allocates its own, ``FastTape``)."""
-        if not tape.learnable or tape.plan.unread or not tape.launches:
+    def of(record: LearningRecord, named: bool) -> Replay | None:
+        """The replay of a closed record's call, or None where a call of its kind holds something per call (but state
+        tapes an augmented forward keeps: each replayed call allocates its own, ``FastRecord``)."""
+        if not record.learnable or record.plan.unread or not record.launches:
             return None
-        for launch, pattern in zip(tape.launches, tape.key[0], strict=True):
+        for launch, pattern in zip(record.launches, record.key[0], strict=True):
             if pattern[4] or launch.tiles is not None or hasattr(launch.kernel, "tg_source"):  # (an alias or
                 return None  # descriptor view: launched as another kernel, aliases.py, host_descriptors.py)
             if not relaunch.plain_values((*launch.args, *launch.kwargs.values())):
                 return None
-        return Replay(tape, named)
+        return Replay(record, named)
 
     def backward(self, saved: tuple, grads: tuple, needs: Sequence[bool], kept: dict | None = None) -> list:
-        """The gradients, as Tape.backward gives them: by the schedule's StraightLineBackward once it has one.
-        ``kept``: per launch run as its augmented forward, the state tapes the call kept (FastTape.kept)."""
+        """The gradients, as LaunchRecord.backward gives them: by the schedule's StraightLineBackward once it has one.
+        ``kept``: per launch run as its augmented forward, the state tapes the call kept (FastRecord.kept)."""
         schedule = (tuple(needs), tuple(map(_given, grads)))
-        fast = self.backwards.get(schedule) if recording_backward.get() is None else False
+        fast = self.backwards.get(schedule) if op_backward.recording_backward.get() is None else False
         if fast and fast.grad is op_backward.grad:  # (tests spy on grad: a new one is a new backward)
-            if current_tape.get() is None and not torch.is_grad_enabled():  # (fast's __call__, inlined)
+            if current_record.get() is None and not torch.is_grad_enabled():  # (fast's __call__, inlined)
                 ensure_allocator()
                 return fast.run(saved, grads, needs, kept)
             return fast(saved, grads, needs, kept)
@@ -183,12 +183,12 @@ class Replay:
 
     def planned(self, saved: tuple, grads: tuple, needs: Sequence[bool], recorded: list) -> list:
         """The gradients by PlannedBackward over ``recorded`` (the replay's launches, or copies with a call's tapes)."""
-        token = current_tape.set(recording_backward.get())  # derived kernels are not recorded (see tape.py)
+        token = current_record.set(op_backward.recording_backward.get())  # (derived kernels are not recorded)
         try:
             backward = op_backward.PlannedBackward(self.name, self.plan, recorded, self.deterministic)
             return backward.run(saved, grads, needs)
         finally:
-            current_tape.reset(token)
+            current_record.reset(token)
 
 
 class Replays:
@@ -196,30 +196,30 @@ class Replays:
 
     def __init__(self, name: str, plans: dict, deterministic: bool, function: Any, named: bool = True):
         self.name, self.plans, self.deterministic, self.named = name, plans, deterministic, named
-        self.function = function  # the op's autograd.Function (autograd_function._TapeFunction)
+        self.function = function  # the op's autograd.Function (autograd_function._LaunchRecordFunction)
         self.apply = super(torch.autograd.Function, function).apply  # its apply, past Function.apply's Python
         self.found: list[Replay] = []
 
-    def call(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[Tape | None, Any]:
+    def call(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[LaunchRecord | None, Any]:
         """Run the host function ``fn`` on a call's arguments: (None, the outputs of the op's autograd node) where
-        a replay ran it to the end; else (the tape its launches were recorded on, unclosed, and the host function's
-        result), for the caller to close and make the node of (the tape learns a replay then)."""
-        if not self.found or not ENABLED or capturing():  # (captured in a CUDA graph: the tape's path, which the
-            tape = LearningTape(self)                   # graph tests cover; replays under capture are not yet)
-            with tape:
-                return tape, fn(*args, **kwargs)
-        fast = FastTape(self)
-        token = current_tape.set(fast)
+        a replay ran it to the end; else (the record its launches were recorded on, unclosed, and the host function's
+        result), for the caller to close and make the node of (the record learns a replay then)."""
+        if not self.found or not ENABLED or capturing():  # (captured in a CUDA graph: the record's path, which the
+            record = LearningRecord(self)               # graph tests cover; replays under capture are not yet)
+            with record:
+                return record, fn(*args, **kwargs)
+        fast = FastRecord(self)
+        token = current_record.set(fast)
         try:
             result = fn(*args, **kwargs)
         finally:
-            current_tape.reset(token)
+            current_record.reset(token)
         if fast.fallen is None:
             several = isinstance(result, (tuple, list))
             outputs = tuple(result) if several else (result,)
             inputs = fast.close(outputs, args, kwargs)
             if inputs is not None:
-                if not inputs:  # nothing to differentiate (the tape's caller returns it as it is)
+                if not inputs:  # nothing to differentiate (the record's caller returns it as it is)
                     return None, result
                 if torch._C._are_functorch_transforms_active():
                     outputs = self.function.apply(fast, outputs, *inputs)
@@ -228,12 +228,12 @@ class Replays:
                 return None, outputs if several else outputs[0]
         return fast.fallen, result
 
-    def tape(self) -> FastTape | LearningTape:
-        """A bare op's first segment's tape (ops/segments.py): a replay's where the op has one, else one that learns."""
-        return FastTape(self) if self.found and ENABLED and not capturing() else LearningTape(self)
+    def segment_record(self) -> FastRecord | LearningRecord:
+        """A bare op's first segment's record (segments.py): a replay's where the op has one, else one that learns."""
+        return FastRecord(self) if self.found and ENABLED and not capturing() else LearningRecord(self)
 
-    def learn(self, tape: LearningTape) -> None:
-        replay = Replay.of(tape, self.named) if tape.key is not None and ENABLED else None
+    def learn(self, record: LearningRecord) -> None:
+        replay = Replay.of(record, self.named) if record.key is not None and ENABLED else None
         if replay is not None:
             self.found = [replay, *self.found[:MAX_REPLAYS - 1]]  # (a new list: other threads may be reading it)
 
@@ -243,8 +243,8 @@ class Replays:
         self.found = [replay, *found[:MAX_REPLAYS - 1]]
 
 
-class LearningTape(Tape):
-    """A plain tape that, when it closes, teaches its op a replay of the call (``Replays.learn``)."""
+class LearningRecord(LaunchRecord):
+    """A plain launch record that, when it closes, teaches its op a replay of the call (``Replays.learn``)."""
 
     def __init__(self, replays: Replays):
         super().__init__(replays.name, replays.plans, replays.deterministic)
@@ -264,9 +264,9 @@ class LearningTape(Tape):
         return inputs
 
 
-class FastTape:
-    """The current tape of a call that may be a replay's (see the module docstring): each launch compared with the
-    replay's and run; at the first difference a LearningTape (``fallen``) takes over. Then what the call's autograd
+class FastRecord:
+    """The current record of a call that may be a replay's (see the module docstring): each launch compared with the
+    replay's and run; at the first difference a LearningRecord (``fallen``) takes over. Then what the call's autograd
     node keeps: the plan, the saved tensors (until the node takes them), the backward."""
 
     __slots__ = ("replays", "replay", "count", "tensors", "index", "storages", "fallen", "saved", "plan", "name",
@@ -308,12 +308,12 @@ class FastTape:
         return run(kernel, *args, grid=grid, warmup=False, **kwargs)
 
     def written_by_last(self) -> list[torch.Tensor]:
-        """As Tape.written_by_last: the tensors the latest launch stores through."""
+        """As LaunchRecord.written_by_last: the tensors the latest launch stores through."""
         tensors = self.tensors
         return [tensors[i] for i in self.replay.expected[self.count - 1].written]
 
     def _snapshots(self, expected: Expected) -> Expected | None:
-        """An in-place launch's copies (tape.py's _snapshots), taken before it runs, where the replay's call had them
+        """An in-place launch's copies (LaunchRecord._snapshots), taken before it runs, where the replay's call had them
         among its tensors; None where they do not lie there."""
         tensors = self.tensors
         for slot, _, copied, dtype in expected.snapshots:
@@ -326,7 +326,7 @@ class FastTape:
 
     def _augmented(self, run: Callable, kernel: Any, expected: Expected, args: tuple, kwargs: dict,
                    warmup: bool) -> Any:
-        """The launch as its augmented forward (Tape.launch's) on state tapes of this call's own, which its backward
+        """The launch as its augmented forward (LaunchRecord.launch's) on the call's own state tapes, which its backward
         reads (``backward``), made as ``expected.keeping`` says (a match fixes what it reads); else a first call's."""
         found = expected.keeping = expected.keeping or keeping_of(
             kernel, expected.recorded.info.with_defaults(args, kwargs), expected.grid)
@@ -427,29 +427,29 @@ class FastTape:
         tensors.append(v)
         return True
 
-    def _fall_back(self, running: bool = True) -> LearningTape:
-        """A LearningTape in this one's place (``running``: the current tape from here on), with the launches so far
-        (the replay's, so their checks pass) recorded as a tape records them, without running them again."""
-        tape = self.fallen = LearningTape(self.replays)
-        if self.boundary is not None:  # a bare op's segment: its watch goes on with the tape taking over
-            tape.boundary = self.boundary
-            self.boundary.tape = tape if running else self.boundary.tape
+    def _fall_back(self, running: bool = True) -> LearningRecord:
+        """A LearningRecord in this one's place (``running``: the current record from here on), with the launches so far
+        (the replay's, so their checks pass) recorded as a launch record records them, without running them again."""
+        record = self.fallen = LearningRecord(self.replays)
+        if self.boundary is not None:  # a bare op's segment: its watch goes on with the record taking over
+            record.boundary = self.boundary
+            self.boundary.record = record if running else self.boundary.record
         if running:
-            current_tape.set(tape)  # (the call's token restores the tape before this one)
+            current_record.set(record)  # (the call's token restores the record before this one)
         if self.count:
-            tape.taken = {(k, p): self.tensors[slot] for k, expected in enumerate(self.replay.expected[:self.count])
+            record.taken = {(k, p): self.tensors[slot] for k, expected in enumerate(self.replay.expected[:self.count])
                           for slot, p, copied, _ in expected.snapshots if copied is not None}  # (not copied again:
             token = current_autotuner.set(None)  # the launches ran) (none of them had an autotuner's configs)
             try:
                 for expected in self.replay.expected[:self.count]:
                     args, kwargs = expected.arguments(self.tensors)
-                    tape.record(expected.kernel, expected.grid, args, kwargs, expected.callable_grid)
+                    record.record(expected.kernel, expected.grid, args, kwargs, expected.callable_grid)
             finally:
                 current_autotuner.reset(token)
             for index, saved in (self.kept or {}).items():  # (run as augmented forwards: their tapes are filled)
-                tape.launches[index].saved = saved
+                record.launches[index].saved = saved
         self.tensors = self.index = self.storages = None
-        return tape
+        return record
 
     def close(self, outputs: tuple, args: tuple, kwargs: dict, dirty: bool = False) -> list | None:
         """The tensors to differentiate, once the op's outputs and arguments are found where the replay's were among
@@ -485,14 +485,14 @@ class FastTape:
 
 
 def _with_tapes(recorded: Any, saved: Any) -> Any:
-    """A copy of a recorded launch (tape.RecordedLaunch) keeping these state tapes (None: none)."""
+    """A copy of a recorded launch (launch_record.RecordedLaunch) keeping these state tapes (None: none)."""
     made = copy.copy(recorded)
     made.saved = saved
     return made
 
 
 def _relauncher(expected: Expected) -> relaunch.Relauncher:
-    """The launch's Relauncher: Tape._relaunch's, found by the same key."""
+    """The launch's Relauncher: LaunchRecord._relaunch's, found by the same key."""
     relauncher = _relaunchers.get(expected.key)
     if relauncher is None or relauncher.kernel is not expected.kernel:
         relauncher = _relaunchers[expected.key] = relaunch.Relauncher(expected.kernel, expected.grid)

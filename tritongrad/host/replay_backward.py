@@ -23,15 +23,15 @@ import torch
 from ..core.device import ensure_allocator
 from . import backward as op_backward
 from . import donation
+from .launch_record import current_record
 from .shadows import Plan, Shadow, contiguous, stand_in_tensor
-from .tape import current_tape
 
 
 class StraightLineBackward:
     """A replay's backward for one schedule as straight-line Python (see the module docstring). ``grad``:
     backward.grad as it was when the Launchers were kept (tests spy on it: another one is another backward).
     ``run(saved, grads, needs, kept)``: the backward, grad mode off (``kept``: per launch run as its augmented
-    forward, the state tapes the call kept, replay.FastTape.kept)."""
+    forward, the state tapes the call kept, replay.FastRecord.kept)."""
 
     def __init__(self, replay: Any, schedule: tuple, launchers: tuple):
         self.grad = op_backward.grad
@@ -52,7 +52,7 @@ class StraightLineBackward:
             index = step.launch.index
             launch = replay.recorded[index]  # PlannedBackward._run_step's key (run as its augmented forward: a call's
             keep = (op_backward.grad, replay.deterministic, launch.args, tuple(launch.kwargs.items()), launch.grid,
-                    replay.expected[index].augmented)  # tapes, FastTape.kept)
+                    replay.expected[index].augmented)  # tapes, FastRecord.kept)
             launcher = step.launchers.get(keep)
             if not launcher:
                 return None if launcher is None else False
@@ -60,7 +60,7 @@ class StraightLineBackward:
         return StraightLineBackward(replay, schedule, tuple(launchers))
 
     def __call__(self, saved: tuple, grads: tuple, needs: Sequence[bool], kept: dict | None = None) -> list:
-        token = current_tape.set(None) if current_tape.get() is not None else None  # (inside another op's forward)
+        token = current_record.set(None) if current_record.get() is not None else None  # (inside another op's forward)
         try:
             ensure_allocator()
             if torch.is_grad_enabled():  # create_graph=True: the backward is not itself differentiated
@@ -69,7 +69,7 @@ class StraightLineBackward:
             return self.run(saved, grads, needs, kept)
         finally:
             if token is not None:
-                current_tape.reset(token)
+                current_record.reset(token)
 
 
 def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dict]:

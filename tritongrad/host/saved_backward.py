@@ -1,11 +1,11 @@
 """The backward of a named op under torch.compile, from what its saving forward returned (ops/library.py's
 ``ns::name_saving``: the outputs and the buffers its launches passed between them): the host function runs again
-with its launches skipped, its fresh buffers are swapped for the saved ones, and the launches are recorded on a tape
-as in eager mode (``eager_backward``: the opaque ``ns::name_saved_backward``, on real tensors). Not opaque, the
-compiled graph launches the derived kernels itself: ``traced_backward`` runs the same backward on fake tensors
-(core/device.traced) with each launch issued through ``wrap_triton``, after a rehearsal on real tensors of the traced
-layouts (``real_like``) that makes the first backward's checks and tunes its launches. Where the buffers cannot be
-matched, the forward launches run again (``recompute_backward``).
+with its launches skipped, its fresh buffers are swapped for the saved ones, and the launches are recorded on a
+launch record as in eager mode (``eager_backward``: the opaque ``ns::name_saved_backward``, on real tensors). Not
+opaque, the compiled graph launches the derived kernels itself: ``traced_backward`` runs the same backward on fake
+tensors (core/device.traced) with each launch issued through ``wrap_triton``, after a rehearsal on real tensors of the
+traced layouts (``real_like``) that makes the first backward's checks and tunes its launches. Where the buffers cannot
+be matched, the forward launches run again (``recompute_backward``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from . import hooks
 from .call_tensors import as_tuple
 from .configs import current_heuristics
 from .kernel_roles import kernel_info
-from .tape import Tape
+from .launch_record import LaunchRecord
 
 _log = logging.getLogger("tritongrad")
 
@@ -29,22 +29,22 @@ _log = logging.getLogger("tritongrad")
 def recompute_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
     def backward(*args):
         *inputs, grads, needs = args
-        tape = Tape(name, plans, deterministic)
-        with tape.recording():
+        record = LaunchRecord(name, plans, deterministic)
+        with record.recording():
             outputs = as_tuple(fn(*inputs))
-        return gradients(tape, outputs, inputs, arguments, grads, needs)
+        return gradients(record, outputs, inputs, arguments, grads, needs)
 
     return backward
 
 
-def gradients(tape: Tape, outputs: tuple, inputs: list, arguments, grads: list, needs: list,
+def gradients(record: LaunchRecord, outputs: tuple, inputs: list, arguments, grads: list, needs: list,
                launches: Any = None) -> list:
     """The needed inputs' gradients from a recorded forward (zeros where none reaches); ``launches``: a
     hooks.Launches wrapping the derived kernels' launches (traced)."""
     diff = [t for t, need in zip(arguments(tuple(inputs), {}).values(), needs, strict=True) if need]
-    tape.close(outputs, tuple(inputs), {}, arguments, diff_inputs=diff)
-    saved, tape.saved = tuple(tape.saved), None
-    result = tape.backward(saved, tuple(grads), [True] * len(diff), launches)
+    record.close(outputs, tuple(inputs), {}, arguments, diff_inputs=diff)
+    saved, record.saved = tuple(record.saved), None
+    result = record.backward(saved, tuple(grads), [True] * len(diff), launches)
     # an op's outputs may not share memory with its arguments or with each other: copied only where they would
     taken = {device.storage_of(a) for a in _tensors([*inputs, saved, grads])}
     found = []
@@ -61,13 +61,13 @@ def gradients(tape: Tape, outputs: tuple, inputs: list, arguments, grads: list, 
 def eager_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
     """The backward from the saving forward's outputs and buffers: the host function is run again with its
     launches skipped (for their arguments), its fresh buffers swapped for the saved ones, and the launches
-    recorded on a tape as in eager mode. Where the buffers cannot be matched (an autotuned launch, whose
+    recorded on a launch record as in eager mode. Where the buffers cannot be matched (an autotuned launch, whose
     config is unknown here; a buffer that is a view of another tensor) the launches are re-run instead."""
     recompute = recompute_backward(fn, name, arguments, plans, deterministic)
 
     def backward(*args):
         *inputs, saved, grads, needs = args
-        found = _saved_tape(fn, name, plans, deterministic, inputs, saved)
+        found = _saved_record(fn, name, plans, deterministic, inputs, saved)
         if found is None:
             return recompute(*inputs, grads, needs)
         return gradients(*found, inputs, arguments, grads, needs)
@@ -75,8 +75,8 @@ def eager_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bo
     return backward
 
 
-def _saved_tape(fn: Any, name: str, plans: dict, deterministic: bool, inputs: list, saved: list) -> tuple | None:
-    """A tape of the op's launches on the buffers the saving forward kept: the host function run again with its
+def _saved_record(fn: Any, name: str, plans: dict, deterministic: bool, inputs: list, saved: list) -> tuple | None:
+    """A record of the op's launches on the buffers the saving forward kept: the host function run again with its
     launches skipped (for their arguments), its fresh buffers swapped for the saved ones; with the op's outputs
     among the saved tensors. None where the buffers cannot be matched (``_swaps``)."""
     with hooks.collecting("skip") as launches:
@@ -86,18 +86,18 @@ def _saved_tape(fn: Any, name: str, plans: dict, deterministic: bool, inputs: li
     if swaps is None:
         return None
     swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-    return _recorded(Tape(name, plans, deterministic), launches, swap), tuple(saved[:len(fresh)])
+    return _recorded(LaunchRecord(name, plans, deterministic), launches, swap), tuple(saved[:len(fresh)])
 
 
-def _recorded(tape: Tape, launches: hooks.Launches, swap: Any) -> Tape:
-    """``tape`` with the gathered ``launches`` recorded on it, their tensors ``swap``ped for the saved ones."""
+def _recorded(record: LaunchRecord, launches: hooks.Launches, swap: Any) -> LaunchRecord:
+    """``record`` with the gathered ``launches`` recorded on it, their tensors ``swap``ped for the saved ones."""
     for (kernel, grid, a, kw), heuristics in zip(launches.calls, launches.heuristics, strict=True):
         token = current_heuristics.set(heuristics)  # (as the launch ran: its tiles may be re-chosen, configs.py)
         try:
-            tape.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
+            record.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
         finally:
             current_heuristics.reset(token)
-    return tape
+    return record
 
 
 def traced_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool, eager: Any, opaque: Any):
@@ -121,7 +121,7 @@ def traced_backward(fn: Any, name: str, arguments, plans: dict, deterministic: b
 
 def _traced_gradients(fn: Any, name: str, arguments, plans: dict, deterministic: bool, *args) -> list:
     *inputs, saved, grads, needs = args
-    found = _saved_tape(fn, name, plans, deterministic, inputs, saved)
+    found = _saved_record(fn, name, plans, deterministic, inputs, saved)
     if found is None:
         raise _Untraceable("its forward's buffers cannot be matched with the saved ones (an autotuned launch?)")
     with hooks.collecting("wrap", name) as launches:

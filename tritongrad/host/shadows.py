@@ -142,7 +142,7 @@ class Plan:
     unused: frozenset[int] = field(init=False, default=frozenset())
     # saved slots whose memory may take an input's gradient (host/donation.candidates; None: not yet worked out)
     donors: frozenset[int] | None = field(init=False, default=None)
-    # saved slots holding no argument or output of the call (a buffer the host function made): set by Tape.close
+    # saved slots holding no argument or output of the call (a buffer the host function made): set by LaunchRecord.close
     inner_saved: frozenset[int] | None = field(init=False, default=None)
     # per input: the earlier inputs reaching its very elements, the later ones of its storage (backward._input_grads)
     input_relations: tuple | None = field(init=False, default=None)

@@ -63,7 +63,7 @@ def _differentiable(fn: Any) -> Any:
     op_fn = bare_op(fn)
 
     def autograd_kernel(*args, **kwargs):
-        # the Autograd key is dispatched whether or not anything requires grad: skip the tape when nothing does
+        # the Autograd key is dispatched whether or not anything requires grad: skip the record when nothing does
         if any(isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values())):
             return op_fn(*args, **kwargs)
         return fn(*args, **kwargs)

@@ -1,6 +1,6 @@
-"""An op's call as autograd nodes: the host function runs with its launches on a tape (or, for a bare op
-that mixes in PyTorch operations, a tape per segment: segments.py), and its outputs come out of an
-``autograd.Function`` whose backward is the tape's (host/backward.py). A bare op always takes this path; a named op
+"""An op's call as autograd nodes: the host function runs with its launches recorded (a launch record, or, for a bare
+op that mixes in PyTorch operations, one per segment: segments.py), and its outputs come out of an
+``autograd.Function`` whose backward is the record's (host/backward.py). A bare op always takes this path; a named op
 called eagerly on plain tensors takes it too (library.py). Also the checks that no argument requiring grad is
 cut off from the outputs, and gradients that refuse a second differentiation.
 """
@@ -20,9 +20,9 @@ from ..core.device import recording
 from ..core.errors import NotDifferentiableError, OpError
 from ..host import donation
 from ..host.call_tensors import as_tuple, is_container, nested_tensors, tensor_leaves
+from ..host.launch_record import LaunchRecord, current_record, recording_backward
 from ..host.remake import Remake
-from ..host.replay import FastTape, Replays
-from ..host.tape import Tape, current_tape, recording_backward
+from ..host.replay import FastRecord, Replays
 from .segments import Segments
 
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
@@ -30,40 +30,40 @@ _set_creation_meta = torch._C._autograd._set_creation_meta
 _DEFAULT_VIEW = torch._C._autograd.CreationMeta.DEFAULT
 
 
-def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False,
+def recorded_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False,
                hidden_reads: bool = True) -> Any:
-    """``fn`` with its launches recorded on a tape and its outputs made the outputs of an
-    ``autograd.Function`` whose backward replays the tape; ``plans`` are shared by the op's calls
-    (see tritongrad.host.tape). ``named``: as a registered op sees it, the differentiable inputs are the
+    """``fn`` with its launches recorded (a launch record) and its outputs made the outputs of an
+    ``autograd.Function`` whose backward replays the record; ``plans`` are shared by the op's calls
+    (see tritongrad.host.launch_record). ``named``: as a registered op sees it, the differentiable inputs are the
     op's own tensor arguments (a launch reading a tensor PyTorch made inside is refused, as it is
     when the op is compiled). ``hidden_reads``: ``fn`` may read a tensor unseen (a pointer table), so an argument
     requiring grad that the outputs are cut off from is refused; False for tritongrad's own backward run as an op
     (backward_as_op), which reads only through its launches: such an argument (an incoming gradient its derived
     kernels do not read) has no gradient."""
-    function = type(_camel(fn.__name__), (_TapeFunction,), {})  # grad_fn reads <FnNameBackward>
+    function = type(_camel(fn.__name__), (_LaunchRecordFunction,), {})  # grad_fn reads <FnNameBackward>
     segment = type(_camel(fn.__name__), (_SegmentFunction,), {})
     replays = Replays(name, plans, deterministic, function, named)  # calls made again (host/replay.py)
     apply_function, apply_segment = _fast_apply(function), _fast_apply(segment)
 
-    def segment_node(tape: Tape, written: list, views: list, inputs: list) -> list:
+    def segment_node(record: LaunchRecord, written: list, views: list, inputs: list) -> list:
         at = {id(b): j for j, b in enumerate(written)}
         shapes = tuple((at[id(v._base)], v.shape, v.stride(), v.storage_offset()) for v in views)
-        made = donation.apply(apply_segment, tape, len(written), shapes, *written, *inputs)[len(written):]
+        made = donation.apply(apply_segment, record, len(written), shapes, *written, *inputs)[len(written):]
         for m in made:  # an in-place update of one later is as of any view (CopySlices over the buffer's history,
             _set_creation_meta(m, _DEFAULT_VIEW)  # whose gradient the node takes as the view's), not refused
         return made
 
     def call(*args, **kwargs):
         segments = None
-        if named:  # its launches recorded on a tape, or replayed (host/replay.py)
-            tape, result = replays.call(fn, args, kwargs)
-            if tape is None:
+        if named:  # its launches recorded, or replayed (host/replay.py)
+            record, result = replays.call(fn, args, kwargs)
+            if record is None:
                 return result
         else:  # PyTorch operations on what launches wrote make segments (segments.py)
             passed = arguments(args, kwargs)
             before = _histories(passed)  # (a launch may update an argument in place)
             segments = Segments(name, plans, deterministic, args, kwargs, arguments, segment_node, replays, passed)
-            token = current_tape.set(segments.tape)
+            token = current_record.set(segments.record)
             try:
                 try:
                     result = fn(*args, **kwargs)
@@ -78,32 +78,32 @@ def taped_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, 
                         _check_reached(name, passed, as_tuple(result), histories=before)
                     return result
             finally:
-                current_tape.reset(token)
-            tape = segments.tape
+                current_record.reset(token)
+            record = segments.record
         several = isinstance(result, (tuple, list))
         outputs = tuple(result) if several else (result,)
         diff = [t for t in arguments(args, kwargs).values() if differentiable(t)] if named else None
         inputs = None
-        if type(tape) is FastTape:  # a bare op's call of one node, as a replay's: its outputs where the replay's lay
-            inputs = tape.close(outputs, args, kwargs)
+        if type(record) is FastRecord:  # a bare op's one-node call, as a replay's: its outputs where the replay's lay
+            inputs = record.close(outputs, args, kwargs)
             if inputs is None:
-                tape = tape.fallen  # (its launches recorded as a first call's)
+                record = record.fallen  # (its launches recorded as a first call's)
         try:
             if inputs is None:
-                inputs = tape.close(outputs, args, kwargs, arguments, diff_inputs=diff)
+                inputs = record.close(outputs, args, kwargs, arguments, diff_inputs=diff)
         finally:
             if segments is not None:
                 segments.release()
-                tape.boundary = None
+                record.boundary = None
         if named:
-            refuse_unread(name, tape.plan.unread)
+            refuse_unread(name, record.plan.unread)
         if not inputs:
             if hidden_reads:
                 _check_reached(name, arguments(args, kwargs), outputs)
             return result
-        outputs = donation.apply(apply_function, tape, outputs, *inputs)
-        if tape.plan.unread and hidden_reads:
-            _check_reached(name, arguments(args, kwargs), outputs, tape.plan.unread)
+        outputs = donation.apply(apply_function, record, outputs, *inputs)
+        if record.plan.unread and hidden_reads:
+            _check_reached(name, arguments(args, kwargs), outputs, record.plan.unread)
         return outputs if several else outputs[0]
 
     return call
@@ -195,29 +195,29 @@ def _accumulator(t: torch.Tensor) -> Any:
         return t.view_as(t).grad_fn.next_functions[0][0]
 
 
-class _TapeFunction(torch.autograd.Function):
+class _LaunchRecordFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tape, outputs, *inputs):
-        ctx.tape = tape
+    def forward(ctx, record, outputs, *inputs):
+        ctx.record = record
         # version counters: in-place changes before backward raise (of what a derived kernel reads: kept_for_backward)
-        ctx.save_for_backward(*tape.plan.kept_for_backward(tape.saved))
-        ctx.donating = donation.saving(tape.plan)  # (saved through host/donation.py's hooks)
-        tape.saved = None  # the tape keeps no tensors: outputs would otherwise hold themselves alive
+        ctx.save_for_backward(*record.plan.kept_for_backward(record.saved))
+        ctx.donating = donation.saving(record.plan)  # (saved through host/donation.py's hooks)
+        record.saved = None  # the record keeps no tensors: outputs would otherwise hold themselves alive
         ctx.set_materialize_grads(False)
-        if tape.plan.constants:
-            ctx.mark_non_differentiable(*[outputs[i] for i in tape.plan.constants])
+        if record.plan.constants:
+            ctx.mark_non_differentiable(*[outputs[i] for i in record.plan.constants])
         return outputs
 
     @staticmethod
     def jvp(ctx, *tangents):  # forward mode (an input with a tangent that requires grad too): not yet derived
-        raise forward_mode_error(ctx.tape.name)
+        raise forward_mode_error(ctx.record.name)
 
     @staticmethod
     def backward(ctx, *grads):
         saved = ctx.saved_tensors  # (unpacked on each read)
         needs = ctx.needs_input_grad[2:]
         if torch.is_grad_enabled() and differentiated_again(saved, grads):  # create_graph: double backward
-            return (None, None, *backward_as_op(ctx.tape, saved, grads, needs))
+            return (None, None, *backward_as_op(ctx.record, saved, grads, needs))
         return (None, None, *_backward(ctx, saved, grads, needs))
 
 
@@ -228,39 +228,39 @@ class _SegmentFunction(torch.autograd.Function):
     that the node is their history too (the plan's outputs: the buffers, then the views)."""
 
     @staticmethod
-    def forward(ctx, tape, count, views, *tensors):
+    def forward(ctx, record, count, views, *tensors):
         written = tensors[:count]
-        ctx.tape, ctx.count = tape, count
-        ctx.save_for_backward(*tape.plan.kept_for_backward(tape.saved))
-        ctx.donating = donation.saving(tape.plan)
-        tape.saved = None
+        ctx.record, ctx.count = record, count
+        ctx.save_for_backward(*record.plan.kept_for_backward(record.saved))
+        ctx.donating = donation.saving(record.plan)
+        record.saved = None
         ctx.set_materialize_grads(False)
         ctx.mark_dirty(*written)
         outputs = (*written, *[written[j].as_strided(size, stride, offset) for j, size, stride, offset in views])
-        if tape.plan.constants:
-            ctx.mark_non_differentiable(*[outputs[i] for i in tape.plan.constants])
+        if record.plan.constants:
+            ctx.mark_non_differentiable(*[outputs[i] for i in record.plan.constants])
         return outputs
 
     @staticmethod
     def jvp(ctx, *tangents):
-        raise forward_mode_error(ctx.tape.name)
+        raise forward_mode_error(ctx.record.name)
 
     @staticmethod
     def backward(ctx, *grads):
         saved, needs = ctx.saved_tensors, ctx.needs_input_grad[3 + ctx.count:]
         if torch.is_grad_enabled() and differentiated_again(saved, grads):  # create_graph: double backward
-            return (None, None, None, *[None] * ctx.count, *backward_as_op(ctx.tape, saved, grads, needs))
+            return (None, None, None, *[None] * ctx.count, *backward_as_op(ctx.record, saved, grads, needs))
         return (None, None, None, *[None] * ctx.count, *_backward(ctx, saved, grads, needs))
 
 
 def _backward(ctx: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
-    """The tape's backward of a node, offered the memory of the saved tensors only it holds (host/donation.py)."""
-    slots = donation.offered(ctx.tape.plan, saved) if ctx.donating else None
+    """The record's backward of a node, offered the memory of the saved tensors only it holds (host/donation.py)."""
+    slots = donation.offered(ctx.record.plan, saved) if ctx.donating else None
     if not slots:
-        return ctx.tape.backward(saved, grads, needs)
+        return ctx.record.backward(saved, grads, needs)
     token = donation.donating.set(slots)
     try:
-        return ctx.tape.backward(saved, grads, needs)
+        return ctx.record.backward(saved, grads, needs)
     finally:
         donation.donating.reset(token)
 
@@ -269,41 +269,42 @@ def differentiated_again(saved: tuple, grads: tuple) -> bool:
     return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*saved, *grads))
 
 
-def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
-    """The tape's backward (create_graph=True) run as a bare op of the tensors it reads (the saved tensors, the
-    incoming gradients): its launches of the derived kernels are recorded on a tape of its own, whose backward
+def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
+    """The record's backward (create_graph=True) run as a bare op of the tensors it reads (the saved tensors, the
+    incoming gradients): its launches of the derived kernels are recorded on a launch record of its own, whose backward
     derives them in turn (reverse over reverse) and whose forward mode takes their tangent kernels. A kernel tritongrad
     cannot differentiate again is refused there, naming the derived kernel's line."""
-    inner = getattr(getattr(tape, "plan", None), "inner_saved", None)  # (None: not known, taken as made)
+    inner = getattr(getattr(record, "plan", None), "inner_saved", None)  # (None: not known, taken as made)
     made = [j for j, t in enumerate(saved) if t.is_floating_point() and t.numel() and not t.requires_grad
             and (inner is None or j in inner)]
     remake = None
     if made:  # its values depend on the inputs, but autograd does not see how: the op's own launches made them, and
-        # run again inside the backward op (host/remake.py), so that its tape follows that dependence
-        remake = Remake.of(tape, saved, made) if inner is not None else (
+        # run again inside the backward op (host/remake.py), so that its record follows that dependence
+        remake = Remake.of(record, saved, made) if inner is not None else (
             "its backward reads a buffer the host function made, whose dependence on the inputs the double backward "
             "does not yet follow")
         if isinstance(remake, str):
-            return list(differentiable_once(tape.name, tape.backward(saved, grads, needs), (*saved, *grads), remake))
+            return list(differentiable_once(record.name, record.backward(saved, grads, needs), (*saved, *grads),
+                                            remake))
     # an incoming gradient made contiguous here, where autograd records the copy (a `.sum()`'s is expanded), not in
     # the op, where the buffer its backward made of it would be an intermediate autograd cannot follow
     grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)
     present = [i for i, g in enumerate(grads) if g is not None]
-    deterministic = getattr(tape, "deterministic", False)
-    name = f"{tape.name} (its backward)"
+    deterministic = getattr(record, "deterministic", False)
+    name = f"{record.name} (its backward)"
     op = _backward_ops.get((name, deterministic))
     if op is None:  # one bare op per op's backward, its plans and replays kept across calls: a new kind of call is
         # planned (and its first backward checked) once, later ones replayed, as any op's are
-        op = _backward_ops[name, deterministic] = taped_call(
+        op = _backward_ops[name, deterministic] = recorded_call(
             backward_of, name, {}, arguments_of(backward_of), deterministic, hidden_reads=False)
-    call = _BackwardCall(tape, remake, len(saved), present, len(grads), needs)
+    call = _BackwardCall(record, remake, len(saved), present, len(grads), needs)
     token = _backward_call.set(call)
     try:
         found = op(*saved, *[grads[i] for i in present])
     except NotDifferentiableError as e:  # a derived kernel not differentiable in turn: gradients that refuse a
         # second differentiation (create_graph=True alone, as for a gradient penalty's first pass, still works)
         reason = f"its derived backward kernel cannot be differentiated in turn: {str(e).splitlines()[0]}"
-        return list(differentiable_once(tape.name, tape.backward(saved, grads, needs), (*saved, *grads), reason))
+        return list(differentiable_once(record.name, record.backward(saved, grads, needs), (*saved, *grads), reason))
     finally:
         _backward_call.reset(token)
     found = iter(found if isinstance(found, tuple) else (found,))
@@ -311,12 +312,12 @@ def backward_as_op(tape: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
 
 
 class _BackwardCall:
-    """One backward run as an op (``backward_as_op``): the tape whose backward it is and how its tensors were
+    """One backward run as an op (``backward_as_op``): the launch record whose backward it is and how its tensors were
     passed; ``reached``, once it ran: which input gradients it computed."""
 
-    def __init__(self, tape: Any, remake: Remake | None, count: int, present: list[int], width: int, needs: tuple):
-        self.tape, self.remake, self.count, self.present, self.width, self.needs = (
-            tape, remake, count, present, width, needs)
+    def __init__(self, record: Any, remake: Remake | None, count: int, present: list[int], width: int, needs: tuple):
+        self.record, self.remake, self.count, self.present, self.width, self.needs = (
+            record, remake, count, present, width, needs)
         self.reached: list[bool] = []
 
 
@@ -333,11 +334,11 @@ def backward_of(*tensors: torch.Tensor) -> tuple:
         given[i] = g
     with recording():  # (each through Triton's run: no direct launch, no timed trials)
         kept = call.remake(tensors[:call.count]) if call.remake is not None else tensors[:call.count]
-        # its launches recorded on this op's tape: the current one once the launches made again ran (a replay's
-        # tape that found them not its replay's has handed over to a tape recording them as a first call's)
-        token = recording_backward.set(current_tape.get())
+        # its launches recorded on this op's launch record: the current one once the launches made again ran (a
+        # replay's that found them not its replay's has handed over to one recording them as a first call's)
+        token = recording_backward.set(current_record.get())
         try:
-            result = call.tape.backward(kept, tuple(given), call.needs)
+            result = call.record.backward(kept, tuple(given), call.needs)
         finally:
             recording_backward.reset(token)
     call.reached = [g is not None for g in result]

@@ -54,7 +54,7 @@ def active(args: tuple, kwargs: dict) -> bool:
 
 def transformed_call(fn: Any, name: str, args: tuple, kwargs: dict, bare: bool) -> Any:
     """A call under a dual level or a torch.func transform (autograd_function.transformed): in forward mode where a
-    tangent reaches its arguments (not inside another op, whose tape records its launches), else None once
+    tangent reaches its arguments (not inside another op, whose launch record takes its launches), else None once
     ``refuse_transforms`` has let it through. The bare and the named op's one path."""
     if not hooks.active() and active(args, kwargs):
         return call(fn, name, args, kwargs)

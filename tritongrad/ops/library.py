@@ -1,7 +1,7 @@
 """Named ops: ``@tritongrad.op("ns::name")`` registered with ``torch.library`` (see torch_op.py's docstring).
 
 ``ns::name`` is a ``triton_op`` (its launches issued through ``wrap_triton`` while torch.compile traces it) or,
-opaque, a ``custom_op``, with an autograd formula whose backward replays the eager forward's tape or, without
+opaque, a ``custom_op``, with an autograd formula whose backward replays the eager forward's launch record or, without
 one, re-runs the forward launches (``ns::name_backward``); ``ns::name_saving`` and ``ns::name_saved_backward`` are
 what torch.compile calls, so that the compiled backward runs derived kernels on saved buffers (host/saved_backward.py;
 not opaque, ``ns::name_traced_backward`` launches them in the compiled graph). The schemas
@@ -27,16 +27,16 @@ import torch.autograd.forward_ad as _forward_ad
 from ..core.errors import OpError
 from ..host import hooks
 from ..host.call_tensors import as_tuple
+from ..host.launch_record import LaunchRecord, current_record
 from ..host.saved_backward import eager_backward, recompute_backward, traced_backward, whole
-from ..host.tape import Tape, current_tape
 from . import forward_mode
 from .autograd_function import (
     arguments_of,
     differentiable,
     differentiable_once,
+    recorded_call,
     refuse_transforms,
     refuse_unread,
-    taped_call,
     transformed,
 )
 
@@ -96,7 +96,7 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
     _check_free(name, fn)
     hooks.install()
     arguments = arguments_of(fn)
-    plans = {}  # shared by the eager forward's tapes and the backwards' (see tritongrad.host.tape)
+    plans = {}  # shared by the eager forward's launch records and the backwards' (host/launch_record.py)
     forward = _register(name, protos.forward, _named_impl(fn, name, arguments, plans, deterministic, not opaque),
                         _fake(fn), opaque)
     backward_op = torch.library.custom_op(name + "_backward", mutates_args=(), schema=torch.library.infer_schema(
@@ -121,7 +121,7 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
         saving.register_autograd(backward, setup_context=setup_context)
         _refuse_forward_mode(saving, name)
     several = protos.outputs > 1 or _several(protos.forward)
-    taped = taped_call(fn, name, plans, arguments, deterministic, named=True)
+    recorded = recorded_call(fn, name, plans, arguments, deterministic, named=True)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -136,11 +136,11 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
                 return found
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        if current_tape.get() is not None:  # inside another op (hooks.active): its tape records these launches
+        if current_record.get() is not None:  # inside another op (hooks.active): its launch record takes these
             return fn(*args, **kwargs)
         if _plain_eager(args, kwargs):  # what the dispatcher would do, without its cost
-            return taped(*args, **kwargs)
-        token = _stash.set([])  # the forward leaves its tape here for setup_context
+            return recorded(*args, **kwargs)
+        token = _stash.set([])  # the forward leaves its launch record here for setup_context
         try:
             return forward(*args, **kwargs)
         finally:
@@ -210,7 +210,7 @@ def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool,
             with hooks.collecting("wrap", name):
                 return fn(*args, **kwargs)
         stash = _stash.get()
-        if stash is None:  # no eager caller waiting for a tape: compiled code, no grad, direct torch.ops calls
+        if stash is None:  # no eager caller waiting for a record: compiled code, no grad, direct torch.ops calls
             return fn(*args, **kwargs)
         bound = arguments(args, kwargs)
         diff = [t for t in bound.values() if differentiable(t)]
@@ -218,14 +218,14 @@ def _named_impl(fn: Any, name: str, arguments, plans: dict, deterministic: bool,
             return fn(*args, **kwargs)
         token = _stash.set(None)  # ops inside fn do not take the stash
         try:
-            tape = Tape(name, plans, deterministic)
-            with tape.recording():
+            record = LaunchRecord(name, plans, deterministic)
+            with record.recording():
                 result = fn(*args, **kwargs)
-            tape.close(as_tuple(result), args, kwargs, arguments, diff_inputs=diff)
-            refuse_unread(name, tape.plan.unread)
+            record.close(as_tuple(result), args, kwargs, arguments, diff_inputs=diff)
+            refuse_unread(name, record.plan.unread)
         finally:
             _stash.reset(token)
-        stash.append(tape)
+        stash.append(record)
         return result
 
     return impl
@@ -304,11 +304,11 @@ def _saving_autograd(saved_backward: Any, name: str, count: int):
 def _autograd(backward_op: Any, name: str):
     def setup_context(ctx, inputs, output):
         stash = _stash.get()
-        ctx.tape = stash.pop() if stash else None
+        ctx.record = stash.pop() if stash else None
         ctx.positions = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)]
-        if ctx.tape is not None:
-            ctx.save_for_backward(*ctx.tape.plan.kept_for_backward(ctx.tape.saved))
-            ctx.tape.saved = None
+        if ctx.record is not None:
+            ctx.save_for_backward(*ctx.record.plan.kept_for_backward(ctx.record.saved))
+            ctx.record.saved = None
             ctx.diff = [differentiable(inputs[i]) for i in ctx.positions]  # as the forward chose them
             ctx.set_materialize_grads(False)
         else:
@@ -320,9 +320,9 @@ def _autograd(backward_op: Any, name: str):
         result = [None] * len(ctx.needs_input_grad)
         if not any(needs):
             return tuple(result)
-        if ctx.tape is not None:
-            tape_needs = [need for need, diff in zip(needs, ctx.diff, strict=True) if diff]
-            found = iter(ctx.tape.backward(ctx.saved_tensors, grads, tape_needs))
+        if ctx.record is not None:
+            record_needs = [need for need, diff in zip(needs, ctx.diff, strict=True) if diff]
+            found = iter(ctx.record.backward(ctx.saved_tensors, grads, record_needs))
             for i, diff in zip(ctx.positions, ctx.diff, strict=True):
                 if diff:
                     result[i] = next(found)

@@ -5,7 +5,7 @@ such an operation only if the tensor it reads already has an autograd history, a
 launch wrote has none until the op's autograd node is made. So once a launch has run, the op
 watches PyTorch calls (a ``TorchFunctionMode``, pushed after the first launch, popped when the host
 function returns). A call that reads memory a launch of the current segment wrote closes the
-segment first: its tape becomes an autograd node whose outputs are the buffers its launches
+segment first: its launch record becomes an autograd node whose outputs are the buffers its launches
 wrote, marked dirty (``ctx.mark_dirty``), so the very tensor objects the host function holds, and
 views of them made earlier, carry the history from then on; later launches start a new segment,
 reading those buffers as inputs that require grad. A written buffer that had a history before the segment
@@ -18,7 +18,7 @@ Host functions without such calls pay for the watch only between launches (~1 us
 there; none for a single launch) and keep one autograd node for the op, as before. Calls that read
 no values (sizes, strides, dtypes, pointers, ``empty_like``) do not close a segment.
 Named ops do not segment: a registered operator's autograd formula covers its kernels only, so the
-tape refuses their PyTorch operations on launch results (say so, and how to restructure).
+record refuses their PyTorch operations on launch results (say so, and how to restructure).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..host.replay import FastTape, Replays
-from ..host.tape import Tape, current_tape
+from ..host.launch_record import LaunchRecord, current_record
+from ..host.replay import FastRecord, Replays
 
 _Tensor = torch.Tensor
 # calls that read no values: they neither need a history nor close a segment
@@ -53,26 +53,26 @@ _VIEWS = frozenset(
 
 
 class Segments(TorchFunctionMode):
-    """The segments of one call of a bare op; ``tape``: the current segment's (see the module docstring).
+    """The segments of one call of a bare op; ``record``: the current segment's (see the module docstring).
 
-    ``args``, ``kwargs``, ``arguments``: as ``Tape.close`` takes them; ``node(tape, written, views, inputs)``
+    ``args``, ``kwargs``, ``arguments``: as ``LaunchRecord.close`` takes them; ``node(record, written, views, inputs)``
     makes a closed segment's autograd node, the ``written`` buffers marked dirty, and returns its outputs of the
     ``views`` (of those buffers: the op's result's, made again as the node's own). ``replays``: the op's
-    (host/replay.py), whose tape the first segment is on: a replay's (``FastTape``) or one that learns one. ``passed``:
-    ``arguments(args, kwargs)``, the op's tensor arguments by name."""
+    (host/replay.py), whose record the first segment is on: a replay's (``FastRecord``) or one that learns one.
+    ``passed``: ``arguments(args, kwargs)``, the op's tensor arguments by name."""
 
     def __init__(self, name: str, plans: dict, deterministic: bool, args: tuple, kwargs: dict, arguments: Any,
-                 node: Callable[[Tape, list, list, list], list], replays: Replays | None = None,
+                 node: Callable[[LaunchRecord, list, list, list], list], replays: Replays | None = None,
                  passed: dict | None = None):
         super().__init__()
         self.name, self.plans, self.deterministic, self.node = name, plans, deterministic, node
         self.args, self.kwargs, self.arguments = args, kwargs, arguments
         self.passed = passed if passed is not None else arguments(args, kwargs)
         if replays is None:
-            self.tape = self._new_tape()
+            self.record = self._new_record()
         else:
-            self.tape = replays.tape()
-            self.tape.boundary = self
+            self.record = replays.segment_record()
+            self.record.boundary = self
         self.written: dict[int, torch.Tensor] = {}  # the current segment's written tensors, by identity
         self.pending: set[int] = set()  # ... their storages' addresses
         self.armed = False
@@ -80,16 +80,16 @@ class Segments(TorchFunctionMode):
         self.made: dict[int, torch.Tensor] = {}  # id of a view the host function returned -> the node's own
         self.unread: set[str] | None = None  # the arguments requiring grad that no closed segment's launch read
 
-    def _new_tape(self) -> Tape:
-        tape = Tape(self.name, self.plans, self.deterministic)
-        tape.boundary = self
-        return tape
+    def _new_record(self) -> LaunchRecord:
+        record = LaunchRecord(self.name, self.plans, self.deterministic)
+        record.boundary = self
+        return record
 
     # -- called by host/hooks.py's launch hook, with torch function handling off -----------------------------
 
     def launched(self) -> None:
         """After each launch: note what it wrote; the first one arms the watch."""
-        for t in self.tape.written_by_last():
+        for t in self.record.written_by_last():
             self.written.setdefault(id(t), t)
             self.pending.add(_storage(t))
         if not self.armed:
@@ -128,44 +128,44 @@ class Segments(TorchFunctionMode):
         return False
 
     def close(self, by_watch: bool = False, last: bool = False, result: Any = None) -> None:
-        """Make the current segment an autograd node; later launches record on a new tape (``last``: none come, the
+        """Make the current segment an autograd node; later launches go to a new launch record (``last``: none come, the
         host function has returned ``result``). ``by_watch``: a PyTorch call reads what its launches wrote (a call of
         several segments: not replayed, host/replay.py)."""
-        tape, written = self.tape, list(self.written.values())
+        record, written = self.record, list(self.written.values())
         bases = list({id(b): b for b in (t if t._base is None else t._base for t in written)}.values())
         views = _result_views(result, bases, self.passed) if last else []
         outputs = (*bases, *views)
         inputs = None
-        if type(tape) is FastTape:  # a replay's call: its one segment closes when the host function returns
+        if type(record) is FastRecord:  # a replay's call: its one segment closes when the host function returns
             if not by_watch:
-                inputs = tape.close(outputs, self.args, self.kwargs, dirty=True)
-                tape.boundary = None
+                inputs = record.close(outputs, self.args, self.kwargs, dirty=True)
+                record.boundary = None
             if inputs is None:  # not the replay's: its launches recorded as a first call's, without running again
-                tape = tape.fallen or tape._fall_back()
+                record = record.fallen or record._fall_back()
         self.written, self.pending = {}, set()
-        if not last:  # (the last one's caller resets the current tape)
-            self.tape = self._new_tape()
-            current_tape.set(self.tape)
+        if not last:  # (the last one's caller resets the current record)
+            self.record = self._new_record()
+            current_record.set(self.record)
         self.closed += 1
         if inputs is None:
-            tape.dirty, tape.learnable = True, not by_watch  # (what a LearningTape learns a replay of)
+            record.dirty, record.learnable = True, not by_watch  # (what a LearningRecord learns a replay of)
             try:
-                inputs = tape.close(outputs, self.args, self.kwargs, self.arguments)
+                inputs = record.close(outputs, self.args, self.kwargs, self.arguments)
             finally:
-                tape.boundary = None  # (its node keeps the tape: see release)
-        unread = set(tape.plan.unread)
+                record.boundary = None  # (its node keeps the launch record: see release)
+        unread = set(record.plan.unread)
         self.unread = unread if self.unread is None else self.unread & unread
         if inputs:
-            made = self.node(tape, bases, views, inputs)
+            made = self.node(record, bases, views, inputs)
             self.made = {id(v): m for v, m in zip(views, made, strict=True)}
 
     def release(self) -> None:
-        """Drop what the call held, once its tapes are closed: a node keeps its tape, and a tape keeping these
-        Segments (its ``boundary``) would keep the call's arguments and outputs in a reference cycle, freed only by
-        Python's cyclic collector: GPU memory piled up between its runs (gigabytes a training step)."""
+        """Drop what the call held, once its launch records are closed: a node keeps its record, and a record keeping
+        these Segments (its ``boundary``) would keep the call's arguments and outputs in a reference cycle, freed only
+        by Python's cyclic collector: GPU memory piled up between its runs (gigabytes a training step)."""
         self.args = self.kwargs = self.passed = None
         self.written, self.pending, self.made = {}, set(), {}
-        self.tape.boundary = None
+        self.record.boundary = None
 
     def disarm(self) -> None:
         if self.armed:
@@ -182,7 +182,7 @@ class Segments(TorchFunctionMode):
             t.requires_grad for t in self.written.values())  # a tensor with a history updated in place: dirty
         if self.closed == 0 and whole:
             return False
-        if (self.tape.count if type(self.tape) is FastTape else self.tape.launches):
+        if (self.record.count if type(self.record) is FastRecord else self.record.launches):
             self.close(last=True, result=result)
         return True
 

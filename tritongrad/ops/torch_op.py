@@ -13,8 +13,8 @@ are pytrees: tensors inside lists, tuples, ``*args`` and dicts are arguments lik
 (a dict of tensors may be returned). Forward mode (``torch.func.jvp``, dual tensors) replays the
 launches as their tangent kernels (forward_mode.py).
 
-Forward: the function runs as written while its launches are recorded on a tape
-(``tritongrad.host.tape``). The checks below and the backward's layout are worked out once per
+Forward: the function runs as written while its launches are recorded (a launch record:
+``tritongrad.host.launch_record``). The checks below and the backward's layout are worked out once per
 kind of call (the kernels launched, the tensors' layouts) and reused by later calls of that
 kind, which read tensor metadata only: no AST work, nothing that waits for the device.
 Under ``torch.no_grad`` it just runs.
@@ -64,18 +64,18 @@ Bare and named ops:
   autograd formula, so ``torch.compile(fullgraph=True)`` and ``torch.library.opcheck`` work.
   Schema types come from the annotations; a parameter without one is a Tensor, or the type
   of its default; the return is a Tensor unless annotated (``-> tuple[torch.Tensor, torch.Tensor]``).
-  Called eagerly, the backward replays the tape recorded in the forward. Four ops are registered:
+  Called eagerly, the backward replays the launches recorded in the forward. Four ops are registered:
 
   - ``ns::name``: a ``torch.library.triton_op``. While torch.compile traces it, each launch
     ``kernel[grid](...)`` of the host function is issued as ``wrap_triton(kernel)[grid](...)``
     (``hooks.collecting("wrap")``), so Inductor sees the kernels (an autotuner as one, tuned by
-    Inductor). Called through ``torch.ops`` without a tape, its backward is ``ns::name_backward``,
+    Inductor). Called through ``torch.ops`` without a launch record, its backward is ``ns::name_backward``,
     which re-runs the forward launches first (as activation checkpointing would).
   - ``ns::name_saving``: what a compiled graph calls: the same forward, returning its outputs and
     the buffers its launches pass between them (whole tensors the op neither takes nor returns), so
     the graph saves them. Its backward ``ns::name_saved_backward`` runs the host function with its
     launches skipped (for their arguments), swaps its fresh buffers for the saved ones, and replays
-    the derived kernels from that tape: the forward launches do not run again.
+    the derived kernels from that launch record: the forward launches do not run again.
 
   Fallbacks, each explicit: ``opaque=True``, and by default under Triton's interpreter (whose
   kernels are not ``JITFunction`` objects, which ``wrap_triton`` needs), register ``custom_op`` ops
@@ -104,7 +104,7 @@ from ..core.errors import OpError
 from ..core.source import unwrap
 from ..host import hooks
 from . import forward_mode
-from .autograd_function import arguments_of, taped_call, transformed
+from .autograd_function import arguments_of, recorded_call, transformed
 from .library import check_name, named_op, opaque_default
 
 
@@ -199,11 +199,11 @@ def _host_function(fn: Any) -> Any:
 
 
 def bare_op(fn: Any, deterministic: bool = False) -> Any:
-    """``@op`` without a name: ``fn`` through a tape and an ``autograd.Function`` (autograd_function.py), or
-    as it is under ``torch.no_grad`` and inside another op's tape (which records its launches)."""
+    """``@op`` without a name: ``fn`` through a launch record and an ``autograd.Function`` (autograd_function.py), or
+    as it is under ``torch.no_grad`` and inside another op's launch record (which records its launches)."""
     hooks.install()
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    taped = taped_call(fn, name, {}, arguments_of(fn), deterministic)
+    recorded = recorded_call(fn, name, {}, arguments_of(fn), deterministic)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -211,8 +211,8 @@ def bare_op(fn: Any, deterministic: bool = False) -> Any:
             found = forward_mode.transformed_call(fn, fn.__qualname__, args, kwargs, bare=True)  # under no_grad:
             if found is not None:  # tangents flow there too)
                 return found
-        if not torch.is_grad_enabled() or hooks.active():  # inference, or inside another op's tape
+        if not torch.is_grad_enabled() or hooks.active():  # inference, or inside another op's launch record
             return fn(*args, **kwargs)
-        return taped(*args, **kwargs)
+        return recorded(*args, **kwargs)
 
     return call

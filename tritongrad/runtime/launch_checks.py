@@ -28,7 +28,7 @@ class LaunchChecks:
         says (each with its primal's sizes and strides, on its device: else it writes outside them), that
         writes an input's gradient where it reads an output's, or whose forward read an input where it wrote
         an output (the backward replays the forward's loads: they would read what it stored). An op's backward
-        makes its buffers itself, and its tape refuses such forwards."""
+        makes its buffers itself, and its launch record refuses such forwards."""
         k = self.kernel
         given = [(o, g, "output") for o, g in output_grads.items()] + [
             (p, b, "input") for p, b in (buffers or {}).items() if p not in k.in_place]

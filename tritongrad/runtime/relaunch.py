@@ -3,7 +3,7 @@
 ``kernel[grid](**args)`` binds and specializes every argument on each call: on an H200's host 19-37 µs for an
 18-argument backward kernel, of which its compiled launcher takes 6-11 (benchmarks/host_parts.py). A launch
 made again with the same non-tensor arguments and grid (a backward's kernels, which ``host/launcher.Launcher`` keeps;
-an op's forward launches, which the tape keys on their recorded arguments) changes only its tensors, and of a
+an op's forward launches, which the launch record keys on their recorded arguments) changes only its tensors, and of a
 tensor whose dtype is fixed Triton specializes on one property: whether its address is a multiple of 16. So a
 :class:`Relauncher` keeps the compiled kernel per those properties (and the current device) and calls its
 launcher directly, as Triton's own ``run`` ends; ``Relauncher.launch`` takes the values Triton binds as they are

@@ -105,8 +105,8 @@ def _nodes(roots: list, stops: set) -> Iterator[Any]:
 
 def _saved(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """A node's saved tensors, named as well as the node tells."""
-    tape = getattr(node, "tape", None)
-    plan = getattr(tape, "plan", None)
+    record = getattr(node, "record", None)
+    plan = getattr(record, "plan", None)
     if plan is not None:  # a tritongrad op's node (ops/autograd_function.py): slots named by launch and parameter
         names: dict[int, list[str]] = {}
         for launch in plan.launches:
@@ -115,7 +115,7 @@ def _saved(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
                     names.setdefault(slot, []).append(f"{launch} {p}")
         for slot, t in enumerate(node.saved_tensors):
             yield ", ".join(names.get(slot, [f"saved #{slot}"])), t
-        for index, states in _state_tapes(tape):
+        for index, states in _state_tapes(record):
             for p, t in states.args.items():
                 if isinstance(t, torch.Tensor):
                     yield f"{plan.launches[index]} state tape {p}", t
@@ -140,13 +140,13 @@ def _saved(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
                     yield attr.removeprefix("_"), t
 
 
-def _state_tapes(tape: Any) -> Iterator[tuple[int, Any]]:
+def _state_tapes(record: Any) -> Iterator[tuple[int, Any]]:
     """The state tapes a call's augmented launches kept (runtime/augment.py), by launch index."""
-    kept = getattr(tape, "kept", None)
-    if kept:  # a replayed call's (host/replay.py FastTape)
+    kept = getattr(record, "kept", None)
+    if kept:  # a replayed call's (host/replay.py FastRecord)
         yield from kept.items()
         return
-    for i, launch in enumerate(getattr(tape, "launches", ()) or ()):
+    for i, launch in enumerate(getattr(record, "launches", ()) or ()):
         if getattr(launch, "saved", None) is not None:
             yield i, launch.saved
 

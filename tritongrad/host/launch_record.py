@@ -1,10 +1,10 @@
-"""The tape: what an op's forward launched, checked once per kind of call.
+"""The launch record: what an op's forward launched, checked once per kind of call.
 
-Recording: inside an op, each launch reaches the current tape (``current_tape``) through the
-hooks on Triton's launch entry points (hooks.py), which ``Tape.launch`` records and runs: as its
+Recording: inside an op, each launch reaches the current launch record (``current_record``) through the
+hooks on Triton's launch entry points (hooks.py), which ``LaunchRecord.launch`` records and runs: as its
 augmented forward where the backward reads the state that keeps (augment.py), else as it is.
 
-Plans: the checks ``Tape.close`` makes and the shadow layout depend only on which
+Plans: the checks ``LaunchRecord.close`` makes and the shadow layout depend only on which
 kernels were launched, how their arguments were passed, and each tensor's dtype, sizes,
 strides, offset, device, ``requires_grad`` and which others share its storage. Each
 call reduces those to a key (storages numbered in order of appearance, not by address:
@@ -12,7 +12,7 @@ call reduces those to a key (storages numbered in order of appearance, not by ad
 (planning.py: a ``shadows.Plan``), later calls with that key reuse it. The hot path reads
 tensor metadata only: no AST work and nothing that waits for the device; on a GPU a launch
 made before with the same recorded arguments calls its compiled kernel directly (relaunch.py).
-The backward itself is backward.py's. A named op's later calls of a kind seen before skip the tape:
+The backward itself is backward.py's. A named op's later calls of a kind seen before skip the launch record:
 replay.py compares their launches with the first call's as they run.
 """
 
@@ -41,9 +41,9 @@ from .kernel_roles import KernelInfo, kernel_info, kernel_infos, read_as_left
 from .planning import Planner
 from .shadows import Plan, launch_name
 
-# the Tape recording launches (None outside an op; hooks.py's DRY or Launches while a named op's host function
-# runs without a tape)
-current_tape: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_tape", default=None)
+# the LaunchRecord recording launches (None outside an op; hooks.py's DRY or Launches while a named op's host function
+# runs without a launch record)
+current_record: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_launch_record", default=None)
 # the autotuner whose chosen config is being launched inside an op, with its arguments (Tiles.of)
 current_autotuner: contextvars.ContextVar[Any] = contextvars.ContextVar("tritongrad_autotuned", default=None)
 
@@ -81,8 +81,8 @@ def copy_of(v: torch.Tensor) -> torch.Tensor:
 
 class RecordedLaunch:
     """One recorded launch: the jit-level kernel, its grid, and its arguments as passed, with
-    tensors replaced by None (the tape holds no tensors once closed: outputs would otherwise
-    hold themselves alive). Its pattern (``Tape.patterns``): the kernel's function, per
+    tensors replaced by None (the record holds no tensors once closed: outputs would otherwise
+    hold themselves alive). Its pattern (``LaunchRecord.patterns``): the kernel's function, per
     argument (positional, then keyword) the position of its tensor among the call's tensors
     (None for a non-tensor), and the keywords.
     """
@@ -99,7 +99,7 @@ class RecordedLaunch:
         return launch_name(self.index, self.info)
 
 
-class Tape:
+class LaunchRecord:
     """The launches of one call of an op, and the backward that replays them.
 
     ``plans``: the op's plans by key, shared by its calls (a fresh dict: nothing is reused).
@@ -121,16 +121,16 @@ class Tape:
         self.copy_keys: dict[int, tuple] = {}  # launch index -> what decides which copies an in-place launch needs
         self.placeholders: set[int] = set()  # positions of the empty tensors standing for copies not needed
 
-    def recording(self) -> Tape:
-        """``with tape.recording():`` records the launches in the block."""
+    def recording(self) -> LaunchRecord:
+        """``with record.recording():`` records the launches in the block."""
         return self
 
-    def __enter__(self) -> Tape:  # methods, not a generator-based context manager: on every call's path
-        self._token = current_tape.set(self)
+    def __enter__(self) -> LaunchRecord:  # methods, not a generator-based context manager: on every call's path
+        self._token = current_record.set(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        current_tape.reset(self._token)
+        current_record.reset(self._token)
 
     def error(self, message: str) -> OpError:
         return OpError(f"tritongrad.op `{self.name}`: {message}")
@@ -170,7 +170,7 @@ class Tape:
 
     def launch(self, run: Callable, kernel: Any, grid: Any, args: tuple, kwargs: dict, warmup: bool) -> Any:
         """Record a launch and run it: as its augmented forward where the backward can read the state tapes
-        that keeps (augment.py; the tapes stay with the recorded launch), else as it is. A launch with host
+        that keeps (augment.py; the state tapes stay with the recorded launch), else as it is. A launch with host
         tensor descriptors is recorded as its kernel's descriptor view's (host_descriptors.py), one passing a buffer
         to a pointer it loads and to one it stores as its alias view's (aliases.py). Triton's refusal
         of an integer tensor where the kernel computes in floating point is raised again naming the argument."""
@@ -362,7 +362,7 @@ class Tape:
         ``args``, ``kwargs``: the op's arguments as passed; ``tensor_arguments(args, kwargs)`` names its
         tensor arguments (called only to check a new kind of call). ``diff_inputs``: the
         tensors to differentiate (named ops); by default every tensor a launch reads that
-        requires grad. Afterwards the tape holds its plan and the launches' non-tensor
+        requires grad. Afterwards the record holds its plan and the launches' non-tensor
         arguments, and ``self.saved`` lists the tensors the backward reads (to go through
         ``ctx.save_for_backward``).
         """
@@ -400,8 +400,8 @@ class Tape:
         """Gradients of the differentiated inputs (None where not needed or not reached): backward.py.
         ``launches``: a hooks.Launches gathering (or wrapping) the derived kernels' launches."""
         # derived kernels are not recorded, even inside another op's forward (but by a backward run as an op)
-        token = current_tape.set(launches if launches is not None else recording_backward.get())
+        token = current_record.set(launches if launches is not None else recording_backward.get())
         try:
             return PlannedBackward(self.name, self.plan, self.launches, self.deterministic).run(saved, grads, needs)
         finally:
-            current_tape.reset(token)
+            current_record.reset(token)
