@@ -160,6 +160,8 @@ def test_show_names_the_flash_attention_loop_strategy():
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     derived, kept = result.stdout.split("# Through a tritongrad.op")
+    # the text is the point (what `show` says): test_flash_attention_gradients_for_q_k_and_v and
+    # test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_finals check both kernels' gradients
     assert "# online softmax: the running max m_i only stabilizes" in derived, result.stdout
     assert "# loop over start: l_i, acc are accumulated linearly" in derived
     assert "tape_put" not in derived and "quadratic" not in result.stdout

@@ -158,6 +158,8 @@ def test_a_static_trip_count_is_defined_before_the_persistent_loop_reads_it():
     the static trip count it reads (it was hoisted above it, out of the loop over the forward's programs)."""
     bwd = tritongrad.grad(static_down_inner_recurrence, constexprs={"BK": BK, "R": R})
     src = bwd.variant(bwd.writes.best()).parts[0].src
+    # the text is the point (what is defined before the loop): test_a_static_or_descending_loop_with_nested_state
+    # checks this variant's gradients (its launches choose it: the weight summed in partial rows)
     assert "summed into one float32 partial row per program" in src, src
     # a static loop's trip count and spacing are said inline (constexprs, no names to hoist above their definitions)
     assert "for t_back in tl.static_range(R - 1 - -1):" in src, src

@@ -102,6 +102,8 @@ def test_atomic_add_output():
 
 def test_backward_source_goes_through_shadow_descriptors():
     src = tritongrad.grad(matmul_descriptors).src
+    # the text is the point (the shadows read through descriptors): test_matmul_looping_over_k checks this kernel's
+    # gradients
     assert "d_a_desc = tl.make_tensor_descriptor(d_a_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])" in src
     assert "d_a_desc.atomic_add([pid_m, k], " in src
     assert "d_c_desc.load([pid_m, pid_n])" in src

@@ -10,7 +10,7 @@ import triton.language as tl
 import tritongrad
 from tritongrad.codegen.early_loads import issue_loads_early
 from tritongrad.reverse.sweep import MARKER, comment_marker
-from tritongrad.tools.testing import assert_gradients_match, poison
+from tritongrad.tools.testing import assert_gradients_match, backward_launch, poison
 
 F64 = torch.float64
 
@@ -84,3 +84,16 @@ def test_an_in_place_update_keeps_its_shadow_read_before_the_shadow_is_zeroed():
     body = tritongrad.grad(scale_in_place).src.split('"""')[2]
     read = body.index("tl.load(d_x_ptr")
     assert read < body.index("tl.debug_barrier()")
+    n, block = 45, 16
+    x, w = torch.randn(n, dtype=F64), torch.randn(n, dtype=F64)
+    grid = (triton.cdiv(n, block),)
+    updated = x.clone()
+    scale_in_place[grid](updated, w, n, BLOCK=block)
+    leaves = [t.clone().requires_grad_() for t in (x, w)]
+    blocks = [torch.nn.functional.pad(t, (0, -n % block)).view(-1, block) for t in leaves]  # a sum per program
+    want = ((blocks[0] * blocks[1]).sum(1, keepdim=True) * blocks[0]).flatten()[:n]
+    torch.testing.assert_close(updated, want.detach())
+    g = torch.randn(n, dtype=F64)  # x_ptr: the values before the update; its shadow: the new values' gradient
+    got = backward_launch(scale_in_place, grid, (x.clone(), w, n), {"BLOCK": block}, {"x_ptr": g})
+    for name, expected in zip(("x_ptr", "w_ptr"), torch.autograd.grad(want, leaves, g), strict=True):
+        torch.testing.assert_close(got[name], expected, rtol=1e-10, atol=1e-10)

@@ -109,6 +109,7 @@ def test_matmul_inputs_get_kernels_of_their_own(transpose_a, transpose_b, poison
 def test_the_derived_kernels_read_as_a_hand_written_matmul_backward():
     bwd = tritongrad.grad(matmul_k_loop)
     parts = bwd.variant(bwd.writes.best()).parts
+    # the text is the point (the kernels' shape): test_matmul_inputs_get_kernels_of_their_own checks their gradients
     assert [p.wrt for p in parts] == [("a_ptr",), ("b_ptr",)]
     for part, axis in zip(parts, (1, 0), strict=True):
         assert "atomic_add" not in part.src and "for k in" not in part.src  # no forward loop replayed

@@ -349,6 +349,7 @@ def test_the_tangent_kernel_takes_the_forwards_parameters_then_the_tangents():
     tangent = tritongrad.jvp(rmsnorm.rmsnorm_fwd)
     assert tangent.name == "rmsnorm_fwd_jvp"
     assert tangent.params[-4:] == ("t_x_ptr", "t_w_ptr", "t_y_ptr", "t_rstd_ptr")
+    # the text is the point (the calling convention): test_rmsnorm_example_both_outputs checks this kernel's tangents
     assert re.search(r"def rmsnorm_fwd_jvp\(x_ptr, .*, COMPUTE: tl.constexpr, t_x_ptr, t_w_ptr, t_y_ptr, "
                      r"t_rstd_ptr\)", tangent.src)
     assert "# tangent of: y = x * rstd * w" in tangent.src

@@ -156,6 +156,7 @@ def test_source_reads_like_the_forward(example):
     fn = _function(kernel)
     src = tritongrad.grad(kernel).src
     forward_src = inspect.getsource(fn)
+    # the text is the point (it reads like the forward): test_check_passes checks each example's gradients
     comments = re.findall(r"^ *# grad of: (.*)$", src, flags=re.M)
     assert comments, src
     module_src = inspect.getsource(sys.modules[fn.__module__])

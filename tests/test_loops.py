@@ -73,6 +73,7 @@ def test_layer_norm_three_loops():
 def test_loop_strategies_are_named_in_the_source():
     bwd = tritongrad.grad(layer_norm_fwd)
     src = bwd.variant(bwd.writes.best()).parts[0].src  # (the bias may get a kernel of its own: interchange.py)
+    # the text is the point (each loop's strategy named): test_layer_norm_three_loops checks this kernel's gradients
     assert "# loop over off: _mean is accumulated linearly" in src
     assert "# loop over off_1: _var is accumulated linearly" in src
     assert "# loop over off_2: no state is carried between iterations" in src
@@ -132,6 +133,8 @@ def test_tiled_matmul_over_k_with_transposes(at, bt):
 
 def test_matmul_backward_does_not_replay_the_forward_loop():
     src = tritongrad.grad(dot_kernel).src
+    # the text is the point (no forward loop replayed): test_tiled_matmul_over_k_with_transposes checks this kernel's
+    # gradients
     forward, backward = src.split("# grad of: tl.store")
     assert "for k in" not in forward and "tl.dot" not in forward
     assert "# loop over k: c is accumulated linearly" in backward

@@ -127,6 +127,8 @@ def test_masked_off_lanes_give_their_adjoints_to_a_tile_other(device):
 
 def test_the_adjoint_of_other_is_shown_under_its_load():
     src = tritongrad.grad(padded_row_dot).src
+    # the text is the point (where the adjoint is shown): test_masked_off_lanes_give_their_adjoints_to_a_scalar_other
+    # checks this kernel's gradients
     assert "d_fill = tg.unbroadcast(tl.where(cols < n_cols, 0.0, d_x), fill)" in src, src
 
 
@@ -189,6 +191,9 @@ def test_a_division_by_padding_zeros_gives_a_finite_scale_gradient(device):
 
 def test_only_products_with_padding_that_may_be_infinite_are_guarded():
     src = tritongrad.grad(log_softmax_with_temperature).src
+    # the text is the point (which products are guarded): the gradients are checked by
+    # test_padding_with_minus_inf_gives_a_finite_temperature_gradient, and the examples' by test_kernels.py's
+    # test_check_passes
     assert "tg.unbroadcast(tl.where(d_z == 0.0, 0.0, d_z * x), t)" in src, src
     assert src.count("== 0.0") == 1, src  # exp(-inf) is 0: the softmax's own adjoints need no guard
     from tritongrad.examples import rmsnorm, softmax

@@ -66,6 +66,8 @@ def check(x, w, b, *leaves):
 
 def test_the_three_loads_of_a_row_are_written_once_as_a_store():
     bwd = tritongrad.grad(chunked_layer_norm, wrt=("x_ptr", "w_ptr", "b_ptr"), outputs=("y_ptr",))
+    # the text is the point (the loads merged into one store): test_a_chunked_layer_norm_gets_pytorchs_gradients
+    # checks this kernel's gradients
     x_part = next(src for src in bwd.src.split("@triton.jit") if "d_x_ptr" in src)
     assert x_part.count("tl.store(d_x_row") == 1, x_part
     assert "tl.atomic_add(d_x_row" not in x_part

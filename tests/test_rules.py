@@ -250,6 +250,7 @@ def test_backward_kernel_parameters_follow_the_convention(kernels):
     bwd = tritongrad.grad(kernels.k_mul)
     assert bwd.params == ("x_ptr", "y_ptr", "z_ptr", "d_z_ptr", "d_x_ptr", "d_y_ptr")
     assert bwd.shadow_params == {"z_ptr": "d_z_ptr", "x_ptr": "d_x_ptr", "y_ptr": "d_y_ptr"}
+    # the text is the point (the calling convention): test_elementwise_rule[mul] checks this kernel's gradients
     assert "# grad of: tl.store(z_ptr + offs, x * y, mask=mask)" in bwd.src
 
 

@@ -63,6 +63,8 @@ def test_each_mode_is_differentiated_as_the_kernel_it_runs(reduction, has_weight
 
 def test_a_specialization_sees_only_its_branch():
     bwd = tritongrad.grad(scaled_rows, constexprs={"REDUCTION": SUM.value, "HAS_WEIGHT": True})
+    # the text is the point (one branch left): test_each_mode_is_differentiated_as_the_kernel_it_runs checks this
+    # specialization's gradients
     assert "tl.sum" in bwd.src and "d_out_ptr + row * stride" not in bwd.src
     assert "w = tl.load(w_ptr + cols" in bwd.src and "if HAS_WEIGHT" not in bwd.src
     assert bwd.specialization == {"REDUCTION": SUM.value, "HAS_WEIGHT": True}  # BLOCK decides no branch

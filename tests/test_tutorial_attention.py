@@ -209,6 +209,8 @@ def test_loop_scheduling_options_do_not_reach_the_derived_loops():
     """`warp_specialize` schedules the forward's loop: the loops derived from it schedule themselves."""
     bwd = tritongrad.grad(attention_forward, constexprs={"STAGE": 3, "warp_specialize": True})
     code = "\n".join(line.split("#")[0] for line in bwd.src.splitlines())  # (comments quote the source)
+    # the text is the point (no scheduling option copied): test_the_tutorials_attention_forward_gets_pytorchs_gradients
+    # checks this specialization's gradients (host descriptors, warp_specialize, causal)
     assert "tl.range(" in code and "warp_specialize=" not in code
 
 

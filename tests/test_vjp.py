@@ -88,6 +88,7 @@ def test_vjp_wrt_one_argument(inputs):
 
 def test_vjp_source_reads_like_seed_002():
     src = fn1_back.tg_src
+    # the text is the point (it reads like seed 002's): test_vjp_in_hand_written_backward checks this vjp's gradients
     assert src.startswith("@triton.jit\ndef fn1_vjp(x, y, ")
     comments = re.findall(r"^ *# grad of: (.*)$", src, flags=re.M)
     assert "c = a + b" in comments
