@@ -166,6 +166,28 @@ def test_associative_scan_of_a_sum_is_a_cumsum():
     check(scan_sum, (1,), (x, y, n), {"BLOCK": 32}, y, torch.exp(leaf.flip(0).cumsum(0).flip(0)), [leaf], ("x_ptr",))
 
 
+@triton.jit
+def scan_sum_by_keywords(x_ptr, y_ptr, R, C, BR: tl.constexpr, BC: tl.constexpr):
+    r, c = tl.arange(0, BR), tl.arange(0, BC)
+    mask = (r < R)[:, None] & (c < C)[None, :]
+    x = tl.load(x_ptr + r[:, None] * C + c[None, :], mask=mask, other=0.0)
+    y = tl.associative_scan(x * x, axis=1, combine_fn=_add, reverse=True)
+    tl.store(y_ptr + r[:, None] * C + c[None, :], y, mask=mask)
+
+
+def test_associative_scan_of_a_sum_with_its_axis_named_is_a_cumsum():
+    """The axis, combine function and direction passed by keyword, as Triton's signature allows (the fuzzer's
+    spelling; refused before: 'not a sum of one tensor', the axis looked for among the positional arguments only)."""
+    rows, cols = 5, 13
+    x = torch.randn(rows, cols, dtype=DTYPE)
+    y = poison(torch.empty_like(x))
+    args, meta = (x, y, rows, cols), {"BR": 8, "BC": 16}
+    scan_sum_by_keywords[(1,)](*args, **meta)
+    leaf = x.clone().requires_grad_()
+    want = (leaf * leaf).flip(1).cumsum(1).flip(1)
+    check(scan_sum_by_keywords, (1,), args, meta, y, want, [leaf], ("x_ptr",))
+
+
 @tritongrad.op
 def _recurrence_op(a, b, reverse):
     h = torch.empty_like(a)

@@ -22,7 +22,8 @@
   and float32 regions: sin, sigmoid, exp, a product; int), ``tl.sum/max/min`` along an axis or all (``keep_dims``,
   positional and negative axes, method spelling), softmax and logsumexp the tutorial way
   (``-inf`` padding), outer products, trans / ``.T`` / permute, expand_dims / ``[:, None]``,
-  reshape, broadcast_to, ``tl.dot`` (with accumulator) on 16-wide or larger tiles;
+  reshape, broadcast_to, ``tl.dot`` (with accumulator) on 16-wide or larger tiles, ``tl.cumsum`` / ``tl.cumprod``
+  (forward or reversed) and ``tl.associative_scan`` combining by ``a + b`` or as a linear recurrence ``h = a h + b``;
   ``@triton.jit`` helpers (nested, returning pairs, with parameters named like kernel
   variables), reassignments and augmented assignments, names like adjoints (``d_v0``);
 - *loops and branches*, each one node whose lines hold the whole statement (the mirror runs
@@ -539,7 +540,8 @@ ZERO_AT_ZERO = {"sin", "abs", "erf", "neg", "square", "relu_where", "leaky_where
 # are not applied to tied values that went through them.
 INEXACT = {"exp", "exp2", "log", "log2", "sin", "cos", "sigmoid", "erf", "rsqrt", "exp_method", "f32_sin",
            "f32_sigmoid", "f32_exp", "fma", "dot", "dot_acc", "dot_bare", "dot_acc_bare", "softmax", "logsumexp",
-           "cumsum", "cumsum_reverse", "cumprod", "cumprod_reverse"}
+           "cumsum", "cumsum_reverse", "cumprod", "cumprod_reverse", "scan_sum", "scan_sum_reverse", "recurrence",
+           "recurrence_reverse"}
 TIE_SENSITIVE = {"abs", "relu_where", "leaky_where", "maximum_c", "minimum_c", "clamp", "maximum", "minimum",
                  "to_int"}
 OTHERS = [0.0, 1.0, -1.5]
@@ -567,6 +569,9 @@ FAMILIES = (["binary"] * 5 + ["unary"] * 4 + ["load"] * 3 + ["const"] * 3 + ["re
 FOCUSED_ONLY = ["rereads", "in_place"]
 # families a campaign may make frequent (Gen's focus): launches (persistent, swizzle, grouped_persistent) or nodes
 FOCUS = ("persistent", "swizzle", "lane_split", "grouped_persistent", "halves", "rereads", "in_place")
+# the share of scans spelled tl.associative_scan with a combine function (a cumprod's becoming a linear recurrence),
+# chosen by the kernel's seed, not drawn: the kernels without one are the kernels they were
+SCAN_COMBINED = 0.5
 MAX_OPS = 12
 MAX_CONTROL = 2  # loops and branches per kernel (each costs the interpreter several plain nodes' time)
 CONTROL = ("loop", "columns", "branch", "rereads", "in_place")
@@ -857,12 +862,12 @@ class Gen:
             i = self.scale(i, CAP)
         return i
 
-    def scale(self, i: int, limit: float) -> int:
+    def scale(self, i: int, limit: float, label: str = "adapt_scale") -> int:
         n = self.p.nodes[i]
         b = max(abs(n.lo), abs(n.hi))
         c = 2.0 ** -math.ceil(math.log2(b / limit))  # a power of two: exact, in the mirror too
         return self.push(Node(n.kind, n.lo * c, n.hi * c, f"{{0}} * {fmt(c)}", f"{{0}} * {fmt(c)}", (i,),
-                              "adapt_scale", pure=True, zero=n.zero), adapt=False)
+                              label, pure=True, zero=n.zero), adapt=False)
 
     def domain(self, i: int, domain: str) -> int:
         """Operand ``i`` made fit for ``domain`` (adapter nodes appended where needed)."""
@@ -1425,9 +1430,15 @@ class Gen:
         self.push(Node((p, r), lo, hi, tl, th, args, label, zero=zero))
 
     def op_scan(self):
-        """tl.cumsum / tl.cumprod along an axis, forward or reversed; masked lanes made neutral."""
+        """tl.cumsum / tl.cumprod along an axis, forward or reversed; masked lanes made neutral. A share of them
+        (``SCAN_COMBINED``) spelled ``tl.associative_scan`` with a combine function: the cumsum's ``a + b``, the
+        cumprod becoming a linear recurrence (``recurrence``)."""
         d = self.d
         fn = d.pick(["cumsum", "cumprod"])
+        # by the kernel's seed and the node's place, not drawn: the draws are the plain scan's, so every other kernel
+        # (and a hypothesis campaign's sequence of kernels) stays as it was
+        seeded = random.Random(self.p.seed * 7907 + len(self.p.nodes))
+        combined = seeded.random() < SCAN_COMBINED
         i = self.operand(lambda k: bool(real(k)))
         if i is None:
             return self.op_load()
@@ -1441,15 +1452,76 @@ class Gen:
         neutral = "0.0" if fn == "cumsum" else "1.0"
         operand = f"tl.where({self.mask_for(kind, [axis])}, {{0}}, {neutral})" if masked else "{0}"
         spelled = d.pick([f"{axis}", f"axis={axis}"])
-        tl = f"tl.{fn}({operand}, {spelled}" + (", reverse=True)" if reverse else ")")
-        th = f"torch.{fn}({{0}}, dim={axis})"
-        if reverse:
-            th = f"torch.{fn}({{0}}.flip({axis}), dim={axis}).flip({axis})"
         count = self.p.dim(kind[axis]).block
         b = max(abs(n.lo), abs(n.hi))
         bound = count * b if fn == "cumsum" else max(1.0, b) ** count
         zero = tuple(z and p != axis for p, z in enumerate(n.zero))
-        self.push(Node(kind, -bound, bound, tl, th, (i,), fn + ("_reverse" if reverse else ""), zero=zero))
+        if fn == "cumprod" and combined:
+            k = self.push(self.recurrence(i, axis, reverse, masked, "=" in spelled, seeded, bound, zero), adapt=False)
+            if bound > CAP:  # (not "adapt_scale": one of a node with lines of its own is stored as a loop's value is)
+                self.scale(k, CAP, "scale_recurrence")
+            return
+        if combined:  # (a cumsum: tritongrad reads a scan combining by `a + b` as one)
+            spelled += ", combine_fn=_fuzz_sum" if "=" in spelled else ", _fuzz_sum"
+        call = "tl.associative_scan" if combined else f"tl.{fn}"
+        tl = f"{call}({operand}, {spelled}" + (", reverse=True)" if reverse else ")")
+        th = f"torch.{fn}({{0}}, dim={axis})"
+        if reverse:
+            th = f"torch.{fn}({{0}}.flip({axis}), dim={axis}).flip({axis})"
+        label = ("scan_sum" if combined else fn) + ("_reverse" if reverse else "")
+        self.push(Node(kind, -bound, bound, tl, th, (i,), label, zero=zero))
+
+    def recurrence(self, i: int, axis: int, reverse: bool, masked: bool, keyword: bool, seeded: random.Random,
+                   bound: float, zero: tuple) -> Node:
+        """In place of ``tl.cumprod`` of ``a`` (node ``i``, its draws made), ``tl.associative_scan`` of ``(a, b)``
+        combined as the first-order linear recurrence ``h = a h + b`` (``_fuzz_recurrence``, which tritongrad reads
+        as a ``linear_scan``): its state, or the mean of its products of ``a`` and its state, the result spelled in
+        one of three ways; masked lanes neutral (``a`` 1, ``b`` 0) where the scan reads them. ``b`` is ``a``, its
+        square or sine, or another value of its kind some node already reads, masked-off lanes 0 along an axis
+        wherever ``a``'s are and tied only where ``a`` is (so neither what later draws see nor which values are
+        unused changes), scaled by a power of two to at most ``1 / count``: every lane stays within the cumprod's
+        ``bound``. The mirror runs the recurrence step by step."""
+        kind = self.kind_of(i)
+        used = {a for n in self.p.nodes for a in n.args}
+        others = [j for j, n in enumerate(self.p.nodes) if j != i and j in used and n.kind == kind
+                  and all(zb or not za for za, zb in zip(self.zero(i), self.zero(j), strict=True))
+                  and (self.p.nodes[i].tied or not n.tied)]
+        na = self.p.nodes[i]
+        j = seeded.choice([i, i, i, *others[-2:]])
+        if j == i:
+            f, f_th, size = seeded.choice([("{0}", "{0}", max(abs(na.lo), abs(na.hi))),
+                                           ("{0} * {0}", "{0} * {0}", max(na.lo ** 2, na.hi ** 2)),
+                                           ("tl.sin({0})", "torch.sin({0})", min(1.0, max(abs(na.lo), abs(na.hi))))])
+            f, f_th = f.replace("{0}", "{1}"), f_th.replace("{0}", "{1}")
+        else:
+            f, f_th, size = "{1}", "{1}", max(abs(self.p.nodes[j].lo), abs(self.p.nodes[j].hi))
+        count = self.p.dim(kind[axis]).block
+        c = 2.0 ** -max(0, math.ceil(math.log2(max(count * size, 1e-300))))  # |h| <= max(1, |a|) ** count
+        mask = self.mask_for(kind, [axis])
+        b = f"({f}) * {fmt(c)}" if c != 1.0 else f
+        a, b = (f"tl.where({mask}, {{0}}, 1.0)", f"tl.where({mask}, {b}, 0.0)") if masked else ("{0}", b)
+        spelled = f"axis={axis}, combine_fn=_fuzz_recurrence" if keyword else f"{axis}, _fuzz_recurrence"
+        scan = f"tl.associative_scan(({a}, {b}), {spelled}" + (", reverse=True)" if reverse else ")")
+        results = seeded.choice(["state", "pair", "index", "both"])  # what is read of the scan, and how
+        if results == "index":
+            pre_tl, tl = (), f"{scan}[1]"
+        else:
+            pre_tl = (("_" if results == "state" else "{self}_p") + f", {{self}}_h = {scan}",)
+            tl = "({self}_p + {self}_h) * 0.5" if results == "both" else "{self}_h"
+        steps = f"range({{0}}.shape[{axis}] - 1, -1, -1)" if reverse else f"range({{0}}.shape[{axis}])"
+        b_th = f"({f_th}).select({axis}, {{self}}_t)" + (f" * {fmt(c)}" if c != 1.0 else "")
+        pre_th = ("{self}_p, {self}_h, {self}_ps, {self}_hs = 1.0, 0.0, [], []",
+                  f"for {{self}}_t in {steps}:",
+                  f"    {{self}}_p = {{0}}.select({axis}, {{self}}_t) * {{self}}_p",
+                  f"    {{self}}_h = {{0}}.select({axis}, {{self}}_t) * {{self}}_h + {b_th}",
+                  "    {self}_ps.append({self}_p)",
+                  "    {self}_hs.append({self}_h)")
+        order = "[::-1]" if reverse else ""
+        th = f"torch.stack({{self}}_hs{order}, {axis})"
+        if results == "both":
+            th = f"(torch.stack({{self}}_ps{order}, {axis}) + {th}) * 0.5"
+        return Node(kind, -bound, bound, tl, th, (i, j), "recurrence" + ("_reverse" if reverse else ""),
+                    pre_tl=pre_tl, pre_th=pre_th, zero=zero)
 
     def op_join(self):
         """tl.join of two values of one kind, then tl.split (`a, b = ...`) or a sum over the new axis."""
@@ -3146,6 +3218,8 @@ def render(p: Program) -> str:
     for fn, combine in (("sum", "a + b"), ("max", "tl.maximum(a, b)"), ("min", "tl.minimum(a, b)")):
         if any(f"_fuzz_{fn}" in line for line in body + helpers):
             helpers += ["@triton.jit", f"def _fuzz_{fn}(a, b):", f"    return {combine}", "", ""]
+    if any("_fuzz_recurrence" in line for line in body + helpers):  # (op_recurrence's h = a h + b)
+        helpers += ["@triton.jit", "def _fuzz_recurrence(a1, b1, a2, b2):", "    return a1 * a2, b1 * a2 + b2", "", ""]
     inner = "        " if launch is not None and launch.loop else "    "
     kernel = ["@triton.jit", f"def kernel({', '.join(params)}):"] + [f"    {line}" for line in prologue] + \
         [f"{inner}{line}" for line in tiles + body]

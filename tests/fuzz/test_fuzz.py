@@ -34,8 +34,9 @@ QUICK = 10  # the default run's share: kernels of its own, a tenth of the time
 COPIED = 6  # and of the persistent matmul's walk and halves (generate.FOCUS's grouped_persistent, halves)
 PASSES = 3  # and of sibling loops over a row's column blocks (rereads, in_place)
 EDGE_SEEDS = [0, 62, 12, 157, 260]  # the call's variations: f32 state (0, 62), dot operands overlapping (12, 157, 260)
-TWICE_SEEDS = [5, 17, 35, 48]  # kernels differentiated twice: a dot and logsumexp; rsqrt, a division and leaky relu;
-# a scatter and rsqrt; cumsum and log2
+TWICE_SEEDS = [5, 17, 35, 48, 36, 753]  # kernels differentiated twice: a dot and logsumexp; rsqrt, a division and leaky
+# relu; a scatter and rsqrt; a cumsum spelled tl.associative_scan and log2; a reversed linear recurrence's scan of a
+# value with itself; one of two values reading both its results, with log, a division and a dot
 RESHAPE_SEEDS = [17, 34, 35, 41, 48, 55]  # between them, every input and output reshape of reshapes.py
 
 

@@ -305,14 +305,19 @@ class ExpressionFlattener:
         d = self.build_call("associative_scan", rename_globals(node.func, self.normalizer.frame), [], node, stmt,
                             func_obj=obj)
         args, kwargs = d.op.args, d.op.kwargs
-        combine = args[2] if len(args) > 2 else kwargs.get("combine_fn")
+        try:  # (the axis and the rest may come by keyword)
+            bound = SCAN_SIGNATURE.bind(args, kwargs)
+        except TypeError as e:
+            raise self.normalizer.refuse(stmt, f"the call to `tl.associative_scan`: {e}",
+                                         "check the arguments against Triton's") from e
+        scanned, combine = bound["input"], bound["combine_fn"]
         fn = self.resolve(combine) if isinstance(combine, ast.Name) else None
-        pair = len(args) >= 1 and isinstance(args[0], (ast.Tuple, ast.List)) and len(args[0].elts) == 2
+        pair = isinstance(scanned, (ast.Tuple, ast.List)) and len(scanned.elts) == 2
         if pair and _is_linear_recurrence(fn):
             d.op = Op("linear_scan", args, kwargs, obj)
-        elif len(args) >= 2 and isinstance(args[0], ast.Name) and _combine_kind(fn) == "sum":
-            reverse = args[3] if len(args) > 3 else kwargs.get("reverse")
-            d.op = Op("cumsum", args[:2], {"reverse": reverse} if reverse is not None else {}, obj)
+        elif isinstance(scanned, ast.Name) and _combine_kind(fn) == "sum":
+            reverse = {"reverse": bound["reverse"]} if len(args) > 3 or "reverse" in kwargs else {}
+            d.op = Op("cumsum", [scanned, bound["axis"]], reverse, obj)
         return d
 
     def build_call(self, kind: str, callee: ast.expr, lead: list[ast.expr], node: ast.Call, stmt: ast.stmt,
@@ -382,6 +387,7 @@ class ExpressionFlattener:
 
 
 REDUCE_SIGNATURE = Signature.parse("input, axis, combine_fn, keep_dims=False")
+SCAN_SIGNATURE = Signature.parse("input, axis, combine_fn, reverse=False")
 
 
 @dataclass
