@@ -19,7 +19,7 @@ DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRE
 SUPPORTED = {"sin": 37, "softplus": 45, "swiglu": (3, 13), "softmax": (3, 11), "gelu": 37, "geglu": (3, 13),
              "log_softmax": (3, 11), "rmsnorm": (3, 13), "layernorm": (3, 13), "fn1": 16, "gather": (5, 9),
              "linear": (5, 7), "matmul": (5, 6, 7), "matvec": (5, 7), "rotary": (1, 1, 3, 4), "transpose": (5, 7),
-             "add_rmsnorm": (2, 7)}
+             "add_rmsnorm": (2, 7), "cross_entropy": (3, 37)}  # (cross_entropy: row 1 ignored, 37 = 32 + 5)
 # hvp differentiates the double backward once more (its cotangent's gradient)
 THRICE = ("sin", "softplus", "swiglu", "softmax")
 
@@ -111,6 +111,35 @@ def test_hvp_of_a_sum_matches_reference(name, kind):
     got = torch.autograd.functional.hvp(lambda *xs: op(*xs).sum(), inputs, vectors)[1]
     want = torch.autograd.functional.hvp(lambda *xs: example.reference(*xs).sum(), inputs, vectors)[1]
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["named", "bare"])
+def test_cross_entropy_second_derivative_matches_reference(kind, poisoned_empty):
+    """The backward stores a row's logits' adjoints and adds the target's after the kernel (later adds), reading the
+    log-sum-exp its augmented forward kept: refused before ("cannot differentiate `load` through a pointer that
+    does not come from a parameter", tg.tape_get's). Recorded to be differentiated again, it replays the loop and
+    adds atomically. Rows ignored (target -100), 5 rows, a vocabulary of two blocks and 9 columns; a random
+    incoming gradient; unfilled buffers poisoned; the bare op given a transposed view (made contiguous inside).
+    Twice, with fresh values: the second call is replayed, its backward op too."""
+    torch.manual_seed(6)
+    example = _example("cross_entropy")
+    op = example.cross_entropy if kind == "named" else _bare("cross_entropy")
+    for _ in range(2):
+        logits, target, ignore = example.make_inputs((5, 73), DEVICE, DTYPE)
+        target[3] = ignore  # (rows 1 and 3 ignored)
+        x = logits.requires_grad_() if kind == "named" else logits.t().contiguous().requires_grad_()
+        g = torch.randn(5, dtype=DTYPE, device=DEVICE)
+        v = torch.randn(5, 73, dtype=DTYPE, device=DEVICE)
+
+        def second(fn, x=x, target=target, ignore=ignore, g=g, v=v):
+            (dx,) = torch.autograd.grad(fn(x if kind == "named" else x.t(), target, ignore), x, g, create_graph=True)
+            return dx, torch.autograd.grad(((dx if kind == "named" else dx.t()) * v).sum(), x)[0]
+
+        (dx, ddx), (want_dx, want_ddx) = second(op), second(example.reference)
+        torch.testing.assert_close(dx, want_dx, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(ddx, want_ddx, rtol=1e-9, atol=1e-9)
+        rows = want_ddx if kind == "named" else want_ddx.t()
+        assert rows[1].abs().max() == 0 and rows[0].abs().max() > 0  # (ignored rows have none)
 
 
 def test_second_derivative_matches_reference_twice():

@@ -147,6 +147,7 @@ class PlannedBackward:
         once per shape). Returns the partial rows of inputs summed in them and the buffers of their own of inputs
         written there (checked backwards), and the variant launched."""
         launch = self.launches[step.launch.index]
+        states = kept_states(launch)
         keep = None  # unchecked: launched by the Launcher an earlier backward kept, or keep one
         if guards is None and not tracing() and recording_backward.get() is None:  # (traced: each launch is issued
             # through wrap_triton; recorded: through Triton's run, where the hook sees it)
@@ -168,7 +169,7 @@ class PlannedBackward:
         for p, slot, stand_in in step.launch.replayed:
             args[p] = saved[slot] if slot is not None else stand_in_tensor(stand_in)
         grid, config = tuple(launch.grid), ()
-        if launch.tiles is not None and launch.saved is None and not self.deterministic:
+        if launch.tiles is not None and states is None and not self.deterministic:
             config = self._tiles(step, launch, args, shadows)
             if config:
                 args.update(config)
@@ -234,7 +235,7 @@ class PlannedBackward:
         output_grads = {p: self._shadow(shadows, shadow_of[p], guards) for p in step.outputs}
         pad = guard_bands.GUARD[0] if guards is not None else 0
         trace = [] if keep is not None and not bwd.checks.reads_contents else None
-        rows = bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=launch.saved,
+        rows = bwd.launch(grid, args, output_grads, buffers, prepared, written, pad, saved=kept_states(launch),
                           setting=setting, trace=trace)
         if keep is not None:
             step.launchers[keep] = trace is not None and Launcher.of(
@@ -263,7 +264,7 @@ class PlannedBackward:
             raise noted(e, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)") from None
         laid = self._laid(step)
         prepared = bwd.prepare({**args, **laid} if laid else args, grid, written, step.shared, step.self_overlapping,
-                               launch.saved)
+                               kept_states(launch))
         found = (bwd, prepared, self._buffers(step, prepared, args, written))
         if key is not None:
             step.ready[key] = found
@@ -416,6 +417,13 @@ def derive_ahead(name: str, plan: Plan, launches: Sequence[Any], deterministic: 
     unused = frozenset(range(len(plan.saved))) - read  # kept nothing a derived kernel does not read: a tensor
     plan.unused = unused if not plan.ahead else plan.unused & unused  # only copied for an in-place launch, say
     plan.ahead[key] = None
+
+
+def kept_states(launch: Any) -> Any:
+    """The state tapes a launch's augmented forward kept for its backward (augment.py), or None: none kept, or a
+    backward recorded to be differentiated again, which replays the loops instead: its derivation cannot follow a
+    value read back through a tape's pointer, and autograd does not see the tapes depend on the inputs."""
+    return launch.saved if recording_backward.get() is None else None
 
 
 def _argument(launch: Any, param: str) -> Any:

@@ -222,7 +222,7 @@ class BackwardKernel:
             self_overlapping = buffer_facts({p: named.get(p) for p in self.wrt if p not in self.in_place})[1]
         shared = shared - self.in_place
         again = recorded()  # (a backward recorded to be differentiated again: no partial rows, whose persistent
-        # loop's sums the derivation of a derived kernel does not take: their gradients added atomically)
+        # loop's sums the derivation of a derived kernel does not take, nor later adds: added atomically)
         key = (grid, written, held, shared, self_overlapping, saved is not None, again,
                *[_describe(named.get(n)) for n in self._chosen_names])
         prepared = self._chosen.get(key)
@@ -234,7 +234,8 @@ class BackwardKernel:
             # stores, before its loads' adjoints write there: to be written, not added to; but where no program that
             # loads stores, the new values' gradient there is the old values' too: added to where there is any)
             facts = LaunchFacts(LaunchValues(named, grid), (written - self.in_place) | held, shared, self_overlapping,
-                                parallel, 0 if again else tape_budget(device), max(tuning.WAVES) * parallel)
+                                parallel, 0 if again else tape_budget(device), max(tuning.WAVES) * parallel,
+                                later_adds=not again)
             choices = writes.choose(facts, deterministic=self.deterministic)
             if self.deterministic:
                 self.checks.refuse_atomics(choices, self_overlapping)

@@ -186,8 +186,10 @@ def _self_overlapping(size: tuple, stride: tuple) -> bool:
 class LaunchFacts:
     """Everything a launch gives the choice of write strategy: its scalars and grid (``values``, which the
     write strategies' conditions read), its gradient buffers' facts (see the module's docstring), how many
-    programs fill the device (``parallel``), how many bytes partial rows may take (``row_budget``) and how many
-    programs a persistent kernel may run along an axis (``persistent_programs``: each keeps a partial row)."""
+    programs fill the device (``parallel``), how many bytes partial rows may take (``row_budget``), how many
+    programs a persistent kernel may run along an axis (``persistent_programs``: each keeps a partial row) and
+    whether loads' adjoints may be kept per program and added after the kernel (``later_adds``: not in a backward
+    recorded to be differentiated again, whose derivation cannot read tg.add_later's slots)."""
 
     values: LaunchValues
     written: frozenset[str] = frozenset()
@@ -196,6 +198,7 @@ class LaunchFacts:
     parallel: int = 1
     row_budget: int | None = None
     persistent_programs: int = 8
+    later_adds: bool = True
 
     @property
     def memory(self) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:

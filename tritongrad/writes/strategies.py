@@ -371,7 +371,8 @@ def choose(inputs: dict[str, Any], facts: LaunchFacts | None, deterministic: boo
     """Per input (its facts: writes/input_facts.py), the first strategy that applies on the launch (``facts``;
     None: a typical launch). A buffer reaching one element from several positions (stride 0) is added atomically.
     A persistent kernel runs other programs than the forward's, whose slots later adds keep: with partial rows in
-    the launch, an input with later adds is added atomically."""
+    the launch, an input with later adds is added atomically; so is it where the launch takes none
+    (``facts.later_adds``: a backward to be differentiated again)."""
     choosing = Choosing(facts, deterministic)
     choices = {}
     for param, facts_of in inputs.items():
@@ -380,7 +381,7 @@ def choose(inputs: dict[str, Any], facts: LaunchFacts | None, deterministic: boo
             choices[param] = Choice.atomic()
             continue
         choices[param] = next(c for s in STRATEGIES.values() if (c := s.choice(facts_of, param, choosing)))
-    if choosing.axis is not None:
+    if choosing.axis is not None or (facts is not None and not facts.later_adds):
         choices = {p: Choice.atomic() if c.later_loads else c for p, c in choices.items()}
     return {p: replace(c, rereads=inputs[p].rereads) if inputs[p].rereads and c.strategy.merges_rereads else c
             for p, c in choices.items()}
