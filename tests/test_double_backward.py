@@ -142,6 +142,22 @@ def test_cross_entropy_second_derivative_matches_reference(kind, poisoned_empty)
         assert rows[1].abs().max() == 0 and rows[0].abs().max() > 0  # (ignored rows have none)
 
 
+def test_cross_entropy_double_backward_with_deterministic_is_refused_naming_why():
+    """deterministic=True refuses atomics, which a backward to be differentiated again takes in place of later adds:
+    the second backward raises naming the input and why (before: a state tape's load, which said nothing of it); the
+    first backward with create_graph=True is still right."""
+    torch.manual_seed(7)
+    example = _example("cross_entropy")
+    op = tritongrad.op(lambda x, t, i: example.cross_entropy_launch(x, t, i)(), deterministic=True)
+    logits, target, ignore = example.make_inputs((5, 41), DEVICE, DTYPE)
+    x = logits.requires_grad_()
+    (dx,) = torch.autograd.grad(op(x, target, ignore).sum(), x, create_graph=True)
+    torch.testing.assert_close(dx, torch.autograd.grad(example.reference(x, target, ignore).sum(), x)[0])
+    with pytest.raises(OpError, match=r"`logits_ptr` with deterministic=True: its gradient can only be added "
+                       r"atomically here \(a backward to be differentiated again adds atomically"):
+        dx.sum().backward()
+
+
 def test_second_derivative_matches_reference_twice():
     """The gradient of the gradient, taken again by the same op (its backward ops' plans and derived kernels reused):
     sin'' = -sin, with a random incoming gradient."""

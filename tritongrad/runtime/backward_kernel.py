@@ -238,7 +238,7 @@ class BackwardKernel:
                                 later_adds=not again)
             choices = writes.choose(facts, deterministic=self.deterministic)
             if self.deterministic:
-                self.checks.refuse_atomics(choices, self_overlapping)
+                self.checks.refuse_atomics(choices, self_overlapping, again)
             variant = self.variant(choices, saved=saved is not None)
             if saved is not None and not reads_only(variant, saved.tapes):
                 return self.prepare(named, grid, written, shared, self_overlapping)

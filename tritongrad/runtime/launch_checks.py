@@ -107,14 +107,18 @@ class LaunchChecks:
                     hint=f"name it: tritongrad.grad(kernel, wrt={(*self.kernel.wrt, p)!r}) "
                          "gives its gradient (zero where it only makes addresses); a tritongrad.op does so itself")
 
-    def refuse_atomics(self, choices: dict[str, Choice], self_overlapping: frozenset[str] = frozenset()) -> None:
+    def refuse_atomics(self, choices: dict[str, Choice], self_overlapping: frozenset[str] = frozenset(),
+                       again: bool = False) -> None:
+        """``again``: the backward is recorded to be differentiated again (no later adds, no partial rows)."""
         for p, c in choices.items():
             if c.strategy.atomic:
                 load = self.kernel.analysis.loads[p][0]
                 where = load.tg.where
                 why = ("the tensor passed reaches one element from several positions (expanded, stride 0)"
                        if p in self_overlapping else self.kernel.writes.inputs[p].why
-                       or "this launch does not keep its addresses apart")
+                       or ("a backward to be differentiated again adds atomically what it would otherwise add after "
+                           "the kernel or sum in partial rows" if again else "this launch does not keep its "
+                           "addresses apart"))
                 raise NotDifferentiableError(
                     f"`{p}` with deterministic=True: its gradient can only be added atomically here ({why})",
                     file=where.file, line=where.line, source_line=where.text,
