@@ -24,6 +24,7 @@ from ..core.ir import (
     Op,
     Program,
     arguments,
+    construct_origin,
     definitions,
     names_in,
     op_of,
@@ -32,7 +33,6 @@ from ..core.ir import (
     stored_value,
     target_of,
     value_args,
-    where,
 )
 from ..core.operations import LOADS, STORES, operation_of
 from .addresses import (
@@ -166,7 +166,7 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, found
                              "outputs too (the gradient of the values it held is that of the values it gets)")
     for load, name in place.reloads.items():  # (its gradient reaches the store's value through the shadow)
         if name not in wrt or name not in outputs:
-            line = next(where(s).line for s in found.loads[name] if target_of(s) == load)
+            line = next(construct_origin(s).line for s in found.loads[name] if target_of(s) == load)
             raise ValueError(f"kernel `{program.name}` reads back on line {line} what it stored over `{name}`: name "
                              f"`{name}` in both wrt and outputs (the gradient of what it reads back flows through "
                              f"`{name}`'s shadow to the value stored there)")
@@ -221,7 +221,7 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
             if op.kind == "pow":
                 b = arguments(s)["b"]
                 if names_in(b) and any(x in varied for x in names_in(b)):
-                    raise refuse(where(s), "`**` with an exponent that depends on the inputs",
+                    raise refuse(construct_origin(s), "`**` with an exponent that depends on the inputs",
                                  "use tl.exp(b * tl.log(a)) for a variable exponent")
             if operation.has_rule:  # parameters without an adjoint (axis, condition, dtype) are discrete
                 work += [n for param, arg in arguments(s).items() if param in operation.adjoints
@@ -248,7 +248,7 @@ def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:
                                "with tg.custom_vjp")
     if operation_of(op).memory is not None:
         hint = "the result of an atomic operation cannot be differentiated"
-    return refuse(where(stmt), f"{what} (no derivative rule)", hint)
+    return refuse(construct_origin(stmt), f"{what} (no derivative rule)", hint)
 
 
 _CHOOSE = "choose a value with tl.where or an `if` statement; combine conditions with & and |"

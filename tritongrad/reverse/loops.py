@@ -39,6 +39,7 @@ from ..core.ir import (
     Tag,
     assign,
     child_blocks,
+    construct_origin,
     copy_structured,
     is_structured,
     name_node,
@@ -47,7 +48,6 @@ from ..core.ir import (
     refuse,
     statements,
     target_of,
-    where,
 )
 from ..core.operations import instantiate
 from .interchange import fixed_step
@@ -301,7 +301,7 @@ class LoopReversal:
     def check_state(self, node: ast.For, plan, state) -> None:
         for c in state:
             if c.name in plan.accumulators:  # loops.py promised its value is not needed
-                raise refuse(where(node), f"the loop over `{node.target.id}`: `{c.source}`'s value at each "
+                raise refuse(construct_origin(node), f"the loop over `{node.target.id}`: `{c.source}`'s value at each "
                              "iteration is needed", "use the accumulator for accumulating only")
 
     def resets(self, node: ast.For, state) -> list[ast.stmt]:

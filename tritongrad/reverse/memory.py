@@ -26,6 +26,7 @@ import copy
 from ..core.ir import (
     arguments,
     call_statement,
+    construct_origin,
     copy_structured,
     is_none,
     name_node,
@@ -35,7 +36,6 @@ from ..core.ir import (
     statements,
     stored_value,
     target_of,
-    where,
 )
 from ..core.operations import instantiate, operation_of
 from ..frontend.blockptr import block_addresses, block_mask
@@ -166,7 +166,7 @@ class MemoryAdjoints:
             return defs[0]
         if kinds == {"copy"} and len({ast.unparse(op_of(d).args[0]) for d in defs}) == 1:
             return self.descriptor_definition(stmt, op_of(defs[0]).args[0].id)
-        raise refuse(where(stmt), f"a load through the descriptor `{name}`, which has several definitions",
+        raise refuse(construct_origin(stmt), f"a load through the descriptor `{name}`, which has several definitions",
                      "make each tensor descriptor once, with one name")
 
     def reverse_store(self, stmt: ast.stmt) -> None:
@@ -182,7 +182,7 @@ class MemoryAdjoints:
                 self.zero_in_place(stmt)
             return
         if operation_of(op).memory not in ("store", "accumulate"):
-            raise refuse(where(stmt), f"`{op.kind}` of a differentiated value",
+            raise refuse(construct_origin(stmt), f"`{op.kind}` of a differentiated value",
                          "only tl.store and tl.atomic_add outputs can be differentiated")
         self.builder.comment_for(stmt)
         address = b["pointer"].id

@@ -13,6 +13,7 @@ from ..core.ir import (
     arguments,
     assign,
     child_blocks,
+    construct_origin,
     copy_structured,
     free_names,
     header,
@@ -26,7 +27,6 @@ from ..core.ir import (
     statements,
     tagged,
     target_of,
-    where,
 )
 from ..core.operations import LOADS, STORES, instantiate, operation_of
 
@@ -215,8 +215,9 @@ class Recompute:
                                                 orelse=inner[1]))
                 continue
             if op_of(s).kind in STORES and t is not None and t in needed:  # (not replayed: it writes memory)
-                raise refuse(where(s), f"the result of `tl.{op_of(s).kind}` (`{t}`), which the backward reads (an "
-                             "address, a mask or a value its adjoints need) and cannot compute again: running the "
+                raise refuse(construct_origin(s), f"the result of `tl.{op_of(s).kind}` (`{t}`), which the backward "
+                             "reads (an address, a mask or a value its adjoints need) and cannot compute again: "
+                             "running the "
                              "atomic again would change the memory and give another result",
                              "compute that value without an atomic (from tl.program_id, the loop indices, or a "
                              "tensor loaded for it)")
