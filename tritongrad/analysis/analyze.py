@@ -119,7 +119,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     if not tile:
         analysis.forms = address_forms(program.body, analysis.shapes, analysis.trips, frozenset(params),
                                        analysis.program_trips, analysis.bounded_trips)
-        # a tensor updated in place is checked as an output is, differentiated or not: the backward replays the
+        # a tensor updated in place is checked as an output is, differentiated or not: the backward recomputes the
         # values it held before the launch, which each lane read only if no other lane or program stored there first
         checked = (*outputs, *sorted(in_place - set(outputs)))
         analysis.store_axes = check_output_stores(program.body, checked, stores, analysis.shapes, analysis.forms,

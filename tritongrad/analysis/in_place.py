@@ -24,8 +24,8 @@ of its address follows is accepted where it reads, in each lane, what this progr
   such a store write elsewhere).
 
 Each element a reload reads was then written once, by that store: it holds at the launch's end what the reload read.
-The backward's replay loads it from the tensor as the launch left it, a parameter of its own (``stored_param``: the
-pointer parameter itself is bound to the values before the launch), and the reload's adjoint adds into the pointer's
+The backward's recomputation loads it from the tensor as the launch left it, a parameter of its own (``stored_param``:
+the pointer parameter itself is bound to the values before the launch), and the reload's adjoint adds into the pointer's
 shadow, where the store's adjoint, reversed after it, reads it (reverse/memory.py). Same-block reloads never reach
 here: frontend/forwarding.py reads them as the stored value.
 

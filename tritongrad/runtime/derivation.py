@@ -92,7 +92,7 @@ class Derivation:
         self.program = program = front_half(request.forward, request.constexprs)
         self.analysis = analysis = analyze(program, request.wrt, request.outputs)
         self.wrt, self.outputs = analysis.wrt, analysis.outputs
-        # values its replay may read from the outputs holding them
+        # values its recomputation may read from the outputs holding them
         self.read_back = {v: k for v, k in stored_values(program, analysis.stores).items()
                           if k.param in request.kept_outputs}
         self.loop_plans = classify_loops(analysis)

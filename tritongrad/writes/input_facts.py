@@ -179,7 +179,7 @@ def plan_writes(a: Analysis, feasible: Feasibility) -> WritePlans:
             inputs[p] = replace(facts, interchange={}, trips=None)
             if feasible.interchange(p, axis, saved=True) is None:  # (an attention backward's: without the
                 why += " (it has one where an op's forward keeps that loop's state)"  # states, every program would
-            else:  # replay the forward's loop)
+            else:  # recompute the forward's loop)
                 saved[p] = inputs[p]
             not_interchanged[p] = why
             break
