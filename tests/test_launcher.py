@@ -1,7 +1,7 @@
 """Repeated backwards (launcher.Launcher): the first backward of a layout is checked, the second keeps each
 step's launch as it made it, and later ones make that launch again with their own tensors. Each call here
 has fresh random inputs and upstream gradients, poisoned unfilled buffers, and is compared with PyTorch
-autograd on the plain-PyTorch reference: the kept launch must give what the full replay gives, for every
+autograd on the plain-PyTorch reference: the kept launch must give what the full backward gives, for every
 way a gradient reaches memory."""
 
 import pytest
@@ -180,7 +180,7 @@ def scaled_op():
     return scaled
 
 
-def test_a_launch_with_new_non_tensor_arguments_is_replayed_in_full(kept):
+def test_a_launch_with_new_non_tensor_arguments_is_decided_in_full(kept):
     scaled, x = scaled_op(), torch.randn(29, dtype=F64, requires_grad=True)
     for factor in (2.0, 2.0, 2.0, 5.0, 5.0):  # one layout; the launch with 5.0 is kept from its own first backward
         x.grad = None

@@ -66,7 +66,7 @@ class MemoryAdjoints:
         param = self.builder.analysis.pointer_base[b["pointer"].id]
         choice = self.builder.choices[param]
         later = target_of(stmt) in choice.later
-        if not later:  # (where only later adds write, the stored load's adjoint is zero: the buffer is zero-filled)
+        if not later:  # (where only later adds write, the written load's adjoint is zero: the buffer is zero-filled)
             self.builder.written_inputs.add(param)
         self.barrier_before_writing(param)
         if operation_of(op_of(stmt)).descriptor:
@@ -110,7 +110,7 @@ class MemoryAdjoints:
 
     def add_later(self, stmt: ast.stmt, param: str, shadow: ast.Name, g: ast.Name) -> None:
         """Keep the load's adjoint and addresses in this program's slots: added after the kernel, when the
-        input's stored load has written its gradient (strategies.LaterAdds)."""
+        input's written-once load has written its gradient (strategies.LaterAdds)."""
         adjoint = self.builder.adjoint[target_of(stmt)]
         fresh = self.builder.namer.fresh
         later = LaterAdds(param, fresh(f"{adjoint}_later"), fresh(f"{adjoint}_later_at"),

@@ -160,7 +160,7 @@ class BackwardKernel:
                   ) -> dict[str, Any]:
         """The gradients of the ``wrt`` inputs of the forward launch ``named`` (its arguments by parameter
         name) given the gradients of its outputs (tensors with the outputs' shapes and strides): each
-        allocated as its write strategy needs (empty where it is stored everywhere) in the input's dtype, or
+        allocated as its write strategy needs (empty where it is written everywhere) in the input's dtype, or
         float32 for half-precision inputs added atomically. ``saved``: the state tapes the launch's augmented
         forward kept (augment.py)."""
         import torch
