@@ -71,7 +71,7 @@ class Analysis:
     padding: dict[str, set[str]] = field(default_factory=dict)  # name -> MASKED, INFINITE (see `padding`)
     in_place: frozenset[str] = frozenset()  # differentiated pointers updated in place (in_place_pointers)
     reloads: dict[str, str] = field(default_factory=dict)  # a load reading back what the kernel stored -> its pointer
-    stored_params: dict[str, str] = field(default_factory=dict)  # reloaded pointer -> its values after the launch
+    as_left_params: dict[str, str] = field(default_factory=dict)  # reloaded pointer -> its values after the launch
     updates: dict[int, tuple[str, ...]] = field(default_factory=dict)  # id(a store over an input updated in place)
     # -> the results of the loads whose elements it overwrites (in_place.py)
     unchanged: frozenset[str] = frozenset()  # of in_place, those whose loads read only elements no store of the
@@ -112,7 +112,7 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.stabilizers = stable
     analysis.in_place = frozenset((in_place | _overwritten(found, wrt, outputs)) & set(wrt))
-    analysis.reloads, analysis.stored_params, analysis.updates = place.reloads, place.stored, place.updates
+    analysis.reloads, analysis.as_left_params, analysis.updates = place.reloads, place.as_left, place.updates
     analysis.unchanged = place.unchanged & analysis.in_place
     analysis.shapes = infer_shapes(program, tile)
     analysis.padding = padding(program.body)

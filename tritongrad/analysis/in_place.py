@@ -24,7 +24,7 @@ of its address follows is accepted where it reads, in each lane, what this progr
   such a store write elsewhere).
 
 Each element a reload reads was then written once, by that store: it holds at the launch's end what the reload read.
-The backward's recomputation loads it from the tensor as the launch left it, a parameter of its own (``stored_param``:
+The backward's recomputation loads it from the tensor as the launch left it, a parameter of its own (``as_left_param``:
 the pointer parameter itself is bound to the values before the launch), and the reload's adjoint adds into the pointer's
 shadow, where the store's adjoint, reversed after it, reads it (reverse/memory.py). Same-block reloads never reach
 here: frontend/forwarding.py reads them as the stored value.
@@ -69,14 +69,14 @@ class InPlace:
 
     pointers: frozenset[str] = frozenset()
     reloads: dict[str, str] = field(default_factory=dict)  # a reload's result -> the pointer it reads back
-    stored: dict[str, str] = field(default_factory=dict)  # a reloaded pointer -> stored_param(it)
+    as_left: dict[str, str] = field(default_factory=dict)  # a reloaded pointer -> as_left_param(it)
     updates: dict[int, tuple[str, ...]] = field(default_factory=dict)  # id(a store) -> the results of the loads
     # whose elements it overwrites (same address and mask, after them in their block)
     unchanged: frozenset[str] = frozenset()  # pointers every load of which is in the other branch of an if from
     # every store to it (``_Reads.apart``): what they read, no store of the launch changes (``read_unchanged``)
 
 
-def stored_param(param: str, params: Sequence[str]) -> str:
+def as_left_param(param: str, params: Sequence[str]) -> str:
     """The backward's parameter for ``param``'s values as the forward launch left them: ``<param>_stored``
     (underscores added while a parameter of the forward has that name)."""
     name = f"{param}_stored"
@@ -104,15 +104,15 @@ def in_place_pointers(program: Program, found: Pointers) -> InPlace:
                     changed.add(name)
     assert found.in_place == set(found.loads) & set(found.stores)  # (the rest refused above)
     params = program.param_names()
-    stored = {p: stored_param(p, params) for p in sorted(set(reloads.values()))}
+    as_left = {p: as_left_param(p, params) for p in sorted(set(reloads.values()))}
     used = {n.id for n in ast.walk(ast.Module(program.body, [])) if isinstance(n, ast.Name)}
     for load in (s for s in statements(program.body) if target_of(s) in reloads):
-        if stored[reloads[target_of(load)]] in used:
+        if as_left[reloads[target_of(load)]] in used:
             raise refuse(construct_origin(load),
                          f"a load reading back what the kernel stored over `{reloads[target_of(load)]}`, in a kernel"
-                         f" that names a value `{stored[reloads[target_of(load)]]}`",
+                         f" that names a value `{as_left[reloads[target_of(load)]]}`",
                          "rename that value: its backward takes the tensor as the launch left it under that name")
-    return InPlace(found.in_place, reloads, stored, updates, frozenset(found.in_place - changed))
+    return InPlace(found.in_place, reloads, as_left, updates, frozenset(found.in_place - changed))
 
 
 def read_unchanged(program: Program, found: Pointers) -> frozenset[str]:
@@ -133,7 +133,7 @@ def reloaded(program: Program, found: Pointers) -> frozenset[str]:
     """The pointers updated in place some load of which may read back what the kernel stored: one after a store to
     the pointer, that no store of its address follows in its block. What ``in_place_pointers`` accepts as reloads
     in any specialization of ``program`` (a constexpr ``if`` decided only drops statements or merges a branch into
-    its block), or refuses: an op binds ``stored_param`` for them, and passes it where the derived kernel takes it."""
+    its block), or refuses: an op binds ``as_left_param`` for them, and passes it where the derived kernel takes it."""
     if not found.in_place:
         return frozenset()
     reads = _Reads(program, found)

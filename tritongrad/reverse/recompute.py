@@ -43,26 +43,26 @@ class Recompute:
         self.builder = builder
         # pointer -> its mirror into the values the launch left (`x_ptr_stored + offs` beside `x_ptr + offs`), for
         # the pointers a reload's address is computed from (analysis/in_place.py)
-        self.stored: dict[str, str] = {}
+        self.as_left: dict[str, str] = {}
         for load in statements(builder.program.body):
             if target_of(load) in builder.analysis.reloads:
-                self.stored_name(arguments(load)["pointer"].id)
+                self.as_left_name(arguments(load)["pointer"].id)
 
     def mirrored(self) -> dict[str, str]:
         """Each shadow pointer and each mirror into the values the launch left -> the pointer it mirrors."""
-        return {v: k for mirror in (self.builder.shadow, self.stored) for k, v in mirror.items()}
+        return {v: k for mirror in (self.builder.shadow, self.as_left) for k, v in mirror.items()}
 
-    def stored_name(self, pointer: str) -> str:
+    def as_left_name(self, pointer: str) -> str:
         """A pointer's mirror into the values the launch left; the pointers it is computed from get theirs too."""
-        if pointer not in self.stored:
+        if pointer not in self.as_left:
             base = self.builder.analysis.pointer_base.get(pointer, pointer)
-            stored = self.builder.analysis.stored_params
-            self.stored[pointer] = stored[base] if pointer == base else self.builder.namer.fresh(f"{pointer}_stored")
+            as_left = self.builder.analysis.as_left_params
+            self.as_left[pointer] = as_left[base] if pointer == base else self.builder.namer.fresh(f"{pointer}_stored")
             for d in self.builder.defs.get(pointer, []):
                 if target_of(d) is not None:
                     for n in self.pointer_operands(d, base):
-                        self.stored_name(n)
-        return self.stored[pointer]
+                        self.as_left_name(n)
+        return self.as_left[pointer]
 
     def with_shadow(self, stmt: ast.stmt) -> list[ast.stmt]:
         """A recomputed statement, then its pointer's shadow and mirror (``d_p = d_x_ptr + offs``, ``p_stored =
@@ -73,8 +73,8 @@ class Recompute:
         out = [stmt]
         if t in self.builder.shadow:
             out.append(self.shadow_statement(stmt, t))
-        if t in self.stored:
-            out.append(self.shadow_statement(stmt, t, self.stored))
+        if t in self.as_left:
+            out.append(self.shadow_statement(stmt, t, self.as_left))
         return out
 
     def reloaded(self, load: ast.stmt) -> list[ast.stmt]:
@@ -82,9 +82,9 @@ class Recompute:
         element stored once, before it, and never again: analysis/in_place.py)."""
         param = self.builder.analysis.reloads[target_of(load)]
         note = self.builder.marker(f"`{target_of(load)}`: what the forward stored over `{param}` and read back, "
-                                   f"from `{self.builder.analysis.stored_params[param]}` (`{param}` as the launch "
+                                   f"from `{self.builder.analysis.as_left_params[param]}` (`{param}` as the launch "
                                    "left it)")
-        mirror = name_node(self.stored[arguments(load)["pointer"].id])
+        mirror = name_node(self.as_left[arguments(load)["pointer"].id])
         call = load.value
         args = [mirror, *call.args[1:]] if call.args else []
         keywords = [ast.keyword(k.arg, mirror) if k.arg == "pointer" else k for k in call.keywords]

@@ -78,7 +78,7 @@ class BackwardBody:
     prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
     loop_stages: str | None = None  # a persistent variant's constexpr: its loop over the programs' stages in flight
     loop_held: str | None = None  # and whether the loads before that loop are held across it (persistent.py)
-    stored_params: list[str] = field(default_factory=list)  # after the shadows: tensors as the launch left them
+    as_left_params: list[str] = field(default_factory=list)  # after the shadows: tensors as the launch left them
 
 
 @dataclass
@@ -140,7 +140,7 @@ class BackwardBuilder:
         # and lose its first comment (where the garbage collector freed one varied from run to run)
         self.last_comment: dict[int, tuple[list[ast.stmt], str]] = {}
         params = self.program.param_names()
-        self.namer.taken |= set(params) | set(analysis.stored_params.values())
+        self.namer.taken |= set(params) | set(analysis.as_left_params.values())
         self.defs = analysis.defs
         self.root = id(self.program.body)
         self.home: dict[str, int] = {}  # name -> id of the block it belongs to (where its value is visible)
@@ -247,23 +247,21 @@ class BackwardBuilder:
                 recomputed, self.out, [s.accumulator for s in self.partial_sums], axis, self.comments, self.namer,
                 {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))},
                 {k.index for k in self.analysis.program_trips}, self.adjoint_likes(), self.loaded_from())
-            # what only the prologue's values needed dropped
-            recomputed = without_unused(recomputed, set().union(*[reads(s) for s in self.out],
-                                                                reads(guard.count) if guard else set()))
+            recomputed = without_unused(recomputed, set().union(*[reads(s) for s in self.out], reads(guard.count)
+                                                                if guard else set()))  # the prologue's needs dropped
             body, extra, _ = self.persistent(recomputed, axis, reassigned, every=True, guard=guard)
             if group_programs(body):  # (programs running at once read the same tiles)
                 body.insert(0, self.marker("programs taken in groups of 8 along axis 0 (tg.grouped_program_id)"))
         elif axis is not None:
-            stages = self.namer.fresh("STAGES")
-            body, extra, held = self.persistent(recomputed, axis, reassigned, stages=stages,
-                                                held=self.namer.fresh("HELD"))
-        temporaries = self.program.temporaries | {mirror[t] for mirror in (self.shadow, self.forward.stored)
+            stages, held = self.namer.fresh("STAGES"), self.namer.fresh("HELD")
+            body, extra, held = self.persistent(recomputed, axis, reassigned, stages=stages, held=held)
+        temporaries = self.program.temporaries | {mirror[t] for mirror in (self.shadow, self.forward.as_left)
                                                   for t in self.program.temporaries if t in mirror}
         temporaries |= {copies[t] for t in temporaries if t in copies}  # (rereads.py's copies fold as they do)
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
                             self.written_inputs, self.tapes, self.later_adds, prologue, stages, held,
-                            list(self.analysis.stored_params.values()))
+                            list(self.analysis.as_left_params.values()))
 
     def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...]]]:
         """Adjoints whose primal's shape the source says, and its type: -> (zeros of the adjoint's shape and type,
@@ -302,7 +300,7 @@ class BackwardBuilder:
             note = (f"one program per group of the forward's programs along axis {axis}: each sums the gradient of "
                     f"{names} over its programs\n(in its own partial row, reduced in order after the kernel), and the "
                     "rest as the forward's program would")
-        params = {*self.program.param_names(), *self.shadow_params, *self.analysis.stored_params.values(), programs,
+        params = {*self.program.param_names(), *self.shadow_params, *self.analysis.as_left_params.values(), programs,
                   *rows.values()}
         body = persistent(recomputed, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer,
                           every, guard, stages, held)

@@ -82,7 +82,7 @@ class BackwardKernel:
         self.in_place = analysis.in_place  # inputs updated in place: their shadow is the output's too
         self.unchanged = analysis.unchanged  # of those, the ones whose loads read what no store of the launch changes
         # pointers whose values after the launch the recomputation reads (reloads) -> the parameter taking them
-        self.stored_params: dict[str, str] = dict(analysis.stored_params)
+        self.stored_params: dict[str, str] = dict(analysis.as_left_params)
         self.store_axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
         self.launch_checks: tuple[LaunchCheck, ...] = tuple(analysis.launch_checks)
         self.launches = Launches(self)  # its variants' kernels launched (launching.py)
