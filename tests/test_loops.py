@@ -131,7 +131,7 @@ def test_tiled_matmul_over_k_with_transposes(at, bt):
     assert_grads(dot_kernel, grid, args, meta, c, want, leaves, ("A", "B"))
 
 
-def test_matmul_backward_does_not_replay_the_forward_loop():
+def test_matmul_backward_does_not_recompute_the_forward_loop():
     src = tritongrad.grad(dot_kernel).src
     # the text is the point (no forward loop recomputed): test_tiled_matmul_over_k_with_transposes checks this kernel's
     # gradients
