@@ -71,7 +71,7 @@ def tritongrad_rows(example, fn, leaves: list, grads: list) -> list:
     args = dict(part_launch.args)
     buffers = {p: torch.zeros(record.plan.buffers[shadow.key][0], device="cuda")
                for p, shadow, _, _ in launcher.buffers}
-    sources = ({p: saved[slot] for p, slot, _ in launcher.replayed if slot is not None},
+    sources = ({p: saved[slot] for p, slot, _ in launcher.from_saved if slot is not None},
                {o: grads[0] for o, _ in launcher.outputs}, buffers)
     for k, source, p in wired:
         args[k] = sources[source].get(p)

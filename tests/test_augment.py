@@ -160,7 +160,7 @@ def test_a_recurrence_and_an_accumulator_needed_after_the_loop(launches, monkeyp
     gradients_of(recurrence, recurrence_reference, (x,), wrt=(0,))
     ((saved, used),) = launches
     assert saved is not None and used is not None
-    # the final `total` is not on the tape: the loop is replayed for it (no recording), then reversed
+    # the final `total` is not on the tape: the loop is recomputed for it (no recording), then reversed
     assert "tape_put" not in used.src and "for t in range(0, T)" in used.src
 
 

@@ -75,7 +75,7 @@ def test_branch_reversal_reads_like_the_forward():
     src = tritongrad.grad(branchy).src
     # the text is the point (it reads like the forward): test_runtime_if_elif_else_on_a_loaded_scalar checks this
     # kernel's gradients
-    assert len(re.findall(r"^ *if s > 0:$", src, flags=re.M)) == 2, src  # replayed for `out`, then reversed
+    assert len(re.findall(r"^ *if s > 0:$", src, flags=re.M)) == 2, src  # recomputed for `out`, then reversed
     assert "the branch taken recomputes its values" in src
     assert "z = tl.exp(y)" in src.split("# grad of: tl.store")[1], "the branch's own values are recomputed"
     assert "out_" not in src.split("# grad of")[0], "branches assign `out` itself, as the forward does"

@@ -7,7 +7,7 @@ Fuzz finding (seed 4242, kernel 159): `UnboundLocalError: v4_t_trips`. A static 
 the names the body assigns, so `every = tl.maximum(tl.cdiv(trips, slots), 1)` looked computable once before the loop
 over the programs and was hoisted above the definition of `trips` it reads. Compiled (the tests are marked so), a
 static loop's reverse failed beside it: a count down was `tg.trip_count(...)`, a helper's result, not a constexpr,
-and the replay from a checkpoint was bounded by `every`, computed at run time from the slot count. Each kernel against
+and recomputing from a checkpoint was bounded by `every`, computed at run time from the slot count. Each kernel against
 a plain-PyTorch reference and torch autograd: float64, sizes not powers of two, NaN-poisoned outputs, random upstream
 gradients.
 
@@ -40,7 +40,7 @@ def static_down_inner_recurrence(x_ptr, w_ptr, y_ptr, K, T, BK: tl.constexpr, R:
         for s in range(T):  # a state of its own, restarted each iteration
             u = u * 0.5 + tl.load(w_ptr + (t * T + s) * K + rk, mask=mk, other=0.0)
         h = h * 0.5 + tl.sigmoid(tl.sum(tl.where(mk, h, 0.0))) * u * u
-    tl.store(y_ptr + pid * K + rk, tl.sin(h), mask=mk)  # the final state read: its replay records the tape
+    tl.store(y_ptr + pid * K + rk, tl.sin(h), mask=mk)  # the final state read: its recomputation records the tape
 
 
 @triton.jit
@@ -135,7 +135,7 @@ CASES = {  # kernel, weight rows, reference, the launch's arguments after the po
 }
 
 
-@pytest.mark.compiled  # a static loop's trip count, checkpoint spacing and replay bounds must be constexprs there
+@pytest.mark.compiled  # a static loop's trip count, checkpoint spacing and recompute bounds must be constexprs there
 @pytest.mark.parametrize("budget", [None, 1], ids=["a slot per iteration", "one checkpoint"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_static_or_descending_loop_with_nested_state(case, budget, monkeypatch):

@@ -95,7 +95,7 @@ def test_hvp_matches_reference(name, kind):
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
 def test_hvp_through_a_kept_statistic(name, kind):
     """Thrice derived, through the statistic the forward stored (rmsnorm's rstd, layernorm's mean and rstd). Crashed
-    before: the twice-derived kernel's `if` recomputing what its replayed constexpr `if` assigned gave a merge copy
+    before: the twice-derived kernel's `if` recomputing what its recomputed constexpr `if` assigned gave a merge copy
     of a name never assigned there (UnboundLocalError `result_16`); then a reshape's 0-d result (a scalar in the
     interpreter) had an adjoint `tl.reshape` refuses."""
     test_hvp_matches_reference(name, kind)

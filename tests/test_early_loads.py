@@ -57,7 +57,7 @@ def softmax_rows(x_ptr, y_ptr, stride, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + row * stride + cols, e / tl.sum(e, axis=0), mask=mask)
 
 
-def test_the_output_gradient_is_loaded_before_the_replayed_reductions():
+def test_the_output_gradient_is_loaded_before_the_recomputed_reductions():
     src = tritongrad.grad(softmax_rows).src
     body = src.split('"""')[2]
     assert body.index("tl.load(d_y_ptr") < body.index("tl.max(")

@@ -22,7 +22,7 @@ def loop_to_a_loaded_count(x_ptr, n_ptr, y_ptr, BLOCK: tl.constexpr):
     steps = tl.load(n_ptr + tl.program_id(0))
     x = tl.load(x_ptr + tl.program_id(0) * BLOCK + offs)
     acc = tl.zeros([BLOCK], dtype=tl.float64)
-    for _ in range(steps):  # the trip count is data: the backward replays the same load
+    for _ in range(steps):  # the trip count is data: the backward recomputes the same load
         acc += tl.sin(x)
     tl.store(y_ptr + tl.program_id(0) * BLOCK + offs, acc)
 
@@ -64,7 +64,7 @@ def dropout(x_ptr, y_ptr, n, p, seed, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    keep = tl.rand(seed, offs) > p  # regenerated identically when the backward replays the forward
+    keep = tl.rand(seed, offs) > p  # regenerated identically when the backward recomputes the forward
     tl.store(y_ptr + offs, tl.where(keep, x / (1 - p), 0.0), mask=mask)
 
 

@@ -160,7 +160,7 @@ def test_an_in_place_update_of_memory_an_earlier_launch_read(device):
         h = x * 1.0
         y = torch.empty_like(h)
         square_kernel[(triton.cdiv(h.numel(), 64),)](h, y, h.numel(), BLOCK=64)
-        scale_rows_in_place(h, w)  # the first launch's backward replays against a copy taken before this
+        scale_rows_in_place(h, w)  # the first launch's backward recomputes against a copy taken before this
         return y, h
 
     x, w = leaves((3, 20), (20,), device=device)
@@ -382,7 +382,7 @@ def assert_all_grads(got, want, inputs, only=None):
 @pytest.mark.parametrize("n_cols", [37, 100])
 @pytest.mark.parametrize("only", [None, 0], ids=["y-and-x", "only-y"])
 def test_a_chunked_add_and_norm_reading_back_its_sums_gets_pytorchs_gradients(device, n_cols, only):
-    """Rows of 37 and 100 columns in blocks of 16: the backward replays the first loop against x as it was given
+    """Rows of 37 and 100 columns in blocks of 16: the backward recomputes the first loop against x as it was given
     (the launch record's copy) and the second against x as the launch left it, and the second loop's gradient of the
     sums reaches x, r and w through the first loop's store."""
     for _ in range(3):  # fresh inputs; the third backward launches what the second kept (host/launcher.py)
@@ -674,7 +674,7 @@ def test_reading_back_through_a_value_two_evaluations_may_give_differently_is_re
 @triton.jit
 def shared_counter_kernel(x_ptr, w_ptr, y_ptr, n, BLOCK: tl.constexpr):
     # every program updates the same elements of x in place (no program id in their address): a program may read
-    # another's new values, so the values the backward replays (x as it was) need not be those the forward used
+    # another's new values, so the values the backward recomputes (x as it was) need not be those the forward used
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
@@ -708,7 +708,7 @@ def named_chained(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def test_a_compiled_named_op_updating_its_own_buffer_in_place(device):
     """torch.compile saves the op's outputs and buffers as its launches left them; a launch that overwrote what it
-    (or an earlier one) read cannot replay against those, so the compiled backward runs the launches again."""
+    (or an earlier one) read cannot recompute against those, so the compiled backward runs the launches again."""
     compiled = torch.compile(lambda x, w: named_chained(x, w).sin(), fullgraph=True, backend="aot_eager")
     x, w = leaves((5, 37), (37,), device=device)
     twins = [t.detach().clone().requires_grad_() for t in (x, w)]

@@ -188,7 +188,7 @@ def test_one_view_returned_twice_and_a_gradient_of_the_gradient(device):
 
 def test_one_view_passed_as_q_and_k_is_refused_naming_the_overwrite(device):
     """q and k the very same view: the launch rotates its elements twice, reading through one pointer what it
-    writes through the other, which the backward cannot replay."""
+    writes through the other, which the backward cannot recompute."""
     op = tritongrad.op(fused_rope)
     x = torch.randn(BATCH, SEQ, HIDDEN, dtype=DTYPE, device=device, requires_grad=True)
     w = torch.randn(Q, HIDDEN, dtype=DTYPE, device=device, requires_grad=True)

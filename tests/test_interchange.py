@@ -112,7 +112,7 @@ def test_the_derived_kernels_read_as_a_hand_written_matmul_backward():
     # the text is the point (the kernels' shape): test_matmul_inputs_get_kernels_of_their_own checks their gradients
     assert [p.wrt for p in parts] == [("a_ptr",), ("b_ptr",)]
     for part, axis in zip(parts, (1, 0), strict=True):
-        assert "atomic_add" not in part.src and "for k in" not in part.src  # no forward loop replayed
+        assert "atomic_add" not in part.src and "for k in" not in part.src  # no forward loop recomputed
         assert f"k_iteration = tg.grouped_program_id({axis})" in part.src  # (the grid taken in groups)
         assert "for pid_" in part.src and "range(0, programs)" in part.src
     assert "a kernel of its own" in bwd.launch_notes()

@@ -1,7 +1,7 @@
 """Repeated backwards (launcher.Launcher): the first backward of a layout is checked, the second keeps each
 step's launch as it made it, and later ones make that launch again with their own tensors. Each call here
 has fresh random inputs and upstream gradients, poisoned unfilled buffers, and is compared with PyTorch
-autograd on the plain-PyTorch reference: the kept launch must give what the full replay gives, for every
+autograd on the plain-PyTorch reference: the kept launch must give what the full backward gives, for every
 way a gradient reaches memory."""
 
 import pytest
@@ -84,7 +84,7 @@ def repeat(op, reference, make_inputs, kept: list) -> list[int]:
 
 # the examples whose launches a backward does not keep: interchanged kernels (matmul), state tapes the
 # forward kept (flash attention, cross entropy)
-REPLAYED_IN_FULL = {"matmul", "flash_attention", "cross_entropy"}
+DECIDED_IN_FULL = {"matmul", "flash_attention", "cross_entropy"}
 
 
 @pytest.mark.parametrize("example", examples.EXAMPLES.values(), ids=lambda e: e.name)
@@ -92,7 +92,7 @@ def test_repeated_backwards_of_each_example(example, poisoned, kept, device):
     dtype = F64 if F64 in example.dtypes else torch.float32
     size = example.sizes[-1]
     counts = repeat(example.op, example.reference, lambda: example.make_inputs(size, device=device, dtype=dtype), kept)
-    if example.name not in REPLAYED_IN_FULL:
+    if example.name not in DECIDED_IN_FULL:
         assert counts[-1] > 0 and counts[-2] == counts[-1]  # every launch of the last two backwards
 
 
@@ -180,7 +180,7 @@ def scaled_op():
     return scaled
 
 
-def test_a_launch_with_new_non_tensor_arguments_is_replayed_in_full(kept):
+def test_a_launch_with_new_non_tensor_arguments_is_decided_in_full(kept):
     scaled, x = scaled_op(), torch.randn(29, dtype=F64, requires_grad=True)
     for factor in (2.0, 2.0, 2.0, 5.0, 5.0):  # one layout; the launch with 5.0 is kept from its own first backward
         x.grad = None

@@ -269,7 +269,7 @@ def test_logits_a_later_launch_scales_in_place_are_copied_for_the_cross_entropys
 CE_CONSTEXPRS = dict(label_smoothing=0.0, reduction="mean", BLOCK_SIZE=16, HAS_GRADIENTS=False, COMPUTE=tl.float64)
 
 
-def test_the_logits_gradient_is_stored_and_added_later_not_added_atomically(device, poisoned_empty):
+def test_the_logits_gradient_is_written_once_and_added_later_not_added_atomically(device, poisoned_empty):
     """The loss-only launch's derived kernel writes the logits' gradient as a plain input's: the row's loads'
     adjoints stored, the target logit's added after the kernel; the ignored rows' gradient zeroed (their new values
     are zeros). Before, both were added atomically (an input updated in place and loaded twice). Where the logits'

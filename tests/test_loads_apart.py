@@ -186,7 +186,7 @@ WINDOWS = {  # (x_stride, shift) -> what x's gradient gets, without a loop and w
 @pytest.mark.parametrize("looped", [False, True])
 @pytest.mark.parametrize("x_stride, shift", list(WINDOWS))
 def test_loads_apart_at_one_launch_and_meeting_at_another(x_stride, shift, looped, poisoned_empty, device):
-    """Stored where the launch's strides keep the loads apart; where they meet, one stored and the other's adjoints
+    """Written once where the launch's strides keep the loads apart; where they meet, one so and the other's adjoints
     added after the kernel (no loop), or atomics (both loads in a loop). Before: never both stored (later adds, or
     atomics in the loop)."""
     kernel, kwargs = (rotate_windows_looped, {"BLOCK": 2}) if looped else (rotate_windows, {"HALF": 8})

@@ -131,9 +131,9 @@ def test_tiled_matmul_over_k_with_transposes(at, bt):
     assert_grads(dot_kernel, grid, args, meta, c, want, leaves, ("A", "B"))
 
 
-def test_matmul_backward_does_not_replay_the_forward_loop():
+def test_matmul_backward_does_not_recompute_the_forward_loop():
     src = tritongrad.grad(dot_kernel).src
-    # the text is the point (no forward loop replayed): test_tiled_matmul_over_k_with_transposes checks this kernel's
+    # the text is the point (no forward loop recomputed): test_tiled_matmul_over_k_with_transposes checks this kernel's
     # gradients
     forward, backward = src.split("# grad of: tl.store")
     assert "for k in" not in forward and "tl.dot" not in forward
@@ -675,7 +675,7 @@ def static_nonlinear_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr, REPS: tl.const
     mask = offs < N
     h = tl.zeros((BLOCK,), dtype=tl.float64)
     p = x_ptr + offs
-    for _ in tl.static_range(REPS):  # nonlinear state, no tape: the reverse loop rebuilds it by replaying
+    for _ in tl.static_range(REPS):  # nonlinear state, no tape: the reverse loop rebuilds it by recomputing
         h = tl.sin(h) + tl.load(p, mask=mask)
         p += N
     tl.store(y_ptr + offs, h, mask=mask)
@@ -683,8 +683,8 @@ def static_nonlinear_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr, REPS: tl.const
 
 @pytest.mark.compiled
 def test_a_static_loop_rebuilding_its_state_compiles():
-    """The reverse of a `tl.static_range` loop whose nonlinear state each iteration rebuilds by replaying the ones
-    before: its trip count and each replay's bound are constexprs (compiled, `trips = REPS` then
+    """The reverse of a `tl.static_range` loop whose nonlinear state each iteration rebuilds by recomputing the ones
+    before: its trip count and each recomputation's bound are constexprs (compiled, `trips = REPS` then
     `tl.static_range(trips)` was refused: "used as tl.static_range start value is not a constexpr"; the
     interpreter ran it). Found by the CUDA-graph capture of fuzzed kernels."""
     @tritongrad.op

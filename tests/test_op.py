@@ -338,12 +338,12 @@ def test_only_inputs_requiring_grad_get_backward_kernels(derived):
 def test_unused_output_gets_no_backward(derived):
     x, w = rand(90), rand(90)
     h, z = chain3(x, w)
-    h.sum().backward()  # z unused: the exp and sin launches are not replayed
+    h.sum().backward()  # z unused: the exp and sin launches are not recomputed
     assert [d.kernel for d in derived] == ["mul_kernel"]
     assert_close(x.grad, w.detach())
 
 
-def test_autotuned_and_heuristic_kernels_replay_the_chosen_config(derived):
+def test_autotuned_and_heuristic_kernels_backwards_take_the_chosen_config(derived):
     @tritongrad.op
     def tuned(x):
         y, z = torch.empty_like(x), torch.empty_like(x)
@@ -614,7 +614,7 @@ def named_halves(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.
     return chain3.__wrapped__(x, w)
 
 
-def test_named_op_eager_replays_its_launch_record():
+def test_named_op_eager_backward_uses_its_launch_record():
     chain_launches.clear()
     check(named_chain, chain_ref, rand(70), rand(70))
     assert len(chain_launches) == 1  # no recomputation in eager mode
@@ -695,7 +695,7 @@ def test_named_op_registration_and_fallback_choice():
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")
 def test_saving_op_called_eagerly(executed):
-    """The saving op outside torch.compile: outputs, then the buffer; its backward replays derived kernels only."""
+    """The saving op outside torch.compile: outputs, then the buffer; its backward recomputes derived kernels only."""
     check(lambda x, w: named_chain.saving_op(x, w)[0], chain_ref, rand(70), rand(70))
     check(lambda x, w: tuple(named_halves.saving_op(x, w)[:2]), chain3_ref, rand(3, 50), rand(3, 50))
     x, w = rand(70), rand(70)
@@ -801,7 +801,7 @@ def test_stray_gradients_are_looked_for_in_the_first_backward_of_a_layout_only(m
     monkeypatch.setattr(PlannedBackward, "_check_strays", lambda self, *a: checks.append(1) or real(self, *a))
     x, w = rand(61), rand(61)
     inputs = check(chain_once, chain_ref, x, w)
-    assert len(checks) == 2 and inputs[0].grad._base is None  # one per launch replayed; not views of padded buffers
+    assert len(checks) == 2 and inputs[0].grad._base is None  # one per launch recomputed; not views of padded buffers
     check(chain_once, chain_ref, x, w)
     assert len(checks) == 2  # the same layout and the same gradients needed: checked already
 

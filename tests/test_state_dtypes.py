@@ -122,7 +122,7 @@ def test_a_float32_declared_state_summing_float64_values_keeps_float64_through_a
 
 @pytest.mark.interpreter
 def test_the_backward_alone_records_a_nonlinear_state_in_its_type():
-    """`tritongrad.grad` on Welford's kernel: the backward replays the loop and keeps its state on a tape itself."""
+    """`tritongrad.grad` on Welford's kernel: the backward recomputes the loop and keeps its state on a tape itself."""
     case, kernel, outputs = "welford", welford_kernel, ("mean_ptr", "var_ptr")
     g = torch.Generator().manual_seed(51)
     x = torch.randn(3, 45, generator=g, dtype=F64).to(DEVICE)

@@ -1,6 +1,6 @@
 """A softmax written out is differentiated as one operation (composites.py), and an op's backward reads a
-value back from the output the forward stored it in instead of replaying it (stored_outputs.py), only where
-every lane it reads is what the replay would have computed and no later launch wrote the output again."""
+value back from the output the forward stored it in instead of recomputing it (stored_outputs.py), only where
+every lane it reads is what the recomputation would have computed and no later launch wrote the output again."""
 
 import pytest
 import torch
@@ -280,7 +280,7 @@ def test_changing_an_output_read_back_before_the_backward_raises():
 
 def test_a_layer_norm_reads_its_mean_and_rstd_back(kept, device):
     """The example stores each row's mean and rstd, as the Triton tutorial does: the op's backward reads them
-    back (no reduction replayed: rstd = 1 / sqrt(var + eps) is differentiated from rstd alone, composites.py)."""
+    back (no reduction recomputed: rstd = 1 / sqrt(var + eps) is differentiated from rstd alone, composites.py)."""
     from tritongrad.examples import layernorm
 
     src = _code(tritongrad.grad(layernorm.layernorm_kernel, kept_outputs=("mean_ptr", "rstd_ptr")).src)
@@ -311,7 +311,7 @@ def row_statistics(x_ptr, y_ptr, mean_ptr, n, BLOCK: tl.constexpr):
 
 @pytest.mark.parametrize("stats", [torch.float64, torch.float32, torch.float16])
 def test_a_statistic_is_read_back_only_from_an_output_that_holds_it_exactly(stats, kept):
-    """A float64 row's mean kept in float64 is read back; in float32 or float16 it would be rounded: replayed."""
+    """A float64 row's mean kept in float64 is read back; in float32 or float16 it would be rounded: recomputed."""
     @tritongrad.op
     def squared_deviation(x):
         y = poison(torch.empty_like(x))

@@ -99,7 +99,7 @@ def check_norm_rows(rows: int, n: int) -> tuple[tuple, dict]:
     return args, kwargs
 
 
-def test_rows_are_stored_and_a_shared_weight_and_bias_summed_in_registers(poisoned_empty, monkeypatch):
+def test_rows_are_written_once_and_a_shared_weight_and_bias_summed_in_registers(poisoned_empty, monkeypatch):
     """The weight's and bias's loads cover them: each program stores its whole partial row (left unfilled)."""
     monkeypatch.setenv("TRITONGRAD_TUNE", "0")  # (a tuner's trials reset their buffers: not the launch's own)
     filled = []
@@ -170,7 +170,7 @@ def test_a_weight_loaded_in_a_loop_is_summed_in_a_float32_row_per_program():
 
 
 @pytest.mark.parametrize("step", [12, 5])
-def test_windows_apart_are_stored_overlapping_ones_added_atomically(step):
+def test_windows_apart_are_written_once_overlapping_ones_added_atomically(step):
     w, programs = 8, 9
     n = (programs - 1) * step + w
     x = torch.randn(n, dtype=F64)
@@ -279,7 +279,7 @@ def scale_kernel(x_ptr, y_ptr, s, n, BLOCK: tl.constexpr):
 
 @tritongrad.op
 def two_readers(x):
-    """Two launches read x: in the backward the later one (replayed first) stores x's gradient, the earlier
+    """Two launches read x: in the backward the later one (differentiated first) stores x's gradient, the earlier
     adds to it."""
     n = x.numel()
     a, b = torch.empty_like(x), torch.empty_like(x)
@@ -427,7 +427,7 @@ def _logsumexp_minus_target_launch(rows=9, vocab=70):
     return args, kwargs, y, want, leaf
 
 
-def test_an_input_loaded_again_by_index_is_stored_and_the_index_load_added_after(poisoned_empty):
+def test_an_input_loaded_again_by_index_is_written_once_and_the_index_load_added_after(poisoned_empty):
     rows = 9
     args, kwargs, y, want, leaf = _logsumexp_minus_target_launch(rows)
     with checked():

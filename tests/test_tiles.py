@@ -50,7 +50,7 @@ def launch(a, b, kernel=tiled):
 
 @tritongrad.op
 def two_products(a, b, b2):
-    return launch(a, b), launch(a, b2)  # two launches write a's gradient: the first replayed stores, the other adds
+    return launch(a, b), launch(a, b2)  # two launches write a's gradient: the later stores, the earlier adds
 
 
 @pytest.fixture

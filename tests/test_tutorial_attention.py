@@ -318,7 +318,7 @@ def test_the_one_loop_attention_gets_pytorchs_gradients_however_its_tensors_are_
 @pytest.mark.parametrize("host", [False, True])
 def test_the_tutorials_forward_keeps_its_loops_states(host, causal, monkeypatch):
     """The loop is in `attend_stage`, an inlined helper (called twice by the causal forward): the op's forward
-    keeps each call's final state (augment.py), so the backward replays no loop before its reverse ones. Its
+    keeps each call's final state (augment.py), so the backward recomputes no loop before its reverse ones. Its
     gradients stay tile adds through shadow descriptors: read as pointer accesses they can be stored (dQ) and
     interchanged (dK, dV), but that measured slower on an H200 (benchmarks/RESULTS.md), so it is not done."""
     if host and not _have_host_descriptors():
@@ -328,7 +328,7 @@ def test_the_tutorials_forward_keeps_its_loops_states(host, causal, monkeypatch)
     q, k, v = (torch.randn(1, 3, 80, 16, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
     assert_pytorchs_gradients(lambda *qkv: attention(*qkv, causal, 0.3, host, False), (q, k, v), q, k, v, causal, g)
     (prepared,) = seen
-    assert all(part.saved for part in prepared.variant.parts)  # the forward kept the loops' finals: no replay first
+    assert all(part.saved for part in prepared.variant.parts)  # the forward kept the loops' finals: nothing recomputed
     assert modes(prepared) == {"desc_q": "ATOMIC", "desc_k": "ATOMIC", "desc_v": "ATOMIC"}
 
 

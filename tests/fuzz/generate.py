@@ -1569,7 +1569,7 @@ class Gen:
 
     def op_softmax_out(self):
         """A softmax of a value, stored as an output under the value's own mask and read by nothing else (an op's
-        backward reads it back instead of replaying it: stored_outputs.py); the value goes on as it was."""
+        backward reads it back instead of recomputing it: stored_outputs.py); the value goes on as it was."""
         d = self.d
         ok = lambda k: bool(real(k)) and storable(k)  # noqa: E731
         a = None

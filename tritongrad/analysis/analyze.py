@@ -24,6 +24,7 @@ from ..core.ir import (
     Op,
     Program,
     arguments,
+    construct_origin,
     definitions,
     names_in,
     op_of,
@@ -32,7 +33,6 @@ from ..core.ir import (
     stored_value,
     target_of,
     value_args,
-    where,
 )
 from ..core.operations import LOADS, STORES, operation_of
 from .addresses import (
@@ -71,7 +71,7 @@ class Analysis:
     padding: dict[str, set[str]] = field(default_factory=dict)  # name -> MASKED, INFINITE (see `padding`)
     in_place: frozenset[str] = frozenset()  # differentiated pointers updated in place (in_place_pointers)
     reloads: dict[str, str] = field(default_factory=dict)  # a load reading back what the kernel stored -> its pointer
-    stored_params: dict[str, str] = field(default_factory=dict)  # reloaded pointer -> its values after the launch
+    as_left_params: dict[str, str] = field(default_factory=dict)  # reloaded pointer -> its values after the launch
     updates: dict[int, tuple[str, ...]] = field(default_factory=dict)  # id(a store over an input updated in place)
     # -> the results of the loads whose elements it overwrites (in_place.py)
     unchanged: frozenset[str] = frozenset()  # of in_place, those whose loads read only elements no store of the
@@ -112,14 +112,14 @@ def analyze(program: Program, wrt: tuple[str, ...] | None, outputs: tuple[str, .
     analysis = Analysis(program, wrt, outputs, pointer_base, loads, stores, index_pointers, active, defs)
     analysis.stabilizers = stable
     analysis.in_place = frozenset((in_place | _overwritten(found, wrt, outputs)) & set(wrt))
-    analysis.reloads, analysis.stored_params, analysis.updates = place.reloads, place.stored, place.updates
+    analysis.reloads, analysis.as_left_params, analysis.updates = place.reloads, place.as_left, place.updates
     analysis.unchanged = place.unchanged & analysis.in_place
     analysis.shapes = infer_shapes(program, tile)
     analysis.padding = padding(program.body)
     if not tile:
         analysis.forms = address_forms(program.body, analysis.shapes, analysis.trips, frozenset(params),
                                        analysis.program_trips, analysis.bounded_trips)
-        # a tensor updated in place is checked as an output is, differentiated or not: the backward replays the
+        # a tensor updated in place is checked as an output is, differentiated or not: the backward recomputes the
         # values it held before the launch, which each lane read only if no other lane or program stored there first
         checked = (*outputs, *sorted(in_place - set(outputs)))
         analysis.store_axes = check_output_stores(program.body, checked, stores, analysis.shapes, analysis.forms,
@@ -166,7 +166,7 @@ def _choose_wrt_outputs(program: Program, params: list[str], wrt, outputs, found
                              "outputs too (the gradient of the values it held is that of the values it gets)")
     for load, name in place.reloads.items():  # (its gradient reaches the store's value through the shadow)
         if name not in wrt or name not in outputs:
-            line = next(where(s).line for s in found.loads[name] if target_of(s) == load)
+            line = next(construct_origin(s).line for s in found.loads[name] if target_of(s) == load)
             raise ValueError(f"kernel `{program.name}` reads back on line {line} what it stored over `{name}`: name "
                              f"`{name}` in both wrt and outputs (the gradient of what it reads back flows through "
                              f"`{name}`'s shadow to the value stored there)")
@@ -221,7 +221,7 @@ def _activity(program: Program, defs, wrt, outputs, pointer_base, tile: bool) ->
             if op.kind == "pow":
                 b = arguments(s)["b"]
                 if names_in(b) and any(x in varied for x in names_in(b)):
-                    raise refuse(where(s), "`**` with an exponent that depends on the inputs",
+                    raise refuse(construct_origin(s), "`**` with an exponent that depends on the inputs",
                                  "use tl.exp(b * tl.log(a)) for a variable exponent")
             if operation.has_rule:  # parameters without an adjoint (axis, condition, dtype) are discrete
                 work += [n for param, arg in arguments(s).items() if param in operation.adjoints
@@ -248,7 +248,7 @@ def _no_rule(stmt: ast.stmt) -> NotDifferentiableError:
                                "with tg.custom_vjp")
     if operation_of(op).memory is not None:
         hint = "the result of an atomic operation cannot be differentiated"
-    return refuse(where(stmt), f"{what} (no derivative rule)", hint)
+    return refuse(construct_origin(stmt), f"{what} (no derivative rule)", hint)
 
 
 _CHOOSE = "choose a value with tl.where or an `if` statement; combine conditions with & and |"

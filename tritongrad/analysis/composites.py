@@ -1,14 +1,14 @@
 """Operations written out in several steps, read as the one operation they are, so that their rule reads only
 their result: a softmax, ``e = tl.exp(z); s = tl.sum(e, axis); y = e / s``, and a reciprocal square root,
 ``r = 1.0 / tl.sqrt(v)`` (a normalization's ``rstd``: its rule ``-0.5 * r ** 3`` needs neither the square root
-nor ``v``, the variance, a reduction the backward would replay).
+nor ``v``, the variance, a reduction the backward would recompute).
 
 Softmax.
 Differentiated statement by statement, its backward needs ``e`` and ``s`` as well as ``y``: the exponential
-and the sum are replayed and each adjoint divides by ``s``. Read as ``y = tg.softmax(z, axis)``, its rule is
+and the sum are recomputed and each adjoint divides by ``s``. Read as ``y = tg.softmax(z, axis)``, its rule is
 ``dz = y * (dy - sum(dy * y))`` (operations.py), which reads ``y`` alone: what a hand-written backward does,
 and what lets an op's backward read ``y`` back from where the forward stored it (stored_outputs.py) instead of
-replaying the row's max, exponentials and sum.
+recomputing the row's max, exponentials and sum.
 
 Matched in one block, where ``e`` is read only by the sum and the division and the sum only by the division
 (directly, or through ``[:, None]`` / ``tl.expand_dims`` putting back the reduced axis, or kept by

@@ -24,8 +24,8 @@ of its address follows is accepted where it reads, in each lane, what this progr
   such a store write elsewhere).
 
 Each element a reload reads was then written once, by that store: it holds at the launch's end what the reload read.
-The backward's replay loads it from the tensor as the launch left it, a parameter of its own (``stored_param``: the
-pointer parameter itself is bound to the values before the launch), and the reload's adjoint adds into the pointer's
+The backward's recomputation loads it from the tensor as the launch left it, a parameter of its own (``as_left_param``:
+the pointer parameter itself is bound to the values before the launch), and the reload's adjoint adds into the pointer's
 shadow, where the store's adjoint, reversed after it, reads it (reverse/memory.py). Same-block reloads never reach
 here: frontend/forwarding.py reads them as the stored value.
 
@@ -48,6 +48,7 @@ from ..core.ir import (
     canonical_atom,
     child_blocks,
     computed_from,
+    construct_origin,
     definitions,
     expanded,
     is_structured,
@@ -56,7 +57,6 @@ from ..core.ir import (
     refuse,
     statements,
     target_of,
-    where,
 )
 from ..core.operations import operation_of
 from .pointers import Pointers
@@ -69,14 +69,14 @@ class InPlace:
 
     pointers: frozenset[str] = frozenset()
     reloads: dict[str, str] = field(default_factory=dict)  # a reload's result -> the pointer it reads back
-    stored: dict[str, str] = field(default_factory=dict)  # a reloaded pointer -> stored_param(it)
+    as_left: dict[str, str] = field(default_factory=dict)  # a reloaded pointer -> as_left_param(it)
     updates: dict[int, tuple[str, ...]] = field(default_factory=dict)  # id(a store) -> the results of the loads
     # whose elements it overwrites (same address and mask, after them in their block)
     unchanged: frozenset[str] = frozenset()  # pointers every load of which is in the other branch of an if from
     # every store to it (``_Reads.apart``): what they read, no store of the launch changes (``read_unchanged``)
 
 
-def stored_param(param: str, params: Sequence[str]) -> str:
+def as_left_param(param: str, params: Sequence[str]) -> str:
     """The backward's parameter for ``param``'s values as the forward launch left them: ``<param>_stored``
     (underscores added while a parameter of the forward has that name)."""
     name = f"{param}_stored"
@@ -104,14 +104,15 @@ def in_place_pointers(program: Program, found: Pointers) -> InPlace:
                     changed.add(name)
     assert found.in_place == set(found.loads) & set(found.stores)  # (the rest refused above)
     params = program.param_names()
-    stored = {p: stored_param(p, params) for p in sorted(set(reloads.values()))}
+    as_left = {p: as_left_param(p, params) for p in sorted(set(reloads.values()))}
     used = {n.id for n in ast.walk(ast.Module(program.body, [])) if isinstance(n, ast.Name)}
     for load in (s for s in statements(program.body) if target_of(s) in reloads):
-        if stored[reloads[target_of(load)]] in used:
-            raise refuse(where(load), f"a load reading back what the kernel stored over `{reloads[target_of(load)]}`, "
-                         f"in a kernel that names a value `{stored[reloads[target_of(load)]]}`",
+        if as_left[reloads[target_of(load)]] in used:
+            raise refuse(construct_origin(load),
+                         f"a load reading back what the kernel stored over `{reloads[target_of(load)]}`, in a kernel"
+                         f" that names a value `{as_left[reloads[target_of(load)]]}`",
                          "rename that value: its backward takes the tensor as the launch left it under that name")
-    return InPlace(found.in_place, reloads, stored, updates, frozenset(found.in_place - changed))
+    return InPlace(found.in_place, reloads, as_left, updates, frozenset(found.in_place - changed))
 
 
 def read_unchanged(program: Program, found: Pointers) -> frozenset[str]:
@@ -132,7 +133,7 @@ def reloaded(program: Program, found: Pointers) -> frozenset[str]:
     """The pointers updated in place some load of which may read back what the kernel stored: one after a store to
     the pointer, that no store of its address follows in its block. What ``in_place_pointers`` accepts as reloads
     in any specialization of ``program`` (a constexpr ``if`` decided only drops statements or merges a branch into
-    its block), or refuses: an op binds ``stored_param`` for them, and passes it where the derived kernel takes it."""
+    its block), or refuses: an op binds ``as_left_param`` for them, and passes it where the derived kernel takes it."""
     if not found.in_place:
         return frozenset()
     reads = _Reads(program, found)
@@ -167,19 +168,20 @@ class _Reads:
         was given); else the store whose value it reads back. Refused where neither holds."""
         stores = self.found.stores[name]
         if name in self.found.index_pointers:
-            raise refuse(where(load), f"a load of indices from `{name}`, which the kernel also stores to",
+            raise refuse(construct_origin(load), f"a load of indices from `{name}`, which the kernel also stores to",
                          "read indices and write results through different pointers")
         kinds = {op_of(t).kind for t in stores}
         if kinds != {"store"}:
-            raise refuse(where(load), f"a load from `{name}`, which the kernel also updates with "
+            raise refuse(construct_origin(load), f"a load from `{name}`, which the kernel also updates with "
                          f"{', '.join(sorted(kinds - {'store'}))}", "update a tensor in place with tl.store only")
         own, earlier = self.own(name, load), self.earlier(name, load)
         why = {id(t): self.reads_back(t, load) for t in earlier}
         back = [t for t in earlier if why[id(t)] is None]
         if own:
             if back:  # (the stores' check refuses two stores of one element too; this says why, first)
-                raise refuse(where(load), f"a load from `{name}` that reads back what the store on line "
-                             f"{where(back[-1]).line} wrote, then stored over again on line {where(own[0]).line}",
+                raise refuse(construct_origin(load), f"a load from `{name}` that reads back what the store on line "
+                             f"{construct_origin(back[-1]).line} wrote, then stored over again on line "
+                             f"{construct_origin(own[0]).line}",
                              f"store to `{name}` once, with its final values; keep the values between in registers "
                              "or in another tensor")
             return None
@@ -189,31 +191,34 @@ class _Reads:
             later = [t for t in stores if self.order[id(t)] > self.order[id(load)] and not self.exclusive(t, load)
                      and self.place[id(t)][0] != self.place[id(load)][0]]
             if later:
-                raise refuse(where(load), f"a load from `{name}` whose values the store on line "
-                             f"{where(later[0]).line} overwrites later, in another pass (not an update of what each "
-                             "lane loaded: a store of the same address and mask after the load, in its block)",
+                raise refuse(construct_origin(load), f"a load from `{name}` whose values the store on line "
+                             f"{construct_origin(later[0]).line} overwrites later, in another pass (not an update of "
+                             "what each lane loaded: a store of the same address and mask after the load, in its "
+                             "block)",
                              "update in place only what each lane loads (load, compute, then store to the same "
                              "address with the same mask in one block); a kernel that writes its own gradient "
                              "over its input (a cross-entropy's HAS_GRADIENTS) is differentiated launched "
                              "loss-only: the derived backward computes that gradient")
-            raise refuse(where(load), f"a load from `{name}`, which the kernel also stores to, where no store "
-                         "of the same address and mask follows it in the same block",
+            raise refuse(construct_origin(load), f"a load from `{name}`, which the kernel also stores to, where no "
+                         "store of the same address and mask follows it in the same block",
                          "update in place only what each lane loads (load, compute, then store to the same "
                          "address with the same mask), read back only what the same lane stored before (the "
                          "same address and mask), or write to another tensor")
         if not back:
             last = earlier[-1]
-            raise refuse(where(load), f"a load from `{name}` after the store to it on line {where(last).line}, which "
-                         f"may read what no store of this lane and program wrote ({why[id(last)]}): its backward "
+            raise refuse(construct_origin(load), f"a load from `{name}` after the store to it on line "
+                         f"{construct_origin(last).line}, which may read what no store of this lane and program wrote "
+                         f"({why[id(last)]}): its backward "
                          f"would need values of `{name}` the launch leaves nowhere",
                          "read back only what the same lane stored: the same address and mask, right after the "
                          "store in its block or in a loop over the same range as the store's; or keep the values in "
                          f"registers, or store them to another tensor and copy that into `{name}` after the kernel")
         later = [t for t in stores if self.order[id(t)] > self.order[id(load)]]
         if later:
-            raise refuse(where(later[0]), f"a store to `{name}` after the load on line {where(load).line} that reads "
-                         f"back what line {where(back[-1]).line} stored: `{name}` changes again after it is read back, "
-                         "and the backward reads it back from the tensor as the launch leaves it",
+            raise refuse(construct_origin(later[0]), f"a store to `{name}` after the load on line "
+                         f"{construct_origin(load).line} that reads back what line {construct_origin(back[-1]).line} "
+                         f"stored: `{name}` changes again after it is read back, and the backward reads it back from "
+                         "the tensor as the launch leaves it",
                          f"store to `{name}` last, after its values are read back; or store the later values to "
                          "another tensor")
         return back[-1]

@@ -32,7 +32,7 @@ import ast
 import dataclasses
 from dataclasses import dataclass
 
-from ..core.ir import arguments, definitions, is_none, op_of, refuse, statements, target_of, where
+from ..core.ir import arguments, construct_origin, definitions, is_none, op_of, refuse, statements, target_of
 from ..core.operations import operation_of
 from .conditions import All, Apart, AtLeast, Condition, LaunchCheck, ProgramsApart, decided_now
 from .forms import (
@@ -247,29 +247,30 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
             "so every lane writes its own element")
     if form is None or shape is None:  # no lane index in the address (a scalar store), or shape unknown
         if form is None and shape and any(d != "1" for d in shape):
-            raise refuse(where(stmt), f"{what}: the address is the same for every lane", hint)
+            raise refuse(construct_origin(stmt), f"{what}: the address is the same for every lane", hint)
         return []
     if not form.affine:
-        raise refuse(where(stmt), f"{what}: the address uses a lane index through `//`, `%` or another "
+        raise refuse(construct_origin(stmt), f"{what}: the address uses a lane index through `//`, `%` or another "
                      "operation that may fold lanes together", hint)
     terms = form.coefficients
     digits = [k for k in terms if isinstance(k, Digit)]
     folded = undetermined(digits)
     if folded is not None:
-        raise refuse(where(stmt), f"{what}: the address uses a lane index through `//`, `%` or another "
+        raise refuse(construct_origin(stmt), f"{what}: the address uses a lane index through `//`, `%` or another "
                      f"operation that may fold lanes together (`{folded[0]}` {folded[1]})",
                      f"{hint}; or split an index into both `x // d` and `x % d`, each with its own stride "
                      "(`x // (H * W)`, `(x // W) % H`, `x % W`: its digits in a mixed radix)")
     covered = {k.axis for k in terms if isinstance(k, Lane)} | {a for d in digits for a in lane_axes(d.dividend)}
     for axis, extent in enumerate(shape):
         if extent != "1" and axis not in covered:
-            raise refuse(where(stmt), f"{what}: the address does not change along axis {axis} of the tile", hint)
+            raise refuse(construct_origin(stmt), f"{what}: the address does not change along axis {axis} of the tile",
+                         hint)
     for key in terms:
         if isinstance(key, ProgramDigit) and key.quotient and ProgramId(key.axis) not in terms and (
                 ProgramDigit(key.axis, key.divisor, False) not in terms) and not any(
                 isinstance(k, ProgramValue) and key.axis in k.axes for k in terms):  # (else: ProgramsApart)
             axis, divisor = key.axis, key.divisor
-            raise refuse(where(stmt), f"a tl.store to `{output}` at addresses using tl.program_id({axis}) "
+            raise refuse(construct_origin(stmt), f"a tl.store to `{output}` at addresses using tl.program_id({axis}) "
                          f"only through `// {divisor}`: programs with the same quotient write the same elements",
                          f"use tl.program_id({axis}) itself, or both `// {divisor}` and `% {divisor}` of it")
     bounded = {k for mask_form, _ in bounds for k, _ in mask_form.terms}
@@ -279,7 +280,7 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
         if bounded & set(keys) or any(not isinstance(k, Lane) for k in keys):  # a mask, or an extent at launch
             deferred.append(message)
         else:
-            raise refuse(where(stmt), f"{what}: {message}", hint)
+            raise refuse(construct_origin(stmt), f"{what}: {message}", hint)
 
     seen: dict[Coefficient, Coordinate] = {}
     for key, c in terms.items():
@@ -289,9 +290,9 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
         seen[size] = key
     checks = _check_extents(terms, shape, problem, bounded)
     at_launch = launch_check(form, shape, list(bounds), trips or {}, f"{what}: with this launch's strides, sizes "
-                              "and grid, two lanes or programs reach one element", hint, where(stmt))
+                              "and grid, two lanes or programs reach one element", hint, construct_origin(stmt))
     if deferred and at_launch is None:
-        raise refuse(where(stmt), f"{what}: {deferred[0]}", hint)
+        raise refuse(construct_origin(stmt), f"{what}: {deferred[0]}", hint)
     strided = [k for k in around if k in grid_stride and k in terms]
     if at_launch is not None and strided and any(isinstance(k, (ProgramId, ProgramDigit)) for k in terms):
         at_launch = dataclasses.replace(  # (the condition says which coordinate lands where)
@@ -310,7 +311,7 @@ def check_store(stmt: ast.stmt, form: Form | None, output: str, shape, around: t
         if digits:  # digits' extents assume a dividend that counts from zero: refuse what cannot be read
             at_launch = dataclasses.replace(at_launch, fallback=at_launch.fallback or at_launch.construct)
         return [at_launch, *split]
-    return [dataclasses.replace(c, construct=f"{what}: {c.construct}", hint=hint, where=where(stmt))
+    return [dataclasses.replace(c, construct=f"{what}: {c.construct}", hint=hint, where=construct_origin(stmt))
             for c in checks] + split
 
 
@@ -330,13 +331,13 @@ def _digit_checks(stmt: ast.stmt, digits: list[Digit], shape, bounds, trips, wha
     for condition, digit, why in conditions:
         verdict = decided_now(condition)
         if verdict is False:
-            raise refuse(where(stmt), f"{what}: the digits of `{digit}`: {why}", hint)
+            raise refuse(construct_origin(stmt), f"{what}: the digits of `{digit}`: {why}", hint)
         if verdict is None:
             construct = f"{what}: the digits of `{digit}`: {why}"
-            checks.append(LaunchCheck(condition, construct, hint, where(stmt), fallback=construct))
+            checks.append(LaunchCheck(condition, construct, hint, construct_origin(stmt), fallback=construct))
     for index, digit in indices.items():
         construct = f"{what}: the index split in `{digit}` takes one value twice"
-        own = launch_check(index, shape, list(bounds), trips, construct, hint, where(stmt))
+        own = launch_check(index, shape, list(bounds), trips, construct, hint, construct_origin(stmt))
         if own is not None:
             checks.append(dataclasses.replace(own, fallback=construct))
     return checks
@@ -430,7 +431,7 @@ def check_data_stores(sites: list[StoreSite], output: str, reads: dict[str, tupl
             "and store at `out_ptr + dst * stride + cols`; or accumulate with tl.atomic_add instead")
     parts = []
     for site in sites:
-        form, at = site.local_form, where(site.stmt)
+        form, at = site.local_form, construct_origin(site.stmt)
         if not form.affine or site.offset is None or site.shape is None:
             raise refuse(at, f"{what}: the address is not an affine form of indices loaded once per program", hint)
         if any(s in loaded for _, (_, symbols) in form.terms for s in symbols):
@@ -446,7 +447,7 @@ def check_data_stores(sites: list[StoreSite], output: str, reads: dict[str, tupl
         parts.append((site, form, base, names & loaded))
     axes = {reads[n][1] for *_, used in parts for n in used} - {None}
     if len(axes) > 1:
-        raise refuse(where(sites[0].stmt), f"{what}: indices loaded along several program axes", hint)
+        raise refuse(construct_origin(sites[0].stmt), f"{what}: indices loaded along several program axes", hint)
     axis = axes.pop() if axes else 0
     ranges = []
     for site, form, base, _ in parts:
@@ -454,15 +455,15 @@ def check_data_stores(sites: list[StoreSite], output: str, reads: dict[str, tupl
         rest = form_of_terms({k: c for k, c in form.terms if k != pid}, form.rank, form.affine)
         apart = _apart(rest, site.shape, list(site.bounds), trips)
         if apart is None:
-            raise refuse(where(site.stmt), f"{what}: a loop's trip count is not known", hint)
+            raise refuse(construct_origin(site.stmt), f"{what}: a loop's trip count is not known", hint)
         if not isinstance(apart, Apart):  # (its ranges are read per program, not over a swizzle's values)
-            raise refuse(where(site.stmt), f"{what}: and at a value computed from the program ids", hint)
+            raise refuse(construct_origin(site.stmt), f"{what}: and at a value computed from the program ids", hint)
         stride = _coefficient(form.coefficients[pid]) if pid in form.coefficients else Expr.const(0)
         ranges.append(StoreRange(poly_expr(base), stride, apart, _one_index(base, loaded)))
     condition = RangesApart(output, axis, tuple(reads[n][0] for n in sorted(reads) if reads[n][1] in (axis, None)),
                             tuple(ranges))
     construct = f"{what}: two programs write one element, or one writes outside `{output}`"
-    return [LaunchCheck(condition, construct, hint, where(sites[0].stmt),
+    return [LaunchCheck(condition, construct, hint, construct_origin(sites[0].stmt),
                         fallback=f"{what}: the indices cannot be read at this launch")]
 
 

@@ -11,6 +11,7 @@ from ..core.ir import (
     Program,
     address_names,
     arguments,
+    construct_origin,
     definitions,
     loops,
     names_in,
@@ -20,7 +21,6 @@ from ..core.ir import (
     statements,
     target_of,
     value_args,
-    where,
 )
 from ..core.operations import LOADS, operation_of
 
@@ -110,7 +110,7 @@ def pointers(program: Program) -> Pointers:
             continue
         address = arguments(s)["pointer"]
         if not isinstance(address, ast.Name):
-            raise refuse(where(s), f"`{kind}` from the address `{ast.unparse(address)}`",
+            raise refuse(construct_origin(s), f"`{kind}` from the address `{ast.unparse(address)}`",
                          "load and store through pointer arguments")
         base = _choose_base(address.id, candidates, scalar_use, s)
         mark_chain(address.id, base)
@@ -144,9 +144,10 @@ def _choose_base(address: str, candidates: dict[str, set[str]], scalar_use: set[
     if len(options) == 1:
         return options[0]
     if not options:
-        raise refuse(where(stmt), f"`{op_of(stmt).kind}` through a pointer that does not come from a parameter",
+        raise refuse(construct_origin(stmt),
+                     f"`{op_of(stmt).kind}` through a pointer that does not come from a parameter",
                      "pointers loaded from memory or built from integers cannot be given shadows")
-    raise refuse(where(stmt), f"an address built from several parameters ({', '.join(options)})",
+    raise refuse(construct_origin(stmt), f"an address built from several parameters ({', '.join(options)})",
                  "name the pointer parameter with `ptr` in it (`x_ptr`) so it can be told from offsets")
 
 

@@ -1,18 +1,18 @@
-"""Values an op's backward may read back from the output the forward stored them in, instead of replaying them.
+"""Values an op's backward may read back from the output the forward stored them in, instead of recomputing them.
 
-A softmax's backward needs ``y`` (composites.py: ``dz = y * (dy - sum(dy * y))``); replayed, ``y`` costs the
+A softmax's backward needs ``y`` (composites.py: ``dz = y * (dy - sum(dy * y))``); recomputed, ``y`` costs the
 row's max, exponentials and sum before the backward's own reduction, and at 16384 columns a program per row
 cannot hide that work behind its loads. Read back, it is one load in place of the load of ``x`` (PyTorch's
 softmax saves its output for the same reason). A value qualifies where:
 
 - it is defined once and stored once, both in the kernel's top-level block, by a ``tl.store`` into a pointer
-  parameter stored nowhere else (the replay loads it where it was defined: the statements computing the
+  parameter stored nowhere else (the recomputation loads it where it was defined: the statements computing the
   store's address move up with it);
-- it is computed through a reduction (an elementwise replay overlaps the loads: reading back would gain
+- it is computed through a reduction (an elementwise recomputation overlaps the loads: reading back would gain
   nothing), and some derivative rule reads it or a value computed from it (else the backward never needs it,
   and saving the output would only refuse in-place changes PyTorch allows: a layer norm's ``y``);
 - outside the store's mask its value is known (``outside``: a softmax of ``-inf`` padding is 0), so the
-  load's ``other`` makes every lane what the replay would have computed; an unmasked store has no such lanes.
+  load's ``other`` makes every lane what the recomputation would have computed; an unmasked store has no such lanes.
 
 Reading back is the caller's promise that the parameter holds what this launch stored when the backward runs
 (``grad(..., kept_outputs=...)``): an op's launch record saves those outputs for the backward (their version counters

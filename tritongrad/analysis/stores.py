@@ -12,12 +12,12 @@ from ..core.ir import (
     address_names,
     arguments,
     child_blocks,
+    construct_origin,
     definitions,
     op_of,
     range_bounds,
     refuse,
     structured,
-    where,
 )
 from ..core.operations import operation_of
 from .addresses import descriptor_form, enclosing_loops
@@ -66,7 +66,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
     for output in outputs:
         plain = [s for s in stores.get(output, []) if operation_of(op_of(s)).memory == "store"]
         if plain and len(plain) < len(stores[output]):
-            raise refuse(where(plain[0]), f"`{output}` both stored and accumulated atomically",
+            raise refuse(construct_origin(plain[0]), f"`{output}` both stored and accumulated atomically",
                          "write each output either with tl.store or with tl.atomic_add")
         sites, data = {}, []
         kept: dict[int, set[int]] = {}  # store -> the program axes its address keeps as coordinates
@@ -74,7 +74,8 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
             if any(n in loaded for n in address_names(s)):  # a scatter: checked on the loaded indices
                 form = forms.get(arguments(s)["pointer"].id)
                 if operation_of(op_of(s)).access != "store" or (form is not None and not form.affine):
-                    raise refuse(where(s), f"a tl.store to `{output}` at addresses computed from loaded data",
+                    raise refuse(construct_origin(s),
+                                 f"a tl.store to `{output}` at addresses computed from loaded data",
                                  "a scatter may write one element twice; use tl.atomic_add to accumulate instead")
                 address = arguments(s)["pointer"].id
                 bounds = mask_bounds(arguments(s)["mask"], forms, defs, shapes, loaded=True)
@@ -99,7 +100,7 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
                     continue
                 both_blocks = all(operation_of(op_of(s)).descriptor for s in (first, second))
                 if not both_blocks and (id(first) not in sites or id(second) not in sites):
-                    raise refuse(where(second), f"a second tl.store to `{output}`",
+                    raise refuse(construct_origin(second), f"a second tl.store to `{output}`",
                                  "store each output once: compute the final value first, or store different outputs")
                 try:
                     launch_checks += (check_blocks_apart(first, second, output, forms, offsets, shapes, trips, defs)
@@ -109,10 +110,11 @@ def check_output_stores(body: list[ast.stmt], outputs, stores, shapes, forms, la
                     modes = _never_both(paths[id(first)], paths[id(second)], ifs, defs, params)
                     if modes is None:
                         raise
-                    construct = (f"a second tl.store to `{output}` (the other on line {where(first).line}): both "
-                                 "run at this launch, at addresses that may meet")
+                    construct = (f"a second tl.store to `{output}` (the other on line "
+                                 f"{construct_origin(first).line}): both run at this launch, at addresses that may "
+                                 "meet")
                     launch_checks.append(LaunchCheck(modes, construct, "store each output once per launch mode",
-                                                     where(second), fallback=construct))
+                                                     construct_origin(second), fallback=construct))
         if data:
             if reads is None:
                 reads = index_reads(body, forms, offsets, shapes, pointer_base, loaded)
@@ -152,16 +154,18 @@ def _refuse_lost_program_ids(stmt: ast.stmt, output: str, used: set[int], kept: 
     lost = sorted(used - kept)
     through = [loop for loop, axes in loops.items() if lost and lost[0] in axes]
     if through:
-        loop = where(through[-1])
-        raise refuse(where(stmt), f"a tl.store to `{output}` whose address follows tl.program_id({lost[0]}) through "
-                     f"the range of the loop on line {loop.line} (`{loop.text.strip()}`): the checks cannot tell that "
+        loop = construct_origin(through[-1])
+        raise refuse(construct_origin(stmt), f"a tl.store to `{output}` whose address follows "
+                     f"tl.program_id({lost[0]}) through the range of the loop on line {loop.line} "
+                     f"(`{loop.text.strip()}`): the checks cannot tell that "
                      "two programs' iterations store to different elements",
                      f"loop over tile indices, which the checks keep apart: `for tile in range(tl.program_id("
                      f"{lost[0]}), tl.cdiv(n, BLOCK), tl.num_programs({lost[0]}))` with addresses "
                      "`tile * BLOCK + tl.arange(0, BLOCK)`")
     if lost:
-        raise refuse(where(stmt), f"a tl.store to `{output}` whose address uses tl.program_id({lost[0]}) through an "
-                     "operation that may send two programs to one element (tl.minimum, tl.where, a branch)",
+        raise refuse(construct_origin(stmt), f"a tl.store to `{output}` whose address uses "
+                     f"tl.program_id({lost[0]}) through an operation that may send two programs to one element "
+                     "(tl.minimum, tl.where, a branch)",
                      "build addresses from program ids with + and * only, or with both `pid // n` and `pid % n`")
 
 
@@ -215,18 +219,19 @@ def check_stores_apart(first: StoreSite, second: StoreSite, output: str, trips: 
     by a constant (``out + cols`` and ``out + half + cols``; ``stats + row * 3 + 1`` and ``+ 2``) and no
     element is written by both (``shifted_apart``). Decided now where every number is known, else at each
     launch; refused where it cannot be shown."""
-    what = f"a second tl.store to `{output}` (the other on line {where(first.stmt).line})"
+    what = f"a second tl.store to `{output}` (the other on line {construct_origin(first.stmt).line})"
     hint = ("store each output once, or store its parts at addresses that differ by a constant "
             "(`out + cols` and `out + half + cols`, with `cols < half`)")
     try:
         condition = shifted_apart(first, second, trips, loaded, defs).condition
     except NotShifted as e:
-        raise refuse(where(second.stmt), f"{what}{e}", hint) from None
+        raise refuse(construct_origin(second.stmt), f"{what}{e}", hint) from None
     construct = f"{what}: with this launch's sizes, both may write one element"
     verdict = decided_now(condition)
     if verdict is False:
-        raise refuse(where(second.stmt), f"{what}: both write one element", hint)
-    return [] if verdict else [LaunchCheck(condition, construct, hint, where(second.stmt), fallback=construct)]
+        raise refuse(construct_origin(second.stmt), f"{what}: both write one element", hint)
+    return [] if verdict else [LaunchCheck(condition, construct, hint, construct_origin(second.stmt),
+                                           fallback=construct)]
 
 
 class NotShifted(Exception):
@@ -297,26 +302,27 @@ def check_blocks_apart(first: ast.stmt, second: ast.stmt, output: str, forms: di
     shifted by a constant, and no element is written by both. A descriptor's dimensions do not wrap into each other
     (it clips at its shape), so each dimension's coordinates (the offset's, the block's lanes, which store along the
     shifted one) are weighted past the span of the dimensions after it, and the sum must take each value once."""
-    what = f"a second tl.store to `{output}` (the other on line {where(first).line})"
+    what = f"a second tl.store to `{output}` (the other on line {construct_origin(first).line})"
     hint = "store each block once, or store its parts at offsets one part apart"
     a, b = arguments(first), arguments(second)
     shape = shapes.get(a["pointer"].id)
     if ast.dump(a["pointer"]) != ast.dump(b["pointer"]) or shape is None:
-        raise refuse(where(second), f"{what} through another descriptor", hint)
+        raise refuse(construct_origin(second), f"{what} through another descriptor", hint)
     dims = []
     for d, (x, y) in enumerate(zip(a["offsets"].elts, b["offsets"].elts, strict=True)):
         fx, fy = (forms.get(v.id, form_of_terms({}, 0)) if isinstance(v, ast.Name) else form_of_terms({}, 0)
                   for v in (x, y))
         ox, oy = (offset_of(v.id, offsets, forms) if isinstance(v, ast.Name) else None for v in (x, y))
         if not (fx.affine and fx == fy) or ox is None or oy is None:
-            raise refuse(where(second), f"{what}, whose offsets move differently along lanes, programs or loops", hint)
+            raise refuse(construct_origin(second),
+                         f"{what}, whose offsets move differently along lanes, programs or loops", hint)
         found = launch_coordinates(form_of_terms({**fx.coefficients, Lane(0): (1, ())}, 1), (shape[d],), [], trips)
         if found is None:
-            raise refuse(where(second), f"{what}: a loop's trip count is not known", hint)
+            raise refuse(construct_origin(second), f"{what}: a loop's trip count is not known", hint)
         dims.append((found, poly_add(oy, ox, -1)))
     shifted = [d for d, (_, shift) in enumerate(dims) if canonical(shift, defs) != ZERO]
     if len(shifted) != 1:
-        raise refuse(where(second), f"{what} at the same offsets" if not shifted else
+        raise refuse(construct_origin(second), f"{what} at the same offsets" if not shifted else
                      f"{what}, shifted along two dimensions", hint)
     coordinates, keys, weight = [], [], Expr.const(1)
     for d in reversed(range(len(dims))):
@@ -336,5 +342,5 @@ def check_blocks_apart(first: ast.stmt, second: ast.stmt, output: str, forms: di
     construct = f"{what}: with this launch's sizes, both may write one element"
     verdict = decided_now(condition)
     if verdict is False:
-        raise refuse(where(second), f"{what}: both write one element", hint)
-    return [] if verdict else [LaunchCheck(condition, construct, hint, where(second), fallback=construct)]
+        raise refuse(construct_origin(second), f"{what}: both write one element", hint)
+    return [] if verdict else [LaunchCheck(condition, construct, hint, construct_origin(second), fallback=construct)]

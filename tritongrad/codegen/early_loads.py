@@ -1,9 +1,9 @@
 """Loads of a derived kernel issued as soon as their operands are known.
 
-A derived backward first replays the forward's values, then reads each output's gradient where the reverse
+A derived backward first recomputes the forward's values, then reads each output's gradient where the reverse
 sweep reaches the output's store: after the forward's reductions (a softmax's max and sum, a norm's mean and
 variance). A reduction across warps waits at a barrier, and the compiler does not move a global load across
-one, so the gradient's load would start only once the replay is done: the kernel waits for two loads in a
+one, so the gradient's load would start only once the recomputation is done: the kernel waits for two loads in a
 row where a hand-written backward waits for both at once. This pass moves each load up its block, past
 statements that neither compute what it reads nor touch memory, to just after the last one that does; the
 load's latency then overlaps the work in between. Loads keep their order among themselves, never leave

@@ -148,7 +148,7 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     kept = [*backward.tapes, *([backward.prologue.tape] if backward.prologue is not None else [])]
     tapes = [n for tape in kept for n in (*(param for param, _ in tape.states), tape.slots)]
     later = [n for adds in backward.later_adds for n in (adds.values, adds.offsets)]
-    params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.stored_params,
+    params += [ast.arg(arg=n) for n in (*backward.cotangent_params, *backward.shadow_params, *backward.as_left_params,
                                         *backward.extra_params, *tapes, *later)]
     constexprs = {tape.slots for tape in kept if tape.constexpr_slots}
     params = [ast.arg(arg=p.arg, annotation=ast.parse("tl.constexpr", mode="eval").body) if p.arg in constexprs else p

@@ -159,7 +159,9 @@ def tagged(stmt: ast.stmt, op: Op, like: ast.stmt) -> ast.stmt:
     return ast.fix_missing_locations(ast.copy_location(stmt, like))
 
 
-def where(stmt: ast.stmt) -> Origin:
+def construct_origin(stmt: ast.stmt) -> Origin:
+    """Where the statement's construct itself is (``stmt.tg.where``: in an inlined helper's file, not the call's
+    line that ``stmt.tg.origin`` comments with), for errors."""
     return stmt.tg.where
 
 
@@ -172,7 +174,7 @@ def arguments(stmt: ast.stmt) -> dict[str, ast.expr]:
     try:
         return signature.bind(op.args, op.kwargs)
     except TypeError as e:
-        raise refuse(where(stmt), f"the call to `{op.kind}`: {e}",
+        raise refuse(construct_origin(stmt), f"the call to `{op.kind}`: {e}",
                      "check the arguments against Triton's signature") from e
 
 

@@ -155,7 +155,7 @@ def _exp(x):
 
 
 def _softmax(z, axis: tl.constexpr):
-    """``tl.exp(z) / tl.sum(tl.exp(z), axis)`` (composites.py: a softmax the kernel wrote out, replayed)."""
+    """``tl.exp(z) / tl.sum(tl.exp(z), axis)`` (composites.py: a softmax the kernel wrote out, recomputed)."""
     e = tl.exp(z)
     return e / tl.sum(e, axis, keep_dims=True)
 

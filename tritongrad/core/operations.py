@@ -164,7 +164,7 @@ class Operation:
 
     @property
     def stores(self) -> bool:
-        """An effect the forward replay must not repeat: a store or an atomic."""
+        """An effect the forward recomputation must not repeat: a store or an atomic."""
         return self.memory in ("store", "accumulate", "atomic")
 
     @property

@@ -24,7 +24,7 @@ def cast_adjoint(bound: dict[str, ast.expr]) -> str:
     dtype = ast.unparse(bound["dtype"])
     if dtype.startswith(("tl.float", "tl.bfloat")):
         return "g"
-    return f"tg.cast_grad(g, {dtype})"  # the type, not `out`: reading `out` would replay the cast's operand
+    return f"tg.cast_grad(g, {dtype})"  # the type, not `out`: reading `out` would recompute the cast's operand
 
 
 def linear_scan_adjoint(bound: dict[str, ast.expr]) -> str:

@@ -120,7 +120,7 @@ class ControlFlowFlattener:
     def _unbound_in(self, value: ast.expr | None, test: str, taken: bool) -> bool:
         """Whether ``value`` is surely unbound in the branch ``taken`` of a constexpr ``if`` on ``test``: it is
         bound only inside the other branch of an earlier one (a derived kernel's `if` that recomputes what its
-        replayed forward `if` assigned). Copying it into the merge there would read a name never assigned."""
+        recomputed forward `if` assigned). Copying it into the merge there would read a name never assigned."""
         return isinstance(value, ast.Name) and (test, not taken) in self.bound_only_in.get(value.id, ())
 
     def _bound_only_in(self, values: list[ast.expr | None], test: str) -> frozenset[tuple[str, bool]] | None:
@@ -270,7 +270,7 @@ class ControlFlowFlattener:
         stmt = _last_assignment(self.normalizer.out, init)
         if stmt is None or operation_of(stmt.tg.op).reads_result or stmt.tg.op.kind in LOADS or _reads(
                 self.normalizer.out[self.normalizer.out.index(stmt) + 1:], {init.id}):
-            return None  # (a load stays apart: its value types the adjoint without replaying the loop)
+            return None  # (a load stays apart: its value types the adjoint without recomputing the loop)
         return init.id
 
 

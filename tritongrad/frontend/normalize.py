@@ -8,7 +8,7 @@ constants (``y = tl.exp(x)``), with:
 - nested expressions hoisted into temporaries named after what they compute;
 - augmented and tuple assignments expanded;
 - every re-assignment given a fresh name (SSA), so the values the adjoints need
-  are all still there after the forward replay;
+  are all still there after the forward recomputation;
 - ``if`` and ``for`` kept as structured statements holding flat blocks, with
   copies where control flow joins (see ``ir.py``).
 
@@ -162,7 +162,7 @@ class Normalizer:
         elif isinstance(stmt, ast.If):
             self.control.if_statement(stmt)
         elif isinstance(stmt, ast.While):
-            # its trip count is decided inside the loop, so the reverse sweep cannot replay it
+            # its trip count is decided inside the loop, so the reverse sweep cannot recompute it
             # iteration by iteration without a tape of every iteration's state
             raise self.refuse(stmt, "a `while` loop",
                               "compute the trip count first and loop with `for i in range(n)`")

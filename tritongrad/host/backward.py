@@ -166,7 +166,7 @@ class PlannedBackward:
             raise noted(launch.info.error, f"(needed to differentiate {launch} of tritongrad.op `{self.name}`)")
         # the forward's arguments (defaults where not passed) and launch options, all passed by keyword
         args = launch.info.launch_arguments(launch.args, launch.kwargs)
-        for p, slot, stand_in in step.launch.replayed:
+        for p, slot, stand_in in step.launch.from_saved:
             args[p] = saved[slot] if slot is not None else stand_in_tensor(stand_in)
         grid, config = tuple(launch.grid), ()
         if launch.tiles is not None and states is None and not self.deterministic:
@@ -226,7 +226,7 @@ class PlannedBackward:
                     raise self.error(f"the backward of {step.launch} reads `{p}`, which the op did not keep: the "
                                      "kernels derived at the call did not read it. This is tritongrad's fault: "
                                      "please report it")
-        for n in step.launch.stored:  # (a specialization that reads nothing back takes no such tensor)
+        for n in step.launch.as_left:  # (a specialization that reads nothing back takes no such tensor)
             if n not in bwd.stored_params.values():
                 args.pop(n, None)
         # the inputs' buffers first, as their write strategies want them (an input updated in place: its own dtype)
@@ -402,7 +402,7 @@ def derive_ahead(name: str, plan: Plan, launches: Sequence[Any], deterministic: 
     read: set[int] = set()  # the saved slots a derived kernel reads
     for step in plan.steps(*every):
         launch = launches[step.launch.index]
-        read.update(step.launch.stored.values())  # (read back under a parameter of the derived kernel's own)
+        read.update(step.launch.as_left.values())  # (read back under a parameter of the derived kernel's own)
         if launch.info.roles is None or 0 in launch.grid:  # (refused when planned; no program: not launched)
             read.update(slot for slot in step.launch.slots.values() if slot is not None)
             continue

@@ -62,7 +62,7 @@ def candidates(plan: Any) -> frozenset[int]:
         for launch in plan.launches:
             for p, v in launch.views.items():
                 uses.setdefault(v.key, []).append((launch, p))
-        reread = {slot for launch in plan.launches for slot in launch.stored.values()}
+        reread = {slot for launch in plan.launches for slot in launch.as_left.values()}
         found = set()
         for launch in plan.launches:
             for p in launch.params("inputs"):

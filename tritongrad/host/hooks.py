@@ -3,7 +3,7 @@
 Outside an op the current launch record is ``None`` and a launch pays one ContextVar read. Inside an op
 each launch of a ``@triton.jit`` kernel (compiled or interpreted) is recorded on the current
 ``launch_record.LaunchRecord`` at the innermost ``run``, after ``@triton.autotune`` and ``@triton.heuristics``
-have added their constexprs, so the backward replays the forward with the config the autotuner
+have added their constexprs, so the backward recomputes the forward with the config the autotuner
 chose. Autotuner benchmarking runs are not recorded. While a named op's host function runs without
 a launch record its launches are gathered (``collecting``: issued through ``wrap_triton``, run, or skipped),
 and while fake tensors infer its shapes they are skipped (``dry_run``).

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..analysis.in_place import stored_param
+from ..analysis.in_place import as_left_param
 from ..core.bounded import Bounded
 from ..core.device import ensure_allocator, tracing
 from ..core.errors import OpError
@@ -71,7 +71,7 @@ def _by_parameter(info: KernelInfo, positions: tuple, names: tuple) -> dict[str,
 
 
 def copy_of(v: torch.Tensor) -> torch.Tensor:
-    """A copy of the memory a view spans, as a view with its strides (so a replay indexes it as the launch indexed the
+    """A copy of the memory a view spans, as a view with its strides (so a backward indexes it as the launch indexed the
     original)."""
     span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride(), strict=True)) if v.numel() else 0
     with torch.no_grad():
@@ -100,7 +100,7 @@ class RecordedLaunch:
 
 
 class LaunchRecord:
-    """The launches of one call of an op, and the backward that replays them.
+    """The launches of one call of an op, and the backward that differentiates them.
 
     ``plans``: the op's plans by key, shared by its calls (a fresh dict: nothing is reused).
     """
@@ -253,7 +253,7 @@ class LaunchRecord:
 
     def _snapshots(self, kernel: Any, info: KernelInfo, args: tuple, kwargs: dict,
                    positions: tuple) -> tuple[tuple[str, int], ...]:
-        """Copies of the tensors a launch updates in place, taken before it runs: its backward replays against
+        """Copies of the tensors a launch updates in place, taken before it runs: its backward recomputes against
         the values it read. Each copies the memory its view spans, so strides and offsets stay as passed; where
         an earlier call of this kind showed that no derived kernel reads a copy (a rotation's backward reads only
         its angles), an empty placeholder stands in for it (``_learn_unread_copies``). None of a tensor whose loads
@@ -296,8 +296,8 @@ class LaunchRecord:
 
     def _save_overwritten(self, info: KernelInfo, positions: tuple, names: tuple) -> tuple[tuple[int, str, int], ...]:
         """Copies of what earlier launches read from memory this launch overwrites, taken before it runs: their
-        backwards replay against the values they read (an in-place launch that read back what it stored: the
-        tensor as it left it, under its backward's parameter for that, analysis/in_place.py's ``stored_param``).
+        backwards recompute against the values they read (an in-place launch that read back what it stored: the
+        tensor as it left it, under its backward's parameter for that, analysis/in_place.py's ``as_left_param``).
         Returns (launch index, parameter, the copy's position) triples."""
         described, tensors = self.tensors.described, self.tensors.tensors
         written = {described[i][0] for p, i in _by_parameter(info, positions, names).items()
@@ -316,7 +316,7 @@ class LaunchRecord:
                     continue
                 if p in roles.loads and p not in own and (launch.index, p) not in copied:
                     found.append((launch.index, p, self._copy(tensors[i])))
-                if p in roles.reloaded and (launch.index, q := stored_param(p, launch.info.params)) not in copied:
+                if p in roles.reloaded and (launch.index, q := as_left_param(p, launch.info.params)) not in copied:
                     found.append((launch.index, q, self._copy(tensors[i])))
         return tuple(found)
 

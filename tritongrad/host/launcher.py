@@ -19,8 +19,8 @@ class Launcher:
     where that launch had its own. A repeated backward so skips deciding the derived kernel, its variant,
     settings and arguments again (host-bound steps spent microseconds on each)."""
 
-    def __init__(self, replayed: tuple, outputs: tuple, buffers: tuple, launches: tuple, deterministic: bool):
-        self.replayed = replayed  # (parameter, saved slot or None, stand-in) as LaunchPlan.replayed
+    def __init__(self, from_saved: tuple, outputs: tuple, buffers: tuple, launches: tuple, deterministic: bool):
+        self.from_saved = from_saved  # (parameter, saved slot or None, stand-in) as LaunchPlan.from_saved
         self.outputs = outputs  # (output, its Shadow)
         self.buffers = buffers  # (input, Shadow, zero-filled, own dtype, donor slot) as PlannedBackward._buffers
         self.launches = launches  # (derive.PartLaunch with its non-tensor arguments, (argument, source, name)...)
@@ -33,7 +33,7 @@ class Launcher:
         forward kept, augment.SavedStates.args, each call's own); None where the launch did what is not traced
         (an interchanged kernel, zeroing an unwritten gradient) or passed a tensor from elsewhere."""
         sources, alike = {}, {}  # id -> (source, name); id -> what makes the tensor the same one on every call
-        found = [(named[p], 0, p, ("saved", slot, stand_in)) for p, slot, stand_in in step.launch.replayed
+        found = [(named[p], 0, p, ("saved", slot, stand_in)) for p, slot, stand_in in step.launch.from_saved
                  if p in named]  # (a tensor read back where the derived kernel takes none: not passed)
         found += [(t, source, p, ("shadow", step.shadows[p])) for source, tensors in ((1, output_grads), (2, buffers))
                   for p, t in tensors.items()]
@@ -57,7 +57,7 @@ class Launcher:
             # holding no tensors; launched past Triton's argument binding (relaunch.py)
             launches.append((replace(t, args=constant, relauncher=Relauncher(t.part.kernel, t.grid)), tuple(wired)))
         outputs = tuple((o, step.shadows[o]) for o in output_grads)
-        return Launcher(step.launch.replayed, outputs, buffers_of, tuple(launches), deterministic)
+        return Launcher(step.launch.from_saved, outputs, buffers_of, tuple(launches), deterministic)
 
     def __call__(self, saved: tuple, shadows: dict, shadow: Callable, tapes: dict | None = None) -> None:
         """Launch with ``saved`` tensors (and this call's state ``tapes``), making the shadows it writes in
@@ -65,7 +65,7 @@ class Launcher:
         buffers = {p: shadow(shadows, s, None, fill, own, (saved, donor) if donor is not None else None)
                    for p, s, fill, own, donor in self.buffers}  # (first: as PlannedBackward._launch)
         sources = ({p: saved[slot] if slot is not None else stand_in_tensor(stand_in)
-                    for p, slot, stand_in in self.replayed},
+                    for p, slot, stand_in in self.from_saved},
                    {o: shadow(shadows, s) for o, s in self.outputs}, buffers, tapes)
         for traced, wired in self.launches:
             args = traced.args.copy()

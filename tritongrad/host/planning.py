@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..analysis.in_place import stored_param
+from ..analysis.in_place import as_left_param
 from ..core.errors import OpError, noted
 from .call_tensors import CallTensors
 from .shadows import LaunchPlan, Plan, View, whole_storages
@@ -81,8 +81,8 @@ class Planner:
                         found.setdefault(i)
                 checked.slots[p] = slots.get(i)  # saved slot, or None: written only, never read back
             for p in checked.params("reloaded") if known else ():  # read back what it stored: the tensor as it
-                name = stored_param(p, launch.info.params)  # left it, or the copy taken before a later launch wrote it
-                checked.stored[name] = slots.setdefault(later.get((launch.index, name), params[p]), len(slots))
+                name = as_left_param(p, launch.info.params)  # left it, or the copy taken before a later launch wrote it
+                checked.as_left[name] = slots.setdefault(later.get((launch.index, name), params[p]), len(slots))
                 if (launch.index, name) not in later:
                     read.setdefault(checked.views[p].key, []).append((checked, name, checked.views[p]))
             for p in stores:
@@ -126,7 +126,7 @@ class Planner:
                     whole_storages(storages, views), constants, unread)
 
     def _hazards(self, launch: LaunchPlan, read: dict, written: dict) -> None:
-        """Refuse what replaying the launches against final memory would get wrong."""
+        """Refuse what recomputing the launches against final memory would get wrong."""
         for p in launch.params("stores"):
             v = launch.views[p]
             for q in launch.params("loads"):
@@ -142,7 +142,7 @@ class Planner:
                         raise self._hazard(other, q, "writes", launch, p)
 
     def _hazard(self, first: LaunchPlan, p: str, verb: str, second: LaunchPlan, q: str) -> OpError:
-        why = ("the backward replays each launch against memory as the op left it, so it would read the new values"
+        why = ("the backward recomputes each launch against memory as the op left it, so it would read the new values"
                if verb == "reads" else f"the backward of {first} would take the gradient of what {second} wrote")
         return self.error(f"{second} overwrites `{q}`, memory that {first} {verb} through `{p}`: {why}. Write to a "
                           "fresh buffer instead")

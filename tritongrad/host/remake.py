@@ -48,14 +48,14 @@ class Remake:
         recorded = replay.recorded if replay is not None else record.launches
         passed: dict[int, tuple[LaunchPlan, str]] = {}  # saved slot -> a launch and parameter it was passed to
         for lp in plan.launches:
-            for p, j in (*lp.slots.items(), *lp.stored.items()):
+            for p, j in (*lp.slots.items(), *lp.as_left.items()):
                 if j is not None:
                     passed.setdefault(j, (lp, p))
         keys: set[int] = set()
         for j in made:
             lp, p = passed[j]
             key = lp.views[p].key
-            if j in lp.stored.values() or any(m.views[q].key == key for m in plan.launches[lp.index + 1:]
+            if j in lp.as_left.values() or any(m.views[q].key == key for m in plan.launches[lp.index + 1:]
                                                for q in m.params("stores")):
                 return (f"its backward reads `{p}` of {lp} as it was before a later launch changed it (a copy the "
                         "op took), which the double backward does not yet make again")
@@ -130,7 +130,7 @@ def _not_run_again(lp: LaunchPlan, launch: Any, sinks: list[str]) -> str:
     roles = lp.info.roles
     if roles is None:
         return "a kernel tritongrad cannot read"
-    if roles.in_place & set(lp.views) or lp.stored:
+    if roles.in_place & set(lp.views) or lp.as_left:
         return "a launch updating a tensor in place, which the double backward does not yet run again"
     if any(p not in roles.overwrites for p in sinks):
         return "adding atomically to what was there before, which the double backward does not yet make again"

@@ -121,7 +121,7 @@ def _written(backward: Any, schedule: tuple, launchers: tuple) -> tuple[str, dic
         if tapes:  # the state tapes this call's augmented forward kept (augment.SavedStates.args)
             lines.append(f"    t{s} = kept[{index}].args")
             sources.update({(3, p): f"t{s}[{p!r}]" for p in tapes})
-        for p, slot, stand_in in launcher.replayed:
+        for p, slot, stand_in in launcher.from_saved:
             sources[0, p] = name = f"s{s}_{len(sources)}"
             value = f"saved[{slot}]" if slot is not None else bound(stand_in_tensor(stand_in))  # (empty: no memory)
             lines.append(f"    {name} = {value}")

@@ -188,7 +188,7 @@ def _swaps(launches: hooks.Launches, inputs: list, fresh: tuple, saved: list) ->
 
 def _overwrites_what_was_read(calls: list) -> bool:
     """Whether a launch overwrites memory that it or an earlier launch read (an update in place): the saved buffers
-    hold what the last launch left, not what each launch read, which its backward replays against."""
+    hold what the last launch left, not what each launch read, which its backward recomputes against."""
     read: set[int] = set()
     for kernel, _, args, kwargs in calls:
         info = kernel_info(kernel)

@@ -1,4 +1,4 @@
-"""The layout of an op's backward: shadow memory per storage, and the launches a backward replays.
+"""The layout of an op's backward: shadow memory per storage, and the launches a backward differentiates.
 
 Shadow memory mirrors storage. Every tensor a launch touches is a :class:`View` of a
 storage; each storage that gradients flow through gets one zero-filled float buffer
@@ -87,17 +87,17 @@ class LaunchPlan:
     slots: dict[str, int | None] = field(default_factory=dict)
     kept: frozenset[str] = frozenset()  # outputs saved for the backward to read back what it stored (stored_outputs.py)
     # the backward's parameter for a tensor it updated in place and read back, as it left it -> its saved slot
-    stored: dict[str, int] = field(default_factory=dict)
+    as_left: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return launch_name(self.index, self.info)
 
     @functools.cached_property
-    def replayed(self) -> tuple[tuple[str, int | None, tuple], ...]:
+    def from_saved(self) -> tuple[tuple[str, int | None, tuple], ...]:
         """Per tensor parameter: its saved slot, or (slot None) the dtype and device of a stand-in; then per tensor it
         updated in place and read back, its backward's parameter for it as it left it, and that saved slot."""
         return (*((p, slot, (self.views[p].dtype, self.views[p].device)) for p, slot in self.slots.items()),
-                *((n, slot, None) for n, slot in self.stored.items()))
+                *((n, slot, None) for n, slot in self.as_left.items()))
 
     def params(self, role: str) -> list[str]:
         """Tensor parameters in a role ("loads", "stores", "overwrites", "inputs"), in parameter order."""
@@ -203,13 +203,13 @@ class Plan:
         return Shadow(v.key, None if v.key in self.whole else (v.size, v.stride, v.offset - self.storages[v.key][1]))
 
     def steps(self, needs: tuple[bool, ...], present: tuple[bool, ...]) -> tuple[Step, ...]:
-        """The launches to replay, newest first; cached per (inputs needing gradients, outputs
+        """The launches to differentiate, newest first; cached per (inputs needing gradients, outputs
         given gradients).
 
         ``wrt`` of a launch: its differentiable inputs whose storage depends on a needed
         input at that point of the forward. ``outputs``: the parameters it stores whose
         storage carries gradient (an op output with a gradient, or a buffer a later
-        launch's backward accumulated into). A launch with neither is not replayed.
+        launch's backward accumulated into). A launch with neither is not differentiated.
         """
         steps = self.schedules.get((needs, present))
         if steps is None:
@@ -260,7 +260,7 @@ class Shadow:
 
 @dataclass(eq=False)
 class Step:
-    """A launch to replay in a backward, with the parameters to differentiate with respect to
+    """A launch to differentiate in a backward, with the parameters to differentiate with respect to
     and the stored ones whose gradients flow back."""
 
     launch: LaunchPlan

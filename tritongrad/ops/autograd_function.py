@@ -33,7 +33,7 @@ _DEFAULT_VIEW = torch._C._autograd.CreationMeta.DEFAULT
 def recorded_call(fn: Any, name: str, plans: dict, arguments, deterministic: bool, named: bool = False,
                hidden_reads: bool = True) -> Any:
     """``fn`` with its launches recorded (a launch record) and its outputs made the outputs of an
-    ``autograd.Function`` whose backward replays the record; ``plans`` are shared by the op's calls
+    ``autograd.Function`` whose backward differentiates the record; ``plans`` are shared by the op's calls
     (see tritongrad.host.launch_record). ``named``: as a registered op sees it, the differentiable inputs are the
     op's own tensor arguments (a launch reading a tensor PyTorch made inside is refused, as it is
     when the op is compiled). ``hidden_reads``: ``fn`` may read a tensor unseen (a pointer table), so an argument

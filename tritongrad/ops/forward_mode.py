@@ -2,11 +2,11 @@
 tensors, for bare and named ops.
 
 A call in forward mode (``active``) runs as an ``autograd.Function`` of its tensor arguments (``call``): its forward
-runs the host function on the plain tensors with its launches recorded (``hooks.collecting``); its ``jvp`` replays
+runs the host function on the plain tensors with its launches recorded (``hooks.collecting``); its ``jvp`` runs
 those launches in order as their tangent kernels (runtime/tangent_kernel.py) against tangent memory per storage
 (``TangentMemory``, as shadows.py lays out the backward's shadow memory): an argument's tangent is written into its
-storage's, and a buffer one launch writes and a later one reads carries the tangent from the one to the other. The
-replay is an ``autograd.Function`` of the tangents of its own, whose ``vmap`` runs it per tangent: ``jacfwd``'s
+storage's, and a buffer one launch writes and a later one reads carries the tangent from the one to the other. That
+run is an ``autograd.Function`` of the tangents of its own, whose ``vmap`` runs it per tangent: ``jacfwd``'s
 batched tangents. Each tangent kernel computes the forward's values again and stores them to scratch memory (the
 forward's launches wrote them already, and later launches read those; an atomic add would add twice, and a
 recompiled kernel may round otherwise).
@@ -98,7 +98,7 @@ class _Call:
         return OpError(f"tritongrad.op `{self.name}` in forward mode: {message}")
 
     def tangents(self, tangents: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, ...]:
-        """The outputs' tangents: the launches replayed as their tangent kernels (see the module's docstring)."""
+        """The outputs' tangents: the launches run as their tangent kernels (see the module's docstring)."""
         memory = TangentMemory(self)
         given = [(x, t) for x, t in zip(self.inputs, tangents, strict=True) if t is not None and x.is_floating_point()]
         for x in self.inputs:
@@ -111,7 +111,7 @@ class _Call:
                 memory.check(x, t)
         read: dict[int, str] = {}  # storage -> the launch that read it first
         for index, (kernel, grid, args, kwargs) in enumerate(self.launches):
-            self.replay(memory, read, index, kernel, grid, args, kwargs)
+            self.run_tangent(memory, read, index, kernel, grid, args, kwargs)
         found = []
         for o in self.outputs:
             if not memory.holds(o) and o.is_floating_point():
@@ -120,8 +120,8 @@ class _Call:
             found.append(memory.view(o) if memory.holds(o) else torch.zeros_like(o))
         return tuple(t.clone() for t in found)  # (the tangent memory is the call's own)
 
-    def replay(self, memory: TangentMemory, read: dict, index: int, kernel: Any, grid: Any, args: tuple,
-               kwargs: dict) -> None:
+    def run_tangent(self, memory: TangentMemory, read: dict, index: int, kernel: Any, grid: Any, args: tuple,
+                    kwargs: dict) -> None:
         info = kernel_info(kernel)
         launch = f"launch {index} (`{info.name}`)"
         named, options = info.named_arguments(args, kwargs)
@@ -132,7 +132,7 @@ class _Call:
             raise info.error
         tensors = {p: v for p, v in named.items() if isinstance(v, torch.Tensor)}
         for p in sorted(roles.in_place & set(tensors)):
-            raise self.error(f"{launch} updates `{p}` in place: forward mode does not yet replay in-place updates")
+            raise self.error(f"{launch} updates `{p}` in place: forward mode does not yet take in-place updates")
         for p in sorted(roles.stores & set(tensors)):
             if _storage(tensors[p]) in read:
                 raise self.error(f"{launch} overwrites `{p}`, which {read[_storage(tensors[p])]} read")
@@ -241,7 +241,7 @@ def _apply(function: type, call: _Call, *tensors: Any) -> Any:
 
 
 class _ForwardMode(torch.autograd.Function):
-    """A call in forward mode: the forward runs the host function; ``jvp`` replays its launches' tangent kernels."""
+    """A call in forward mode: the forward runs the host function; ``jvp`` runs its launches' tangent kernels."""
 
     @staticmethod
     def forward(call: _Call, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -272,7 +272,7 @@ class _ForwardMode(torch.autograd.Function):
 
 
 class _Tangents(torch.autograd.Function):
-    """The replay of a call's launches as tangent kernels, a function of the input tangents (``vmap``: one replay
+    """A call's launches run as tangent kernels, a function of the input tangents (``vmap``: one run
     per tangent, for jacfwd)."""
 
     @staticmethod

@@ -1,7 +1,7 @@
 """Named ops: ``@tritongrad.op("ns::name")`` registered with ``torch.library`` (see torch_op.py's docstring).
 
 ``ns::name`` is a ``triton_op`` (its launches issued through ``wrap_triton`` while torch.compile traces it) or,
-opaque, a ``custom_op``, with an autograd formula whose backward replays the eager forward's launch record or, without
+opaque, a ``custom_op``, with an autograd formula whose backward takes the eager forward's launch record or, without
 one, re-runs the forward launches (``ns::name_backward``); ``ns::name_saving`` and ``ns::name_saved_backward`` are
 what torch.compile calls, so that the compiled backward runs derived kernels on saved buffers (host/saved_backward.py;
 not opaque, ``ns::name_traced_backward`` launches them in the compiled graph). The schemas

@@ -10,7 +10,7 @@ The function takes tensors and Python scalars, allocates its outputs, launches a
 of kernels (plain ``@triton.jit``, ``@triton.autotune``, ``@triton.heuristics``; kernels
 are not changed) and returns a tensor or a tuple of tensors. A bare op's arguments and results
 are pytrees: tensors inside lists, tuples, ``*args`` and dicts are arguments like any other
-(a dict of tensors may be returned). Forward mode (``torch.func.jvp``, dual tensors) replays the
+(a dict of tensors may be returned). Forward mode (``torch.func.jvp``, dual tensors) runs the
 launches as their tangent kernels (forward_mode.py).
 
 Forward: the function runs as written while its launches are recorded (a launch record:
@@ -25,7 +25,7 @@ against shadow memory keyed by storage. A buffer one launch writes and a later o
 passes the gradient from the later launch's backward to the earlier one's. Only tensors
 kernels read (inputs and intermediate buffers) are saved for the backward; modifying one
 in place before the backward raises, as for any autograd node. Empty tensors give zero
-gradients (a launch of no program is not replayed).
+gradients (a launch of no program is not differentiated).
 
 Refusals come at the call: the first call of a kind with an input that requires grad derives the
 backward kernels already (those of a backward of every input and float output; once per kind of
@@ -40,12 +40,12 @@ the config that forward launch used: its constexprs, ``num_warps`` and ``num_sta
 an autotuned launch's backward, and that of a kernel declaring configs its result does not depend
 on (``tritongrad.backward_configs``), runs under whichever of them is fastest (host/configs.py).
 
-Hazards: the backward replays each launch against memory as the op left it, so a launch
+Hazards: the backward recomputes each launch against memory as the op left it, so a launch
 that overwrites memory an earlier launch (or the same launch through another argument)
 read, or that overwrites with ``tl.store`` what an earlier launch wrote, is refused with
 an error naming both launches. Overlap is exact: views of one buffer that interleave without
 sharing an element (its column halves) are apart. Kernels may not write to tensors
-that require grad. Double backward raises. Forward mode (``torch.func.jvp``, ``jacfwd``, dual tensors) replays the
+that require grad. Double backward raises. Forward mode (``torch.func.jvp``, ``jacfwd``, dual tensors) runs the
 launches as their tangent kernels (forward_mode.py).
 
 Arguments: the backward differentiates the launches as they ran, so what the host function
@@ -64,7 +64,7 @@ Bare and named ops:
   autograd formula, so ``torch.compile(fullgraph=True)`` and ``torch.library.opcheck`` work.
   Schema types come from the annotations; a parameter without one is a Tensor, or the type
   of its default; the return is a Tensor unless annotated (``-> tuple[torch.Tensor, torch.Tensor]``).
-  Called eagerly, the backward replays the launches recorded in the forward. Four ops are registered:
+  Called eagerly, the backward differentiates the launches recorded in the forward. Four ops are registered:
 
   - ``ns::name``: a ``torch.library.triton_op``. While torch.compile traces it, each launch
     ``kernel[grid](...)`` of the host function is issued as ``wrap_triton(kernel)[grid](...)``
@@ -74,7 +74,7 @@ Bare and named ops:
   - ``ns::name_saving``: what a compiled graph calls: the same forward, returning its outputs and
     the buffers its launches pass between them (whole tensors the op neither takes nor returns), so
     the graph saves them. Its backward ``ns::name_saved_backward`` runs the host function with its
-    launches skipped (for their arguments), swaps its fresh buffers for the saved ones, and replays
+    launches skipped (for their arguments), swaps its fresh buffers for the saved ones, and launches
     the derived kernels from that launch record: the forward launches do not run again.
 
   Fallbacks, each explicit: ``opaque=True``, and by default under Triton's interpreter (whose
@@ -152,7 +152,7 @@ def op(fn: Any = None, /, *, deterministic: bool = False, opaque: bool | None = 
 
     Returns the wrapped function (``functools.wraps``): called with grad enabled, its outputs carry
     the derived backward; under ``torch.no_grad`` the function just runs. Forward mode
-    (``torch.func.jvp``, ``jacfwd``, dual tensors) replays the launches as their tangent kernels.
+    (``torch.func.jvp``, ``jacfwd``, dual tensors) runs the launches as their tangent kernels.
     A named op's function has the registered op as ``.op``.
 
     Raises:

@@ -32,7 +32,7 @@ class Feasibility:
 
     analysis: Analysis
     loop_plans: dict[int, LoopPlan]
-    read_back: dict[str, Any]  # values the replay reads from the outputs holding them (stored_outputs.py)
+    read_back: dict[str, Any]  # values the recomputation reads from the outputs holding them (stored_outputs.py)
 
     def merge(self, param: str, rereads: tuple[str, ...]) -> str | None:
         """Tried with every input added atomically: the merge does not depend on how the others are written."""

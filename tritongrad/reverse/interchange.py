@@ -69,7 +69,7 @@ class Prologue:
     rounded: dict[str, str]  # values kept in the one type their readers round them to -> that type
 
 
-def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: list[str], axis: int,
+def loop_to_grid(recomputed: list[ast.stmt], sweep: list[ast.stmt], accumulators: list[str], axis: int,
                  comments: dict[str, str], namer: Namer, keep: set[str], per_program: set[str] = frozenset(),
                  likes: dict[str, tuple[ast.expr, tuple[str, ...]]] | None = None,
                  loaded: dict[str, str] | None = None) -> tuple[list[ast.stmt], Guard | None, Prologue | None]:
@@ -85,10 +85,10 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
         raise NotInterchangeable("its adjoint is not summed in one loop at the kernel's top level")
     at = found[0]
     node = sweep[at]
-    if any(is_structured(s) for s in replay + sweep[:at] + sweep[at + 1:]):
+    if any(is_structured(s) for s in recomputed + sweep[:at] + sweep[at + 1:]):
         raise NotInterchangeable("the backward runs another loop or branch beside it (each program would "
                                  "run it once per iteration it owns)")
-    if any(_has_effect(s, comments) for s in replay + sweep[:at] + sweep[at + 1:]):
+    if any(_has_effect(s, comments) for s in recomputed + sweep[:at] + sweep[at + 1:]):
         raise NotInterchangeable("the backward writes memory outside the loop")
     body = node.body
     assigned = {t for s in statements(body) for t in targets_of(s)} - set(accumulators)
@@ -134,7 +134,7 @@ def loop_to_grid(replay: list[ast.stmt], sweep: list[ast.stmt], accumulators: li
         first = comments[markers[-1]].splitlines()[0]
         comments[markers[-1]] = f"{first}\nEach program runs one iteration: the one tl.program_id({axis}) numbers."
     keep = keep | set(accumulators) | (reads(guard.count) if guard else set())
-    before, prologue = _prologue(replay, sweep[:at], [*head, *rest], likes or {}, namer, node, loaded or {})
+    before, prologue = _prologue(recomputed, sweep[:at], [*head, *rest], likes or {}, namer, node, loaded or {})
     return without_unused([*before, *head, *rest, *sweep[at + 1:]], keep), guard, prologue
 
 
@@ -173,7 +173,7 @@ COSTLY = frozenset({*(f"tl.{kind}" for kind in kinds(costly=True)),
                     *(f"tg.{name}" for name, helper in HELPERS.items() if helper.costly)})
 
 
-def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[ast.stmt],
+def _prologue(recomputed: list[ast.stmt], before: list[ast.stmt], iteration: list[ast.stmt],
               likes: dict[str, tuple[ast.expr, tuple[str, ...]]], namer: Namer, loop: ast.For,
               loaded: dict[str, str]) -> tuple[list[ast.stmt], Prologue | None]:
     """The adjoints a forward program's work computes before the iteration and the iteration reads, where
@@ -182,12 +182,12 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
     iteration only ever rounds to one type (attention's dO / l, cast to v's type for its two products) is kept
     in that type: the same values, half the bytes to read for each forward program."""
     read = set().union(set(), *[reads(s) for s in iteration])
-    defined = Counter(t for s in replay + before for t in targets_of(s))
+    defined = Counter(t for s in recomputed + before for t in targets_of(s))
     found = []
     for s in before:
         name = target_of(s)
         if (isinstance(s, ast.Assign) and name in read and name in likes and defined[name] == 1
-                and _costly(needed_by(replay + before, {name}))):
+                and _costly(needed_by(recomputed + before, {name}))):
             found.append(name)
     if not found or getattr(loop, "tg", None) is None:  # (the loop's tag places the reading program's row)
         return before, None
@@ -196,7 +196,7 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
     likes = dict(likes)
     rounded = {}
     for n in found:
-        rounded[n] = _rounded_to(n, replay + before + iteration, loaded)
+        rounded[n] = _rounded_to(n, recomputed + before + iteration, loaded)
         if rounded[n] is not None:
             likes[n] = (instantiate(f"tl.zeros(({''.join(f'{e}, ' for e in likes[n][1])}), {rounded[n]})", {}),
                         likes[n][1])
@@ -209,7 +209,7 @@ def _prologue(replay: list[ast.stmt], before: list[ast.stmt], iteration: list[as
             "program": name_node(program)}))
 
     program = namer.fresh("program")
-    computed = [copy.deepcopy(s) for s in needed_by(replay + before, set(found))]
+    computed = [copy.deepcopy(s) for s in needed_by(recomputed + before, set(found))]
     puts = [assign(program, instantiate("tg.program_index()", {}))]
     for n in found:
         puts.append(row(n, program))

@@ -12,6 +12,7 @@ from ..analysis.forms import LoopIndex, moves_with
 from ..core.ir import (
     address_names,
     arguments,
+    construct_origin,
     header,
     loops,
     op_of,
@@ -21,7 +22,6 @@ from ..core.ir import (
     structured,
     target_of,
     value_args,
-    where,
 )
 from ..core.operations import operation_of
 
@@ -64,7 +64,7 @@ def _classify(a: Analysis, node: ast.For, plans: dict[int, LoopPlan]) -> LoopPla
         except NotLinear as e:
             plan.nonlinear.append(c.name)
             if not plan.why:
-                culprit = f" in `{where(e.stmt).text}`" if e.stmt is not None else ""
+                culprit = f" in `{construct_origin(e.stmt).text}`" if e.stmt is not None else ""
                 plan.why = f"{c.source}: {e.why}{culprit}"
     plan.comment = _comment(node, plan)
     return plan
@@ -87,7 +87,7 @@ def _check_stores_follow_the_loop(a: Analysis, node: ast.For) -> None:
             what = ("at addresses that may repeat between iterations"
                     if any(n in _depends_on(node, roots) for n in addresses)
                     else "to the same addresses in every iteration")
-            raise refuse(where(s), f"a tl.store inside the loop over `{node.target.id}` {what} "
+            raise refuse(construct_origin(s), f"a tl.store inside the loop over `{node.target.id}` {what} "
                          "(only the last value stays)",
                          "store after the loop, or offset the address by the loop index times a stride")
 

@@ -39,6 +39,7 @@ from ..core.ir import (
     Tag,
     assign,
     child_blocks,
+    construct_origin,
     copy_structured,
     is_structured,
     name_node,
@@ -47,7 +48,6 @@ from ..core.ir import (
     refuse,
     statements,
     target_of,
-    where,
 )
 from ..core.operations import instantiate
 from .interchange import fixed_step
@@ -102,7 +102,7 @@ class LoopReversal:
             self.rebuilding_loop(node, sweep, needed, updates, incoming, rebuilt, state)
 
     def recomputing_loop(self, node: ast.For, plan, sweep, needed, updates) -> None:
-        """The same iterations in the same order: recompute, adjoints, then advance the state."""
+        """The same iterations in the same order: recomputed, adjoints, then advance the state."""
         carried = {c.name: c for c in node.tg.carried}
         state = [carried[n] for n in carried if n in needed]
         self.check_state(node, plan, state)
@@ -140,7 +140,7 @@ class LoopReversal:
         params = {c.name: self.builder.namer.fresh(f"{c.name}_tape") for c in state}
         rows = {c.name: self.builder.namer.fresh(f"{c.name}_tape_row") for c in state}
         shapes = self.builder.analysis.shapes
-        static = node.tg.static  # its replays' bounds must be constexprs: so are the slot count and the spacing
+        static = node.tg.static  # its recomputations' bounds must be constexprs: so are the slot count and the spacing
         self.builder.tapes.append(StateTape(slots, tuple((params[c.name], shapes[c.name]) for c in state),
                                        self._known_trips(node), node.tg.where, tuple(c.source for c in state),
                                        dtypes=tuple(self.state_type(c.name) for c in state), constexpr_slots=static))
@@ -159,7 +159,7 @@ class LoopReversal:
         for s in setup:
             s.tape_setup = node.tg  # merge_records moves them with the recording loop
             self.builder.emit(s)
-        if self.builder.saved:  # the state after the loop, for what follows it (merge_records: in place of its replay)
+        if self.builder.saved:  # the state after the loop, for what follows it (merge_records: in place of recomputing)
             for c in state:
                 final = assign(c.name, tape_get(self.state_type(c.name), name_node(rows[c.name]),
                                                 copy.deepcopy(names["trips"]), name_node(c.name)))
@@ -171,7 +171,7 @@ class LoopReversal:
             record = [assign(i, instantiate(counted, names))]
             record += [ast.Expr(instantiate("tg.tape_put(row, i // every, x, i % every == 0)", {
                 **names, "row": name_node(rows[c.name]), "x": name_node(c.name)})) for c in state]
-            puts = len(record)  # the iteration's number and its tape_puts, before the replayed body
+            puts = len(record)  # the iteration's number and its tape_puts, before the recomputed body
             record += self.builder.forward.block(node.body, rebuilt)
             recording = copy_structured(node, target=copy.deepcopy(node.target), iter=copy.deepcopy(node.iter),
                                         body=record)
@@ -184,12 +184,12 @@ class LoopReversal:
                                          name_node(i if self.builder.saved else slot), name_node(c.name)))
                  for c in state]
         if not self.builder.saved:
-            replay = self.builder.forward.block(node.body, rebuilt)
+            recomputed = self.builder.forward.block(node.body, rebuilt)
             # a static loop's iteration and slot said inline, constexprs (a name assigned in its body is a tensor)
             now = "(trips - 1 - back)" if static else "i"
             since = instantiate(f"start + {now} // every * every * step" if static else "start + slot * every * step",
                                 names)
-            body += self.partial_replay(node, replay, since, instantiate(f"start + {now} * step", names))
+            body += self.partial_recompute(node, recomputed, since, instantiate(f"start + {now} * step", names))
         body.append(assign(index, instantiate("start + i * step", names)))
         self.emit_backwards(node, back, names["trips"], body, sweep, needed, updates, incoming)
 
@@ -210,10 +210,10 @@ class LoopReversal:
             count = "tl.cdiv(stop - start, step) if step > 0 else tl.cdiv(start - stop, -step)"
         return instantiate(count, {"start": start, "stop": stop, "step": step})
 
-    def partial_replay(self, node: ast.For, replay: list[ast.stmt], since: ast.expr, until: ast.expr
+    def partial_recompute(self, node: ast.For, recomputed: list[ast.stmt], since: ast.expr, until: ast.expr
                        ) -> list[ast.stmt]:
         """The forward's iterations from index ``since`` up to ``until`` (excluded), as the forward writes them."""
-        if not replay:
+        if not recomputed:
             return []
         start, _, step = range_bounds(node)
         iterator = copy.deepcopy(node.iter)
@@ -222,7 +222,7 @@ class LoopReversal:
             args = args[1:2] if isinstance(since, ast.Constant) and since.value == 0 else args[:2]
         iterator.args = args
         iterator.keywords = [k for k in iterator.keywords if k.arg not in ("arg1", "arg2", "step")]
-        return [copy_structured(node, target=copy.deepcopy(node.target), iter=iterator, body=replay)]
+        return [copy_structured(node, target=copy.deepcopy(node.target), iter=iterator, body=recomputed)]
 
     def next_adjoints(self, incoming: dict[str, str]) -> list[ast.stmt]:
         """This iteration's update gets the adjoint carried so far; what flows into the state it started
@@ -246,12 +246,12 @@ class LoopReversal:
             self.builder.emit(s)
         current = instantiate("start + (trips - 1 - back) * step", bounds)
         body: list[ast.stmt] = []
-        if not node.tg.static:  # (a static loop's index is said inline: a constexpr, as its replay's bound must be)
+        if not node.tg.static:  # (a static loop's index is said inline: a constexpr, as a recomputation's bound is)
             body.append(assign(now, current))
             current = name_node(now)
         body += self.resets(node, state)
-        replayed = self.builder.forward.block(node.body, rebuilt)
-        body += self.partial_replay(node, replayed, copy.deepcopy(start), copy.deepcopy(current))
+        recomputed = self.builder.forward.block(node.body, rebuilt)
+        body += self.partial_recompute(node, recomputed, copy.deepcopy(start), copy.deepcopy(current))
         body.append(assign(index, current))
         self.emit_backwards(node, back, counted, body, sweep, needed, updates, incoming)
 
@@ -259,8 +259,8 @@ class LoopReversal:
     def counted(node: ast.For, name: str, value: ast.expr) -> tuple[list[ast.stmt], ast.expr]:
         """A count the reverse loop reads (its trips, its checkpoint spacing): ``name = value`` and ``name``; for a
         ``tl.static_range`` loop no statement and ``value`` itself, said inline where it is read: its reverse loop
-        and replays take it as a bound, which compiled must be a constexpr (a name assigned a constexpr's value is
-        not one), and an annotated ``name: tl.constexpr = value`` would be assigned again in each unrolled copy
+        and recomputations take it as a bound, which compiled must be a constexpr (a name assigned a constexpr's value
+        is not one), and an annotated ``name: tl.constexpr = value`` would be assigned again in each unrolled copy
         of an enclosing static loop, which compiled Triton refuses ('constexpr cannot be reassigned')."""
         if not node.tg.static:
             return [assign(name, value)], name_node(name)
@@ -292,7 +292,7 @@ class LoopReversal:
             self.builder.adjoint[name] = self.builder.adjoint_name(name)
             like = name_node(name)
             init = next(c.init for c in node.tg.carried if c.name == name)
-            if isinstance(init, ast.Name) and init.id != name:  # its type without replaying the loop
+            if isinstance(init, ast.Name) and init.id != name:  # its type without recomputing the loop
                 like = copy.deepcopy(init)
             self.builder.emit(ast.Assign(targets=[ast.Name(self.builder.adjoint[name], ast.Store())],
                                  value=instantiate("tg.zeros_grad(x)", {"x": like})))
@@ -301,7 +301,7 @@ class LoopReversal:
     def check_state(self, node: ast.For, plan, state) -> None:
         for c in state:
             if c.name in plan.accumulators:  # loops.py promised its value is not needed
-                raise refuse(where(node), f"the loop over `{node.target.id}`: `{c.source}`'s value at each "
+                raise refuse(construct_origin(node), f"the loop over `{node.target.id}`: `{c.source}`'s value at each "
                              "iteration is needed", "use the accumulator for accumulating only")
 
     def resets(self, node: ast.For, state) -> list[ast.stmt]:
@@ -317,31 +317,32 @@ class LoopReversal:
         return out
 
     def keep_finals(self, *segments: list[ast.stmt]) -> None:
-        """Where the backward replays a loop (not nested in another, its state not taped) for the values it
+        """Where the backward recomputes a loop (not nested in another, its state not taped) for the values it
         leaves, the forward can keep those instead (augment.py: a tape of one slot, ``StateTape.final``): the variant
-        built for the forward's tapes (``self.builder.saved``) reads them in place of the replay, and lists them among
-        its tapes (``BackwardKernel.saved_tapes`` tells the forward). ``segments``: consecutive parts of the body."""
+        built for the forward's tapes (``self.builder.saved``) reads them in place of the recomputation, and lists them
+        among its tapes (``BackwardKernel.saved_tapes`` tells the forward). ``segments``: consecutive parts of the
+        body."""
         if not self.builder.saved:
             return
-        replays = [(block, s) for segment in segments for block, s in _replayed_loops(segment)]
-        for block, replay in replays:
-            forward = replay.replay_of
+        recomputations = [(block, s) for segment in segments for block, s in _recomputed_loops(segment)]
+        for block, recomputed in recomputations:
+            forward = recomputed.recompute_of
             carried = {c.name: c for c in forward.tg.carried}
-            read_after = set().union(*(_reads_outside(segment, replay) for segment in segments))
-            kept = [n for n in carried if n in read_after and n in {target_of(s) for s in statements(replay.body)}]
+            read_after = set().union(*(_reads_outside(segment, recomputed) for segment in segments))
+            kept = [n for n in carried if n in read_after and n in {target_of(s) for s in statements(recomputed.body)}]
             shapes = [self.builder.analysis.shapes.get(n) for n in kept]
             if (not kept or self.builder.loop_plans[id(forward)].nonlinear or self.builder.tile
                     or any(n in self.builder.analysis.pointer_base for n in kept)
                     or any(shape is None or len(shape) > 2 for shape in shapes)):
                 continue
-            counted = {n: step for n in kept if (step := _fixed_step(replay.body, n)) is not None}
+            counted = {n: step for n in kept if (step := _fixed_step(recomputed.body, n)) is not None}
             closed = [assign(n, instantiate(f"x {sign} tl.maximum(trips, 0) * inc", {
-                "x": carried[n].init, "trips": self.trip_count(replay), "inc": inc}))
+                "x": carried[n].init, "trips": self.trip_count(recomputed), "inc": inc}))
                 for n, (sign, inc) in counted.items()]  # (a counter's final value needs no tape)
             kept = [n for n in kept if n not in counted]
             shapes = [self.builder.analysis.shapes.get(n) for n in kept]
             if not kept:
-                at = block.index(replay)
+                at = block.index(recomputed)
                 block[at:at + 1] = closed
                 continue
             slots = self.builder.namer.fresh(f"{forward.target.id}_final_slots")
@@ -359,7 +360,7 @@ class LoopReversal:
                                               name_node(program.targets[0].id))) for n in kept]
             read += [assign(n, tape_get(self.state_type(n), name_node(rows[n]), ast.Constant(0), name_node(n)))
                      for n in kept]
-            at = block.index(replay)
+            at = block.index(recomputed)
             block[at:at + 1] = read + closed
 
     def state_type(self, name: str) -> str | None:
@@ -384,10 +385,10 @@ REBUILT = ("The reverse loop runs the iterations backwards, each first rebuildin
 
 
 def merge_records(*segments: list[ast.stmt]) -> None:
-    """Where a block replays a taped loop (its final state is read after it) before the pass that records the
-    loop's tape, the replay records it: one pass over the loop instead of two. Where the forward kept the tape,
-    the state read from its last slot takes the replay's place, when the replay computes nothing else that
-    outlives the loop. ``segments``: consecutive parts of one block (the replay in front of the sweep, the
+    """Where a block recomputes a taped loop (its final state is read after it) before the pass that records the
+    loop's tape, the recomputation records it: one pass over the loop instead of two. Where the forward kept the tape,
+    the state read from its last slot takes the recomputation's place, when the recomputation computes nothing else that
+    outlives the loop. ``segments``: consecutive parts of one block (the recomputation in front of the sweep, the
     sweep); blocks inside them are merged too."""
     for segment in segments:
         for s in segment:
@@ -403,8 +404,8 @@ def merge_records(*segments: list[ast.stmt]) -> None:
                    and getattr(s, "tg", None) is tg and not getattr(s, "tape_puts", 0)]
         if not earlier:
             continue
-        home, replay = earlier[-1]
-        assigned = {target_of(s) for s in statements(replay.body)}
+        home, recomputed = earlier[-1]
+        assigned = {target_of(s) for s in statements(recomputed.body)}
         carried = {c.name for c in tg.carried}
         setup = [s for s in segment if getattr(s, "tape_setup", None) is tg]
         if final is not None:  # the forward's tape holds the state after the loop
@@ -416,12 +417,12 @@ def merge_records(*segments: list[ast.stmt]) -> None:
             state = {target_of(s) for s in record.body[record.tape_puts:]} - {None}
             if not (state & carried) <= assigned:
                 continue
-            record.body = record.body[:record.tape_puts] + replay.body
+            record.body = record.body[:record.tape_puts] + recomputed.body
             moved = [*setup, record]
         for s in moved:
             segment.remove(s)
             s.tape_setup = s.tape_final = None  # merged: not looked at again
-        at = home.index(replay)
+        at = home.index(recomputed)
         home[at:at + 1] = moved
         merge_records(*segments)  # positions moved: look again
         return
@@ -445,14 +446,14 @@ def _fixed_step(body: list[ast.stmt], name: str) -> tuple[str, ast.expr] | None:
     return sign, inc
 
 
-def _replayed_loops(block: list[ast.stmt]):
-    """(block, loop) for each replay of a forward loop (``replay_of``: sweep.py marks them) in ``block``."""
+def _recomputed_loops(block: list[ast.stmt]):
+    """(block, loop) for each recomputation of a forward loop (``recompute_of``: sweep.py marks them) in ``block``."""
     for s in block:
-        if isinstance(s, ast.For) and getattr(s, "replay_of", None) is not None:
+        if isinstance(s, ast.For) and getattr(s, "recompute_of", None) is not None:
             yield block, s
         elif is_structured(s):
             for inner in child_blocks(s):
-                yield from _replayed_loops(inner)
+                yield from _recomputed_loops(inner)
 
 
 def _reads_outside(block: list[ast.stmt], skipped: ast.stmt) -> set[str]:

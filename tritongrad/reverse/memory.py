@@ -26,6 +26,7 @@ import copy
 from ..core.ir import (
     arguments,
     call_statement,
+    construct_origin,
     copy_structured,
     is_none,
     name_node,
@@ -35,7 +36,6 @@ from ..core.ir import (
     statements,
     stored_value,
     target_of,
-    where,
 )
 from ..core.operations import instantiate, operation_of
 from ..frontend.blockptr import block_addresses, block_mask
@@ -66,7 +66,7 @@ class MemoryAdjoints:
         param = self.builder.analysis.pointer_base[b["pointer"].id]
         choice = self.builder.choices[param]
         later = target_of(stmt) in choice.later
-        if not later:  # (where only later adds write, the stored load's adjoint is zero: the buffer is zero-filled)
+        if not later:  # (where only later adds write, the written load's adjoint is zero: the buffer is zero-filled)
             self.builder.written_inputs.add(param)
         self.barrier_before_writing(param)
         if operation_of(op_of(stmt)).descriptor:
@@ -110,7 +110,7 @@ class MemoryAdjoints:
 
     def add_later(self, stmt: ast.stmt, param: str, shadow: ast.Name, g: ast.Name) -> None:
         """Keep the load's adjoint and addresses in this program's slots: added after the kernel, when the
-        input's stored load has written its gradient (strategies.LaterAdds)."""
+        input's written-once load has written its gradient (strategies.LaterAdds)."""
         adjoint = self.builder.adjoint[target_of(stmt)]
         fresh = self.builder.namer.fresh
         later = LaterAdds(param, fresh(f"{adjoint}_later"), fresh(f"{adjoint}_later_at"),
@@ -166,7 +166,7 @@ class MemoryAdjoints:
             return defs[0]
         if kinds == {"copy"} and len({ast.unparse(op_of(d).args[0]) for d in defs}) == 1:
             return self.descriptor_definition(stmt, op_of(defs[0]).args[0].id)
-        raise refuse(where(stmt), f"a load through the descriptor `{name}`, which has several definitions",
+        raise refuse(construct_origin(stmt), f"a load through the descriptor `{name}`, which has several definitions",
                      "make each tensor descriptor once, with one name")
 
     def reverse_store(self, stmt: ast.stmt) -> None:
@@ -182,7 +182,7 @@ class MemoryAdjoints:
                 self.zero_in_place(stmt)
             return
         if operation_of(op).memory not in ("store", "accumulate"):
-            raise refuse(where(stmt), f"`{op.kind}` of a differentiated value",
+            raise refuse(construct_origin(stmt), f"`{op.kind}` of a differentiated value",
                          "only tl.store and tl.atomic_add outputs can be differentiated")
         self.builder.comment_for(stmt)
         address = b["pointer"].id

@@ -41,7 +41,7 @@ class PartialSum:
     mask: ast.expr
 
 
-def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, programs: str, rows: dict[str, str],
+def persistent(recomputed: list[ast.stmt], sweep: list[ast.stmt], axis: int, programs: str, rows: dict[str, str],
                sums: list[PartialSum], reassigned: set[str], params: set[str], namer: Namer,
                every: bool = False, guard: Any = None, stages: str | None = None,
                held: str | None = None) -> list[ast.stmt]:
@@ -61,18 +61,19 @@ def persistent(replay: list[ast.stmt], sweep: list[ast.stmt], axis: int, program
     chooses: held in registers across the loop beside the partial sums, a 16384-wide row's weight made a layer
     norm backward spill (H200, bf16: 877 µs against 810 reloading it; benchmarks/layernorm_rows_probe.py), where
     at 4096 holding it was the faster. Not for a loop with products: their operands stay held."""
-    dependent = depends_on_program(replay + sweep, axis)
+    dependent = depends_on_program(recomputed + sweep, axis)
     # every name the body binds, a loop's index and a static loop's `trips: tl.constexpr = ...` included: a statement
     # reading one is hoisted only after its definition is
-    local = set(params) | {n.id for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[]))
+    local = set(params) | {n.id for n in ast.walk(ast.Module(body=recomputed + sweep, type_ignores=[]))
                            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     if every:  # a name is reassigned where it is assigned twice, also inside a branch (`d += ...` under an if)
-        counts = Counter(t for s in statements(replay + sweep) for t in targets_of(s))
+        counts = Counter(t for s in statements(recomputed + sweep) for t in targets_of(s))
         reassigned = {n for n, c in counts.items() if c > 1}
-    if held is not None and any(tl_call(n, "dot") for n in ast.walk(ast.Module(body=replay + sweep, type_ignores=[]))):
+    if held is not None and any(tl_call(n, "dot")
+                                for n in ast.walk(ast.Module(body=recomputed + sweep, type_ignores=[]))):
         held = None  # a loop with products holds their operands, tiles of the kernel's blocks, as a hand-written
         # kernel does (and orient.py reads their single definitions)
-    order = replay + (sweep if every else [])
+    order = recomputed + (sweep if every else [])
     allowed = set(reassigned) if every else set()  # reassigned, but every assignment computed once before the loop
     while True:
         hoisted, kept, known, loaded, loaded_names = [], [], set(params), [], set()

@@ -13,6 +13,7 @@ from ..core.ir import (
     arguments,
     assign,
     child_blocks,
+    construct_origin,
     copy_structured,
     free_names,
     header,
@@ -26,7 +27,6 @@ from ..core.ir import (
     statements,
     tagged,
     target_of,
-    where,
 )
 from ..core.operations import LOADS, STORES, instantiate, operation_of
 
@@ -43,29 +43,29 @@ class Recompute:
         self.builder = builder
         # pointer -> its mirror into the values the launch left (`x_ptr_stored + offs` beside `x_ptr + offs`), for
         # the pointers a reload's address is computed from (analysis/in_place.py)
-        self.stored: dict[str, str] = {}
+        self.as_left: dict[str, str] = {}
         for load in statements(builder.program.body):
             if target_of(load) in builder.analysis.reloads:
-                self.stored_name(arguments(load)["pointer"].id)
+                self.as_left_name(arguments(load)["pointer"].id)
 
     def mirrored(self) -> dict[str, str]:
         """Each shadow pointer and each mirror into the values the launch left -> the pointer it mirrors."""
-        return {v: k for mirror in (self.builder.shadow, self.stored) for k, v in mirror.items()}
+        return {v: k for mirror in (self.builder.shadow, self.as_left) for k, v in mirror.items()}
 
-    def stored_name(self, pointer: str) -> str:
+    def as_left_name(self, pointer: str) -> str:
         """A pointer's mirror into the values the launch left; the pointers it is computed from get theirs too."""
-        if pointer not in self.stored:
+        if pointer not in self.as_left:
             base = self.builder.analysis.pointer_base.get(pointer, pointer)
-            stored = self.builder.analysis.stored_params
-            self.stored[pointer] = stored[base] if pointer == base else self.builder.namer.fresh(f"{pointer}_stored")
+            as_left = self.builder.analysis.as_left_params
+            self.as_left[pointer] = as_left[base] if pointer == base else self.builder.namer.fresh(f"{pointer}_stored")
             for d in self.builder.defs.get(pointer, []):
                 if target_of(d) is not None:
                     for n in self.pointer_operands(d, base):
-                        self.stored_name(n)
-        return self.stored[pointer]
+                        self.as_left_name(n)
+        return self.as_left[pointer]
 
     def with_shadow(self, stmt: ast.stmt) -> list[ast.stmt]:
-        """A replayed statement, then its pointer's shadow and mirror (``d_p = d_x_ptr + offs``, ``p_stored =
+        """A recomputed statement, then its pointer's shadow and mirror (``d_p = d_x_ptr + offs``, ``p_stored =
         x_ptr_stored + offs``); a reload instead loads from the values the launch left."""
         t = target_of(stmt)
         if t in self.builder.analysis.reloads:
@@ -73,18 +73,18 @@ class Recompute:
         out = [stmt]
         if t in self.builder.shadow:
             out.append(self.shadow_statement(stmt, t))
-        if t in self.stored:
-            out.append(self.shadow_statement(stmt, t, self.stored))
+        if t in self.as_left:
+            out.append(self.shadow_statement(stmt, t, self.as_left))
         return out
 
     def reloaded(self, load: ast.stmt) -> list[ast.stmt]:
-        """A reload replayed: the same load from the tensor as the launch left it, which holds what it read (each
+        """A reload recomputed: the same load from the tensor as the launch left it, which holds what it read (each
         element stored once, before it, and never again: analysis/in_place.py)."""
         param = self.builder.analysis.reloads[target_of(load)]
         note = self.builder.marker(f"`{target_of(load)}`: what the forward stored over `{param}` and read back, "
-                                   f"from `{self.builder.analysis.stored_params[param]}` (`{param}` as the launch "
+                                   f"from `{self.builder.analysis.as_left_params[param]}` (`{param}` as the launch "
                                    "left it)")
-        mirror = name_node(self.stored[arguments(load)["pointer"].id])
+        mirror = name_node(self.as_left[arguments(load)["pointer"].id])
         call = load.value
         args = [mirror, *call.args[1:]] if call.args else []
         keywords = [ast.keyword(k.arg, mirror) if k.arg == "pointer" else k for k in call.keywords]
@@ -114,7 +114,7 @@ class Recompute:
         return self.block(body, needed, asserts=True)
 
     def fewer_loads(self, seeds: set[str], kept: dict[str, StoredValue]) -> bool:
-        """Whether reading ``kept`` back leaves no more loads to issue than replaying them: counted over the
+        """Whether reading ``kept`` back leaves no more loads to issue than recomputing them: counted over the
         values read as values (a load the sweep reads only for its shape is compiled away either way)."""
         shadow_of = self.mirrored()
         valued = {shadow_of.get(n, n) for s in statements(self.builder.out) for n in value_reads(s)}
@@ -127,14 +127,14 @@ class Recompute:
         def loads(names: set[str]) -> int:
             return tiles(n for n in names if any(op_of(d).kind in LOADS for d in self.builder.defs.get(n, ())))
 
-        replayed = self.closure(valued, body, reader=value_reads)
+        recomputed = self.closure(valued, body, reader=value_reads)
         instead = self.closure(valued | {n for k in kept.values() for n in reads(k.store)}, body, leaves=set(kept),
                                reader=value_reads)
-        return loads(instead) + tiles(kept) <= loads(replayed)
+        return loads(instead) + tiles(kept) <= loads(recomputed)
 
     def moved_with(self, kept: StoredValue) -> list[ast.stmt] | None:
         """The top-level statements between ``kept``'s definition and its store that compute the store's address
-        and mask: replayed with the read-back, where the value was defined. None where they read the value, or a
+        and mask: recomputed with the read-back, where the value was defined. None where they read the value, or a
         name defined in a nested block or more than once."""
         body = self.builder.program.body
         at = {id(s): i for i, s in enumerate(body)}
@@ -191,7 +191,7 @@ class Recompute:
             if read_back and t in read_back:
                 kept, moves = read_back[t]
                 out.append(self.builder.marker(f"`{kept.name}` read back from `{kept.param}`, where the forward stored "
-                                               "it, instead of replayed (stored_outputs.py)"))
+                                               "it, instead of recomputed (stored_outputs.py)"))
                 for m in moves:
                     if id(m) in moved:  # (once, where the first value that needs it was defined)
                         moved.discard(id(m))
@@ -205,18 +205,19 @@ class Recompute:
                 if not any(inner):
                     continue
                 if isinstance(s, ast.For):
-                    replay = copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
+                    recomputed = copy_structured(s, target=copy.deepcopy(s.target), iter=copy.deepcopy(s.iter),
                                              body=inner[0])
                     if not any(isinstance(e, ast.For) for e in self.builder.enclosing[id(s)]):
-                        replay.replay_of = s  # its values after it may be kept by the forward (keep_finals)
-                    out.append(replay)
+                        recomputed.recompute_of = s  # its values after it may be kept by the forward (keep_finals)
+                    out.append(recomputed)
                 else:
                     out.append(copy_structured(s, test=copy.deepcopy(s.test), body=inner[0] or [ast.Pass()],
                                                 orelse=inner[1]))
                 continue
-            if op_of(s).kind in STORES and t is not None and t in needed:  # (not replayed: it writes memory)
-                raise refuse(where(s), f"the result of `tl.{op_of(s).kind}` (`{t}`), which the backward reads (an "
-                             "address, a mask or a value its adjoints need) and cannot compute again: running the "
+            if op_of(s).kind in STORES and t is not None and t in needed:  # (not recomputed: it writes memory)
+                raise refuse(construct_origin(s), f"the result of `tl.{op_of(s).kind}` (`{t}`), which the backward "
+                             "reads (an address, a mask or a value its adjoints need) and cannot compute again: "
+                             "running the "
                              "atomic again would change the memory and give another result",
                              "compute that value without an atomic (from tl.program_id, the loop indices, or a "
                              "tensor loaded for it)")

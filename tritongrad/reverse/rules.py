@@ -9,7 +9,7 @@ import ast
 import functools
 
 from ..analysis.flow import INFINITE, MASKED, padding_at_unbounded
-from ..core.ir import arguments, name_node, op_of, reads, refuse, where
+from ..core.ir import arguments, construct_origin, name_node, op_of, reads, refuse
 from ..core.operations import instantiate, operation_of
 
 
@@ -33,7 +33,7 @@ class OperationAdjoints:
                 try:
                     template = template(bound)
                 except ValueError as e:
-                    raise refuse(where(stmt), f"`{op.kind}` with arguments that are not literal constants",
+                    raise refuse(construct_origin(stmt), f"`{op.kind}` with arguments that are not literal constants",
                                  "pass dimensions as literal integers") from e
             contribution = instantiate(template, env)
             if self.reads_infinite_padding(stmt, contribution):  # 0 * inf in a lane a mask left out: 0

@@ -39,7 +39,7 @@ class StateTape:
     sources: tuple[str, ...] = ()  # each state's name in the user's code
     final: bool = False  # the state after the loop only, one slot (kept by the forward: LoopReversal.keep_finals)
     dtypes: tuple[str | None, ...] = ()  # each state's type as the forward computes it (loops.state_type)
-    constexpr_slots: bool = False  # ``slots`` a constexpr parameter: a static loop's replays are bounded by it
+    constexpr_slots: bool = False  # ``slots`` a constexpr parameter: a static loop's recomputations are bounded by it
 
     @property
     def key(self) -> tuple:

@@ -1,4 +1,4 @@
-"""Forward replay + reverse sweep: the body of the backward kernel.
+"""Forward recomputation + reverse sweep: the body of the backward kernel.
 
 The backward kernel re-runs the forward (its stores left out), computing each shadow
 pointer beside the pointer it mirrors (``d_x_ptrs = d_x_ptr + offs`` beside
@@ -8,12 +8,12 @@ statement's adjoint under a ``# grad of: <forward line>`` comment:
 - an operation: its rule from the table in ``core/operations.py``, per differentiated argument (``rules.py``);
 - a load or a store: ``memory.py`` (through the shadows).
 
-Replayed statements that the sweep does not need are dropped, so the printed kernel
+Recomputed statements that the sweep does not need are dropped, so the printed kernel
 shows only what the backward computes.
 
 Control flow (loops are reversed as ``loops.py`` plans them):
 
-- an ``if`` is replayed (so its merged values exist), and its adjoint is an ``if`` on
+- an ``if`` is recomputed (so its merged values exist), and its adjoint is an ``if`` on
   the same condition: the branch the forward took recomputes its own values (they
   are not visible after a Triton ``if``), then runs its adjoints. Adjoints of values
   from before the ``if`` start at zero before it, so both branches leave them with
@@ -78,7 +78,7 @@ class BackwardBody:
     prologue: Any = None  # interchange.Prologue: per forward program values a kernel of their own computes first
     loop_stages: str | None = None  # a persistent variant's constexpr: its loop over the programs' stages in flight
     loop_held: str | None = None  # and whether the loads before that loop are held across it (persistent.py)
-    stored_params: list[str] = field(default_factory=list)  # after the shadows: tensors as the launch left them
+    as_left_params: list[str] = field(default_factory=list)  # after the shadows: tensors as the launch left them
 
 
 @dataclass
@@ -113,14 +113,14 @@ def is_comment_marker(stmt: ast.stmt) -> bool:
 
 class BackwardBuilder:
     """Writes the backward body: the sweep first (adjoints, statement by statement, backwards), then the
-    replay of the forward values it reads in front of it."""
+    recomputation of the forward values it reads in front of it."""
 
     def __init__(self, analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bool,
                  choices: dict[str, Choice] | None = None, saved: bool = False,
                  read_back: dict[str, StoredValue] | None = None):
         self.analysis = analysis
         self.saved = saved  # the forward kept the nonlinear loops' state tapes (augment.py)
-        self.read_back = read_back or {}  # values the replay may read from the outputs holding them (stored_outputs.py)
+        self.read_back = read_back or {}  # values recomputing may read from the outputs holding them: stored_outputs.py
         self.program = analysis.program
         self.loop_plans = loop_plans
         self.tile = tile
@@ -140,7 +140,7 @@ class BackwardBuilder:
         # and lose its first comment (where the garbage collector freed one varied from run to run)
         self.last_comment: dict[int, tuple[list[ast.stmt], str]] = {}
         params = self.program.param_names()
-        self.namer.taken |= set(params) | set(analysis.stored_params.values())
+        self.namer.taken |= set(params) | set(analysis.as_left_params.values())
         self.defs = analysis.defs
         self.root = id(self.program.body)
         self.home: dict[str, int] = {}  # name -> id of the block it belongs to (where its value is visible)
@@ -235,33 +235,33 @@ class BackwardBuilder:
         reassigned |= {self.shadow[n] for n in reassigned if n in self.shadow}
         own = any(c.strategy.own_kernel for c in self.choices.values())  # (its sums are stored at sweep values)
         epilogue = {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))} if not own else set()
-        replay = self.forward.statements(epilogue)
-        merge_records(replay, self.out)
-        self.loops.keep_finals(replay, self.out)
-        body, extra = replay + self.out, []
+        recomputed = self.forward.statements(epilogue)
+        merge_records(recomputed, self.out)
+        self.loops.keep_finals(recomputed, self.out)
+        body, extra = recomputed + self.out, []
         axis = next((c.axis for c in self.choices.values() if c.strategy.partial_rows), None)
         prologue = stages = held = None
         if own:  # a kernel of its own for these inputs: the loop's iterations are programs (interchange.py)
             axis = self.choices[self.analysis.wrt[0]].axis
             self.out, guard, prologue = loop_to_grid(
-                replay, self.out, [s.accumulator for s in self.partial_sums], axis, self.comments, self.namer,
+                recomputed, self.out, [s.accumulator for s in self.partial_sums], axis, self.comments, self.namer,
                 {n for s in self.partial_sums for n in (s.shadow, *names_in(s.mask))},
                 {k.index for k in self.analysis.program_trips}, self.adjoint_likes(), self.loaded_from())
-            replay = without_unused(replay, set().union(*[reads(s) for s in self.out], reads(guard.count) if guard
-                                                        else set()))  # what only the prologue's values needed
-            body, extra, _ = self.persistent(replay, axis, reassigned, every=True, guard=guard)
+            recomputed = without_unused(recomputed, set().union(*[reads(s) for s in self.out], reads(guard.count)
+                                                                if guard else set()))  # the prologue's needs dropped
+            body, extra, _ = self.persistent(recomputed, axis, reassigned, every=True, guard=guard)
             if group_programs(body):  # (programs running at once read the same tiles)
                 body.insert(0, self.marker("programs taken in groups of 8 along axis 0 (tg.grouped_program_id)"))
         elif axis is not None:
-            stages = self.namer.fresh("STAGES")
-            body, extra, held = self.persistent(replay, axis, reassigned, stages=stages, held=self.namer.fresh("HELD"))
-        temporaries = self.program.temporaries | {mirror[t] for mirror in (self.shadow, self.forward.stored)
+            stages, held = self.namer.fresh("STAGES"), self.namer.fresh("HELD")
+            body, extra, held = self.persistent(recomputed, axis, reassigned, stages=stages, held=held)
+        temporaries = self.program.temporaries | {mirror[t] for mirror in (self.shadow, self.forward.as_left)
                                                   for t in self.program.temporaries if t in mirror}
         temporaries |= {copies[t] for t in temporaries if t in copies}  # (rereads.py's copies fold as they do)
         foldable = {t for t in temporaries if t not in self.analysis.active}
         return BackwardBody(body, self.comments, self.shadow_params, cotangents, returns, foldable, reassigned, extra,
                             self.written_inputs, self.tapes, self.later_adds, prologue, stages, held,
-                            list(self.analysis.stored_params.values()))
+                            list(self.analysis.as_left_params.values()))
 
     def adjoint_likes(self) -> dict[str, tuple[ast.expr, tuple[str, ...]]]:
         """Adjoints whose primal's shape the source says, and its type: -> (zeros of the adjoint's shape and type,
@@ -281,7 +281,7 @@ class BackwardBuilder:
         return {target_of(s): param for param, loads in self.analysis.loads.items() for s in loads
                 if target_of(s) and len(self.defs.get(target_of(s), ())) == 1}
 
-    def persistent(self, replay: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False,
+    def persistent(self, recomputed: list[ast.stmt], axis: int, reassigned: set[str], every: bool = False,
                    guard: Any = None, stages: str | None = None, held: str | None = None
                    ) -> tuple[list[ast.stmt], list[str], str | None]:
         """The body as a loop over the forward's programs along ``axis`` (persistent.py), the parameters
@@ -300,9 +300,9 @@ class BackwardBuilder:
             note = (f"one program per group of the forward's programs along axis {axis}: each sums the gradient of "
                     f"{names} over its programs\n(in its own partial row, reduced in order after the kernel), and the "
                     "rest as the forward's program would")
-        params = {*self.program.param_names(), *self.shadow_params, *self.analysis.stored_params.values(), programs,
+        params = {*self.program.param_names(), *self.shadow_params, *self.analysis.as_left_params.values(), programs,
                   *rows.values()}
-        body = persistent(replay, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer,
+        body = persistent(recomputed, self.out, axis, programs, rows, self.partial_sums, reassigned, params, self.namer,
                           every, guard, stages, held)
         if held is not None and held not in reads(ast.Module(body, [])):  # nothing loaded before the loop
             held = None
@@ -493,7 +493,7 @@ def build_backward(analysis: Analysis, loop_plans: dict[int, LoopPlan], tile: bo
                    read_back: dict[str, StoredValue] | None = None) -> BackwardBody:
     """The backward body; ``choices``: how each input's gradient is written (writes/strategies.py; default: atomically);
     ``saved``: the nonlinear loops' state tapes come filled from the forward (augment.py); ``read_back``: values
-    the replay reads from the outputs holding them (stored_outputs.py)."""
+    the recomputation reads from the outputs holding them (stored_outputs.py)."""
     for s in statements(analysis.program.body):  # memory operations' argument checks, before any output
         if operation_of(op_of(s)).memory is not None:
             arguments(s)

@@ -15,7 +15,7 @@ with, around each loop the backward tapes,
     tg.tape_put(tritongrad_row_0, tritongrad_slot_0, m, True)                  # and the state after the loop
 
 and the backward's variant that reads those tapes (``BackwardKernel.prepare(saved=...)``; ``loops.SAVED``)
-replays neither the loop nor its recording pass. The tapes live from the forward to the backward: they are kept
+recomputes neither the loop nor its recording pass. The tapes live from the forward to the backward: they are kept
 only where they take at most ``SHARE`` of the bytes of the launch's tensors (a running max and sum per row, not an
 attention accumulator per iteration; a loop's final state, one slot per program, at most ``FINALS_SHARE``: an
 attention accumulator after the loop is as big as the output), for loops outside any other loop, and where the

@@ -81,8 +81,8 @@ class BackwardKernel:
         analysis = d.analysis
         self.in_place = analysis.in_place  # inputs updated in place: their shadow is the output's too
         self.unchanged = analysis.unchanged  # of those, the ones whose loads read what no store of the launch changes
-        # pointers whose values after the launch the replay reads (reloads) -> the parameter taking them
-        self.stored_params: dict[str, str] = dict(analysis.stored_params)
+        # pointers whose values after the launch the recomputation reads (reloads) -> the parameter taking them
+        self.stored_params: dict[str, str] = dict(analysis.as_left_params)
         self.store_axes = {k: frozenset(v) for k, v in analysis.store_axes.items()}
         self.launch_checks: tuple[LaunchCheck, ...] = tuple(analysis.launch_checks)
         self.launches = Launches(self)  # its variants' kernels launched (launching.py)
@@ -160,7 +160,7 @@ class BackwardKernel:
                   ) -> dict[str, Any]:
         """The gradients of the ``wrt`` inputs of the forward launch ``named`` (its arguments by parameter
         name) given the gradients of its outputs (tensors with the outputs' shapes and strides): each
-        allocated as its write strategy needs (empty where it is stored everywhere) in the input's dtype, or
+        allocated as its write strategy needs (empty where it is written everywhere) in the input's dtype, or
         float32 for half-precision inputs added atomically. ``saved``: the state tapes the launch's augmented
         forward kept (augment.py)."""
         import torch

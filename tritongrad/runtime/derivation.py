@@ -42,7 +42,7 @@ input's gradient is written (see writes/strategies.py)."""
 LATER = "its other loads' adjoints kept per program and added after the kernel"
 
 
-STORED = ("Then {stored}: `{param}` as the forward launch left it, whose new values the kernel read back\n"
+AS_LEFT = ("Then {as_left}: `{param}` as the forward launch left it, whose new values the kernel read back\n"
           "after storing them (`{param}` itself: its values before the launch).")
 
 
@@ -92,7 +92,7 @@ class Derivation:
         self.program = program = front_half(request.forward, request.constexprs)
         self.analysis = analysis = analyze(program, request.wrt, request.outputs)
         self.wrt, self.outputs = analysis.wrt, analysis.outputs
-        # values its replay may read from the outputs holding them
+        # values its recomputation may read from the outputs holding them
         self.read_back = {v: k for v, k in stored_values(program, analysis.stores).items()
                           if k.param in request.kept_outputs}
         self.loop_plans = classify_loops(analysis)
@@ -106,7 +106,7 @@ class Derivation:
         self.best = self.variant(self.writes.best())
         if not any(part.wrt == self.wrt for part in self.best.parts):  # the calling convention's shadow names
             self.variant({p: Choice.atomic() for p in self.wrt})
-        self.params = (*program.param_names(), *self.shadow_params.values(), *analysis.stored_params.values())
+        self.params = (*program.param_names(), *self.shadow_params.values(), *analysis.as_left_params.values())
 
     @property
     def name(self) -> str:
@@ -177,10 +177,10 @@ class Derivation:
                          + (f"{UNCHANGED}{c.strategy.describes}" if p in analysis.unchanged else "")
                          + (f"; {LATER} ({', '.join(c.later_loads)})" if c.later_loads else "")
                          for p, c in choices.items())
-        stored = "".join("\n" + STORED.format(stored=f"`{n}`", param=p) for p, n in analysis.stored_params.items())
+        as_left = "".join("\n" + AS_LEFT.format(as_left=f"`{n}`", param=p) for p, n in analysis.as_left_params.items())
         doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
                f"wrt: {', '.join(wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
-               f"{CALLING_CONVENTION}{stored}\nIn this variant:{writes or ' (no inputs)'}\n")
+               f"{CALLING_CONVENTION}{as_left}\nIn this variant:{writes or ' (no inputs)'}\n")
         src = codegen.function_source(program, backward, name, doc.replace("\n", "\n    "), tile=False)
         kernel = codegen.compile_kernel(src, name, program)
         prologue = None

@@ -33,7 +33,7 @@ def grad(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] |
     removed before anything is derived, as Triton compiles one kernel per value (a launch
     through the kernel's ``bwd[grid]``, ``gradients`` or ``tritongrad.op`` specializes by itself).
     ``kept_outputs``: output parameters that hold, whenever the backward runs, what the forward launch stored
-    there (an op's launch record saves them): values it stored after a reduction are read back rather than replayed
+    there (an op's launch record saves them): values it stored after a reduction are read back rather than recomputed
     (stored_outputs.py).
     A pointer the kernel updates in place (loaded, then stored at the same address) that ``wrt`` names is among
     the ``outputs`` too: its shadow takes the new values' gradient in and gives the old values'. Where the kernel

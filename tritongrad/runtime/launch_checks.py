@@ -27,7 +27,7 @@ class LaunchChecks:
         """Refuse a direct launch whose gradient buffers the kernel could not address as its calling convention
         says (each with its primal's sizes and strides, on its device: else it writes outside them), that
         writes an input's gradient where it reads an output's, or whose forward read an input where it wrote
-        an output (the backward replays the forward's loads: they would read what it stored). An op's backward
+        an output (the backward recomputes the forward's loads: they would read what it stored). An op's backward
         makes its buffers itself, and its launch record refuses such forwards."""
         k = self.kernel
         given = [(o, g, "output") for o, g in output_grads.items()] + [
@@ -48,7 +48,7 @@ class LaunchChecks:
             if not g.dtype.is_floating_point:
                 raise TypeError(f"{k.name}: `{shadow}` must be a floating-point tensor, got {g.dtype}")
         for p, n in k.stored_params.items():  # what it read back, from the tensor as the launch left it
-            self.stored(p, n, named.get(p), named.get(n))
+            self.as_left(p, n, named.get(p), named.get(n))
         layouts = {("d", name): Layout.of(g) for name, g, _ in given if hasattr(g, "data_ptr")}
         layouts.update({("x", p): Layout.of(named[p]) for p in (*k.wrt, *k.outputs)
                         if hasattr(named.get(p), "data_ptr")})
@@ -65,12 +65,12 @@ class LaunchChecks:
                         and overlap(layouts[("x", p)], layouts[("x", o)]):
                     raise NotDifferentiableError(
                         f"`{p}` and the output `{o}` share memory: the forward stored over what it read, and the "
-                        "backward, which replays the forward's loads, would read what it stored",
+                        "backward, which recomputes the forward's loads, would read what it stored",
                         file=k.forward.fn.__code__.co_filename, line=k.forward.fn.__code__.co_firstlineno,
                         hint="pass an output that does not overlap the inputs (or update the input in place: load "
                              "and store it through one parameter)")
 
-    def stored(self, p: str, n: str, x: Any, t: Any) -> None:
+    def as_left(self, p: str, n: str, x: Any, t: Any) -> None:
         """Refuse a direct launch that does not pass ``n`` (``p`` as the forward launch left it) as a tensor laid out as
         ``p``'s, or passes ``p`` itself there (``p`` takes the values the launch was given)."""
         k = self.kernel

@@ -30,7 +30,7 @@ class Roles:
     inputs: frozenset[str]  # differentiable inputs: loaded, never stored unless in place (floats among them)
     in_place: frozenset[str] = frozenset()  # loaded and overwritten with tl.store (analysis/pointers.py)
     # updated in place, and what it stored read back (analysis/in_place.py): its backward reads the tensor as the
-    # launch left it too (``stored_param``), and passes gradient through its shadow
+    # launch left it too (``as_left_param``), and passes gradient through its shadow
     reloaded: frozenset[str] = frozenset()
     # stored with a value the backward may read back (stored_outputs.py): from any float output (a softmax's),
     # or only where the output is float32 or float64 (a statistic, exact there)

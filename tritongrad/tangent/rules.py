@@ -12,7 +12,7 @@ import ast
 import copy
 
 from ..analysis.flow import INFINITE, MASKED, padding_at_unbounded
-from ..core.ir import arguments, name_node, op_of, reads, refuse, where
+from ..core.ir import arguments, construct_origin, name_node, op_of, reads, refuse
 from ..core.operations import LINEAR, instantiate, operation_of
 
 HINT = "forward mode does not yet handle {what}: differentiate it in reverse mode (tritongrad.grad), or write it " \
@@ -22,7 +22,7 @@ METADATA = ("shape", "dtype", "numel", "type")  # `x.shape`: read of a value, no
 
 def unsupported(stmt: ast.stmt, what: str) -> Exception:
     """The refusal of a construct forward mode does not yet handle, naming it."""
-    return refuse(where(stmt), f"{what} in forward mode", HINT.format(what=what))
+    return refuse(construct_origin(stmt), f"{what} in forward mode", HINT.format(what=what))
 
 
 def zeros_of(atom: ast.expr) -> ast.expr:

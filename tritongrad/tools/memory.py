@@ -110,7 +110,7 @@ def _saved(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
     if plan is not None:  # a tritongrad op's node (ops/autograd_function.py): slots named by launch and parameter
         names: dict[int, list[str]] = {}
         for launch in plan.launches:
-            for p, slot in (*launch.slots.items(), *launch.stored.items()):
+            for p, slot in (*launch.slots.items(), *launch.as_left.items()):
                 if slot is not None:
                     names.setdefault(slot, []).append(f"{launch} {p}")
         for slot, t in enumerate(node.saved_tensors):

@@ -5,8 +5,8 @@ address as an affine form (analysis/addresses.py) and keeps, as conditions on a 
 (analysis/conditions.py data), whether its addresses are apart across lanes, programs and iterations (``owned``),
 cover the tensor (``covers``), are shared by the programs along a grid axis (``shared``: partial rows, summed in
 registers where they do not move), or shared along an axis but moved by a loop (``interchange``: a kernel of its
-own), or why none of these can be shown; several loads at addresses apart from one another each stored
-(``together``), one stored and the others added later (``later``) as the ``fallback`` where they meet at a launch.
+own), or why none of these can be shown; several loads at addresses apart from one another each written once
+(``together``), one written once and the others added later (``later``) as the ``fallback`` where they meet at a launch.
 :class:`WritePlan` holds them for every input; its ``choose`` takes, per
 launch, the first strategy whose facts hold (strategies.choose).
 """
@@ -58,7 +58,7 @@ class InputFacts:
     covers: Condition | None = None  # (with owned) every element of the tensor reached
     shared: dict[int, Condition] = field(default_factory=dict)  # axis -> its lanes apart, the other axes single
     in_registers: frozenset[int] = frozenset()  # axes along which the load's address and mask do not move
-    why: str = ""  # why it cannot be stored, for ``tritongrad show``
+    why: str = ""  # why it cannot be written once, for ``tritongrad show``
     apart: Condition | None = None  # the part of ``owned`` about lanes, programs and iterations (for show)
     inactive: bool = False  # its value reaches no output: no gradient
     interchange: dict[int, Condition] = field(default_factory=dict)  # axis -> its loop's iterations apart
@@ -99,7 +99,7 @@ class InputFacts:
         if self.owned is not None:
             when = "" if self.apart is None or self.apart == All() else f" ({self.apart})"
             single = " and with one program along axis " + ", ".join(map(str, self.shared)) if self.shared else ""
-            parts.append(f"stored where each element is reached once{when}{single}"
+            parts.append(f"written, not added, where each element is reached once{when}{single}"
                          + (", without a zero-fill where the loads cover the tensor" if self.covers else "")
                          + (" (the programs that take the other branch of the `if` around it store zeros there)"
                             if self.fill else "")
@@ -109,7 +109,7 @@ class InputFacts:
                 parts[-1] = parts[-1].replace("once", f"once, its loads {_names(self.together)} read as one load "
                                               "with a coordinate more", 1)
         if self.fallback is not None and self.fallback.later:
-            parts.append(f"where they meet at a launch, one stored and the adjoints of the others "
+            parts.append(f"where they meet at a launch, one written once and the adjoints of the others "
                          f"({_names(self.fallback.later)}) kept per program and added after the kernel")
         parts.append("else added atomically" + (f": {self.why}" if self.why and not parts else ""))
         if self.rereads:
@@ -179,7 +179,7 @@ def plan_writes(a: Analysis, feasible: Feasibility) -> WritePlans:
             inputs[p] = replace(facts, interchange={}, trips=None)
             if feasible.interchange(p, axis, saved=True) is None:  # (an attention backward's: without the
                 why += " (it has one where an op's forward keeps that loop's state)"  # states, every program would
-            else:  # replay the forward's loop)
+            else:  # recompute the forward's loop)
                 saved[p] = inputs[p]
             not_interchanged[p] = why
             break
@@ -240,15 +240,15 @@ class _Context:
                            rereads=tuple(target_of(s) for s in loads if s is not first))
         fallback = self._later(param, loads)
         together = self._together(param, loads)
-        if together is not None:  # each stored; where a launch puts them together, the others added later
+        if together is not None:  # each written once; where a launch puts them together, the others added later
             return replace(together, fallback=fallback)
         return fallback or InputFacts(param, why="it is loaded by several statements")
 
     def _later(self, param: str, loads: list[ast.stmt]) -> InputFacts | None:
-        """One of several loads stored, the others outside loops, their adjoints added after the kernel (None: none
+        """One of several loads written, the others outside loops, their adjoints added after the kernel (None: none
         can be)."""
         in_loops = [s for s in loads if any(isinstance(n, ast.For) for n in self.nested[id(s)])]
-        if len(in_loops) <= 1:  # the one in a loop (else any) stored, the others added later
+        if len(in_loops) <= 1:  # the one in a loop (else any) written once, the others added later
             for stmt in in_loops or loads:
                 later = [s for s in loads if s is not stmt]
                 owned = self.load(param, stmt)

@@ -209,7 +209,7 @@ class NoGradient(Strategy):
 
 class Store(Strategy):
     mode = Mode.STORE
-    describes = "stored: each element is written once (the buffer needs no zero-fill where the loads cover it)"
+    describes = "written once: each element by one store (the buffer needs no zero-fill where the loads cover it)"
     after = "a buffer of its own (private) added to the input's; its other loads' adjoints added (later)"
     later_adds = True
     merges_rereads = True
@@ -432,7 +432,7 @@ def own_programs(launch: LaunchValues, axis: int, trips: Expr) -> int:
 
 @dataclass(frozen=True)
 class LaterAdds:
-    """A load whose adjoint is added after the kernel (an input's other loads, beside the one stored): each
+    """A load whose adjoint is added after the kernel (an input's other loads, beside the one written once): each
     program keeps the adjoint of its lanes with their addresses' offsets from the gradient's first element
     (tg.add_later), zero where it did not run the load; the BackwardKernel then adds them in."""
 

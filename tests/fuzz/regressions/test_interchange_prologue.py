@@ -5,7 +5,7 @@ the adjoint its iterations read (d_v2_h, computed from d_v3 = dy1 + ...) is comp
 main kernel kept `d_v3 += ...` after dropping `d_v3 = ...` as unused: a crash (unbound name); dropping
 both, the sums the kernel stores were dropped too while the fix was made (zero gradient, caught here).
 h3 multiplies (the shrunk kernel subtracted): so the backward reads the loop's final state, which a difference
-needs only for its shape, no longer replayed for that."""
+needs only for its shape, no longer recomputed for that."""
 
 # ruff: noqa: E501, B007
 

@@ -1,7 +1,7 @@
 """A fuzzed kernel (tests/fuzz/generate.py, seed 3302 kernel 572) and its PyTorch mirror.
 
 The input loaded in the static loop gets a kernel of its own where the backward reads the loop's final
-state from the forward (no replay of the loop beside it). The column indices the loop advances are reset in
+state from the forward (no recomputation of the loop beside it). The column indices the loop advances are reset in
 the sweep, so the address the sums are stored at was computed inside the loop over the forward's programs and
 read after it: a crash. Such an input keeps its other write strategy now (partial rows: the forward keeps nothing).
 """
