@@ -66,6 +66,19 @@ def positive_parts(x_ptr, y_ptr, N, B: tl.constexpr):
     tl.store(y_ptr + tl.arange(0, B), acc)
 
 
+@triton.jit
+def row_sums_in_a_branch(x_ptr, y_ptr, N, M, B: tl.constexpr):
+    """The blocks starting before M only: the mask is defined inside the loop's branch (split there)."""
+    pid = tl.program_id(0)
+    acc = tl.zeros((B,), dtype=tl.float64)
+    for start in range(0, N, B):
+        if start < M:
+            cols = start + tl.arange(0, B)
+            x = tl.load(x_ptr + pid * N + cols, mask=cols < N, other=0.0)
+            acc += tl.where(cols < N, tl.exp(x), 0.0)
+    tl.store(y_ptr + pid * B + tl.arange(0, B), acc)
+
+
 def _blocked(x: torch.Tensor, keep: torch.Tensor, b: int) -> torch.Tensor:
     """Rows of ``x`` (masked by ``keep``) summed per lane of a block of ``b`` columns."""
     rows, n = x.shape
@@ -162,3 +175,16 @@ def test_a_mask_defined_in_a_branch_is_split_in_it():
            "        y = tl.where(c < N, x, 0.0)")
     out = _split(src)
     assert "tl.where((c < N) | True, x, 0.0)" in out and out.count("for s in range") == 2
+
+
+@pytest.mark.parametrize("m", [0, 17, 100])  # no block, some, every block (the masked last one among them)
+def test_a_kernel_whose_mask_is_defined_in_a_branch_gets_pytorchs_gradients(m):
+    rows, n, b = 2, 37, 8
+    x = torch.randn(rows, n, dtype=F64)
+    y = poison(torch.empty(rows, b, dtype=F64))
+    args, kwargs = (x, y, n, m), {"B": b}
+    row_sums_in_a_branch[(rows,)](*args, **kwargs)
+    leaf = x.clone().requires_grad_()
+    keep = (torch.arange(n) // b * b < m)[None, :]  # (the columns of the blocks starting before m)
+    assert_gradients_match(row_sums_in_a_branch, (rows,), args, kwargs, y, _blocked(torch.exp(leaf), keep, b),
+                           [leaf], ["x_ptr"])
