@@ -347,6 +347,7 @@ def _math_attention(q, k, v, causal):
     return torch.softmax(s, dim=-1) @ v
 
 
+@pytest.mark.compiled
 @pytest.mark.parametrize("size,causal,bindings", [((2, 45, 12), True, "apart"), ((1, 37, 16), False, "apart"),
                                                   ((1, 9, 5), True, "shared")])
 def test_flash_attention_second_derivative_matches_reference(size, causal, bindings, poisoned_empty):
@@ -354,7 +355,10 @@ def test_flash_attention_second_derivative_matches_reference(size, causal, bindi
     binary search, a `while` loop) and, with one program of queries, stores dK and dV in a loop whose range follows
     the program id: both refused when derived in turn ("cannot differentiate a `while` loop"; "cannot differentiate
     a tl.store to `d_k_ptr` whose address follows tl.program_id(0) through the range of the loop"). Recorded to be
-    differentiated again, its loops are not split and those gradients are added atomically. Against a plain-PyTorch
+    differentiated again, its loops are not split and those gradients are added atomically. Each kernel compiled for
+    a GPU too (the compile check): the twice-derived kernel inlines tg.to_float, whose static_assert read a name
+    assigned `x.dtype.is_floating()` (a tensor to compiled Triton: "could not be determined at compile-time") before
+    the frontend kept a metadata's method call inline. Against a plain-PyTorch
     attention in float64: sequence lengths of partial blocks, causal and not, one program of queries; a random
     incoming gradient and random second-stage weights; unfilled buffers poisoned; ``shared``: queries and keys one
     tensor and the values a transposed view, through the bare op (made contiguous inside it)."""
