@@ -19,8 +19,8 @@ DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRE
 SUPPORTED = {"sin": 37, "softplus": 45, "swiglu": (3, 13), "softmax": (3, 11), "gelu": 37, "geglu": (3, 13),
              "log_softmax": (3, 11), "rmsnorm": (3, 13), "layernorm": (3, 13), "fn1": 16, "gather": (5, 9),
              "linear": (5, 7), "matmul": (5, 6, 7), "matvec": (5, 7), "rotary": (1, 1, 3, 4), "transpose": (5, 7),
-             "add_rmsnorm": (2, 7), "cross_entropy": (3, 37)}  # (cross_entropy: row 1 ignored, 37 = 32 + 5)
-FAST = ("cross_entropy",)  # gradgradcheck's fast mode
+             "add_rmsnorm": (2, 7), "cross_entropy": (3, 37), "flash_attention": (1, 9, 5)}  # (causal, 1 program)
+FAST = ("cross_entropy", "flash_attention")  # gradgradcheck's fast mode (cross_entropy: row 1 ignored, 37 = 32 + 5)
 # hvp differentiates the double backward once more (its cotangent's gradient)
 THRICE = ("sin", "softplus", "swiglu", "softmax")
 
@@ -70,7 +70,7 @@ def test_gradgradcheck(name, kind):
     example = _example(name)
     op = (getattr(example, "OP", None) or getattr(example, name)) if kind == "named" else _bare(name)
     # (cross_entropy: 111 inputs whose full Jacobian took 70-120 s in the interpreter; random projections instead,
-    # beside test_cross_entropy_second_derivative_matches_reference's exact comparison)
+    # beside test_<name>_second_derivative_matches_reference's exact comparison, flash_attention's too)
     fast = name in FAST
     assert torch.autograd.gradgradcheck(*_of_differentiable(op, _inputs(name, SUPPORTED[name])), fast_mode=fast)
 
@@ -336,3 +336,48 @@ def test_an_incoming_gradient_the_backward_does_not_read_has_no_second_derivativ
     got = torch.autograd.functional.hvp(lambda x: (_sin_and_index(x)[0] * w).sum() + _sin_and_index(x)[1].sum(),
                                         x0, v)[1]
     torch.testing.assert_close(got, -torch.sin(x0) * w * v, rtol=1e-12, atol=1e-12)
+
+
+def _math_attention(q, k, v, causal):
+    """Attention in plain PyTorch (SDPA's CPU backward has no double backward), at the example's softmax scale."""
+    s = q @ k.transpose(-1, -2) * _example("flash_attention").softmax_scale(q.shape[-1])
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.compiled
+@pytest.mark.parametrize("size,causal,bindings", [((2, 45, 12), True, "apart"), ((1, 37, 16), False, "apart"),
+                                                  ((1, 9, 5), True, "shared")])
+def test_flash_attention_second_derivative_matches_reference(size, causal, bindings, poisoned_empty):
+    """The derived backward splits its key loops where the causal mask holds in every lane (codegen/peel.py: a
+    binary search, a `while` loop) and, with one program of queries, stores dK and dV in a loop whose range follows
+    the program id: both refused when derived in turn ("cannot differentiate a `while` loop"; "cannot differentiate
+    a tl.store to `d_k_ptr` whose address follows tl.program_id(0) through the range of the loop"). Recorded to be
+    differentiated again, its loops are not split and those gradients are added atomically. Each kernel compiled for
+    a GPU too (the compile check): the twice-derived kernel inlines tg.to_float, whose static_assert read a name
+    assigned `x.dtype.is_floating()` (a tensor to compiled Triton: "could not be determined at compile-time") before
+    the frontend kept a metadata's method call inline. Against a plain-PyTorch
+    attention in float64: sequence lengths of partial blocks, causal and not, one program of queries; a random
+    incoming gradient and random second-stage weights; unfilled buffers poisoned; ``shared``: queries and keys one
+    tensor and the values a transposed view, through the bare op (made contiguous inside it)."""
+    torch.manual_seed(8)
+    op = _example("flash_attention").flash_attention if bindings == "apart" else _bare("flash_attention")
+    heads, n, d = size
+    q, k, v = (torch.randn(1, heads, n, d, dtype=DTYPE, device=DEVICE, requires_grad=True) for _ in range(3))
+    if bindings == "shared":
+        vt = torch.randn(1, heads, d, n, dtype=DTYPE, device=DEVICE, requires_grad=True)
+        inputs, call = (q, vt), lambda f, q, vt: f(q, q, vt.transpose(-1, -2), causal)
+    else:
+        inputs, call = (q, k, v), lambda f, q, k, v: f(q, k, v, causal)
+    g = torch.randn(1, heads, n, d, dtype=DTYPE, device=DEVICE)
+    weights = tuple(torch.randn_like(x) for x in inputs)
+
+    def second(f):
+        first = torch.autograd.grad(call(f, *inputs), inputs, g, create_graph=True)
+        return first, torch.autograd.grad(sum((a * w).sum() for a, w in zip(first, weights, strict=True)), inputs)
+
+    (got, got2), (want, want2) = second(op), second(_math_attention)
+    for a, b in zip((*got, *got2), (*want, *want2), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)

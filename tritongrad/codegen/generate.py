@@ -143,7 +143,10 @@ def _simplify(n: ast.BinOp) -> ast.expr:
     return n
 
 
-def function_source(program: Program, backward: BackwardBody, name: str, docstring: str, tile: bool) -> str:
+def function_source(program: Program, backward: BackwardBody, name: str, docstring: str, tile: bool,
+                    peel: bool = True) -> str:
+    """The kernel's source; ``peel``: its loops split where their masks hold in every lane (peel.py), not in a
+    kernel to be differentiated in turn (derivation refuses the split's binary search, a ``while`` loop)."""
     params = [ast.arg(arg=p.arg, annotation=p.annotation) for p in program.params]
     kept = [*backward.tapes, *([backward.prologue.tape] if backward.prologue is not None else [])]
     tapes = [n for tape in kept for n in (*(param for param, _ in tape.states), tape.slots)]
@@ -161,7 +164,7 @@ def function_source(program: Program, backward: BackwardBody, name: str, docstri
     comments = dict(backward.comments)  # peel.py adds its own
     taken = {n.id for n in ast.walk(ast.Module(folded, [])) if isinstance(n, ast.Name)} | {p.arg for p in params}
     oriented = orient_tiles(folded, [p.arg for p in params], lambda text: comment_marker(comments, text))
-    peeled = split_at_masks(oriented, taken, lambda text: comment_marker(comments, text))
+    peeled = split_at_masks(oriented, taken, lambda text: comment_marker(comments, text)) if peel else oriented
     body += issue_loads_early(base_two_exponentials(peeled), lambda text: comment_marker(comments, text))
     if tile:
         value = backward.returns[0] if len(backward.returns) == 1 else ast.Tuple(elts=backward.returns, ctx=ast.Load())

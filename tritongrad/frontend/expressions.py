@@ -234,6 +234,12 @@ class ExpressionFlattener:
                                       "descriptors a launch passes; or pass the tensor and build its descriptor in "
                                       "the kernel with `tl.make_tensor_descriptor(x_ptr, shape, strides, "
                                       "block_shape)`")
+                if _is_metadata(receiver):  # `x.dtype.is_floating()`: known when Triton compiles, kept inline (a
+                    # name assigned it is a tensor to compiled Triton, which tl.static_assert refuses)
+                    return ast.Call(func=ast.Attribute(value=receiver, attr=func.attr, ctx=ast.Load()),
+                                    args=[self.atom(a, stmt) for a in node.args],
+                                    keywords=[ast.keyword(arg=k.arg, value=self.atom(k.value, stmt))
+                                              for k in node.keywords])
                 return self.build_call(func.attr, ast.Attribute(value=receiver, attr=func.attr, ctx=ast.Load()),
                                        [receiver], node, stmt, method=True)
             raise self.normalizer.refuse(stmt, f"a call to the local value `{ast.unparse(func)}`",

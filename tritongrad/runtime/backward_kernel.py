@@ -95,9 +95,9 @@ class BackwardKernel:
 
     # -- the kernel: its derivation's ------------------------------------------------------------
 
-    def variant(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
+    def variant(self, choices: dict[str, Choice], saved: bool = False, again: bool = False) -> Variant:
         """The kernels for these choices (Derivation.variant)."""
-        return self.derivation.variant(choices, saved)
+        return self.derivation.variant(choices, saved, again)
 
     def reads(self) -> frozenset[str]:
         """The parameters whose memory a kernel of the variants derived so far reads (variants.Variant.reads)."""
@@ -222,7 +222,9 @@ class BackwardKernel:
             self_overlapping = buffer_facts({p: named.get(p) for p in self.wrt if p not in self.in_place})[1]
         shared = shared - self.in_place
         again = recorded()  # (a backward recorded to be differentiated again: no partial rows, whose persistent
-        # loop's sums the derivation of a derived kernel does not take, nor later adds: added atomically)
+        # loop's sums the derivation of a derived kernel does not take, nor later adds, nor stores at addresses
+        # following a program id through a loop's range: added atomically; no loop split at its masks, whose binary
+        # search is a `while` loop)
         key = (grid, written, held, shared, self_overlapping, saved is not None, again,
                *[_describe(named.get(n)) for n in self._chosen_names])
         prepared = self._chosen.get(key)
@@ -235,11 +237,11 @@ class BackwardKernel:
             # loads stores, the new values' gradient there is the old values' too: added to where there is any)
             facts = LaunchFacts(LaunchValues(named, grid), (written - self.in_place) | held, shared, self_overlapping,
                                 parallel, 0 if again else tape_budget(device), max(tuning.WAVES) * parallel,
-                                later_adds=not again)
+                                later_adds=not again, stores_through_ranges=not again)
             choices = writes.choose(facts, deterministic=self.deterministic)
             if self.deterministic:
                 self.checks.refuse_atomics(choices, self_overlapping, again)
-            variant = self.variant(choices, saved=saved is not None)
+            variant = self.variant(choices, saved=saved is not None, again=again)
             if saved is not None and not reads_only(variant, saved.tapes):
                 return self.prepare(named, grid, written, shared, self_overlapping)
             prepared = self._chosen[key] = Prepared(choices, variant, shared)

@@ -123,14 +123,15 @@ class Derivation:
             variants = list(self._variants.values())
         return frozenset().union(*(v.reads for v in variants))
 
-    def variant(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
+    def variant(self, choices: dict[str, Choice], saved: bool = False, again: bool = False) -> Variant:
         """The kernels for these choices, derived and compiled on first use; ``saved``: the first kernel reads
-        the state tapes the forward kept (augment.py) instead of recording them."""
+        the state tapes the forward kept (augment.py) instead of recording them; ``again``: kernels of a backward
+        to be differentiated in turn (double backward), their loops not split at their masks (codegen/peel.py)."""
         key = tuple((p, c.as_code()) for p, c in choices.items())  # (a zero-fill, a private buffer: not code)
         with self._variants_lock:
-            found = self._variants.get((key, saved))
+            found = self._variants.get((key, saved, again))
             if found is None:
-                found = self._variants[(key, saved)] = self._build(dict(key), saved)
+                found = self._variants[(key, saved, again)] = self._build(dict(key), saved, again)
         return found
 
     def saved_tapes(self) -> tuple[StateTape, ...]:
@@ -145,25 +146,26 @@ class Derivation:
             kept[tape.key] = kept[tape.key].joined(tape) if tape.key in kept else tape
         return tuple(kept.values())
 
-    def _build(self, choices: dict[str, Choice], saved: bool = False) -> Variant:
+    def _build(self, choices: dict[str, Choice], saved: bool = False, again: bool = False) -> Variant:
         own = [p for p, c in choices.items() if c.strategy.own_kernel]
         rest = {p: c for p, c in choices.items() if p not in own}
-        parts = [self._part(rest, saved)] if not own or any(c.strategy.writes_gradient for c in rest.values()) else []
+        whole = not own or any(c.strategy.writes_gradient for c in rest.values())
+        parts = [self._part(rest, saved, again)] if whole else []
         by_loop: dict[tuple, dict[str, Choice]] = {}  # inputs whose iterations are the same: one kernel (dK, dV)
         for p in own:
             by_loop.setdefault((choices[p].axis, self.saved_writes.inputs[p].trips), {})[p] = choices[p]
         for group in by_loop.values():
             try:
-                parts.append(self._part(group, saved))
+                parts.append(self._part(group, saved, again))
             except NotInterchangeable:  # each alone can (plan_writes asked), together not
-                parts += [self._part({p: c}, saved) for p, c in group.items()]
+                parts += [self._part({p: c}, saved, again) for p, c in group.items()]
         parts = tuple(parts)
         written = set().union(*[part.written for part in parts])
         return Variant(tuple(choices.items()), parts, frozenset(p for p in self.wrt if p not in written))
 
-    def _part(self, choices: dict[str, Choice], saved: bool = False) -> Part:
+    def _part(self, choices: dict[str, Choice], saved: bool = False, again: bool = False) -> Part:
         """The kernel writing the gradients of the inputs in ``choices`` (all of them, or one interchanged)."""
-        key = (tuple(choices.items()), saved)
+        key = (tuple(choices.items()), saved, again)
         if key in self._parts:
             return self._parts[key]
         program, wrt = self.program, tuple(choices)
@@ -181,7 +183,8 @@ class Derivation:
         doc = (f"Backward of `{program.name}`, derived by tritongrad.\n\n"
                f"wrt: {', '.join(wrt) or '(none)'}; outputs: {', '.join(analysis.outputs)}.\n"
                f"{CALLING_CONVENTION}{as_left}\nIn this variant:{writes or ' (no inputs)'}\n")
-        src = codegen.function_source(program, backward, name, doc.replace("\n", "\n    "), tile=False)
+        src = codegen.function_source(program, backward, name, doc.replace("\n", "\n    "), tile=False,
+                                      peel=not again)
         kernel = codegen.compile_kernel(src, name, program)
         prologue = None
         if backward.prologue is not None:  # its source first: what it computes, then what reads it
@@ -192,7 +195,7 @@ class Derivation:
             about = (f"Prologue of `{name}`: per program of the forward's grid, the values each of its programs "
                      f"would recompute\nfor every forward program it loops over ({values}).")
             prologue_src = codegen.function_source(program, first, f"{name}_prologue", about.replace("\n", "\n    "),
-                                                   tile=False)
+                                                   tile=False, peel=not again)
             prologue = codegen.compile_kernel(prologue_src, f"{name}_prologue", program)
             src = f"{prologue_src}\n\n{src}"
         programs, rows = None, {}

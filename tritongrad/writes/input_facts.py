@@ -70,6 +70,8 @@ class InputFacts:
     together: tuple[str, ...] = ()  # (with owned) its loads' results, at addresses apart from one another (the two
     # halves of a row): each load's adjoint written where it is computed, as if one load
     fallback: InputFacts | None = None  # where ``owned`` fails at a launch (the loads meet): these facts instead
+    hidden_axes: frozenset[int] = frozenset()  # program axes its address follows through a loop's range, not as a
+    # coordinate (causal attention's keys): owned with one program along them, a store there not derivable again
 
     def at_launch(self, holds) -> InputFacts:
         """The facts a launch takes (``holds``: whether a condition holds at it): the fallback's where the loads
@@ -294,7 +296,8 @@ class _Context:
                 and not set(pairs[0].found.keys) & a.bounded_trips and self._starts_at_zero(b["pointer"].id, param)):
             found = pairs[0].found  # (a shift that is not positive at a launch: Covers fails there)
             covers = written(Covers((*found.coordinates, (pairs[0].shift, Expr.const(2))), found.bounds, param))
-        return InputFacts(param, owned, covers, apart=apart, together=tuple(target_of(s) for s in loads))
+        return InputFacts(param, owned, covers, apart=apart, together=tuple(target_of(s) for s in loads),
+                          hidden_axes=frozenset().union(*(f.hidden_axes for f in each)))
 
     @functools.cached_property
     def offsets(self) -> dict:
@@ -408,7 +411,7 @@ class _Context:
                                for axis in axes}
         why = "" if owned is not None else "its address repeats across the iterations of a loop around it"
         return InputFacts(param, owned, covers, shared, in_registers, why, written(apart), interchange=interchange,
-                             trips=trips if interchange else None, fill=fill)
+                             trips=trips if interchange else None, fill=fill, hidden_axes=frozenset(hidden))
 
     def _fillable(self, stmt: ast.stmt, b: dict) -> bool:
         """Whether the programs taking the other branch of the ``if`` around a load can store zeros at its

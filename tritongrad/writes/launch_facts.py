@@ -189,7 +189,9 @@ class LaunchFacts:
     programs fill the device (``parallel``), how many bytes partial rows may take (``row_budget``), how many
     programs a persistent kernel may run along an axis (``persistent_programs``: each keeps a partial row) and
     whether loads' adjoints may be kept per program and added after the kernel (``later_adds``: not in a backward
-    recorded to be differentiated again, whose derivation cannot read tg.add_later's slots)."""
+    recorded to be differentiated again, whose derivation cannot read tg.add_later's slots), or stored at addresses
+    that follow a program id through a loop's range (``stores_through_ranges``: not there either, whose derivation
+    refuses such a store, analysis/stores.py: causal attention's dK and dV with one program of queries)."""
 
     values: LaunchValues
     written: frozenset[str] = frozenset()
@@ -199,6 +201,7 @@ class LaunchFacts:
     row_budget: int | None = None
     persistent_programs: int = 8
     later_adds: bool = True
+    stores_through_ranges: bool = True
 
     @property
     def memory(self) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:

@@ -219,7 +219,8 @@ class Store(Strategy):
         if facts is None:  # typical: several programs along every axis, so an address that some axis ignores
             if inputs.owned is None or inputs.shared or inputs.interchange:  # is not owned
                 return None
-        elif not holds(inputs.owned, choosing) or (param in facts.written and param not in facts.shared):
+        elif not holds(inputs.owned, choosing) or (param in facts.written and param not in facts.shared) \
+                or (inputs.hidden_axes and not facts.stores_through_ranges):
             return None
         covers = holds(inputs.covers, choosing)
         private = facts is not None and param in facts.shared  # another input's gradient lands here too
@@ -252,7 +253,8 @@ class Add(Strategy):
 
     def choice(self, inputs, param, choosing):
         facts = choosing.facts
-        if facts is None or param not in facts.written or not holds(inputs.owned, choosing):
+        if facts is None or param not in facts.written or not holds(inputs.owned, choosing) \
+                or (inputs.hidden_axes and not facts.stores_through_ranges):
             return None
         return Choice(Mode.ADD, later=inputs.later)
 
