@@ -153,6 +153,7 @@ def test_each_kernel_of_a_variant_is_tuned_on_its_own(monkeypatch):
         torch.testing.assert_close(got[name], w, **TOL)
 
 
+@pytest.mark.slow  # (about 3 s: every variant shown)
 def test_show_names_the_flash_attention_loop_strategy():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
     spec = "tritongrad/examples/flash_attention.py:flash_attention_kernel"

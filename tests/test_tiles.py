@@ -94,7 +94,7 @@ def reference_grads(a, b, b2, g, g2):
     return [t.grad for t in leaves]
 
 
-@pytest.mark.parametrize("winner", [1, 2])
+@pytest.mark.parametrize("winner", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_backward_runs_under_the_fastest_of_the_autotuners_configs(timed, poisoned_empty, winner):
     op = tritongrad.op(two_products.__wrapped__)  # an op of its own: a step keeps its choice
     a, b, b2 = inputs()
@@ -359,7 +359,8 @@ def test_a_launch_with_named_tiles_gets_its_backward_under_the_fastest_config_ar
     assert timed["options"][-1] == {"num_warps": 2}  # the launch's own, as launched
 
 
-@pytest.mark.parametrize("binding", BINDINGS)
+@pytest.mark.parametrize("binding", [b if b == "a @ a.T" else pytest.param(b, marks=pytest.mark.slow)
+                                     for b in BINDINGS])  # (about 3 s each: one in the default run)
 def test_named_tiles_give_pytorchs_gradients_through_transposed_expanded_and_repeated_operands(
         timed, poisoned_empty, binding):
     make, (ta, tb), reference = BINDINGS[binding]
