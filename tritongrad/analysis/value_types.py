@@ -19,6 +19,7 @@ an unknown call): then its keeper takes the widest type (state_tape.py: ``tape_r
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 
 from ..core.ir import op_of, target_of
@@ -227,6 +228,7 @@ class _Types:
 WIDE = ("tl.zeros((), tl.float32)", "tl.zeros((), tl.float64)")  # samples no operation narrows
 
 
+@functools.lru_cache(maxsize=4096)  # (samples share parts: spelled once each, not once per path to them)
 def _spelled(samples: frozenset) -> str | None:
     """The type the samples promote to: one written-out type as it is (``COMPUTE``), else ``(...).dtype``."""
     samples = _simplified(samples)
