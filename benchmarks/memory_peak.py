@@ -34,12 +34,13 @@ def at_peak(call: Callable[[], object], top: int = TOP, depth: int = 2) -> str:
     absolute = torch.cuda.max_memory_allocated() / 2**20
     events = [e for trace in snapshot["device_traces"] for e in trace]
     peak, alive = peak_allocations(events)
-    by_site = collections.Counter()
+    by_site, count = collections.Counter(), collections.Counter()
     for size, frames in alive.values():
-        by_site[site(frames, depth)] += size
+        where = site(frames, depth)
+        by_site[where] += size
+        count[where] += 1
     lines = [f"added at the peak: {peak / 2**20:.0f} MiB in {len(alive)} blocks (max_memory_allocated "
              f"{absolute:.0f} MiB)", "| MiB | blocks | allocated at |", "|---|---|---|"]
-    count = collections.Counter(site(frames, depth) for _, frames in alive.values())
     for where, size in by_site.most_common(top):
         lines.append(f"| {size / 2**20:.1f} | {count[where]} | {where} |")
     return "\n".join(lines)

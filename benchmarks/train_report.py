@@ -82,7 +82,7 @@ def show(rows: list[dict], cfg) -> None:
         if row.get("profile"):
             print(f"\n## {row['variant']}: top 20 ops by CUDA time (3 steps)\n{row['profile']}")
         if row.get("memory"):
-            print(f"\n## {row['variant']}: memory at one step's peak\n{row['memory']}")
+            print(f"\n## {row['variant']}: memory at the first step's peak and a later one's\n{row['memory']}")
 
 
 def markdown(rows: list[dict]) -> str:

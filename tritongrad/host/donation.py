@@ -81,9 +81,9 @@ def _all_of_it(plan: Any, v: Any) -> bool:
     output), at most one of them an output (the input as the launch left it)."""
     if v.key not in plan.storages:  # (no memory: an empty tensor)
         return False
-    seen = [u for u in (*plan.input_views, *plan.output_views) if u.key == v.key]
+    seen = [u for u in (*plan.input_views, *plan.output_views) if u.key == v.key]  # (v among them)
     return (v in plan.input_views and [u.key for u in plan.output_views].count(v.key) <= 1
-            and all(in_order(u, plan.storages) for u in (v, *seen)))
+            and all(in_order(u, plan.storages) for u in seen))
 
 
 # Buffers smaller than this are never donated: the check a donation needs (updates_in_place: the derived kernel
