@@ -617,13 +617,13 @@ def test_partial_rows_over_their_budget_are_added_atomically_instead(monkeypatch
     args, kwargs = (x, w, y, n, n), {"BLOCK": 32}
     norm_columns_looped[(rows,)](*args, **kwargs)
     tritongrad.grad(norm_columns_looped)._chosen.clear()  # choices are kept per launch (the budget is fixed)
-    monkeypatch.setattr(backward_kernel, "tape_budget", lambda device: 7 * n * 8 - 1)  # a byte less than 7 rows take
+    monkeypatch.setattr(backward_kernel, "scratch_budget", lambda device: 7 * n * 8 - 1)  # a byte less than 7 rows take
     assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == Mode.ATOMIC
     xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
     want = xl * torch.rsqrt(xl.pow(2).mean(1, keepdim=True) + 1e-6) * wl
     assert_gradients_match(norm_columns_looped, (rows,), args, kwargs, y, want, [xl, wl], ["x_ptr", "w_ptr"])
     tritongrad.grad(norm_columns_looped)._chosen.clear()
-    monkeypatch.setattr(backward_kernel, "tape_budget", lambda device: 7 * n * 8)
+    monkeypatch.setattr(backward_kernel, "scratch_budget", lambda device: 7 * n * 8)
     assert choices_of(norm_columns_looped, (rows,), args, kwargs)["w_ptr"][0] == Mode.ROW
 
 
@@ -646,7 +646,7 @@ def test_partial_rows_larger_than_the_launchs_tensors_are_added_atomically_inste
     y = poison(torch.empty(programs, dtype=F64))
     args, kwargs = (x, w, y, n), {"BLOCK": 128}
     scaled_by_weight_norm[(programs,)](*args, **kwargs)
-    monkeypatch.setattr(backward_kernel, "tape_budget", lambda device: 1 << 40)
+    monkeypatch.setattr(backward_kernel, "scratch_budget", lambda device: 1 << 40)
     tritongrad.grad(scaled_by_weight_norm)._chosen.clear()
     assert choices_of(scaled_by_weight_norm, (programs,), args, kwargs)["w_ptr"][0] == Mode.ATOMIC
     xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()

@@ -78,7 +78,7 @@ class StateTape:
         sizes = self.state_bytes(launch)
         per_slot = max(1, sum(sizes.values()))
         trips = 1 if self.final else self.known_trips(launch)
-        budget = tape_budget(device)
+        budget = scratch_budget(device)
         slots = max(1, min(trips if trips is not None else MAX_SLOTS, budget // (per_slot * max(programs, 1))))
         args = {param: torch.empty(max(1, programs * slots * n), dtype=torch.uint8, device=device)
                 for param, n in sizes.items()}
@@ -165,9 +165,9 @@ def _type_size(dtype: ast.expr, launch: LaunchValues) -> int | None:
     return size if isinstance(size, int) and size > 0 else None
 
 
-def tape_budget(device) -> int:
-    """The bytes a launch's tapes (and a persistent backward's partial rows: strategies.rows_fit) may take on
-    ``device``."""
+def scratch_budget(device) -> int:
+    """The bytes of scratch memory a launch's backward may take on ``device``: its state tapes, or a persistent
+    backward's partial rows (``LaunchFacts.row_budget``: strategies.rows_fit)."""
     import torch
 
     device = torch.device(device) if device is not None else torch.device("cpu")

@@ -14,7 +14,7 @@ from ..analysis.launch_values import LaunchValues
 from ..core.bounded import Bounded
 from ..core.device import multiprocessors, recorded
 from ..core.errors import NotDifferentiableError
-from ..reverse.state_tape import StateTape, tape_budget
+from ..reverse.state_tape import StateTape, scratch_budget
 from ..writes.launch_facts import FACTS, LaunchFacts, buffer_facts
 from ..writes.strategies import Choice
 from . import guards, tuning
@@ -236,7 +236,7 @@ class BackwardKernel:
             # stores, before its loads' adjoints write there: to be written, not added to; but where no program that
             # loads stores, the new values' gradient there is the old values' too: added to where there is any)
             facts = LaunchFacts(LaunchValues(named, grid), (written - self.in_place) | held, shared, self_overlapping,
-                                parallel, 0 if again else tape_budget(device), max(tuning.WAVES) * parallel,
+                                parallel, 0 if again else scratch_budget(device), max(tuning.WAVES) * parallel,
                                 later_adds=not again, stores_through_ranges=not again)
             choices = writes.choose(facts, deterministic=self.deterministic)
             if self.deterministic:
