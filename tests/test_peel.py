@@ -170,7 +170,8 @@ def test_what_the_pass_cannot_prove_is_left_as_written(src):
     assert _split(src) == ast.unparse(ast.parse(src))
 
 
-def test_a_mask_defined_in_a_branch_is_split_in_it():
+def test_a_mask_defined_in_a_branch_is_split_in_it():  # the text is the point: its gradient is checked by the
+    # next test, test_a_kernel_whose_mask_is_defined_in_a_branch_gets_pytorchs_gradients
     src = ("for s in range(0, N, B):\n    if s < M:\n        c = s + tl.arange(0, B)\n"
            "        y = tl.where(c < N, x, 0.0)")
     out = _split(src)
