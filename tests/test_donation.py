@@ -65,6 +65,9 @@ def test_a_dropped_input_takes_its_gradient_in_its_own_memory(kind, device):
 def test_a_buffer_under_the_threshold_is_not_donated(device, monkeypatch):
     """Donation's check costs seconds once per kind of call: a buffer under DONATE_AT_LEAST is not worth it."""
     monkeypatch.setattr(donation, "DONATE_AT_LEAST", 7 * 59 * 8 + 1)  # one byte more than the logits
+    packed = []
+    pack = donation._pack
+    monkeypatch.setattr(donation, "_pack", lambda t: packed.append(t) or pack(t))
     leaf, target = _inputs(device, rows=7, vocab=59)  # (a kind of call no other test made: decided afresh)
     before = donation.taken
     for _ in range(CALLS):
@@ -74,6 +77,7 @@ def test_a_buffer_under_the_threshold_is_not_donated(device, monkeypatch):
         (expected,) = torch.autograd.grad(cross_entropy.reference(leaf, target), leaf, g)
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     assert donation.taken == before
+    assert not packed  # (nor saved through donation's hooks: decided once per plan)
 
 
 @pytest.mark.parametrize("kind", OPS)

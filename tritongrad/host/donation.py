@@ -54,7 +54,8 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def candidates(plan: Any) -> frozenset[int]:
-    """The saved slots whose memory may take an input's gradient (once per plan): a float input one launch alone reads,
+    """The saved slots whose memory may take an input's gradient (once per plan): a float input of at least
+    ``DONATE_AT_LEAST`` bytes (a smaller call's node saves without the hooks) one launch alone reads,
     through one parameter, all of its storage's shadow as every view of that storage is (``_all_of_it``), not read
     back as a launch left it, kept for the backward."""
     if plan.donors is None:
@@ -68,6 +69,7 @@ def candidates(plan: Any) -> frozenset[int]:
             for p in launch.params("inputs"):
                 v, slot = launch.views[p], launch.slots.get(p)
                 if (slot is None or slot in plan.unused or slot in reread or not v.dtype.is_floating_point
+                        or math.prod(v.size) * v.dtype.itemsize < DONATE_AT_LEAST  # (donor_slot's, known here)
                         or len(uses[v.key]) != 1 or not _all_of_it(plan, v)):
                     continue
                 found.add(slot)
