@@ -55,7 +55,7 @@ def _differentiated(name, size):
 
 
 EXAMPLES = [("rmsnorm", (7, 45)), ("softmax", (6, 37)), ("swiglu", (5, 61)), ("flash_attention", (2, 37, 12)),
-            ("flash_attention", (1, 37, 16, 0)), ("cross_entropy", (7, 101))]
+            ("flash_attention", (1, 37, 16, 0)), ("cross_entropy", (7, 101)), ("matmul", (5, 6, 7))]  # (autotuned)
 
 
 @pytest.mark.parametrize(("name", "size"), EXAMPLES)
