@@ -11,7 +11,7 @@ from conftest import DEVICE
 
 import tritongrad
 from tritongrad.core.errors import OpError
-from tritongrad.examples import cross_entropy, flash_attention, get, rmsnorm, softmax, swiglu
+from tritongrad.examples import cross_entropy, flash_attention, get, rmsnorm, sin, softmax, swiglu
 
 DTYPE = torch.float64
 TOL = {"rtol": 1e-9, "atol": 1e-9}
@@ -25,7 +25,14 @@ def _attention(q, k, v, causal=True):  # (SDPA has no forward AD on a CPU)
     return torch.softmax(s, -1) @ v
 
 
-REFERENCES = {"flash_attention": _attention}
+def _layer_norm(x, w, b, eps=1e-5):
+    """F.layer_norm written out: F.layer_norm's own second derivative under vmap, as jacrev batches its cotangents,
+    is wrong in torch 2.13 on a CPU (its Hessian's d(dw)/dx block; without vmap it agrees with this one)."""
+    mean = x.mean(-1, keepdim=True)
+    return (x - mean) * torch.rsqrt(((x - mean) ** 2).mean(-1, keepdim=True) + eps) * w + b
+
+
+REFERENCES = {"flash_attention": _attention, "layernorm": _layer_norm}
 
 
 def _differentiated(name, size):
@@ -48,7 +55,7 @@ def _differentiated(name, size):
 
 
 EXAMPLES = [("rmsnorm", (7, 45)), ("softmax", (6, 37)), ("swiglu", (5, 61)), ("flash_attention", (2, 37, 12)),
-            ("flash_attention", (1, 37, 16, 0)), ("cross_entropy", (7, 101))]
+            ("flash_attention", (1, 37, 16, 0)), ("cross_entropy", (7, 101)), ("matmul", (5, 6, 7))]  # (autotuned)
 
 
 @pytest.mark.parametrize(("name", "size"), EXAMPLES)
@@ -69,24 +76,42 @@ def test_dual_tensors_through_a_named_example(name, size):
     torch.testing.assert_close(got, torch.func.jvp(reference, primals, tangents), **TOL)
 
 
-@pytest.mark.parametrize(("name", "size"), [("sin", (3, 7)), *[pytest.param(n, (3, 7), marks=pytest.mark.slow)
-                                                          for n in ("softmax", "rmsnorm")]])
-def test_hessian_is_refused_naming_reverse_over_reverse_which_matches_pytorch(name, size):
-    """torch.func.hessian is jacfwd over jacrev: the op's backward in forward mode, not yet supported. Refused with
-    a message naming it and the way that works (before: "differentiate it in one mode" alone); that way,
-    torch.autograd.functional.hessian (reverse over reverse), gives PyTorch's own Hessian of the reference."""
+def _weighted_losses(op, reference, primals):
+    """Scalar losses of the op and of the reference with a Hessian of every entry of every output: each output
+    weighted by the same fresh random weights."""
+    outputs = reference(*primals)
+    weights = [torch.randn_like(o) for o in (outputs if isinstance(outputs, tuple) else (outputs,))]
+
+    def of(fn):
+        def loss(*xs):
+            found = fn(*xs)
+            return sum((o * w).sum() for o, w in zip(found if isinstance(found, tuple) else (found,), weights,
+                                                      strict=True))
+        return loss
+
+    return of(op), of(reference)
+
+
+HESSIAN = [("sin", 37), ("rmsnorm", (3, 13)), ("softmax", (3, 11)), *[pytest.param(name, size, marks=pytest.mark.slow)
+           for name, size in [("softplus", 45), ("gelu", 37), ("swiglu", (3, 13)), ("geglu", (3, 13)),
+                              ("log_softmax", (3, 11)), ("layernorm", (3, 13)), ("add_rmsnorm", (2, 7)), ("fn1", 16),
+                              ("gather", (5, 9)), ("linear", (5, 7)), ("matmul", (5, 6, 7)),
+                              ("matmul", (5, 6, 7, 1, 1)), ("matvec", (5, 7)), ("rotary", (1, 1, 3, 4)),
+                              ("transpose", (5, 7)), ("cross_entropy", (3, 37)), ("flash_attention", (1, 9, 5))]]]
+# (matmul's (.., 1, 1): both operands passed transposed; flash_attention's: causal, one program)
+
+
+@pytest.mark.parametrize(("name", "size"), HESSIAN)
+def test_hessian_through_a_named_example_matches_pytorch(name, size, poisoned_empty):
+    """torch.func.hessian is jacfwd over jacrev: the op's backward, run as an op of its own (its derived kernels'
+    launches), in forward mode (their tangent kernels; rmsnorm's rstd made again by its forward launch), one call
+    per cotangent under jacrev's vmap. Every pair of float arguments, against the Hessian of the plain-PyTorch
+    reference; unfilled buffers poisoned. Before, refused (OpError: 'not yet supported')."""
     primals, op, reference = _differentiated(name, size)
-    weights = torch.randn_like(reference(*primals))  # a scalar loss with a Hessian of every entry
-
-    def loss(fn):
-        return lambda *xs: (fn(*xs) * weights).sum()
-
-    want = torch.func.hessian(loss(reference), argnums=tuple(range(len(primals))))(*primals)
-    with pytest.raises(OpError, match=r"torch\.func\.hessian \(jacfwd over jacrev\).*not yet supported\. For "
-                                      r"second derivatives use reverse over reverse \(torch\.autograd\.functional"):
-        torch.func.hessian(loss(op), argnums=tuple(range(len(primals))))(*primals)
-    got = torch.autograd.functional.hessian(loss(op), primals)
-    torch.testing.assert_close(got, want, **TOL)
+    loss, reference_loss = _weighted_losses(op, reference, primals)
+    argnums = tuple(range(len(primals)))
+    want = torch.func.hessian(reference_loss, argnums=argnums)(*primals)
+    torch.testing.assert_close(torch.func.hessian(loss, argnums=argnums)(*primals), want, **TOL)
 
 
 def test_jacfwd_through_a_named_example():
@@ -128,6 +153,56 @@ def test_jvp_and_dual_tensors_through_bare_ops():
     tq, tk, tv = (torch.randn_like(q) for _ in range(3))
     torch.testing.assert_close(torch.func.jvp(bare_attention, (q, k, v), (tq, tk, tv)),
                                torch.func.jvp(_attention, (q, k, v), (tq, tk, tv)), **TOL)
+
+
+@tritongrad.op
+def rmsnorm_then_sin(x, w):
+    """Two launches: sin's backward reads the buffer rmsnorm wrote (made again from x and w, which the op keeps)."""
+    return sin.sin_launch(rmsnorm.rmsnorm_launch(x, w)())()
+
+
+@tritongrad.op
+def bare_swiglu(a, b):
+    return swiglu.swiglu_launch(a, b)()
+
+
+def test_second_derivatives_in_forward_over_reverse_through_bare_ops(poisoned_empty):
+    """torch.func.hessian, jacfwd of one argument's jacrev, forward over reverse by hand (a jvp of a grad) and dual
+    tensors differentiated in reverse mode: each runs the op's backward in forward mode (before: refused, OpError).
+    One launch, and two (a buffer passed from one to the next, made again for the backward), against the
+    reference."""
+    x, w, tx, tw = (torch.randn(3, 11, dtype=DTYPE), torch.randn(11, dtype=DTYPE), torch.randn(3, 11, dtype=DTYPE),
+                    torch.randn(11, dtype=DTYPE))
+    for op, reference in ((bare_rmsnorm, rmsnorm.reference),
+                          (rmsnorm_then_sin, lambda x, w: torch.sin(rmsnorm.reference(x, w)))):
+        loss, reference_loss = _weighted_losses(op, reference, (x, w))
+        for transform in (lambda f: torch.func.hessian(f, argnums=(0, 1)),
+                          lambda f: torch.func.jacfwd(torch.func.jacrev(f, argnums=1), argnums=0),
+                          lambda f: lambda x, w: torch.func.jvp(torch.func.grad(f, argnums=(0, 1)), (x, w), (tx, tw))):
+            torch.testing.assert_close(transform(loss)(x, w), transform(reference_loss)(x, w), **TOL)
+        want = torch.func.jvp(torch.func.grad(reference_loss), (x, w), (tx, torch.zeros_like(w)))
+        leaf = x.clone().requires_grad_()
+        with fwAD.dual_level():
+            grad, = torch.autograd.grad(loss(fwAD.make_dual(leaf, tx), w), leaf)
+            got = fwAD.unpack_dual(grad)
+        torch.testing.assert_close((got.primal, got.tangent), want, **TOL)
+
+
+def test_second_derivatives_in_forward_mode_refuse_what_they_do_not_follow_naming_reverse_over_reverse():
+    """Refused, naming what and the way that takes it: one tensor passed twice (the backward adds the gradients of
+    inputs sharing memory with PyTorch operations, which forward mode does not follow), and a backward reading a
+    buffer the op cannot make again (softmax's output, computed from x, which it does not keep). Reverse over
+    reverse gives the first's Hessian."""
+    x, b, weights = (torch.randn(4, 23, dtype=DTYPE) for _ in range(3))
+    with pytest.raises(OpError, match=r"`bare_swiglu`: its backward runs in forward mode \(torch\.func\.hessian: "
+                                      r"jacfwd over jacrev\).*an output is a tensor no launch wrote.*try reverse over "
+                                      r"reverse \(torch\.autograd\.functional\.hessian or hvp\)"):
+        torch.func.hessian(lambda x: (bare_swiglu(x, x) * weights).sum())(x)
+    with pytest.raises(OpError, match=r"`softmax_then_swiglu`: its backward runs in forward mode.*computed from "
+                                      r"`x_ptr`, a tensor the op does not keep"):
+        torch.func.hessian(lambda x, b: (softmax_then_swiglu(x, b) * weights).sum())(x, b)
+    got = torch.autograd.functional.hessian(lambda x: (bare_swiglu(x, x) * weights).sum(), x)
+    torch.testing.assert_close(got, torch.func.hessian(lambda x: (swiglu.reference(x, x) * weights).sum())(x), **TOL)
 
 
 def test_a_buffer_carries_the_tangent_from_one_launch_to_the_next():

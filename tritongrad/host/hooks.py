@@ -47,12 +47,16 @@ class Launches:
     (what torch.compile traces inside a triton_op), "run" launches it, "skip" does not (the launches'
     arguments are all that is wanted). ``tuned``: an autotuner was launched (in "skip" mode the config
     it would choose, which the backward needs, is unknown). ``heuristics``: per launch, the
-    ``@triton.heuristics`` that ran it, or None (a launch record recording it is told: configs.py)."""
+    ``@triton.heuristics`` that ran it, or None (a launch record recording it is told: configs.py). "inner" runs
+    each launch as "run" does, but collects an autotuner's launch where it runs its chosen config (forward mode's
+    tangent kernels take the config's constexprs). ``constants``: tensors launches read whose values depend on no
+    input (a stand-in, host/remake.py), by id: forward mode gives them zero tangents."""
 
     def __init__(self, mode: str, name: str = ""):
         self.mode, self.name = mode, name  # name: the op's, for errors
         self.calls: list[tuple] = []
         self.tensors: dict[int, torch.Tensor] = {}
+        self.constants: set[int] = set()
         self.tuned = False
         self.heuristics: list[Any] = []
 
@@ -71,7 +75,7 @@ class Launches:
 
 @contextlib.contextmanager
 def collecting(mode: str, name: str = ""):
-    """``with collecting("wrap" | "run" | "skip", op_name) as launches:`` (see ``Launches``)."""
+    """``with collecting("wrap" | "run" | "inner" | "skip", op_name) as launches:`` (see ``Launches``)."""
     launches = Launches(mode, name)
     token = current_record.set(launches)
     try:
@@ -143,7 +147,7 @@ def _recorded(run):
             record.add(self, grid, args, kwargs)
             if record.mode == "wrap":
                 return _wrapped_launch(record, self, args, {**kwargs, "grid": grid})
-            return run(self, *args, grid=grid, warmup=warmup, **kwargs) if record.mode == "run" else None
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs) if record.mode != "skip" else None
         boundary = record.boundary
         if boundary is None:
             return record.launch(run, self, grid, args, kwargs, warmup)
@@ -161,7 +165,7 @@ def _autotuner_hooked(run):
         current = current_record.get()
         if current is DRY:  # no benchmarking on fake tensors
             return None
-        if type(current) is Launches and not kwargs.get("warmup"):
+        if type(current) is Launches and not kwargs.get("warmup") and current.mode != "inner":
             current.tuned = True
             passed = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
             current.add(self, kwargs.get("grid"), args, passed)

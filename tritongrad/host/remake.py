@@ -21,6 +21,8 @@ from ..core.bounded import Bounded
 from ..core.errors import OpError
 from ..runtime.derivation import hashable, specialization
 from ..runtime.summary import stored_from_in
+from .hooks import Launches
+from .launch_record import current_record
 from .shadows import LaunchPlan, View
 
 _computed_from: dict[tuple, frozenset[str] | None] = Bounded(256)  # (kernel, constexprs, sinks) -> parameters
@@ -100,10 +102,14 @@ class Remake:
         """``saved`` with each buffer made again: the launches run again (recorded by the launch record of the op the
         backward runs as) on fresh buffers, and on zero-filled stand-ins for what the op did not keep."""
         buffers: dict[int, torch.Tensor] = {}
+        launches, written = current_record.get(), set()
         for launch, lp, kept in self.steps:
             named = launch.info.launch_arguments(launch.args, launch.kwargs)
             for p, v in lp.views.items():
                 named[p] = saved[kept[p]] if p in kept else self._fresh(buffers, v)
+                if p not in kept and v.key not in written and type(launches) is Launches:  # a stand-in: in forward
+                    launches.constants.add(id(named[p]))  # mode its tangent is zero (ops/forward_mode.py)
+            written.update(lp.views[p].key for p in lp.params("stores"))
             launch.kernel[launch.grid](**named)
         result = list(saved)
         with torch._C.DisableTorchFunction():  # (not a use of what the launches wrote: segments.py)

@@ -221,6 +221,12 @@ class _LaunchRecordFunction(torch.autograd.Function):
         return (None, None, *_backward(ctx, saved, grads, needs))
 
 
+def record_of(node: Any) -> Any:
+    """The launch record whose backward an autograd node is (an op's call as one node), else None."""
+    function = getattr(node, "_forward_cls", None)
+    return node.record if isinstance(function, type) and issubclass(function, _LaunchRecordFunction) else None
+
+
 class _SegmentFunction(torch.autograd.Function):
     """A segment of a host function's launches as one autograd node (segments.py): the buffers they wrote,
     passed in, come out marked dirty, so the tensors the host function holds carry the history; and views of them
@@ -269,11 +275,13 @@ def differentiated_again(saved: tuple, grads: tuple) -> bool:
     return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*saved, *grads))
 
 
-def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
+def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple, in_forward_mode: Any = None) -> list:
     """The record's backward (create_graph=True) run as a bare op of the tensors it reads (the saved tensors, the
     incoming gradients): its launches of the derived kernels are recorded on a launch record of its own, whose backward
-    derives them in turn (reverse over reverse) and whose forward mode takes their tangent kernels. A kernel tritongrad
-    cannot differentiate again is refused there, naming the derived kernel's line."""
+    derives them in turn (reverse over reverse). A kernel tritongrad cannot differentiate again is refused there,
+    naming the derived kernel's line. ``in_forward_mode``: ``(name, host function, args) -> outputs``, the backward
+    op called in forward mode instead (forward_mode.py: the backward of a call in forward mode, torch.func.hessian's
+    jacfwd over jacrev), its launches' tangent kernels the backward's tangent; what cannot be run so is refused."""
     inner = getattr(getattr(record, "plan", None), "inner_saved", None)  # (None: not known, taken as made)
     made = [j for j, t in enumerate(saved) if t.is_floating_point() and t.numel() and not t.requires_grad
             and (inner is None or j in inner)]
@@ -284,6 +292,8 @@ def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple) -> lis
             "its backward reads a buffer the host function made, whose dependence on the inputs the double backward "
             "does not yet follow")
         if isinstance(remake, str):
+            if in_forward_mode is not None:
+                raise OpError(f"tritongrad.op `{record.name}`: {remake}")
             return list(differentiable_once(record.name, record.backward(saved, grads, needs), (*saved, *grads),
                                             remake))
     # an incoming gradient made contiguous here, where autograd records the copy (a `.sum()`'s is expanded), not in
@@ -300,8 +310,11 @@ def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple) -> lis
     call = _BackwardCall(record, remake, len(saved), present, len(grads), needs)
     token = _backward_call.set(call)
     try:
-        found = op(*saved, *[grads[i] for i in present])
-    except NotDifferentiableError as e:  # a derived kernel not differentiable in turn: gradients that refuse a
+        args = (*saved, *[grads[i] for i in present])
+        found = op(*args) if in_forward_mode is None else in_forward_mode(name, backward_of, args)
+    except NotDifferentiableError as e:
+        if in_forward_mode is not None:
+            raise  # a derived kernel not differentiable in turn: gradients that refuse a
         # second differentiation (create_graph=True alone, as for a gradient penalty's first pass, still works)
         reason = f"its derived backward kernel cannot be differentiated in turn: {str(e).splitlines()[0]}"
         return list(differentiable_once(record.name, record.backward(saved, grads, needs), (*saved, *grads), reason))

@@ -11,9 +11,15 @@ batched tangents. Each tangent kernel computes the forward's values again and st
 forward's launches wrote them already, and later launches read those; an atomic add would add twice, and a
 recompiled kernel may round otherwise).
 
+Forward over reverse (``torch.func.hessian``: jacfwd over jacrev; a jvp of a grad; dual tensors differentiated in
+reverse mode) reaches the Function's ``backward``: the call is made again in reverse mode for its launch record,
+whose backward runs as an op (autograd_function.backward_as_op) called in forward mode in turn, on the saved inputs
+and outputs as the transforms see them, so that their tangents go through the derived kernels' tangent kernels. Its
+``vmap`` (jacrev's batched cotangents, a batched primal) makes one call per slice.
+
 Refused, naming the launch (OpError): a launch updating a tensor in place, one overwriting memory an earlier launch
 read, and a launch reading (or an op returning) a float tensor its host function made with PyTorch operations
-(their tangents are not followed), a batched primal (vmap over the inputs of a call in forward mode). A named op is
+(their tangents are not followed; in a backward, the gradients of inputs sharing memory added). A named op is
 differentiated so through its Python function; torch.library takes no forward-mode formula, so a call through
 ``torch.ops`` is not."""
 
@@ -25,6 +31,7 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as forward_ad
 from torch._functorch.autograd_function import custom_function_call
+from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 from torch.utils import _pytree as pytree
 
 from ..core.bounded import Bounded
@@ -35,7 +42,7 @@ from ..host import hooks
 from ..host.kernel_roles import kernel_info
 from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.tangent_kernel import jvp as tangent_kernel
-from .autograd_function import refuse_transforms
+from .autograd_function import backward_as_op, record_of, refuse_transforms
 
 
 def active(args: tuple, kwargs: dict) -> bool:
@@ -52,21 +59,23 @@ def active(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in leaves)
 
 
-def transformed_call(fn: Any, name: str, args: tuple, kwargs: dict, bare: bool) -> Any:
+def transformed_call(fn: Any, name: str, args: tuple, kwargs: dict, bare: bool, recorded: Any) -> Any:
     """A call under a dual level or a torch.func transform (autograd_function.transformed): in forward mode where a
     tangent reaches its arguments (not inside another op, whose launch record takes its launches), else None once
-    ``refuse_transforms`` has let it through. The bare and the named op's one path."""
+    ``refuse_transforms`` has let it through. The bare and the named op's one path; ``recorded``: the op's call in
+    reverse mode (autograd_function.recorded_call), which a backward of the call runs again (``_Call.vjp``)."""
     if not hooks.active() and active(args, kwargs):
-        return call(fn, name, args, kwargs)
+        return call(fn, name, args, kwargs, recorded)
     refuse_transforms(name, args, kwargs, bare=bare)
     return None
 
 
-def call(fn: Any, name: str, args: tuple, kwargs: dict) -> Any:
-    """``fn(*args, **kwargs)`` with its outputs' tangents from the tangent kernels of its launches."""
+def call(fn: Any, name: str, args: tuple, kwargs: dict, recorded: Any = None) -> Any:
+    """``fn(*args, **kwargs)`` with its outputs' tangents from the tangent kernels of its launches (``recorded``: see
+    ``transformed_call``; None: a backward of the call is refused)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-    call = _Call(fn, name, leaves, spec, positions)
+    call = _Call(fn, name, leaves, spec, positions, recorded)
     outputs = _apply(_ForwardMode, call, *[leaves[i] for i in positions])
     return pytree.tree_unflatten(list(outputs), call.result_spec)
 
@@ -74,11 +83,13 @@ def call(fn: Any, name: str, args: tuple, kwargs: dict) -> Any:
 class _Call:
     """One call in forward mode: the host function and its arguments, then what its forward launched."""
 
-    def __init__(self, fn: Any, name: str, leaves: list, spec: Any, positions: list[int]):
-        self.fn, self.name, self.leaves, self.spec, self.positions = fn, name, leaves, spec, positions
+    def __init__(self, fn: Any, name: str, leaves: list, spec: Any, positions: list[int], recorded: Any = None):
+        self.fn, self.name, self.leaves, self.spec, self.positions, self.recorded = (
+            fn, name, leaves, spec, positions, recorded)
         self.inputs: tuple[torch.Tensor, ...] = ()
         self.outputs: tuple[torch.Tensor, ...] = ()
         self.launches: list[tuple] = []
+        self.constants: set[int] = set()
         self.result_spec: Any = None
 
     def forward(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -86,16 +97,81 @@ class _Call:
         for i, t in zip(self.positions, tensors, strict=True):
             leaves[i] = t
         args, kwargs = pytree.tree_unflatten(leaves, self.spec)
-        with hooks.collecting("run", self.name) as launches:
+        with hooks.collecting("inner", self.name) as launches:
             result = self.fn(*args, **kwargs)
         outputs, self.result_spec = pytree.tree_flatten(result)
         if not all(isinstance(o, torch.Tensor) for o in outputs):
             raise OpError(f"tritongrad.op `{self.name}`: in forward mode an op returns tensors only")
         self.inputs, self.outputs, self.launches = tuple(tensors), tuple(outputs), launches.calls
+        self.constants = launches.constants
         return tuple(o.detach() if any(o is t for t in tensors) else o for o in outputs)
+
+    def again(self) -> _Call:
+        """The same call, before its forward ran (one slice of a batch: ``_ForwardMode.vmap``)."""
+        return _Call(self.fn, self.name, self.leaves, self.spec, self.positions, self.recorded)
 
     def error(self, message: str) -> OpError:
         return OpError(f"tritongrad.op `{self.name}` in forward mode: {message}")
+
+    def vjp(self, inputs: list, outputs: list, grads: tuple, needs: tuple) -> list:
+        """The inputs' gradients given the outputs' (``grads``): the op's backward run as an op in forward mode, so
+        that tangents reaching ``inputs``, ``outputs`` and ``grads`` (torch.func.hessian's jacfwd over jacrev) go
+        through its derived kernels' tangent kernels. The call is made again in reverse mode on the plain tensors
+        for its launch record; the saved tensors that are the call's inputs and outputs are then taken as the
+        transform sees them (``inputs``, ``outputs``: with their tangents)."""
+        if self.recorded is None:
+            raise self.error("a backward of a backward's call in forward mode (third order) is not yet supported")
+        leaves = list(self.leaves)
+        with temporarily_clear_interpreter_stack(), torch.enable_grad():
+            # (every float input differentiated: the op keeps what every gradient's kernels read, which the buffers
+            # its backward reads are made again from, host/remake.py)
+            plain = [x.detach().requires_grad_(x.is_floating_point()) for x in self.inputs]
+            for i, x in zip(self.positions, plain, strict=True):
+                leaves[i] = x
+            args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+            made = [o for o in pytree.tree_leaves(self.recorded(*args, **kwargs)) if isinstance(o, torch.Tensor)]
+        nodes = {o.grad_fn for o in made if o.grad_fn is not None}
+        node = next(iter(nodes), None)
+        if len(nodes) != 1 or record_of(node) is None or len(made) != len(grads):
+            raise self.error("its backward in forward mode takes one launch record of the call's launches alone, "
+                             "and this call's outputs have other autograd history (PyTorch operations in the host "
+                             "function on what its launches wrote)")
+        taken = {id(x): i for i, x in enumerate(plain)}
+        slots = []  # per input of the node, the call's input it is
+        for edge, _ in node.next_functions:
+            variable = getattr(edge, "variable", None)
+            if variable is None or id(variable) not in taken:
+                raise self.error("its backward in forward mode takes gradients of the call's own tensor arguments "
+                                 "only, and a launch reads a tensor made from one by PyTorch operations")
+            slots.append(taken[id(variable)])
+        saved = tuple(self._as_transformed(t, plain, inputs, made, outputs) for t in node.saved_tensors)
+        try:
+            found = backward_as_op(record_of(node), saved, tuple(grads), tuple(needs[i] for i in slots),
+                                   self._in_forward_mode)
+        except OpError as e:
+            raise OpError(f"tritongrad.op `{self.name}`: its backward runs in forward mode (torch.func.hessian: "
+                          f"jacfwd over jacrev), which does not yet take this call ({e}). For second derivatives "
+                          "try reverse over reverse (torch.autograd.functional.hessian or hvp)") from e
+        result: list = [None] * len(plain)
+        for i, g in zip(slots, found, strict=True):
+            result[i] = g if result[i] is None or g is None else result[i] + g
+        return result
+
+    def _as_transformed(self, t: torch.Tensor, plain: list, inputs: list, made: list, outputs: list) -> torch.Tensor:
+        """A saved tensor of the call made again, as the transform sees it where it is an input or an output."""
+        if not t.numel():
+            return t
+        pairs = [*zip(plain, inputs, strict=True), *zip(made, outputs, strict=True)]
+        layout = (_storage(t), t.shape, t.stride(), t.storage_offset())
+        found = next((y for x, y in pairs if (_storage(x), x.shape, x.stride(), x.storage_offset()) == layout), None)
+        if found is None and any(_storage(x) == _storage(t) for x, _ in pairs):
+            raise self.error(f"its backward reads a view of an argument or output ({_layout(t)}) in another "
+                             "layout, which its backward in forward mode does not yet take")
+        return t if found is None else found
+
+    @staticmethod
+    def _in_forward_mode(name: str, fn: Any, args: tuple) -> Any:
+        return call(fn, name, args, {})
 
     def tangents(self, tangents: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, ...]:
         """The outputs' tangents: the launches run as their tangent kernels (see the module's docstring)."""
@@ -137,7 +213,8 @@ class _Call:
             if _storage(tensors[p]) in read:
                 raise self.error(f"{launch} overwrites `{p}`, which {read[_storage(tensors[p])]} read")
         for p in sorted(roles.loads & set(tensors)):
-            if tensors[p].is_floating_point() and not memory.holds(tensors[p]) and p in roles.inputs:
+            if (tensors[p].is_floating_point() and not memory.holds(tensors[p]) and p in roles.inputs
+                    and id(tensors[p]) not in self.constants):
                 raise self.error(f"{launch} reads `{p}`, a tensor neither an argument of the op nor written by an "
                                  "earlier launch: made with PyTorch operations in the host function, whose tangents "
                                  "forward mode does not yet follow")
@@ -241,7 +318,9 @@ def _apply(function: type, call: _Call, *tensors: Any) -> Any:
 
 
 class _ForwardMode(torch.autograd.Function):
-    """A call in forward mode: the forward runs the host function; ``jvp`` runs its launches' tangent kernels."""
+    """A call in forward mode: the forward runs the host function; ``jvp`` runs its launches' tangent kernels;
+    ``backward`` (torch.func.hessian: jacfwd over jacrev) the op's backward as an op in forward mode (``_Call.vjp``);
+    ``vmap`` one call per slice."""
 
     @staticmethod
     def forward(call: _Call, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -250,6 +329,7 @@ class _ForwardMode(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         ctx.call = inputs[0]
+        ctx.save_for_backward(*inputs[1:], *output)  # (as the transform above sees them: with their tangents)
 
     @staticmethod
     def jvp(ctx, _call, *tangents):
@@ -257,18 +337,20 @@ class _ForwardMode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise OpError(f"tritongrad.op `{ctx.call.name}`: a call made in forward mode (torch.func.jvp, jacfwd, dual "
-                      "tensors) is not differentiated in reverse mode too: torch.func.hessian (jacfwd over jacrev) "
-                      "and a backward of a jvp's outputs take the op's backward in forward mode, which needs the "
-                      "tangents of its derived backward kernels and of the PyTorch operations between them (partial "
-                      "sums, buffers it makes): not yet supported. For second derivatives use reverse over reverse "
-                      "(torch.autograd.functional.hessian or hvp, torch.autograd.grad with create_graph=True); else "
-                      "differentiate in one mode")
+        saved = [_unwrap_if_dead(t) for t in ctx.saved_tensors]  # (a grad transform's wrappers, dead by now)
+        count = len(ctx.call.inputs)
+        return (None, *ctx.call.vjp(saved[:count], saved[count:], grads, ctx.needs_input_grad[1:]))
 
     @staticmethod
     def vmap(info, in_dims, call, *tensors):
-        raise OpError(f"tritongrad.op `{call.name}`: vmap over the inputs of a call in forward mode is not supported "
-                      "(jacfwd, whose tangents are batched, is)")
+        rows, calls = [], []
+        for b in range(info.batch_size):
+            calls.append(call.again())
+            rows.append(_apply(_ForwardMode, calls[-1], *[t if d is None else t.select(d, b)
+                                                         for t, d in zip(tensors, in_dims[1:], strict=True)]))
+        call.result_spec = calls[0].result_spec
+        stacked = tuple(torch.stack(column) for column in zip(*rows, strict=True))
+        return stacked, (0,) * len(stacked)
 
 
 class _Tangents(torch.autograd.Function):

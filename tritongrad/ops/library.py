@@ -131,7 +131,7 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
             found = saving(*args, **kwargs)
             return tuple(found[:protos.outputs]) if several else found[0]
         if transformed():  # forward mode: tangent kernels (torch.library takes no forward-mode formula); other
-            found = forward_mode.transformed_call(fn, name, args, kwargs, bare=False)  # transforms: refused
+            found = forward_mode.transformed_call(fn, name, args, kwargs, False, recorded)  # transforms: refused
             if found is not None:
                 return found
         if not torch.is_grad_enabled():
