@@ -11,6 +11,7 @@ be matched, the forward launches run again (``recompute_backward``).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -24,6 +25,9 @@ from .kernel_roles import kernel_info
 from .launch_record import LaunchRecord
 
 _log = logging.getLogger("tritongrad")
+if os.environ.get("TRITONGRAD_LOG"):  # (TRITONGRAD_LOG=info: each op whose compiled backward stays opaque, and why)
+    logging.basicConfig()
+    _log.setLevel(os.environ["TRITONGRAD_LOG"].upper())
 
 
 def recompute_backward(fn: Any, name: str, arguments, plans: dict, deterministic: bool):
