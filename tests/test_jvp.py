@@ -365,3 +365,36 @@ def test_show_jvp_prints_the_tangent_kernel(capsys):
     assert "t_q_ptr, t_k_ptr, t_v_ptr, t_o_ptr):" in out
     assert "# tangent of: m_new = tl.maximum(m_i, tl.max(s, axis=1))" in out
     assert out.count("for start in range(") == 1  # attention's tangent in one pass over the keys
+
+
+def test_a_tangent_kernel_over_the_shared_memory_at_the_forwards_stages_launches_with_fewer(monkeypatch):
+    """A tangent kernel holds its tiles' tangents beside them (an autotuned matmul's config fits its forward, not
+    its tangent kernel: out of shared memory on an H200 in float64). Launched with fewer pipeline stages instead,
+    which change its speed, not its values: here a kernel that refuses more than one stage, as a GPU would."""
+    from triton.runtime.errors import OutOfResources
+
+    found = tritongrad.jvp(elementwise_kernel, wrt=["a_ptr", "b_ptr"], outputs=["y_ptr"])
+    stages_tried, kernel, fitting = [], found.kernel, [1]  # (the most stages that fit)
+
+    class OneStageOnly:
+        def __getitem__(self, grid):
+            def run(**kwargs):
+                stages_tried.append(kwargs.get("num_stages"))
+                if kwargs.pop("num_stages", 3) > fitting[0]:
+                    raise OutOfResources(294912, 232448, "shared memory")
+                return kernel[grid](**kwargs)
+            return run
+
+    monkeypatch.setattr(found, "kernel", OneStageOnly())
+    n = 37
+    a, b, s, ta, tb = randn(n), randn(n), randn(1).abs() + 0.5, randn(n), randn(n)
+    y, ty = poison(torch.empty(n, dtype=DTYPE)), poison(torch.empty(n, dtype=DTYPE))
+    named = found.bind((a, b, s, y, n), {"BLOCK": 16, "t_a_ptr": ta, "t_b_ptr": tb, "t_y_ptr": ty})
+    found.launch((triton.cdiv(n, 16),), named, {"num_stages": 4})
+    assert stages_tried == [4, 2, 1]
+    want, want_t = reference_jvp(elementwise_reference, (a, b, s), (ta, tb, torch.zeros_like(s)))
+    torch.testing.assert_close(y, want, **TOL)
+    torch.testing.assert_close(ty, want_t, **TOL)
+    fitting[0] = 0
+    with pytest.raises(OutOfResources):  # (one stage that does not fit either: Triton's error, as it is)
+        found.launch((triton.cdiv(n, 16),), named, {"num_stages": 1})

@@ -223,7 +223,7 @@ class _Call:
         named = {p: (memory.scratch(v) if p in roles.stores and isinstance(v, torch.Tensor) else v)
                  for p, v in named.items()}
         tangents = {t: memory.view(tensors[p]) for p, t in found.tangent_params.items() if p in tensors}
-        found.kernel[grid](**named, **tangents, **options)  # (named: every parameter, defaults included)
+        found.launch(grid, {**named, **tangents}, options)  # (named: every parameter, defaults included)
 
 
 # (a kernel's function, the values of its constexprs that decide an `if`) -> its tangent kernel for them

@@ -49,6 +49,22 @@ class TangentKernel:
             return self
         return jvp(self.forward, self.wrt, self.outputs, constexprs=values)
 
+    def launch(self, grid: Any, arguments: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        """The jitted kernel on ``grid`` under the forward launch's options (warps, stages); where its tiles (the
+        forward's and their tangents) do not fit in shared memory at the forward's pipeline stages, with fewer: an
+        autotuned matmul's config fits its forward's two tiles a stage, not its tangent kernel's four. Stages
+        decide speed, not values."""
+        from triton.runtime.errors import OutOfResources
+
+        while True:
+            try:
+                return self.kernel[grid](**arguments, **options)
+            except OutOfResources:  # (raised where the kernel is loaded, before it runs)
+                stages = options.get("num_stages") or 3  # (3: Triton's default on a GPU)
+                if stages <= 1:
+                    raise
+                options = {**options, "num_stages": stages // 2}
+
     def __getitem__(self, grid: Any):
         def run(*args: Any, **kwargs: Any) -> Any:
             named = self.bind(args, kwargs)
