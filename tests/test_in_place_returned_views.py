@@ -219,3 +219,16 @@ def test_an_op_returning_nothing_of_what_it_updated_in_place(device):
         g = [torch.randn_like(t) for t in want]
         for a, b in zip(torch.autograd.grad((q, k), leaves, g), torch.autograd.grad(want, twins, g), strict=True):
             close(a, b)
+
+
+def test_a_named_rope_updating_its_arguments_is_refused_naming_why(device):
+    """A named op is a torch.library operator, whose autograd formula PyTorch registers for functional operators
+    only: rope in place on the caller's q and k is refused as a named op, saying so and pointing to the bare op
+    (which the tests above differentiate)."""
+    op = tritongrad.op("tg_tests::rope_in_place")(rope_forward)
+    x = torch.randn(BATCH, SEQ, HIDDEN, dtype=DTYPE, device=device, requires_grad=True)
+    wq, wk = (torch.randn(n, HIDDEN, dtype=DTYPE, device=device, requires_grad=True) for n in (Q, KV))
+    q, k = heads(x @ wq.T, HEADS), heads(x @ wk.T, KV_HEADS)
+    with pytest.raises(OpError, match=r"writes to `q_ptr`, a tensor that requires grad .*torch\.library registers "
+                                      r"autograd for functional operators only.*a bare @tritongrad\.op may update"):
+        op(q, k, *angles(device))

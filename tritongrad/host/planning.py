@@ -68,8 +68,9 @@ class Planner:
                 if known and p in stores and tensors.requires_grad(i) and not (in_place and self.segmented):
                     raise self.error(f"{checked} writes to `{p}`, a tensor that requires grad (an input of the op?); "
                                      "kernels of an op may write only to buffers the op allocates"
-                                     + (" (a bare @tritongrad.op may update such a tensor in place)" if in_place
-                                        else ""))
+                                     + (" (torch.library registers autograd for functional operators only, so a "
+                                        "named op may not update its arguments; a bare @tritongrad.op may update such "
+                                        "a tensor in place)" if in_place else ""))
                 if p in copies:
                     checked.slots[p] = slots.setdefault(copies[p], len(slots))
                     if diff is None and tensors.requires_grad(i) and checked.views[p].dtype.is_floating_point:
