@@ -231,6 +231,129 @@ def test_views_of_one_storage_and_the_same_tensor_twice():
         torch.func.jvp(swiglu.swiglu, (a, a), (ta, torch.randn_like(a)))  # two tangents for one memory
 
 
+# -- reverse mode through the tangents ---------------------------------------------------------------------------
+
+
+@tritongrad.op
+def bare_softmax(x):
+    return softmax.softmax_launch(x)()
+
+
+THROUGH_TANGENTS = [(rmsnorm.rmsnorm, rmsnorm.reference), (bare_rmsnorm, rmsnorm.reference),
+                    (softmax.softmax, softmax.reference), (bare_softmax, softmax.reference)]
+THROUGH_IDS = ["rmsnorm", "bare_rmsnorm", "softmax", "bare_softmax"]
+
+
+def _inputs(reference, rows, cols):
+    """Fresh inputs of rmsnorm (x, w) or softmax (x)."""
+    x = torch.randn(rows, cols, dtype=DTYPE)
+    return (x, torch.randn(cols, dtype=DTYPE)) if reference is rmsnorm.reference else (x,)
+
+
+def _through_tangents(op, inputs, tangents, weights, way):
+    """The gradients w.r.t. the inputs and the tangents (as leaves: ``wrt``) of <weights, J(x) tx> + sum(J(x) tx) +
+    <weights, f(x)>, the tangent J(x) tx taken by ``way``: torch.func.jvp, or dual tensors."""
+    leaves = [t.clone().requires_grad_() for t in (*inputs, *tangents)]
+    primals, directions = leaves[:len(inputs)], leaves[len(inputs):]
+    if way == "jvp":
+        out, tangent = torch.func.jvp(op, tuple(primals), tuple(directions))
+        found = torch.autograd.grad((tangent * weights).sum() + tangent.sum() + (out * weights).sum(), leaves)
+    else:
+        with fwAD.dual_level():
+            dual = fwAD.unpack_dual(op(*[fwAD.make_dual(p, t) for p, t in zip(primals, directions, strict=True)]))
+            out, tangent = dual.primal, dual.tangent
+            found = torch.autograd.grad((tangent * weights).sum() + tangent.sum() + (out * weights).sum(), leaves)
+    return found
+
+
+@pytest.mark.parametrize("way", ["jvp", "dual"])
+@pytest.mark.parametrize(("op", "reference"), THROUGH_TANGENTS, ids=THROUGH_IDS)
+def test_reverse_mode_through_a_tangent_matches_pytorch(op, reference, way, poisoned_empty):
+    """Reverse mode through the tangent J(x) tx of a call in forward mode, w.r.t. x (a second derivative: the op's
+    backward in forward mode along tx) and w.r.t. tx (J^T: its backward), named and bare, against torch.func.jvp of
+    the reference (PyTorch's dual tensors differentiated in reverse mode refuse its softmax). Before, the tangent
+    carried no autograd link to x: the gradient w.r.t. x silently dropped the op's part; w.r.t. tx it raised
+    NotImplementedError (a Function without backward)."""
+    inputs = _inputs(reference, 5, 37)
+    tangents = tuple(torch.randn_like(x) for x in inputs)
+    weights = torch.randn(5, 37, dtype=DTYPE)
+    want = _through_tangents(reference, inputs, tangents, weights, "jvp")
+    torch.testing.assert_close(_through_tangents(op, inputs, tangents, weights, way), want, **TOL)
+
+
+@pytest.mark.parametrize(("op", "reference"), THROUGH_TANGENTS[:2], ids=THROUGH_IDS[:2])
+def test_reverse_mode_through_a_tangent_of_the_inputs_alone(op, reference):
+    """The issue's repro: only x requires grad (the tangent a constant), torch.func.jvp and dual tensors; before, the
+    gradient was the sum's ones alone."""
+    x, w, tx, weights = (torch.randn(5, 37, dtype=DTYPE), torch.randn(37, dtype=DTYPE),
+                         torch.randn(5, 37, dtype=DTYPE), torch.randn(5, 37, dtype=DTYPE))
+
+    def gradient(f, dual=False):
+        leaf = x.clone().requires_grad_()
+        if not dual:
+            tangent = torch.func.jvp(lambda x: f(x, w), (leaf,), (tx,))[1]
+            return torch.autograd.grad((tangent * weights).sum() + leaf.sum(), leaf)[0]
+        with fwAD.dual_level():
+            tangent = fwAD.unpack_dual(f(fwAD.make_dual(leaf, tx), w)).tangent
+            return torch.autograd.grad((tangent * weights).sum() + leaf.sum(), leaf)[0]
+
+    want = gradient(reference)
+    torch.testing.assert_close(gradient(op), want, **TOL)
+    torch.testing.assert_close(gradient(op, dual=True), want, **TOL)
+
+
+@pytest.mark.parametrize(("op", "reference"), [THROUGH_TANGENTS[0], THROUGH_TANGENTS[3]],
+                         ids=[THROUGH_IDS[0], THROUGH_IDS[3]])
+def test_jacrev_and_grad_of_a_jvp_match_pytorch(op, reference):
+    """torch.func's reverse transforms over torch.func.jvp: jacrev w.r.t. the inputs and the tangents (its
+    cotangents batched by vmap: the op's backward in forward mode one call per slice) and grad, against the
+    reference's. Before: jacrev w.r.t. the tangent raised NotImplementedError, w.r.t. the input it was silently
+    zero."""
+    inputs = _inputs(reference, 3, 11)
+    tangents = tuple(torch.randn_like(x) for x in inputs)
+    weights = torch.randn(3, 11, dtype=DTYPE)
+    count, argnums = len(inputs), tuple(range(2 * len(inputs)))
+
+    def tangent_of(f):
+        return lambda *xt: torch.func.jvp(f, xt[:count], xt[count:])[1]
+
+    for transform in (lambda f: torch.func.jacrev(tangent_of(f), argnums=argnums),
+                      lambda f: torch.func.grad(lambda *xt: (tangent_of(f)(*xt) * weights).sum(), argnums=argnums)):
+        torch.testing.assert_close(transform(op)(*inputs, *tangents), transform(reference)(*inputs, *tangents), **TOL)
+
+
+def test_a_derivative_of_a_gradient_through_a_tangent_is_refused_naming_it():
+    """A third differentiation through forward mode: jacrev w.r.t. x of the gradient w.r.t. the tangent (d/dx of
+    J(x)^T c, the op's backward called in forward mode, which has no reverse mode of its own), and autograd's
+    create_graph alike: OpError naming it and what to use. Before: NotImplementedError; with the tangent's gradient
+    computed from plain tensors, silently zero."""
+    x, tx, weights = (torch.randn(3, 11, dtype=DTYPE) for _ in range(3))
+    refused = r"softmax \(its backward\)` in forward mode: a derivative of its backward run in forward mode .*hessian"
+
+    def gradient_wrt_tangent(x):
+        return torch.func.grad(lambda t: (torch.func.jvp(softmax.softmax, (x,), (t,))[1] * weights).sum())(tx)
+
+    with pytest.raises(OpError, match=refused):
+        torch.func.jacrev(gradient_wrt_tangent)(x)
+    leaf, t0 = x.clone().requires_grad_(), tx.clone().requires_grad_()
+    tangent = torch.func.jvp(softmax.softmax, (leaf,), (t0,))[1]
+    gradient, = torch.autograd.grad((tangent * weights).sum(), t0, create_graph=True)
+    with pytest.raises(OpError, match=refused):
+        torch.autograd.grad((gradient * weights).sum(), leaf)
+
+
+def test_vmap_of_a_jvp_over_batched_inputs():
+    """vmap over torch.func.jvp with the inputs batched: one call per slice, each with its own tangents (before, the
+    tangents ran on the batch's call, which had not run: ValueError)."""
+    x, w = torch.randn(3, 4, 19, dtype=DTYPE), torch.randn(19, dtype=DTYPE)
+    tx = torch.randn_like(x)
+
+    def batched(f):
+        return torch.func.vmap(lambda x, t: torch.func.jvp(lambda x: f(x, w), (x,), (t,)))(x, tx)
+
+    torch.testing.assert_close(batched(rmsnorm.rmsnorm), batched(rmsnorm.reference), **TOL)
+
+
 # -- refusals ---------------------------------------------------------------------------------------------------
 
 

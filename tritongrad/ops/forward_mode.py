@@ -25,6 +25,7 @@ differentiated so through its Python function; torch.library takes no forward-mo
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -91,6 +92,7 @@ class _Call:
         self.launches: list[tuple] = []
         self.constants: set[int] = set()
         self.result_spec: Any = None
+        self.slices: list[_Call] = []  # (its calls per slice of a batch, where vmap batched its inputs)
 
     def forward(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         leaves = list(self.leaves)
@@ -120,7 +122,10 @@ class _Call:
         for its launch record; the saved tensors that are the call's inputs and outputs are then taken as the
         transform sees them (``inputs``, ``outputs``: with their tangents)."""
         if self.recorded is None:
-            raise self.error("a backward of a backward's call in forward mode (third order) is not yet supported")
+            raise self.error("a derivative of its backward run in forward mode (a third differentiation: of a "
+                             "Hessian, or of a gradient through a tangent) is not yet supported; for second "
+                             "derivatives differentiate the op's outputs twice (torch.func.hessian, torch.autograd."
+                             "grad with create_graph=True)")
         leaves = list(self.leaves)
         with temporarily_clear_interpreter_stack(), torch.enable_grad():
             # (every float input differentiated: the op keeps what every gradient's kernels read, which the buffers
@@ -155,6 +160,48 @@ class _Call:
         result: list = [None] * len(plain)
         for i, g in zip(slots, found, strict=True):
             result[i] = g if result[i] is None or g is None else result[i] + g
+        return result
+
+    def tangents_vjp(self, inputs: list, tangents: list, outputs: list, found: list, grads: tuple,
+                     wrt_tangents: tuple, wrt_inputs: tuple) -> list:
+        """Reverse mode through the outputs' tangents ``found`` = J(x) tx (``_Tangents``' backward), given their
+        gradients c: the tangents' gradients, J(x)^T c (the op's backward), then the inputs', d/dx <c, J(x) tx>, which
+        by the symmetry of second derivatives is the derivative of J(x)^T c along tx: the op's backward in forward
+        mode (``vjp``) with the inputs' tangents tx and the outputs' ``found``. ``inputs`` and ``outputs`` as the
+        transform sees them, so that a derivative of these gradients in turn reaches them (and is refused there)."""
+        needs = tuple(a or b for a, b in zip(wrt_tangents, wrt_inputs, strict=True))
+        none = [None] * len(inputs)
+        if not any(wrt_inputs):
+            found_grads = self.vjp(list(inputs), list(outputs), grads, needs)
+            return [*(g if w else None for g, w in zip(found_grads, wrt_tangents, strict=True)), *none]
+        floats = [i for i, x in enumerate(inputs) if x is not None and x.is_floating_point()]
+        grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)  # (a `.sum()`'s: no
+        # dual tensor of expanded memory)
+        present = [j for j, g in enumerate(grads) if g is not None]
+        reached: list[int] = []
+
+        def backward(*tensors):  # (the float inputs, the outputs, the present gradients)
+            given, outputs, given_grads = list(inputs), list(tensors[len(floats):-len(present) or None]), list(grads)
+            for i, x in zip(floats, tensors, strict=False):
+                given[i] = x
+            for j, g in zip(present, tensors[len(tensors) - len(present):], strict=True):
+                given_grads[j] = g
+            gradients = self.vjp(given, outputs, tuple(given_grads), needs)
+            reached[:] = [i for i, g in enumerate(gradients) if g is not None]
+            return tuple(gradients[i] for i in reached)
+
+        primals = (*[inputs[i] for i in floats], *outputs, *[grads[j] for j in present])
+        directions = (*[torch.zeros_like(inputs[i]) if tangents[i] is None else tangents[i] for i in floats], *found,
+                      *[torch.zeros_like(grads[j]) for j in present])  # (the gradients: constants)
+        try:
+            values, derivatives = _derivative_along(backward, primals, directions)
+        except OpError as e:
+            raise self.error(f"reverse mode through its tangents w.r.t. its inputs (a second derivative) runs its "
+                             f"backward in forward mode, which does not yet take this call ({e})") from e
+        result = none + none
+        for i, value, derivative in zip(reached, values, derivatives, strict=True):
+            result[i] = value if wrt_tangents[i] else None
+            result[len(inputs) + i] = derivative if wrt_inputs[i] else None
         return result
 
     def _as_transformed(self, t: torch.Tensor, plain: list, inputs: list, made: list, outputs: list) -> torch.Tensor:
@@ -329,11 +376,16 @@ class _ForwardMode(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         ctx.call = inputs[0]
+        ctx.primals = inputs[1:]  # (jvp passes them on, so that the tangents' autograd history reaches them; the
+        ctx.outputs = [weakref.ref(o) for o in output]  # outputs too, not kept: they hold ctx as their grad_fn)
         ctx.save_for_backward(*inputs[1:], *output)  # (as the transform above sees them: with their tangents)
 
     @staticmethod
     def jvp(ctx, _call, *tangents):
-        return _apply(_Tangents, ctx.call, *tangents)
+        outputs = [o() for o in ctx.outputs]
+        if any(o is None for o in outputs):  # (not seen: the outputs are alive while their tangents are computed)
+            raise ctx.call.error("its outputs were freed before their tangents were computed")
+        return _apply(_Tangents, ctx.call, *tangents, *ctx.primals, *outputs)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -348,31 +400,58 @@ class _ForwardMode(torch.autograd.Function):
             calls.append(call.again())
             rows.append(_apply(_ForwardMode, calls[-1], *[t if d is None else t.select(d, b)
                                                          for t, d in zip(tensors, in_dims[1:], strict=True)]))
-        call.result_spec = calls[0].result_spec
+        call.result_spec, call.slices = calls[0].result_spec, calls
         stacked = tuple(torch.stack(column) for column in zip(*rows, strict=True))
         return stacked, (0,) * len(stacked)
 
 
 class _Tangents(torch.autograd.Function):
-    """A call's launches run as tangent kernels, a function of the input tangents (``vmap``: one run
-    per tangent, for jacfwd)."""
+    """A call's launches run as tangent kernels: a function of the input tangents and, linked though not read, of
+    the inputs and outputs themselves (the tangents J(x) tx depend on x). ``backward``: reverse mode through the
+    tangents (``_Call.tangents_vjp``); ``vmap``: one run per tangent, for jacfwd."""
 
     @staticmethod
-    def forward(call: _Call, *tangents):
-        return call.tangents(tangents)
+    def forward(call: _Call, *tensors):
+        return call.tangents(tensors[:len(call.positions)])  # (then the inputs and outputs, for autograd alone)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        pass
+        ctx.call = inputs[0]
+        ctx.save_for_backward(*inputs[1:], *output)
 
     @staticmethod
-    def vmap(info, in_dims, call, *tangents):
+    def backward(ctx, *grads):
+        count = len(ctx.call.positions)
+        saved = [t if t is None else _unwrap_if_dead(t) for t in ctx.saved_tensors]
+        needs = ctx.needs_input_grad[1:]
+        inputs, outputs, found = saved[count:2 * count], saved[2 * count:-len(grads)], saved[-len(grads):]
+        found_grads = ctx.call.tangents_vjp(inputs, saved[:count], outputs, found, grads, needs[:count],
+                                            needs[count:2 * count])
+        return (None, *found_grads, *[None] * len(outputs))  # (the outputs: data, their dependence through x)
+
+    @staticmethod
+    def vmap(info, in_dims, call, *tensors):
+        batched = any(d is not None for d in in_dims[1 + len(call.positions):])  # (then the call ran per slice)
+        if batched and len(call.slices) != info.batch_size:
+            raise call.error("its tangents under vmap of batched inputs found no call per slice of the batch")
         rows = []
         for b in range(info.batch_size):
-            rows.append(call.tangents(tuple(t if d is None or t is None else t.select(d, b)
-                                            for t, d in zip(tangents, in_dims[1:], strict=True))))
+            rows.append(_apply(_Tangents, call.slices[b] if batched else call,
+                               *[t if d is None or t is None else t.select(d, b)
+                                 for t, d in zip(tensors, in_dims[1:], strict=True)]))
         stacked = tuple(torch.stack(column) for column in zip(*rows, strict=True))
         return stacked, (0,) * len(stacked)
+
+
+def _derivative_along(fn: Any, primals: tuple, directions: tuple) -> tuple[tuple, tuple]:
+    """``fn``'s outputs and their derivatives along ``directions`` (forward mode): torch.func.jvp, or inside a dual
+    level of torch.autograd.forward_ad, which does not nest, dual tensors of that level made of the plain values."""
+    if torch._C._are_functorch_transforms_active() or forward_ad._current_level < 0:
+        return torch.func.jvp(fn, primals, directions)
+    found = [forward_ad.unpack_dual(o) for o in fn(*[forward_ad.make_dual(forward_ad.unpack_dual(p).primal, d)
+                                                     for p, d in zip(primals, directions, strict=True)])]
+    return (tuple(o.primal for o in found),
+            tuple(torch.zeros_like(o.primal) if o.tangent is None else o.tangent for o in found))
 
 
 _BASE_APPLY = {f: super(torch.autograd.Function, f).apply for f in (_ForwardMode, _Tangents)}  # (the C++ apply)
