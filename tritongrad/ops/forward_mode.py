@@ -17,6 +17,11 @@ whose backward runs as an op (autograd_function.backward_as_op) called in forwar
 and outputs as the transforms see them, so that their tangents go through the derived kernels' tangent kernels. Its
 ``vmap`` (jacrev's batched cotangents, a batched primal) makes one call per slice.
 
+Reverse mode through a tangent J(x) tx (autograd or torch.func's grad and jacrev over a jvp, dual tensors' tangents
+differentiated) reaches the tangents' Function, which takes the call's inputs and outputs too (for autograd's links
+alone): w.r.t. tx its backward is J^T c, the op's backward; w.r.t. x, d/dx <c, J(x) tx>, by the symmetry of second
+derivatives the op's backward run in forward mode along tx (``_Call.tangents_vjp``).
+
 Refused, naming the launch (OpError): a launch updating a tensor in place, one overwriting memory an earlier launch
 read, and a launch reading (or an op returning) a float tensor its host function made with PyTorch operations
 (their tangents are not followed; in a backward, the gradients of inputs sharing memory added). A named op is
@@ -181,12 +186,12 @@ class _Call:
         reached: list[int] = []
 
         def backward(*tensors):  # (the float inputs, the outputs, the present gradients)
-            given, outputs, given_grads = list(inputs), list(tensors[len(floats):-len(present) or None]), list(grads)
+            given, given_grads, made = list(inputs), list(grads), len(floats) + len(outputs)
             for i, x in zip(floats, tensors, strict=False):
                 given[i] = x
-            for j, g in zip(present, tensors[len(tensors) - len(present):], strict=True):
+            for j, g in zip(present, tensors[made:], strict=True):
                 given_grads[j] = g
-            gradients = self.vjp(given, outputs, tuple(given_grads), needs)
+            gradients = self.vjp(given, list(tensors[len(floats):made]), tuple(given_grads), needs)
             reached[:] = [i for i, g in enumerate(gradients) if g is not None]
             return tuple(gradients[i] for i in reached)
 
