@@ -322,6 +322,23 @@ def test_jacrev_and_grad_of_a_jvp_match_pytorch(op, reference):
         torch.testing.assert_close(transform(op)(*inputs, *tangents), transform(reference)(*inputs, *tangents), **TOL)
 
 
+def test_reverse_mode_through_a_tangent_of_one_tensor_passed_twice():
+    """swiglu(a, a): w.r.t. the tangent (the op's backward) against the reference; w.r.t. a, whose backward in
+    forward mode adds the two gradients with PyTorch operations it does not follow, refused naming it (before:
+    NotImplementedError, and a gradient w.r.t. a alone silently dropped the op's part)."""
+    a, ta, weights = (torch.randn(3, 20, dtype=DTYPE) for _ in range(3))
+
+    def gradient(f, wrt_a):
+        leaf, t = a.clone().requires_grad_(wrt_a), ta.clone().requires_grad_(not wrt_a)
+        tangent = torch.func.jvp(lambda a: f(a, a), (leaf,), (t,))[1]
+        return torch.autograd.grad((tangent * weights).sum(), leaf if wrt_a else t)[0]
+
+    torch.testing.assert_close(gradient(swiglu.swiglu, False), gradient(swiglu.reference, False), **TOL)
+    with pytest.raises(OpError, match=r"swiglu` in forward mode: reverse mode through its tangents w.r.t. its "
+                                      r"inputs .*an output is a tensor no launch wrote"):
+        gradient(swiglu.swiglu, True)
+
+
 def test_a_derivative_of_a_gradient_through_a_tangent_is_refused_naming_it():
     """A third differentiation through forward mode: jacrev w.r.t. x of the gradient w.r.t. the tangent (d/dx of
     J(x)^T c, the op's backward called in forward mode, which has no reverse mode of its own), and autograd's
