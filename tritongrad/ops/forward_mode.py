@@ -49,6 +49,7 @@ from ..host.kernel_roles import kernel_info
 from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.tangent_kernel import jvp as tangent_kernel
 from .autograd_function import backward_as_op, record_of, refuse_transforms
+from .sliced_backward import sliced_backward
 
 
 def active(args: tuple, kwargs: dict) -> bool:
@@ -66,14 +67,29 @@ def active(args: tuple, kwargs: dict) -> bool:
 
 
 def transformed_call(fn: Any, name: str, args: tuple, kwargs: dict, bare: bool, recorded: Any) -> Any:
-    """A call under a dual level or a torch.func transform (autograd_function.transformed): in forward mode where a
-    tangent reaches its arguments (not inside another op, whose launch record takes its launches), else None once
-    ``refuse_transforms`` has let it through. The bare and the named op's one path; ``recorded``: the op's call in
-    reverse mode (autograd_function.recorded_call), which a backward of the call runs again (``_Call.vjp``)."""
-    if not hooks.active() and active(args, kwargs):
+    """A call under a dual level or a torch.func transform (autograd_function.transformed): through ``call`` in
+    forward mode where a tangent reaches its arguments, and under torch.func's reverse-mode transforms (``taken``);
+    not inside another op, whose launch record takes its launches. Else None once ``refuse_transforms`` has let it
+    through. The bare and the named op's one path; ``recorded``: the op's call in reverse mode
+    (autograd_function.recorded_call), which a backward of the call runs again (``_Call.vjp``)."""
+    if not hooks.active() and (active(args, kwargs) or taken(bare)):
         return call(fn, name, args, kwargs, recorded)
     refuse_transforms(name, args, kwargs, bare=bare)
     return None
+
+
+def taken(bare: bool) -> bool:
+    """Whether torch.func transforms other than forward mode make a call go through ``call``: grad, vjp and jacrev
+    (a Grad interpreter on the stack: torch.library's autograd formula of a named op has no ``setup_context``, and a
+    bare op's kernels need plain tensors, which ``custom_function_call`` unwraps) and, for a bare op, vmap (one call
+    per slice: ``_ForwardMode.vmap``). A named op under vmap alone keeps the dispatcher's per-slice fallback."""
+    if not torch._C._are_functorch_transforms_active():
+        return False
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    kinds = {i.key() for i in retrieve_all_functorch_interpreters()}
+    return TransformType.Grad in kinds or (bare and TransformType.Vmap in kinds)
 
 
 def call(fn: Any, name: str, args: tuple, kwargs: dict, recorded: Any = None) -> Any:
@@ -222,8 +238,8 @@ class _Call:
         return t if found is None else found
 
     @staticmethod
-    def _in_forward_mode(name: str, fn: Any, args: tuple) -> Any:
-        return call(fn, name, args, {})
+    def _in_forward_mode(name: str, fn: Any, args: tuple, again: Any) -> Any:
+        return call(fn, name, args, {}, again)
 
     def tangents(self, tangents: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, ...]:
         """The outputs' tangents: the launches run as their tangent kernels (see the module's docstring)."""
@@ -395,6 +411,8 @@ class _ForwardMode(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         saved = [_unwrap_if_dead(t) for t in ctx.saved_tensors]  # (a grad transform's wrappers, dead by now)
+        if ctx.call.slices:  # vmap ran the call per slice (vmap(grad(f)): per-sample gradients)
+            return (None, *sliced_backward(ctx.call, saved, grads, ctx.needs_input_grad[1:]))
         count = len(ctx.call.inputs)
         return (None, *ctx.call.vjp(saved[:count], saved[count:], grads, ctx.needs_input_grad[1:]))
 
