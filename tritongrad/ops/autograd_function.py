@@ -19,6 +19,7 @@ from ..core.bounded import Bounded
 from ..core.device import recording
 from ..core.errors import NotDifferentiableError, OpError
 from ..host import donation
+from ..host.backward import checks
 from ..host.call_tensors import as_tuple, is_container, nested_tensors, tensor_leaves
 from ..host.launch_record import LaunchRecord, current_record, recording_backward
 from ..host.remake import Remake
@@ -297,6 +298,8 @@ def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple, in_for
                 raise OpError(f"tritongrad.op `{record.name}`: {remake}")
             return list(differentiable_once(record.name, record.backward(saved, grads, needs), (*saved, *grads),
                                             remake))
+    if in_forward_mode is None:
+        rehearse(record, tuple(t.detach() for t in saved), tuple(g if g is None else g.detach() for g in grads), needs)
     # an incoming gradient made contiguous here, where autograd records the copy (a `.sum()`'s is expanded), not in
     # the op, where the buffer its backward made of it would be an intermediate autograd cannot follow
     grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)
@@ -331,6 +334,16 @@ def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple, in_for
         _backward_call.reset(token)
     found = iter(found if isinstance(found, tuple) else (found,))
     return [next(found) if r else None for r in call.reached]
+
+
+def rehearse(record: Any, saved: tuple, grads: tuple, needs: tuple) -> None:
+    """The record's backward run once on plain tensors where its schedule has not been checked yet, before it runs as
+    an op: recorded, it lays no guard bands (host/backward.py), so a launch that read outside a tensor it was passed
+    would put gradient outside its shadow memory unchecked; this run refuses it (StrayWriteError) first."""
+    plan = getattr(record, "plan", None)
+    if plan is not None and checks(plan, needs, [g is not None for g in grads]):
+        with torch.no_grad():
+            record.backward(saved, grads, needs)
 
 
 class _BackwardCall:

@@ -48,7 +48,7 @@ from ..host import hooks
 from ..host.kernel_roles import kernel_info
 from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.tangent_kernel import jvp as tangent_kernel
-from .autograd_function import backward_as_op, record_of, refuse_transforms
+from .autograd_function import backward_as_op, record_of, refuse_transforms, rehearse
 from .sliced_backward import sliced_backward
 
 
@@ -168,8 +168,14 @@ class _Call:
             variable = getattr(edge, "variable", None)
             if variable is None or id(variable) not in taken:
                 raise self.error("its backward in forward mode takes gradients of the call's own tensor arguments "
-                                 "only, and a launch reads a tensor made from one by PyTorch operations")
+                                 "only, and a launch reads a tensor made from one by PyTorch operations (such as "
+                                 "x.contiguous() of a transposed x): pass the tensor as the launch reads it, or "
+                                 "differentiate with torch.autograd.grad")
             slots.append(taken[id(variable)])
+        with temporarily_clear_interpreter_stack():  # (fresh gradients: only where they land is checked)
+            rehearse(record_of(node), node.saved_tensors, tuple(g if g is None else torch.randn_like(o)
+                                                                for g, o in zip(grads, made, strict=True)),
+                     tuple(needs[i] for i in slots))
         saved = tuple(self._as_transformed(t, plain, inputs, made, outputs) for t in node.saved_tensors)
         try:
             found = backward_as_op(record_of(node), saved, tuple(grads), tuple(needs[i] for i in slots),
