@@ -7,11 +7,14 @@ PyTorch's "must override the setup_context staticmethod", a bare op refused ever
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from conftest import DEVICE
 
 import tritongrad
 from tritongrad.core.errors import OpError
 from tritongrad.examples import rmsnorm, sin, softmax, swiglu
+from tritongrad.runtime.guards import StrayWriteError
 
 DTYPE = torch.float64
 TOL = {"rtol": 1e-9, "atol": 1e-9}
@@ -160,3 +163,30 @@ def test_what_stays_unsupported_is_refused_by_tritongrad():
     with pytest.raises(OpError, match=r"`rmsnorm` in forward mode: .*a launch reads a tensor made from one by PyTorch "
                                       r"operations \(such as x.contiguous\(\) of a transposed x\)"):
         torch.func.grad(lambda x: BARE["rmsnorm"](x.t(), w).sum())(x.t().contiguous())
+
+
+@triton.jit
+def _sin_mul_kernel(x_ptr, w_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.sin(tl.load(x_ptr + offs, mask=mask)) * tl.load(w_ptr + offs, mask=mask), mask=mask)
+
+
+@tritongrad.op
+def _one_past_the_end(x, w):
+    """Reads one element past ``x`` (a host function's wrong count)."""
+    y = torch.empty_like(w)
+    _sin_mul_kernel[(triton.cdiv(w.numel(), 64),)](x, w, y, w.numel(), BLOCK=64)
+    return y
+
+
+def test_a_launch_reading_outside_a_tensor_is_refused_under_grad():
+    """The backward under torch.func runs as an op, recorded, which lays no guard bands: its schedule's first backward
+    is rehearsed on plain tensors first (autograd_function.rehearse). Without it the gradient read outside ``x``
+    went unchecked (in eager double backward too), as autograd's first backward refuses it."""
+    base, w = torch.randn(37, dtype=DTYPE, device=DEVICE), torch.randn(37, dtype=DTYPE, device=DEVICE)
+    with pytest.raises(StrayWriteError, match=r"reads memory outside the elements of the tensor passed to `x_ptr`"):
+        torch.func.grad(lambda base: _one_past_the_end(base[:36], w).sum())(base)
+    leaf = base.clone().requires_grad_()
+    with pytest.raises(StrayWriteError, match=r"reads memory outside the elements of the tensor passed to `x_ptr`"):
+        torch.autograd.grad(_one_past_the_end(leaf[:36], w).pow(2).sum(), leaf, create_graph=True)
