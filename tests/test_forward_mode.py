@@ -339,24 +339,25 @@ def test_reverse_mode_through_a_tangent_of_one_tensor_passed_twice():
         gradient(swiglu.swiglu, True)
 
 
-def test_a_derivative_of_a_gradient_through_a_tangent_is_refused_naming_it():
+def test_a_derivative_of_a_gradient_through_a_tangent():
     """A third differentiation through forward mode: jacrev w.r.t. x of the gradient w.r.t. the tangent (d/dx of
-    J(x)^T c, the op's backward called in forward mode, which has no reverse mode of its own), and autograd's
-    create_graph alike: OpError naming it and what to use. Before: NotImplementedError; with the tangent's gradient
-    computed from plain tensors, silently zero."""
+    J(x)^T c, the op's backward called in forward mode, made again in reverse mode for a launch record of its own:
+    autograd_function.backward_as_op's ``again``), and autograd's create_graph alike, against the reference. Before:
+    NotImplementedError; then silently zero; then refused (OpError)."""
     x, tx, weights = (torch.randn(3, 11, dtype=DTYPE) for _ in range(3))
-    refused = r"softmax \(its backward\)` in forward mode: a derivative of its backward run in forward mode .*hessian"
 
-    def gradient_wrt_tangent(x):
-        return torch.func.grad(lambda t: (torch.func.jvp(softmax.softmax, (x,), (t,))[1] * weights).sum())(tx)
+    def gradient_wrt_tangent(op):
+        return lambda x: torch.func.grad(lambda t: (torch.func.jvp(op, (x,), (t,))[1] * weights).sum())(tx)
 
-    with pytest.raises(OpError, match=refused):
-        torch.func.jacrev(gradient_wrt_tangent)(x)
-    leaf, t0 = x.clone().requires_grad_(), tx.clone().requires_grad_()
-    tangent = torch.func.jvp(softmax.softmax, (leaf,), (t0,))[1]
-    gradient, = torch.autograd.grad((tangent * weights).sum(), t0, create_graph=True)
-    with pytest.raises(OpError, match=refused):
-        torch.autograd.grad((gradient * weights).sum(), leaf)
+    torch.testing.assert_close(torch.func.jacrev(gradient_wrt_tangent(softmax.softmax))(x),
+                               torch.func.jacrev(gradient_wrt_tangent(softmax.reference))(x), **TOL)
+    found = []
+    for op in (softmax.softmax, softmax.reference):
+        leaf, t0 = x.clone().requires_grad_(), tx.clone().requires_grad_()
+        tangent = torch.func.jvp(op, (leaf,), (t0,))[1]
+        gradient, = torch.autograd.grad((tangent * weights).sum(), t0, create_graph=True)
+        found.append(torch.autograd.grad((gradient * weights.flip(0)).sum(), leaf))
+    torch.testing.assert_close(*found, **TOL)
 
 
 def test_vmap_of_a_jvp_over_batched_inputs():

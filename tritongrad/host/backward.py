@@ -34,6 +34,13 @@ from .shadows import Plan, Shadow, Step, View, stand_in_tensor
 recording_backward: contextvars.ContextVar = contextvars.ContextVar("tritongrad_recording", default=None)
 
 
+def checks(plan: Plan, needs: Sequence[bool], given: Sequence[bool]) -> bool:
+    """Whether a backward of this schedule (the inputs it needs, the output gradients given) looks for strays: the
+    first of each plan and schedule, every one with ``TRITONGRAD_CHECKED=1``. A backward recorded as an op does not
+    (ops/autograd_function.py rehearses it first)."""
+    return (tuple(needs), tuple(given)) not in plan.checked or guard_bands.CHECKED
+
+
 class PlannedBackward:
     """One backward of an op, each step decided from its plan (the path every other backward path was kept from):
     its plan, the recorded launches' non-tensor arguments, the op's name."""
@@ -64,7 +71,7 @@ class PlannedBackward:
         # buffers and looks for gradient where no tensor lies (_check_strays); not while a CUDA graph is captured,
         # where it could not wait for the device, nor while torch.compile traces it (fake tensors:
         # saved_backward.py's rehearsal on real ones checks)
-        checked = schedule not in plan.checked or guard_bands.CHECKED
+        checked = checks(plan, *schedule)
         guards = {} if checked and not capturing() and not tracing() and recording_backward.get() is None else None
         # (not while recorded as an op for double backward: its outputs would be the banded buffers)
         shadows: dict[int, torch.Tensor] = {}

@@ -19,6 +19,7 @@ from ..core.bounded import Bounded
 from ..core.device import recording
 from ..core.errors import NotDifferentiableError, OpError
 from ..host import donation
+from ..host.backward import checks
 from ..host.call_tensors import as_tuple, is_container, nested_tensors, tensor_leaves
 from ..host.launch_record import LaunchRecord, current_record, recording_backward
 from ..host.remake import Remake
@@ -279,9 +280,10 @@ def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple, in_for
     """The record's backward (create_graph=True) run as a bare op of the tensors it reads (the saved tensors, the
     incoming gradients): its launches of the derived kernels are recorded on a launch record of its own, whose backward
     derives them in turn (reverse over reverse). A kernel tritongrad cannot differentiate again is refused there,
-    naming the derived kernel's line. ``in_forward_mode``: ``(name, host function, args) -> outputs``, the backward
-    op called in forward mode instead (forward_mode.py: the backward of a call in forward mode, torch.func.hessian's
-    jacfwd over jacrev), its launches' tangent kernels the backward's tangent; what cannot be run so is refused."""
+    naming the derived kernel's line. ``in_forward_mode``: ``(name, host function, args, again) -> outputs``, the
+    backward op called through forward_mode.py instead (the backward of a call there: torch.func's grad, jacrev,
+    hessian), its launches' tangent kernels the backward's tangent, ``again`` the same backward made again in reverse
+    mode (a derivative of it: jacrev over jacrev); what cannot be run so is refused."""
     inner = getattr(getattr(record, "plan", None), "inner_saved", None)  # (None: not known, taken as made)
     made = [j for j, t in enumerate(saved) if t.is_floating_point() and t.numel() and not t.requires_grad
             and (inner is None or j in inner)]
@@ -296,6 +298,8 @@ def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple, in_for
                 raise OpError(f"tritongrad.op `{record.name}`: {remake}")
             return list(differentiable_once(record.name, record.backward(saved, grads, needs), (*saved, *grads),
                                             remake))
+    if in_forward_mode is None:
+        rehearse(record, tuple(t.detach() for t in saved), tuple(g if g is None else g.detach() for g in grads), needs)
     # an incoming gradient made contiguous here, where autograd records the copy (a `.sum()`'s is expanded), not in
     # the op, where the buffer its backward made of it would be an intermediate autograd cannot follow
     grads = tuple(g if g is None or g.is_contiguous() else g.contiguous() for g in grads)
@@ -308,10 +312,18 @@ def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple, in_for
         op = _backward_ops[name, deterministic] = recorded_call(
             backward_of, name, {}, arguments_of(backward_of), deterministic, hidden_reads=False)
     call = _BackwardCall(record, remake, len(saved), present, len(grads), needs)
+
+    def again(*tensors: torch.Tensor) -> Any:  # this backward made again in reverse mode (a derivative of it in
+        token = _backward_call.set(_BackwardCall(record, remake, len(saved), present, len(grads), needs))  # turn)
+        try:
+            return op(*tensors)
+        finally:
+            _backward_call.reset(token)
+
     token = _backward_call.set(call)
     try:
         args = (*saved, *[grads[i] for i in present])
-        found = op(*args) if in_forward_mode is None else in_forward_mode(name, backward_of, args)
+        found = op(*args) if in_forward_mode is None else in_forward_mode(name, backward_of, args, again)
     except NotDifferentiableError as e:
         if in_forward_mode is not None:
             raise  # a derived kernel not differentiable in turn: gradients that refuse a
@@ -322,6 +334,16 @@ def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple, in_for
         _backward_call.reset(token)
     found = iter(found if isinstance(found, tuple) else (found,))
     return [next(found) if r else None for r in call.reached]
+
+
+def rehearse(record: Any, saved: tuple, grads: tuple, needs: tuple) -> None:
+    """The record's backward run once on plain tensors where its schedule has not been checked yet, before it runs as
+    an op: recorded, it lays no guard bands (host/backward.py), so a launch that read outside a tensor it was passed
+    would put gradient outside its shadow memory unchecked; this run refuses it (StrayWriteError) first."""
+    plan = getattr(record, "plan", None)
+    if plan is not None and checks(plan, needs, [g is not None for g in grads]):
+        with torch.no_grad():
+            record.backward(saved, grads, needs)
 
 
 class _BackwardCall:
@@ -414,18 +436,18 @@ def transformed() -> bool:
 def refuse_transforms(name: str, args: tuple, kwargs: dict, bare: bool) -> None:
     """Refuse a call differentiated in forward mode (a tensor among its arguments, containers' too, carries a tangent:
     a dual tensor, torch.func.jvp's, jacfwd's): the kernels' tangents are not derived, and the outputs would come out
-    without any (a zero tangent). A bare op also refuses torch.func's other transforms (vmap, grad, jacrev), whose
-    wrapped tensors have no memory its kernels could be launched on."""
+    without any (a zero tangent). A bare op also refuses the torch.func transforms forward_mode.py does not take
+    (functionalize), whose wrapped tensors have no memory its kernels could be launched on."""
     if _forward_ad._current_level >= 0:
         values = (*args, *kwargs.values())
         tensors = [*[v for v in values if isinstance(v, torch.Tensor)], *nested_tensors(values)[1]]
         if any(_forward_ad.unpack_dual(t).tangent is not None for t in tensors):
             raise forward_mode_error(name)
     if bare and torch._C._are_functorch_transforms_active():
-        raise OpError(f"tritongrad.op `{name}`: torch.func transforms (vmap, grad, vjp, jacrev) are not supported by "
-                      "a bare op: their wrapped tensors have no memory its kernels could be launched on. For gradients "
-                      "use torch.autograd.grad (or .backward()); a named op (@tritongrad.op(\"ns::name\")) runs "
-                      "under torch.func.vmap")
+        raise OpError(f"tritongrad.op `{name}`: torch.func transforms other than grad, vjp, jacrev, jvp, jacfwd, "
+                      "hessian and vmap (functionalize) are not supported by a bare op: their wrapped tensors have no "
+                      "memory its kernels could be launched on. Call it outside the transform, or name the op "
+                      "(@tritongrad.op(\"ns::name\")), which torch.library registers")
 
 
 def forward_mode_error(name: str) -> OpError:

@@ -48,7 +48,8 @@ from ..host import hooks
 from ..host.kernel_roles import kernel_info
 from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.tangent_kernel import jvp as tangent_kernel
-from .autograd_function import backward_as_op, record_of, refuse_transforms
+from .autograd_function import backward_as_op, record_of, refuse_transforms, rehearse
+from .sliced_backward import sliced_backward
 
 
 def active(args: tuple, kwargs: dict) -> bool:
@@ -66,14 +67,29 @@ def active(args: tuple, kwargs: dict) -> bool:
 
 
 def transformed_call(fn: Any, name: str, args: tuple, kwargs: dict, bare: bool, recorded: Any) -> Any:
-    """A call under a dual level or a torch.func transform (autograd_function.transformed): in forward mode where a
-    tangent reaches its arguments (not inside another op, whose launch record takes its launches), else None once
-    ``refuse_transforms`` has let it through. The bare and the named op's one path; ``recorded``: the op's call in
-    reverse mode (autograd_function.recorded_call), which a backward of the call runs again (``_Call.vjp``)."""
-    if not hooks.active() and active(args, kwargs):
+    """A call under a dual level or a torch.func transform (autograd_function.transformed): through ``call`` in
+    forward mode where a tangent reaches its arguments, and under torch.func's reverse-mode transforms (``taken``);
+    not inside another op, whose launch record takes its launches. Else None once ``refuse_transforms`` has let it
+    through. The bare and the named op's one path; ``recorded``: the op's call in reverse mode
+    (autograd_function.recorded_call), which a backward of the call runs again (``_Call.vjp``)."""
+    if not hooks.active() and (active(args, kwargs) or taken(bare)):
         return call(fn, name, args, kwargs, recorded)
     refuse_transforms(name, args, kwargs, bare=bare)
     return None
+
+
+def taken(bare: bool) -> bool:
+    """Whether torch.func transforms other than forward mode make a call go through ``call``: grad, vjp and jacrev
+    (a Grad interpreter on the stack: torch.library's autograd formula of a named op has no ``setup_context``, and a
+    bare op's kernels need plain tensors, which ``custom_function_call`` unwraps) and, for a bare op, vmap (one call
+    per slice: ``_ForwardMode.vmap``). A named op under vmap alone keeps the dispatcher's per-slice fallback."""
+    if not torch._C._are_functorch_transforms_active():
+        return False
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    kinds = {i.key() for i in retrieve_all_functorch_interpreters()}
+    return TransformType.Grad in kinds or (bare and TransformType.Vmap in kinds)
 
 
 def call(fn: Any, name: str, args: tuple, kwargs: dict, recorded: Any = None) -> Any:
@@ -152,8 +168,14 @@ class _Call:
             variable = getattr(edge, "variable", None)
             if variable is None or id(variable) not in taken:
                 raise self.error("its backward in forward mode takes gradients of the call's own tensor arguments "
-                                 "only, and a launch reads a tensor made from one by PyTorch operations")
+                                 "only, and a launch reads a tensor made from one by PyTorch operations (such as "
+                                 "x.contiguous() of a transposed x): pass the tensor as the launch reads it, or "
+                                 "differentiate with torch.autograd.grad")
             slots.append(taken[id(variable)])
+        with temporarily_clear_interpreter_stack():  # (fresh gradients: only where they land is checked)
+            rehearse(record_of(node), node.saved_tensors, tuple(g if g is None else torch.randn_like(o)
+                                                                for g, o in zip(grads, made, strict=True)),
+                     tuple(needs[i] for i in slots))
         saved = tuple(self._as_transformed(t, plain, inputs, made, outputs) for t in node.saved_tensors)
         try:
             found = backward_as_op(record_of(node), saved, tuple(grads), tuple(needs[i] for i in slots),
@@ -222,8 +244,8 @@ class _Call:
         return t if found is None else found
 
     @staticmethod
-    def _in_forward_mode(name: str, fn: Any, args: tuple) -> Any:
-        return call(fn, name, args, {})
+    def _in_forward_mode(name: str, fn: Any, args: tuple, again: Any) -> Any:
+        return call(fn, name, args, {}, again)
 
     def tangents(self, tangents: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, ...]:
         """The outputs' tangents: the launches run as their tangent kernels (see the module's docstring)."""
@@ -395,6 +417,8 @@ class _ForwardMode(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         saved = [_unwrap_if_dead(t) for t in ctx.saved_tensors]  # (a grad transform's wrappers, dead by now)
+        if ctx.call.slices:  # vmap ran the call per slice (vmap(grad(f)): per-sample gradients)
+            return (None, *sliced_backward(ctx.call, saved, grads, ctx.needs_input_grad[1:]))
         count = len(ctx.call.inputs)
         return (None, *ctx.call.vjp(saved[:count], saved[count:], grads, ctx.needs_input_grad[1:]))
 

@@ -170,7 +170,8 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 def _refuse_forward_mode(op: Any, name: str) -> None:
     """The op's Autograd kernel (torch.library's, whose formula ``register_autograd`` gives) behind a check that
     refuses forward mode: torch.library takes no forward-mode formula, and that kernel passes tangents by, so a
-    call through the dispatcher (``torch.ops``, a torch.func transform) would give a zero tangent."""
+    call through the dispatcher (``torch.ops``, a torch.func transform) would give a zero tangent. Under torch.func's
+    grad transforms that formula raises PyTorch's setup_context error: refused naming the op instead."""
     from torch._library.autograd import make_autograd_impl
 
     kernel = make_autograd_impl(op._opoverload, op)
@@ -178,6 +179,10 @@ def _refuse_forward_mode(op: Any, name: str) -> None:
     def autograd_impl(keyset, *args, **kwargs):
         if _forward_ad._current_level >= 0:
             refuse_transforms(name, args, kwargs, bare=False)
+        if forward_mode.taken(bare=False):  # (torch.library's formula has no setup_context: PyTorch's error)
+            raise OpError(f"tritongrad.op `{name}`: called through torch.ops under torch.func.grad, vjp or jacrev, "
+                          "which torch.library's autograd formula does not support; call the op's Python function "
+                          "(the function @tritongrad.op returned), which these transforms differentiate")
         return kernel(keyset, *args, **kwargs)
 
     with warnings.catch_warnings():  # ("Overriding a previously registered kernel": torch.library's, on purpose)
