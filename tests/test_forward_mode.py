@@ -166,6 +166,7 @@ def bare_swiglu(a, b):
     return swiglu.swiglu_launch(a, b)()
 
 
+@pytest.mark.slow  # (the default run's Hessians: test_hessian_through_a_named_example_matches_pytorch)
 def test_second_derivatives_in_forward_over_reverse_through_bare_ops(poisoned_empty):
     """torch.func.hessian, jacfwd of one argument's jacrev, forward over reverse by hand (a jvp of a grad) and dual
     tensors differentiated in reverse mode: each runs the op's backward in forward mode (before: refused, OpError).
@@ -188,6 +189,7 @@ def test_second_derivatives_in_forward_over_reverse_through_bare_ops(poisoned_em
         torch.testing.assert_close((got.primal, got.tangent), want, **TOL)
 
 
+@pytest.mark.slow  # (the default run's Hessians: test_hessian_through_a_named_example_matches_pytorch)
 def test_second_derivatives_in_forward_mode_refuse_what_they_do_not_follow_naming_reverse_over_reverse():
     """Refused, naming what and the way that takes it: one tensor passed twice (the backward adds the gradients of
     inputs sharing memory with PyTorch operations, which forward mode does not follow), and a backward reading a
@@ -302,8 +304,8 @@ def test_reverse_mode_through_a_tangent_of_the_inputs_alone(op, reference):
     torch.testing.assert_close(gradient(op, dual=True), want, **TOL)
 
 
-@pytest.mark.parametrize(("op", "reference"), [THROUGH_TANGENTS[0], THROUGH_TANGENTS[3]],
-                         ids=[THROUGH_IDS[0], THROUGH_IDS[3]])
+@pytest.mark.parametrize(("op", "reference"), [pytest.param(*THROUGH_TANGENTS[0], marks=pytest.mark.slow),
+                                              THROUGH_TANGENTS[3]], ids=[THROUGH_IDS[0], THROUGH_IDS[3]])
 def test_jacrev_and_grad_of_a_jvp_match_pytorch(op, reference):
     """torch.func's reverse transforms over torch.func.jvp: jacrev w.r.t. the inputs and the tangents (its
     cotangents batched by vmap: the op's backward in forward mode one call per slice) and grad, against the
