@@ -86,6 +86,7 @@ def test_dk_and_dv_get_one_kernel_of_their_own_where_the_forward_keeps_the_final
         assert [(p.wrt, p.saved) for p in alone.parts] == [(("q_ptr", "k_ptr", "v_ptr"), False)]
 
 
+@pytest.mark.slow  # (a long case; the default run stays near 5 minutes)
 def test_do_over_l_kept_rounded_gives_the_same_bits(monkeypatch):
     """In float16 (the interpreter has no bf16), the prologue keeps dO / l as v's type: the gradients are bit for
     bit those of the backward keeping it in float32 (both of its uses round it to v's type first)."""

@@ -27,6 +27,7 @@ def packed_own_buffer(buffer, dtype, pad=0, fill=launching.zeros_strided):
     return flat, flat[0, pad:pad + buffer.numel()].view(buffer.shape)
 
 
+@pytest.mark.slow  # (a long case; the default run stays near 5 minutes)
 def test_a_kernel_of_its_own_writing_past_its_buffer_is_named(monkeypatch):
     """K and V shifted views of one tensor: dK and dV go to buffers of their own (they overlap), written by the
     interchanged kernel. Checked mode checks the second backward too, and names the buffer and the kernel."""

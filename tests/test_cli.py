@@ -117,6 +117,7 @@ def test_demo_piped_keeps_source_lines_whole_and_table_cells_unbroken():
     assert re.search(r"all \d+ ok", result.stdout)
 
 
+@pytest.mark.slow  # (a long case; the default run stays near 5 minutes)
 def test_check_piped_keeps_table_cells_unbroken():
     result = tritongrad_cli("check", "cross_entropy", "--sizes", "3x45", columns=70)
     assert result.returncode == 0, result.stdout + result.stderr

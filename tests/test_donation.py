@@ -129,6 +129,7 @@ def test_retain_graph_keeps_the_input_and_a_second_backward_is_right(kind, devic
         torch.testing.assert_close(second, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow  # (a long case; the default run stays near 5 minutes)
 @pytest.mark.parametrize("kind", OPS)
 def test_create_graph_does_not_donate(kind, device):
     op = OPS[kind]
@@ -390,6 +391,7 @@ def test_logits_used_after_the_call_are_not_written(device, poisoned_empty):
         assert donation.taken == taken
 
 
+@pytest.mark.slow  # (a long case; the default run stays near 5 minutes)
 def test_logits_updated_in_place_under_retain_graph_then_freed(device):
     x, w, target, n = _hf_inputs(device)
     for _ in range(CALLS):
@@ -406,6 +408,7 @@ def test_logits_updated_in_place_under_retain_graph_then_freed(device):
         assert seen[1].data_ptr() != seen[0]  # (the first backward's gradient: its own memory)
 
 
+@pytest.mark.slow  # (a long case; the default run stays near 5 minutes)
 def test_logits_updated_in_place_under_create_graph_are_not_written(device):
     x, w, target, n = _hf_inputs(device)
     for _ in range(CALLS):

@@ -103,7 +103,8 @@ def test_per_sample_gradients_vmap_of_grad(name, kind):
         torch.testing.assert_close(got, want, **TOL)
 
 
-@pytest.mark.parametrize("kind", [pytest.param("bare", marks=pytest.mark.slow), "named"])
+@pytest.mark.slow  # (reverse over reverse in the default run: tests/test_double_backward.py)
+@pytest.mark.parametrize("kind", ["bare", "named"])
 def test_reverse_over_reverse(kind):
     """jacrev over jacrev and grad over grad: the backward's call made again in reverse mode for its own launch
     record (autograd_function.backward_as_op's ``again``); before, refused as a third differentiation."""

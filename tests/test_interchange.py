@@ -140,6 +140,7 @@ def test_grouped_program_ids_take_every_program_once_in_groups_of_eight(grid):
     assert got == want
 
 
+@pytest.mark.slow  # (a long case; the default run stays near 5 minutes)
 def test_a_grid_of_more_than_eight_tiles_in_groups(poisoned_empty):
     """11 row tiles: a group of 8 and a ragged one of 3; the gradients as PyTorch's."""
     a, b = torch.randn(16 * 10 + 5, 70, dtype=F64), torch.randn(70, 37, dtype=F64)
