@@ -8,8 +8,8 @@ PyTorch's "must override the setup_context staticmethod", a bare op refused ever
 import pytest
 import torch
 import triton
-import triton.language as tl
 from conftest import DEVICE
+from test_op_edges import sin_mul_kernel
 
 import tritongrad
 from tritongrad.core.errors import OpError
@@ -169,18 +169,11 @@ def test_what_stays_unsupported_is_refused_by_tritongrad():
         torch.func.grad(lambda x: BARE["rmsnorm"](x.t(), w).sum())(x.t().contiguous())
 
 
-@triton.jit
-def _sin_mul_kernel(x_ptr, w_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(y_ptr + offs, tl.sin(tl.load(x_ptr + offs, mask=mask)) * tl.load(w_ptr + offs, mask=mask), mask=mask)
-
-
 @tritongrad.op
 def _one_past_the_end(x, w):
     """Reads one element past ``x`` (a host function's wrong count)."""
     y = torch.empty_like(w)
-    _sin_mul_kernel[(triton.cdiv(w.numel(), 64),)](x, w, y, w.numel(), BLOCK=64)
+    sin_mul_kernel[(triton.cdiv(w.numel(), 64),)](x, w, y, w.numel(), BLOCK=64)
     return y
 
 

@@ -311,10 +311,13 @@ def backward_as_op(record: Any, saved: tuple, grads: tuple, needs: tuple, in_for
         # planned (and its first backward checked) once, later ones replayed, as any op's are
         op = _backward_ops[name, deterministic] = recorded_call(
             backward_of, name, {}, arguments_of(backward_of), deterministic, hidden_reads=False)
-    call = _BackwardCall(record, remake, len(saved), present, len(grads), needs)
+    def backward_call() -> _BackwardCall:  # (one per call of the backward op: it learns what the call reached)
+        return _BackwardCall(record, remake, len(saved), present, len(grads), needs)
+
+    call = backward_call()
 
     def again(*tensors: torch.Tensor) -> Any:  # this backward made again in reverse mode (a derivative of it in
-        token = _backward_call.set(_BackwardCall(record, remake, len(saved), present, len(grads), needs))  # turn)
+        token = _backward_call.set(backward_call())  # turn)
         try:
             return op(*tensors)
         finally:

@@ -49,7 +49,7 @@ from ..host.kernel_roles import kernel_info
 from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.tangent_kernel import jvp as tangent_kernel
 from .autograd_function import backward_as_op, record_of, refuse_transforms, rehearse
-from .sliced_backward import sliced_backward
+from .sliced_backward import sliced_backward, stacked
 
 
 def active(args: tuple, kwargs: dict) -> bool:
@@ -430,8 +430,7 @@ class _ForwardMode(torch.autograd.Function):
             rows.append(_apply(_ForwardMode, calls[-1], *[t if d is None else t.select(d, b)
                                                          for t, d in zip(tensors, in_dims[1:], strict=True)]))
         call.result_spec, call.slices = calls[0].result_spec, calls
-        stacked = tuple(torch.stack(column) for column in zip(*rows, strict=True))
-        return stacked, (0,) * len(stacked)
+        return stacked(rows)
 
 
 class _Tangents(torch.autograd.Function):
@@ -468,8 +467,7 @@ class _Tangents(torch.autograd.Function):
             rows.append(_apply(_Tangents, call.slices[b] if batched else call,
                                *[t if d is None or t is None else t.select(d, b)
                                  for t, d in zip(tensors, in_dims[1:], strict=True)]))
-        stacked = tuple(torch.stack(column) for column in zip(*rows, strict=True))
-        return stacked, (0,) * len(stacked)
+        return stacked(rows)
 
 
 def _derivative_along(fn: Any, primals: tuple, directions: tuple) -> tuple[tuple, tuple]:

@@ -130,8 +130,8 @@ def named_op(fn: Any, name: str, deterministic: bool = False, opaque: bool = Tru
                 return forward(*args, **kwargs)
             found = saving(*args, **kwargs)
             return tuple(found[:protos.outputs]) if several else found[0]
-        if transformed():  # forward mode: tangent kernels (torch.library takes no forward-mode formula); other
-            found = forward_mode.transformed_call(fn, name, args, kwargs, False, recorded)  # transforms: refused
+        if transformed():  # forward mode and torch.func's grad transforms: forward_mode.py (torch.library takes no
+            found = forward_mode.transformed_call(fn, name, args, kwargs, False, recorded)  # forward-mode formula)
             if found is not None:
                 return found
         if not torch.is_grad_enabled():

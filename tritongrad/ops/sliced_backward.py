@@ -59,5 +59,10 @@ class _SlicedBackward(torch.autograd.Function):
             rows.append(call.vjp(given[:count], given[count:count + outputs], tuple(given[count + outputs:]),
                                  per_slice.needs))
         per_slice.reached = [i for i, g in enumerate(rows[0]) if g is not None]
-        stacked = tuple(torch.stack([row[i] for row in rows]) for i in per_slice.reached)
-        return stacked, (0,) * len(stacked)
+        return stacked([[row[i] for i in per_slice.reached] for row in rows])
+
+
+def stacked(rows: list) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+    """A Function's ``vmap`` result from its rows (per slice, its outputs): each output stacked, batched along 0."""
+    columns = tuple(torch.stack(column) for column in zip(*rows, strict=True))
+    return columns, (0,) * len(columns)

@@ -207,9 +207,9 @@ def bare_op(fn: Any, deterministic: bool = False) -> Any:
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if transformed():  # forward mode: the launches' tangent kernels; torch.func's other transforms refused (even
-            found = forward_mode.transformed_call(fn, fn.__qualname__, args, kwargs, True, recorded)  # under no_grad:
-            if found is not None:  # tangents flow there too)
+        if transformed():  # forward mode, torch.func's grad transforms and vmap: forward_mode.py; functionalize
+            found = forward_mode.transformed_call(fn, fn.__qualname__, args, kwargs, True, recorded)  # refused (even
+            if found is not None:  # under no_grad: tangents flow there too)
                 return found
         if not torch.is_grad_enabled() or hooks.active():  # inference, or inside another op's launch record
             return fn(*args, **kwargs)
