@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 
-from benchmarks.host_step import _profile, _stub_launches, _time
+from benchmarks.host_step import _profile, _time, host_alone
 
 CASES = ("rope", "cross_entropy", "rmsnorm")
 IMPLS = ("bare", "named", "liger", "floor")
@@ -47,13 +46,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
-    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
-    if not args.no_stub:
-        _stub_launches()
+    host_alone(stub=not args.no_stub)
     import torch
 
-    torch.set_num_threads(1)  # the clock is the process's CPU time
-    torch.set_flush_denormal(True)
     print(f"# host_bare: cpu{'' if args.no_stub else ' (launches stubbed)'}, torch {torch.__version__}")
     results = {}
     for case in args.cases:

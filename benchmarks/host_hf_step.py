@@ -36,17 +36,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def worker(variant: str, steps: int, profile: bool) -> None:
-    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
+    from benchmarks.host_step import host_alone
+
+    host_alone()  # (Liger's RMSNorm kernel does not run in the interpreter: nothing runs, from the start)
     import torch
 
     import tritongrad.tools.check as check
-    from benchmarks.host_step import _stub_launches
     from benchmarks.train_step import Config, build
 
-    _stub_launches()  # (Liger's RMSNorm kernel does not run in the interpreter: nothing runs, from the start)
     check.relative_errors = lambda got, want: (0.0, 0.0)  # the swaps' probes compare nothing: each swap is put in
-    torch.set_num_threads(1)  # place where it runs (train_step's GPU run checks their gradients)
-    torch.set_flush_denormal(True)  # (stubbed kernels leave buffers unwritten: denormals would slow their sums)
+    # place where it runs (train_step's GPU run checks their gradients)
     cfg = Config(model="hf", vocab=256, hidden=64, layers=8, heads=4, kv_heads=2, ffn=128, batch=1, seq=32,
                  dtype="float32", device="cpu")
     model, loss_fn, notes = build(cfg, variant)

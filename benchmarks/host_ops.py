@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import os
 import time
 
 OPS = ("rms", "swiglu", "rope", "ce")
@@ -39,14 +38,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
-    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
-    from benchmarks.host_step import _profile, _stub_launches, _time
+    from benchmarks.host_step import _profile, _time, host_alone
 
-    _stub_launches()
-    import torch
-
-    torch.set_num_threads(1)  # the clock is the process's CPU time
-    torch.set_flush_denormal(True)
+    host_alone()
     if args.no_donation:
         from tritongrad.host import donation
 

@@ -57,22 +57,32 @@ def _stub_launches() -> None:
     InterpretedFunction.run = no_launch
 
 
+def host_alone(stub: bool = True) -> None:
+    """This process times the host's Python alone: Triton's interpreter (set before any kernel is defined), its
+    launches stubbed (``stub``), one intra-op thread (the clock is the process's CPU time: no idle threads spinning
+    on it), denormals flushed (stubbed kernels leave buffers unwritten: denormals would slow their sums)."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    if stub:
+        _stub_launches()
+    import torch
+
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse(argv)
     cpu = args.smoke or args.stub
-    if cpu:
+    if args.stub:
+        host_alone()
+    elif cpu:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
-        if args.stub:
-            _stub_launches()
     import torch
 
     from tritongrad import examples
     from tritongrad.tools.sizes import format_size, parse_size
 
     device = "cpu" if cpu or not torch.cuda.is_available() else "cuda"
-    if args.stub:
-        torch.set_num_threads(1)  # the clock is the process's CPU time: no idle intra-op threads spinning on it
-        torch.set_flush_denormal(True)  # (stubbed kernels leave buffers unwritten: denormals would slow their sums)
     names = args.examples or list(examples.NAMES)
     dtypes = args.dtypes or (["float32"] if device == "cpu" else ["float32", "bfloat16"])
     impls = args.impls or [i for i in IMPLS if device == "cuda" or i not in ("compile", "liger")]
