@@ -731,6 +731,36 @@ def test_compiled_backward_reads_saved_buffers(op, executed):
     assert [k for k in executed if k not in forward_kernels] == [k + "_bwd" for k in reversed(launched)]
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts the interpreter's kernel runs")
+@pytest.mark.parametrize("name", ["flash_attention", "cross_entropy"])
+def test_compiled_forward_keeps_the_state_tapes_eager_keeps(name, executed):
+    """A loop's running max and sum, kept by the compiled forward as by the eager one (its augmented kernel), so
+    the compiled backward launches the eager backward's kernels: no pass of its own over the loop, and attention's
+    dK/dV in a kernel of their own with dQ stored."""
+    example = EXAMPLES[name]
+    inputs = example.make_inputs(dtype=torch.float64)
+    grads = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+    kernels = {}
+    for path in ("eager", "compiled"):
+        fn = example.op if path == "eager" else torch.compile(example.op, fullgraph=True, backend="aot_eager")
+        args = [a.detach().clone().requires_grad_(i in grads) if isinstance(a, torch.Tensor) else a
+                for i, a in enumerate(inputs)]
+        executed.clear()
+        y = fn(*args)
+        forward = list(executed)
+        g = torch.randn_like(y)
+        executed.clear()
+        got = torch.autograd.grad(y, [args[i] for i in grads], g)
+        kernels[path] = forward, list(executed)
+        ref_args = [a.detach().clone().requires_grad_(i in grads) if isinstance(a, torch.Tensor) else a
+                    for i, a in enumerate(inputs)]
+        want = torch.autograd.grad(example.reference(*ref_args), [ref_args[i] for i in grads], g)
+        for a, b in zip(got, want, strict=True):
+            assert_close(a, b, tol=1e-9)
+    assert kernels["compiled"] == kernels["eager"]
+    assert kernels["eager"][0] == [name + "_kernel_augmented"]
+
+
 def test_named_op_refuses_tensors_made_by_pytorch_inside():
     @tritongrad.op("tgtest::contiguous_mul")
     def contiguous_mul(a, b):

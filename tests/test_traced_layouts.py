@@ -118,7 +118,7 @@ def test_the_traced_backward_chooses_what_the_eager_backward_chooses(binding, mo
     with mode, device.traced():
         with hooks.collecting("skip") as launches:
             outputs = as_tuple(host(*fakes))
-        record = _recorded(LaunchRecord("rows"), launches, lambda v: v)
+        record = _recorded(LaunchRecord("rows"), launches, lambda v: v, [])
         record.close(outputs, tuple(fakes), {}, arguments_of(host), diff_inputs=list(fakes))
         with hooks.collecting("skip") as derived:
             record.backward(tuple(record.saved), tuple(torch.randn_like(o) for o in outputs), [True, True], derived)
@@ -182,3 +182,26 @@ def test_a_derived_kernel_made_self_contained_is_what_inductor_can_copy():
                     assert helper.fn.__name__ == name and "tg." not in jit_src(helper)
                     pending.append(helper)
     assert {"tg_widened", "tg_unbroadcast"} <= seen, seen  # (unbroadcast calls widened: reached through it)
+
+
+def test_an_augmented_forward_made_self_contained_is_what_inductor_can_copy():
+    """A compiled forward launches the augmented kernel (runtime/augment.py) through wrap_triton: its own names for
+    Triton's language and tritongrad's helpers (``tritongrad_tl``, ``tritongrad_tg``) become ``tl`` and globals of
+    their own, as Inductor's module has them; and its gradient is the eager one's (test_op.py's
+    test_compiled_forward_keeps_the_state_tapes_eager_keeps)."""
+    import re
+
+    from tritongrad.codegen.generate import jit_src, self_contained
+    from tritongrad.examples import EXAMPLES
+    from tritongrad.host import hooks
+
+    example = EXAMPLES["flash_attention"]
+    with hooks.collecting("skip", keep_states=True) as launches:
+        example.op.__wrapped__(*example.make_inputs())
+    (kept,) = launches.kept.values()
+    assert "tritongrad_tl." in jit_src(kept.kernel) and "tritongrad_tg." in jit_src(kept.kernel)
+    contained = self_contained(kept.kernel)
+    src = jit_src(contained)
+    assert not re.search(r"\btritongrad_t[lg]\b", src) and "tl.pointer_type(" in src
+    for name in set(re.findall(r"\btg_\w+", src)):
+        assert contained.fn.__globals__[name].fn.__name__ == name

@@ -196,24 +196,31 @@ def compile_kernel(src: str, name: str, program: Program) -> Any:
 
 
 def self_contained(kernel: Any) -> Any:
-    """A derived kernel whose ``tg`` helpers are globals of their own (``tg.widened`` -> ``tg_widened``, defined as
-    ``def tg_widened``): what torch.compile's Inductor can copy into its own module, which names a kernel's
-    dependencies by the JIT functions' own names and takes no module attributes but Triton's. Cached. Any other
-    kernel (not compiled by ``jit_source``: a user's) as it is."""
-    code = getattr(getattr(kernel, "fn", None), "__code__", None)
-    if code is None or not code.co_filename.startswith(_FILE_PREFIX):
+    """A derived kernel (or an augmented forward: runtime/augment.py) whose ``tg`` helpers are globals of their own
+    (``tg.widened`` -> ``tg_widened``, defined as ``def tg_widened``), ``tl`` spelled ``tl``, and the generated
+    kernels it calls made so too: what torch.compile's Inductor can copy into its own module, which names a kernel's
+    dependencies by the JIT functions' own names, imports Triton's language as ``tl`` and takes no other module.
+    Cached. Any other kernel (not compiled by ``jit_source``: a user's) as it is."""
+    if not _generated(kernel):
         return kernel
     found = _contained.get(kernel)
     if found is None:
         helpers: dict[str, Any] = {}
-        src = _TG_NAME.sub(lambda m: _helper(m.group(1), helpers), jit_src(kernel))
-        scope = {**kernel.fn.__globals__, **helpers}
+        src = _TL_NAME.sub("tl.", _TG_NAME.sub(lambda m: _helper(m.group(1), helpers), jit_src(kernel)))
+        scope = {**kernel.fn.__globals__, **helpers, "tl": tl}
+        scope.update({n: self_contained(scope[n]) for n in kernel.fn.__code__.co_names if _generated(scope.get(n))})
         found = _contained[kernel] = jit_source(f"@triton.jit\n{src}", kernel.fn.__name__, scope)
     return found
 
 
+def _generated(kernel: Any) -> bool:
+    code = getattr(getattr(kernel, "fn", None), "__code__", None)
+    return code is not None and code.co_filename.startswith(_FILE_PREFIX)
+
+
 _FILE_PREFIX = "<tritongrad:"  # the file name jit_source compiles a kernel's source under
-_TG_NAME = re.compile(r"\btg\.(\w+)")
+_TG_NAME = re.compile(r"\b(?:tritongrad_)?tg\.(\w+)")  # (an augmented forward's own name for tg, and for tl:)
+_TL_NAME = re.compile(r"\btritongrad_tl\.")
 _contained: dict[Any, Any] = {}
 
 

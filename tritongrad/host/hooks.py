@@ -19,7 +19,10 @@ import torch
 
 from ..codegen.generate import self_contained
 from ..core.errors import OpError
+from ..runtime.augment import Keeping, keeping_of
 from .configs import current_heuristics
+from .host_descriptors import has_host_descriptors
+from .kernel_roles import kernel_info
 from .launch_record import current_autotuner, current_record
 
 DRY = object()  # current "record" while shapes are inferred with fake tensors: launches are skipped
@@ -52,8 +55,11 @@ class Launches:
     tangent kernels take the config's constexprs). ``constants``: tensors launches read whose values depend on no
     input (a stand-in, host/remake.py), by id: forward mode gives them zero tangents."""
 
-    def __init__(self, mode: str, name: str = ""):
+    def __init__(self, mode: str, name: str = "", keep_states: bool = False):
         self.mode, self.name = mode, name  # name: the op's, for errors
+        self.keep_states = keep_states
+        self.kept: dict[int, Keeping] = {}  # call index -> how it keeps state tapes (keep_states: ``keeping``)
+        self.tapes: list[torch.Tensor] = []  # the kept launches' tape buffers, in order ("run" and "wrap")
         self.calls: list[tuple] = []
         self.tensors: dict[int, torch.Tensor] = {}
         self.constants: set[int] = set()
@@ -67,6 +73,20 @@ class Launches:
             if isinstance(v, torch.Tensor):
                 self.tensors.setdefault(id(v), v)
 
+    def keeping(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> Keeping | None:
+        """With ``keep_states`` (a named op's saving forward, and its backward finding what that saved), how the
+        latest launch keeps the state tapes its backward reads (runtime/augment.py), as a launch record's launch
+        would: else the backward records them itself, another pass over the loop."""
+        info = kernel_info(kernel)
+        if not self.keep_states or info.roles is None or not info.loops or info.roles.in_place or \
+                has_host_descriptors(args, kwargs):
+            return None
+        named = info.with_defaults(args, kwargs)
+        found = keeping_of(kernel, named, tuple(grid(named) if callable(grid) else grid))
+        if found is not None:
+            self.kept[len(self.calls) - 1] = found
+        return found
+
     def intermediates(self, args: Sequence, outputs: Sequence) -> list[torch.Tensor]:
         """The tensors launches were passed that are neither the op's arguments nor its outputs."""
         known = {id(v) for v in (*args, *outputs)}
@@ -74,9 +94,9 @@ class Launches:
 
 
 @contextlib.contextmanager
-def collecting(mode: str, name: str = ""):
+def collecting(mode: str, name: str = "", keep_states: bool = False):
     """``with collecting("wrap" | "run" | "inner" | "skip", op_name) as launches:`` (see ``Launches``)."""
-    launches = Launches(mode, name)
+    launches = Launches(mode, name, keep_states)
     token = current_record.set(launches)
     try:
         yield launches
@@ -145,9 +165,16 @@ def _recorded(run):
             return None
         if type(record) is Launches:
             record.add(self, grid, args, kwargs)
+            kept = record.keeping(self, grid, args, kwargs)
+            if record.mode == "skip":
+                return None
+            kernel, extra = self, {}
+            if kept is not None:
+                record.tapes.append(kept.buffer())
+                kernel, extra, _ = kept.kept_in(record.tapes[-1])
             if record.mode == "wrap":
-                return _wrapped_launch(record, self, args, {**kwargs, "grid": grid})
-            return run(self, *args, grid=grid, warmup=warmup, **kwargs) if record.mode != "skip" else None
+                return _wrapped_launch(record, kernel, args, {**kwargs, **extra, "grid": grid})
+            return run(kernel, *args, grid=grid, warmup=warmup, **kwargs, **extra)
         boundary = record.boundary
         if boundary is None:
             return record.launch(run, self, grid, args, kwargs, warmup)

@@ -83,24 +83,30 @@ def _saved_record(fn: Any, name: str, plans: dict, deterministic: bool, inputs: 
     """A record of the op's launches on the buffers the saving forward kept: the host function run again with its
     launches skipped (for their arguments), its fresh buffers swapped for the saved ones; with the op's outputs
     among the saved tensors. None where the buffers cannot be matched (``_swaps``)."""
-    with hooks.collecting("skip") as launches:
+    with hooks.collecting("skip", keep_states=True) as launches:
         fresh = as_tuple(fn(*inputs))
     saved = [t.detach() for t in saved]  # an eager caller's outputs require grad; kernels wrote them
+    split = len(saved) - len(launches.kept)
+    saved, tapes = saved[:split], saved[split:]
     swaps = _swaps(launches, inputs, fresh, saved)
-    if swaps is None:
+    if swaps is None or any(t.numel() != k.buffer_size for t, k in zip(tapes, launches.kept.values(), strict=True)):
         return None
     swap = lambda v: swaps.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-    return _recorded(LaunchRecord(name, plans, deterministic), launches, swap), tuple(saved[:len(fresh)])
+    return _recorded(LaunchRecord(name, plans, deterministic), launches, swap, tapes), tuple(saved[:len(fresh)])
 
 
-def _recorded(record: LaunchRecord, launches: hooks.Launches, swap: Any) -> LaunchRecord:
-    """``record`` with the gathered ``launches`` recorded on it, their tensors ``swap``ped for the saved ones."""
-    for (kernel, grid, a, kw), heuristics in zip(launches.calls, launches.heuristics, strict=True):
+def _recorded(record: LaunchRecord, launches: hooks.Launches, swap: Any, tapes: list) -> LaunchRecord:
+    """``record`` with the gathered ``launches`` recorded on it, their tensors ``swap``ped for the saved ones, each
+    launch that kept state tapes given its saved ``tapes``."""
+    kept = dict(zip(launches.kept, tapes, strict=True))
+    for i, ((kernel, grid, a, kw), heuristics) in enumerate(zip(launches.calls, launches.heuristics, strict=True)):
         token = current_heuristics.set(heuristics)  # (as the launch ran: its tiles may be re-chosen, configs.py)
         try:
             record.record(kernel, grid, tuple(map(swap, a)), {k: swap(v) for k, v in kw.items()})
         finally:
             current_heuristics.reset(token)
+        if i in kept:
+            record.launches[-1].saved = launches.kept[i].kept_in(kept[i])[2]
     return record
 
 

@@ -255,20 +255,22 @@ def _fake_backward(*args):
 
 def _saving_impl(fn: Any, name: str, traced: bool):
     """The op's outputs, then the buffers its launches pass between them (``Launches.intermediates``,
-    whole tensors only), so that a compiled graph saves them rather than re-running the launches."""
+    whole tensors only), then the state tapes its launches keep for their backward (runtime/augment.py), so that a
+    compiled graph saves them rather than re-running the launches."""
     def impl(*args):
-        with hooks.collecting("wrap" if traced and hooks.wrap_triton_enabled() else "run", name) as launches:
+        mode = "wrap" if traced and hooks.wrap_triton_enabled() else "run"
+        with hooks.collecting(mode, name, keep_states=True) as launches:
             outputs = as_tuple(fn(*args))
-        return [*outputs, *whole(launches.intermediates(args, outputs))]
+        return [*outputs, *whole(launches.intermediates(args, outputs)), *launches.tapes]
 
     return impl
 
 
 def _saving_fake(fn: Any):
     def fake(*args):
-        with hooks.collecting("skip") as launches:
+        with hooks.collecting("skip", keep_states=True) as launches:
             outputs = as_tuple(fn(*args))
-        return [*outputs, *whole(launches.intermediates(args, outputs))]
+        return [*outputs, *whole(launches.intermediates(args, outputs)), *[k.buffer() for k in launches.kept.values()]]
 
     return fake
 

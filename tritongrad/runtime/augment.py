@@ -144,7 +144,19 @@ class Keeping:
 
     def fresh(self) -> tuple[Any, dict[str, Any], SavedStates]:
         """The augmented kernel, its extra arguments (by its own parameter names) and the fresh tapes they are."""
-        buffer = torch.empty(sum(self.sizes), dtype=torch.uint8, device=self.device)
+        return self.kept_in(self.buffer())
+
+    @property
+    def buffer_size(self) -> int:
+        return sum(self.sizes)
+
+    def buffer(self) -> torch.Tensor:
+        """A fresh allocation for the tapes (uninitialized: the augmented kernel writes every slot it reads)."""
+        return torch.empty(self.buffer_size, dtype=torch.uint8, device=self.device)
+
+    def kept_in(self, buffer: torch.Tensor) -> tuple[Any, dict[str, Any], SavedStates]:
+        """``fresh``'s answer for tapes in ``buffer`` (a compiled graph saves it between its forward and backward:
+        host/saved_backward.py)."""
         saved = SavedStates(self.tapes, {**dict(zip(self.names, buffer.split_with_sizes(self.sizes), strict=True)),
                                          **self.slots})  # (one call, not a slicing per tape)
         return self.kernel, {self.params[k]: v for k, v in saved.args.items() if k in self.params}, saved
