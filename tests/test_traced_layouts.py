@@ -205,3 +205,25 @@ def test_an_augmented_forward_made_self_contained_is_what_inductor_can_copy():
     assert not re.search(r"\btritongrad_t[lg]\b", src) and "tl.pointer_type(" in src
     for name in set(re.findall(r"\btg_\w+", src)):
         assert contained.fn.__globals__[name].fn.__name__ == name
+
+
+def test_a_kernel_made_self_contained_takes_its_float_arguments_as_float32():
+    """Inductor types a Python float argument float64 where Triton types it float32: the kernels tritongrad makes
+    cast such parameters to float32 first, so a compiled graph computes as the eager launch does (and at its speed)."""
+    import triton
+    import triton.language as tl
+
+    from tritongrad.codegen.generate import jit_source, jit_src, self_contained
+
+    kernel = jit_source("@triton.jit\ndef scaled(x_ptr, y_ptr, scale, n, BLOCK: tl.constexpr):\n"
+                        "    i = tl.arange(0, BLOCK)\n"
+                        "    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * scale, mask=i < n)\n",
+                        "scaled", {"triton": triton, "tl": tl})
+    contained = self_contained(kernel, ("scale",))
+    assert contained is self_contained(kernel, ("scale",)) and contained is not self_contained(kernel)
+    lines = jit_src(contained).splitlines()
+    assert lines[1].strip() == "scale = tl.cast(scale, tl.float32)" and lines[2].strip().startswith("i = tl.arange")
+    x = torch.randn(37, dtype=torch.float32)
+    y = torch.empty_like(x)
+    contained[(1,)](x, y, 0.3, 37, BLOCK=64)
+    torch.testing.assert_close(y, x * 0.3)

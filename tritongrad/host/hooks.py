@@ -120,7 +120,10 @@ def _wrapped_launch(launches: Launches, kernel: Any, args: tuple, kwargs: dict) 
     kwargs = dict(kwargs)
     grid = kwargs.pop("grid")
     kwargs.pop("warmup", None)
-    kernel = self_contained(kernel)  # (a derived kernel, of a traced backward, as Inductor can copy it)
+    params = getattr(kernel, "params", ())  # (a JITFunction's; an autotuner is Inductor's to launch)
+    passed = {**dict(zip([p.name for p in params], args, strict=False)), **kwargs}  # (defaults: not passed)
+    floats = tuple(p.name for p in params if not p.is_constexpr and type(passed.get(p.name)) is float)
+    kernel = self_contained(kernel, floats)  # (a derived kernel, of a traced backward, as Inductor can copy it)
     token = current_record.set(None)  # wrap_triton's own launch is not intercepted again
     try:
         return wrap_triton(kernel)[grid](*args, **kwargs)
