@@ -97,17 +97,26 @@ def call(fn: Any, name: str, args: tuple, kwargs: dict, recorded: Any = None) ->
     ``transformed_call``; None: a backward of the call is refused)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-    call = _Call(fn, name, leaves, spec, positions, recorded)
+    call = _Call(fn, name, leaves, spec, positions, recorded, _context(args, kwargs))
     outputs = _apply(_ForwardMode, call, *[leaves[i] for i in positions])
     return pytree.tree_unflatten(list(outputs), call.result_spec)
 
 
-class _Call:
-    """One call in forward mode: the host function and its arguments, then what its forward launched."""
+def _context(args: tuple, kwargs: dict) -> str:
+    """How a call through ``call`` is differentiated, as its errors say it."""
+    if active(args, kwargs):
+        return "in forward mode"
+    return "under torch.func.grad (or vjp, jacrev)" if taken(False) else "under torch.func.vmap"
 
-    def __init__(self, fn: Any, name: str, leaves: list, spec: Any, positions: list[int], recorded: Any = None):
-        self.fn, self.name, self.leaves, self.spec, self.positions, self.recorded = (
-            fn, name, leaves, spec, positions, recorded)
+
+class _Call:
+    """One call in forward mode (or under torch.func's reverse-mode transforms: ``taken``): the host function and its
+    arguments, then what its forward launched. ``context``: how it is differentiated, for its errors."""
+
+    def __init__(self, fn: Any, name: str, leaves: list, spec: Any, positions: list[int], recorded: Any = None,
+                 context: str = "in forward mode"):
+        self.fn, self.name, self.leaves, self.spec, self.positions, self.recorded, self.context = (
+            fn, name, leaves, spec, positions, recorded, context)
         self.inputs: tuple[torch.Tensor, ...] = ()
         self.outputs: tuple[torch.Tensor, ...] = ()
         self.launches: list[tuple] = []
@@ -124,17 +133,17 @@ class _Call:
             result = self.fn(*args, **kwargs)
         outputs, self.result_spec = pytree.tree_flatten(result)
         if not all(isinstance(o, torch.Tensor) for o in outputs):
-            raise OpError(f"tritongrad.op `{self.name}`: in forward mode an op returns tensors only")
+            raise self.error("an op returns tensors only")
         self.inputs, self.outputs, self.launches = tuple(tensors), tuple(outputs), launches.calls
         self.constants = launches.constants
         return tuple(o.detach() if any(o is t for t in tensors) else o for o in outputs)
 
     def again(self) -> _Call:
         """The same call, before its forward ran (one slice of a batch: ``_ForwardMode.vmap``)."""
-        return _Call(self.fn, self.name, self.leaves, self.spec, self.positions, self.recorded)
+        return _Call(self.fn, self.name, self.leaves, self.spec, self.positions, self.recorded, self.context)
 
     def error(self, message: str) -> OpError:
-        return OpError(f"tritongrad.op `{self.name}` in forward mode: {message}")
+        return OpError(f"tritongrad.op `{self.name}` {self.context}: {message}")
 
     def vjp(self, inputs: list, outputs: list, grads: tuple, needs: tuple) -> list:
         """The inputs' gradients given the outputs' (``grads``): the op's backward run as an op in forward mode, so
