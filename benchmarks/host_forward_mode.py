@@ -6,10 +6,10 @@ what is timed is the Python around the kernels, which on a GPU decides these cal
 
 Cases: ``rmsnorm hvp`` and ``softmax hvp`` (benchmarks/forward_mode.py's ``hvp``: ``autograd.grad`` with
 create_graph, then the gradient of <grad, v>; the named ops, 3x40 float32), ``rmsnorm fwd+bwd`` (the same op's
-first-order step, for scale), ``attention func.jvp`` and ``attention dual`` (``torch.func.jvp`` and
-``forward_ad`` dual tensors through the causal flash-attention op, 1x2x16x16). Each figure is the median run's CPU
-time per call (the process's), the fastest in brackets. On a GPU, ``python -m benchmarks.forward_mode --parts hvp``
-and ``--parts attention`` time the same calls whole.
+first-order step, for scale), ``rmsnorm func.grad`` (that step as ``torch.func.grad``), ``attention func.jvp`` and
+``attention dual`` (``torch.func.jvp`` and ``forward_ad`` dual tensors through the causal flash-attention op,
+1x2x16x16). Each figure is the median run's CPU time per call (the process's), the fastest in brackets. On a GPU,
+``python -m benchmarks.forward_mode --parts hvp`` and ``--parts attention`` time the same calls whole.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 
 from benchmarks.host_step import _profile, _stub_launches, _time
 
-CASES = ("rmsnorm hvp", "softmax hvp", "rmsnorm fwd+bwd", "attention func.jvp", "attention dual")
+CASES = ("rmsnorm hvp", "softmax hvp", "rmsnorm fwd+bwd", "rmsnorm func.grad", "attention func.jvp", "attention dual")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -92,6 +92,9 @@ def make(case: str):
     if what == "hvp":
         directions = [torch.randn_like(x) for x in inputs]
         return lambda: hvp(example.op, leaves, cotangent, directions)
+    if what == "func.grad":
+        grad = torch.func.grad(lambda *xs: (example.op(*xs) * cotangent).sum(), argnums=tuple(range(len(inputs))))
+        return lambda: grad(*inputs)
     return lambda: torch.autograd.backward(example.op(*leaves), cotangent)
 
 

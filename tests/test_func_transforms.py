@@ -67,6 +67,23 @@ def test_grad_and_grad_and_value(name, kind, poisoned_empty):
     torch.testing.assert_close(got, torch.func.grad_and_value(loss(reference))(*primals), **TOL)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="counts the interpreter's kernel runs")
+@pytest.mark.parametrize("kind", ["bare", "named"])
+def test_grad_launches_the_forward_once(kind, monkeypatch):
+    """Under torch.func.grad the op's forward is its call in reverse mode, whose launch record the backward takes:
+    the forward kernel runs once (not again for the backward's record, nor to make its buffers again), and at first
+    order its backward runs as an eager backward does (not as an op, rehearsed first)."""
+    from triton.runtime.interpreter import GridExecutor
+
+    names, run = [], GridExecutor.__call__
+    monkeypatch.setattr(GridExecutor, "__call__", lambda self, *a, **k: (names.append(self.fn.__name__),
+                                                                         run(self, *a, **k))[1])
+    op, reference, primals, loss = _case("rmsnorm", kind)
+    got = torch.func.grad(loss(op), argnums=(0, 1))(*primals)
+    torch.testing.assert_close(got, torch.func.grad(loss(reference), argnums=(0, 1))(*primals), **TOL)
+    assert names == ["rmsnorm_fwd", "rmsnorm_fwd_bwd"]
+
+
 @CASES
 def test_vjp(name, kind, poisoned_empty):
     op, reference, primals, _ = _case(name, kind)

@@ -4,18 +4,20 @@ tensors, for bare and named ops.
 A call in forward mode (``active``) runs as an ``autograd.Function`` of its tensor arguments (``call``): its forward
 runs the host function on the plain tensors with its launches recorded (``hooks.collecting``); its ``jvp`` runs
 those launches in order as their tangent kernels (runtime/tangent_kernel.py) against tangent memory per storage
-(``TangentMemory``, as shadows.py lays out the backward's shadow memory): an argument's tangent is written into its
-storage's, and a buffer one launch writes and a later one reads carries the tangent from the one to the other. That
-run is an ``autograd.Function`` of the tangents of its own, whose ``vmap`` runs it per tangent: ``jacfwd``'s
-batched tangents. Each tangent kernel computes the forward's values again and stores them to scratch memory (the
-forward's launches wrote them already, and later launches read those; an atomic add would add twice, and a
-recompiled kernel may round otherwise).
+(tangent_memory.py, laid out as shadows.py lays out the backward's shadow memory): an argument's tangent is written
+into its storage's, and a buffer one launch writes and a later one reads carries the tangent from the one to the
+other. That run is an ``autograd.Function`` of the tangents of its own, whose ``vmap`` runs it per tangent:
+``jacfwd``'s batched tangents. Each tangent kernel computes the forward's values again and stores them to scratch
+memory (the forward's launches wrote them already, and later launches read those; an atomic add would add twice, and
+a recompiled kernel may round otherwise).
 
-Forward over reverse (``torch.func.hessian``: jacfwd over jacrev; a jvp of a grad; dual tensors differentiated in
-reverse mode) reaches the Function's ``backward``: the call is made again in reverse mode for its launch record,
-whose backward runs as an op (autograd_function.backward_as_op) called in forward mode in turn, on the saved inputs
-and outputs as the transforms see them, so that their tangents go through the derived kernels' tangent kernels. Its
-``vmap`` (jacrev's batched cotangents, a batched primal) makes one call per slice.
+Under torch.func's reverse-mode transforms alone (grad, vjp, jacrev: no tangent reaches the call) the Function's
+forward is the call in reverse mode itself, whose launch record its backward takes; at first order that backward
+runs as an eager one does. Forward over reverse (``torch.func.hessian``: jacfwd over jacrev; a jvp of a grad; dual
+tensors differentiated in reverse mode) reaches the Function's ``backward``: the call is made again in reverse mode
+for its launch record, whose backward runs as an op (autograd_function.backward_as_op) called in forward mode in
+turn, on the saved inputs and outputs as the transforms see them, so that their tangents go through the derived
+kernels' tangent kernels. Its ``vmap`` (jacrev's batched cotangents, a batched primal) makes one call per slice.
 
 Reverse mode through a tangent J(x) tx (autograd or torch.func's grad and jacrev over a jvp, dual tensors' tangents
 differentiated) reaches the tangents' Function, which takes the call's inputs and outputs too (for autograd's links
@@ -23,8 +25,8 @@ alone): w.r.t. tx its backward is J^T c, the op's backward; w.r.t. x, d/dx <c, J
 derivatives the op's backward run in forward mode along tx (``_Call.tangents_vjp``).
 
 Refused, naming the launch (OpError): a launch updating a tensor in place, one overwriting memory an earlier launch
-read, and a launch reading (or an op returning) a float tensor its host function made with PyTorch operations
-(their tangents are not followed; in a backward, the gradients of inputs sharing memory added). A named op is
+read, and a launch reading (or an op returning) a float tensor its host function made with PyTorch operations (their
+tangents are not followed; in a backward, the gradients of inputs sharing memory added). A named op is
 differentiated so through its Python function; torch.library takes no forward-mode formula, so a call through
 ``torch.ops`` is not."""
 
@@ -40,16 +42,14 @@ from torch._functorch.autograd_function import custom_function_call
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 from torch.utils import _pytree as pytree
 
-from ..core.bounded import Bounded
+from ..core.device import storage_of
 from ..core.errors import OpError
-from ..core.source import unwrap
-from ..frontend.specialize import plain_value
 from ..host import hooks
 from ..host.kernel_roles import kernel_info
-from ..runtime.derivation import decisive_constexprs, hashable
 from ..runtime.tangent_kernel import jvp as tangent_kernel
 from .autograd_function import backward_as_op, record_of, refuse_transforms, rehearse
 from .sliced_backward import sliced_backward, stacked
+from .tangent_memory import TangentMemory, layout_of, specialized
 
 
 def active(args: tuple, kwargs: dict) -> bool:
@@ -92,31 +92,38 @@ def taken(bare: bool) -> bool:
     return TransformType.Grad in kinds or (bare and TransformType.Vmap in kinds)
 
 
-def call(fn: Any, name: str, args: tuple, kwargs: dict, recorded: Any = None) -> Any:
+def call(fn: Any, name: str, args: tuple, kwargs: dict, recorded: Any = None, by_record: bool = True) -> Any:
     """``fn(*args, **kwargs)`` with its outputs' tangents from the tangent kernels of its launches (``recorded``: see
-    ``transformed_call``; None: a backward of the call is refused)."""
+    ``transformed_call``; None: a backward of the call is refused). ``by_record``: where no tangent reaches the
+    call, its forward is ``recorded`` itself (``_Call.reverse``); not for an op's backward run through here
+    (``_Call._in_forward_mode``), whose own call learns what it reached."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-    call = _Call(fn, name, leaves, spec, positions, recorded, _context(args, kwargs))
+    forward = active(args, kwargs)
+    call = _Call(fn, name, leaves, spec, positions, recorded, _context(forward),
+                 reverse=by_record and recorded is not None and not forward)
     outputs = _apply(_ForwardMode, call, *[leaves[i] for i in positions])
     return pytree.tree_unflatten(list(outputs), call.result_spec)
 
 
-def _context(args: tuple, kwargs: dict) -> str:
-    """How a call through ``call`` is differentiated, as its errors say it."""
-    if active(args, kwargs):
+def _context(forward: bool) -> str:
+    """How a call through ``call`` is differentiated (``forward``: in forward mode), as its errors say it."""
+    if forward:
         return "in forward mode"
     return "under torch.func.grad (or vjp, jacrev)" if taken(False) else "under torch.func.vmap"
 
 
 class _Call:
     """One call in forward mode (or under torch.func's reverse-mode transforms: ``taken``): the host function and its
-    arguments, then what its forward launched. ``context``: how it is differentiated, for its errors."""
+    arguments, then what its forward launched. ``context``: how it is differentiated, for its errors. ``reverse``: no
+    tangent reaches it (torch.func.grad, vjp, jacrev alone), so its forward is the call in reverse mode
+    (``recorded``), whose launch record its backward takes (``kept``) instead of making the call again."""
 
     def __init__(self, fn: Any, name: str, leaves: list, spec: Any, positions: list[int], recorded: Any = None,
-                 context: str = "in forward mode"):
-        self.fn, self.name, self.leaves, self.spec, self.positions, self.recorded, self.context = (
-            fn, name, leaves, spec, positions, recorded, context)
+                 context: str = "in forward mode", reverse: bool = False):
+        self.fn, self.name, self.leaves, self.spec, self.positions, self.recorded, self.context, self.reverse = (
+            fn, name, leaves, spec, positions, recorded, context, reverse)
+        self.kept: tuple[list, list] | None = None  # (reverse) the plain inputs and the outputs of the recorded call
         self.inputs: tuple[torch.Tensor, ...] = ()
         self.outputs: tuple[torch.Tensor, ...] = ()
         self.launches: list[tuple] = []
@@ -125,6 +132,8 @@ class _Call:
         self.slices: list[_Call] = []  # (its calls per slice of a batch, where vmap batched its inputs)
 
     def forward(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if self.reverse:
+            return self._recorded_forward(tensors)
         leaves = list(self.leaves)
         for i, t in zip(self.positions, tensors, strict=True):
             leaves[i] = t
@@ -138,9 +147,34 @@ class _Call:
         self.constants = launches.constants
         return tuple(o.detach() if any(o is t for t in tensors) else o for o in outputs)
 
+    def _recorded_forward(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The call in reverse mode on plain tensors (every float input differentiated, as ``vjp`` needs), kept for
+        the backward: the forward's launches run once, as an augmented forward where the backward reads its tapes."""
+        self.inputs = tuple(tensors)
+        plain, made = self._made_again()
+        self.kept = plain, made
+        self.outputs = tuple(made)
+        return tuple(o.detach() for o in made)
+
+    def _made_again(self) -> tuple[list, list]:
+        """The call made in reverse mode on plain tensors: its differentiated inputs, its outputs."""
+        leaves = list(self.leaves)
+        with temporarily_clear_interpreter_stack(), torch.enable_grad():
+            # (every float input differentiated: the op keeps what every gradient's kernels read, which the buffers
+            # its backward reads are made again from, host/remake.py)
+            plain = [x.detach().requires_grad_(x.is_floating_point()) for x in self.inputs]
+            for i, x in zip(self.positions, plain, strict=True):
+                leaves[i] = x
+            args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+            outputs, self.result_spec = pytree.tree_flatten(self.recorded(*args, **kwargs))
+        if not all(isinstance(o, torch.Tensor) for o in outputs):
+            raise self.error("an op returns tensors only")
+        return plain, outputs
+
     def again(self) -> _Call:
         """The same call, before its forward ran (one slice of a batch: ``_ForwardMode.vmap``)."""
-        return _Call(self.fn, self.name, self.leaves, self.spec, self.positions, self.recorded, self.context)
+        return _Call(self.fn, self.name, self.leaves, self.spec, self.positions, self.recorded, self.context,
+                     self.reverse)
 
     def error(self, message: str) -> OpError:
         return OpError(f"tritongrad.op `{self.name}` {self.context}: {message}")
@@ -156,15 +190,10 @@ class _Call:
                              "Hessian, or of a gradient through a tangent) is not yet supported; for second "
                              "derivatives differentiate the op's outputs twice (torch.func.hessian, torch.autograd."
                              "grad with create_graph=True)")
-        leaves = list(self.leaves)
-        with temporarily_clear_interpreter_stack(), torch.enable_grad():
-            # (every float input differentiated: the op keeps what every gradient's kernels read, which the buffers
-            # its backward reads are made again from, host/remake.py)
-            plain = [x.detach().requires_grad_(x.is_floating_point()) for x in self.inputs]
-            for i, x in zip(self.positions, plain, strict=True):
-                leaves[i] = x
-            args, kwargs = pytree.tree_unflatten(leaves, self.spec)
-            made = [o for o in pytree.tree_leaves(self.recorded(*args, **kwargs)) if isinstance(o, torch.Tensor)]
+        if self.kept is not None:  # (reverse: made by the forward; a second backward of the call makes it again)
+            (plain, made), self.kept = self.kept, None
+        else:
+            plain, made = self._made_again()
         nodes = {o.grad_fn for o in made if o.grad_fn is not None}
         node = next(iter(nodes), None)
         if len(nodes) != 1 or record_of(node) is None or len(made) != len(grads):
@@ -181,22 +210,31 @@ class _Call:
                                  "x.contiguous() of a transposed x): pass the tensor as the launch reads it, or "
                                  "differentiate with torch.autograd.grad")
             slots.append(taken[id(variable)])
-        with temporarily_clear_interpreter_stack():  # (fresh gradients: only where they land is checked)
-            rehearse(record_of(node), node.saved_tensors, tuple(g if g is None else torch.randn_like(o)
-                                                                for g, o in zip(grads, made, strict=True)),
-                     tuple(needs[i] for i in slots))
-        saved = tuple(self._as_transformed(t, plain, inputs, made, outputs) for t in node.saved_tensors)
-        try:
-            found = backward_as_op(record_of(node), saved, tuple(grads), tuple(needs[i] for i in slots),
-                                   self._in_forward_mode)
-        except OpError as e:
-            raise OpError(f"tritongrad.op `{self.name}`: its backward runs in forward mode (torch.func.hessian: "
-                          f"jacfwd over jacrev), which does not yet take this call ({e}). For second derivatives "
-                          "try reverse over reverse (torch.autograd.functional.hessian or hvp)") from e
+        record, wanted = record_of(node), tuple(needs[i] for i in slots)
+        if not any(_transformed(t) for t in (*inputs, *outputs, *grads)):
+            # first order (grad, vjp, jacrev alone): the backward itself on the plain tensors (checked as an eager
+            # one is), no op made of it, nothing made again
+            with temporarily_clear_interpreter_stack(), torch.no_grad():  # (the buffers it makes: plain too)
+                found = record.backward(node.saved_tensors, tuple(map(_plain, grads)), wanted)
+        else:  # batched, or a derivative of these gradients may follow: the backward as an op
+            with temporarily_clear_interpreter_stack():  # (fresh gradients: only where they land is checked)
+                rehearse(record, node.saved_tensors, tuple(g if g is None else torch.randn_like(o)
+                                                           for g, o in zip(grads, made, strict=True)), wanted)
+            saved = tuple(self._as_transformed(t, plain, inputs, made, outputs) for t in node.saved_tensors)
+            found = self._backward_as_op(record, saved, tuple(grads), wanted)
         result: list = [None] * len(plain)
         for i, g in zip(slots, found, strict=True):
             result[i] = g if result[i] is None or g is None else result[i] + g
         return result
+
+    def _backward_as_op(self, record: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
+        """The backward as an op in forward mode (autograd_function.backward_as_op): differentiable in turn."""
+        try:
+            return backward_as_op(record, saved, grads, needs, self._in_forward_mode)
+        except OpError as e:
+            raise OpError(f"tritongrad.op `{self.name}`: its backward runs in forward mode (torch.func.hessian: "
+                          f"jacfwd over jacrev), which does not yet take this call ({e}). For second derivatives "
+                          "try reverse over reverse (torch.autograd.functional.hessian or hvp)") from e
 
     def tangents_vjp(self, inputs: list, tangents: list, outputs: list, found: list, grads: tuple,
                      wrt_tangents: tuple, wrt_inputs: tuple) -> list:
@@ -245,28 +283,28 @@ class _Call:
         if not t.numel():
             return t
         pairs = [*zip(plain, inputs, strict=True), *zip(made, outputs, strict=True)]
-        layout = (_storage(t), t.shape, t.stride(), t.storage_offset())
-        found = next((y for x, y in pairs if (_storage(x), x.shape, x.stride(), x.storage_offset()) == layout), None)
-        if found is None and any(_storage(x) == _storage(t) for x, _ in pairs):
-            raise self.error(f"its backward reads a view of an argument or output ({_layout(t)}) in another "
+        layout = (storage_of(t), t.shape, t.stride(), t.storage_offset())
+        found = next((y for x, y in pairs if (storage_of(x), x.shape, x.stride(), x.storage_offset()) == layout), None)
+        if found is None and any(storage_of(x) == storage_of(t) for x, _ in pairs):
+            raise self.error(f"its backward reads a view of an argument or output ({layout_of(t)}) in another "
                              "layout, which its backward in forward mode does not yet take")
         return t if found is None else found
 
     @staticmethod
     def _in_forward_mode(name: str, fn: Any, args: tuple, again: Any) -> Any:
-        return call(fn, name, args, {}, again)
+        return call(fn, name, args, {}, again, by_record=False)
 
     def tangents(self, tangents: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, ...]:
         """The outputs' tangents: the launches run as their tangent kernels (see the module's docstring)."""
-        memory = TangentMemory(self)
+        memory = TangentMemory(self.error)
         given = [(x, t) for x, t in zip(self.inputs, tangents, strict=True) if t is not None and x.is_floating_point()]
         for x in self.inputs:
             memory.argument(x)
         for x, t in given:
             memory.put(x, t)
-        shared = Counter(_storage(x) for x, _ in given)
+        shared = Counter(storage_of(x) for x, _ in given)
         for x, t in given:  # (after all are written: arguments sharing memory; a check reads back, a host sync)
-            if shared[_storage(x)] > 1 or torch._debug_has_internal_overlap(x) != 0:
+            if shared[storage_of(x)] > 1 or torch._debug_has_internal_overlap(x) != 0:
                 memory.check(x, t)
         read: dict[int, str] = {}  # storage -> the launch that read it first
         for index, (kernel, grid, args, kwargs) in enumerate(self.launches):
@@ -274,8 +312,8 @@ class _Call:
         found = []
         for o in self.outputs:
             if not memory.holds(o) and o.is_floating_point():
-                raise self.error(f"an output is a tensor no launch wrote ({_layout(o)}): made with PyTorch operations "
-                                 "in the host function, whose tangents forward mode does not yet follow")
+                raise self.error(f"an output is a tensor no launch wrote ({layout_of(o)}): made with PyTorch "
+                                 "operations in the host function, whose tangents forward mode does not yet follow")
             found.append(memory.view(o) if memory.holds(o) else torch.zeros_like(o))
         return tuple(t.clone() for t in found)  # (the tangent memory is the call's own)
 
@@ -293,102 +331,20 @@ class _Call:
         for p in sorted(roles.in_place & set(tensors)):
             raise self.error(f"{launch} updates `{p}` in place: forward mode does not yet take in-place updates")
         for p in sorted(roles.stores & set(tensors)):
-            if _storage(tensors[p]) in read:
-                raise self.error(f"{launch} overwrites `{p}`, which {read[_storage(tensors[p])]} read")
+            if storage_of(tensors[p]) in read:
+                raise self.error(f"{launch} overwrites `{p}`, which {read[storage_of(tensors[p])]} read")
         for p in sorted(roles.loads & set(tensors)):
             if (tensors[p].is_floating_point() and not memory.holds(tensors[p]) and p in roles.inputs
                     and id(tensors[p]) not in self.constants):
                 raise self.error(f"{launch} reads `{p}`, a tensor neither an argument of the op nor written by an "
                                  "earlier launch: made with PyTorch operations in the host function, whose tangents "
                                  "forward mode does not yet follow")
-            read.setdefault(_storage(tensors[p]), launch)
-        found = _specialized(kernel, named)
+            read.setdefault(storage_of(tensors[p]), launch)
+        found = specialized(kernel, named)
         named = {p: (memory.scratch(v) if p in roles.stores and isinstance(v, torch.Tensor) else v)
                  for p, v in named.items()}
         tangents = {t: memory.view(tensors[p]) for p, t in found.tangent_params.items() if p in tensors}
         found.launch(grid, {**named, **tangents}, options)  # (named: every parameter, defaults included)
-
-
-# (a kernel's function, the values of its constexprs that decide an `if`) -> its tangent kernel for them
-_tangent_kernels: dict[tuple, Any] = Bounded()
-
-
-def _specialized(kernel: Any, named: dict) -> Any:
-    """The tangent kernel a launch with these arguments runs (``TangentKernel.for_launch``'s), found once per kernel
-    and specialization: a repeated call neither derives nor looks up twice, nor binds its arguments again."""
-    jit_fn = unwrap(kernel)
-    try:
-        key = (jit_fn.fn, tuple(hashable(plain_value(named[k])) if k in named else _MISSING
-                                for k in decisive_constexprs(jit_fn)))
-        found = _tangent_kernels.get(key)
-    except TypeError:  # (an unhashable value: derived as it is)
-        key = found = None
-    if found is None:
-        found = tangent_kernel(kernel).for_launch(named)
-        if key is not None:
-            _tangent_kernels[key] = found
-    return found
-
-
-_MISSING = object()
-
-
-class TangentMemory:
-    """Tangent memory per storage: a zero-filled buffer as long as the storage, each tensor's tangent the same
-    strided view of it as the tensor is of its storage (a view's tangent is the tangent's view)."""
-
-    def __init__(self, call: _Call):
-        self.call = call
-        self.buffers: dict[int, torch.Tensor] = {}
-        self.arguments: set[int] = set()
-
-    def argument(self, x: torch.Tensor) -> None:
-        self.arguments.add(_storage(x))
-
-    def holds(self, x: torch.Tensor) -> bool:
-        return _storage(x) in self.buffers or _storage(x) in self.arguments
-
-    def view(self, x: torch.Tensor) -> torch.Tensor:
-        key = _storage(x)
-        buffer = self.buffers.get(key)
-        if buffer is None:
-            buffer = self.buffers[key] = torch.zeros(_elements(x), dtype=x.dtype, device=x.device)
-        if buffer.dtype != x.dtype:
-            raise self.call.error(f"launches read one storage as {buffer.dtype} and as {x.dtype}")
-        return buffer.as_strided(x.size(), x.stride(), x.storage_offset())
-
-    def scratch(self, x: torch.Tensor) -> torch.Tensor:
-        """Zeros laid out as ``x`` in memory of their own (where a tangent kernel stores the forward's values)."""
-        return torch.zeros(_elements(x), dtype=x.dtype, device=x.device).as_strided(
-            x.size(), x.stride(), x.storage_offset())
-
-    def put(self, x: torch.Tensor, t: torch.Tensor) -> None:
-        """``x``'s tangent written into its storage's tangent memory (``check``, once all are: read back, for
-        elements ``x`` reads twice (stride 0) or that another argument shares must have one tangent)."""
-        t = t.to(x.dtype).expand(x.shape)
-        if 0 not in x.stride():  # (the usual argument: no dimension to narrow)
-            self.view(x).copy_(t)
-            return
-        index = tuple(slice(0, 1) if s == 0 and n > 1 else slice(None) for s, n in zip(x.stride(), x.shape,
-                                                                                        strict=True))
-        self.view(x)[index].copy_(t[index])
-
-    def check(self, x: torch.Tensor, t: torch.Tensor) -> None:
-        if not torch.equal(self.view(x), t.to(x.dtype).expand(x.shape)):
-            raise self.call.error(f"an argument ({_layout(x)}) shares memory with itself (stride 0) or another "
-                                  "argument, and the tangents given for the shared elements differ")
-
-
-def _storage(x: torch.Tensor) -> int:
-    return x.untyped_storage().data_ptr()
-
-
-def _elements(x: torch.Tensor) -> int:
-    return x.untyped_storage().nbytes() // x.element_size()
-
-
-def _layout(x: torch.Tensor) -> str:
-    return f"{x.dtype}, sizes {tuple(x.shape)}"
 
 
 def _apply(function: type, call: _Call, *tensors: Any) -> Any:
@@ -488,6 +444,25 @@ def _derivative_along(fn: Any, primals: tuple, directions: tuple) -> tuple[tuple
                                                      for p, d in zip(primals, directions, strict=True)])]
     return (tuple(o.primal for o in found),
             tuple(torch.zeros_like(o.primal) if o.tangent is None else o.tangent for o in found))
+
+
+def _plain(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` without the transforms' wrappers."""
+    while t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
+def _transformed(t: torch.Tensor | None) -> bool:
+    """Whether gradients computed from ``t`` take more than plain tensors: ``t`` is batched (vmap, jacrev), tracked
+    by a grad or jvp level beyond the one differentiating it now, or, under every transform, by autograd."""
+    functorch, levels = torch._C._functorch, 0
+    while t is not None and functorch.is_functorch_wrapped_tensor(t):
+        if not functorch.is_gradtrackingtensor(t):
+            return True
+        levels += 1
+        t = functorch.get_unwrapped(t)
+    return t is not None and (levels > 1 or t.requires_grad)
 
 
 _BASE_APPLY = {f: super(torch.autograd.Function, f).apply for f in (_ForwardMode, _Tangents)}  # (the C++ apply)
