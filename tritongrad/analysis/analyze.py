@@ -80,6 +80,39 @@ class Analysis:
     def is_active(self, atom: ast.expr) -> bool:
         return isinstance(atom, ast.Name) and atom.id in self.active
 
+    def with_maxima(self, maxima: set[int]) -> Analysis:
+        """The same kernel with the running maxima online.py's ``online_maxima`` found (statement tags, by id) taken
+        as stabilizers: a name each of whose definitions is one of them, or a start outside every loop computed from
+        nothing active, and the values computed from such names alone, carry no derivative (forward mode)."""
+        body = list(statements(self.program.body))
+        in_loops = {id(s) for top in self.program.body for node in ast.walk(top) if isinstance(node, ast.For)
+                    for s in statements(node.body)}
+        cut = {n for n in self.active if all(
+            id(d.tg) in maxima or (id(d) not in in_loops and not any(a in self.active for a in value_args(d)))
+            for d in self.defs.get(n, [])) and any(id(d.tg) in maxima for d in self.defs.get(n, []))}
+        if not cut:
+            return self
+        active = set(self.active) - cut
+        stored = {a for s in body if target_of(s) is None for a in value_args(s)}
+        readers: dict[str, set[str]] = {}
+        for s in body:
+            for a in value_args(s):
+                readers.setdefault(a, set()).add(target_of(s))
+        changed = True
+        while changed:  # (fixpoints: what only the maxima determine, the rescaling factors; what only they read,
+            changed = False  # the row max each update takes)
+            for s in body:
+                t = target_of(s)
+                if t in active and op_of(s).kind not in LOADS and not any(
+                        a in active for d in self.defs.get(t, []) for a in value_args(d)):
+                    active.discard(t)
+                    changed = True
+            for n in list(active):
+                if n not in stored and not readers.get(n, set()) & active:
+                    active.discard(n)
+                    changed = True
+        return replace(self, active=active, stabilizers=self.stabilizers | cut)
+
     def restricted(self, wrt: tuple[str, ...]) -> Analysis:
         """The same kernel differentiated with respect to fewer inputs (a kernel of their own): activity
         and stabilizers found again, the rest shared."""

@@ -70,8 +70,22 @@ NOTE = ("online softmax: the running max {m} only stabilizes (nothing stored dep
         "its own computes its final value first, and {sums} {verb} summed with that, without rescaling")
 
 
-def online_softmax(program: Program) -> Program:
-    """``program`` with each online-softmax loop rewritten as above (the same object, changed in place)."""
+def online_maxima(program: Program) -> set[int]:
+    """The running maxima ``online_softmax`` proves only stabilize, found on a copy of ``program``: the tags (by id)
+    of the statements in their loops that assign each one (its update, and the carried copy). Forward mode, which
+    runs the loops as written, gives them no tangent: by induction each carried sum the loop rescales is the sum
+    rescaled to the last max, whichever maxima it was rescaled through, and the proof shows the outputs do not
+    depend on that last one."""
+    found: set[int] = set()
+    online_softmax(replace(program, body=copy.deepcopy(program.body), names=set(program.names),
+                           temporaries=set(program.temporaries)), found)
+    return found
+
+
+def online_softmax(program: Program, maxima: set[int] | None = None) -> Program:
+    """``program`` with each online-softmax loop rewritten as above (the same object, changed in place); ``maxima``:
+    where given, the ids of the tags of each rewritten loop's statements assigning its running max
+    (``online_maxima``)."""
     namer = Namer(set(program.names) | {n.id for n in ast.walk(ast.Module(program.body, [])) if isinstance(
         n, ast.Name)} | set(program.param_names()))
     visits = 0
@@ -82,12 +96,16 @@ def online_softmax(program: Program) -> Program:
         if found is None:
             continue
         m, alphas, rescaled, base = found
+        assigning = {id(s.tg) for s in statements(loop.body) if target_of(s) in (m.name, target_of(_max_update(
+            m, loop.body)))}
         trial = copy.deepcopy(program.body)  # statements' tags are shared; only their ASTs are new
         copied = _find(trial, visits)
         if copied is None:  # (a copy keeps the mark: not expected) the loop stays as written: a state tape
             continue
         renamed = _rewrite(trial, *copied, m, alphas, rescaled, base, namer)
         if renamed is not None:
+            if maxima is not None:
+                maxima |= assigning
             program.body[:] = trial
             program.names |= namer.taken
             program.temporaries |= {new for old, new in renamed.items() if old in program.temporaries}

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..analysis.analyze import analyze
+from ..analysis.online import online_maxima
 from ..codegen import generate as codegen
 from ..core.errors import NotDifferentiableError
 from ..core.source import unwrap
@@ -98,5 +99,7 @@ def jvp(kernel: Any, wrt: Sequence[str] | None = None, outputs: Sequence[str] | 
 
 
 def _derive(jit_fn: Any, wrt, outputs, constexprs: dict[str, Any]) -> TangentKernel:
-    program = normalize_kernel(jit_fn, constexprs)  # (no online.py: forward mode runs an online softmax as written)
-    return TangentKernel(jit_fn, program, analyze(program, wrt, outputs), constexprs)
+    program = normalize_kernel(jit_fn, constexprs)  # (not online.py's rewrite: forward mode runs an online softmax
+    # as written, in one pass, its running max without a tangent where that rewrite's proof holds)
+    return TangentKernel(jit_fn, program, analyze(program, wrt, outputs).with_maxima(online_maxima(program)),
+                         constexprs)

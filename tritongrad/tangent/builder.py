@@ -11,8 +11,9 @@
 
 Each name's tangent is ``t_<name>``; an active value whose definition gives it no tangent (``acc = tl.zeros(...)``
 before a loop adding to it) gets zeros of its shape and type. A stabilizing max (analysis/stabilizers.py) keeps a
-zero tangent: the outputs do not depend on it. A statement reading its own target (``h = h * a``) has its tangent
-computed before it, from the old values."""
+zero tangent: the outputs do not depend on it; so does an online softmax's running max where analysis/online.py
+proves it only stabilizes (``Analysis.with_maxima``), with the rescalings by it. A statement reading its own target
+(``h = h * a``) has its tangent computed before it, from the old values."""
 
 from __future__ import annotations
 
