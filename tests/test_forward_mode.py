@@ -207,6 +207,19 @@ def test_second_derivatives_in_forward_mode_refuse_what_they_do_not_follow_namin
     torch.testing.assert_close(got, torch.func.hessian(lambda x: (swiglu.reference(x, x) * weights).sum())(x), **TOL)
 
 
+def test_forward_over_forward_is_refused_naming_the_orders_that_work():
+    """A tangent differentiated in forward mode again (jacfwd of jacfwd, of a Hessian) is tritongrad's refusal naming
+    the second-order compositions it takes (it was PyTorch's "You must implement the jvp function"), and reverse over
+    forward, one of them, gives PyTorch's answer."""
+    x = torch.randn(11, dtype=DTYPE)
+    with pytest.raises(OpError, match=r"`tritongrad_examples::sin` in forward mode: a derivative in forward mode of "
+                                      r"its tangents \(jacfwd of jacfwd, or of a Hessian\) is not yet supported.*"
+                                      r"torch\.func\.hessian.*jacrev of jacfwd"):
+        torch.func.jacfwd(torch.func.jacfwd(sin.sin))(x)
+    torch.testing.assert_close(torch.func.jacrev(torch.func.jacfwd(sin.sin))(x),
+                               torch.func.jacrev(torch.func.jacfwd(sin.reference))(x), **TOL)
+
+
 def test_a_buffer_carries_the_tangent_from_one_launch_to_the_next():
     x, b = torch.randn(4, 33, dtype=DTYPE), torch.randn(4, 33, dtype=DTYPE)
     tx, tb = torch.randn_like(x), torch.randn_like(b)

@@ -413,6 +413,12 @@ class _Tangents(torch.autograd.Function):
         ctx.save_for_backward(*inputs[1:], *output)
 
     @staticmethod
+    def jvp(ctx, *tangents):
+        raise ctx.call.error("a derivative in forward mode of its tangents (jacfwd of jacfwd, or of a Hessian) is not "
+                             "yet supported: take second derivatives as forward over reverse (torch.func.hessian) or "
+                             "reverse over forward (torch.func.jacrev of jacfwd)")
+
+    @staticmethod
     def backward(ctx, *grads):
         count = len(ctx.call.positions)
         saved = [t if t is None else _unwrap_if_dead(t) for t in ctx.saved_tensors]
