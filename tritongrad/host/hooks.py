@@ -53,7 +53,8 @@ class Launches:
     ``@triton.heuristics`` that ran it, or None (a launch record recording it is told: configs.py). "inner" runs
     each launch as "run" does, but collects an autotuner's launch where it runs its chosen config (forward mode's
     tangent kernels take the config's constexprs). ``constants``: tensors launches read whose values depend on no
-    input (a stand-in, host/remake.py), by id: forward mode gives them zero tangents."""
+    input (a stand-in, host/remake.py), by id: forward mode gives them zero tangents. ``keep_states``: launches
+    whose backward reads state tapes run as their augmented forwards (``keeping``; ``tapes``, the buffers)."""
 
     def __init__(self, mode: str, name: str = "", keep_states: bool = False):
         self.mode, self.name = mode, name  # name: the op's, for errors
@@ -77,9 +78,10 @@ class Launches:
         """With ``keep_states`` (a named op's saving forward, and its backward finding what that saved), how the
         latest launch keeps the state tapes its backward reads (runtime/augment.py), as a launch record's launch
         would: else the backward records them itself, another pass over the loop."""
+        if not self.keep_states:
+            return None
         info = kernel_info(kernel)
-        if not self.keep_states or info.roles is None or not info.loops or info.roles.in_place or \
-                has_host_descriptors(args, kwargs):
+        if info.roles is None or not info.loops or info.roles.in_place or has_host_descriptors(args, kwargs):
             return None
         named = info.with_defaults(args, kwargs)
         found = keeping_of(kernel, named, tuple(grid(named) if callable(grid) else grid))
