@@ -264,6 +264,71 @@ def _attention(q, k, v, causal):
     return torch.softmax(s, -1) @ v
 
 
+@triton.jit
+def two_stage_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, N, D, scale, BM: tl.constexpr,
+                               BN: tl.constexpr, BD: tl.constexpr):
+    """Causal attention as the tutorial stages it: the key blocks before the diagonal unmasked, then the diagonal
+    ones masked, the running max, sum and accumulator carried from the first loop into the second; the log-sum-exp
+    stored too (a value the running max reaches, which the proof shows independent of it)."""
+    head = tl.program_id(1)
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rd = tl.arange(0, BD)
+    base = head * N * D
+    q = tl.load(q_ptr + base + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < N) & (rd[None, :] < D), other=0.0)
+    m_i = tl.full([BM], float("-inf"), tl.float64)
+    l_i = tl.zeros([BM], dtype=tl.float64)
+    acc = tl.zeros([BM, BD], dtype=tl.float64)
+    for start in range(0, tl.program_id(0) * BM, BN):  # before the diagonal: every key visible
+        rn = start + tl.arange(0, BN)
+        k = tl.load(k_ptr + base + rn[:, None] * D + rd[None, :], mask=rd[None, :] < D, other=0.0)
+        v = tl.load(v_ptr + base + rn[:, None] * D + rd[None, :], mask=rd[None, :] < D, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m_i = m_new
+    for start in range(tl.program_id(0) * BM, tl.minimum((tl.program_id(0) + 1) * BM, N), BN):  # the diagonal
+        rn = start + tl.arange(0, BN)
+        kv_mask = (rn[:, None] < N) & (rd[None, :] < D)
+        k = tl.load(k_ptr + base + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + base + rn[:, None] * D + rd[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.where((rn[None, :] <= rm[:, None]) & (rn[None, :] < N), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m_i = m_new
+    tl.store(o_ptr + base + rm[:, None] * D + rd[None, :], acc / l_i[:, None],
+             mask=(rm[:, None] < N) & (rd[None, :] < D))
+    tl.store(lse_ptr + head * N + rm, m_i + tl.log(l_i), mask=rm < N)
+
+
+def test_a_two_stage_attention_without_the_running_maxs_tangent():
+    """The running max carried through both stages has no tangent (online.py proves it only stabilizes: no
+    extremum tangent in the kernel), and the output's and the log-sum-exp's tangents are still PyTorch's."""
+    heads, n, d = 2, 37, 12
+    q, k, v = randn(heads, n, d), randn(heads, n, d), randn(heads, n, d)
+    tq, tk, tv = randn(heads, n, d), randn(heads, n, d), randn(heads, n, d)
+    o, lse = torch.empty_like(q), torch.empty(heads, n, dtype=DTYPE)
+    scale = d ** -0.5
+    got = jvp_launch(two_stage_attention_kernel, (triton.cdiv(n, 16), heads), (q, k, v, o, lse, n, d, scale),
+                     {"BM": 16, "BN": 16, "BD": 16}, {"q_ptr": tq, "k_ptr": tk, "v_ptr": tv}, ["o_ptr", "lse_ptr"])
+
+    def reference(q, k, v):
+        s = (q @ k.transpose(-1, -2) * scale).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+    (want_o, want_lse), (to, tlse) = reference_jvp(reference, (q, k, v), (tq, tk, tv))
+    torch.testing.assert_close(got["o_ptr"], (want_o, to), **TOL)
+    torch.testing.assert_close(got["lse_ptr"], (want_lse, tlse), **TOL)
+    assert "extremum_tangent" not in tritongrad.jvp(two_stage_attention_kernel, wrt=["q_ptr", "k_ptr", "v_ptr"],
+                                                    outputs=["o_ptr", "lse_ptr"]).src
+
+
 # -- scans, atomics, masked stores -------------------------------------------------------------------------------
 
 
