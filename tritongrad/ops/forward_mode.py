@@ -197,7 +197,7 @@ class _Call:
         nodes = {o.grad_fn for o in made if o.grad_fn is not None}
         node = next(iter(nodes), None)
         if len(nodes) != 1 or record_of(node) is None or len(made) != len(grads):
-            raise self.error("its backward in forward mode takes one launch record of the call's launches alone, "
+            raise self.error("its backward takes one launch record of the call's launches alone, "
                              "and this call's outputs have other autograd history (PyTorch operations in the host "
                              "function on what its launches wrote)")
         taken = {id(x): i for i, x in enumerate(plain)}
@@ -205,7 +205,7 @@ class _Call:
         for edge, _ in node.next_functions:
             variable = getattr(edge, "variable", None)
             if variable is None or id(variable) not in taken:
-                raise self.error("its backward in forward mode takes gradients of the call's own tensor arguments "
+                raise self.error("its backward takes gradients of the call's own tensor arguments "
                                  "only, and a launch reads a tensor made from one by PyTorch operations (such as "
                                  "x.contiguous() of a transposed x): pass the tensor as the launch reads it, or "
                                  "differentiate with torch.autograd.grad")
