@@ -181,10 +181,23 @@ def test_what_stays_unsupported_is_refused_by_tritongrad():
     with pytest.raises(OpError, match=r"torch.func transforms other than .*\(functionalize\) are not supported by a "
                                       r"bare op"):
         torch.func.functionalize(lambda x: BARE["rmsnorm"](x, w))(x)
-    with pytest.raises(OpError, match=r"`rmsnorm` under torch.func.grad \(or vjp, jacrev\): .*a launch reads a "
-                                      r"tensor made from one by PyTorch operations \(such as x.contiguous\(\) of "
-                                      r"a transposed x\)"):
-        torch.func.grad(lambda x: BARE["rmsnorm"](x.t(), w).sum())(x.t().contiguous())
+    with pytest.raises(OpError, match=r"`rmsnorm` under torch.func.grad \(or vjp, jacrev\): its backward takes "
+                                      r"gradients of the call's own tensor arguments only, and a launch reads a tensor "
+                                      r"made from one by PyTorch operations \(such as x.contiguous\(\) of a "
+                                      r"transposed x\)"):  # (a second derivative: grad of grad)
+        torch.func.grad(lambda y: torch.func.grad(lambda x: BARE["rmsnorm"](x.t(), w).pow(2).sum())(y).sum())(
+            x.t().contiguous())
+
+
+def test_a_bare_op_copying_its_input_takes_first_order_grad():
+    """At first order torch.func.grad differentiates the call as eager autograd does, so a bare op whose host
+    function copies its input (`.contiguous()` of a transposed one: a PyTorch operation before the launch) gets
+    PyTorch's gradient (a Hessian of it stays refused: test_what_stays_unsupported_is_refused_by_tritongrad)."""
+    x, w = torch.randn(29, 5, dtype=DTYPE, device=DEVICE), torch.randn(29, dtype=DTYPE, device=DEVICE)
+    weights = torch.randn(5, 29, dtype=DTYPE, device=DEVICE)
+    got = torch.func.grad(lambda x, w: (BARE["rmsnorm"](x.t(), w) * weights).sum(), argnums=(0, 1))(x, w)
+    want = torch.func.grad(lambda x, w: (rmsnorm.reference(x.t(), w) * weights).sum(), argnums=(0, 1))(x, w)
+    torch.testing.assert_close(got, want, **TOL)
 
 
 @tritongrad.op

@@ -12,12 +12,13 @@ memory (the forward's launches wrote them already, and later launches read those
 a recompiled kernel may round otherwise).
 
 Under torch.func's reverse-mode transforms alone (grad, vjp, jacrev: no tangent reaches the call) the Function's
-forward is the call in reverse mode itself, whose launch record its backward takes; at first order that backward
-runs as an eager one does. Forward over reverse (``torch.func.hessian``: jacfwd over jacrev; a jvp of a grad; dual
-tensors differentiated in reverse mode) reaches the Function's ``backward``: the call is made again in reverse mode
-for its launch record, whose backward runs as an op (autograd_function.backward_as_op) called in forward mode in
-turn, on the saved inputs and outputs as the transforms see them, so that their tangents go through the derived
-kernels' tangent kernels. Its ``vmap`` (jacrev's batched cotangents, a batched primal) makes one call per slice.
+forward is the call in reverse mode itself, whose launch record its backward takes; at first order autograd
+differentiates that call as in eager mode. Forward over reverse (``torch.func.hessian``: jacfwd over jacrev; a jvp
+of a grad; dual tensors differentiated in reverse mode) reaches the Function's ``backward``: the call is made again
+in reverse mode for its launch record, whose backward runs as an op (autograd_function.backward_as_op) called in
+forward mode in turn, on the saved inputs and outputs as the transforms see them, so that their tangents go through
+the derived kernels' tangent kernels. Its ``vmap`` (jacrev's batched cotangents, a batched primal) makes one call
+per slice.
 
 Reverse mode through a tangent J(x) tx (autograd or torch.func's grad and jacrev over a jvp, dual tensors' tangents
 differentiated) reaches the tangents' Function, which takes the call's inputs and outputs too (for autograd's links
@@ -194,6 +195,8 @@ class _Call:
             (plain, made), self.kept = self.kept, None
         else:
             plain, made = self._made_again()
+        if not any(_transformed(t) for t in (*inputs, *outputs, *grads)):
+            return _first_order(plain, made, grads, needs)
         nodes = {o.grad_fn for o in made if o.grad_fn is not None}
         node = next(iter(nodes), None)
         if len(nodes) != 1 or record_of(node) is None or len(made) != len(grads):
@@ -211,17 +214,11 @@ class _Call:
                                  "differentiate with torch.autograd.grad")
             slots.append(taken[id(variable)])
         record, wanted = record_of(node), tuple(needs[i] for i in slots)
-        if not any(_transformed(t) for t in (*inputs, *outputs, *grads)):
-            # first order (grad, vjp, jacrev alone): the backward itself on the plain tensors (checked as an eager
-            # one is), no op made of it, nothing made again
-            with temporarily_clear_interpreter_stack(), torch.no_grad():  # (the buffers it makes: plain too)
-                found = record.backward(node.saved_tensors, tuple(map(_plain, grads)), wanted)
-        else:  # batched, or a derivative of these gradients may follow: the backward as an op
-            with temporarily_clear_interpreter_stack():  # (fresh gradients: only where they land is checked)
-                rehearse(record, node.saved_tensors, tuple(g if g is None else torch.randn_like(o)
-                                                           for g, o in zip(grads, made, strict=True)), wanted)
-            saved = tuple(self._as_transformed(t, plain, inputs, made, outputs) for t in node.saved_tensors)
-            found = self._backward_as_op(record, saved, tuple(grads), wanted)
+        with temporarily_clear_interpreter_stack():  # (fresh gradients: only where they land is checked)
+            rehearse(record, node.saved_tensors, tuple(g if g is None else torch.randn_like(o)
+                                                       for g, o in zip(grads, made, strict=True)), wanted)
+        saved = tuple(self._as_transformed(t, plain, inputs, made, outputs) for t in node.saved_tensors)
+        found = self._backward_as_op(record, saved, tuple(grads), wanted)
         result: list = [None] * len(plain)
         for i, g in zip(slots, found, strict=True):
             result[i] = g if result[i] is None or g is None else result[i] + g
@@ -450,6 +447,22 @@ def _derivative_along(fn: Any, primals: tuple, directions: tuple) -> tuple[tuple
                                                      for p, d in zip(primals, directions, strict=True)])]
     return (tuple(o.primal for o in found),
             tuple(torch.zeros_like(o.primal) if o.tangent is None else o.tangent for o in found))
+
+
+def _first_order(plain: list, made: list, grads: tuple, needs: tuple) -> list:
+    """The gradients where nothing differentiates them again (grad, vjp, jacrev alone: ``_transformed``): autograd
+    through the call made in reverse mode on plain tensors, as in eager mode (its launch records' nodes, checked as
+    an eager backward is, and the PyTorch operations of a bare op's host function), no op made of its backward."""
+    pairs = [(o, _plain(g)) for o, g in zip(made, grads, strict=True) if g is not None and o.requires_grad]
+    wanted = [i for i, x in enumerate(plain) if needs[i] and x.requires_grad]
+    result: list = [None] * len(plain)
+    if pairs and wanted:
+        with temporarily_clear_interpreter_stack():  # (the buffers the backward makes: plain too)
+            found = torch.autograd.grad([o for o, _ in pairs], [plain[i] for i in wanted], [g for _, g in pairs],
+                                        allow_unused=True)
+        for i, g in zip(wanted, found, strict=True):
+            result[i] = g
+    return result
 
 
 def _plain(t: torch.Tensor | None) -> torch.Tensor | None:
