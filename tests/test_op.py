@@ -761,6 +761,21 @@ def test_compiled_forward_keeps_the_state_tapes_eager_keeps(name, executed):
     assert kernels["eager"][0] == [name + "_kernel_augmented"]
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="aot_eager on the interpreter's kernels")
+def test_a_compiled_forward_keeping_its_tapes_takes_one_tensor_for_keys_and_values():
+    """The compiled forward's tapes with one tensor passed as keys and values: its gradient, the sum of both
+    parts, is PyTorch's."""
+    example = EXAMPLES["flash_attention"]
+    q, kv, _, causal = example.make_inputs(dtype=torch.float64)
+    q, kv = q.requires_grad_(), kv.requires_grad_()
+    y = torch.compile(example.op, fullgraph=True, backend="aot_eager")(q, kv, kv, causal)
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, (q, kv), g)
+    want = torch.autograd.grad(example.reference(q, kv, kv, causal), (q, kv), g)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b, tol=1e-9)
+
+
 def test_named_op_refuses_tensors_made_by_pytorch_inside():
     @tritongrad.op("tgtest::contiguous_mul")
     def contiguous_mul(a, b):
