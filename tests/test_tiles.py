@@ -284,7 +284,7 @@ def test_the_fixed_config_example_gets_pytorchs_gradients_under_a_declared_confi
     a, b, ta, tb = matmul.make_inputs(size, dtype=torch.float64)
     a, b = a.requires_grad_(), b.requires_grad_()
     timed["ranks"] = {(32, 16, 32): 1.0}  # the second declared (the forward's is 16 x 16 x 16)
-    for _ in range(2):  # the second call: the named op's, its kind of call known (not replayed: tiles are per call)
+    for _ in range(2):  # the second call: the named op's, its kind of call known (replayed)
         c = matmul.matmul_fixed(a, b, ta, tb)
         g = torch.randn_like(c)
         got = torch.autograd.grad(c, [a, b], g)
@@ -379,6 +379,63 @@ def test_named_tiles_give_pytorchs_gradients_through_transposed_expanded_and_rep
     for x, y in zip(got, expected_grads(reference, leaves, g), strict=True):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
     assert timed["blocks"][-1] == AROUND[7]
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """Counts the calls that ran on a replay to the end (host/replay.py)."""
+    from tritongrad.host import replay
+
+    counts, close = {"forward": 0}, replay.FastRecord.close
+
+    def counted(self, *args, **kwargs):
+        found = close(self, *args, **kwargs)
+        counts["forward"] += found is not None
+        return found
+
+    monkeypatch.setattr(replay.FastRecord, "close", counted)
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["named tiles", "autotuned"])
+def test_later_calls_offering_configs_are_replayed_their_backward_under_the_config_chosen(timed, poisoned_empty,
+                                                                                         replays, kind):
+    """A named op's later calls of a kind seen before are replayed where a launch offers its backward other configs:
+    the configs and their grids are the first call's. The backward, timed once, keeps the config chosen."""
+    kernel = named_tiles_kernel()
+    product = (lambda a, b: tiled_product(kernel, a, b)) if kind == "named tiles" else \
+        (lambda a, b: launch(a, b, tiled))
+    op = tritongrad.op(f"tgtiles::replayed_{kind.replace(' ', '_')}")(product)
+    chosen = AROUND[4] if kind == "named tiles" else tuple(CONFIGS[2].kwargs.values())
+    for call in range(4):
+        assert_matmul_grads(op, timed, {chosen: 1.0})
+        if call == 0:
+            trials, launched = timed["trials"], len(timed["blocks"])
+            assert timed["blocks"][-1] == chosen
+    assert replays["forward"] == 3
+    assert timed["trials"] == trials  # timed at the first call only
+    assert set(timed["blocks"][launched:]) <= {chosen}  # (a replay's backward launches past the spy)
+
+
+def test_a_call_whose_grid_function_gives_another_config_another_grid_is_not_the_replays(timed, poisoned_empty,
+                                                                                        replays):
+    """The grid under the launch's own config is not enough: a grid function reading what the kernel is not passed
+    (here the rows it covers, padded) can give another config another grid, which the backward must take."""
+    kernel = named_tiles_kernel()
+    padded = {"rows": 45}
+
+    def product(a, b):
+        launch = matmul.matmul_launch(a, b, False, False, kernel, {**TILED, "BLOCK_M": 32, "num_warps": 2})
+        launch.grid = lambda meta: (triton.cdiv(padded["rows"], meta["BLOCK_M"]), triton.cdiv(37, meta["BLOCK_N"]))
+        return launch()
+
+    op = tritongrad.op("tgtiles::padded_rows")(product)
+    chosen = (16, 16, 32)  # BLOCK_M halved: 3 row programs for 45 rows, 4 for 50 (the launch's 32: 2 for both)
+    for rows, replayed, grid in ((45, 0, (3, 3)), (45, 1, (3, 3)), (50, 1, (4, 3))):
+        padded["rows"] = rows
+        assert_matmul_grads(op, timed, {chosen: 1.0})
+        assert replays["forward"] == replayed
+        assert timed["grids"][-1] == grid  # (a replay's backward launches past the spy: the first call's)
 
 
 def test_naming_a_constexpr_that_is_no_tile_size_is_refused_naming_it(timed):

@@ -17,7 +17,7 @@ from tritongrad.writes.launch_facts import Layout, overlap
 
 
 def bound(binding: str) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(39)
+    g = torch.Generator(torch.get_default_device()).manual_seed(39)  # (cuda under the gpu run)
     base = torch.randn(9, 13, generator=g)
     return {
         "distinct": lambda: [base, torch.randn(13, generator=g), torch.randn(9, 13, generator=g)],
@@ -68,7 +68,7 @@ def test_traced_tensors_are_described_and_overlap_as_the_real_ones(binding, func
 
 def _rows(binding: str, grad: bool) -> tuple:
     """rmsnorm's (x, w) as a user may bind them, made of fresh leaves (that require grad where ``grad``)."""
-    g = torch.Generator().manual_seed(41)
+    g = torch.Generator(torch.get_default_device()).manual_seed(41)
     leaf = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_(grad)  # noqa: E731
     base = leaf(9, 37)
     return {

@@ -180,7 +180,7 @@ class PlannedBackward:
             config = self._tiles(step, launch, args, shadows)
             if config:
                 args.update(config)
-                grid = tuple(launch.tiles.grid({**launch.info.defaults, **args}))
+                grid = launch.tiles.grid(config)
         return self._launch(step, launch, args, grid, config, shadows, guards, keep=keep, saved=saved)
 
     def _tiles(self, step: Step, launch: Any, args: dict, shadows: dict) -> tuple:
@@ -200,7 +200,7 @@ class PlannedBackward:
 
         def trial(config: tuple) -> Callable[[], Any]:
             named = {**args, **dict(config)}
-            grid = tuple(launch.tiles.grid({**launch.info.defaults, **named}))
+            grid = launch.tiles.grid(config)
             scratch = {k: v.clone() for k, v in shadows.items()}  # gradients already written stay as they are
             return lambda: self._launch(step, launch, named, grid, config, scratch, None, tuning.DEFAULT)
 

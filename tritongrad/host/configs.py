@@ -132,11 +132,16 @@ def _around(values: tuple[tuple[str, int], ...]) -> tuple:
 @dataclass(frozen=True)
 class Tiles:
     """The configs a launch's backward may run under (each as keyword items: constexprs and launch options), and the
-    launch's grid function, which gives the grid of each: an autotuner's configs, or those declared for the kernel
-    (``backward_configs``: its configs, those ``around`` the launch's tiles) with the launch's own."""
+    grid of each, as the launch's grid function gave it at the launch: an autotuner's configs, or those declared for
+    the kernel (``backward_configs``: its configs, those ``around`` the launch's tiles) with the launch's own.
+    Grids, not the grid function: the function may close over the call's tensors, which a record or replay
+    (replay.py) that keeps the launch must not hold; two launches offering the same are equal."""
 
     configs: tuple[tuple[tuple[str, Any], ...], ...]
-    grid: Callable[[dict], tuple]
+    grids: tuple[tuple[int, ...], ...]  # per config
+
+    def grid(self, config: tuple) -> tuple[int, ...]:
+        return self.grids[self.configs.index(config)]
 
     @classmethod
     def of(cls, kernel: Any, grid: Any, info: Any, args: tuple, kwargs: dict, autotuned: Any) -> Tiles | None:
@@ -146,19 +151,23 @@ class Tiles:
         if not callable(grid):
             return None
         declared = DECLARED.get(id(kernel))
-        if declared is None:
-            return cls._autotuned(autotuned, kernel, grid) if autotuned is not None else None
-        heuristics = current_heuristics.get()
-        if heuristics is not None and heuristics.fn is kernel:
-            return None
         named, options = info.named_arguments(args, kwargs)
         launched = {**info.defaults, **named, **options}
-        configs = declared[1] + (around(launched, declared[2], kernel) if declared[2] else ())
-        own = tuple(sorted((k, launched[k]) for k in {k for c in configs for k, _ in c} if k in launched))
-        return cls(configs if own in configs else (own, *configs), grid)
+        if declared is None:
+            configs = cls._autotuned(autotuned, kernel) if autotuned is not None else None
+        else:
+            heuristics = current_heuristics.get()
+            if heuristics is not None and heuristics.fn is kernel:
+                return None
+            configs = declared[1] + (around(launched, declared[2], kernel) if declared[2] else ())
+            own = tuple(sorted((k, launched[k]) for k in {k for c in configs for k, _ in c} if k in launched))
+            configs = configs if own in configs else (own, *configs)
+        if configs is None:
+            return None
+        return cls(configs, tuple(tuple(grid({**launched, **dict(c)})) for c in configs))
 
-    @classmethod
-    def _autotuned(cls, autotuned: Any, kernel: Any, grid: Callable) -> Tiles | None:
+    @staticmethod
+    def _autotuned(autotuned: Any, kernel: Any) -> tuple | None:
         """The autotuner's configs, where it launches the kernel itself (no heuristics between them, which could
         compute constexprs from the config's), of those its ``early_config_prune`` keeps for the launch's arguments
         (it may drop a tile size the kernel cannot run at a shape)."""
@@ -170,7 +179,7 @@ class Tiles:
             named = dict(zip(tuner.arg_names, args, strict=False))  # as the autotuner gives it
             configs = tuner.early_config_prune(configs, named, **kwargs)
         configs = _config_items(tuple(configs))
-        return cls(configs, grid) if len(configs) > 1 else None
+        return configs if len(configs) > 1 else None
 
 
 @functools.lru_cache(maxsize=256)

@@ -23,9 +23,10 @@ A launch the first call ran as its augmented forward (augment.py: state tapes fo
 tapes of the call's own, laid out as at its first replay (``FastRecord._augmented``), which its backward reads.
 
 An in-place launch's copy (launch_record.py's ``_snapshots``) is taken per call before it runs (an empty tensor where no
-derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads, configs
-offered to the backward: configs.py's, whose grid function is the call's; host descriptors and alias views, aliases.py;
-a non-tensor launch argument that is not a plain value, relaunch.plain_values). A bare op's call is replayed where
+derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads; host
+descriptors and alias views, aliases.py; a non-tensor launch argument that is not a plain value,
+relaunch.plain_values). A launch whose backward may run under other configs (configs.py: an autotuner's, those
+declared) is the replay's where it offers the replay's configs, with the same grids. A bare op's call is replayed where
 it is one segment (ops/segments.py: no PyTorch call read what its launches wrote before it returned), its node as the
 replay's (one, or its written buffers marked dirty); a replayed call whose PyTorch call closes a segment goes on as a
 first call, its launches recorded with the copies taken before they ran. ``TRITONGRAD_REPLAY=0`` turns replays off.
@@ -158,7 +159,7 @@ class Replay:
         if not record.learnable or record.plan.unread or not record.launches:
             return None
         for launch, pattern in zip(record.launches, record.key[0], strict=True):
-            if pattern[4] or launch.tiles is not None or hasattr(launch.kernel, "tg_source"):  # (an alias or
+            if pattern[4] or hasattr(launch.kernel, "tg_source"):  # (an alias or
                 return None  # descriptor view: launched as another kernel, aliases.py, host_descriptors.py)
             if not relaunch.plain_values((*launch.args, *launch.kwargs.values())):
                 return None
@@ -402,9 +403,10 @@ class FastRecord:
             i = index.get(id(v))
             if i != slot and (i is not None or not self._new_tensor(replay, v, slot)):
                 return False
-        # (a replay's launches keep their configs: one that may take others is not its; none without a grid function)
+        # the configs its backward may take, with their grids, are the replay's (its backward's Launchers were kept
+        # under the config chosen among them: backward.py)
         return not expected.callable_grid or Tiles.of(expected.kernel, grid, expected.recorded.info, args, kwargs,
-                                                      current_autotuner.get()) is None
+                                                      current_autotuner.get()) == expected.recorded.tiles
 
     def _new_tensor(self, replay: Replay, v: Any, slot: int) -> bool:
         """Whether ``v``, a value not seen before in the call, is a tensor the replay's call had at ``slot``: the
