@@ -15,6 +15,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tritongrad
 from tritongrad.examples.flash_attention import flash_attention_kernel, softmax_scale
@@ -63,6 +64,10 @@ def main() -> None:
         sdpa(q, k, v).backward(g)
         want = q.grad.clone()
         print(f"| {shape} | SDPA | {base[0]:.3f} | {base[1]:.3f} | 1 | 1 | |")
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # the flash backend, which the target names
+            flash = timed(sdpa, q, k, v, g)
+        print(f"| {shape} | SDPA flash | {flash[0]:.3f} | {flash[1]:.3f} | {flash[0] / base[0]:.2f} "
+              f"| {flash[1] / base[1]:.2f} | |")
         for config in a.configs:
             op = op_for(*map(int, config.split("x")))
             try:

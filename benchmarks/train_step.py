@@ -10,7 +10,9 @@
 Form A (``--model examples``, benchmarks/train_llama.py): a Llama-style decoder built from the bundled examples;
 variants ``eager`` (PyTorch), ``tritongrad`` (the examples' ops; ``--ops named|bare``, or the variant spelled
 ``tritongrad-named`` / ``tritongrad-bare``), ``compile`` (torch.compile of the eager model), ``compile-tritongrad``
-(torch.compile(fullgraph=True) with the named ops inside) and ``liger`` (Liger-Kernel's Functions, where installed).
+(torch.compile(fullgraph=True) with the named ops inside) and ``liger`` (Liger-Kernel's Functions, where installed);
+asked for by name, ``compile-graphs`` and ``compile-tritongrad-graphs``: the same compiled with
+``mode="reduce-overhead"`` (the forward's and backward's graphs replayed as CUDA graphs).
 Form B (``--model hf``, benchmarks/train_hf.py): HF's LlamaForCausalLM with random weights; ``eager`` (SDPA),
 ``liger`` (``apply_liger_kernel_to_llama``), ``tritongrad`` (the same patch, each Liger Function named in ``--swap``
 replaced by a tritongrad op around Liger's own forward function; an op tritongrad refuses falls back to a
@@ -179,6 +181,7 @@ def build(cfg: Config, variant: str):
         from benchmarks.train_llama import check_config
 
         check_config(cfg)
+    variant = variant.removesuffix("-graphs")  # (compiled under CUDA graphs: the same model)
     model, loss_fn, notes = build_form(cfg, "eager" if variant == "compile" else variant)  # compile: eager's
     model = model.to(device=cfg.device, dtype=getattr(torch, cfg.dtype))
     init_weights(model, cfg.seed)
@@ -205,14 +208,18 @@ def run_variant(cfg: Config, variant: str, reference: dict | None = None) -> tup
     for note in notes if rank == 0 else ():
         print(f"# {variant}: {note}", flush=True)
     model = parallel.wrap(cfg, raw)
+    graphs = variant.endswith("-graphs")  # mode="reduce-overhead": the compiled graphs replayed as CUDA graphs
     if variant.startswith("compile"):
         torch._dynamo.reset()
-        model = torch.compile(model, fullgraph=variant == "compile-tritongrad")
+        model = torch.compile(model, fullgraph=variant.startswith("compile-tritongrad"),
+                              mode="reduce-overhead" if graphs else None)
     opt = torch.optim.AdamW(raw.parameters(), lr=cfg.lr)
     data = batches(cfg, rank)
     cuda = cfg.device == "cuda"
 
     def step(ids):  # a whole training step, unsynchronized (--sync-debug, --profile)
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model, ids)
         loss.backward()
@@ -223,6 +230,8 @@ def run_variant(cfg: Config, variant: str, reference: dict | None = None) -> tup
 
     def one(ids, first: bool):  # a timed step (the first keeps its gradients, for the table)
         nonlocal grads
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model, ids)
         loss.backward()
@@ -231,7 +240,7 @@ def run_variant(cfg: Config, variant: str, reference: dict | None = None) -> tup
         opt.step()
         if cuda:
             torch.cuda.synchronize()
-        losses.append(loss.detach())
+        losses.append(loss.detach().clone())  # (a CUDA graph's output is overwritten by its next replay)
 
     for i, ids in enumerate(data):
         start = time.perf_counter()

@@ -281,7 +281,7 @@ def test_a_declaration_the_kernel_cannot_take_is_refused_naming_what(config, sai
 @pytest.mark.parametrize("size", [s if i == 0 else pytest.param(s, marks=pytest.mark.slow)
                                   for i, s in enumerate(matmul.SIZES)])
 def test_the_fixed_config_example_gets_pytorchs_gradients_under_a_declared_config(timed, size):
-    a, b, ta, tb = matmul.make_inputs(size, dtype=torch.float64)
+    a, b, ta, tb = matmul.make_inputs(size, device=torch.get_default_device(), dtype=torch.float64)
     a, b = a.requires_grad_(), b.requires_grad_()
     timed["ranks"] = {(32, 16, 32): 1.0}  # the second declared (the forward's is 16 x 16 x 16)
     for _ in range(2):  # the second call: the named op's, its kind of call known (replayed)
@@ -311,11 +311,12 @@ def heuristic_product(a, b):
 @pytest.mark.parametrize("op", [declared_product, heuristic_product], ids=["declared", "heuristics"])
 def test_a_compiled_named_ops_saved_backward_offers_the_declared_configs_but_under_heuristics(timed, op):
     compiled = torch.compile(lambda a, b: op(a, b), fullgraph=True, backend="aot_eager")
-    assert_matmul_grads(compiled, timed, {CANDIDATES[1]: 1.0})
+    timed["ranks"] = {CANDIDATES[1]: 1.0}  # (before the forward: on a GPU the backward is traced, and its rehearsal
+    assert_matmul_grads(compiled, timed, {CANDIDATES[1]: 1.0})  # tuned, when the compiled forward is first called)
     if op is heuristic_product:  # (the saved backward records the launches the host function made, told of these)
         assert timed["trials"] == 0 and set(timed["blocks"]) == {CANDIDATES[0]}
-    else:
-        assert timed["blocks"] == CANDIDATES + [CANDIDATES[1]]
+    else:  # the trials, then the launch that counts (on a GPU, the rehearsal's and the traced one)
+        assert timed["blocks"][:4] == CANDIDATES and set(timed["blocks"][4:]) == {CANDIDATES[1]}
 
 
 # -- constexprs named tile sizes (tritongrad.backward_configs(tiles=...)): configs made around the launch's ------------

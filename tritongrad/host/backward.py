@@ -160,7 +160,7 @@ class PlannedBackward:
             # through wrap_triton; recorded: through Triton's run, where the hook sees it)
             try:
                 keep = (grad, self.deterministic, launch.args, tuple(launch.kwargs.items()), launch.grid,
-                        launch.saved is not None)
+                        launch.saved is not None, launch.tiles)  # (tiles: another config's grid may differ)
                 launcher = step.launchers.get(keep)
             except TypeError:  # an unhashable argument
                 keep = launcher = None

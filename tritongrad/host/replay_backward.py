@@ -52,7 +52,7 @@ class StraightLineBackward:
             index = step.launch.index
             launch = replay.recorded[index]  # PlannedBackward._run_step's key (run as its augmented forward: a call's
             keep = (op_backward.grad, replay.deterministic, launch.args, tuple(launch.kwargs.items()), launch.grid,
-                    replay.expected[index].augmented)  # tapes, FastRecord.kept)
+                    replay.expected[index].augmented, launch.tiles)  # tapes, FastRecord.kept)
             launcher = step.launchers.get(keep)
             if not launcher:
                 return None if launcher is None else False
