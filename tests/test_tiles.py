@@ -439,6 +439,26 @@ def test_a_call_whose_grid_function_gives_another_config_another_grid_is_not_the
         assert timed["grids"][-1] == grid  # (a replay's backward launches past the spy: the first call's)
 
 
+def test_a_config_the_grid_function_cannot_take_is_not_offered(timed, poisoned_empty):
+    """A grid function raising for a config (here for BLOCK_M 16) leaves it out of the configs offered, as tuning
+    leaves out one the kernel cannot run under; the others are timed and the gradient is PyTorch's."""
+    kernel = named_tiles_kernel()
+
+    def grid(meta):
+        if meta["BLOCK_M"] == 16:
+            raise ValueError("no grid for BLOCK_M 16")
+        return triton.cdiv(45, meta["BLOCK_M"]), triton.cdiv(37, meta["BLOCK_N"])
+
+    def product(a, b):
+        launch = matmul.matmul_launch(a, b, False, False, kernel, {**TILED, "BLOCK_M": 32, "num_warps": 2})
+        launch.grid = grid
+        return launch()
+
+    assert_matmul_grads(tritongrad.op(product), timed, {(32, 16, 16): 1.0})
+    assert timed["trials"] > 1 and all(bm == 32 or bm == 64 for bm, _, _ in timed["blocks"])
+    assert timed["blocks"][-1] == (32, 16, 16)
+
+
 def test_naming_a_constexpr_that_is_no_tile_size_is_refused_naming_it(timed):
     with pytest.raises(ValueError, match="^tritongrad.backward_configs: tiles= names `K`, which is a parameter but "
                                          "not a constexpr of kernel `matmul_kernel`"):

@@ -164,7 +164,13 @@ class Tiles:
             configs = configs if own in configs else (own, *configs)
         if configs is None:
             return None
-        return cls(configs, tuple(tuple(grid({**launched, **dict(c)})) for c in configs))
+        grids = {}
+        for c in configs:
+            try:
+                grids[c] = tuple(grid({**launched, **dict(c)}))
+            except Exception:  # noqa: BLE001 (a config the grid function cannot take is no candidate, as in tuning)
+                continue
+        return cls(tuple(grids), tuple(grids.values())) if len(grids) > 1 else None
 
     @staticmethod
     def _autotuned(autotuned: Any, kernel: Any) -> tuple | None:
