@@ -220,6 +220,25 @@ def test_forward_over_forward_is_refused_naming_the_orders_that_work():
                                torch.func.jacrev(torch.func.jacfwd(sin.reference))(x), **TOL)
 
 
+def test_one_jvp_runs_the_tangents_below_its_level_and_reverse_over_it_still_reaches_the_inputs(monkeypatch):
+    """Under one torch.func.jvp the tangents run below its level without a second pass through torch.func's
+    custom-function machinery (forward_mode._tangents_at_one_level, for host time); the tangents are PyTorch's, and
+    autograd around the transform still differentiates them (reverse over forward)."""
+    from tritongrad.ops import forward_mode
+
+    calls = []
+    real = forward_mode.custom_function_call
+    monkeypatch.setattr(forward_mode, "custom_function_call", lambda f, *a: calls.append(f.__name__) or real(f, *a))
+    x, w = torch.randn(5, 37, dtype=DTYPE, requires_grad=True), torch.randn(37, dtype=DTYPE, requires_grad=True)
+    tx, tw = torch.randn_like(x), torch.randn_like(w)
+    y, ty = torch.func.jvp(rmsnorm.rmsnorm, (x, w), (tx, tw))
+    assert calls == ["_ForwardMode"]
+    want = torch.func.jvp(rmsnorm.reference, (x, w), (tx, tw))
+    torch.testing.assert_close((y, ty), want, **TOL)
+    g = torch.randn_like(ty)
+    torch.testing.assert_close(torch.autograd.grad(ty, (x, w), g), torch.autograd.grad(want[1], (x, w), g), **TOL)
+
+
 def test_a_buffer_carries_the_tangent_from_one_launch_to_the_next():
     x, b = torch.randn(4, 33, dtype=DTYPE), torch.randn(4, 33, dtype=DTYPE)
     tx, tb = torch.randn_like(x), torch.randn_like(b)

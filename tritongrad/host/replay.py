@@ -24,12 +24,11 @@ tapes of the call's own, laid out as at its first replay (``FastRecord._augmente
 
 An in-place launch's copy (launch_record.py's ``_snapshots``) is taken per call before it runs (an empty tensor where no
 derived kernel reads it). Not replayed: calls holding other things per call (copies of overwritten reads; host
-descriptors and alias views, aliases.py; a non-tensor launch argument that is not a plain value,
-relaunch.plain_values). A launch whose backward may run under other configs (configs.py: an autotuner's, those
-declared) is the replay's where it offers the replay's configs, with the same grids. A bare op's call is replayed where
-it is one segment (ops/segments.py: no PyTorch call read what its launches wrote before it returned), its node as the
-replay's (one, or its written buffers marked dirty); a replayed call whose PyTorch call closes a segment goes on as a
-first call, its launches recorded with the copies taken before they ran. ``TRITONGRAD_REPLAY=0`` turns replays off.
+descriptors and alias views, aliases.py; a non-tensor launch argument not a plain value, relaunch.plain_values; a launch
+offering its backward other configs, configs.py, than the replay's, with their grids). A bare op's call is replayed
+where it is one segment (ops/segments.py: no PyTorch call read what its launches wrote before it returned), its node as
+the replay's (one, or its written buffers marked dirty); a replayed call whose PyTorch call closes a segment goes on as
+a first call, its launches recorded with the copies taken before they ran. ``TRITONGRAD_REPLAY=0`` turns replays off.
 """
 
 from __future__ import annotations
@@ -403,8 +402,7 @@ class FastRecord:
             i = index.get(id(v))
             if i != slot and (i is not None or not self._new_tensor(replay, v, slot)):
                 return False
-        # the configs its backward may take, with their grids, are the replay's (its backward's Launchers were kept
-        # under the config chosen among them: backward.py)
+        # the configs its backward may take, with their grids, are the replay's (its Launchers keep the one chosen)
         return not expected.callable_grid or Tiles.of(expected.kernel, grid, expected.recorded.info, args, kwargs,
                                                       current_autotuner.get()) == expected.recorded.tiles
 

@@ -39,8 +39,9 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as forward_ad
+from torch._C._functorch import TransformType, _unwrap_for_grad, _wrap_for_grad
 from torch._functorch.autograd_function import custom_function_call
-from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters, temporarily_clear_interpreter_stack
 from torch.utils import _pytree as pytree
 
 from ..core.device import storage_of
@@ -57,9 +58,6 @@ def active(args: tuple, kwargs: dict) -> bool:
     """Whether a call is differentiated in forward mode: under ``torch.func.jvp`` (``jacfwd``), or with a dual
     tensor among its arguments."""
     if torch._C._are_functorch_transforms_active():
-        from torch._C._functorch import TransformType
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
         return any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
     if forward_ad._current_level < 0:
         return False
@@ -86,9 +84,6 @@ def taken(bare: bool) -> bool:
     per slice: ``_ForwardMode.vmap``). A named op under vmap alone keeps the dispatcher's per-slice fallback."""
     if not torch._C._are_functorch_transforms_active():
         return False
-    from torch._C._functorch import TransformType
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
     kinds = {i.key() for i in retrieve_all_functorch_interpreters()}
     return TransformType.Grad in kinds or (bare and TransformType.Vmap in kinds)
 
@@ -353,6 +348,23 @@ def _apply(function: type, call: _Call, *tensors: Any) -> Any:
     return _BASE_APPLY[function](call, *[_unwrap_if_dead(t) if isinstance(t, torch.Tensor) else t for t in tensors])
 
 
+def _tangents_at_one_level(call: _Call, tensors: tuple) -> Any:
+    """``_apply(_Tangents, call, *tensors)`` from a jvp rule. Under one torch.func.jvp and no other transform, what
+    ``custom_function_call`` does without its per-call Function class, pytree passes and signature binding (a
+    quarter of func.jvp's host time): the tensors unwrapped from the JVP's level, the tangents applied below it and
+    wrapped again. Nothing at that level differentiates them (forward over forward takes a second level, which
+    ``_Tangents.jvp`` refuses); autograd below it still can (reverse over forward through plain autograd)."""
+    interpreters = retrieve_all_functorch_interpreters()
+    if len(interpreters) != 1 or interpreters[0].key() != TransformType.Jvp:
+        return _apply(_Tangents, call, *tensors)
+    interpreter = interpreters[0]
+    level = interpreter.level()
+    unwrapped = [_unwrap_for_grad(t, level) if isinstance(t, torch.Tensor) else t for t in tensors]
+    with torch.enable_grad(), interpreter.lower():
+        found = _BASE_APPLY[_Tangents](call, *unwrapped)
+    return tuple(_wrap_for_grad(t, level) for t in found)
+
+
 class _ForwardMode(torch.autograd.Function):
     """A call in forward mode: the forward runs the host function; ``jvp`` runs its launches' tangent kernels;
     ``backward`` (torch.func.hessian: jacfwd over jacrev) the op's backward as an op in forward mode (``_Call.vjp``);
@@ -374,7 +386,7 @@ class _ForwardMode(torch.autograd.Function):
         outputs = [o() for o in ctx.outputs]
         if any(o is None for o in outputs):  # (not seen: the outputs are alive while their tangents are computed)
             raise ctx.call.error("its outputs were freed before their tangents were computed")
-        return _apply(_Tangents, ctx.call, *tangents, *ctx.primals, *outputs)
+        return _tangents_at_one_level(ctx.call, (*tangents, *ctx.primals, *outputs))
 
     @staticmethod
     def backward(ctx, *grads):
