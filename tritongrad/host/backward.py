@@ -192,8 +192,8 @@ class PlannedBackward:
             found = step.tiles.get(known)
         except TypeError:  # an unhashable argument
             known = found = None
-        if found is not None:
-            return found
+        if found is not None and (not found or found in launch.tiles.configs):  # (a config whose grid this
+            return found  # launch's grid function could not give is not among its: chosen again below)
         device = next((v.device for v in args.values() if isinstance(v, torch.Tensor)), None)
         if not tuning.enabled(device):
             return ()
