@@ -239,6 +239,18 @@ def test_one_jvp_runs_the_tangents_below_its_level_and_reverse_over_it_still_rea
     torch.testing.assert_close(torch.autograd.grad(ty, (x, w), g), torch.autograd.grad(want[1], (x, w), g), **TOL)
 
 
+def test_linearize_is_refused_naming_what_to_call_instead():
+    """torch.func.linearize traces the jvp with make_fx: tensors without memory, which the op's kernels cannot be
+    launched on. Refused naming it and the ways that work (Triton's launch failed, naming none of this)."""
+    x = torch.randn(7, dtype=DTYPE)
+    with pytest.raises(OpError, match=r"`tritongrad_examples::sin`: torch\.func\.linearize .* Call torch\.func\.jvp "
+                                      r"for each tangent instead, or compile the function"):
+        torch.func.linearize(sin.sin, x)
+    bare = tritongrad.op(sin.sin.__wrapped__)
+    with pytest.raises(OpError, match=r"torch\.func\.linearize"):
+        torch.func.linearize(bare, x)
+
+
 def test_a_buffer_carries_the_tangent_from_one_launch_to_the_next():
     x, b = torch.randn(4, 33, dtype=DTYPE), torch.randn(4, 33, dtype=DTYPE)
     tx, tb = torch.randn_like(x), torch.randn_like(b)

@@ -20,10 +20,11 @@ from ..core.device import recording
 from ..core.errors import NotDifferentiableError, OpError
 from ..host import donation
 from ..host.backward import checks
-from ..host.call_tensors import as_tuple, is_container, nested_tensors, tensor_leaves
+from ..host.call_tensors import as_tuple, is_container, tensor_leaves
 from ..host.launch_record import LaunchRecord, current_record, recording_backward
 from ..host.remake import Remake
 from ..host.replay import FastRecord, Replays
+from .refusals import forward_mode_error
 from .segments import Segments
 
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
@@ -434,30 +435,6 @@ def transformed() -> bool:
     """Whether a call may be under forward-mode AD (a dual level is open: torch.autograd.forward_ad, torch.func.jvp)
     or a torch.func transform: then ``refuse_transforms`` looks closer. Two reads, on every call."""
     return _forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
-
-
-def refuse_transforms(name: str, args: tuple, kwargs: dict, bare: bool) -> None:
-    """Refuse a call differentiated in forward mode (a tensor among its arguments, containers' too, carries a tangent:
-    a dual tensor, torch.func.jvp's, jacfwd's): the kernels' tangents are not derived, and the outputs would come out
-    without any (a zero tangent). A bare op also refuses the torch.func transforms forward_mode.py does not take
-    (functionalize), whose wrapped tensors have no memory its kernels could be launched on."""
-    if _forward_ad._current_level >= 0:
-        values = (*args, *kwargs.values())
-        tensors = [*[v for v in values if isinstance(v, torch.Tensor)], *nested_tensors(values)[1]]
-        if any(_forward_ad.unpack_dual(t).tangent is not None for t in tensors):
-            raise forward_mode_error(name)
-    if bare and torch._C._are_functorch_transforms_active():
-        raise OpError(f"tritongrad.op `{name}`: torch.func transforms other than grad, vjp, jacrev, jvp, jacfwd, "
-                      "hessian and vmap (functionalize) are not supported by a bare op: their wrapped tensors have no "
-                      "memory its kernels could be launched on. Call it outside the transform, or name the op "
-                      "(@tritongrad.op(\"ns::name\")), which torch.library registers")
-
-
-def forward_mode_error(name: str) -> OpError:
-    return OpError(f"tritongrad.op `{name}`: forward-mode AD (torch.func.jvp, torch.func.jacfwd, "
-                   "torch.autograd.forward_ad dual tensors) is not yet supported: tritongrad derives reverse-mode "
-                   "backward kernels only, and the outputs would carry no tangent. Use reverse mode "
-                   "(torch.autograd.grad, .backward())")
 
 
 def arguments_of(fn: Any):

@@ -49,7 +49,8 @@ from ..core.errors import OpError
 from ..host import hooks
 from ..host.kernel_roles import kernel_info
 from ..runtime.tangent_kernel import jvp as tangent_kernel
-from .autograd_function import backward_as_op, record_of, refuse_transforms, rehearse
+from .autograd_function import backward_as_op, record_of, rehearse
+from .refusals import refuse_make_fx, refuse_transforms
 from .sliced_backward import sliced_backward, stacked
 from .tangent_memory import TangentMemory, layout_of, specialized
 
@@ -72,6 +73,7 @@ def transformed_call(fn: Any, name: str, args: tuple, kwargs: dict, bare: bool, 
     through. The bare and the named op's one path; ``recorded``: the op's call in reverse mode
     (autograd_function.recorded_call), which a backward of the call runs again (``_Call.vjp``)."""
     if not hooks.active() and (active(args, kwargs) or taken(bare)):
+        refuse_make_fx(name)
         return call(fn, name, args, kwargs, recorded)
     refuse_transforms(name, args, kwargs, bare=bare)
     return None
@@ -349,11 +351,9 @@ def _apply(function: type, call: _Call, *tensors: Any) -> Any:
 
 
 def _tangents_at_one_level(call: _Call, tensors: tuple) -> Any:
-    """``_apply(_Tangents, call, *tensors)`` from a jvp rule. Under one torch.func.jvp and no other transform, what
-    ``custom_function_call`` does without its per-call Function class, pytree passes and signature binding (a
-    quarter of func.jvp's host time): the tensors unwrapped from the JVP's level, the tangents applied below it and
-    wrapped again. Nothing at that level differentiates them (forward over forward takes a second level, which
-    ``_Tangents.jvp`` refuses); autograd below it still can (reverse over forward through plain autograd)."""
+    """``_apply(_Tangents, call, *tensors)`` from a jvp rule: under one torch.func.jvp alone, custom_function_call's
+    unwrap, apply below the level, wrap again, without its per-call class, pytree and signature work (a quarter of
+    func.jvp's host). Nothing at that level differentiates them; autograd below it can (reverse over forward)."""
     interpreters = retrieve_all_functorch_interpreters()
     if len(interpreters) != 1 or interpreters[0].key() != TransformType.Jvp:
         return _apply(_Tangents, call, *tensors)

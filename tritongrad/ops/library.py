@@ -35,10 +35,10 @@ from .autograd_function import (
     differentiable,
     differentiable_once,
     recorded_call,
-    refuse_transforms,
     refuse_unread,
     transformed,
 )
+from .refusals import refuse_transforms
 
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
 
