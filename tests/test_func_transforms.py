@@ -218,3 +218,21 @@ def test_a_launch_reading_outside_a_tensor_is_refused_under_grad():
     leaf = base.clone().requires_grad_()
     with pytest.raises(StrayWriteError, match=r"reads memory outside the elements of the tensor passed to `x_ptr`"):
         torch.autograd.grad(_one_past_the_end(leaf[:36], w).pow(2).sum(), leaf, create_graph=True)
+
+
+@pytest.mark.parametrize("kind", ["named", "bare"])
+def test_gradients_batched_by_autograds_own_vmap_are_refused_naming_what_works(kind):
+    """torch.autograd.grad(..., is_grads_batched=True) (jacobian(vectorize=True)) hands the backward batched tensors
+    without memory: refused naming the ways that work (it failed inside the backward, 'Cannot access storage of
+    BatchedTensorImpl'); the unbatched jacobian and torch.func.jacrev give PyTorch's."""
+    op = sin.sin if kind == "named" else tritongrad.op(sin.sin.__wrapped__)
+    x = torch.randn(9, dtype=DTYPE)
+    with pytest.raises(OpError, match=r"its backward was given gradients batched by vmap .*is_grads_batched=True.* "
+                                      r"Use torch\.func\.jacrev"):
+        torch.autograd.functional.jacobian(op, x, vectorize=True)
+    leaf = x.clone().requires_grad_()
+    with pytest.raises(OpError, match="batched by vmap"):
+        torch.autograd.grad(op(leaf), leaf, torch.eye(9, dtype=DTYPE), is_grads_batched=True)
+    want = torch.autograd.functional.jacobian(sin.reference, x)
+    torch.testing.assert_close(torch.autograd.functional.jacobian(op, x), want, **TOL)
+    torch.testing.assert_close(torch.func.jacrev(op)(x), want, **TOL)

@@ -24,7 +24,7 @@ from ..host.call_tensors import as_tuple, is_container, tensor_leaves
 from ..host.launch_record import LaunchRecord, current_record, recording_backward
 from ..host.remake import Remake
 from ..host.replay import FastRecord, Replays
-from .refusals import forward_mode_error
+from .refusals import forward_mode_error, refuse_batched_gradients
 from .segments import Segments
 
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
@@ -264,13 +264,15 @@ class _SegmentFunction(torch.autograd.Function):
 def _backward(ctx: Any, saved: tuple, grads: tuple, needs: tuple) -> list:
     """The record's backward of a node, offered the memory of the saved tensors only it holds (host/donation.py)."""
     slots = donation.offered(ctx.record.plan, saved) if ctx.donating else None
-    if not slots:
-        return ctx.record.backward(saved, grads, needs)
-    token = donation.donating.set(slots)
+    token = donation.donating.set(slots) if slots else None
     try:
         return ctx.record.backward(saved, grads, needs)
+    except (NotImplementedError, RuntimeError) as e:
+        refuse_batched_gradients(ctx.record.name, grads, e)
+        raise
     finally:
-        donation.donating.reset(token)
+        if token is not None:
+            donation.donating.reset(token)
 
 
 def differentiated_again(saved: tuple, grads: tuple) -> bool:

@@ -38,7 +38,7 @@ from .autograd_function import (
     refuse_unread,
     transformed,
 )
-from .refusals import refuse_transforms
+from .refusals import refuse_batched_gradients, refuse_transforms
 
 _stash: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritongrad_stash", default=None)
 
@@ -329,7 +329,11 @@ def _autograd(backward_op: Any, name: str):
             return tuple(result)
         if ctx.record is not None:
             record_needs = [need for need, diff in zip(needs, ctx.diff, strict=True) if diff]
-            found = iter(ctx.record.backward(ctx.saved_tensors, grads, record_needs))
+            try:
+                found = iter(ctx.record.backward(ctx.saved_tensors, grads, record_needs))
+            except (NotImplementedError, RuntimeError) as e:
+                refuse_batched_gradients(name, grads, e)
+                raise
             for i, diff in zip(ctx.positions, ctx.diff, strict=True):
                 if diff:
                     result[i] = next(found)

@@ -1,6 +1,7 @@
 """The calls an op refuses under transforms it does not take, each naming why: forward mode where its kernels' tangents
 are not derived (a bare op outside forward_mode.py's path), torch.func transforms whose wrapped tensors have no
-memory (functionalize), and make_fx tracing of a call in forward mode (torch.func.linearize)."""
+memory (functionalize), make_fx tracing of a call in forward mode (torch.func.linearize), and incoming gradients
+batched by autograd's own vmap (is_grads_batched)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,16 @@ def forward_mode_error(name: str) -> OpError:
                    "torch.autograd.forward_ad dual tensors) is not yet supported: tritongrad derives reverse-mode "
                    "backward kernels only, and the outputs would carry no tangent. Use reverse mode "
                    "(torch.autograd.grad, .backward())")
+
+
+def refuse_batched_gradients(name: str, grads: tuple, error: Exception) -> None:
+    """Raise OpError, from ``error`` (raised by a backward), where the incoming gradients were batched by vmap
+    (``torch.autograd.grad(..., is_grads_batched=True)``, ``torch.autograd.functional.jacobian(vectorize=True)``):
+    their tensors have no memory for the derived kernels (Triton's launch, or the shadows' layouts, failed first).
+    Looked for only after a failure: a batched tensor's dispatch keys are read, not its memory."""
+    if any(isinstance(g, torch.Tensor) and "Batched" in str(torch._C._dispatch_keys(g)) for g in grads):
+        raise OpError(f"tritongrad.op `{name}`: its backward was given gradients batched by vmap "
+                      "(torch.autograd.grad(..., is_grads_batched=True), torch.autograd.functional.jacobian("
+                      "vectorize=True)), which have no memory its kernels could be launched on. Use "
+                      "torch.func.jacrev or torch.func.vmap over torch.func.vjp, which tritongrad's ops take, or "
+                      "jacobian(vectorize=False)") from error
