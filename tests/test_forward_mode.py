@@ -508,3 +508,14 @@ def test_a_repeated_call_finds_its_tangent_kernels_once(monkeypatch):
         torch.testing.assert_close((out.primal, out.tangent), want, **TOL)
         if call >= 2:  # (both specializations seen)
             assert looked_up == [], f"call {call} looked up {looked_up}"
+
+
+def test_tangents_batched_by_autograds_own_vmap_are_refused_naming_jacfwd():
+    """jacobian(vectorize=True, strategy="forward-mode") batches the tangents with autograd's own vmap: tensors
+    without memory for the tangent kernels. Refused naming torch.func.jacfwd, which gives PyTorch's Jacobian (it
+    failed with PyTorch's "vmap: aten::copy_ ... is not possible")."""
+    x = torch.randn(9, dtype=DTYPE)
+    for op in (sin.sin, tritongrad.op(sin.sin.__wrapped__)):
+        with pytest.raises(OpError, match=r"its tangents were batched by vmap .*Use torch\.func\.jacfwd"):
+            torch.autograd.functional.jacobian(op, x, vectorize=True, strategy="forward-mode")
+        torch.testing.assert_close(torch.func.jacfwd(op)(x), torch.func.jacfwd(sin.reference)(x), **TOL)

@@ -25,11 +25,9 @@ differentiated) reaches the tangents' Function, which takes the call's inputs an
 alone): w.r.t. tx its backward is J^T c, the op's backward; w.r.t. x, d/dx <c, J(x) tx>, by the symmetry of second
 derivatives the op's backward run in forward mode along tx (``_Call.tangents_vjp``).
 
-Refused, naming the launch (OpError): a launch updating a tensor in place, one overwriting memory an earlier launch
-read, and a launch reading (or an op returning) a float tensor its host function made with PyTorch operations (their
-tangents are not followed; in a backward, the gradients of inputs sharing memory added). A named op is
-differentiated so through its Python function; torch.library takes no forward-mode formula, so a call through
-``torch.ops`` is not."""
+Refused, naming the launch (OpError): an in-place launch, one overwriting what an earlier launch read, and a launch
+reading (or an op returning) a float tensor the host function made with PyTorch operations (their tangents are not
+followed). A named op is differentiated so through its Python function, not through ``torch.ops``."""
 
 from __future__ import annotations
 
@@ -50,7 +48,7 @@ from ..host import hooks
 from ..host.kernel_roles import kernel_info
 from ..runtime.tangent_kernel import jvp as tangent_kernel
 from .autograd_function import backward_as_op, record_of, rehearse
-from .refusals import refuse_make_fx, refuse_transforms
+from .refusals import refuse_batched_gradients, refuse_make_fx, refuse_transforms
 from .sliced_backward import sliced_backward, stacked
 from .tangent_memory import TangentMemory, layout_of, specialized
 
@@ -106,9 +104,8 @@ def call(fn: Any, name: str, args: tuple, kwargs: dict, recorded: Any = None, by
 
 def _context(forward: bool) -> str:
     """How a call through ``call`` is differentiated (``forward``: in forward mode), as its errors say it."""
-    if forward:
-        return "in forward mode"
-    return "under torch.func.grad (or vjp, jacrev)" if taken(False) else "under torch.func.vmap"
+    return "in forward mode" if forward else "under torch.func.grad (or vjp, jacrev)" if taken(False) else \
+        "under torch.func.vmap"
 
 
 class _Call:
@@ -408,13 +405,16 @@ class _ForwardMode(torch.autograd.Function):
 
 
 class _Tangents(torch.autograd.Function):
-    """A call's launches run as tangent kernels: a function of the input tangents and, linked though not read, of
-    the inputs and outputs themselves (the tangents J(x) tx depend on x). ``backward``: reverse mode through the
-    tangents (``_Call.tangents_vjp``); ``vmap``: one run per tangent, for jacfwd."""
+    """A call's launches run as tangent kernels: a function of the input tangents, linked to the inputs and outputs
+    (J(x) tx depends on x). ``backward``: reverse mode through them (``_Call.tangents_vjp``); ``vmap``: jacfwd's."""
 
     @staticmethod
     def forward(call: _Call, *tensors):
-        return call.tangents(tensors[:len(call.positions)])  # (then the inputs and outputs, for autograd alone)
+        try:
+            return call.tangents(tensors[:len(call.positions)])  # (then the inputs and outputs, for autograd alone)
+        except (NotImplementedError, RuntimeError) as e:
+            refuse_batched_gradients(call.name, tensors, e, tangents=True)
+            raise
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:

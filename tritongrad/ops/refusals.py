@@ -47,14 +47,20 @@ def forward_mode_error(name: str) -> OpError:
                    "(torch.autograd.grad, .backward())")
 
 
-def refuse_batched_gradients(name: str, grads: tuple, error: Exception) -> None:
-    """Raise OpError, from ``error`` (raised by a backward), where the incoming gradients were batched by vmap
-    (``torch.autograd.grad(..., is_grads_batched=True)``, ``torch.autograd.functional.jacobian(vectorize=True)``):
-    their tensors have no memory for the derived kernels (Triton's launch, or the shadows' layouts, failed first).
-    Looked for only after a failure: a batched tensor's dispatch keys are read, not its memory."""
-    if any(isinstance(g, torch.Tensor) and "Batched" in str(torch._C._dispatch_keys(g)) for g in grads):
-        raise OpError(f"tritongrad.op `{name}`: its backward was given gradients batched by vmap "
-                      "(torch.autograd.grad(..., is_grads_batched=True), torch.autograd.functional.jacobian("
-                      "vectorize=True)), which have no memory its kernels could be launched on. Use "
-                      "torch.func.jacrev or torch.func.vmap over torch.func.vjp, which tritongrad's ops take, or "
-                      "jacobian(vectorize=False)") from error
+def refuse_batched_gradients(name: str, grads: tuple, error: Exception, tangents: bool = False) -> None:
+    """Raise OpError, from ``error`` (raised by a backward; ``tangents``: by a call's tangents in forward mode), where
+    the incoming gradients (tangents) were batched by autograd's own vmap (``torch.autograd.grad(...,
+    is_grads_batched=True)``; ``torch.autograd.functional.jacobian(vectorize=True)``, its forward-mode strategy too):
+    their tensors have no memory for the derived kernels, which failed first. Looked for only after a failure: a
+    batched tensor's dispatch keys are read, not its memory."""
+    if not any(isinstance(g, torch.Tensor) and "Batched" in str(torch._C._dispatch_keys(g)) for g in grads):
+        return
+    if tangents:
+        raise OpError(f"tritongrad.op `{name}`: its tangents were batched by vmap (torch.autograd.functional.jacobian("
+                      "vectorize=True, strategy='forward-mode')), which have no memory its tangent kernels could be "
+                      "launched on. Use torch.func.jacfwd, which tritongrad's ops take") from error
+    raise OpError(f"tritongrad.op `{name}`: its backward was given gradients batched by vmap "
+                  "(torch.autograd.grad(..., is_grads_batched=True), torch.autograd.functional.jacobian("
+                  "vectorize=True)), which have no memory its kernels could be launched on. Use "
+                  "torch.func.jacrev or torch.func.vmap over torch.func.vjp, which tritongrad's ops take, or "
+                  "jacobian(vectorize=False)") from error
