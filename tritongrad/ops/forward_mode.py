@@ -104,8 +104,9 @@ def call(fn: Any, name: str, args: tuple, kwargs: dict, recorded: Any = None, by
 
 def _context(forward: bool) -> str:
     """How a call through ``call`` is differentiated (``forward``: in forward mode), as its errors say it."""
-    return "in forward mode" if forward else "under torch.func.grad (or vjp, jacrev)" if taken(False) else \
-        "under torch.func.vmap"
+    if forward:
+        return "in forward mode"
+    return "under torch.func.grad (or vjp, jacrev)" if taken(False) else "under torch.func.vmap"
 
 
 class _Call:
@@ -354,10 +355,9 @@ def _tangents_at_one_level(call: _Call, tensors: tuple) -> Any:
     interpreters = retrieve_all_functorch_interpreters()
     if len(interpreters) != 1 or interpreters[0].key() != TransformType.Jvp:
         return _apply(_Tangents, call, *tensors)
-    interpreter = interpreters[0]
-    level = interpreter.level()
+    level = interpreters[0].level()
     unwrapped = [_unwrap_for_grad(t, level) if isinstance(t, torch.Tensor) else t for t in tensors]
-    with torch.enable_grad(), interpreter.lower():
+    with torch.enable_grad(), interpreters[0].lower():
         found = _BASE_APPLY[_Tangents](call, *unwrapped)
     return tuple(_wrap_for_grad(t, level) for t in found)
 
