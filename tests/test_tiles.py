@@ -278,6 +278,8 @@ def test_a_declaration_the_kernel_cannot_take_is_refused_naming_what(config, sai
     assert id(kernel) not in declared
 
 
+@pytest.mark.interpreter  # (the example's interpreter configs; on a GPU its FIXED is bf16's, 393 KB of shared
+# memory in float64: test_op_gpu's named-tiles test runs the fixed config there)
 @pytest.mark.parametrize("size", [s if i == 0 else pytest.param(s, marks=pytest.mark.slow)
                                   for i, s in enumerate(matmul.SIZES)])
 def test_the_fixed_config_example_gets_pytorchs_gradients_under_a_declared_config(timed, size):
