@@ -101,12 +101,30 @@ def test_atomic_add_output():
 
 
 def test_backward_source_goes_through_shadow_descriptors():
-    src = tritongrad.grad(matmul_descriptors).src
-    # the text is the point (the shadows read through descriptors): test_matmul_looping_over_k checks this kernel's
-    # gradients
-    assert "d_a_desc = tl.make_tensor_descriptor(d_a_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])" in src
-    assert "d_a_desc.atomic_add([pid_m, k], " in src
-    assert "d_c_desc.load([pid_m, pid_n])" in src
+    """Each operand's tiles, shared by the programs along an axis, are added through shadow descriptors (a kernel
+    of its own, as a pointer matmul gets, measured slower for descriptor loads), the output's gradient read through
+    one."""
+    bwd = tritongrad.grad(matmul_descriptors)
+    # the text is the point (what is read and written through descriptors): test_matmul_looping_over_k checks this
+    # kernel's gradients
+    assert [c.mode.name for c in bwd.writes.best().values()] == ["ATOMIC", "ATOMIC"]
+    assert "d_a_desc = tl.make_tensor_descriptor(d_a_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])" in bwd.src
+    assert "d_a_desc.atomic_add([pid_m, k], " in bwd.src and "d_c_desc.load([pid_m, pid_n])" in bwd.src
+
+
+def test_a_deterministic_descriptor_matmul_is_refused_saying_why():
+    m, n, k = 18, 30, 38
+    a, b = (torch.randn(*s, dtype=DTYPE, requires_grad=True) for s in ((m, k), (k, n)))
+
+    @tritongrad.op(deterministic=True)
+    def product(a, b):
+        c = poison(torch.empty(m, n, dtype=a.dtype, device=a.device))
+        matmul_descriptors[(2, 2)](a, b, c, m, n, k, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        return c
+
+    with pytest.raises(NotDifferentiableError, match="programs share its descriptor's tiles, added through the "
+                                                     "descriptor"):
+        torch.autograd.grad(product(a, b), [a, b], torch.randn(m, n, dtype=DTYPE))
 
 
 @triton.jit

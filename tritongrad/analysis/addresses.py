@@ -429,19 +429,55 @@ def enclosing_loops(body: list[ast.stmt], around: tuple[LoopIndex, ...] = ()) ->
     return found
 
 
-def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form]) -> Form:
+def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form], strides: list[ast.expr] | None = None) -> Form:
     """The form of a descriptor block's addresses: along each dimension, its offset's coordinates plus
-    the lane index, times that dimension's stride (a symbol of its own, so dimensions stay apart)."""
+    the lane index, times that dimension's stride: a symbol of its own, so dimensions stay apart (a store's
+    lanes), or, given ``strides`` (the descriptor's, each a literal or a parameter's name), the strides
+    themselves, which a launch gives (a load's adjoint written through the descriptor, input_facts.py: the
+    lanes it reads past a dimension's end are not read, so counting them apart is only cautious)."""
     terms: dict = {}
     rank = len(offsets)
     for d, offset in enumerate(offsets):
-        stride = f"<stride {d}>"
+        if strides is None:
+            stride = (1, (f"<stride {d}>",))
+        elif isinstance(strides[d], ast.Constant) and type(strides[d].value) is int:
+            stride = (strides[d].value, ())
+        else:
+            stride = (1, (strides[d].id,))
         form = forms.get(offset.id) if isinstance(offset, ast.Name) else None
         if form is not None and not form.affine:
             return Form((), rank, False)
         for key, (c, s) in (form.terms if form else ()):
             if key in terms:
                 return Form((), rank, False)
-            terms[key] = (c, tuple(sorted((*s, stride))))
-        terms[Lane(d)] = (1, (stride,))
+            terms[key] = (c * stride[0], tuple(sorted((*s, *stride[1]))))
+        terms[Lane(d)] = stride
     return form_of_terms(terms, rank)
+
+
+def descriptor_made(name: str, defs: dict[str, list[ast.stmt]]) -> ast.stmt | None:
+    """The ``tl.make_tensor_descriptor`` statement the descriptor ``name`` comes from, through copies; None where
+    it has several definitions or another."""
+    for _ in range(64):
+        found = defs.get(name, [])
+        if len(found) != 1 or not isinstance(found[0], ast.Assign):
+            return None
+        op = op_of(found[0])
+        if operation_of(op).sign == 1 and op.args and isinstance(op.args[0], ast.Name):  # a copy
+            name = op.args[0].id
+            continue
+        return found[0] if operation_of(op).descriptor == "made" else None
+    return None
+
+
+def descriptor_load_form(stmt: ast.stmt, forms: dict[str, Form], defs: dict[str, list[ast.stmt]],
+                         params: list[str]) -> Form | None:
+    """The form of a descriptor load's addresses through its descriptor's strides (``descriptor_form``); None
+    where a stride is neither a literal nor a parameter (a value no launch gives)."""
+    made = descriptor_made(arguments(stmt)["pointer"].id, defs)
+    strides = arguments(made).get("strides") if made is not None else None
+    if not isinstance(strides, (ast.List, ast.Tuple)) or not all(
+            (isinstance(x, ast.Name) and x.id in params) or (isinstance(x, ast.Constant) and type(x.value) is int)
+            for x in strides.elts):
+        return None
+    return descriptor_form(arguments(stmt)["offsets"].elts, forms, strides.elts)

@@ -11,9 +11,10 @@ the declared one; the expression below says so by itself.
 applied to samples of the operands' types (``tl.zeros((), x_ptr.dtype.element_ty)`` for a value loaded through
 ``x_ptr``, a scalar parameter itself, a number as written, ``tl.sum`` / ``tl.max`` / ``tl.dot`` / a division on
 samples where those change a type), every operand followed through its definitions (a carried value through
-its start and its updates together). The samples name only the kernel's parameters, ``tl`` and numbers, so any
-kernel derived from it can say them. None where an operand's type cannot be said that way (a descriptor's load,
-an unknown call): then its keeper takes the widest type (state_tape.py: ``tape_row_wide``).
+its start and its updates together; a descriptor's load through the pointer its descriptor is made over). The
+samples name only the kernel's parameters, ``tl`` and numbers, so any kernel derived from it can say them. None
+where an operand's type cannot be said that way (a descriptor made over a computed pointer, an unknown call):
+then its keeper takes the widest type (state_tape.py: ``tape_row_wide``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import ast
 import functools
 from dataclasses import dataclass
 
-from ..core.ir import op_of, target_of
+from ..core.ir import arguments, op_of, target_of
 from ..core.operations import operation_of
+from .addresses import descriptor_made
 
 
 @dataclass(frozen=True)
@@ -131,11 +133,19 @@ class _Types:
                                        (found, dtype) if dtype else (found,)),))
         if op.kind == "dot":
             return self.dot(op)
-        if operation_of(op).access == "load" and args and isinstance(args[0], ast.Name):
+        described = operation_of(op).descriptor == "method" and operation_of(op).memory == "load"
+        if (operation_of(op).access == "load" or described) and args and isinstance(args[0], ast.Name):
             param = self.pointer_base.get(args[0].id, args[0].id)
-            if param in self.params and self._plain_pointer(args[0].id, param):
+            plain = self._plain_descriptor if described else self._plain_pointer
+            if param in self.params and plain(args[0].id, param):
                 return frozenset((f"tl.zeros((), {param}.dtype.element_ty)",))
         return None
+
+    def _plain_descriptor(self, name: str, param: str) -> bool:
+        """Whether the descriptor ``name`` is made over the pointer ``param`` itself (through copies)."""
+        made = descriptor_made(name, self.defs)
+        base = arguments(made).get("base") if made is not None else None
+        return isinstance(base, ast.Name) and base.id == param
 
     def _plain_pointer(self, name: str, param: str) -> bool:
         """Whether the pointer ``name`` is ``param`` moved by offsets only (not cast to another type)."""

@@ -14,8 +14,9 @@
   back in a later loop: analysis/in_place.py) adds its adjoint into the shadow, to the new values' gradient
   there, without atomics (that lane of that program alone wrote the element), then a barrier: the store's
   adjoint, reversed after it, reads the sum from other threads' lanes;
-- tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``, a
-  ``desc.load``'s adds ``d_desc.atomic_add(offsets, g)`` where descriptors can add.
+- tensor descriptors: a ``desc.store``'s adjoint reads ``d_desc.load(offsets)``; a ``desc.load``'s adds
+  ``d_desc.atomic_add(offsets, g)`` where descriptors can add, or, where each element is reached once (the store
+  strategy), is stored as a pointer load's at the block's addresses in the shadow, those outside the tensor masked.
 """
 
 from __future__ import annotations
@@ -70,8 +71,12 @@ class MemoryAdjoints:
             self.builder.written_inputs.add(param)
         self.barrier_before_writing(param)
         if operation_of(op_of(stmt)).descriptor:
-            self.builder.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
-            return
+            if not choice.strategy.stores:  # a tile's add through the descriptor
+                self.builder.emit(self.descriptor_accumulate(stmt, shadow, b["offsets"], g))
+                return
+            # written once: as a pointer load's, at the block's addresses and mask in the shadow
+            addresses, mask = (ast.parse(t, mode="eval").body for t in self.descriptor_block(stmt, b["offsets"]))
+            shadow, b = self.named(f"{g.id}_at", addresses), {"mask": self.named(f"{g.id}_at_mask", mask)}
         if target_of(stmt) in analysis.reloads:  # what it read back: added to the stored value's gradient there,
             add_without_atomics(self, shadow, g, b["mask"])  # which the store's adjoint
             self.builder.emit(call_statement("tl.debug_barrier"))  # reads after every thread added
@@ -145,18 +150,22 @@ class MemoryAdjoints:
         """``d_desc.atomic_add(offsets, g)``; where descriptors cannot add (float64 shadows, Triton's
         interpreter: decided when the kernel compiles), pointer atomics on the block's addresses, the
         elements outside the tensor masked."""
-        make = self.descriptor_definition(stmt, arguments(stmt)["pointer"].id)
-        b = arguments(make)
+        addresses, mask = self.descriptor_block(stmt, offsets)
+        text = (f"if tg.DESCRIPTOR_ATOMICS and {shadow.id}.dtype != tl.float64:\n"
+                f"    {shadow.id}.atomic_add({ast.unparse(offsets)}, {g.id}.to({shadow.id}.dtype))\n"
+                f"else:\n"
+                f"    tl.atomic_add({addresses}, {g.id}, mask={mask}, sem='{RELAXED}')")
+        return ast.parse(text).body[0]
+
+    def descriptor_block(self, stmt: ast.stmt, offsets: ast.expr) -> tuple[str, str]:
+        """The addresses in the shadow of a descriptor load's block, and the mask of those inside the tensor."""
+        b = arguments(self.descriptor_definition(stmt, arguments(stmt)["pointer"].id))
         sizes, strides, block = (b[k].elts for k in ("shape", "strides", "block_shape"))
         indices = [f"({ast.unparse(o)} + tl.arange(0, {ast.unparse(n)}))" for o, n in zip(offsets.elts, block,
                                                                                           strict=True)]
         base = ast.unparse(name_node(self.builder.shadow_name(b["base"].id)))
-        text = (f"if tg.DESCRIPTOR_ATOMICS and {shadow.id}.dtype != tl.float64:\n"
-                f"    {shadow.id}.atomic_add({ast.unparse(offsets)}, {g.id}.to({shadow.id}.dtype))\n"
-                f"else:\n"
-                f"    tl.atomic_add({block_addresses(base, indices, [ast.unparse(s) for s in strides])}, {g.id}, "
-                f"mask={block_mask(indices, [ast.unparse(s) for s in sizes])}, sem='{RELAXED}')")
-        return ast.parse(text).body[0]
+        return (block_addresses(base, indices, [ast.unparse(s) for s in strides]),
+                block_mask(indices, [ast.unparse(s) for s in sizes]))
 
     def descriptor_definition(self, stmt: ast.stmt, name: str) -> ast.stmt:
         """The ``tl.make_tensor_descriptor`` statement a descriptor comes from (through copies)."""

@@ -19,7 +19,7 @@ import operator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from ..analysis.addresses import enclosing_loops
+from ..analysis.addresses import descriptor_load_form, enclosing_loops
 from ..analysis.analyze import Analysis
 from ..analysis.conditions import All, AtMost, Condition, Covers, decided_now
 from ..analysis.flow import loaded_values, program_axes
@@ -350,22 +350,25 @@ class _Context:
     def load(self, param: str, stmt: ast.stmt) -> InputFacts:
         """What can be shown about ``param`` loaded by ``stmt`` alone."""
         a = self.a
-        if operation_of(op_of(stmt)).descriptor:
-            return InputFacts(param, why="a tensor descriptor's load")
         b = arguments(stmt)
-        pointer = b["pointer"].id
-        shape = a.shapes.get(pointer)
-        form = a.forms.get(pointer)
+        descriptor = operation_of(op_of(stmt)).descriptor
+        names = [o.id for o in b["offsets"].elts if isinstance(o, ast.Name)] if descriptor else [b["pointer"].id]
+        shape = a.shapes.get(target_of(stmt) if descriptor else names[0])  # (a descriptor's: its block, no mask)
+        form = descriptor_load_form(stmt, a.forms, self.defs, a.program.param_names()) if descriptor else (
+            a.forms.get(names[0]))
+        if descriptor and (form is None or param in a.in_place):
+            return InputFacts(param, why="a tensor descriptor's load of an input updated in place, or with strides "
+                              "that are neither literals nor the kernel's parameters")
         if shape is None or (form is not None and not form.affine):
             return InputFacts(param, why="its lanes' addresses are not an affine form")
-        if any(n in self.loaded for n in computed_from([pointer], self.defs)):
+        if any(n in self.loaded for n in computed_from(names, self.defs)):
             return InputFacts(param, why="its addresses are computed from loaded data")
         terms = dict(form.terms) if form is not None else {}
         around = self.around[id(stmt)]
         terms = {k: c for k, c in terms.items() if not isinstance(k, LoopIndex) or k in around}
         if any(extent != "1" and Lane(axis) not in terms for axis, extent in enumerate(shape)):
             return InputFacts(param, why="lanes along an axis of its tile read the same element")
-        bounds = mask_bounds(b["mask"], a.forms, self.defs, a.shapes) or []
+        bounds = [] if descriptor else mask_bounds(b["mask"], a.forms, self.defs, a.shapes) or []  # (it clips)
         found = launch_coordinates(form_of_terms(terms, len(shape)), shape, bounds, a.trips)
         if found is None:
             return InputFacts(param, why="a trip count or stride the launch cannot give")
@@ -373,7 +376,7 @@ class _Context:
         present = {k.axis for k in terms if isinstance(k, ProgramId)}
         present |= {k.axis for k in terms if isinstance(k, ProgramDigit) and ProgramDigit(
             k.axis, k.divisor, not k.quotient) in terms}
-        hidden = set(self.axes_of.get(pointer, set())) - present  # axes its address depends on, not as a coordinate
+        hidden = set().union(*(self.axes_of.get(n, set()) for n in names)) - present  # (not as a coordinate)
         absent = [axis for axis in AXES if axis not in present]
         single = {axis: AtMost(Expr("grid", (axis,)), 1) for axis in absent}
         written = lambda c: scalars_written_out(c, a.program.body)  # noqa: E731
@@ -381,9 +384,9 @@ class _Context:
         if all(loop in terms for loop in around):
             owned = written(All((apart, *single.values())))
         covers, fill = None, ""
-        exact = mask_bounds(b["mask"], a.forms, self.defs, a.shapes, exact=True)
+        exact = None if descriptor else mask_bounds(b["mask"], a.forms, self.defs, a.shapes, exact=True)
         branched = any(isinstance(n, ast.If) for n in self.nested[id(stmt)])
-        if (owned is not None and exact is not None and found.exact and self._starts_at_zero(pointer, param)
+        if (owned is not None and exact is not None and found.exact and self._starts_at_zero(names[0], param)
                 and not set(found.keys) & a.bounded_trips  # (a grid-stride loop's count is a bound, not exact)
                 and (not branched or self._fillable(stmt, b))):
             covers = written(Covers(found.coordinates, found.bounds, param))
@@ -404,14 +407,17 @@ class _Context:
             if trips == Expr.const(UNKNOWN_TRIP):  # which iterations run may depend on the program (causal)
                 trips = a.program_trips.get(around[0])
             varies = trips.program_axes() if trips is not None else set()
-            moved = set(self.iteration_axes.get(pointer, set())) - present  # each iteration's address, not how many
+            moved = set().union(*(self.iteration_axes.get(n, set()) for n in names)) - present  # (per iteration)
             axes = [axis for axis in absent if axis in self.used and axis not in moved and varies <= {axis}]
             if trips is not None:
                 interchange = {axis: written(All((apart, *[single[b] for b in absent if b != axis])))
                                for axis in axes}
         why = "" if owned is not None else "its address repeats across the iterations of a loop around it"
+        if descriptor and (shared or interchange):  # tiles programs share: added through the descriptor (a
+            owned, shared, in_registers, interchange = None, {}, frozenset(), {}  # kernel of its own: slower)
+            why = "programs share its descriptor's tiles, added through the descriptor"
         return InputFacts(param, owned, covers, shared, in_registers, why, written(apart), interchange=interchange,
-                             trips=trips if interchange else None, fill=fill, hidden_axes=frozenset(hidden))
+                          trips=trips if interchange else None, fill=fill, hidden_axes=frozenset(hidden))
 
     def _fillable(self, stmt: ast.stmt, b: dict) -> bool:
         """Whether the programs taking the other branch of the ``if`` around a load can store zeros at its

@@ -135,6 +135,7 @@ class Strategy:
     writes_gradient: bool = True  # the kernel writes something for the input
     later_adds: bool = False  # the input's other loads' adjoints kept per program, added after the kernel
     atomic: bool = False  # adds with atomics: in an order that differs per run (deterministic=True refuses it)
+    stores: bool = False  # a tl.store of the adjoint where it is computed (a descriptor load's too: memory.py)
     merges_rereads: bool = False  # writes a load's adjoint where it is computed: loads in sibling loops can be
     # written once, with the first's (reverse/rereads.py)
 
@@ -211,6 +212,7 @@ class Store(Strategy):
     mode = Mode.STORE
     describes = "written once: each element by one store (the buffer needs no zero-fill where the loads cover it)"
     after = "a buffer of its own (private) added to the input's; its other loads' adjoints added (later)"
+    stores = True
     later_adds = True
     merges_rereads = True
 
