@@ -56,6 +56,46 @@ def test_rows_and_a_shared_weight(dtype):
           ("x_ptr", "w_ptr"), tol)
 
 
+@pytest.mark.parametrize("binding", ["fresh", "row slice", "one storage"])
+def test_a_descriptor_load_each_element_of_which_one_program_reads_gets_its_gradient_stored(binding, monkeypatch):
+    """x's blocks, ragged at the last row block and at every row's end (20 columns in blocks of 8: the lanes past
+    a row's end are clipped, not the next row's), are read once each: x's gradient is stored, not added; w, which
+    every program reads, has its tiles added. The bindings: x a slice of rows of a larger tensor (its descriptor
+    over the slice's pointer), and x and w views of one storage (their gradients added in one buffer)."""
+    from tritongrad.runtime import derive
+
+    seen, real = [], derive.BackwardKernel.launch
+
+    def spy(self, grid, named, output_grads, buffers, prepared, *args, **kwargs):
+        seen.append({p: c.mode.name for p, c in prepared.choices.items()})
+        return real(self, grid, named, output_grads, buffers, prepared, *args, **kwargs)
+
+    monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
+    m, n = 11, 20
+
+    @tritongrad.op
+    def rows(x, w):
+        y = poison(torch.empty_like(x))
+        scaled_rows[(triton.cdiv(m, 4),)](x, w, y, m, n, BLOCK_M=4, BLOCK_N=8)
+        return y
+
+    if binding == "one storage":
+        base = torch.randn(m * n + n, dtype=DTYPE, requires_grad=True)
+        leaves, x, w = [base], base[:m * n].view(m, n), base[m * n:]
+    else:
+        big = torch.randn(m + 3, n, dtype=DTYPE, requires_grad=True)
+        w = torch.randn(n, dtype=DTYPE, requires_grad=True)
+        x = big[2:2 + m] if binding == "row slice" else big[:m].detach().clone().requires_grad_()
+        leaves = [big if binding == "row slice" else x, w]
+    y = rows(x, w)
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, leaves, g)
+    want = torch.autograd.grad(torch.exp(x) * w, leaves, g)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+    assert seen == [{"x_ptr": "STORE", "w_ptr": "ATOMIC"}]
+
+
 @triton.jit
 def matmul_descriptors(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):

@@ -9,7 +9,7 @@ import operator
 from ..core.ir import arguments, op_of
 from ..core.operations import operation_of
 from .addresses import _add, _rank, _reshaped, _shift
-from .forms import SCALAR, Form, varies
+from .forms import SCALAR, Form, Lane, form_of_terms, varies
 from .launch_values import Expr
 from .scalars import loop_start, scalar_expr, starts_at_zero
 
@@ -119,3 +119,23 @@ def _atom_expr(atom: ast.expr) -> Expr:
     if isinstance(atom, ast.Constant) and isinstance(atom.value, (int, float)):
         return Expr.const(atom.value)
     return Expr.of_text(ast.unparse(atom))
+
+
+def descriptor_bounds(stmt: ast.stmt, made: ast.stmt, forms: dict[str, Form], defs: dict) -> list[tuple[Form, Expr]]:
+    """A descriptor access's bounds as a mask's (``mask_bounds``): along each dimension whose offset is a sum of
+    coordinates from zero (or 0), ``offset + lane < size``, the elements past it clipped by the descriptor; the
+    other dimensions none (their lanes counted as if read: only cautious)."""
+    offsets, sizes = arguments(stmt)["offsets"].elts, arguments(made)["shape"].elts
+    rank, found = len(offsets), []
+    for d, (offset, size) in enumerate(zip(offsets, sizes, strict=True)):
+        if isinstance(offset, ast.Constant) and offset.value == 0:
+            terms = {}
+        elif isinstance(offset, ast.Name) and offset.id in forms and forms[offset.id].affine and starts_at_zero(
+                offset, defs, forms):
+            terms = dict(forms[offset.id].terms)
+        else:
+            continue
+        if not (isinstance(size, ast.Constant) or isinstance(size, ast.Name) and size.id not in forms):
+            continue  # (a size some coordinate moves is no bound)
+        found.append((form_of_terms({**terms, Lane(d): (1, ())}, rank), _atom_expr(size) - Expr.const(1)))
+    return found

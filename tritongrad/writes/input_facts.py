@@ -19,14 +19,14 @@ import operator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from ..analysis.addresses import descriptor_load_form, enclosing_loops
+from ..analysis.addresses import descriptor_load_form, descriptor_made, enclosing_loops
 from ..analysis.analyze import Analysis
 from ..analysis.conditions import All, AtMost, Condition, Covers, decided_now
 from ..analysis.flow import loaded_values, program_axes
 from ..analysis.forms import Lane, LoopIndex, ProgramDigit, ProgramId, form_of_terms
 from ..analysis.lanes import StoreSite, apart_whatever_launched, launch_coordinates, scalars_written_out
 from ..analysis.launch_values import UNKNOWN_TRIP, Expr
-from ..analysis.masks import mask_bounds
+from ..analysis.masks import descriptor_bounds, mask_bounds
 from ..analysis.offsets import address_offsets, offset_of
 from ..analysis.scalars import starts_at_zero
 from ..analysis.stores import NotShifted, shifted_apart
@@ -356,9 +356,8 @@ class _Context:
         shape = a.shapes.get(target_of(stmt) if descriptor else names[0])  # (a descriptor's: its block, no mask)
         form = descriptor_load_form(stmt, a.forms, self.defs, a.program.param_names()) if descriptor else (
             a.forms.get(names[0]))
-        if descriptor and (form is None or param in a.in_place):
-            return InputFacts(param, why="a tensor descriptor's load of an input updated in place, or with strides "
-                              "that are neither literals nor the kernel's parameters")
+        if descriptor and (form is None or param in a.in_place):  # (strides no launch gives)
+            return InputFacts(param, why="a descriptor's load of an input updated in place, or of computed strides")
         if shape is None or (form is not None and not form.affine):
             return InputFacts(param, why="its lanes' addresses are not an affine form")
         if any(n in self.loaded for n in computed_from(names, self.defs)):
@@ -368,7 +367,8 @@ class _Context:
         terms = {k: c for k, c in terms.items() if not isinstance(k, LoopIndex) or k in around}
         if any(extent != "1" and Lane(axis) not in terms for axis, extent in enumerate(shape)):
             return InputFacts(param, why="lanes along an axis of its tile read the same element")
-        bounds = [] if descriptor else mask_bounds(b["mask"], a.forms, self.defs, a.shapes) or []  # (it clips)
+        bounds = descriptor_bounds(stmt, descriptor_made(b["pointer"].id, self.defs), a.forms, self.defs) \
+            if descriptor else mask_bounds(b["mask"], a.forms, self.defs, a.shapes) or []
         found = launch_coordinates(form_of_terms(terms, len(shape)), shape, bounds, a.trips)
         if found is None:
             return InputFacts(param, why="a trip count or stride the launch cannot give")
