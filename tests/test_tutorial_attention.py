@@ -333,6 +333,28 @@ def test_the_tutorials_forward_keeps_its_loops_states(host, causal, monkeypatch)
     assert modes(prepared) == {"desc_q": "STORE", "desc_k": "ATOMIC", "desc_v": "ATOMIC"}
 
 
+@pytest.mark.parametrize("binding", ["k = v", "q = k = v", "q a slice of a larger tensor"])
+@pytest.mark.parametrize("host", [False, True])
+def test_the_descriptor_forward_gets_pytorchs_gradients_however_its_tensors_are_bound(host, binding, monkeypatch):
+    """dQ is stored through the descriptor's addresses (each query row read by one program), dK and dV added as
+    tiles: one tensor read as keys and values (one buffer for two gradients), or as all three (dQ's store then
+    lands where dK and dV add: a buffer of its own), and queries that are rows of a larger tensor."""
+    if host and not _have_host_descriptors():
+        pytest.skip("this Triton has no triton.tools.tensor_descriptor")
+    g = torch.Generator().manual_seed(53)
+    shape = (1, 3, 48, 16)
+    leaves = [torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3)]
+    if binding == "q a slice of a larger tensor":
+        big = torch.randn(1, 5, 48, 16, generator=g, dtype=torch.float64).requires_grad_()
+        leaves[0] = big
+        q, k, v = big[:, 1:4], leaves[1], leaves[2]
+    else:
+        q, k, v = {"k = v": lambda q, k, v: (q, k, k), "q = k = v": lambda q, k, v: (q, q, q)}[binding](*leaves)
+    seen = prepared_launches(monkeypatch)
+    assert_pytorchs_gradients(lambda *qkv: attention(*qkv, False, 0.3, host, False), leaves, q, k, v, False, g)
+    assert len(seen) == 1 and modes(seen[0])["desc_k"] == "ATOMIC"
+
+
 @triton.jit
 def attend_keys(acc, row_sum, row_max, q, k_ptr, v_ptr, first_row, scale, cols, keys, SEQ, HEAD_DIM: tl.constexpr,
                 BLOCK_N: tl.constexpr):
