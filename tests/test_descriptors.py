@@ -57,17 +57,19 @@ def test_rows_and_a_shared_weight(dtype):
 
 
 @pytest.mark.parametrize("binding", ["fresh", "row slice", "one storage"])
-def test_a_descriptor_load_each_element_of_which_one_program_reads_gets_its_gradient_stored(binding, monkeypatch):
+def test_a_descriptor_load_each_element_of_which_one_program_reads_gets_its_gradient_stored(binding, monkeypatch,
+                                                                                          poisoned_empty):
     """x's blocks, ragged at the last row block and at every row's end (20 columns in blocks of 8: the lanes past
-    a row's end are clipped, not the next row's), are read once each: x's gradient is stored, not added; w, which
-    every program reads, has its tiles added. The bindings: x a slice of rows of a larger tensor (its descriptor
-    over the slice's pointer), and x and w views of one storage (their gradients added in one buffer)."""
+    a row's end are clipped, not the next row's), are read once each: x's gradient is stored, not added, into a
+    buffer left unfilled (poisoned here: the blocks cover x); w, which every program reads, has its tiles added.
+    The bindings: x a slice of rows of a larger tensor (its descriptor over the slice's pointer), and x and w views
+    of one storage (their gradients added in one buffer)."""
     from tritongrad.runtime import derive
 
     seen, real = [], derive.BackwardKernel.launch
 
     def spy(self, grid, named, output_grads, buffers, prepared, *args, **kwargs):
-        seen.append({p: c.mode.name for p, c in prepared.choices.items()})
+        seen.append({p: (c.mode.name, c.covers) for p, c in prepared.choices.items()})
         return real(self, grid, named, output_grads, buffers, prepared, *args, **kwargs)
 
     monkeypatch.setattr(derive.BackwardKernel, "launch", spy)
@@ -93,7 +95,7 @@ def test_a_descriptor_load_each_element_of_which_one_program_reads_gets_its_grad
     want = torch.autograd.grad(torch.exp(x) * w, leaves, g)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, **TOL)
-    assert seen == [{"x_ptr": "STORE", "w_ptr": "ATOMIC"}]
+    assert seen == [{"x_ptr": ("STORE", True), "w_ptr": ("ATOMIC", False)}]
 
 
 @triton.jit

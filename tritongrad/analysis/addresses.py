@@ -481,3 +481,10 @@ def descriptor_load_form(stmt: ast.stmt, forms: dict[str, Form], defs: dict[str,
             for x in strides.elts):
         return None
     return descriptor_form(arguments(stmt)["offsets"].elts, forms, strides.elts)
+
+
+def descriptor_base(stmt: ast.stmt, defs: dict[str, list[ast.stmt]]) -> str:
+    """The name of the pointer a descriptor access's descriptor is made over ("" where it is not a name)."""
+    made = descriptor_made(arguments(stmt)["pointer"].id, defs)
+    base = arguments(made).get("base") if made is not None else None
+    return base.id if isinstance(base, ast.Name) else ""

@@ -8,7 +8,7 @@ import operator
 
 from ..core.ir import arguments, op_of
 from ..core.operations import operation_of
-from .addresses import _add, _rank, _reshaped, _shift
+from .addresses import _add, _rank, _reshaped, _shift, descriptor_made
 from .forms import SCALAR, Form, Lane, form_of_terms, varies
 from .launch_values import Expr
 from .scalars import loop_start, scalar_expr, starts_at_zero
@@ -121,10 +121,11 @@ def _atom_expr(atom: ast.expr) -> Expr:
     return Expr.of_text(ast.unparse(atom))
 
 
-def descriptor_bounds(stmt: ast.stmt, made: ast.stmt, forms: dict[str, Form], defs: dict) -> list[tuple[Form, Expr]]:
+def descriptor_bounds(stmt: ast.stmt, forms: dict[str, Form], defs: dict) -> list[tuple[Form, Expr]]:
     """A descriptor access's bounds as a mask's (``mask_bounds``): along each dimension whose offset is a sum of
     coordinates from zero (or 0), ``offset + lane < size``, the elements past it clipped by the descriptor; the
     other dimensions none (their lanes counted as if read: only cautious)."""
+    made = descriptor_made(arguments(stmt)["pointer"].id, defs)
     offsets, sizes = arguments(stmt)["offsets"].elts, arguments(made)["shape"].elts
     rank, found = len(offsets), []
     for d, (offset, size) in enumerate(zip(offsets, sizes, strict=True)):

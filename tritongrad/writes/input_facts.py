@@ -7,8 +7,7 @@ cover the tensor (``covers``), are shared by the programs along a grid axis (``s
 registers where they do not move), or shared along an axis but moved by a loop (``interchange``: a kernel of its
 own), or why none of these can be shown; several loads at addresses apart from one another each written once
 (``together``), one written once and the others added later (``later``) as the ``fallback`` where they meet at a launch.
-:class:`WritePlan` holds them for every input; its ``choose`` takes, per
-launch, the first strategy whose facts hold (strategies.choose).
+:class:`WritePlan` holds them for every input; its ``choose`` takes, per launch, the first strategy whose facts hold.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import operator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from ..analysis.addresses import descriptor_load_form, descriptor_made, enclosing_loops
+from ..analysis.addresses import descriptor_base, descriptor_load_form, enclosing_loops
 from ..analysis.analyze import Analysis
 from ..analysis.conditions import All, AtMost, Condition, Covers, decided_now
 from ..analysis.flow import loaded_values, program_axes
@@ -353,6 +352,7 @@ class _Context:
         b = arguments(stmt)
         descriptor = operation_of(op_of(stmt)).descriptor
         names = [o.id for o in b["offsets"].elts if isinstance(o, ast.Name)] if descriptor else [b["pointer"].id]
+        mask_of = (b.get("mask"), a.forms, self.defs)
         shape = a.shapes.get(target_of(stmt) if descriptor else names[0])  # (a descriptor's: its block, no mask)
         form = descriptor_load_form(stmt, a.forms, self.defs, a.program.param_names()) if descriptor else (
             a.forms.get(names[0]))
@@ -367,8 +367,7 @@ class _Context:
         terms = {k: c for k, c in terms.items() if not isinstance(k, LoopIndex) or k in around}
         if any(extent != "1" and Lane(axis) not in terms for axis, extent in enumerate(shape)):
             return InputFacts(param, why="lanes along an axis of its tile read the same element")
-        bounds = descriptor_bounds(stmt, descriptor_made(b["pointer"].id, self.defs), a.forms, self.defs) \
-            if descriptor else mask_bounds(b["mask"], a.forms, self.defs, a.shapes) or []
+        bounds = descriptor_bounds(stmt, a.forms, self.defs) if descriptor else mask_bounds(*mask_of, a.shapes) or []
         found = launch_coordinates(form_of_terms(terms, len(shape)), shape, bounds, a.trips)
         if found is None:
             return InputFacts(param, why="a trip count or stride the launch cannot give")
@@ -384,11 +383,12 @@ class _Context:
         if all(loop in terms for loop in around):
             owned = written(All((apart, *single.values())))
         covers, fill = None, ""
-        exact = None if descriptor else mask_bounds(b["mask"], a.forms, self.defs, a.shapes, exact=True)
+        exact = (bounds if len(bounds) == len(shape) else None) if descriptor else mask_bounds(*mask_of, a.shapes, True)
+        at_zero = self._starts_at_zero(descriptor_base(stmt, self.defs) if descriptor else names[0], param)
         branched = any(isinstance(n, ast.If) for n in self.nested[id(stmt)])
-        if (owned is not None and exact is not None and found.exact and self._starts_at_zero(names[0], param)
+        if (owned is not None and exact is not None and found.exact and at_zero
                 and not set(found.keys) & a.bounded_trips  # (a grid-stride loop's count is a bound, not exact)
-                and (not branched or self._fillable(stmt, b))):
+                and (not branched or not descriptor and self._fillable(stmt, b))):
             covers = written(Covers(found.coordinates, found.bounds, param))
             fill = target_of(stmt) if branched else ""
         lanes_only = launch_coordinates(form_of_terms({k: c for k, c in terms.items() if isinstance(k, Lane)},
@@ -413,8 +413,8 @@ class _Context:
                 interchange = {axis: written(All((apart, *[single[b] for b in absent if b != axis])))
                                for axis in axes}
         why = "" if owned is not None else "its address repeats across the iterations of a loop around it"
-        if descriptor and (shared or interchange):  # tiles programs share: added through the descriptor (a
-            owned, shared, in_registers, interchange = None, {}, frozenset(), {}  # kernel of its own: slower)
+        if descriptor and (shared or interchange):  # (tile adds: a kernel of its own measured slower)
+            owned, shared, in_registers, interchange = None, {}, frozenset(), {}
             why = "programs share its descriptor's tiles, added through the descriptor"
         return InputFacts(param, owned, covers, shared, in_registers, why, written(apart), interchange=interchange,
                           trips=trips if interchange else None, fill=fill, hidden_axes=frozenset(hidden))
