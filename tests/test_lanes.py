@@ -112,6 +112,19 @@ def test_covers_a_ragged_1d_launch_and_rows_with_a_masked_tail():
     assert not covers([(1, 64), (50, 7)], [((0,), 44)], [(45, 7), (1, 45)])  # a row stride that skips elements
 
 
+def test_covers_writes_a_masks_coefficients_over_the_parameters_too():
+    """A mask's coefficient that is a kernel temporary (`SEQ * H`, hoisted into `SEQ_times_H`) is written out as the
+    coordinates and limits are: evaluated at a launch, not refused as unreadable (which counted as not covering)."""
+    from tritongrad.analysis.conditions import Covers
+    from tritongrad.analysis.launch_values import Expr
+
+    seq_h = Expr.name("SEQ_times_H")
+    found = Covers(((Expr.const(1), Expr.name("N")),), (((0,), Expr.name("N") - Expr.const(1), (seq_h,)),), "x")
+    written = found.substitute(lambda name: Expr.name("SEQ") * Expr.name("H") if name == "SEQ_times_H" else None)
+    assert "SEQ_times_H" in found.names() and "SEQ_times_H" not in written.names()
+    assert written.bounds[0][2] == (Expr.name("SEQ") * Expr.name("H"),)
+
+
 @st.composite
 def ranges(draw):
     """A store's coordinates and mask bounds whose limits differ program by program (read from indices)."""

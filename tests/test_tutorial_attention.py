@@ -316,10 +316,11 @@ def test_the_one_loop_attention_gets_pytorchs_gradients_however_its_tensors_are_
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("host", [False, True])
-def test_the_tutorials_forward_keeps_its_loops_states(host, causal, monkeypatch):
+def test_the_tutorials_forward_keeps_its_loops_states(host, causal, monkeypatch, poisoned_empty):
     """The loop is in `attend_stage`, an inlined helper (called twice by the causal forward): the op's forward
     keeps each call's final state (augment.py), so the backward recomputes no loop before its reverse ones. Its
-    descriptor loads get write facts as pointer loads do: dQ, each element read by one program, is stored; dK and
+    descriptor loads get write facts as pointer loads do: dQ, each element read by one program, is stored (into a
+    buffer left unfilled, the query blocks covering it: poisoned here); dK and
     dV, read by every query block, are added through shadow descriptors (a kernel of their own, as a pointer
     attention gets, measured slower: benchmarks/RESULTS.md)."""
     if host and not _have_host_descriptors():
@@ -331,11 +332,13 @@ def test_the_tutorials_forward_keeps_its_loops_states(host, causal, monkeypatch)
     (prepared,) = seen
     assert all(part.saved for part in prepared.variant.parts)  # the forward kept the loops' finals: nothing recomputed
     assert modes(prepared) == {"desc_q": "STORE", "desc_k": "ATOMIC", "desc_v": "ATOMIC"}
+    assert prepared.choices["desc_q"].covers
 
 
 @pytest.mark.parametrize("binding", ["k = v", "q = k = v", "q a slice of a larger tensor"])
 @pytest.mark.parametrize("host", [False, True])
-def test_the_descriptor_forward_gets_pytorchs_gradients_however_its_tensors_are_bound(host, binding, monkeypatch):
+def test_the_descriptor_forward_gets_pytorchs_gradients_however_its_tensors_are_bound(host, binding, monkeypatch,
+                                                                                     poisoned_empty):
     """dQ is stored through the descriptor's addresses (each query row read by one program), dK and dV added as
     tiles: one tensor read as keys and values (one buffer for two gradients), or as all three (dQ's store then
     lands where dK and dV add: a buffer of its own), and queries that are rows of a larger tensor."""

@@ -158,12 +158,14 @@ class Covers:
         return covers(coordinates, bounds, list(zip(t.stride(), t.shape, strict=True)))
 
     def names(self) -> set[str]:
-        exprs = [e for pair in self.coordinates for e in pair] + [limit for _, limit, _ in self.bounds]
+        exprs = [e for pair in self.coordinates for e in pair] + [e for _, limit, cs in self.bounds
+                                                                  for e in (limit, *cs)]
         return {self.tensor}.union(*[e.names() for e in exprs])
 
-    def substitute(self, replace: Callable[[str], Expr | None]) -> Covers:
-        return Covers(tuple((c.substitute(replace), e.substitute(replace)) for c, e in self.coordinates),
-                      tuple((m, limit.substitute(replace), cs) for m, limit, cs in self.bounds), self.tensor)
+    def substitute(self, replace: Callable[[str], Expr | None]) -> Covers:  # (a mask's coefficients too: a
+        return Covers(tuple((c.substitute(replace), e.substitute(replace)) for c, e in self.coordinates),  # temp's
+                      tuple((m, limit.substitute(replace), tuple(c.substitute(replace) for c in cs))  # `SEQ * H`)
+                            for m, limit, cs in self.bounds), self.tensor)
 
     def __str__(self) -> str:
         return f"the addresses cover every element of `{self.tensor}`"
