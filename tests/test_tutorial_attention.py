@@ -320,9 +320,9 @@ def test_the_tutorials_forward_keeps_its_loops_states(host, causal, monkeypatch,
     """The loop is in `attend_stage`, an inlined helper (called twice by the causal forward): the op's forward
     keeps each call's final state (augment.py), so the backward recomputes no loop before its reverse ones. Its
     descriptor loads get write facts as pointer loads do: dQ, each element read by one program, is stored (into a
-    buffer left unfilled, the query blocks covering it: poisoned here); dK and
-    dV, read by every query block, are added through shadow descriptors (a kernel of their own, as a pointer
-    attention gets, measured slower: benchmarks/RESULTS.md)."""
+    buffer left unfilled, the query blocks covering it: poisoned here); dK and dV, read by every query block, are
+    added through shadow descriptors (a kernel of their own, as a pointer attention gets, measured slower:
+    benchmarks/RESULTS.md)."""
     if host and not _have_host_descriptors():
         pytest.skip("this Triton has no triton.tools.tensor_descriptor")
     seen = prepared_launches(monkeypatch)

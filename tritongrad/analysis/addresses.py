@@ -456,11 +456,12 @@ def descriptor_form(offsets: list[ast.expr], forms: dict[str, Form], strides: li
 
 
 def descriptor_made(name: str, defs: dict[str, list[ast.stmt]]) -> ast.stmt | None:
-    """The ``tl.make_tensor_descriptor`` statement the descriptor ``name`` comes from, through copies; None where
-    it has several definitions or another."""
+    """The ``tl.make_tensor_descriptor`` statement the descriptor ``name`` comes from, through copies (definitions
+    alike, as in both branches of an ``if``, count as one); None where its definitions differ or make none."""
     for _ in range(64):
         found = defs.get(name, [])
-        if len(found) != 1 or not isinstance(found[0], ast.Assign):
+        if not found or not all(isinstance(d, ast.Assign) for d in found) or len(
+                {ast.dump(d.value) for d in found}) != 1:
             return None
         op = op_of(found[0])
         if operation_of(op).sign == 1 and op.args and isinstance(op.args[0], ast.Name):  # a copy
@@ -483,8 +484,8 @@ def descriptor_load_form(stmt: ast.stmt, forms: dict[str, Form], defs: dict[str,
     return descriptor_form(arguments(stmt)["offsets"].elts, forms, strides.elts)
 
 
-def descriptor_base(stmt: ast.stmt, defs: dict[str, list[ast.stmt]]) -> str:
-    """The name of the pointer a descriptor access's descriptor is made over ("" where it is not a name)."""
-    made = descriptor_made(arguments(stmt)["pointer"].id, defs)
+def descriptor_base(name: str, defs: dict[str, list[ast.stmt]]) -> str:
+    """The name of the pointer the descriptor ``name`` is made over ("" where it is not a name)."""
+    made = descriptor_made(name, defs)
     base = arguments(made).get("base") if made is not None else None
     return base.id if isinstance(base, ast.Name) else ""

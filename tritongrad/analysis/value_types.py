@@ -23,9 +23,9 @@ import ast
 import functools
 from dataclasses import dataclass
 
-from ..core.ir import arguments, op_of, target_of
+from ..core.ir import op_of, target_of
 from ..core.operations import operation_of
-from .addresses import descriptor_made
+from .addresses import descriptor_base
 
 
 @dataclass(frozen=True)
@@ -136,16 +136,11 @@ class _Types:
         described = operation_of(op).descriptor == "method" and operation_of(op).memory == "load"
         if (operation_of(op).access == "load" or described) and args and isinstance(args[0], ast.Name):
             param = self.pointer_base.get(args[0].id, args[0].id)
-            plain = self._plain_descriptor if described else self._plain_pointer
-            if param in self.params and plain(args[0].id, param):
+            plain = descriptor_base(args[0].id, self.defs) == param if described else self._plain_pointer(
+                args[0].id, param)
+            if param in self.params and plain:
                 return frozenset((f"tl.zeros((), {param}.dtype.element_ty)",))
         return None
-
-    def _plain_descriptor(self, name: str, param: str) -> bool:
-        """Whether the descriptor ``name`` is made over the pointer ``param`` itself (through copies)."""
-        made = descriptor_made(name, self.defs)
-        base = arguments(made).get("base") if made is not None else None
-        return isinstance(base, ast.Name) and base.id == param
 
     def _plain_pointer(self, name: str, param: str) -> bool:
         """Whether the pointer ``name`` is ``param`` moved by offsets only (not cast to another type)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import copy
 
+from ..analysis.addresses import descriptor_made
 from ..core.ir import (
     arguments,
     call_statement,
@@ -168,15 +169,12 @@ class MemoryAdjoints:
                 block_mask(indices, [ast.unparse(s) for s in sizes]))
 
     def descriptor_definition(self, stmt: ast.stmt, name: str) -> ast.stmt:
-        """The ``tl.make_tensor_descriptor`` statement a descriptor comes from (through copies)."""
-        defs = self.builder.defs.get(name, [])
-        kinds = {op_of(d).kind for d in defs}
-        if kinds == {"make_tensor_descriptor"} and len({ast.dump(d.value) for d in defs}) == 1:
-            return defs[0]
-        if kinds == {"copy"} and len({ast.unparse(op_of(d).args[0]) for d in defs}) == 1:
-            return self.descriptor_definition(stmt, op_of(defs[0]).args[0].id)
-        raise refuse(construct_origin(stmt), f"a load through the descriptor `{name}`, which has several definitions",
-                     "make each tensor descriptor once, with one name")
+        """The ``tl.make_tensor_descriptor`` statement a descriptor comes from (analysis/addresses.py)."""
+        made = descriptor_made(name, self.builder.defs)
+        if made is None:
+            raise refuse(construct_origin(stmt), f"a load through the descriptor `{name}`, which has several "
+                         "definitions", "make each tensor descriptor once, with one name")
+        return made
 
     def reverse_store(self, stmt: ast.stmt) -> None:
         op = op_of(stmt)

@@ -384,7 +384,7 @@ class _Context:
             owned = written(All((apart, *single.values())))
         covers, fill = None, ""
         exact = (bounds if len(bounds) == len(shape) else None) if descriptor else mask_bounds(*mask_of, a.shapes, True)
-        at_zero = self._starts_at_zero(descriptor_base(stmt, self.defs) if descriptor else names[0], param)
+        at_zero = self._starts_at_zero(descriptor_base(b["pointer"].id, self.defs) if descriptor else names[0], param)
         branched = any(isinstance(n, ast.If) for n in self.nested[id(stmt)])
         if (owned is not None and exact is not None and found.exact and at_zero
                 and not set(found.keys) & a.bounded_trips  # (a grid-stride loop's count is a bound, not exact)
