@@ -397,7 +397,7 @@ class _Context:
             {k: c for k, c in terms.items() if isinstance(k, Lane)})) else All()
         shared = {axis: written(All((lanes_apart, *[single[b] for b in absent if b != axis])))
                   for axis in absent if axis not in hidden and axis in self.used}
-        in_registers = frozenset(axis for axis in shared if self._invariant(stmt, b, axis))
+        in_registers = frozenset(axis for axis in shared if not descriptor and self._invariant(stmt, b, axis))
         interchange, trips = {}, None
         in_one_loop = [isinstance(n, ast.For) for n in self.nested[id(stmt)]] == [True]
         # (not a grid-stride loop: its `trips` is program 0's, and another program's last iteration would be a
